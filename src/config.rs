@@ -1,0 +1,121 @@
+//! From flags to what the program acts on: parsed units, a checked scope,
+//! resolved user names. Every error here is the user's input, said plainly,
+//! and ends the run with exit code 2 before anything is signalled.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use regex::Regex;
+
+use crate::cli::{FreeArgs, WaitArgs};
+use crate::reap::Options;
+use crate::select::Scope;
+use crate::snapshot::Snapshot;
+use crate::units::{parse_duration, parse_gpu_list, parse_size};
+
+/// A mistake in the command line; printed as is, exit code 2.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);
+
+impl From<String> for UsageError {
+    fn from(message: String) -> Self {
+        UsageError(message)
+    }
+}
+
+/// Resolves an optional GPU list against the GPUs the driver reports.
+pub fn gpus(list: Option<&str>, gpu_count: u32) -> Result<Option<BTreeSet<u32>>, UsageError> {
+    match list {
+        None => Ok(None),
+        Some(text) => Ok(Some(parse_gpu_list(text)?.resolve(gpu_count)?)),
+    }
+}
+
+pub struct FreeConfig {
+    pub scope: Scope,
+    pub options: Options,
+    pub protect: Vec<String>,
+}
+
+/// Builds the scope for `free`. PIDs must exist in `snapshot`; a scope must be given.
+pub fn free(
+    args: &FreeArgs,
+    gpu_count: u32,
+    snapshot: &Snapshot,
+) -> Result<FreeConfig, UsageError> {
+    let mut pids = BTreeSet::new();
+    for text in &args.pid {
+        let pid: u32 = text.trim().parse().map_err(|_| {
+            UsageError(format!("invalid PID '{text}': expected a number like 4242"))
+        })?;
+        if !snapshot.processes.contains_key(&pid) {
+            return Err(UsageError(format!(
+                "no process with PID {pid} (it may have exited already); see `gpureap status`"
+            )));
+        }
+        pids.insert(pid);
+    }
+    let mut patterns = Vec::new();
+    for text in &args.patterns {
+        patterns.push(
+            Regex::new(text)
+                .map_err(|error| UsageError(format!("invalid --match regex '{text}': {error}")))?,
+        );
+    }
+    let mut uids = BTreeSet::new();
+    for name in &args.user {
+        let uid = match name.parse::<u32>() {
+            Ok(uid) => uid,
+            Err(_) => uzers::get_user_by_name(name)
+                .map(|user| user.uid())
+                .ok_or_else(|| UsageError(format!("no user named '{name}' on this host")))?,
+        };
+        uids.insert(uid);
+    }
+    let scope = Scope {
+        gpus: gpus(args.gpu.as_deref(), gpu_count)?,
+        pids,
+        patterns,
+        uids,
+        orphans: args.orphans,
+        all: args.all,
+    };
+    if scope.is_empty() {
+        return Err(UsageError(
+            "refusing to free without a scope: give one or more of --gpu LIST, --pid PID, --match REGEX, --user NAME, --orphans, --all (try --dry-run first)"
+                .to_string(),
+        ));
+    }
+    let grace = parse_duration(&args.grace)?;
+    let timeout = parse_duration(&args.timeout)?;
+    Ok(FreeConfig {
+        scope,
+        options: Options {
+            grace,
+            timeout,
+            poll: Duration::from_millis(10),
+        },
+        protect: args.protect.clone(),
+    })
+}
+
+pub struct WaitConfig {
+    pub gpus: BTreeSet<u32>,
+    pub below: u64,
+    pub timeout: Duration,
+}
+
+pub fn wait(args: &WaitArgs, gpu_count: u32) -> Result<WaitConfig, UsageError> {
+    let gpus = gpus(Some(&args.gpu), gpu_count)?.unwrap_or_default();
+    if gpus.is_empty() {
+        return Err(UsageError(
+            "no GPUs to wait for: the driver reports none (is this a GPU host? see `gpureap status`)".to_string(),
+        ));
+    }
+    Ok(WaitConfig {
+        gpus,
+        below: parse_size(&args.below)?,
+        timeout: parse_duration(&args.timeout)?,
+    })
+}

@@ -1,0 +1,200 @@
+//! The GPU driver, behind one small trait with owned return types.
+//!
+//! Everything else in gpureap asks the driver only three things: how many GPUs
+//! there are, what each one holds (memory and the processes it lists), and which
+//! device node a path from `/proc/PID/fd` is. Three backends answer: the real
+//! NVML library, the simulated driver used by tests and the demo, and `none`.
+
+mod none;
+mod nvml;
+mod sim;
+
+use std::fmt;
+use std::path::Path;
+
+pub use none::NoDriver;
+pub use nvml::NvmlDriver;
+pub use sim::SimDriver;
+
+/// What the driver says about one GPU.
+///
+/// Contract for every backend: a value the driver could not report is `None`,
+/// never 0. Process memory of `None` means "unknown", not "uses nothing".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuInfo {
+    pub index: u32,
+    pub name: Option<String>,
+    pub uuid: Option<String>,
+    pub memory_total: Option<u64>,
+    pub memory_used: Option<u64>,
+    /// The processes the driver lists as using this GPU, bogus PIDs removed.
+    pub processes: Vec<DriverProcess>,
+}
+
+/// One entry of a driver's process list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DriverProcess {
+    pub pid: u32,
+    pub used_memory: Option<u64>,
+}
+
+/// What a path found in `/proc/PID/fd` is, as far as the GPU is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Node {
+    /// The device node of one GPU, by driver index.
+    Gpu(u32),
+    /// A control node (`nvidiactl`, `nvidia-uvm`, ...), held by every GPU user
+    /// and by monitors.
+    Control,
+}
+
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum DriverError {
+    #[error("GPU {index} is lost (fallen off the bus or otherwise inaccessible)")]
+    GpuLost { index: u32 },
+    #[error("NVML call failed: {0}")]
+    Nvml(String),
+    #[error("simulated driver: {0}")]
+    Sim(String),
+}
+
+/// One GPU driver. Implementations must be cheap to call repeatedly: `free`
+/// and `wait` poll `memory_used` every few milliseconds.
+pub trait Driver: Send + Sync {
+    /// A short description for reports: `nvml (driver 580.95.05)`, `sim:/tmp/x`, `none`.
+    fn describe(&self) -> String;
+
+    fn gpu_count(&self) -> Result<u32, DriverError>;
+
+    /// Everything about one GPU, including its process list.
+    fn gpu(&self, index: u32) -> Result<GpuInfo, DriverError>;
+
+    /// Every GPU, each with its own result, so that one lost GPU does not hide
+    /// the others. Backends for which one pass is cheaper than N override this.
+    fn gpus(&self) -> Result<Vec<Result<GpuInfo, DriverError>>, DriverError> {
+        Ok((0..self.gpu_count()?)
+            .map(|index| self.gpu(index))
+            .collect())
+    }
+
+    /// Memory used on one GPU, for polling. `Ok(None)` when the driver cannot say.
+    fn memory_used(&self, index: u32) -> Result<Option<u64>, DriverError> {
+        Ok(self.gpu(index)?.memory_used)
+    }
+
+    /// Classifies a descriptor target; `None` for anything that is not a GPU node.
+    /// Called once per open descriptor on the host, so it must be cheap.
+    fn classify_node(&self, path: &Path) -> Option<Node>;
+}
+
+/// Which backend the user asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BackendChoice {
+    Auto,
+    Nvml,
+    Sim(std::path::PathBuf),
+    None,
+}
+
+impl BackendChoice {
+    pub fn parse(text: &str) -> Result<BackendChoice, String> {
+        match text {
+            "auto" => Ok(BackendChoice::Auto),
+            "nvml" => Ok(BackendChoice::Nvml),
+            "none" => Ok(BackendChoice::None),
+            _ => match text.strip_prefix("sim:") {
+                Some(dir) if !dir.is_empty() => Ok(BackendChoice::Sim(dir.into())),
+                _ => Err(format!(
+                    "invalid backend '{text}': expected auto, nvml, none or sim:DIR"
+                )),
+            },
+        }
+    }
+}
+
+impl fmt::Display for BackendChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BackendChoice::Auto => write!(f, "auto"),
+            BackendChoice::Nvml => write!(f, "nvml"),
+            BackendChoice::Sim(dir) => write!(f, "sim:{}", dir.display()),
+            BackendChoice::None => write!(f, "none"),
+        }
+    }
+}
+
+/// Opens the chosen backend. `auto` falls back to `none` when NVML does not
+/// load, and says so once on stderr; an explicit `nvml` fails instead.
+pub fn open(choice: &BackendChoice) -> Result<Box<dyn Driver>, String> {
+    match choice {
+        BackendChoice::Nvml => NvmlDriver::open()
+            .map(|driver| Box::new(driver) as Box<dyn Driver>)
+            .map_err(|error| format!("cannot use NVML: {error}")),
+        BackendChoice::Sim(dir) => SimDriver::open(dir)
+            .map(|driver| Box::new(driver) as Box<dyn Driver>)
+            .map_err(|error| error.to_string()),
+        BackendChoice::None => Ok(Box::new(NoDriver)),
+        BackendChoice::Auto => match NvmlDriver::open() {
+            Ok(driver) => Ok(Box::new(driver)),
+            Err(error) => {
+                eprintln!(
+                    "gpureap: no NVIDIA driver found ({error}); showing only processes with /dev/nvidia* open"
+                );
+                Ok(Box::new(NoDriver))
+            }
+        },
+    }
+}
+
+/// Classifies paths under `/dev` the way the real driver names its nodes:
+/// `/dev/nvidiaN` is the GPU whose minor number is N.
+pub(crate) fn classify_dev_node(
+    path: &Path,
+    gpu_for_minor: impl Fn(u32) -> Option<u32>,
+) -> Option<Node> {
+    let name = path.to_str()?.strip_prefix("/dev/nvidia")?;
+    if name.is_empty() {
+        return None;
+    }
+    if name.bytes().all(|b| b.is_ascii_digit()) {
+        return name.parse().ok().and_then(gpu_for_minor).map(Node::Gpu);
+    }
+    // nvidiactl, nvidia-uvm, nvidia-uvm-tools, nvidia-modeset, nvidia-caps/...
+    Some(Node::Control)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backend_choices() {
+        assert_eq!(BackendChoice::parse("auto"), Ok(BackendChoice::Auto));
+        assert_eq!(
+            BackendChoice::parse("sim:/tmp/x"),
+            Ok(BackendChoice::Sim("/tmp/x".into()))
+        );
+        assert!(BackendChoice::parse("sim:").is_err());
+        assert!(BackendChoice::parse("cuda").is_err());
+    }
+
+    #[test]
+    fn dev_nodes() {
+        let identity = |minor| Some(minor);
+        assert_eq!(
+            classify_dev_node(Path::new("/dev/nvidia3"), identity),
+            Some(Node::Gpu(3))
+        );
+        assert_eq!(
+            classify_dev_node(Path::new("/dev/nvidiactl"), identity),
+            Some(Node::Control)
+        );
+        assert_eq!(
+            classify_dev_node(Path::new("/dev/nvidia-uvm"), identity),
+            Some(Node::Control)
+        );
+        assert_eq!(classify_dev_node(Path::new("/dev/null"), identity), None);
+        assert_eq!(classify_dev_node(Path::new("/dev/nvidia"), identity), None);
+        assert_eq!(classify_dev_node(Path::new("/dev/nvidia9"), |_| None), None);
+    }
+}

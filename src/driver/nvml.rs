@@ -1,0 +1,196 @@
+//! The real driver, through NVML loaded at run time.
+//!
+//! nvml-wrapper opens libnvidia-ml with dlopen, so the binary starts on hosts
+//! without the driver; `open` failing is how we learn there is none.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use nvml_wrapper::Nvml;
+use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::struct_wrappers::device::ProcessInfo;
+
+use super::{Driver, DriverError, DriverProcess, GpuInfo, Node, classify_dev_node};
+
+/// PIDs some drivers put in process lists that belong to no process.
+const BOGUS_PIDS: [u32; 2] = [0, u32::MAX];
+
+pub struct NvmlDriver {
+    nvml: Nvml,
+    /// `/dev/nvidiaN` is named by the device's minor number, which need not
+    /// equal NVML's index (ordered by PCI bus id).
+    index_for_minor: HashMap<u32, u32>,
+    description: String,
+}
+
+impl NvmlDriver {
+    pub fn open() -> Result<NvmlDriver, NvmlError> {
+        let nvml = Nvml::init()?;
+        let count = nvml.device_count()?;
+        let mut index_for_minor = HashMap::new();
+        for index in 0..count {
+            let minor = nvml
+                .device_by_index(index)
+                .and_then(|device| device.minor_number());
+            // A device whose minor number cannot be read is still queried by
+            // index; only its /proc descriptors go unattributed.
+            if let Ok(minor) = minor {
+                index_for_minor.insert(minor, index);
+            }
+        }
+        let description = match nvml.sys_driver_version() {
+            Ok(version) => format!("nvml (driver {version})"),
+            Err(_) => "nvml".to_string(),
+        };
+        Ok(NvmlDriver {
+            nvml,
+            index_for_minor,
+            description,
+        })
+    }
+}
+
+fn convert(index: u32, error: NvmlError) -> DriverError {
+    match error {
+        NvmlError::GpuLost => DriverError::GpuLost { index },
+        other => DriverError::Nvml(other.to_string()),
+    }
+}
+
+fn is_missing_symbol(error: &NvmlError) -> bool {
+    matches!(
+        error,
+        NvmlError::FailedToLoadSymbol(_) | NvmlError::FunctionNotFound | NvmlError::NotSupported
+    )
+}
+
+/// Adds one NVML process list into `into`, dropping bogus PIDs. A process in
+/// both the compute and the graphics list is counted once.
+fn merge(into: &mut Vec<DriverProcess>, list: Vec<ProcessInfo>) {
+    for info in list {
+        if BOGUS_PIDS.contains(&info.pid) {
+            continue;
+        }
+        let used_memory = match info.used_gpu_memory {
+            UsedGpuMemory::Used(bytes) => Some(bytes),
+            UsedGpuMemory::Unavailable => None,
+        };
+        match into.iter_mut().find(|known| known.pid == info.pid) {
+            Some(known) => {
+                known.used_memory = match (known.used_memory, used_memory) {
+                    (Some(a), Some(b)) => Some(a.max(b)),
+                    (a, b) => a.or(b),
+                }
+            }
+            None => into.push(DriverProcess {
+                pid: info.pid,
+                used_memory,
+            }),
+        }
+    }
+}
+
+impl Driver for NvmlDriver {
+    fn describe(&self) -> String {
+        self.description.clone()
+    }
+
+    fn gpu_count(&self) -> Result<u32, DriverError> {
+        self.nvml
+            .device_count()
+            .map_err(|error| DriverError::Nvml(error.to_string()))
+    }
+
+    fn gpu(&self, index: u32) -> Result<GpuInfo, DriverError> {
+        let device = self
+            .nvml
+            .device_by_index(index)
+            .map_err(|error| convert(index, error))?;
+        let memory = device
+            .memory_info()
+            .map_err(|error| convert(index, error))?;
+
+        // The _v3 symbol is missing from older drivers: fall back to _v2.
+        let compute = match device.running_compute_processes() {
+            Err(error) if is_missing_symbol(&error) => device.running_compute_processes_v2(),
+            other => other,
+        }
+        .map_err(|error| convert(index, error))?;
+        let graphics = match device.running_graphics_processes() {
+            Err(error) if is_missing_symbol(&error) => device.running_graphics_processes_v2(),
+            other => other,
+        };
+        let mut processes = Vec::new();
+        merge(&mut processes, compute);
+        // Graphics lists are unsupported on many datacenter GPUs; compute is what matters.
+        if let Ok(graphics) = graphics {
+            merge(&mut processes, graphics);
+        }
+        Ok(GpuInfo {
+            index,
+            name: device.name().ok(),
+            uuid: device.uuid().ok(),
+            memory_total: Some(memory.total),
+            memory_used: Some(memory.used),
+            processes,
+        })
+    }
+
+    fn memory_used(&self, index: u32) -> Result<Option<u64>, DriverError> {
+        let device = self
+            .nvml
+            .device_by_index(index)
+            .map_err(|error| convert(index, error))?;
+        let memory = device
+            .memory_info()
+            .map_err(|error| convert(index, error))?;
+        Ok(Some(memory.used))
+    }
+
+    fn classify_node(&self, path: &Path) -> Option<Node> {
+        classify_dev_node(path, |minor| self.index_for_minor.get(&minor).copied())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(pid: u32, used: UsedGpuMemory) -> ProcessInfo {
+        ProcessInfo {
+            pid,
+            used_gpu_memory: used,
+            gpu_instance_id: None,
+            compute_instance_id: None,
+        }
+    }
+
+    #[test]
+    fn bogus_pids_are_dropped_and_unknown_memory_stays_unknown() {
+        let mut processes = Vec::new();
+        merge(
+            &mut processes,
+            vec![
+                info(0, UsedGpuMemory::Used(5)),
+                info(u32::MAX, UsedGpuMemory::Used(5)),
+                info(42, UsedGpuMemory::Unavailable),
+                info(43, UsedGpuMemory::Used(1 << 30)),
+            ],
+        );
+        merge(&mut processes, vec![info(43, UsedGpuMemory::Used(1 << 20))]);
+        assert_eq!(
+            processes,
+            vec![
+                DriverProcess {
+                    pid: 42,
+                    used_memory: None
+                },
+                DriverProcess {
+                    pid: 43,
+                    used_memory: Some(1 << 30)
+                },
+            ]
+        );
+    }
+}

@@ -1,0 +1,288 @@
+//! Incident builders: a simulated GPU host and real process trees that hold it
+//! the way crashed inference servers hold real GPUs.
+//!
+//! The demo and the test suite both stage their incidents here, so what the
+//! demo shows is what the tests check. Every process is a real bash or sleep
+//! process holding a descriptor on a simulated device node; titles are set
+//! with `exec -a`, as SGLang's setproctitle does. Everything an `Incident`
+//! started is killed when it is dropped, and nothing else.
+
+use std::fmt::Write as _;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::proc::{self, ProcessId};
+use crate::reap::{Sig, send};
+
+/// A simulated GPU host in a temporary directory, laid out as DESIGN.md's
+/// simulated driver expects.
+pub struct SimHost {
+    dir: tempfile::TempDir,
+}
+
+impl SimHost {
+    /// `count` GPUs of `total` bytes each, named like real ones.
+    pub fn new(count: u32, total: u64, name: &str) -> io::Result<SimHost> {
+        let dir = tempfile::Builder::new().prefix("gpureap-sim-").tempdir()?;
+        let mut gpus = String::new();
+        for index in 0..count {
+            fs::write(dir.path().join(format!("nvidia{index}")), "")?;
+            let _ = writeln!(gpus, "{total} {name}");
+        }
+        fs::write(dir.path().join("nvidiactl"), "")?;
+        fs::write(dir.path().join("gpus"), gpus)?;
+        fs::create_dir(dir.path().join("claims"))?;
+        Ok(SimHost { dir })
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The `--backend` value for this host.
+    pub fn backend(&self) -> String {
+        format!("sim:{}", self.path().display())
+    }
+
+    /// Memory held on a GPU by no process: only a reset clears it.
+    pub fn leak(&self, gpu: u32, bytes: u64) -> io::Result<()> {
+        fs::write(self.path().join(format!("leak.{gpu}")), bytes.to_string())
+    }
+
+    /// Makes a GPU answer as fallen off the bus.
+    pub fn lose(&self, gpu: u32) -> io::Result<()> {
+        fs::write(self.path().join(format!("lost.{gpu}")), "")
+    }
+}
+
+/// One process to stage: a title, the GPUs it holds, and how it behaves.
+#[derive(Debug, Clone, Default)]
+pub struct Holder {
+    pub title: String,
+    /// (GPU index, bytes claimed on it).
+    pub gpus: Vec<(u32, u64)>,
+    /// Also open the control node, as every CUDA process and monitor does.
+    pub control: bool,
+    pub ignore_term: bool,
+}
+
+impl Holder {
+    pub fn new(title: &str) -> Holder {
+        Holder {
+            title: title.to_string(),
+            control: true,
+            ..Holder::default()
+        }
+    }
+
+    pub fn on(mut self, gpu: u32, bytes: u64) -> Holder {
+        self.gpus.push((gpu, bytes));
+        self
+    }
+
+    pub fn ignoring_sigterm(mut self) -> Holder {
+        self.ignore_term = true;
+        self
+    }
+
+    /// A bash fragment that runs this holder in the current (sub)shell: opens
+    /// the nodes, writes the claims, records its PID, then becomes `sleep`
+    /// under its title. `$D` is the simulated host's directory.
+    pub fn script(&self) -> String {
+        let mut script = String::new();
+        if self.ignore_term {
+            script.push_str("trap '' TERM; ");
+        }
+        for (position, (gpu, _)) in self.gpus.iter().enumerate() {
+            let _ = write!(script, "exec {}<\"$D/nvidia{gpu}\"; ", position + 3);
+        }
+        if self.control {
+            script.push_str("exec 9<\"$D/nvidiactl\"; ");
+        }
+        for (gpu, bytes) in &self.gpus {
+            let _ = write!(script, "echo {bytes} > \"$D/claims/$BASHPID.{gpu}\"; ");
+        }
+        let _ = write!(
+            script,
+            "echo \"$BASHPID {title}\" >> \"$D/pids\"; exec -a '{title}' sleep 100000",
+            title = self.title
+        );
+        script
+    }
+}
+
+/// The launcher's title in `Incident::sglang`.
+pub const LAUNCHER: &str = "python3 -m sglang.launch_server";
+
+/// Real processes staged on a simulated host. Dropping it SIGKILLs every
+/// process it recorded (by identity, so a recycled PID is never hit).
+pub struct Incident {
+    dir: PathBuf,
+    children: Vec<Child>,
+    /// Lines of `$D/pids` already waited for.
+    expected: usize,
+    /// Identities captured as soon as each process was running under its title.
+    owned: Vec<ProcessId>,
+}
+
+impl Incident {
+    pub fn new(host: &SimHost) -> Incident {
+        Incident {
+            dir: host.path().to_path_buf(),
+            children: Vec::new(),
+            expected: 0,
+            owned: Vec::new(),
+        }
+    }
+
+    /// Runs a bash script with `$D` set to the host's directory. `records` is
+    /// how many processes the script will record in `$D/pids`; this returns
+    /// once all of them are running under their titles.
+    pub fn spawn(&mut self, script: &str, records: usize) -> io::Result<u32> {
+        let child = Command::new("bash")
+            .arg("-c")
+            .arg(script)
+            .env("D", &self.dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()?;
+        let pid = child.id();
+        self.children.push(child);
+        self.expected += records;
+        self.wait_ready()?;
+        Ok(pid)
+    }
+
+    /// Starts one holder as a direct child of the calling process.
+    pub fn holder(&mut self, holder: &Holder) -> io::Result<u32> {
+        self.spawn(&holder.script(), 1)?;
+        self.pid_of(&holder.title)
+    }
+
+    /// An SGLang-like server: a launcher (`python3 -m sglang.launch_server`)
+    /// with one `sglang::scheduler_TP{i}` worker per GPU and a detokenizer
+    /// that holds no GPU. Returns the launcher's PID.
+    pub fn sglang(&mut self, workers: &[Holder]) -> io::Result<u32> {
+        let mut script = format!("echo \"$$ {LAUNCHER}\" >> \"$D/pids\"; ");
+        for worker in workers {
+            let _ = write!(script, "( {} ) & ", worker.script());
+        }
+        script.push_str(
+            "( echo \"$BASHPID sglang::detokenizer\" >> \"$D/pids\"; exec -a 'sglang::detokenizer' sleep 100000 ) & ",
+        );
+        let _ = write!(
+            script,
+            "exec -a '{LAUNCHER} --model-path meta-llama/Llama-3.1-70B-Instruct --tp {}' sleep 100000",
+            workers.len()
+        );
+        let pid = self.spawn(&script, workers.len() + 2)?;
+        Ok(pid)
+    }
+
+    /// SIGKILLs a process this incident started, and reaps it if it is our
+    /// child: the way a launcher dies and leaves its workers orphaned.
+    pub fn kill(&mut self, pid: u32) -> io::Result<()> {
+        let id = self
+            .owned
+            .iter()
+            .find(|id| id.pid == pid)
+            .copied()
+            .ok_or_else(|| {
+                io::Error::other(format!("pid {pid} was not started by this incident"))
+            })?;
+        send(id, Sig::Kill);
+        if let Some(position) = self.children.iter().position(|child| child.id() == pid) {
+            self.children.remove(position).wait()?;
+        }
+        Ok(())
+    }
+
+    /// The PID recorded under a title.
+    pub fn pid_of(&self, title: &str) -> io::Result<u32> {
+        self.records()?
+            .into_iter()
+            .rev()
+            .find(|(_, recorded)| recorded == title)
+            .map(|(pid, _)| pid)
+            .ok_or_else(|| io::Error::other(format!("no process titled {title}")))
+    }
+
+    /// Every (PID, title) recorded so far, in order.
+    pub fn records(&self) -> io::Result<Vec<(u32, String)>> {
+        let text = fs::read_to_string(self.dir.join("pids")).unwrap_or_default();
+        Ok(text
+            .lines()
+            .filter_map(|line| {
+                let (pid, title) = line.split_once(' ')?;
+                Some((pid.parse().ok()?, title.to_string()))
+            })
+            .collect())
+    }
+
+    /// Waits until every expected record is there and each recorded process
+    /// runs under its title (its `exec -a` has happened), then remembers who
+    /// they are.
+    fn wait_ready(&mut self) -> io::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let records = self.records()?;
+            let ready = records.len() >= self.expected
+                && records.iter().all(|(pid, title)| {
+                    let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                    // Gone already (a zombie child, a killed worker) counts as settled.
+                    cmdline.is_empty() || cmdline.starts_with(title.as_bytes())
+                });
+            if ready {
+                for (pid, title) in records {
+                    if let Some(id) = titled(pid, &title)
+                        && !self.owned.contains(&id)
+                    {
+                        self.owned.push(id);
+                    }
+                }
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(io::Error::other(format!(
+                    "staged processes did not start within 20s: {records:?}"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+fn identity(pid: u32) -> Option<ProcessId> {
+    proc::start_time(pid).map(|start_time| ProcessId { pid, start_time })
+}
+
+/// The identity of `pid` if it still runs under `title`.
+fn titled(pid: u32, title: &str) -> Option<ProcessId> {
+    let id = identity(pid)?;
+    let cmdline = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    cmdline.starts_with(title.as_bytes()).then_some(id)
+}
+
+impl Drop for Incident {
+    fn drop(&mut self) {
+        // Processes recorded after the last wait (respawned ones) are only
+        // killed while they still carry their title: never a recycled PID.
+        let late = self
+            .records()
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|(pid, title)| titled(pid, &title));
+        let everyone: Vec<ProcessId> = self.owned.iter().copied().chain(late).collect();
+        for id in everyone {
+            send(id, Sig::Kill);
+        }
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}

@@ -1,0 +1,21 @@
+//! gpureap: see who holds each NVIDIA GPU, free exactly what was scoped, and
+//! prove through the driver that the memory came back.
+//!
+//! The library follows the data: `snapshot` (driver + /proc) → `select`
+//! (scope → targets) → `reap` (signal escalation) → `verify` (poll until freed
+//! or explained) → `report` (table or JSON). The binary only parses flags
+//! (`cli`, `config`) and composes these stages.
+
+pub mod cli;
+pub mod config;
+pub mod demo;
+pub mod driver;
+pub mod exit;
+pub mod incident;
+pub mod proc;
+pub mod reap;
+pub mod report;
+pub mod select;
+pub mod snapshot;
+pub mod units;
+pub mod verify;

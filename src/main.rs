@@ -1,0 +1,222 @@
+//! The gpureap binary: parse, compose the library's stages, print, exit.
+
+use std::io::{self, BufRead, IsTerminal, Write};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+
+use gpureap::cli::{Cli, Command, FreeArgs, StatusArgs, WaitArgs};
+use gpureap::config::{self, UsageError};
+use gpureap::driver::{self, BackendChoice, Driver};
+use gpureap::exit;
+use gpureap::reap;
+use gpureap::report;
+use gpureap::select::Guard;
+use gpureap::snapshot::Snapshot;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match &cli.command {
+        Command::Status(args) => status(&cli.backend, args),
+        Command::Free(args) => free(&cli.backend, args),
+        Command::Wait(args) => wait(&cli.backend, args),
+        Command::Demo => gpureap::demo::run(&mut io::stdout().lock()).map_err(anyhow::Error::from),
+    };
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(error) => {
+            if let Some(io_error) = error.downcast_ref::<io::Error>()
+                && io_error.kind() == io::ErrorKind::BrokenPipe
+            {
+                return ExitCode::from(exit::SUCCESS);
+            }
+            eprintln!("gpureap: {error:#}");
+            if error.downcast_ref::<UsageError>().is_some() {
+                ExitCode::from(exit::USAGE)
+            } else {
+                ExitCode::from(exit::STILL_HELD)
+            }
+        }
+    }
+}
+
+fn open_driver(backend: &str) -> anyhow::Result<Box<dyn Driver>> {
+    let choice = BackendChoice::parse(backend).map_err(UsageError)?;
+    Ok(driver::open(&choice).map_err(UsageError)?)
+}
+
+fn gpu_count(driver: &dyn Driver) -> u32 {
+    driver.gpu_count().unwrap_or(0)
+}
+
+/// Writes the report to stdout in one piece; a closed pipe ends quietly.
+fn emit(text: &str) -> io::Result<()> {
+    let mut stdout = io::stdout().lock();
+    stdout.write_all(text.as_bytes())?;
+    if !text.ends_with('\n') {
+        stdout.write_all(b"\n")?;
+    }
+    stdout.flush()
+}
+
+fn status(backend: &str, args: &StatusArgs) -> anyhow::Result<u8> {
+    let driver = open_driver(backend)?;
+    let gpus = config::gpus(args.gpu.as_deref(), gpu_count(driver.as_ref()))?;
+    let snapshot = Snapshot::take(driver.as_ref());
+    let text = if args.json {
+        report::status_json(&snapshot, &gpus)
+    } else if args.tree {
+        report::status_tree(&snapshot, &gpus)
+    } else {
+        report::status_table(&snapshot, &gpus)
+    };
+    emit(&text)?;
+    Ok(exit::SUCCESS)
+}
+
+fn free(backend: &str, args: &FreeArgs) -> anyhow::Result<u8> {
+    let driver = open_driver(backend)?;
+    let snapshot = Snapshot::take(driver.as_ref());
+    let config = config::free(args, gpu_count(driver.as_ref()), &snapshot)?;
+    let guard = Guard::for_this_process(&config.protect);
+    let plan = reap::plan(&snapshot, &config.scope, &guard);
+
+    if args.dry_run {
+        emit(&if args.json {
+            report::free_json(&plan, exit::SUCCESS as i32)
+        } else {
+            report::free_plan(&plan)
+        })?;
+        return Ok(exit::SUCCESS);
+    }
+    if !args.yes && !plan.targets.is_empty() {
+        confirm(&plan)?;
+    }
+
+    let spinner = progress_bar(args.json);
+    let outcome = reap::free(
+        driver.as_ref(),
+        &config.scope,
+        &guard,
+        snapshot,
+        config.options,
+        &mut |progress| {
+            if let Some(bar) = &spinner {
+                bar.set_message(report::progress_text(progress));
+                bar.tick();
+            }
+        },
+    );
+    if let Some(bar) = spinner {
+        bar.finish_and_clear();
+    }
+    let code = if outcome.all_freed() {
+        exit::SUCCESS
+    } else {
+        exit::STILL_HELD
+    };
+    emit(&if args.json {
+        report::free_json(&outcome, code as i32)
+    } else {
+        report::free_outcome(&outcome)
+    })?;
+    Ok(code)
+}
+
+/// Asks on the terminal; refuses to go on without one unless --yes was given.
+fn confirm(plan: &reap::FreeReport) -> anyhow::Result<()> {
+    if !(io::stdin().is_terminal() && io::stderr().is_terminal()) {
+        return Err(UsageError(
+            "refusing to signal without confirmation: stdin is not a terminal; pass --yes (see the plan with --dry-run)"
+                .to_string(),
+        )
+        .into());
+    }
+    eprint!("{}Proceed? [y/N] ", report::free_plan(plan));
+    let mut answer = String::new();
+    io::stdin().lock().read_line(&mut answer)?;
+    if matches!(answer.trim(), "y" | "Y" | "yes" | "YES" | "Yes") {
+        Ok(())
+    } else {
+        Err(UsageError("aborted: nothing was signalled".to_string()).into())
+    }
+}
+
+fn progress_bar(json: bool) -> Option<indicatif::ProgressBar> {
+    if json || !io::stderr().is_terminal() {
+        return None;
+    }
+    let bar = indicatif::ProgressBar::new_spinner();
+    bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+    bar.enable_steady_tick(Duration::from_millis(100));
+    Some(bar)
+}
+
+fn wait(backend: &str, args: &WaitArgs) -> anyhow::Result<u8> {
+    let driver = open_driver(backend)?;
+    let config = config::wait(args, gpu_count(driver.as_ref()))?;
+    let start = Instant::now();
+    let poll = Duration::from_millis(5);
+    let (ready, gpus) = loop {
+        let gpus: Vec<report::WaitGpu> = config
+            .gpus
+            .iter()
+            .map(|&index| match driver.memory_used(index) {
+                Ok(used) => report::WaitGpu {
+                    index,
+                    memory_used: used,
+                    ready: used.is_some_and(|used| used < config.below),
+                    error: None,
+                },
+                Err(error) => report::WaitGpu {
+                    index,
+                    memory_used: None,
+                    ready: false,
+                    error: Some(error.to_string()),
+                },
+            })
+            .collect();
+        let ready = gpus.iter().all(|gpu| gpu.ready);
+        if ready || start.elapsed() >= config.timeout {
+            break (ready, gpus);
+        }
+        std::thread::sleep(poll);
+    };
+    let waited_ms = start.elapsed().as_millis() as u64;
+    if args.json {
+        emit(&report::to_json(&report::WaitJson {
+            schema_version: report::SCHEMA_VERSION,
+            kind: "wait",
+            ready,
+            waited_ms,
+            below: config.below,
+            gpus: &gpus,
+        }))?;
+    } else {
+        let mut text = report::wait_lines(&gpus, config.below, waited_ms);
+        if !ready {
+            let busy = Some(
+                gpus.iter()
+                    .filter(|gpu| !gpu.ready)
+                    .map(|gpu| gpu.index)
+                    .collect(),
+            );
+            text.push('\n');
+            text.push_str(&report::status_table(
+                &Snapshot::take(driver.as_ref()),
+                &busy,
+            ));
+        }
+        emit(&text)?;
+    }
+    if ready {
+        Ok(exit::SUCCESS)
+    } else {
+        eprintln!(
+            "gpureap: timed out after {}; the holders are listed above",
+            gpureap::units::Elapsed(start.elapsed())
+        );
+        Ok(exit::STILL_HELD)
+    }
+}

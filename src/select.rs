@@ -1,0 +1,280 @@
+//! From a scope to the exact set of processes to signal.
+//!
+//! The rule (DESIGN.md): targets are the GPU users in scope and all their
+//! descendants; `--pid` names processes directly, GPU users or not. Then the
+//! guard removes what must never be signalled, and says why for each.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use regex::Regex;
+
+use crate::proc::ProcessRecord;
+use crate::snapshot::{Snapshot, is_orphaned};
+
+/// Names protected by default: the driver's daemons, monitoring, and displays.
+pub const DEFAULT_PROTECTED: [&str; 6] = [
+    "nvidia-persistenced",
+    "nv-hostengine",
+    "dcgm-exporter",
+    "nvidia-smi",
+    "Xorg",
+    "Xwayland",
+];
+
+/// What the user asked to free. Different kinds of filter narrow each other;
+/// several values of one kind widen it (`--pid 1 --pid 2` is either).
+#[derive(Debug, Clone, Default)]
+pub struct Scope {
+    pub gpus: Option<BTreeSet<u32>>,
+    pub pids: BTreeSet<u32>,
+    pub patterns: Vec<Regex>,
+    pub uids: BTreeSet<u32>,
+    pub orphans: bool,
+    pub all: bool,
+}
+
+impl Scope {
+    pub fn is_empty(&self) -> bool {
+        self.gpus.is_none()
+            && self.pids.is_empty()
+            && self.patterns.is_empty()
+            && self.uids.is_empty()
+            && !self.orphans
+            && !self.all
+    }
+
+    /// Whether a process passes every filter other than `--pid`.
+    fn admits(&self, snapshot: &Snapshot, record: &ProcessRecord) -> bool {
+        let pid = record.id.pid;
+        if let Some(gpus) = &self.gpus
+            && snapshot.gpus_used_by(pid).is_disjoint(gpus)
+        {
+            return false;
+        }
+        if !self.patterns.is_empty()
+            && !self
+                .patterns
+                .iter()
+                .any(|pattern| pattern.is_match(&record.cmdline) || pattern.is_match(&record.comm))
+        {
+            return false;
+        }
+        if !self.uids.is_empty() && !record.uid.is_some_and(|uid| self.uids.contains(&uid)) {
+            return false;
+        }
+        if self.orphans && !is_orphaned(record) {
+            return false;
+        }
+        true
+    }
+}
+
+/// What may never be signalled, whatever the scope says.
+#[derive(Debug, Clone)]
+pub struct Guard {
+    pub self_pid: u32,
+    /// The shells and scripts that ran gpureap, up to PID 1.
+    pub ancestors: BTreeSet<u32>,
+    pub protected_names: BTreeSet<String>,
+}
+
+impl Guard {
+    /// The guard for this process, with the default protected names plus `extra`.
+    pub fn for_this_process(extra: &[String]) -> Guard {
+        let mut protected_names: BTreeSet<String> = DEFAULT_PROTECTED
+            .iter()
+            .map(|name| name.to_string())
+            .collect();
+        protected_names.extend(extra.iter().cloned());
+        Guard {
+            self_pid: std::process::id(),
+            ancestors: crate::proc::ancestors_of_self(),
+            protected_names,
+        }
+    }
+
+    /// Why a process must be spared, or `None` if it may be signalled.
+    fn spare_reason(
+        &self,
+        snapshot: &Snapshot,
+        record: &ProcessRecord,
+        named: bool,
+    ) -> Option<Spared> {
+        let pid = record.id.pid;
+        if pid == self.self_pid {
+            return Some(Spared::Itself);
+        }
+        if self.ancestors.contains(&pid) {
+            return Some(Spared::Ancestor);
+        }
+        if pid == 1 {
+            return Some(Spared::Init);
+        }
+        if record.kernel_thread {
+            return Some(Spared::KernelThread);
+        }
+        if let Some(name) = self.protected_name(record) {
+            return Some(Spared::Protected(name));
+        }
+        if !named && snapshot.is_monitor(pid) {
+            return Some(Spared::Monitor);
+        }
+        None
+    }
+
+    fn protected_name(&self, record: &ProcessRecord) -> Option<String> {
+        let program = record.program();
+        self.protected_names
+            .iter()
+            .find(|name| {
+                program == name.as_str()
+                    // comm is cut to 15 bytes: nvidia-persistenced shows as nvidia-persiste.
+                    || record.comm == name.chars().take(15).collect::<String>()
+            })
+            .cloned()
+    }
+}
+
+/// Why a process in scope is left alone.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Spared {
+    Itself,
+    Ancestor,
+    Init,
+    KernelThread,
+    Protected(String),
+    Monitor,
+}
+
+impl std::fmt::Display for Spared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Spared::Itself => write!(f, "gpureap itself"),
+            Spared::Ancestor => write!(
+                f,
+                "an ancestor of gpureap (the shell or script that ran it)"
+            ),
+            Spared::Init => write!(f, "PID 1"),
+            Spared::KernelThread => write!(f, "a kernel thread"),
+            Spared::Protected(name) => write!(f, "protected ({name})"),
+            Spared::Monitor => write!(
+                f,
+                "a monitor (no GPU context, no memory); name it with --pid to include it"
+            ),
+        }
+    }
+}
+
+impl Spared {
+    /// A short machine-readable name for JSON.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Spared::Itself => "self",
+            Spared::Ancestor => "ancestor",
+            Spared::Init => "init",
+            Spared::KernelThread => "kernel_thread",
+            Spared::Protected(_) => "protected",
+            Spared::Monitor => "monitor",
+        }
+    }
+}
+
+/// Why a process is a target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Because {
+    /// Named with `--pid`.
+    Named,
+    /// A GPU user matching the scope.
+    InScope,
+    /// A descendant of a target (its parent chain leads to `of`).
+    Descendant { of: u32 },
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Selection {
+    pub targets: BTreeMap<u32, Because>,
+    pub spared: BTreeMap<u32, Spared>,
+}
+
+/// Applies a scope to a snapshot. Pure: no I/O, so that it can be checked
+/// against random process forests.
+pub fn select(snapshot: &Snapshot, scope: &Scope, guard: &Guard) -> Selection {
+    let children = snapshot.children();
+    let mut chosen: BTreeMap<u32, Because> = BTreeMap::new();
+    let mut selection = Selection::default();
+
+    if scope.pids.is_empty() {
+        for pid in snapshot.holders() {
+            let Some(record) = snapshot.processes.get(&pid) else {
+                continue;
+            };
+            if !scope.admits(snapshot, record) {
+                continue;
+            }
+            if snapshot.is_gpu_user(pid) {
+                chosen.insert(pid, Because::InScope);
+            } else if let Some(reason) = guard.spare_reason(snapshot, record, false) {
+                // A monitor in scope: reported as spared, and its children are not targets.
+                selection.spared.insert(pid, reason);
+            }
+        }
+    } else {
+        for &named in &scope.pids {
+            if !snapshot.processes.contains_key(&named) {
+                continue;
+            }
+            let mut family = vec![(named, Because::Named)];
+            family.extend(
+                descendants(&children, named)
+                    .into_iter()
+                    .map(|pid| (pid, Because::Descendant { of: named })),
+            );
+            for (pid, because) in family {
+                let record = &snapshot.processes[&pid];
+                if scope.admits(snapshot, record) {
+                    chosen.entry(pid).or_insert(because);
+                }
+            }
+        }
+    }
+
+    let mut targets = chosen.clone();
+    for &root in chosen.keys() {
+        for pid in descendants(&children, root) {
+            targets
+                .entry(pid)
+                .or_insert(Because::Descendant { of: root });
+        }
+    }
+
+    for (pid, because) in targets {
+        let Some(record) = snapshot.processes.get(&pid) else {
+            continue;
+        };
+        match guard.spare_reason(snapshot, record, because == Because::Named) {
+            Some(reason) => {
+                selection.spared.insert(pid, reason);
+            }
+            None => {
+                selection.targets.insert(pid, because);
+            }
+        }
+    }
+    selection
+}
+
+/// All descendants of `root`, not including it; safe against PID cycles.
+pub fn descendants(children: &HashMap<u32, Vec<u32>>, root: u32) -> Vec<u32> {
+    let mut found = Vec::new();
+    let mut seen = BTreeSet::from([root]);
+    let mut stack = vec![root];
+    while let Some(pid) = stack.pop() {
+        for &child in children.get(&pid).map_or(&[][..], Vec::as_slice) {
+            if seen.insert(child) {
+                found.push(child);
+                stack.push(child);
+            }
+        }
+    }
+    found
+}

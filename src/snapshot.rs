@@ -1,0 +1,352 @@
+//! One consistent view of who holds each GPU: the driver's process lists merged
+//! with a /proc scan of descriptors on the device nodes.
+//!
+//! Neither source is enough alone. The driver knows memory but not parents,
+//! sessions or states, and misses processes without a GPU context; /proc knows
+//! the tree but not memory, and cannot see into other PID namespaces.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::driver::{Driver, DriverError, Node};
+use crate::proc::{self, ProcessRecord, Unreadable};
+
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    pub backend: String,
+    pub taken_at_unix_ms: u64,
+    pub gpus: Vec<GpuState>,
+    /// Every process visible in this PID namespace, by PID.
+    pub processes: BTreeMap<u32, ProcessRecord>,
+    /// Processes whose descriptors could not be read: the scan is partial.
+    pub unreadable: Vec<Unreadable>,
+    /// Why the driver could not list GPUs at all, if it could not.
+    pub driver_error: Option<String>,
+    /// Details read only for holders, to keep the scan cheap.
+    pub details: BTreeMap<u32, Details>,
+    pub uptime_ticks: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuState {
+    pub index: u32,
+    pub name: Option<String>,
+    pub uuid: Option<String>,
+    pub memory_total: Option<u64>,
+    pub memory_used: Option<u64>,
+    /// The driver's error for this GPU (lost, NVML failure); the rest is then unknown.
+    pub error: Option<String>,
+    pub users: Vec<GpuUser>,
+}
+
+/// A process the driver lists on a GPU, or that has the GPU's node open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuUser {
+    pub pid: u32,
+    pub memory: Option<u64>,
+    /// In the driver's process list for this GPU.
+    pub listed: bool,
+    /// Has this GPU's device node open (as /proc shows).
+    pub node_open: bool,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Details {
+    pub user: Option<String>,
+    pub wchan: Option<String>,
+    pub cgroup: Option<String>,
+}
+
+/// The flags a holder can carry, as DESIGN.md names them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Flags {
+    pub orphaned: bool,
+    pub zombie: bool,
+    pub uninterruptible: bool,
+    pub hidden: bool,
+    pub monitor: bool,
+}
+
+impl Flags {
+    pub fn names(&self) -> Vec<&'static str> {
+        [
+            (self.orphaned, "orphaned"),
+            (self.zombie, "zombie"),
+            (self.uninterruptible, "uninterruptible"),
+            (self.hidden, "hidden"),
+            (self.monitor, "monitor"),
+        ]
+        .into_iter()
+        .filter_map(|(on, name)| on.then_some(name))
+        .collect()
+    }
+}
+
+impl GpuState {
+    /// Memory in use that no listed process explains: `None` when the total
+    /// or any listed process's share is unknown.
+    pub fn unattributed(&self) -> Option<u64> {
+        let used = self.memory_used?;
+        let mut explained = 0u64;
+        for user in self.users.iter().filter(|user| user.listed) {
+            explained += user.memory?;
+        }
+        Some(used.saturating_sub(explained))
+    }
+
+    /// Whether the driver answered for this GPU, so that its list can be trusted.
+    pub fn driver_answered(&self) -> bool {
+        self.error.is_none()
+    }
+}
+
+impl Snapshot {
+    /// Takes a snapshot: one driver pass and one /proc pass.
+    pub fn take(driver: &dyn Driver) -> Snapshot {
+        let (infos, driver_error) = match driver.gpus() {
+            Ok(infos) => (infos, None),
+            Err(error) => (Vec::new(), Some(error.to_string())),
+        };
+        let (scan, scan_error) = match proc::scan(&|path| driver.classify_node(path)) {
+            Ok(scan) => (scan, None),
+            Err(error) => (proc::ProcScan::default(), Some(error)),
+        };
+        let mut unreadable = scan.unreadable;
+        if let Some(error) = scan_error {
+            unreadable.push(Unreadable {
+                pid: 0,
+                comm: "/proc".to_string(),
+                reason: error.to_string(),
+            });
+        }
+        let processes: BTreeMap<u32, ProcessRecord> = scan
+            .processes
+            .into_iter()
+            .map(|record| (record.id.pid, record))
+            .collect();
+        let mut snapshot = Snapshot {
+            backend: driver.describe(),
+            taken_at_unix_ms: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |elapsed| elapsed.as_millis() as u64),
+            gpus: merge(infos, &processes),
+            processes,
+            unreadable,
+            driver_error,
+            details: BTreeMap::new(),
+            uptime_ticks: proc::uptime_ticks(),
+        };
+        snapshot.details = snapshot
+            .holders()
+            .into_iter()
+            .filter(|pid| snapshot.processes.contains_key(pid))
+            .map(|pid| (pid, read_details(&snapshot.processes[&pid])))
+            .collect();
+        snapshot
+    }
+
+    pub fn gpu(&self, index: u32) -> Option<&GpuState> {
+        self.gpus.iter().find(|gpu| gpu.index == index)
+    }
+
+    /// The GPUs a process uses: listed there by the driver, or holding the
+    /// node of a GPU the driver could not answer for.
+    pub fn gpus_used_by(&self, pid: u32) -> BTreeSet<u32> {
+        self.gpus
+            .iter()
+            .filter(|gpu| {
+                gpu.users
+                    .iter()
+                    .any(|user| user.pid == pid && self.counts_as_use(gpu, user))
+            })
+            .map(|gpu| gpu.index)
+            .collect()
+    }
+
+    fn counts_as_use(&self, gpu: &GpuState, user: &GpuUser) -> bool {
+        user.listed || !gpu.driver_answered()
+    }
+
+    /// A process using at least one GPU (not merely watching).
+    pub fn is_gpu_user(&self, pid: u32) -> bool {
+        self.gpus.iter().any(|gpu| {
+            gpu.users
+                .iter()
+                .any(|user| user.pid == pid && self.counts_as_use(gpu, user))
+        })
+    }
+
+    /// A monitor: has device nodes open but uses no GPU (nvidia-smi, DCGM,
+    /// exporters, gpureap itself).
+    pub fn is_monitor(&self, pid: u32) -> bool {
+        self.processes
+            .get(&pid)
+            .is_some_and(|record| !record.nodes.is_empty())
+            && !self.is_gpu_user(pid)
+    }
+
+    /// Every PID that uses a GPU or watches one, in PID order.
+    pub fn holders(&self) -> Vec<u32> {
+        let mut pids: BTreeSet<u32> = self
+            .gpus
+            .iter()
+            .flat_map(|gpu| gpu.users.iter().map(|user| user.pid))
+            .collect();
+        pids.extend(
+            self.processes
+                .values()
+                .filter(|record| !record.nodes.is_empty())
+                .map(|record| record.id.pid),
+        );
+        pids.into_iter().collect()
+    }
+
+    pub fn flags(&self, pid: u32) -> Flags {
+        match self.processes.get(&pid) {
+            None => Flags {
+                hidden: true,
+                ..Flags::default()
+            },
+            Some(record) => Flags {
+                orphaned: is_orphaned(record),
+                zombie: record.state == 'Z',
+                uninterruptible: record.state == 'D',
+                hidden: false,
+                monitor: self.is_monitor(pid),
+            },
+        }
+    }
+
+    /// Parent → children, for tree walks.
+    pub fn children(&self) -> HashMap<u32, Vec<u32>> {
+        let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
+        for record in self.processes.values() {
+            if record.ppid != record.id.pid {
+                children.entry(record.ppid).or_default().push(record.id.pid);
+            }
+        }
+        children
+    }
+
+    /// Age of a process in seconds, if the uptime could be read.
+    pub fn age_seconds(&self, pid: u32) -> Option<u64> {
+        let record = self.processes.get(&pid)?;
+        let uptime = self.uptime_ticks?;
+        Some(uptime.saturating_sub(record.id.start_time) / proc::ticks_per_second())
+    }
+
+    /// The memory a process uses on one GPU, as the driver reports it.
+    pub fn memory_of(&self, pid: u32, gpu: u32) -> Option<u64> {
+        self.gpu(gpu)?
+            .users
+            .iter()
+            .find(|user| user.pid == pid)
+            .and_then(|user| user.memory)
+    }
+
+    /// Whether any process was left out of the scan.
+    pub fn is_partial(&self) -> bool {
+        !self.unreadable.is_empty()
+    }
+}
+
+/// Orphaned: re-parented to PID 1 after its parent died. Only PID 1 itself
+/// and kernel threads (parent 0 or kthreadd) are exempt.
+pub fn is_orphaned(record: &ProcessRecord) -> bool {
+    record.ppid == 1 && record.id.pid != 1 && !record.kernel_thread
+}
+
+fn merge(
+    infos: Vec<Result<crate::driver::GpuInfo, DriverError>>,
+    processes: &BTreeMap<u32, ProcessRecord>,
+) -> Vec<GpuState> {
+    let mut gpus: Vec<GpuState> = infos
+        .into_iter()
+        .enumerate()
+        .map(|(position, info)| match info {
+            Ok(info) => GpuState {
+                index: info.index,
+                name: info.name,
+                uuid: info.uuid,
+                memory_total: info.memory_total,
+                memory_used: info.memory_used,
+                error: None,
+                users: info
+                    .processes
+                    .into_iter()
+                    .map(|process| GpuUser {
+                        pid: process.pid,
+                        memory: process.used_memory,
+                        listed: true,
+                        node_open: false,
+                    })
+                    .collect(),
+            },
+            Err(error) => GpuState {
+                index: match error {
+                    DriverError::GpuLost { index } => index,
+                    _ => position as u32,
+                },
+                name: None,
+                uuid: None,
+                memory_total: None,
+                memory_used: None,
+                error: Some(error.to_string()),
+                users: Vec::new(),
+            },
+        })
+        .collect();
+
+    for record in processes.values() {
+        for node in &record.nodes {
+            let Node::Gpu(index) = *node else { continue };
+            let gpu = match gpus.iter_mut().find(|gpu| gpu.index == index) {
+                Some(gpu) => gpu,
+                None => {
+                    // A node the driver did not report (backend `none`): show it, memory unknown.
+                    gpus.push(GpuState {
+                        index,
+                        name: None,
+                        uuid: None,
+                        memory_total: None,
+                        memory_used: None,
+                        error: Some("no driver answered for this GPU".to_string()),
+                        users: Vec::new(),
+                    });
+                    gpus.last_mut().expect("just pushed")
+                }
+            };
+            match gpu.users.iter_mut().find(|user| user.pid == record.id.pid) {
+                Some(user) => user.node_open = true,
+                None => gpu.users.push(GpuUser {
+                    pid: record.id.pid,
+                    memory: None,
+                    listed: false,
+                    node_open: true,
+                }),
+            }
+        }
+    }
+    gpus.sort_by_key(|gpu| gpu.index);
+    for gpu in &mut gpus {
+        gpu.users.sort_by_key(|user| user.pid);
+    }
+    gpus
+}
+
+fn read_details(record: &ProcessRecord) -> Details {
+    let pid = record.id.pid;
+    Details {
+        user: record
+            .uid
+            .and_then(uzers::get_user_by_uid)
+            .map(|user| user.name().to_string_lossy().into_owned())
+            .or_else(|| record.uid.map(|uid| uid.to_string())),
+        wchan: if record.state == 'D' || record.state == 'S' {
+            proc::wchan(pid)
+        } else {
+            None
+        },
+        cgroup: proc::cgroup(pid),
+    }
+}

@@ -1,0 +1,222 @@
+//! Parsing and printing of the units users type: sizes, durations and GPU lists.
+//!
+//! Each parser returns an error message that names the bad input and shows a
+//! valid example, because these strings come straight from a command line.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::time::Duration;
+
+/// A set of GPU indexes as typed by the user: `0,2,5`, `0-3`, or `all`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GpuList {
+    All,
+    Some(BTreeSet<u32>),
+}
+
+impl GpuList {
+    /// Resolves the list against the GPUs the driver reports, refusing
+    /// indexes that do not exist.
+    pub fn resolve(&self, gpu_count: u32) -> Result<BTreeSet<u32>, String> {
+        match self {
+            GpuList::All => Ok((0..gpu_count).collect()),
+            GpuList::Some(set) => {
+                let missing: Vec<String> = set
+                    .iter()
+                    .filter(|&&index| index >= gpu_count)
+                    .map(u32::to_string)
+                    .collect();
+                if missing.is_empty() {
+                    Ok(set.clone())
+                } else {
+                    Err(format!(
+                        "no GPU with index {} (this host has {} GPU{}: {})",
+                        missing.join(", "),
+                        gpu_count,
+                        if gpu_count == 1 { "" } else { "s" },
+                        if gpu_count == 0 {
+                            "none".to_string()
+                        } else {
+                            format!("0-{}", gpu_count - 1)
+                        }
+                    ))
+                }
+            }
+        }
+    }
+}
+
+/// Parses `all`, `3`, `0,2,5` or `0-3,6`.
+pub fn parse_gpu_list(text: &str) -> Result<GpuList, String> {
+    let text = text.trim();
+    if text.eq_ignore_ascii_case("all") {
+        return Ok(GpuList::All);
+    }
+    let bad = || format!("invalid GPU list '{text}': expected indexes like 0,2,5 or 0-3, or 'all'");
+    let mut set = BTreeSet::new();
+    for part in text.split(',') {
+        let part = part.trim();
+        match part.split_once('-') {
+            Some((first, last)) => {
+                let first: u32 = first.trim().parse().map_err(|_| bad())?;
+                let last: u32 = last.trim().parse().map_err(|_| bad())?;
+                if first > last {
+                    return Err(bad());
+                }
+                set.extend(first..=last);
+            }
+            None => {
+                set.insert(part.parse().map_err(|_| bad())?);
+            }
+        }
+    }
+    Ok(GpuList::Some(set))
+}
+
+/// Parses a byte size: `80G`, `1GiB`, `512MiB`, `1.5GB`, `4096`.
+///
+/// Both decimal-looking and binary suffixes mean powers of 1024, as
+/// nvidia-smi's "MiB" and users' "80G" both do in practice.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let trimmed = text.trim();
+    let bad = || {
+        format!("invalid size '{text}': expected a number with a unit, like 512MiB, 1GiB or 80G")
+    };
+    let split = trimmed
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(trimmed.len());
+    let (number, unit) = trimmed.split_at(split);
+    let number: f64 = number.parse().map_err(|_| bad())?;
+    let multiplier: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        _ => return Err(bad()),
+    };
+    let bytes = number * multiplier as f64;
+    if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
+        return Err(bad());
+    }
+    Ok(bytes.round() as u64)
+}
+
+/// Parses a duration: `500ms`, `10s`, `2m`, `1h`, or `0`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let trimmed = text.trim();
+    if trimmed == "0" {
+        return Ok(Duration::ZERO);
+    }
+    humantime::parse_duration(trimmed).map_err(|_| {
+        format!("invalid duration '{text}': expected a number with a unit, like 500ms, 10s or 2m")
+    })
+}
+
+/// Prints bytes the way nvidia-smi users read them: MiB below 1 GiB, GiB above.
+pub struct Bytes(pub u64);
+
+impl fmt::Display for Bytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const MIB: f64 = (1u64 << 20) as f64;
+        const GIB: f64 = (1u64 << 30) as f64;
+        let bytes = self.0 as f64;
+        if self.0 == 0 {
+            write!(f, "0 B")
+        } else if bytes < GIB {
+            write!(f, "{:.0} MiB", (bytes / MIB).max(1.0))
+        } else {
+            write!(f, "{:.1} GiB", bytes / GIB)
+        }
+    }
+}
+
+/// Prints an optional byte count, where unknown is shown as such and never as 0.
+pub struct MaybeBytes(pub Option<u64>);
+
+impl fmt::Display for MaybeBytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(bytes) => Bytes(bytes).fmt(f),
+            None => write!(f, "unknown"),
+        }
+    }
+}
+
+/// Prints a duration compactly: `850ms`, `4.2s`, `3m10s`, `2h05m`.
+pub struct Elapsed(pub Duration);
+
+impl fmt::Display for Elapsed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let millis = self.0.as_millis();
+        let secs = self.0.as_secs();
+        if millis < 1000 {
+            write!(f, "{millis}ms")
+        } else if secs < 60 {
+            write!(f, "{:.1}s", self.0.as_secs_f64())
+        } else if secs < 3600 {
+            write!(f, "{}m{:02}s", secs / 60, secs % 60)
+        } else if secs < 86400 {
+            write!(f, "{}h{:02}m", secs / 3600, (secs % 3600) / 60)
+        } else {
+            write!(f, "{}d{:02}h", secs / 86400, (secs % 86400) / 3600)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_size("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_size("80G"), Ok(80 << 30));
+        assert_eq!(parse_size("1.5g"), Ok(3 << 29));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        for bad in ["", "GiB", "12 parsecs", "-1G", "1.2.3G"] {
+            assert!(parse_size(bad).is_err(), "{bad} should be refused");
+        }
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert!(parse_duration("10").is_err());
+        assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn gpu_lists() {
+        assert_eq!(parse_gpu_list("all"), Ok(GpuList::All));
+        assert_eq!(
+            parse_gpu_list("0,2,5"),
+            Ok(GpuList::Some([0, 2, 5].into_iter().collect()))
+        );
+        assert_eq!(
+            parse_gpu_list("0-2,6"),
+            Ok(GpuList::Some([0, 1, 2, 6].into_iter().collect()))
+        );
+        for bad in ["", "a", "3-1", "1,,2", "-1"] {
+            assert!(parse_gpu_list(bad).is_err(), "{bad} should be refused");
+        }
+        let list = parse_gpu_list("1,9").expect("valid list");
+        let error = list.resolve(8).expect_err("index 9 does not exist");
+        assert!(error.contains("no GPU with index 9"), "{error}");
+        assert_eq!(GpuList::All.resolve(2), Ok([0, 1].into_iter().collect()));
+    }
+
+    #[test]
+    fn printing() {
+        assert_eq!(Bytes(0).to_string(), "0 B");
+        assert_eq!(Bytes(512 << 20).to_string(), "512 MiB");
+        assert_eq!(Bytes(92 << 30).to_string(), "92.0 GiB");
+        assert_eq!(MaybeBytes(None).to_string(), "unknown");
+        assert_eq!(Elapsed(Duration::from_millis(206)).to_string(), "206ms");
+        assert_eq!(Elapsed(Duration::from_secs(190)).to_string(), "3m10s");
+    }
+}
