@@ -147,8 +147,9 @@ impl Incident {
             .arg(script)
             .env("D", &self.dir)
             .stdin(Stdio::null())
+            // bash reports its killed jobs on stderr: noise here, by design.
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::null())
             .spawn()?;
         let pid = child.id();
         self.children.push(child);

@@ -176,8 +176,9 @@ pub struct FreeReport {
 }
 
 impl FreeReport {
+    /// Every GPU in scope verified free, and no target we were refused.
     pub fn all_freed(&self) -> bool {
-        self.gpus.iter().all(|gpu| gpu.freed)
+        self.gpus.iter().all(|gpu| gpu.freed) && !self.targets.iter().any(Handled::denied)
     }
 }
 

@@ -236,6 +236,12 @@ pub fn select(snapshot: &Snapshot, scope: &Scope, guard: &Guard) -> Selection {
                 }
             }
         }
+        // Named outranks descendant: a named PID under another named PID is still named.
+        for pid in &scope.pids {
+            if let Some(because) = chosen.get_mut(pid) {
+                *because = Because::Named;
+            }
+        }
     }
 
     let mut targets = chosen.clone();
@@ -251,7 +257,7 @@ pub fn select(snapshot: &Snapshot, scope: &Scope, guard: &Guard) -> Selection {
         let Some(record) = snapshot.processes.get(&pid) else {
             continue;
         };
-        match guard.spare_reason(snapshot, record, because == Because::Named) {
+        match guard.spare_reason(snapshot, record, scope.pids.contains(&pid)) {
             Some(reason) => {
                 selection.spared.insert(pid, reason);
             }

@@ -1,0 +1,140 @@
+//! A small harness: run the gpureap binary against a simulated host and read
+//! its JSON, and ask /proc whether a staged process is still alive.
+
+use std::process::{Command, Output, Stdio};
+
+use gpureap::incident::SimHost;
+use serde_json::Value;
+
+pub const GIB: u64 = 1 << 30;
+
+/// The gpureap binary, pointed at a simulated host, with no stdin.
+pub fn gpureap(host: &SimHost) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_gpureap"));
+    command
+        .arg("--backend")
+        .arg(host.backend())
+        .env_remove("GPUREAP_BACKEND")
+        .stdin(Stdio::null());
+    command
+}
+
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Run {
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout).unwrap_or_else(|error| {
+            panic!(
+                "stdout is not JSON ({error}):\n{}\nstderr:\n{}",
+                self.stdout, self.stderr
+            )
+        })
+    }
+}
+
+impl From<Output> for Run {
+    fn from(output: Output) -> Run {
+        Run {
+            code: output.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    }
+}
+
+pub fn run(host: &SimHost, args: &[&str]) -> Run {
+    gpureap(host)
+        .args(args)
+        .output()
+        .expect("gpureap runs")
+        .into()
+}
+
+/// Alive and not a zombie.
+pub fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            let state = stat
+                .rsplit(')')
+                .next()
+                .and_then(|rest| rest.split_whitespace().next());
+            !matches!(state, Some("Z") | Some("X") | None)
+        }
+        Err(_) => false,
+    }
+}
+
+/// The signals gpureap delivered to one PID, in order.
+pub fn signals(report: &Value, pid: u32) -> Vec<String> {
+    target(report, pid)
+        .map(|target| {
+            target["signals"]
+                .as_array()
+                .expect("signals array")
+                .iter()
+                .filter(|event| event["delivery"] == "sent")
+                .map(|event| event["signal"].as_str().expect("signal name").to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+pub fn target(report: &Value, pid: u32) -> Option<&Value> {
+    report["targets"]
+        .as_array()
+        .expect("targets array")
+        .iter()
+        .find(|target| target["pid"] == pid)
+}
+
+pub fn target_pids(report: &Value) -> Vec<u32> {
+    let mut pids: Vec<u32> = report["targets"]
+        .as_array()
+        .expect("targets array")
+        .iter()
+        .map(|target| target["pid"].as_u64().expect("pid") as u32)
+        .collect();
+    pids.sort_unstable();
+    pids
+}
+
+pub fn spared(report: &Value, pid: u32) -> Option<String> {
+    report["spared"]
+        .as_array()
+        .expect("spared array")
+        .iter()
+        .find(|entry| entry["pid"] == pid)
+        .map(|entry| entry["reason"].as_str().expect("reason").to_string())
+}
+
+pub fn gpu(report: &Value, index: u32) -> &Value {
+    report["gpus"]
+        .as_array()
+        .expect("gpus array")
+        .iter()
+        .find(|gpu| gpu["index"] == index)
+        .unwrap_or_else(|| panic!("GPU {index} not in report: {report:#}"))
+}
+
+pub fn reasons(report: &Value, index: u32) -> Vec<String> {
+    gpu(report, index)["reasons"]
+        .as_array()
+        .expect("reasons array")
+        .iter()
+        .map(|reason| reason["reason"].as_str().expect("reason tag").to_string())
+        .collect()
+}
+
+pub fn ppid(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit(')')
+        .next()?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}

@@ -1,0 +1,642 @@
+//! The incidents users live, staged with real processes on the simulated
+//! driver. Each test asserts exactly who was signalled, who survived, and the
+//! outcome per GPU.
+
+use std::time::{Duration, Instant};
+
+use gpureap::incident::{Holder, Incident, LAUNCHER, SimHost};
+
+use crate::harness::*;
+
+fn host(gpus: u32) -> SimHost {
+    SimHost::new(gpus, 80 * GIB, "Simulated H200").expect("sim host")
+}
+
+/// Kills the launcher and checks its workers were re-parented to PID 1, as
+/// they are on a GPU box when SGLang's launcher dies.
+fn orphan(incident: &mut Incident, launcher: u32, workers: &[u32]) {
+    incident.kill(launcher).expect("kill launcher");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while workers.iter().any(|&pid| ppid(pid) != Some(1)) {
+        assert!(
+            Instant::now() < deadline,
+            "workers were not re-parented to PID 1 (a subreaper above the tests?)"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn sglang_orphans_are_freed_and_only_they_are_signalled() {
+    let host = host(3);
+    let mut incident = Incident::new(&host);
+    let launcher = incident
+        .sglang(&[
+            Holder::new("sglang::scheduler_TP0").on(0, 70 * GIB),
+            Holder::new("sglang::scheduler_TP1")
+                .on(1, 70 * GIB)
+                .ignoring_sigterm(),
+            Holder::new("sglang::scheduler_TP2").on(2, 70 * GIB),
+        ])
+        .expect("sglang tree");
+    let tp = |rank: u32| {
+        incident
+            .pid_of(&format!("sglang::scheduler_TP{rank}"))
+            .expect("worker")
+    };
+    let workers = [tp(0), tp(1), tp(2)];
+    let detokenizer = incident.pid_of("sglang::detokenizer").expect("detokenizer");
+    let notebook = incident
+        .holder(&Holder::new("jupyter-kernel colleague").on(2, 5 * GIB))
+        .expect("notebook");
+    let monitor = incident
+        .holder(&Holder::new("gpu_exporter --port 9400"))
+        .expect("monitor");
+    orphan(&mut incident, launcher, &workers);
+
+    let status = run(&host, &["status", "--json"]).json();
+    let holder = |pid: u32| {
+        status["holders"]
+            .as_array()
+            .expect("holders")
+            .iter()
+            .find(|holder| holder["pid"] == pid)
+            .unwrap_or_else(|| panic!("{pid} not listed: {status:#}"))
+            .clone()
+    };
+    assert_eq!(holder(workers[0])["flags"], serde_json::json!(["orphaned"]));
+    assert_eq!(holder(monitor)["flags"], serde_json::json!(["monitor"]));
+    assert_eq!(holder(notebook)["flags"], serde_json::json!([]));
+    assert_eq!(holder(workers[1])["gpus"][0]["memory"], 70 * GIB);
+
+    let result = run(
+        &host,
+        &["free", "--orphans", "--grace", "500ms", "--yes", "--json"],
+    );
+    let report = result.json();
+    assert_eq!(result.code, 0, "{}", result.stdout);
+    let mut expected = workers.to_vec();
+    expected.sort_unstable();
+    assert_eq!(target_pids(&report), expected);
+    assert_eq!(signals(&report, workers[0]), ["SIGTERM"]);
+    assert_eq!(
+        signals(&report, workers[1]),
+        ["SIGTERM", "SIGSTOP", "SIGKILL"]
+    );
+    assert_eq!(signals(&report, workers[2]), ["SIGTERM"]);
+    for pid in workers {
+        assert!(!alive(pid), "worker {pid} survived");
+    }
+    for (pid, who) in [
+        (notebook, "notebook"),
+        (monitor, "monitor"),
+        (detokenizer, "detokenizer"),
+    ] {
+        assert!(alive(pid), "the {who} was killed");
+    }
+    for index in 0..3 {
+        assert_eq!(gpu(&report, index)["freed"], true, "{report:#}");
+        assert!(reasons(&report, index).is_empty());
+    }
+    assert_eq!(gpu(&report, 0)["freed_bytes"], 70 * GIB);
+    assert_eq!(
+        gpu(&report, 2)["memory_after"],
+        5 * GIB,
+        "the notebook's memory stays"
+    );
+}
+
+#[test]
+fn match_scope_frees_the_server_and_tells_a_human_what_happened() {
+    let host = host(2);
+    let mut incident = Incident::new(&host);
+    let launcher = incident
+        .sglang(&[
+            Holder::new("sglang::scheduler_TP0").on(0, 40 * GIB),
+            Holder::new("sglang::scheduler_TP1").on(1, 40 * GIB),
+        ])
+        .expect("sglang tree");
+    let other = incident
+        .holder(&Holder::new("python3 train.py").on(1, 8 * GIB))
+        .expect("trainer");
+
+    let result = run(
+        &host,
+        &[
+            "free",
+            "--match",
+            "sglang::scheduler",
+            "--grace",
+            "1s",
+            "--yes",
+        ],
+    );
+    assert_eq!(result.code, 0, "{}{}", result.stdout, result.stderr);
+    assert!(
+        result.stdout.contains("GPU 0: freed 40.0 GiB"),
+        "{}",
+        result.stdout
+    );
+    assert!(
+        result.stdout.contains("GPU 1: freed 40.0 GiB"),
+        "{}",
+        result.stdout
+    );
+    assert!(
+        result.stdout.contains("(8.0 GiB used now)"),
+        "{}",
+        result.stdout
+    );
+    assert!(
+        alive(launcher),
+        "the launcher holds no GPU and did not match"
+    );
+    assert!(alive(other));
+}
+
+#[test]
+fn a_setsid_grandchild_holding_a_gpu_is_found_and_killed() {
+    let host = host(2);
+    let mut incident = Incident::new(&host);
+    // A worker whose child double-forks and calls setsid: it leaves the
+    // worker's session and process group, and its parent is PID 1.
+    let escapee = Holder::new("sglang::escapee").on(1, 20 * GIB);
+    let script = format!(
+        "( ( exec setsid bash -c {escapee} ) & ); {worker}",
+        escapee = shell_quote(&escapee.script()),
+        worker = Holder::new("sglang::scheduler_TP0")
+            .on(0, 30 * GIB)
+            .script()
+    );
+    incident.spawn(&script, 2).expect("staged");
+    let worker = incident.pid_of("sglang::scheduler_TP0").expect("worker");
+    let grandchild = incident.pid_of("sglang::escapee").expect("escapee");
+    let session = |pid: u32| {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+        stat.rsplit(')')
+            .next()
+            .expect("fields")
+            .split_whitespace()
+            .nth(3)
+            .map(str::to_string)
+    };
+    assert_ne!(
+        session(worker),
+        session(grandchild),
+        "the grandchild has its own session"
+    );
+
+    let report = run(
+        &host,
+        &[
+            "free", "--gpu", "0,1", "--grace", "300ms", "--yes", "--json",
+        ],
+    )
+    .json();
+    assert_eq!(target_pids(&report), {
+        let mut pids = vec![worker, grandchild];
+        pids.sort_unstable();
+        pids
+    });
+    assert!(!alive(grandchild) && !alive(worker));
+    assert_eq!(gpu(&report, 1)["freed"], true);
+    assert_eq!(report["exit_code"], 0);
+}
+
+fn shell_quote(text: &str) -> String {
+    format!("'{}'", text.replace('\'', r"'\''"))
+}
+
+#[test]
+fn a_zombie_child_is_shown_and_not_waited_for() {
+    let host = host(1);
+    let mut incident = Incident::new(&host);
+    // A hung parent holding GPU 0 whose child exited and is never reaped.
+    let script = format!(
+        "( echo \"$BASHPID -\" >> \"$D/pids\"; sleep 0.3; exit 0 ) & {}",
+        Holder::new("sglang::hung_parent").on(0, 10 * GIB).script()
+    );
+    incident.spawn(&script, 2).expect("staged");
+    let parent = incident.pid_of("sglang::hung_parent").expect("parent");
+    let zombie = incident.pid_of("-").expect("zombie");
+    assert!(!alive(zombie), "the child should be a zombie by now");
+
+    let tree = run(&host, &["status", "--tree"]);
+    let zombie_line = tree
+        .stdout
+        .lines()
+        .find(|line| line.contains(&format!("{zombie} [Z]")))
+        .unwrap_or_else(|| panic!("zombie not shown in the tree:\n{}", tree.stdout));
+    assert!(zombie_line.contains("zombie"), "{zombie_line}");
+
+    let report = run(
+        &host,
+        &["free", "--gpu", "0", "--grace", "300ms", "--yes", "--json"],
+    )
+    .json();
+    assert_eq!(signals(&report, parent), ["SIGTERM"]);
+    assert_eq!(
+        signals(&report, zombie),
+        Vec::<String>::new(),
+        "nothing to signal in a zombie"
+    );
+    assert_eq!(
+        target(&report, zombie).expect("zombie is a target")["fate"],
+        "zombie"
+    );
+    assert_eq!(gpu(&report, 0)["freed"], true);
+    assert_eq!(report["exit_code"], 0);
+}
+
+/// A parent that ignores SIGTERM and restarts its worker whenever it dies.
+fn respawner(incident: &mut Incident) -> u32 {
+    let worker = Holder::new("sglang::scheduler_TP0")
+        .on(0, 30 * GIB)
+        .script();
+    let script = format!(
+        "trap '' TERM; echo \"$$ bash\" >> \"$D/pids\"; while :; do ( {worker} ) & wait; done"
+    );
+    incident.spawn(&script, 2).expect("staged")
+}
+
+#[test]
+fn a_respawning_parent_out_of_scope_is_named() {
+    let host = host(1);
+    let mut incident = Incident::new(&host);
+    let parent = respawner(&mut incident);
+    let first = incident.pid_of("sglang::scheduler_TP0").expect("worker");
+
+    let result = run(
+        &host,
+        &[
+            "free",
+            "--gpu",
+            "0",
+            "--grace",
+            "200ms",
+            "--timeout",
+            "1s",
+            "--yes",
+            "--json",
+        ],
+    );
+    let report = result.json();
+    assert_eq!(result.code, 1, "{report:#}");
+    assert!(!alive(first));
+    assert!(alive(parent), "the parent was out of scope");
+    let respawned = gpu(&report, 0)["reasons"]
+        .as_array()
+        .expect("reasons")
+        .iter()
+        .find(|reason| reason["reason"] == "respawned")
+        .unwrap_or_else(|| panic!("no respawn reason: {report:#}"))
+        .clone();
+    assert_eq!(respawned["parent_pid"], parent);
+    assert!(respawned["times"].as_u64().expect("times") >= 1);
+    assert!(
+        report["targets"]
+            .as_array()
+            .expect("targets")
+            .iter()
+            .any(|t| t["late"] == true),
+        "respawned workers are found by the re-scan"
+    );
+}
+
+#[test]
+fn naming_the_respawning_parent_stops_it_before_killing() {
+    let host = host(1);
+    let mut incident = Incident::new(&host);
+    let parent = respawner(&mut incident);
+    let first = incident.pid_of("sglang::scheduler_TP0").expect("worker");
+
+    let result = run(
+        &host,
+        &[
+            "free",
+            "--pid",
+            &parent.to_string(),
+            "--grace",
+            "300ms",
+            "--yes",
+            "--json",
+        ],
+    );
+    let report = result.json();
+    assert_eq!(result.code, 0, "{report:#}");
+    assert_eq!(signals(&report, parent), ["SIGTERM", "SIGSTOP", "SIGKILL"]);
+    assert_eq!(target(&report, parent).expect("parent")["because"], "named");
+    assert!(signals(&report, first).contains(&"SIGTERM".to_string()));
+    assert!(!alive(parent) && !alive(first));
+    assert_eq!(gpu(&report, 0)["freed"], true);
+    assert_eq!(gpu(&report, 0)["memory_after"], 0);
+}
+
+#[test]
+fn a_monitor_survives_all_unless_named() {
+    let host = host(1);
+    let mut incident = Incident::new(&host);
+    let user = incident
+        .holder(&Holder::new("python3 serve.py").on(0, 4 * GIB))
+        .expect("user");
+    let monitor = incident
+        .holder(&Holder::new("gpu_exporter"))
+        .expect("monitor");
+
+    let report = run(
+        &host,
+        &["free", "--all", "--grace", "300ms", "--yes", "--json"],
+    )
+    .json();
+    assert_eq!(target_pids(&report), [user]);
+    assert_eq!(spared(&report, monitor).as_deref(), Some("monitor"));
+    assert!(alive(monitor) && !alive(user));
+    assert_eq!(report["exit_code"], 0);
+
+    let report = run(
+        &host,
+        &[
+            "free",
+            "--pid",
+            &monitor.to_string(),
+            "--grace",
+            "300ms",
+            "--yes",
+            "--json",
+        ],
+    )
+    .json();
+    assert_eq!(signals(&report, monitor), ["SIGTERM"]);
+    assert!(!alive(monitor));
+}
+
+#[test]
+fn a_protected_name_is_never_signalled() {
+    let host = host(1);
+    let mut incident = Incident::new(&host);
+    let daemon = incident
+        .holder(&Holder::new("nv-hostengine -n").on(0, GIB))
+        .expect("daemon");
+    let custom = incident
+        .holder(&Holder::new("my-dcgm-sidecar").on(0, GIB))
+        .expect("sidecar");
+
+    let result = run(
+        &host,
+        &[
+            "free",
+            "--gpu",
+            "0",
+            "--protect",
+            "my-dcgm-sidecar",
+            "--grace",
+            "200ms",
+            "--timeout",
+            "500ms",
+            "--yes",
+            "--json",
+        ],
+    );
+    let report = result.json();
+    assert_eq!(result.code, 1);
+    assert!(target_pids(&report).is_empty());
+    assert_eq!(spared(&report, daemon).as_deref(), Some("protected"));
+    assert_eq!(spared(&report, custom).as_deref(), Some("protected"));
+    assert!(alive(daemon) && alive(custom));
+    assert_eq!(reasons(&report, 0), ["protected", "protected"]);
+}
+
+#[test]
+fn gpureap_never_signals_its_own_ancestors() {
+    let host = host(1);
+    let _incident = Incident::new(&host);
+    // The shell that runs gpureap holds GPU 0 itself, and so does gpureap
+    // (it inherits the descriptor): both are in scope, neither is signalled.
+    let script = "exec 3<\"$D/nvidia0\"; \"$GPUREAP\" --backend \"sim:$D\" free --gpu 0 --match bash --grace 200ms --timeout 500ms --yes --json; echo \"exit=$?\"; echo survived >&2";
+    let output = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(script)
+        .env("D", host.path())
+        .env("GPUREAP", env!("CARGO_BIN_EXE_gpureap"))
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("bash runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("survived"),
+        "the calling shell was killed: {stderr}"
+    );
+    let (json, tail) = stdout.rsplit_once("exit=").expect("exit code printed");
+    assert_eq!(tail.trim(), "1");
+    let report: serde_json::Value = serde_json::from_str(json).expect("json");
+    assert!(target_pids(&report).is_empty(), "{report:#}");
+    let reasons: Vec<&str> = gpu(&report, 0)["reasons"]
+        .as_array()
+        .expect("reasons")
+        .iter()
+        .map(|reason| reason["why"].as_str().unwrap_or(""))
+        .collect();
+    assert!(
+        reasons.iter().any(|why| why.contains("ancestor")),
+        "{reasons:?}"
+    );
+}
+
+#[test]
+fn memory_held_by_no_process_is_named_driver_held() {
+    let host = host(2);
+    let mut incident = Incident::new(&host);
+    host.leak(1, 5 * GIB).expect("leak");
+    let holder = incident
+        .holder(&Holder::new("sglang::scheduler_TP1").on(1, 60 * GIB))
+        .expect("holder");
+
+    let result = run(
+        &host,
+        &[
+            "free",
+            "--gpu",
+            "1",
+            "--grace",
+            "200ms",
+            "--timeout",
+            "500ms",
+            "--yes",
+            "--json",
+        ],
+    );
+    let report = result.json();
+    assert_eq!(result.code, 1);
+    assert!(!alive(holder));
+    assert_eq!(reasons(&report, 1), ["driver_held"]);
+    assert_eq!(gpu(&report, 1)["reasons"][0]["bytes"], 5 * GIB);
+    assert_eq!(gpu(&report, 1)["memory_after"], 5 * GIB);
+
+    let text = run(
+        &host,
+        &[
+            "free",
+            "--gpu",
+            "1",
+            "--grace",
+            "0",
+            "--timeout",
+            "200ms",
+            "--yes",
+        ],
+    );
+    assert_eq!(text.code, 1);
+    assert!(
+        text.stdout
+            .contains("5.0 GiB held by no process (driver-held)"),
+        "{}",
+        text.stdout
+    );
+}
+
+#[test]
+fn a_gpu_lost_mid_run_is_reported_without_a_panic() {
+    let host = host(1);
+    let mut incident = Incident::new(&host);
+    let script = "exec 3<\"$D/nvidia0\"; trap 'touch \"$D/got_term\"' TERM; echo \"$$ bash\" >> \"$D/pids\"; while :; do sleep 0.05; done";
+    let holder = incident.spawn(script, 1).expect("staged");
+    let child = gpureap(&host)
+        .args([
+            "free",
+            "--gpu",
+            "0",
+            "--grace",
+            "1s",
+            "--timeout",
+            "1500ms",
+            "--yes",
+            "--json",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("gpureap runs");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !host.path().join("got_term").exists() {
+        assert!(Instant::now() < deadline, "SIGTERM never arrived");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    host.lose(0).expect("lose GPU 0");
+    let result: Run = child.wait_with_output().expect("gpureap ends").into();
+    assert_eq!(result.code, 1, "{}", result.stderr);
+    assert!(!result.stderr.contains("panicked"), "{}", result.stderr);
+    let report = result.json();
+    assert_eq!(reasons(&report, 0), ["driver_error"]);
+    assert!(
+        gpu(&report, 0)["reasons"][0]["message"]
+            .as_str()
+            .expect("message")
+            .contains("lost"),
+        "{report:#}"
+    );
+    assert_eq!(signals(&report, holder), ["SIGTERM", "SIGSTOP", "SIGKILL"]);
+    assert!(!alive(holder));
+}
+
+#[test]
+fn wait_returns_when_the_memory_comes_back_and_lists_holders_on_timeout() {
+    let host = host(2);
+    let mut incident = Incident::new(&host);
+    let holder = incident
+        .holder(&Holder::new("sglang::scheduler_TP0").on(0, 30 * GIB))
+        .expect("holder");
+
+    let busy = run(&host, &["wait", "--gpu", "0", "--timeout", "300ms"]);
+    assert_eq!(busy.code, 1);
+    assert!(
+        busy.stdout.contains("GPU 0: busy, 30.0 GiB used"),
+        "{}",
+        busy.stdout
+    );
+    assert!(
+        busy.stdout.contains(&holder.to_string()),
+        "holders listed: {}",
+        busy.stdout
+    );
+    assert!(busy.stdout.contains("sglang::scheduler_TP0"));
+
+    assert_eq!(
+        run(&host, &["wait", "--gpu", "1", "--timeout", "1s"]).code,
+        0
+    );
+
+    let waiter = gpureap(&host)
+        .args([
+            "wait",
+            "--gpu",
+            "0",
+            "--below",
+            "1GiB",
+            "--timeout",
+            "20s",
+            "--json",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("wait runs");
+    std::thread::sleep(Duration::from_millis(200));
+    incident.kill(holder).expect("kill holder");
+    let result: Run = waiter.wait_with_output().expect("wait ends").into();
+    assert_eq!(result.code, 0);
+    let report = result.json();
+    assert_eq!(report["ready"], true);
+    assert_eq!(report["gpus"][0]["memory_used"], 0);
+}
+
+#[test]
+fn dry_run_signals_nothing_and_shows_the_plan() {
+    let host = host(1);
+    let mut incident = Incident::new(&host);
+    let launcher = incident
+        .sglang(&[Holder::new("sglang::scheduler_TP0").on(0, 40 * GIB)])
+        .expect("tree");
+    let worker = incident.pid_of("sglang::scheduler_TP0").expect("worker");
+
+    let plan = run(
+        &host,
+        &["free", "--pid", &launcher.to_string(), "--dry-run"],
+    );
+    assert_eq!(plan.code, 0);
+    assert!(
+        plan.stdout.contains("Would signal 3 process(es)"),
+        "{}",
+        plan.stdout
+    );
+    assert!(plan.stdout.contains(LAUNCHER));
+    assert!(alive(launcher) && alive(worker));
+
+    let json = run(&host, &["free", "--gpu", "0", "--dry-run", "--json"]).json();
+    assert_eq!(json["dry_run"], true);
+    assert_eq!(target_pids(&json), [worker]);
+    assert!(signals(&json, worker).is_empty());
+}
+
+#[test]
+fn the_demo_replays_the_incident_and_ends_freed() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_gpureap"))
+        .arg("demo")
+        .env_remove("GPUREAP_BACKEND")
+        .output()
+        .expect("demo runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{stdout}");
+    for expected in [
+        "$ gpureap status --tree",
+        "sglang::scheduler_TP2",
+        "(orphaned)",
+        "SIGTERM,SIGSTOP,SIGKILL",
+        "GPU 3: freed",
+        "never signalled",
+    ] {
+        assert!(
+            stdout.contains(expected),
+            "missing {expected:?} in:\n{stdout}"
+        );
+    }
+}

@@ -1,0 +1,195 @@
+//! Bad input ends with exit code 2, a message that says what was wrong, and
+//! nothing signalled.
+
+use gpureap::incident::{Holder, Incident, SimHost};
+
+use crate::harness::*;
+
+fn staged() -> (SimHost, Incident, u32) {
+    let host = SimHost::new(2, 80 * GIB, "Simulated H200").expect("sim host");
+    let mut incident = Incident::new(&host);
+    let holder = incident
+        .holder(&Holder::new("sglang::scheduler_TP0").on(0, 10 * GIB))
+        .expect("holder");
+    (host, incident, holder)
+}
+
+fn refused(host: &SimHost, args: &[&str], message: &str) {
+    let result = run(host, args);
+    assert_eq!(
+        result.code, 2,
+        "{args:?} should exit 2: {}{}",
+        result.stdout, result.stderr
+    );
+    assert!(
+        result.stderr.contains(message),
+        "{args:?}: expected {message:?} in stderr, got: {}",
+        result.stderr
+    );
+    assert!(
+        result.stdout.is_empty(),
+        "{args:?} printed a report: {}",
+        result.stdout
+    );
+}
+
+#[test]
+fn bad_input_exits_2_and_signals_nothing() {
+    let (host, _incident, holder) = staged();
+    let cases: &[(&[&str], &str)] = &[
+        (&["free", "--yes"], "refusing to free without a scope"),
+        (
+            &["free", "--gpu", "7", "--yes"],
+            "no GPU with index 7 (this host has 2 GPUs: 0-1)",
+        ),
+        (
+            &["free", "--gpu", "zero", "--yes"],
+            "invalid GPU list 'zero'",
+        ),
+        (
+            &["free", "--match", "sglang(", "--yes"],
+            "invalid --match regex 'sglang('",
+        ),
+        (
+            &["free", "--gpu", "0", "--grace", "5 parsecs", "--yes"],
+            "invalid duration '5 parsecs'",
+        ),
+        (
+            &["free", "--gpu", "0", "--timeout", "10", "--yes"],
+            "invalid duration '10'",
+        ),
+        (
+            &["free", "--pid", "4194999", "--yes"],
+            "no process with PID 4194999",
+        ),
+        (&["free", "--pid", "abc", "--yes"], "invalid PID 'abc'"),
+        (
+            &["free", "--user", "no-such-user-here", "--yes"],
+            "no user named 'no-such-user-here'",
+        ),
+        (
+            &["free", "--gpu", "0", "--all", "--yes"],
+            "cannot be used with",
+        ),
+        (
+            &["free", "--gpu", "0", "--bogus"],
+            "unexpected argument '--bogus'",
+        ),
+        (
+            &["free", "--gpu", "0"],
+            "stdin is not a terminal; pass --yes",
+        ),
+        (&["wait", "--below", "lots"], "invalid size 'lots'"),
+        (&["wait", "--gpu", "2"], "no GPU with index 2"),
+        (
+            &["status", "--gpu", "0-9"],
+            "no GPU with index 2, 3, 4, 5, 6, 7, 8, 9",
+        ),
+    ];
+    for (args, message) in cases {
+        refused(&host, args, message);
+    }
+    assert!(alive(holder), "bad input signalled the holder");
+}
+
+#[test]
+fn a_bad_backend_is_refused() {
+    let (_host, _incident, holder) = staged();
+    let result = std::process::Command::new(env!("CARGO_BIN_EXE_gpureap"))
+        .args(["--backend", "cuda", "status"])
+        .output()
+        .expect("runs");
+    assert_eq!(result.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&result.stderr).contains("invalid backend 'cuda'"));
+
+    let result = std::process::Command::new(env!("CARGO_BIN_EXE_gpureap"))
+        .args([
+            "--backend",
+            "sim:/nonexistent/gpus",
+            "free",
+            "--all",
+            "--yes",
+        ])
+        .output()
+        .expect("runs");
+    assert_eq!(result.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&result.stderr).contains("cannot open /nonexistent/gpus"));
+    assert!(alive(holder));
+}
+
+#[test]
+fn the_backend_can_come_from_the_environment() {
+    let (host, _incident, holder) = staged();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_gpureap"))
+        .args(["status", "--json"])
+        .env("GPUREAP_BACKEND", host.backend())
+        .output()
+        .expect("runs");
+    assert_eq!(output.status.code(), Some(0));
+    let status: serde_json::Value = serde_json::from_slice(&output.stdout).expect("json");
+    assert_eq!(status["schema_version"], 1);
+    assert!(
+        status["backend"]
+            .as_str()
+            .expect("backend")
+            .starts_with("sim:")
+    );
+    assert_eq!(status["gpus"][0]["memory_used"], 10 * GIB);
+    assert_eq!(status["gpus"][0]["processes"][0]["pid"], holder);
+}
+
+#[test]
+fn a_partial_scan_says_so_and_permission_denied_is_reported() {
+    let (host, _incident, holder) = staged();
+    // An unprivileged user cannot read root's descriptors nor signal root's processes.
+    let setpriv = ["--reuid=65534", "--regid=65534", "--clear-groups"];
+    let mut permissions = std::fs::metadata(host.path()).expect("dir").permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut permissions, 0o755);
+    std::fs::set_permissions(host.path(), permissions).expect("chmod");
+
+    let as_nobody = |args: &[&str]| -> Run {
+        std::process::Command::new("setpriv")
+            .args(setpriv)
+            .arg(env!("CARGO_BIN_EXE_gpureap"))
+            .arg("--backend")
+            .arg(host.backend())
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("setpriv runs")
+            .into()
+    };
+    let status = as_nobody(&["status", "--json"]);
+    assert_eq!(status.code, 0, "{}", status.stderr);
+    let status = status.json();
+    assert_eq!(status["scan"]["complete"], false);
+    assert!(
+        status["scan"]["unreadable"]
+            .as_array()
+            .expect("unreadable")
+            .iter()
+            .any(|entry| entry["pid"] == holder),
+        "{status:#}"
+    );
+    let table = as_nobody(&["status"]);
+    assert!(table.stdout.contains("Partial scan"), "{}", table.stdout);
+
+    let result = as_nobody(&[
+        "free",
+        "--pid",
+        &holder.to_string(),
+        "--grace",
+        "0",
+        "--timeout",
+        "300ms",
+        "--yes",
+        "--json",
+    ]);
+    assert_eq!(result.code, 1, "{}{}", result.stdout, result.stderr);
+    let report = result.json();
+    assert_eq!(
+        target(&report, holder).expect("target")["fate"],
+        "permission_denied"
+    );
+    assert!(alive(holder));
+}

@@ -1,0 +1,7 @@
+//! One integration-test binary: real processes, real signals, the real /proc,
+//! and the simulated GPU driver.
+
+mod harness;
+mod incidents;
+mod input;
+mod select_props;
