@@ -72,7 +72,10 @@ def titled_pid(title):
 
 def bash(script, title="bash"):
     """Runs a bash script with $H (holder), $R (ready dir), $P (pids file)."""
-    env = dict(os.environ, H=str(HOLDER), R=str(WORK), P=str(WORK / "pids"), GPU=str(GPU))
+    # `exec -a TITLE python3` hides where python3 lives, so the child would not
+    # find this interpreter's site-packages (torch): hand them over explicitly.
+    python_path = os.pathsep.join(path for path in sys.path if path)
+    env = dict(os.environ, H=str(HOLDER), R=str(WORK), P=str(WORK / "pids"), GPU=str(GPU), PYTHONPATH=python_path)
     child = subprocess.Popen(["bash", "-c", script], env=env, stdin=subprocess.DEVNULL)
     STARTED.append((child.pid, title))
     return child
@@ -86,7 +89,7 @@ def holder_cmd(title, gib, ready, extra=""):
     )
 
 
-def wait_ready(*names, timeout=120):
+def wait_ready(*names, timeout=60):
     deadline = time.time() + timeout
     while not all((WORK / name).exists() for name in names):
         if time.time() > deadline:
@@ -331,6 +334,11 @@ def main():
     log(f"date {time.strftime('%Y-%m-%d %H:%M:%S %Z')}; GPU {GPU}: {name}; driver {driver}; {version}; kernel {os.uname().release}")
     used, listed = nvml_state()
     log(f"before: {used / GIB:.2f} GiB used, {len(listed)} process(es) listed")
+    try:
+        v2 = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
+        log(f"memory info v2: used {v2.used / GIB:.2f} GiB, reserved {v2.reserved / GIB:.2f} GiB (v1 'used' counts the reserved part)")
+    except Exception as error:  # older pynvml: v1 only
+        log(f"memory info v2 unavailable here: {error}")
     if listed:
         # Someone else uses this GPU: broad scopes could reach their processes.
         log(f"refusing to run: NVML lists processes this script did not start: {sorted(listed)}")

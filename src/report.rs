@@ -264,7 +264,8 @@ pub fn status_table(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String
                     .collect::<Vec<_>>()
                     .join(",")
             };
-            let memory: Option<u64> = if holder.gpus.is_empty() {
+            // A monitor is in no driver list: it holds no GPU memory.
+            let memory: Option<u64> = if holder.gpus.is_empty() || holder.flags.contains(&"monitor") {
                 Some(0)
             } else {
                 holder.gpus.iter().map(|g| g.memory).sum()
