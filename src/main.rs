@@ -184,6 +184,13 @@ fn wait(backend: &str, args: &WaitArgs) -> anyhow::Result<u8> {
         std::thread::sleep(poll);
     };
     let waited_ms = start.elapsed().as_millis() as u64;
+    let busy = Some(
+        gpus.iter()
+            .filter(|gpu| !gpu.ready)
+            .map(|gpu| gpu.index)
+            .collect(),
+    );
+    let holders = (!ready).then(|| Snapshot::take(driver.as_ref()));
     if args.json {
         emit(&report::to_json(&report::WaitJson {
             schema_version: report::SCHEMA_VERSION,
@@ -192,21 +199,16 @@ fn wait(backend: &str, args: &WaitArgs) -> anyhow::Result<u8> {
             waited_ms,
             below: config.below,
             gpus: &gpus,
+            holders: holders
+                .as_ref()
+                .map(|snapshot| report::holders_json(snapshot, &busy))
+                .unwrap_or_default(),
         }))?;
     } else {
         let mut text = report::wait_lines(&gpus, config.below, waited_ms);
-        if !ready {
-            let busy = Some(
-                gpus.iter()
-                    .filter(|gpu| !gpu.ready)
-                    .map(|gpu| gpu.index)
-                    .collect(),
-            );
+        if let Some(snapshot) = &holders {
             text.push('\n');
-            text.push_str(&report::status_table(
-                &Snapshot::take(driver.as_ref()),
-                &busy,
-            ));
+            text.push_str(&report::status_table(snapshot, &busy));
         }
         emit(&text)?;
     }

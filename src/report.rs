@@ -160,14 +160,19 @@ pub fn status_json(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String 
                     .collect(),
             })
             .collect(),
-        holders: snapshot
-            .holders()
-            .into_iter()
-            .filter(|&pid| shown(snapshot, gpus, pid))
-            .map(|pid| holder_json(snapshot, pid))
-            .collect(),
+        holders: holders_json(snapshot, gpus),
     };
     to_json(&document)
+}
+
+/// Every holder of the given GPUs (all GPUs when `None`), as JSON objects.
+pub fn holders_json(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> Vec<HolderJson> {
+    snapshot
+        .holders()
+        .into_iter()
+        .filter(|&pid| shown(snapshot, gpus, pid))
+        .map(|pid| holder_json(snapshot, pid))
+        .collect()
 }
 
 pub fn to_json<T: Serialize>(value: &T) -> String {
@@ -265,7 +270,8 @@ pub fn status_table(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String
                     .join(",")
             };
             // A monitor is in no driver list: it holds no GPU memory.
-            let memory: Option<u64> = if holder.gpus.is_empty() || holder.flags.contains(&"monitor") {
+            let memory: Option<u64> = if holder.gpus.is_empty() || holder.flags.contains(&"monitor")
+            {
                 Some(0)
             } else {
                 holder.gpus.iter().map(|g| g.memory).sum()
@@ -577,6 +583,8 @@ pub struct WaitJson<'a> {
     pub waited_ms: u64,
     pub below: u64,
     pub gpus: &'a [WaitGpu],
+    /// On timeout, who holds the GPUs that were not ready; empty when ready.
+    pub holders: Vec<HolderJson>,
 }
 
 pub fn wait_lines(gpus: &[WaitGpu], below: u64, waited_ms: u64) -> String {

@@ -341,3 +341,247 @@ pub fn gpus_touched(snapshot: &Snapshot, selection: &Selection) -> BTreeSet<u32>
         .flat_map(|&pid| snapshot.gpus_used_by(pid))
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::proc::{ProcessId, ProcessRecord};
+    use crate::select::Spared;
+    use crate::snapshot::{GpuUser, Snapshot};
+
+    const GIB: u64 = 1 << 30;
+
+    struct NoLedger;
+
+    impl Ledger for NoLedger {
+        fn signals_sent(&self, _: u32) -> Vec<String> {
+            vec!["SIGTERM".into(), "SIGSTOP".into(), "SIGKILL".into()]
+        }
+        fn permission_denied(&self, pid: u32) -> bool {
+            pid == 40
+        }
+        fn was_target(&self, _: u32) -> bool {
+            false
+        }
+    }
+
+    fn record(pid: u32, ppid: u32, state: char, comm: &str) -> ProcessRecord {
+        ProcessRecord {
+            id: ProcessId { pid, start_time: 1 },
+            ppid,
+            pgid: pid,
+            sid: pid,
+            uid: Some(0),
+            state,
+            comm: comm.to_string(),
+            cmdline: comm.to_string(),
+            kernel_thread: false,
+            cpu_ticks: 0,
+            nodes: Default::default(),
+            fds_readable: true,
+        }
+    }
+
+    fn listed(pid: u32, memory: Option<u64>) -> GpuUser {
+        GpuUser {
+            pid,
+            memory,
+            listed: true,
+            node_open: true,
+        }
+    }
+
+    fn snapshot(used: u64, users: Vec<GpuUser>, processes: Vec<ProcessRecord>) -> Snapshot {
+        Snapshot {
+            backend: "test".into(),
+            taken_at_unix_ms: 0,
+            gpus: vec![GpuState {
+                index: 0,
+                name: None,
+                uuid: None,
+                memory_total: Some(80 * GIB),
+                memory_used: Some(used),
+                error: None,
+                users,
+            }],
+            processes: processes.into_iter().map(|p| (p.id.pid, p)).collect(),
+            unreadable: Vec::new(),
+            driver_error: None,
+            details: BTreeMap::new(),
+            uptime_ticks: None,
+        }
+    }
+
+    fn targets(pids: &[u32]) -> Selection {
+        Selection {
+            targets: pids
+                .iter()
+                .map(|&pid| (pid, crate::select::Because::InScope))
+                .collect(),
+            spared: BTreeMap::new(),
+        }
+    }
+
+    fn reasons(
+        snapshot: &Snapshot,
+        selection: &Selection,
+        whole_gpu: bool,
+        trend: &Trend,
+    ) -> Vec<Reason> {
+        let gpu = &snapshot.gpus[0];
+        let assessment = assess(gpu, snapshot, selection, &NoLedger, whole_gpu);
+        assert!(!assessment.freed);
+        explain(
+            gpu,
+            &assessment,
+            snapshot,
+            selection,
+            &NoLedger,
+            trend,
+            &BTreeMap::new(),
+        )
+    }
+
+    #[test]
+    fn each_remaining_holder_gets_its_reason() {
+        let snapshot = snapshot(
+            40 * GIB,
+            vec![
+                listed(10, Some(10 * GIB)),
+                listed(20, Some(10 * GIB)),
+                listed(30, Some(10 * GIB)),
+                listed(40, Some(5 * GIB)),
+                listed(50, Some(5 * GIB)),
+            ],
+            vec![
+                record(10, 1, 'D', "sglang::TP0"),
+                record(20, 9, 'Z', "sglang::TP1"),
+                record(9, 1, 'S', "launcher"),
+                record(30, 1, 'S', "sglang::TP2"),
+                record(40, 1, 'S', "other-user"),
+            ],
+        );
+        let selection = targets(&[10, 20, 30, 40]);
+        let reasons = reasons(&snapshot, &selection, true, &Trend::default());
+        assert!(
+            matches!(&reasons[0], Reason::Uninterruptible { pid: 10, .. }),
+            "{reasons:?}"
+        );
+        assert_eq!(
+            reasons[1],
+            Reason::Zombie {
+                pid: 20,
+                parent_pid: 9,
+                parent_comm: "launcher".into()
+            }
+        );
+        assert!(
+            matches!(&reasons[2], Reason::StillAlive { pid: 30, state: 'S', signals, .. } if signals.len() == 3)
+        );
+        assert!(matches!(
+            &reasons[3],
+            Reason::PermissionDenied { pid: 40, .. }
+        ));
+        // PID 50 is listed by the driver but absent from /proc: another PID namespace.
+        assert_eq!(reasons[4], Reason::Hidden { pid: 50 });
+        assert_eq!(reasons.len(), 5);
+    }
+
+    #[test]
+    fn hidden_holders_count_only_when_the_whole_gpu_is_in_scope() {
+        let snapshot = snapshot(5 * GIB, vec![listed(50, Some(5 * GIB))], vec![]);
+        let selection = targets(&[]);
+        let gpu = &snapshot.gpus[0];
+        assert!(assess(gpu, &snapshot, &selection, &NoLedger, false).freed);
+        assert!(!assess(gpu, &snapshot, &selection, &NoLedger, true).freed);
+    }
+
+    #[test]
+    fn spared_holders_are_named_as_protected() {
+        let snapshot = snapshot(
+            GIB,
+            vec![listed(7, Some(GIB))],
+            vec![record(7, 1, 'S', "bash")],
+        );
+        let mut selection = targets(&[]);
+        selection.spared.insert(7, Spared::Ancestor);
+        let reasons = reasons(&snapshot, &selection, false, &Trend::default());
+        assert!(
+            matches!(&reasons[0], Reason::Protected { pid: 7, why, .. } if why.contains("ancestor"))
+        );
+    }
+
+    #[test]
+    fn memory_going_down_is_still_releasing_and_flat_memory_is_driver_held() {
+        let snapshot = snapshot(20 * GIB, vec![], vec![]);
+        let selection = targets(&[]);
+        let start = Instant::now();
+        let mut falling = Trend::default();
+        for step in 0..=10u64 {
+            falling.record(
+                start + Duration::from_millis(step * 100),
+                Some((30 - step) * GIB),
+            );
+        }
+        let reasons_falling = reasons(&snapshot, &selection, true, &falling);
+        match &reasons_falling[0] {
+            Reason::StillReleasing {
+                bytes,
+                bytes_per_second,
+            } => {
+                assert_eq!(*bytes, 20 * GIB);
+                assert!(
+                    (9 * GIB..=11 * GIB).contains(bytes_per_second),
+                    "{bytes_per_second}"
+                );
+            }
+            other => panic!("expected still releasing, got {other:?}"),
+        }
+        let mut flat = Trend::default();
+        for step in 0..=10u64 {
+            flat.record(start + Duration::from_millis(step * 100), Some(20 * GIB));
+        }
+        assert_eq!(
+            reasons(&snapshot, &selection, true, &flat),
+            vec![Reason::DriverHeld { bytes: 20 * GIB }]
+        );
+    }
+
+    #[test]
+    fn bookkeeping_memory_is_not_called_held() {
+        let small = snapshot(
+            5 * GIB + (27 << 20),
+            vec![listed(60, Some(5 * GIB))],
+            vec![record(60, 1, 'S', "notebook")],
+        );
+        let assessment = assess(&small.gpus[0], &small, &targets(&[]), &NoLedger, false);
+        assert!(assessment.freed);
+        let leak = snapshot(
+            5 * GIB + BOOKKEEPING_SLACK + 1,
+            vec![listed(60, Some(5 * GIB))],
+            vec![record(60, 1, 'S', "notebook")],
+        );
+        let assessment = assess(&leak.gpus[0], &leak, &targets(&[]), &NoLedger, false);
+        assert!(!assessment.freed);
+    }
+
+    #[test]
+    fn unknown_process_memory_is_unknown_not_zero() {
+        let snapshot = snapshot(
+            12 * GIB,
+            vec![listed(70, None), listed(71, Some(GIB))],
+            vec![],
+        );
+        assert_eq!(snapshot.gpus[0].unattributed(), None);
+        let assessment = assess(
+            &snapshot.gpus[0],
+            &snapshot,
+            &targets(&[]),
+            &NoLedger,
+            false,
+        );
+        assert_eq!(assessment.explained, None);
+    }
+}

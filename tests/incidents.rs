@@ -561,6 +561,15 @@ fn wait_returns_when_the_memory_comes_back_and_lists_holders_on_timeout() {
     );
     assert!(busy.stdout.contains("sglang::scheduler_TP0"));
 
+    let busy_json = run(
+        &host,
+        &["wait", "--gpu", "0", "--timeout", "100ms", "--json"],
+    );
+    assert_eq!(busy_json.code, 1);
+    let busy_json = busy_json.json();
+    assert_eq!(busy_json["ready"], false);
+    assert_eq!(busy_json["holders"][0]["pid"], holder);
+
     assert_eq!(
         run(&host, &["wait", "--gpu", "1", "--timeout", "1s"]).code,
         0
