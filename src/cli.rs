@@ -7,6 +7,7 @@ use clap::{Args, Parser, Subcommand};
 #[command(
     name = "gpureap",
     version,
+    args_override_self = true,
     about = "See who holds each NVIDIA GPU, free exactly what you scope, and prove the memory came back.",
     after_help = "Examples:
   gpureap status                       who holds each GPU, with flags (orphaned, zombie, D, hidden, monitor)
@@ -63,8 +64,74 @@ Examples:
   gpureap wait --below 2GiB")]
     Wait(WaitArgs),
 
+    /// Supervise a server: contain it, watch readiness and hangs, diagnose, free, restart.
+    #[command(
+        after_help = "Containment: a cgroup v2 of its own where one can be made (root or a delegated
+subtree), else its own session and process group with gpureap as child subreaper.
+On a crash or hang: a diagnostic bundle in STATE_DIR/bundles, the whole tree freed and
+verified, then a restart with exponential backoff. Ctrl-C stops it gracefully, then by force.
+
+Examples:
+  gpureap run --ready-url http://127.0.0.1:30000/health --log sglang.log -- \\
+      python3 -m sglang.launch_server --model-path meta-llama/Llama-3.1-70B-Instruct --tp 8
+  gpureap run --ready-log 'Application startup complete' --stall-timeout 10m -- vllm serve ...
+  gpureap run --ready-port 8000 --restart never -- ./serve.sh"
+    )]
+    Run(RunArgs),
+
     /// Replay a crashed SGLang server on a simulated GPU host: status, free, verify. No GPU needed.
     Demo,
+}
+
+#[derive(Debug, Args)]
+#[command(group = clap::ArgGroup::new("readiness").multiple(false))]
+pub struct RunArgs {
+    /// Ready when this URL answers 2xx (e.g. SGLang's or vLLM's /health); health is then checked.
+    #[arg(long, value_name = "URL", group = "readiness")]
+    pub ready_url: Option<String>,
+    /// Ready when this local TCP port accepts connections.
+    #[arg(long, value_name = "PORT", group = "readiness")]
+    pub ready_port: Option<u16>,
+    /// Ready when a log line matches this regex.
+    #[arg(long, value_name = "REGEX", group = "readiness")]
+    pub ready_log: Option<String>,
+    /// A hang: not ready this long after the start.
+    #[arg(long, default_value = "30m", value_name = "DUR")]
+    pub startup_timeout: String,
+    /// A hang: no new log output for this long while not yet ready.
+    #[arg(long, default_value = "5m", value_name = "DUR")]
+    pub stall_timeout: String,
+    /// How often --ready-url is checked after ready; 3 failures in a row are a hang.
+    #[arg(long, default_value = "10s", value_name = "DUR")]
+    pub health_interval: String,
+    /// When to restart: never, on-failure (crash or hang), always.
+    #[arg(long, default_value = "on-failure", value_name = "WHEN")]
+    pub restart: String,
+    /// Give up after this many restarts.
+    #[arg(long, default_value_t = 3, value_name = "N")]
+    pub max_restarts: u32,
+    /// Pause before the first restart; doubled for each further one (at most 5m).
+    #[arg(long, default_value = "2s", value_name = "DUR")]
+    pub backoff: String,
+    /// On stop, how long the server gets after SIGTERM before SIGSTOP+SIGKILL.
+    #[arg(long, default_value = "10s", value_name = "DUR")]
+    pub grace: String,
+    /// On stop, how long to wait for the driver to confirm the GPUs are free.
+    #[arg(long, default_value = "60s", value_name = "DUR")]
+    pub stop_timeout: String,
+    /// Also append the server's output to this file.
+    #[arg(long, value_name = "FILE")]
+    pub log: Option<std::path::PathBuf>,
+    /// Where good starts are remembered and bundles written
+    /// [default: $XDG_STATE_HOME/gpureap/<command>, or ~/.local/state/gpureap/<command>].
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<std::path::PathBuf>,
+    /// Do not use a cgroup; contain by session, process group and subreaper only.
+    #[arg(long)]
+    pub no_cgroup: bool,
+    /// The server's command line.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
 }
 
 #[derive(Debug, Args)]

@@ -7,8 +7,10 @@ use std::time::Duration;
 
 use regex::Regex;
 
-use crate::cli::{FreeArgs, WaitArgs};
+use crate::cli::{FreeArgs, RunArgs, WaitArgs};
 use crate::reap::Options;
+use crate::run::ready::Readiness;
+use crate::run::{Restart, RunConfig};
 use crate::select::Scope;
 use crate::snapshot::Snapshot;
 use crate::units::{parse_duration, parse_gpu_list, parse_size};
@@ -118,4 +120,76 @@ pub fn wait(args: &WaitArgs, gpu_count: u32) -> Result<WaitConfig, UsageError> {
         below: parse_size(&args.below)?,
         timeout: parse_duration(&args.timeout)?,
     })
+}
+
+pub fn run(args: &RunArgs) -> Result<RunConfig, UsageError> {
+    let readiness = if let Some(url) = &args.ready_url {
+        if !url.starts_with("http://") {
+            return Err(UsageError(format!(
+                "invalid --ready-url '{url}': expected http://HOST:PORT/PATH (the health endpoint is local; https is not supported)"
+            )));
+        }
+        Readiness::Url(url.clone())
+    } else if let Some(port) = args.ready_port {
+        Readiness::Port(port)
+    } else if let Some(pattern) = &args.ready_log {
+        Readiness::Log(Regex::new(pattern).map_err(|error| {
+            UsageError(format!("invalid --ready-log regex '{pattern}': {error}"))
+        })?)
+    } else {
+        Readiness::Started
+    };
+    let restart = match args.restart.as_str() {
+        "never" => Restart::Never,
+        "on-failure" => Restart::OnFailure,
+        "always" => Restart::Always,
+        other => {
+            return Err(UsageError(format!(
+                "invalid --restart '{other}': expected never, on-failure or always"
+            )));
+        }
+    };
+    let state_dir = match &args.state_dir {
+        Some(dir) => dir.clone(),
+        None => default_state_dir(&args.command),
+    };
+    Ok(RunConfig {
+        command: args.command.clone(),
+        readiness,
+        startup_timeout: parse_duration(&args.startup_timeout)?,
+        stall_timeout: parse_duration(&args.stall_timeout)?,
+        health_interval: parse_duration(&args.health_interval)?,
+        restart,
+        max_restarts: args.max_restarts,
+        backoff: parse_duration(&args.backoff)?,
+        grace: parse_duration(&args.grace)?,
+        stop_timeout: parse_duration(&args.stop_timeout)?,
+        log: args.log.clone(),
+        state_dir,
+        allow_cgroup: !args.no_cgroup,
+    })
+}
+
+/// One state directory per command line, so that each server is compared
+/// with its own good starts.
+fn default_state_dir(command: &[String]) -> std::path::PathBuf {
+    let base = std::env::var_os("XDG_STATE_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|home| std::path::Path::new(&home).join(".local/state"))
+        })
+        .unwrap_or_else(|| std::path::PathBuf::from("/var/lib"));
+    let name: String = command
+        .join(" ")
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(80)
+        .collect();
+    base.join("gpureap").join(name)
 }

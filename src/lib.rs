@@ -3,8 +3,9 @@
 //!
 //! The library follows the data: `snapshot` (driver + /proc) → `select`
 //! (scope → targets) → `reap` (signal escalation) → `verify` (poll until freed
-//! or explained) → `report` (table or JSON). The binary only parses flags
-//! (`cli`, `config`) and composes these stages.
+//! or explained) → `report` (table or JSON). `run` composes the same stages
+//! around a server it started. The binary only parses flags (`cli`,
+//! `config`) and composes these stages.
 
 pub mod cli;
 pub mod config;
@@ -15,6 +16,7 @@ pub mod incident;
 pub mod proc;
 pub mod reap;
 pub mod report;
+pub mod run;
 pub mod select;
 pub mod snapshot;
 pub mod units;

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 
-use gpureap::cli::{Cli, Command, FreeArgs, StatusArgs, WaitArgs};
+use gpureap::cli::{Cli, Command, FreeArgs, RunArgs, StatusArgs, WaitArgs};
 use gpureap::config::{self, UsageError};
 use gpureap::driver::{self, BackendChoice, Driver};
 use gpureap::exit;
@@ -21,6 +21,7 @@ fn main() -> ExitCode {
         Command::Status(args) => status(&cli.backend, args),
         Command::Free(args) => free(&cli.backend, args),
         Command::Wait(args) => wait(&cli.backend, args),
+        Command::Run(args) => run(&cli.backend, args),
         Command::Demo => gpureap::demo::run(&mut io::stdout().lock()).map_err(anyhow::Error::from),
     };
     match result {
@@ -221,4 +222,10 @@ fn wait(backend: &str, args: &WaitArgs) -> anyhow::Result<u8> {
         );
         Ok(exit::STILL_HELD)
     }
+}
+
+fn run(backend: &str, args: &RunArgs) -> anyhow::Result<u8> {
+    let config = config::run(args)?;
+    let driver = open_driver(backend)?;
+    Ok(gpureap::run::supervise(&config, driver.as_ref())?)
 }

@@ -215,3 +215,23 @@ pub fn ancestors_of_self() -> BTreeSet<u32> {
     }
     ancestors
 }
+
+/// CPU time used so far by one process, in clock ticks; `None` if it is gone.
+pub fn cpu_ticks(pid: u32) -> Option<u64> {
+    procfs::process::Process::new(pid as i32)
+        .and_then(|process| process.stat())
+        .ok()
+        .map(|stat| stat.utime + stat.stime)
+}
+
+/// Whether a process's environment (as it started) sets `name`.
+pub fn has_env(pid: u32, name: &str) -> bool {
+    let Ok(environ) = fs::read(format!("/proc/{pid}/environ")) else {
+        return false;
+    };
+    environ.split(|&byte| byte == 0).any(|entry| {
+        entry
+            .strip_prefix(name.as_bytes())
+            .is_some_and(|rest| rest.first() == Some(&b'='))
+    })
+}

@@ -55,6 +55,9 @@ pub struct Details {
     pub user: Option<String>,
     pub wchan: Option<String>,
     pub cgroup: Option<String>,
+    /// Started under `gpureap run`: its cgroup is one of gpureap's, or its
+    /// environment names the supervising gpureap.
+    pub supervised: bool,
 }
 
 /// The flags a holder can carry, as DESIGN.md names them.
@@ -65,6 +68,7 @@ pub struct Flags {
     pub uninterruptible: bool,
     pub hidden: bool,
     pub monitor: bool,
+    pub supervised: bool,
 }
 
 impl Flags {
@@ -75,6 +79,7 @@ impl Flags {
             (self.uninterruptible, "uninterruptible"),
             (self.hidden, "hidden"),
             (self.monitor, "monitor"),
+            (self.supervised, "supervised"),
         ]
         .into_iter()
         .filter_map(|(on, name)| on.then_some(name))
@@ -213,6 +218,10 @@ impl Snapshot {
                 uninterruptible: record.state == 'D',
                 hidden: false,
                 monitor: self.is_monitor(pid),
+                supervised: self
+                    .details
+                    .get(&pid)
+                    .is_some_and(|details| details.supervised),
             },
         }
     }
@@ -336,6 +345,11 @@ fn merge(
 
 fn read_details(record: &ProcessRecord) -> Details {
     let pid = record.id.pid;
+    let cgroup = proc::cgroup(pid);
+    let supervised = cgroup
+        .as_deref()
+        .is_some_and(|path| path.contains(crate::run::contain::CGROUP_PREFIX))
+        || proc::has_env(pid, crate::run::contain::SUPERVISOR_ENV);
     Details {
         user: record
             .uid
@@ -347,6 +361,7 @@ fn read_details(record: &ProcessRecord) -> Details {
         } else {
             None
         },
-        cgroup: proc::cgroup(pid),
+        cgroup,
+        supervised,
     }
 }

@@ -4,4 +4,5 @@
 mod harness;
 mod incidents;
 mod input;
+mod run;
 mod select_props;

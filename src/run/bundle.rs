@@ -1,0 +1,182 @@
+//! The diagnostic bundle written when a supervised server hangs or crashes:
+//! what a person would otherwise collect by hand before killing it.
+//!
+//! One folder per event under `STATE_DIR/bundles/`: `summary.txt` (what
+//! happened and how far the start got against good starts), `processes.txt`
+//! (the contained tree with states, wchan and CPU use over the last seconds),
+//! `log-tail.txt` (the last 200 log lines), `gpu.txt` (gpureap status), and
+//! `bundle.json` with all of it for programs.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::fmt::Write as _;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+
+use crate::proc;
+use crate::report;
+use crate::snapshot::Snapshot;
+
+/// How many CPU samples are kept per process (one every half second: the
+/// last five seconds or so).
+const CPU_SAMPLES: usize = 11;
+
+/// Recent CPU time of each contained process, sampled about twice a second.
+#[derive(Debug, Default)]
+pub struct CpuSamples {
+    samples: HashMap<u32, VecDeque<(Instant, u64)>>,
+}
+
+impl CpuSamples {
+    pub fn sample(&mut self, pids: &BTreeSet<u32>) {
+        let now = Instant::now();
+        self.samples.retain(|pid, _| pids.contains(pid));
+        for &pid in pids {
+            let Some(ticks) = proc::cpu_ticks(pid) else {
+                continue;
+            };
+            let history = self.samples.entry(pid).or_default();
+            if history.len() == CPU_SAMPLES {
+                history.pop_front();
+            }
+            history.push_back((now, ticks));
+        }
+    }
+
+    /// Percent of one core over the sampled window, `None` with fewer than two samples.
+    pub fn percent(&self, pid: u32) -> Option<f64> {
+        let history = self.samples.get(&pid)?;
+        let (&(first_at, first), &(last_at, last)) = (history.front()?, history.back()?);
+        let seconds = last_at.duration_since(first_at).as_secs_f64();
+        (seconds > 0.0).then(|| {
+            (last.saturating_sub(first)) as f64 / proc::ticks_per_second() as f64 / seconds * 100.0
+        })
+    }
+
+    /// Seconds the window covers for this process.
+    pub fn window(&self, pid: u32) -> f64 {
+        self.samples
+            .get(&pid)
+            .and_then(|history| {
+                Some(
+                    history
+                        .back()?
+                        .0
+                        .duration_since(history.front()?.0)
+                        .as_secs_f64(),
+                )
+            })
+            .unwrap_or(0.0)
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct Member {
+    pub pid: u32,
+    pub ppid: Option<u32>,
+    pub sid: Option<u32>,
+    pub state: Option<String>,
+    pub wchan: Option<String>,
+    pub cpu_percent: Option<f64>,
+    pub cpu_window_seconds: f64,
+    pub cmdline: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Bundle {
+    pub schema_version: u32,
+    pub kind: &'static str,
+    pub reason: String,
+    pub progress: String,
+    pub start: u32,
+    pub lines: u64,
+    pub seconds: f64,
+    pub containment: String,
+    pub command: String,
+    pub members: Vec<Member>,
+    pub log_tail: Vec<String>,
+    pub gpu: serde_json::Value,
+}
+
+impl Bundle {
+    pub fn members(snapshot: &Snapshot, pids: &BTreeSet<u32>, cpu: &CpuSamples) -> Vec<Member> {
+        pids.iter()
+            .map(|&pid| {
+                let record = snapshot.processes.get(&pid);
+                Member {
+                    pid,
+                    ppid: record.map(|r| r.ppid),
+                    sid: record.map(|r| r.sid),
+                    state: record.map(|r| r.state.to_string()),
+                    wchan: proc::wchan(pid),
+                    cpu_percent: cpu.percent(pid),
+                    cpu_window_seconds: cpu.window(pid),
+                    cmdline: record.map(|r| r.cmdline.clone()),
+                }
+            })
+            .collect()
+    }
+
+    /// Writes the bundle; returns its folder.
+    pub fn write(&self, state_dir: &Path, snapshot: &Snapshot) -> io::Result<PathBuf> {
+        let stamp = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis());
+        let kind = self
+            .reason
+            .split(':')
+            .next()
+            .unwrap_or("event")
+            .replace(' ', "-");
+        let dir = state_dir
+            .join("bundles")
+            .join(format!("{stamp}-start{}-{kind}", self.start));
+        fs::create_dir_all(&dir)?;
+
+        let mut summary = String::new();
+        let _ = writeln!(summary, "{}", self.reason);
+        let _ = writeln!(summary, "{}", self.progress);
+        let _ = writeln!(summary, "start {} of: {}", self.start, self.command);
+        let _ = writeln!(summary, "containment: {}", self.containment);
+        fs::write(dir.join("summary.txt"), summary)?;
+
+        let mut processes = String::from(
+            "PID      PPID     SID      S  CPU%    WCHAN                          COMMAND\n",
+        );
+        for member in &self.members {
+            let number = |value: Option<u32>| value.map_or("?".to_string(), |v| v.to_string());
+            let _ = writeln!(
+                processes,
+                "{:<8} {:<8} {:<8} {:<2} {:<7} {:<30} {}",
+                member.pid,
+                number(member.ppid),
+                number(member.sid),
+                member.state.as_deref().unwrap_or("?"),
+                member
+                    .cpu_percent
+                    .map_or("?".to_string(), |cpu| format!("{cpu:.0}")),
+                member.wchan.as_deref().unwrap_or("-"),
+                member.cmdline.as_deref().unwrap_or("")
+            );
+        }
+        let _ = writeln!(
+            processes,
+            "\nCPU% is over the last {:.1}s of half-second samples.",
+            self.members
+                .iter()
+                .map(|m| m.cpu_window_seconds)
+                .fold(0.0, f64::max)
+        );
+        fs::write(dir.join("processes.txt"), processes)?;
+
+        let mut tail = self.log_tail.join("\n");
+        tail.push('\n');
+        fs::write(dir.join("log-tail.txt"), tail)?;
+        fs::write(dir.join("gpu.txt"), report::status_table(snapshot, &None))?;
+        fs::write(dir.join("bundle.json"), report::to_json(self))?;
+        Ok(dir)
+    }
+}

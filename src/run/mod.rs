@@ -1,0 +1,493 @@
+//! `gpureap run`: supervise a server so that it can never leave a GPU held.
+//!
+//! Each start is contained (`contain`), its output passed through and counted
+//! (`output`), its readiness and health probed (`ready`), its progress compared
+//! with remembered good starts (`baseline`). A crash or a hang writes a
+//! diagnostic bundle (`bundle`), then the whole contained tree is freed with
+//! the core's escalation and verification, then the server is restarted with
+//! exponential backoff. Ctrl-C or SIGTERM stops it gracefully, then by force,
+//! and verifies.
+
+pub mod baseline;
+pub mod bundle;
+pub mod contain;
+pub mod output;
+pub mod ready;
+
+use std::collections::BTreeSet;
+use std::fs::OpenOptions;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use rustix::process::WaitStatus;
+
+use crate::driver::Driver;
+use crate::exit;
+use crate::reap::{self, FreeReport, Options};
+use crate::select::{Guard, Scope};
+use crate::snapshot::Snapshot;
+use crate::units::{Bytes, Elapsed, MaybeBytes};
+use baseline::{GoodStart, History};
+use bundle::{Bundle, CpuSamples};
+use contain::{Containment, SUPERVISOR_ENV};
+use output::{LogState, SharedLog, Stream};
+use ready::Readiness;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Restart {
+    Never,
+    OnFailure,
+    Always,
+}
+
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    pub command: Vec<String>,
+    pub readiness: Readiness,
+    pub startup_timeout: Duration,
+    pub stall_timeout: Duration,
+    pub health_interval: Duration,
+    pub restart: Restart,
+    pub max_restarts: u32,
+    pub backoff: Duration,
+    pub grace: Duration,
+    pub stop_timeout: Duration,
+    pub log: Option<PathBuf>,
+    pub state_dir: PathBuf,
+    pub allow_cgroup: bool,
+}
+
+/// Consecutive failed health checks after ready that make a hang.
+const HEALTH_FAILURES: u32 = 3;
+/// How often readiness is probed before ready.
+const PROBE_EVERY: Duration = Duration::from_millis(200);
+/// The longest pause between restarts.
+const MAX_BACKOFF: Duration = Duration::from_secs(300);
+
+/// Why one start ended.
+#[derive(Debug)]
+enum Ended {
+    Exited(WaitStatus),
+    Hung(String),
+    Stopped,
+}
+
+fn event(text: &str) {
+    eprintln!("gpureap run: {text}");
+}
+
+fn describe_status(status: WaitStatus) -> String {
+    if let Some(code) = status.exit_status() {
+        format!("exited with code {code}")
+    } else if let Some(signal) = status.terminating_signal() {
+        format!("was killed by signal {signal}")
+    } else {
+        "ended".to_string()
+    }
+}
+
+/// Supervises the server until it ends for good, or gpureap is stopped.
+pub fn supervise(config: &RunConfig, driver: &dyn Driver) -> std::io::Result<u8> {
+    // Orphans of the server come back to us rather than to PID 1.
+    if let Err(error) = rustix::process::set_child_subreaper(Some(rustix::process::getpid())) {
+        event(&format!("cannot become child subreaper: {error}"));
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGINT, Arc::clone(&stop))?;
+    signal_hook::flag::register(signal_hook::consts::SIGTERM, Arc::clone(&stop))?;
+
+    let log_file = match &config.log {
+        Some(path) => Some(Arc::new(Mutex::new(
+            OpenOptions::new().create(true).append(true).open(path)?,
+        ))),
+        None => None,
+    };
+    let mut history = History::load(&config.state_dir);
+    let mut restarts = 0u32;
+    loop {
+        let start_number = restarts + 1;
+        let containment = Containment::prepare(config.allow_cgroup, start_number);
+        event(&format!("containment: {containment}"));
+
+        let mut command = Command::new(&config.command[0]);
+        command
+            .args(&config.command[1..])
+            .env(SUPERVISOR_ENV, std::process::id().to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        // Python servers block-buffer a pipe: ask for lines, so nothing is lost at a crash.
+        if std::env::var_os("PYTHONUNBUFFERED").is_none() {
+            command.env("PYTHONUNBUFFERED", "1");
+        }
+        let procs_file = containment.apply(&mut command)?;
+        let mut child = match command.spawn() {
+            Ok(child) => child,
+            Err(error) => {
+                containment.release();
+                event(&format!("cannot start {}: {error}", config.command[0]));
+                return Ok(exit::USAGE);
+            }
+        };
+        drop(procs_file);
+        let main_pid = child.id();
+        let log = SharedLog::new(Mutex::new(LogState::new()));
+        let ready_regex = match &config.readiness {
+            Readiness::Log(regex) => Some(regex.clone()),
+            _ => None,
+        };
+        let pumps = [
+            child.stdout.take().map(|out| {
+                output::pump(
+                    out,
+                    Stream::Stdout,
+                    log_file.clone(),
+                    log.clone(),
+                    ready_regex.clone(),
+                )
+            }),
+            child.stderr.take().map(|err| {
+                output::pump(
+                    err,
+                    Stream::Stderr,
+                    log_file.clone(),
+                    log.clone(),
+                    ready_regex.clone(),
+                )
+            }),
+        ];
+        // The child is reaped with waitpid below, together with adopted orphans.
+        drop(child);
+        event(&format!(
+            "start {start_number}: pid {main_pid}: {}; ready when {}",
+            config.command.join(" "),
+            config.readiness
+        ));
+
+        let mut cpu = CpuSamples::default();
+        let started = Instant::now();
+        let ended = watch(
+            config,
+            &containment,
+            main_pid,
+            &log,
+            &stop,
+            &mut cpu,
+            &mut history,
+        );
+        let seconds = started.elapsed().as_secs_f64();
+        let lines = log.lock().map(|state| state.lines).unwrap_or(0);
+
+        let snapshot = Snapshot::take(driver);
+        let members = containment.members();
+        // One last sample, so the bundle's CPU figures reach up to this moment.
+        cpu.sample(&members);
+        let (failure, summary) = match &ended {
+            Ended::Hung(reason) => (true, reason.clone()),
+            Ended::Exited(status) if status.exit_status() == Some(0) => {
+                (false, format!("server {}", describe_status(*status)))
+            }
+            Ended::Exited(status) => (true, format!("crash: server {}", describe_status(*status))),
+            Ended::Stopped => (false, "stop requested (SIGINT or SIGTERM)".to_string()),
+        };
+        event(&summary);
+        if failure {
+            let progress = format!(
+                "at log line {lines} after {seconds:.1}s; {}",
+                history.summary()
+            );
+            let bundle = Bundle {
+                schema_version: crate::report::SCHEMA_VERSION,
+                kind: "bundle",
+                reason: summary.clone(),
+                progress,
+                start: start_number,
+                lines,
+                seconds,
+                containment: containment.to_string(),
+                command: config.command.join(" "),
+                members: Bundle::members(&snapshot, &members, &cpu),
+                log_tail: log
+                    .lock()
+                    .map(|state| state.tail.iter().cloned().collect())
+                    .unwrap_or_default(),
+                gpu: serde_json::from_str(&crate::report::status_json(&snapshot, &None))
+                    .unwrap_or_default(),
+            };
+            match bundle.write(&config.state_dir, &snapshot) {
+                Ok(dir) => event(&format!("diagnostic bundle: {}", dir.display())),
+                Err(error) => event(&format!("cannot write the diagnostic bundle: {error}")),
+            }
+        }
+
+        let (freed, graceful) =
+            stop_tree(config, driver, &containment, snapshot, &members, main_pid);
+        for pump in pumps.into_iter().flatten() {
+            let _ = pump.join();
+        }
+        contain::reap_children();
+
+        if matches!(ended, Ended::Stopped) {
+            return Ok(if freed && graceful {
+                exit::SUCCESS
+            } else {
+                exit::STILL_HELD
+            });
+        }
+        let restart = match config.restart {
+            Restart::Never => false,
+            Restart::OnFailure => failure,
+            Restart::Always => true,
+        };
+        if !restart {
+            return Ok(if freed && !failure {
+                exit::SUCCESS
+            } else {
+                exit::STILL_HELD
+            });
+        }
+        if restarts >= config.max_restarts {
+            event(&format!(
+                "giving up: {restarts} restart(s) used of --max-restarts {}",
+                config.max_restarts
+            ));
+            return Ok(exit::STILL_HELD);
+        }
+        let pause = config
+            .backoff
+            .checked_mul(1u32 << restarts.min(16))
+            .unwrap_or(MAX_BACKOFF)
+            .min(MAX_BACKOFF);
+        restarts += 1;
+        event(&format!(
+            "restarting in {} (restart {restarts} of {})",
+            Elapsed(pause),
+            config.max_restarts
+        ));
+        let resume = Instant::now() + pause;
+        while Instant::now() < resume {
+            if stop.load(Ordering::Relaxed) {
+                event("stop requested during backoff: not restarting");
+                return Ok(if freed && !failure {
+                    exit::SUCCESS
+                } else {
+                    exit::STILL_HELD
+                });
+            }
+            std::thread::sleep(
+                Duration::from_millis(20).min(resume.saturating_duration_since(Instant::now())),
+            );
+        }
+    }
+}
+
+/// Watches one start until it exits, hangs, or gpureap is asked to stop.
+fn watch(
+    config: &RunConfig,
+    containment: &Containment,
+    main_pid: u32,
+    log: &SharedLog,
+    stop: &AtomicBool,
+    cpu: &mut CpuSamples,
+    history: &mut History,
+) -> Ended {
+    let started = Instant::now();
+    let mut ready = matches!(config.readiness, Readiness::Started);
+    let mut last_probe = started;
+    let mut last_health = started;
+    let mut last_cpu: Option<Instant> = None;
+    let mut health_failures = 0;
+    loop {
+        std::thread::sleep(Duration::from_millis(20));
+        if stop.load(Ordering::Relaxed) {
+            return Ended::Stopped;
+        }
+        if let Some((_, status)) = contain::reap_children()
+            .into_iter()
+            .find(|(pid, _)| *pid == main_pid)
+        {
+            return Ended::Exited(status);
+        }
+        let now = Instant::now();
+        if last_cpu.is_none_or(|at| now.duration_since(at) >= Duration::from_millis(500)) {
+            cpu.sample(&containment.members());
+            last_cpu = Some(now);
+        }
+        let (lines, last_output, log_ready) = match log.lock() {
+            Ok(state) => (state.lines, state.last_output, state.ready_at_line),
+            Err(_) => (0, now, None),
+        };
+        if !ready {
+            if now.duration_since(last_probe) >= PROBE_EVERY || log_ready.is_some() {
+                last_probe = now;
+                if config.readiness.probe(log_ready.is_some()) {
+                    ready = true;
+                    let seconds = now.duration_since(started).as_secs_f64();
+                    let at_line = log_ready.unwrap_or(lines);
+                    event(&format!(
+                        "ready after {seconds:.1}s at log line {at_line}; {}",
+                        history.summary()
+                    ));
+                    let good = GoodStart {
+                        lines: at_line,
+                        seconds,
+                        at_unix: SystemTime::now()
+                            .duration_since(UNIX_EPOCH)
+                            .map_or(0, |d| d.as_secs()),
+                    };
+                    if let Err(error) = history.record(&config.state_dir, good) {
+                        event(&format!(
+                            "cannot record this start in {}: {error}",
+                            config.state_dir.display()
+                        ));
+                    }
+                    last_health = now;
+                    continue;
+                }
+            }
+            let silence = now.duration_since(last_output);
+            let elapsed = now.duration_since(started);
+            if silence >= config.stall_timeout {
+                return Ended::Hung(format!(
+                    "hang: no log output for {} before ready: stalled at log line {lines} after {:.1}s; {}",
+                    Elapsed(silence),
+                    elapsed.as_secs_f64(),
+                    history.summary()
+                ));
+            }
+            if elapsed >= config.startup_timeout {
+                return Ended::Hung(format!(
+                    "hang: not ready after {} (--startup-timeout): at log line {lines}; {}",
+                    Elapsed(elapsed),
+                    history.summary()
+                ));
+            }
+        } else if matches!(config.readiness, Readiness::Url(_))
+            && now.duration_since(last_health) >= config.health_interval
+        {
+            last_health = now;
+            match config.readiness.health() {
+                Ok(()) => health_failures = 0,
+                Err(why) => {
+                    health_failures += 1;
+                    event(&format!(
+                        "health check failed ({health_failures}/{HEALTH_FAILURES}): {why}"
+                    ));
+                    if health_failures >= HEALTH_FAILURES {
+                        return Ended::Hung(format!(
+                            "unhealthy: {HEALTH_FAILURES} health checks failed after ready (last: {why})"
+                        ));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Frees the whole contained tree with the core's escalation and
+/// verification, then sweeps the containment and proves it empty. Returns
+/// (GPUs verified free and nothing left, the server ended on SIGTERM alone).
+fn stop_tree(
+    config: &RunConfig,
+    driver: &dyn Driver,
+    containment: &Containment,
+    snapshot: Snapshot,
+    members: &BTreeSet<u32>,
+    main_pid: u32,
+) -> (bool, bool) {
+    let mut all_freed = true;
+    let mut graceful = true;
+    if !members.is_empty() {
+        event(&format!("stopping {} contained process(es)", members.len()));
+        let scope = Scope {
+            pids: members.clone(),
+            ..Scope::default()
+        };
+        let options = Options {
+            grace: config.grace,
+            timeout: config.stop_timeout,
+            poll: Duration::from_millis(10),
+        };
+        let report = reap::free(
+            driver,
+            &scope,
+            &Guard::for_this_process(&[]),
+            snapshot,
+            options,
+            &mut |_| {},
+        );
+        graceful = !report.targets.iter().any(|target| {
+            target.pid == main_pid && target.signals.iter().any(|e| e.signal == "SIGKILL")
+        });
+        report_outcome(&report);
+        all_freed = report.all_freed();
+    }
+    let left = containment.sweep(config.stop_timeout);
+    contain::reap_children();
+    if left.is_empty() {
+        match containment {
+            Containment::Cgroup { path } => event(&format!(
+                "nothing left behind: {} is empty",
+                path.join("cgroup.procs").display()
+            )),
+            Containment::Fallback { .. } => {
+                event("nothing left behind: no descendant of gpureap is alive")
+            }
+        }
+        containment.release();
+    } else {
+        all_freed = false;
+        event(&format!("still alive after the sweep: {left:?}"));
+    }
+    (all_freed, graceful)
+}
+
+fn report_outcome(report: &FreeReport) {
+    let forced: Vec<String> = report
+        .targets
+        .iter()
+        .filter(|target| target.signals.iter().any(|e| e.signal == "SIGKILL"))
+        .map(|target| {
+            format!(
+                "{} ({})",
+                target.pid,
+                target.cmdline.split(' ').next().unwrap_or("")
+            )
+        })
+        .collect();
+    if !forced.is_empty() {
+        event(&format!("SIGKILL needed for: {}", forced.join(", ")));
+    }
+    for spared in &report.spared {
+        event(&format!(
+            "left alone: {} ({}): {}",
+            spared.pid, spared.comm, spared.why
+        ));
+    }
+    for gpu in &report.gpus {
+        if gpu.freed {
+            event(&format!(
+                "GPU {}: freed {} in {} ({} used now)",
+                gpu.index,
+                MaybeBytes(gpu.freed_bytes),
+                Elapsed(Duration::from_millis(
+                    gpu.freed_after_ms.unwrap_or(report.elapsed_ms)
+                )),
+                MaybeBytes(gpu.memory_after)
+            ));
+        } else {
+            event(&format!(
+                "GPU {}: still held, {} used",
+                gpu.index,
+                gpu.memory_after
+                    .map_or("unknown".to_string(), |bytes| Bytes(bytes).to_string())
+            ));
+            for reason in &gpu.reasons {
+                event(&format!("  - {reason}"));
+            }
+        }
+    }
+}

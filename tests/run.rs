@@ -1,0 +1,608 @@
+//! `gpureap run` against a fake SGLang server (tests/fake_sglang.py) on the
+//! simulated driver: containment, readiness, each fault's detection, the
+//! bundle, nothing left holding a GPU, restart, and the learned baseline.
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use gpureap::incident::SimHost;
+
+use crate::harness::*;
+
+/// A running `gpureap run`, with its stderr events collected as they come.
+struct Supervisor {
+    child: Child,
+    events: Arc<Mutex<Vec<String>>>,
+    stdout: Arc<Mutex<String>>,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+fn fake_server() -> String {
+    format!("{}/tests/fake_sglang.py", env!("CARGO_MANIFEST_DIR"))
+}
+
+struct Setup {
+    host: SimHost,
+    port: u16,
+    state: PathBuf,
+}
+
+fn setup(gpus: u32) -> Setup {
+    let host = SimHost::new(gpus, 80 * GIB, "Simulated H200").expect("sim host");
+    let state = host.path().join("state");
+    Setup {
+        host,
+        port: free_port(),
+        state,
+    }
+}
+
+impl Setup {
+    /// Starts `gpureap run` with fast timings, extra flags, and the fake
+    /// server with `server_args`.
+    fn run(&self, flags: &[&str], server_args: &[&str]) -> Supervisor {
+        let mut command = gpureap(&self.host);
+        command
+            .arg("run")
+            .args([
+                "--ready-url",
+                &format!("http://127.0.0.1:{}/health", self.port),
+            ])
+            .args(["--state-dir", self.state.to_str().expect("utf-8 path")])
+            .args([
+                "--grace",
+                "500ms",
+                "--stop-timeout",
+                "10s",
+                "--backoff",
+                "100ms",
+            ])
+            .args(["--stall-timeout", "1500ms", "--startup-timeout", "30s"])
+            .args(flags)
+            .arg("--")
+            .args([
+                "python3",
+                &fake_server(),
+                "--port",
+                &self.port.to_string(),
+                "--tp",
+                "2",
+            ])
+            .args(["--sim", self.host.path().to_str().expect("utf-8 path")])
+            .args(server_args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = command.spawn().expect("gpureap run starts");
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let stdout = Arc::new(Mutex::new(String::new()));
+        let stderr = child.stderr.take().expect("stderr");
+        let sink = Arc::clone(&events);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                sink.lock().expect("events").push(line);
+            }
+        });
+        let mut out = child.stdout.take().expect("stdout");
+        let sink = Arc::clone(&stdout);
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = out.read_to_string(&mut text);
+            sink.lock().expect("stdout").push_str(&text);
+        });
+        Supervisor {
+            child,
+            events,
+            stdout,
+        }
+    }
+}
+
+impl Supervisor {
+    /// Waits for the `nth` (1-based) event containing `text`; panics with all events on timeout.
+    fn wait_for(&self, text: &str, nth: usize) -> String {
+        let deadline = Instant::now() + Duration::from_secs(40);
+        loop {
+            let found = self
+                .events
+                .lock()
+                .expect("events")
+                .iter()
+                .filter(|line| line.contains(text))
+                .nth(nth - 1)
+                .cloned();
+            if let Some(line) = found {
+                return line;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no event {text:?} (#{nth}) within 40s; events:\n{}",
+                self.events().join("\n")
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn events(&self) -> Vec<String> {
+        self.events.lock().expect("events").clone()
+    }
+
+    /// SIGTERM to gpureap, as systemd or a Ctrl-C would; returns its exit code.
+    fn stop(mut self) -> (i32, Vec<String>, String) {
+        let pid = rustix::process::Pid::from_raw(self.child.id() as i32).expect("pid");
+        rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("signal gpureap");
+        let status = self.child.wait().expect("gpureap ends");
+        std::thread::sleep(Duration::from_millis(50));
+        let stdout = self.stdout.lock().expect("stdout").clone();
+        (status.code().unwrap_or(-1), self.events(), stdout)
+    }
+
+    fn wait_exit(mut self) -> (i32, Vec<String>) {
+        let status = self.child.wait().expect("gpureap ends");
+        std::thread::sleep(Duration::from_millis(50));
+        (status.code().unwrap_or(-1), self.events())
+    }
+}
+
+impl Drop for Supervisor {
+    /// A failed test still stops its server: SIGTERM lets gpureap free the
+    /// contained tree; SIGKILL only if it does not end in time.
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            if let Some(pid) = rustix::process::Pid::from_raw(self.child.id() as i32) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+            }
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while let Ok(None) = self.child.try_wait() {
+                if Instant::now() > deadline {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+/// GPU memory in use on the simulated host, through gpureap itself.
+fn used(host: &SimHost, gpu: u32) -> u64 {
+    let status = run(host, &["status", "--json"]).json();
+    status["gpus"][gpu as usize]["memory_used"]
+        .as_u64()
+        .expect("memory")
+}
+
+fn cgroup2_present() -> bool {
+    std::fs::read_to_string("/proc/self/mountinfo").is_ok_and(|text| text.contains(" - cgroup2 "))
+}
+
+fn bundles(state: &Path) -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(state.join("bundles"))
+        .map(|entries| entries.flatten().map(|entry| entry.path()).collect())
+        .unwrap_or_default();
+    found.sort();
+    found
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|error| panic!("{}: {error}", path.display()))
+}
+
+/// No process of the sim host's holders is alive, and no GPU memory is used.
+fn nothing_left(host: &SimHost, gpus: u32) {
+    for gpu in 0..gpus {
+        assert_eq!(used(host, gpu), 0, "GPU {gpu} still held");
+    }
+    let status = run(host, &["status", "--json"]).json();
+    assert_eq!(
+        status["holders"],
+        serde_json::json!([]),
+        "holders left: {status:#}"
+    );
+}
+
+#[test]
+fn a_good_start_is_contained_marked_logged_and_stopped_cleanly() {
+    let setup = setup(2);
+    let log = setup.host.path().join("server.log");
+    let supervisor = setup.run(&["--log", log.to_str().expect("path")], &[]);
+    let containment = supervisor.wait_for("containment:", 1);
+    if cgroup2_present() {
+        assert!(containment.contains("cgroup v2"), "{containment}");
+    }
+    let ready = supervisor.wait_for("ready after", 1);
+    assert!(ready.contains("no good start recorded yet"), "{ready}");
+
+    let status = run(&setup.host, &["status", "--json"]).json();
+    let workers: Vec<&serde_json::Value> = status["holders"]
+        .as_array()
+        .expect("holders")
+        .iter()
+        .collect();
+    assert_eq!(workers.len(), 2, "{status:#}");
+    for worker in &workers {
+        assert!(
+            worker["cmdline"]
+                .as_str()
+                .expect("cmdline")
+                .starts_with("sglang::scheduler_TP")
+        );
+        assert!(
+            worker["flags"]
+                .as_array()
+                .expect("flags")
+                .contains(&"supervised".into()),
+            "{worker:#}"
+        );
+    }
+    assert_eq!(used(&setup.host, 0), 20 * GIB);
+
+    let (code, events, stdout) = supervisor.stop();
+    assert_eq!(code, 0, "{}", events.join("\n"));
+    assert!(
+        events.iter().any(|e| e.contains("GPU 0: freed 20.0 GiB")),
+        "{}",
+        events.join("\n")
+    );
+    assert!(events.iter().any(|e| e.contains("nothing left behind")));
+    assert!(
+        !events.iter().any(|e| e.contains("SIGKILL needed")),
+        "a clean shutdown needs no SIGKILL"
+    );
+    nothing_left(&setup.host, 2);
+
+    // Output passed through and logged, line by line, in SGLang's order.
+    let logged = read(&log);
+    assert_eq!(
+        stdout, logged,
+        "the terminal and the log file saw the same lines"
+    );
+    let order = [
+        "server_args=",
+        "[TP0] Init torch distributed begin",
+        "[TP0] Load weight end",
+        "Uvicorn running",
+        "ready to roll",
+    ];
+    let positions: Vec<usize> = order
+        .iter()
+        .map(|needle| {
+            logged
+                .find(needle)
+                .unwrap_or_else(|| panic!("{needle} not logged:\n{logged}"))
+        })
+        .collect();
+    assert!(
+        positions.windows(2).all(|pair| pair[0] < pair[1]),
+        "{logged}"
+    );
+    let history: serde_json::Value =
+        serde_json::from_str(&read(&setup.state.join("starts.json"))).expect("json");
+    assert_eq!(history["good_starts"].as_array().expect("starts").len(), 1);
+}
+
+#[test]
+fn a_stall_after_load_weight_is_diagnosed_against_good_starts_then_recovered() {
+    let setup = setup(2);
+    // A good start first, to learn what good looks like.
+    let first = setup.run(&[], &[]);
+    let ready = first.wait_for("ready after", 1);
+    let good_line: u64 = ready
+        .split("at log line ")
+        .nth(1)
+        .and_then(|rest| rest.split(';').next())
+        .and_then(|number| number.parse().ok())
+        .expect("line number in the ready event");
+    assert_eq!(first.stop().0, 0);
+
+    let marker = setup.host.path().join("fault-once");
+    let supervisor = setup.run(
+        &[],
+        &[
+            "--fault",
+            "stall",
+            "--fault-once",
+            marker.to_str().expect("path"),
+        ],
+    );
+    let hang = supervisor.wait_for("hang: no log output", 1);
+    assert!(hang.contains("stalled at log line"), "{hang}");
+    assert!(
+        hang.contains(&format!(
+            "good starts (1) were ready at log line {good_line}"
+        )),
+        "{hang}"
+    );
+    let bundle_event = supervisor.wait_for("diagnostic bundle:", 1);
+    supervisor.wait_for("nothing left behind", 1);
+    supervisor.wait_for("restarting in", 1);
+    let recovered = supervisor.wait_for("ready after", 1);
+    assert!(
+        recovered.contains(&format!(
+            "good starts (1) were ready at log line {good_line}"
+        )),
+        "{recovered}"
+    );
+
+    let bundle = PathBuf::from(bundle_event.rsplit(": ").next().expect("path"));
+    let tail = read(&bundle.join("log-tail.txt"));
+    assert!(
+        tail.trim_end()
+            .lines()
+            .any(|line| line.contains("Load weight end")),
+        "{tail}"
+    );
+    assert!(
+        !tail.contains("Uvicorn"),
+        "the stalled start never got that far"
+    );
+    let processes = read(&bundle.join("processes.txt"));
+    assert!(processes.contains("sglang::scheduler_TP0"), "{processes}");
+    assert!(processes.contains("sglang::detokenizer"), "{processes}");
+    let summary = read(&bundle.join("summary.txt"));
+    assert!(summary.contains("hang: no log output"), "{summary}");
+    let json: serde_json::Value =
+        serde_json::from_str(&read(&bundle.join("bundle.json"))).expect("json");
+    assert_eq!(
+        json["gpu"]["gpus"][0]["memory_used"],
+        20 * GIB,
+        "GPU state at the hang"
+    );
+    let stalled = json["members"]
+        .as_array()
+        .expect("members")
+        .iter()
+        .find(|member| {
+            member["cmdline"]
+                .as_str()
+                .is_some_and(|c| c.starts_with("sglang::scheduler_TP0"))
+        })
+        .expect("TP0 in the bundle")
+        .clone();
+    assert_eq!(stalled["state"], "S");
+    assert!(
+        stalled["cpu_percent"].as_f64().expect("cpu sampled") < 20.0,
+        "{stalled:#}"
+    );
+    assert!(read(&bundle.join("gpu.txt")).contains("sglang::scheduler_TP1"));
+
+    let (code, events, _) = supervisor.stop();
+    assert_eq!(code, 0, "{}", events.join("\n"));
+    nothing_left(&setup.host, 2);
+}
+
+#[test]
+fn a_busy_spinning_start_is_a_hang_and_the_bundle_shows_the_cpu() {
+    let setup = setup(2);
+    let supervisor = setup.run(
+        &["--stall-timeout", "2500ms", "--restart", "never"],
+        &["--fault", "spin"],
+    );
+    supervisor.wait_for("hang: no log output", 1);
+    let bundle_event = supervisor.wait_for("diagnostic bundle:", 1);
+    let (code, events) = supervisor.wait_exit();
+    assert_eq!(code, 1, "a hang is a failure: {}", events.join("\n"));
+    let bundle = PathBuf::from(bundle_event.rsplit(": ").next().expect("path"));
+    let json: serde_json::Value =
+        serde_json::from_str(&read(&bundle.join("bundle.json"))).expect("json");
+    let spinning = json["members"]
+        .as_array()
+        .expect("members")
+        .iter()
+        .filter(|member| {
+            member["cmdline"]
+                .as_str()
+                .is_some_and(|c| c.starts_with("sglang::scheduler_TP"))
+        })
+        .filter(|member| member["cpu_percent"].as_f64().is_some_and(|cpu| cpu > 30.0))
+        .count();
+    assert!(
+        spinning >= 1,
+        "the spinning workers' CPU use is in the bundle: {json:#}"
+    );
+    nothing_left(&setup.host, 2);
+}
+
+#[test]
+fn a_rank_that_dies_leaves_the_rest_blocked_and_all_are_freed() {
+    let setup = setup(2);
+    let marker = setup.host.path().join("fault-once");
+    let supervisor = setup.run(
+        &[],
+        &[
+            "--fault",
+            "rank-dies",
+            "--fault-once",
+            marker.to_str().expect("path"),
+        ],
+    );
+    let hang = supervisor.wait_for("hang: no log output", 1);
+    assert!(hang.contains("no good start recorded yet"), "{hang}");
+    supervisor.wait_for("GPU 0: freed 20.0 GiB", 1);
+    supervisor.wait_for("nothing left behind", 1);
+    supervisor.wait_for("ready after", 1);
+    let (code, events, _) = supervisor.stop();
+    assert_eq!(code, 0, "{}", events.join("\n"));
+    nothing_left(&setup.host, 2);
+}
+
+#[test]
+fn a_crash_leaving_a_worker_that_ignores_sigterm_is_freed_by_force_and_restarted() {
+    let setup = setup(2);
+    let marker = setup.host.path().join("fault-once");
+    let supervisor = setup.run(
+        &[],
+        &[
+            "--fault",
+            "ignore-term",
+            "--fault-once",
+            marker.to_str().expect("path"),
+        ],
+    );
+    let crash = supervisor.wait_for("crash: server exited with code 1", 1);
+    assert!(crash.starts_with("gpureap run: crash"), "{crash}");
+    let forced = supervisor.wait_for("SIGKILL needed for", 1);
+    assert!(forced.contains("sglang::scheduler_TP0"), "{forced}");
+    supervisor.wait_for("GPU 0: freed 20.0 GiB", 1);
+    supervisor.wait_for("restarting in", 1);
+    supervisor.wait_for("ready after", 2);
+    let (code, events, _) = supervisor.stop();
+    assert_eq!(code, 0, "{}", events.join("\n"));
+    nothing_left(&setup.host, 2);
+}
+
+fn escapee_is_caught(flags: &[&str]) {
+    let setup = setup(3);
+    let marker = setup.host.path().join("fault-once");
+    let supervisor = setup.run(
+        flags,
+        &[
+            "--fault",
+            "setsid",
+            "--fault-once",
+            marker.to_str().expect("path"),
+        ],
+    );
+    supervisor.wait_for("crash: server exited with code 1", 1);
+    supervisor.wait_for("GPU 2: freed 20.0 GiB", 1);
+    supervisor.wait_for("nothing left behind", 1);
+    supervisor.wait_for("restarting in", 1);
+    supervisor.wait_for("ready after", 2);
+    let (code, events, _) = supervisor.stop();
+    assert_eq!(code, 0, "{}", events.join("\n"));
+    // The setsid grandchild was created (and held GPU 2) before the crash.
+    let escapees = std::fs::read_dir(setup.host.path())
+        .expect("dir")
+        .flatten()
+        .filter(|entry| entry.file_name().to_string_lossy().starts_with("escapee."))
+        .count();
+    assert!(escapees >= 1, "{}", events.join("\n"));
+    nothing_left(&setup.host, 3);
+}
+
+#[test]
+fn a_setsid_grandchild_holding_a_gpu_is_caught_by_the_cgroup() {
+    if !cgroup2_present() {
+        panic!(
+            "CI provides cgroup2 (at /sys/fs/cgroup/unified on this machine type); this host has none"
+        );
+    }
+    escapee_is_caught(&[]);
+}
+
+#[test]
+fn a_setsid_grandchild_is_caught_by_the_fallback_too() {
+    escapee_is_caught(&["--no-cgroup"]);
+}
+
+#[test]
+fn health_turning_503_after_ready_is_a_hang() {
+    let setup = setup(2);
+    let marker = setup.host.path().join("fault-once");
+    let supervisor = setup.run(
+        &["--health-interval", "200ms"],
+        &[
+            "--fault",
+            "health-503",
+            "--fault-once",
+            marker.to_str().expect("path"),
+        ],
+    );
+    supervisor.wait_for("ready after", 1);
+    let failed = supervisor.wait_for("health check failed (1/3)", 1);
+    assert!(failed.contains("answered 503"), "{failed}");
+    let unhealthy = supervisor.wait_for("unhealthy: 3 health checks failed", 1);
+    assert!(unhealthy.contains("503"), "{unhealthy}");
+    supervisor.wait_for("diagnostic bundle:", 1);
+    supervisor.wait_for("nothing left behind", 1);
+    let second = supervisor.wait_for("ready after", 2);
+    assert!(
+        second.contains("good starts (1)"),
+        "the first start was ready before it went bad: {second}"
+    );
+    let (code, events, _) = supervisor.stop();
+    assert_eq!(code, 0, "{}", events.join("\n"));
+    nothing_left(&setup.host, 2);
+}
+
+#[test]
+fn a_startup_timeout_is_a_hang_and_restarts_are_bounded() {
+    let setup = setup(2);
+    let supervisor = setup.run(
+        &[
+            "--startup-timeout",
+            "1s",
+            "--stall-timeout",
+            "1m",
+            "--max-restarts",
+            "1",
+        ],
+        &["--fault", "stall"],
+    );
+    let hang = supervisor.wait_for("hang: not ready after", 1);
+    assert!(hang.contains("--startup-timeout"), "{hang}");
+    supervisor.wait_for("restarting in", 1);
+    supervisor.wait_for("hang: not ready after", 2);
+    let (code, events) = supervisor.wait_exit();
+    assert_eq!(code, 1, "{}", events.join("\n"));
+    assert!(
+        events
+            .iter()
+            .any(|e| e.contains("giving up: 1 restart(s) used of --max-restarts 1")),
+        "{}",
+        events.join("\n")
+    );
+    assert_eq!(bundles(&setup.state).len(), 2);
+    nothing_left(&setup.host, 2);
+}
+
+#[test]
+fn run_refuses_bad_input() {
+    let host = SimHost::new(1, 80 * GIB, "Simulated H200").expect("sim host");
+    let cases: &[(&[&str], &str)] = &[
+        (&["run"], "required"),
+        (
+            &["run", "--restart", "sometimes", "--", "true"],
+            "invalid --restart 'sometimes'",
+        ),
+        (
+            &["run", "--ready-log", "(", "--", "true"],
+            "invalid --ready-log regex",
+        ),
+        (
+            &["run", "--ready-url", "https://x/health", "--", "true"],
+            "invalid --ready-url",
+        ),
+        (
+            &["run", "--stall-timeout", "soon", "--", "true"],
+            "invalid duration 'soon'",
+        ),
+        (
+            &["run", "--ready-port", "1", "--ready-log", "x", "--", "true"],
+            "cannot be used with",
+        ),
+        (
+            &["run", "--state-dir", "/tmp", "--", "/nonexistent/server"],
+            "cannot start /nonexistent/server",
+        ),
+    ];
+    for (args, message) in cases {
+        let result = run(&host, args);
+        assert_eq!(result.code, 2, "{args:?}: {}", result.stderr);
+        assert!(
+            result.stderr.contains(message),
+            "{args:?}: expected {message:?} in {}",
+            result.stderr
+        );
+    }
+}
