@@ -170,7 +170,7 @@ pub struct FreeArgs {
     /// How long to wait after SIGTERM before SIGSTOP+SIGKILL.
     #[arg(long, default_value = "5s", value_name = "DUR")]
     pub grace: String,
-    /// How long to wait for the driver to confirm the memory is back.
+    /// After the grace period, how long to wait for the driver to confirm the memory is back.
     #[arg(long, default_value = "30s", value_name = "DUR")]
     pub timeout: String,
     /// Also protect processes with this name (repeatable).

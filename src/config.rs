@@ -11,7 +11,7 @@ use crate::cli::{FreeArgs, RunArgs, WaitArgs};
 use crate::reap::Options;
 use crate::run::ready::Readiness;
 use crate::run::{Restart, RunConfig};
-use crate::select::Scope;
+use crate::select::{Guard, Scope};
 use crate::snapshot::Snapshot;
 use crate::units::{parse_duration, parse_gpu_list, parse_size};
 
@@ -37,7 +37,6 @@ pub fn gpus(list: Option<&str>, gpu_count: u32) -> Result<Option<BTreeSet<u32>>,
 pub struct FreeConfig {
     pub scope: Scope,
     pub options: Options,
-    pub protect: Vec<String>,
 }
 
 /// Builds the scope for `free`. PIDs must exist in `snapshot`; a scope must be given.
@@ -45,18 +44,24 @@ pub fn free(
     args: &FreeArgs,
     gpu_count: u32,
     snapshot: &Snapshot,
+    guard: &Guard,
 ) -> Result<FreeConfig, UsageError> {
     let mut pids = BTreeSet::new();
     for text in &args.pid {
         let pid: u32 = text.trim().parse().map_err(|_| {
             UsageError(format!("invalid PID '{text}': expected a number like 4242"))
         })?;
-        if !snapshot.processes.contains_key(&pid) {
+        let Some(record) = snapshot.processes.get(&pid) else {
             return Err(UsageError(format!(
                 "no process with PID {pid} (it may have exited already); see `gpureap status`"
             )));
+        };
+        if let Some(reason) = guard.spare_reason(snapshot, record, true) {
+            return Err(UsageError(format!(
+                "refusing --pid {pid}: it is {reason}, and neither it nor what runs under it may be signalled"
+            )));
         }
-        pids.insert(pid);
+        pids.insert(record.id);
     }
     let mut patterns = Vec::new();
     for text in &args.patterns {
@@ -98,7 +103,6 @@ pub fn free(
             timeout,
             poll: Duration::from_millis(10),
         },
-        protect: args.protect.clone(),
     })
 }
 

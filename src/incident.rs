@@ -270,16 +270,30 @@ fn titled(pid: u32, title: &str) -> Option<ProcessId> {
 
 impl Drop for Incident {
     fn drop(&mut self) {
-        // Processes recorded after the last wait (respawned ones) are only
-        // killed while they still carry their title: never a recycled PID.
-        let late = self
-            .records()
-            .unwrap_or_default()
-            .into_iter()
-            .filter_map(|(pid, title)| titled(pid, &title));
-        let everyone: Vec<ProcessId> = self.owned.iter().copied().chain(late).collect();
-        for id in everyone {
-            send(id, Sig::Kill);
+        // Until a pass finds nothing alive: a parent killed in one pass may
+        // have respawned a worker just before. Processes recorded after the
+        // last wait are only killed while they still carry their title, so a
+        // recycled PID is never hit.
+        for _ in 0..100 {
+            let late = self
+                .records()
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|(pid, title)| titled(pid, &title));
+            let alive: Vec<ProcessId> = self
+                .owned
+                .iter()
+                .copied()
+                .chain(late)
+                .filter(|id| proc::state_of(*id).is_some_and(|state| state != 'Z'))
+                .collect();
+            if alive.is_empty() {
+                break;
+            }
+            for id in alive {
+                send(id, Sig::Kill);
+            }
+            std::thread::sleep(Duration::from_millis(10));
         }
         for child in &mut self.children {
             let _ = child.kill();

@@ -54,11 +54,21 @@ fn gpu_count(driver: &dyn Driver) -> u32 {
 /// Writes the report to stdout in one piece; a closed pipe ends quietly.
 fn emit(text: &str) -> io::Result<()> {
     let mut stdout = io::stdout().lock();
-    stdout.write_all(text.as_bytes())?;
-    if !text.ends_with('\n') {
-        stdout.write_all(b"\n")?;
+    let written = stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| {
+            if text.ends_with('\n') {
+                Ok(())
+            } else {
+                stdout.write_all(b"\n")
+            }
+        })
+        .and_then(|()| stdout.flush());
+    match written {
+        // `gpureap free ... | head`: the reader left; the command's exit code still stands.
+        Err(error) if error.kind() == io::ErrorKind::BrokenPipe => Ok(()),
+        other => other,
     }
-    stdout.flush()
 }
 
 fn status(backend: &str, args: &StatusArgs) -> anyhow::Result<u8> {
@@ -79,8 +89,8 @@ fn status(backend: &str, args: &StatusArgs) -> anyhow::Result<u8> {
 fn free(backend: &str, args: &FreeArgs) -> anyhow::Result<u8> {
     let driver = open_driver(backend)?;
     let snapshot = Snapshot::take(driver.as_ref());
-    let config = config::free(args, gpu_count(driver.as_ref()), &snapshot)?;
-    let guard = Guard::for_this_process(&config.protect);
+    let guard = Guard::for_this_process(&args.protect);
+    let config = config::free(args, gpu_count(driver.as_ref()), &snapshot, &guard)?;
     let plan = reap::plan(&snapshot, &config.scope, &guard);
 
     if args.dry_run {
@@ -91,7 +101,8 @@ fn free(backend: &str, args: &FreeArgs) -> anyhow::Result<u8> {
         })?;
         return Ok(exit::SUCCESS);
     }
-    if !args.yes && !plan.targets.is_empty() {
+    // Even an empty plan asks: re-scans may find holders in scope later.
+    if !args.yes {
         confirm(&plan)?;
     }
 

@@ -235,3 +235,13 @@ pub fn has_env(pid: u32, name: &str) -> bool {
             .is_some_and(|rest| rest.first() == Some(&b'='))
     })
 }
+
+/// The real uid from /proc/PID/status (the owner of /proc/PID is root for
+/// non-dumpable processes).
+pub fn real_uid(pid: u32) -> Option<u32> {
+    let text = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    text.lines()
+        .find_map(|line| line.strip_prefix("Uid:"))
+        .and_then(|ids| ids.split_whitespace().next())
+        .and_then(|uid| uid.parse().ok())
+}

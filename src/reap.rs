@@ -131,8 +131,11 @@ impl Handled {
             .any(|event| event.delivery == Delivery::PermissionDenied)
     }
 
+    /// A SIGKILL was delivered (one that failed does not count, and is retried).
     fn killed(&self) -> bool {
-        self.signals.iter().any(|event| event.signal == "SIGKILL")
+        self.signals
+            .iter()
+            .any(|event| event.signal == "SIGKILL" && event.delivery == Delivery::Sent)
     }
 
     fn is_open(&self) -> bool {
@@ -464,7 +467,8 @@ pub fn free(
     let mut gpus_in_scope = scope.gpus.clone().unwrap_or_default();
     let mut unreadable: Vec<Unreadable> = Vec::new();
     let grace_end = start + options.grace;
-    let deadline = start + options.timeout.max(options.grace);
+    // --timeout counts from the escalation, so at least one round follows the SIGKILL.
+    let deadline = grace_end + options.timeout;
     let hard_deadline = deadline + options.timeout.max(Duration::from_secs(60));
     let mut trends: BTreeMap<u32, Trend> = BTreeMap::new();
     let mut freed_at: BTreeMap<u32, Instant> = BTreeMap::new();

@@ -112,7 +112,10 @@ fn holder_json(snapshot: &Snapshot, pid: u32) -> HolderJson {
             .gpus
             .iter()
             .filter_map(|gpu| {
-                let user = gpu.users.iter().find(|user| user.pid == pid)?;
+                let user = gpu
+                    .users
+                    .iter()
+                    .find(|user| user.pid == pid && !user.hidden)?;
                 Some(HolderGpuJson {
                     index: gpu.index,
                     memory: user.memory,
@@ -167,12 +170,41 @@ pub fn status_json(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String 
 
 /// Every holder of the given GPUs (all GPUs when `None`), as JSON objects.
 pub fn holders_json(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> Vec<HolderJson> {
-    snapshot
+    let mut holders: Vec<HolderJson> = snapshot
         .holders()
         .into_iter()
         .filter(|&pid| shown(snapshot, gpus, pid))
         .map(|pid| holder_json(snapshot, pid))
-        .collect()
+        .collect();
+    // Listed by the driver, not a process of this /proc: all we know is the
+    // driver's PID and memory.
+    for (index, user) in snapshot.hidden_users() {
+        if gpus.as_ref().is_some_and(|set| !set.contains(&index)) {
+            continue;
+        }
+        holders.push(HolderJson {
+            pid: user.pid,
+            ppid: None,
+            pgid: None,
+            sid: None,
+            uid: None,
+            user: None,
+            state: None,
+            wchan: None,
+            start_time_ticks: None,
+            age_seconds: None,
+            comm: None,
+            cmdline: None,
+            cgroup: None,
+            gpus: vec![HolderGpuJson {
+                index,
+                memory: user.memory,
+            }],
+            control_node: false,
+            flags: vec!["hidden"],
+        });
+    }
+    holders
 }
 
 pub fn to_json<T: Serialize>(value: &T) -> String {
@@ -244,11 +276,7 @@ pub fn status_table(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String
     } else {
         let _ = writeln!(out, "{}", gpu_table(snapshot, gpus));
     }
-    let holders: Vec<u32> = snapshot
-        .holders()
-        .into_iter()
-        .filter(|&pid| shown(snapshot, gpus, pid))
-        .collect();
+    let holders = holders_json(snapshot, gpus);
     let _ = writeln!(out);
     if holders.is_empty() {
         let _ = writeln!(out, "No process holds or watches these GPUs.");
@@ -257,8 +285,7 @@ pub fn status_table(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String
             "GPU", "PID", "PPID", "PGID", "SID", "USER", "S", "AGE", "GPU MEM", "FLAGS", "CGROUP",
             "COMMAND",
         ]);
-        for pid in holders {
-            let holder = holder_json(snapshot, pid);
+        for holder in holders {
             let gpu_column = if holder.gpus.is_empty() {
                 "-".to_string()
             } else {
@@ -279,7 +306,7 @@ pub fn status_table(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String
             let number = |value: Option<u32>| value.map_or("?".to_string(), |v| v.to_string());
             table.add_row(vec![
                 Cell::new(gpu_column),
-                Cell::new(pid),
+                Cell::new(holder.pid),
                 Cell::new(number(holder.ppid)),
                 Cell::new(number(holder.pgid)),
                 Cell::new(number(holder.sid)),
@@ -336,8 +363,13 @@ pub fn status_tree(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String 
         included.insert(pid);
         included.extend(descendants(&children, pid));
         let mut current = pid;
+        // PIDs recycled during the scan can make a parent loop: stop at a repeat.
+        let mut walked = BTreeSet::from([pid]);
         while let Some(record) = snapshot.processes.get(&current) {
-            if record.ppid <= 1 || !snapshot.processes.contains_key(&record.ppid) {
+            if record.ppid <= 1
+                || !snapshot.processes.contains_key(&record.ppid)
+                || !walked.insert(record.ppid)
+            {
                 break;
             }
             current = record.ppid;
@@ -350,7 +382,14 @@ pub fn status_tree(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String 
     }
     for root in roots {
         tree_lines(
-            snapshot, &children, &included, &holders, root, "", "", &mut out,
+            snapshot,
+            &children,
+            &mut included,
+            &holders,
+            root,
+            "",
+            "",
+            &mut out,
         );
     }
     notes(snapshot, &mut out);
@@ -361,13 +400,17 @@ pub fn status_tree(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String 
 fn tree_lines(
     snapshot: &Snapshot,
     children: &std::collections::HashMap<u32, Vec<u32>>,
-    included: &BTreeSet<u32>,
+    included: &mut BTreeSet<u32>,
     holders: &BTreeSet<u32>,
     pid: u32,
     lead: &str,
     branch: &str,
     out: &mut String,
 ) {
+    // Each process is printed once, which also ends any parent loop.
+    if !included.remove(&pid) {
+        return;
+    }
     let holder = holder_json(snapshot, pid);
     let mut line = format!(
         "{lead}{branch}{pid} [{}] {}",

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use regex::Regex;
 
-use crate::proc::ProcessRecord;
+use crate::proc::{ProcessId, ProcessRecord};
 use crate::snapshot::{Snapshot, is_orphaned};
 
 /// Names protected by default: the driver's daemons, monitoring, and displays.
@@ -26,7 +26,8 @@ pub const DEFAULT_PROTECTED: [&str; 6] = [
 #[derive(Debug, Clone, Default)]
 pub struct Scope {
     pub gpus: Option<BTreeSet<u32>>,
-    pub pids: BTreeSet<u32>,
+    /// Named processes, by identity (PID and start time).
+    pub pids: BTreeSet<ProcessId>,
     pub patterns: Vec<Regex>,
     pub uids: BTreeSet<u32>,
     pub orphans: bool,
@@ -94,7 +95,7 @@ impl Guard {
     }
 
     /// Why a process must be spared, or `None` if it may be signalled.
-    fn spare_reason(
+    pub fn spare_reason(
         &self,
         snapshot: &Snapshot,
         record: &ProcessRecord,
@@ -104,11 +105,11 @@ impl Guard {
         if pid == self.self_pid {
             return Some(Spared::Itself);
         }
-        if self.ancestors.contains(&pid) {
-            return Some(Spared::Ancestor);
-        }
         if pid == 1 {
             return Some(Spared::Init);
+        }
+        if self.ancestors.contains(&pid) {
+            return Some(Spared::Ancestor);
         }
         if record.kernel_thread {
             return Some(Spared::KernelThread);
@@ -200,6 +201,7 @@ pub struct Selection {
 /// against random process forests.
 pub fn select(snapshot: &Snapshot, scope: &Scope, guard: &Guard) -> Selection {
     let children = snapshot.children();
+    let named = |record: &ProcessRecord| scope.pids.contains(&record.id);
     let mut chosen: BTreeMap<u32, Because> = BTreeMap::new();
     let mut selection = Selection::default();
 
@@ -213,62 +215,89 @@ pub fn select(snapshot: &Snapshot, scope: &Scope, guard: &Guard) -> Selection {
             }
             if snapshot.is_gpu_user(pid) {
                 chosen.insert(pid, Because::InScope);
-            } else if let Some(reason) = guard.spare_reason(snapshot, record, false) {
+            } else if snapshot.is_monitor(pid)
+                && let Some(reason) = guard.spare_reason(snapshot, record, false)
+            {
                 // A monitor in scope: reported as spared, and its children are not targets.
                 selection.spared.insert(pid, reason);
             }
         }
     } else {
-        for &named in &scope.pids {
-            if !snapshot.processes.contains_key(&named) {
+        for id in &scope.pids {
+            // Matched by identity: a recycled PID is not the process that was named.
+            let Some(root) = snapshot
+                .processes
+                .get(&id.pid)
+                .filter(|record| record.id == *id)
+            else {
+                continue;
+            };
+            if let Some(reason) = guard.spare_reason(snapshot, root, true) {
+                // Naming PID 1 or the calling shell must not reach what runs under it.
+                selection.spared.insert(id.pid, reason);
                 continue;
             }
-            let mut family = vec![(named, Because::Named)];
-            family.extend(
-                descendants(&children, named)
+            let family = std::iter::once((id.pid, Because::Named)).chain(
+                descendants(&children, id.pid)
                     .into_iter()
-                    .map(|pid| (pid, Because::Descendant { of: named })),
+                    .map(|pid| (pid, Because::Descendant { of: id.pid })),
             );
             for (pid, because) in family {
                 let record = &snapshot.processes[&pid];
                 if scope.admits(snapshot, record) {
-                    chosen.entry(pid).or_insert(because);
+                    let because = if named(record) {
+                        Because::Named
+                    } else {
+                        because
+                    };
+                    let entry = chosen.entry(pid).or_insert(because);
+                    if because == Because::Named {
+                        *entry = because;
+                    }
                 }
             }
         }
-        // Named outranks descendant: a named PID under another named PID is still named.
-        for pid in &scope.pids {
-            if let Some(because) = chosen.get_mut(pid) {
-                *because = Because::Named;
-            }
-        }
     }
 
-    let mut targets = chosen.clone();
-    for &root in chosen.keys() {
-        for pid in descendants(&children, root) {
-            targets
-                .entry(pid)
-                .or_insert(Because::Descendant { of: root });
-        }
-    }
-
-    for (pid, because) in targets {
+    // The guard first, then descendants of what survived it: a spared
+    // process's children are not targets through it.
+    let mut roots = Vec::new();
+    for (pid, because) in chosen {
         let Some(record) = snapshot.processes.get(&pid) else {
             continue;
         };
-        match guard.spare_reason(snapshot, record, scope.pids.contains(&pid)) {
+        match guard.spare_reason(snapshot, record, named(record)) {
             Some(reason) => {
                 selection.spared.insert(pid, reason);
             }
             None => {
                 selection.targets.insert(pid, because);
+                roots.push(pid);
+            }
+        }
+    }
+    for root in roots {
+        for pid in descendants(&children, root) {
+            if selection.targets.contains_key(&pid) || selection.spared.contains_key(&pid) {
+                continue;
+            }
+            let Some(record) = snapshot.processes.get(&pid) else {
+                continue;
+            };
+            match guard.spare_reason(snapshot, record, named(record)) {
+                Some(reason) => {
+                    selection.spared.insert(pid, reason);
+                }
+                None => {
+                    selection
+                        .targets
+                        .insert(pid, Because::Descendant { of: root });
+                }
             }
         }
     }
     selection
 }
-
 /// All descendants of `root`, not including it; safe against PID cycles.
 pub fn descendants(children: &HashMap<u32, Vec<u32>>, root: u32) -> Vec<u32> {
     let mut found = Vec::new();

@@ -25,6 +25,9 @@ pub struct Snapshot {
     /// Details read only for holders, to keep the scan cheap.
     pub details: BTreeMap<u32, Details>,
     pub uptime_ticks: Option<u64>,
+    /// Memory the driver keeps for itself that no process list explains
+    /// (`Driver::bookkeeping_slack`).
+    pub bookkeeping_slack: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,6 +51,10 @@ pub struct GpuUser {
     pub listed: bool,
     /// Has this GPU's device node open (as /proc shows).
     pub node_open: bool,
+    /// Listed by the driver but not a process of this /proc: absent here, or
+    /// a local process with the same PID number that has no NVIDIA node open
+    /// (the driver's PID is from another PID namespace).
+    pub hidden: bool,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -140,13 +147,19 @@ impl Snapshot {
             driver_error,
             details: BTreeMap::new(),
             uptime_ticks: proc::uptime_ticks(),
+            bookkeeping_slack: driver.bookkeeping_slack(),
         };
-        snapshot.details = snapshot
-            .holders()
-            .into_iter()
-            .filter(|pid| snapshot.processes.contains_key(pid))
-            .map(|pid| (pid, read_details(&snapshot.processes[&pid])))
-            .collect();
+        for pid in snapshot.holders() {
+            let Some(record) = snapshot.processes.get_mut(&pid) else {
+                continue;
+            };
+            // /proc/PID is owned by root for non-dumpable processes: --user needs the real uid.
+            if let Some(uid) = proc::real_uid(pid) {
+                record.uid = Some(uid);
+            }
+            let details = read_details(record);
+            snapshot.details.insert(pid, details);
+        }
         snapshot
     }
 
@@ -154,22 +167,19 @@ impl Snapshot {
         self.gpus.iter().find(|gpu| gpu.index == index)
     }
 
-    /// The GPUs a process uses: listed there by the driver, or holding the
-    /// node of a GPU the driver could not answer for.
+    /// The GPUs a local process uses: the driver lists it there. Holding a
+    /// node is not enough: monitors do, and where the driver did not answer
+    /// nobody can say, so such processes are never targeted unless named.
     pub fn gpus_used_by(&self, pid: u32) -> BTreeSet<u32> {
         self.gpus
             .iter()
             .filter(|gpu| {
                 gpu.users
                     .iter()
-                    .any(|user| user.pid == pid && self.counts_as_use(gpu, user))
+                    .any(|user| user.pid == pid && user.listed && !user.hidden)
             })
             .map(|gpu| gpu.index)
             .collect()
-    }
-
-    fn counts_as_use(&self, gpu: &GpuState, user: &GpuUser) -> bool {
-        user.listed || !gpu.driver_answered()
     }
 
     /// A process using at least one GPU (not merely watching).
@@ -177,25 +187,52 @@ impl Snapshot {
         self.gpus.iter().any(|gpu| {
             gpu.users
                 .iter()
-                .any(|user| user.pid == pid && self.counts_as_use(gpu, user))
+                .any(|user| user.pid == pid && user.listed && !user.hidden)
         })
     }
 
-    /// A monitor: has device nodes open but uses no GPU (nvidia-smi, DCGM,
-    /// exporters, gpureap itself).
+    /// A monitor: has device nodes open, but the driver, which answered for
+    /// the GPUs it holds, lists it nowhere (nvidia-smi, DCGM, exporters,
+    /// gpureap itself).
     pub fn is_monitor(&self, pid: u32) -> bool {
-        self.processes
-            .get(&pid)
-            .is_some_and(|record| !record.nodes.is_empty())
+        let Some(record) = self.processes.get(&pid) else {
+            return false;
+        };
+        let answered = |index: u32| self.gpu(index).is_some_and(GpuState::driver_answered);
+        !record.nodes.is_empty()
             && !self.is_gpu_user(pid)
+            && self.driver_error.is_none()
+            && record.nodes.iter().all(|node| match node {
+                Node::Gpu(index) => answered(*index),
+                Node::Control => true,
+            })
     }
 
-    /// Every PID that uses a GPU or watches one, in PID order.
+    /// Driver-listed users that are not processes of this /proc, by GPU.
+    pub fn hidden_users(&self) -> Vec<(u32, GpuUser)> {
+        self.gpus
+            .iter()
+            .flat_map(|gpu| {
+                gpu.users
+                    .iter()
+                    .filter(|user| user.hidden)
+                    .map(|user| (gpu.index, *user))
+            })
+            .collect()
+    }
+
+    /// Every local PID that uses a GPU or has a node open, in PID order.
+    /// Hidden users are not among them (see `hidden_users`).
     pub fn holders(&self) -> Vec<u32> {
         let mut pids: BTreeSet<u32> = self
             .gpus
             .iter()
-            .flat_map(|gpu| gpu.users.iter().map(|user| user.pid))
+            .flat_map(|gpu| {
+                gpu.users
+                    .iter()
+                    .filter(|user| !user.hidden)
+                    .map(|user| user.pid)
+            })
             .collect();
         pids.extend(
             self.processes
@@ -212,6 +249,15 @@ impl Snapshot {
                 hidden: true,
                 ..Flags::default()
             },
+            Some(_)
+                if !self.is_gpu_user(pid)
+                    && self.hidden_users().iter().any(|(_, user)| user.pid == pid) =>
+            {
+                Flags {
+                    hidden: true,
+                    ..Flags::default()
+                }
+            }
             Some(record) => Flags {
                 orphaned: is_orphaned(record),
                 zombie: record.state == 'Z',
@@ -259,10 +305,11 @@ impl Snapshot {
     }
 }
 
-/// Orphaned: re-parented to PID 1 after its parent died. Only PID 1 itself
-/// and kernel threads (parent 0 or kthreadd) are exempt.
+/// Orphaned: re-parented to PID 1 after its parent died. A session leader
+/// whose parent is PID 1 is a service or daemon (systemd starts them so), not
+/// an orphan; so are PID 1 itself and kernel threads.
 pub fn is_orphaned(record: &ProcessRecord) -> bool {
-    record.ppid == 1 && record.id.pid != 1 && !record.kernel_thread
+    record.ppid == 1 && record.id.pid != 1 && record.id.pid != record.sid && !record.kernel_thread
 }
 
 fn merge(
@@ -288,6 +335,7 @@ fn merge(
                         memory: process.used_memory,
                         listed: true,
                         node_open: false,
+                        hidden: is_foreign(process.pid, processes),
                     })
                     .collect(),
             },
@@ -332,6 +380,7 @@ fn merge(
                     memory: None,
                     listed: false,
                     node_open: true,
+                    hidden: false,
                 }),
             }
         }
@@ -341,6 +390,17 @@ fn merge(
         gpu.users.sort_by_key(|user| user.pid);
     }
     gpus
+}
+
+/// Whether a PID from the driver's list names no process of this /proc: none
+/// has it, or the one that has it opened no NVIDIA node at all (every GPU
+/// user holds the control node), so the driver means a process in another
+/// PID namespace whose number only collides with a local one.
+fn is_foreign(pid: u32, processes: &BTreeMap<u32, ProcessRecord>) -> bool {
+    match processes.get(&pid) {
+        None => true,
+        Some(record) => record.fds_readable && record.nodes.is_empty(),
+    }
 }
 
 fn read_details(record: &ProcessRecord) -> Details {

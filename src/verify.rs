@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use crate::select::Selection;
-use crate::snapshot::{GpuState, Snapshot};
+use crate::snapshot::{GpuState, GpuUser, Snapshot};
 
 /// Why memory on a GPU is still held, as a report names it.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -123,12 +123,6 @@ impl std::fmt::Display for Reason {
     }
 }
 
-/// Memory the real driver uses that no process list explains, for its own
-/// bookkeeping: 9 MiB with one context and 27 MiB with four on an H200,
-/// driver 580 (docs/gpu-validation.md). Unexplained memory up to this much is
-/// not called held; anything more is named (driver-held, or still releasing).
-pub const BOOKKEEPING_SLACK: u64 = 256 << 20;
-
 /// One GPU as seen in one snapshot against the scope.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Assessment {
@@ -147,23 +141,19 @@ pub trait Ledger {
     fn was_target(&self, pid: u32) -> bool;
 }
 
-/// Whether a GPU user is in scope: selected now, spared from selection, or
-/// handled earlier. Hidden users count as in scope only when the whole GPU is.
-fn in_scope(
-    snapshot: &Snapshot,
-    selection: &Selection,
-    ledger: &dyn Ledger,
-    whole_gpu: bool,
-    pid: u32,
-) -> bool {
-    if !snapshot.processes.contains_key(&pid) {
+/// Whether a GPU user is in scope: handled earlier, selected now, or spared
+/// from selection. Hidden users count as in scope only when the whole GPU is.
+fn in_scope(selection: &Selection, ledger: &dyn Ledger, whole_gpu: bool, user: &GpuUser) -> bool {
+    // The ledger first: a target that exited between the driver's pass and
+    // the /proc pass is still ours, and its memory is not yet back.
+    if ledger.was_target(user.pid) {
+        return true;
+    }
+    if user.hidden {
         return whole_gpu;
     }
-    selection.targets.contains_key(&pid)
-        || selection.spared.contains_key(&pid)
-        || ledger.was_target(pid)
+    selection.targets.contains_key(&user.pid) || selection.spared.contains_key(&user.pid)
 }
-
 pub fn assess(
     gpu: &GpuState,
     snapshot: &Snapshot,
@@ -187,9 +177,7 @@ pub fn assess(
             .processes
             .get(&user.pid)
             .is_some_and(|p| p.state == 'Z');
-        if in_scope(snapshot, selection, ledger, whole_gpu, user.pid)
-            && !(zombie && user.memory == Some(0))
-        {
+        if in_scope(selection, ledger, whole_gpu, user) && !(zombie && user.memory == Some(0)) {
             remaining.push(user.pid);
         } else {
             explained = match (explained, user.memory) {
@@ -199,7 +187,7 @@ pub fn assess(
         }
     }
     let memory_fits = match (gpu.memory_used, explained) {
-        (Some(used), Some(explained)) => used <= explained + BOOKKEEPING_SLACK,
+        (Some(used), Some(explained)) => used <= explained + snapshot.bookkeeping_slack,
         // Without per-process figures, the process list alone decides.
         _ => true,
     };
@@ -265,7 +253,8 @@ pub fn explain(
     }
     let mut reasons = Vec::new();
     for &pid in &assessment.remaining {
-        let Some(record) = snapshot.processes.get(&pid) else {
+        let hidden = gpu.users.iter().any(|user| user.pid == pid && user.hidden);
+        let Some(record) = snapshot.processes.get(&pid).filter(|_| !hidden) else {
             reasons.push(Reason::Hidden { pid });
             continue;
         };
@@ -318,7 +307,7 @@ pub fn explain(
     }
     if assessment.remaining.is_empty()
         && let (Some(used), Some(explained)) = (assessment.memory_used, assessment.explained)
-        && used > explained + BOOKKEEPING_SLACK
+        && used > explained + snapshot.bookkeeping_slack
     {
         let bytes = used - explained;
         reasons.push(match trend.release_rate() {
@@ -390,10 +379,22 @@ mod tests {
             memory,
             listed: true,
             node_open: true,
+            hidden: false,
         }
     }
 
+    /// A snapshot as an NVML host would give it (256 MiB bookkeeping slack);
+    /// listed PIDs absent from `processes` are hidden, as the merge makes them.
     fn snapshot(used: u64, users: Vec<GpuUser>, processes: Vec<ProcessRecord>) -> Snapshot {
+        let processes: BTreeMap<u32, ProcessRecord> =
+            processes.into_iter().map(|p| (p.id.pid, p)).collect();
+        let users = users
+            .into_iter()
+            .map(|user| GpuUser {
+                hidden: !processes.contains_key(&user.pid),
+                ..user
+            })
+            .collect();
         Snapshot {
             backend: "test".into(),
             taken_at_unix_ms: 0,
@@ -406,14 +407,14 @@ mod tests {
                 error: None,
                 users,
             }],
-            processes: processes.into_iter().map(|p| (p.id.pid, p)).collect(),
+            processes,
             unreadable: Vec::new(),
             driver_error: None,
             details: BTreeMap::new(),
             uptime_ticks: None,
+            bookkeeping_slack: 256 << 20,
         }
     }
-
     fn targets(pids: &[u32]) -> Selection {
         Selection {
             targets: pids
@@ -559,7 +560,7 @@ mod tests {
         let assessment = assess(&small.gpus[0], &small, &targets(&[]), &NoLedger, false);
         assert!(assessment.freed);
         let leak = snapshot(
-            5 * GIB + BOOKKEEPING_SLACK + 1,
+            5 * GIB + (256 << 20) + 1,
             vec![listed(60, Some(5 * GIB))],
             vec![record(60, 1, 'S', "notebook")],
         );

@@ -649,3 +649,78 @@ fn the_demo_replays_the_incident_and_ends_freed() {
         );
     }
 }
+
+#[test]
+fn a_grace_as_long_as_the_timeout_still_verifies_after_the_kill() {
+    let host = host(1);
+    let mut incident = Incident::new(&host);
+    let stubborn = incident
+        .holder(
+            &Holder::new("sglang::scheduler_TP0")
+                .on(0, 30 * GIB)
+                .ignoring_sigterm(),
+        )
+        .expect("holder");
+    let result = run(
+        &host,
+        &[
+            "free",
+            "--gpu",
+            "0",
+            "--grace",
+            "300ms",
+            "--timeout",
+            "300ms",
+            "--yes",
+            "--json",
+        ],
+    );
+    let report = result.json();
+    assert_eq!(result.code, 0, "{report:#}");
+    assert_eq!(
+        signals(&report, stubborn),
+        ["SIGTERM", "SIGSTOP", "SIGKILL"]
+    );
+    assert_eq!(gpu(&report, 0)["freed"], true);
+    assert!(!alive(stubborn));
+}
+
+#[test]
+fn a_service_under_pid_1_is_not_an_orphan() {
+    let host = host(1);
+    let mut incident = Incident::new(&host);
+    // A session leader whose parent is PID 1, as systemd starts services.
+    let service = Holder::new("tritonserver --model-repository /models").on(0, 10 * GIB);
+    let script = format!(
+        "( ( exec setsid bash -c {} ) & )",
+        shell_quote(&service.script())
+    );
+    incident.spawn(&script, 1).expect("staged");
+    let pid = incident
+        .pid_of("tritonserver --model-repository /models")
+        .expect("service");
+    assert_eq!(ppid(pid), Some(1));
+
+    let status = run(&host, &["status", "--json"]).json();
+    assert_eq!(
+        status["holders"][0]["flags"],
+        serde_json::json!([]),
+        "{status:#}"
+    );
+    let report = run(
+        &host,
+        &[
+            "free",
+            "--orphans",
+            "--grace",
+            "200ms",
+            "--timeout",
+            "300ms",
+            "--yes",
+            "--json",
+        ],
+    )
+    .json();
+    assert!(target_pids(&report).is_empty(), "{report:#}");
+    assert!(alive(pid));
+}

@@ -36,6 +36,8 @@ fn refused(host: &SimHost, args: &[&str], message: &str) {
 #[test]
 fn bad_input_exits_2_and_signals_nothing() {
     let (host, _incident, holder) = staged();
+    // The test process runs gpureap: naming it must be refused, not kill the tests.
+    let parent = std::process::id().to_string();
     let cases: &[(&[&str], &str)] = &[
         (&["free", "--yes"], "refusing to free without a scope"),
         (
@@ -78,6 +80,19 @@ fn bad_input_exits_2_and_signals_nothing() {
         (
             &["free", "--gpu", "0"],
             "stdin is not a terminal; pass --yes",
+        ),
+        // Nothing in scope now, but re-scans could still find something: it asks all the same.
+        (
+            &["free", "--gpu", "1"],
+            "stdin is not a terminal; pass --yes",
+        ),
+        (
+            &["free", "--pid", "1", "--yes"],
+            "refusing --pid 1: it is PID 1",
+        ),
+        (
+            &["free", "--pid", &parent, "--yes"],
+            "it is an ancestor of gpureap",
         ),
         (&["wait", "--below", "lots"], "invalid size 'lots'"),
         (&["wait", "--gpu", "2"], "no GPU with index 2"),
@@ -191,5 +206,8 @@ fn a_partial_scan_says_so_and_permission_denied_is_reported() {
         target(&report, holder).expect("target")["fate"],
         "permission_denied"
     );
+    // The driver still sees the holder's memory, and the outcome says why it stays.
+    assert_eq!(gpu(&report, 0)["freed"], false, "{report:#}");
+    assert_eq!(reasons(&report, 0), ["permission_denied"]);
     assert!(alive(holder));
 }

@@ -85,6 +85,12 @@ pub trait Driver: Send + Sync {
     /// Classifies a descriptor target; `None` for anything that is not a GPU node.
     /// Called once per open descriptor on the host, so it must be cheap.
     fn classify_node(&self, path: &Path) -> Option<Node>;
+
+    /// Memory the driver keeps for its own bookkeeping that no process list
+    /// explains; unexplained memory up to this much is not called held.
+    fn bookkeeping_slack(&self) -> u64 {
+        0
+    }
 }
 
 /// Which backend the user asked for.

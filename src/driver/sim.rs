@@ -5,7 +5,9 @@
 //! until the last descriptor closes. Memory is the holders' claims
 //! (`DIR/claims/PID.N`, default 1 GiB) plus `DIR/leak.N`. `DIR/gpus` gives
 //! totals and names. One extension beyond DESIGN.md: `DIR/lost.N` makes GPU N
-//! answer as fallen off the bus, to test a driver failing mid-run.
+//! answer as fallen off the bus, to test a driver failing mid-run. A process
+//! whose descriptors the caller may not read holds GPU N if it has a claim on
+//! it: the real driver sees every process, whoever asks.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -83,9 +85,37 @@ impl SimDriver {
                 }
             }
         }
+        // A real driver sees every process, also those whose descriptors the
+        // caller may not read (an unprivileged gpureap): for those, a claim
+        // file stands for the open node.
+        let hidden_from_us: Vec<u32> = scan
+            .unreadable
+            .iter()
+            .map(|entry| entry.pid)
+            .filter(|&pid| {
+                scan.processes
+                    .iter()
+                    .any(|p| p.id.pid == pid && p.state != 'Z')
+            })
+            .collect();
+        if !hidden_from_us.is_empty()
+            && let Ok(claims) = fs::read_dir(self.dir.join("claims"))
+        {
+            for claim in claims.flatten() {
+                let name = claim.file_name();
+                let Some((pid, index)) = name.to_str().and_then(|name| name.split_once('.')) else {
+                    continue;
+                };
+                if let (Ok(pid), Ok(index)) = (pid.parse::<u32>(), index.parse::<u32>())
+                    && hidden_from_us.contains(&pid)
+                    && index < self.gpu_count
+                {
+                    holders.entry(index).or_default().push(pid);
+                }
+            }
+        }
         Ok(holders)
     }
-
     fn build(&self, index: u32, pids: &[u32]) -> Result<GpuInfo, DriverError> {
         if self.dir.join(format!("lost.{index}")).exists() {
             return Err(DriverError::GpuLost { index });

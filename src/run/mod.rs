@@ -403,7 +403,10 @@ fn stop_tree(
     if !members.is_empty() {
         event(&format!("stopping {} contained process(es)", members.len()));
         let scope = Scope {
-            pids: members.clone(),
+            pids: members
+                .iter()
+                .filter_map(|pid| snapshot.processes.get(pid).map(|record| record.id))
+                .collect(),
             ..Scope::default()
         };
         let options = Options {
