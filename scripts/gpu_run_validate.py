@@ -103,7 +103,7 @@ def main():
         check("hang detected after the stall", hang is not None and "stalled at log line" in hang, hang or "none")
         check("diagnostic bundle written", bundle is not None, bundle or "none")
         if bundle:
-            path = Path(bundle.split(": ", 1)[1])
+            path = Path(bundle.rsplit(": ", 1)[1])
             data = json.loads((path / "bundle.json").read_text())
             workers = [m for m in data["members"] if (m.get("cmdline") or "").startswith("sglang::scheduler_TP")]
             check("bundle: both stalled workers with state and CPU use",
