@@ -88,7 +88,13 @@ fn status(backend: &str, args: &StatusArgs) -> anyhow::Result<u8> {
 
 fn free(backend: &str, args: &FreeArgs) -> anyhow::Result<u8> {
     let driver = open_driver(backend)?;
-    let snapshot = Snapshot::take(driver.as_ref());
+    // Named processes' families need command lines too; bad PIDs are refused below.
+    let named = args
+        .pid
+        .iter()
+        .filter_map(|pid| pid.trim().parse().ok())
+        .collect();
+    let snapshot = Snapshot::take_focused(driver.as_ref(), &named);
     let guard = Guard::for_this_process(&args.protect);
     let config = config::free(args, gpu_count(driver.as_ref()), &snapshot, &guard)?;
     let plan = reap::plan(&snapshot, &config.scope, &guard);

@@ -68,35 +68,67 @@ pub struct ProcScan {
     pub unreadable: Vec<Unreadable>,
 }
 
-/// Scans every process in this PID namespace. Processes that exit during the
-/// scan are dropped; those we may not inspect are listed in `unreadable`.
-pub fn scan(classify: &dyn Fn(&Path) -> Option<Node>) -> io::Result<ProcScan> {
+/// Scans every process in this PID namespace: identity, tree, state and GPU
+/// nodes, nothing more (command lines and uids are read later, for the few
+/// processes that matter). Processes that exit during the scan are dropped;
+/// those we may not inspect are listed in `unreadable`. The work is split
+/// over the machine's cores: it is almost all system calls.
+pub fn scan(classify: &(dyn Fn(&Path) -> Option<Node> + Sync)) -> io::Result<ProcScan> {
+    let mut pids: Vec<u32> = fs::read_dir("/proc")?
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    pids.sort_unstable();
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(MAX_SCAN_THREADS)
+        .min(pids.len().div_ceil(MIN_PIDS_PER_THREAD))
+        .max(1);
+    let chunk = pids.len().div_ceil(threads).max(1);
+    let parts: Vec<ProcScan> = std::thread::scope(|scope| {
+        let workers: Vec<_> = pids
+            .chunks(chunk)
+            .map(|pids| scope.spawn(move || scan_some(pids, classify)))
+            .collect();
+        workers
+            .into_iter()
+            .filter_map(|worker| worker.join().ok())
+            .collect()
+    });
     let mut result = ProcScan::default();
-    for entry in fs::read_dir("/proc")? {
-        let Ok(entry) = entry else { continue };
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|name| name.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        match read_process(pid, classify) {
-            Some((record, fd_error)) => {
-                if let Some(reason) = fd_error {
-                    result.unreadable.push(Unreadable {
-                        pid,
-                        comm: record.comm.clone(),
-                        reason,
-                    });
-                }
-                result.processes.push(record);
+    for part in parts {
+        result.processes.extend(part.processes);
+        result.unreadable.extend(part.unreadable);
+    }
+    Ok(result)
+}
+
+/// Most threads a scan uses, and fewest processes worth a thread of their own.
+const MAX_SCAN_THREADS: usize = 8;
+const MIN_PIDS_PER_THREAD: usize = 256;
+
+fn scan_some(pids: &[u32], classify: &dyn Fn(&Path) -> Option<Node>) -> ProcScan {
+    let mut result = ProcScan::default();
+    let mut buffers = Buffers::default();
+    for &pid in pids {
+        if let Some((record, fd_error)) = read_process_with(pid, classify, &mut buffers) {
+            if let Some(reason) = fd_error {
+                result.unreadable.push(Unreadable {
+                    pid,
+                    comm: record.comm.clone(),
+                    reason,
+                });
             }
-            None => continue,
+            result.processes.push(record);
         }
     }
-    result.processes.sort_by_key(|record| record.id.pid);
-    Ok(result)
+    result
+}
+
+/// Buffers reused across processes, so a scan does not allocate per descriptor.
+#[derive(Default)]
+struct Buffers {
+    stat: Vec<u8>,
+    link: Vec<u8>,
 }
 
 /// Reads one process; `None` when it has gone. The second value is why its
@@ -105,51 +137,147 @@ pub fn read_process(
     pid: u32,
     classify: &dyn Fn(&Path) -> Option<Node>,
 ) -> Option<(ProcessRecord, Option<String>)> {
-    let process = procfs::process::Process::new(pid as i32).ok()?;
-    let stat = process.stat().ok()?;
-    let uid = process.uid().ok();
-    let cmdline = process
-        .cmdline()
-        .map(|args| args.join(" "))
-        .unwrap_or_default();
+    read_process_with(pid, classify, &mut Buffers::default())
+}
+
+fn read_process_with(
+    pid: u32,
+    classify: &dyn Fn(&Path) -> Option<Node>,
+    buffers: &mut Buffers,
+) -> Option<(ProcessRecord, Option<String>)> {
+    let stat = read_stat(pid, &mut buffers.stat)?;
     let kernel_thread = stat.flags & PF_KTHREAD != 0;
     let mut nodes = BTreeSet::new();
     let mut fd_error = None;
     if !kernel_thread {
-        match fs::read_dir(format!("/proc/{pid}/fd")) {
-            Ok(entries) => {
-                for entry in entries.flatten() {
-                    if let Ok(target) = fs::read_link(entry.path())
-                        && let Some(node) = classify(&target)
-                    {
-                        nodes.insert(node);
-                    }
-                }
-            }
-            Err(error) if error.kind() == io::ErrorKind::NotFound => return None,
-            Err(error) => fd_error = Some(error.to_string()),
+        match scan_fds(pid, classify, &mut buffers.link, &mut nodes) {
+            Ok(()) => {}
+            Err(error) if error == rustix::io::Errno::NOENT => return None,
+            Err(error) => fd_error = Some(io::Error::from(error).to_string()),
         }
     }
     let record = ProcessRecord {
         id: ProcessId {
             pid,
-            start_time: stat.starttime,
+            start_time: stat.start_time,
         },
-        ppid: stat.ppid.max(0) as u32,
-        pgid: stat.pgrp.max(0) as u32,
-        sid: stat.session.max(0) as u32,
-        uid,
+        ppid: stat.ppid,
+        pgid: stat.pgid,
+        sid: stat.sid,
+        uid: None,
         state: stat.state,
         comm: stat.comm,
-        cmdline,
+        cmdline: String::new(),
         kernel_thread,
-        cpu_ticks: stat.utime + stat.stime,
+        cpu_ticks: stat.cpu_ticks,
         fds_readable: fd_error.is_none(),
         nodes,
     };
     Some((record, fd_error))
 }
 
+/// The fields of /proc/PID/stat that gpureap uses.
+struct Stat {
+    comm: String,
+    state: char,
+    ppid: u32,
+    pgid: u32,
+    sid: u32,
+    flags: u32,
+    cpu_ticks: u64,
+    start_time: u64,
+}
+
+fn read_stat(pid: u32, buffer: &mut Vec<u8>) -> Option<Stat> {
+    use std::io::Read;
+    buffer.clear();
+    let mut file = fs::File::open(format!("/proc/{pid}/stat")).ok()?;
+    buffer.resize(1024, 0);
+    let mut filled = 0;
+    loop {
+        let read = file.read(&mut buffer[filled..]).ok()?;
+        filled += read;
+        if read == 0 || filled < buffer.len() {
+            break;
+        }
+        buffer.resize(buffer.len() * 2, 0);
+    }
+    parse_stat(&buffer[..filled])
+}
+
+/// Parses /proc/PID/stat. The command name is between the first '(' and the
+/// last ')', and may itself contain spaces and parentheses.
+fn parse_stat(text: &[u8]) -> Option<Stat> {
+    let open = text.iter().position(|&b| b == b'(')?;
+    let close = text.iter().rposition(|&b| b == b')')?;
+    let comm = String::from_utf8_lossy(text.get(open + 1..close)?).into_owned();
+    let rest = std::str::from_utf8(text.get(close + 2..)?).ok()?;
+    let fields: Vec<&str> = rest.split_ascii_whitespace().collect();
+    // Fields counted from `state`, the third field of the file.
+    let field = |n: usize| fields.get(n).copied();
+    let number = |n: usize| field(n).and_then(|text| text.parse::<i64>().ok());
+    Some(Stat {
+        comm,
+        state: field(0)?.chars().next()?,
+        ppid: number(1)?.max(0) as u32,
+        pgid: number(2)?.max(0) as u32,
+        sid: number(3)?.max(0) as u32,
+        flags: number(6)? as u32,
+        cpu_ticks: (number(11)? + number(12)?).max(0) as u64,
+        start_time: number(19)?.max(0) as u64,
+    })
+}
+
+/// Adds the GPU nodes among a process's descriptors to `nodes`.
+fn scan_fds(
+    pid: u32,
+    classify: &dyn Fn(&Path) -> Option<Node>,
+    link: &mut Vec<u8>,
+    nodes: &mut BTreeSet<Node>,
+) -> Result<(), rustix::io::Errno> {
+    use rustix::fs::{Mode, OFlags};
+    use std::os::unix::ffi::OsStrExt;
+
+    let directory = rustix::fs::openat(
+        rustix::fs::CWD,
+        format!("/proc/{pid}/fd"),
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let raw = std::os::fd::AsRawFd::as_raw_fd(&directory);
+    let mut entries = rustix::fs::Dir::new(directory)?;
+    // Safety: `entries` owns the descriptor and outlives every use of this borrow.
+    let directory = unsafe { std::os::fd::BorrowedFd::borrow_raw(raw) };
+    while let Some(entry) = entries.read() {
+        let entry = entry?;
+        let name = entry.file_name();
+        if name.to_bytes().first() == Some(&b'.') {
+            continue;
+        }
+        match rustix::fs::readlinkat(directory, name, std::mem::take(link)) {
+            Ok(target) => {
+                *link = target.into_bytes();
+                if let Some(node) = classify(Path::new(std::ffi::OsStr::from_bytes(link))) {
+                    nodes.insert(node);
+                }
+            }
+            // A descriptor closed while we looked: skip it.
+            Err(rustix::io::Errno::NOENT) => {}
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(())
+}
+
+/// A process's command line, arguments joined by spaces; empty for kernel
+/// threads, zombies, and processes that have gone.
+pub fn cmdline(pid: u32) -> String {
+    let Ok(bytes) = fs::read(format!("/proc/{pid}/cmdline")) else {
+        return String::new();
+    };
+    let text = String::from_utf8_lossy(&bytes);
+    text.trim_end_matches('\0').replace('\0', " ")
+}
 /// The start time of a live process, for PID-reuse checks; `None` if it is gone.
 pub fn start_time(pid: u32) -> Option<u64> {
     procfs::process::Process::new(pid as i32)

@@ -474,13 +474,16 @@ pub fn free(
     let mut freed_at: BTreeMap<u32, Instant> = BTreeMap::new();
     let mut all_freed_since: Option<Instant> = None;
     let mut escalated = false;
+    let named: BTreeSet<u32> = scope.pids.iter().map(|id| id.pid).collect();
     let mut next = Some(first);
     let mut round = 0u32;
 
     // Each round: re-scan, adopt holders in scope that appeared (respawned,
     // late orphans), signal per the phase, and ask the driver what is left.
     let (snapshot, selection) = loop {
-        let snapshot = next.take().unwrap_or_else(|| Snapshot::take(driver));
+        let snapshot = next
+            .take()
+            .unwrap_or_else(|| Snapshot::take_focused(driver, &named));
         let selection = select(&snapshot, scope, guard);
         let new = reaper.adopt(&snapshot, &selection, round > 0);
         round += 1;

@@ -115,13 +115,21 @@ impl GpuState {
 impl Snapshot {
     /// Takes a snapshot: one driver pass and one /proc pass.
     pub fn take(driver: &dyn Driver) -> Snapshot {
-        let (infos, driver_error) = match driver.gpus() {
-            Ok(infos) => (infos, None),
-            Err(error) => (Vec::new(), Some(error.to_string())),
-        };
+        Snapshot::take_focused(driver, &BTreeSet::new())
+    }
+
+    /// Takes a snapshot: one /proc pass, then one driver pass. Command lines
+    /// and uids are read only where they are used: for holders, their
+    /// ancestors and descendants, and `roots` (processes named by `--pid`)
+    /// with their descendants.
+    pub fn take_focused(driver: &dyn Driver, roots: &BTreeSet<u32>) -> Snapshot {
         let (scan, scan_error) = match proc::scan(&|path| driver.classify_node(path)) {
             Ok(scan) => (scan, None),
             Err(error) => (proc::ProcScan::default(), Some(error)),
+        };
+        let (infos, driver_error) = match driver.gpus_given_scan(&scan) {
+            Ok(infos) => (infos, None),
+            Err(error) => (Vec::new(), Some(error.to_string())),
         };
         let mut unreadable = scan.unreadable;
         if let Some(error) = scan_error {
@@ -149,20 +157,36 @@ impl Snapshot {
             uptime_ticks: proc::uptime_ticks(),
             bookkeeping_slack: driver.bookkeeping_slack(),
         };
-        for pid in snapshot.holders() {
+        let holders = snapshot.holders();
+        let children = snapshot.children();
+        let mut focus: BTreeSet<u32> = BTreeSet::new();
+        for &pid in holders.iter().chain(roots) {
+            focus.insert(pid);
+            focus.extend(crate::select::descendants(&children, pid));
+            let mut current = pid;
+            while let Some(record) = snapshot.processes.get(&current) {
+                if record.ppid == 0 || !focus.insert(record.ppid) {
+                    break;
+                }
+                current = record.ppid;
+            }
+        }
+        for pid in focus {
             let Some(record) = snapshot.processes.get_mut(&pid) else {
                 continue;
             };
-            // /proc/PID is owned by root for non-dumpable processes: --user needs the real uid.
-            if let Some(uid) = proc::real_uid(pid) {
-                record.uid = Some(uid);
+            record.cmdline = proc::cmdline(pid);
+            // The real uid: /proc/PID is owned by root for non-dumpable processes.
+            record.uid = proc::real_uid(pid);
+        }
+        for pid in holders {
+            if let Some(record) = snapshot.processes.get(&pid) {
+                let details = read_details(record);
+                snapshot.details.insert(pid, details);
             }
-            let details = read_details(record);
-            snapshot.details.insert(pid, details);
         }
         snapshot
     }
-
     pub fn gpu(&self, index: u32) -> Option<&GpuState> {
         self.gpus.iter().find(|gpu| gpu.index == index)
     }

@@ -12,6 +12,8 @@ mod sim;
 use std::fmt;
 use std::path::Path;
 
+use crate::proc::ProcScan;
+
 pub use none::NoDriver;
 pub use nvml::NvmlDriver;
 pub use sim::SimDriver;
@@ -75,6 +77,17 @@ pub trait Driver: Send + Sync {
         Ok((0..self.gpu_count()?)
             .map(|index| self.gpu(index))
             .collect())
+    }
+
+    /// Every GPU, given the /proc scan the caller just made. Only the
+    /// simulated driver, whose process lists come from /proc, uses the scan
+    /// (sparing a second pass); real drivers answer on their own.
+    fn gpus_given_scan(
+        &self,
+        scan: &ProcScan,
+    ) -> Result<Vec<Result<GpuInfo, DriverError>>, DriverError> {
+        let _ = scan;
+        self.gpus()
     }
 
     /// Memory used on one GPU, for polling. `Ok(None)` when the driver cannot say.

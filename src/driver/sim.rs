@@ -77,6 +77,11 @@ impl SimDriver {
     fn holders(&self) -> Result<BTreeMap<u32, Vec<u32>>, DriverError> {
         let scan = proc::scan(&|path| self.classify_node(path))
             .map_err(|error| DriverError::Sim(format!("cannot read /proc: {error}")))?;
+        self.holders_in(&scan)
+    }
+
+    /// The live holders of each node, from a scan classified by this driver.
+    fn holders_in(&self, scan: &proc::ProcScan) -> Result<BTreeMap<u32, Vec<u32>>, DriverError> {
         let mut holders: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
         for process in scan.processes.iter().filter(|p| p.state != 'Z') {
             for node in &process.nodes {
@@ -159,6 +164,16 @@ impl Driver for SimDriver {
         }
         let holders = self.holders()?;
         self.build(index, holders.get(&index).map_or(&[][..], Vec::as_slice))
+    }
+
+    fn gpus_given_scan(
+        &self,
+        scan: &proc::ProcScan,
+    ) -> Result<Vec<Result<GpuInfo, DriverError>>, DriverError> {
+        let holders = self.holders_in(scan)?;
+        Ok((0..self.gpu_count)
+            .map(|index| self.build(index, holders.get(&index).map_or(&[][..], Vec::as_slice)))
+            .collect())
     }
 
     fn gpus(&self) -> Result<Vec<Result<GpuInfo, DriverError>>, DriverError> {

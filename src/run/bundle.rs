@@ -114,7 +114,7 @@ impl Bundle {
                     wchan: proc::wchan(pid),
                     cpu_percent: cpu.percent(pid),
                     cpu_window_seconds: cpu.window(pid),
-                    cmdline: record.map(|r| r.cmdline.clone()),
+                    cmdline: record.map(|_| proc::cmdline(pid)),
                 }
             })
             .collect()

@@ -181,8 +181,8 @@ pub fn supervise(config: &RunConfig, driver: &dyn Driver) -> std::io::Result<u8>
         let seconds = started.elapsed().as_secs_f64();
         let lines = log.lock().map(|state| state.lines).unwrap_or(0);
 
-        let snapshot = Snapshot::take(driver);
         let members = containment.members();
+        let snapshot = Snapshot::take_focused(driver, &members);
         // One last sample, so the bundle's CPU figures reach up to this moment.
         cpu.sample(&members);
         let (failure, summary) = match &ended {
