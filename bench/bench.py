@@ -1,0 +1,368 @@
+#!/usr/bin/env python3
+"""gpureap against what users run today, side by side in one run.
+
+    python3 bench/bench.py                 # simulated driver, this machine; updates docs/performance.md
+    python3 bench/bench.py --quick         # smaller and fewer runs (a smoke test)
+    python3 bench/bench.py --gpu --out F   # on an NVIDIA machine: real driver, results to F
+
+It builds gpureap (cargo build --release) unless --bin is given. Three parts:
+
+1. Seeing: `gpureap status --json` against `fuser` on the same device nodes (and, with --gpu,
+   `nvidia-smi --query-compute-apps`), with 100, 1,000 and 5,000 extra idle processes of about
+   ten open files each (bench/crowd.py starts and ends them). Wall time (median) and peak RSS.
+2. Freeing: an orphaned 8-worker tree (launcher SIGKILLed), from the command's start to
+   verified free: gpureap --grace 0, gpureap with the default grace (workers exit on SIGTERM),
+   the recipe `fuser -k <nodes>; sleep 5; <memory query>`, and `pkill -9 -f <name>` followed by
+   a memory query every second. With --gpu the kills are scoped to this benchmark's own PIDs
+   (`kill -9 <pids>`): the device machines forbid unscoped kills, and the timings are the
+   recipe's all the same. With --gpu it also measures the driver's own release time: SIGKILL
+   to memory back, as NVML sees it, polled every millisecond.
+3. Waiting: how long after the memory is back `gpureap wait` returns.
+
+Signals only processes it started. Prints a markdown report; writes it to --out, or into
+docs/performance.md between the markers for its section.
+"""
+
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+GIB = 1 << 30
+
+args = sys.argv[1:]
+QUICK = "--quick" in args
+GPU = "--gpu" in args
+OUT = Path(args[args.index("--out") + 1]) if "--out" in args else None
+BIN = str(Path(args[args.index("--bin") + 1]).resolve()) if "--bin" in args else None
+REPEAT = 3 if QUICK else 5
+CROWDS = [100, 1000] if QUICK else [100, 1000, 5000]
+WORKERS = 8
+LINES = []
+
+
+def say(text=""):
+    LINES.append(text)
+    print(text, flush=True)
+
+
+def timed(command, env=None):
+    """Runs a command; returns (seconds, peak RSS in KiB, stdout). The peak RSS
+    comes from GNU time, which forks from a small process: wait4 here would
+    count this Python process's pages that the child had before its exec."""
+    record = tempfile.mktemp(prefix="gpureap-rss-")
+    wrapper = ["/usr/bin/time", "-o", record, "-f", "%M"] if Path("/usr/bin/time").exists() else []
+    started = time.perf_counter()
+    output = subprocess.run([*wrapper, *command], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env).stdout
+    seconds = time.perf_counter() - started
+    try:
+        peak = int(Path(record).read_text().split()[-1])
+        os.unlink(record)
+    except (OSError, ValueError, IndexError):
+        peak = 0
+    return seconds, peak, output
+
+
+def rss_text(peaks):
+    return f"{max(peaks) / 1024:.1f} MiB" if max(peaks, default=0) else "RSS not measured (no GNU time)"
+
+
+def median(values):
+    return statistics.median(values) if values else float("nan")
+
+
+class Host:
+    """Where GPU nodes live: a simulated host directory, or the real /dev."""
+
+    def __init__(self):
+        if GPU:
+            self.dir = None
+            self.nodes = sorted(str(p) for p in Path("/dev").glob("nvidia*") if re.fullmatch(r"nvidia(\d+|ctl)", p.name))
+            self.backend = "nvml"
+        else:
+            self.dir = Path(tempfile.mkdtemp(prefix="gpureap-bench-"))
+            for index in range(WORKERS):
+                (self.dir / f"nvidia{index}").touch()
+            (self.dir / "nvidiactl").touch()
+            (self.dir / "claims").mkdir()
+            (self.dir / "gpus").write_text("".join(f"{150 * GIB} Simulated H200\n" for _ in range(WORKERS)))
+            self.nodes = [str(self.dir / f"nvidia{i}") for i in range(WORKERS)] + [str(self.dir / "nvidiactl")]
+            self.backend = f"sim:{self.dir}"
+
+    def gpureap(self, *arguments):
+        return [BIN, "--backend", self.backend, *arguments]
+
+
+def gpu_used(host):
+    """Memory used on all GPUs, through gpureap's JSON (the memory query on the simulated driver)."""
+    _, _, output = timed(host.gpureap("status", "--json"))
+    return sum(gpu["memory_used"] or 0 for gpu in json.loads(output)["gpus"])
+
+
+def nvml():
+    import pynvml
+
+    pynvml.nvmlInit()
+    return pynvml, pynvml.nvmlDeviceGetHandleByIndex(0)
+
+
+def nvml_used():
+    pynvml, handle = nvml()
+    return pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2).used
+
+
+class Tree:
+    """An SGLang-like tree: a launcher and WORKERS workers, one per GPU (all on GPU 0 with --gpu)."""
+
+    def __init__(self, host, tag):
+        self.host, self.tag = host, tag
+        self.work = Path(tempfile.mkdtemp(prefix="gpureap-bench-tree-"))
+        python_path = os.pathsep.join(p for p in sys.path if p)
+        parts = []
+        for rank in range(WORKERS):
+            title = f"sglang::{tag}_TP{rank}"
+            if GPU:
+                body = (f'exec -a {title} python3 {ROOT}/scripts/cuda_holder.py hold 2 {self.work}/ready{rank}')
+            else:
+                body = (f'exec 3<"{host.dir}/nvidia{rank}" 9<"{host.dir}/nvidiactl"; '
+                        f'echo {70 * GIB} > "{host.dir}/claims/$BASHPID.{rank}"; '
+                        f'touch {self.work}/ready{rank}; exec -a {title} sleep 100000')
+            parts.append(f'( echo $BASHPID >> {self.work}/pids; {body} ) & ')
+        script = "".join(parts) + "exec -a 'python3 -m sglang.launch_server --tp 8' sleep 100000"
+        self.launcher = subprocess.Popen(["bash", "-c", script], env=dict(os.environ, PYTHONPATH=python_path),
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 120
+        while not all((self.work / f"ready{r}").exists() for r in range(WORKERS)):
+            if time.time() > deadline:
+                raise RuntimeError("workers did not start")
+            time.sleep(0.02)
+        time.sleep(0.1)
+        self.pids = [int(line) for line in (self.work / "pids").read_text().split()]
+        # The crash: the launcher dies, its workers are orphaned and keep their memory.
+        self.launcher.kill()
+        self.launcher.wait()
+        while any(ppid(pid) != 1 for pid in self.pids if alive(pid)):
+            time.sleep(0.005)
+
+    def cleanup(self):
+        for pid in self.pids:
+            if alive(pid) and Path(f"/proc/{pid}/cmdline").read_bytes().startswith(f"sglang::{self.tag}".encode()):
+                os.kill(pid, signal.SIGKILL)
+
+
+def ppid(pid):
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (FileNotFoundError, IndexError):
+        return None
+
+
+def alive(pid):
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def wait_until_free(host, baseline, timeout=60):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        used = nvml_used() if GPU else gpu_used(host)
+        if used <= baseline + 256 * (1 << 20):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def seeing(host):
+    say("## 1. Seeing: who holds the GPUs\n")
+    say(f"Each figure is the median of {REPEAT} runs, interleaved, each through GNU time (its ~1 ms is in every figure); peak RSS from GNU time.\n")
+    tree = Tree(host, "see")
+    fuser = shutil.which("fuser")
+    header = "| extra processes | gpureap status --json |" + (" fuser (list only) | fuser / gpureap |" if fuser else "")
+    rule = "|---|---|" + ("---|---|" if fuser else "")
+    if GPU:
+        header += " nvidia-smi --query-compute-apps | nvidia-smi / gpureap |"
+        rule += "---|---|"
+    say(header)
+    say(rule)
+    try:
+        for crowd_size in CROWDS:
+            ready = Path(tempfile.mktemp(prefix="gpureap-crowd-"))
+            crowd = subprocess.Popen([sys.executable, str(ROOT / "bench/crowd.py"), str(crowd_size), str(ready)])
+            while not ready.exists():
+                time.sleep(0.05)
+            times = {"gpureap": [], "fuser": [], "smi": []}
+            rss = {"gpureap": [], "fuser": [], "smi": []}
+            for _ in range(REPEAT):
+                for name, command in (
+                    [("gpureap", host.gpureap("status", "--json"))]
+                    + ([("fuser", ["fuser", *host.nodes])] if fuser else [])
+                    + ([("smi", ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv"])] if GPU else [])
+                ):
+                    seconds, peak, _ = timed(command)
+                    times[name].append(seconds)
+                    rss[name].append(peak)
+            crowd.send_signal(signal.SIGTERM)
+            crowd.wait()
+            g = median(times["gpureap"])
+            row = f"| {crowd_size:,} | {g * 1000:.0f} ms, {rss_text(rss['gpureap'])} |"
+            if fuser:
+                f = median(times["fuser"])
+                row += f" {f * 1000:.0f} ms, {rss_text(rss['fuser'])} | {f / g:.1f}x |"
+            if GPU:
+                s = median(times["smi"])
+                row += f" {s * 1000:.0f} ms, {rss_text(rss['smi'])} | {s / g:.1f}x |"
+            say(row)
+    finally:
+        tree.cleanup()
+    say()
+
+
+def freeing(host):
+    say("## 2. Freeing: an orphaned 8-worker tree, from the command's start to verified free\n")
+    baseline = nvml_used() if GPU else 0
+    nodes = " ".join(host.nodes)
+    query = ("nvidia-smi --query-gpu=index,memory.used --format=csv,noheader" if GPU
+             else " ".join(host.gpureap("status", "--json")) + " > /dev/null")
+    methods = [
+        ("gpureap free --orphans --grace 0", lambda tree: host.gpureap("free", "--orphans", "--grace", "0", "--yes", "--json")),
+        ("gpureap free --orphans (default 5s grace; workers exit on SIGTERM)", lambda tree: host.gpureap("free", "--orphans", "--yes", "--json")),
+        ("fuser -k <nodes>; sleep 5; <memory query>" + (" (kill scoped to the workers)" if GPU else ""),
+         lambda tree: ["bash", "-c", (f"kill -9 {' '.join(map(str, tree.pids))}" if GPU else f"fuser -k {nodes} >/dev/null 2>&1")
+                       + f"; sleep 5; {query} >/dev/null"]),
+        ("pkill -9 -f <name>; <memory query> every second until free" + (" (kill scoped)" if GPU else ""),
+         lambda tree: ["bash", "-c", (f"kill -9 {' '.join(map(str, tree.pids))}" if GPU else f"pkill -9 -f '[s]glang::{tree.tag}_'")
+                       + f"; until {poll_free(host, baseline)}; do sleep 1; done"]),
+    ]
+    say("| method | median | verified by the tool | / gpureap --grace 0 |")
+    say("|---|---|---|---|")
+    medians = {}
+    for name, command in methods:
+        runs, freed_ms = [], []
+        for attempt in range(REPEAT if not GPU else 3):
+            tree = Tree(host, f"free{len(medians)}{attempt}")
+            try:
+                seconds, _, output = timed(command(tree))
+                if output.startswith(b"{"):
+                    report = json.loads(output)
+                    freed_ms.append(max(g["freed_after_ms"] or 0 for g in report["gpus"]))
+                    assert all(g["freed"] for g in report["gpus"]), report
+                else:
+                    assert wait_until_free(host, baseline, 5), "the recipe left memory held"
+                runs.append(seconds)
+            finally:
+                tree.cleanup()
+                wait_until_free(host, baseline)
+        medians[name] = median(runs)
+        verified = f"yes (verified free at {median(freed_ms):.0f} ms)" if freed_ms else "no"
+        first = medians[methods[0][0]]
+        say(f"| `{name}` | {medians[name] * 1000:.0f} ms | {verified} | {medians[name] / first:.1f}x |")
+    if GPU:
+        release = []
+        for attempt in range(3):
+            tree = Tree(host, f"release{attempt}")
+            pynvml, handle = nvml()
+            try:
+                started = time.perf_counter()
+                for pid in tree.pids:
+                    os.kill(pid, signal.SIGKILL)
+                while pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2).used > baseline + 256 * (1 << 20):
+                    time.sleep(0.001)
+                release.append(time.perf_counter() - started)
+            finally:
+                tree.cleanup()
+        say(f"| driver's own release (SIGKILL all 8 to memory back, NVML polled every 1 ms) | {median(release) * 1000:.0f} ms | - | {median(release) / medians[methods[0][0]]:.2f}x |")
+        medians["driver release"] = median(release)
+    say()
+    return medians
+
+
+def poll_free(host, baseline):
+    if GPU:
+        return (f"[ $(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1) -le "
+                f"{(baseline + 256 * (1 << 20)) >> 20} ]")
+    return " ".join(host.gpureap("wait", "--gpu", "all", "--below", "256MiB", "--timeout", "0")) + " >/dev/null"
+
+
+def waiting(host):
+    say("## 3. Waiting: how soon `gpureap wait` returns once the memory is back\n")
+    baseline = nvml_used() if GPU else 0
+    lags = []
+    for attempt in range(3 if GPU else REPEAT):
+        tree = Tree(host, f"wait{attempt}")
+        below = f"{(baseline >> 20) + 1024}MiB" if GPU else "1GiB"
+        waiter = subprocess.Popen(host.gpureap("wait", "--gpu", "0", "--below", below, "--timeout", "60s"),
+                                  stdout=subprocess.DEVNULL)
+        time.sleep(0.5)
+        try:
+            killed = time.perf_counter()
+            for pid in tree.pids:
+                os.kill(pid, signal.SIGKILL)
+            if GPU:
+                pynvml, handle = nvml()
+                while pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2).used > baseline + GIB:
+                    pass
+                back = time.perf_counter()
+            else:
+                # The simulated driver frees the memory as the killed processes close
+                # their descriptors, within a millisecond or so: the time from the kill
+                # is an upper bound of gpureap's lag.
+                back = killed
+            waiter.wait(timeout=60)
+            lags.append(time.perf_counter() - back)
+        finally:
+            tree.cleanup()
+            wait_until_free(host, baseline)
+    since = ("the memory being back, seen by NVML polled in a busy loop" if GPU
+             else "the SIGKILL of the holders (an upper bound: the simulated driver frees at their exit)")
+    say(f"Median {median(lags) * 1000:.1f} ms, max {max(lags) * 1000:.1f} ms over {len(lags)} runs, "
+        f"from {since} to `gpureap wait` having exited.\n")
+    return median(lags)
+
+
+def main():
+    global BIN
+    if BIN is None:
+        subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=ROOT, check=True)
+        BIN = str(ROOT / "target/release/gpureap")
+    if not GPU and not shutil.which("fuser"):
+        raise SystemExit("fuser is needed (Debian: psmisc)")
+    host = Host()
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    label = "H200 (real driver)" if GPU else "simulated driver"
+    say(f"# Results: {label}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n")
+    say(f"Machine: {os.cpu_count()} cores ({cpu}), kernel {platform.release()}, "
+        f"{subprocess.run([BIN, '--version'], stdout=subprocess.PIPE, text=True).stdout.strip()}"
+        f"{', ' + subprocess.run(['nvidia-smi', '--query-gpu=name,driver_version', '--format=csv,noheader'], stdout=subprocess.PIPE, text=True).stdout.strip() if GPU else ''}. "
+        f"Command: `python3 bench/bench.py{' --gpu' if GPU else ''}{' --quick' if QUICK else ''}`.\n")
+    seeing(host)
+    freeing(host)
+    waiting(host)
+    report = "\n".join(LINES) + "\n"
+    if OUT:
+        OUT.write_text(report)
+    else:
+        doc = ROOT / "docs/performance.md"
+        section = "h200" if GPU else "sim"
+        text = doc.read_text()
+        start, end = f"<!-- results:{section} -->", f"<!-- /results:{section} -->"
+        if start in text and end in text:
+            before, rest = text.split(start, 1)
+            _, after = rest.split(end, 1)
+            doc.write_text(f"{before}{start}\n{report}{end}{after}")
+            print(f"updated {doc}")
+
+
+if __name__ == "__main__":
+    main()
