@@ -101,7 +101,7 @@ pub fn free(
         options: Options {
             grace,
             timeout,
-            poll: Duration::from_millis(10),
+            poll: Duration::from_millis(5),
         },
     })
 }

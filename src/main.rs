@@ -17,6 +17,14 @@ use gpureap::snapshot::Snapshot;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // GPUREAP_LOG=debug prints where the time goes (snapshots, free rounds) on stderr.
+    if std::env::var_os("GPUREAP_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_env("GPUREAP_LOG"))
+            .with_writer(io::stderr)
+            .with_timer(tracing_subscriber::fmt::time::uptime())
+            .init();
+    }
     let result = match &cli.command {
         Command::Status(args) => status(&cli.backend, args),
         Command::Free(args) => free(&cli.backend, args),
@@ -24,6 +32,7 @@ fn main() -> ExitCode {
         Command::Run(args) => run(&cli.backend, args),
         Command::Demo => gpureap::demo::run(&mut io::stdout().lock()).map_err(anyhow::Error::from),
     };
+    tracing::debug!("command done");
     match result {
         Ok(code) => ExitCode::from(code),
         Err(error) => {
@@ -44,7 +53,9 @@ fn main() -> ExitCode {
 
 fn open_driver(backend: &str) -> anyhow::Result<Box<dyn Driver>> {
     let choice = BackendChoice::parse(backend).map_err(UsageError)?;
-    Ok(driver::open(&choice).map_err(UsageError)?)
+    let driver = driver::open(&choice).map_err(UsageError)?;
+    tracing::debug!(backend = driver.describe(), "driver opened");
+    Ok(driver)
 }
 
 fn gpu_count(driver: &dyn Driver) -> u32 {
@@ -196,6 +207,7 @@ fn wait(backend: &str, args: &WaitArgs) -> anyhow::Result<u8> {
             })
             .collect();
         let ready = gpus.iter().all(|gpu| gpu.ready);
+        tracing::trace!(elapsed_ms = start.elapsed().as_secs_f64() * 1e3, ready, "wait poll");
         if ready || start.elapsed() >= config.timeout {
             break (ready, gpus);
         }

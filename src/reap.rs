@@ -533,6 +533,14 @@ pub fn free(
             ));
         }
         let alive = reaper.refresh();
+        tracing::debug!(
+            round,
+            elapsed_ms = start.elapsed().as_secs_f64() * 1e3,
+            alive,
+            all_freed,
+            gpus = ?shown,
+            "free round"
+        );
         progress(&Progress {
             phase: if escalated {
                 "verifying"

@@ -123,14 +123,17 @@ impl Snapshot {
     /// ancestors and descendants, and `roots` (processes named by `--pid`)
     /// with their descendants.
     pub fn take_focused(driver: &dyn Driver, roots: &BTreeSet<u32>) -> Snapshot {
+        let started = std::time::Instant::now();
         let (scan, scan_error) = match proc::scan(&|path| driver.classify_node(path)) {
             Ok(scan) => (scan, None),
             Err(error) => (proc::ProcScan::default(), Some(error)),
         };
+        let scanned = started.elapsed();
         let (infos, driver_error) = match driver.gpus_given_scan(&scan) {
             Ok(infos) => (infos, None),
             Err(error) => (Vec::new(), Some(error.to_string())),
         };
+        let queried = started.elapsed();
         let mut unreadable = scan.unreadable;
         if let Some(error) = scan_error {
             unreadable.push(Unreadable {
@@ -185,6 +188,13 @@ impl Snapshot {
                 snapshot.details.insert(pid, details);
             }
         }
+        tracing::debug!(
+            processes = snapshot.processes.len(),
+            scan_ms = scanned.as_secs_f64() * 1e3,
+            driver_ms = (queried - scanned).as_secs_f64() * 1e3,
+            details_ms = (started.elapsed() - queried).as_secs_f64() * 1e3,
+            "snapshot"
+        );
         snapshot
     }
     pub fn gpu(&self, index: u32) -> Option<&GpuState> {

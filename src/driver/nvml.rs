@@ -4,7 +4,9 @@
 //! without the driver; `open` failing is how we learn there is none.
 
 use std::collections::HashMap;
+use std::mem::ManuallyDrop;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use nvml_wrapper::Nvml;
 use nvml_wrapper::enums::device::UsedGpuMemory;
@@ -17,10 +19,18 @@ use super::{Driver, DriverError, DriverProcess, GpuInfo, Node, classify_dev_node
 const BOGUS_PIDS: [u32; 2] = [0, u32::MAX];
 
 pub struct NvmlDriver {
-    nvml: Nvml,
+    /// Never shut down: the process ends right after its report, and
+    /// nvmlShutdown would only add milliseconds to every command.
+    nvml: ManuallyDrop<Nvml>,
     /// `/dev/nvidiaN` is named by the device's minor number, which need not
     /// equal NVML's index (ordered by PCI bus id).
     index_for_minor: HashMap<u32, u32>,
+    /// Name and UUID by index, read once: they do not change, and every NVML
+    /// call can block for milliseconds while the driver tears a context down.
+    identities: Vec<(Option<String>, Option<String>)>,
+    /// Cleared for a GPU whose driver does not support graphics process
+    /// lists (most datacenter GPUs), so that polling skips the call.
+    graphics_lists: Vec<AtomicBool>,
     description: String,
 }
 
@@ -29,23 +39,28 @@ impl NvmlDriver {
         let nvml = Nvml::init()?;
         let count = nvml.device_count()?;
         let mut index_for_minor = HashMap::new();
+        let mut identities = Vec::new();
         for index in 0..count {
-            let minor = nvml
-                .device_by_index(index)
-                .and_then(|device| device.minor_number());
+            let Ok(device) = nvml.device_by_index(index) else {
+                identities.push((None, None));
+                continue;
+            };
             // A device whose minor number cannot be read is still queried by
             // index; only its /proc descriptors go unattributed.
-            if let Ok(minor) = minor {
+            if let Ok(minor) = device.minor_number() {
                 index_for_minor.insert(minor, index);
             }
+            identities.push((device.name().ok(), device.uuid().ok()));
         }
         let description = match nvml.sys_driver_version() {
             Ok(version) => format!("nvml (driver {version})"),
             Err(_) => "nvml".to_string(),
         };
         Ok(NvmlDriver {
-            nvml,
+            nvml: ManuallyDrop::new(nvml),
             index_for_minor,
+            graphics_lists: (0..count).map(|_| AtomicBool::new(true)).collect(),
+            identities,
             description,
         })
     }
@@ -117,20 +132,30 @@ impl Driver for NvmlDriver {
             other => other,
         }
         .map_err(|error| convert(index, error))?;
-        let graphics = match device.running_graphics_processes() {
-            Err(error) if is_missing_symbol(&error) => device.running_graphics_processes_v2(),
-            other => other,
-        };
         let mut processes = Vec::new();
         merge(&mut processes, compute);
-        // Graphics lists are unsupported on many datacenter GPUs; compute is what matters.
-        if let Ok(graphics) = graphics {
-            merge(&mut processes, graphics);
+        let graphics_list = self.graphics_lists.get(index as usize);
+        if graphics_list.is_some_and(|supported| supported.load(Ordering::Relaxed)) {
+            let graphics = match device.running_graphics_processes() {
+                Err(error) if is_missing_symbol(&error) => device.running_graphics_processes_v2(),
+                other => other,
+            };
+            match graphics {
+                Ok(graphics) => merge(&mut processes, graphics),
+                Err(NvmlError::NotSupported) => {
+                    if let Some(supported) = graphics_list {
+                        supported.store(false, Ordering::Relaxed);
+                    }
+                }
+                // Graphics lists matter little on compute GPUs: a failure here is not the GPU's.
+                Err(_) => {}
+            }
         }
+        let (name, uuid) = self.identities.get(index as usize).cloned().unwrap_or_default();
         Ok(GpuInfo {
             index,
-            name: device.name().ok(),
-            uuid: device.uuid().ok(),
+            name,
+            uuid,
             memory_total: Some(memory.total),
             memory_used: Some(memory.used),
             processes,
