@@ -140,6 +140,23 @@ class DriverWatch:
         self.thread.join()
 
 
+def settled_baseline(host):
+    """GPU memory once nothing of ours is left: no process listed, and the same
+    reading three times 100 ms apart (a just-killed tree may still be releasing)."""
+    if not GPU:
+        return 0
+    pynvml, handle = nvml()
+    readings = []
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        listed = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        readings.append(pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2).used)
+        if not listed and len(readings) >= 3 and len(set(readings[-3:])) == 1:
+            return readings[-1]
+        time.sleep(0.1)
+    return readings[-1]
+
+
 def nvml_used():
     pynvml, handle = nvml()
     return pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2).used
@@ -255,7 +272,7 @@ def seeing(host):
 
 def freeing(host):
     say("## 2. Freeing: an orphaned 8-worker tree, from the command's start to verified free\n")
-    baseline = nvml_used() if GPU else 0
+    baseline = settled_baseline(host)
     nodes = " ".join(host.nodes)
     query = ("nvidia-smi --query-gpu=index,memory.used --format=csv,noheader" if GPU
              else " ".join(host.gpureap("status", "--json")) + " > /dev/null")
@@ -331,7 +348,7 @@ def poll_free(host, baseline):
 
 def waiting(host):
     say("## 3. Waiting: how soon `gpureap wait` returns once the memory is back\n")
-    baseline = nvml_used() if GPU else 0
+    baseline = settled_baseline(host)
     lags = []
     for attempt in range(3 if GPU else REPEAT):
         tree = Tree(host, f"wait{attempt}")

@@ -1,7 +1,6 @@
 //! The gpureap binary: parse, compose the library's stages, print, exit.
 
 use std::io::{self, BufRead, IsTerminal, Write};
-use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
@@ -15,7 +14,7 @@ use gpureap::report;
 use gpureap::select::Guard;
 use gpureap::snapshot::Snapshot;
 
-fn main() -> ExitCode {
+fn main() -> ! {
     let cli = Cli::parse();
     // GPUREAP_LOG=debug prints where the time goes (snapshots, free rounds) on stderr.
     if std::env::var_os("GPUREAP_LOG").is_some() {
@@ -33,19 +32,28 @@ fn main() -> ExitCode {
         Command::Demo => gpureap::demo::run(&mut io::stdout().lock()).map_err(anyhow::Error::from),
     };
     tracing::debug!("command done");
+    let code = exit_code(result);
+    // Everything is written and flushed: end here, without running the exit
+    // handlers that libnvidia-ml registers, which can only add time.
+    let _ = io::stdout().flush();
+    // Safety: _exit ends the process at once; no Rust code runs after it.
+    unsafe { libc::_exit(code.into()) }
+}
+
+fn exit_code(result: anyhow::Result<u8>) -> u8 {
     match result {
-        Ok(code) => ExitCode::from(code),
+        Ok(code) => code,
         Err(error) => {
             if let Some(io_error) = error.downcast_ref::<io::Error>()
                 && io_error.kind() == io::ErrorKind::BrokenPipe
             {
-                return ExitCode::from(exit::SUCCESS);
+                return exit::SUCCESS;
             }
             eprintln!("gpureap: {error:#}");
             if error.downcast_ref::<UsageError>().is_some() {
-                ExitCode::from(exit::USAGE)
+                exit::USAGE
             } else {
-                ExitCode::from(exit::STILL_HELD)
+                exit::STILL_HELD
             }
         }
     }
