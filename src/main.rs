@@ -215,7 +215,11 @@ fn wait(backend: &str, args: &WaitArgs) -> anyhow::Result<u8> {
             })
             .collect();
         let ready = gpus.iter().all(|gpu| gpu.ready);
-        tracing::trace!(elapsed_ms = start.elapsed().as_secs_f64() * 1e3, ready, "wait poll");
+        tracing::trace!(
+            elapsed_ms = start.elapsed().as_secs_f64() * 1e3,
+            ready,
+            "wait poll"
+        );
         if ready || start.elapsed() >= config.timeout {
             break (ready, gpus);
         }

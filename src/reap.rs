@@ -98,6 +98,19 @@ pub struct SignalEvent {
     pub delivery: Delivery,
 }
 
+/// What became of a target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Fate {
+    /// Still running (for now).
+    Alive,
+    Exited,
+    /// Had exited already when found; nothing to signal.
+    Zombie,
+    /// The kernel refused our signals.
+    PermissionDenied,
+}
+
 /// One process the reaper handled, and what became of it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Handled {
@@ -110,8 +123,7 @@ pub struct Handled {
     pub because: String,
     pub gpus: BTreeSet<u32>,
     pub signals: Vec<SignalEvent>,
-    /// exited, zombie, alive, permission_denied.
-    pub fate: String,
+    pub fate: Fate,
     pub exited_after_ms: Option<u64>,
     /// Found on a re-scan after the first pass (respawned or late).
     pub late: bool,
@@ -139,7 +151,7 @@ impl Handled {
     }
 
     fn is_open(&self) -> bool {
-        self.fate == "alive"
+        self.fate == Fate::Alive
     }
 }
 
@@ -273,7 +285,7 @@ impl Reaper {
                     },
                     gpus: snapshot.gpus_used_by(pid),
                     signals: Vec::new(),
-                    fate: if zombie { "zombie" } else { "alive" }.to_string(),
+                    fate: if zombie { Fate::Zombie } else { Fate::Alive },
                     exited_after_ms: None,
                     late,
                 },
@@ -314,7 +326,7 @@ impl Reaper {
             let parent_is_target = self
                 .handled
                 .values()
-                .any(|h| h.pid == record.ppid && h.fate != "exited");
+                .any(|h| h.pid == record.ppid && h.fate != Fate::Exited);
             if record.ppid > 1 && killed_parents.contains(&record.ppid) && !parent_is_target {
                 for gpu in snapshot.gpus_used_by(id.pid) {
                     *self
@@ -339,10 +351,10 @@ impl Reaper {
         let delivery = send(id, sig);
         match delivery {
             Delivery::Gone => {
-                handled.fate = "exited".to_string();
+                handled.fate = Fate::Exited;
                 handled.exited_after_ms.get_or_insert(at_ms);
             }
-            Delivery::PermissionDenied => handled.fate = "permission_denied".to_string(),
+            Delivery::PermissionDenied => handled.fate = Fate::PermissionDenied,
             _ => {}
         }
         handled.signals.push(SignalEvent {
@@ -370,7 +382,7 @@ impl Reaper {
         for handled in self.handled.values_mut().filter(|h| h.is_open()) {
             match proc::state_of(handled.id()) {
                 None | Some('Z') | Some('X') => {
-                    handled.fate = "exited".to_string();
+                    handled.fate = Fate::Exited;
                     handled.exited_after_ms = Some(at_ms);
                 }
                 Some(_) => alive += 1,

@@ -8,7 +8,7 @@ use comfy_table::presets::NOTHING;
 use comfy_table::{Cell, CellAlignment, Table};
 use serde::Serialize;
 
-use crate::reap::FreeReport;
+use crate::reap::{Fate, FreeReport};
 use crate::select::descendants;
 use crate::snapshot::Snapshot;
 use crate::units::{Bytes, Elapsed, MaybeBytes};
@@ -552,13 +552,15 @@ pub fn free_outcome(report: &FreeReport) -> String {
                 .filter(|event| event.delivery == crate::reap::Delivery::Sent)
                 .map(|event| event.signal)
                 .collect();
-            let result = match (target.fate.as_str(), target.exited_after_ms) {
-                ("exited", Some(ms)) => format!(
+            let result = match (target.fate, target.exited_after_ms) {
+                (Fate::Exited, Some(ms)) => format!(
                     "exited after {}",
                     Elapsed(std::time::Duration::from_millis(ms))
                 ),
-                ("zombie", _) => "zombie (already exited)".to_string(),
-                (fate, _) => fate.replace('_', " "),
+                (Fate::Exited, None) => "exited".to_string(),
+                (Fate::Zombie, _) => "zombie (already exited)".to_string(),
+                (Fate::Alive, _) => "alive".to_string(),
+                (Fate::PermissionDenied, _) => "permission denied".to_string(),
             };
             table.add_row(vec![
                 Cell::new(target.pid),

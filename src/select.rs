@@ -261,38 +261,30 @@ pub fn select(snapshot: &Snapshot, scope: &Scope, guard: &Guard) -> Selection {
 
     // The guard first, then descendants of what survived it: a spared
     // process's children are not targets through it.
-    let mut roots = Vec::new();
-    for (pid, because) in chosen {
+    let place = |selection: &mut Selection, pid: u32, because: Because| -> bool {
         let Some(record) = snapshot.processes.get(&pid) else {
-            continue;
+            return false;
         };
         match guard.spare_reason(snapshot, record, named(record)) {
             Some(reason) => {
                 selection.spared.insert(pid, reason);
+                false
             }
             None => {
                 selection.targets.insert(pid, because);
-                roots.push(pid);
+                true
             }
         }
-    }
+    };
+    let roots: Vec<u32> = chosen
+        .into_iter()
+        .filter(|&(pid, because)| place(&mut selection, pid, because))
+        .map(|(pid, _)| pid)
+        .collect();
     for root in roots {
         for pid in descendants(&children, root) {
-            if selection.targets.contains_key(&pid) || selection.spared.contains_key(&pid) {
-                continue;
-            }
-            let Some(record) = snapshot.processes.get(&pid) else {
-                continue;
-            };
-            match guard.spare_reason(snapshot, record, named(record)) {
-                Some(reason) => {
-                    selection.spared.insert(pid, reason);
-                }
-                None => {
-                    selection
-                        .targets
-                        .insert(pid, Because::Descendant { of: root });
-                }
+            if !selection.targets.contains_key(&pid) && !selection.spared.contains_key(&pid) {
+                place(&mut selection, pid, Because::Descendant { of: root });
             }
         }
     }

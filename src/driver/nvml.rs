@@ -151,7 +151,11 @@ impl Driver for NvmlDriver {
                 Err(_) => {}
             }
         }
-        let (name, uuid) = self.identities.get(index as usize).cloned().unwrap_or_default();
+        let (name, uuid) = self
+            .identities
+            .get(index as usize)
+            .cloned()
+            .unwrap_or_default();
         Ok(GpuInfo {
             index,
             name,
