@@ -451,14 +451,88 @@ fn a_crash_leaving_a_worker_that_ignores_sigterm_is_freed_by_force_and_restarted
     );
     let crash = supervisor.wait_for("crash: server exited with code 1", 1);
     assert!(crash.starts_with("gpureap run: crash"), "{crash}");
+    let bundle_event = supervisor.wait_for("diagnostic bundle:", 1);
     let forced = supervisor.wait_for("SIGKILL needed for", 1);
     assert!(forced.contains("sglang::scheduler_TP0"), "{forced}");
     supervisor.wait_for("GPU 0: freed 20.0 GiB", 1);
     supervisor.wait_for("restarting in", 1);
-    supervisor.wait_for("ready after", 2);
+    let second = supervisor.wait_for("ready after", 2);
+    // The first start was ready before it crashed: it is remembered as good.
+    assert!(second.contains("good starts (1)"), "{second}");
+    let bundle = PathBuf::from(bundle_event.rsplit(": ").next().expect("path"));
+    let tail = read(&bundle.join("log-tail.txt"));
+    assert!(
+        tail.contains("RuntimeError: CUDA error"),
+        "the crash's last words are kept: {tail}"
+    );
+    assert!(read(&bundle.join("summary.txt")).contains("crash: server exited with code 1"));
     let (code, events, _) = supervisor.stop();
     assert_eq!(code, 0, "{}", events.join("\n"));
     nothing_left(&setup.host, 2);
+}
+
+#[test]
+fn a_server_that_ignores_sigterm_on_stop_is_killed_and_the_exit_code_says_so() {
+    let host = SimHost::new(1, 80 * GIB, "Simulated H200").expect("sim host");
+    let state = host.path().join("state");
+    let server =
+        "exec 3<\"$D/nvidia0\"; trap '' TERM; echo serving; while :; do sleep 0.05 3<&-; done";
+    let mut child = gpureap(&host)
+        .args([
+            "run",
+            "--ready-log",
+            "serving",
+            "--grace",
+            "300ms",
+            "--state-dir",
+        ])
+        .arg(&state)
+        .args(["--", "bash", "-c", server])
+        .env("D", host.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("gpureap run starts");
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let sink = Arc::clone(&events);
+    let stderr = child.stderr.take().expect("stderr");
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            sink.lock().expect("events").push(line);
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !events
+        .lock()
+        .expect("events")
+        .iter()
+        .any(|e| e.contains("ready after"))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "never ready: {:?}",
+            events.lock().expect("events")
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(used(&host, 0), GIB);
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).expect("pid");
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("signal gpureap");
+    let code = child.wait().expect("gpureap ends").code();
+    std::thread::sleep(Duration::from_millis(50));
+    let events = events.lock().expect("events").clone();
+    assert_eq!(code, Some(1), "forced, so not clean: {}", events.join("\n"));
+    assert!(
+        events.iter().any(|e| e.contains("SIGKILL needed for")),
+        "{}",
+        events.join("\n")
+    );
+    assert!(
+        events.iter().any(|e| e.contains("GPU 0: freed 1.0 GiB")),
+        "{}",
+        events.join("\n")
+    );
+    nothing_left(&host, 1);
 }
 
 fn escapee_is_caught(flags: &[&str]) {
