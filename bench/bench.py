@@ -192,7 +192,12 @@ class Tree:
         # The crash: the launcher dies, its workers are orphaned and keep their memory.
         self.launcher.kill()
         self.launcher.wait()
+        deadline = time.time() + 5
         while any(ppid(pid) != 1 for pid in self.pids if alive(pid)):
+            if time.time() > deadline:
+                self.cleanup()
+                raise SystemExit("the workers were not re-parented to PID 1 (a subreaper above this benchmark?): "
+                                 "run it where orphans go to PID 1")
             time.sleep(0.005)
 
     def cleanup(self):
@@ -277,8 +282,11 @@ def freeing(host):
     query = ("nvidia-smi --query-gpu=index,memory.used --format=csv,noheader" if GPU
              else " ".join(host.gpureap("status", "--json")) + " > /dev/null")
     methods = [
-        ("gpureap free --orphans --grace 0", lambda tree: host.gpureap("free", "--orphans", "--grace", "0", "--yes", "--json")),
-        ("gpureap free --orphans (default 5s grace; workers exit on SIGTERM)", lambda tree: host.gpureap("free", "--orphans", "--yes", "--json")),
+        # --match narrows --orphans to this benchmark's own workers: never anyone else's.
+        ("gpureap free --orphans --grace 0",
+         lambda tree: host.gpureap("free", "--orphans", "--match", f"sglang::{tree.tag}_", "--grace", "0", "--yes", "--json")),
+        ("gpureap free --orphans (default 5s grace; workers exit on SIGTERM)",
+         lambda tree: host.gpureap("free", "--orphans", "--match", f"sglang::{tree.tag}_", "--yes", "--json")),
         ("fuser -k <nodes>; sleep 5; <memory query>" + (" (kill scoped to the workers)" if GPU else ""),
          lambda tree: ["bash", "-c", (f"kill -9 {' '.join(map(str, tree.pids))}" if GPU else f"fuser -k {nodes} >/dev/null 2>&1")
                        + f"; sleep 5; {query} >/dev/null"]),

@@ -183,8 +183,8 @@ fn default_state_dir(command: &[String]) -> std::path::PathBuf {
             std::env::var_os("HOME").map(|home| std::path::Path::new(&home).join(".local/state"))
         })
         .unwrap_or_else(|| std::path::PathBuf::from("/var/lib"));
-    let name: String = command
-        .join(" ")
+    let line = command.join(" ");
+    let readable: String = line
         .chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
@@ -193,7 +193,12 @@ fn default_state_dir(command: &[String]) -> std::path::PathBuf {
                 '_'
             }
         })
-        .take(80)
+        .take(60)
         .collect();
-    base.join("gpureap").join(name)
+    // The name is cut short; the hash keeps commands that differ only late
+    // (--tp 4 and --tp 8) apart. FNV-1a: stable across builds and versions.
+    let hash = line.bytes().fold(0xcbf2_9ce4_8422_2325u64, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+    });
+    base.join("gpureap").join(format!("{readable}-{hash:016x}"))
 }

@@ -68,12 +68,25 @@ pub struct ProcScan {
     pub unreadable: Vec<Unreadable>,
 }
 
+/// What a scan asks of each descriptor: which GPU node it is, if any.
+pub type Classify<'a> = &'a (dyn Fn(&Path) -> Option<Node> + Sync);
+
 /// Scans every process in this PID namespace: identity, tree, state and GPU
 /// nodes, nothing more (command lines and uids are read later, for the few
 /// processes that matter). Processes that exit during the scan are dropped;
 /// those we may not inspect are listed in `unreadable`. The work is split
 /// over the machine's cores: it is almost all system calls.
-pub fn scan(classify: &(dyn Fn(&Path) -> Option<Node> + Sync)) -> io::Result<ProcScan> {
+pub fn scan(classify: Classify) -> io::Result<ProcScan> {
+    scan_with(Some(classify))
+}
+
+/// Identity, tree and state of every process, without reading descriptors:
+/// for walks of the process tree.
+pub fn scan_tree() -> io::Result<ProcScan> {
+    scan_with(None)
+}
+
+fn scan_with(classify: Option<Classify>) -> io::Result<ProcScan> {
     let mut pids: Vec<u32> = fs::read_dir("/proc")?
         .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
         .collect();
@@ -84,18 +97,17 @@ pub fn scan(classify: &(dyn Fn(&Path) -> Option<Node> + Sync)) -> io::Result<Pro
         .min(pids.len().div_ceil(MIN_PIDS_PER_THREAD))
         .max(1);
     let chunk = pids.len().div_ceil(threads).max(1);
-    let parts: Vec<ProcScan> = std::thread::scope(|scope| {
+    let parts: Vec<std::thread::Result<ProcScan>> = std::thread::scope(|scope| {
         let workers: Vec<_> = pids
             .chunks(chunk)
             .map(|pids| scope.spawn(move || scan_some(pids, classify)))
             .collect();
-        workers
-            .into_iter()
-            .filter_map(|worker| worker.join().ok())
-            .collect()
+        workers.into_iter().map(|worker| worker.join()).collect()
     });
     let mut result = ProcScan::default();
     for part in parts {
+        // A lost range of PIDs would be a silently partial scan: fail instead.
+        let part = part.map_err(|_| io::Error::other("a /proc scanning thread panicked"))?;
         result.processes.extend(part.processes);
         result.unreadable.extend(part.unreadable);
     }
@@ -106,11 +118,11 @@ pub fn scan(classify: &(dyn Fn(&Path) -> Option<Node> + Sync)) -> io::Result<Pro
 const MAX_SCAN_THREADS: usize = 8;
 const MIN_PIDS_PER_THREAD: usize = 256;
 
-fn scan_some(pids: &[u32], classify: &dyn Fn(&Path) -> Option<Node>) -> ProcScan {
+fn scan_some(pids: &[u32], classify: Option<Classify>) -> ProcScan {
     let mut result = ProcScan::default();
     let mut buffers = Buffers::default();
     for &pid in pids {
-        if let Some((record, fd_error)) = read_process_with(pid, classify, &mut buffers) {
+        if let Some((record, fd_error)) = read_process(pid, classify, &mut buffers) {
             if let Some(reason) = fd_error {
                 result.unreadable.push(Unreadable {
                     pid,
@@ -131,28 +143,35 @@ struct Buffers {
     link: Vec<u8>,
 }
 
-/// Reads one process; `None` when it has gone. The second value is why its
+/// Reads one process through one handle on its /proc directory, so that its
+/// stat and its descriptors are the same process's even if the PID is reused
+/// meanwhile. `None` when it has gone. The second value is why its
 /// descriptors could not be read, if they could not.
-pub fn read_process(
+fn read_process(
     pid: u32,
-    classify: &dyn Fn(&Path) -> Option<Node>,
-) -> Option<(ProcessRecord, Option<String>)> {
-    read_process_with(pid, classify, &mut Buffers::default())
-}
-
-fn read_process_with(
-    pid: u32,
-    classify: &dyn Fn(&Path) -> Option<Node>,
+    classify: Option<Classify>,
     buffers: &mut Buffers,
 ) -> Option<(ProcessRecord, Option<String>)> {
-    let stat = read_stat(pid, &mut buffers.stat)?;
+    use rustix::fs::{Mode, OFlags};
+    let directory = rustix::fs::openat(
+        rustix::fs::CWD,
+        format!("/proc/{pid}"),
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()?;
+    let stat = read_stat(&directory, &mut buffers.stat)?;
     let kernel_thread = stat.flags & PF_KTHREAD != 0;
     let mut nodes = BTreeSet::new();
     let mut fd_error = None;
-    if !kernel_thread {
-        match scan_fds(pid, classify, &mut buffers.link, &mut nodes) {
+    if let Some(classify) = classify
+        && !kernel_thread
+    {
+        match scan_fds(&directory, classify, &mut buffers.link, &mut nodes) {
             Ok(()) => {}
-            Err(error) if error == rustix::io::Errno::NOENT => return None,
+            Err(error) if error == rustix::io::Errno::NOENT || error == rustix::io::Errno::SRCH => {
+                return None;
+            }
             Err(error) => fd_error = Some(io::Error::from(error).to_string()),
         }
     }
@@ -188,14 +207,20 @@ struct Stat {
     start_time: u64,
 }
 
-fn read_stat(pid: u32, buffer: &mut Vec<u8>) -> Option<Stat> {
-    use std::io::Read;
+fn read_stat(directory: &std::os::fd::OwnedFd, buffer: &mut Vec<u8>) -> Option<Stat> {
+    use rustix::fs::{Mode, OFlags};
+    let file = rustix::fs::openat(
+        directory,
+        "stat",
+        OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()?;
     buffer.clear();
-    let mut file = fs::File::open(format!("/proc/{pid}/stat")).ok()?;
     buffer.resize(1024, 0);
     let mut filled = 0;
     loop {
-        let read = file.read(&mut buffer[filled..]).ok()?;
+        let read = rustix::io::read(&file, &mut buffer[filled..]).ok()?;
         filled += read;
         if read == 0 || filled < buffer.len() {
             break;
@@ -230,8 +255,8 @@ fn parse_stat(text: &[u8]) -> Option<Stat> {
 
 /// Adds the GPU nodes among a process's descriptors to `nodes`.
 fn scan_fds(
-    pid: u32,
-    classify: &dyn Fn(&Path) -> Option<Node>,
+    process: &std::os::fd::OwnedFd,
+    classify: Classify,
     link: &mut Vec<u8>,
     nodes: &mut BTreeSet<Node>,
 ) -> Result<(), rustix::io::Errno> {
@@ -239,8 +264,8 @@ fn scan_fds(
     use std::os::unix::ffi::OsStrExt;
 
     let directory = rustix::fs::openat(
-        rustix::fs::CWD,
-        format!("/proc/{pid}/fd"),
+        process,
+        "fd",
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
         Mode::empty(),
     )?;
@@ -352,15 +377,12 @@ pub fn cpu_ticks(pid: u32) -> Option<u64> {
         .map(|stat| stat.utime + stat.stime)
 }
 
-/// Whether a process's environment (as it started) sets `name`.
-pub fn has_env(pid: u32, name: &str) -> bool {
-    let Ok(environ) = fs::read(format!("/proc/{pid}/environ")) else {
-        return false;
-    };
-    environ.split(|&byte| byte == 0).any(|entry| {
-        entry
-            .strip_prefix(name.as_bytes())
-            .is_some_and(|rest| rest.first() == Some(&b'='))
+/// The value of `name` in a process's environment (as it started).
+pub fn env_value(pid: u32, name: &str) -> Option<String> {
+    let environ = fs::read(format!("/proc/{pid}/environ")).ok()?;
+    environ.split(|&byte| byte == 0).find_map(|entry| {
+        let value = entry.strip_prefix(name.as_bytes())?.strip_prefix(b"=")?;
+        Some(String::from_utf8_lossy(value).into_owned())
     })
 }
 

@@ -443,7 +443,10 @@ fn read_details(record: &ProcessRecord) -> Details {
     let supervised = cgroup
         .as_deref()
         .is_some_and(|path| path.contains(crate::run::contain::CGROUP_PREFIX))
-        || proc::has_env(pid, crate::run::contain::SUPERVISOR_ENV);
+        || proc::env_value(pid, crate::run::contain::SUPERVISOR_ENV)
+            .and_then(|supervisor| supervisor.parse::<u32>().ok())
+            // Only while that gpureap still runs: the variable outlives its supervisor.
+            .is_some_and(|supervisor| proc::cmdline(supervisor).contains("gpureap"));
     Details {
         user: record
             .uid

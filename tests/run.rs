@@ -79,9 +79,15 @@ impl Setup {
                 "2",
             ])
             .args(["--sim", self.host.path().to_str().expect("utf-8 path")])
-            .args(server_args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+            .args(server_args);
+        Supervisor::start(command)
+    }
+}
+
+impl Supervisor {
+    /// Starts a `gpureap run` command and collects its events as they come.
+    fn start(mut command: std::process::Command) -> Supervisor {
+        command.stdout(Stdio::piped()).stderr(Stdio::piped());
         let mut child = command.spawn().expect("gpureap run starts");
         let events = Arc::new(Mutex::new(Vec::new()));
         let stdout = Arc::new(Mutex::new(String::new()));
@@ -105,9 +111,7 @@ impl Setup {
             stdout,
         }
     }
-}
 
-impl Supervisor {
     /// Waits for the `nth` (1-based) event containing `text`; panics with all events on timeout.
     fn wait_for(&self, text: &str, nth: usize) -> String {
         let deadline = Instant::now() + Duration::from_secs(40);
@@ -137,11 +141,17 @@ impl Supervisor {
     }
 
     /// SIGTERM to gpureap, as systemd or a Ctrl-C would; returns its exit code.
-    fn stop(mut self) -> (i32, Vec<String>, String) {
+    fn stop(self) -> (i32, Vec<String>, String) {
+        self.stop_with(rustix::process::Signal::TERM)
+    }
+
+    /// Sends `signal` to gpureap and waits for it; then nothing it supervised may be left.
+    fn stop_with(mut self, signal: rustix::process::Signal) -> (i32, Vec<String>, String) {
         let pid = rustix::process::Pid::from_raw(self.child.id() as i32).expect("pid");
-        rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("signal gpureap");
+        rustix::process::kill_process(pid, signal).expect("signal gpureap");
         let status = self.child.wait().expect("gpureap ends");
         std::thread::sleep(Duration::from_millis(50));
+        nothing_supervised_left(self.child.id());
         let stdout = self.stdout.lock().expect("stdout").clone();
         (status.code().unwrap_or(-1), self.events(), stdout)
     }
@@ -149,8 +159,46 @@ impl Supervisor {
     fn wait_exit(mut self) -> (i32, Vec<String>) {
         let status = self.child.wait().expect("gpureap ends");
         std::thread::sleep(Duration::from_millis(50));
+        nothing_supervised_left(self.child.id());
         (status.code().unwrap_or(-1), self.events())
     }
+}
+
+/// After the gpureap with this PID ended: no process it started (they all
+/// carry its PID in their environment) is alive, and none of its cgroups is left.
+fn nothing_supervised_left(gpureap: u32) {
+    let supervised: Vec<u32> = std::fs::read_dir("/proc")
+        .expect("/proc")
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| alive(pid))
+        .filter(|&pid| {
+            gpureap::proc::env_value(pid, "GPUREAP_SUPERVISOR").as_deref()
+                == Some(&gpureap.to_string())
+        })
+        .collect();
+    assert!(
+        supervised.is_empty(),
+        "processes started under gpureap {gpureap} survive it: {supervised:?}"
+    );
+    let prefix = format!("gpureap.run-{gpureap}-");
+    let mut folders = vec![PathBuf::from("/sys/fs/cgroup")];
+    let mut left = Vec::new();
+    for _ in 0..3 {
+        let mut deeper = Vec::new();
+        for folder in folders {
+            for entry in std::fs::read_dir(&folder).into_iter().flatten().flatten() {
+                if entry.file_type().is_ok_and(|kind| kind.is_dir()) {
+                    if entry.file_name().to_string_lossy().starts_with(&prefix) {
+                        left.push(entry.path());
+                    }
+                    deeper.push(entry.path());
+                }
+            }
+        }
+        folders = deeper;
+    }
+    assert!(left.is_empty(), "cgroups left behind: {left:?}");
 }
 
 impl Drop for Supervisor {
@@ -471,57 +519,29 @@ fn a_crash_leaving_a_worker_that_ignores_sigterm_is_freed_by_force_and_restarted
     nothing_left(&setup.host, 2);
 }
 
+/// `gpureap run` around a bash server on the simulated host.
+fn bash_server(host: &SimHost, flags: &[&str], server: &str) -> Supervisor {
+    let mut command = gpureap(host);
+    command
+        .arg("run")
+        .args(["--grace", "300ms", "--state-dir"])
+        .arg(host.path().join("state"))
+        .args(flags)
+        .args(["--", "bash", "-c", server])
+        .env("D", host.path());
+    Supervisor::start(command)
+}
+
 #[test]
 fn a_server_that_ignores_sigterm_on_stop_is_killed_and_the_exit_code_says_so() {
     let host = SimHost::new(1, 80 * GIB, "Simulated H200").expect("sim host");
-    let state = host.path().join("state");
     let server =
         "exec 3<\"$D/nvidia0\"; trap '' TERM; echo serving; while :; do sleep 0.05 3<&-; done";
-    let mut child = gpureap(&host)
-        .args([
-            "run",
-            "--ready-log",
-            "serving",
-            "--grace",
-            "300ms",
-            "--state-dir",
-        ])
-        .arg(&state)
-        .args(["--", "bash", "-c", server])
-        .env("D", host.path())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("gpureap run starts");
-    let events = Arc::new(Mutex::new(Vec::new()));
-    let sink = Arc::clone(&events);
-    let stderr = child.stderr.take().expect("stderr");
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            sink.lock().expect("events").push(line);
-        }
-    });
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !events
-        .lock()
-        .expect("events")
-        .iter()
-        .any(|e| e.contains("ready after"))
-    {
-        assert!(
-            Instant::now() < deadline,
-            "never ready: {:?}",
-            events.lock().expect("events")
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let supervisor = bash_server(&host, &["--ready-log", "serving"], server);
+    supervisor.wait_for("ready after", 1);
     assert_eq!(used(&host, 0), GIB);
-    let pid = rustix::process::Pid::from_raw(child.id() as i32).expect("pid");
-    rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("signal gpureap");
-    let code = child.wait().expect("gpureap ends").code();
-    std::thread::sleep(Duration::from_millis(50));
-    let events = events.lock().expect("events").clone();
-    assert_eq!(code, Some(1), "forced, so not clean: {}", events.join("\n"));
+    let (code, events, _) = supervisor.stop();
+    assert_eq!(code, 1, "forced, so not clean: {}", events.join("\n"));
     assert!(
         events.iter().any(|e| e.contains("SIGKILL needed for")),
         "{}",
@@ -535,7 +555,91 @@ fn a_server_that_ignores_sigterm_on_stop_is_killed_and_the_exit_code_says_so() {
     nothing_left(&host, 1);
 }
 
-fn escapee_is_caught(flags: &[&str]) {
+#[test]
+fn a_progress_bar_redrawn_with_carriage_returns_is_not_silence() {
+    let host = SimHost::new(1, 80 * GIB, "Simulated H200").expect("sim host");
+    // Three seconds of tqdm-like progress, no newline, with a 1 s stall timeout.
+    let server = "exec 3<\"$D/nvidia0\"; for i in $(seq 1 30); do printf '\\rLoading safetensors checkpoint shards: %d%%' $i; sleep 0.1; done; echo; echo serving; exec sleep 100000 3<&-";
+    let supervisor = bash_server(
+        &host,
+        &["--ready-log", "serving", "--stall-timeout", "1s"],
+        server,
+    );
+    let ready = supervisor.wait_for("ready after", 1);
+    assert!(
+        ready.contains("at log line 31"),
+        "each redraw counts as a line: {ready}"
+    );
+    let (code, events, stdout) = supervisor.stop();
+    assert!(
+        !events.iter().any(|e| e.contains("hang")),
+        "{}",
+        events.join("\n")
+    );
+    assert!(
+        stdout.contains("\rLoading safetensors checkpoint shards: 30%"),
+        "passed through as written"
+    );
+    assert_eq!(code, 0, "{}", events.join("\n"));
+}
+
+#[test]
+fn sighup_to_gpureap_stops_the_server_too() {
+    let host = SimHost::new(1, 80 * GIB, "Simulated H200").expect("sim host");
+    let supervisor = bash_server(
+        &host,
+        &["--ready-log", "serving"],
+        "exec 3<\"$D/nvidia0\"; echo serving; exec sleep 100000",
+    );
+    supervisor.wait_for("ready after", 1);
+    let (code, events, _) = supervisor.stop_with(rustix::process::Signal::HUP);
+    assert_eq!(code, 0, "{}", events.join("\n"));
+    assert!(
+        events.iter().any(|e| e.contains("stop requested")),
+        "{}",
+        events.join("\n")
+    );
+    nothing_left(&host, 1);
+}
+
+#[test]
+fn a_closed_stderr_does_not_stop_gpureap_from_stopping_the_server() {
+    let host = SimHost::new(1, 80 * GIB, "Simulated H200").expect("sim host");
+    let mut command = gpureap(&host);
+    command
+        .arg("run")
+        .args(["--ready-log", "serving", "--grace", "300ms", "--state-dir"])
+        .arg(host.path().join("state"))
+        .args([
+            "--",
+            "bash",
+            "-c",
+            "exec 3<\"$D/nvidia0\"; echo serving; exec sleep 100000",
+        ])
+        .env("D", host.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = command.spawn().expect("gpureap run starts");
+    // Read the first event, then close the pipe: as a dropped ssh session does.
+    let mut stderr = BufReader::new(child.stderr.take().expect("stderr"));
+    let mut first = String::new();
+    stderr.read_line(&mut first).expect("an event");
+    drop(stderr);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while used(&host, 0) == 0 {
+        assert!(Instant::now() < deadline, "the server never held the GPU");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).expect("pid");
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("signal gpureap");
+    let status = child.wait().expect("gpureap ends");
+    assert_ne!(status.code(), Some(101), "gpureap panicked");
+    nothing_supervised_left(child.id());
+    nothing_left(&host, 1);
+}
+
+/// Returns the containment event of the first start.
+fn escapee_is_caught(flags: &[&str]) -> String {
     let setup = setup(3);
     let marker = setup.host.path().join("fault-once");
     let supervisor = setup.run(
@@ -547,6 +651,7 @@ fn escapee_is_caught(flags: &[&str]) {
             marker.to_str().expect("path"),
         ],
     );
+    let containment = supervisor.wait_for("containment:", 1);
     supervisor.wait_for("crash: server exited with code 1", 1);
     supervisor.wait_for("GPU 2: freed 20.0 GiB", 1);
     supervisor.wait_for("nothing left behind", 1);
@@ -562,6 +667,7 @@ fn escapee_is_caught(flags: &[&str]) {
         .count();
     assert!(escapees >= 1, "{}", events.join("\n"));
     nothing_left(&setup.host, 3);
+    containment
 }
 
 #[test]
@@ -571,12 +677,14 @@ fn a_setsid_grandchild_holding_a_gpu_is_caught_by_the_cgroup() {
             "CI provides cgroup2 (at /sys/fs/cgroup/unified on this machine type); this host has none"
         );
     }
-    escapee_is_caught(&[]);
+    let containment = escapee_is_caught(&[]);
+    assert!(containment.contains("cgroup v2"), "{containment}");
 }
 
 #[test]
 fn a_setsid_grandchild_is_caught_by_the_fallback_too() {
-    escapee_is_caught(&["--no-cgroup"]);
+    let containment = escapee_is_caught(&["--no-cgroup"]);
+    assert!(containment.contains("child subreaper"), "{containment}");
 }
 
 #[test]

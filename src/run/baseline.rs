@@ -35,13 +35,15 @@ impl History {
     }
 
     /// Remembers one good start, written atomically (rename) so a crash
-    /// never leaves a half-written file.
+    /// never leaves a half-written file. The file is read again first, so
+    /// that another gpureap running the same command loses nothing.
     pub fn record(&mut self, dir: &Path, start: GoodStart) -> std::io::Result<()> {
+        *self = History::load(dir);
         self.good_starts.push(start);
         let excess = self.good_starts.len().saturating_sub(KEPT);
         self.good_starts.drain(..excess);
         fs::create_dir_all(dir)?;
-        let temporary = dir.join(format!("{FILE}.tmp"));
+        let temporary = dir.join(format!("{FILE}.{}.tmp", std::process::id()));
         fs::write(
             &temporary,
             serde_json::to_string_pretty(self).unwrap_or_default(),

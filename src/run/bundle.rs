@@ -120,6 +120,34 @@ impl Bundle {
             .collect()
     }
 
+    /// Members depth-first from those whose parent is not a member, with depths.
+    fn tree_order(&self) -> Vec<(&Member, usize)> {
+        let pids: BTreeSet<u32> = self.members.iter().map(|member| member.pid).collect();
+        let mut ordered = Vec::new();
+        let mut stack: Vec<(&Member, usize)> = self
+            .members
+            .iter()
+            .filter(|member| !member.ppid.is_some_and(|ppid| pids.contains(&ppid)))
+            .rev()
+            .map(|member| (member, 0))
+            .collect();
+        let mut seen = BTreeSet::new();
+        while let Some((member, depth)) = stack.pop() {
+            if !seen.insert(member.pid) {
+                continue;
+            }
+            ordered.push((member, depth));
+            stack.extend(
+                self.members
+                    .iter()
+                    .filter(|child| child.ppid == Some(member.pid))
+                    .rev()
+                    .map(|child| (child, depth + 1)),
+            );
+        }
+        ordered
+    }
+
     /// Writes the bundle; returns its folder.
     pub fn write(&self, state_dir: &Path, snapshot: &Snapshot) -> io::Result<PathBuf> {
         let stamp = SystemTime::now()
@@ -146,11 +174,12 @@ impl Bundle {
         let mut processes = String::from(
             "PID      PPID     SID      S  CPU%    WCHAN                          COMMAND\n",
         );
-        for member in &self.members {
+        // In tree order, each command indented under its parent.
+        for (member, depth) in self.tree_order() {
             let number = |value: Option<u32>| value.map_or("?".to_string(), |v| v.to_string());
             let _ = writeln!(
                 processes,
-                "{:<8} {:<8} {:<8} {:<2} {:<7} {:<30} {}",
+                "{:<8} {:<8} {:<8} {:<2} {:<7} {:<30} {}{}",
                 member.pid,
                 number(member.ppid),
                 number(member.sid),
@@ -159,6 +188,7 @@ impl Bundle {
                     .cpu_percent
                     .map_or("?".to_string(), |cpu| format!("{cpu:.0}")),
                 member.wchan.as_deref().unwrap_or("-"),
+                "  ".repeat(depth),
                 member.cmdline.as_deref().unwrap_or("")
             );
         }

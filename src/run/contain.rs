@@ -131,7 +131,28 @@ impl Containment {
     pub fn members(&self) -> BTreeSet<u32> {
         match self {
             Containment::Cgroup { path } => read_procs(path),
-            Containment::Fallback { .. } => children_of_self(),
+            Containment::Fallback { .. } => {
+                descendants_of_self().into_iter().map(|id| id.pid).collect()
+            }
+        }
+    }
+
+    /// Whether `pid`, as `snapshot` shows it, is still the server's: in this
+    /// cgroup, or a descendant of gpureap. A member that exited after the
+    /// member list was read may have left its PID to a stranger.
+    pub fn owns(&self, pid: u32, snapshot: &crate::snapshot::Snapshot) -> bool {
+        match self {
+            Containment::Cgroup { path } => {
+                let name = path
+                    .file_name()
+                    .and_then(|name| name.to_str())
+                    .unwrap_or("");
+                proc::cgroup(pid)
+                    .is_some_and(|cgroup| !name.is_empty() && cgroup.ends_with(&format!("/{name}")))
+            }
+            Containment::Fallback { .. } => {
+                descendants(&snapshot.children(), std::process::id()).contains(&pid)
+            }
         }
     }
 
@@ -153,17 +174,13 @@ impl Containment {
                 }
             }
             Containment::Fallback { .. } => loop {
-                let left = children_of_self();
-                for &pid in &left {
-                    if let Some(start_time) = proc::start_time(pid) {
-                        crate::reap::send(
-                            proc::ProcessId { pid, start_time },
-                            crate::reap::Sig::Kill,
-                        );
-                    }
+                let left = descendants_of_self();
+                // Each identity comes from the same scan that found it under gpureap.
+                for &id in &left {
+                    crate::reap::send(id, crate::reap::Sig::Kill);
                 }
                 if left.is_empty() || Instant::now() >= deadline {
-                    return left;
+                    return left.into_iter().map(|id| id.pid).collect();
                 }
                 std::thread::sleep(Duration::from_millis(5));
             },
@@ -186,22 +203,22 @@ fn read_procs(path: &Path) -> BTreeSet<u32> {
         .collect()
 }
 
-/// Live (non-zombie) descendants of gpureap, by a fresh /proc walk.
-fn children_of_self() -> BTreeSet<u32> {
-    let Ok(scan) = proc::scan(&|_| None) else {
-        return BTreeSet::new();
+/// Live (non-zombie) descendants of gpureap, by a fresh walk of the tree.
+fn descendants_of_self() -> Vec<proc::ProcessId> {
+    let Ok(scan) = proc::scan_tree() else {
+        return Vec::new();
     };
     let mut children: std::collections::HashMap<u32, Vec<u32>> = std::collections::HashMap::new();
-    let mut live = BTreeSet::new();
     for record in &scan.processes {
         children.entry(record.ppid).or_default().push(record.id.pid);
-        if record.state != 'Z' {
-            live.insert(record.id.pid);
-        }
     }
-    descendants(&children, std::process::id())
+    let mine: BTreeSet<u32> = descendants(&children, std::process::id())
         .into_iter()
-        .filter(|pid| live.contains(pid))
+        .collect();
+    scan.processes
+        .iter()
+        .filter(|record| record.state != 'Z' && mine.contains(&record.id.pid))
+        .map(|record| record.id)
         .collect()
 }
 

@@ -16,6 +16,7 @@ pub mod ready;
 
 use std::collections::BTreeSet;
 use std::fs::OpenOptions;
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -75,8 +76,10 @@ enum Ended {
     Stopped,
 }
 
+/// One line on stderr. A closed stderr (an ssh drop, a dead `tee`) must not
+/// stop the supervisor: it still has a server to stop.
 fn event(text: &str) {
-    eprintln!("gpureap run: {text}");
+    let _ = writeln!(std::io::stderr(), "gpureap run: {text}");
 }
 
 fn describe_status(status: WaitStatus) -> String {
@@ -89,6 +92,45 @@ fn describe_status(status: WaitStatus) -> String {
     }
 }
 
+/// A clean end: exit code 0, or the default end on SIGTERM.
+fn ended_cleanly(status: WaitStatus) -> bool {
+    status.exit_status() == Some(0) || status.terminating_signal() == Some(libc::SIGTERM)
+}
+
+/// The server's main process and its exit status, once reaped. Everything
+/// reaped goes through here, so the status is never lost to another wait.
+struct MainProcess {
+    pid: u32,
+    status: Option<WaitStatus>,
+}
+
+impl MainProcess {
+    fn reap(&mut self) {
+        for (pid, status) in contain::reap_children() {
+            if pid == self.pid {
+                self.status = Some(status);
+            }
+        }
+    }
+}
+
+/// If anything below panics, the contained tree is still ended.
+struct SweepOnPanic<'a>(&'a Containment);
+
+impl Drop for SweepOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.sweep(Duration::from_secs(5));
+        }
+    }
+}
+
+/// A start that stayed ready this long resets the restart count: the
+/// restarts budget is for crash loops, not for a server's whole life.
+const HEALTHY_RUN: Duration = Duration::from_secs(600);
+/// How long the output pipes may stay open after the tree is gone.
+const PIPE_DRAIN: Duration = Duration::from_secs(2);
+
 /// Supervises the server until it ends for good, or gpureap is stopped.
 pub fn supervise(config: &RunConfig, driver: &dyn Driver) -> std::io::Result<u8> {
     // Orphans of the server come back to us rather than to PID 1.
@@ -96,8 +138,19 @@ pub fn supervise(config: &RunConfig, driver: &dyn Driver) -> std::io::Result<u8>
         event(&format!("cannot become child subreaper: {error}"));
     }
     let stop = Arc::new(AtomicBool::new(false));
-    signal_hook::flag::register(signal_hook::consts::SIGINT, Arc::clone(&stop))?;
-    signal_hook::flag::register(signal_hook::consts::SIGTERM, Arc::clone(&stop))?;
+    for signal in [
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
+        signal_hook::consts::SIGQUIT,
+    ] {
+        signal_hook::flag::register(signal, Arc::clone(&stop))?;
+    }
+    if matches!(config.readiness, Readiness::Started) {
+        event(
+            "no readiness check given: the server counts as ready once started, so --stall-timeout and --startup-timeout do not apply",
+        );
+    }
 
     let log_file = match &config.log {
         Some(path) => Some(Arc::new(Mutex::new(
@@ -107,154 +160,125 @@ pub fn supervise(config: &RunConfig, driver: &dyn Driver) -> std::io::Result<u8>
     };
     let mut history = History::load(&config.state_dir);
     let mut restarts = 0u32;
+    let mut start_number = 0u32;
     loop {
-        let start_number = restarts + 1;
-        let containment = Containment::prepare(config.allow_cgroup, start_number);
+        start_number += 1;
+        let mut containment = Containment::prepare(config.allow_cgroup, start_number);
         event(&format!("containment: {containment}"));
-
-        let mut command = Command::new(&config.command[0]);
-        command
-            .args(&config.command[1..])
-            .env(SUPERVISOR_ENV, std::process::id().to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        // Python servers block-buffer a pipe: ask for lines, so nothing is lost at a crash.
-        if std::env::var_os("PYTHONUNBUFFERED").is_none() {
-            command.env("PYTHONUNBUFFERED", "1");
-        }
-        let procs_file = containment.apply(&mut command)?;
-        let mut child = match command.spawn() {
-            Ok(child) => child,
+        let spawned = match spawn(config, &containment, &log_file) {
+            Ok(spawned) => spawned,
+            Err(error) if matches!(containment, Containment::Cgroup { .. }) => {
+                // The command may be fine and the cgroup the problem: try without it.
+                containment.release();
+                containment = Containment::Fallback {
+                    why: format!("starting inside the cgroup failed: {error}"),
+                };
+                event(&format!("containment: {containment}"));
+                match spawn(config, &containment, &log_file) {
+                    Ok(spawned) => spawned,
+                    Err(error) => {
+                        event(&format!("cannot start {}: {error}", config.command[0]));
+                        return Ok(exit::USAGE);
+                    }
+                }
+            }
             Err(error) => {
                 containment.release();
                 event(&format!("cannot start {}: {error}", config.command[0]));
                 return Ok(exit::USAGE);
             }
         };
-        drop(procs_file);
-        let main_pid = child.id();
-        let log = SharedLog::new(Mutex::new(LogState::new()));
-        let ready_regex = match &config.readiness {
-            Readiness::Log(regex) => Some(regex.clone()),
-            _ => None,
+        let _sweep = SweepOnPanic(&containment);
+        let mut main = MainProcess {
+            pid: spawned.pid,
+            status: None,
         };
-        let pumps = [
-            child.stdout.take().map(|out| {
-                output::pump(
-                    out,
-                    Stream::Stdout,
-                    log_file.clone(),
-                    log.clone(),
-                    ready_regex.clone(),
-                )
-            }),
-            child.stderr.take().map(|err| {
-                output::pump(
-                    err,
-                    Stream::Stderr,
-                    log_file.clone(),
-                    log.clone(),
-                    ready_regex.clone(),
-                )
-            }),
-        ];
-        // The child is reaped with waitpid below, together with adopted orphans.
-        drop(child);
         event(&format!(
-            "start {start_number}: pid {main_pid}: {}; ready when {}",
+            "start {start_number}: pid {}: {}; ready when {}",
+            main.pid,
             config.command.join(" "),
             config.readiness
         ));
 
         let mut cpu = CpuSamples::default();
         let started = Instant::now();
-        let ended = watch(
+        let (ended, ready_at) = watch(
             config,
             &containment,
-            main_pid,
-            &log,
+            &mut main,
+            &spawned.log,
             &stop,
             &mut cpu,
             &mut history,
         );
         let seconds = started.elapsed().as_secs_f64();
-        let lines = log.lock().map(|state| state.lines).unwrap_or(0);
-
-        let members = containment.members();
-        let snapshot = Snapshot::take_focused(driver, &members);
-        // One last sample, so the bundle's CPU figures reach up to this moment.
-        cpu.sample(&members);
         let (failure, summary) = match &ended {
             Ended::Hung(reason) => (true, reason.clone()),
             Ended::Exited(status) if status.exit_status() == Some(0) => {
                 (false, format!("server {}", describe_status(*status)))
             }
             Ended::Exited(status) => (true, format!("crash: server {}", describe_status(*status))),
-            Ended::Stopped => (false, "stop requested (SIGINT or SIGTERM)".to_string()),
+            Ended::Stopped => (false, "stop requested (signal to gpureap)".to_string()),
         };
         event(&summary);
         if failure {
-            let progress = format!(
-                "at log line {lines} after {seconds:.1}s; {}",
-                history.summary()
+            // A crash's last words may still be in the pipes: let them arrive first.
+            output::wait_for_quiet(
+                &spawned.log,
+                Duration::from_millis(100),
+                Duration::from_secs(1),
             );
-            let bundle = Bundle {
-                schema_version: crate::report::SCHEMA_VERSION,
-                kind: "bundle",
-                reason: summary.clone(),
-                progress,
-                start: start_number,
-                lines,
+            write_bundle(
+                config,
+                driver,
+                &containment,
+                &spawned.log,
+                &mut cpu,
+                &history,
+                &summary,
+                start_number,
                 seconds,
-                containment: containment.to_string(),
-                command: config.command.join(" "),
-                members: Bundle::members(&snapshot, &members, &cpu),
-                log_tail: log
-                    .lock()
-                    .map(|state| state.tail.iter().cloned().collect())
-                    .unwrap_or_default(),
-                gpu: serde_json::from_str(&crate::report::status_json(&snapshot, &None))
-                    .unwrap_or_default(),
-            };
-            match bundle.write(&config.state_dir, &snapshot) {
-                Ok(dir) => event(&format!("diagnostic bundle: {}", dir.display())),
-                Err(error) => event(&format!("cannot write the diagnostic bundle: {error}")),
-            }
+            );
         }
 
-        let (freed, graceful) =
-            stop_tree(config, driver, &containment, snapshot, &members, main_pid);
-        for pump in pumps.into_iter().flatten() {
-            let _ = pump.join();
-        }
-        contain::reap_children();
+        let (freed, forced) = stop_tree(config, driver, &containment, &mut main);
+        output::join(spawned.pumps, PIPE_DRAIN);
+        main.reap();
+        let clean_stop = !forced && main.status.is_none_or(ended_cleanly);
 
         if matches!(ended, Ended::Stopped) {
-            return Ok(if freed && graceful {
+            return Ok(if freed && clean_stop {
                 exit::SUCCESS
             } else {
                 exit::STILL_HELD
             });
         }
+        let outcome = if freed && !failure {
+            exit::SUCCESS
+        } else {
+            exit::STILL_HELD
+        };
         let restart = match config.restart {
             Restart::Never => false,
             Restart::OnFailure => failure,
             Restart::Always => true,
         };
         if !restart {
-            return Ok(if freed && !failure {
-                exit::SUCCESS
-            } else {
-                exit::STILL_HELD
-            });
+            return Ok(outcome);
+        }
+        if !freed {
+            event("not restarting: GPU memory the server held is not verified free (see above)");
+            return Ok(exit::STILL_HELD);
+        }
+        if ready_at.is_some_and(|at| at.elapsed() >= HEALTHY_RUN) {
+            restarts = 0;
         }
         if restarts >= config.max_restarts {
             event(&format!(
                 "giving up: {restarts} restart(s) used of --max-restarts {}",
                 config.max_restarts
             ));
-            return Ok(exit::STILL_HELD);
+            return Ok(outcome);
         }
         let pause = config
             .backoff
@@ -268,14 +292,13 @@ pub fn supervise(config: &RunConfig, driver: &dyn Driver) -> std::io::Result<u8>
             config.max_restarts
         ));
         let resume = Instant::now() + pause;
-        while Instant::now() < resume {
+        loop {
             if stop.load(Ordering::Relaxed) {
-                event("stop requested during backoff: not restarting");
-                return Ok(if freed && !failure {
-                    exit::SUCCESS
-                } else {
-                    exit::STILL_HELD
-                });
+                event("stop requested: not restarting");
+                return Ok(outcome);
+            }
+            if Instant::now() >= resume {
+                break;
             }
             std::thread::sleep(
                 Duration::from_millis(20).min(resume.saturating_duration_since(Instant::now())),
@@ -284,18 +307,121 @@ pub fn supervise(config: &RunConfig, driver: &dyn Driver) -> std::io::Result<u8>
     }
 }
 
+/// A started server: its main PID and the threads pumping its output.
+struct Spawned {
+    pid: u32,
+    log: SharedLog,
+    pumps: Vec<std::thread::JoinHandle<()>>,
+}
+
+fn spawn(
+    config: &RunConfig,
+    containment: &Containment,
+    log_file: &Option<Arc<Mutex<std::fs::File>>>,
+) -> std::io::Result<Spawned> {
+    let mut command = Command::new(&config.command[0]);
+    command
+        .args(&config.command[1..])
+        .env(SUPERVISOR_ENV, std::process::id().to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // Python servers block-buffer a pipe: ask for lines, so nothing is lost at a crash.
+    if std::env::var_os("PYTHONUNBUFFERED").is_none() {
+        command.env("PYTHONUNBUFFERED", "1");
+    }
+    let procs_file = containment.apply(&mut command)?;
+    let mut child = command.spawn()?;
+    drop(procs_file);
+    let log = SharedLog::new(Mutex::new(LogState::new()));
+    let ready_regex = match &config.readiness {
+        Readiness::Log(regex) => Some(regex.clone()),
+        _ => None,
+    };
+    let mut pumps = Vec::new();
+    if let Some(out) = child.stdout.take() {
+        pumps.push(output::pump(
+            out,
+            Stream::Stdout,
+            log_file.clone(),
+            log.clone(),
+            ready_regex.clone(),
+        ));
+    }
+    if let Some(err) = child.stderr.take() {
+        pumps.push(output::pump(
+            err,
+            Stream::Stderr,
+            log_file.clone(),
+            log.clone(),
+            ready_regex,
+        ));
+    }
+    // The child is reaped with wait() later, together with adopted orphans.
+    Ok(Spawned {
+        pid: child.id(),
+        log,
+        pumps,
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn write_bundle(
+    config: &RunConfig,
+    driver: &dyn Driver,
+    containment: &Containment,
+    log: &SharedLog,
+    cpu: &mut CpuSamples,
+    history: &History,
+    summary: &str,
+    start_number: u32,
+    seconds: f64,
+) {
+    let members = containment.members();
+    let snapshot = Snapshot::take_focused(driver, &members);
+    let (lines, log_tail) = log
+        .lock()
+        .map(|state| (state.lines, state.tail.iter().cloned().collect()))
+        .unwrap_or_default();
+    // One last sample, so the CPU figures reach up to this moment.
+    cpu.sample(&members);
+    let bundle = Bundle {
+        schema_version: crate::report::SCHEMA_VERSION,
+        kind: "bundle",
+        reason: summary.to_string(),
+        progress: format!(
+            "at log line {lines} after {seconds:.1}s; {}",
+            history.summary()
+        ),
+        start: start_number,
+        lines,
+        seconds,
+        containment: containment.to_string(),
+        command: config.command.join(" "),
+        members: Bundle::members(&snapshot, &members, cpu),
+        log_tail,
+        gpu: serde_json::from_str(&crate::report::status_json(&snapshot, &None))
+            .unwrap_or_default(),
+    };
+    match bundle.write(&config.state_dir, &snapshot) {
+        Ok(dir) => event(&format!("diagnostic bundle: {}", dir.display())),
+        Err(error) => event(&format!("cannot write the diagnostic bundle: {error}")),
+    }
+}
+
 /// Watches one start until it exits, hangs, or gpureap is asked to stop.
+/// Also returns when it became ready, if it did.
 fn watch(
     config: &RunConfig,
     containment: &Containment,
-    main_pid: u32,
+    main: &mut MainProcess,
     log: &SharedLog,
     stop: &AtomicBool,
     cpu: &mut CpuSamples,
     history: &mut History,
-) -> Ended {
+) -> (Ended, Option<Instant>) {
     let started = Instant::now();
-    let mut ready = matches!(config.readiness, Readiness::Started);
+    let mut ready_at = matches!(config.readiness, Readiness::Started).then_some(started);
     let mut last_probe = started;
     let mut last_health = started;
     let mut last_cpu: Option<Instant> = None;
@@ -303,13 +429,11 @@ fn watch(
     loop {
         std::thread::sleep(Duration::from_millis(20));
         if stop.load(Ordering::Relaxed) {
-            return Ended::Stopped;
+            return (Ended::Stopped, ready_at);
         }
-        if let Some((_, status)) = contain::reap_children()
-            .into_iter()
-            .find(|(pid, _)| *pid == main_pid)
-        {
-            return Ended::Exited(status);
+        main.reap();
+        if let Some(status) = main.status {
+            return (Ended::Exited(status), ready_at);
         }
         let now = Instant::now();
         if last_cpu.is_none_or(|at| now.duration_since(at) >= Duration::from_millis(500)) {
@@ -320,11 +444,11 @@ fn watch(
             Ok(state) => (state.lines, state.last_output, state.ready_at_line),
             Err(_) => (0, now, None),
         };
-        if !ready {
+        if ready_at.is_none() {
             if now.duration_since(last_probe) >= PROBE_EVERY || log_ready.is_some() {
                 last_probe = now;
                 if config.readiness.probe(log_ready.is_some()) {
-                    ready = true;
+                    ready_at = Some(now);
                     let seconds = now.duration_since(started).as_secs_f64();
                     let at_line = log_ready.unwrap_or(lines);
                     event(&format!(
@@ -351,21 +475,27 @@ fn watch(
             let silence = now.duration_since(last_output);
             let elapsed = now.duration_since(started);
             if silence >= config.stall_timeout {
-                return Ended::Hung(format!(
-                    "hang: no log output for {} before ready: stalled at log line {lines} after {:.1}s; {}",
-                    Elapsed(silence),
-                    elapsed.as_secs_f64(),
-                    history.summary()
-                ));
+                return (
+                    Ended::Hung(format!(
+                        "hang: no log output for {} before ready: stalled at log line {lines} after {:.1}s; {}",
+                        Elapsed(silence),
+                        elapsed.as_secs_f64(),
+                        history.summary()
+                    )),
+                    None,
+                );
             }
             if elapsed >= config.startup_timeout {
-                return Ended::Hung(format!(
-                    "hang: not ready after {} (--startup-timeout): at log line {lines}; {}",
-                    Elapsed(elapsed),
-                    history.summary()
-                ));
+                return (
+                    Ended::Hung(format!(
+                        "hang: not ready after {} (--startup-timeout): at log line {lines}; {}",
+                        Elapsed(elapsed),
+                        history.summary()
+                    )),
+                    None,
+                );
             }
-        } else if matches!(config.readiness, Readiness::Url(_))
+        } else if config.readiness.checks_health()
             && now.duration_since(last_health) >= config.health_interval
         {
             last_health = now;
@@ -377,9 +507,12 @@ fn watch(
                         "health check failed ({health_failures}/{HEALTH_FAILURES}): {why}"
                     ));
                     if health_failures >= HEALTH_FAILURES {
-                        return Ended::Hung(format!(
-                            "unhealthy: {HEALTH_FAILURES} health checks failed after ready (last: {why})"
-                        ));
+                        return (
+                            Ended::Hung(format!(
+                                "unhealthy: {HEALTH_FAILURES} health checks failed after ready (last: {why})"
+                            )),
+                            ready_at,
+                        );
                     }
                 }
             }
@@ -389,24 +522,28 @@ fn watch(
 
 /// Frees the whole contained tree with the core's escalation and
 /// verification, then sweeps the containment and proves it empty. Returns
-/// (GPUs verified free and nothing left, the server ended on SIGTERM alone).
+/// (GPUs verified free and nothing left, some process needed SIGKILL).
 fn stop_tree(
     config: &RunConfig,
     driver: &dyn Driver,
     containment: &Containment,
-    snapshot: Snapshot,
-    members: &BTreeSet<u32>,
-    main_pid: u32,
+    main: &mut MainProcess,
 ) -> (bool, bool) {
     let mut all_freed = true;
-    let mut graceful = true;
-    if !members.is_empty() {
-        event(&format!("stopping {} contained process(es)", members.len()));
+    let mut forced = false;
+    let members = containment.members();
+    let snapshot = Snapshot::take_focused(driver, &members);
+    // Only processes still ours in this snapshot: a member that exited since
+    // the list was read may have left its PID to a stranger.
+    let pids: BTreeSet<_> = members
+        .iter()
+        .filter(|&&pid| containment.owns(pid, &snapshot))
+        .filter_map(|pid| snapshot.processes.get(pid).map(|record| record.id))
+        .collect();
+    if !pids.is_empty() {
+        event(&format!("stopping {} contained process(es)", pids.len()));
         let scope = Scope {
-            pids: members
-                .iter()
-                .filter_map(|pid| snapshot.processes.get(pid).map(|record| record.id))
-                .collect(),
+            pids,
             ..Scope::default()
         };
         let options = Options {
@@ -420,16 +557,19 @@ fn stop_tree(
             &Guard::for_this_process(&[]),
             snapshot,
             options,
-            &mut |_| {},
+            &mut |_| main.reap(),
         );
-        graceful = !report.targets.iter().any(|target| {
-            target.pid == main_pid && target.signals.iter().any(|e| e.signal == "SIGKILL")
+        forced = report.targets.iter().any(|target| {
+            target
+                .signals
+                .iter()
+                .any(|event| event.signal == "SIGKILL" && event.delivery == reap::Delivery::Sent)
         });
         report_outcome(&report);
         all_freed = report.all_freed();
     }
     let left = containment.sweep(config.stop_timeout);
-    contain::reap_children();
+    main.reap();
     if left.is_empty() {
         match containment {
             Containment::Cgroup { path } => event(&format!(
@@ -445,14 +585,19 @@ fn stop_tree(
         all_freed = false;
         event(&format!("still alive after the sweep: {left:?}"));
     }
-    (all_freed, graceful)
+    (all_freed, forced)
 }
 
 fn report_outcome(report: &FreeReport) {
     let forced: Vec<String> = report
         .targets
         .iter()
-        .filter(|target| target.signals.iter().any(|e| e.signal == "SIGKILL"))
+        .filter(|target| {
+            target
+                .signals
+                .iter()
+                .any(|e| e.signal == "SIGKILL" && e.delivery == reap::Delivery::Sent)
+        })
         .map(|target| {
             format!(
                 "{} ({})",

@@ -5,10 +5,10 @@
 
 use std::collections::VecDeque;
 use std::fs::File;
-use std::io::{self, BufRead, BufReader, Read, Write};
+use std::io::{self, Read, Write};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use regex::Regex;
 
@@ -50,8 +50,10 @@ pub enum Stream {
     Stderr,
 }
 
-/// Starts a thread copying `source` line by line to our own stream of the
-/// same kind and to the log file, updating `state`.
+/// Starts a thread copying `source` to our own stream of the same kind and
+/// to the log file as it arrives, updating `state`. Lines end at `\n` or
+/// `\r`: a progress bar that only rewrites its line (tqdm loading weights)
+/// is output too, and must not look like silence.
 pub fn pump(
     source: impl Read + Send + 'static,
     stream: Stream,
@@ -60,42 +62,91 @@ pub fn pump(
     ready: Option<Regex>,
 ) -> JoinHandle<()> {
     std::thread::spawn(move || {
-        let mut reader = BufReader::new(source);
-        let mut line = Vec::new();
+        let mut source = source;
+        let mut chunk = vec![0u8; 64 * 1024];
+        let mut partial: Vec<u8> = Vec::new();
         loop {
-            line.clear();
-            match reader.read_until(b'\n', &mut line) {
+            let read = match source.read(&mut chunk) {
                 Ok(0) | Err(_) => break,
-                Ok(_) => {}
-            }
-            if !line.ends_with(b"\n") {
-                line.push(b'\n');
-            }
-            // Pass-through first: a full terminal must not lose the log file's copy, and vice versa.
+                Ok(read) => read,
+            };
+            let bytes = &chunk[..read];
+            // Pass-through first, byte for byte: the terminal shows what the server wrote.
             let _ = match stream {
-                Stream::Stdout => io::stdout().lock().write_all(&line),
-                Stream::Stderr => io::stderr().lock().write_all(&line),
+                Stream::Stdout => io::stdout().lock().write_all(bytes),
+                Stream::Stderr => io::stderr().lock().write_all(bytes),
             };
             if let Some(file) = &log_file
                 && let Ok(mut file) = file.lock()
             {
-                let _ = file.write_all(&line);
+                let _ = file.write_all(bytes);
                 let _ = file.flush();
             }
-            let text = String::from_utf8_lossy(&line).trim_end().to_string();
-            if let Ok(mut state) = state.lock() {
-                state.lines += 1;
-                state.last_output = Instant::now();
-                if state.ready_at_line.is_none()
-                    && ready.as_ref().is_some_and(|regex| regex.is_match(&text))
-                {
-                    state.ready_at_line = Some(state.lines);
+            let Ok(mut state) = state.lock() else { break };
+            state.last_output = Instant::now();
+            for &byte in bytes {
+                if byte == b'\n' || byte == b'\r' {
+                    if !partial.is_empty() {
+                        state.add_line(&String::from_utf8_lossy(&partial), ready.as_ref());
+                        partial.clear();
+                    }
+                } else {
+                    partial.push(byte);
                 }
-                if state.tail.len() == TAIL_LINES {
-                    state.tail.pop_front();
-                }
-                state.tail.push_back(text);
             }
         }
+        if !partial.is_empty()
+            && let Ok(mut state) = state.lock()
+        {
+            state.add_line(&String::from_utf8_lossy(&partial), ready.as_ref());
+        }
     })
+}
+
+impl LogState {
+    fn add_line(&mut self, text: &str, ready: Option<&Regex>) {
+        self.lines += 1;
+        if self.ready_at_line.is_none() && ready.is_some_and(|regex| regex.is_match(text)) {
+            self.ready_at_line = Some(self.lines);
+        }
+        if self.tail.len() == TAIL_LINES {
+            self.tail.pop_front();
+        }
+        self.tail.push_back(text.trim_end().to_string());
+    }
+}
+
+/// Waits until no output arrived for `quiet`, at most `limit`.
+pub fn wait_for_quiet(state: &SharedLog, quiet: Duration, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        let last = state
+            .lock()
+            .map(|state| state.last_output)
+            .unwrap_or_else(|_| Instant::now());
+        if last.elapsed() >= quiet {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Joins the pump threads once the pipes close; a pipe still held open after
+/// `limit` (by a process that escaped, or is stuck in state D) is given up on.
+pub fn join(pumps: Vec<JoinHandle<()>>, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    while pumps.iter().any(|pump| !pump.is_finished()) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    for pump in pumps {
+        if pump.is_finished() {
+            let _ = pump.join();
+        } else {
+            let _ = writeln!(
+                io::stderr(),
+                "gpureap run: the server's output pipe is still open after {}s; not waiting for it",
+                limit.as_secs()
+            );
+        }
+    }
 }

@@ -65,8 +65,13 @@ impl Readiness {
         }
     }
 
-    /// After ready: `Err(why)` when the health check fails. Only a URL can
-    /// fail after ready; a port or a log line says nothing more once seen.
+    /// Whether there is anything to check after ready: a URL or a port can
+    /// stop answering; a log line, once seen, says nothing more.
+    pub fn checks_health(&self) -> bool {
+        matches!(self, Readiness::Url(_) | Readiness::Port(_))
+    }
+
+    /// After ready: `Err(why)` when the health check fails.
     pub fn health(&self) -> Result<(), String> {
         match self {
             Readiness::Url(url) => match http_status(url) {
@@ -74,6 +79,9 @@ impl Readiness {
                 Ok(status) => Err(format!("{url} answered {status}")),
                 Err(error) => Err(format!("{url}: {error}")),
             },
+            Readiness::Port(port) if !port_open(*port) => {
+                Err(format!("port {port} no longer accepts connections"))
+            }
             _ => Ok(()),
         }
     }
