@@ -88,6 +88,12 @@ pub fn free(
         orphans: args.orphans,
         all: args.all,
     };
+    if scope.gpus.as_ref().is_some_and(BTreeSet::is_empty) {
+        return Err(UsageError(
+            "--gpu names no GPU: the driver reports none on this host (see `gpureap status`)"
+                .to_string(),
+        ));
+    }
     if scope.is_empty() {
         return Err(UsageError(
             "refusing to free without a scope: give one or more of --gpu LIST, --pid PID, --match REGEX, --user NAME, --orphans, --all (try --dry-run first)"

@@ -211,3 +211,18 @@ fn a_partial_scan_says_so_and_permission_denied_is_reported() {
     assert_eq!(reasons(&report, 0), ["permission_denied"]);
     assert!(alive(holder));
 }
+
+#[test]
+fn a_gpu_scope_on_a_host_without_gpus_is_refused() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_gpureap"))
+        .args(["--backend", "none", "free", "--gpu", "all", "--yes"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("runs");
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("--gpu names no GPU"),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
