@@ -234,8 +234,12 @@ impl Incident {
             let ready = records.len() >= self.expected
                 && records.iter().all(|(pid, title)| {
                     let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-                    // Gone already (a zombie child, a killed worker) counts as settled.
-                    cmdline.is_empty() || cmdline.starts_with(title.as_bytes())
+                    // Gone already (a zombie child, a killed worker) counts as settled; an
+                    // empty command line alone does not: it is also what an exec in progress shows.
+                    cmdline.starts_with(title.as_bytes())
+                        || identity(*pid)
+                            .and_then(proc::state_of)
+                            .is_none_or(|state| state == 'Z')
                 });
             if ready {
                 for (pid, title) in records {

@@ -84,6 +84,22 @@ impl Setup {
     }
 }
 
+impl Setup {
+    /// Like `run`, with the server's `fault` on its first start only.
+    fn run_faulty_once(&self, flags: &[&str], fault: &str) -> Supervisor {
+        let marker = self.host.path().join("fault-once");
+        self.run(
+            flags,
+            &[
+                "--fault",
+                fault,
+                "--fault-once",
+                marker.to_str().expect("path"),
+            ],
+        )
+    }
+}
+
 impl Supervisor {
     /// Starts a `gpureap run` command and collects its events as they come.
     fn start(mut command: std::process::Command) -> Supervisor {
@@ -353,16 +369,7 @@ fn a_stall_after_load_weight_is_diagnosed_against_good_starts_then_recovered() {
         .expect("line number in the ready event");
     assert_eq!(first.stop().0, 0);
 
-    let marker = setup.host.path().join("fault-once");
-    let supervisor = setup.run(
-        &[],
-        &[
-            "--fault",
-            "stall",
-            "--fault-once",
-            marker.to_str().expect("path"),
-        ],
-    );
+    let supervisor = setup.run_faulty_once(&[], "stall");
     let hang = supervisor.wait_for("hang: no log output", 1);
     assert!(hang.contains("stalled at log line"), "{hang}");
     assert!(
@@ -464,16 +471,7 @@ fn a_busy_spinning_start_is_a_hang_and_the_bundle_shows_the_cpu() {
 #[test]
 fn a_rank_that_dies_leaves_the_rest_blocked_and_all_are_freed() {
     let setup = setup(2);
-    let marker = setup.host.path().join("fault-once");
-    let supervisor = setup.run(
-        &[],
-        &[
-            "--fault",
-            "rank-dies",
-            "--fault-once",
-            marker.to_str().expect("path"),
-        ],
-    );
+    let supervisor = setup.run_faulty_once(&[], "rank-dies");
     let hang = supervisor.wait_for("hang: no log output", 1);
     assert!(hang.contains("no good start recorded yet"), "{hang}");
     supervisor.wait_for("GPU 0: freed 20.0 GiB", 1);
@@ -487,16 +485,7 @@ fn a_rank_that_dies_leaves_the_rest_blocked_and_all_are_freed() {
 #[test]
 fn a_crash_leaving_a_worker_that_ignores_sigterm_is_freed_by_force_and_restarted() {
     let setup = setup(2);
-    let marker = setup.host.path().join("fault-once");
-    let supervisor = setup.run(
-        &[],
-        &[
-            "--fault",
-            "ignore-term",
-            "--fault-once",
-            marker.to_str().expect("path"),
-        ],
-    );
+    let supervisor = setup.run_faulty_once(&[], "ignore-term");
     let crash = supervisor.wait_for("crash: server exited with code 1", 1);
     assert!(crash.starts_with("gpureap run: crash"), "{crash}");
     let bundle_event = supervisor.wait_for("diagnostic bundle:", 1);
@@ -641,16 +630,7 @@ fn a_closed_stderr_does_not_stop_gpureap_from_stopping_the_server() {
 /// Returns the containment event of the first start.
 fn escapee_is_caught(flags: &[&str]) -> String {
     let setup = setup(3);
-    let marker = setup.host.path().join("fault-once");
-    let supervisor = setup.run(
-        flags,
-        &[
-            "--fault",
-            "setsid",
-            "--fault-once",
-            marker.to_str().expect("path"),
-        ],
-    );
+    let supervisor = setup.run_faulty_once(flags, "setsid");
     let containment = supervisor.wait_for("containment:", 1);
     supervisor.wait_for("crash: server exited with code 1", 1);
     supervisor.wait_for("GPU 2: freed 20.0 GiB", 1);
@@ -690,16 +670,7 @@ fn a_setsid_grandchild_is_caught_by_the_fallback_too() {
 #[test]
 fn health_turning_503_after_ready_is_a_hang() {
     let setup = setup(2);
-    let marker = setup.host.path().join("fault-once");
-    let supervisor = setup.run(
-        &["--health-interval", "200ms"],
-        &[
-            "--fault",
-            "health-503",
-            "--fault-once",
-            marker.to_str().expect("path"),
-        ],
-    );
+    let supervisor = setup.run_faulty_once(&["--health-interval", "200ms"], "health-503");
     supervisor.wait_for("ready after", 1);
     let failed = supervisor.wait_for("health check failed (1/3)", 1);
     assert!(failed.contains("answered 503"), "{failed}");

@@ -338,25 +338,28 @@ fn spawn(
         Readiness::Log(regex) => Some(regex.clone()),
         _ => None,
     };
-    let mut pumps = Vec::new();
-    if let Some(out) = child.stdout.take() {
-        pumps.push(output::pump(
-            out,
+    let streams: [(Option<Box<dyn std::io::Read + Send>>, Stream); 2] = [
+        (
+            child.stdout.take().map(|out| Box::new(out) as _),
             Stream::Stdout,
-            log_file.clone(),
-            log.clone(),
-            ready_regex.clone(),
-        ));
-    }
-    if let Some(err) = child.stderr.take() {
-        pumps.push(output::pump(
-            err,
+        ),
+        (
+            child.stderr.take().map(|err| Box::new(err) as _),
             Stream::Stderr,
-            log_file.clone(),
-            log.clone(),
-            ready_regex,
-        ));
-    }
+        ),
+    ];
+    let pumps = streams
+        .into_iter()
+        .filter_map(|(source, stream)| {
+            Some(output::pump(
+                source?,
+                stream,
+                log_file.clone(),
+                log.clone(),
+                ready_regex.clone(),
+            ))
+        })
+        .collect();
     // The child is reaped with wait() later, together with adopted orphans.
     Ok(Spawned {
         pid: child.id(),
