@@ -68,6 +68,19 @@ pub struct ProcScan {
     pub unreadable: Vec<Unreadable>,
 }
 
+/// Parent → children, for tree walks.
+pub fn children<'a>(
+    records: impl IntoIterator<Item = &'a ProcessRecord>,
+) -> std::collections::HashMap<u32, Vec<u32>> {
+    let mut children: std::collections::HashMap<u32, Vec<u32>> = std::collections::HashMap::new();
+    for record in records {
+        if record.ppid != record.id.pid {
+            children.entry(record.ppid).or_default().push(record.id.pid);
+        }
+    }
+    children
+}
+
 /// What a scan asks of each descriptor: which GPU node it is, if any.
 pub type Classify<'a> = &'a (dyn Fn(&Path) -> Option<Node> + Sync);
 
@@ -152,14 +165,7 @@ fn read_process(
     classify: Option<Classify>,
     buffers: &mut Buffers,
 ) -> Option<(ProcessRecord, Option<String>)> {
-    use rustix::fs::{Mode, OFlags};
-    let directory = rustix::fs::openat(
-        rustix::fs::CWD,
-        format!("/proc/{pid}"),
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .ok()?;
+    let directory = open_process(pid)?;
     let stat = read_stat(&directory, &mut buffers.stat)?;
     let kernel_thread = stat.flags & PF_KTHREAD != 0;
     let mut nodes = BTreeSet::new();
@@ -205,6 +211,24 @@ struct Stat {
     flags: u32,
     cpu_ticks: u64,
     start_time: u64,
+}
+
+/// A handle on /proc/PID: what is read through it belongs to one process,
+/// even if the PID is reused meanwhile. `None` when the process has gone.
+fn open_process(pid: u32) -> Option<std::os::fd::OwnedFd> {
+    use rustix::fs::{Mode, OFlags};
+    rustix::fs::openat(
+        rustix::fs::CWD,
+        format!("/proc/{pid}"),
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()
+}
+
+/// One process's stat, for the few lookups outside a scan.
+fn stat_of(pid: u32) -> Option<Stat> {
+    read_stat(&open_process(pid)?, &mut Vec::new())
 }
 
 fn read_stat(directory: &std::os::fd::OwnedFd, buffer: &mut Vec<u8>) -> Option<Stat> {
@@ -305,18 +329,13 @@ pub fn cmdline(pid: u32) -> String {
 }
 /// The start time of a live process, for PID-reuse checks; `None` if it is gone.
 pub fn start_time(pid: u32) -> Option<u64> {
-    procfs::process::Process::new(pid as i32)
-        .and_then(|process| process.stat())
-        .ok()
-        .map(|stat| stat.starttime)
+    stat_of(pid).map(|stat| stat.start_time)
 }
 
 /// The state letter of a process, if it still exists with the given identity.
 pub fn state_of(id: ProcessId) -> Option<char> {
-    let stat = procfs::process::Process::new(id.pid as i32)
-        .and_then(|process| process.stat())
-        .ok()?;
-    (stat.starttime == id.start_time).then_some(stat.state)
+    let stat = stat_of(id.pid)?;
+    (stat.start_time == id.start_time).then_some(stat.state)
 }
 
 /// What the kernel says the process is blocked in, for D-state reports.
@@ -351,7 +370,7 @@ pub fn uptime_ticks() -> Option<u64> {
 }
 
 pub fn ticks_per_second() -> u64 {
-    procfs::ticks_per_second()
+    rustix::param::clock_ticks_per_second()
 }
 
 /// The chain of processes from our parent up to PID 1: the shells and scripts
@@ -359,8 +378,8 @@ pub fn ticks_per_second() -> u64 {
 pub fn ancestors_of_self() -> BTreeSet<u32> {
     let mut ancestors = BTreeSet::new();
     let mut pid = std::process::id();
-    while let Ok(stat) = procfs::process::Process::new(pid as i32).and_then(|p| p.stat()) {
-        let ppid = stat.ppid.max(0) as u32;
+    while let Some(stat) = stat_of(pid) {
+        let ppid = stat.ppid;
         if ppid == 0 || !ancestors.insert(ppid) {
             break;
         }
@@ -371,10 +390,7 @@ pub fn ancestors_of_self() -> BTreeSet<u32> {
 
 /// CPU time used so far by one process, in clock ticks; `None` if it is gone.
 pub fn cpu_ticks(pid: u32) -> Option<u64> {
-    procfs::process::Process::new(pid as i32)
-        .and_then(|process| process.stat())
-        .ok()
-        .map(|stat| stat.utime + stat.stime)
+    stat_of(pid).map(|stat| stat.cpu_ticks)
 }
 
 /// The value of `name` in a process's environment (as it started).

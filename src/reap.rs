@@ -144,7 +144,7 @@ impl Handled {
     }
 
     /// A SIGKILL was delivered (one that failed does not count, and is retried).
-    fn killed(&self) -> bool {
+    pub fn killed(&self) -> bool {
         self.signals
             .iter()
             .any(|event| event.signal == "SIGKILL" && event.delivery == Delivery::Sent)

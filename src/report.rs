@@ -362,20 +362,14 @@ pub fn status_tree(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String 
     for &pid in &holders {
         included.insert(pid);
         included.extend(descendants(&children, pid));
-        let mut current = pid;
-        // PIDs recycled during the scan can make a parent loop: stop at a repeat.
-        let mut walked = BTreeSet::from([pid]);
-        while let Some(record) = snapshot.processes.get(&current) {
-            if record.ppid <= 1
-                || !snapshot.processes.contains_key(&record.ppid)
-                || !walked.insert(record.ppid)
-            {
-                break;
-            }
-            current = record.ppid;
-            included.insert(current);
-        }
-        roots.insert(current);
+        // The tree starts at the topmost ancestor below PID 1.
+        let chain: Vec<u32> = snapshot
+            .ancestors(pid)
+            .into_iter()
+            .take_while(|&parent| parent > 1)
+            .collect();
+        included.extend(&chain);
+        roots.insert(chain.last().copied().unwrap_or(pid));
     }
     if holders.is_empty() {
         let _ = writeln!(out, "No process holds or watches these GPUs.");
@@ -576,30 +570,8 @@ pub fn free_outcome(report: &FreeReport) -> String {
         let _ = writeln!(out, "{table}");
     }
     spared_lines(report, &mut out);
-    for gpu in &report.gpus {
-        if gpu.freed {
-            let _ = writeln!(
-                out,
-                "GPU {}: freed {} in {} ({} used now)",
-                gpu.index,
-                MaybeBytes(gpu.freed_bytes),
-                Elapsed(std::time::Duration::from_millis(
-                    gpu.freed_after_ms.unwrap_or(report.elapsed_ms)
-                )),
-                MaybeBytes(gpu.memory_after)
-            );
-        } else {
-            let _ = writeln!(
-                out,
-                "GPU {}: still held, {} used after {}",
-                gpu.index,
-                MaybeBytes(gpu.memory_after),
-                Elapsed(std::time::Duration::from_millis(report.elapsed_ms))
-            );
-            for reason in &gpu.reasons {
-                let _ = writeln!(out, "  - {reason}");
-            }
-        }
+    for line in gpu_outcome_lines(report) {
+        let _ = writeln!(out, "{line}");
     }
     if !report.unreadable.is_empty() {
         let _ = writeln!(
@@ -609,6 +581,33 @@ pub fn free_outcome(report: &FreeReport) -> String {
         );
     }
     out
+}
+
+/// One outcome line per GPU, each still-held GPU followed by its reasons.
+pub fn gpu_outcome_lines(report: &FreeReport) -> Vec<String> {
+    let mut lines = Vec::new();
+    for gpu in &report.gpus {
+        if gpu.freed {
+            lines.push(format!(
+                "GPU {}: freed {} in {} ({} used now)",
+                gpu.index,
+                MaybeBytes(gpu.freed_bytes),
+                Elapsed(std::time::Duration::from_millis(
+                    gpu.freed_after_ms.unwrap_or(report.elapsed_ms)
+                )),
+                MaybeBytes(gpu.memory_after)
+            ));
+        } else {
+            lines.push(format!(
+                "GPU {}: still held, {} used after {}",
+                gpu.index,
+                MaybeBytes(gpu.memory_after),
+                Elapsed(std::time::Duration::from_millis(report.elapsed_ms))
+            ));
+            lines.extend(gpu.reasons.iter().map(|reason| format!("  - {reason}")));
+        }
+    }
+    lines
 }
 
 /// One line per GPU for `wait`.

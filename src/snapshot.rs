@@ -106,6 +106,13 @@ impl GpuState {
         Some(used.saturating_sub(explained))
     }
 
+    /// Whether the driver lists this local process on this GPU.
+    pub fn used_by(&self, pid: u32) -> bool {
+        self.users
+            .iter()
+            .any(|user| user.pid == pid && user.listed && !user.hidden)
+    }
+
     /// Whether the driver answered for this GPU, so that its list can be trusted.
     pub fn driver_answered(&self) -> bool {
         self.error.is_none()
@@ -166,13 +173,7 @@ impl Snapshot {
         for &pid in holders.iter().chain(roots) {
             focus.insert(pid);
             focus.extend(crate::select::descendants(&children, pid));
-            let mut current = pid;
-            while let Some(record) = snapshot.processes.get(&current) {
-                if record.ppid == 0 || !focus.insert(record.ppid) {
-                    break;
-                }
-                current = record.ppid;
-            }
+            focus.extend(snapshot.ancestors(pid));
         }
         for pid in focus {
             let Some(record) = snapshot.processes.get_mut(&pid) else {
@@ -207,22 +208,14 @@ impl Snapshot {
     pub fn gpus_used_by(&self, pid: u32) -> BTreeSet<u32> {
         self.gpus
             .iter()
-            .filter(|gpu| {
-                gpu.users
-                    .iter()
-                    .any(|user| user.pid == pid && user.listed && !user.hidden)
-            })
+            .filter(|gpu| gpu.used_by(pid))
             .map(|gpu| gpu.index)
             .collect()
     }
 
     /// A process using at least one GPU (not merely watching).
     pub fn is_gpu_user(&self, pid: u32) -> bool {
-        self.gpus.iter().any(|gpu| {
-            gpu.users
-                .iter()
-                .any(|user| user.pid == pid && user.listed && !user.hidden)
-        })
+        self.gpus.iter().any(|gpu| gpu.used_by(pid))
     }
 
     /// A monitor: has device nodes open, but the driver, which answered for
@@ -308,13 +301,24 @@ impl Snapshot {
 
     /// Parent → children, for tree walks.
     pub fn children(&self) -> HashMap<u32, Vec<u32>> {
-        let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
-        for record in self.processes.values() {
-            if record.ppid != record.id.pid {
-                children.entry(record.ppid).or_default().push(record.id.pid);
+        proc::children(self.processes.values())
+    }
+
+    /// The parents of a process present in this snapshot, nearest first. A
+    /// parent loop (PIDs recycled during the scan) ends at its first repeat.
+    pub fn ancestors(&self, pid: u32) -> Vec<u32> {
+        let mut chain = Vec::new();
+        let mut seen = BTreeSet::from([pid]);
+        let mut current = pid;
+        while let Some(record) = self.processes.get(&current) {
+            let parent = record.ppid;
+            if parent == 0 || !self.processes.contains_key(&parent) || !seen.insert(parent) {
+                break;
             }
+            chain.push(parent);
+            current = parent;
         }
-        children
+        chain
     }
 
     /// Age of a process in seconds, if the uptime could be read.

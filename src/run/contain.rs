@@ -208,10 +208,7 @@ fn descendants_of_self() -> Vec<proc::ProcessId> {
     let Ok(scan) = proc::scan_tree() else {
         return Vec::new();
     };
-    let mut children: std::collections::HashMap<u32, Vec<u32>> = std::collections::HashMap::new();
-    for record in &scan.processes {
-        children.entry(record.ppid).or_default().push(record.id.pid);
-    }
+    let children = proc::children(&scan.processes);
     let mine: BTreeSet<u32> = descendants(&children, std::process::id())
         .into_iter()
         .collect();

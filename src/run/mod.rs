@@ -30,7 +30,7 @@ use crate::exit;
 use crate::reap::{self, FreeReport, Options};
 use crate::select::{Guard, Scope};
 use crate::snapshot::Snapshot;
-use crate::units::{Bytes, Elapsed, MaybeBytes};
+use crate::units::Elapsed;
 use baseline::{GoodStart, History};
 use bundle::{Bundle, CpuSamples};
 use contain::{Containment, SUPERVISOR_ENV};
@@ -562,12 +562,7 @@ fn stop_tree(
             options,
             &mut |_| main.reap(),
         );
-        forced = report.targets.iter().any(|target| {
-            target
-                .signals
-                .iter()
-                .any(|event| event.signal == "SIGKILL" && event.delivery == reap::Delivery::Sent)
-        });
+        forced = report.targets.iter().any(reap::Handled::killed);
         report_outcome(&report);
         all_freed = report.all_freed();
     }
@@ -595,12 +590,7 @@ fn report_outcome(report: &FreeReport) {
     let forced: Vec<String> = report
         .targets
         .iter()
-        .filter(|target| {
-            target
-                .signals
-                .iter()
-                .any(|e| e.signal == "SIGKILL" && e.delivery == reap::Delivery::Sent)
-        })
+        .filter(|target| target.killed())
         .map(|target| {
             format!(
                 "{} ({})",
@@ -618,27 +608,7 @@ fn report_outcome(report: &FreeReport) {
             spared.pid, spared.comm, spared.why
         ));
     }
-    for gpu in &report.gpus {
-        if gpu.freed {
-            event(&format!(
-                "GPU {}: freed {} in {} ({} used now)",
-                gpu.index,
-                MaybeBytes(gpu.freed_bytes),
-                Elapsed(Duration::from_millis(
-                    gpu.freed_after_ms.unwrap_or(report.elapsed_ms)
-                )),
-                MaybeBytes(gpu.memory_after)
-            ));
-        } else {
-            event(&format!(
-                "GPU {}: still held, {} used",
-                gpu.index,
-                gpu.memory_after
-                    .map_or("unknown".to_string(), |bytes| Bytes(bytes).to_string())
-            ));
-            for reason in &gpu.reasons {
-                event(&format!("  - {reason}"));
-            }
-        }
+    for line in crate::report::gpu_outcome_lines(report) {
+        event(&line);
     }
 }
