@@ -74,10 +74,10 @@ impl SimDriver {
         (total, name)
     }
 
-    fn holders(&self) -> Result<BTreeMap<u32, Vec<u32>>, DriverError> {
-        let scan = proc::scan(&|path| self.classify_node(path))
-            .map_err(|error| DriverError::Sim(format!("cannot read /proc: {error}")))?;
-        self.holders_in(&scan)
+    /// A scan of /proc classified by this driver: its own process lists.
+    fn scan(&self) -> Result<proc::ProcScan, DriverError> {
+        proc::scan(&|path| self.classify_node(path))
+            .map_err(|error| DriverError::Sim(format!("cannot read /proc: {error}")))
     }
 
     /// The live holders of each node, from a scan classified by this driver.
@@ -162,7 +162,7 @@ impl Driver for SimDriver {
         if index >= self.gpu_count {
             return Err(DriverError::Sim(format!("no GPU {index}")));
         }
-        let holders = self.holders()?;
+        let holders = self.holders_in(&self.scan()?)?;
         self.build(index, holders.get(&index).map_or(&[][..], Vec::as_slice))
     }
 
@@ -177,10 +177,7 @@ impl Driver for SimDriver {
     }
 
     fn gpus(&self) -> Result<Vec<Result<GpuInfo, DriverError>>, DriverError> {
-        let holders = self.holders()?;
-        Ok((0..self.gpu_count)
-            .map(|index| self.build(index, holders.get(&index).map_or(&[][..], Vec::as_slice)))
-            .collect())
+        self.gpus_given_scan(&self.scan()?)
     }
 
     fn classify_node(&self, path: &Path) -> Option<Node> {
