@@ -1,7 +1,78 @@
-//! The command line as typed. `config.rs` turns this into what the program acts
-//! on, so that nothing past it sees flag spelling.
+//! The command line as typed, and typed where it is parsed: durations, sizes,
+//! GPU lists, PIDs, regexes and enums are checked by clap's value parsers, so
+//! a bad value ends the run (exit 2) before the driver is opened or /proc is
+//! read. `config.rs` keeps only the rules that involve several flags or the
+//! host, so that nothing past it sees flag spelling.
+
+use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use regex::Regex;
+
+use crate::driver::BackendChoice;
+use crate::run::Restart;
+use crate::units::{self, GpuList};
+
+fn duration(text: &str) -> Result<Duration, String> {
+    units::parse_duration(text)
+}
+
+fn gpu_list(text: &str) -> Result<GpuList, String> {
+    units::parse_gpu_list(text)
+}
+
+fn backend(text: &str) -> Result<BackendChoice, String> {
+    BackendChoice::parse(text)
+}
+
+/// A size above zero: `wait --below 0` could never be satisfied.
+fn positive_size(text: &str) -> Result<u64, String> {
+    match units::parse_size(text)? {
+        0 => Err(format!(
+            "invalid size '{text}': nothing uses less than 0 bytes; give a size above 0, like 1GiB"
+        )),
+        bytes => Ok(bytes),
+    }
+}
+
+fn pid(text: &str) -> Result<u32, String> {
+    match text.trim().parse::<u32>() {
+        Ok(0) => Err(format!(
+            "invalid PID '{text}': PID 0 is the kernel's, not a process"
+        )),
+        Ok(pid) => Ok(pid),
+        Err(_) => Err(format!("invalid PID '{text}': expected a number like 4242")),
+    }
+}
+
+/// A `--match` regex. An empty one matches every command line: `--all` says that.
+fn match_regex(text: &str) -> Result<Regex, String> {
+    if text.is_empty() {
+        return Err(
+            "an empty --match regex matches everything; use --all if that is what you mean"
+                .to_string(),
+        );
+    }
+    Regex::new(text).map_err(|error| format!("invalid --match regex '{text}': {error}"))
+}
+
+fn log_regex(text: &str) -> Result<Regex, String> {
+    if text.is_empty() {
+        return Err("an empty --ready-log regex matches the first line of any output".to_string());
+    }
+    Regex::new(text).map_err(|error| format!("invalid --ready-log regex '{text}': {error}"))
+}
+
+fn ready_url(text: &str) -> Result<String, String> {
+    if text.starts_with("http://") && text.len() > "http://".len() {
+        Ok(text.to_string())
+    } else {
+        Err(format!(
+            "invalid --ready-url '{text}': expected http://HOST:PORT/PATH (the health endpoint is local; https is not supported)"
+        ))
+    }
+}
 
 #[derive(Debug, Parser)]
 #[command(
@@ -18,7 +89,9 @@ use clap::{Args, Parser, Subcommand};
   gpureap wait --gpu 0-3 --below 1GiB --timeout 2m && python3 -m sglang.launch_server ...
   gpureap demo                         replay a crashed SGLang server on a simulated GPU host
 
-Exit codes: 0 success (all freed), 1 something still held (or wait timed out), 2 bad usage or input."
+Exit codes: 0 done (all freed), 1 something still held (or wait timed out),
+2 bad usage or input (nothing signalled), 3 could not complete (driver failure,
+a GPU that could not be checked, an I/O error)."
 )]
 pub struct Cli {
     /// GPU driver: auto (NVML if libnvidia-ml loads, else none), nvml, none, or sim:DIR.
@@ -27,9 +100,10 @@ pub struct Cli {
         global = true,
         env = "GPUREAP_BACKEND",
         default_value = "auto",
-        value_name = "BACKEND"
+        value_name = "BACKEND",
+        value_parser = backend
     )]
-    pub backend: String,
+    pub backend: BackendChoice,
 
     #[command(subcommand)]
     pub command: Command,
@@ -87,45 +161,46 @@ Examples:
 #[command(group = clap::ArgGroup::new("readiness").multiple(false))]
 pub struct RunArgs {
     /// Ready when this URL answers 2xx (e.g. SGLang's or vLLM's /health); health is then checked.
-    #[arg(long, value_name = "URL", group = "readiness")]
+    #[arg(long, value_name = "URL", group = "readiness", value_parser = ready_url)]
     pub ready_url: Option<String>,
     /// Ready when this local TCP port accepts connections.
-    #[arg(long, value_name = "PORT", group = "readiness")]
+    #[arg(long, value_name = "PORT", group = "readiness",
+          value_parser = clap::value_parser!(u16).range(1..))]
     pub ready_port: Option<u16>,
     /// Ready when a log line matches this regex.
-    #[arg(long, value_name = "REGEX", group = "readiness")]
-    pub ready_log: Option<String>,
+    #[arg(long, value_name = "REGEX", group = "readiness", value_parser = log_regex)]
+    pub ready_log: Option<Regex>,
     /// A hang: not ready this long after the start.
-    #[arg(long, default_value = "30m", value_name = "DUR")]
-    pub startup_timeout: String,
+    #[arg(long, default_value = "30m", value_name = "DUR", value_parser = duration, allow_hyphen_values = true)]
+    pub startup_timeout: Duration,
     /// A hang: no new log output for this long while not yet ready.
-    #[arg(long, default_value = "5m", value_name = "DUR")]
-    pub stall_timeout: String,
+    #[arg(long, default_value = "5m", value_name = "DUR", value_parser = duration, allow_hyphen_values = true)]
+    pub stall_timeout: Duration,
     /// How often --ready-url is checked after ready; 3 failures in a row are a hang.
-    #[arg(long, default_value = "10s", value_name = "DUR")]
-    pub health_interval: String,
+    #[arg(long, default_value = "10s", value_name = "DUR", value_parser = duration, allow_hyphen_values = true)]
+    pub health_interval: Duration,
     /// When to restart: never, on-failure (crash or hang), always.
-    #[arg(long, default_value = "on-failure", value_name = "WHEN")]
-    pub restart: String,
+    #[arg(long, default_value = "on-failure", value_name = "WHEN", value_enum)]
+    pub restart: Restart,
     /// Give up after this many restarts.
     #[arg(long, default_value_t = 3, value_name = "N")]
     pub max_restarts: u32,
     /// Pause before the first restart; doubled for each further one (at most 5m).
-    #[arg(long, default_value = "2s", value_name = "DUR")]
-    pub backoff: String,
+    #[arg(long, default_value = "2s", value_name = "DUR", value_parser = duration, allow_hyphen_values = true)]
+    pub backoff: Duration,
     /// On stop, how long the server gets after SIGTERM before SIGSTOP+SIGKILL.
-    #[arg(long, default_value = "10s", value_name = "DUR")]
-    pub grace: String,
+    #[arg(long, default_value = "10s", value_name = "DUR", value_parser = duration, allow_hyphen_values = true)]
+    pub grace: Duration,
     /// On stop, how long to wait for the driver to confirm the GPUs are free.
-    #[arg(long, default_value = "60s", value_name = "DUR")]
-    pub stop_timeout: String,
+    #[arg(long, default_value = "60s", value_name = "DUR", value_parser = duration, allow_hyphen_values = true)]
+    pub stop_timeout: Duration,
     /// Also append the server's output to this file.
     #[arg(long, value_name = "FILE")]
-    pub log: Option<std::path::PathBuf>,
+    pub log: Option<PathBuf>,
     /// Where good starts are remembered and bundles written
     /// [default: $XDG_STATE_HOME/gpureap/<command>, or ~/.local/state/gpureap/<command>].
     #[arg(long, value_name = "DIR")]
-    pub state_dir: Option<std::path::PathBuf>,
+    pub state_dir: Option<PathBuf>,
     /// Do not use a cgroup; contain by session, process group and subreaper only.
     #[arg(long)]
     pub no_cgroup: bool,
@@ -136,9 +211,9 @@ pub struct RunArgs {
 
 #[derive(Debug, Args)]
 pub struct StatusArgs {
-    /// GPUs to show: 0,2,5 or 0-3 or all.
-    #[arg(long, value_name = "LIST")]
-    pub gpu: Option<String>,
+    /// GPUs to show: 0,2,5 or 0-3 or all (repeatable).
+    #[arg(long, value_name = "LIST", value_parser = gpu_list)]
+    pub gpu: Vec<GpuList>,
     /// Show holders inside their process trees.
     #[arg(long)]
     pub tree: bool,
@@ -149,30 +224,32 @@ pub struct StatusArgs {
 
 #[derive(Debug, Args)]
 pub struct FreeArgs {
-    /// Holders of these GPUs: 0,2,5 or 0-3 or all.
-    #[arg(long, value_name = "LIST")]
-    pub gpu: Option<String>,
-    /// This process and its descendants (repeatable; a monitor is included only this way).
-    #[arg(long, value_name = "PID")]
-    pub pid: Vec<String>,
+    /// Holders of these GPUs: 0,2,5 or 0-3 or all (repeatable).
+    #[arg(long, value_name = "LIST", value_parser = gpu_list)]
+    pub gpu: Vec<GpuList>,
+    /// This process and its descendants (repeatable). Naming a process overrides
+    /// the monitor rule and name protection, never PID 1, gpureap or its ancestors.
+    #[arg(long, value_name = "PID", value_parser = pid)]
+    pub pid: Vec<u32>,
     /// Holders whose command line matches this regex (repeatable).
-    #[arg(long = "match", value_name = "REGEX")]
-    pub patterns: Vec<String>,
+    #[arg(long = "match", value_name = "REGEX", value_parser = match_regex)]
+    pub patterns: Vec<Regex>,
     /// Holders owned by this user name or uid (repeatable).
     #[arg(long, value_name = "NAME")]
     pub user: Vec<String>,
-    /// Holders whose parent died (re-parented to PID 1).
+    /// Orphaned holders: re-parented to PID 1 or a subreaper, in a process group
+    /// whose leader is gone, not leading their own (a crashed launcher's workers).
     #[arg(long)]
     pub orphans: bool,
     /// Every GPU user on the host (still never the protected set or monitors).
     #[arg(long, conflicts_with_all = ["gpu", "pid", "patterns", "user", "orphans"])]
     pub all: bool,
     /// How long to wait after SIGTERM before SIGSTOP+SIGKILL.
-    #[arg(long, default_value = "5s", value_name = "DUR")]
-    pub grace: String,
+    #[arg(long, default_value = "5s", value_name = "DUR", value_parser = duration, allow_hyphen_values = true)]
+    pub grace: Duration,
     /// After the grace period, how long to wait for the driver to confirm the memory is back.
-    #[arg(long, default_value = "30s", value_name = "DUR")]
-    pub timeout: String,
+    #[arg(long, default_value = "30s", value_name = "DUR", value_parser = duration, allow_hyphen_values = true)]
+    pub timeout: Duration,
     /// Also protect processes with this name (repeatable).
     #[arg(long, value_name = "NAME")]
     pub protect: Vec<String>,
@@ -189,15 +266,15 @@ pub struct FreeArgs {
 
 #[derive(Debug, Args)]
 pub struct WaitArgs {
-    /// GPUs to wait for: 0,2,5 or 0-3 or all.
-    #[arg(long, default_value = "all", value_name = "LIST")]
-    pub gpu: String,
+    /// GPUs to wait for: 0,2,5 or 0-3 or all (repeatable).
+    #[arg(long, default_value = "all", value_name = "LIST", value_parser = gpu_list)]
+    pub gpu: Vec<GpuList>,
     /// Free enough means memory used below this size.
-    #[arg(long, default_value = "1GiB", value_name = "SIZE")]
-    pub below: String,
+    #[arg(long, default_value = "1GiB", value_name = "SIZE", value_parser = positive_size)]
+    pub below: u64,
     /// Give up after this long, exit 1 and list the holders.
-    #[arg(long, default_value = "60s", value_name = "DUR")]
-    pub timeout: String,
+    #[arg(long, default_value = "60s", value_name = "DUR", value_parser = duration, allow_hyphen_values = true)]
+    pub timeout: Duration,
     /// Print JSON (schema in docs/json.md).
     #[arg(long)]
     pub json: bool,

@@ -1,19 +1,18 @@
-//! From flags to what the program acts on: parsed units, a checked scope,
-//! resolved user names. Every error here is the user's input, said plainly,
+//! From typed flags to what the program acts on: the rules that involve
+//! several flags or the host (GPU indexes the driver reports, PIDs that
+//! exist, user names). Every error here is the user's input, said plainly,
 //! and ends the run with exit code 2 before anything is signalled.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use regex::Regex;
-
 use crate::cli::{FreeArgs, RunArgs, WaitArgs};
 use crate::reap::Options;
+use crate::run::RunConfig;
 use crate::run::ready::Readiness;
-use crate::run::{Restart, RunConfig};
 use crate::select::{Guard, Scope};
 use crate::snapshot::Snapshot;
-use crate::units::{parse_duration, parse_gpu_list, parse_size};
+use crate::units::GpuList;
 
 /// A mistake in the command line; printed as is, exit code 2.
 #[derive(Debug, thiserror::Error)]
@@ -26,11 +25,47 @@ impl From<String> for UsageError {
     }
 }
 
-/// Resolves an optional GPU list against the GPUs the driver reports.
-pub fn gpus(list: Option<&str>, gpu_count: u32) -> Result<Option<BTreeSet<u32>>, UsageError> {
-    match list {
+/// Resolves the `--gpu` lists (their union) against the GPUs the driver
+/// reports; `None` when no list was given.
+pub fn gpus(lists: &[GpuList], gpu_count: u32) -> Result<Option<BTreeSet<u32>>, UsageError> {
+    match GpuList::union(lists) {
         None => Ok(None),
-        Some(text) => Ok(Some(parse_gpu_list(text)?.resolve(gpu_count)?)),
+        Some(list) => Ok(Some(list.resolve(gpu_count)?)),
+    }
+}
+
+/// What `free` was asked, with everything that needs no driver and no
+/// /proc scan already checked: user names resolved, the scope not empty.
+pub struct FreeRequest {
+    uids: BTreeSet<u32>,
+}
+
+impl FreeRequest {
+    /// Checks the flags of `free` that need neither the driver nor /proc.
+    pub fn new(args: &FreeArgs) -> Result<FreeRequest, UsageError> {
+        let no_scope = args.gpu.is_empty()
+            && args.pid.is_empty()
+            && args.patterns.is_empty()
+            && args.user.is_empty()
+            && !args.orphans
+            && !args.all;
+        if no_scope {
+            return Err(UsageError(
+                "refusing to free without a scope: give one or more of --gpu LIST, --pid PID, --match REGEX, --user NAME, --orphans, --all (try --dry-run first)"
+                    .to_string(),
+            ));
+        }
+        let mut uids = BTreeSet::new();
+        for name in &args.user {
+            let uid = match name.parse::<u32>() {
+                Ok(uid) => uid,
+                Err(_) => uzers::get_user_by_name(name)
+                    .map(|user| user.uid())
+                    .ok_or_else(|| UsageError(format!("no user named '{name}' on this host")))?,
+            };
+            uids.insert(uid);
+        }
+        Ok(FreeRequest { uids })
     }
 }
 
@@ -39,18 +74,24 @@ pub struct FreeConfig {
     pub options: Options,
 }
 
-/// Builds the scope for `free`. PIDs must exist in `snapshot`; a scope must be given.
+/// Builds the scope for `free` against the host: GPU indexes must exist,
+/// named PIDs must be live processes that may be signalled.
 pub fn free(
     args: &FreeArgs,
+    request: FreeRequest,
     gpu_count: u32,
     snapshot: &Snapshot,
     guard: &Guard,
 ) -> Result<FreeConfig, UsageError> {
+    let gpus = gpus(&args.gpu, gpu_count)?;
+    if gpus.as_ref().is_some_and(BTreeSet::is_empty) {
+        return Err(UsageError(
+            "--gpu names no GPU: the driver reports none on this host (see `gpureap status`)"
+                .to_string(),
+        ));
+    }
     let mut pids = BTreeSet::new();
-    for text in &args.pid {
-        let pid: u32 = text.trim().parse().map_err(|_| {
-            UsageError(format!("invalid PID '{text}': expected a number like 4242"))
-        })?;
+    for &pid in &args.pid {
         let Some(record) = snapshot.processes.get(&pid) else {
             return Err(UsageError(format!(
                 "no process with PID {pid} (it may have exited already); see `gpureap status`"
@@ -63,50 +104,18 @@ pub fn free(
         }
         pids.insert(record.id);
     }
-    let mut patterns = Vec::new();
-    for text in &args.patterns {
-        patterns.push(
-            Regex::new(text)
-                .map_err(|error| UsageError(format!("invalid --match regex '{text}': {error}")))?,
-        );
-    }
-    let mut uids = BTreeSet::new();
-    for name in &args.user {
-        let uid = match name.parse::<u32>() {
-            Ok(uid) => uid,
-            Err(_) => uzers::get_user_by_name(name)
-                .map(|user| user.uid())
-                .ok_or_else(|| UsageError(format!("no user named '{name}' on this host")))?,
-        };
-        uids.insert(uid);
-    }
-    let scope = Scope {
-        gpus: gpus(args.gpu.as_deref(), gpu_count)?,
-        pids,
-        patterns,
-        uids,
-        orphans: args.orphans,
-        all: args.all,
-    };
-    if scope.gpus.as_ref().is_some_and(BTreeSet::is_empty) {
-        return Err(UsageError(
-            "--gpu names no GPU: the driver reports none on this host (see `gpureap status`)"
-                .to_string(),
-        ));
-    }
-    if scope.is_empty() {
-        return Err(UsageError(
-            "refusing to free without a scope: give one or more of --gpu LIST, --pid PID, --match REGEX, --user NAME, --orphans, --all (try --dry-run first)"
-                .to_string(),
-        ));
-    }
-    let grace = parse_duration(&args.grace)?;
-    let timeout = parse_duration(&args.timeout)?;
     Ok(FreeConfig {
-        scope,
+        scope: Scope {
+            gpus,
+            pids,
+            patterns: args.patterns.clone(),
+            uids: request.uids,
+            orphans: args.orphans,
+            all: args.all,
+        },
         options: Options {
-            grace,
-            timeout,
+            grace: args.grace,
+            timeout: args.timeout,
             poll: Duration::from_millis(5),
         },
     })
@@ -119,7 +128,7 @@ pub struct WaitConfig {
 }
 
 pub fn wait(args: &WaitArgs, gpu_count: u32) -> Result<WaitConfig, UsageError> {
-    let gpus = gpus(Some(&args.gpu), gpu_count)?.unwrap_or_default();
+    let gpus = gpus(&args.gpu, gpu_count)?.unwrap_or_default();
     if gpus.is_empty() {
         return Err(UsageError(
             "no GPUs to wait for: the driver reports none (is this a GPU host? see `gpureap status`)".to_string(),
@@ -127,37 +136,20 @@ pub fn wait(args: &WaitArgs, gpu_count: u32) -> Result<WaitConfig, UsageError> {
     }
     Ok(WaitConfig {
         gpus,
-        below: parse_size(&args.below)?,
-        timeout: parse_duration(&args.timeout)?,
+        below: args.below,
+        timeout: args.timeout,
     })
 }
 
 pub fn run(args: &RunArgs) -> Result<RunConfig, UsageError> {
     let readiness = if let Some(url) = &args.ready_url {
-        if !url.starts_with("http://") {
-            return Err(UsageError(format!(
-                "invalid --ready-url '{url}': expected http://HOST:PORT/PATH (the health endpoint is local; https is not supported)"
-            )));
-        }
         Readiness::Url(url.clone())
     } else if let Some(port) = args.ready_port {
         Readiness::Port(port)
-    } else if let Some(pattern) = &args.ready_log {
-        Readiness::Log(Regex::new(pattern).map_err(|error| {
-            UsageError(format!("invalid --ready-log regex '{pattern}': {error}"))
-        })?)
+    } else if let Some(regex) = &args.ready_log {
+        Readiness::Log(regex.clone())
     } else {
         Readiness::Started
-    };
-    let restart = match args.restart.as_str() {
-        "never" => Restart::Never,
-        "on-failure" => Restart::OnFailure,
-        "always" => Restart::Always,
-        other => {
-            return Err(UsageError(format!(
-                "invalid --restart '{other}': expected never, on-failure or always"
-            )));
-        }
     };
     let state_dir = match &args.state_dir {
         Some(dir) => dir.clone(),
@@ -166,14 +158,14 @@ pub fn run(args: &RunArgs) -> Result<RunConfig, UsageError> {
     Ok(RunConfig {
         command: args.command.clone(),
         readiness,
-        startup_timeout: parse_duration(&args.startup_timeout)?,
-        stall_timeout: parse_duration(&args.stall_timeout)?,
-        health_interval: parse_duration(&args.health_interval)?,
-        restart,
+        startup_timeout: args.startup_timeout,
+        stall_timeout: args.stall_timeout,
+        health_interval: args.health_interval,
+        restart: args.restart,
         max_restarts: args.max_restarts,
-        backoff: parse_duration(&args.backoff)?,
-        grace: parse_duration(&args.grace)?,
-        stop_timeout: parse_duration(&args.stop_timeout)?,
+        backoff: args.backoff,
+        grace: args.grace,
+        stop_timeout: args.stop_timeout,
         log: args.log.clone(),
         state_dir,
         allow_cgroup: !args.no_cgroup,

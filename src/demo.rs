@@ -10,7 +10,7 @@ use std::io::{self, Write};
 use std::time::Duration;
 
 use crate::driver::SimDriver;
-use crate::exit;
+use crate::exit::Exit;
 use crate::incident::{Holder, Incident, SimHost};
 use crate::reap::{self, Options};
 use crate::report;
@@ -19,7 +19,7 @@ use crate::snapshot::Snapshot;
 
 const GIB: u64 = 1 << 30;
 
-pub fn run(out: &mut dyn Write) -> io::Result<u8> {
+pub fn run(out: &mut dyn Write) -> io::Result<Exit> {
     let host = SimHost::new(4, 141 * GIB, "NVIDIA H200 (simulated)")?;
     let driver = SimDriver::open(host.path()).map_err(io::Error::other)?;
     let mut incident = Incident::new(&host);
@@ -90,12 +90,12 @@ pub fn run(out: &mut dyn Write) -> io::Result<u8> {
             out,
             "The server's GPUs are verified free; the colleague's notebook and the exporter were never signalled."
         )?;
-        Ok(exit::SUCCESS)
+        Ok(Exit::Success)
     } else {
         writeln!(
             out,
             "The demo did not end as expected: see the outcome above."
         )?;
-        Ok(exit::STILL_HELD)
+        Ok(Exit::StillHeld)
     }
 }

@@ -4,8 +4,8 @@
 //! The library follows the data: `snapshot` (driver + /proc) → `select`
 //! (scope → targets) → `reap` (signal escalation) → `verify` (poll until freed
 //! or explained) → `report` (table or JSON). `run` composes the same stages
-//! around a server it started. The binary only parses flags (`cli`,
-//! `config`) and composes these stages.
+//! around a server it started; `wait` polls the driver before a launch. The
+//! binary only parses flags (`cli`, `config`), calls these, prints and exits.
 
 pub mod cli;
 pub mod config;
@@ -21,3 +21,4 @@ pub mod select;
 pub mod snapshot;
 pub mod units;
 pub mod verify;
+pub mod wait;

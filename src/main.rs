@@ -1,14 +1,14 @@
 //! The gpureap binary: parse, compose the library's stages, print, exit.
 
 use std::io::{self, BufRead, IsTerminal, Write};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clap::Parser;
 
 use gpureap::cli::{Cli, Command, FreeArgs, RunArgs, StatusArgs, WaitArgs};
 use gpureap::config::{self, UsageError};
 use gpureap::driver::{self, BackendChoice, Driver};
-use gpureap::exit;
+use gpureap::exit::Exit;
 use gpureap::reap;
 use gpureap::report;
 use gpureap::select::Guard;
@@ -32,36 +32,32 @@ fn main() -> ! {
         Command::Demo => gpureap::demo::run(&mut io::stdout().lock()).map_err(anyhow::Error::from),
     };
     tracing::debug!("command done");
-    let code = exit_code(result);
-    // Everything is written and flushed: end here, without running the exit
-    // handlers that libnvidia-ml registers, which can only add time.
-    let _ = io::stdout().flush();
-    // Safety: _exit ends the process at once; no Rust code runs after it.
-    unsafe { libc::_exit(code.into()) }
+    exit_code(result).exit()
 }
 
-fn exit_code(result: anyhow::Result<u8>) -> u8 {
+/// The one place an error becomes an exit code: the user's input is 2,
+/// anything else that stopped the command is 3, never 1 ("still held").
+fn exit_code(result: anyhow::Result<Exit>) -> Exit {
     match result {
         Ok(code) => code,
         Err(error) => {
             if let Some(io_error) = error.downcast_ref::<io::Error>()
                 && io_error.kind() == io::ErrorKind::BrokenPipe
             {
-                return exit::SUCCESS;
+                return Exit::Success;
             }
             eprintln!("gpureap: {error:#}");
             if error.downcast_ref::<UsageError>().is_some() {
-                exit::USAGE
+                Exit::Usage
             } else {
-                exit::STILL_HELD
+                Exit::Incomplete
             }
         }
     }
 }
 
-fn open_driver(backend: &str) -> anyhow::Result<Box<dyn Driver>> {
-    let choice = BackendChoice::parse(backend).map_err(UsageError)?;
-    let driver = driver::open(&choice).map_err(UsageError)?;
+fn open_driver(choice: &BackendChoice) -> anyhow::Result<Box<dyn Driver>> {
+    let driver = driver::open(choice).map_err(UsageError)?;
     tracing::debug!(backend = driver.describe(), "driver opened");
     Ok(driver)
 }
@@ -90,9 +86,9 @@ fn emit(text: &str) -> io::Result<()> {
     }
 }
 
-fn status(backend: &str, args: &StatusArgs) -> anyhow::Result<u8> {
+fn status(backend: &BackendChoice, args: &StatusArgs) -> anyhow::Result<Exit> {
     let driver = open_driver(backend)?;
-    let gpus = config::gpus(args.gpu.as_deref(), gpu_count(driver.as_ref()))?;
+    let gpus = config::gpus(&args.gpu, gpu_count(driver.as_ref()))?;
     let snapshot = Snapshot::take(driver.as_ref());
     let text = if args.json {
         report::status_json(&snapshot, &gpus)
@@ -102,29 +98,28 @@ fn status(backend: &str, args: &StatusArgs) -> anyhow::Result<u8> {
         report::status_table(&snapshot, &gpus)
     };
     emit(&text)?;
-    Ok(exit::SUCCESS)
+    Ok(Exit::Success)
 }
 
-fn free(backend: &str, args: &FreeArgs) -> anyhow::Result<u8> {
+fn free(backend: &BackendChoice, args: &FreeArgs) -> anyhow::Result<Exit> {
+    let request = config::FreeRequest::new(args)?;
     let driver = open_driver(backend)?;
-    // Named processes' families need command lines too; bad PIDs are refused below.
-    let named = args
-        .pid
-        .iter()
-        .filter_map(|pid| pid.trim().parse().ok())
-        .collect();
+    let gpu_count = gpu_count(driver.as_ref());
+    // GPU indexes are checked before the scan; named processes' families need command lines too.
+    config::gpus(&args.gpu, gpu_count)?;
+    let named = args.pid.iter().copied().collect();
     let snapshot = Snapshot::take_focused(driver.as_ref(), &named);
     let guard = Guard::for_this_process(&args.protect);
-    let config = config::free(args, gpu_count(driver.as_ref()), &snapshot, &guard)?;
+    let config = config::free(args, request, gpu_count, &snapshot, &guard)?;
     let plan = reap::plan(&snapshot, &config.scope, &guard);
 
     if args.dry_run {
         emit(&if args.json {
-            report::free_json(&plan, exit::SUCCESS as i32)
+            report::free_json(&plan, Exit::Success)
         } else {
             report::free_plan(&plan)
         })?;
-        return Ok(exit::SUCCESS);
+        return Ok(Exit::Success);
     }
     // Even an empty plan asks: re-scans may find holders in scope later.
     if !args.yes {
@@ -148,13 +143,9 @@ fn free(backend: &str, args: &FreeArgs) -> anyhow::Result<u8> {
     if let Some(bar) = spinner {
         bar.finish_and_clear();
     }
-    let code = if outcome.all_freed() {
-        exit::SUCCESS
-    } else {
-        exit::STILL_HELD
-    };
+    let code = outcome.exit();
     emit(&if args.json {
-        report::free_json(&outcome, code as i32)
+        report::free_json(&outcome, code)
     } else {
         report::free_outcome(&outcome)
     })?;
@@ -190,82 +181,46 @@ fn progress_bar(json: bool) -> Option<indicatif::ProgressBar> {
     Some(bar)
 }
 
-fn wait(backend: &str, args: &WaitArgs) -> anyhow::Result<u8> {
+fn wait(backend: &BackendChoice, args: &WaitArgs) -> anyhow::Result<Exit> {
     let driver = open_driver(backend)?;
     let config = config::wait(args, gpu_count(driver.as_ref()))?;
-    let start = Instant::now();
-    let poll = Duration::from_millis(5);
-    let (ready, gpus) = loop {
-        let gpus: Vec<report::WaitGpu> = config
-            .gpus
-            .iter()
-            .map(|&index| match driver.memory_used(index) {
-                Ok(used) => report::WaitGpu {
-                    index,
-                    memory_used: used,
-                    ready: used.is_some_and(|used| used < config.below),
-                    error: None,
-                },
-                Err(error) => report::WaitGpu {
-                    index,
-                    memory_used: None,
-                    ready: false,
-                    error: Some(error.to_string()),
-                },
-            })
-            .collect();
-        let ready = gpus.iter().all(|gpu| gpu.ready);
-        tracing::trace!(
-            elapsed_ms = start.elapsed().as_secs_f64() * 1e3,
-            ready,
-            "wait poll"
-        );
-        if ready || start.elapsed() >= config.timeout {
-            break (ready, gpus);
-        }
-        std::thread::sleep(poll);
-    };
-    let waited_ms = start.elapsed().as_millis() as u64;
-    let busy = Some(
-        gpus.iter()
-            .filter(|gpu| !gpu.ready)
-            .map(|gpu| gpu.index)
-            .collect(),
-    );
-    let holders = (!ready).then(|| Snapshot::take(driver.as_ref()));
+    let outcome = gpureap::wait::wait(driver.as_ref(), &config.gpus, config.below, config.timeout);
+    let waited_ms = outcome.waited.as_millis() as u64;
+    let busy = Some(outcome.busy());
+    let holders = (!outcome.ready).then(|| Snapshot::take(driver.as_ref()));
     if args.json {
         emit(&report::to_json(&report::WaitJson {
             schema_version: report::SCHEMA_VERSION,
             kind: "wait",
-            ready,
+            ready: outcome.ready,
             waited_ms,
             below: config.below,
-            gpus: &gpus,
+            gpus: &outcome.gpus,
             holders: holders
                 .as_ref()
                 .map(|snapshot| report::holders_json(snapshot, &busy))
                 .unwrap_or_default(),
         }))?;
     } else {
-        let mut text = report::wait_lines(&gpus, config.below, waited_ms);
+        let mut text = report::wait_lines(&outcome.gpus, config.below, waited_ms);
         if let Some(snapshot) = &holders {
             text.push('\n');
             text.push_str(&report::status_table(snapshot, &busy));
         }
         emit(&text)?;
     }
-    if ready {
-        Ok(exit::SUCCESS)
+    if outcome.ready {
+        Ok(Exit::Success)
     } else {
         eprintln!(
             "gpureap: timed out after {}; the holders are listed above",
-            gpureap::units::Elapsed(start.elapsed())
+            gpureap::units::Elapsed(outcome.waited)
         );
-        Ok(exit::STILL_HELD)
+        Ok(Exit::StillHeld)
     }
 }
 
-fn run(backend: &str, args: &RunArgs) -> anyhow::Result<u8> {
+fn run(backend: &BackendChoice, args: &RunArgs) -> anyhow::Result<Exit> {
     let config = config::run(args)?;
     let driver = open_driver(backend)?;
     Ok(gpureap::run::supervise(&config, driver.as_ref())?)

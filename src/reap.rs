@@ -14,6 +14,7 @@ use rustix::io::Errno;
 use rustix::process::{Pid, PidfdFlags, Signal, kill_process, pidfd_open, pidfd_send_signal};
 
 use crate::driver::Driver;
+use crate::exit::Exit;
 use crate::proc::{self, ProcessId, Unreadable};
 use crate::select::{Because, Guard, Scope, Selection, select};
 use crate::snapshot::Snapshot;
@@ -194,6 +195,16 @@ impl FreeReport {
     /// Every GPU in scope verified free, and no target we were refused.
     pub fn all_freed(&self) -> bool {
         self.gpus.iter().all(|gpu| gpu.freed) && !self.targets.iter().any(Handled::denied)
+    }
+
+    /// The exit code this outcome earns: done only when everything was
+    /// verified free.
+    pub fn exit(&self) -> Exit {
+        if self.all_freed() {
+            Exit::Success
+        } else {
+            Exit::StillHeld
+        }
     }
 }
 

@@ -8,6 +8,7 @@ use comfy_table::presets::NOTHING;
 use comfy_table::{Cell, CellAlignment, Table};
 use serde::Serialize;
 
+use crate::exit::Exit;
 use crate::reap::{Fate, FreeReport};
 use crate::select::descendants;
 use crate::snapshot::Snapshot;
@@ -464,12 +465,12 @@ fn tree_lines(
 struct FreeJson<'a> {
     schema_version: u32,
     kind: &'static str,
-    exit_code: i32,
+    exit_code: Exit,
     #[serde(flatten)]
     report: &'a FreeReport,
 }
 
-pub fn free_json(report: &FreeReport, exit_code: i32) -> String {
+pub fn free_json(report: &FreeReport, exit_code: Exit) -> String {
     to_json(&FreeJson {
         schema_version: SCHEMA_VERSION,
         kind: "free",

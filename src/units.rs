@@ -46,6 +46,11 @@ impl GpuList {
     }
 }
 
+/// The highest GPU index a list may name. NVML numbers GPUs from 0 and no
+/// host has a thousand of them; the bound keeps `0-4294967295` from
+/// allocating gigabytes before the driver is even asked.
+pub const MAX_GPU_INDEX: u32 = 1023;
+
 /// Parses `all`, `3`, `0,2,5` or `0-3,6`.
 pub fn parse_gpu_list(text: &str) -> Result<GpuList, String> {
     let text = text.trim();
@@ -53,24 +58,46 @@ pub fn parse_gpu_list(text: &str) -> Result<GpuList, String> {
         return Ok(GpuList::All);
     }
     let bad = || format!("invalid GPU list '{text}': expected indexes like 0,2,5 or 0-3, or 'all'");
+    let index = |part: &str| -> Result<u32, String> {
+        let index: u32 = part.trim().parse().map_err(|_| bad())?;
+        if index > MAX_GPU_INDEX {
+            return Err(format!(
+                "invalid GPU list '{text}': GPU index {index} is out of range (at most {MAX_GPU_INDEX})"
+            ));
+        }
+        Ok(index)
+    };
     let mut set = BTreeSet::new();
     for part in text.split(',') {
         let part = part.trim();
         match part.split_once('-') {
             Some((first, last)) => {
-                let first: u32 = first.trim().parse().map_err(|_| bad())?;
-                let last: u32 = last.trim().parse().map_err(|_| bad())?;
+                let (first, last) = (index(first)?, index(last)?);
                 if first > last {
                     return Err(bad());
                 }
                 set.extend(first..=last);
             }
             None => {
-                set.insert(part.parse().map_err(|_| bad())?);
+                set.insert(index(part)?);
             }
         }
     }
     Ok(GpuList::Some(set))
+}
+
+impl GpuList {
+    /// Several `--gpu` flags name the union of their GPUs.
+    pub fn union(lists: &[GpuList]) -> Option<GpuList> {
+        let mut set = BTreeSet::new();
+        for list in lists {
+            match list {
+                GpuList::All => return Some(GpuList::All),
+                GpuList::Some(some) => set.extend(some),
+            }
+        }
+        (!lists.is_empty()).then_some(GpuList::Some(set))
+    }
 }
 
 /// Parses a byte size: `80G`, `1GiB`, `512MiB`, `1.5GB`, `4096`.
@@ -102,15 +129,30 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     Ok(bytes.round() as u64)
 }
 
-/// Parses a duration: `500ms`, `10s`, `2m`, `1h`, or `0`.
+/// The longest duration a flag accepts. Longer ones are typing mistakes,
+/// and would overflow the clock arithmetic of deadlines.
+pub const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// Parses a duration: `500ms`, `10s`, `2m`, `1h`, or `0`; at most 30 days.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let trimmed = text.trim();
     if trimmed == "0" {
         return Ok(Duration::ZERO);
     }
-    humantime::parse_duration(trimmed).map_err(|_| {
+    if trimmed.starts_with('-') {
+        return Err(format!(
+            "invalid duration '{text}': a duration cannot be negative (0 means no wait)"
+        ));
+    }
+    let duration = humantime::parse_duration(trimmed).map_err(|_| {
         format!("invalid duration '{text}': expected a number with a unit, like 500ms, 10s or 2m")
-    })
+    })?;
+    if duration > MAX_DURATION {
+        return Err(format!(
+            "invalid duration '{text}': longer than the 30 days a flag accepts"
+        ));
+    }
+    Ok(duration)
 }
 
 /// Prints bytes the way nvidia-smi users read them: MiB below 1 GiB, GiB above.
@@ -188,6 +230,11 @@ mod tests {
         assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
         assert!(parse_duration("10").is_err());
         assert!(parse_duration("soon").is_err());
+        assert_eq!(parse_duration("30days"), Ok(MAX_DURATION));
+        let error = parse_duration("300000000000y").expect_err("overflows the clock");
+        assert!(error.contains("30 days"), "{error}");
+        let error = parse_duration("-5s").expect_err("negative");
+        assert!(error.contains("cannot be negative"), "{error}");
     }
 
     #[test]
@@ -201,9 +248,17 @@ mod tests {
             parse_gpu_list("0-2,6"),
             Ok(GpuList::Some([0, 1, 2, 6].into_iter().collect()))
         );
-        for bad in ["", "a", "3-1", "1,,2", "-1"] {
+        for bad in ["", "a", "3-1", "1,,2", "-1", "0-4294967295", "1024"] {
             assert!(parse_gpu_list(bad).is_err(), "{bad} should be refused");
         }
+        assert_eq!(
+            GpuList::union(&[
+                parse_gpu_list("0").expect("valid"),
+                parse_gpu_list("2-3").expect("valid")
+            ]),
+            Some(GpuList::Some([0, 2, 3].into_iter().collect()))
+        );
+        assert_eq!(GpuList::union(&[]), None);
         let list = parse_gpu_list("1,9").expect("valid list");
         let error = list.resolve(8).expect_err("index 9 does not exist");
         assert!(error.contains("no GPU with index 9"), "{error}");

@@ -95,6 +95,40 @@ fn bad_input_exits_2_and_signals_nothing() {
             "it is an ancestor of gpureap",
         ),
         (&["wait", "--below", "lots"], "invalid size 'lots'"),
+        (&["wait", "--below", "0"], "give a size above 0"),
+        (
+            &["free", "--gpu", "0", "--grace", "300000000000y", "--yes"],
+            "longer than the 30 days a flag accepts",
+        ),
+        (
+            &[
+                "free",
+                "--gpu",
+                "0",
+                "--timeout",
+                "99999999999999999999d",
+                "--yes",
+            ],
+            "invalid duration",
+        ),
+        (
+            &["free", "--gpu", "0", "--grace", "-5s", "--yes"],
+            "cannot be negative",
+        ),
+        (&["wait", "--timeout", "-1s"], "cannot be negative"),
+        (
+            &["free", "--match", "", "--yes"],
+            "use --all if that is what you mean",
+        ),
+        (&["free", "--pid", "0", "--yes"], "PID 0 is the kernel's"),
+        (
+            &["status", "--gpu", "0-4294967295"],
+            "GPU index 4294967295 is out of range",
+        ),
+        (
+            &["free", "--gpu", "0", "--gpu", "5", "--dry-run"],
+            "no GPU with index 5",
+        ),
         (&["wait", "--gpu", "2"], "no GPU with index 2"),
         (
             &["status", "--gpu", "0-9"],
@@ -105,6 +139,27 @@ fn bad_input_exits_2_and_signals_nothing() {
         refused(&host, args, message);
     }
     assert!(alive(holder), "bad input signalled the holder");
+}
+
+/// Several `--gpu` flags widen the list, as several `--pid` flags do.
+#[test]
+fn repeated_gpu_flags_are_combined() {
+    let (host, _incident, holder) = staged();
+    let status = run(&host, &["status", "--gpu", "0", "--gpu", "1", "--json"]).json();
+    let shown: Vec<u64> = status["gpus"]
+        .as_array()
+        .expect("gpus")
+        .iter()
+        .map(|gpu| gpu["index"].as_u64().expect("index"))
+        .collect();
+    assert_eq!(shown, [0, 1]);
+    let plan = run(
+        &host,
+        &["free", "--gpu", "1", "--gpu", "0", "--dry-run", "--json"],
+    )
+    .json();
+    assert_eq!(target_pids(&plan), [holder]);
+    assert!(alive(holder));
 }
 
 #[test]

@@ -726,7 +726,19 @@ fn run_refuses_bad_input() {
         (&["run"], "required"),
         (
             &["run", "--restart", "sometimes", "--", "true"],
-            "invalid --restart 'sometimes'",
+            "invalid value 'sometimes' for '--restart",
+        ),
+        (
+            &["run", "--ready-port", "0", "--", "true"],
+            "invalid value '0' for '--ready-port",
+        ),
+        (
+            &["run", "--grace", "300000000000y", "--", "true"],
+            "longer than the 30 days",
+        ),
+        (
+            &["run", "--stop-timeout", "-5s", "--", "true"],
+            "cannot be negative",
         ),
         (
             &["run", "--ready-log", "(", "--", "true"],

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use rustix::process::WaitStatus;
 
 use crate::driver::Driver;
-use crate::exit;
+use crate::exit::Exit;
 use crate::reap::{self, FreeReport, Options};
 use crate::select::{Guard, Scope};
 use crate::snapshot::Snapshot;
@@ -37,7 +37,7 @@ use contain::{Containment, SUPERVISOR_ENV};
 use output::{LogState, SharedLog, Stream};
 use ready::Readiness;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Restart {
     Never,
     OnFailure,
@@ -132,7 +132,7 @@ const HEALTHY_RUN: Duration = Duration::from_secs(600);
 const PIPE_DRAIN: Duration = Duration::from_secs(2);
 
 /// Supervises the server until it ends for good, or gpureap is stopped.
-pub fn supervise(config: &RunConfig, driver: &dyn Driver) -> std::io::Result<u8> {
+pub fn supervise(config: &RunConfig, driver: &dyn Driver) -> std::io::Result<Exit> {
     // Orphans of the server come back to us rather than to PID 1.
     if let Err(error) = rustix::process::set_child_subreaper(Some(rustix::process::getpid())) {
         event(&format!("cannot become child subreaper: {error}"));
@@ -178,14 +178,14 @@ pub fn supervise(config: &RunConfig, driver: &dyn Driver) -> std::io::Result<u8>
                     Ok(spawned) => spawned,
                     Err(error) => {
                         event(&format!("cannot start {}: {error}", config.command[0]));
-                        return Ok(exit::USAGE);
+                        return Ok(Exit::Usage);
                     }
                 }
             }
             Err(error) => {
                 containment.release();
                 event(&format!("cannot start {}: {error}", config.command[0]));
-                return Ok(exit::USAGE);
+                return Ok(Exit::Usage);
             }
         };
         let _sweep = SweepOnPanic(&containment);
@@ -248,15 +248,15 @@ pub fn supervise(config: &RunConfig, driver: &dyn Driver) -> std::io::Result<u8>
 
         if matches!(ended, Ended::Stopped) {
             return Ok(if freed && clean_stop {
-                exit::SUCCESS
+                Exit::Success
             } else {
-                exit::STILL_HELD
+                Exit::StillHeld
             });
         }
         let outcome = if freed && !failure {
-            exit::SUCCESS
+            Exit::Success
         } else {
-            exit::STILL_HELD
+            Exit::StillHeld
         };
         let restart = match config.restart {
             Restart::Never => false,
@@ -268,7 +268,7 @@ pub fn supervise(config: &RunConfig, driver: &dyn Driver) -> std::io::Result<u8>
         }
         if !freed {
             event("not restarting: GPU memory the server held is not verified free (see above)");
-            return Ok(exit::STILL_HELD);
+            return Ok(Exit::StillHeld);
         }
         if ready_at.is_some_and(|at| at.elapsed() >= HEALTHY_RUN) {
             restarts = 0;

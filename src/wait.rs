@@ -1,0 +1,77 @@
+//! `wait`: the preflight before a launch. Polls the driver's memory figures
+//! until every GPU asked for is below the threshold, or the timeout passes.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use crate::driver::Driver;
+use crate::report::WaitGpu;
+
+/// How often the driver's memory figures are read.
+const POLL: Duration = Duration::from_millis(5);
+
+/// What a wait found: each GPU's last reading, and how long it took.
+pub struct WaitOutcome {
+    pub ready: bool,
+    pub waited: Duration,
+    pub gpus: Vec<WaitGpu>,
+}
+
+impl WaitOutcome {
+    /// The GPUs that were not ready at the end.
+    pub fn busy(&self) -> BTreeSet<u32> {
+        self.gpus
+            .iter()
+            .filter(|gpu| !gpu.ready)
+            .map(|gpu| gpu.index)
+            .collect()
+    }
+}
+
+fn reading(driver: &dyn Driver, index: u32, below: u64) -> WaitGpu {
+    match driver.memory_used(index) {
+        Ok(used) => WaitGpu {
+            index,
+            memory_used: used,
+            ready: used.is_some_and(|used| used < below),
+            error: None,
+        },
+        Err(error) => WaitGpu {
+            index,
+            memory_used: None,
+            ready: false,
+            error: Some(error.to_string()),
+        },
+    }
+}
+
+/// Returns as soon as every GPU in `gpus` uses less than `below`, or when
+/// `timeout` has passed.
+pub fn wait(
+    driver: &dyn Driver,
+    gpus: &BTreeSet<u32>,
+    below: u64,
+    timeout: Duration,
+) -> WaitOutcome {
+    let start = Instant::now();
+    loop {
+        let readings: Vec<WaitGpu> = gpus
+            .iter()
+            .map(|&index| reading(driver, index, below))
+            .collect();
+        let ready = readings.iter().all(|gpu| gpu.ready);
+        tracing::trace!(
+            elapsed_ms = start.elapsed().as_secs_f64() * 1e3,
+            ready,
+            "wait poll"
+        );
+        if ready || start.elapsed() >= timeout {
+            return WaitOutcome {
+                ready,
+                waited: start.elapsed(),
+                gpus: readings,
+            };
+        }
+        std::thread::sleep(POLL);
+    }
+}
