@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use crate::exit::Exit;
 use crate::reap::{Fate, FreeReport};
-use crate::select::descendants;
+use crate::select::{DEFAULT_PROTECTED, descendants, protected_name};
 use crate::snapshot::Snapshot;
 use crate::units::{Bytes, Elapsed, MaybeBytes};
 
@@ -74,6 +74,9 @@ pub struct HolderJson {
     pub gpus: Vec<HolderGpuJson>,
     pub control_node: bool,
     pub flags: Vec<&'static str>,
+    /// The protected name it answers to: `free` leaves it alone unless it
+    /// is named with `--pid`.
+    pub protected: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -95,6 +98,13 @@ fn shown(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>, pid: u32) -> bool {
 fn holder_json(snapshot: &Snapshot, pid: u32) -> HolderJson {
     let record = snapshot.processes.get(&pid);
     let details = snapshot.details.get(&pid);
+    let protected = record
+        .and_then(|record| protected_name(record, DEFAULT_PROTECTED))
+        .map(str::to_string);
+    let mut flags = snapshot.flags(pid).names();
+    if protected.is_some() {
+        flags.push("protected");
+    }
     HolderJson {
         pid,
         ppid: record.map(|r| r.ppid),
@@ -124,7 +134,8 @@ fn holder_json(snapshot: &Snapshot, pid: u32) -> HolderJson {
             })
             .collect(),
         control_node: record.is_some_and(|r| r.nodes.contains(&crate::driver::Node::Control)),
-        flags: snapshot.flags(pid).names(),
+        flags,
+        protected,
     }
 }
 
@@ -203,6 +214,7 @@ pub fn holders_json(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> Vec<Ho
             }],
             control_node: false,
             flags: vec!["hidden"],
+            protected: None,
         });
     }
     holders
@@ -286,7 +298,7 @@ pub fn status_table(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String
             "GPU", "PID", "PPID", "PGID", "SID", "USER", "S", "AGE", "GPU MEM", "FLAGS", "CGROUP",
             "COMMAND",
         ]);
-        for holder in holders {
+        for holder in &holders {
             let gpu_column = if holder.gpus.is_empty() {
                 "-".to_string()
             } else {
@@ -324,9 +336,28 @@ pub fn status_table(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String
             ]);
         }
         let _ = writeln!(out, "{table}");
+        protected_note(&holders, &mut out);
     }
     notes(snapshot, &mut out);
     out
+}
+
+/// Says why holders flagged `protected` are left alone by `free`.
+fn protected_note(holders: &[HolderJson], out: &mut String) {
+    let protected: Vec<String> = holders
+        .iter()
+        .filter_map(|holder| {
+            let name = holder.protected.as_deref()?;
+            Some(format!("{} ({name})", holder.pid))
+        })
+        .collect();
+    if !protected.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nProtected by name: {}. `free` leaves these alone unless named with --pid.",
+            protected.join(", ")
+        );
+    }
 }
 
 fn notes(snapshot: &Snapshot, out: &mut String) {

@@ -114,26 +114,33 @@ impl Guard {
         if record.kernel_thread {
             return Some(Spared::KernelThread);
         }
-        if let Some(name) = self.protected_name(record) {
-            return Some(Spared::Protected(name));
+        // Naming a process overrides what is only a guess from its name or
+        // its descriptors; nothing overrides the rules above.
+        if named {
+            return None;
         }
-        if !named && snapshot.is_monitor(pid) {
+        if let Some(name) = protected_name(record, self.protected_names.iter().map(String::as_str))
+        {
+            return Some(Spared::Protected(name.to_string()));
+        }
+        if snapshot.is_monitor(pid) {
             return Some(Spared::Monitor);
         }
         None
     }
+}
 
-    fn protected_name(&self, record: &ProcessRecord) -> Option<String> {
-        let program = record.program();
-        self.protected_names
-            .iter()
-            .find(|name| {
-                program == name.as_str()
-                    // comm is cut to 15 bytes: nvidia-persistenced shows as nvidia-persiste.
-                    || record.comm == name.chars().take(15).collect::<String>()
-            })
-            .cloned()
-    }
+/// The protected name a process answers to, if any: its program (argv[0]'s
+/// basename) or its comm, which the kernel cuts to 15 bytes
+/// (nvidia-persistenced shows as nvidia-persiste).
+pub fn protected_name<'a>(
+    record: &ProcessRecord,
+    names: impl IntoIterator<Item = &'a str>,
+) -> Option<&'a str> {
+    let program = record.program();
+    names
+        .into_iter()
+        .find(|name| program == *name || record.comm == name.chars().take(15).collect::<String>())
 }
 
 /// Why a process in scope is left alone.
@@ -157,7 +164,10 @@ impl std::fmt::Display for Spared {
             ),
             Spared::Init => write!(f, "PID 1"),
             Spared::KernelThread => write!(f, "a kernel thread"),
-            Spared::Protected(name) => write!(f, "protected ({name})"),
+            Spared::Protected(name) => write!(
+                f,
+                "protected by name ({name}); name it with --pid to free it"
+            ),
             Spared::Monitor => write!(
                 f,
                 "a monitor (no GPU context, no memory); name it with --pid to include it"

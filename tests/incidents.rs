@@ -406,6 +406,78 @@ fn a_protected_name_is_never_signalled() {
     assert_eq!(reasons(&report, 0), ["protected", "protected"]);
 }
 
+/// A process whose argv[0] is `nvidia-smi` holding 70 GiB is spared by a
+/// scope, shown as protected by `status`, and freed when named with --pid.
+#[test]
+fn naming_a_protected_process_with_pid_frees_it() {
+    let host = host(1);
+    let mut incident = Incident::new(&host);
+    let impostor = incident
+        .holder(&Holder::new("nvidia-smi").on(0, 70 * GIB))
+        .expect("impostor");
+
+    let status = run(&host, &["status", "--json"]).json();
+    let holder = status["holders"]
+        .as_array()
+        .expect("holders")
+        .iter()
+        .find(|holder| holder["pid"] == impostor)
+        .expect("listed")
+        .clone();
+    assert_eq!(holder["protected"], "nvidia-smi");
+    assert!(
+        holder["flags"]
+            .as_array()
+            .expect("flags")
+            .contains(&"protected".into()),
+        "{holder:#}"
+    );
+    let table = run(&host, &["status"]).stdout;
+    assert!(
+        table.contains(&format!("Protected by name: {impostor} (nvidia-smi)")),
+        "{table}"
+    );
+
+    let scoped = run(
+        &host,
+        &[
+            "free",
+            "--gpu",
+            "0",
+            "--grace",
+            "0",
+            "--timeout",
+            "200ms",
+            "--yes",
+            "--json",
+        ],
+    );
+    assert_eq!(scoped.code, 1, "{}", scoped.stdout);
+    assert_eq!(
+        spared(&scoped.json(), impostor).as_deref(),
+        Some("protected")
+    );
+    assert!(alive(impostor));
+
+    let named = run(
+        &host,
+        &[
+            "free",
+            "--pid",
+            &impostor.to_string(),
+            "--grace",
+            "200ms",
+            "--yes",
+            "--json",
+        ],
+    );
+    assert_eq!(named.code, 0, "{}{}", named.stdout, named.stderr);
+    let report = named.json();
+    assert_eq!(target_pids(&report), [impostor]);
+    assert_eq!(gpu(&report, 0)["freed"], true);
+    assert!(!alive(impostor));
+}
+
 #[test]
 fn gpureap_never_signals_its_own_ancestors() {
     let host = host(1);

@@ -376,10 +376,11 @@ fn reference(snapshot: &Snapshot, scope: &Scope, guard: &Guard) -> (BTreeSet<u32
             || guard.ancestors.contains(&pid)
             || pid == 1
             || record.kernel_thread
-            || guard.protected_names.iter().any(|name| {
-                program == name || record.comm == name.chars().take(15).collect::<String>()
-            })
-            || (is_monitor(pid) && !named(pid))
+            // A name or a monitor's look is overridden by naming the process.
+            || (!named(pid)
+                && (guard.protected_names.iter().any(|name| {
+                    program == name || record.comm == name.chars().take(15).collect::<String>()
+                }) || is_monitor(pid)))
     };
     let all_pids: Vec<u32> = snapshot.processes.keys().copied().collect();
     let mut spared = BTreeSet::new();
@@ -457,7 +458,9 @@ proptest! {
             prop_assert!(pid != guard.self_pid && pid != 1);
             prop_assert!(!guard.ancestors.contains(&pid));
             prop_assert!(!record.kernel_thread);
-            prop_assert!(!DEFAULT_PROTECTED.contains(&record.cmdline.split(' ').next().unwrap_or("")));
+            // A protected name is a target only when that very process was named.
+            let named = scope.pids.contains(&record.id);
+            prop_assert!(named || !DEFAULT_PROTECTED.contains(&record.cmdline.split(' ').next().unwrap_or("")));
             prop_assert!(pid != HIDDEN_PID);
         }
     }
