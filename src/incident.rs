@@ -142,7 +142,17 @@ impl Incident {
     /// how many processes the script will record in `$D/pids`; this returns
     /// once all of them are running under their titles.
     pub fn spawn(&mut self, script: &str, records: usize) -> io::Result<u32> {
-        let child = Command::new("bash")
+        self.spawn_in_group(script, records, false)
+    }
+
+    /// `spawn`, where `own_group` makes the script lead a process group of
+    /// its own, as a job started from an interactive shell does.
+    fn spawn_in_group(&mut self, script: &str, records: usize, own_group: bool) -> io::Result<u32> {
+        let mut command = Command::new("bash");
+        if own_group {
+            std::os::unix::process::CommandExt::process_group(&mut command, 0);
+        }
+        let child = command
             .arg("-c")
             .arg(script)
             .env("D", &self.dir)
@@ -166,7 +176,8 @@ impl Incident {
 
     /// An SGLang-like server: a launcher (`python3 -m sglang.launch_server`)
     /// with one `sglang::scheduler_TP{i}` worker per GPU and a detokenizer
-    /// that holds no GPU. Returns the launcher's PID.
+    /// that holds no GPU, all in the launcher's process group, which it leads
+    /// as a job started from a shell does. Returns the launcher's PID.
     pub fn sglang(&mut self, workers: &[Holder]) -> io::Result<u32> {
         let mut script = format!("echo \"$$ {LAUNCHER}\" >> \"$D/pids\"; ");
         for worker in workers {
@@ -180,8 +191,7 @@ impl Incident {
             "exec -a '{LAUNCHER} --model-path meta-llama/Llama-3.1-70B-Instruct --tp {}' sleep 100000",
             workers.len()
         );
-        let pid = self.spawn(&script, workers.len() + 2)?;
-        Ok(pid)
+        self.spawn_in_group(&script, workers.len() + 2, true)
     }
 
     /// SIGKILLs a process this incident started, and reaps it if it is our

@@ -122,6 +122,8 @@ pub struct Handled {
     pub cmdline: String,
     /// Why it was a target: named, in_scope, or descendant.
     pub because: String,
+    /// Why it counts as orphaned, where it does (`--orphans` takes only these).
+    pub orphan: Option<String>,
     pub gpus: BTreeSet<u32>,
     pub signals: Vec<SignalEvent>,
     pub fate: Fate,
@@ -294,6 +296,7 @@ impl Reaper {
                         Because::InScope => "in_scope".to_string(),
                         Because::Descendant { of } => format!("descendant of {of}"),
                     },
+                    orphan: snapshot.orphaned(pid).map(|orphan| orphan.to_string()),
                     gpus: snapshot.gpus_used_by(pid),
                     signals: Vec::new(),
                     fate: if zombie { Fate::Zombie } else { Fate::Alive },

@@ -74,6 +74,8 @@ pub struct HolderJson {
     pub gpus: Vec<HolderGpuJson>,
     pub control_node: bool,
     pub flags: Vec<&'static str>,
+    /// Why it counts as orphaned, where it does.
+    pub orphan: Option<String>,
     /// The protected name it answers to: `free` leaves it alone unless it
     /// is named with `--pid`.
     pub protected: Option<String>,
@@ -135,6 +137,7 @@ fn holder_json(snapshot: &Snapshot, pid: u32) -> HolderJson {
             .collect(),
         control_node: record.is_some_and(|r| r.nodes.contains(&crate::driver::Node::Control)),
         flags,
+        orphan: snapshot.orphaned(pid).map(|orphan| orphan.to_string()),
         protected,
     }
 }
@@ -214,6 +217,7 @@ pub fn holders_json(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> Vec<Ho
             }],
             control_node: false,
             flags: vec!["hidden"],
+            orphan: None,
             protected: None,
         });
     }
@@ -523,7 +527,12 @@ pub fn free_plan(report: &FreeReport) -> String {
                 Cell::new(target.pid),
                 Cell::new(target.ppid),
                 Cell::new(gpu_list(&target.gpus)),
-                Cell::new(target.because.replace('_', " ")),
+                Cell::new(match &target.orphan {
+                    Some(orphan) => {
+                        format!("{} (orphaned: {orphan})", target.because.replace('_', " "))
+                    }
+                    None => target.because.replace('_', " "),
+                }),
                 Cell::new(short(&target.cmdline, 70)),
             ]);
         }

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use regex::Regex;
 
 use crate::proc::{ProcessId, ProcessRecord};
-use crate::snapshot::{Snapshot, is_orphaned};
+use crate::snapshot::Snapshot;
 
 /// Names protected by default: the driver's daemons, monitoring, and displays.
 pub const DEFAULT_PROTECTED: [&str; 6] = [
@@ -63,7 +63,7 @@ impl Scope {
         if !self.uids.is_empty() && !record.uid.is_some_and(|uid| self.uids.contains(&uid)) {
             return false;
         }
-        if self.orphans && !is_orphaned(record) {
+        if self.orphans && snapshot.orphaned(pid).is_none() {
             return false;
         }
         true

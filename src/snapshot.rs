@@ -286,7 +286,7 @@ impl Snapshot {
                 }
             }
             Some(record) => Flags {
-                orphaned: is_orphaned(record),
+                orphaned: self.orphaned(pid).is_some(),
                 zombie: record.state == 'Z',
                 uninterruptible: record.state == 'D',
                 hidden: false,
@@ -297,6 +297,37 @@ impl Snapshot {
                     .is_some_and(|details| details.supervised),
             },
         }
+    }
+
+    /// Whether, and why, a process is orphaned (see `Orphaned`).
+    pub fn orphaned(&self, pid: u32) -> Option<Orphaned> {
+        let record = self.processes.get(&pid)?;
+        if pid == 1 || record.kernel_thread || record.pgid == pid || record.pgid == 0 {
+            return None;
+        }
+        // A zombie leader has exited as well; a live process with the
+        // leader's PID that leads another group is a stranger.
+        let leader_alive = self
+            .processes
+            .get(&record.pgid)
+            .is_some_and(|leader| leader.pgid == record.pgid && leader.state != 'Z');
+        if leader_alive {
+            return None;
+        }
+        // Re-parented: to PID 1, or to a process of another session. A child
+        // that does not lead its group never left its parent's session, so a
+        // parent in another session is not the one it was born to: a
+        // subreaper took it in.
+        let parent = record.ppid;
+        let reparented = parent == 1
+            || self
+                .processes
+                .get(&parent)
+                .is_some_and(|parent| parent.sid != record.sid);
+        reparented.then_some(Orphaned {
+            group_leader: record.pgid,
+            parent,
+        })
     }
 
     /// Parent → children, for tree walks.
@@ -343,11 +374,35 @@ impl Snapshot {
     }
 }
 
-/// Orphaned: re-parented to PID 1 after its parent died. A session leader
-/// whose parent is PID 1 is a service or daemon (systemd starts them so), not
-/// an orphan; so are PID 1 itself and kernel threads.
-pub fn is_orphaned(record: &ProcessRecord) -> bool {
-    record.ppid == 1 && record.id.pid != 1 && record.id.pid != record.sid && !record.kernel_thread
+/// Why a process counts as orphaned: the worker of a launcher that died.
+///
+/// An orphan is re-parented (to PID 1, or to a subreaper such as
+/// `systemd --user`), stays in a process group whose leader is gone, and does
+/// not lead a group of its own. An SGLang worker keeps its dead launcher's
+/// group; a job started from an interactive shell (`nohup python train.py &`)
+/// leads its own group and is not an orphan however its shell ended, nor is a
+/// service or daemon, which leads its own session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Orphaned {
+    /// The process group whose leader is gone.
+    pub group_leader: u32,
+    /// The process it was re-parented to.
+    pub parent: u32,
+}
+
+impl std::fmt::Display for Orphaned {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "group leader {} is gone; re-parented to ",
+            self.group_leader
+        )?;
+        if self.parent == 1 {
+            write!(f, "PID 1")
+        } else {
+            write!(f, "subreaper {}", self.parent)
+        }
+    }
 }
 
 fn merge(

@@ -796,3 +796,131 @@ fn a_service_under_pid_1_is_not_an_orphan() {
     assert!(target_pids(&report).is_empty(), "{report:#}");
     assert!(alive(pid));
 }
+
+/// A training job started with `nohup ... &` from a shell with job control
+/// leads its own process group; when the shell exits it is re-parented to
+/// PID 1 like a crashed launcher's worker, but it is healthy: `--orphans`
+/// takes the worker and leaves the job alone, and says why per target.
+#[test]
+fn a_nohup_job_whose_shell_exited_is_not_an_orphan() {
+    let host = host(2);
+    let mut incident = Incident::new(&host);
+    let job = Holder::new("python train.py --epochs 90").on(1, 30 * GIB);
+    // `set -m`: job control, as in an interactive shell; then the shell exits.
+    let script = format!(
+        "set -m; ( exec nohup bash -c {} >/dev/null 2>&1 ) & exit 0",
+        shell_quote(&job.script())
+    );
+    incident.spawn(&script, 1).expect("staged");
+    let training = incident
+        .pid_of("python train.py --epochs 90")
+        .expect("training job");
+    let launcher = incident
+        .sglang(&[Holder::new("sglang::scheduler_TP0").on(0, 70 * GIB)])
+        .expect("sglang");
+    let worker = incident.pid_of("sglang::scheduler_TP0").expect("worker");
+    orphan(&mut incident, launcher, &[worker]);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while ppid(training) != Some(1) {
+        assert!(Instant::now() < deadline, "the job was not re-parented");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+
+    let status = run(&host, &["status", "--json"]).json();
+    let holder = |pid: u32| {
+        status["holders"]
+            .as_array()
+            .expect("holders")
+            .iter()
+            .find(|holder| holder["pid"] == pid)
+            .unwrap_or_else(|| panic!("{pid} not listed: {status:#}"))
+            .clone()
+    };
+    assert_eq!(holder(training)["pgid"], training, "leads its own group");
+    assert_eq!(holder(training)["flags"], serde_json::json!([]));
+    assert_eq!(holder(training)["orphan"], serde_json::Value::Null);
+    assert_eq!(holder(worker)["flags"], serde_json::json!(["orphaned"]));
+    assert_eq!(
+        holder(worker)["orphan"],
+        format!("group leader {launcher} is gone; re-parented to PID 1")
+    );
+
+    let plan = run(&host, &["free", "--orphans", "--dry-run"]);
+    assert!(
+        plan.stdout
+            .contains(&format!("orphaned: group leader {launcher} is gone")),
+        "{}",
+        plan.stdout
+    );
+    let result = run(
+        &host,
+        &["free", "--orphans", "--grace", "200ms", "--yes", "--json"],
+    );
+    assert_eq!(result.code, 0, "{}", result.stdout);
+    let report = result.json();
+    assert_eq!(target_pids(&report), [worker]);
+    assert!(!alive(worker));
+    assert!(alive(training), "the healthy nohup job was signalled");
+}
+
+/// Under a subreaper (`systemd --user`, a container's init shim), a crashed
+/// launcher's worker is re-parented to the subreaper, not to PID 1: it is an
+/// orphan all the same, and the subreaper is not.
+#[test]
+fn an_orphan_adopted_by_a_subreaper_is_an_orphan() {
+    let host = host(1);
+    let mut incident = Incident::new(&host);
+    let worker = Holder::new("sglang::scheduler_TP0").on(0, 40 * GIB);
+    // A login shell of its own session, where the launcher runs as a job.
+    let shell = format!(
+        "set -m; ( echo \"$BASHPID {LAUNCHER}\" >> \"$D/pids\"; ( {} ) & exec -a '{LAUNCHER} --tp 1' sleep 100000 ) & wait",
+        worker.script()
+    );
+    // A subreaper in a session of its own, as systemd --user is, under
+    // which that shell runs; it reaps whatever ends.
+    let subreaper = format!(
+        "import ctypes, os, signal, subprocess, time\n\
+         ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)\n\
+         os.setsid()\n\
+         signal.signal(signal.SIGCHLD, signal.SIG_IGN)\n\
+         title = open('/proc/self/cmdline').read().split(chr(0))[0]\n\
+         open(os.environ['D'] + '/pids', 'a').write(f'{{os.getpid()}} {{title}}\\n')\n\
+         subprocess.Popen(['bash', '-c', {shell:?}], start_new_session=True)\n\
+         time.sleep(100000)\n"
+    );
+    incident
+        .spawn(&format!("exec python3 -c {}", shell_quote(&subreaper)), 3)
+        .expect("staged");
+    let reaper = incident
+        .records()
+        .expect("records")
+        .into_iter()
+        .find(|(_, title)| title.contains("python"))
+        .map(|(pid, _)| pid)
+        .expect("subreaper");
+    let launcher = incident.pid_of(LAUNCHER).expect("launcher");
+    let worker = incident.pid_of("sglang::scheduler_TP0").expect("worker");
+    incident.kill(launcher).expect("kill launcher");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while ppid(worker) != Some(reaper) {
+        assert!(
+            Instant::now() < deadline,
+            "the worker was not adopted by the subreaper: parent {:?}",
+            ppid(worker)
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+
+    let result = run(
+        &host,
+        &["free", "--orphans", "--grace", "200ms", "--yes", "--json"],
+    );
+    assert_eq!(result.code, 0, "{}", result.stdout);
+    let report = result.json();
+    assert_eq!(target_pids(&report), [worker]);
+    assert_eq!(
+        target(&report, worker).expect("target")["orphan"],
+        format!("group leader {launcher} is gone; re-parented to subreaper {reaper}")
+    );
+    assert!(alive(reaper), "the subreaper was signalled");
+}

@@ -43,6 +43,12 @@ struct ProcessSpec {
     /// Has a GPU context (listed by the driver) on GPU 0 / GPU 1.
     context: (bool, bool),
     session_leader: bool,
+    /// 0: leads its own process group; 1: in its parent's group; 2: in a
+    /// group whose leader is gone (a crashed launcher's).
+    group: u8,
+    /// Still in the session it was born in, which its parent (a subreaper
+    /// that took it in) is not.
+    adopted: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -74,9 +80,10 @@ fn spec() -> impl Strategy<Value = Spec> {
         0u8..8,
         (any::<bool>(), any::<bool>()),
         proptest::bool::weighted(0.3),
+        (0u8..3, proptest::bool::weighted(0.3)),
     )
         .prop_map(
-            |(parent, name, uid, state, kernel, nodes, context, session_leader)| ProcessSpec {
+            |(
                 parent,
                 name,
                 uid,
@@ -85,6 +92,18 @@ fn spec() -> impl Strategy<Value = Spec> {
                 nodes,
                 context,
                 session_leader,
+                (group, adopted),
+            )| ProcessSpec {
+                parent,
+                name,
+                uid,
+                state,
+                kernel,
+                nodes,
+                context,
+                session_leader,
+                group,
+                adopted,
             },
         );
     let named = proptest::collection::vec(
@@ -149,7 +168,10 @@ fn user(pid: u32, listed: bool, node_open: bool, hidden: bool) -> GpuUser {
 
 fn build(spec: &Spec) -> (Snapshot, Scope, Guard) {
     let mut processes = BTreeMap::new();
-    processes.insert(1, record(1, 0, 1, "init", 0, 'S', false, BTreeSet::new()));
+    processes.insert(
+        1,
+        record(1, 0, 1, 1, "init", 0, 'S', false, BTreeSet::new()),
+    );
     let mut gpu_users: [Vec<GpuUser>; 2] = [Vec::new(), Vec::new()];
     for (position, process) in spec.processes.iter().enumerate() {
         let pid = pid_at(position);
@@ -172,12 +194,35 @@ fn build(spec: &Spec) -> (Snapshot, Scope, Guard) {
                 gpu_users[index].push(user(pid, has_context, true, false));
             }
         }
-        let sid = if process.session_leader { pid } else { 1 };
+        // A session leader leads its group too; others keep their parent's
+        // session, unless the parent is PID 1 or a session leader (a
+        // subreaper of another session took them in).
+        let parent_sid = processes
+            .get(&ppid)
+            .map_or(1, |parent: &ProcessRecord| parent.sid);
+        let (sid, pgid) = if process.session_leader {
+            (pid, pid)
+        } else {
+            let pgid = match process.group {
+                0 => pid,
+                1 => processes.get(&ppid).map_or(pid, |parent| parent.pgid),
+                _ => 90_000 + position as u32,
+            };
+            let sid = if process.adopted {
+                80_000 + position as u32
+            } else if ppid == 1 {
+                1
+            } else {
+                parent_sid
+            };
+            (sid, pgid)
+        };
         processes.insert(
             pid,
             record(
                 pid,
                 ppid,
+                pgid,
                 sid,
                 NAMES[process.name],
                 UIDS[process.uid],
@@ -263,6 +308,7 @@ fn build(spec: &Spec) -> (Snapshot, Scope, Guard) {
 fn record(
     pid: u32,
     ppid: u32,
+    pgid: u32,
     sid: u32,
     name: &str,
     uid: u32,
@@ -276,7 +322,7 @@ fn record(
             start_time: pid as u64 * 7,
         },
         ppid,
-        pgid: pid,
+        pgid,
         sid,
         uid: Some(uid),
         state,
@@ -333,6 +379,21 @@ fn reference(snapshot: &Snapshot, scope: &Scope, guard: &Guard) -> (BTreeSet<u32
                 Node::Control => true,
             })
     };
+    // An orphan: re-parented (to PID 1, or to a process of another session),
+    // in a group whose leader is gone, not leading its own.
+    let orphaned = |pid: u32| {
+        let record = &snapshot.processes[&pid];
+        let leader_gone = match snapshot.processes.get(&record.pgid) {
+            None => true,
+            Some(leader) => leader.state == 'Z' || leader.pgid != record.pgid,
+        };
+        let reparented = record.ppid == 1
+            || snapshot
+                .processes
+                .get(&record.ppid)
+                .is_some_and(|parent| parent.sid != record.sid);
+        pid != 1 && !record.kernel_thread && record.pgid != pid && leader_gone && reparented
+    };
     let passes = |pid: u32| {
         let record = &snapshot.processes[&pid];
         scope
@@ -344,8 +405,7 @@ fn reference(snapshot: &Snapshot, scope: &Scope, guard: &Guard) -> (BTreeSet<u32
                     pattern.is_match(&record.cmdline) || pattern.is_match(&record.comm)
                 }))
             && (scope.uids.is_empty() || record.uid.is_some_and(|uid| scope.uids.contains(&uid)))
-            && (!scope.orphans
-                || (record.ppid == 1 && pid != 1 && pid != record.sid && !record.kernel_thread))
+            && (!scope.orphans || orphaned(pid))
     };
     let is_descendant = |pid: u32, of: u32| {
         let mut current = pid;
