@@ -163,8 +163,9 @@ impl Incident {
             .spawn()?;
         let pid = child.id();
         self.children.push(child);
+        let earlier = self.expected;
         self.expected += records;
-        self.wait_ready()?;
+        self.wait_ready(earlier)?;
         Ok(pid)
     }
 
@@ -234,15 +235,16 @@ impl Incident {
             .collect())
     }
 
-    /// Waits until every expected record is there and each recorded process
-    /// runs under its title (its `exec -a` has happened), then remembers who
-    /// they are.
-    fn wait_ready(&mut self) -> io::Result<()> {
+    /// Waits until every expected record is there and each process recorded
+    /// after the first `earlier` runs under its title (its `exec -a` has
+    /// happened), then remembers who they are. Earlier records were checked
+    /// before, and their PIDs may belong to other processes by now.
+    fn wait_ready(&mut self, earlier: usize) -> io::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let records = self.records()?;
             let ready = records.len() >= self.expected
-                && records.iter().all(|(pid, title)| {
+                && records.iter().skip(earlier).all(|(pid, title)| {
                     let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
                     // Gone already (a zombie child, a killed worker) counts as settled; an
                     // empty command line alone does not: it is also what an exec in progress shows.

@@ -83,6 +83,17 @@ pub fn send(id: ProcessId, sig: Sig) -> Delivery {
     }
 }
 
+/// Whether the kernel would let us signal this process (signal 0 checks
+/// permission and sends nothing). A process that has gone is not refused.
+fn may_signal(id: ProcessId) -> bool {
+    Pid::from_raw(id.pid as i32).is_none_or(|pid| {
+        !matches!(
+            rustix::process::test_kill_process(pid),
+            Err(Errno::PERM | Errno::ACCESS)
+        )
+    })
+}
+
 fn delivery(result: rustix::io::Result<()>) -> Delivery {
     match result {
         Ok(()) => Delivery::Sent,
@@ -172,6 +183,9 @@ pub struct SparedEntry {
 pub struct GpuOutcome {
     pub index: u32,
     pub freed: bool,
+    /// The driver could report on this GPU. When it could not (lost, no
+    /// driver), it is never called freed and the command exits 3.
+    pub checked: bool,
     pub memory_before: Option<u64>,
     pub memory_after: Option<u64>,
     /// Bytes that came back; `None` when the driver reports no memory.
@@ -200,9 +214,12 @@ impl FreeReport {
     }
 
     /// The exit code this outcome earns: done only when everything was
-    /// verified free.
+    /// verified free; a GPU the driver could not report on means the work
+    /// could not be completed, whatever else happened.
     pub fn exit(&self) -> Exit {
-        if self.all_freed() {
+        if self.gpus.iter().any(|gpu| !gpu.checked) {
+            Exit::Incomplete
+        } else if self.all_freed() {
             Exit::Success
         } else {
             Exit::StillHeld
@@ -236,8 +253,9 @@ struct Reaper {
 }
 
 impl Ledger for Reaper {
-    fn signals_sent(&self, pid: u32) -> Vec<String> {
-        self.latest(pid)
+    fn signals_sent(&self, id: ProcessId) -> Vec<String> {
+        self.handled
+            .get(&id)
             .map(|handled| {
                 handled
                     .signals
@@ -249,23 +267,20 @@ impl Ledger for Reaper {
             .unwrap_or_default()
     }
 
-    fn permission_denied(&self, pid: u32) -> bool {
-        self.latest(pid).is_some_and(Handled::denied)
+    fn permission_denied(&self, id: ProcessId) -> bool {
+        self.handled.get(&id).is_some_and(Handled::denied)
     }
 
-    fn was_target(&self, pid: u32) -> bool {
-        self.latest(pid).is_some()
+    fn was_target(&self, id: ProcessId) -> bool {
+        self.handled.contains_key(&id)
+    }
+
+    fn had_target_pid(&self, pid: u32) -> bool {
+        self.handled.keys().any(|id| id.pid == pid)
     }
 }
 
 impl Reaper {
-    fn latest(&self, pid: u32) -> Option<&Handled> {
-        self.handled
-            .values()
-            .rev()
-            .find(|handled| handled.pid == pid)
-    }
-
     fn elapsed_ms(&self) -> u64 {
         self.start
             .map_or(0, |start| start.elapsed().as_millis() as u64)
@@ -405,6 +420,17 @@ impl Reaper {
         alive
     }
 
+    /// Waits until every target that was sent SIGKILL has left /proc (or
+    /// is a zombie), at most `limit`.
+    fn wait_for_exits(&mut self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while self.handled.values().any(|h| h.is_open() && h.killed()) && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(2));
+            self.refresh();
+        }
+    }
+
     fn open_ids(&self) -> Vec<ProcessId> {
         self.handled
             .values()
@@ -442,6 +468,13 @@ pub fn plan(snapshot: &Snapshot, scope: &Scope, guard: &Guard) -> FreeReport {
     let selection = select(snapshot, scope, guard);
     let mut reaper = Reaper::default();
     reaper.adopt(snapshot, &selection, false);
+    // Say now what the kernel would refuse (another user's process, when
+    // not root), rather than list it as if it would be signalled.
+    for handled in reaper.handled.values_mut() {
+        if handled.is_open() && !may_signal(handled.id()) {
+            handled.fate = Fate::PermissionDenied;
+        }
+    }
     let gpus = scope
         .gpus
         .clone()
@@ -459,6 +492,7 @@ pub fn plan(snapshot: &Snapshot, scope: &Scope, guard: &Guard) -> FreeReport {
                 GpuOutcome {
                     index,
                     freed: false,
+                    checked: snapshot.gpu(index).is_some_and(|gpu| gpu.driver_answered()),
                     memory_before: used,
                     memory_after: used,
                     freed_bytes: None,
@@ -471,7 +505,294 @@ pub fn plan(snapshot: &Snapshot, scope: &Scope, guard: &Guard) -> FreeReport {
     }
 }
 
-/// Frees the scope: escalates, re-scans, and verifies through the driver.
+/// The deadlines of one `free`, counted from its start. SIGTERM until
+/// `grace_end` (--grace); verification until `deadline` (--timeout after the
+/// grace); past that only while some GPU's memory is still going down, until
+/// `release_limit` (--timeout or 60 s more, whichever is longer).
+struct Deadlines {
+    start: Instant,
+    grace_end: Instant,
+    deadline: Instant,
+    release_limit: Instant,
+}
+
+impl Deadlines {
+    fn new(start: Instant, options: &Options) -> Deadlines {
+        let grace_end = start + options.grace;
+        let deadline = grace_end + options.timeout;
+        Deadlines {
+            start,
+            grace_end,
+            deadline,
+            release_limit: deadline + options.timeout.max(RELEASE_EXTENSION),
+        }
+    }
+}
+
+/// How much longer than --timeout verification waits, at least, while a
+/// GPU's memory is still going down.
+pub const RELEASE_EXTENSION: Duration = Duration::from_secs(60);
+/// The longest pause between two full looks (a /proc scan and the driver)
+/// while the driver's figures do not move: stragglers that hold no GPU and
+/// holders the driver does not show are found at this pace.
+const LONGEST_PAUSE: Duration = Duration::from_secs(1);
+/// After the last signal, how long the final look waits at most for killed
+/// targets to leave /proc, so the verdict is not about processes already dying.
+const LAST_LOOK_WAIT: Duration = Duration::from_millis(250);
+
+/// One full look at the host: a snapshot, what the scope selects in it,
+/// and each GPU in scope's verdict.
+struct Look {
+    snapshot: Snapshot,
+    selection: Selection,
+    at: Instant,
+    verdicts: BTreeMap<u32, verify::Assessment>,
+    /// Signals were sent after the snapshot was taken: it is stale.
+    signalled: bool,
+}
+
+/// One `free` in progress: the reaper's ledger, the deadlines, and what the
+/// looks so far have shown.
+struct Freeing<'a> {
+    driver: &'a dyn Driver,
+    scope: &'a Scope,
+    guard: &'a Guard,
+    options: Options,
+    deadlines: Deadlines,
+    reaper: Reaper,
+    named: BTreeSet<u32>,
+    gpus_in_scope: BTreeSet<u32>,
+    unreadable: Vec<Unreadable>,
+    trends: BTreeMap<u32, Trend>,
+    freed_at: BTreeMap<u32, Instant>,
+    settled_since: Option<Instant>,
+    escalated: bool,
+    looks: u32,
+}
+
+impl Freeing<'_> {
+    /// A full look: adopts holders in scope that appeared (respawned, late
+    /// orphans), signals as the phase says, and asks the driver what is left.
+    fn look(&mut self, snapshot: Option<Snapshot>) -> Look {
+        let snapshot = snapshot.unwrap_or_else(|| Snapshot::take_focused(self.driver, &self.named));
+        let selection = select(&snapshot, self.scope, self.guard);
+        let new = self.reaper.adopt(&snapshot, &selection, self.looks > 0);
+        self.looks += 1;
+        self.reaper.note_respawns(&snapshot, &new);
+        self.gpus_in_scope
+            .extend(verify::gpus_touched(&snapshot, &selection));
+        for entry in &snapshot.unreadable {
+            if !self.unreadable.contains(entry) {
+                self.unreadable.push(entry.clone());
+            }
+        }
+        let at = Instant::now();
+        let signalled = self.signal(at, &new);
+        let verdicts = self.assess(&snapshot, &selection, at);
+        Look {
+            snapshot,
+            selection,
+            at,
+            verdicts,
+            signalled,
+        }
+    }
+
+    /// The phases: until the grace ends, SIGTERM each new target once; from
+    /// then on, every look stops and then kills whatever is still open.
+    /// Returns whether anything was signalled.
+    fn signal(&mut self, now: Instant, new: &[ProcessId]) -> bool {
+        if now < self.deadlines.grace_end {
+            for &id in new {
+                self.reaper.signal(id, Sig::Term);
+            }
+            !new.is_empty()
+        } else {
+            self.escalated = true;
+            self.reaper.refresh();
+            let open = self.reaper.open_ids();
+            self.reaper.stop_and_kill(&open);
+            !open.is_empty()
+        }
+    }
+
+    fn assess(
+        &mut self,
+        snapshot: &Snapshot,
+        selection: &Selection,
+        at: Instant,
+    ) -> BTreeMap<u32, verify::Assessment> {
+        let mut verdicts = BTreeMap::new();
+        for &index in &self.gpus_in_scope {
+            let assessment = match snapshot.gpu(index) {
+                Some(gpu) => {
+                    self.trends
+                        .entry(index)
+                        .or_default()
+                        .record(at, gpu.memory_used);
+                    verify::assess(
+                        gpu,
+                        snapshot,
+                        selection,
+                        &self.reaper,
+                        whole_gpu(self.scope, index),
+                    )
+                }
+                None => verify::Assessment {
+                    freed: false,
+                    checked: false,
+                    memory_used: None,
+                    explained: None,
+                    remaining: Vec::new(),
+                },
+            };
+            if assessment.freed {
+                self.freed_at.entry(index).or_insert(at);
+            } else {
+                self.freed_at.remove(&index);
+            }
+            verdicts.insert(index, assessment);
+        }
+        verdicts
+    }
+
+    /// Nothing more to wait for: every GPU freed (or, where the driver
+    /// cannot say, nothing in scope still has its node open); watched a
+    /// little longer where a live parent could respawn what was killed; and
+    /// targets that hold no GPU gone, or given a second after that.
+    fn settled(&mut self, look: &Look, alive: usize) -> bool {
+        let done = look
+            .verdicts
+            .values()
+            .all(|verdict| verdict.freed || (!verdict.checked && verdict.remaining.is_empty()));
+        if !done {
+            self.settled_since = None;
+            return false;
+        }
+        let since = *self.settled_since.get_or_insert(look.at);
+        let watched = !self.reaper.parent_may_respawn() || look.at.duration_since(since) >= SETTLE;
+        let stragglers_done = alive == 0
+            || (self.escalated && look.at.duration_since(since) >= Duration::from_secs(1));
+        watched && stragglers_done
+    }
+
+    /// Past the deadline, unless a GPU's memory is still going down; then
+    /// until the release limit.
+    fn out_of_time(&self, now: Instant) -> bool {
+        if now < self.deadlines.deadline {
+            return false;
+        }
+        let releasing = self.gpus_in_scope.iter().any(|index| {
+            !self.freed_at.contains_key(index)
+                && self
+                    .trends
+                    .get(index)
+                    .is_some_and(|trend| trend.release_rate().is_some())
+        });
+        !releasing || now >= self.deadlines.release_limit
+    }
+
+    /// Waits for the next look: until the driver's figures for the GPUs in
+    /// scope move, `pause` passes, or the grace ends. Returns whether they moved.
+    fn pause(&self, look: &Look, pause: Duration) -> bool {
+        let now = Instant::now();
+        let mut limit = pause.min(self.deadlines.release_limit.saturating_duration_since(now));
+        if !self.escalated {
+            limit = limit.min(self.deadlines.grace_end.saturating_duration_since(now));
+        }
+        let last: BTreeMap<u32, Option<u64>> = self
+            .gpus_in_scope
+            .iter()
+            .map(|&index| {
+                (
+                    index,
+                    look.snapshot.gpu(index).and_then(|gpu| gpu.memory_used),
+                )
+            })
+            .collect();
+        self.driver.wait_for_change(&last, self.options.poll, limit)
+    }
+
+    /// One look after the last signal, for the verdict: it adopts and
+    /// signals nothing, so what it finds in scope unsignalled is named so.
+    fn last_look(&mut self) -> Look {
+        self.reaper.wait_for_exits(LAST_LOOK_WAIT);
+        let snapshot = Snapshot::take_focused(self.driver, &self.named);
+        let selection = select(&snapshot, self.scope, self.guard);
+        let at = Instant::now();
+        let verdicts = self.assess(&snapshot, &selection, at);
+        Look {
+            snapshot,
+            selection,
+            at,
+            verdicts,
+            signalled: false,
+        }
+    }
+
+    fn outcome(&self, look: &Look, index: u32, memory_before: Option<u64>) -> GpuOutcome {
+        let gpu = look.snapshot.gpu(index);
+        let memory_after = gpu.and_then(|gpu| gpu.memory_used);
+        let respawner_alive = self.reaper.respawns.get(&index).is_some_and(|parents| {
+            parents
+                .keys()
+                .any(|&parent| proc::start_time(parent).is_some())
+        });
+        let freed_after_ms = self
+            .freed_at
+            .get(&index)
+            .filter(|_| !respawner_alive)
+            .map(|at| at.duration_since(self.deadlines.start).as_millis() as u64);
+        let reasons = match (gpu, freed_after_ms) {
+            (_, Some(_)) => Vec::new(),
+            (None, None) => vec![Reason::DriverError {
+                message: format!("GPU {index} is not reported by the driver"),
+            }],
+            (Some(gpu), None) => {
+                let assessment = verify::assess(
+                    gpu,
+                    &look.snapshot,
+                    &look.selection,
+                    &self.reaper,
+                    whole_gpu(self.scope, index),
+                );
+                let trend = self.trends.get(&index).cloned().unwrap_or_default();
+                let respawns = self
+                    .reaper
+                    .respawns
+                    .get(&index)
+                    .cloned()
+                    .unwrap_or_default();
+                verify::explain(
+                    gpu,
+                    &assessment,
+                    &look.snapshot,
+                    &look.selection,
+                    &self.reaper,
+                    &trend,
+                    &respawns,
+                )
+            }
+        };
+        GpuOutcome {
+            index,
+            freed: freed_after_ms.is_some(),
+            checked: gpu.is_some_and(|gpu| gpu.driver_answered()),
+            memory_before,
+            memory_after,
+            freed_bytes: match (memory_before, memory_after) {
+                (Some(before), Some(after)) => Some(before.saturating_sub(after)),
+                _ => None,
+            },
+            freed_after_ms,
+            reasons,
+        }
+    }
+}
+
+/// Frees the scope: SIGTERM, the grace, SIGSTOP and SIGKILL, re-scans for
+/// holders that appear, and verification through the driver; the verdict
+/// comes from one last look after the last signal.
 pub fn free(
     driver: &dyn Driver,
     scope: &Scope,
@@ -481,94 +802,49 @@ pub fn free(
     progress: &mut dyn FnMut(&Progress),
 ) -> FreeReport {
     let start = Instant::now();
-    let mut reaper = Reaper {
-        start: Some(start),
-        ..Reaper::default()
-    };
     let memory_before: BTreeMap<u32, Option<u64>> = first
         .gpus
         .iter()
         .map(|gpu| (gpu.index, gpu.memory_used))
         .collect();
-    let mut gpus_in_scope = scope.gpus.clone().unwrap_or_default();
-    let mut unreadable: Vec<Unreadable> = Vec::new();
-    let grace_end = start + options.grace;
-    // --timeout counts from the escalation, so at least one round follows the SIGKILL.
-    let deadline = grace_end + options.timeout;
-    let hard_deadline = deadline + options.timeout.max(Duration::from_secs(60));
-    let mut trends: BTreeMap<u32, Trend> = BTreeMap::new();
-    let mut freed_at: BTreeMap<u32, Instant> = BTreeMap::new();
-    let mut all_freed_since: Option<Instant> = None;
-    let mut escalated = false;
-    let named: BTreeSet<u32> = scope.pids.iter().map(|id| id.pid).collect();
+    let mut freeing = Freeing {
+        driver,
+        scope,
+        guard,
+        options,
+        deadlines: Deadlines::new(start, &options),
+        reaper: Reaper {
+            start: Some(start),
+            ..Reaper::default()
+        },
+        named: scope.pids.iter().map(|id| id.pid).collect(),
+        gpus_in_scope: scope.gpus.clone().unwrap_or_default(),
+        unreadable: Vec::new(),
+        trends: BTreeMap::new(),
+        freed_at: BTreeMap::new(),
+        settled_since: None,
+        escalated: false,
+        looks: 0,
+    };
     let mut next = Some(first);
-    let mut round = 0u32;
-
-    // Each round: re-scan, adopt holders in scope that appeared (respawned,
-    // late orphans), signal per the phase, and ask the driver what is left.
-    let (snapshot, selection) = loop {
-        let snapshot = next
-            .take()
-            .unwrap_or_else(|| Snapshot::take_focused(driver, &named));
-        let selection = select(&snapshot, scope, guard);
-        let new = reaper.adopt(&snapshot, &selection, round > 0);
-        round += 1;
-        reaper.note_respawns(&snapshot, &new);
-        gpus_in_scope.extend(verify::gpus_touched(&snapshot, &selection));
-        for entry in &snapshot.unreadable {
-            if !unreadable.contains(entry) {
-                unreadable.push(entry.clone());
-            }
-        }
-        let now = Instant::now();
-        if now < grace_end {
-            for id in new {
-                reaper.signal(id, Sig::Term);
-            }
-        } else {
-            // Pass 2, and every round after: stop, then kill, whatever is open.
-            escalated = true;
-            reaper.refresh();
-            reaper.stop_and_kill(&reaper.open_ids());
-        }
-
-        let mut shown = Vec::new();
-        let mut all_freed = true;
-        for &index in &gpus_in_scope {
-            let freed = match snapshot.gpu(index) {
-                Some(gpu) => {
-                    trends
-                        .entry(index)
-                        .or_default()
-                        .record(now, gpu.memory_used);
-                    verify::assess(gpu, &snapshot, &selection, &reaper, whole_gpu(scope, index))
-                        .freed
-                }
-                None => false,
-            };
-            if freed {
-                freed_at.entry(index).or_insert(now);
-            } else {
-                freed_at.remove(&index);
-            }
-            all_freed &= freed;
-            shown.push((
-                index,
-                snapshot.gpu(index).and_then(|gpu| gpu.memory_used),
-                freed,
-            ));
-        }
-        let alive = reaper.refresh();
+    let mut pause = options.poll;
+    let look = loop {
+        let look = freeing.look(next.take());
+        let alive = freeing.reaper.refresh();
+        let shown: Vec<(u32, Option<u64>, bool)> = look
+            .verdicts
+            .iter()
+            .map(|(&index, verdict)| (index, verdict.memory_used, verdict.freed))
+            .collect();
         tracing::debug!(
-            round,
+            look = freeing.looks,
             elapsed_ms = start.elapsed().as_secs_f64() * 1e3,
             alive,
-            all_freed,
             gpus = ?shown,
-            "free round"
+            "free look"
         );
         progress(&Progress {
-            phase: if escalated {
+            phase: if freeing.escalated {
                 "verifying"
             } else {
                 "waiting for SIGTERM"
@@ -577,104 +853,35 @@ pub fn free(
             alive,
             gpus: &shown,
         });
-
-        if all_freed {
-            let since = *all_freed_since.get_or_insert(now);
-            let settled = !reaper.parent_may_respawn() || now.duration_since(since) >= SETTLE;
-            // Targets holding no GPU get until the grace ends, then a second.
-            let stragglers_done =
-                alive == 0 || (escalated && now.duration_since(since) >= Duration::from_secs(1));
-            if settled && stragglers_done {
-                break (snapshot, selection);
-            }
-        } else {
-            all_freed_since = None;
+        if freeing.settled(&look, alive) || freeing.out_of_time(look.at) {
+            break look;
         }
-        if now >= deadline {
-            let releasing = gpus_in_scope.iter().any(|index| {
-                !freed_at.contains_key(index)
-                    && trends
-                        .get(index)
-                        .is_some_and(|trend| trend.release_rate().is_some())
-            });
-            if !releasing || now >= hard_deadline {
-                break (snapshot, selection);
-            }
-        }
-        let pause = if escalated {
+        // The driver's figures are cheap to poll; a full look is not. Look
+        // again as soon as they move, else back off.
+        pause = if freeing.pause(&look, pause) {
             options.poll
         } else {
-            options
-                .poll
-                .min(grace_end.saturating_duration_since(Instant::now()))
+            (pause * 2).min(LONGEST_PAUSE)
         };
-        std::thread::sleep(pause);
     };
-
-    let gpus = gpus_in_scope
+    let look = if look.signalled {
+        freeing.last_look()
+    } else {
+        look
+    };
+    let gpus = freeing
+        .gpus_in_scope
         .iter()
-        .map(|&index| {
-            let gpu = snapshot.gpu(index);
-            let memory_after = gpu.and_then(|gpu| gpu.memory_used);
-            let memory_before = memory_before.get(&index).copied().flatten();
-            let respawner_alive = reaper.respawns.get(&index).is_some_and(|parents| {
-                parents
-                    .keys()
-                    .any(|&parent| proc::start_time(parent).is_some())
-            });
-            let freed_after_ms = freed_at
-                .get(&index)
-                .filter(|_| !respawner_alive)
-                .map(|at| at.duration_since(start).as_millis() as u64);
-            let reasons = match (gpu, freed_after_ms) {
-                (_, Some(_)) => Vec::new(),
-                (None, None) => vec![Reason::DriverError {
-                    message: format!("GPU {index} is not reported by the driver"),
-                }],
-                (Some(gpu), None) => {
-                    let assessment = verify::assess(
-                        gpu,
-                        &snapshot,
-                        &selection,
-                        &reaper,
-                        whole_gpu(scope, index),
-                    );
-                    let trend = trends.get(&index).cloned().unwrap_or_default();
-                    let respawns = reaper.respawns.get(&index).cloned().unwrap_or_default();
-                    verify::explain(
-                        gpu,
-                        &assessment,
-                        &snapshot,
-                        &selection,
-                        &reaper,
-                        &trend,
-                        &respawns,
-                    )
-                }
-            };
-            GpuOutcome {
-                index,
-                freed: freed_after_ms.is_some(),
-                memory_before,
-                memory_after,
-                freed_bytes: match (memory_before, memory_after) {
-                    (Some(before), Some(after)) => Some(before.saturating_sub(after)),
-                    _ => None,
-                },
-                freed_after_ms,
-                reasons,
-            }
-        })
+        .map(|&index| freeing.outcome(&look, index, memory_before.get(&index).copied().flatten()))
         .collect();
-
-    reaper.refresh();
+    freeing.reaper.refresh();
     FreeReport {
-        backend: snapshot.backend.clone(),
+        backend: look.snapshot.backend.clone(),
         dry_run: false,
         elapsed_ms: start.elapsed().as_millis() as u64,
-        targets: reaper.handled.into_values().collect(),
-        spared: reaper.spared.into_values().collect(),
+        targets: freeing.reaper.handled.into_values().collect(),
+        spared: freeing.reaper.spared.into_values().collect(),
         gpus,
-        unreadable,
+        unreadable: freeing.unreadable,
     }
 }

@@ -523,8 +523,13 @@ pub fn free_plan(report: &FreeReport) -> String {
         let _ = writeln!(out, "Would signal {} process(es):", report.targets.len());
         let mut table = new_table(&["PID", "PPID", "GPUS", "WHY", "COMMAND"]);
         for target in &report.targets {
+            let pid = if target.fate == Fate::PermissionDenied {
+                format!("{} (not permitted)", target.pid)
+            } else {
+                target.pid.to_string()
+            };
             table.add_row(vec![
-                Cell::new(target.pid),
+                Cell::new(pid),
                 Cell::new(target.ppid),
                 Cell::new(gpu_list(&target.gpus)),
                 Cell::new(match &target.orphan {
@@ -539,6 +544,30 @@ pub fn free_plan(report: &FreeReport) -> String {
         let _ = writeln!(out, "{table}");
     }
     spared_lines(report, &mut out);
+    let refused = report
+        .targets
+        .iter()
+        .filter(|target| target.fate == Fate::PermissionDenied)
+        .count();
+    if refused > 0 {
+        let _ = writeln!(
+            out,
+            "{refused} of them could not be signalled: permission denied (they belong to another user); run as their owner or as root."
+        );
+    }
+    let unchecked: Vec<String> = report
+        .gpus
+        .iter()
+        .filter(|gpu| !gpu.checked)
+        .map(|gpu| gpu.index.to_string())
+        .collect();
+    if !unchecked.is_empty() {
+        let _ = writeln!(
+            out,
+            "The driver cannot list processes on GPU {}: processes with its device node open are taken as its users, weaker evidence (a monitor cannot be told apart), and whether the memory comes back cannot be verified.",
+            unchecked.join(", ")
+        );
+    }
     if !report.gpus.is_empty() {
         let summary: Vec<String> = report
             .gpus
@@ -638,6 +667,13 @@ pub fn gpu_outcome_lines(report: &FreeReport) -> Vec<String> {
                 )),
                 MaybeBytes(gpu.memory_after)
             ));
+        } else if !gpu.checked {
+            lines.push(format!(
+                "GPU {}: not verified after {}: the driver cannot report on it",
+                gpu.index,
+                Elapsed(std::time::Duration::from_millis(report.elapsed_ms))
+            ));
+            lines.extend(gpu.reasons.iter().map(|reason| format!("  - {reason}")));
         } else {
             lines.push(format!(
                 "GPU {}: still held, {} used after {}",

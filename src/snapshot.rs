@@ -106,11 +106,20 @@ impl GpuState {
         Some(used.saturating_sub(explained))
     }
 
-    /// Whether the driver lists this local process on this GPU.
+    /// Whether this local process uses this GPU: the driver lists it here.
+    /// Where the driver could not answer (lost GPU, no driver), an open
+    /// device node is the only evidence there is, and it counts: a holder
+    /// that cannot be checked is never taken for gone.
     pub fn used_by(&self, pid: u32) -> bool {
-        self.users
-            .iter()
-            .any(|user| user.pid == pid && user.listed && !user.hidden)
+        if self.driver_answered() {
+            self.users
+                .iter()
+                .any(|user| user.pid == pid && user.listed && !user.hidden)
+        } else {
+            self.users
+                .iter()
+                .any(|user| user.pid == pid && user.node_open)
+        }
     }
 
     /// Whether the driver answered for this GPU, so that its list can be trusted.

@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
+use crate::proc::ProcessId;
 use crate::select::Selection;
 use crate::snapshot::{GpuState, GpuUser, Snapshot};
 
@@ -22,6 +23,9 @@ pub enum Reason {
         comm: String,
         wchan: Option<String>,
     },
+    /// Came into scope after the last signal was sent (respawned, or
+    /// started late), so it was never signalled.
+    Appeared { pid: u32, comm: String },
     /// In scope and alive past the timeout despite the signals sent.
     StillAlive {
         pid: u32,
@@ -66,6 +70,10 @@ impl std::fmt::Display for Reason {
                     .as_ref()
                     .map(|w| format!(" in {w}"))
                     .unwrap_or_default()
+            ),
+            Reason::Appeared { pid, comm } => write!(
+                f,
+                "pid {pid} ({comm}) came into scope after the last signal and was not signalled; run free again, or free its parent with --pid"
             ),
             Reason::StillAlive {
                 pid,
@@ -127,6 +135,10 @@ impl std::fmt::Display for Reason {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Assessment {
     pub freed: bool,
+    /// The driver answered for this GPU. When it did not, nothing can be
+    /// verified: `freed` is false, and `remaining` are the in-scope
+    /// processes that still have its device node open.
+    pub checked: bool,
     pub memory_used: Option<u64>,
     /// Memory the out-of-scope holders account for; `None` if any is unknown.
     pub explained: Option<u64>,
@@ -135,18 +147,35 @@ pub struct Assessment {
 }
 
 /// What the reaper knows about each process it handled, for naming reasons.
+/// Processes are known by identity: a PID reused by another process is not
+/// the target that had it.
 pub trait Ledger {
-    fn signals_sent(&self, pid: u32) -> Vec<String>;
-    fn permission_denied(&self, pid: u32) -> bool;
-    fn was_target(&self, pid: u32) -> bool;
+    fn signals_sent(&self, id: ProcessId) -> Vec<String>;
+    fn permission_denied(&self, id: ProcessId) -> bool;
+    fn was_target(&self, id: ProcessId) -> bool;
+    /// Whether some target had this PID: for a driver entry whose process
+    /// has already left /proc.
+    fn had_target_pid(&self, pid: u32) -> bool;
 }
 
 /// Whether a GPU user is in scope: handled earlier, selected now, or spared
 /// from selection. Hidden users count as in scope only when the whole GPU is.
-fn in_scope(selection: &Selection, ledger: &dyn Ledger, whole_gpu: bool, user: &GpuUser) -> bool {
+fn in_scope(
+    snapshot: &Snapshot,
+    selection: &Selection,
+    ledger: &dyn Ledger,
+    whole_gpu: bool,
+    user: &GpuUser,
+) -> bool {
     // The ledger first: a target that exited between the driver's pass and
-    // the /proc pass is still ours, and its memory is not yet back.
-    if ledger.was_target(user.pid) {
+    // the /proc pass is still ours, and its memory is not yet back. A live
+    // process that took a target's PID since is not.
+    let ours = match snapshot.processes.get(&user.pid) {
+        Some(record) if !user.hidden => ledger.was_target(record.id),
+        None => ledger.had_target_pid(user.pid),
+        Some(_) => false,
+    };
+    if ours {
         return true;
     }
     if user.hidden {
@@ -162,11 +191,27 @@ pub fn assess(
     whole_gpu: bool,
 ) -> Assessment {
     if !gpu.driver_answered() {
+        // Only the device nodes speak for this GPU: what in scope still has
+        // one open is all that can be said.
+        let remaining = gpu
+            .users
+            .iter()
+            .filter(|user| user.node_open)
+            .filter(|user| {
+                snapshot
+                    .processes
+                    .get(&user.pid)
+                    .is_some_and(|process| process.state != 'Z')
+            })
+            .filter(|user| in_scope(snapshot, selection, ledger, whole_gpu, user))
+            .map(|user| user.pid)
+            .collect();
         return Assessment {
             freed: false,
+            checked: false,
             memory_used: None,
             explained: None,
-            remaining: Vec::new(),
+            remaining,
         };
     }
     let mut remaining = Vec::new();
@@ -177,22 +222,27 @@ pub fn assess(
             .processes
             .get(&user.pid)
             .is_some_and(|p| p.state == 'Z');
-        if in_scope(selection, ledger, whole_gpu, user) && !(zombie && user.memory == Some(0)) {
+        if in_scope(snapshot, selection, ledger, whole_gpu, user)
+            && !(zombie && user.memory == Some(0))
+        {
             remaining.push(user.pid);
         } else {
             explained = match (explained, user.memory) {
-                (Some(sum), Some(bytes)) => Some(sum + bytes),
+                (Some(sum), Some(bytes)) => Some(sum.saturating_add(bytes)),
                 _ => None,
             };
         }
     }
     let memory_fits = match (gpu.memory_used, explained) {
-        (Some(used), Some(explained)) => used <= explained + snapshot.bookkeeping_slack,
+        (Some(used), Some(explained)) => {
+            used <= explained.saturating_add(snapshot.bookkeeping_slack)
+        }
         // Without per-process figures, the process list alone decides.
         _ => true,
     };
     Assessment {
         freed: remaining.is_empty() && memory_fits,
+        checked: true,
         memory_used: gpu.memory_used,
         explained,
         remaining,
@@ -246,12 +296,12 @@ pub fn explain(
     trend: &Trend,
     respawns: &BTreeMap<u32, u32>,
 ) -> Vec<Reason> {
-    if let Some(message) = &gpu.error {
-        return vec![Reason::DriverError {
-            message: message.clone(),
-        }];
-    }
     let mut reasons = Vec::new();
+    if let Some(message) = &gpu.error {
+        reasons.push(Reason::DriverError {
+            message: format!("{message}; whether its memory came back cannot be checked"),
+        });
+    }
     for &pid in &assessment.remaining {
         let hidden = gpu.users.iter().any(|user| user.pid == pid && user.hidden);
         let Some(record) = snapshot.processes.get(&pid).filter(|_| !hidden) else {
@@ -265,7 +315,9 @@ pub fn explain(
                 comm,
                 why: spared.to_string(),
             });
-        } else if ledger.permission_denied(pid) {
+        } else if !ledger.was_target(record.id) {
+            reasons.push(Reason::Appeared { pid, comm });
+        } else if ledger.permission_denied(record.id) {
             reasons.push(Reason::PermissionDenied { pid, comm });
         } else if record.state == 'Z' {
             let parent_comm = snapshot
@@ -289,7 +341,7 @@ pub fn explain(
                 pid,
                 comm,
                 state: record.state,
-                signals: ledger.signals_sent(pid),
+                signals: ledger.signals_sent(record.id),
             });
         }
     }
@@ -307,7 +359,7 @@ pub fn explain(
     }
     if assessment.remaining.is_empty()
         && let (Some(used), Some(explained)) = (assessment.memory_used, assessment.explained)
-        && used > explained + snapshot.bookkeeping_slack
+        && used > explained.saturating_add(snapshot.bookkeeping_slack)
     {
         let bytes = used - explained;
         reasons.push(match trend.release_rate() {
@@ -342,17 +394,44 @@ mod tests {
 
     const GIB: u64 = 1 << 30;
 
+    /// A reaper that signalled every local process it is asked about, and
+    /// was refused by PID 40.
     struct NoLedger;
 
     impl Ledger for NoLedger {
-        fn signals_sent(&self, _: u32) -> Vec<String> {
+        fn signals_sent(&self, _: ProcessId) -> Vec<String> {
             vec!["SIGTERM".into(), "SIGSTOP".into(), "SIGKILL".into()]
         }
-        fn permission_denied(&self, pid: u32) -> bool {
-            pid == 40
+        fn permission_denied(&self, id: ProcessId) -> bool {
+            id.pid == 40
         }
-        fn was_target(&self, _: u32) -> bool {
+        fn was_target(&self, _: ProcessId) -> bool {
+            true
+        }
+        fn had_target_pid(&self, _: u32) -> bool {
             false
+        }
+    }
+
+    /// A reaper that signalled exactly these processes.
+    struct Signalled(Vec<ProcessId>);
+
+    impl Ledger for Signalled {
+        fn signals_sent(&self, id: ProcessId) -> Vec<String> {
+            if self.was_target(id) {
+                vec!["SIGKILL".into()]
+            } else {
+                Vec::new()
+            }
+        }
+        fn permission_denied(&self, _: ProcessId) -> bool {
+            false
+        }
+        fn was_target(&self, id: ProcessId) -> bool {
+            self.0.contains(&id)
+        }
+        fn had_target_pid(&self, pid: u32) -> bool {
+            self.0.iter().any(|id| id.pid == pid)
         }
     }
 
@@ -490,6 +569,74 @@ mod tests {
         assert_eq!(reasons.len(), 5);
     }
 
+    /// A target was killed and another process took its PID and the GPU: the
+    /// newcomer is an out-of-scope holder whose memory is explained, not a
+    /// survivor of signals it never got. A target gone from /proc while the
+    /// driver still lists its PID is still ours.
+    #[test]
+    fn a_process_that_took_a_targets_pid_is_not_the_target() {
+        let target = ProcessId {
+            pid: 10,
+            start_time: 1,
+        };
+        let ledger = Signalled(vec![target]);
+        let mut decoy = record(10, 1, 'S', "jupyter-kernel");
+        decoy.id.start_time = 99;
+        let reused = snapshot(GIB, vec![listed(10, Some(GIB))], vec![decoy]);
+        let assessment = assess(&reused.gpus[0], &reused, &targets(&[]), &ledger, false);
+        assert!(assessment.freed, "{assessment:?}");
+        assert_eq!(assessment.explained, Some(GIB));
+
+        let mut exiting = snapshot(GIB, vec![listed(10, Some(GIB))], vec![]);
+        exiting.gpus[0].users[0].hidden = false;
+        let assessment = assess(&exiting.gpus[0], &exiting, &targets(&[]), &ledger, false);
+        assert_eq!(assessment.remaining, [10]);
+    }
+
+    /// A process in scope that the reaper never signalled (it came after the
+    /// last round) is not "still alive after" anything.
+    #[test]
+    fn a_holder_never_signalled_is_named_as_appeared() {
+        let snapshot = snapshot(
+            GIB,
+            vec![listed(30, Some(GIB))],
+            vec![record(30, 1, 'S', "sglang::TP0")],
+        );
+        let gpu = &snapshot.gpus[0];
+        let selection = targets(&[30]);
+        let ledger = Signalled(Vec::new());
+        let assessment = assess(gpu, &snapshot, &selection, &ledger, false);
+        let reasons = explain(
+            gpu,
+            &assessment,
+            &snapshot,
+            &selection,
+            &ledger,
+            &Trend::default(),
+            &BTreeMap::new(),
+        );
+        assert_eq!(
+            reasons,
+            [Reason::Appeared {
+                pid: 30,
+                comm: "sglang::TP0".into()
+            }]
+        );
+    }
+
+    #[test]
+    fn sums_saturate_instead_of_wrapping() {
+        let huge = snapshot(
+            u64::MAX,
+            vec![listed(60, Some(u64::MAX)), listed(61, Some(5 * GIB))],
+            vec![record(60, 1, 'S', "a"), record(61, 1, 'S', "b")],
+        );
+        let nothing = Signalled(Vec::new());
+        let assessment = assess(&huge.gpus[0], &huge, &targets(&[]), &nothing, false);
+        assert_eq!(assessment.explained, Some(u64::MAX));
+        assert!(assessment.freed);
+    }
+
     #[test]
     fn hidden_holders_count_only_when_the_whole_gpu_is_in_scope() {
         let snapshot = snapshot(5 * GIB, vec![listed(50, Some(5 * GIB))], vec![]);
@@ -557,14 +704,15 @@ mod tests {
             vec![listed(60, Some(5 * GIB))],
             vec![record(60, 1, 'S', "notebook")],
         );
-        let assessment = assess(&small.gpus[0], &small, &targets(&[]), &NoLedger, false);
+        let nothing = Signalled(Vec::new());
+        let assessment = assess(&small.gpus[0], &small, &targets(&[]), &nothing, false);
         assert!(assessment.freed);
         let leak = snapshot(
             5 * GIB + (256 << 20) + 1,
             vec![listed(60, Some(5 * GIB))],
             vec![record(60, 1, 'S', "notebook")],
         );
-        let assessment = assess(&leak.gpus[0], &leak, &targets(&[]), &NoLedger, false);
+        let assessment = assess(&leak.gpus[0], &leak, &targets(&[]), &nothing, false);
         assert!(!assessment.freed);
     }
 

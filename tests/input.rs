@@ -244,6 +244,21 @@ fn a_partial_scan_says_so_and_permission_denied_is_reported() {
     let table = as_nobody(&["status"]);
     assert!(table.stdout.contains("Partial scan"), "{}", table.stdout);
 
+    // The plan says up front that root's process cannot be signalled.
+    let plan = as_nobody(&["free", "--pid", &holder.to_string(), "--dry-run"]);
+    assert_eq!(plan.code, 0, "{}", plan.stderr);
+    assert!(
+        plan.stdout.contains(&format!("{holder} (not permitted)"))
+            && plan.stdout.contains("permission denied"),
+        "{}",
+        plan.stdout
+    );
+    let plan = as_nobody(&["free", "--pid", &holder.to_string(), "--dry-run", "--json"]).json();
+    assert_eq!(
+        target(&plan, holder).expect("target")["fate"],
+        "permission_denied"
+    );
+
     let result = as_nobody(&[
         "free",
         "--pid",
@@ -265,6 +280,24 @@ fn a_partial_scan_says_so_and_permission_denied_is_reported() {
     assert_eq!(gpu(&report, 0)["freed"], false, "{report:#}");
     assert_eq!(reasons(&report, 0), ["permission_denied"]);
     assert!(alive(holder));
+}
+
+/// Without a driver the report says so, in the JSON as on stderr.
+#[test]
+fn no_driver_is_said_in_the_json_too() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_gpureap"))
+        .args(["--backend", "none", "status", "--json"])
+        .env_remove("GPUREAP_BACKEND")
+        .output()
+        .expect("runs");
+    assert_eq!(output.status.code(), Some(0));
+    let status: serde_json::Value = serde_json::from_slice(&output.stdout).expect("json");
+    assert!(
+        status["driver_error"]
+            .as_str()
+            .is_some_and(|error| error.contains("--backend none")),
+        "{status:#}"
+    );
 }
 
 #[test]

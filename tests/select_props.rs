@@ -359,14 +359,17 @@ fn gpu(index: u32, users: Vec<GpuUser>) -> GpuState {
 
 /// The definition, spelled out without the implementation's shortcuts.
 fn reference(snapshot: &Snapshot, scope: &Scope, guard: &Guard) -> (BTreeSet<u32>, BTreeSet<u32>) {
-    // Using a GPU: listed there by a driver that answered, as this local process.
+    // Using a GPU: listed there by a driver that answered, as this local
+    // process; where the driver did not answer, having its node open.
     let uses = |pid: u32, index: u32| {
         let gpu = &snapshot.gpus[index as usize];
-        gpu.error.is_none()
-            && gpu
-                .users
+        if gpu.error.is_none() {
+            gpu.users
                 .iter()
                 .any(|user| user.pid == pid && user.listed && !user.hidden)
+        } else {
+            snapshot.processes[&pid].nodes.contains(&Node::Gpu(index))
+        }
     };
     let is_user = |pid: u32| uses(pid, 0) || uses(pid, 1);
     // A monitor: nodes open, no use, and every GPU whose node it holds answered.

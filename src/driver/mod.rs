@@ -9,8 +9,10 @@ mod none;
 mod nvml;
 mod sim;
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use crate::proc::ProcScan;
 
@@ -58,6 +60,8 @@ pub enum DriverError {
     Nvml(String),
     #[error("simulated driver: {0}")]
     Sim(String),
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 /// One GPU driver. Implementations must be cheap to call repeatedly: `free`
@@ -98,6 +102,33 @@ pub trait Driver: Send + Sync {
     /// Classifies a descriptor target; `None` for anything that is not a GPU node.
     /// Called once per open descriptor on the host, so it must be cheap.
     fn classify_node(&self, path: &Path) -> Option<Node>;
+
+    /// Blocks until the memory used on any of these GPUs differs from `last`
+    /// (or may have: a backend that cannot tell cheaply says so), or until
+    /// `limit` passes; returns whether it changed. Verification loops call
+    /// this between full looks, so that they react at once to a release and
+    /// otherwise cost nothing. The default polls `memory_used` every `poll`.
+    fn wait_for_change(
+        &self,
+        last: &BTreeMap<u32, Option<u64>>,
+        poll: Duration,
+        limit: Duration,
+    ) -> bool {
+        let deadline = Instant::now() + limit;
+        loop {
+            let changed = last
+                .iter()
+                .any(|(&index, &before)| self.memory_used(index).ok().flatten() != before);
+            if changed {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            std::thread::sleep(poll.min(deadline - now));
+        }
+    }
 
     /// Memory the driver keeps for its own bookkeeping that no process list
     /// explains; unexplained memory up to this much is not called held.
@@ -152,14 +183,18 @@ pub fn open(choice: &BackendChoice) -> Result<Box<dyn Driver>, String> {
         BackendChoice::Sim(dir) => SimDriver::open(dir)
             .map(|driver| Box::new(driver) as Box<dyn Driver>)
             .map_err(|error| error.to_string()),
-        BackendChoice::None => Ok(Box::new(NoDriver)),
+        BackendChoice::None => Ok(Box::new(NoDriver::new(
+            "--backend none: only processes with /dev/nvidia* open are shown",
+        ))),
         BackendChoice::Auto => match NvmlDriver::open() {
             Ok(driver) => Ok(Box::new(driver)),
             Err(error) => {
                 eprintln!(
                     "gpureap: no NVIDIA driver found ({error}); showing only processes with /dev/nvidia* open"
                 );
-                Ok(Box::new(NoDriver))
+                Ok(Box::new(NoDriver::new(format!(
+                    "no NVIDIA driver found ({error})"
+                ))))
             }
         },
     }
