@@ -411,3 +411,117 @@ pub fn real_uid(pid: u32) -> Option<u32> {
         .and_then(|ids| ids.split_whitespace().next())
         .and_then(|uid| uid.parse().ok())
 }
+
+#[cfg(test)]
+mod tests {
+    //! The format is proc(5)'s `/proc/PID/stat`: `pid (comm) state ppid pgrp
+    //! session tty_nr tpgid flags minflt cminflt majflt cmajflt utime stime
+    //! cutime cstime priority nice num_threads itrealvalue starttime ...`.
+    //! comm is whatever the process set (up to 15 bytes), so it may hold
+    //! spaces, parentheses and newlines.
+
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    fn line(comm: &str, state: char, flags: u32) -> Vec<u8> {
+        format!(
+            "4242 ({comm}) {state} 1 4200 4100 0 -1 {flags} 10 0 0 0 7 5 0 0 20 0 3 0 98765 123456 789 18446744073709551615 0 0\n"
+        )
+        .into_bytes()
+    }
+
+    #[test]
+    fn plain_fields() {
+        let stat = parse_stat(&line("python3", 'S', 4_194_560)).expect("parses");
+        assert_eq!(stat.comm, "python3");
+        assert_eq!(stat.state, 'S');
+        assert_eq!((stat.ppid, stat.pgid, stat.sid), (1, 4200, 4100));
+        assert_eq!(stat.cpu_ticks, 12);
+        assert_eq!(stat.start_time, 98765);
+        assert_eq!(stat.flags & PF_KTHREAD, 0);
+    }
+
+    #[test]
+    fn names_with_spaces_parentheses_and_newlines() {
+        for comm in [
+            "sglang::TP 0",
+            "a) S 9 9 9 (b",
+            ")",
+            "((",
+            "x\ny) Z 1",
+            "",
+            "ünï",
+        ] {
+            let stat = parse_stat(&line(comm, 'R', 0)).unwrap_or_else(|| panic!("{comm:?}"));
+            assert_eq!(stat.comm, comm, "{comm:?}");
+            assert_eq!(stat.state, 'R', "{comm:?}");
+            assert_eq!(stat.ppid, 1, "{comm:?}");
+            assert_eq!(stat.start_time, 98765, "{comm:?}");
+        }
+    }
+
+    #[test]
+    fn kernel_threads_zombies_and_broken_lines() {
+        let kthreadd = b"2 (kthreadd) S 0 0 0 0 -1 2129984 0 0 0 0 0 0 0 0 20 0 1 0 22 0 0 18446744073709551615 0 0\n";
+        let stat = parse_stat(kthreadd).expect("parses");
+        assert_ne!(stat.flags & PF_KTHREAD, 0);
+        assert_eq!(stat.ppid, 0);
+        let zombie = parse_stat(&line("python3", 'Z', 0)).expect("parses");
+        assert_eq!(zombie.state, 'Z');
+        for broken in [
+            &b""[..],
+            b"4242",
+            b"4242 (x",
+            b"4242 (x) S 1 2",
+            b"4242 x) S",
+        ] {
+            assert!(parse_stat(broken).is_none(), "{broken:?}");
+        }
+    }
+
+    /// The real /proc: a process that renamed itself to a hostile comm, a
+    /// zombie, and one that exits, as a scan sees them.
+    #[test]
+    fn a_scan_reads_hostile_names_zombies_and_vanished_processes() {
+        let mut renamed = Command::new("bash")
+            .arg("-c")
+            .arg("printf 'a) Z 1 (b c' > /proc/$$/comm; echo ready; read -t 30 line")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("bash");
+        let mut ready = [0u8; 6];
+        std::io::Read::read_exact(renamed.stdout.as_mut().expect("stdout"), &mut ready)
+            .expect("ready");
+        let mut zombie = Command::new("true").spawn().expect("true");
+        let zombie_pid = zombie.id();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while state_of(ProcessId {
+            pid: zombie_pid,
+            start_time: start_time(zombie_pid).unwrap_or(0),
+        }) != Some('Z')
+        {
+            assert!(Instant::now() < deadline, "never became a zombie");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+
+        let scan = scan_tree().expect("scan");
+        let find = |pid: u32| scan.processes.iter().find(|p| p.id.pid == pid);
+        let record = find(renamed.id()).expect("renamed process");
+        assert_eq!(record.comm, "a) Z 1 (b c");
+        assert_eq!(record.state, 'S');
+        assert_eq!(record.ppid, std::process::id());
+        assert_eq!(find(zombie_pid).expect("zombie").state, 'Z');
+        assert!(scan.processes.iter().all(|p| p.id.pid != 0));
+        if let Some(kthreadd) = find(2) {
+            assert!(kthreadd.kernel_thread || kthreadd.ppid != 0);
+        }
+
+        let _ = renamed.kill();
+        let _ = renamed.wait();
+        let _ = zombie.wait();
+        assert_eq!(start_time(zombie_pid), None, "a reaped process is gone");
+    }
+}
