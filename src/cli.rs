@@ -248,6 +248,7 @@ pub struct FreeArgs {
     #[arg(long, default_value = "5s", value_name = "DUR", value_parser = duration, allow_hyphen_values = true)]
     pub grace: Duration,
     /// After the grace period, how long to wait for the driver to confirm the memory is back.
+    /// While a GPU's memory is still going down then, up to this or 60s more (the longer).
     #[arg(long, default_value = "30s", value_name = "DUR", value_parser = duration, allow_hyphen_values = true)]
     pub timeout: Duration,
     /// Also protect processes with this name (repeatable).
