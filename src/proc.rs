@@ -10,7 +10,18 @@ use std::fs;
 use std::io;
 use std::path::Path;
 
-use crate::driver::Node;
+
+/// What a path found in `/proc/PID/fd` is, as far as the GPU is concerned.
+/// The driver backend classifies paths (`driver::Driver::classify_node`);
+/// the scan only records the answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Node {
+    /// The device node of one GPU, by driver index.
+    Gpu(u32),
+    /// A control node (`nvidiactl`, `nvidia-uvm`, ...), held by every GPU user
+    /// and by monitors.
+    Control,
+}
 
 /// Linux's PF_KTHREAD flag in /proc/PID/stat.
 const PF_KTHREAD: u32 = 0x0020_0000;

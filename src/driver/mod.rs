@@ -14,6 +14,7 @@ use std::fmt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+pub use crate::proc::Node;
 use crate::proc::ProcScan;
 
 pub use none::NoDriver;
@@ -40,16 +41,6 @@ pub struct GpuInfo {
 pub struct DriverProcess {
     pub pid: u32,
     pub used_memory: Option<u64>,
-}
-
-/// What a path found in `/proc/PID/fd` is, as far as the GPU is concerned.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Node {
-    /// The device node of one GPU, by driver index.
-    Gpu(u32),
-    /// A control node (`nvidiactl`, `nvidia-uvm`, ...), held by every GPU user
-    /// and by monitors.
-    Control,
 }
 
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
