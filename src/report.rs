@@ -301,7 +301,9 @@ pub fn status_table(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String
             {
                 Some(0)
             } else {
-                holder.gpus.iter().map(|g| g.memory).sum()
+                holder.gpus.iter().try_fold(0u64, |sum, gpu| {
+                    gpu.memory.map(|bytes| sum.saturating_add(bytes))
+                })
             };
             let number = |value: Option<u32>| value.map_or("?".to_string(), |v| v.to_string());
             table.add_row(vec![

@@ -101,7 +101,7 @@ impl GpuState {
         let used = self.memory_used?;
         let mut explained = 0u64;
         for user in self.users.iter().filter(|user| user.listed) {
-            explained += user.memory?;
+            explained = explained.saturating_add(user.memory?);
         }
         Some(used.saturating_sub(explained))
     }

@@ -181,13 +181,15 @@ pub fn assess(
             remaining.push(user.pid);
         } else {
             explained = match (explained, user.memory) {
-                (Some(sum), Some(bytes)) => Some(sum + bytes),
+                (Some(sum), Some(bytes)) => Some(sum.saturating_add(bytes)),
                 _ => None,
             };
         }
     }
     let memory_fits = match (gpu.memory_used, explained) {
-        (Some(used), Some(explained)) => used <= explained + snapshot.bookkeeping_slack,
+        (Some(used), Some(explained)) => {
+            used <= explained.saturating_add(snapshot.bookkeeping_slack)
+        }
         // Without per-process figures, the process list alone decides.
         _ => true,
     };
@@ -307,9 +309,9 @@ pub fn explain(
     }
     if assessment.remaining.is_empty()
         && let (Some(used), Some(explained)) = (assessment.memory_used, assessment.explained)
-        && used > explained + snapshot.bookkeeping_slack
+        && used > explained.saturating_add(snapshot.bookkeeping_slack)
     {
-        let bytes = used - explained;
+        let bytes = used.saturating_sub(explained);
         reasons.push(match trend.release_rate() {
             Some(bytes_per_second) => Reason::StillReleasing {
                 bytes,

@@ -6,3 +6,4 @@ mod incidents;
 mod input;
 mod run;
 mod select_props;
+mod sim;
