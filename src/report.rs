@@ -11,7 +11,7 @@ use serde::Serialize;
 use crate::reap::{Fate, FreeReport};
 use crate::select::descendants;
 use crate::snapshot::Snapshot;
-use crate::units::{Bytes, Elapsed, MaybeBytes};
+use crate::units::{Age, Bytes, Elapsed, MaybeBytes};
 
 /// Bumped on any incompatible change to a JSON document's shape.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -67,6 +67,7 @@ pub struct HolderJson {
     pub wchan: Option<String>,
     pub start_time_ticks: Option<u64>,
     pub age_seconds: Option<u64>,
+    pub age_ms: Option<u64>,
     pub comm: Option<String>,
     pub cmdline: Option<String>,
     pub cgroup: Option<String>,
@@ -104,7 +105,8 @@ fn holder_json(snapshot: &Snapshot, pid: u32) -> HolderJson {
         state: record.map(|r| r.state.to_string()),
         wchan: details.and_then(|d| d.wchan.clone()),
         start_time_ticks: record.map(|r| r.id.start_time),
-        age_seconds: snapshot.age_seconds(pid),
+        age_seconds: snapshot.age(pid).map(|age| age.as_secs()),
+        age_ms: snapshot.age(pid).map(|age| age.as_millis() as u64),
         comm: record.map(|r| r.comm.clone()),
         cmdline: record.map(|r| r.cmdline.clone()),
         cgroup: details.and_then(|d| d.cgroup.clone()),
@@ -193,6 +195,7 @@ pub fn holders_json(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> Vec<Ho
             wchan: None,
             start_time_ticks: None,
             age_seconds: None,
+            age_ms: None,
             comm: None,
             cmdline: None,
             cgroup: None,
@@ -219,9 +222,9 @@ fn new_table(headers: &[&str]) -> Table {
     table
 }
 
-fn age_text(seconds: Option<u64>) -> String {
-    seconds.map_or("?".to_string(), |s| {
-        Elapsed(std::time::Duration::from_secs(s)).to_string()
+fn age_text(millis: Option<u64>) -> String {
+    millis.map_or("?".to_string(), |ms| {
+        Age(std::time::Duration::from_millis(ms)).to_string()
     })
 }
 
@@ -314,7 +317,7 @@ pub fn status_table(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String
                 Cell::new(number(holder.sid)),
                 Cell::new(holder.user.as_deref().unwrap_or("?")),
                 Cell::new(holder.state.as_deref().unwrap_or("?")),
-                Cell::new(age_text(holder.age_seconds)),
+                Cell::new(age_text(holder.age_ms)),
                 Cell::new(MaybeBytes(memory)).set_alignment(CellAlignment::Right),
                 Cell::new(holder.flags.join(",")),
                 Cell::new(short(holder.cgroup.as_deref().unwrap_or("-"), 28)),

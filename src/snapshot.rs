@@ -321,11 +321,14 @@ impl Snapshot {
         chain
     }
 
-    /// Age of a process in seconds, if the uptime could be read.
-    pub fn age_seconds(&self, pid: u32) -> Option<u64> {
+    /// Age of a process, to the clock tick (10 ms on most kernels), if the
+    /// uptime could be read.
+    pub fn age(&self, pid: u32) -> Option<std::time::Duration> {
         let record = self.processes.get(&pid)?;
-        let uptime = self.uptime_ticks?;
-        Some(uptime.saturating_sub(record.id.start_time) / proc::ticks_per_second())
+        let ticks = self.uptime_ticks?.saturating_sub(record.id.start_time);
+        Some(std::time::Duration::from_millis(
+            ticks.saturating_mul(1000) / proc::ticks_per_second().max(1),
+        ))
     }
 
     /// The memory a process uses on one GPU, as the driver reports it.

@@ -164,6 +164,20 @@ impl fmt::Display for Elapsed {
     }
 }
 
+/// Prints a process's age: `0.4s` under a second (a clock tick is 10 ms, so
+/// milliseconds would claim a precision ages do not have), then as `Elapsed`.
+pub struct Age(pub Duration);
+
+impl fmt::Display for Age {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0 < Duration::from_secs(1) {
+            write!(f, "{:.1}s", self.0.as_secs_f64())
+        } else {
+            Elapsed(self.0).fmt(f)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -218,5 +232,9 @@ mod tests {
         assert_eq!(MaybeBytes(None).to_string(), "unknown");
         assert_eq!(Elapsed(Duration::from_millis(206)).to_string(), "206ms");
         assert_eq!(Elapsed(Duration::from_secs(190)).to_string(), "3m10s");
+        assert_eq!(Age(Duration::from_millis(400)).to_string(), "0.4s");
+        assert_eq!(Age(Duration::from_millis(0)).to_string(), "0.0s");
+        assert_eq!(Age(Duration::from_millis(4040)).to_string(), "4.0s");
+        assert_eq!(Age(Duration::from_secs(3700)).to_string(), "1h01m");
     }
 }

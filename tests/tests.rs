@@ -7,3 +7,4 @@ mod input;
 mod run;
 mod select_props;
 mod sim;
+mod status;
