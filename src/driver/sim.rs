@@ -1,13 +1,16 @@
 //! The simulated driver: real processes, real descriptors, simulated memory.
 //!
-//! `DIR/nvidiaN` plays GPU N's device node, and a process holds the GPU while
-//! any descriptor of it points there, exactly as the real driver keeps memory
-//! until the last descriptor closes. Memory is the holders' claims
-//! (`DIR/claims/PID.N`, default 1 GiB) plus `DIR/leak.N`. `DIR/gpus` gives
-//! totals and names. One extension beyond DESIGN.md: `DIR/lost.N` makes GPU N
-//! answer as fallen off the bus, to test a driver failing mid-run. A process
-//! whose descriptors the caller may not read holds GPU N if it has a claim on
-//! it: the real driver sees every process, whoever asks.
+//! `DIR/nvidiaN` plays GPU N's device node, and a process has a context on the
+//! GPU while any descriptor of it points there, exactly as the real driver
+//! keeps memory until the last descriptor closes, unless its claim
+//! (`DIR/claims/PID.N`) says `none`: then it only has the node open, as every
+//! CUDA process has every GPU's node open, and the driver does not list it
+//! there. Memory is the contexts' claims (default 1 GiB) plus `DIR/leak.N`.
+//! `DIR/gpus` gives totals and names. One extension beyond DESIGN.md:
+//! `DIR/lost.N` makes GPU N answer as fallen off the bus, to test a driver
+//! failing mid-run. A process whose descriptors the caller may not read holds
+//! GPU N if it has a claim on it: the real driver sees every process, whoever
+//! asks.
 //!
 //! The directory's files are input like any other (docs/simulated-driver.md):
 //! each is read relative to one handle on the directory, never through a
@@ -125,6 +128,35 @@ fn describe(content: &[u8]) -> String {
         Ok(_) => format!("{} bytes of text", content.len()),
         Err(_) => format!("{} bytes of binary data", content.len()),
     }
+}
+
+/// What a claim file says about one process on one GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Claim {
+    /// A context using this many bytes.
+    Context(u64),
+    /// `unknown`: a context whose memory the driver does not report (as NVML
+    /// does in MIG mode); it counts for nothing in the memory used.
+    Unreported,
+    /// `none`: the node is open, but there is no context on this GPU.
+    NodeOnly,
+}
+
+fn parse_claim(content: &[u8], shown_as: &Path) -> Result<Claim, DriverError> {
+    match std::str::from_utf8(content).map(str::trim) {
+        Ok("none") => return Ok(Claim::NodeOnly),
+        Ok("unknown") => return Ok(Claim::Unreported),
+        _ => {}
+    }
+    parse_bytes(content, shown_as)
+        .map(Claim::Context)
+        .map_err(|_| {
+            DriverError::Sim(format!(
+                "{}: expected a byte count, 'none' or 'unknown', found {}",
+                shown_as.display(),
+                describe(content)
+            ))
+        })
 }
 
 /// Parses a byte count: decimal digits, surrounding whitespace allowed.
@@ -354,16 +386,20 @@ impl SimDriver {
         let mut processes = Vec::with_capacity(pids.len());
         for &pid in pids {
             let name = format!("{pid}.{index}");
+            let shown_as = self.dir.join("claims").join(&name);
             let claim = match claims {
-                Some(claims) => {
-                    self.read_bytes(claims, &name, &self.dir.join("claims").join(&name))?
-                }
+                Some(claims) => read_bounded(claims, &name, &shown_as, NUMBER_FILE_LIMIT)?
+                    .map(|content| parse_claim(&content, &shown_as))
+                    .transpose()?,
                 None => None,
             };
-            processes.push(DriverProcess {
-                pid,
-                used_memory: Some(claim.unwrap_or(DEFAULT_CLAIM)),
-            });
+            let used_memory = match claim {
+                Some(Claim::NodeOnly) => continue,
+                Some(Claim::Unreported) => None,
+                Some(Claim::Context(bytes)) => Some(bytes),
+                None => Some(DEFAULT_CLAIM),
+            };
+            processes.push(DriverProcess { pid, used_memory });
         }
         let leak_name = format!("leak.{index}");
         let leak = self
@@ -476,6 +512,22 @@ mod tests {
                     .contains("/d/leak.0: expected a byte count")
             );
         }
+    }
+
+    #[test]
+    fn claims() {
+        let path = Path::new("/d/claims/7.0");
+        assert_eq!(parse_claim(b"none\n", path), Ok(Claim::NodeOnly));
+        assert_eq!(parse_claim(b"unknown", path), Ok(Claim::Unreported));
+        assert_eq!(parse_claim(b" 4096 ", path), Ok(Claim::Context(4096)));
+        assert_eq!(parse_claim(b"0", path), Ok(Claim::Context(0)));
+        let error = parse_claim(b"NONE", path).expect_err("refused");
+        assert!(
+            error.to_string().contains(
+                "/d/claims/7.0: expected a byte count, 'none' or 'unknown', found 'NONE'"
+            ),
+            "{error}"
+        );
     }
 
     #[test]
