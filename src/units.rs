@@ -73,6 +73,35 @@ pub fn parse_gpu_list(text: &str) -> Result<GpuList, String> {
     Ok(GpuList::Some(set))
 }
 
+/// Prints a set of GPU indexes the way `parse_gpu_list` reads them: `0-3,6`.
+pub struct GpuRanges<'a>(pub &'a BTreeSet<u32>);
+
+impl fmt::Display for GpuRanges<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut indexes = self.0.iter().copied().peekable();
+        let mut first = true;
+        while let Some(start) = indexes.next() {
+            let mut end = start;
+            while indexes
+                .next_if(|&next| Some(next) == end.checked_add(1))
+                .is_some()
+            {
+                end += 1;
+            }
+            if !first {
+                f.write_str(",")?;
+            }
+            first = false;
+            match end - start {
+                0 => write!(f, "{start}")?,
+                1 => write!(f, "{start},{end}")?,
+                _ => write!(f, "{start}-{end}")?,
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Parses a byte size: `80G`, `1GiB`, `512MiB`, `1.5GB`, `4096`.
 ///
 /// Both decimal-looking and binary suffixes mean powers of 1024, as
@@ -217,6 +246,12 @@ mod tests {
         );
         for bad in ["", "a", "3-1", "1,,2", "-1"] {
             assert!(parse_gpu_list(bad).is_err(), "{bad} should be refused");
+        }
+        for text in ["0-7", "0,1", "0-2,6", "3", "0,2-4,7"] {
+            let GpuList::Some(set) = parse_gpu_list(text).expect("valid list") else {
+                panic!("{text} is a list");
+            };
+            assert_eq!(GpuRanges(&set).to_string(), text);
         }
         let list = parse_gpu_list("1,9").expect("valid list");
         let error = list.resolve(8).expect_err("index 9 does not exist");
