@@ -35,9 +35,11 @@ fn holder_rows(stdout: &str) -> Vec<Row> {
         .next()
         .unwrap_or_else(|| panic!("no holders table:\n{stdout}"));
     let mut starts = Vec::new();
+    let mut searched_to = 0;
     for label in COLUMNS {
-        let from = starts.last().map_or(0, |&start: &usize| start + 1);
-        starts.push(from + header[from..].find(label).expect("column in header"));
+        let start = searched_to + header[searched_to..].find(label).expect("column in header");
+        starts.push(start);
+        searched_to = start + label.len();
     }
     lines
         .take_while(|line| !line.trim().is_empty())
