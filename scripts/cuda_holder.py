@@ -34,6 +34,9 @@ def main() -> None:
         gib, ready = float(rest[0]), rest[1]
         import torch
 
+        # First, as real workers do: without it, CUDA calls that use the
+        # current device (synchronize) also make a context on GPU 0.
+        torch.cuda.set_device(gpu)
         block = torch.empty(int(gib * (1 << 30)), dtype=torch.uint8, device=f"cuda:{gpu}")
         block.fill_(1)
         torch.cuda.synchronize()

@@ -200,8 +200,12 @@ def case_sglang_orphans():
     status, _ = gpureap("status", "--json")
     status = report_of(status)
     holders = {h["pid"]: h for h in status.get("holders", [])}
-    check("status shows each worker with NVML memory", all((holders.get(pid, {}).get("gpus") or [{}])[0].get("memory") == listed.get(pid) for pid in tp),
-          ", ".join(f"{pid}: {(holders.get(pid, {}).get('gpus') or [{}])[0].get('memory')}" for pid in tp))
+    def memory_on_gpu(pid):
+        # Every CUDA process has every GPU's node open: take the entry for this script's GPU.
+        return next((g.get("memory") for g in holders.get(pid, {}).get("gpus", []) if g.get("index") == GPU), None)
+
+    check("status shows each worker with NVML memory", all(memory_on_gpu(pid) == listed.get(pid) for pid in tp),
+          ", ".join(f"{pid}: {memory_on_gpu(pid)}" for pid in tp))
     check("status flags the workers orphaned", (not orphaned) or all("orphaned" in holders.get(pid, {}).get("flags", []) for pid in tp),
           "re-parented to PID 1" if orphaned else "a subreaper adopted them: flag not expected")
     check("status flags the exporter as a monitor", "monitor" in holders.get(monitor, {}).get("flags", []), str(holders.get(monitor, {}).get("flags")))

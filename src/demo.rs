@@ -43,11 +43,7 @@ pub fn run(out: &mut dyn Write) -> io::Result<Exit> {
         .collect();
     let launcher = incident.sglang(&workers)?;
     incident.holder(&Holder::new("jupyter-kernel --notebook colleague.ipynb").on(3, 6 * GIB))?;
-    incident.holder(&Holder {
-        title: "gpu_exporter --port 9400".to_string(),
-        control: true,
-        ..Holder::default()
-    })?;
+    incident.holder(&Holder::new("gpu_exporter --port 9400"))?;
 
     writeln!(
         out,

@@ -58,11 +58,14 @@ impl SimHost {
     }
 }
 
-/// One process to stage: a title, the GPUs it holds, and how it behaves.
+/// One process to stage, the way real CUDA processes look: every GPU's
+/// device node open (the CUDA runtime opens them all when it starts, as
+/// nvidia-smi, DCGM and exporters do), a context only on the GPUs in `gpus`
+/// (a `none` claim on every other). With no `gpus`, a monitor.
 #[derive(Debug, Clone, Default)]
 pub struct Holder {
     pub title: String,
-    /// (GPU index, bytes claimed on it).
+    /// (GPU index, bytes its context uses there): where the driver lists it.
     pub gpus: Vec<(u32, u64)>,
     /// Also open the control node, as every CUDA process and monitor does.
     pub control: bool,
@@ -88,22 +91,26 @@ impl Holder {
         self
     }
 
-    /// A bash fragment that runs this holder in the current (sub)shell: opens
-    /// the nodes, writes the claims, records its PID, then becomes `sleep`
-    /// under its title. `$D` is the simulated host's directory.
+    /// A bash fragment that runs this holder in the current (sub)shell: writes
+    /// the claims, opens the nodes, records its PID, then becomes `sleep`
+    /// under its title. `$D` is the simulated host's directory. The claims
+    /// come first, so that no scan sees a node open without its claim.
     pub fn script(&self) -> String {
         let mut script = String::new();
         if self.ignore_term {
             script.push_str("trap '' TERM; ");
         }
-        for (position, (gpu, _)) in self.gpus.iter().enumerate() {
-            let _ = write!(script, "exec {}<\"$D/nvidia{gpu}\"; ", position + 3);
-        }
-        if self.control {
-            script.push_str("exec 9<\"$D/nvidiactl\"; ");
-        }
+        const EVERY_NODE: &str = "for node in \"$D\"/nvidia[0-9]*; do";
+        let _ = write!(
+            script,
+            "{EVERY_NODE} echo none > \"$D/claims/$BASHPID.${{node##*/nvidia}}\"; done; "
+        );
         for (gpu, bytes) in &self.gpus {
             let _ = write!(script, "echo {bytes} > \"$D/claims/$BASHPID.{gpu}\"; ");
+        }
+        let _ = write!(script, "{EVERY_NODE} exec {{fd}}<\"$node\"; done; ");
+        if self.control {
+            script.push_str("exec 9<\"$D/nvidiactl\"; ");
         }
         let _ = write!(
             script,

@@ -10,7 +10,6 @@ use std::fs;
 use std::io;
 use std::path::Path;
 
-
 /// What a path found in `/proc/PID/fd` is, as far as the GPU is concerned.
 /// The driver backend classifies paths (`driver::Driver::classify_node`);
 /// the scan only records the answers.

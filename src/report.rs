@@ -12,7 +12,7 @@ use crate::exit::Exit;
 use crate::reap::{Fate, FreeReport};
 use crate::select::{DEFAULT_PROTECTED, descendants, protected_name};
 use crate::snapshot::Snapshot;
-use crate::units::{Bytes, Elapsed, MaybeBytes};
+use crate::units::{Age, Bytes, Elapsed, GpuRanges, MaybeBytes};
 
 /// Bumped on any incompatible change to a JSON document's shape.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -68,6 +68,7 @@ pub struct HolderJson {
     pub wchan: Option<String>,
     pub start_time_ticks: Option<u64>,
     pub age_seconds: Option<u64>,
+    pub age_ms: Option<u64>,
     pub comm: Option<String>,
     pub cmdline: Option<String>,
     pub cgroup: Option<String>,
@@ -85,16 +86,33 @@ pub struct HolderJson {
 pub struct HolderGpuJson {
     pub index: u32,
     pub memory: Option<u64>,
+    /// In the driver's process list for this GPU: it has a context there.
+    pub listed_by_driver: bool,
+    /// Has this GPU's device node open, as every CUDA process has every GPU's.
+    pub node_open: bool,
 }
 
+/// Whether a holder belongs in a report on `gpus`: the driver lists it on
+/// one of them, or it has one's node open where that is all there is to go
+/// on: no driver answered for that GPU, or it is a monitor, which watches
+/// what it opens. A process with a context elsewhere that merely has the
+/// node open does not use the GPU.
 fn shown(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>, pid: u32) -> bool {
-    match gpus {
-        None => true,
-        Some(gpus) => snapshot
-            .gpus
-            .iter()
-            .any(|gpu| gpus.contains(&gpu.index) && gpu.users.iter().any(|user| user.pid == pid)),
-    }
+    let Some(set) = gpus else {
+        return true;
+    };
+    let monitor = snapshot.is_monitor(pid);
+    snapshot
+        .gpus
+        .iter()
+        .filter(|gpu| set.contains(&gpu.index))
+        .any(|gpu| {
+            gpu.users.iter().any(|user| {
+                user.pid == pid
+                    && !user.hidden
+                    && (user.listed || monitor || !gpu.driver_answered())
+            })
+        })
 }
 
 fn holder_json(snapshot: &Snapshot, pid: u32) -> HolderJson {
@@ -117,7 +135,8 @@ fn holder_json(snapshot: &Snapshot, pid: u32) -> HolderJson {
         state: record.map(|r| r.state.to_string()),
         wchan: details.and_then(|d| d.wchan.clone()),
         start_time_ticks: record.map(|r| r.id.start_time),
-        age_seconds: snapshot.age_seconds(pid),
+        age_seconds: snapshot.age(pid).map(|age| age.as_secs()),
+        age_ms: snapshot.age(pid).map(|age| age.as_millis() as u64),
         comm: record.map(|r| r.comm.clone()),
         cmdline: record.map(|r| r.cmdline.clone()),
         cgroup: details.and_then(|d| d.cgroup.clone()),
@@ -132,6 +151,8 @@ fn holder_json(snapshot: &Snapshot, pid: u32) -> HolderJson {
                 Some(HolderGpuJson {
                     index: gpu.index,
                     memory: user.memory,
+                    listed_by_driver: user.listed,
+                    node_open: user.node_open,
                 })
             })
             .collect(),
@@ -208,12 +229,15 @@ pub fn holders_json(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> Vec<Ho
             wchan: None,
             start_time_ticks: None,
             age_seconds: None,
+            age_ms: None,
             comm: None,
             cmdline: None,
             cgroup: None,
             gpus: vec![HolderGpuJson {
                 index,
                 memory: user.memory,
+                listed_by_driver: true,
+                node_open: false,
             }],
             control_node: false,
             flags: vec!["hidden"],
@@ -236,13 +260,13 @@ fn new_table(headers: &[&str]) -> Table {
     table
 }
 
-fn age_text(seconds: Option<u64>) -> String {
-    seconds.map_or("?".to_string(), |s| {
-        Elapsed(std::time::Duration::from_secs(s)).to_string()
+fn age_text(millis: Option<u64>) -> String {
+    millis.map_or("?".to_string(), |ms| {
+        Age(std::time::Duration::from_millis(ms)).to_string()
     })
 }
 
-/// Cuts long command lines so a table row stays on one line.
+/// Cuts text to `width` characters, marking the cut.
 fn short(text: &str, width: usize) -> String {
     if text.chars().count() <= width {
         text.to_string()
@@ -261,9 +285,9 @@ fn gpu_table(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String {
     {
         let users = gpu.users.iter().filter(|user| user.listed).count();
         match &gpu.error {
-            Some(error) => table.add_row(vec![
+            Some(_) => table.add_row(vec![
                 Cell::new(gpu.index),
-                Cell::new(format!("error: {error}")),
+                Cell::new("error (below)"),
                 Cell::new("?"),
                 Cell::new("?"),
                 Cell::new("?"),
@@ -271,7 +295,7 @@ fn gpu_table(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String {
             ]),
             None => table.add_row(vec![
                 Cell::new(gpu.index),
-                Cell::new(gpu.name.as_deref().unwrap_or("?")),
+                Cell::new(short(gpu.name.as_deref().unwrap_or("?"), 40)),
                 Cell::new(MaybeBytes(gpu.memory_used)).set_alignment(CellAlignment::Right),
                 Cell::new(MaybeBytes(gpu.memory_total)).set_alignment(CellAlignment::Right),
                 Cell::new(MaybeBytes(gpu.unattributed())).set_alignment(CellAlignment::Right),
@@ -279,7 +303,112 @@ fn gpu_table(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String {
             ]),
         };
     }
-    table.to_string()
+    let mut out = table.trim_fmt();
+    for gpu in snapshot
+        .gpus
+        .iter()
+        .filter(|gpu| gpus.as_ref().is_none_or(|set| set.contains(&gpu.index)))
+    {
+        if let Some(error) = &gpu.error {
+            let _ = write!(
+                out,
+                "\n{}",
+                wrap(&format!("GPU {} error: {error}", gpu.index))
+            );
+        }
+    }
+    out
+}
+
+/// Where the holders table puts a process, by the strongest evidence there is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Place {
+    /// The driver lists it on this GPU: it has a context there.
+    Listed { index: u32, memory: Option<u64> },
+    /// It has these GPUs' nodes open, and no driver answered for them.
+    NodesOnly(BTreeSet<u32>),
+    /// Listed nowhere: a monitor, or a process with only control nodes open.
+    Nowhere,
+}
+
+impl Place {
+    /// Rows by GPU, as nvidia-smi lists processes; then node-only evidence;
+    /// then monitors.
+    fn order(&self) -> (u8, u32) {
+        match self {
+            Place::Listed { index, .. } => (0, *index),
+            Place::NodesOnly(indexes) => (1, indexes.first().copied().unwrap_or(0)),
+            Place::Nowhere => (2, 0),
+        }
+    }
+}
+
+/// Every place of one holder among the GPUs shown. A process the driver
+/// lists on some GPUs is not placed on others merely because it has their
+/// nodes open: the CUDA runtime opens every GPU's node.
+fn places(snapshot: &Snapshot, holder: &HolderJson, gpus: &Option<BTreeSet<u32>>) -> Vec<Place> {
+    let wanted = |index: u32| gpus.as_ref().is_none_or(|set| set.contains(&index));
+    let mut places: Vec<Place> = holder
+        .gpus
+        .iter()
+        .filter(|gpu| gpu.listed_by_driver && wanted(gpu.index))
+        .map(|gpu| Place::Listed {
+            index: gpu.index,
+            memory: gpu.memory,
+        })
+        .collect();
+    let unanswered: BTreeSet<u32> = holder
+        .gpus
+        .iter()
+        .filter(|gpu| !gpu.listed_by_driver && gpu.node_open && wanted(gpu.index))
+        .filter(|gpu| {
+            snapshot
+                .gpu(gpu.index)
+                .is_some_and(|state| !state.driver_answered())
+        })
+        .map(|gpu| gpu.index)
+        .collect();
+    if !unanswered.is_empty() {
+        places.push(Place::NodesOnly(unanswered));
+    }
+    if places.is_empty() {
+        places.push(Place::Nowhere);
+    }
+    places
+}
+
+/// The widest a table may be: it must read in a 120-column terminal and in
+/// a log pasted into an issue.
+const TABLE_WIDTH: usize = 120;
+
+/// Cuts columns until every line of the table fits `TABLE_WIDTH`. `steps`
+/// are (column, narrowest it may become), tried in order.
+fn fit(headers: &[&str], rows: &mut [Vec<String>], steps: &[(usize, usize)]) {
+    let width = |rows: &[Vec<String>], column: usize| {
+        rows.iter()
+            .map(|row| row[column].chars().count())
+            .chain([headers[column].chars().count()])
+            .max()
+            .unwrap_or(0)
+    };
+    for &(column, narrowest) in steps {
+        // The NOTHING style pads every column with one space on each side;
+        // the last one's is trimmed.
+        let total: usize = (0..headers.len())
+            .map(|c| width(rows, c) + 2)
+            .sum::<usize>()
+            - 1;
+        let Some(over) = total.checked_sub(TABLE_WIDTH).filter(|&over| over > 0) else {
+            return;
+        };
+        let current = width(rows, column);
+        let target = current.saturating_sub(over).max(narrowest);
+        if target < current {
+            for row in rows.iter_mut() {
+                row[column] = short(&row[column], target);
+            }
+        }
+    }
 }
 
 pub fn status_table(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String {
@@ -297,51 +426,78 @@ pub fn status_table(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String
     let _ = writeln!(out);
     if holders.is_empty() {
         let _ = writeln!(out, "No process holds or watches these GPUs.");
-    } else {
-        let mut table = new_table(&[
-            "GPU", "PID", "PPID", "PGID", "SID", "USER", "S", "AGE", "GPU MEM", "FLAGS", "CGROUP",
-            "COMMAND",
-        ]);
-        for holder in &holders {
-            let gpu_column = if holder.gpus.is_empty() {
-                "-".to_string()
-            } else {
-                holder
-                    .gpus
-                    .iter()
-                    .map(|g| g.index.to_string())
-                    .collect::<Vec<_>>()
-                    .join(",")
-            };
-            // A monitor is in no driver list: it holds no GPU memory.
-            let memory: Option<u64> = if holder.gpus.is_empty() || holder.flags.contains(&"monitor")
-            {
-                Some(0)
-            } else {
-                holder.gpus.iter().map(|g| g.memory).sum()
-            };
-            let number = |value: Option<u32>| value.map_or("?".to_string(), |v| v.to_string());
-            table.add_row(vec![
-                Cell::new(gpu_column),
-                Cell::new(holder.pid),
-                Cell::new(number(holder.ppid)),
-                Cell::new(number(holder.pgid)),
-                Cell::new(number(holder.sid)),
-                Cell::new(holder.user.as_deref().unwrap_or("?")),
-                Cell::new(holder.state.as_deref().unwrap_or("?")),
-                Cell::new(age_text(holder.age_seconds)),
-                Cell::new(MaybeBytes(memory)).set_alignment(CellAlignment::Right),
-                Cell::new(holder.flags.join(",")),
-                Cell::new(short(holder.cgroup.as_deref().unwrap_or("-"), 28)),
-                Cell::new(short(
-                    holder.cmdline.as_deref().unwrap_or("(not visible here)"),
-                    60,
-                )),
-            ]);
-        }
-        let _ = writeln!(out, "{table}");
-        protected_note(&holders, &mut out);
+        notes(snapshot, &mut out);
+        return out;
     }
+    const HEADERS: [&str; 12] = [
+        "GPU", "PID", "PPID", "PGID", "SID", "USER", "S", "AGE", "GPU MEM", "FLAGS", "CGROUP",
+        "COMMAND",
+    ];
+    const MEMORY: usize = 8;
+    const CGROUP: usize = 10;
+    const COMMAND: usize = 11;
+    let mut unknown_memory = false;
+    let mut nodes_only = false;
+    let mut rows: Vec<(Place, u32, Vec<String>)> = Vec::new();
+    for holder in &holders {
+        let number = |value: Option<u32>| value.map_or("?".to_string(), |v| v.to_string());
+        for place in places(snapshot, holder, gpus) {
+            let (gpu, memory) = match &place {
+                Place::Listed { index, memory } => {
+                    unknown_memory |= memory.is_none();
+                    (index.to_string(), MaybeBytes(*memory).to_string())
+                }
+                Place::NodesOnly(indexes) => {
+                    nodes_only = true;
+                    (format!("({})", GpuRanges(indexes)), "unknown".to_string())
+                }
+                // A monitor is in no driver list: it holds no GPU memory.
+                Place::Nowhere if holder.flags.contains(&"monitor") => {
+                    ("-".to_string(), Bytes(0).to_string())
+                }
+                Place::Nowhere => ("-".to_string(), "-".to_string()),
+            };
+            let row = vec![
+                gpu,
+                holder.pid.to_string(),
+                number(holder.ppid),
+                number(holder.pgid),
+                number(holder.sid),
+                holder.user.clone().unwrap_or_else(|| "?".to_string()),
+                holder.state.clone().unwrap_or_else(|| "?".to_string()),
+                age_text(holder.age_ms),
+                memory,
+                holder.flags.join(","),
+                short(holder.cgroup.as_deref().unwrap_or("-"), 28),
+                holder
+                    .cmdline
+                    .clone()
+                    .unwrap_or_else(|| "(not visible here)".to_string()),
+            ];
+            rows.push((place, holder.pid, row));
+        }
+    }
+    rows.sort_by_key(|(place, pid, _)| (place.order(), *pid));
+    let mut cells: Vec<Vec<String>> = rows.into_iter().map(|(_, _, row)| row).collect();
+    fit(
+        &HEADERS,
+        &mut cells,
+        &[(COMMAND, 24), (CGROUP, 12), (COMMAND, 12)],
+    );
+    let mut table = new_table(&HEADERS);
+    for row in cells {
+        table.add_row(row.into_iter().enumerate().map(|(column, text)| {
+            let cell = Cell::new(text);
+            if column == MEMORY {
+                cell.set_alignment(CellAlignment::Right)
+            } else {
+                cell
+            }
+        }));
+    }
+    let _ = writeln!(out, "{}", table.trim_fmt());
+    evidence_notes(unknown_memory, nodes_only, &mut out);
+    protected_note(&holders, &mut out);
     notes(snapshot, &mut out);
     out
 }
@@ -356,28 +512,80 @@ fn protected_note(holders: &[HolderJson], out: &mut String) {
         })
         .collect();
     if !protected.is_empty() {
-        let _ = writeln!(
+        note(
             out,
-            "\nProtected by name: {}. `free` leaves these alone unless named with --pid.",
-            protected.join(", ")
+            &format!(
+                "Protected by name: {}. `free` leaves these alone unless named with --pid.",
+                protected.join(", ")
+            ),
+        );
+    }
+}
+
+/// What a reader must know to weigh the rows: why memory is unknown, and
+/// that an open node is weaker evidence than a driver's process list.
+fn evidence_notes(unknown_memory: bool, nodes_only: bool, out: &mut String) {
+    if unknown_memory {
+        note(
+            out,
+            &format!(
+                "unknown: the driver lists the process on that GPU but reports no memory figure for it, as NVML does for GPUs in MIG mode and for processes the caller may not inspect{}.",
+                if rustix::process::geteuid().is_root() {
+                    ""
+                } else {
+                    " (gpureap is not running as root)"
+                }
+            ),
+        );
+    }
+    if nodes_only {
+        note(
+            out,
+            "GPUs in parentheses: no driver answered for them, so all that is known is that the process has their device nodes open. That is weaker evidence than a driver's process list: the CUDA runtime opens every GPU's node, and monitors open them too.",
         );
     }
 }
 
 fn notes(snapshot: &Snapshot, out: &mut String) {
     if let Some(error) = &snapshot.driver_error {
-        let _ = writeln!(out, "\nDriver error: {error}");
+        note(out, &format!("Driver error: {error}"));
     }
     if snapshot.is_partial() {
-        let _ = writeln!(
+        note(
             out,
-            "\nPartial scan: {} process(es) could not be inspected (e.g. pid {} {}: {}); holders among them are not shown.",
-            snapshot.unreadable.len(),
-            snapshot.unreadable[0].pid,
-            snapshot.unreadable[0].comm,
-            snapshot.unreadable[0].reason
+            &format!(
+                "Partial scan: {} process(es) could not be inspected (e.g. pid {} {}: {}); holders among them are not shown.",
+                snapshot.unreadable.len(),
+                snapshot.unreadable[0].pid,
+                snapshot.unreadable[0].comm,
+                snapshot.unreadable[0].reason
+            ),
         );
     }
+}
+
+/// Writes a paragraph after a blank line.
+fn note(out: &mut String, text: &str) {
+    let _ = writeln!(out, "\n{}", wrap(text));
+}
+
+/// Wraps text at spaces so that its lines fit `TABLE_WIDTH`.
+fn wrap(text: &str) -> String {
+    let mut wrapped = String::new();
+    let mut line_length = 0;
+    for word in text.split(' ') {
+        let length = word.chars().count();
+        if line_length > 0 && line_length + 1 + length > TABLE_WIDTH {
+            wrapped.push('\n');
+            line_length = 0;
+        } else if line_length > 0 {
+            wrapped.push(' ');
+            line_length += 1;
+        }
+        wrapped.push_str(word);
+        line_length += length;
+    }
+    wrapped
 }
 
 /// Holders inside their process trees: each tree from its topmost ancestor
@@ -410,89 +618,102 @@ pub fn status_tree(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String 
     if holders.is_empty() {
         let _ = writeln!(out, "No process holds or watches these GPUs.");
     }
+    let mut tree = Tree {
+        snapshot,
+        gpus,
+        children,
+        holders,
+        included,
+        unknown_memory: false,
+        nodes_only: false,
+        out,
+    };
     for root in roots {
-        tree_lines(
-            snapshot,
-            &children,
-            &mut included,
-            &holders,
-            root,
-            "",
-            "",
-            &mut out,
-        );
+        tree.lines(root, "", "");
     }
+    let Tree {
+        mut out,
+        unknown_memory,
+        nodes_only,
+        ..
+    } = tree;
+    evidence_notes(unknown_memory, nodes_only, &mut out);
     notes(snapshot, &mut out);
     out
 }
 
-#[allow(clippy::too_many_arguments)]
-fn tree_lines(
-    snapshot: &Snapshot,
-    children: &std::collections::HashMap<u32, Vec<u32>>,
-    included: &mut BTreeSet<u32>,
-    holders: &BTreeSet<u32>,
-    pid: u32,
-    lead: &str,
-    branch: &str,
-    out: &mut String,
-) {
-    // Each process is printed once, which also ends any parent loop.
-    if !included.remove(&pid) {
-        return;
-    }
-    let holder = holder_json(snapshot, pid);
-    let mut line = format!(
-        "{lead}{branch}{pid} [{}] {}",
-        holder.state.as_deref().unwrap_or("?"),
-        short(
-            holder.cmdline.as_deref().unwrap_or("(not visible here)"),
-            70
-        )
-    );
-    if holders.contains(&pid) {
-        for gpu in &holder.gpus {
-            let _ = write!(line, "  GPU {}: {}", gpu.index, MaybeBytes(gpu.memory));
+/// A tree being printed: what it shows, and what is left to print.
+struct Tree<'a> {
+    snapshot: &'a Snapshot,
+    gpus: &'a Option<BTreeSet<u32>>,
+    children: std::collections::HashMap<u32, Vec<u32>>,
+    holders: BTreeSet<u32>,
+    /// Processes still to print; each is printed once, which also ends any parent loop.
+    included: BTreeSet<u32>,
+    unknown_memory: bool,
+    nodes_only: bool,
+    out: String,
+}
+
+impl Tree<'_> {
+    fn lines(&mut self, pid: u32, lead: &str, branch: &str) {
+        if !self.included.remove(&pid) {
+            return;
         }
-    }
-    let flags = holder.flags;
-    if !flags.is_empty() {
-        let _ = write!(line, "  ({})", flags.join(", "));
-    }
-    let _ = writeln!(out, "{line}");
-    let kids: Vec<u32> = children
-        .get(&pid)
-        .map(|kids| {
-            kids.iter()
-                .copied()
-                .filter(|kid| included.contains(kid))
-                .collect()
-        })
-        .unwrap_or_default();
-    let child_lead = format!(
-        "{lead}{}",
-        match branch {
-            "" => "",
-            "└─ " => "   ",
-            _ => "│  ",
-        }
-    );
-    for (position, kid) in kids.iter().enumerate() {
-        let branch = if position + 1 == kids.len() {
-            "└─ "
-        } else {
-            "├─ "
-        };
-        tree_lines(
-            snapshot,
-            children,
-            included,
-            holders,
-            *kid,
-            &child_lead,
-            branch,
-            out,
+        let holder = holder_json(self.snapshot, pid);
+        let mut line = format!(
+            "{lead}{branch}{pid} [{}] {}",
+            holder.state.as_deref().unwrap_or("?"),
+            short(
+                holder.cmdline.as_deref().unwrap_or("(not visible here)"),
+                70
+            )
         );
+        if self.holders.contains(&pid) {
+            for place in places(self.snapshot, &holder, self.gpus) {
+                match place {
+                    Place::Listed { index, memory } => {
+                        self.unknown_memory |= memory.is_none();
+                        let _ = write!(line, "  GPU {index}: {}", MaybeBytes(memory));
+                    }
+                    Place::NodesOnly(indexes) => {
+                        self.nodes_only = true;
+                        let _ = write!(line, "  GPU ({}): nodes open", GpuRanges(&indexes));
+                    }
+                    Place::Nowhere => {}
+                }
+            }
+        }
+        if !holder.flags.is_empty() {
+            let _ = write!(line, "  ({})", holder.flags.join(", "));
+        }
+        let _ = writeln!(self.out, "{line}");
+        let kids: Vec<u32> = self
+            .children
+            .get(&pid)
+            .map(|kids| {
+                kids.iter()
+                    .copied()
+                    .filter(|kid| self.included.contains(kid))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let child_lead = format!(
+            "{lead}{}",
+            match branch {
+                "" => "",
+                "└─ " => "   ",
+                _ => "│  ",
+            }
+        );
+        for (position, kid) in kids.iter().enumerate() {
+            let branch = if position + 1 == kids.len() {
+                "└─ "
+            } else {
+                "├─ "
+            };
+            self.lines(*kid, &child_lead, branch);
+        }
     }
 }
 
@@ -541,7 +762,7 @@ pub fn free_plan(report: &FreeReport) -> String {
                 Cell::new(short(&target.cmdline, 70)),
             ]);
         }
-        let _ = writeln!(out, "{table}");
+        let _ = writeln!(out, "{}", table.trim_fmt());
     }
     spared_lines(report, &mut out);
     let refused = report
@@ -637,7 +858,7 @@ pub fn free_outcome(report: &FreeReport) -> String {
                 Cell::new(short(&target.cmdline, 60)),
             ]);
         }
-        let _ = writeln!(out, "{table}");
+        let _ = writeln!(out, "{}", table.trim_fmt());
     }
     spared_lines(report, &mut out);
     for line in gpu_outcome_lines(report) {

@@ -101,25 +101,26 @@ impl GpuState {
         let used = self.memory_used?;
         let mut explained = 0u64;
         for user in self.users.iter().filter(|user| user.listed) {
-            explained += user.memory?;
+            explained = explained.saturating_add(user.memory?);
         }
         Some(used.saturating_sub(explained))
     }
 
-    /// Whether this local process uses this GPU: the driver lists it here.
-    /// Where the driver could not answer (lost GPU, no driver), an open
-    /// device node is the only evidence there is, and it counts: a holder
-    /// that cannot be checked is never taken for gone.
-    pub fn used_by(&self, pid: u32) -> bool {
-        if self.driver_answered() {
-            self.users
+    /// Whether the driver, having answered for this GPU, lists this local
+    /// process on it: it has a context here.
+    pub fn lists(&self, pid: u32) -> bool {
+        self.driver_answered()
+            && self
+                .users
                 .iter()
                 .any(|user| user.pid == pid && user.listed && !user.hidden)
-        } else {
-            self.users
-                .iter()
-                .any(|user| user.pid == pid && user.node_open)
-        }
+    }
+
+    /// Whether this process has this GPU's device node open.
+    pub fn node_open_by(&self, pid: u32) -> bool {
+        self.users
+            .iter()
+            .any(|user| user.pid == pid && user.node_open)
     }
 
     /// Whether the driver answered for this GPU, so that its list can be trusted.
@@ -211,20 +212,33 @@ impl Snapshot {
         self.gpus.iter().find(|gpu| gpu.index == index)
     }
 
-    /// The GPUs a local process uses: the driver lists it there. Holding a
-    /// node is not enough: monitors do, and where the driver did not answer
-    /// nobody can say, so such processes are never targeted unless named.
+    /// The GPUs a local process uses: those whose driver lists it. Holding a
+    /// node is not enough where the driver answered: monitors do, and so
+    /// does every CUDA process for every GPU.
     pub fn gpus_used_by(&self, pid: u32) -> BTreeSet<u32> {
+        let listed: BTreeSet<u32> = self
+            .gpus
+            .iter()
+            .filter(|gpu| gpu.lists(pid))
+            .map(|gpu| gpu.index)
+            .collect();
+        if !listed.is_empty() {
+            return listed;
+        }
+        // Where the driver cannot answer, an open node is the only evidence
+        // there is, and it counts: a holder that cannot be checked is never
+        // taken for gone. A process the driver lists elsewhere has its
+        // context there: the CUDA runtime opens every GPU's node.
         self.gpus
             .iter()
-            .filter(|gpu| gpu.used_by(pid))
+            .filter(|gpu| !gpu.driver_answered() && gpu.node_open_by(pid))
             .map(|gpu| gpu.index)
             .collect()
     }
 
     /// A process using at least one GPU (not merely watching).
     pub fn is_gpu_user(&self, pid: u32) -> bool {
-        self.gpus.iter().any(|gpu| gpu.used_by(pid))
+        !self.gpus_used_by(pid).is_empty()
     }
 
     /// A monitor: has device nodes open, but the driver, which answered for
@@ -361,11 +375,14 @@ impl Snapshot {
         chain
     }
 
-    /// Age of a process in seconds, if the uptime could be read.
-    pub fn age_seconds(&self, pid: u32) -> Option<u64> {
+    /// Age of a process, to the clock tick (10 ms on most kernels), if the
+    /// uptime could be read.
+    pub fn age(&self, pid: u32) -> Option<std::time::Duration> {
         let record = self.processes.get(&pid)?;
-        let uptime = self.uptime_ticks?;
-        Some(uptime.saturating_sub(record.id.start_time) / proc::ticks_per_second())
+        let ticks = self.uptime_ticks?.saturating_sub(record.id.start_time);
+        Some(std::time::Duration::from_millis(
+            ticks.saturating_mul(1000) / proc::ticks_per_second().max(1),
+        ))
     }
 
     /// The memory a process uses on one GPU, as the driver reports it.

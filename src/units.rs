@@ -100,6 +100,35 @@ impl GpuList {
     }
 }
 
+/// Prints a set of GPU indexes the way `parse_gpu_list` reads them: `0-3,6`.
+pub struct GpuRanges<'a>(pub &'a BTreeSet<u32>);
+
+impl fmt::Display for GpuRanges<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut indexes = self.0.iter().copied().peekable();
+        let mut first = true;
+        while let Some(start) = indexes.next() {
+            let mut end = start;
+            while indexes
+                .next_if(|&next| Some(next) == end.checked_add(1))
+                .is_some()
+            {
+                end += 1;
+            }
+            if !first {
+                f.write_str(",")?;
+            }
+            first = false;
+            match end - start {
+                0 => write!(f, "{start}")?,
+                1 => write!(f, "{start},{end}")?,
+                _ => write!(f, "{start}-{end}")?,
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Parses a byte size: `80G`, `1GiB`, `512MiB`, `1.5GB`, `4096`.
 ///
 /// Both decimal-looking and binary suffixes mean powers of 1024, as
@@ -206,6 +235,20 @@ impl fmt::Display for Elapsed {
     }
 }
 
+/// Prints a process's age: `0.4s` under a second (a clock tick is 10 ms, so
+/// milliseconds would claim a precision ages do not have), then as `Elapsed`.
+pub struct Age(pub Duration);
+
+impl fmt::Display for Age {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0 < Duration::from_secs(1) {
+            write!(f, "{:.1}s", self.0.as_secs_f64())
+        } else {
+            Elapsed(self.0).fmt(f)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -259,6 +302,12 @@ mod tests {
             Some(GpuList::Some([0, 2, 3].into_iter().collect()))
         );
         assert_eq!(GpuList::union(&[]), None);
+        for text in ["0-7", "0,1", "0-2,6", "3", "0,2-4,7"] {
+            let GpuList::Some(set) = parse_gpu_list(text).expect("valid list") else {
+                panic!("{text} is a list");
+            };
+            assert_eq!(GpuRanges(&set).to_string(), text);
+        }
         let list = parse_gpu_list("1,9").expect("valid list");
         let error = list.resolve(8).expect_err("index 9 does not exist");
         assert!(error.contains("no GPU with index 9"), "{error}");
@@ -273,5 +322,9 @@ mod tests {
         assert_eq!(MaybeBytes(None).to_string(), "unknown");
         assert_eq!(Elapsed(Duration::from_millis(206)).to_string(), "206ms");
         assert_eq!(Elapsed(Duration::from_secs(190)).to_string(), "3m10s");
+        assert_eq!(Age(Duration::from_millis(400)).to_string(), "0.4s");
+        assert_eq!(Age(Duration::from_millis(0)).to_string(), "0.0s");
+        assert_eq!(Age(Duration::from_millis(4040)).to_string(), "4.0s");
+        assert_eq!(Age(Duration::from_secs(3700)).to_string(), "1h01m");
     }
 }

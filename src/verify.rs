@@ -361,7 +361,7 @@ pub fn explain(
         && let (Some(used), Some(explained)) = (assessment.memory_used, assessment.explained)
         && used > explained.saturating_add(snapshot.bookkeeping_slack)
     {
-        let bytes = used - explained;
+        let bytes = used.saturating_sub(explained);
         reasons.push(match trend.release_rate() {
             Some(bytes_per_second) => Reason::StillReleasing {
                 bytes,

@@ -138,3 +138,28 @@ pub fn ppid(pid: u32) -> Option<u32> {
         .parse()
         .ok()
 }
+
+/// Runs gpureap against a simulated host as user nobody, which may read
+/// neither root's descriptors nor files only root may read. The host's
+/// directory is made world-readable first, as a shared sim directory would be.
+pub fn run_as_nobody(host: &SimHost, args: &[&str]) -> Run {
+    let mut permissions = std::fs::metadata(host.path()).expect("dir").permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut permissions, 0o755);
+    std::fs::set_permissions(host.path(), permissions).expect("chmod");
+    run_as_nobody_unchanged(host, args)
+}
+
+/// As `run_as_nobody`, leaving the directory's mode as it is.
+pub fn run_as_nobody_unchanged(host: &SimHost, args: &[&str]) -> Run {
+    std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(env!("CARGO_BIN_EXE_gpureap"))
+        .arg("--backend")
+        .arg(host.backend())
+        .args(args)
+        .env_remove("GPUREAP_BACKEND")
+        .stdin(Stdio::null())
+        .output()
+        .expect("setpriv runs")
+        .into()
+}

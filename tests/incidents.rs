@@ -67,7 +67,15 @@ fn sglang_orphans_are_freed_and_only_they_are_signalled() {
     assert_eq!(holder(workers[0])["flags"], serde_json::json!(["orphaned"]));
     assert_eq!(holder(monitor)["flags"], serde_json::json!(["monitor"]));
     assert_eq!(holder(notebook)["flags"], serde_json::json!([]));
-    assert_eq!(holder(workers[1])["gpus"][0]["memory"], 70 * GIB);
+    // Like CUDA, each worker has every GPU's node open; the driver lists it on its own GPU only.
+    assert_eq!(
+        holder(workers[1])["gpus"],
+        serde_json::json!([
+            {"index": 0, "memory": null, "listed_by_driver": false, "node_open": true},
+            {"index": 1, "memory": 70 * GIB, "listed_by_driver": true, "node_open": true},
+            {"index": 2, "memory": null, "listed_by_driver": false, "node_open": true},
+        ])
+    );
 
     let result = run(
         &host,

@@ -360,15 +360,22 @@ fn gpu(index: u32, users: Vec<GpuUser>) -> GpuState {
 /// The definition, spelled out without the implementation's shortcuts.
 fn reference(snapshot: &Snapshot, scope: &Scope, guard: &Guard) -> (BTreeSet<u32>, BTreeSet<u32>) {
     // Using a GPU: listed there by a driver that answered, as this local
-    // process; where the driver did not answer, having its node open.
-    let uses = |pid: u32, index: u32| {
-        let gpu = &snapshot.gpus[index as usize];
-        if gpu.error.is_none() {
-            gpu.users
+    // process; where the driver did not answer, having its node open while
+    // listed by no driver that answered.
+    let listed = |pid: u32, index: usize| {
+        let gpu = &snapshot.gpus[index];
+        gpu.error.is_none()
+            && gpu
+                .users
                 .iter()
                 .any(|user| user.pid == pid && user.listed && !user.hidden)
+    };
+    let uses = |pid: u32, index: u32| {
+        if snapshot.gpus[index as usize].error.is_none() {
+            listed(pid, index as usize)
         } else {
             snapshot.processes[&pid].nodes.contains(&Node::Gpu(index))
+                && !(0..snapshot.gpus.len()).any(|other| listed(pid, other))
         }
     };
     let is_user = |pid: u32| uses(pid, 0) || uses(pid, 1);

@@ -6,3 +6,5 @@ mod incidents;
 mod input;
 mod run;
 mod select_props;
+mod sim;
+mod status;

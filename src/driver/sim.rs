@@ -1,17 +1,28 @@
 //! The simulated driver: real processes, real descriptors, simulated memory.
 //!
-//! `DIR/nvidiaN` plays GPU N's device node, and a process holds the GPU while
-//! any descriptor of it points there, exactly as the real driver keeps memory
-//! until the last descriptor closes. Memory is the holders' claims
-//! (`DIR/claims/PID.N`, default 1 GiB) plus `DIR/leak.N`. `DIR/gpus` gives
-//! totals and names. One extension beyond DESIGN.md: `DIR/lost.N` makes GPU N
-//! answer as fallen off the bus, to test a driver failing mid-run. A process
-//! whose descriptors the caller may not read holds GPU N if it has a claim on
-//! it: the real driver sees every process, whoever asks.
+//! `DIR/nvidiaN` plays GPU N's device node, and a process has a context on the
+//! GPU while any descriptor of it points there, exactly as the real driver
+//! keeps memory until the last descriptor closes, unless its claim
+//! (`DIR/claims/PID.N`) says `none`: then it only has the node open, as every
+//! CUDA process has every GPU's node open, and the driver does not list it
+//! there. Memory is the contexts' claims (default 1 GiB) plus `DIR/leak.N`.
+//! `DIR/gpus` gives totals and names. One extension beyond DESIGN.md:
+//! `DIR/lost.N` makes GPU N answer as fallen off the bus, to test a driver
+//! failing mid-run. A process whose descriptors the caller may not read holds
+//! GPU N if it has a claim on it: the real driver sees every process, whoever
+//! asks.
+//!
+//! The directory's files are input like any other (docs/simulated-driver.md):
+//! each is read relative to one handle on the directory, never through a
+//! symbolic link, and only up to a size that fits what it may hold; a file
+//! that is not what it should be is an error naming it, never a default.
 
 use std::collections::BTreeMap;
-use std::fs;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
+
+use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+use rustix::io::Errno;
 
 use super::{Driver, DriverError, DriverProcess, GpuInfo, Node};
 use crate::proc;
@@ -19,12 +30,184 @@ use crate::proc;
 const DEFAULT_TOTAL: u64 = 80 << 30;
 const DEFAULT_CLAIM: u64 = 1 << 30;
 const DEFAULT_NAME: &str = "Simulated GPU";
+/// Largest claim or leak file: a byte count and a newline fit many times over.
+const NUMBER_FILE_LIMIT: usize = 64;
+/// Largest `DIR/gpus`: a line per GPU, a few hundred GPUs.
+const GPUS_FILE_LIMIT: usize = 64 << 10;
 
 pub struct SimDriver {
     dir: PathBuf,
+    /// The directory itself: every file is opened relative to it.
+    directory: OwnedFd,
     /// `DIR/nvidia`, as a string, for a fast prefix test on descriptor targets.
     node_prefix: String,
-    gpu_count: u32,
+    /// Total and name of each GPU, from `DIR/gpus` as it was at open.
+    gpus: Vec<(u64, String)>,
+}
+
+/// Opens `name` under `directory` for reading without following a symbolic
+/// link (nor blocking on a FIFO). `Ok(None)` when there is no such file.
+fn open_in(
+    directory: impl AsFd,
+    name: &str,
+    shown_as: &Path,
+    flags: OFlags,
+) -> Result<Option<OwnedFd>, DriverError> {
+    let flags = flags | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+    match rustix::fs::openat(directory, name, flags, Mode::empty()) {
+        Ok(fd) => Ok(Some(fd)),
+        Err(Errno::NOENT) => Ok(None),
+        Err(Errno::LOOP) => Err(symlink_error(shown_as)),
+        Err(error) => Err(DriverError::Sim(format!(
+            "cannot read {}: {}",
+            shown_as.display(),
+            std::io::Error::from(error)
+        ))),
+    }
+}
+
+fn symlink_error(path: &Path) -> DriverError {
+    DriverError::Sim(format!(
+        "{} is a symbolic link: the simulated driver follows none; make it a plain file",
+        path.display()
+    ))
+}
+
+/// Reads a plain file of at most `limit` bytes. `Ok(None)` when it is absent.
+fn read_bounded(
+    directory: impl AsFd,
+    name: &str,
+    shown_as: &Path,
+    limit: usize,
+) -> Result<Option<Vec<u8>>, DriverError> {
+    let Some(file) = open_in(directory, name, shown_as, OFlags::empty())? else {
+        return Ok(None);
+    };
+    let cannot = |error: Errno| {
+        DriverError::Sim(format!(
+            "cannot read {}: {}",
+            shown_as.display(),
+            std::io::Error::from(error)
+        ))
+    };
+    let stat = rustix::fs::fstat(&file).map_err(cannot)?;
+    if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile {
+        return Err(DriverError::Sim(format!(
+            "{} is not a plain file",
+            shown_as.display()
+        )));
+    }
+    let mut content = vec![0; limit + 1];
+    let mut filled = 0;
+    while filled < content.len() {
+        match rustix::io::read(&file, &mut content[filled..]) {
+            Ok(0) => break,
+            Ok(read) => filled += read,
+            Err(Errno::INTR) => continue,
+            Err(error) => return Err(cannot(error)),
+        }
+    }
+    if filled > limit {
+        return Err(DriverError::Sim(format!(
+            "{} is larger than {limit} bytes: not what the simulated driver expects there",
+            shown_as.display()
+        )));
+    }
+    content.truncate(filled);
+    Ok(Some(content))
+}
+
+/// What a bad file held, for an error message: the text itself only when it
+/// is short and printable, so that an error never dumps a file.
+fn describe(content: &[u8]) -> String {
+    match std::str::from_utf8(content).map(str::trim) {
+        Ok("") => "an empty file".to_string(),
+        Ok(text) if text.len() <= 32 && !text.chars().any(char::is_control) => {
+            format!("'{text}'")
+        }
+        Ok(_) => format!("{} bytes of text", content.len()),
+        Err(_) => format!("{} bytes of binary data", content.len()),
+    }
+}
+
+/// What a claim file says about one process on one GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Claim {
+    /// A context using this many bytes.
+    Context(u64),
+    /// `unknown`: a context whose memory the driver does not report (as NVML
+    /// does in MIG mode); it counts for nothing in the memory used.
+    Unreported,
+    /// `none`: the node is open, but there is no context on this GPU.
+    NodeOnly,
+}
+
+fn parse_claim(content: &[u8], shown_as: &Path) -> Result<Claim, DriverError> {
+    match std::str::from_utf8(content).map(str::trim) {
+        Ok("none") => return Ok(Claim::NodeOnly),
+        Ok("unknown") => return Ok(Claim::Unreported),
+        _ => {}
+    }
+    parse_bytes(content, shown_as)
+        .map(Claim::Context)
+        .map_err(|_| {
+            DriverError::Sim(format!(
+                "{}: expected a byte count, 'none' or 'unknown', found {}",
+                shown_as.display(),
+                describe(content)
+            ))
+        })
+}
+
+/// Parses a byte count: decimal digits, surrounding whitespace allowed.
+fn parse_bytes(content: &[u8], shown_as: &Path) -> Result<u64, DriverError> {
+    std::str::from_utf8(content)
+        .ok()
+        .map(str::trim)
+        .filter(|text| !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|text| text.parse().ok())
+        .ok_or_else(|| {
+            DriverError::Sim(format!(
+                "{}: expected a byte count, found {}",
+                shown_as.display(),
+                describe(content)
+            ))
+        })
+}
+
+/// Parses `DIR/gpus`: line N is GPU N's total bytes, then optionally its name.
+fn parse_gpus(
+    content: &[u8],
+    shown_as: &Path,
+    count: u32,
+) -> Result<Vec<(u64, String)>, DriverError> {
+    let bad = |line: usize, what: String| {
+        DriverError::Sim(format!(
+            "{} line {line}: expected total bytes, then optionally a name; {what}",
+            shown_as.display()
+        ))
+    };
+    let text =
+        std::str::from_utf8(content).map_err(|_| bad(1, format!("found {}", describe(content))))?;
+    let mut lines = text.lines();
+    let mut gpus = Vec::with_capacity(count as usize);
+    for number in 1..=count as usize {
+        let line = lines.next().unwrap_or("").trim();
+        let (total, name) = line.split_once(char::is_whitespace).unwrap_or((line, ""));
+        let total = match total {
+            "" => DEFAULT_TOTAL,
+            total => total
+                .parse()
+                .map_err(|_| bad(number, format!("found {}", describe(total.as_bytes()))))?,
+        };
+        let name = name.trim();
+        if name.chars().any(char::is_control) {
+            return Err(bad(number, "the name has control characters".to_string()));
+        }
+        let name = if name.is_empty() { DEFAULT_NAME } else { name };
+        gpus.push((total, name.to_string()));
+    }
+    Ok(gpus)
 }
 
 impl SimDriver {
@@ -32,46 +215,106 @@ impl SimDriver {
         let dir = dir
             .canonicalize()
             .map_err(|error| DriverError::Sim(format!("cannot open {}: {error}", dir.display())))?;
-        let gpu_count = (0..)
-            .take_while(|index| dir.join(format!("nvidia{index}")).is_file())
-            .count() as u32;
+        let directory = rustix::fs::openat(
+            rustix::fs::CWD,
+            &dir,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|error| {
+            DriverError::Sim(format!(
+                "cannot read {}: {}",
+                dir.display(),
+                std::io::Error::from(error)
+            ))
+        })?;
+        let mut gpu_count = 0u32;
+        loop {
+            let name = format!("nvidia{gpu_count}");
+            let path = dir.join(&name);
+            match rustix::fs::statat(&directory, &name, AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(stat) => match FileType::from_raw_mode(stat.st_mode) {
+                    // A character device is what a real node is; a plain file will do.
+                    FileType::RegularFile | FileType::CharacterDevice => gpu_count += 1,
+                    FileType::Symlink => return Err(symlink_error(&path)),
+                    _ => {
+                        return Err(DriverError::Sim(format!(
+                            "{} is neither a plain file nor a character device",
+                            path.display()
+                        )));
+                    }
+                },
+                Err(Errno::NOENT) => break,
+                Err(error) => {
+                    return Err(DriverError::Sim(format!(
+                        "cannot read {}: {}",
+                        path.display(),
+                        std::io::Error::from(error)
+                    )));
+                }
+            }
+        }
         if gpu_count == 0 {
             return Err(DriverError::Sim(format!(
                 "{} has no nvidia0: create one empty file per GPU (nvidia0, nvidia1, ...) and nvidiactl",
                 dir.display()
             )));
         }
+        let gpus_path = dir.join("gpus");
+        let gpus = match read_bounded(&directory, "gpus", &gpus_path, GPUS_FILE_LIMIT)? {
+            Some(content) => parse_gpus(&content, &gpus_path, gpu_count)?,
+            None => vec![(DEFAULT_TOTAL, DEFAULT_NAME.to_string()); gpu_count as usize],
+        };
         let node_prefix = format!("{}/nvidia", dir.display());
         Ok(SimDriver {
             dir,
+            directory,
             node_prefix,
-            gpu_count,
+            gpus,
         })
     }
 
-    fn read_bytes(&self, name: &str) -> Result<Option<u64>, DriverError> {
-        match fs::read_to_string(self.dir.join(name)) {
-            Ok(text) => text.trim().parse().map(Some).map_err(|_| {
-                DriverError::Sim(format!(
-                    "{name}: expected a byte count, found '{}'",
-                    text.trim()
-                ))
-            }),
-            Err(_) => Ok(None),
-        }
+    fn gpu_count(&self) -> u32 {
+        self.gpus.len() as u32
     }
 
-    /// Line N of `DIR/gpus`: total bytes, then an optional name.
-    fn total_and_name(&self, index: u32) -> (u64, String) {
-        let text = fs::read_to_string(self.dir.join("gpus")).unwrap_or_default();
-        let line = text.lines().nth(index as usize).unwrap_or("").trim();
-        let (total, name) = line.split_once(char::is_whitespace).unwrap_or((line, ""));
-        let total = total.parse().unwrap_or(DEFAULT_TOTAL);
-        let name = match name.trim() {
-            "" => DEFAULT_NAME.to_string(),
-            name => name.to_string(),
-        };
-        (total, name)
+    /// `DIR/claims`, if there is one.
+    fn claims(&self) -> Result<Option<OwnedFd>, DriverError> {
+        open_in(
+            &self.directory,
+            "claims",
+            &self.dir.join("claims"),
+            OFlags::DIRECTORY,
+        )
+    }
+
+    /// A byte count in `name` under `directory`; `Ok(None)` when absent.
+    fn read_bytes(
+        &self,
+        directory: impl AsFd,
+        name: &str,
+        shown_as: &Path,
+    ) -> Result<Option<u64>, DriverError> {
+        read_bounded(directory, name, shown_as, NUMBER_FILE_LIMIT)?
+            .map(|content| parse_bytes(&content, shown_as))
+            .transpose()
+    }
+
+    /// Whether `DIR/lost.N` is there (a marker: its content is not read).
+    fn is_lost(&self, index: u32) -> Result<bool, DriverError> {
+        let name = format!("lost.{index}");
+        match rustix::fs::statat(&self.directory, &name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(stat) if FileType::from_raw_mode(stat.st_mode) == FileType::Symlink => {
+                Err(symlink_error(&self.dir.join(name)))
+            }
+            Ok(_) => Ok(true),
+            Err(Errno::NOENT) => Ok(false),
+            Err(error) => Err(DriverError::Sim(format!(
+                "cannot read {}: {}",
+                self.dir.join(name).display(),
+                std::io::Error::from(error)
+            ))),
+        }
     }
 
     /// A scan of /proc classified by this driver: its own process lists.
@@ -81,7 +324,11 @@ impl SimDriver {
     }
 
     /// The live holders of each node, from a scan classified by this driver.
-    fn holders_in(&self, scan: &proc::ProcScan) -> Result<BTreeMap<u32, Vec<u32>>, DriverError> {
+    fn holders_in(
+        &self,
+        scan: &proc::ProcScan,
+        claims: Option<&OwnedFd>,
+    ) -> Result<BTreeMap<u32, Vec<u32>>, DriverError> {
         let mut holders: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
         for process in scan.processes.iter().filter(|p| p.state != 'Z') {
             for node in &process.nodes {
@@ -103,17 +350,22 @@ impl SimDriver {
                     .any(|p| p.id.pid == pid && p.state != 'Z')
             })
             .collect();
-        if !hidden_from_us.is_empty()
-            && let Ok(claims) = fs::read_dir(self.dir.join("claims"))
-        {
-            for claim in claims.flatten() {
-                let name = claim.file_name();
-                let Some((pid, index)) = name.to_str().and_then(|name| name.split_once('.')) else {
+        if let (false, Some(claims)) = (hidden_from_us.is_empty(), claims) {
+            let entries = rustix::fs::Dir::read_from(claims).map_err(|error| {
+                DriverError::Sim(format!(
+                    "cannot read {}: {}",
+                    self.dir.join("claims").display(),
+                    std::io::Error::from(error)
+                ))
+            })?;
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy();
+                let Some((pid, index)) = name.split_once('.') else {
                     continue;
                 };
                 if let (Ok(pid), Ok(index)) = (pid.parse::<u32>(), index.parse::<u32>())
                     && hidden_from_us.contains(&pid)
-                    && index < self.gpu_count
+                    && index < self.gpu_count()
                 {
                     holders.entry(index).or_default().push(pid);
                 }
@@ -121,23 +373,44 @@ impl SimDriver {
         }
         Ok(holders)
     }
-    fn build(&self, index: u32, pids: &[u32]) -> Result<GpuInfo, DriverError> {
-        if self.dir.join(format!("lost.{index}")).exists() {
+
+    fn build(
+        &self,
+        index: u32,
+        pids: &[u32],
+        claims: Option<&OwnedFd>,
+    ) -> Result<GpuInfo, DriverError> {
+        if self.is_lost(index)? {
             return Err(DriverError::GpuLost { index });
         }
         let mut processes = Vec::with_capacity(pids.len());
         for &pid in pids {
-            let used = self
-                .read_bytes(&format!("claims/{pid}.{index}"))?
-                .unwrap_or(DEFAULT_CLAIM);
-            processes.push(DriverProcess {
-                pid,
-                used_memory: Some(used),
-            });
+            let name = format!("{pid}.{index}");
+            let shown_as = self.dir.join("claims").join(&name);
+            let claim = match claims {
+                Some(claims) => read_bounded(claims, &name, &shown_as, NUMBER_FILE_LIMIT)?
+                    .map(|content| parse_claim(&content, &shown_as))
+                    .transpose()?,
+                None => None,
+            };
+            let used_memory = match claim {
+                Some(Claim::NodeOnly) => continue,
+                Some(Claim::Unreported) => None,
+                Some(Claim::Context(bytes)) => Some(bytes),
+                None => Some(DEFAULT_CLAIM),
+            };
+            processes.push(DriverProcess { pid, used_memory });
         }
-        let leak = self.read_bytes(&format!("leak.{index}"))?.unwrap_or(0);
-        let used = processes.iter().filter_map(|p| p.used_memory).sum::<u64>() + leak;
-        let (total, name) = self.total_and_name(index);
+        let leak_name = format!("leak.{index}");
+        let leak = self
+            .read_bytes(&self.directory, &leak_name, &self.dir.join(&leak_name))?
+            .unwrap_or(0);
+        // Saturating: a staged claim near u64::MAX must not wrap to a few bytes.
+        let used = processes
+            .iter()
+            .filter_map(|p| p.used_memory)
+            .fold(leak, u64::saturating_add);
+        let (total, name) = self.gpus[index as usize].clone();
         Ok(GpuInfo {
             index,
             name: Some(name),
@@ -155,24 +428,36 @@ impl Driver for SimDriver {
     }
 
     fn gpu_count(&self) -> Result<u32, DriverError> {
-        Ok(self.gpu_count)
+        Ok(SimDriver::gpu_count(self))
     }
 
     fn gpu(&self, index: u32) -> Result<GpuInfo, DriverError> {
-        if index >= self.gpu_count {
+        if index >= SimDriver::gpu_count(self) {
             return Err(DriverError::Sim(format!("no GPU {index}")));
         }
-        let holders = self.holders_in(&self.scan()?)?;
-        self.build(index, holders.get(&index).map_or(&[][..], Vec::as_slice))
+        let claims = self.claims()?;
+        let holders = self.holders_in(&self.scan()?, claims.as_ref())?;
+        self.build(
+            index,
+            holders.get(&index).map_or(&[][..], Vec::as_slice),
+            claims.as_ref(),
+        )
     }
 
     fn gpus_given_scan(
         &self,
         scan: &proc::ProcScan,
     ) -> Result<Vec<Result<GpuInfo, DriverError>>, DriverError> {
-        let holders = self.holders_in(scan)?;
-        Ok((0..self.gpu_count)
-            .map(|index| self.build(index, holders.get(&index).map_or(&[][..], Vec::as_slice)))
+        let claims = self.claims()?;
+        let holders = self.holders_in(scan, claims.as_ref())?;
+        Ok((0..SimDriver::gpu_count(self))
+            .map(|index| {
+                self.build(
+                    index,
+                    holders.get(&index).map_or(&[][..], Vec::as_slice),
+                    claims.as_ref(),
+                )
+            })
             .collect())
     }
 
@@ -187,7 +472,77 @@ impl Driver for SimDriver {
         }
         rest.parse()
             .ok()
-            .filter(|&index| index < self.gpu_count)
+            .filter(|&index| index < SimDriver::gpu_count(self))
             .map(Node::Gpu)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_content_is_described_not_dumped() {
+        assert_eq!(describe(b" 12x \n"), "'12x'");
+        assert_eq!(describe(b""), "an empty file");
+        assert_eq!(describe(&[0xff, 0, 1]), "3 bytes of binary data");
+        assert_eq!(
+            describe("root:x:0:0:root:/root:/bin/bash\nbin:x:2:2\n".as_bytes()),
+            "42 bytes of text"
+        );
+    }
+
+    #[test]
+    fn byte_counts() {
+        let path = Path::new("/d/leak.0");
+        assert_eq!(parse_bytes(b"1073741824\n", path), Ok(1 << 30));
+        assert_eq!(parse_bytes(b"18446744073709551615", path), Ok(u64::MAX));
+        for bad in [
+            &b"18446744073709551616"[..],
+            b"-1",
+            b"+5",
+            b"1 GiB",
+            b"",
+            b"\xff",
+        ] {
+            let error = parse_bytes(bad, path).expect_err("refused");
+            assert!(
+                error
+                    .to_string()
+                    .contains("/d/leak.0: expected a byte count")
+            );
+        }
+    }
+
+    #[test]
+    fn claims() {
+        let path = Path::new("/d/claims/7.0");
+        assert_eq!(parse_claim(b"none\n", path), Ok(Claim::NodeOnly));
+        assert_eq!(parse_claim(b"unknown", path), Ok(Claim::Unreported));
+        assert_eq!(parse_claim(b" 4096 ", path), Ok(Claim::Context(4096)));
+        assert_eq!(parse_claim(b"0", path), Ok(Claim::Context(0)));
+        let error = parse_claim(b"NONE", path).expect_err("refused");
+        assert!(
+            error.to_string().contains(
+                "/d/claims/7.0: expected a byte count, 'none' or 'unknown', found 'NONE'"
+            ),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn gpus_file_lines() {
+        let path = Path::new("/d/gpus");
+        assert_eq!(
+            parse_gpus(b"100 NVIDIA H200\n\n", path, 3),
+            Ok(vec![
+                (100, "NVIDIA H200".to_string()),
+                (DEFAULT_TOTAL, DEFAULT_NAME.to_string()),
+                (DEFAULT_TOTAL, DEFAULT_NAME.to_string()),
+            ])
+        );
+        let error = parse_gpus(b"100\nlots H200\n", path, 2).expect_err("refused");
+        assert!(error.to_string().contains("/d/gpus line 2"), "{error}");
+        assert!(parse_gpus(b"100 a\x1b[2Jb\n", path, 1).is_err());
     }
 }

@@ -1,0 +1,178 @@
+//! The simulated driver's own input: files in the sim directory are input
+//! like any other, and a bad one is a clear error naming it, never a silent
+//! default, a wrapped number, or a file read through a symbolic link.
+
+use gpureap::incident::{Holder, Incident, SimHost};
+
+use crate::harness::*;
+
+fn host(gpus: u32) -> SimHost {
+    SimHost::new(gpus, 80 * GIB, "Simulated H200").expect("sim host")
+}
+
+/// The error the status JSON gives for one GPU, or "" when it has none.
+fn gpu_error(status: &serde_json::Value, index: u32) -> String {
+    gpu(status, index)["error"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[test]
+fn huge_claims_and_a_leak_saturate_instead_of_wrapping() {
+    let host = host(1);
+    let mut incident = Incident::new(&host);
+    incident
+        .holder(&Holder::new("python3 a.py").on(0, u64::MAX))
+        .expect("first");
+    incident
+        .holder(&Holder::new("python3 b.py").on(0, u64::MAX))
+        .expect("second");
+    let target = incident
+        .holder(&Holder::new("python3 c.py").on(0, GIB))
+        .expect("third");
+    host.leak(0, 5).expect("leak");
+
+    let status = run(&host, &["status", "--json"]);
+    assert_eq!(status.code, 0, "{}", status.stderr);
+    let status = status.json();
+    assert_eq!(gpu(&status, 0)["memory_used"], u64::MAX, "{status:#}");
+    assert_eq!(gpu(&status, 0)["memory_unattributed"], 0, "{status:#}");
+    let table = run(&host, &["status"]);
+    assert_eq!(table.code, 0, "{}", table.stderr);
+
+    // Verification sums what out-of-scope holders explain: it must not wrap either.
+    let report = run(
+        &host,
+        &[
+            "free",
+            "--pid",
+            &target.to_string(),
+            "--grace",
+            "0",
+            "--timeout",
+            "300ms",
+            "--yes",
+            "--json",
+        ],
+    );
+    assert_eq!(report.code, 0, "{}{}", report.stdout, report.stderr);
+    assert_eq!(gpu(&report.json(), 0)["freed"], true);
+}
+
+#[test]
+fn sim_files_are_never_read_through_a_symbolic_link() {
+    let host = host(2);
+    let mut incident = Incident::new(&host);
+    let holder = incident
+        .holder(&Holder::new("python3 serve.py").on(1, 4 * GIB))
+        .expect("holder");
+    let passwd = std::fs::read_to_string("/etc/passwd").expect("passwd");
+    let first_line = passwd.lines().next().expect("a line");
+    std::os::unix::fs::symlink("/etc/passwd", host.path().join("leak.0")).expect("symlink");
+    let claim = host.path().join(format!("claims/{holder}.1"));
+    std::fs::remove_file(&claim).expect("claim");
+    std::os::unix::fs::symlink("/etc/passwd", &claim).expect("symlink");
+
+    for args in [
+        &["status"][..],
+        &["status", "--json"],
+        &["status", "--tree"],
+    ] {
+        let result = run(&host, args);
+        assert!(
+            !result.stdout.contains(first_line) && !result.stderr.contains(first_line),
+            "{args:?} printed /etc/passwd:\n{}{}",
+            result.stdout,
+            result.stderr
+        );
+    }
+    let status = run(&host, &["status", "--json"]).json();
+    let leak_error = gpu_error(&status, 0);
+    assert!(
+        leak_error.contains("leak.0") && leak_error.contains("symbolic link"),
+        "{status:#}"
+    );
+    let claim_error = gpu_error(&status, 1);
+    assert!(
+        claim_error.contains(&format!("claims/{holder}.1"))
+            && claim_error.contains("symbolic link"),
+        "{status:#}"
+    );
+}
+
+#[test]
+fn binary_oversized_and_unreadable_claims_are_errors_naming_the_file() {
+    let host = host(3);
+    let mut incident = Incident::new(&host);
+    let binary = incident
+        .holder(&Holder::new("python3 binary.py").on(0, 4 * GIB))
+        .expect("holder");
+    let oversized = incident
+        .holder(&Holder::new("python3 oversized.py").on(1, 4 * GIB))
+        .expect("holder");
+    let unreadable = incident
+        .holder(&Holder::new("python3 unreadable.py").on(2, 4 * GIB))
+        .expect("holder");
+    let claim = |pid: u32, gpu: u32| host.path().join(format!("claims/{pid}.{gpu}"));
+    std::fs::write(claim(binary, 0), [0xff, 0x00, 0x12, 0x80]).expect("binary claim");
+    std::fs::write(claim(oversized, 1), "7".repeat(1 << 20)).expect("big claim");
+    let mut permissions = std::fs::metadata(claim(unreadable, 2))
+        .expect("claim")
+        .permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut permissions, 0o000);
+    std::fs::set_permissions(claim(unreadable, 2), permissions).expect("chmod");
+
+    let status = run(&host, &["status", "--json"]);
+    assert_eq!(status.code, 0, "{}", status.stderr);
+    let status = status.json();
+    let error = gpu_error(&status, 0);
+    assert!(
+        error.contains(&format!("claims/{binary}.0")) && error.contains("byte count"),
+        "{status:#}"
+    );
+    let error = gpu_error(&status, 1);
+    assert!(
+        error.contains(&format!("claims/{oversized}.1")) && error.len() < 300,
+        "{status:#}"
+    );
+    // Root reads a mode-000 file; nobody does not, and must not take it for 1 GiB.
+    let as_nobody = run_as_nobody(&host, &["status", "--json"]);
+    assert_eq!(as_nobody.code, 0, "{}", as_nobody.stderr);
+    let as_nobody = as_nobody.json();
+    let error = gpu_error(&as_nobody, 2);
+    assert!(
+        error.contains(&format!("claims/{unreadable}.2")) && error.contains("ermission denied"),
+        "{as_nobody:#}"
+    );
+}
+
+#[test]
+fn a_bad_gpus_file_is_refused_naming_the_file() {
+    let host = host(2);
+    std::fs::write(host.path().join("gpus"), "85899345920 H200\nlots H200\n").expect("gpus");
+    let result = run(&host, &["status"]);
+    assert_eq!(result.code, 2, "{}{}", result.stdout, result.stderr);
+    assert!(
+        result.stderr.contains("gpus line 2") && result.stderr.contains("'lots'"),
+        "{}",
+        result.stderr
+    );
+}
+
+#[test]
+fn an_unreadable_sim_directory_says_it_cannot_be_read() {
+    let host = host(1);
+    let mut permissions = std::fs::metadata(host.path()).expect("dir").permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut permissions, 0o000);
+    std::fs::set_permissions(host.path(), permissions).expect("chmod");
+    let result = run_as_nobody_unchanged(&host, &["status"]);
+    assert_eq!(result.code, 2, "{}{}", result.stdout, result.stderr);
+    assert!(
+        result.stderr.contains("cannot read")
+            && result.stderr.contains(&host.path().display().to_string())
+            && !result.stderr.contains("has no nvidia0"),
+        "{}",
+        result.stderr
+    );
+}
