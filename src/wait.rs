@@ -7,8 +7,12 @@ use std::time::{Duration, Instant};
 use crate::driver::Driver;
 use crate::report::WaitGpu;
 
-/// How often the driver's memory figures are read.
+/// How often the driver's memory figures are polled, where the backend
+/// polls (`Driver::wait_for_change`).
 const POLL: Duration = Duration::from_millis(5);
+/// The longest wait between two readings when the driver reports no change,
+/// so that a backend that cannot tell a change is still read now and then.
+const LONGEST_PAUSE: Duration = Duration::from_secs(1);
 
 /// What a wait found: each GPU's last reading, and how long it took.
 pub struct WaitOutcome {
@@ -46,7 +50,9 @@ fn reading(driver: &dyn Driver, index: u32, below: u64) -> WaitGpu {
 }
 
 /// Returns as soon as every GPU in `gpus` uses less than `below`, or when
-/// `timeout` has passed.
+/// `timeout` has passed. Between readings it waits on the driver
+/// (`Driver::wait_for_change`), so it reacts within a poll of a release and
+/// costs almost nothing while memory stays put.
 pub fn wait(
     driver: &dyn Driver,
     gpus: &BTreeSet<u32>,
@@ -65,13 +71,18 @@ pub fn wait(
             ready,
             "wait poll"
         );
-        if ready || start.elapsed() >= timeout {
+        let waited = start.elapsed();
+        if ready || waited >= timeout {
             return WaitOutcome {
                 ready,
-                waited: start.elapsed(),
+                waited,
                 gpus: readings,
             };
         }
-        std::thread::sleep(POLL);
+        let last = readings
+            .iter()
+            .map(|gpu| (gpu.index, gpu.memory_used))
+            .collect();
+        driver.wait_for_change(&last, POLL, (timeout - waited).min(LONGEST_PAUSE));
     }
 }

@@ -1112,3 +1112,111 @@ fn a_process_that_takes_a_killed_targets_pid_is_not_blamed() {
     assert_eq!(gpu(&report, 0)["memory_after"], GIB);
     assert!(reasons(&report, 0).is_empty(), "{report:#}");
 }
+
+/// Sleeping processes that crowd /proc, as on a busy host; all in one
+/// process group of their own, ended together when dropped.
+struct Crowd {
+    leader: std::process::Child,
+}
+
+impl Crowd {
+    fn new(count: usize) -> Crowd {
+        let mut command = std::process::Command::new("bash");
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
+        let leader = command
+            .arg("-c")
+            .arg(format!(
+                "for i in $(seq {count}); do sleep 1000 & done; echo up; wait"
+            ))
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("crowd");
+        let mut crowd = Crowd { leader };
+        let mut up = [0u8; 3];
+        std::io::Read::read_exact(crowd.leader.stdout.as_mut().expect("stdout"), &mut up)
+            .expect("crowd up");
+        crowd
+    }
+}
+
+impl Drop for Crowd {
+    fn drop(&mut self) {
+        // Safety: a plain kill(2) of the group this test made.
+        unsafe { libc::kill(-(self.leader.id() as i32), libc::SIGKILL) };
+        let _ = self.leader.wait();
+    }
+}
+
+/// CPU time a live process has used, in seconds.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .expect("fields")
+        .split_whitespace()
+        .collect();
+    let ticks: u64 =
+        fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+    ticks as f64 / 100.0
+}
+
+/// Runs gpureap with `args` for `seconds`, then returns the share of one
+/// core it used meanwhile, and stops it.
+fn cpu_share(host: &SimHost, args: &[&str], seconds: f64) -> f64 {
+    let mut child = gpureap(host)
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("gpureap runs");
+    // Past start-up, and past the first looks of a free, which come quickly.
+    std::thread::sleep(Duration::from_secs(1));
+    let before = cpu_seconds(child.id());
+    let start = Instant::now();
+    std::thread::sleep(Duration::from_secs_f64(seconds));
+    let used = cpu_seconds(child.id()) - before;
+    let share = used / start.elapsed().as_secs_f64();
+    let _ = child.kill();
+    let _ = child.wait();
+    share
+}
+
+/// Waiting on a GPU that stays held, and verifying one that stays held, must
+/// not rescan /proc every few milliseconds: with a crowded /proc that costs
+/// a whole core. They wait on the driver instead.
+#[test]
+fn waiting_and_verifying_do_not_burn_a_core() {
+    let host = host(1);
+    let mut incident = Incident::new(&host);
+    incident
+        .holder(&Holder::new("sglang::scheduler_TP0").on(0, 70 * GIB))
+        .expect("holder");
+    host.leak(0, 5 * GIB).expect("leak");
+    let _crowd = Crowd::new(800);
+
+    let wait = cpu_share(&host, &["wait", "--gpu", "0", "--timeout", "1m"], 2.0);
+    // Nothing in scope but memory held by no process: verification runs to its timeout.
+    let verify = cpu_share(
+        &host,
+        &[
+            "free",
+            "--gpu",
+            "0",
+            "--match",
+            "no-such-process",
+            "--grace",
+            "0",
+            "--timeout",
+            "1m",
+            "--yes",
+        ],
+        2.0,
+    );
+    assert!(wait < 0.25, "wait used {:.0}% of a core", wait * 100.0);
+    assert!(
+        verify < 0.25,
+        "free's verification used {:.0}% of a core",
+        verify * 100.0
+    );
+}

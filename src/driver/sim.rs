@@ -17,14 +17,16 @@
 //! symbolic link, and only up to a size that fits what it may hold; a file
 //! that is not what it should be is an error naming it, never a default.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use rustix::io::Errno;
 
-use super::{Driver, DriverError, DriverProcess, GpuInfo, Node};
+use super::{Driver, DriverError, DriverProcess, GpuInfo, Node, poll_for_change};
 use crate::proc;
 
 const DEFAULT_TOTAL: u64 = 80 << 30;
@@ -43,6 +45,9 @@ pub struct SimDriver {
     node_prefix: String,
     /// Total and name of each GPU, from `DIR/gpus` as it was at open.
     gpus: Vec<(u64, String)>,
+    /// The inotify watch `wait_for_change` keeps between calls, and the
+    /// GPUs whose nodes it watches: events between two calls queue up in it.
+    watch: Mutex<Option<(OwnedFd, BTreeSet<u32>)>>,
 }
 
 /// Opens `name` under `directory` for reading without following a symbolic
@@ -271,6 +276,7 @@ impl SimDriver {
             directory,
             node_prefix,
             gpus,
+            watch: Mutex::new(None),
         })
     }
 
@@ -315,6 +321,49 @@ impl SimDriver {
                 std::io::Error::from(error)
             ))),
         }
+    }
+
+    /// Whether memory on these GPUs differs from `last` now (or cannot be read).
+    fn changed_since(&self, last: &BTreeMap<u32, Option<u64>>) -> bool {
+        let Ok(gpus) = self.gpus() else {
+            return true;
+        };
+        let now: BTreeMap<u32, Option<u64>> = gpus
+            .into_iter()
+            .filter_map(|gpu| gpu.ok())
+            .map(|gpu| (gpu.index, gpu.memory_used))
+            .collect();
+        last.iter()
+            .any(|(index, used)| now.get(index) != Some(used))
+    }
+
+    /// An inotify descriptor that becomes readable when one of these GPUs'
+    /// nodes is opened or closed, or a file of the directory (a claim, a
+    /// leak, a lost GPU) changes. `None` when inotify is not to be had.
+    fn watch(&self, gpus: impl Iterator<Item = u32>) -> Option<OwnedFd> {
+        use rustix::fs::inotify::{self, CreateFlags, WatchFlags};
+        let watch = inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK).ok()?;
+        let files = WatchFlags::CREATE
+            | WatchFlags::DELETE
+            | WatchFlags::MODIFY
+            | WatchFlags::MOVED_TO
+            | WatchFlags::MOVED_FROM
+            | WatchFlags::CLOSE_WRITE
+            | WatchFlags::DONT_FOLLOW;
+        inotify::add_watch(&watch, &self.dir, files).ok()?;
+        if let Ok(Some(_)) = self.claims() {
+            inotify::add_watch(&watch, self.dir.join("claims"), files).ok()?;
+        }
+        for index in gpus {
+            let node = self.dir.join(format!("nvidia{index}"));
+            inotify::add_watch(
+                &watch,
+                node,
+                WatchFlags::OPEN | WatchFlags::CLOSE | WatchFlags::DONT_FOLLOW,
+            )
+            .ok()?;
+        }
+        Some(watch)
     }
 
     /// A scan of /proc classified by this driver: its own process lists.
@@ -463,6 +512,56 @@ impl Driver for SimDriver {
 
     fn gpus(&self) -> Result<Vec<Result<GpuInfo, DriverError>>, DriverError> {
         self.gpus_given_scan(&self.scan()?)
+    }
+
+    /// Memory on the simulated driver changes only when a node is opened or
+    /// closed (a process exiting closes its descriptors) or a file in the
+    /// directory changes, and the kernel says when: inotify, instead of a
+    /// /proc scan every few milliseconds.
+    fn wait_for_change(
+        &self,
+        last: &BTreeMap<u32, Option<u64>>,
+        poll: Duration,
+        limit: Duration,
+    ) -> bool {
+        let Ok(mut watch) = self.watch.lock() else {
+            return poll_for_change(self, last, poll, limit);
+        };
+        let watched = watch
+            .as_ref()
+            .map(|(_, gpus)| gpus.clone())
+            .unwrap_or_default();
+        let wanted: BTreeSet<u32> = last.keys().copied().collect();
+        if !wanted.is_subset(&watched) {
+            // A new watch misses what happened before it: one reading
+            // catches up with that, and from then on the kernel tells.
+            *watch = self
+                .watch(wanted.union(&watched).copied())
+                .map(|fd| (fd, wanted.union(&watched).copied().collect()));
+            if watch.is_none() {
+                drop(watch);
+                return poll_for_change(self, last, poll, limit);
+            }
+            if self.changed_since(last) {
+                return true;
+            }
+        }
+        let Some((fd, _)) = watch.as_ref() else {
+            return poll_for_change(self, last, poll, limit);
+        };
+        let timeout = rustix::event::Timespec::try_from(limit).unwrap_or(rustix::event::Timespec {
+            tv_sec: i64::from(i32::MAX),
+            tv_nsec: 0,
+        });
+        let mut fds = [rustix::event::PollFd::new(fd, rustix::event::PollFlags::IN)];
+        let ready = matches!(rustix::event::poll(&mut fds, Some(&timeout)), Ok(ready) if ready > 0);
+        if ready {
+            // Drain what has queued up: the next look sees its effect.
+            let mut buffer = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
+            let mut events = rustix::fs::inotify::Reader::new(fd, &mut buffer);
+            while events.next().is_ok() {}
+        }
+        ready
     }
 
     fn classify_node(&self, path: &Path) -> Option<Node> {
