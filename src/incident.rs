@@ -258,7 +258,7 @@ impl Incident {
                     cmdline.starts_with(title.as_bytes())
                         || identity(*pid)
                             .and_then(proc::state_of)
-                            .is_none_or(|state| state == 'Z')
+                            .is_none_or(proc::State::has_exited)
                 });
             if ready {
                 for (pid, title) in records {
@@ -308,7 +308,7 @@ impl Drop for Incident {
                 .iter()
                 .copied()
                 .chain(late)
-                .filter(|id| proc::state_of(*id).is_some_and(|state| state != 'Z'))
+                .filter(|id| proc::state_of(*id).is_some_and(|state| !state.has_exited()))
                 .collect();
             if alive.is_empty() {
                 break;

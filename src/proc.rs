@@ -22,6 +22,77 @@ pub enum Node {
     Control,
 }
 
+/// A process's state: the third field of `/proc/PID/stat` (proc(5)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum State {
+    /// R
+    Running,
+    /// S: waiting, interruptibly.
+    Sleeping,
+    /// D: in uninterruptible sleep; a SIGKILL lands when the call returns.
+    Uninterruptible,
+    /// Z: exited, not yet reaped by its parent.
+    Zombie,
+    /// T: stopped by a signal (SIGSTOP).
+    Stopped,
+    /// t: stopped by a tracer.
+    Traced,
+    /// X: dead, being removed.
+    Dead,
+    /// I: an idle kernel thread.
+    Idle,
+    /// Any other letter a kernel may print.
+    Other(char),
+}
+
+impl State {
+    pub fn from_letter(letter: char) -> State {
+        match letter {
+            'R' => State::Running,
+            'S' => State::Sleeping,
+            'D' => State::Uninterruptible,
+            'Z' => State::Zombie,
+            'T' => State::Stopped,
+            't' => State::Traced,
+            'X' => State::Dead,
+            'I' => State::Idle,
+            other => State::Other(other),
+        }
+    }
+
+    pub fn letter(self) -> char {
+        match self {
+            State::Running => 'R',
+            State::Sleeping => 'S',
+            State::Uninterruptible => 'D',
+            State::Zombie => 'Z',
+            State::Stopped => 'T',
+            State::Traced => 't',
+            State::Dead => 'X',
+            State::Idle => 'I',
+            State::Other(letter) => letter,
+        }
+    }
+
+    /// Exited (a zombie, or dead): it has closed its descriptors and holds
+    /// no GPU memory, whatever a stale list says.
+    pub fn has_exited(self) -> bool {
+        matches!(self, State::Zombie | State::Dead)
+    }
+}
+
+impl std::fmt::Display for State {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.letter())
+    }
+}
+
+impl serde::Serialize for State {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
 /// Linux's PF_KTHREAD flag in /proc/PID/stat.
 const PF_KTHREAD: u32 = 0x0020_0000;
 
@@ -40,8 +111,7 @@ pub struct ProcessRecord {
     pub pgid: u32,
     pub sid: u32,
     pub uid: Option<u32>,
-    /// R, S, D, Z, T, t, I, ...
-    pub state: char,
+    pub state: State,
     pub comm: String,
     /// The command line joined by spaces; empty for kernel threads and zombies.
     pub cmdline: String,
@@ -214,7 +284,7 @@ fn read_process(
 /// The fields of /proc/PID/stat that gpureap uses.
 struct Stat {
     comm: String,
-    state: char,
+    state: State,
     ppid: u32,
     pgid: u32,
     sid: u32,
@@ -277,7 +347,7 @@ fn parse_stat(text: &[u8]) -> Option<Stat> {
     let number = |n: usize| field(n).and_then(|text| text.parse::<i64>().ok());
     Some(Stat {
         comm,
-        state: field(0)?.chars().next()?,
+        state: State::from_letter(field(0)?.chars().next()?),
         ppid: number(1)?.max(0) as u32,
         pgid: number(2)?.max(0) as u32,
         sid: number(3)?.max(0) as u32,
@@ -342,8 +412,8 @@ pub fn start_time(pid: u32) -> Option<u64> {
     stat_of(pid).map(|stat| stat.start_time)
 }
 
-/// The state letter of a process, if it still exists with the given identity.
-pub fn state_of(id: ProcessId) -> Option<char> {
+/// The state of a process, if it still exists with the given identity.
+pub fn state_of(id: ProcessId) -> Option<State> {
     let stat = stat_of(id.pid)?;
     (stat.start_time == id.start_time).then_some(stat.state)
 }
@@ -446,7 +516,7 @@ mod tests {
     fn plain_fields() {
         let stat = parse_stat(&line("python3", 'S', 4_194_560)).expect("parses");
         assert_eq!(stat.comm, "python3");
-        assert_eq!(stat.state, 'S');
+        assert_eq!(stat.state, State::Sleeping);
         assert_eq!((stat.ppid, stat.pgid, stat.sid), (1, 4200, 4100));
         assert_eq!(stat.cpu_ticks, 12);
         assert_eq!(stat.start_time, 98765);
@@ -466,7 +536,7 @@ mod tests {
         ] {
             let stat = parse_stat(&line(comm, 'R', 0)).unwrap_or_else(|| panic!("{comm:?}"));
             assert_eq!(stat.comm, comm, "{comm:?}");
-            assert_eq!(stat.state, 'R', "{comm:?}");
+            assert_eq!(stat.state, State::Running, "{comm:?}");
             assert_eq!(stat.ppid, 1, "{comm:?}");
             assert_eq!(stat.start_time, 98765, "{comm:?}");
         }
@@ -479,7 +549,7 @@ mod tests {
         assert_ne!(stat.flags & PF_KTHREAD, 0);
         assert_eq!(stat.ppid, 0);
         let zombie = parse_stat(&line("python3", 'Z', 0)).expect("parses");
-        assert_eq!(zombie.state, 'Z');
+        assert_eq!(zombie.state, State::Zombie);
         for broken in [
             &b""[..],
             b"4242",
@@ -511,7 +581,7 @@ mod tests {
         while state_of(ProcessId {
             pid: zombie_pid,
             start_time: start_time(zombie_pid).unwrap_or(0),
-        }) != Some('Z')
+        }) != Some(State::Zombie)
         {
             assert!(Instant::now() < deadline, "never became a zombie");
             std::thread::sleep(Duration::from_millis(2));
@@ -521,9 +591,9 @@ mod tests {
         let find = |pid: u32| scan.processes.iter().find(|p| p.id.pid == pid);
         let record = find(renamed.id()).expect("renamed process");
         assert_eq!(record.comm, "a) Z 1 (b c");
-        assert_eq!(record.state, 'S');
+        assert_eq!(record.state, State::Sleeping);
         assert_eq!(record.ppid, std::process::id());
-        assert_eq!(find(zombie_pid).expect("zombie").state, 'Z');
+        assert_eq!(find(zombie_pid).expect("zombie").state, State::Zombie);
         assert!(scan.processes.iter().all(|p| p.id.pid != 0));
         if let Some(kthreadd) = find(2) {
             assert!(kthreadd.kernel_thread || kthreadd.ppid != 0);

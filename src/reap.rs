@@ -297,7 +297,7 @@ impl Reaper {
             if self.handled.contains_key(&record.id) {
                 continue;
             }
-            let zombie = record.state == 'Z';
+            let zombie = record.state.has_exited();
             self.handled.insert(
                 record.id,
                 Handled {
@@ -410,11 +410,11 @@ impl Reaper {
         let mut alive = 0;
         for handled in self.handled.values_mut().filter(|h| h.is_open()) {
             match proc::state_of(handled.id()) {
-                None | Some('Z') | Some('X') => {
+                Some(state) if !state.has_exited() => alive += 1,
+                _ => {
                     handled.fate = Fate::Exited;
                     handled.exited_after_ms = Some(at_ms);
                 }
-                Some(_) => alive += 1,
             }
         }
         alive

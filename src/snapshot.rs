@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::driver::{Driver, DriverError, Node};
-use crate::proc::{self, ProcessRecord, Unreadable};
+use crate::proc::{self, ProcessRecord, State, Unreadable};
 
 #[derive(Debug, Clone)]
 pub struct Snapshot {
@@ -310,8 +310,8 @@ impl Snapshot {
             }
             Some(record) => Flags {
                 orphaned: self.orphaned(pid).is_some(),
-                zombie: record.state == 'Z',
-                uninterruptible: record.state == 'D',
+                zombie: record.state == State::Zombie,
+                uninterruptible: record.state == State::Uninterruptible,
                 hidden: false,
                 monitor: self.is_monitor(pid),
                 supervised: self
@@ -333,7 +333,7 @@ impl Snapshot {
         let leader_alive = self
             .processes
             .get(&record.pgid)
-            .is_some_and(|leader| leader.pgid == record.pgid && leader.state != 'Z');
+            .is_some_and(|leader| leader.pgid == record.pgid && !leader.state.has_exited());
         if leader_alive {
             return None;
         }
@@ -538,7 +538,7 @@ fn read_details(record: &ProcessRecord) -> Details {
             .and_then(uzers::get_user_by_uid)
             .map(|user| user.name().to_string_lossy().into_owned())
             .or_else(|| record.uid.map(|uid| uid.to_string())),
-        wchan: if record.state == 'D' || record.state == 'S' {
+        wchan: if matches!(record.state, State::Uninterruptible | State::Sleeping) {
             proc::wchan(pid)
         } else {
             None

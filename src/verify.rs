@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use crate::proc::ProcessId;
+use crate::proc::{ProcessId, State};
 use crate::select::Selection;
 use crate::snapshot::{GpuState, GpuUser, Snapshot};
 
@@ -30,7 +30,7 @@ pub enum Reason {
     StillAlive {
         pid: u32,
         comm: String,
-        state: char,
+        state: State,
         signals: Vec<String>,
     },
     /// Exited but not reaped; its parent has not called wait.
@@ -201,7 +201,7 @@ pub fn assess(
                 snapshot
                     .processes
                     .get(&user.pid)
-                    .is_some_and(|process| process.state != 'Z')
+                    .is_some_and(|process| !process.state.has_exited())
             })
             .filter(|user| in_scope(snapshot, selection, ledger, whole_gpu, user))
             .map(|user| user.pid)
@@ -221,7 +221,7 @@ pub fn assess(
         let zombie = snapshot
             .processes
             .get(&user.pid)
-            .is_some_and(|p| p.state == 'Z');
+            .is_some_and(|p| p.state.has_exited());
         if in_scope(snapshot, selection, ledger, whole_gpu, user)
             && !(zombie && user.memory == Some(0))
         {
@@ -319,7 +319,7 @@ pub fn explain(
             reasons.push(Reason::Appeared { pid, comm });
         } else if ledger.permission_denied(record.id) {
             reasons.push(Reason::PermissionDenied { pid, comm });
-        } else if record.state == 'Z' {
+        } else if record.state.has_exited() {
             let parent_comm = snapshot
                 .processes
                 .get(&record.ppid)
@@ -330,7 +330,7 @@ pub fn explain(
                 parent_pid: record.ppid,
                 parent_comm,
             });
-        } else if record.state == 'D' {
+        } else if record.state == State::Uninterruptible {
             reasons.push(Reason::Uninterruptible {
                 pid,
                 comm,
@@ -436,6 +436,7 @@ mod tests {
     }
 
     fn record(pid: u32, ppid: u32, state: char, comm: &str) -> ProcessRecord {
+        let state = State::from_letter(state);
         ProcessRecord {
             id: ProcessId { pid, start_time: 1 },
             ppid,
@@ -558,7 +559,7 @@ mod tests {
             }
         );
         assert!(
-            matches!(&reasons[2], Reason::StillAlive { pid: 30, state: 'S', signals, .. } if signals.len() == 3)
+            matches!(&reasons[2], Reason::StillAlive { pid: 30, state: State::Sleeping, signals, .. } if signals.len() == 3)
         );
         assert!(matches!(
             &reasons[3],

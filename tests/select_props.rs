@@ -12,7 +12,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use gpureap::driver::Node;
-use gpureap::proc::{ProcessId, ProcessRecord};
+use gpureap::proc::{ProcessId, ProcessRecord, State};
 use gpureap::select::{DEFAULT_PROTECTED, Guard, Scope, select};
 use gpureap::snapshot::{GpuState, GpuUser, Snapshot};
 use proptest::prelude::*;
@@ -325,7 +325,7 @@ fn record(
         pgid,
         sid,
         uid: Some(uid),
-        state,
+        state: State::from_letter(state),
         comm: name
             .split(' ')
             .next()
@@ -395,7 +395,7 @@ fn reference(snapshot: &Snapshot, scope: &Scope, guard: &Guard) -> (BTreeSet<u32
         let record = &snapshot.processes[&pid];
         let leader_gone = match snapshot.processes.get(&record.pgid) {
             None => true,
-            Some(leader) => leader.state == 'Z' || leader.pgid != record.pgid,
+            Some(leader) => leader.state == State::Zombie || leader.pgid != record.pgid,
         };
         let reparented = record.ppid == 1
             || snapshot

@@ -379,7 +379,7 @@ impl SimDriver {
         claims: Option<&OwnedFd>,
     ) -> Result<BTreeMap<u32, Vec<u32>>, DriverError> {
         let mut holders: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-        for process in scan.processes.iter().filter(|p| p.state != 'Z') {
+        for process in scan.processes.iter().filter(|p| !p.state.has_exited()) {
             for node in &process.nodes {
                 if let Node::Gpu(index) = node {
                     holders.entry(*index).or_default().push(process.id.pid);
@@ -396,7 +396,7 @@ impl SimDriver {
             .filter(|&pid| {
                 scan.processes
                     .iter()
-                    .any(|p| p.id.pid == pid && p.state != 'Z')
+                    .any(|p| p.id.pid == pid && !p.state.has_exited())
             })
             .collect();
         if let (false, Some(claims)) = (hidden_from_us.is_empty(), claims) {

@@ -214,7 +214,7 @@ fn descendants_of_self() -> Vec<proc::ProcessId> {
         .collect();
     scan.processes
         .iter()
-        .filter(|record| record.state != 'Z' && mine.contains(&record.id.pid))
+        .filter(|record| !record.state.has_exited() && mine.contains(&record.id.pid))
         .map(|record| record.id)
         .collect()
 }
