@@ -98,7 +98,7 @@ const PF_KTHREAD: u32 = 0x0020_0000;
 
 /// A process identity that survives PID reuse: the PID plus its start time in
 /// clock ticks since boot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ProcessId {
     pub pid: u32,
     pub start_time: u64,
@@ -135,7 +135,7 @@ impl ProcessRecord {
 }
 
 /// A process whose descriptors could not be read.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Unreadable {
     pub pid: u32,
     pub comm: String,

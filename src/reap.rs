@@ -16,8 +16,8 @@ use rustix::process::{Pid, PidfdFlags, Signal, kill_process, pidfd_open, pidfd_s
 use crate::driver::Driver;
 use crate::exit::Exit;
 use crate::proc::{self, ProcessId, Unreadable};
-use crate::select::{Because, Guard, Scope, Selection, select};
-use crate::snapshot::Snapshot;
+use crate::select::{Because, Guard, Scope, Selection, Spared, select};
+use crate::snapshot::{Orphaned, Snapshot};
 use crate::verify::{self, Ledger, Reason, Trend};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,8 +46,7 @@ impl Sig {
 }
 
 /// What happened to one signal.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Delivery {
     Sent,
     /// The process had exited, or its PID now names another process.
@@ -103,16 +102,15 @@ fn delivery(result: rustix::io::Result<()>) -> Delivery {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SignalEvent {
-    pub signal: &'static str,
+    pub signal: Sig,
     pub at_ms: u64,
     pub delivery: Delivery,
 }
 
 /// What became of a target.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fate {
     /// Still running (for now).
     Alive,
@@ -124,17 +122,17 @@ pub enum Fate {
 }
 
 /// One process the reaper handled, and what became of it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Handled {
     pub pid: u32,
     pub start_time: u64,
     pub ppid: u32,
     pub comm: String,
     pub cmdline: String,
-    /// Why it was a target: named, in_scope, or descendant.
-    pub because: String,
+    /// Why it was a target.
+    pub because: Because,
     /// Why it counts as orphaned, where it does (`--orphans` takes only these).
-    pub orphan: Option<String>,
+    pub orphan: Option<Orphaned>,
     pub gpus: BTreeSet<u32>,
     pub signals: Vec<SignalEvent>,
     pub fate: Fate,
@@ -161,7 +159,7 @@ impl Handled {
     pub fn killed(&self) -> bool {
         self.signals
             .iter()
-            .any(|event| event.signal == "SIGKILL" && event.delivery == Delivery::Sent)
+            .any(|event| event.signal == Sig::Kill && event.delivery == Delivery::Sent)
     }
 
     fn is_open(&self) -> bool {
@@ -170,16 +168,15 @@ impl Handled {
 }
 
 /// A process in scope that was left alone, and why.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SparedEntry {
     pub pid: u32,
     pub comm: String,
     pub cmdline: String,
-    pub reason: &'static str,
-    pub why: String,
+    pub reason: Spared,
 }
 
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct GpuOutcome {
     pub index: u32,
     pub freed: bool,
@@ -196,7 +193,7 @@ pub struct GpuOutcome {
 }
 
 /// Everything `free` did and found.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct FreeReport {
     pub backend: String,
     pub dry_run: bool,
@@ -253,7 +250,7 @@ struct Reaper {
 }
 
 impl Ledger for Reaper {
-    fn signals_sent(&self, id: ProcessId) -> Vec<String> {
+    fn signals_sent(&self, id: ProcessId) -> Vec<Sig> {
         self.handled
             .get(&id)
             .map(|handled| {
@@ -261,7 +258,7 @@ impl Ledger for Reaper {
                     .signals
                     .iter()
                     .filter(|event| event.delivery == Delivery::Sent)
-                    .map(|event| event.signal.to_string())
+                    .map(|event| event.signal)
                     .collect()
             })
             .unwrap_or_default()
@@ -306,12 +303,8 @@ impl Reaper {
                     ppid: record.ppid,
                     comm: record.comm.clone(),
                     cmdline: record.cmdline.clone(),
-                    because: match because {
-                        Because::Named => "named".to_string(),
-                        Because::InScope => "in_scope".to_string(),
-                        Because::Descendant { of } => format!("descendant of {of}"),
-                    },
-                    orphan: snapshot.orphaned(pid).map(|orphan| orphan.to_string()),
+                    because: *because,
+                    orphan: snapshot.orphaned(pid),
                     gpus: snapshot.gpus_used_by(pid),
                     signals: Vec::new(),
                     fate: if zombie { Fate::Zombie } else { Fate::Alive },
@@ -331,8 +324,7 @@ impl Reaper {
                 pid,
                 comm: record.comm.clone(),
                 cmdline: record.cmdline.clone(),
-                reason: reason.code(),
-                why: reason.to_string(),
+                reason: reason.clone(),
             });
         }
         new
@@ -387,7 +379,7 @@ impl Reaper {
             _ => {}
         }
         handled.signals.push(SignalEvent {
-            signal: sig.name(),
+            signal: sig,
             at_ms,
             delivery,
         });

@@ -9,10 +9,13 @@ use comfy_table::{Cell, CellAlignment, Table};
 use serde::Serialize;
 
 use crate::exit::Exit;
-use crate::reap::{Fate, FreeReport};
+use crate::proc::Unreadable;
+use crate::reap::{Delivery, Fate, FreeReport, Handled};
+use crate::select::Because;
 use crate::select::{DEFAULT_PROTECTED, descendants, protected_name};
 use crate::snapshot::Snapshot;
 use crate::units::{Age, Bytes, Elapsed, GpuRanges, MaybeBytes};
+use crate::verify::Reason;
 
 /// Bumped on any incompatible change to a JSON document's shape.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -33,7 +36,7 @@ pub struct StatusJson<'a> {
 pub struct ScanJson<'a> {
     pub processes: usize,
     pub complete: bool,
-    pub unreadable: &'a [crate::proc::Unreadable],
+    pub unreadable: Vec<UnreadableJson<'a>>,
 }
 
 #[derive(Debug, Serialize)]
@@ -173,7 +176,7 @@ pub fn status_json(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String 
         scan: ScanJson {
             processes: snapshot.processes.len(),
             complete: !snapshot.is_partial(),
-            unreadable: &snapshot.unreadable,
+            unreadable: unreadable_json(&snapshot.unreadable),
         },
         gpus: snapshot
             .gpus
@@ -717,13 +720,261 @@ impl Tree<'_> {
     }
 }
 
+/// `free`'s document (docs/json.md). Mapped field by field from the
+/// reaper's own types, so that renaming those cannot change the document.
 #[derive(Serialize)]
 struct FreeJson<'a> {
     schema_version: u32,
     kind: &'static str,
     exit_code: Exit,
-    #[serde(flatten)]
-    report: &'a FreeReport,
+    backend: &'a str,
+    dry_run: bool,
+    elapsed_ms: u64,
+    targets: Vec<TargetJson<'a>>,
+    spared: Vec<SparedJson<'a>>,
+    gpus: Vec<GpuOutcomeJson<'a>>,
+    unreadable: Vec<UnreadableJson<'a>>,
+}
+
+#[derive(Serialize)]
+struct TargetJson<'a> {
+    pid: u32,
+    start_time: u64,
+    ppid: u32,
+    comm: &'a str,
+    cmdline: &'a str,
+    because: String,
+    orphan: Option<String>,
+    gpus: &'a BTreeSet<u32>,
+    signals: Vec<SignalJson<'a>>,
+    fate: &'static str,
+    exited_after_ms: Option<u64>,
+    late: bool,
+}
+
+#[derive(Serialize)]
+struct SignalJson<'a> {
+    signal: &'static str,
+    at_ms: u64,
+    delivery: DeliveryJson<'a>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "snake_case")]
+enum DeliveryJson<'a> {
+    Sent,
+    Gone,
+    PermissionDenied,
+    Failed(&'a str),
+}
+
+#[derive(Serialize)]
+struct SparedJson<'a> {
+    pid: u32,
+    comm: &'a str,
+    cmdline: &'a str,
+    reason: &'static str,
+    why: String,
+}
+
+#[derive(Serialize)]
+struct GpuOutcomeJson<'a> {
+    index: u32,
+    freed: bool,
+    checked: bool,
+    memory_before: Option<u64>,
+    memory_after: Option<u64>,
+    freed_bytes: Option<u64>,
+    freed_after_ms: Option<u64>,
+    reasons: Vec<ReasonJson<'a>>,
+}
+
+/// Why a GPU is still held; `reason` names the kind (docs/json.md).
+#[derive(Serialize)]
+#[serde(tag = "reason", rename_all = "snake_case")]
+enum ReasonJson<'a> {
+    Uninterruptible {
+        pid: u32,
+        comm: &'a str,
+        wchan: Option<&'a str>,
+    },
+    Appeared {
+        pid: u32,
+        comm: &'a str,
+    },
+    StillAlive {
+        pid: u32,
+        comm: &'a str,
+        state: String,
+        signals: Vec<&'static str>,
+    },
+    Zombie {
+        pid: u32,
+        parent_pid: u32,
+        parent_comm: &'a str,
+    },
+    Hidden {
+        pid: u32,
+    },
+    Protected {
+        pid: u32,
+        comm: &'a str,
+        why: &'a str,
+    },
+    PermissionDenied {
+        pid: u32,
+        comm: &'a str,
+    },
+    Respawned {
+        parent_pid: u32,
+        parent_comm: &'a str,
+        times: u32,
+    },
+    StillReleasing {
+        bytes: u64,
+        bytes_per_second: u64,
+    },
+    DriverHeld {
+        bytes: u64,
+    },
+    DriverError {
+        message: &'a str,
+    },
+}
+
+impl<'a> From<&'a Reason> for ReasonJson<'a> {
+    fn from(reason: &'a Reason) -> Self {
+        match reason {
+            Reason::Uninterruptible { pid, comm, wchan } => ReasonJson::Uninterruptible {
+                pid: *pid,
+                comm,
+                wchan: wchan.as_deref(),
+            },
+            Reason::Appeared { pid, comm } => ReasonJson::Appeared { pid: *pid, comm },
+            Reason::StillAlive {
+                pid,
+                comm,
+                state,
+                signals,
+            } => ReasonJson::StillAlive {
+                pid: *pid,
+                comm,
+                state: state.to_string(),
+                signals: signals.iter().map(|signal| signal.name()).collect(),
+            },
+            Reason::Zombie {
+                pid,
+                parent_pid,
+                parent_comm,
+            } => ReasonJson::Zombie {
+                pid: *pid,
+                parent_pid: *parent_pid,
+                parent_comm,
+            },
+            Reason::Hidden { pid } => ReasonJson::Hidden { pid: *pid },
+            Reason::Protected { pid, comm, why } => ReasonJson::Protected {
+                pid: *pid,
+                comm,
+                why,
+            },
+            Reason::PermissionDenied { pid, comm } => {
+                ReasonJson::PermissionDenied { pid: *pid, comm }
+            }
+            Reason::Respawned {
+                parent_pid,
+                parent_comm,
+                times,
+            } => ReasonJson::Respawned {
+                parent_pid: *parent_pid,
+                parent_comm,
+                times: *times,
+            },
+            Reason::StillReleasing {
+                bytes,
+                bytes_per_second,
+            } => ReasonJson::StillReleasing {
+                bytes: *bytes,
+                bytes_per_second: *bytes_per_second,
+            },
+            Reason::DriverHeld { bytes } => ReasonJson::DriverHeld { bytes: *bytes },
+            Reason::DriverError { message } => ReasonJson::DriverError { message },
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct UnreadableJson<'a> {
+    pid: u32,
+    comm: &'a str,
+    reason: &'a str,
+}
+
+fn unreadable_json(unreadable: &[Unreadable]) -> Vec<UnreadableJson<'_>> {
+    unreadable
+        .iter()
+        .map(|entry| UnreadableJson {
+            pid: entry.pid,
+            comm: &entry.comm,
+            reason: &entry.reason,
+        })
+        .collect()
+}
+
+/// How a target's reason to be one reads in JSON.
+fn because_code(because: Because) -> String {
+    match because {
+        Because::Named => "named".to_string(),
+        Because::InScope => "in_scope".to_string(),
+        Because::Descendant { of } => format!("descendant of {of}"),
+    }
+}
+
+/// How a target's reason to be one reads in a table.
+fn because_text(because: Because) -> String {
+    match because {
+        Because::Named => "named".to_string(),
+        Because::InScope => "in scope".to_string(),
+        Because::Descendant { of } => format!("descendant of {of}"),
+    }
+}
+
+fn fate_code(fate: Fate) -> &'static str {
+    match fate {
+        Fate::Alive => "alive",
+        Fate::Exited => "exited",
+        Fate::Zombie => "zombie",
+        Fate::PermissionDenied => "permission_denied",
+    }
+}
+
+fn target_json(target: &Handled) -> TargetJson<'_> {
+    TargetJson {
+        pid: target.pid,
+        start_time: target.start_time,
+        ppid: target.ppid,
+        comm: &target.comm,
+        cmdline: &target.cmdline,
+        because: because_code(target.because),
+        orphan: target.orphan.map(|orphan| orphan.to_string()),
+        gpus: &target.gpus,
+        signals: target
+            .signals
+            .iter()
+            .map(|event| SignalJson {
+                signal: event.signal.name(),
+                at_ms: event.at_ms,
+                delivery: match &event.delivery {
+                    Delivery::Sent => DeliveryJson::Sent,
+                    Delivery::Gone => DeliveryJson::Gone,
+                    Delivery::PermissionDenied => DeliveryJson::PermissionDenied,
+                    Delivery::Failed(why) => DeliveryJson::Failed(why),
+                },
+            })
+            .collect(),
+        fate: fate_code(target.fate),
+        exited_after_ms: target.exited_after_ms,
+        late: target.late,
+    }
 }
 
 pub fn free_json(report: &FreeReport, exit_code: Exit) -> String {
@@ -731,7 +982,36 @@ pub fn free_json(report: &FreeReport, exit_code: Exit) -> String {
         schema_version: SCHEMA_VERSION,
         kind: "free",
         exit_code,
-        report,
+        backend: &report.backend,
+        dry_run: report.dry_run,
+        elapsed_ms: report.elapsed_ms,
+        targets: report.targets.iter().map(target_json).collect(),
+        spared: report
+            .spared
+            .iter()
+            .map(|spared| SparedJson {
+                pid: spared.pid,
+                comm: &spared.comm,
+                cmdline: &spared.cmdline,
+                reason: spared.reason.code(),
+                why: spared.reason.to_string(),
+            })
+            .collect(),
+        gpus: report
+            .gpus
+            .iter()
+            .map(|gpu| GpuOutcomeJson {
+                index: gpu.index,
+                freed: gpu.freed,
+                checked: gpu.checked,
+                memory_before: gpu.memory_before,
+                memory_after: gpu.memory_after,
+                freed_bytes: gpu.freed_bytes,
+                freed_after_ms: gpu.freed_after_ms,
+                reasons: gpu.reasons.iter().map(ReasonJson::from).collect(),
+            })
+            .collect(),
+        unreadable: unreadable_json(&report.unreadable),
     })
 }
 
@@ -755,9 +1035,9 @@ pub fn free_plan(report: &FreeReport) -> String {
                 Cell::new(gpu_list(&target.gpus)),
                 Cell::new(match &target.orphan {
                     Some(orphan) => {
-                        format!("{} (orphaned: {orphan})", target.because.replace('_', " "))
+                        format!("{} (orphaned: {orphan})", because_text(target.because))
                     }
-                    None => target.because.replace('_', " "),
+                    None => because_text(target.because),
                 }),
                 Cell::new(short(&target.cmdline, 70)),
             ]);
@@ -818,7 +1098,7 @@ fn spared_lines(report: &FreeReport, out: &mut String) {
             "Left alone: {} ({}): {}",
             spared.pid,
             short(&spared.cmdline, 50),
-            spared.why
+            spared.reason
         );
     }
 }
@@ -835,7 +1115,7 @@ pub fn free_outcome(report: &FreeReport) -> String {
                 .signals
                 .iter()
                 .filter(|event| event.delivery == crate::reap::Delivery::Sent)
-                .map(|event| event.signal)
+                .map(|event| event.signal.name())
                 .collect();
             let result = match (target.fate, target.exited_after_ms) {
                 (Fate::Exited, Some(ms)) => format!(

@@ -68,7 +68,7 @@ pub struct Details {
 }
 
 /// The flags a holder can carry, as DESIGN.md names them.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Flags {
     pub orphaned: bool,
     pub zombie: bool,

@@ -9,12 +9,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use crate::proc::{ProcessId, State};
+use crate::reap::Sig;
 use crate::select::Selection;
 use crate::snapshot::{GpuState, GpuUser, Snapshot};
 
 /// Why memory on a GPU is still held, as a report names it.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-#[serde(tag = "reason", rename_all = "snake_case")]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Reason {
     /// In scope, alive, in state D: the kernel will not deliver SIGKILL until
     /// the call it is blocked in returns.
@@ -31,7 +31,7 @@ pub enum Reason {
         pid: u32,
         comm: String,
         state: State,
-        signals: Vec<String>,
+        signals: Vec<Sig>,
     },
     /// Exited but not reaped; its parent has not called wait.
     Zombie {
@@ -83,7 +83,11 @@ impl std::fmt::Display for Reason {
             } => write!(
                 f,
                 "pid {pid} ({comm}) is still alive in state {state} after {}",
-                signals.join(", ")
+                signals
+                    .iter()
+                    .map(|signal| signal.name())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
             Reason::Zombie {
                 pid,
@@ -150,7 +154,7 @@ pub struct Assessment {
 /// Processes are known by identity: a PID reused by another process is not
 /// the target that had it.
 pub trait Ledger {
-    fn signals_sent(&self, id: ProcessId) -> Vec<String>;
+    fn signals_sent(&self, id: ProcessId) -> Vec<Sig>;
     fn permission_denied(&self, id: ProcessId) -> bool;
     fn was_target(&self, id: ProcessId) -> bool;
     /// Whether some target had this PID: for a driver entry whose process
@@ -399,8 +403,8 @@ mod tests {
     struct NoLedger;
 
     impl Ledger for NoLedger {
-        fn signals_sent(&self, _: ProcessId) -> Vec<String> {
-            vec!["SIGTERM".into(), "SIGSTOP".into(), "SIGKILL".into()]
+        fn signals_sent(&self, _: ProcessId) -> Vec<Sig> {
+            vec![Sig::Term, Sig::Stop, Sig::Kill]
         }
         fn permission_denied(&self, id: ProcessId) -> bool {
             id.pid == 40
@@ -417,9 +421,9 @@ mod tests {
     struct Signalled(Vec<ProcessId>);
 
     impl Ledger for Signalled {
-        fn signals_sent(&self, id: ProcessId) -> Vec<String> {
+        fn signals_sent(&self, id: ProcessId) -> Vec<Sig> {
             if self.was_target(id) {
-                vec!["SIGKILL".into()]
+                vec![Sig::Kill]
             } else {
                 Vec::new()
             }

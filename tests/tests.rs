@@ -5,6 +5,7 @@ mod harness;
 mod incidents;
 mod input;
 mod run;
+mod schema;
 mod select_props;
 mod sim;
 mod status;

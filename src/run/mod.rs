@@ -605,7 +605,7 @@ fn report_outcome(report: &FreeReport) {
     for spared in &report.spared {
         event(&format!(
             "left alone: {} ({}): {}",
-            spared.pid, spared.comm, spared.why
+            spared.pid, spared.comm, spared.reason
         ));
     }
     for line in crate::report::gpu_outcome_lines(report) {

@@ -1,0 +1,147 @@
+//! Real `status`, `free` and `wait` documents against the JSON Schema kept in
+//! docs/json.schema.json: a field renamed, retyped, added or dropped in the
+//! program shows here before it reaches a user's script.
+
+use gpureap::incident::{Holder, Incident, SimHost};
+use serde_json::Value;
+
+use crate::harness::*;
+
+fn schema() -> jsonschema::Validator {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docs/json.schema.json"
+    ))
+    .expect("docs/json.schema.json");
+    let schema: Value = serde_json::from_str(&text).expect("the schema is JSON");
+    jsonschema::validator_for(&schema).expect("the schema is a valid JSON Schema")
+}
+
+fn conforms(validator: &jsonschema::Validator, what: &str, document: &Value) {
+    let errors: Vec<String> = validator
+        .iter_errors(document)
+        .map(|error| format!("{} at {}", error, error.instance_path()))
+        .collect();
+    assert!(
+        errors.is_empty(),
+        "{what} does not match docs/json.schema.json:\n{}\n{document:#}",
+        errors.join("\n")
+    );
+}
+
+#[test]
+fn every_document_matches_the_published_schema() {
+    let validator = schema();
+    let host = SimHost::new(3, 80 * GIB, "Simulated H200").expect("sim host");
+    let mut incident = Incident::new(&host);
+    let launcher = incident
+        .sglang(&[
+            Holder::new("sglang::scheduler_TP0").on(0, 30 * GIB),
+            Holder::new("sglang::scheduler_TP1")
+                .on(1, 30 * GIB)
+                .ignoring_sigterm(),
+        ])
+        .expect("sglang");
+    incident
+        .holder(&Holder::new("jupyter-kernel colleague").on(1, 5 * GIB))
+        .expect("notebook");
+    incident
+        .holder(&Holder::new("gpu_exporter --port 9400"))
+        .expect("monitor");
+    incident
+        .holder(&Holder::new("nvidia-smi").on(0, GIB))
+        .expect("protected");
+    incident
+        .holder(&Holder::new("python3 lost.py").on(2, GIB))
+        .expect("on the lost GPU");
+    incident.kill(launcher).expect("kill launcher");
+    host.leak(1, 3 * GIB).expect("leak");
+    host.lose(2).expect("lose GPU 2");
+
+    let mut documents = vec![
+        ("status", run(&host, &["status", "--json"])),
+        (
+            "status --gpu 1",
+            run(&host, &["status", "--gpu", "1", "--json"]),
+        ),
+        (
+            "free --dry-run",
+            run(&host, &["free", "--all", "--dry-run", "--json"]),
+        ),
+        (
+            "wait (timed out)",
+            run(
+                &host,
+                &["wait", "--gpu", "0,1", "--timeout", "100ms", "--json"],
+            ),
+        ),
+        (
+            "free",
+            run(
+                &host,
+                &[
+                    "free",
+                    "--gpu",
+                    "0-2",
+                    "--grace",
+                    "200ms",
+                    "--timeout",
+                    "300ms",
+                    "--yes",
+                    "--json",
+                ],
+            ),
+        ),
+    ];
+    documents.push((
+        "wait (ready)",
+        run(
+            &host,
+            &[
+                "wait",
+                "--gpu",
+                "0",
+                "--below",
+                "80GiB",
+                "--timeout",
+                "1s",
+                "--json",
+            ],
+        ),
+    ));
+    documents.push(("status (no driver)", {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_gpureap"))
+            .args(["--backend", "none", "status", "--json"])
+            .env_remove("GPUREAP_BACKEND")
+            .output()
+            .expect("runs");
+        Run::from(output)
+    }));
+    let mut reasons = std::collections::BTreeSet::new();
+    for (what, result) in &documents {
+        let document = result.json();
+        conforms(&validator, what, &document);
+        for gpu in document["gpus"].as_array().into_iter().flatten() {
+            for reason in gpu["reasons"].as_array().into_iter().flatten() {
+                reasons.insert(reason["reason"].as_str().unwrap_or("").to_string());
+            }
+        }
+    }
+    // The documents above carry these reasons: the schema was checked on them.
+    for reason in ["driver_held", "driver_error", "protected"] {
+        assert!(
+            reasons.contains(reason),
+            "no {reason} reason in {reasons:?}"
+        );
+    }
+
+    // And the check can fail: a renamed field is caught.
+    let mut renamed = documents[0].1.json();
+    let holder = renamed["holders"][0].as_object_mut().expect("holder");
+    let cmdline = holder.remove("cmdline").expect("cmdline");
+    holder.insert("command_line".to_string(), cmdline);
+    assert!(
+        !validator.is_valid(&renamed),
+        "a renamed field passed the schema"
+    );
+}
