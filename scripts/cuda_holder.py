@@ -3,8 +3,11 @@
     python3 cuda_holder.py hold GIB READY_FILE [--ignore-term] [--gpu N] [-- CMD...]
     python3 cuda_holder.py monitor READY_FILE [--gpu N]
 
-`hold` allocates GIB GiB with PyTorch (plain cudaMalloc through its caching
-allocator), touches READY_FILE, and sleeps until killed; with `-- CMD...` it
+`hold` selects GPU N (default 0) with torch.cuda.set_device before any other
+CUDA call, so that it makes a context on that GPU and no other (without it,
+PyTorch's first call on the current device makes one on GPU 0 too), allocates
+GIB GiB there with PyTorch (plain cudaMalloc through its caching allocator),
+touches READY_FILE, and sleeps until killed; with `-- CMD...` it
 first runs CMD as its child and writes CMD's stdout and exit code to
 READY_FILE.out (to test that gpureap spares the process that ran it). `monitor` opens the
 device nodes without creating a CUDA context, as nvidia-smi or an exporter
@@ -34,9 +37,10 @@ def main() -> None:
         gib, ready = float(rest[0]), rest[1]
         import torch
 
+        torch.cuda.set_device(gpu)  # first: every later call (synchronize too) goes to this GPU
         block = torch.empty(int(gib * (1 << 30)), dtype=torch.uint8, device=f"cuda:{gpu}")
         block.fill_(1)
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(gpu)
         if command:
             import subprocess
 
