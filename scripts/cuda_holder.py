@@ -50,7 +50,11 @@ def main() -> None:
         open(ready, "w").close()
     elif mode == "monitor":
         ready = rest[0]
-        nodes = [os.open(path, os.O_RDWR) for path in ("/dev/nvidiactl", f"/dev/nvidia{gpu}")]
+        sim = os.environ.get("GPUREAP_VALIDATE_SIM")
+        # On the simulated driver (a dry run) an open GPU node means holding
+        # that GPU, so a monitor there holds the control node only.
+        paths = [f"{sim}/nvidiactl"] if sim else ["/dev/nvidiactl", f"/dev/nvidia{gpu}"]
+        nodes = [os.open(path, os.O_RDWR) for path in paths]
         open(ready, "w").close()
     else:
         raise SystemExit(f"unknown mode {mode}")
