@@ -3,8 +3,11 @@
     python3 cuda_holder.py hold GIB READY_FILE [--ignore-term] [--gpu N] [-- CMD...]
     python3 cuda_holder.py monitor READY_FILE [--gpu N]
 
-`hold` allocates GIB GiB with PyTorch (plain cudaMalloc through its caching
-allocator), touches READY_FILE, and sleeps until killed; with `-- CMD...` it
+`hold` selects GPU N (default 0) with torch.cuda.set_device before any other
+CUDA call, so that it makes a context on that GPU and no other (without it,
+PyTorch's first call on the current device makes one on GPU 0 too), allocates
+GIB GiB there with PyTorch (plain cudaMalloc through its caching allocator),
+touches READY_FILE, and sleeps until killed; with `-- CMD...` it
 first runs CMD as its child and writes CMD's stdout and exit code to
 READY_FILE.out (to test that gpureap spares the process that ran it). `monitor` opens the
 device nodes without creating a CUDA context, as nvidia-smi or an exporter
@@ -34,12 +37,10 @@ def main() -> None:
         gib, ready = float(rest[0]), rest[1]
         import torch
 
-        # First, as real workers do: without it, CUDA calls that use the
-        # current device (synchronize) also make a context on GPU 0.
-        torch.cuda.set_device(gpu)
+        torch.cuda.set_device(gpu)  # first: every later call (synchronize too) goes to this GPU
         block = torch.empty(int(gib * (1 << 30)), dtype=torch.uint8, device=f"cuda:{gpu}")
         block.fill_(1)
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(gpu)
         if command:
             import subprocess
 
@@ -49,7 +50,11 @@ def main() -> None:
         open(ready, "w").close()
     elif mode == "monitor":
         ready = rest[0]
-        nodes = [os.open(path, os.O_RDWR) for path in ("/dev/nvidiactl", f"/dev/nvidia{gpu}")]
+        sim = os.environ.get("GPUREAP_VALIDATE_SIM")
+        # On the simulated driver (a dry run) an open GPU node means holding
+        # that GPU, so a monitor there holds the control node only.
+        paths = [f"{sim}/nvidiactl"] if sim else ["/dev/nvidiactl", f"/dev/nvidia{gpu}"]
+        nodes = [os.open(path, os.O_RDWR) for path in paths]
         open(ready, "w").close()
     else:
         raise SystemExit(f"unknown mode {mode}")

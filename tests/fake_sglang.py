@@ -2,12 +2,14 @@
 """A fake SGLang server for gpureap's tests: behaves like SGLang, holds no model.
 
     fake_sglang.py --port P --tp N --sim DIR [--fault F] [--fault-once MARKER]
-                   [--line-delay S] [--cuda --gib G]
+                   [--line-delay S] [--cuda --gib G [--devices LIST]]
 
 A launcher starts a detokenizer and N workers titled `sglang::scheduler_TP{r}`
 (titles set with `exec -a`, as SGLang's setproctitle does). Worker r holds GPU r:
 on the simulated driver it opens DIR/nvidia{r} and claims 20 GiB; with --cuda it
-allocates G GiB with PyTorch. Workers print rank-prefixed startup lines in
+allocates G GiB with PyTorch on CUDA device LIST[r % len(LIST)] (--devices 0,1;
+default every device), selected with torch.cuda.set_device before any other
+CUDA call so that it makes no context on another GPU. Workers print rank-prefixed startup lines in
 SGLang's order; once every rank is up, the launcher prints uvicorn's lines and
 opens the HTTP port, where /health answers 200.
 
@@ -49,6 +51,7 @@ def parse():
     parser.add_argument("--line-delay", type=float, default=0.01)
     parser.add_argument("--cuda", action="store_true")
     parser.add_argument("--gib", type=float, default=2.0)
+    parser.add_argument("--devices", default="")
     parser.add_argument("--ready-dir", default="")
     return parser.parse_args()
 
@@ -62,10 +65,15 @@ def hold_gpu(args, index):
     if args.cuda:
         import torch
 
-        device = index % torch.cuda.device_count()
+        if args.devices:
+            devices = [int(device) for device in args.devices.split(",")]
+        else:
+            devices = list(range(torch.cuda.device_count()))  # counts devices, makes no context
+        device = devices[index % len(devices)]
+        torch.cuda.set_device(device)  # first: no context on GPU 0 for a worker of GPU 1
         block = torch.empty(int(args.gib * GIB), dtype=torch.uint8, device=f"cuda:{device}")
         block.fill_(1)
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(device)
         return block
     node = open(os.path.join(args.sim, f"nvidia{index}"), "rb")
     with open(os.path.join(args.sim, "claims", f"{os.getpid()}.{index}"), "w") as claim:
@@ -112,6 +120,7 @@ def worker(args):
         escapee = (
             f"exec -a sglang::escapee python3 {sys.argv[0]} escapee --sim {args.sim} "
             f"--rank {args.tp} {'--cuda --gib ' + str(args.gib) if args.cuda else ''}"
+            f"{' --devices ' + args.devices if args.cuda and args.devices else ''}"
         )
         subprocess.run(["bash", "-c", f"( ( exec setsid bash -c '{escapee}' ) & )"], check=True)
     open(os.path.join(args.ready_dir, f"rank{rank}"), "w").close()
@@ -150,7 +159,7 @@ def launcher(args):
     common = [
         "python3", sys.argv[0], "worker", "--sim", args.sim, "--tp", str(args.tp), "--fault", fault,
         "--line-delay", str(args.line_delay), "--ready-dir", ready_dir, "--gib", str(args.gib),
-    ] + (["--cuda"] if args.cuda else [])
+    ] + (["--cuda"] if args.cuda else []) + (["--devices", args.devices] if args.devices else [])
     for rank in range(args.tp):
         children.append(spawn(f"sglang::scheduler_TP{rank}", common + ["--rank", str(rank)]))
 
