@@ -148,19 +148,6 @@ pub struct ProcScan {
     pub unreadable: Vec<Unreadable>,
 }
 
-/// Parent → children, for tree walks.
-pub fn children<'a>(
-    records: impl IntoIterator<Item = &'a ProcessRecord>,
-) -> std::collections::HashMap<u32, Vec<u32>> {
-    let mut children: std::collections::HashMap<u32, Vec<u32>> = std::collections::HashMap::new();
-    for record in records {
-        if record.ppid != record.id.pid {
-            children.entry(record.ppid).or_default().push(record.id.pid);
-        }
-    }
-    children
-}
-
 /// What a scan asks of each descriptor: which GPU node it is, if any.
 pub type Classify<'a> = &'a (dyn Fn(&Path) -> Option<Node> + Sync);
 

@@ -12,8 +12,9 @@ use crate::exit::Exit;
 use crate::proc::Unreadable;
 use crate::reap::{Delivery, Fate, FreeReport, Handled};
 use crate::select::Because;
-use crate::select::{DEFAULT_PROTECTED, descendants, protected_name};
+use crate::select::{DEFAULT_PROTECTED, protected_name};
 use crate::snapshot::Snapshot;
+use crate::tree::ProcessTree;
 use crate::units::{Age, Bytes, Elapsed, GpuRanges, MaybeBytes};
 use crate::verify::Reason;
 
@@ -603,14 +604,14 @@ pub fn status_tree(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String 
         .into_iter()
         .filter(|&pid| shown(snapshot, gpus, pid))
         .collect();
-    let children = snapshot.children();
+    let processes = snapshot.tree();
     let mut included: BTreeSet<u32> = BTreeSet::new();
     let mut roots: BTreeSet<u32> = BTreeSet::new();
     for &pid in &holders {
         included.insert(pid);
-        included.extend(descendants(&children, pid));
+        included.extend(processes.descendants(pid));
         // The tree starts at the topmost ancestor below PID 1.
-        let chain: Vec<u32> = snapshot
+        let chain: Vec<u32> = processes
             .ancestors(pid)
             .into_iter()
             .take_while(|&parent| parent > 1)
@@ -624,7 +625,7 @@ pub fn status_tree(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String 
     let mut tree = Tree {
         snapshot,
         gpus,
-        children,
+        processes,
         holders,
         included,
         unknown_memory: false,
@@ -649,7 +650,7 @@ pub fn status_tree(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String 
 struct Tree<'a> {
     snapshot: &'a Snapshot,
     gpus: &'a Option<BTreeSet<u32>>,
-    children: std::collections::HashMap<u32, Vec<u32>>,
+    processes: ProcessTree,
     holders: BTreeSet<u32>,
     /// Processes still to print; each is printed once, which also ends any parent loop.
     included: BTreeSet<u32>,
@@ -692,15 +693,12 @@ impl Tree<'_> {
         }
         let _ = writeln!(self.out, "{line}");
         let kids: Vec<u32> = self
-            .children
-            .get(&pid)
-            .map(|kids| {
-                kids.iter()
-                    .copied()
-                    .filter(|kid| self.included.contains(kid))
-                    .collect()
-            })
-            .unwrap_or_default();
+            .processes
+            .children(pid)
+            .iter()
+            .copied()
+            .filter(|kid| self.included.contains(kid))
+            .collect();
         let child_lead = format!(
             "{lead}{}",
             match branch {

@@ -4,7 +4,7 @@
 //! descendants; `--pid` names processes directly, GPU users or not. Then the
 //! guard removes what must never be signalled, and says why for each.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
 use regex::Regex;
 
@@ -210,7 +210,7 @@ pub struct Selection {
 /// Applies a scope to a snapshot. Pure: no I/O, so that it can be checked
 /// against random process forests.
 pub fn select(snapshot: &Snapshot, scope: &Scope, guard: &Guard) -> Selection {
-    let children = snapshot.children();
+    let tree = snapshot.tree();
     let named = |record: &ProcessRecord| scope.pids.contains(&record.id);
     let mut chosen: BTreeMap<u32, Because> = BTreeMap::new();
     let mut selection = Selection::default();
@@ -248,7 +248,7 @@ pub fn select(snapshot: &Snapshot, scope: &Scope, guard: &Guard) -> Selection {
                 continue;
             }
             let family = std::iter::once((id.pid, Because::Named)).chain(
-                descendants(&children, id.pid)
+                tree.descendants(id.pid)
                     .into_iter()
                     .map(|pid| (pid, Because::Descendant { of: id.pid })),
             );
@@ -292,26 +292,11 @@ pub fn select(snapshot: &Snapshot, scope: &Scope, guard: &Guard) -> Selection {
         .map(|(pid, _)| pid)
         .collect();
     for root in roots {
-        for pid in descendants(&children, root) {
+        for pid in tree.descendants(root) {
             if !selection.targets.contains_key(&pid) && !selection.spared.contains_key(&pid) {
                 place(&mut selection, pid, Because::Descendant { of: root });
             }
         }
     }
     selection
-}
-/// All descendants of `root`, not including it; safe against PID cycles.
-pub fn descendants(children: &HashMap<u32, Vec<u32>>, root: u32) -> Vec<u32> {
-    let mut found = Vec::new();
-    let mut seen = BTreeSet::from([root]);
-    let mut stack = vec![root];
-    while let Some(pid) = stack.pop() {
-        for &child in children.get(&pid).map_or(&[][..], Vec::as_slice) {
-            if seen.insert(child) {
-                found.push(child);
-                stack.push(child);
-            }
-        }
-    }
-    found
 }

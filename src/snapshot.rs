@@ -5,11 +5,12 @@
 //! sessions or states, and misses processes without a GPU context; /proc knows
 //! the tree but not memory, and cannot see into other PID namespaces.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::driver::{Driver, DriverError, Node};
 use crate::proc::{self, ProcessRecord, State, Unreadable};
+use crate::tree::ProcessTree;
 
 #[derive(Debug, Clone)]
 pub struct Snapshot {
@@ -178,12 +179,12 @@ impl Snapshot {
             bookkeeping_slack: driver.bookkeeping_slack(),
         };
         let holders = snapshot.holders();
-        let children = snapshot.children();
+        let tree = snapshot.tree();
         let mut focus: BTreeSet<u32> = BTreeSet::new();
         for &pid in holders.iter().chain(roots) {
             focus.insert(pid);
-            focus.extend(crate::select::descendants(&children, pid));
-            focus.extend(snapshot.ancestors(pid));
+            focus.extend(tree.descendants(pid));
+            focus.extend(tree.ancestors(pid));
         }
         for pid in focus {
             let Some(record) = snapshot.processes.get_mut(&pid) else {
@@ -353,26 +354,14 @@ impl Snapshot {
         })
     }
 
-    /// Parent → children, for tree walks.
-    pub fn children(&self) -> HashMap<u32, Vec<u32>> {
-        proc::children(self.processes.values())
+    /// The process tree of this snapshot, for walks.
+    pub fn tree(&self) -> ProcessTree {
+        ProcessTree::new(self.processes.values())
     }
 
-    /// The parents of a process present in this snapshot, nearest first. A
-    /// parent loop (PIDs recycled during the scan) ends at its first repeat.
+    /// The parents of a process present in this snapshot, nearest first.
     pub fn ancestors(&self, pid: u32) -> Vec<u32> {
-        let mut chain = Vec::new();
-        let mut seen = BTreeSet::from([pid]);
-        let mut current = pid;
-        while let Some(record) = self.processes.get(&current) {
-            let parent = record.ppid;
-            if parent == 0 || !self.processes.contains_key(&parent) || !seen.insert(parent) {
-                break;
-            }
-            chain.push(parent);
-            current = parent;
-        }
-        chain
+        self.tree().ancestors(pid)
     }
 
     /// Age of a process, to the clock tick (10 ms on most kernels), if the

@@ -5,20 +5,27 @@
 //! nor anything reached only through one of them. The forests include what
 //! real hosts have: zombies, kernel threads, monitors, a GPU whose driver
 //! query failed, driver PIDs from another namespace (absent, or colliding
-//! with a local PID), session leaders under PID 1 (services), and `--pid`
-//! naming PID 1, an ancestor, or a PID since reused.
-//! The reference below is written out plainly, from the definition.
+//! with a local PID), session leaders under PID 1 (services), orphans of a
+//! dead group leader (under PID 1 or a subreaper), a driver that failed
+//! altogether, command lines that are paths, children listed before their
+//! parents (PIDs wrapped around), and `--pid` naming PID 1, an ancestor, or
+//! a PID since reused.
+//! The reference below is written out plainly, from the definition. A second
+//! property checks verification's notion of "still ours" against a ledger
+//! of earlier targets, some of whose PIDs now belong to other processes.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use gpureap::driver::Node;
 use gpureap::proc::{ProcessId, ProcessRecord, State};
+use gpureap::reap::Sig;
 use gpureap::select::{DEFAULT_PROTECTED, Guard, Scope, select};
 use gpureap::snapshot::{GpuState, GpuUser, Snapshot};
+use gpureap::verify::{Ledger, assess};
 use proptest::prelude::*;
 use regex::Regex;
 
-const NAMES: [&str; 7] = [
+const NAMES: [&str; 9] = [
     "sglang::scheduler_TP0",
     "sglang::detokenizer",
     "python3 -m vllm.entrypoints.openai.api_server",
@@ -26,6 +33,9 @@ const NAMES: [&str; 7] = [
     "nv-hostengine",
     "bash",
     "jupyter-kernel",
+    // A path: the protected name is its last part.
+    "/usr/bin/nvidia-smi --query-gpu=memory.used",
+    "/opt/conda/bin/python3 /srv/sglang/launch.py",
 ];
 const PATTERNS: [&str; 3] = ["sglang", "vllm|jupyter", "^bash$"];
 const UIDS: [u32; 3] = [0, 1000, 1001];
@@ -60,6 +70,11 @@ struct Spec {
     collision: Option<usize>,
     /// GPU 1's driver query failed: only node holders are known there.
     gpu1_failed: bool,
+    /// The driver failed altogether: no GPU's list is known.
+    driver_failed: bool,
+    /// PIDs count down with position, so children have lower PIDs than
+    /// their parents and are listed first (PIDs wrapped around).
+    reversed: bool,
     self_position: usize,
     gpus: Option<BTreeSet<u32>>,
     /// Named positions (`usize::MAX` names PID 1), and whether the start time is stale.
@@ -120,6 +135,7 @@ fn spec() -> impl Strategy<Value = Spec> {
             proptest::option::weighted(0.2, 0usize..64),
             proptest::bool::weighted(0.2),
             0usize..64,
+            (proptest::bool::weighted(0.1), proptest::bool::weighted(0.3)),
         ),
         (
             proptest::option::of(proptest::collection::btree_set(0u32..2, 1..=2)),
@@ -132,13 +148,22 @@ fn spec() -> impl Strategy<Value = Spec> {
     )
         .prop_map(
             |(
-                (processes, hidden_on_gpu0, collision, gpu1_failed, self_position),
+                (
+                    processes,
+                    hidden_on_gpu0,
+                    collision,
+                    gpu1_failed,
+                    self_position,
+                    (driver_failed, reversed),
+                ),
                 (gpus, named, patterns, uids, orphans, all),
             )| Spec {
                 processes,
                 hidden_on_gpu0,
                 collision,
                 gpu1_failed,
+                driver_failed,
+                reversed,
                 self_position,
                 gpus,
                 named,
@@ -152,8 +177,12 @@ fn spec() -> impl Strategy<Value = Spec> {
 
 const HIDDEN_PID: u32 = 999_999;
 
-fn pid_at(position: usize) -> u32 {
-    100 + position as u32
+fn pid_at(spec: &Spec, position: usize) -> u32 {
+    if spec.reversed {
+        100 + (spec.processes.len() - position) as u32
+    } else {
+        100 + position as u32
+    }
 }
 
 fn user(pid: u32, listed: bool, node_open: bool, hidden: bool) -> GpuUser {
@@ -170,14 +199,15 @@ fn build(spec: &Spec) -> (Snapshot, Scope, Guard) {
     let mut processes = BTreeMap::new();
     processes.insert(
         1,
-        record(1, 0, 1, 1, "init", 0, 'S', false, BTreeSet::new()),
+        record(1, 0, 0, 1, 1, "init", 0, 'S', false, BTreeSet::new()),
     );
     let mut gpu_users: [Vec<GpuUser>; 2] = [Vec::new(), Vec::new()];
     for (position, process) in spec.processes.iter().enumerate() {
-        let pid = pid_at(position);
-        // Parents always come earlier, so the forest has no cycles.
+        let pid = pid_at(spec, position);
+        // Parents always come earlier (and started earlier), so the forest
+        // has no cycles.
         let ppid = match process.parent {
-            Some(parent) if position > 0 => pid_at(parent % position),
+            Some(parent) if position > 0 => pid_at(spec, parent % position),
             _ => 1,
         };
         let mut nodes = BTreeSet::new();
@@ -188,7 +218,10 @@ fn build(spec: &Spec) -> (Snapshot, Scope, Guard) {
                 }
             }
         }
-        let contexts = [process.context.0, process.context.1 && !spec.gpu1_failed];
+        let contexts = [
+            process.context.0 && !spec.driver_failed,
+            process.context.1 && !spec.gpu1_failed && !spec.driver_failed,
+        ];
         for (index, has_context) in contexts.into_iter().enumerate() {
             if nodes.contains(&Node::Gpu(index as u32)) {
                 gpu_users[index].push(user(pid, has_context, true, false));
@@ -222,6 +255,7 @@ fn build(spec: &Spec) -> (Snapshot, Scope, Guard) {
             record(
                 pid,
                 ppid,
+                (position as u64 + 1) * 7,
                 pgid,
                 sid,
                 NAMES[process.name],
@@ -236,7 +270,7 @@ fn build(spec: &Spec) -> (Snapshot, Scope, Guard) {
         gpu_users[0].push(user(HIDDEN_PID, true, false, true));
     }
     if let Some(position) = spec.collision {
-        let pid = pid_at(position % spec.processes.len());
+        let pid = pid_at(spec, position % spec.processes.len());
         if processes[&pid].nodes.is_empty() {
             gpu_users[0].push(user(pid, true, false, true));
         }
@@ -247,20 +281,33 @@ fn build(spec: &Spec) -> (Snapshot, Scope, Guard) {
         second.error = Some("GPU 1 is lost".to_string());
         second.memory_used = None;
     }
+    let mut first = gpu(0, users0);
+    if spec.driver_failed {
+        // As the merge leaves it: node holders under GPUs whose driver said nothing.
+        for state in [&mut first, &mut second] {
+            state.error = Some("no driver answered for this GPU".to_string());
+            state.memory_used = None;
+            state.users.retain(|user| !user.hidden);
+            for user in &mut state.users {
+                user.listed = false;
+                user.memory = None;
+            }
+        }
+    }
     let snapshot = Snapshot {
         backend: "test".to_string(),
         taken_at_unix_ms: 0,
-        gpus: vec![gpu(0, users0), second],
+        gpus: vec![first, second],
         processes,
         unreadable: Vec::new(),
-        driver_error: None,
+        driver_error: spec.driver_failed.then(|| "NVML call failed".to_string()),
         details: BTreeMap::new(),
         uptime_ticks: None,
         bookkeeping_slack: 0,
     };
 
     let count = spec.processes.len();
-    let self_pid = pid_at(spec.self_position % count);
+    let self_pid = pid_at(spec, spec.self_position % count);
     let mut ancestors = BTreeSet::new();
     let mut current = self_pid;
     while let Some(record) = snapshot.processes.get(&current) {
@@ -286,7 +333,7 @@ fn build(spec: &Spec) -> (Snapshot, Scope, Guard) {
                 let pid = if position == usize::MAX {
                     1
                 } else {
-                    pid_at(position % count)
+                    pid_at(spec, position % count)
                 };
                 let start_time = snapshot.processes[&pid].id.start_time + u64::from(stale);
                 ProcessId { pid, start_time }
@@ -308,6 +355,7 @@ fn build(spec: &Spec) -> (Snapshot, Scope, Guard) {
 fn record(
     pid: u32,
     ppid: u32,
+    start_time: u64,
     pgid: u32,
     sid: u32,
     name: &str,
@@ -317,18 +365,17 @@ fn record(
     nodes: BTreeSet<Node>,
 ) -> ProcessRecord {
     ProcessRecord {
-        id: ProcessId {
-            pid,
-            start_time: pid as u64 * 7,
-        },
+        id: ProcessId { pid, start_time },
         ppid,
         pgid,
         sid,
         uid: Some(uid),
         state: State::from_letter(state),
+        // The kernel's comm: the executable's file name, cut to 15 bytes.
         comm: name
             .split(' ')
             .next()
+            .and_then(|argv0| argv0.rsplit('/').next())
             .unwrap_or(name)
             .chars()
             .take(15)
@@ -379,10 +426,12 @@ fn reference(snapshot: &Snapshot, scope: &Scope, guard: &Guard) -> (BTreeSet<u32
         }
     };
     let is_user = |pid: u32| uses(pid, 0) || uses(pid, 1);
-    // A monitor: nodes open, no use, and every GPU whose node it holds answered.
+    // A monitor: nodes open, no use, a driver that answered at all, and
+    // every GPU whose node it holds answered.
     let is_monitor = |pid: u32| {
         let nodes = &snapshot.processes[&pid].nodes;
-        !nodes.is_empty()
+        snapshot.driver_error.is_none()
+            && !nodes.is_empty()
             && !is_user(pid)
             && nodes.iter().all(|node| match node {
                 Node::Gpu(index) => snapshot.gpus[*index as usize].error.is_none(),
@@ -441,7 +490,13 @@ fn reference(snapshot: &Snapshot, scope: &Scope, guard: &Guard) -> (BTreeSet<u32
     };
     let forbidden = |pid: u32| {
         let record = &snapshot.processes[&pid];
-        let program = record.cmdline.split(' ').next().unwrap_or("");
+        // argv[0]'s file name: a path names the same program.
+        let program = record
+            .cmdline
+            .split(' ')
+            .next()
+            .and_then(|argv0| argv0.rsplit('/').next())
+            .unwrap_or("");
         pid == guard.self_pid
             || guard.ancestors.contains(&pid)
             || pid == 1
@@ -530,8 +585,68 @@ proptest! {
             prop_assert!(!record.kernel_thread);
             // A protected name is a target only when that very process was named.
             let named = scope.pids.contains(&record.id);
-            prop_assert!(named || !DEFAULT_PROTECTED.contains(&record.cmdline.split(' ').next().unwrap_or("")));
+            prop_assert!(named || !DEFAULT_PROTECTED.contains(&record.comm.as_str()));
             prop_assert!(pid != HIDDEN_PID);
         }
+    }
+
+    /// A GPU is verified free only when nothing of the scope is listed on
+    /// it: no process selected now, no earlier target (by identity: a PID
+    /// that went to another process is not the target), no hidden user when
+    /// the whole GPU is in scope.
+    #[test]
+    fn verification_holds_exactly_what_is_ours(spec in spec()) {
+        let (snapshot, scope, guard) = build(&spec);
+        let selection = select(&snapshot, &scope, &guard);
+        // Earlier targets: the named processes, some under a stale identity
+        // (their PID now belongs to another process).
+        let ledger = Earlier(scope.pids.iter().copied().collect());
+        for gpu in snapshot.gpus.iter().filter(|gpu| gpu.error.is_none()) {
+            let whole = scope.all || scope.gpus.as_ref().is_some_and(|gpus| gpus.contains(&gpu.index));
+            let assessment = assess(gpu, &snapshot, &selection, &ledger, whole);
+            let expected: Vec<u32> = gpu
+                .users
+                .iter()
+                .filter(|user| user.listed)
+                .filter(|user| {
+                    let record = snapshot.processes.get(&user.pid);
+                    let earlier = match record {
+                        Some(record) if !user.hidden => ledger.0.contains(&record.id),
+                        None => ledger.0.iter().any(|id| id.pid == user.pid),
+                        Some(_) => false,
+                    };
+                    earlier
+                        || (user.hidden && whole)
+                        || (!user.hidden
+                            && (selection.targets.contains_key(&user.pid)
+                                || selection.spared.contains_key(&user.pid)))
+                })
+                .map(|user| user.pid)
+                .collect();
+            prop_assert_eq!(&assessment.remaining, &expected);
+            prop_assert_eq!(assessment.freed, expected.is_empty());
+        }
+    }
+}
+
+/// A ledger of earlier targets, by identity.
+struct Earlier(BTreeSet<ProcessId>);
+
+impl Ledger for Earlier {
+    fn signals_sent(&self, id: ProcessId) -> Vec<Sig> {
+        if self.0.contains(&id) {
+            vec![Sig::Term]
+        } else {
+            Vec::new()
+        }
+    }
+    fn permission_denied(&self, _: ProcessId) -> bool {
+        false
+    }
+    fn was_target(&self, id: ProcessId) -> bool {
+        self.0.contains(&id)
+    }
+    fn had_target_pid(&self, pid: u32) -> bool {
+        self.0.iter().any(|id| id.pid == pid)
     }
 }

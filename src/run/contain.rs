@@ -17,7 +17,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::proc;
-use crate::select::descendants;
+use crate::tree::ProcessTree;
 
 /// How the server is contained, for the events and `status`.
 #[derive(Debug)]
@@ -150,9 +150,10 @@ impl Containment {
                 proc::cgroup(pid)
                     .is_some_and(|cgroup| !name.is_empty() && cgroup.ends_with(&format!("/{name}")))
             }
-            Containment::Fallback { .. } => {
-                descendants(&snapshot.children(), std::process::id()).contains(&pid)
-            }
+            Containment::Fallback { .. } => snapshot
+                .tree()
+                .descendants(std::process::id())
+                .contains(&pid),
         }
     }
 
@@ -208,8 +209,8 @@ fn descendants_of_self() -> Vec<proc::ProcessId> {
     let Ok(scan) = proc::scan_tree() else {
         return Vec::new();
     };
-    let children = proc::children(&scan.processes);
-    let mine: BTreeSet<u32> = descendants(&children, std::process::id())
+    let mine: BTreeSet<u32> = ProcessTree::new(&scan.processes)
+        .descendants(std::process::id())
         .into_iter()
         .collect();
     scan.processes
