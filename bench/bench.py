@@ -180,8 +180,10 @@ class Tree:
                         f'touch {self.work}/ready{rank}; exec -a {title} sleep 100000')
             parts.append(f'( echo $BASHPID >> {self.work}/pids; {body} ) & ')
         script = "".join(parts) + "exec -a 'python3 -m sglang.launch_server --tp 8' sleep 100000"
+        # The launcher leads its own process group, as a server started from a shell does: its
+        # workers stay in that group, which is what makes them orphans once it is gone.
         self.launcher = subprocess.Popen(["bash", "-c", script], env=dict(os.environ, PYTHONPATH=python_path),
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, process_group=0)
         deadline = time.time() + 120
         while not all((self.work / f"ready{r}").exists() for r in range(WORKERS)):
             if time.time() > deadline:
