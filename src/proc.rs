@@ -160,6 +160,13 @@ pub fn scan(classify: Classify) -> io::Result<ProcScan> {
     scan_with(Some(classify))
 }
 
+/// The GPU nodes one process has open, read as a scan reads them; `None`
+/// when it has gone (or its PID now names another process), or exited.
+pub fn nodes_of(id: ProcessId, classify: Classify) -> Option<BTreeSet<Node>> {
+    let (record, _) = read_process(id.pid, Some(classify), &mut Buffers::default())?;
+    (record.id == id && !record.state.has_exited()).then_some(record.nodes)
+}
+
 /// Identity, tree and state of every process, without reading descriptors:
 /// for walks of the process tree.
 pub fn scan_tree() -> io::Result<ProcScan> {

@@ -105,36 +105,26 @@ pub trait Driver: Send + Sync {
         poll: Duration,
         limit: Duration,
     ) -> bool {
-        poll_for_change(self, last, poll, limit)
+        let deadline = Instant::now() + limit;
+        loop {
+            let changed = last
+                .iter()
+                .any(|(&index, &before)| self.memory_used(index).ok().flatten() != before);
+            if changed {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            std::thread::sleep(poll.min(deadline - now));
+        }
     }
 
     /// Memory the driver keeps for its own bookkeeping that no process list
     /// explains; unexplained memory up to this much is not called held.
     fn bookkeeping_slack(&self) -> u64 {
         0
-    }
-}
-
-/// `Driver::wait_for_change` by polling `memory_used` every `poll`.
-pub(crate) fn poll_for_change<D: Driver + ?Sized>(
-    driver: &D,
-    last: &BTreeMap<u32, Option<u64>>,
-    poll: Duration,
-    limit: Duration,
-) -> bool {
-    let deadline = Instant::now() + limit;
-    loop {
-        let changed = last
-            .iter()
-            .any(|(&index, &before)| driver.memory_used(index).ok().flatten() != before);
-        if changed {
-            return true;
-        }
-        let now = Instant::now();
-        if now >= deadline {
-            return false;
-        }
-        std::thread::sleep(poll.min(deadline - now));
     }
 }
 

@@ -17,16 +17,15 @@
 //! symbolic link, and only up to a size that fits what it may hold; a file
 //! that is not what it should be is an error naming it, never a default.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use rustix::io::Errno;
 
-use super::{Driver, DriverError, DriverProcess, GpuInfo, Node, poll_for_change};
+use super::{Driver, DriverError, DriverProcess, GpuInfo, Node};
 use crate::proc;
 
 const DEFAULT_TOTAL: u64 = 80 << 30;
@@ -45,9 +44,6 @@ pub struct SimDriver {
     node_prefix: String,
     /// Total and name of each GPU, from `DIR/gpus` as it was at open.
     gpus: Vec<(u64, String)>,
-    /// The inotify watch `wait_for_change` keeps between calls, and the
-    /// GPUs whose nodes it watches: events between two calls queue up in it.
-    watch: Mutex<Option<(OwnedFd, BTreeSet<u32>)>>,
 }
 
 /// Opens `name` under `directory` for reading without following a symbolic
@@ -276,7 +272,6 @@ impl SimDriver {
             directory,
             node_prefix,
             gpus,
-            watch: Mutex::new(None),
         })
     }
 
@@ -323,47 +318,22 @@ impl SimDriver {
         }
     }
 
-    /// Whether memory on these GPUs differs from `last` now (or cannot be read).
-    fn changed_since(&self, last: &BTreeMap<u32, Option<u64>>) -> bool {
-        let Ok(gpus) = self.gpus() else {
-            return true;
-        };
-        let now: BTreeMap<u32, Option<u64>> = gpus
-            .into_iter()
-            .filter_map(|gpu| gpu.ok())
-            .map(|gpu| (gpu.index, gpu.memory_used))
-            .collect();
-        last.iter()
-            .any(|(index, used)| now.get(index) != Some(used))
-    }
-
-    /// An inotify descriptor that becomes readable when one of these GPUs'
-    /// nodes is opened or closed, or a file of the directory (a claim, a
-    /// leak, a lost GPU) changes. `None` when inotify is not to be had.
-    fn watch(&self, gpus: impl Iterator<Item = u32>) -> Option<OwnedFd> {
-        use rustix::fs::inotify::{self, CreateFlags, WatchFlags};
-        let watch = inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK).ok()?;
-        let files = WatchFlags::CREATE
-            | WatchFlags::DELETE
-            | WatchFlags::MODIFY
-            | WatchFlags::MOVED_TO
-            | WatchFlags::MOVED_FROM
-            | WatchFlags::CLOSE_WRITE
-            | WatchFlags::DONT_FOLLOW;
-        inotify::add_watch(&watch, &self.dir, files).ok()?;
-        if let Ok(Some(_)) = self.claims() {
-            inotify::add_watch(&watch, self.dir.join("claims"), files).ok()?;
-        }
-        for index in gpus {
-            let node = self.dir.join(format!("nvidia{index}"));
-            inotify::add_watch(
-                &watch,
-                node,
-                WatchFlags::OPEN | WatchFlags::CLOSE | WatchFlags::DONT_FOLLOW,
-            )
-            .ok()?;
-        }
-        Some(watch)
+    /// What the files that change a GPU's memory without a process (its
+    /// leak and lost markers) look like now: compared, not read.
+    fn memory_files(&self, gpus: impl Iterator<Item = u32>) -> Vec<Option<(i64, i64, u64)>> {
+        gpus.flat_map(|index| [format!("leak.{index}"), format!("lost.{index}")])
+            .map(|name| {
+                rustix::fs::statat(&self.directory, &name, AtFlags::SYMLINK_NOFOLLOW)
+                    .ok()
+                    .map(|stat| {
+                        (
+                            stat.st_mtime,
+                            stat.st_mtime_nsec as i64,
+                            stat.st_size as u64,
+                        )
+                    })
+            })
+            .collect()
     }
 
     /// A scan of /proc classified by this driver: its own process lists.
@@ -514,54 +484,60 @@ impl Driver for SimDriver {
         self.gpus_given_scan(&self.scan()?)
     }
 
-    /// Memory on the simulated driver changes only when a node is opened or
-    /// closed (a process exiting closes its descriptors) or a file in the
-    /// directory changes, and the kernel says when: inotify, instead of a
-    /// /proc scan every few milliseconds.
+    /// Memory on the simulated driver goes down only when a holder closes
+    /// its node or exits, so after one reading (which catches up with what
+    /// changed since `last` and names the holders) only those holders are
+    /// polled, and the few files that change memory without a process (a
+    /// leak, a lost GPU): not a /proc scan every few milliseconds. New
+    /// holders are left to the caller's next full look.
     fn wait_for_change(
         &self,
         last: &BTreeMap<u32, Option<u64>>,
         poll: Duration,
         limit: Duration,
     ) -> bool {
-        let Ok(mut watch) = self.watch.lock() else {
-            return poll_for_change(self, last, poll, limit);
+        let deadline = Instant::now() + limit;
+        let Ok(scan) = self.scan() else {
+            return true;
         };
-        let watched = watch
-            .as_ref()
-            .map(|(_, gpus)| gpus.clone())
-            .unwrap_or_default();
-        let wanted: BTreeSet<u32> = last.keys().copied().collect();
-        if !wanted.is_subset(&watched) {
-            // A new watch misses what happened before it: one reading
-            // catches up with that, and from then on the kernel tells.
-            *watch = self
-                .watch(wanted.union(&watched).copied())
-                .map(|fd| (fd, wanted.union(&watched).copied().collect()));
-            if watch.is_none() {
-                drop(watch);
-                return poll_for_change(self, last, poll, limit);
+        let Ok(now) = self.gpus_given_scan(&scan) else {
+            return true;
+        };
+        let changed = now.iter().any(|gpu| match gpu {
+            Ok(gpu) => last
+                .get(&gpu.index)
+                .is_some_and(|&used| used != gpu.memory_used),
+            Err(_) => true,
+        });
+        if changed {
+            return true;
+        }
+        let holders: Vec<(proc::ProcessId, Node)> = scan
+            .processes
+            .iter()
+            .flat_map(|process| {
+                process
+                    .nodes
+                    .iter()
+                    .filter(|node| matches!(node, Node::Gpu(index) if last.contains_key(index)))
+                    .map(|&node| (process.id, node))
+            })
+            .collect();
+        let files = self.memory_files(last.keys().copied());
+        let classify = |path: &Path| self.classify_node(path);
+        loop {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if remaining.is_zero() {
+                return false;
             }
-            if self.changed_since(last) {
+            std::thread::sleep(poll.min(remaining));
+            let closed = holders.iter().any(|(id, node)| {
+                proc::nodes_of(*id, &classify).is_none_or(|nodes| !nodes.contains(node))
+            });
+            if closed || self.memory_files(last.keys().copied()) != files {
                 return true;
             }
         }
-        let Some((fd, _)) = watch.as_ref() else {
-            return poll_for_change(self, last, poll, limit);
-        };
-        let timeout = rustix::event::Timespec::try_from(limit).unwrap_or(rustix::event::Timespec {
-            tv_sec: i64::from(i32::MAX),
-            tv_nsec: 0,
-        });
-        let mut fds = [rustix::event::PollFd::new(fd, rustix::event::PollFlags::IN)];
-        let ready = matches!(rustix::event::poll(&mut fds, Some(&timeout)), Ok(ready) if ready > 0);
-        if ready {
-            // Drain what has queued up: the next look sees its effect.
-            let mut buffer = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
-            let mut events = rustix::fs::inotify::Reader::new(fd, &mut buffer);
-            while events.next().is_ok() {}
-        }
-        ready
     }
 
     fn classify_node(&self, path: &Path) -> Option<Node> {
