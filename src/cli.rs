@@ -122,7 +122,8 @@ pub struct RunArgs {
     /// Also append the server's output to this file.
     #[arg(long, value_name = "FILE")]
     pub log: Option<std::path::PathBuf>,
-    /// Where good starts are remembered and bundles written
+    /// Where good starts are remembered and bundles written, private to you; refused if anyone
+    /// but you or root could tamper with it
     /// [default: $XDG_STATE_HOME/gpureap/<command>, or ~/.local/state/gpureap/<command>].
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<std::path::PathBuf>,

@@ -5,4 +5,5 @@ mod harness;
 mod incidents;
 mod input;
 mod run;
+mod run_state;
 mod select_props;

@@ -13,10 +13,12 @@ pub mod bundle;
 pub mod contain;
 pub mod output;
 pub mod ready;
+pub mod state;
 
 use std::collections::BTreeSet;
 use std::fs::OpenOptions;
 use std::io::Write as _;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,6 +38,7 @@ use bundle::{Bundle, CpuSamples};
 use contain::{Containment, SUPERVISOR_ENV};
 use output::{LogState, SharedLog, Stream};
 use ready::Readiness;
+use state::{StateDir, StateDirError};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Restart {
@@ -131,8 +134,62 @@ const HEALTHY_RUN: Duration = Duration::from_secs(600);
 /// How long the output pipes may stay open after the tree is gone.
 const PIPE_DRAIN: Duration = Duration::from_secs(2);
 
+/// Opens the state directory. One that others could tamper with is refused;
+/// one that cannot be made or opened only costs the history and the bundles.
+fn open_state_dir(path: &std::path::Path) -> Result<Option<StateDir>, StateDirError> {
+    match StateDir::open(path) {
+        Ok(dir) => Ok(Some(dir)),
+        Err(error @ StateDirError::Unsafe { .. }) => Err(error),
+        Err(error @ StateDirError::Io { .. }) => {
+            event(&format!(
+                "{error}; good starts are not remembered and no bundle is written"
+            ));
+            Ok(None)
+        }
+    }
+}
+
+/// What is remembered across starts: the state directory, when usable, and
+/// the good starts read from it.
+struct Remembered {
+    dir: Option<StateDir>,
+    history: History,
+}
+
+impl Remembered {
+    fn load(dir: Option<StateDir>) -> Remembered {
+        let history = match &dir {
+            Some(dir) => History::load(dir).unwrap_or_else(|error| {
+                event(&format!(
+                    "good starts ignored: {error}; the next good start replaces them"
+                ));
+                History::default()
+            }),
+            None => History::default(),
+        };
+        Remembered { dir, history }
+    }
+
+    fn record(&mut self, good: GoodStart) {
+        let Some(dir) = &self.dir else {
+            self.history.remember(good);
+            return;
+        };
+        if let Err(error) = self.history.record(dir, good) {
+            event(&format!("cannot record this start: {error}"));
+        }
+    }
+}
+
 /// Supervises the server until it ends for good, or gpureap is stopped.
 pub fn supervise(config: &RunConfig, driver: &dyn Driver) -> std::io::Result<u8> {
+    let state_dir = match open_state_dir(&config.state_dir) {
+        Ok(dir) => dir,
+        Err(error) => {
+            event(&error.to_string());
+            return Ok(exit::USAGE);
+        }
+    };
     // Orphans of the server come back to us rather than to PID 1.
     if let Err(error) = rustix::process::set_child_subreaper(Some(rustix::process::getpid())) {
         event(&format!("cannot become child subreaper: {error}"));
@@ -153,12 +210,17 @@ pub fn supervise(config: &RunConfig, driver: &dyn Driver) -> std::io::Result<u8>
     }
 
     let log_file = match &config.log {
+        // Created private, like the bundles: the log carries the same secrets.
         Some(path) => Some(Arc::new(Mutex::new(
-            OpenOptions::new().create(true).append(true).open(path)?,
+            OpenOptions::new()
+                .create(true)
+                .append(true)
+                .mode(0o600)
+                .open(path)?,
         ))),
         None => None,
     };
-    let mut history = History::load(&config.state_dir);
+    let mut remembered = Remembered::load(state_dir);
     let mut restarts = 0u32;
     let mut start_number = 0u32;
     loop {
@@ -209,7 +271,7 @@ pub fn supervise(config: &RunConfig, driver: &dyn Driver) -> std::io::Result<u8>
             &spawned.log,
             &stop,
             &mut cpu,
-            &mut history,
+            &mut remembered,
         );
         let seconds = started.elapsed().as_secs_f64();
         let (failure, summary) = match &ended {
@@ -234,7 +296,7 @@ pub fn supervise(config: &RunConfig, driver: &dyn Driver) -> std::io::Result<u8>
                 &containment,
                 &spawned.log,
                 &mut cpu,
-                &history,
+                &remembered,
                 &summary,
                 start_number,
                 seconds,
@@ -375,7 +437,7 @@ fn write_bundle(
     containment: &Containment,
     log: &SharedLog,
     cpu: &mut CpuSamples,
-    history: &History,
+    remembered: &Remembered,
     summary: &str,
     start_number: u32,
     seconds: f64,
@@ -394,7 +456,7 @@ fn write_bundle(
         reason: summary.to_string(),
         progress: format!(
             "at log line {lines} after {seconds:.1}s; {}",
-            history.summary()
+            remembered.history.summary()
         ),
         start: start_number,
         lines,
@@ -406,7 +468,11 @@ fn write_bundle(
         gpu: serde_json::from_str(&crate::report::status_json(&snapshot, &None))
             .unwrap_or_default(),
     };
-    match bundle.write(&config.state_dir, &snapshot) {
+    let Some(dir) = &remembered.dir else {
+        event("no diagnostic bundle: the state directory is not usable (see above)");
+        return;
+    };
+    match bundle.write(dir, &snapshot) {
         Ok(dir) => event(&format!("diagnostic bundle: {}", dir.display())),
         Err(error) => event(&format!("cannot write the diagnostic bundle: {error}")),
     }
@@ -421,8 +487,9 @@ fn watch(
     log: &SharedLog,
     stop: &AtomicBool,
     cpu: &mut CpuSamples,
-    history: &mut History,
+    remembered: &mut Remembered,
 ) -> (Ended, Option<Instant>) {
+    let history = |remembered: &Remembered| remembered.history.summary();
     let started = Instant::now();
     let mut ready_at = matches!(config.readiness, Readiness::Started).then_some(started);
     let mut last_probe = started;
@@ -456,7 +523,7 @@ fn watch(
                     let at_line = log_ready.unwrap_or(lines);
                     event(&format!(
                         "ready after {seconds:.1}s at log line {at_line}; {}",
-                        history.summary()
+                        history(remembered)
                     ));
                     let good = GoodStart {
                         lines: at_line,
@@ -465,12 +532,7 @@ fn watch(
                             .duration_since(UNIX_EPOCH)
                             .map_or(0, |d| d.as_secs()),
                     };
-                    if let Err(error) = history.record(&config.state_dir, good) {
-                        event(&format!(
-                            "cannot record this start in {}: {error}",
-                            config.state_dir.display()
-                        ));
-                    }
+                    remembered.record(good);
                     last_health = now;
                     continue;
                 }
@@ -483,7 +545,7 @@ fn watch(
                         "hang: no log output for {} before ready: stalled at log line {lines} after {:.1}s; {}",
                         Elapsed(silence),
                         elapsed.as_secs_f64(),
-                        history.summary()
+                        history(remembered)
                     )),
                     None,
                 );
@@ -493,7 +555,7 @@ fn watch(
                     Ended::Hung(format!(
                         "hang: not ready after {} (--startup-timeout): at log line {lines}; {}",
                         Elapsed(elapsed),
-                        history.summary()
+                        history(remembered)
                     )),
                     None,
                 );
