@@ -102,8 +102,16 @@ impl Setup {
 
 impl Supervisor {
     /// Starts a `gpureap run` command and collects its events as they come.
-    pub(crate) fn start(mut command: std::process::Command) -> Supervisor {
-        command.stdout(Stdio::piped()).stderr(Stdio::piped());
+    pub(crate) fn start(command: std::process::Command) -> Supervisor {
+        Supervisor::start_with_stdout(command, Stdio::piped())
+    }
+
+    /// Like `start`, with gpureap's stdout sent to `stdout` (collected only when piped).
+    pub(crate) fn start_with_stdout(
+        mut command: std::process::Command,
+        stdout: Stdio,
+    ) -> Supervisor {
+        command.stdout(stdout).stderr(Stdio::piped());
         let mut child = command.spawn().expect("gpureap run starts");
         let events = Arc::new(Mutex::new(Vec::new()));
         let stdout = Arc::new(Mutex::new(String::new()));
@@ -114,13 +122,14 @@ impl Supervisor {
                 sink.lock().expect("events").push(line);
             }
         });
-        let mut out = child.stdout.take().expect("stdout");
-        let sink = Arc::clone(&stdout);
-        std::thread::spawn(move || {
-            let mut text = String::new();
-            let _ = out.read_to_string(&mut text);
-            sink.lock().expect("stdout").push_str(&text);
-        });
+        if let Some(mut out) = child.stdout.take() {
+            let sink = Arc::clone(&stdout);
+            std::thread::spawn(move || {
+                let mut text = String::new();
+                let _ = out.read_to_string(&mut text);
+                sink.lock().expect("stdout").push_str(&text);
+            });
+        }
         Supervisor {
             child,
             events,

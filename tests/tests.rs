@@ -5,5 +5,6 @@ mod harness;
 mod incidents;
 mod input;
 mod run;
+mod run_output;
 mod run_state;
 mod select_props;

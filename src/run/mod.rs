@@ -17,7 +17,6 @@ pub mod state;
 
 use std::collections::BTreeSet;
 use std::fs::OpenOptions;
-use std::io::Write as _;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -36,7 +35,7 @@ use crate::units::Elapsed;
 use baseline::{GoodStart, History};
 use bundle::{Bundle, CpuSamples};
 use contain::{Containment, SUPERVISOR_ENV};
-use output::{LogState, SharedLog, Stream};
+use output::{LogState, Outputs, SharedLog};
 use ready::Readiness;
 use state::{StateDir, StateDirError};
 
@@ -79,11 +78,7 @@ enum Ended {
     Stopped,
 }
 
-/// One line on stderr. A closed stderr (an ssh drop, a dead `tee`) must not
-/// stop the supervisor: it still has a server to stop.
-fn event(text: &str) {
-    let _ = writeln!(std::io::stderr(), "gpureap run: {text}");
-}
+use output::event;
 
 fn describe_status(status: WaitStatus) -> String {
     if let Some(code) = status.exit_status() {
@@ -181,6 +176,9 @@ impl Remembered {
     }
 }
 
+/// How long, at the end, our stdout, stderr and the log may take to catch up.
+const OUTPUT_DRAIN: Duration = Duration::from_secs(2);
+
 /// Supervises the server until it ends for good, or gpureap is stopped.
 pub fn supervise(config: &RunConfig, driver: &dyn Driver) -> std::io::Result<u8> {
     let state_dir = match open_state_dir(&config.state_dir) {
@@ -190,6 +188,30 @@ pub fn supervise(config: &RunConfig, driver: &dyn Driver) -> std::io::Result<u8>
             return Ok(exit::USAGE);
         }
     };
+    let log = match &config.log {
+        // Created private, like the bundles: the log carries the same secrets.
+        Some(path) => Some((
+            OpenOptions::new()
+                .create(true)
+                .append(true)
+                .mode(0o600)
+                .open(path)?,
+            path.display().to_string(),
+        )),
+        None => None,
+    };
+    let outputs = Outputs::start(log);
+    let result = supervise_with(config, driver, &outputs, state_dir);
+    outputs.finish(OUTPUT_DRAIN);
+    result
+}
+
+fn supervise_with(
+    config: &RunConfig,
+    driver: &dyn Driver,
+    outputs: &Outputs,
+    state_dir: Option<StateDir>,
+) -> std::io::Result<u8> {
     // Orphans of the server come back to us rather than to PID 1.
     if let Err(error) = rustix::process::set_child_subreaper(Some(rustix::process::getpid())) {
         event(&format!("cannot become child subreaper: {error}"));
@@ -209,17 +231,6 @@ pub fn supervise(config: &RunConfig, driver: &dyn Driver) -> std::io::Result<u8>
         );
     }
 
-    let log_file = match &config.log {
-        // Created private, like the bundles: the log carries the same secrets.
-        Some(path) => Some(Arc::new(Mutex::new(
-            OpenOptions::new()
-                .create(true)
-                .append(true)
-                .mode(0o600)
-                .open(path)?,
-        ))),
-        None => None,
-    };
     let mut remembered = Remembered::load(state_dir);
     let mut restarts = 0u32;
     let mut start_number = 0u32;
@@ -227,7 +238,7 @@ pub fn supervise(config: &RunConfig, driver: &dyn Driver) -> std::io::Result<u8>
         start_number += 1;
         let mut containment = Containment::prepare(config.allow_cgroup, start_number);
         event(&format!("containment: {containment}"));
-        let spawned = match spawn(config, &containment, &log_file) {
+        let spawned = match spawn(config, &containment, outputs) {
             Ok(spawned) => spawned,
             Err(error) if matches!(containment, Containment::Cgroup { .. }) => {
                 // The command may be fine and the cgroup the problem: try without it.
@@ -236,7 +247,7 @@ pub fn supervise(config: &RunConfig, driver: &dyn Driver) -> std::io::Result<u8>
                     why: format!("starting inside the cgroup failed: {error}"),
                 };
                 event(&format!("containment: {containment}"));
-                match spawn(config, &containment, &log_file) {
+                match spawn(config, &containment, outputs) {
                     Ok(spawned) => spawned,
                     Err(error) => {
                         event(&format!("cannot start {}: {error}", config.command[0]));
@@ -379,7 +390,7 @@ struct Spawned {
 fn spawn(
     config: &RunConfig,
     containment: &Containment,
-    log_file: &Option<Arc<Mutex<std::fs::File>>>,
+    outputs: &Outputs,
 ) -> std::io::Result<Spawned> {
     let mut command = Command::new(&config.command[0]);
     command
@@ -400,23 +411,23 @@ fn spawn(
         Readiness::Log(regex) => Some(regex.clone()),
         _ => None,
     };
-    let streams: [(Option<Box<dyn std::io::Read + Send>>, Stream); 2] = [
+    let streams: [(Option<Box<dyn std::io::Read + Send>>, &output::Sink); 2] = [
         (
             child.stdout.take().map(|out| Box::new(out) as _),
-            Stream::Stdout,
+            &outputs.stdout,
         ),
         (
             child.stderr.take().map(|err| Box::new(err) as _),
-            Stream::Stderr,
+            &outputs.stderr,
         ),
     ];
     let pumps = streams
         .into_iter()
-        .filter_map(|(source, stream)| {
+        .filter_map(|(source, pass_through)| {
             Some(output::pump(
                 source?,
-                stream,
-                log_file.clone(),
+                pass_through.clone(),
+                outputs.log.clone(),
                 log.clone(),
                 ready_regex.clone(),
             ))
