@@ -13,6 +13,7 @@ use crate::run::ready::Readiness;
 use crate::run::{Restart, RunConfig};
 use crate::select::{Guard, Scope};
 use crate::snapshot::Snapshot;
+use crate::supervision::StaleRun;
 use crate::units::{parse_duration, parse_gpu_list, parse_size};
 
 /// A mistake in the command line; printed as is, exit code 2.
@@ -39,12 +40,14 @@ pub struct FreeConfig {
     pub options: Options,
 }
 
-/// Builds the scope for `free`. PIDs must exist in `snapshot`; a scope must be given.
+/// Builds the scope for `free`. PIDs must exist in `snapshot`; a scope must
+/// be given. `stale_runs` are the runs found for `--stale-runs`.
 pub fn free(
     args: &FreeArgs,
     gpu_count: u32,
     snapshot: &Snapshot,
     guard: &Guard,
+    stale_runs: Option<&[StaleRun]>,
 ) -> Result<FreeConfig, UsageError> {
     let mut pids = BTreeSet::new();
     for text in &args.pid {
@@ -87,6 +90,11 @@ pub fn free(
         uids,
         orphans: args.orphans,
         all: args.all,
+        stale_runs: stale_runs.map(|runs| {
+            runs.iter()
+                .flat_map(|run| run.members.iter().copied())
+                .collect()
+        }),
     };
     if scope.gpus.as_ref().is_some_and(BTreeSet::is_empty) {
         return Err(UsageError(
@@ -96,7 +104,7 @@ pub fn free(
     }
     if scope.is_empty() {
         return Err(UsageError(
-            "refusing to free without a scope: give one or more of --gpu LIST, --pid PID, --match REGEX, --user NAME, --orphans, --all (try --dry-run first)"
+            "refusing to free without a scope: give one or more of --gpu LIST, --pid PID, --match REGEX, --user NAME, --orphans, --stale-runs, --all (try --dry-run first)"
                 .to_string(),
         ));
     }

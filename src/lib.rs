@@ -19,5 +19,6 @@ pub mod report;
 pub mod run;
 pub mod select;
 pub mod snapshot;
+pub mod supervision;
 pub mod units;
 pub mod verify;

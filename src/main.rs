@@ -13,6 +13,7 @@ use gpureap::reap;
 use gpureap::report;
 use gpureap::select::Guard;
 use gpureap::snapshot::Snapshot;
+use gpureap::supervision::{self, Removal, StaleRun};
 
 fn main() -> ! {
     let cli = Cli::parse();
@@ -113,10 +114,19 @@ fn free(backend: &str, args: &FreeArgs) -> anyhow::Result<u8> {
         .iter()
         .filter_map(|pid| pid.trim().parse().ok())
         .collect();
+    // Found before the snapshot, so that every member found is in it.
+    let stale_runs = args.stale_runs.then(supervision::stale_runs);
     let snapshot = Snapshot::take_focused(driver.as_ref(), &named);
     let guard = Guard::for_this_process(&args.protect);
-    let config = config::free(args, gpu_count(driver.as_ref()), &snapshot, &guard)?;
-    let plan = reap::plan(&snapshot, &config.scope, &guard);
+    let config = config::free(
+        args,
+        gpu_count(driver.as_ref()),
+        &snapshot,
+        &guard,
+        stale_runs.as_deref(),
+    )?;
+    let mut plan = reap::plan(&snapshot, &config.scope, &guard);
+    plan.stale_runs = stale_runs.iter().flatten().map(Removal::planned).collect();
 
     if args.dry_run {
         emit(&if args.json {
@@ -132,7 +142,7 @@ fn free(backend: &str, args: &FreeArgs) -> anyhow::Result<u8> {
     }
 
     let spinner = progress_bar(args.json);
-    let outcome = reap::free(
+    let mut outcome = reap::free(
         driver.as_ref(),
         &config.scope,
         &guard,
@@ -145,6 +155,9 @@ fn free(backend: &str, args: &FreeArgs) -> anyhow::Result<u8> {
             }
         },
     );
+    if let Some(runs) = &stale_runs {
+        outcome.stale_runs = remove_stale_runs(runs, &outcome, &guard, config.options.timeout);
+    }
     if let Some(bar) = spinner {
         bar.finish_and_clear();
     }
@@ -159,6 +172,26 @@ fn free(backend: &str, args: &FreeArgs) -> anyhow::Result<u8> {
         report::free_outcome(&outcome)
     })?;
     Ok(code)
+}
+
+/// Removes the stale runs' cgroups, once the free is done with their
+/// processes; never one that holds a process the free spared.
+fn remove_stale_runs(
+    runs: &[StaleRun],
+    outcome: &reap::FreeReport,
+    guard: &Guard,
+    timeout: Duration,
+) -> Vec<Removal> {
+    let spared: std::collections::BTreeSet<u32> = outcome
+        .spared
+        .iter()
+        .map(|entry| entry.pid)
+        .chain(guard.ancestors.iter().copied())
+        .chain([guard.self_pid, 1])
+        .collect();
+    runs.iter()
+        .map(|run| supervision::remove(run, &spared, timeout))
+        .collect()
 }
 
 /// Asks on the terminal; refuses to go on without one unless --yes was given.

@@ -188,12 +188,17 @@ pub struct FreeReport {
     pub spared: Vec<SparedEntry>,
     pub gpus: Vec<GpuOutcome>,
     pub unreadable: Vec<Unreadable>,
+    /// With `--stale-runs`: each stale run's cgroup, and whether it was removed.
+    pub stale_runs: Vec<crate::supervision::Removal>,
 }
 
 impl FreeReport {
-    /// Every GPU in scope verified free, and no target we were refused.
+    /// Every GPU in scope verified free, no target we were refused, and
+    /// every stale run's cgroup removed.
     pub fn all_freed(&self) -> bool {
-        self.gpus.iter().all(|gpu| gpu.freed) && !self.targets.iter().any(Handled::denied)
+        self.gpus.iter().all(|gpu| gpu.freed)
+            && !self.targets.iter().any(Handled::denied)
+            && self.stale_runs.iter().all(|run| run.removed)
     }
 }
 
@@ -280,6 +285,7 @@ impl Reaper {
                     cmdline: record.cmdline.clone(),
                     because: match because {
                         Because::Named => "named".to_string(),
+                        Because::StaleRun => "stale_run".to_string(),
                         Because::InScope => "in_scope".to_string(),
                         Because::Descendant { of } => format!("descendant of {of}"),
                     },
@@ -454,6 +460,7 @@ pub fn plan(snapshot: &Snapshot, scope: &Scope, guard: &Guard) -> FreeReport {
             })
             .collect(),
         unreadable: snapshot.unreadable.clone(),
+        stale_runs: Vec::new(),
     }
 }
 
@@ -662,5 +669,6 @@ pub fn free(
         spared: reaper.spared.into_values().collect(),
         gpus,
         unreadable,
+        stale_runs: Vec::new(),
     }
 }

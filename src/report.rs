@@ -73,6 +73,16 @@ pub struct HolderJson {
     pub gpus: Vec<HolderGpuJson>,
     pub control_node: bool,
     pub flags: Vec<&'static str>,
+    /// Set when it was started under `gpureap run`.
+    pub supervisor: Option<SupervisorJson>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct SupervisorJson {
+    /// The supervising gpureap's PID.
+    pub pid: u32,
+    /// Why it no longer supervises this process; `null` while it does.
+    pub gone: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -124,6 +134,12 @@ fn holder_json(snapshot: &Snapshot, pid: u32) -> HolderJson {
             .collect(),
         control_node: record.is_some_and(|r| r.nodes.contains(&crate::driver::Node::Control)),
         flags: snapshot.flags(pid).names(),
+        supervisor: details
+            .and_then(|d| d.supervision.as_ref())
+            .map(|supervision| SupervisorJson {
+                pid: supervision.supervisor,
+                gone: supervision.gone.clone(),
+            }),
     }
 }
 
@@ -202,6 +218,7 @@ pub fn holders_json(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> Vec<Ho
             }],
             control_node: false,
             flags: vec!["hidden"],
+            supervisor: None,
         });
     }
     holders
@@ -329,6 +346,7 @@ pub fn status_table(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String
 }
 
 fn notes(snapshot: &Snapshot, out: &mut String) {
+    supervisor_gone_notes(snapshot, out);
     if let Some(error) = &snapshot.driver_error {
         let _ = writeln!(out, "\nDriver error: {error}");
     }
@@ -340,6 +358,34 @@ fn notes(snapshot: &Snapshot, out: &mut String) {
             snapshot.unreadable[0].pid,
             snapshot.unreadable[0].comm,
             snapshot.unreadable[0].reason
+        );
+    }
+}
+
+/// One note per `gpureap run` that is gone while its server holds GPUs:
+/// which holders it left, why it counts as gone, and how to free them.
+fn supervisor_gone_notes(snapshot: &Snapshot, out: &mut String) {
+    let mut runs: BTreeMap<u32, (Vec<u32>, &crate::supervision::Supervision)> = BTreeMap::new();
+    for pid in snapshot.holders() {
+        if let Some(supervision) = snapshot.supervisor_gone(pid) {
+            runs.entry(supervision.supervisor)
+                .or_insert_with(|| (Vec::new(), supervision))
+                .0
+                .push(pid);
+        }
+    }
+    for (supervisor, (pids, supervision)) in runs {
+        let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
+        let free = if supervision.cgroup.is_some() {
+            "`gpureap free --stale-runs` frees its cgroup and removes it"
+        } else {
+            "`gpureap free --orphans` frees its whole tree"
+        };
+        let _ = writeln!(
+            out,
+            "\nSupervisor gone: PID {} started under `gpureap run` (PID {supervisor}), which no longer supervises them ({}); {free}.",
+            pids.join(", "),
+            supervision.gone.as_deref().unwrap_or("gone"),
         );
     }
 }
@@ -498,6 +544,7 @@ pub fn free_plan(report: &FreeReport) -> String {
         let _ = writeln!(out, "{table}");
     }
     spared_lines(report, &mut out);
+    stale_run_lines(report, &mut out);
     if !report.gpus.is_empty() {
         let summary: Vec<String> = report
             .gpus
@@ -529,6 +576,19 @@ fn spared_lines(report: &FreeReport, out: &mut String) {
             short(&spared.cmdline, 50),
             spared.why
         );
+    }
+}
+
+/// One line per stale run's cgroup (`--stale-runs`).
+fn stale_run_lines(report: &FreeReport, out: &mut String) {
+    for run in &report.stale_runs {
+        let outcome = match (&run.error, run.removed, report.dry_run) {
+            (_, true, _) => "removed".to_string(),
+            (Some(error), false, _) => format!("not removed: {error}"),
+            (None, false, true) => "removed once empty".to_string(),
+            (None, false, false) => "not removed".to_string(),
+        };
+        let _ = writeln!(out, "Stale run {} ({}): {outcome}", run.cgroup, run.gone);
     }
 }
 
@@ -570,6 +630,7 @@ pub fn free_outcome(report: &FreeReport) -> String {
         let _ = writeln!(out, "{table}");
     }
     spared_lines(report, &mut out);
+    stale_run_lines(report, &mut out);
     for line in gpu_outcome_lines(report) {
         let _ = writeln!(out, "{line}");
     }

@@ -6,5 +6,6 @@ mod incidents;
 mod input;
 mod run;
 mod run_output;
+mod run_stale;
 mod run_state;
 mod select_props;
