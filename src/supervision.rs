@@ -321,23 +321,24 @@ pub fn remove(run: &StaleRun, spared: &BTreeSet<u32>, timeout: Duration) -> Remo
     let deadline = Instant::now() + timeout;
     loop {
         let left = cgroup_pids(&run.cgroup);
-        if left.is_empty() {
-            break;
-        }
+        // A killed process leaves cgroup.procs at once, but keeps the cgroup
+        // busy until its parent reaps it: removal is retried until then.
+        let error = if left.is_empty() {
+            match remove_tree(&run.cgroup, 0) {
+                Ok(()) => {
+                    removal.removed = true;
+                    return removal;
+                }
+                Err(error) if error.raw_os_error() == Some(libc::EBUSY) => error.to_string(),
+                Err(error) => return fail(removal, error.to_string()),
+            }
+        } else {
+            format!("still holds {left:?}")
+        };
         if Instant::now() >= deadline {
-            return fail(
-                removal,
-                format!("still holds {left:?} after {}s", timeout.as_secs()),
-            );
+            return fail(removal, format!("{error} after {}s", timeout.as_secs()));
         }
         std::thread::sleep(Duration::from_millis(5));
-    }
-    match remove_tree(&run.cgroup, 0) {
-        Ok(()) => {
-            removal.removed = true;
-            removal
-        }
-        Err(error) => fail(removal, error.to_string()),
     }
 }
 
