@@ -11,6 +11,7 @@
 pub mod baseline;
 pub mod bundle;
 pub mod contain;
+pub mod leftovers;
 pub mod output;
 pub mod ready;
 pub mod state;
@@ -36,6 +37,7 @@ use crate::units::Elapsed;
 use baseline::{GoodStart, History};
 use bundle::{Bundle, CpuSamples};
 use contain::Containment;
+use leftovers::RunRecord;
 use output::{LogState, Outputs, SharedLog};
 use ready::Readiness;
 use state::{StateDir, StateDirError};
@@ -233,17 +235,33 @@ fn supervise_with(
     }
 
     let mut remembered = Remembered::load(state_dir);
+    let stop_options = Options {
+        grace: config.grace,
+        timeout: config.stop_timeout,
+        poll: Duration::from_millis(10),
+    };
+    if let Some(dir) = &remembered.dir
+        && !leftovers::clean(dir, driver, stop_options)
+    {
+        event(
+            "not starting: GPU memory a leftover of an earlier run held is not verified free (see above)",
+        );
+        return Ok(exit::STILL_HELD);
+    }
+    let mut record = RunRecord::new(remembered.dir.as_ref());
     let mut restarts = 0u32;
     let mut start_number = 0u32;
     loop {
         start_number += 1;
         let mut containment = Containment::prepare(config.allow_cgroup, start_number);
+        record.made(&containment);
         event(&format!("containment: {containment}"));
         let spawned = match spawn(config, &containment, outputs) {
             Ok(spawned) => spawned,
             Err(error) if matches!(containment, Containment::Cgroup { .. }) => {
                 // The command may be fine and the cgroup the problem: try without it.
                 containment.release();
+                record.released(&containment);
                 containment = Containment::Fallback {
                     why: format!("starting inside the cgroup failed: {error}"),
                 };
@@ -258,6 +276,7 @@ fn supervise_with(
             }
             Err(error) => {
                 containment.release();
+                record.released(&containment);
                 event(&format!("cannot start {}: {error}", config.command[0]));
                 return Ok(exit::USAGE);
             }
@@ -316,6 +335,7 @@ fn supervise_with(
         }
 
         let (freed, forced) = stop_tree(config, driver, &containment, &mut main);
+        record.released(&containment);
         output::join(spawned.pumps, PIPE_DRAIN);
         main.reap();
         let clean_stop = !forced && main.status.is_none_or(ended_cleanly);
