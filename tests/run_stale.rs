@@ -229,6 +229,36 @@ fn free_orphans_takes_a_run_whose_supervisor_is_gone_launcher_and_all() {
 }
 
 #[test]
+fn without_a_cgroup_a_killed_run_is_still_flagged_and_free_orphans_takes_it() {
+    let _turn = one_at_a_time();
+    let setup = setup(2);
+    let supervisor = setup.run(&["--no-cgroup"], &[]);
+    supervisor.wait_for("ready after", 1);
+    let (gpureap, tree) = sigkill(supervisor);
+    let _cleanup = Unsupervised(gpureap);
+
+    let status = run(&setup.host, &["status", "--json"]).json();
+    for holder in holders(&status) {
+        assert!(
+            flags(&holder).contains(&"supervisor_gone".to_string()),
+            "{holder:#}"
+        );
+        assert_eq!(holder["supervisor"]["pid"], gpureap, "{holder:#}");
+    }
+    let table = run(&setup.host, &["status"]).stdout;
+    assert!(table.contains("gpureap free --orphans"), "{table}");
+
+    let result = run(
+        &setup.host,
+        &["free", "--orphans", "--grace", "500ms", "--yes", "--json"],
+    );
+    assert_eq!(result.code, 0, "{}\n{}", result.stdout, result.stderr);
+    assert_eq!(targets(&result.json()), tree, "{}", result.stdout);
+    wait_until_gone(&tree);
+    nothing_left(&setup.host, 2);
+}
+
+#[test]
 fn free_pid_and_match_take_a_tree_whose_supervisor_is_gone() {
     let _turn = one_at_a_time();
     let setup = setup(2);
@@ -384,6 +414,20 @@ impl Drop for RunCgroup {
             let deadline = Instant::now() + Duration::from_secs(5);
             while std::fs::remove_dir(&self.0).is_err() && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+/// What the gpureap with this PID started and left without a cgroup,
+/// killed when the test ends, passed or failed.
+struct Unsupervised(u32);
+
+impl Drop for Unsupervised {
+    fn drop(&mut self) {
+        for pid in supervised_by(self.0) {
+            if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
             }
         }
     }
