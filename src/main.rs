@@ -9,9 +9,10 @@ use gpureap::cli::{Cli, Command, FreeArgs, RunArgs, StatusArgs, WaitArgs};
 use gpureap::config::{self, UsageError};
 use gpureap::driver::{self, BackendChoice, Driver};
 use gpureap::exit;
+use gpureap::proc::ProcessId;
 use gpureap::reap;
 use gpureap::report;
-use gpureap::select::Guard;
+use gpureap::select::{Guard, Scope};
 use gpureap::snapshot::Snapshot;
 use gpureap::supervision::{self, Removal, StaleRun};
 
@@ -126,6 +127,8 @@ fn free(backend: &str, args: &FreeArgs) -> anyhow::Result<u8> {
         stale_runs.as_deref(),
     )?;
     let mut plan = reap::plan(&snapshot, &config.scope, &guard);
+    let stale_runs: Option<Vec<StaleRun>> =
+        stale_runs.map(|runs| in_scope(runs, &plan, &config.scope));
     plan.stale_runs = stale_runs.iter().flatten().map(Removal::planned).collect();
 
     if args.dry_run {
@@ -172,6 +175,23 @@ fn free(backend: &str, args: &FreeArgs) -> anyhow::Result<u8> {
         report::free_outcome(&outcome)
     })?;
     Ok(code)
+}
+
+/// The stale runs whose cgroups `free` may remove: all of them, unless
+/// another filter narrows the scope; then only those it takes whole, so
+/// that nothing outside the scope is ended with its cgroup.
+fn in_scope(runs: Vec<StaleRun>, plan: &reap::FreeReport, scope: &Scope) -> Vec<StaleRun> {
+    if !scope.narrowed() {
+        return runs;
+    }
+    let targeted = |id: &ProcessId| {
+        plan.targets
+            .iter()
+            .any(|target| target.pid == id.pid && target.start_time == id.start_time)
+    };
+    runs.into_iter()
+        .filter(|run| run.members.iter().all(targeted))
+        .collect()
 }
 
 /// Removes the stale runs' cgroups, once the free is done with their

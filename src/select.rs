@@ -49,6 +49,12 @@ impl Scope {
             && self.stale_runs.is_none()
     }
 
+    /// Whether a filter narrows what `--pid` and `--stale-runs` name
+    /// (`--gpu`, `--match`, `--user`, `--orphans`).
+    pub fn narrowed(&self) -> bool {
+        self.gpus.is_some() || !self.patterns.is_empty() || !self.uids.is_empty() || self.orphans
+    }
+
     /// Why a process is named by this scope itself (`--pid`, `--stale-runs`), if it is.
     fn names(&self, record: &ProcessRecord) -> Option<Because> {
         if self.pids.contains(&record.id) {

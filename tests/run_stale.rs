@@ -494,19 +494,35 @@ fn a_reused_supervisor_pid_is_no_live_supervisor_and_a_live_one_is_left_alone() 
     );
     assert_eq!(holder["supervisor"]["gone"], Value::Null);
 
+    // Narrowed to GPU 0: only that stale run is freed and removed.
     let result = free_stale_runs(
         &host,
-        &["--grace", "300ms"],
-        &BTreeSet::from([under_imposter, under_late]),
+        &["--gpu", "0", "--grace", "300ms"],
+        &BTreeSet::from([under_imposter]),
     );
     assert_eq!(result.code, 0, "{}\n{}", result.stdout, result.stderr);
     let report = result.json();
     assert_eq!(
         targets(&report),
-        BTreeSet::from([under_imposter, under_late]),
+        BTreeSet::from([under_imposter]),
         "{report:#}"
     );
-    assert!(!runs[0].0.exists() && !runs[1].0.exists());
+    let listed: Vec<&Value> = report["stale_runs"]
+        .as_array()
+        .expect("stale_runs")
+        .iter()
+        .collect();
+    assert_eq!(listed.len(), 1, "{report:#}");
+    assert_eq!(listed[0]["cgroup"], runs[0].0.display().to_string());
+    assert!(!runs[0].0.exists());
+    assert!(alive(under_late), "outside the scope");
+    assert!(runs[1].0.is_dir(), "outside the scope");
+
+    let result = free_stale_runs(&host, &["--grace", "300ms"], &BTreeSet::from([under_late]));
+    assert_eq!(result.code, 0, "{}\n{}", result.stdout, result.stderr);
+    let report = result.json();
+    assert_eq!(targets(&report), BTreeSet::from([under_late]), "{report:#}");
+    assert!(!runs[1].0.exists());
     assert!(runs[2].0.is_dir(), "a live gpureap's cgroup is left alone");
     assert!(alive(under_live));
     assert_eq!(used(&host, 2), 10 * GIB);
