@@ -128,7 +128,8 @@ Examples:
   gpureap free --orphans --dry-run
   gpureap free --match 'sglang::scheduler' --yes
   gpureap free --gpu 3 --grace 0 --timeout 1m --yes
-  gpureap free --pid 4242 --yes --json"
+  gpureap free --pid 4242 --yes --json
+  gpureap free --stale-runs --yes      what a SIGKILLed `gpureap run` left, and its cgroups"
     )]
     Free(FreeArgs),
 
@@ -197,7 +198,8 @@ pub struct RunArgs {
     /// Also append the server's output to this file.
     #[arg(long, value_name = "FILE")]
     pub log: Option<PathBuf>,
-    /// Where good starts are remembered and bundles written
+    /// Where good starts are remembered and bundles written, private to you; refused if anyone
+    /// but you or root could tamper with it
     /// [default: $XDG_STATE_HOME/gpureap/<command>, or ~/.local/state/gpureap/<command>].
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
@@ -237,12 +239,18 @@ pub struct FreeArgs {
     /// Holders owned by this user name or uid (repeatable).
     #[arg(long, value_name = "NAME")]
     pub user: Vec<String>,
-    /// Orphaned holders: re-parented to PID 1 or a subreaper, in a process group
-    /// whose leader is gone, not leading their own (a crashed launcher's workers).
+    /// Orphaned holders: re-parented to PID 1 or a subreaper, in a process group whose
+    /// leader is gone, not leading their own (a crashed launcher's workers); and servers
+    /// whose `gpureap run` died.
     #[arg(long)]
     pub orphans: bool,
+    /// Every process in a `gpureap run` cgroup whose gpureap is gone (SIGKILLed, OOM-killed),
+    /// GPU user or not; the emptied cgroups are then removed.
+    /// Example: gpureap free --stale-runs --dry-run
+    #[arg(long)]
+    pub stale_runs: bool,
     /// Every GPU user on the host (still never the protected set or monitors).
-    #[arg(long, conflicts_with_all = ["gpu", "pid", "patterns", "user", "orphans"])]
+    #[arg(long, conflicts_with_all = ["gpu", "pid", "patterns", "user", "orphans", "stale_runs"])]
     pub all: bool,
     /// How long to wait after SIGTERM before SIGSTOP+SIGKILL.
     #[arg(long, default_value = "5s", value_name = "DUR", value_parser = duration, allow_hyphen_values = true)]

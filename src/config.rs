@@ -12,6 +12,7 @@ use crate::run::RunConfig;
 use crate::run::ready::Readiness;
 use crate::select::{Guard, Scope};
 use crate::snapshot::Snapshot;
+use crate::supervision::StaleRun;
 use crate::units::GpuList;
 
 /// A mistake in the command line; printed as is, exit code 2.
@@ -48,10 +49,11 @@ impl FreeRequest {
             && args.patterns.is_empty()
             && args.user.is_empty()
             && !args.orphans
+            && !args.stale_runs
             && !args.all;
         if no_scope {
             return Err(UsageError(
-                "refusing to free without a scope: give one or more of --gpu LIST, --pid PID, --match REGEX, --user NAME, --orphans, --all (try --dry-run first)"
+                "refusing to free without a scope: give one or more of --gpu LIST, --pid PID, --match REGEX, --user NAME, --orphans, --stale-runs, --all (try --dry-run first)"
                     .to_string(),
             ));
         }
@@ -75,13 +77,15 @@ pub struct FreeConfig {
 }
 
 /// Builds the scope for `free` against the host: GPU indexes must exist,
-/// named PIDs must be live processes that may be signalled.
+/// named PIDs must be live processes that may be signalled. `stale_runs` are
+/// the runs found for `--stale-runs`.
 pub fn free(
     args: &FreeArgs,
     request: FreeRequest,
     gpu_count: u32,
     snapshot: &Snapshot,
     guard: &Guard,
+    stale_runs: Option<&[StaleRun]>,
 ) -> Result<FreeConfig, UsageError> {
     let gpus = gpus(&args.gpu, gpu_count)?;
     if gpus.as_ref().is_some_and(BTreeSet::is_empty) {
@@ -112,6 +116,11 @@ pub fn free(
             uids: request.uids,
             orphans: args.orphans,
             all: args.all,
+            stale_runs: stale_runs.map(|runs| {
+                runs.iter()
+                    .flat_map(|run| run.members.iter().copied())
+                    .collect()
+            }),
         },
         options: Options {
             grace: args.grace,

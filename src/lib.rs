@@ -19,6 +19,7 @@ pub mod report;
 pub mod run;
 pub mod select;
 pub mod snapshot;
+pub mod supervision;
 pub mod tree;
 pub mod units;
 pub mod verify;

@@ -9,10 +9,12 @@ use gpureap::cli::{Cli, Command, FreeArgs, RunArgs, StatusArgs, WaitArgs};
 use gpureap::config::{self, UsageError};
 use gpureap::driver::{self, BackendChoice, Driver};
 use gpureap::exit::Exit;
+use gpureap::proc::ProcessId;
 use gpureap::reap;
 use gpureap::report;
-use gpureap::select::Guard;
+use gpureap::select::{Guard, Scope};
 use gpureap::snapshot::Snapshot;
+use gpureap::supervision::{self, Removal, StaleRun};
 
 fn main() -> ! {
     let cli = Cli::parse();
@@ -108,10 +110,22 @@ fn free(backend: &BackendChoice, args: &FreeArgs) -> anyhow::Result<Exit> {
     // GPU indexes are checked before the scan; named processes' families need command lines too.
     config::gpus(&args.gpu, gpu_count)?;
     let named = args.pid.iter().copied().collect();
+    // Found before the snapshot, so that every member found is in it.
+    let stale_runs = args.stale_runs.then(supervision::stale_runs);
     let snapshot = Snapshot::take_focused(driver.as_ref(), &named);
     let guard = Guard::for_this_process(&args.protect);
-    let config = config::free(args, request, gpu_count, &snapshot, &guard)?;
-    let plan = reap::plan(&snapshot, &config.scope, &guard);
+    let config = config::free(
+        args,
+        request,
+        gpu_count,
+        &snapshot,
+        &guard,
+        stale_runs.as_deref(),
+    )?;
+    let mut plan = reap::plan(&snapshot, &config.scope, &guard);
+    let stale_runs: Option<Vec<StaleRun>> =
+        stale_runs.map(|runs| in_scope(runs, &plan, &config.scope));
+    plan.stale_runs = stale_runs.iter().flatten().map(Removal::planned).collect();
 
     if args.dry_run {
         emit(&if args.json {
@@ -127,7 +141,7 @@ fn free(backend: &BackendChoice, args: &FreeArgs) -> anyhow::Result<Exit> {
     }
 
     let spinner = progress_bar(args.json);
-    let outcome = reap::free(
+    let mut outcome = reap::free(
         driver.as_ref(),
         &config.scope,
         &guard,
@@ -140,6 +154,9 @@ fn free(backend: &BackendChoice, args: &FreeArgs) -> anyhow::Result<Exit> {
             }
         },
     );
+    if let Some(runs) = &stale_runs {
+        outcome.stale_runs = remove_stale_runs(runs, &outcome, &guard, config.options.timeout);
+    }
     if let Some(bar) = spinner {
         bar.finish_and_clear();
     }
@@ -150,6 +167,43 @@ fn free(backend: &BackendChoice, args: &FreeArgs) -> anyhow::Result<Exit> {
         report::free_outcome(&outcome)
     })?;
     Ok(code)
+}
+
+/// The stale runs whose cgroups `free` may remove: all of them, unless
+/// another filter narrows the scope; then only those it takes whole, so
+/// that nothing outside the scope is ended with its cgroup.
+fn in_scope(runs: Vec<StaleRun>, plan: &reap::FreeReport, scope: &Scope) -> Vec<StaleRun> {
+    if !scope.narrowed() {
+        return runs;
+    }
+    let targeted = |id: &ProcessId| {
+        plan.targets
+            .iter()
+            .any(|target| target.pid == id.pid && target.start_time == id.start_time)
+    };
+    runs.into_iter()
+        .filter(|run| run.members.iter().all(targeted))
+        .collect()
+}
+
+/// Removes the stale runs' cgroups, once the free is done with their
+/// processes; never one that holds a process the free spared.
+fn remove_stale_runs(
+    runs: &[StaleRun],
+    outcome: &reap::FreeReport,
+    guard: &Guard,
+    timeout: Duration,
+) -> Vec<Removal> {
+    let spared: std::collections::BTreeSet<u32> = outcome
+        .spared
+        .iter()
+        .map(|entry| entry.pid)
+        .chain(guard.ancestors.iter().copied())
+        .chain([guard.self_pid, 1])
+        .collect();
+    runs.iter()
+        .map(|run| supervision::remove(run, &spared, timeout))
+        .collect()
 }
 
 /// Asks on the terminal; refuses to go on without one unless --yes was given.

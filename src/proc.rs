@@ -406,6 +406,26 @@ pub fn start_time(pid: u32) -> Option<u64> {
     stat_of(pid).map(|stat| stat.start_time)
 }
 
+/// What the process with a PID is now, read once from its stat.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Glance {
+    pub id: ProcessId,
+    pub state: State,
+    pub comm: String,
+}
+
+/// The process with this PID now, if there is one.
+pub fn glance(pid: u32) -> Option<Glance> {
+    stat_of(pid).map(|stat| Glance {
+        id: ProcessId {
+            pid,
+            start_time: stat.start_time,
+        },
+        state: stat.state,
+        comm: stat.comm,
+    })
+}
+
 /// The state of a process, if it still exists with the given identity.
 pub fn state_of(id: ProcessId) -> Option<State> {
     let stat = stat_of(id.pid)?;

@@ -202,12 +202,17 @@ pub struct FreeReport {
     pub spared: Vec<SparedEntry>,
     pub gpus: Vec<GpuOutcome>,
     pub unreadable: Vec<Unreadable>,
+    /// With `--stale-runs`: each stale run's cgroup, and whether it was removed.
+    pub stale_runs: Vec<crate::supervision::Removal>,
 }
 
 impl FreeReport {
-    /// Every GPU in scope verified free, and no target we were refused.
+    /// Every GPU in scope verified free, no target we were refused, and
+    /// every stale run's cgroup removed.
     pub fn all_freed(&self) -> bool {
-        self.gpus.iter().all(|gpu| gpu.freed) && !self.targets.iter().any(Handled::denied)
+        self.gpus.iter().all(|gpu| gpu.freed)
+            && !self.targets.iter().any(Handled::denied)
+            && self.stale_runs.iter().all(|run| run.removed)
     }
 
     /// The exit code this outcome earns: done only when everything was
@@ -494,6 +499,7 @@ pub fn plan(snapshot: &Snapshot, scope: &Scope, guard: &Guard) -> FreeReport {
             })
             .collect(),
         unreadable: snapshot.unreadable.clone(),
+        stale_runs: Vec::new(),
     }
 }
 
@@ -875,5 +881,6 @@ pub fn free(
         spared: freeing.reaper.spared.into_values().collect(),
         gpus,
         unreadable: freeing.unreadable,
+        stale_runs: Vec::new(),
     }
 }

@@ -84,6 +84,16 @@ pub struct HolderJson {
     /// The protected name it answers to: `free` leaves it alone unless it
     /// is named with `--pid`.
     pub protected: Option<String>,
+    /// Set when it was started under `gpureap run`.
+    pub supervisor: Option<SupervisorJson>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct SupervisorJson {
+    /// The supervising gpureap's PID.
+    pub pid: u32,
+    /// Why it no longer supervises this process; `null` while it does.
+    pub gone: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -164,6 +174,12 @@ fn holder_json(snapshot: &Snapshot, pid: u32) -> HolderJson {
         flags,
         orphan: snapshot.orphaned(pid).map(|orphan| orphan.to_string()),
         protected,
+        supervisor: details
+            .and_then(|d| d.supervision.as_ref())
+            .map(|supervision| SupervisorJson {
+                pid: supervision.supervisor,
+                gone: supervision.gone.clone(),
+            }),
     }
 }
 
@@ -247,6 +263,7 @@ pub fn holders_json(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> Vec<Ho
             flags: vec!["hidden"],
             orphan: None,
             protected: None,
+            supervisor: None,
         });
     }
     holders
@@ -551,6 +568,7 @@ fn evidence_notes(unknown_memory: bool, nodes_only: bool, out: &mut String) {
 }
 
 fn notes(snapshot: &Snapshot, out: &mut String) {
+    supervisor_gone_notes(snapshot, out);
     if let Some(error) = &snapshot.driver_error {
         note(out, &format!("Driver error: {error}"));
     }
@@ -563,6 +581,36 @@ fn notes(snapshot: &Snapshot, out: &mut String) {
                 snapshot.unreadable[0].pid,
                 snapshot.unreadable[0].comm,
                 snapshot.unreadable[0].reason
+            ),
+        );
+    }
+}
+
+/// One note per `gpureap run` that is gone while its server holds GPUs:
+/// which holders it left, why it counts as gone, and how to free them.
+fn supervisor_gone_notes(snapshot: &Snapshot, out: &mut String) {
+    let mut runs: BTreeMap<u32, (Vec<u32>, &crate::supervision::Supervision)> = BTreeMap::new();
+    for pid in snapshot.holders() {
+        if let Some(supervision) = snapshot.supervisor_gone(pid) {
+            runs.entry(supervision.supervisor)
+                .or_insert_with(|| (Vec::new(), supervision))
+                .0
+                .push(pid);
+        }
+    }
+    for (supervisor, (pids, supervision)) in runs {
+        let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
+        let free = if supervision.cgroup.is_some() {
+            "`gpureap free --stale-runs` frees its cgroup and removes it"
+        } else {
+            "`gpureap free --orphans` frees its whole tree"
+        };
+        note(
+            out,
+            &format!(
+                "Supervisor gone: PID {} started under `gpureap run` (PID {supervisor}), which no longer supervises them ({}); {free}.",
+                pids.join(", "),
+                supervision.gone.as_deref().unwrap_or("gone"),
             ),
         );
     }
@@ -732,6 +780,16 @@ struct FreeJson<'a> {
     spared: Vec<SparedJson<'a>>,
     gpus: Vec<GpuOutcomeJson<'a>>,
     unreadable: Vec<UnreadableJson<'a>>,
+    stale_runs: Vec<StaleRunJson<'a>>,
+}
+
+#[derive(Serialize)]
+struct StaleRunJson<'a> {
+    cgroup: &'a str,
+    supervisor: u32,
+    gone: &'a str,
+    removed: bool,
+    error: Option<&'a str>,
 }
 
 #[derive(Serialize)]
@@ -922,6 +980,7 @@ fn unreadable_json(unreadable: &[Unreadable]) -> Vec<UnreadableJson<'_>> {
 fn because_code(because: Because) -> String {
     match because {
         Because::Named => "named".to_string(),
+        Because::StaleRun => "stale_run".to_string(),
         Because::InScope => "in_scope".to_string(),
         Because::Descendant { of } => format!("descendant of {of}"),
     }
@@ -931,6 +990,7 @@ fn because_code(because: Because) -> String {
 fn because_text(because: Because) -> String {
     match because {
         Because::Named => "named".to_string(),
+        Because::StaleRun => "a stale run's".to_string(),
         Because::InScope => "in scope".to_string(),
         Because::Descendant { of } => format!("descendant of {of}"),
     }
@@ -1010,6 +1070,17 @@ pub fn free_json(report: &FreeReport, exit_code: Exit) -> String {
             })
             .collect(),
         unreadable: unreadable_json(&report.unreadable),
+        stale_runs: report
+            .stale_runs
+            .iter()
+            .map(|run| StaleRunJson {
+                cgroup: &run.cgroup,
+                supervisor: run.supervisor,
+                gone: &run.gone,
+                removed: run.removed,
+                error: run.error.as_deref(),
+            })
+            .collect(),
     })
 }
 
@@ -1067,6 +1138,7 @@ pub fn free_plan(report: &FreeReport) -> String {
             unchecked.join(", ")
         );
     }
+    stale_run_lines(report, &mut out);
     if !report.gpus.is_empty() {
         let summary: Vec<String> = report
             .gpus
@@ -1098,6 +1170,19 @@ fn spared_lines(report: &FreeReport, out: &mut String) {
             short(&spared.cmdline, 50),
             spared.reason
         );
+    }
+}
+
+/// One line per stale run's cgroup (`--stale-runs`).
+fn stale_run_lines(report: &FreeReport, out: &mut String) {
+    for run in &report.stale_runs {
+        let outcome = match (&run.error, run.removed, report.dry_run) {
+            (_, true, _) => "removed".to_string(),
+            (Some(error), false, _) => format!("not removed: {error}"),
+            (None, false, true) => "removed once empty".to_string(),
+            (None, false, false) => "not removed".to_string(),
+        };
+        let _ = writeln!(out, "Stale run {} ({}): {outcome}", run.cgroup, run.gone);
     }
 }
 
@@ -1139,6 +1224,7 @@ pub fn free_outcome(report: &FreeReport) -> String {
         let _ = writeln!(out, "{}", table.trim_fmt());
     }
     spared_lines(report, &mut out);
+    stale_run_lines(report, &mut out);
     for line in gpu_outcome_lines(report) {
         let _ = writeln!(out, "{line}");
     }

@@ -32,6 +32,10 @@ pub struct Scope {
     pub uids: BTreeSet<u32>,
     pub orphans: bool,
     pub all: bool,
+    /// `--stale-runs`: every process in a run cgroup whose supervisor is
+    /// gone, found before the snapshot (`supervision::stale_runs`), by
+    /// identity. Like `pids`, these are taken whether or not they use a GPU.
+    pub stale_runs: Option<BTreeSet<ProcessId>>,
 }
 
 impl Scope {
@@ -42,6 +46,28 @@ impl Scope {
             && self.uids.is_empty()
             && !self.orphans
             && !self.all
+            && self.stale_runs.is_none()
+    }
+
+    /// Whether a filter narrows what `--pid` and `--stale-runs` name
+    /// (`--gpu`, `--match`, `--user`, `--orphans`).
+    pub fn narrowed(&self) -> bool {
+        self.gpus.is_some() || !self.patterns.is_empty() || !self.uids.is_empty() || self.orphans
+    }
+
+    /// Why a process is named by this scope itself (`--pid`, `--stale-runs`), if it is.
+    fn names(&self, record: &ProcessRecord) -> Option<Because> {
+        if self.pids.contains(&record.id) {
+            Some(Because::Named)
+        } else if self
+            .stale_runs
+            .as_ref()
+            .is_some_and(|members| members.contains(&record.id))
+        {
+            Some(Because::StaleRun)
+        } else {
+            None
+        }
     }
 
     /// Whether a process passes every filter other than `--pid`.
@@ -63,7 +89,12 @@ impl Scope {
         if !self.uids.is_empty() && !record.uid.is_some_and(|uid| self.uids.contains(&uid)) {
             return false;
         }
-        if self.orphans && snapshot.orphaned(pid).is_none() {
+        // A run whose supervisor died is orphaned as a whole: its top process
+        // leads a session of its own, so it is never orphaned by the rule itself.
+        if self.orphans
+            && snapshot.orphaned(pid).is_none()
+            && snapshot.supervisor_gone(pid).is_none()
+        {
             return false;
         }
         true
@@ -195,7 +226,10 @@ impl Spared {
 pub enum Because {
     /// Named with `--pid`.
     Named,
-    /// A GPU user matching the scope.
+    /// In a run cgroup whose supervisor is gone (`--stale-runs`).
+    StaleRun,
+    /// A GPU user matching the scope; with `--orphans`, also the top of a
+    /// run whose supervisor is gone, above such a GPU user.
     InScope,
     /// A descendant of a target (its parent chain leads to `of`).
     Descendant { of: u32 },
@@ -211,11 +245,11 @@ pub struct Selection {
 /// against random process forests.
 pub fn select(snapshot: &Snapshot, scope: &Scope, guard: &Guard) -> Selection {
     let tree = snapshot.tree();
-    let named = |record: &ProcessRecord| scope.pids.contains(&record.id);
+    let named = |record: &ProcessRecord| scope.names(record).is_some();
     let mut chosen: BTreeMap<u32, Because> = BTreeMap::new();
     let mut selection = Selection::default();
 
-    if scope.pids.is_empty() {
+    if scope.pids.is_empty() && scope.stale_runs.is_none() {
         for pid in snapshot.holders() {
             let Some(record) = snapshot.processes.get(&pid) else {
                 continue;
@@ -225,6 +259,13 @@ pub fn select(snapshot: &Snapshot, scope: &Scope, guard: &Guard) -> Selection {
             }
             if snapshot.is_gpu_user(pid) {
                 chosen.insert(pid, Because::InScope);
+                // The rest of a run whose supervisor is gone goes with it: its
+                // launcher would otherwise live on, and may start workers again.
+                if scope.orphans
+                    && let Some(supervision) = snapshot.supervisor_gone(pid)
+                {
+                    chosen.entry(supervision.top).or_insert(Because::InScope);
+                }
             } else if snapshot.is_monitor(pid)
                 && let Some(reason) = guard.spare_reason(snapshot, record, false)
             {
@@ -233,7 +274,8 @@ pub fn select(snapshot: &Snapshot, scope: &Scope, guard: &Guard) -> Selection {
             }
         }
     } else {
-        for id in &scope.pids {
+        let roots = scope.pids.iter().chain(scope.stale_runs.iter().flatten());
+        for id in roots {
             // Matched by identity: a recycled PID is not the process that was named.
             let Some(root) = snapshot
                 .processes
@@ -247,7 +289,8 @@ pub fn select(snapshot: &Snapshot, scope: &Scope, guard: &Guard) -> Selection {
                 selection.spared.insert(id.pid, reason);
                 continue;
             }
-            let family = std::iter::once((id.pid, Because::Named)).chain(
+            let root_because = scope.names(root).unwrap_or(Because::Named);
+            let family = std::iter::once((id.pid, root_because)).chain(
                 tree.descendants(id.pid)
                     .into_iter()
                     .map(|pid| (pid, Because::Descendant { of: id.pid })),
@@ -255,13 +298,10 @@ pub fn select(snapshot: &Snapshot, scope: &Scope, guard: &Guard) -> Selection {
             for (pid, because) in family {
                 let record = &snapshot.processes[&pid];
                 if scope.admits(snapshot, record) {
-                    let because = if named(record) {
-                        Because::Named
-                    } else {
-                        because
-                    };
+                    // Named itself beats found under another.
+                    let because = scope.names(record).unwrap_or(because);
                     let entry = chosen.entry(pid).or_insert(because);
-                    if because == Because::Named {
+                    if scope.names(record).is_some() {
                         *entry = because;
                     }
                 }

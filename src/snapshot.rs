@@ -10,6 +10,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::driver::{Driver, DriverError, Node};
 use crate::proc::{self, ProcessRecord, State, Unreadable};
+use crate::supervision::{self, Supervision};
 use crate::tree::ProcessTree;
 
 #[derive(Debug, Clone)]
@@ -63,9 +64,10 @@ pub struct Details {
     pub user: Option<String>,
     pub wchan: Option<String>,
     pub cgroup: Option<String>,
-    /// Started under `gpureap run`: its cgroup is one of gpureap's, or its
-    /// environment names the supervising gpureap.
-    pub supervised: bool,
+    /// Started under `gpureap run` (its cgroup is one of a run's, or its
+    /// environment names the supervising gpureap), and whether that
+    /// supervisor is still there.
+    pub supervision: Option<Supervision>,
 }
 
 /// The flags a holder can carry, as DESIGN.md names them.
@@ -76,7 +78,10 @@ pub struct Flags {
     pub uninterruptible: bool,
     pub hidden: bool,
     pub monitor: bool,
+    /// Started under a `gpureap run` that still supervises it.
     pub supervised: bool,
+    /// Started under a `gpureap run` that is gone (SIGKILLed, OOM-killed).
+    pub supervisor_gone: bool,
 }
 
 impl Flags {
@@ -88,6 +93,7 @@ impl Flags {
             (self.hidden, "hidden"),
             (self.monitor, "monitor"),
             (self.supervised, "supervised"),
+            (self.supervisor_gone, "supervisor_gone"),
         ]
         .into_iter()
         .filter_map(|(on, name)| on.then_some(name))
@@ -196,7 +202,7 @@ impl Snapshot {
         }
         for pid in holders {
             if let Some(record) = snapshot.processes.get(&pid) {
-                let details = read_details(record);
+                let details = read_details(record, &snapshot.processes);
                 snapshot.details.insert(pid, details);
             }
         }
@@ -318,9 +324,21 @@ impl Snapshot {
                 supervised: self
                     .details
                     .get(&pid)
-                    .is_some_and(|details| details.supervised),
+                    .and_then(|details| details.supervision.as_ref())
+                    .is_some_and(|supervision| supervision.gone.is_none()),
+                supervisor_gone: self.supervisor_gone(pid).is_some(),
             },
         }
+    }
+
+    /// How `pid` is supervised, when it was started under a `gpureap run`
+    /// that is gone: its server runs on, unsupervised. Known for holders.
+    pub fn supervisor_gone(&self, pid: u32) -> Option<&Supervision> {
+        self.details
+            .get(&pid)?
+            .supervision
+            .as_ref()
+            .filter(|supervision| supervision.gone.is_some())
     }
 
     /// Whether, and why, a process is orphaned (see `Orphaned`).
@@ -511,16 +529,10 @@ fn is_foreign(pid: u32, processes: &BTreeMap<u32, ProcessRecord>) -> bool {
     }
 }
 
-fn read_details(record: &ProcessRecord) -> Details {
+fn read_details(record: &ProcessRecord, processes: &BTreeMap<u32, ProcessRecord>) -> Details {
     let pid = record.id.pid;
     let cgroup = proc::cgroup(pid);
-    let supervised = cgroup
-        .as_deref()
-        .is_some_and(|path| path.contains(crate::run::contain::CGROUP_PREFIX))
-        || proc::env_value(pid, crate::run::contain::SUPERVISOR_ENV)
-            .and_then(|supervisor| supervisor.parse::<u32>().ok())
-            // Only while that gpureap still runs: the variable outlives its supervisor.
-            .is_some_and(|supervisor| proc::cmdline(supervisor).contains("gpureap"));
+    let supervision = supervision::supervision_of(record, cgroup.as_deref(), processes);
     Details {
         user: record
             .uid
@@ -533,6 +545,6 @@ fn read_details(record: &ProcessRecord) -> Details {
             None
         },
         cgroup,
-        supervised,
+        supervision,
     }
 }

@@ -14,30 +14,30 @@ use gpureap::incident::SimHost;
 use crate::harness::*;
 
 /// A running `gpureap run`, with its stderr events collected as they come.
-struct Supervisor {
-    child: Child,
+pub(crate) struct Supervisor {
+    pub(crate) child: Child,
     events: Arc<Mutex<Vec<String>>>,
     stdout: Arc<Mutex<String>>,
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|listener| listener.local_addr())
         .expect("a free port")
         .port()
 }
 
-fn fake_server() -> String {
+pub(crate) fn fake_server() -> String {
     format!("{}/tests/fake_sglang.py", env!("CARGO_MANIFEST_DIR"))
 }
 
-struct Setup {
-    host: SimHost,
-    port: u16,
-    state: PathBuf,
+pub(crate) struct Setup {
+    pub(crate) host: SimHost,
+    pub(crate) port: u16,
+    pub(crate) state: PathBuf,
 }
 
-fn setup(gpus: u32) -> Setup {
+pub(crate) fn setup(gpus: u32) -> Setup {
     let host = SimHost::new(gpus, 80 * GIB, "Simulated H200").expect("sim host");
     let state = host.path().join("state");
     Setup {
@@ -50,7 +50,7 @@ fn setup(gpus: u32) -> Setup {
 impl Setup {
     /// Starts `gpureap run` with fast timings, extra flags, and the fake
     /// server with `server_args`.
-    fn run(&self, flags: &[&str], server_args: &[&str]) -> Supervisor {
+    pub(crate) fn run(&self, flags: &[&str], server_args: &[&str]) -> Supervisor {
         let mut command = gpureap(&self.host);
         command
             .arg("run")
@@ -86,7 +86,7 @@ impl Setup {
 
 impl Setup {
     /// Like `run`, with the server's `fault` on its first start only.
-    fn run_faulty_once(&self, flags: &[&str], fault: &str) -> Supervisor {
+    pub(crate) fn run_faulty_once(&self, flags: &[&str], fault: &str) -> Supervisor {
         let marker = self.host.path().join("fault-once");
         self.run(
             flags,
@@ -102,8 +102,16 @@ impl Setup {
 
 impl Supervisor {
     /// Starts a `gpureap run` command and collects its events as they come.
-    fn start(mut command: std::process::Command) -> Supervisor {
-        command.stdout(Stdio::piped()).stderr(Stdio::piped());
+    pub(crate) fn start(command: std::process::Command) -> Supervisor {
+        Supervisor::start_with_stdout(command, Stdio::piped())
+    }
+
+    /// Like `start`, with gpureap's stdout sent to `stdout` (collected only when piped).
+    pub(crate) fn start_with_stdout(
+        mut command: std::process::Command,
+        stdout: Stdio,
+    ) -> Supervisor {
+        command.stdout(stdout).stderr(Stdio::piped());
         let mut child = command.spawn().expect("gpureap run starts");
         let events = Arc::new(Mutex::new(Vec::new()));
         let stdout = Arc::new(Mutex::new(String::new()));
@@ -114,13 +122,14 @@ impl Supervisor {
                 sink.lock().expect("events").push(line);
             }
         });
-        let mut out = child.stdout.take().expect("stdout");
-        let sink = Arc::clone(&stdout);
-        std::thread::spawn(move || {
-            let mut text = String::new();
-            let _ = out.read_to_string(&mut text);
-            sink.lock().expect("stdout").push_str(&text);
-        });
+        if let Some(mut out) = child.stdout.take() {
+            let sink = Arc::clone(&stdout);
+            std::thread::spawn(move || {
+                let mut text = String::new();
+                let _ = out.read_to_string(&mut text);
+                sink.lock().expect("stdout").push_str(&text);
+            });
+        }
         Supervisor {
             child,
             events,
@@ -129,7 +138,7 @@ impl Supervisor {
     }
 
     /// Waits for the `nth` (1-based) event containing `text`; panics with all events on timeout.
-    fn wait_for(&self, text: &str, nth: usize) -> String {
+    pub(crate) fn wait_for(&self, text: &str, nth: usize) -> String {
         let deadline = Instant::now() + Duration::from_secs(40);
         loop {
             let found = self
@@ -152,17 +161,20 @@ impl Supervisor {
         }
     }
 
-    fn events(&self) -> Vec<String> {
+    pub(crate) fn events(&self) -> Vec<String> {
         self.events.lock().expect("events").clone()
     }
 
     /// SIGTERM to gpureap, as systemd or a Ctrl-C would; returns its exit code.
-    fn stop(self) -> (i32, Vec<String>, String) {
+    pub(crate) fn stop(self) -> (i32, Vec<String>, String) {
         self.stop_with(rustix::process::Signal::TERM)
     }
 
     /// Sends `signal` to gpureap and waits for it; then nothing it supervised may be left.
-    fn stop_with(mut self, signal: rustix::process::Signal) -> (i32, Vec<String>, String) {
+    pub(crate) fn stop_with(
+        mut self,
+        signal: rustix::process::Signal,
+    ) -> (i32, Vec<String>, String) {
         let pid = rustix::process::Pid::from_raw(self.child.id() as i32).expect("pid");
         rustix::process::kill_process(pid, signal).expect("signal gpureap");
         let status = self.child.wait().expect("gpureap ends");
@@ -172,7 +184,7 @@ impl Supervisor {
         (status.code().unwrap_or(-1), self.events(), stdout)
     }
 
-    fn wait_exit(mut self) -> (i32, Vec<String>) {
+    pub(crate) fn wait_exit(mut self) -> (i32, Vec<String>) {
         let status = self.child.wait().expect("gpureap ends");
         std::thread::sleep(Duration::from_millis(50));
         nothing_supervised_left(self.child.id());
@@ -182,7 +194,7 @@ impl Supervisor {
 
 /// After the gpureap with this PID ended: no process it started (they all
 /// carry its PID in their environment) is alive, and none of its cgroups is left.
-fn nothing_supervised_left(gpureap: u32) {
+pub(crate) fn nothing_supervised_left(gpureap: u32) {
     let supervised: Vec<u32> = std::fs::read_dir("/proc")
         .expect("/proc")
         .flatten()
@@ -239,18 +251,18 @@ impl Drop for Supervisor {
 }
 
 /// GPU memory in use on the simulated host, through gpureap itself.
-fn used(host: &SimHost, gpu: u32) -> u64 {
+pub(crate) fn used(host: &SimHost, gpu: u32) -> u64 {
     let status = run(host, &["status", "--json"]).json();
     status["gpus"][gpu as usize]["memory_used"]
         .as_u64()
         .expect("memory")
 }
 
-fn cgroup2_present() -> bool {
+pub(crate) fn cgroup2_present() -> bool {
     std::fs::read_to_string("/proc/self/mountinfo").is_ok_and(|text| text.contains(" - cgroup2 "))
 }
 
-fn bundles(state: &Path) -> Vec<PathBuf> {
+pub(crate) fn bundles(state: &Path) -> Vec<PathBuf> {
     let mut found: Vec<PathBuf> = std::fs::read_dir(state.join("bundles"))
         .map(|entries| entries.flatten().map(|entry| entry.path()).collect())
         .unwrap_or_default();
@@ -258,12 +270,12 @@ fn bundles(state: &Path) -> Vec<PathBuf> {
     found
 }
 
-fn read(path: &Path) -> String {
+pub(crate) fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_else(|error| panic!("{}: {error}", path.display()))
 }
 
 /// No process of the sim host's holders is alive, and no GPU memory is used.
-fn nothing_left(host: &SimHost, gpus: u32) {
+pub(crate) fn nothing_left(host: &SimHost, gpus: u32) {
     for gpu in 0..gpus {
         assert_eq!(used(host, gpu), 0, "GPU {gpu} still held");
     }
@@ -509,7 +521,7 @@ fn a_crash_leaving_a_worker_that_ignores_sigterm_is_freed_by_force_and_restarted
 }
 
 /// `gpureap run` around a bash server on the simulated host.
-fn bash_server(host: &SimHost, flags: &[&str], server: &str) -> Supervisor {
+pub(crate) fn bash_server(host: &SimHost, flags: &[&str], server: &str) -> Supervisor {
     let mut command = gpureap(host);
     command
         .arg("run")
@@ -722,6 +734,7 @@ fn a_startup_timeout_is_a_hang_and_restarts_are_bounded() {
 #[test]
 fn run_refuses_bad_input() {
     let host = SimHost::new(1, 80 * GIB, "Simulated H200").expect("sim host");
+    let state = host.path().join("state").display().to_string();
     let cases: &[(&[&str], &str)] = &[
         (&["run"], "required"),
         (
@@ -757,7 +770,11 @@ fn run_refuses_bad_input() {
             "cannot be used with",
         ),
         (
-            &["run", "--state-dir", "/tmp", "--", "/nonexistent/server"],
+            &["run", "--state-dir", "/tmp", "--", "true"],
+            "refusing the state directory /tmp: others than its owner may write to /tmp",
+        ),
+        (
+            &["run", "--state-dir", &state, "--", "/nonexistent/server"],
             "cannot start /nonexistent/server",
         ),
     ];

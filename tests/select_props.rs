@@ -347,6 +347,7 @@ fn build(spec: &Spec) -> (Snapshot, Scope, Guard) {
         uids: spec.uids.iter().map(|&index| UIDS[index]).collect(),
         orphans: spec.orphans,
         all: spec.all,
+        stale_runs: None,
     };
     (snapshot, scope, guard)
 }

@@ -2,14 +2,17 @@
 //! directory, so that a stalled start can be measured against them:
 //! "stalled at log line 217; good starts were ready at lines 636–641".
 
-use std::fs;
-use std::path::Path;
+use std::io;
 
 use serde::{Deserialize, Serialize};
+
+use super::state::StateDir;
 
 /// How many good starts are remembered.
 const KEPT: usize = 20;
 const FILE: &str = "starts.json";
+/// Twenty good starts take about 2 KiB; anything much larger is not ours.
+const MAX_FILE_BYTES: u64 = 1 << 20;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct GoodStart {
@@ -26,29 +29,37 @@ pub struct History {
 }
 
 impl History {
-    /// Reads the history; a missing or unreadable file is an empty history.
-    pub fn load(dir: &Path) -> History {
-        fs::read_to_string(dir.join(FILE))
-            .ok()
-            .and_then(|text| serde_json::from_str(&text).ok())
-            .unwrap_or_default()
+    /// Reads the history; a missing file is an empty history. A file that
+    /// is not a regular file, is too large, or is not a history is an error
+    /// (the caller says so and goes on with an empty history, which the
+    /// next good start replaces).
+    pub fn load(dir: &StateDir) -> io::Result<History> {
+        match dir.read(FILE, MAX_FILE_BYTES)? {
+            None => Ok(History::default()),
+            Some(bytes) => serde_json::from_slice(&bytes).map_err(|error| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("{}: {error}", dir.path().join(FILE).display()),
+                )
+            }),
+        }
     }
 
     /// Remembers one good start, written atomically (rename) so a crash
     /// never leaves a half-written file. The file is read again first, so
     /// that another gpureap running the same command loses nothing.
-    pub fn record(&mut self, dir: &Path, start: GoodStart) -> std::io::Result<()> {
-        *self = History::load(dir);
+    pub fn record(&mut self, dir: &StateDir, start: GoodStart) -> io::Result<()> {
+        *self = History::load(dir).unwrap_or_default();
+        self.remember(start);
+        let text = serde_json::to_string_pretty(self).map_err(io::Error::other)?;
+        dir.replace(FILE, text.as_bytes())
+    }
+
+    /// Remembers one good start in memory only.
+    pub fn remember(&mut self, start: GoodStart) {
         self.good_starts.push(start);
         let excess = self.good_starts.len().saturating_sub(KEPT);
         self.good_starts.drain(..excess);
-        fs::create_dir_all(dir)?;
-        let temporary = dir.join(format!("{FILE}.{}.tmp", std::process::id()));
-        fs::write(
-            &temporary,
-            serde_json::to_string_pretty(self).unwrap_or_default(),
-        )?;
-        fs::rename(temporary, dir.join(FILE))
     }
 
     /// How good starts went, for comparison with this one.
@@ -83,13 +94,14 @@ mod tests {
 
     #[test]
     fn remembers_and_summarises_good_starts() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut history = History::load(dir.path());
+        let base = tempfile::tempdir().expect("tempdir");
+        let dir = StateDir::open(base.path()).expect("state dir");
+        let mut history = History::load(&dir).expect("load");
         assert_eq!(history.summary(), "no good start recorded yet");
         for (lines, seconds) in [(636, 31.0), (641, 35.2), (638, 33.0)] {
             history
                 .record(
-                    dir.path(),
+                    &dir,
                     GoodStart {
                         lines,
                         seconds,
@@ -98,7 +110,7 @@ mod tests {
                 )
                 .expect("record");
         }
-        let reloaded = History::load(dir.path());
+        let reloaded = History::load(&dir).expect("load");
         assert_eq!(reloaded, history);
         assert_eq!(
             reloaded.summary(),
@@ -107,7 +119,7 @@ mod tests {
         for _ in 0..30 {
             history
                 .record(
-                    dir.path(),
+                    &dir,
                     GoodStart {
                         lines: 1,
                         seconds: 1.0,
@@ -116,6 +128,6 @@ mod tests {
                 )
                 .expect("record");
         }
-        assert_eq!(History::load(dir.path()).good_starts.len(), KEPT);
+        assert_eq!(History::load(&dir).expect("load").good_starts.len(), KEPT);
     }
 }

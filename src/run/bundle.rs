@@ -5,17 +5,19 @@
 //! happened and how far the start got against good starts), `processes.txt`
 //! (the contained tree with states, wchan and CPU use over the last seconds),
 //! `log-tail.txt` (the last 200 log lines), `gpu.txt` (gpureap status), and
-//! `bundle.json` with all of it for programs.
+//! `bundle.json` with all of it for programs. The folder and its files are
+//! private to their owner (0700, 0600): they hold the server's command line
+//! and log, and with them its API keys and tokens.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::fmt::Write as _;
-use std::fs;
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
+use super::state::StateDir;
 use crate::proc;
 use crate::report;
 use crate::snapshot::Snapshot;
@@ -149,27 +151,29 @@ impl Bundle {
     }
 
     /// Writes the bundle; returns its folder.
-    pub fn write(&self, state_dir: &Path, snapshot: &Snapshot) -> io::Result<PathBuf> {
+    pub fn write(&self, state_dir: &StateDir, snapshot: &Snapshot) -> io::Result<PathBuf> {
         let stamp = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis());
-        let kind = self
+        // A folder name, whatever the reason says: no slash, no dot-dot.
+        let kind: String = self
             .reason
             .split(':')
             .next()
             .unwrap_or("event")
-            .replace(' ', "-");
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .collect();
         let dir = state_dir
-            .join("bundles")
-            .join(format!("{stamp}-start{}-{kind}", self.start));
-        fs::create_dir_all(&dir)?;
+            .subdir("bundles")?
+            .new_subdir(&format!("{stamp}-start{}-{kind}", self.start))?;
 
         let mut summary = String::new();
         let _ = writeln!(summary, "{}", self.reason);
         let _ = writeln!(summary, "{}", self.progress);
         let _ = writeln!(summary, "start {} of: {}", self.start, self.command);
         let _ = writeln!(summary, "containment: {}", self.containment);
-        fs::write(dir.join("summary.txt"), summary)?;
+        dir.create("summary.txt", summary.as_bytes())?;
 
         let mut processes = String::from(
             "PID      PPID     SID      S  CPU%    WCHAN                          COMMAND\n",
@@ -200,13 +204,13 @@ impl Bundle {
                 .map(|m| m.cpu_window_seconds)
                 .fold(0.0, f64::max)
         );
-        fs::write(dir.join("processes.txt"), processes)?;
+        dir.create("processes.txt", processes.as_bytes())?;
 
         let mut tail = self.log_tail.join("\n");
         tail.push('\n');
-        fs::write(dir.join("log-tail.txt"), tail)?;
-        fs::write(dir.join("gpu.txt"), report::status_table(snapshot, &None))?;
-        fs::write(dir.join("bundle.json"), report::to_json(self))?;
-        Ok(dir)
+        dir.create("log-tail.txt", tail.as_bytes())?;
+        dir.create("gpu.txt", report::status_table(snapshot, &None).as_bytes())?;
+        dir.create("bundle.json", report::to_json(self).as_bytes())?;
+        Ok(dir.path().to_path_buf())
     }
 }

@@ -17,6 +17,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::proc;
+use crate::supervision::{CGROUP_PREFIX, cgroup2_mount};
 use crate::tree::ProcessTree;
 
 /// How the server is contained, for the events and `status`.
@@ -43,23 +44,6 @@ impl std::fmt::Display for Containment {
             }
         }
     }
-}
-
-/// The name every supervised cgroup starts with; `status` looks for it.
-pub const CGROUP_PREFIX: &str = "gpureap.run-";
-/// Set in the server's environment (inherited by everything it starts) to
-/// the supervising gpureap's PID; `status` looks for it too.
-pub const SUPERVISOR_ENV: &str = "GPUREAP_SUPERVISOR";
-
-/// Where cgroup v2 is mounted, from /proc/self/mountinfo.
-fn cgroup2_mount() -> Option<PathBuf> {
-    let text = fs::read_to_string("/proc/self/mountinfo").ok()?;
-    text.lines().find_map(|line| {
-        let (left, right) = line.split_once(" - ")?;
-        let fstype = right.split_whitespace().next()?;
-        let mount_point = left.split_whitespace().nth(4)?;
-        (fstype == "cgroup2").then(|| PathBuf::from(mount_point))
-    })
 }
 
 /// This process's own cgroup v2 path (the `0::` line).

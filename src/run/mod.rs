@@ -11,12 +11,14 @@
 pub mod baseline;
 pub mod bundle;
 pub mod contain;
+pub mod leftovers;
 pub mod output;
 pub mod ready;
+pub mod state;
 
 use std::collections::BTreeSet;
 use std::fs::OpenOptions;
-use std::io::Write as _;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -30,12 +32,15 @@ use crate::exit::Exit;
 use crate::reap::{self, FreeReport, Options};
 use crate::select::{Guard, Scope};
 use crate::snapshot::Snapshot;
+use crate::supervision::SUPERVISOR_ENV;
 use crate::units::Elapsed;
 use baseline::{GoodStart, History};
 use bundle::{Bundle, CpuSamples};
-use contain::{Containment, SUPERVISOR_ENV};
-use output::{LogState, SharedLog, Stream};
+use contain::Containment;
+use leftovers::RunRecord;
+use output::{LogState, Outputs, SharedLog};
 use ready::Readiness;
+use state::{StateDir, StateDirError};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Restart {
@@ -76,11 +81,7 @@ enum Ended {
     Stopped,
 }
 
-/// One line on stderr. A closed stderr (an ssh drop, a dead `tee`) must not
-/// stop the supervisor: it still has a server to stop.
-fn event(text: &str) {
-    let _ = writeln!(std::io::stderr(), "gpureap run: {text}");
-}
+use output::event;
 
 fn describe_status(status: WaitStatus) -> String {
     if let Some(code) = status.exit_status() {
@@ -131,8 +132,95 @@ const HEALTHY_RUN: Duration = Duration::from_secs(600);
 /// How long the output pipes may stay open after the tree is gone.
 const PIPE_DRAIN: Duration = Duration::from_secs(2);
 
+/// Opens the state directory. One that others could tamper with is refused;
+/// one that cannot be made or opened only costs the history and the bundles.
+fn open_state_dir(path: &std::path::Path) -> Result<Option<StateDir>, StateDirError> {
+    match StateDir::open(path) {
+        Ok(dir) => Ok(Some(dir)),
+        Err(error @ StateDirError::Unsafe { .. }) => Err(error),
+        Err(error @ StateDirError::Io { .. }) => {
+            event(&format!(
+                "{error}; good starts are not remembered and no bundle is written"
+            ));
+            Ok(None)
+        }
+    }
+}
+
+/// What is remembered across starts: the state directory, when usable, and
+/// the good starts read from it.
+struct Remembered {
+    dir: Option<StateDir>,
+    history: History,
+}
+
+impl Remembered {
+    fn load(dir: Option<StateDir>) -> Remembered {
+        let history = match &dir {
+            Some(dir) => History::load(dir).unwrap_or_else(|error| {
+                event(&format!(
+                    "good starts ignored: {error}; the next good start replaces them"
+                ));
+                History::default()
+            }),
+            None => History::default(),
+        };
+        Remembered { dir, history }
+    }
+
+    fn record(&mut self, good: GoodStart) {
+        let Some(dir) = &self.dir else {
+            self.history.remember(good);
+            return;
+        };
+        if let Err(error) = self.history.record(dir, good) {
+            event(&format!("cannot record this start: {error}"));
+        }
+    }
+}
+
+/// How long, at the end, our stdout, stderr and the log may take to catch up.
+const OUTPUT_DRAIN: Duration = Duration::from_secs(2);
+
 /// Supervises the server until it ends for good, or gpureap is stopped.
 pub fn supervise(config: &RunConfig, driver: &dyn Driver) -> std::io::Result<Exit> {
+    let state_dir = match open_state_dir(&config.state_dir) {
+        Ok(dir) => dir,
+        Err(error) => {
+            event(&error.to_string());
+            return Ok(Exit::Usage);
+        }
+    };
+    let log = match &config.log {
+        // Created private, like the bundles: the log carries the same secrets.
+        Some(path) => Some((
+            OpenOptions::new()
+                .create(true)
+                .append(true)
+                .mode(0o600)
+                .open(path)
+                .map_err(|error| {
+                    std::io::Error::new(
+                        error.kind(),
+                        format!("cannot open --log {}: {error}", path.display()),
+                    )
+                })?,
+            path.display().to_string(),
+        )),
+        None => None,
+    };
+    let outputs = Outputs::start(log);
+    let result = supervise_with(config, driver, &outputs, state_dir);
+    outputs.finish(OUTPUT_DRAIN);
+    result
+}
+
+fn supervise_with(
+    config: &RunConfig,
+    driver: &dyn Driver,
+    outputs: &Outputs,
+    state_dir: Option<StateDir>,
+) -> std::io::Result<Exit> {
     // Orphans of the server come back to us rather than to PID 1.
     if let Err(error) = rustix::process::set_child_subreaper(Some(rustix::process::getpid())) {
         event(&format!("cannot become child subreaper: {error}"));
@@ -152,29 +240,39 @@ pub fn supervise(config: &RunConfig, driver: &dyn Driver) -> std::io::Result<Exi
         );
     }
 
-    let log_file = match &config.log {
-        Some(path) => Some(Arc::new(Mutex::new(
-            OpenOptions::new().create(true).append(true).open(path)?,
-        ))),
-        None => None,
+    let mut remembered = Remembered::load(state_dir);
+    let stop_options = Options {
+        grace: config.grace,
+        timeout: config.stop_timeout,
+        poll: Duration::from_millis(10),
     };
-    let mut history = History::load(&config.state_dir);
+    if let Some(dir) = &remembered.dir
+        && !leftovers::clean(dir, driver, stop_options)
+    {
+        event(
+            "not starting: GPU memory a leftover of an earlier run held is not verified free (see above)",
+        );
+        return Ok(Exit::StillHeld);
+    }
+    let mut record = RunRecord::new(remembered.dir.as_ref());
     let mut restarts = 0u32;
     let mut start_number = 0u32;
     loop {
         start_number += 1;
         let mut containment = Containment::prepare(config.allow_cgroup, start_number);
+        record.made(&containment);
         event(&format!("containment: {containment}"));
-        let spawned = match spawn(config, &containment, &log_file) {
+        let spawned = match spawn(config, &containment, outputs) {
             Ok(spawned) => spawned,
             Err(error) if matches!(containment, Containment::Cgroup { .. }) => {
                 // The command may be fine and the cgroup the problem: try without it.
                 containment.release();
+                record.released(&containment);
                 containment = Containment::Fallback {
                     why: format!("starting inside the cgroup failed: {error}"),
                 };
                 event(&format!("containment: {containment}"));
-                match spawn(config, &containment, &log_file) {
+                match spawn(config, &containment, outputs) {
                     Ok(spawned) => spawned,
                     Err(error) => {
                         event(&format!("cannot start {}: {error}", config.command[0]));
@@ -184,6 +282,7 @@ pub fn supervise(config: &RunConfig, driver: &dyn Driver) -> std::io::Result<Exi
             }
             Err(error) => {
                 containment.release();
+                record.released(&containment);
                 event(&format!("cannot start {}: {error}", config.command[0]));
                 return Ok(Exit::Usage);
             }
@@ -209,7 +308,7 @@ pub fn supervise(config: &RunConfig, driver: &dyn Driver) -> std::io::Result<Exi
             &spawned.log,
             &stop,
             &mut cpu,
-            &mut history,
+            &mut remembered,
         );
         let seconds = started.elapsed().as_secs_f64();
         let (failure, summary) = match &ended {
@@ -234,7 +333,7 @@ pub fn supervise(config: &RunConfig, driver: &dyn Driver) -> std::io::Result<Exi
                 &containment,
                 &spawned.log,
                 &mut cpu,
-                &history,
+                &remembered,
                 &summary,
                 start_number,
                 seconds,
@@ -242,6 +341,7 @@ pub fn supervise(config: &RunConfig, driver: &dyn Driver) -> std::io::Result<Exi
         }
 
         let (freed, forced) = stop_tree(config, driver, &containment, &mut main);
+        record.released(&containment);
         output::join(spawned.pumps, PIPE_DRAIN);
         main.reap();
         let clean_stop = !forced && main.status.is_none_or(ended_cleanly);
@@ -317,7 +417,7 @@ struct Spawned {
 fn spawn(
     config: &RunConfig,
     containment: &Containment,
-    log_file: &Option<Arc<Mutex<std::fs::File>>>,
+    outputs: &Outputs,
 ) -> std::io::Result<Spawned> {
     let mut command = Command::new(&config.command[0]);
     command
@@ -338,23 +438,23 @@ fn spawn(
         Readiness::Log(regex) => Some(regex.clone()),
         _ => None,
     };
-    let streams: [(Option<Box<dyn std::io::Read + Send>>, Stream); 2] = [
+    let streams: [(Option<Box<dyn std::io::Read + Send>>, &output::Sink); 2] = [
         (
             child.stdout.take().map(|out| Box::new(out) as _),
-            Stream::Stdout,
+            &outputs.stdout,
         ),
         (
             child.stderr.take().map(|err| Box::new(err) as _),
-            Stream::Stderr,
+            &outputs.stderr,
         ),
     ];
     let pumps = streams
         .into_iter()
-        .filter_map(|(source, stream)| {
+        .filter_map(|(source, pass_through)| {
             Some(output::pump(
                 source?,
-                stream,
-                log_file.clone(),
+                pass_through.clone(),
+                outputs.log.clone(),
                 log.clone(),
                 ready_regex.clone(),
             ))
@@ -375,7 +475,7 @@ fn write_bundle(
     containment: &Containment,
     log: &SharedLog,
     cpu: &mut CpuSamples,
-    history: &History,
+    remembered: &Remembered,
     summary: &str,
     start_number: u32,
     seconds: f64,
@@ -394,7 +494,7 @@ fn write_bundle(
         reason: summary.to_string(),
         progress: format!(
             "at log line {lines} after {seconds:.1}s; {}",
-            history.summary()
+            remembered.history.summary()
         ),
         start: start_number,
         lines,
@@ -406,7 +506,11 @@ fn write_bundle(
         gpu: serde_json::from_str(&crate::report::status_json(&snapshot, &None))
             .unwrap_or_default(),
     };
-    match bundle.write(&config.state_dir, &snapshot) {
+    let Some(dir) = &remembered.dir else {
+        event("no diagnostic bundle: the state directory is not usable (see above)");
+        return;
+    };
+    match bundle.write(dir, &snapshot) {
         Ok(dir) => event(&format!("diagnostic bundle: {}", dir.display())),
         Err(error) => event(&format!("cannot write the diagnostic bundle: {error}")),
     }
@@ -421,8 +525,9 @@ fn watch(
     log: &SharedLog,
     stop: &AtomicBool,
     cpu: &mut CpuSamples,
-    history: &mut History,
+    remembered: &mut Remembered,
 ) -> (Ended, Option<Instant>) {
+    let history = |remembered: &Remembered| remembered.history.summary();
     let started = Instant::now();
     let mut ready_at = matches!(config.readiness, Readiness::Started).then_some(started);
     let mut last_probe = started;
@@ -456,7 +561,7 @@ fn watch(
                     let at_line = log_ready.unwrap_or(lines);
                     event(&format!(
                         "ready after {seconds:.1}s at log line {at_line}; {}",
-                        history.summary()
+                        history(remembered)
                     ));
                     let good = GoodStart {
                         lines: at_line,
@@ -465,12 +570,7 @@ fn watch(
                             .duration_since(UNIX_EPOCH)
                             .map_or(0, |d| d.as_secs()),
                     };
-                    if let Err(error) = history.record(&config.state_dir, good) {
-                        event(&format!(
-                            "cannot record this start in {}: {error}",
-                            config.state_dir.display()
-                        ));
-                    }
+                    remembered.record(good);
                     last_health = now;
                     continue;
                 }
@@ -483,7 +583,7 @@ fn watch(
                         "hang: no log output for {} before ready: stalled at log line {lines} after {:.1}s; {}",
                         Elapsed(silence),
                         elapsed.as_secs_f64(),
-                        history.summary()
+                        history(remembered)
                     )),
                     None,
                 );
@@ -493,7 +593,7 @@ fn watch(
                     Ended::Hung(format!(
                         "hang: not ready after {} (--startup-timeout): at log line {lines}; {}",
                         Elapsed(elapsed),
-                        history.summary()
+                        history(remembered)
                     )),
                     None,
                 );

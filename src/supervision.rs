@@ -1,0 +1,391 @@
+//! Processes started under `gpureap run`, and whether their supervisor is
+//! still there.
+//!
+//! A run marks what it starts twice: a cgroup named `gpureap.run-<pid>-<n>`
+//! after the supervising gpureap, and `GPUREAP_SUPERVISOR=<pid>` in the
+//! environment. Both outlive a supervisor that is SIGKILLed or OOM-killed,
+//! and its PID may then be given to another process. So a supervisor counts
+//! as alive only while that PID is a gpureap that started no later than what
+//! it supervises. What a gone supervisor left in its cgroups is a stale run:
+//! `status` flags it, `free --stale-runs` frees it and removes the cgroups,
+//! and the next `gpureap run` with the same state directory does the same
+//! for its own.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::proc::{self, ProcessId, ProcessRecord};
+
+/// The name every supervised cgroup starts with.
+pub const CGROUP_PREFIX: &str = "gpureap.run-";
+/// Set in the server's environment (inherited by everything it starts) to
+/// the supervising gpureap's PID.
+pub const SUPERVISOR_ENV: &str = "GPUREAP_SUPERVISOR";
+/// How deep cgroup trees are searched for run cgroups, and run cgroups for
+/// the cgroups a server made inside its own.
+const MAX_CGROUP_DEPTH: usize = 32;
+
+/// How a process started under `gpureap run` is supervised.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Supervision {
+    /// The supervising gpureap's PID.
+    pub supervisor: u32,
+    /// The run's cgroup (as /proc/PID/cgroup names it), when it has one.
+    pub cgroup: Option<String>,
+    /// Why that gpureap no longer supervises this process; `None` while it does.
+    pub gone: Option<String>,
+    /// With the supervisor gone: the topmost live process of the same run
+    /// at or above this one, the command the run started. Itself otherwise.
+    pub top: u32,
+}
+
+/// Where cgroup v2 is mounted, from /proc/self/mountinfo.
+pub fn cgroup2_mount() -> Option<PathBuf> {
+    let text = fs::read_to_string("/proc/self/mountinfo").ok()?;
+    text.lines().find_map(|line| {
+        let (left, right) = line.split_once(" - ")?;
+        let fstype = right.split_whitespace().next()?;
+        let mount_point = left.split_whitespace().nth(4)?;
+        (fstype == "cgroup2").then(|| PathBuf::from(mount_point))
+    })
+}
+
+/// The run component of a cgroup path (`gpureap.run-1234-2`), and the
+/// supervisor's PID it names. A cgroup the server made inside its own
+/// still belongs to the run.
+pub fn run_of_cgroup(cgroup: &str) -> Option<(&str, u32)> {
+    cgroup.split('/').find_map(|component| {
+        let rest = component.strip_prefix(CGROUP_PREFIX)?;
+        let (pid, start) = rest.split_once('-')?;
+        start.parse::<u32>().ok()?;
+        Some((component, pid.parse().ok()?))
+    })
+}
+
+/// Why the gpureap with PID `supervisor` no longer supervises what it
+/// started, or `None` while it does. `started_by` is the start time (clock
+/// ticks since boot) of a process it started, when one is known: a gpureap
+/// younger than that is not its supervisor but a stranger with its PID.
+pub fn gone(supervisor: u32, started_by: Option<u64>) -> Option<String> {
+    let exited = format!("gpureap {supervisor} has exited");
+    let Some(now) = proc::glance(supervisor) else {
+        return Some(exited);
+    };
+    if now.state.has_exited() {
+        return Some(exited);
+    }
+    if now.comm != "gpureap" {
+        return Some(format!(
+            "{exited}; PID {supervisor} is now {}, not gpureap",
+            now.comm
+        ));
+    }
+    if started_by.is_some_and(|start| now.id.start_time > start) {
+        return Some(format!(
+            "{exited}; PID {supervisor} is now a gpureap started after what it supervised"
+        ));
+    }
+    None
+}
+
+/// Whether `pid` lives in our PID namespace, as far as we can tell. PIDs in
+/// a run's cgroup name and environment are those of the supervisor's
+/// namespace: from another one (a container's processes seen from the
+/// host), they cannot be judged, and such runs are taken as supervised.
+fn in_our_pid_namespace(pid: u32) -> bool {
+    let ours = fs::read_link("/proc/self/ns/pid");
+    let theirs = fs::read_link(format!("/proc/{pid}/ns/pid"));
+    match (ours, theirs) {
+        (Ok(ours), Ok(theirs)) => ours == theirs,
+        _ => true,
+    }
+}
+
+/// How `record` (whose cgroup is `cgroup`) is supervised, if it was started
+/// under `gpureap run`. `processes` is the scan it comes from, to find the
+/// top of its run when the supervisor is gone.
+pub fn supervision_of(
+    record: &ProcessRecord,
+    cgroup: Option<&str>,
+    processes: &BTreeMap<u32, ProcessRecord>,
+) -> Option<Supervision> {
+    let pid = record.id.pid;
+    let run = cgroup.and_then(run_of_cgroup);
+    let supervisor = match run {
+        Some((_, supervisor)) => supervisor,
+        None => proc::env_value(pid, SUPERVISOR_ENV)?.parse().ok()?,
+    };
+    let gone = if in_our_pid_namespace(pid) {
+        gone(supervisor, Some(record.id.start_time))
+    } else {
+        None
+    };
+    let same_run = |parent: u32| match run {
+        Some((component, _)) => proc::cgroup(parent)
+            .as_deref()
+            .and_then(run_of_cgroup)
+            .is_some_and(|(theirs, _)| theirs == component),
+        None => proc::env_value(parent, SUPERVISOR_ENV) == Some(supervisor.to_string()),
+    };
+    let mut top = pid;
+    if gone.is_some() {
+        let mut seen = BTreeSet::from([pid]);
+        while let Some(parent) = processes.get(&top).map(|record| record.ppid) {
+            if parent <= 1 || !processes.contains_key(&parent) || !seen.insert(parent) {
+                break;
+            }
+            if !same_run(parent) {
+                break;
+            }
+            top = parent;
+        }
+    }
+    Some(Supervision {
+        supervisor,
+        cgroup: run.and(cgroup.map(str::to_string)),
+        gone,
+        top,
+    })
+}
+
+/// A run cgroup whose supervisor is gone, and what is still in it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StaleRun {
+    pub cgroup: PathBuf,
+    /// The cgroup directory's inode when it was examined: a live gpureap
+    /// that made a cgroup of the same name since made another directory.
+    pub inode: u64,
+    pub supervisor: u32,
+    pub gone: String,
+    /// Every live process in it and in the cgroups below it.
+    pub members: BTreeSet<ProcessId>,
+}
+
+/// The PIDs in a cgroup and the cgroups below it.
+fn cgroup_pids(path: &Path) -> BTreeSet<u32> {
+    let mut pids = BTreeSet::new();
+    let mut folders = vec![(path.to_path_buf(), 0)];
+    while let Some((folder, depth)) = folders.pop() {
+        pids.extend(
+            fs::read_to_string(folder.join("cgroup.procs"))
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|line| line.trim().parse::<u32>().ok()),
+        );
+        if depth < MAX_CGROUP_DEPTH {
+            folders.extend(subfolders(&folder).into_iter().map(|sub| (sub, depth + 1)));
+        }
+    }
+    pids
+}
+
+fn subfolders(path: &Path) -> Vec<PathBuf> {
+    fs::read_dir(path)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter(|entry| entry.file_type().is_ok_and(|kind| kind.is_dir()))
+                .map(|entry| entry.path())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The stale run at `path`, if it is a run cgroup whose supervisor is gone.
+/// An empty one is stale only if its PID names no gpureap at all.
+pub fn examine(path: &Path) -> Option<StaleRun> {
+    let name = path.file_name()?.to_str()?;
+    let (_, supervisor) = run_of_cgroup(name)?;
+    let inode = inode_of(path)?;
+    let members: BTreeSet<ProcessId> = cgroup_pids(path)
+        .into_iter()
+        .filter_map(|pid| proc::start_time(pid).map(|start_time| ProcessId { pid, start_time }))
+        .collect();
+    if members.iter().any(|id| !in_our_pid_namespace(id.pid)) {
+        return None;
+    }
+    let started_by = members.iter().map(|id| id.start_time).min();
+    let gone = gone(supervisor, started_by)?;
+    Some(StaleRun {
+        cgroup: path.to_path_buf(),
+        inode,
+        supervisor,
+        gone,
+        members,
+    })
+}
+
+/// The inode of a directory, not through a link.
+fn inode_of(path: &Path) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    fs::symlink_metadata(path)
+        .ok()
+        .filter(fs::Metadata::is_dir)
+        .map(|metadata| metadata.ino())
+}
+
+/// Every stale run on this host: run cgroups anywhere in the cgroup v2
+/// tree whose supervisor is gone.
+pub fn stale_runs() -> Vec<StaleRun> {
+    let Some(mount) = cgroup2_mount() else {
+        return Vec::new();
+    };
+    let mut found = Vec::new();
+    let mut folders = vec![(mount, 0)];
+    while let Some((folder, depth)) = folders.pop() {
+        for sub in subfolders(&folder) {
+            let is_run = sub
+                .file_name()
+                .and_then(|name| name.to_str())
+                .is_some_and(|name| run_of_cgroup(name).is_some());
+            if is_run {
+                found.extend(examine(&sub));
+            } else if depth < MAX_CGROUP_DEPTH {
+                folders.push((sub, depth + 1));
+            }
+        }
+    }
+    found.sort_by(|a, b| a.cgroup.cmp(&b.cgroup));
+    found
+}
+
+/// What became of one stale run's cgroup.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Removal {
+    pub cgroup: String,
+    pub supervisor: u32,
+    pub gone: String,
+    /// The cgroup (and any below it) is gone.
+    pub removed: bool,
+    /// Why it is not, when it is not.
+    pub error: Option<String>,
+}
+
+impl Removal {
+    /// A stale run's entry before anything is done (a dry run).
+    pub fn planned(run: &StaleRun) -> Removal {
+        Removal {
+            cgroup: run.cgroup.display().to_string(),
+            supervisor: run.supervisor,
+            gone: run.gone.clone(),
+            removed: false,
+            error: None,
+        }
+    }
+}
+
+/// Ends whatever is still in a stale run's cgroup (`cgroup.kill`, which no
+/// process in it can escape), waits up to `timeout` for it to empty, and
+/// removes it with the cgroups below it. Nothing is killed while it holds a
+/// process in `spared` (gpureap, its ancestors, a protected process).
+pub fn remove(run: &StaleRun, spared: &BTreeSet<u32>, timeout: Duration) -> Removal {
+    let mut removal = Removal::planned(run);
+    let fail = |mut removal: Removal, error: String| {
+        removal.error = Some(error);
+        removal
+    };
+    // A supervisor never comes back, but its cgroup may have been removed
+    // since, and one of the same name made by a gpureap that got its PID.
+    match inode_of(&run.cgroup) {
+        None => {
+            removal.removed = true;
+            return removal;
+        }
+        Some(inode) if inode != run.inode => {
+            return fail(
+                removal,
+                "it was removed and made again since; left as is".to_string(),
+            );
+        }
+        Some(_) => {}
+    }
+    let members = cgroup_pids(&run.cgroup);
+    let kept: Vec<u32> = members
+        .iter()
+        .copied()
+        .filter(|pid| spared.contains(pid))
+        .collect();
+    if !kept.is_empty() {
+        return fail(
+            removal,
+            format!("it holds {kept:?}, which may not be signalled; left as is"),
+        );
+    }
+    if !members.is_empty()
+        && let Err(error) = fs::write(run.cgroup.join("cgroup.kill"), "1")
+    {
+        return fail(removal, format!("cgroup.kill: {error}"));
+    }
+    let deadline = Instant::now() + timeout;
+    loop {
+        let left = cgroup_pids(&run.cgroup);
+        // A killed process leaves cgroup.procs at once, but keeps the cgroup
+        // busy until its parent reaps it: removal is retried until then.
+        let error = if left.is_empty() {
+            match remove_tree(&run.cgroup, 0) {
+                Ok(()) => {
+                    removal.removed = true;
+                    return removal;
+                }
+                Err(error) if error.raw_os_error() == Some(libc::EBUSY) => error.to_string(),
+                Err(error) => return fail(removal, error.to_string()),
+            }
+        } else {
+            format!("still holds {left:?}")
+        };
+        if Instant::now() >= deadline {
+            return fail(removal, format!("{error} after {}s", timeout.as_secs()));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Removes an empty cgroup and the cgroups below it, deepest first.
+fn remove_tree(path: &Path, depth: usize) -> std::io::Result<()> {
+    if depth < MAX_CGROUP_DEPTH {
+        for sub in subfolders(path) {
+            remove_tree(&sub, depth + 1)?;
+        }
+    }
+    match fs::remove_dir(path) {
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_run_and_its_supervisor_come_from_the_cgroup_path() {
+        assert_eq!(
+            run_of_cgroup("/gpureap.run-1234-2"),
+            Some(("gpureap.run-1234-2", 1234))
+        );
+        assert_eq!(
+            run_of_cgroup("/system.slice/x.service/gpureap.run-77-1/inner"),
+            Some(("gpureap.run-77-1", 77))
+        );
+        for other in [
+            "/",
+            "/gpureap.run-x-1",
+            "/gpureap.run-12",
+            "/my-gpureap.run-1-1",
+        ] {
+            assert_eq!(run_of_cgroup(other), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn a_supervisor_is_alive_only_as_a_gpureap_older_than_what_it_started() {
+        let me = std::process::id();
+        let my_start = proc::start_time(me).expect("own start time");
+        // This test binary is not named gpureap.
+        let gone_why = gone(me, Some(my_start)).expect("not gpureap");
+        assert!(gone_why.contains("not gpureap"), "{gone_why}");
+        assert!(gone(u32::MAX, None).is_some_and(|why| why.ends_with("has exited")));
+    }
+}

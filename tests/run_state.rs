@@ -1,0 +1,289 @@
+//! `gpureap run`'s state directory under attack: run as root with `HOME` or
+//! `--state-dir` in a directory another user owns and has seeded with
+//! symbolic links, it must refuse before starting anything and touch nothing
+//! the links point at; what it creates itself is private to its owner.
+
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt, lchown, symlink};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use gpureap::incident::SimHost;
+
+use crate::harness::*;
+use crate::run::{Supervisor, read};
+
+/// The uid and gid of `nobody`, the other user of these tests.
+const NOBODY: u32 = 65534;
+
+fn host() -> SimHost {
+    SimHost::new(1, 80 * GIB, "Simulated H200").expect("sim host")
+}
+
+/// A directory owned by `nobody`, as another user's home would be.
+fn foreign_dir(path: &Path) {
+    fs::create_dir_all(path).expect("mkdir");
+    fs::set_permissions(path, fs::Permissions::from_mode(0o755)).expect("chmod");
+    std::os::unix::fs::chown(path, Some(NOBODY), Some(NOBODY)).expect("chown to nobody");
+}
+
+/// A symbolic link planted by `nobody`.
+fn foreign_link(target: &Path, link: &Path) {
+    symlink(target, link).expect("symlink");
+    lchown(link, Some(NOBODY), Some(NOBODY)).expect("lchown to nobody");
+}
+
+fn entries(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(dir)
+        .expect("read dir")
+        .flatten()
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+fn mode(path: &Path) -> u32 {
+    fs::symlink_metadata(path)
+        .unwrap_or_else(|error| panic!("{}: {error}", path.display()))
+        .permissions()
+        .mode()
+        & 0o7777
+}
+
+/// Waits for `child` to end, at most 30 s.
+fn wait(mut child: std::process::Child) -> Run {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while child.try_wait().expect("try_wait").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("gpureap run did not end within 30s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("output").into()
+}
+
+#[test]
+fn run_refuses_a_state_dir_another_user_seeded_with_symlinks_and_touches_nothing() {
+    let host = host();
+    let victim = host.path().join("victim.conf");
+    fs::write(&victim, "precious\n").expect("victim file");
+    let victim_dir = host.path().join("victim-dir");
+    fs::create_dir(&victim_dir).expect("victim dir");
+    let started = host.path().join("server-started");
+    // Ready after a moment, then a crash: a good start to record and a bundle to write.
+    let server = format!(
+        "touch {}; sleep 0.5; echo serving; sleep 0.2; exit 3",
+        started.display()
+    );
+
+    // --state-dir: nobody's directory, links to root's file and directory.
+    let attacker = host.path().join("attacker");
+    foreign_dir(&attacker);
+    foreign_link(&victim, &attacker.join("starts.json"));
+    foreign_link(&victim_dir, &attacker.join("bundles"));
+    let mut command = gpureap(&host);
+    command
+        .args(["run", "--ready-log", "serving", "--restart", "never"])
+        .arg("--state-dir")
+        .arg(&attacker)
+        .args(["--", "bash", "-c", &server])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let child = command.spawn().expect("gpureap run starts");
+    // The temporary file next to starts.json, named after gpureap's PID.
+    foreign_link(
+        &victim,
+        &attacker.join(format!("starts.json.{}.tmp", child.id())),
+    );
+    let result = wait(child);
+    assert_eq!(result.code, 2, "refused as bad input: {}", result.stderr);
+    assert!(
+        result.stderr.contains(&attacker.display().to_string())
+            && result.stderr.contains("uid 65534"),
+        "the message names the directory and what is wrong: {}",
+        result.stderr
+    );
+
+    // HOME: nobody's home, with ~/.local a link to root's directory, or plain.
+    let home_linked = host.path().join("home-linked");
+    foreign_dir(&home_linked);
+    foreign_link(&victim_dir, &home_linked.join(".local"));
+    let home_plain = host.path().join("home-plain");
+    foreign_dir(&home_plain);
+    for home in [&home_linked, &home_plain] {
+        let mut command = gpureap(&host);
+        command
+            .args(["run", "--ready-log", "serving", "--restart", "never"])
+            .args(["--", "bash", "-c", &server])
+            .env("HOME", home)
+            .env_remove("XDG_STATE_HOME")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let result = wait(command.spawn().expect("gpureap run starts"));
+        assert_eq!(result.code, 2, "HOME={}: {}", home.display(), result.stderr);
+        assert!(
+            result.stderr.contains(&home.display().to_string()),
+            "{}",
+            result.stderr
+        );
+        assert_eq!(
+            entries(home),
+            if home == &home_linked {
+                vec![".local".to_string()]
+            } else {
+                vec![]
+            },
+            "nothing created in another user's home"
+        );
+    }
+
+    assert_eq!(read(&victim), "precious\n", "the victim file is untouched");
+    assert!(
+        entries(&victim_dir).is_empty(),
+        "nothing written into the victim directory: {:?}",
+        entries(&victim_dir)
+    );
+    assert!(!started.exists(), "the server was never started");
+}
+
+#[test]
+fn a_symlink_inside_a_trusted_state_dir_is_neither_read_nor_written_through() {
+    let host = host();
+    let state = host.path().join("state");
+    fs::create_dir(&state).expect("state dir");
+    fs::set_permissions(&state, fs::Permissions::from_mode(0o700)).expect("chmod");
+    let victim = host.path().join("victim.json");
+    let planted = r#"{"good_starts":[{"lines":999,"seconds":1.0,"at_unix":0}]}"#;
+    fs::write(&victim, planted).expect("victim");
+    symlink(&victim, state.join("starts.json")).expect("symlink");
+
+    let mut command = gpureap(&host);
+    command
+        .args(["run", "--ready-log", "serving", "--grace", "300ms"])
+        .arg("--state-dir")
+        .arg(&state)
+        .args(["--", "bash", "-c", "echo serving; exec sleep 100000"]);
+    let supervisor = Supervisor::start(command);
+    let ready = supervisor.wait_for("ready after", 1);
+    assert!(
+        ready.contains("no good start recorded yet"),
+        "starts.json was read through its link: {ready}"
+    );
+    let (code, events, _) = supervisor.stop();
+    assert_eq!(code, 0, "{}", events.join("\n"));
+    assert_eq!(read(&victim), planted, "the link's target is untouched");
+    let recorded = fs::symlink_metadata(state.join("starts.json")).expect("starts.json");
+    assert!(recorded.is_file(), "the link was replaced by a file");
+    assert!(read(&state.join("starts.json")).contains("good_starts"));
+}
+
+#[test]
+fn what_run_creates_in_its_state_dir_is_private_whatever_the_umask() {
+    let host = host();
+    // Two levels that do not exist yet: both are created.
+    let state = host.path().join("new").join("state");
+    let log = host.path().join("server.log");
+    let mut command = gpureap(&host);
+    command
+        .args(["run", "--ready-log", "serving", "--restart", "never"])
+        .arg("--state-dir")
+        .arg(&state)
+        .arg("--log")
+        .arg(&log)
+        .args([
+            "--",
+            "bash",
+            "-c",
+            "echo serving; echo 'api_key=sk-secret'; sleep 0.3; exit 3",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // Safety: umask is async-signal-safe.
+    unsafe {
+        command.pre_exec(|| {
+            libc::umask(0o022);
+            Ok(())
+        });
+    }
+    let result = wait(command.spawn().expect("gpureap run starts"));
+    assert_eq!(result.code, 1, "a crash: {}", result.stderr);
+
+    assert_eq!(mode(&host.path().join("new")), 0o700);
+    assert_eq!(mode(&state), 0o700);
+    assert_eq!(mode(&state.join("starts.json")), 0o600);
+    assert_eq!(mode(&state.join("bundles")), 0o700);
+    let bundles: Vec<_> = fs::read_dir(state.join("bundles"))
+        .expect("bundles")
+        .flatten()
+        .map(|entry| entry.path())
+        .collect();
+    assert_eq!(bundles.len(), 1, "{}", result.stderr);
+    assert_eq!(mode(&bundles[0]), 0o700);
+    for file in fs::read_dir(&bundles[0]).expect("bundle").flatten() {
+        assert_eq!(mode(&file.path()), 0o600, "{}", file.path().display());
+    }
+    assert!(read(&bundles[0].join("log-tail.txt")).contains("sk-secret"));
+    assert_eq!(mode(&log), 0o600, "the log holds the same secrets");
+    assert_eq!(
+        fs::metadata(&state).expect("state").uid(),
+        rustix::process::geteuid().as_raw()
+    );
+}
+
+/// gpureap's peak resident memory, in bytes.
+pub(crate) fn peak_memory(pid: u32) -> u64 {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|value| {
+            value
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+        .expect("VmHWM")
+        * 1024
+}
+
+#[test]
+fn a_huge_starts_json_is_not_read_whole() {
+    let host = host();
+    let state = host.path().join("state");
+    fs::create_dir(&state).expect("state dir");
+    fs::set_permissions(&state, fs::Permissions::from_mode(0o700)).expect("chmod");
+    // Sparse: 512 MiB that take no disk.
+    fs::File::create(state.join("starts.json"))
+        .and_then(|file| file.set_len(512 << 20))
+        .expect("huge starts.json");
+
+    let mut command = gpureap(&host);
+    command
+        .args(["run", "--ready-log", "serving", "--grace", "300ms"])
+        .arg("--state-dir")
+        .arg(&state)
+        .args(["--", "bash", "-c", "echo serving; exec sleep 100000"]);
+    let supervisor = Supervisor::start(command);
+    let ready = supervisor.wait_for("ready after", 1);
+    assert!(ready.contains("no good start recorded yet"), "{ready}");
+    let peak = peak_memory(supervisor.child.id());
+    let (code, events, _) = supervisor.stop();
+    assert!(peak < 64 << 20, "gpureap run peaked at {} MiB", peak >> 20);
+    assert_eq!(code, 0, "{}", events.join("\n"));
+    assert!(
+        events
+            .iter()
+            .any(|event| event.contains("starts.json") && event.contains("ignored")),
+        "the oversized file is reported: {}",
+        events.join("\n")
+    );
+    let history: serde_json::Value =
+        serde_json::from_str(&read(&state.join("starts.json"))).expect("json");
+    assert_eq!(history["good_starts"].as_array().expect("starts").len(), 1);
+}
