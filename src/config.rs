@@ -150,7 +150,43 @@ pub fn wait(args: &WaitArgs, gpu_count: u32) -> Result<WaitConfig, UsageError> {
     })
 }
 
+/// Where the server's program is, as `exec` will find it: a path as given,
+/// or the first executable of that name on PATH. Checked before anything is
+/// started, so that a typo is reported as one and not as a containment
+/// failure.
+fn find_program(program: &str) -> Result<std::path::PathBuf, UsageError> {
+    use rustix::fs::{Access, access};
+    let executable =
+        |path: &std::path::Path| path.is_file() && access(path, Access::EXEC_OK).is_ok();
+    if program.contains('/') {
+        let path = std::path::PathBuf::from(program);
+        return if executable(&path) {
+            Ok(path)
+        } else if path.exists() {
+            Err(UsageError(format!(
+                "cannot start the server: {program} is not an executable file"
+            )))
+        } else {
+            Err(UsageError(format!(
+                "cannot start the server: {program} does not exist"
+            )))
+        };
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(program))
+        .find(|candidate| executable(candidate))
+        .ok_or_else(|| {
+            UsageError(format!(
+                "cannot start the server: no program named '{program}' on PATH"
+            ))
+        })
+}
+
 pub fn run(args: &RunArgs) -> Result<RunConfig, UsageError> {
+    if let Some(program) = args.command.first() {
+        find_program(program)?;
+    }
     let readiness = if let Some(url) = &args.ready_url {
         Readiness::Url(url.clone())
     } else if let Some(port) = args.ready_port {

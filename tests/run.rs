@@ -775,7 +775,11 @@ fn run_refuses_bad_input() {
         ),
         (
             &["run", "--state-dir", &state, "--", "/nonexistent/server"],
-            "cannot start /nonexistent/server",
+            "cannot start the server: /nonexistent/server does not exist",
+        ),
+        (
+            &["run", "--state-dir", &state, "--", "no-such-server-on-path"],
+            "no program named 'no-such-server-on-path' on PATH",
         ),
     ];
     for (args, message) in cases {
@@ -786,5 +790,30 @@ fn run_refuses_bad_input() {
             "{args:?}: expected {message:?} in {}",
             result.stderr
         );
+        // A command that cannot start is not blamed on containment.
+        assert!(!result.stderr.contains("cgroup"), "{}", result.stderr);
     }
+    // A --log that cannot be opened: the path is named, nothing starts, and
+    // the exit code says "could not complete", not "still held".
+    let result = run(
+        &host,
+        &[
+            "run",
+            "--state-dir",
+            &state,
+            "--log",
+            "/nonexistent/x.log",
+            "--",
+            "true",
+        ],
+    );
+    assert_eq!(result.code, 3, "{}", result.stderr);
+    assert!(
+        result
+            .stderr
+            .contains("cannot open --log /nonexistent/x.log"),
+        "{}",
+        result.stderr
+    );
+    assert!(!result.stderr.contains("start 1"), "{}", result.stderr);
 }
