@@ -171,13 +171,15 @@ fn in_scope(
     whole_gpu: bool,
     user: &GpuUser,
 ) -> bool {
-    // The ledger first: a target that exited between the driver's pass and
-    // the /proc pass is still ours, and its memory is not yet back. A live
-    // process that took a target's PID since is not.
+    // The ledger first. A target the driver still lists is ours until its
+    // memory is back: also once it has left /proc, and also while it tears
+    // down (its descriptors are closed before the driver releases its
+    // memory, so it has no node open and looks like another namespace's
+    // process). A process that took a target's PID and opened a GPU node is
+    // someone else.
     let ours = match snapshot.processes.get(&user.pid) {
         Some(record) if !user.hidden => ledger.was_target(record.id),
-        None => ledger.had_target_pid(user.pid),
-        Some(_) => false,
+        _ => ledger.had_target_pid(user.pid),
     };
     if ours {
         return true;
@@ -596,6 +598,32 @@ mod tests {
         exiting.gpus[0].users[0].hidden = false;
         let assessment = assess(&exiting.gpus[0], &exiting, &targets(&[]), &ledger, false);
         assert_eq!(assessment.remaining, [10]);
+    }
+
+    /// Seen on an H200: a SIGTERMed CUDA process closes its descriptors
+    /// before the driver releases its memory, and the driver still lists it.
+    /// With no node open it looks like another namespace's process; it is
+    /// still the target, and the GPU is not free.
+    #[test]
+    fn a_target_tearing_down_is_still_ours() {
+        let target = record(20, 1, 'S', "python3");
+        let ledger = Signalled(vec![target.id]);
+        let mut tearing_down = snapshot(
+            7 * GIB,
+            vec![listed(10, Some(3 * GIB)), listed(20, Some(4 * GIB))],
+            vec![record(10, 1, 'S', "python3 train.py"), target],
+        );
+        // As the merge marks it: listed, a process of this /proc, no node open.
+        tearing_down.gpus[0].users[1].hidden = true;
+        let assessment = assess(
+            &tearing_down.gpus[0],
+            &tearing_down,
+            &targets(&[]),
+            &ledger,
+            false,
+        );
+        assert!(!assessment.freed, "{assessment:?}");
+        assert_eq!(assessment.remaining, [20]);
     }
 
     /// A process in scope that the reaper never signalled (it came after the

@@ -613,8 +613,7 @@ proptest! {
                     let record = snapshot.processes.get(&user.pid);
                     let earlier = match record {
                         Some(record) if !user.hidden => ledger.0.contains(&record.id),
-                        None => ledger.0.iter().any(|id| id.pid == user.pid),
-                        Some(_) => false,
+                        _ => ledger.0.iter().any(|id| id.pid == user.pid),
                     };
                     earlier
                         || (user.hidden && whole)
