@@ -377,11 +377,6 @@ impl Snapshot {
         ProcessTree::new(self.processes.values())
     }
 
-    /// The parents of a process present in this snapshot, nearest first.
-    pub fn ancestors(&self, pid: u32) -> Vec<u32> {
-        self.tree().ancestors(pid)
-    }
-
     /// Age of a process, to the clock tick (10 ms on most kernels), if the
     /// uptime could be read.
     pub fn age(&self, pid: u32) -> Option<std::time::Duration> {

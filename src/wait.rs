@@ -32,21 +32,26 @@ impl WaitOutcome {
     }
 }
 
-fn reading(driver: &dyn Driver, index: u32, below: u64) -> WaitGpu {
-    match driver.memory_used(index) {
-        Ok(used) => WaitGpu {
-            index,
-            memory_used: used,
-            ready: used.is_some_and(|used| used < below),
-            error: None,
-        },
-        Err(error) => WaitGpu {
-            index,
-            memory_used: None,
-            ready: false,
-            error: Some(error.to_string()),
-        },
-    }
+/// One reading of every GPU asked for, in one pass where the backend can.
+fn readings(driver: &dyn Driver, gpus: &BTreeSet<u32>, below: u64) -> Vec<WaitGpu> {
+    driver
+        .memory_used_of(gpus)
+        .into_iter()
+        .map(|(index, used)| match used {
+            Ok(used) => WaitGpu {
+                index,
+                memory_used: used,
+                ready: used.is_some_and(|used| used < below),
+                error: None,
+            },
+            Err(error) => WaitGpu {
+                index,
+                memory_used: None,
+                ready: false,
+                error: Some(error.to_string()),
+            },
+        })
+        .collect()
 }
 
 /// Returns as soon as every GPU in `gpus` uses less than `below`, or when
@@ -61,10 +66,7 @@ pub fn wait(
 ) -> WaitOutcome {
     let start = Instant::now();
     loop {
-        let readings: Vec<WaitGpu> = gpus
-            .iter()
-            .map(|&index| reading(driver, index, below))
-            .collect();
+        let readings = readings(driver, gpus, below);
         let ready = readings.iter().all(|gpu| gpu.ready);
         tracing::trace!(
             elapsed_ms = start.elapsed().as_secs_f64() * 1e3,

@@ -9,7 +9,7 @@ mod none;
 mod nvml;
 mod sim;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -88,6 +88,18 @@ pub trait Driver: Send + Sync {
     /// Memory used on one GPU, for polling. `Ok(None)` when the driver cannot say.
     fn memory_used(&self, index: u32) -> Result<Option<u64>, DriverError> {
         Ok(self.gpu(index)?.memory_used)
+    }
+
+    /// Memory used on each of these GPUs. Backends that answer for every
+    /// GPU in one pass (the simulated driver reads /proc once) override it.
+    fn memory_used_of(
+        &self,
+        indexes: &BTreeSet<u32>,
+    ) -> BTreeMap<u32, Result<Option<u64>, DriverError>> {
+        indexes
+            .iter()
+            .map(|&index| (index, self.memory_used(index)))
+            .collect()
     }
 
     /// Classifies a descriptor target; `None` for anything that is not a GPU node.

@@ -17,7 +17,7 @@
 //! symbolic link, and only up to a size that fits what it may hold; a file
 //! that is not what it should be is an error naming it, never a default.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -31,6 +31,8 @@ use crate::proc;
 const DEFAULT_TOTAL: u64 = 80 << 30;
 const DEFAULT_CLAIM: u64 = 1 << 30;
 const DEFAULT_NAME: &str = "Simulated GPU";
+/// How often `wait_for_change` looks at the known holders' descriptors.
+const HOLDER_POLL: Duration = Duration::from_millis(1);
 /// Largest claim or leak file: a byte count and a newline fit many times over.
 const NUMBER_FILE_LIMIT: usize = 64;
 /// Largest `DIR/gpus`: a line per GPU, a few hundred GPUs.
@@ -484,6 +486,33 @@ impl Driver for SimDriver {
         self.gpus_given_scan(&self.scan()?)
     }
 
+    /// One /proc pass for all of them, not one per GPU.
+    fn memory_used_of(
+        &self,
+        indexes: &BTreeSet<u32>,
+    ) -> BTreeMap<u32, Result<Option<u64>, DriverError>> {
+        let gpus = match self.gpus() {
+            Ok(gpus) => gpus,
+            Err(error) => {
+                return indexes
+                    .iter()
+                    .map(|&index| (index, Err(error.clone())))
+                    .collect();
+            }
+        };
+        indexes
+            .iter()
+            .map(|&index| {
+                let answer = match gpus.get(index as usize) {
+                    Some(Ok(gpu)) => Ok(gpu.memory_used),
+                    Some(Err(error)) => Err(error.clone()),
+                    None => Err(DriverError::Sim(format!("no GPU {index}"))),
+                };
+                (index, answer)
+            })
+            .collect()
+    }
+
     /// Memory on the simulated driver goes down only when a holder closes
     /// its node or exits, so after one reading (which catches up with what
     /// changed since `last` and names the holders) only those holders are
@@ -530,7 +559,8 @@ impl Driver for SimDriver {
             if remaining.is_zero() {
                 return false;
             }
-            std::thread::sleep(poll.min(remaining));
+            // Looking at a few holders' descriptors is cheap: look often.
+            std::thread::sleep(poll.min(HOLDER_POLL).min(remaining));
             let closed = holders.iter().any(|(id, node)| {
                 proc::nodes_of(*id, &classify).is_none_or(|nodes| !nodes.contains(node))
             });
