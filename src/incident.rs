@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use crate::proc::{self, ProcessId};
 use crate::reap::{Sig, send};
 
-/// A simulated GPU host in a temporary directory, laid out as DESIGN.md's
-/// simulated driver expects.
+/// A simulated GPU host in a temporary directory, laid out as the simulated
+/// driver expects (docs/simulated-driver.md).
 pub struct SimHost {
     dir: tempfile::TempDir,
 }

@@ -708,7 +708,9 @@ impl Freeing<'_> {
                 )
             })
             .collect();
-        self.driver.wait_for_change(&last, self.options.poll, limit)
+        self.driver
+            .wait_for_change(&last, self.options.poll, limit)
+            .is_some()
     }
 
     /// One look after the last signal, for the verdict: it adopts and

@@ -1,6 +1,6 @@
 //! From a scope to the exact set of processes to signal.
 //!
-//! The rule (DESIGN.md): targets are the GPU users in scope and all their
+//! The rule (docs/architecture.md): targets are the GPU users in scope and all their
 //! descendants; `--pid` names processes directly, GPU users or not. Then the
 //! guard removes what must never be signalled, and says why for each.
 

@@ -70,7 +70,7 @@ pub struct Details {
     pub supervision: Option<Supervision>,
 }
 
-/// The flags a holder can carry, as DESIGN.md names them.
+/// The flags a holder can carry (docs/json.md names them).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Flags {
     pub orphaned: bool,

@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use crate::driver::Driver;
+use crate::driver::{Driver, Figures};
 use crate::report::WaitGpu;
 
 /// How often the driver's memory figures are polled, where the backend
@@ -32,10 +32,9 @@ impl WaitOutcome {
     }
 }
 
-/// One reading of every GPU asked for, in one pass where the backend can.
-fn readings(driver: &dyn Driver, gpus: &BTreeSet<u32>, below: u64) -> Vec<WaitGpu> {
-    driver
-        .memory_used_of(gpus)
+/// Each GPU's state from one reading of the driver.
+fn states(figures: Figures, below: u64) -> Vec<WaitGpu> {
+    figures
         .into_iter()
         .map(|(index, used)| match used {
             Ok(used) => WaitGpu {
@@ -65,8 +64,8 @@ pub fn wait(
     timeout: Duration,
 ) -> WaitOutcome {
     let start = Instant::now();
+    let mut readings = states(driver.memory_used_of(gpus), below);
     loop {
-        let readings = readings(driver, gpus, below);
         let ready = readings.iter().all(|gpu| gpu.ready);
         tracing::trace!(
             elapsed_ms = start.elapsed().as_secs_f64() * 1e3,
@@ -85,6 +84,11 @@ pub fn wait(
             .iter()
             .map(|gpu| (gpu.index, gpu.memory_used))
             .collect();
-        driver.wait_for_change(&last, POLL, (timeout - waited).min(LONGEST_PAUSE));
+        // The figures that changed are the next reading; with no change in
+        // a while, read again all the same (a backend may not tell).
+        let figures = driver
+            .wait_for_change(&last, POLL, (timeout - waited).min(LONGEST_PAUSE))
+            .unwrap_or_else(|| driver.memory_used_of(gpus));
+        readings = states(figures, below);
     }
 }

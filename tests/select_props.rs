@@ -1,5 +1,5 @@
 //! Property: on random process forests and random scopes, `select` returns
-//! exactly the target set DESIGN.md defines (GPU users in scope plus their
+//! exactly the target set docs/architecture.md defines (GPU users in scope plus their
 //! descendants, `--pid` naming processes directly), and never a protected
 //! process, an ancestor of gpureap, gpureap itself, PID 1 or a kernel thread,
 //! nor anything reached only through one of them. The forests include what

@@ -55,6 +55,9 @@ pub enum DriverError {
     Unavailable(String),
 }
 
+/// Memory used per GPU, as one reading of several GPUs answers it.
+pub type Figures = BTreeMap<u32, Result<Option<u64>, DriverError>>;
+
 /// One GPU driver. Implementations must be cheap to call repeatedly: `free`
 /// and `wait` poll `memory_used` every few milliseconds.
 pub trait Driver: Send + Sync {
@@ -92,10 +95,7 @@ pub trait Driver: Send + Sync {
 
     /// Memory used on each of these GPUs. Backends that answer for every
     /// GPU in one pass (the simulated driver reads /proc once) override it.
-    fn memory_used_of(
-        &self,
-        indexes: &BTreeSet<u32>,
-    ) -> BTreeMap<u32, Result<Option<u64>, DriverError>> {
+    fn memory_used_of(&self, indexes: &BTreeSet<u32>) -> Figures {
         indexes
             .iter()
             .map(|&index| (index, self.memory_used(index)))
@@ -108,28 +108,32 @@ pub trait Driver: Send + Sync {
 
     /// Blocks until the memory used on any of these GPUs differs from `last`
     /// (or may have: a backend that cannot tell cheaply says so), or until
-    /// `limit` passes; returns whether it changed. Verification loops call
-    /// this between full looks, so that they react at once to a release and
-    /// otherwise cost nothing. The default polls `memory_used` every `poll`.
+    /// `limit` passes. Returns the figures it saw change (`memory_used_of`'s
+    /// answer for the GPUs of `last`), or `None` when nothing changed in
+    /// time. Verification loops and `wait` call this between readings, so
+    /// that they react at once to a release and otherwise cost nothing. The
+    /// default polls `memory_used_of` every `poll`.
     fn wait_for_change(
         &self,
         last: &BTreeMap<u32, Option<u64>>,
         poll: Duration,
         limit: Duration,
-    ) -> bool {
+    ) -> Option<Figures> {
         let deadline = Instant::now() + limit;
+        let gpus: BTreeSet<u32> = last.keys().copied().collect();
         loop {
-            let changed = last
-                .iter()
-                .any(|(&index, &before)| self.memory_used(index).ok().flatten() != before);
+            let now = self.memory_used_of(&gpus);
+            let changed = now.iter().any(|(index, used)| {
+                used.as_ref().ok().copied().flatten() != last.get(index).copied().flatten()
+            });
             if changed {
-                return true;
+                return Some(now);
             }
-            let now = Instant::now();
-            if now >= deadline {
-                return false;
+            let at = Instant::now();
+            if at >= deadline {
+                return None;
             }
-            std::thread::sleep(poll.min(deadline - now));
+            std::thread::sleep(poll.min(deadline - at));
         }
     }
 

@@ -6,7 +6,7 @@
 //! (`DIR/claims/PID.N`) says `none`: then it only has the node open, as every
 //! CUDA process has every GPU's node open, and the driver does not list it
 //! there. Memory is the contexts' claims (default 1 GiB) plus `DIR/leak.N`.
-//! `DIR/gpus` gives totals and names. One extension beyond DESIGN.md:
+//! `DIR/gpus` gives totals and names (docs/simulated-driver.md). One more:
 //! `DIR/lost.N` makes GPU N answer as fallen off the bus, to test a driver
 //! failing mid-run. A process whose descriptors the caller may not read holds
 //! GPU N if it has a claim on it: the real driver sees every process, whoever
@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use rustix::io::Errno;
 
-use super::{Driver, DriverError, DriverProcess, GpuInfo, Node};
+use super::{Driver, DriverError, DriverProcess, Figures, GpuInfo, Node};
 use crate::proc;
 
 const DEFAULT_TOTAL: u64 = 80 << 30;
@@ -320,6 +320,34 @@ impl SimDriver {
         }
     }
 
+    /// The figures of `memory_used_of` from one answer for every GPU.
+    fn figures(
+        &self,
+        gpus: Result<Vec<Result<GpuInfo, DriverError>>, DriverError>,
+        indexes: &BTreeSet<u32>,
+    ) -> Figures {
+        let gpus = match gpus {
+            Ok(gpus) => gpus,
+            Err(error) => {
+                return indexes
+                    .iter()
+                    .map(|&index| (index, Err(error.clone())))
+                    .collect();
+            }
+        };
+        indexes
+            .iter()
+            .map(|&index| {
+                let answer = match gpus.get(index as usize) {
+                    Some(Ok(gpu)) => Ok(gpu.memory_used),
+                    Some(Err(error)) => Err(error.clone()),
+                    None => Err(DriverError::Sim(format!("no GPU {index}"))),
+                };
+                (index, answer)
+            })
+            .collect()
+    }
+
     /// What the files that change a GPU's memory without a process (its
     /// leak and lost markers) look like now: compared, not read.
     fn memory_files(&self, gpus: impl Iterator<Item = u32>) -> Vec<Option<(i64, i64, u64)>> {
@@ -487,30 +515,8 @@ impl Driver for SimDriver {
     }
 
     /// One /proc pass for all of them, not one per GPU.
-    fn memory_used_of(
-        &self,
-        indexes: &BTreeSet<u32>,
-    ) -> BTreeMap<u32, Result<Option<u64>, DriverError>> {
-        let gpus = match self.gpus() {
-            Ok(gpus) => gpus,
-            Err(error) => {
-                return indexes
-                    .iter()
-                    .map(|&index| (index, Err(error.clone())))
-                    .collect();
-            }
-        };
-        indexes
-            .iter()
-            .map(|&index| {
-                let answer = match gpus.get(index as usize) {
-                    Some(Ok(gpu)) => Ok(gpu.memory_used),
-                    Some(Err(error)) => Err(error.clone()),
-                    None => Err(DriverError::Sim(format!("no GPU {index}"))),
-                };
-                (index, answer)
-            })
-            .collect()
+    fn memory_used_of(&self, indexes: &BTreeSet<u32>) -> Figures {
+        self.figures(self.gpus(), indexes)
     }
 
     /// Memory on the simulated driver goes down only when a holder closes
@@ -524,22 +530,19 @@ impl Driver for SimDriver {
         last: &BTreeMap<u32, Option<u64>>,
         poll: Duration,
         limit: Duration,
-    ) -> bool {
+    ) -> Option<Figures> {
         let deadline = Instant::now() + limit;
-        let Ok(scan) = self.scan() else {
-            return true;
+        let gpus: BTreeSet<u32> = last.keys().copied().collect();
+        let scan = match self.scan() {
+            Ok(scan) => scan,
+            Err(error) => return Some(self.figures(Err(error), &gpus)),
         };
-        let Ok(now) = self.gpus_given_scan(&scan) else {
-            return true;
-        };
-        let changed = now.iter().any(|gpu| match gpu {
-            Ok(gpu) => last
-                .get(&gpu.index)
-                .is_some_and(|&used| used != gpu.memory_used),
-            Err(_) => true,
+        let now = self.figures(self.gpus_given_scan(&scan), &gpus);
+        let changed = now.iter().any(|(index, used)| {
+            used.as_ref().ok().copied().flatten() != last.get(index).copied().flatten()
         });
         if changed {
-            return true;
+            return Some(now);
         }
         let holders: Vec<(proc::ProcessId, Node)> = scan
             .processes
@@ -557,7 +560,7 @@ impl Driver for SimDriver {
         loop {
             let remaining = deadline.saturating_duration_since(Instant::now());
             if remaining.is_zero() {
-                return false;
+                return None;
             }
             // Looking at a few holders' descriptors is cheap: look often.
             std::thread::sleep(poll.min(HOLDER_POLL).min(remaining));
@@ -565,7 +568,7 @@ impl Driver for SimDriver {
                 proc::nodes_of(*id, &classify).is_none_or(|nodes| !nodes.contains(node))
             });
             if closed || self.memory_files(last.keys().copied()) != files {
-                return true;
+                return Some(self.memory_used_of(&gpus));
             }
         }
     }
