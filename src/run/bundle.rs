@@ -9,7 +9,7 @@
 //! private to their owner (0700, 0600): they hold the server's command line
 //! and log, and with them its API keys and tokens.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::fmt::Write as _;
 use std::io;
 use std::path::PathBuf;
@@ -21,6 +21,7 @@ use super::state::StateDir;
 use crate::proc;
 use crate::report;
 use crate::snapshot::Snapshot;
+use crate::tree::ProcessTree;
 
 /// How many CPU samples are kept per process (one every half second: the
 /// last five seconds or so).
@@ -122,29 +123,41 @@ impl Bundle {
             .collect()
     }
 
-    /// Members depth-first from those whose parent is not a member, with depths.
-    fn tree_order(&self) -> Vec<(&Member, usize)> {
-        let pids: BTreeSet<u32> = self.members.iter().map(|member| member.pid).collect();
-        let mut ordered = Vec::new();
-        let mut stack: Vec<(&Member, usize)> = self
+    /// Members depth-first from those whose parent is not a member, with
+    /// depths, along the snapshot's process tree.
+    fn tree_order<'a>(&'a self, tree: &ProcessTree) -> Vec<(&'a Member, usize)> {
+        let by_pid: BTreeMap<u32, &Member> = self
             .members
             .iter()
-            .filter(|member| !member.ppid.is_some_and(|ppid| pids.contains(&ppid)))
+            .map(|member| (member.pid, member))
+            .collect();
+        let mut ordered = Vec::new();
+        let mut stack: Vec<(u32, usize)> = self
+            .members
+            .iter()
+            .filter(|member| {
+                !tree
+                    .parent(member.pid)
+                    .is_some_and(|parent| by_pid.contains_key(&parent))
+            })
             .rev()
-            .map(|member| (member, 0))
+            .map(|member| (member.pid, 0))
             .collect();
         let mut seen = BTreeSet::new();
-        while let Some((member, depth)) = stack.pop() {
-            if !seen.insert(member.pid) {
+        while let Some((pid, depth)) = stack.pop() {
+            let Some(&member) = by_pid.get(&pid) else {
+                continue;
+            };
+            if !seen.insert(pid) {
                 continue;
             }
             ordered.push((member, depth));
             stack.extend(
-                self.members
+                tree.children(pid)
                     .iter()
-                    .filter(|child| child.ppid == Some(member.pid))
                     .rev()
-                    .map(|child| (child, depth + 1)),
+                    .filter(|child| by_pid.contains_key(child))
+                    .map(|&child| (child, depth + 1)),
             );
         }
         ordered
@@ -179,7 +192,7 @@ impl Bundle {
             "PID      PPID     SID      S  CPU%    WCHAN                          COMMAND\n",
         );
         // In tree order, each command indented under its parent.
-        for (member, depth) in self.tree_order() {
+        for (member, depth) in self.tree_order(&snapshot.tree()) {
             let number = |value: Option<u32>| value.map_or("?".to_string(), |v| v.to_string());
             let _ = writeln!(
                 processes,
