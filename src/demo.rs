@@ -10,8 +10,8 @@ use std::io::{self, Write};
 use std::time::Duration;
 
 use crate::driver::SimDriver;
+use crate::driver::sim::incident::{Holder, Incident, SimHost};
 use crate::exit::Exit;
-use crate::incident::{Holder, Incident, SimHost};
 use crate::reap::{self, Options};
 use crate::report;
 use crate::select::{Guard, Scope};

@@ -12,7 +12,6 @@ pub mod config;
 pub mod demo;
 pub mod driver;
 pub mod exit;
-pub mod incident;
 pub mod proc;
 pub mod reap;
 pub mod report;

@@ -3,7 +3,7 @@
 
 use std::process::{Command, Output, Stdio};
 
-use gpureap::incident::SimHost;
+use gpureap::driver::sim::incident::SimHost;
 use serde_json::Value;
 
 pub const GIB: u64 = 1 << 30;

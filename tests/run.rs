@@ -9,7 +9,7 @@ use std::process::{Child, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use gpureap::incident::SimHost;
+use gpureap::driver::sim::incident::SimHost;
 
 use crate::harness::*;
 

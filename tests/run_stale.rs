@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use gpureap::incident::{Holder, Incident, SimHost};
+use gpureap::driver::sim::incident::{Holder, Incident, SimHost};
 use serde_json::Value;
 
 use crate::harness::*;

@@ -1,7 +1,7 @@
 //! What `status` shows: who uses which GPU, how much, since when, and how
 //! sure it is, in a table that fits 120 columns.
 
-use gpureap::incident::{Holder, Incident, SimHost};
+use gpureap::driver::sim::incident::{Holder, Incident, SimHost};
 use gpureap::units::Bytes;
 
 use crate::harness::*;

@@ -7,7 +7,7 @@
 
 mod none;
 mod nvml;
-mod sim;
+pub mod sim;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;

@@ -1,5 +1,7 @@
-//! Incident builders: a simulated GPU host and real process trees that hold it
-//! the way crashed inference servers hold real GPUs.
+//! Incident builders for the simulated driver: a simulated GPU host and real
+//! process trees that hold it the way crashed inference servers hold real
+//! GPUs. Part of the simulator, not of the product: only the demo and the
+//! tests use it.
 //!
 //! The demo and the test suite both stage their incidents here, so what the
 //! demo shows is what the tests check. Every process is a real bash or sleep

@@ -17,6 +17,8 @@
 //! symbolic link, and only up to a size that fits what it may hold; a file
 //! that is not what it should be is an error naming it, never a default.
 
+pub mod incident;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
