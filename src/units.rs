@@ -168,10 +168,15 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     if trimmed == "0" {
         return Ok(Duration::ZERO);
     }
-    if trimmed.starts_with('-') {
-        return Err(format!(
-            "invalid duration '{text}': a duration cannot be negative (0 means no wait)"
-        ));
+    if let Some(magnitude) = trimmed.strip_prefix('-') {
+        return Err(if humantime::parse_duration(magnitude).is_ok() {
+            format!("invalid duration '{text}': a duration cannot be negative (0 means no wait)")
+        } else {
+            // `--grace --yes`: the next flag was taken for the missing value.
+            format!(
+                "invalid duration '{text}': expected a number with a unit, like 500ms, 10s or 2m"
+            )
+        });
     }
     let duration = humantime::parse_duration(trimmed).map_err(|_| {
         format!("invalid duration '{text}': expected a number with a unit, like 500ms, 10s or 2m")
@@ -192,8 +197,10 @@ impl fmt::Display for Bytes {
         const MIB: f64 = (1u64 << 20) as f64;
         const GIB: f64 = (1u64 << 30) as f64;
         let bytes = self.0 as f64;
-        if self.0 == 0 {
-            write!(f, "0 B")
+        if self.0 < 1 << 10 {
+            write!(f, "{} B", self.0)
+        } else if bytes < MIB {
+            write!(f, "{:.0} KiB", bytes / 1024.0)
         } else if bytes < GIB {
             write!(f, "{:.0} MiB", (bytes / MIB).max(1.0))
         } else {
@@ -278,6 +285,8 @@ mod tests {
         assert!(error.contains("30 days"), "{error}");
         let error = parse_duration("-5s").expect_err("negative");
         assert!(error.contains("cannot be negative"), "{error}");
+        let error = parse_duration("--yes").expect_err("a flag, not a value");
+        assert!(error.contains("expected a number with a unit"), "{error}");
     }
 
     #[test]
@@ -317,6 +326,8 @@ mod tests {
     #[test]
     fn printing() {
         assert_eq!(Bytes(0).to_string(), "0 B");
+        assert_eq!(Bytes(1).to_string(), "1 B");
+        assert_eq!(Bytes(300 << 10).to_string(), "300 KiB");
         assert_eq!(Bytes(512 << 20).to_string(), "512 MiB");
         assert_eq!(Bytes(92 << 30).to_string(), "92.0 GiB");
         assert_eq!(MaybeBytes(None).to_string(), "unknown");
