@@ -58,6 +58,13 @@ pub enum DriverError {
 /// Memory used per GPU, as one reading of several GPUs answers it.
 pub type Figures = BTreeMap<u32, Result<Option<u64>, DriverError>>;
 
+/// Whether a reading differs from the figures before it (an error reads as unknown).
+pub(crate) fn changed(now: &Figures, last: &BTreeMap<u32, Option<u64>>) -> bool {
+    now.iter().any(|(index, used)| {
+        used.as_ref().ok().copied().flatten() != last.get(index).copied().flatten()
+    })
+}
+
 /// One GPU driver. Implementations must be cheap to call repeatedly: `free`
 /// and `wait` poll `memory_used` every few milliseconds.
 pub trait Driver: Send + Sync {
@@ -123,10 +130,7 @@ pub trait Driver: Send + Sync {
         let gpus: BTreeSet<u32> = last.keys().copied().collect();
         loop {
             let now = self.memory_used_of(&gpus);
-            let changed = now.iter().any(|(index, used)| {
-                used.as_ref().ok().copied().flatten() != last.get(index).copied().flatten()
-            });
-            if changed {
+            if changed(&now, last) {
                 return Some(now);
             }
             let at = Instant::now();

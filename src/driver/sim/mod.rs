@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use rustix::io::Errno;
 
-use super::{Driver, DriverError, DriverProcess, Figures, GpuInfo, Node};
+use super::{Driver, DriverError, DriverProcess, Figures, GpuInfo, Node, changed};
 use crate::proc;
 
 const DEFAULT_TOTAL: u64 = 80 << 30;
@@ -540,10 +540,7 @@ impl Driver for SimDriver {
             Err(error) => return Some(self.figures(Err(error), &gpus)),
         };
         let now = self.figures(self.gpus_given_scan(&scan), &gpus);
-        let changed = now.iter().any(|(index, used)| {
-            used.as_ref().ok().copied().flatten() != last.get(index).copied().flatten()
-        });
-        if changed {
+        if changed(&now, last) {
             return Some(now);
         }
         let holders: Vec<(proc::ProcessId, Node)> = scan
