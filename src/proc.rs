@@ -167,6 +167,51 @@ pub fn nodes_of(id: ProcessId, classify: Classify) -> Option<BTreeSet<Node>> {
     (record.id == id && !record.state.has_exited()).then_some(record.nodes)
 }
 
+thread_local! {
+    /// The scan a snapshot is being built from, while the driver is asked
+    /// about the same moment (see `during`).
+    static CURRENT: std::cell::RefCell<Option<ProcScan>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Takes the current scan out of this thread when dropped, also on a panic:
+/// a scan must never outlive the snapshot it was made for.
+struct Current;
+
+impl Drop for Current {
+    fn drop(&mut self) {
+        CURRENT.with(|current| current.borrow_mut().take());
+    }
+}
+
+/// Runs `f` with `scan` as this thread's current scan: `with_scan` inside
+/// it answers from `scan` instead of reading /proc again. A snapshot is one
+/// moment, so everything it is built from comes from one pass, whoever reads
+/// /proc for it (the simulated driver's process lists come from /proc too).
+/// Returns the scan, and what `f` returned.
+pub fn during<T>(scan: ProcScan, f: impl FnOnce() -> T) -> (ProcScan, T) {
+    CURRENT.with(|current| *current.borrow_mut() = Some(scan));
+    let guard = Current;
+    let value = f();
+    let scan = CURRENT
+        .with(|current| current.borrow_mut().take())
+        .unwrap_or_default();
+    drop(guard);
+    (scan, value)
+}
+
+/// Calls `f` on this thread's current scan (see `during`), or on a fresh
+/// scan classified by `classify` when there is none.
+pub fn with_scan<T>(classify: Classify, f: impl FnOnce(&ProcScan) -> T) -> io::Result<T> {
+    match CURRENT.with(|current| current.borrow_mut().take()) {
+        Some(current) => {
+            let value = f(&current);
+            CURRENT.with(|slot| *slot.borrow_mut() = Some(current));
+            Ok(value)
+        }
+        None => Ok(f(&scan(classify)?)),
+    }
+}
+
 /// Identity, tree and state of every process, without reading descriptors:
 /// for walks of the process tree.
 pub fn scan_tree() -> io::Result<ProcScan> {
@@ -524,6 +569,32 @@ mod tests {
             "4242 ({comm}) {state} 1 4200 4100 0 -1 {flags} 10 0 0 0 7 5 0 0 20 0 3 0 98765 123456 789 18446744073709551615 0 0\n"
         )
         .into_bytes()
+    }
+
+    /// Inside `during`, a reader of /proc gets the snapshot's scan; outside
+    /// it, and after a panic inside it, a fresh one.
+    #[test]
+    fn a_scan_lent_for_a_snapshot_is_used_only_during_it() {
+        let classify: Classify = &|_| None;
+        let marker = ProcScan {
+            processes: Vec::new(),
+            unreadable: vec![Unreadable {
+                pid: 4242,
+                comm: "marker".to_string(),
+                reason: "lent".to_string(),
+            }],
+        };
+        let lent = |scan: &ProcScan| scan.unreadable.first().map(|entry| entry.pid);
+        let (back, seen) = during(marker, || with_scan(classify, lent).expect("scan"));
+        assert_eq!(seen, Some(4242));
+        assert_eq!(back.unreadable[0].pid, 4242, "the scan comes back");
+        let fresh = with_scan(classify, |scan| scan.processes.len()).expect("scan");
+        assert!(fresh > 0, "outside `during`, /proc is read");
+        let panicked = std::panic::catch_unwind(|| {
+            during(back, || panic!("a driver panicked"));
+        });
+        assert!(panicked.is_err());
+        assert_ne!(with_scan(classify, lent).expect("scan"), Some(4242));
     }
 
     #[test]

@@ -153,7 +153,10 @@ impl Snapshot {
             Err(error) => (proc::ProcScan::default(), Some(error)),
         };
         let scanned = started.elapsed();
-        let (infos, driver_error) = match driver.gpus_given_scan(&scan) {
+        // The driver answers for the same moment: a backend that reads /proc
+        // (the simulated driver) reads this scan, not a second one.
+        let (scan, answer) = proc::during(scan, || driver.gpus());
+        let (infos, driver_error) = match answer {
             Ok(infos) => (infos, None),
             Err(error) => (Vec::new(), Some(error.to_string())),
         };

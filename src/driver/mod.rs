@@ -15,7 +15,6 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 pub use crate::proc::Node;
-use crate::proc::ProcScan;
 
 pub use none::NoDriver;
 pub use nvml::NvmlDriver;
@@ -82,17 +81,6 @@ pub trait Driver: Send + Sync {
         Ok((0..self.gpu_count()?)
             .map(|index| self.gpu(index))
             .collect())
-    }
-
-    /// Every GPU, given the /proc scan the caller just made. Only the
-    /// simulated driver, whose process lists come from /proc, uses the scan
-    /// (sparing a second pass); real drivers answer on their own.
-    fn gpus_given_scan(
-        &self,
-        scan: &ProcScan,
-    ) -> Result<Vec<Result<GpuInfo, DriverError>>, DriverError> {
-        let _ = scan;
-        self.gpus()
     }
 
     /// Memory used on one GPU, for polling. `Ok(None)` when the driver cannot say.

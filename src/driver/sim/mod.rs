@@ -50,6 +50,10 @@ pub struct SimDriver {
     gpus: Vec<(u64, String)>,
 }
 
+fn cannot_read_proc(error: std::io::Error) -> DriverError {
+    DriverError::Sim(format!("cannot read /proc: {error}"))
+}
+
 /// Opens `name` under `directory` for reading without following a symbolic
 /// link (nor blocking on a FIFO). `Ok(None)` when there is no such file.
 fn open_in(
@@ -370,8 +374,34 @@ impl SimDriver {
 
     /// A scan of /proc classified by this driver: its own process lists.
     fn scan(&self) -> Result<proc::ProcScan, DriverError> {
-        proc::scan(&|path| self.classify_node(path))
-            .map_err(|error| DriverError::Sim(format!("cannot read /proc: {error}")))
+        proc::scan(&|path| self.classify_node(path)).map_err(cannot_read_proc)
+    }
+
+    /// Every GPU, from the scan a snapshot is being taken with when there
+    /// is one (`proc::during`: the same moment, one pass), else a fresh one.
+    fn answer(&self) -> Result<Vec<Result<GpuInfo, DriverError>>, DriverError> {
+        proc::with_scan(&|path| self.classify_node(path), |scan| {
+            self.gpus_from(scan)
+        })
+        .map_err(cannot_read_proc)?
+    }
+
+    /// Every GPU, from a scan classified by this driver.
+    fn gpus_from(
+        &self,
+        scan: &proc::ProcScan,
+    ) -> Result<Vec<Result<GpuInfo, DriverError>>, DriverError> {
+        let claims = self.claims()?;
+        let holders = self.holders_in(scan, claims.as_ref())?;
+        Ok((0..SimDriver::gpu_count(self))
+            .map(|index| {
+                self.build(
+                    index,
+                    holders.get(&index).map_or(&[][..], Vec::as_slice),
+                    claims.as_ref(),
+                )
+            })
+            .collect())
     }
 
     /// The live holders of each node, from a scan classified by this driver.
@@ -486,34 +516,11 @@ impl Driver for SimDriver {
         if index >= SimDriver::gpu_count(self) {
             return Err(DriverError::Sim(format!("no GPU {index}")));
         }
-        let claims = self.claims()?;
-        let holders = self.holders_in(&self.scan()?, claims.as_ref())?;
-        self.build(
-            index,
-            holders.get(&index).map_or(&[][..], Vec::as_slice),
-            claims.as_ref(),
-        )
-    }
-
-    fn gpus_given_scan(
-        &self,
-        scan: &proc::ProcScan,
-    ) -> Result<Vec<Result<GpuInfo, DriverError>>, DriverError> {
-        let claims = self.claims()?;
-        let holders = self.holders_in(scan, claims.as_ref())?;
-        Ok((0..SimDriver::gpu_count(self))
-            .map(|index| {
-                self.build(
-                    index,
-                    holders.get(&index).map_or(&[][..], Vec::as_slice),
-                    claims.as_ref(),
-                )
-            })
-            .collect())
+        self.answer()?.swap_remove(index as usize)
     }
 
     fn gpus(&self) -> Result<Vec<Result<GpuInfo, DriverError>>, DriverError> {
-        self.gpus_given_scan(&self.scan()?)
+        self.answer()
     }
 
     /// One /proc pass for all of them, not one per GPU.
@@ -539,7 +546,7 @@ impl Driver for SimDriver {
             Ok(scan) => scan,
             Err(error) => return Some(self.figures(Err(error), &gpus)),
         };
-        let now = self.figures(self.gpus_given_scan(&scan), &gpus);
+        let now = self.figures(self.gpus_from(&scan), &gpus);
         if changed(&now, last) {
             return Some(now);
         }
