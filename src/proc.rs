@@ -446,6 +446,11 @@ pub fn cmdline(pid: u32) -> String {
     let text = String::from_utf8_lossy(&bytes);
     text.trim_end_matches('\0').replace('\0', " ")
 }
+/// The identity (PID and start time) of the process with this PID now.
+pub fn identity(pid: u32) -> Option<ProcessId> {
+    start_time(pid).map(|start_time| ProcessId { pid, start_time })
+}
+
 /// The start time of a live process, for PID-reuse checks; `None` if it is gone.
 pub fn start_time(pid: u32) -> Option<u64> {
     stat_of(pid).map(|stat| stat.start_time)

@@ -743,36 +743,24 @@ impl Freeing<'_> {
             .get(&index)
             .filter(|_| !respawner_alive)
             .map(|at| at.duration_since(self.deadlines.start).as_millis() as u64);
-        let reasons = match (gpu, freed_after_ms) {
-            (_, Some(_)) => Vec::new(),
-            (None, None) => vec![Reason::DriverError {
-                message: format!("GPU {index} is not reported by the driver"),
-            }],
-            (Some(gpu), None) => {
-                let assessment = verify::assess(
-                    gpu,
-                    &look.snapshot,
-                    &look.selection,
-                    &self.reaper,
-                    whole_gpu(self.scope, index),
-                );
-                let trend = self.trends.get(&index).cloned().unwrap_or_default();
-                let respawns = self
-                    .reaper
-                    .respawns
-                    .get(&index)
-                    .cloned()
-                    .unwrap_or_default();
+        // The look already assessed every GPU in scope: explain that verdict.
+        let reasons = match (gpu, freed_after_ms, look.verdicts.get(&index)) {
+            (_, Some(_), _) => Vec::new(),
+            (Some(gpu), None, Some(assessment)) => {
+                let no_respawns = BTreeMap::new();
                 verify::explain(
                     gpu,
-                    &assessment,
+                    assessment,
                     &look.snapshot,
                     &look.selection,
                     &self.reaper,
-                    &trend,
-                    &respawns,
+                    &self.trends.get(&index).cloned().unwrap_or_default(),
+                    self.reaper.respawns.get(&index).unwrap_or(&no_respawns),
                 )
             }
+            _ => vec![Reason::DriverError {
+                message: format!("GPU {index} is not reported by the driver"),
+            }],
         };
         GpuOutcome {
             index,

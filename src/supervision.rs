@@ -201,7 +201,7 @@ pub fn examine(path: &Path) -> Option<StaleRun> {
     let inode = inode_of(path)?;
     let members: BTreeSet<ProcessId> = cgroup_pids(path)
         .into_iter()
-        .filter_map(|pid| proc::start_time(pid).map(|start_time| ProcessId { pid, start_time }))
+        .filter_map(proc::identity)
         .collect();
     if members.iter().any(|id| !in_our_pid_namespace(id.pid)) {
         return None;

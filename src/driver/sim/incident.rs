@@ -258,7 +258,7 @@ impl Incident {
                     // Gone already (a zombie child, a killed worker) counts as settled; an
                     // empty command line alone does not: it is also what an exec in progress shows.
                     cmdline.starts_with(title.as_bytes())
-                        || identity(*pid)
+                        || proc::identity(*pid)
                             .and_then(proc::state_of)
                             .is_none_or(proc::State::has_exited)
                 });
@@ -282,13 +282,9 @@ impl Incident {
     }
 }
 
-fn identity(pid: u32) -> Option<ProcessId> {
-    proc::start_time(pid).map(|start_time| ProcessId { pid, start_time })
-}
-
 /// The identity of `pid` if it still runs under `title`.
 fn titled(pid: u32, title: &str) -> Option<ProcessId> {
-    let id = identity(pid)?;
+    let id = proc::identity(pid)?;
     let cmdline = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
     cmdline.starts_with(title.as_bytes()).then_some(id)
 }
