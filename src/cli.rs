@@ -11,6 +11,7 @@ use clap::{Args, Parser, Subcommand};
 use regex::Regex;
 
 use crate::driver::BackendChoice;
+use crate::fleet::hostlist::{self, HostList};
 use crate::run::Restart;
 use crate::units::{self, GpuList};
 
@@ -20,6 +21,19 @@ fn duration(text: &str) -> Result<Duration, String> {
 
 fn gpu_list(text: &str) -> Result<GpuList, String> {
     units::parse_gpu_list(text)
+}
+
+fn hosts(text: &str) -> Result<HostList, String> {
+    hostlist::parse(text).map(HostList)
+}
+
+fn parallel(text: &str) -> Result<usize, String> {
+    match text.trim().parse::<usize>() {
+        Ok(n) if (1..=1024).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "invalid --parallel '{text}': expected a number of hosts at once, 1 to 1024"
+        )),
+    }
 }
 
 fn backend(text: &str) -> Result<BackendChoice, String> {
@@ -222,6 +236,8 @@ pub struct StatusArgs {
     /// Print JSON (schema in docs/json.md).
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub fleet: HostsArgs,
 }
 
 #[derive(Debug, Args)]
@@ -271,6 +287,8 @@ pub struct FreeArgs {
     /// Print JSON (schema in docs/json.md).
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub fleet: HostsArgs,
 }
 
 #[derive(Debug, Args)]
@@ -287,4 +305,38 @@ pub struct WaitArgs {
     /// Print JSON (schema in docs/json.md).
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub fleet: HostsArgs,
+}
+
+/// Running on many hosts over ssh (docs/fleet.md).
+#[derive(Debug, Args, Clone)]
+#[command(next_help_heading = "Many hosts (over ssh)")]
+pub struct HostsArgs {
+    /// Run on these hosts over ssh: gpu[01-16,20], node[1-3]-ib, a,b,c, or @FILE (one host a
+    /// line, # comments).
+    #[arg(short = 'H', long = "hosts", value_name = "LIST", value_parser = hosts)]
+    pub hosts: Option<HostList>,
+    /// The ssh command, split like a shell would (as rsync's -e), e.g. "ssh -F ~/.ssh/lab.conf".
+    /// gpureap adds -o BatchMode=yes and -o ConnectTimeout, never anything about host keys.
+    #[arg(long, env = "GPUREAP_SSH", default_value = "ssh", value_name = "CMD")]
+    pub ssh: String,
+    /// The gpureap to run on the hosts: a path, or a name on the remote PATH.
+    #[arg(
+        long,
+        default_value = "gpureap",
+        value_name = "PATH",
+        requires = "hosts"
+    )]
+    pub remote_bin: String,
+    /// At most this many hosts at once.
+    #[arg(long, default_value = "32", value_name = "N", value_parser = parallel, requires = "hosts")]
+    pub parallel: usize,
+    /// ssh's connection timeout, per host.
+    #[arg(long, default_value = "10s", value_name = "DUR", value_parser = duration, requires = "hosts")]
+    pub connect_timeout: Duration,
+    /// Give up on a host that has not answered after this long [default: the connect timeout
+    /// plus 30s for status; plus the command's own --timeout (and --grace) for wait and free].
+    #[arg(long, value_name = "DUR", value_parser = duration, requires = "hosts")]
+    pub host_timeout: Option<Duration>,
 }

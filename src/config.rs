@@ -44,19 +44,7 @@ pub struct FreeRequest {
 impl FreeRequest {
     /// Checks the flags of `free` that need neither the driver nor /proc.
     pub fn new(args: &FreeArgs) -> Result<FreeRequest, UsageError> {
-        let no_scope = args.gpu.is_empty()
-            && args.pid.is_empty()
-            && args.patterns.is_empty()
-            && args.user.is_empty()
-            && !args.orphans
-            && !args.stale_runs
-            && !args.all;
-        if no_scope {
-            return Err(UsageError(
-                "refusing to free without a scope: give one or more of --gpu LIST, --pid PID, --match REGEX, --user NAME, --orphans, --stale-runs, --all (try --dry-run first)"
-                    .to_string(),
-            ));
-        }
+        check_scope(args)?;
         let mut uids = BTreeSet::new();
         for name in &args.user {
             let uid = match name.parse::<u32>() {
@@ -69,6 +57,24 @@ impl FreeRequest {
         }
         Ok(FreeRequest { uids })
     }
+}
+
+/// `free` needs a scope: here, and before a fleet asks any host.
+pub fn check_scope(args: &FreeArgs) -> Result<(), UsageError> {
+    let no_scope = args.gpu.is_empty()
+        && args.pid.is_empty()
+        && args.patterns.is_empty()
+        && args.user.is_empty()
+        && !args.orphans
+        && !args.stale_runs
+        && !args.all;
+    if no_scope {
+        return Err(UsageError(
+                "refusing to free without a scope: give one or more of --gpu LIST, --pid PID, --match REGEX, --user NAME, --orphans, --stale-runs, --all (try --dry-run first)"
+                    .to_string(),
+            ));
+    }
+    Ok(())
 }
 
 pub struct FreeConfig {

@@ -12,6 +12,7 @@ pub mod config;
 pub mod demo;
 pub mod driver;
 pub mod exit;
+pub mod fleet;
 pub mod proc;
 pub mod reap;
 pub mod report;

@@ -3,12 +3,14 @@
 use std::io::{self, BufRead, IsTerminal, Write};
 use std::time::Duration;
 
-use clap::Parser;
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches};
 
 use gpureap::cli::{Cli, Command, FreeArgs, RunArgs, StatusArgs, WaitArgs};
 use gpureap::config::{self, UsageError};
 use gpureap::driver::{self, BackendChoice, Driver};
 use gpureap::exit::Exit;
+use gpureap::fleet;
 use gpureap::proc::ProcessId;
 use gpureap::reap;
 use gpureap::report;
@@ -17,7 +19,14 @@ use gpureap::snapshot::Snapshot;
 use gpureap::supervision::{self, Removal, StaleRun};
 
 fn main() -> ! {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.exit());
+    // An explicit --backend goes to the hosts too; GPUREAP_BACKEND is this machine's.
+    let remote_backend = (matches.value_source("backend") == Some(ValueSource::CommandLine))
+        .then(|| matches.get_raw("backend"))
+        .flatten()
+        .and_then(|mut raw| raw.next())
+        .map(|raw| raw.to_string_lossy().into_owned());
     // GPUREAP_LOG=debug prints where the time goes (snapshots, free rounds) on stderr.
     if std::env::var_os("GPUREAP_LOG").is_some() {
         tracing_subscriber::fmt()
@@ -27,9 +36,26 @@ fn main() -> ! {
             .init();
     }
     let result = match &cli.command {
-        Command::Status(args) => status(&cli.backend, args),
-        Command::Free(args) => free(&cli.backend, args),
-        Command::Wait(args) => wait(&cli.backend, args),
+        Command::Status(args) => match fleet(&args.fleet, &remote_backend, args.json) {
+            Ok(Some(fleet)) => fleet_output(fleet::commands::status(&fleet, args)),
+            Ok(None) => status(&cli.backend, args),
+            Err(error) => Err(error),
+        },
+        Command::Free(args) => match fleet(&args.fleet, &remote_backend, args.json) {
+            Ok(Some(fleet)) => fleet_output(fleet::commands::free(
+                &fleet,
+                args,
+                ask,
+                io::stdin().is_terminal() && io::stderr().is_terminal(),
+            )),
+            Ok(None) => free(&cli.backend, args),
+            Err(error) => Err(error),
+        },
+        Command::Wait(args) => match fleet(&args.fleet, &remote_backend, args.json) {
+            Ok(Some(fleet)) => fleet_output(fleet::commands::wait(&fleet, args)),
+            Ok(None) => wait(&cli.backend, args),
+            Err(error) => Err(error),
+        },
         Command::Run(args) => run(&cli.backend, args),
         Command::Demo => gpureap::demo::run(&mut io::stdout().lock()).map_err(anyhow::Error::from),
     };
@@ -55,6 +81,36 @@ fn exit_code(result: anyhow::Result<Exit>) -> Exit {
                 Exit::Incomplete
             }
         }
+    }
+}
+
+/// The hosts of `-H`, or `None` to run here.
+fn fleet(
+    args: &gpureap::cli::HostsArgs,
+    backend: &Option<String>,
+    json: bool,
+) -> anyhow::Result<Option<fleet::Fleet>> {
+    Ok(fleet::Fleet::from_args(args, backend.clone(), json).map_err(UsageError)?)
+}
+
+fn fleet_output(output: Result<fleet::commands::Output, UsageError>) -> anyhow::Result<Exit> {
+    let output = output?;
+    emit(&output.text)?;
+    Ok(output.exit)
+}
+
+/// Shows the fleet's plan on the terminal and asks once.
+fn ask(plan: &str) -> Result<(), UsageError> {
+    eprint!("{plan}");
+    let mut answer = String::new();
+    io::stdin()
+        .lock()
+        .read_line(&mut answer)
+        .map_err(|error| UsageError(format!("aborted: cannot read the answer: {error}")))?;
+    if matches!(answer.trim(), "y" | "Y" | "yes" | "YES" | "Yes") {
+        Ok(())
+    } else {
+        Err(UsageError("aborted: nothing was signalled".to_string()))
     }
 }
 

@@ -274,21 +274,21 @@ pub fn to_json<T: Serialize>(value: &T) -> String {
         .unwrap_or_else(|error| format!("{{\"error\": \"{error}\"}}"))
 }
 
-fn new_table(headers: &[&str]) -> Table {
+pub(crate) fn new_table(headers: &[&str]) -> Table {
     let mut table = Table::new();
     table.load_style(NOTHING);
     table.set_header(headers.iter().map(Cell::new));
     table
 }
 
-fn age_text(millis: Option<u64>) -> String {
+pub(crate) fn age_text(millis: Option<u64>) -> String {
     millis.map_or("?".to_string(), |ms| {
         Age(std::time::Duration::from_millis(ms)).to_string()
     })
 }
 
 /// Cuts text to `width` characters, marking the cut.
-fn short(text: &str, width: usize) -> String {
+pub(crate) fn short(text: &str, width: usize) -> String {
     if text.chars().count() <= width {
         text.to_string()
     } else {
@@ -842,7 +842,16 @@ struct GpuOutcomeJson<'a> {
     memory_after: Option<u64>,
     freed_bytes: Option<u64>,
     freed_after_ms: Option<u64>,
-    reasons: Vec<ReasonJson<'a>>,
+    reasons: Vec<ReasonTextJson<'a>>,
+}
+
+/// A reason with its sentence, as `free` prints it: a client (the fleet
+/// view) shows what the host would have said without knowing every kind.
+#[derive(Serialize)]
+struct ReasonTextJson<'a> {
+    #[serde(flatten)]
+    reason: ReasonJson<'a>,
+    text: String,
 }
 
 /// Why a GPU is still held; `reason` names the kind (docs/json.md).
@@ -1066,7 +1075,14 @@ pub fn free_json(report: &FreeReport, exit_code: Exit) -> String {
                 memory_after: gpu.memory_after,
                 freed_bytes: gpu.freed_bytes,
                 freed_after_ms: gpu.freed_after_ms,
-                reasons: gpu.reasons.iter().map(ReasonJson::from).collect(),
+                reasons: gpu
+                    .reasons
+                    .iter()
+                    .map(|reason| ReasonTextJson {
+                        reason: ReasonJson::from(reason),
+                        text: reason.to_string(),
+                    })
+                    .collect(),
             })
             .collect(),
         unreadable: unreadable_json(&report.unreadable),

@@ -145,3 +145,49 @@ fn every_document_matches_the_published_schema() {
         "a renamed field passed the schema"
     );
 }
+
+#[test]
+fn fleet_documents_match_the_published_schema() {
+    use crate::sshd_lab::{Kind, Lab};
+    let validator = schema();
+    let lab = Lab::new(&[Kind::Up, Kind::Refusing]);
+    lab.hold(
+        "h1",
+        &Holder::new("sglang::scheduler_TP0")
+            .on(0, 30 * GIB)
+            .ignoring_sigterm(),
+    );
+    lab.host("h1").sim.leak(1, 3 * GIB).expect("leak");
+    let runs = [
+        ("status -H", lab.run(&["status", "-H", "h1,h2", "--json"])),
+        (
+            "free -H --dry-run",
+            lab.run(&["free", "-H", "h1,h2", "--all", "--dry-run", "--json"]),
+        ),
+        (
+            "wait -H",
+            lab.run(&["wait", "-H", "h1,h2", "--timeout", "100ms", "--json"]),
+        ),
+        (
+            "free -H",
+            lab.run(&[
+                "free", "-H", "h1,h2", "--gpu", "0,1", "--grace", "100ms", "--timeout", "300ms",
+                "--yes", "--json",
+            ]),
+        ),
+    ];
+    for (what, run) in &runs {
+        let document = run.json();
+        assert_eq!(document["kind"], "fleet", "{what}");
+        conforms(&validator, what, &document);
+    }
+    // The host's own report is checked too: a broken one fails the fleet document.
+    let mut broken = runs[0].1.json();
+    broken["hosts"][0]["report"]["gpus"] = Value::from("not a list");
+    assert!(!validator.is_valid(&broken), "a broken host report passed");
+    // Every reason carries the sentence `free` prints for it.
+    let free = runs[3].1.json();
+    let reasons = free["hosts"][0]["report"]["gpus"][1]["reasons"].clone();
+    assert_eq!(reasons[0]["reason"], "driver_held", "{free:#}");
+    assert!(reasons[0]["text"].as_str().is_some_and(|text| !text.is_empty()));
+}

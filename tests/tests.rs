@@ -1,6 +1,7 @@
 //! One integration-test binary: real processes, real signals, the real /proc,
 //! and the simulated GPU driver.
 
+mod fleet;
 mod harness;
 mod incidents;
 mod input;
@@ -11,4 +12,5 @@ mod run_state;
 mod schema;
 mod select_props;
 mod sim;
+mod sshd_lab;
 mod status;

@@ -1,0 +1,175 @@
+//! `status`, `free` and `wait` across a fleet: the flags each host gets,
+//! the time each may take, and for `free` the plan shown (and asked about)
+//! once before any host signals anything.
+
+use std::time::{Duration, Instant};
+
+use super::{Fleet, HostResult, duration_arg, fleet_json, gpu_args, remaining, render, worst};
+use crate::cli::{FreeArgs, StatusArgs, WaitArgs};
+use crate::config::{self, UsageError};
+use crate::exit::Exit;
+
+/// What a fleet command prints, and its exit code.
+pub struct Output {
+    pub text: String,
+    pub exit: Exit,
+}
+
+pub fn status(fleet: &Fleet, args: &StatusArgs) -> Result<Output, UsageError> {
+    if args.tree {
+        return Err(UsageError(
+            "--tree shows one host's process trees: run `gpureap status --tree` on that host (ssh HOST gpureap status --tree)"
+                .to_string(),
+        ));
+    }
+    let remote = fleet.remote_args("status", gpu_args(&args.gpu));
+    let limit = fleet.limit(Duration::ZERO);
+    let results = fleet.fan_out("status", &fleet.hosts, |_| (remote.clone(), limit));
+    Ok(finish(&results, args.json, "status", render::status))
+}
+
+pub fn wait(fleet: &Fleet, args: &WaitArgs) -> Result<Output, UsageError> {
+    // One deadline for the whole fleet: a host started late gets what is left.
+    let deadline = Instant::now() + args.timeout;
+    let results = fleet.fan_out("wait", &fleet.hosts, |_| {
+        let left = remaining(deadline);
+        let mut flags = gpu_args(&args.gpu);
+        flags.extend([
+            "--below".to_string(),
+            args.below.to_string(),
+            "--timeout".to_string(),
+            duration_arg(left),
+        ]);
+        (fleet.remote_args("wait", flags), fleet.limit(left))
+    });
+    Ok(finish(&results, args.json, "wait", render::wait))
+}
+
+/// `free -H`: every host plans (`--dry-run`), the plan is shown and asked
+/// about once, then the hosts that planned free for real, each verifying
+/// on its own driver.
+pub fn free(
+    fleet: &Fleet,
+    args: &FreeArgs,
+    confirm: impl FnOnce(&str) -> Result<(), UsageError>,
+    ask_possible: bool,
+) -> Result<Output, UsageError> {
+    config::check_scope(args)?;
+    if !args.pid.is_empty() && fleet.hosts.len() > 1 {
+        return Err(UsageError(
+            "--pid names a process on one host: with --pid, give a single host to -H".to_string(),
+        ));
+    }
+    if !args.dry_run && !args.yes && !ask_possible {
+        return Err(UsageError(
+            "refusing to signal on the hosts without confirmation: stdin is not a terminal; pass --yes (see the plan with --dry-run)"
+                .to_string(),
+        ));
+    }
+    let flags = free_flags(args);
+    let plan_args = {
+        let mut plan = flags.clone();
+        plan.push("--dry-run".to_string());
+        fleet.remote_args("free", plan)
+    };
+    let plan_limit = fleet.limit(Duration::ZERO);
+    let plans = fleet.fan_out("free", &fleet.hosts, |_| (plan_args.clone(), plan_limit));
+    if args.dry_run {
+        return Ok(finish(&plans, args.json, "free", render::free_plan));
+    }
+    if !args.yes {
+        let answered = plans
+            .iter()
+            .filter(|plan| plan.answer.report.is_some())
+            .count();
+        confirm(&format!(
+            "{}Proceed on {answered} host{}? [y/N] ",
+            render::free_plan(&plans),
+            if answered == 1 { "" } else { "s" }
+        ))?;
+    }
+    // Hosts that could not plan are not asked to free: their plan's error stands.
+    let ready: Vec<String> = plans
+        .iter()
+        .filter(|plan| plan.answer.report.is_some())
+        .map(|plan| plan.host.clone())
+        .collect();
+    let run_args = {
+        let mut run = flags;
+        run.push("--yes".to_string());
+        fleet.remote_args("free", run)
+    };
+    // The remote free may take its grace, its timeout, and up to the
+    // release extension past it (reap::RELEASE_EXTENSION) while memory is going down.
+    let command_time = args.grace + args.timeout + args.timeout.max(crate::reap::RELEASE_EXTENSION);
+    let limit = fleet.limit(command_time);
+    let mut freed = fleet
+        .fan_out("free", &ready, |_| (run_args.clone(), limit))
+        .into_iter();
+    let results: Vec<HostResult> = plans
+        .into_iter()
+        .map(|plan| {
+            if plan.answer.report.is_some() {
+                freed.next().unwrap_or(plan)
+            } else {
+                plan
+            }
+        })
+        .collect();
+    Ok(finish(&results, args.json, "free", render::free_outcome))
+}
+
+fn free_flags(args: &FreeArgs) -> Vec<String> {
+    let mut flags = gpu_args(&args.gpu);
+    // `--match=-x`: joined, so that a value starting with '-' stays a value.
+    let repeated = |flag: &str, values: Vec<String>| -> Vec<String> {
+        values
+            .into_iter()
+            .map(|value| format!("{flag}={value}"))
+            .collect()
+    };
+    flags.extend(repeated(
+        "--pid",
+        args.pid.iter().map(u32::to_string).collect(),
+    ));
+    flags.extend(repeated(
+        "--match",
+        args.patterns
+            .iter()
+            .map(|regex| regex.as_str().to_string())
+            .collect(),
+    ));
+    flags.extend(repeated("--user", args.user.clone()));
+    flags.extend(repeated("--protect", args.protect.clone()));
+    for (set, flag) in [
+        (args.orphans, "--orphans"),
+        (args.stale_runs, "--stale-runs"),
+        (args.all, "--all"),
+    ] {
+        if set {
+            flags.push(flag.to_string());
+        }
+    }
+    flags.extend([
+        "--grace".to_string(),
+        duration_arg(args.grace),
+        "--timeout".to_string(),
+        duration_arg(args.timeout),
+    ]);
+    flags
+}
+
+fn finish(
+    results: &[HostResult],
+    json: bool,
+    command: &'static str,
+    render: fn(&[HostResult]) -> String,
+) -> Output {
+    let exit = worst(results);
+    let text = if json {
+        fleet_json(command, results, exit)
+    } else {
+        render(results)
+    };
+    Output { text, exit }
+}

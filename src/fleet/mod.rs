@@ -1,0 +1,240 @@
+//! Many hosts from one seat: `status`, `free` and `wait` with `-H LIST`
+//! run the same command on each host through the user's own ssh, with
+//! `--json`, and merge the answers into one report (docs/fleet.md).
+//!
+//! Nothing is installed on the hosts but the gpureap binary: each host runs
+//! its own gpureap, which decides and verifies there exactly as it would
+//! locally; this side only fans out, bounds the time, and reads the JSON.
+//! `hostlist` parses the lists, `ssh` runs one host, `render` prints.
+
+pub mod commands;
+pub mod hostlist;
+pub mod render;
+pub mod ssh;
+
+use std::io::{self, IsTerminal};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::cli::HostsArgs;
+use crate::exit::Exit;
+use crate::units::GpuList;
+
+pub use ssh::{Answer, Transport};
+
+/// Past the command's own time, what a host gets for ssh to connect and
+/// gpureap to start, scan and answer.
+const ANSWER_MARGIN: Duration = Duration::from_secs(30);
+
+/// The hosts and how to reach them, from `-H` and its companions.
+#[derive(Debug)]
+pub struct Fleet {
+    pub hosts: Vec<String>,
+    pub transport: Transport,
+    pub parallel: usize,
+    pub host_timeout: Option<Duration>,
+    /// `--backend` when it was given on the command line: the hosts use it
+    /// too. An environment's `GPUREAP_BACKEND` is this machine's, not theirs.
+    pub backend: Option<String>,
+    /// A live progress line on stderr (a terminal, and not `--json`).
+    pub progress: bool,
+}
+
+/// One host's part of the run.
+#[derive(Debug)]
+pub struct HostResult {
+    pub host: String,
+    pub answer: Answer,
+}
+
+impl Fleet {
+    /// The fleet `-H` names, or `None` to run locally.
+    pub fn from_args(
+        args: &HostsArgs,
+        backend: Option<String>,
+        json: bool,
+    ) -> Result<Option<Fleet>, String> {
+        let Some(hosts) = &args.hosts else {
+            return Ok(None);
+        };
+        let transport = Transport::new(&args.ssh, &args.remote_bin, args.connect_timeout)?;
+        Ok(Some(Fleet {
+            hosts: hosts.0.clone(),
+            transport,
+            parallel: args.parallel,
+            host_timeout: args.host_timeout,
+            backend,
+            progress: !json && io::stderr().is_terminal(),
+        }))
+    }
+
+    /// The time one host gets: `--host-timeout`, else what the command
+    /// itself may take plus the connection and a margin.
+    pub fn limit(&self, command_time: Duration) -> Duration {
+        self.host_timeout
+            .unwrap_or_else(|| command_time + self.transport.connect_timeout + ANSWER_MARGIN)
+    }
+
+    /// The remote argv: `[--backend B] SUBCOMMAND ARGS… --json`.
+    pub fn remote_args(&self, subcommand: &str, args: Vec<String>) -> Vec<String> {
+        let mut remote = Vec::new();
+        if let Some(backend) = &self.backend {
+            remote.extend(["--backend".to_string(), backend.clone()]);
+        }
+        remote.push(subcommand.to_string());
+        remote.extend(args);
+        remote.push("--json".to_string());
+        remote
+    }
+
+    /// Runs one call per host, at most `parallel` at once, and returns the
+    /// answers in host order. `job` gives each host its arguments and time
+    /// limit when it starts (a `wait` started late gets what is left).
+    pub fn fan_out<F>(&self, kind: &str, hosts: &[String], job: F) -> Vec<HostResult>
+    where
+        F: Fn(&str) -> (Vec<String>, Duration) + Sync,
+    {
+        let next = AtomicUsize::new(0);
+        let answers: Mutex<Vec<Option<Answer>>> =
+            Mutex::new((0..hosts.len()).map(|_| None).collect());
+        let bar = self.progress.then(|| progress_bar(hosts.len()));
+        let (done_sender, done) = mpsc::channel::<bool>();
+        thread::scope(|scope| {
+            for _ in 0..self.parallel.min(hosts.len()) {
+                let done_sender = done_sender.clone();
+                let (next, answers, job) = (&next, &answers, &job);
+                scope.spawn(move || {
+                    loop {
+                        let at = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(host) = hosts.get(at) else { break };
+                        let (args, limit) = job(host);
+                        let answer = self.transport.call(host, &args, kind, limit);
+                        let failed = answer.report.is_none();
+                        if let Ok(mut answers) = answers.lock() {
+                            answers[at] = Some(answer);
+                        }
+                        let _ = done_sender.send(failed);
+                    }
+                });
+            }
+            drop(done_sender);
+            let mut failures = 0;
+            for failed in done {
+                failures += usize::from(failed);
+                if let Some(bar) = &bar {
+                    bar.inc(1);
+                    bar.set_message(format!("{failures} failed"));
+                }
+            }
+        });
+        if let Some(bar) = bar {
+            bar.finish_and_clear();
+        }
+        let answers = answers.into_inner().unwrap_or_default();
+        hosts
+            .iter()
+            .zip(answers)
+            .map(|(host, answer)| HostResult {
+                host: host.clone(),
+                answer: answer.unwrap_or_else(|| Answer {
+                    exit_code: 3,
+                    report: None,
+                    error: Some("not run (internal error)".to_string()),
+                    elapsed: Duration::ZERO,
+                }),
+            })
+            .collect()
+    }
+}
+
+fn progress_bar(total: usize) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(total as u64);
+    bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+    if let Ok(style) =
+        indicatif::ProgressStyle::with_template("{spinner} hosts {pos}/{len} done, {msg} {elapsed}")
+    {
+        bar.set_style(style);
+    }
+    bar.set_message("0 failed");
+    bar.enable_steady_tick(Duration::from_millis(100));
+    bar
+}
+
+/// The whole run's exit code: the worst host's, where worse is the higher
+/// code (3, could not complete, for a host not reached or answering garbage).
+pub fn worst(results: &[HostResult]) -> Exit {
+    match results.iter().map(|result| result.answer.exit_code).max() {
+        Some(0) | None => Exit::Success,
+        Some(1) => Exit::StillHeld,
+        Some(2) => Exit::Usage,
+        Some(_) => Exit::Incomplete,
+    }
+}
+
+/// `--gpu` lists as the hosts read them.
+pub fn gpu_args(lists: &[GpuList]) -> Vec<String> {
+    lists
+        .iter()
+        .flat_map(|list| {
+            let text = match list {
+                GpuList::All => "all".to_string(),
+                GpuList::Some(set) => crate::units::GpuRanges(set).to_string(),
+            };
+            ["--gpu".to_string(), text]
+        })
+        .collect()
+}
+
+/// A duration as the hosts read it, to the millisecond.
+pub fn duration_arg(duration: Duration) -> String {
+    format!("{}ms", duration.as_millis())
+}
+
+/// The fleet document (docs/json.md, "fleet").
+#[derive(Serialize)]
+pub struct FleetJson<'a> {
+    pub schema_version: u32,
+    pub kind: &'static str,
+    pub command: &'static str,
+    pub exit_code: Exit,
+    pub hosts: Vec<FleetHostJson<'a>>,
+}
+
+#[derive(Serialize)]
+pub struct FleetHostJson<'a> {
+    pub host: &'a str,
+    pub exit_code: u8,
+    pub error: Option<&'a str>,
+    pub elapsed_ms: u64,
+    pub report: Option<&'a Value>,
+}
+
+pub fn fleet_json(command: &'static str, results: &[HostResult], exit_code: Exit) -> String {
+    crate::report::to_json(&FleetJson {
+        schema_version: crate::report::SCHEMA_VERSION,
+        kind: "fleet",
+        command,
+        exit_code,
+        hosts: results
+            .iter()
+            .map(|result| FleetHostJson {
+                host: &result.host,
+                exit_code: result.answer.exit_code,
+                error: result.answer.error.as_deref(),
+                elapsed_ms: result.answer.elapsed.as_millis() as u64,
+                report: result.answer.report.as_ref(),
+            })
+            .collect(),
+    })
+}
+
+/// Seconds since `start`, for a `wait` started late.
+pub fn remaining(deadline: Instant) -> Duration {
+    deadline.saturating_duration_since(Instant::now())
+}

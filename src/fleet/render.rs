@@ -1,0 +1,577 @@
+//! The fleet's answers as a person reads them: one table with a HOST column
+//! for what is held, the hosts with nothing to report folded into one line,
+//! and the hosts that failed last, each with its reason.
+//!
+//! It reads the hosts' own JSON documents (docs/json.md) through small views
+//! of the fields it shows, so that a host running a newer gpureap that adds
+//! fields still renders.
+
+use std::fmt::Write as _;
+
+use comfy_table::{Cell, CellAlignment};
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::HostResult;
+use super::hostlist;
+use crate::report::{age_text, new_table, short};
+use crate::units::{Bytes, Elapsed, MaybeBytes};
+
+/// Memory no process explains, below which a GPU has nothing to report:
+/// the driver's own bookkeeping (as `free` allows when it verifies).
+const BOOKKEEPING: u64 = 256 << 20;
+
+#[derive(Deserialize)]
+struct StatusView {
+    #[serde(default)]
+    driver_error: Option<String>,
+    #[serde(default)]
+    scan: Option<ScanView>,
+    #[serde(default)]
+    gpus: Vec<GpuView>,
+    #[serde(default)]
+    holders: Vec<HolderView>,
+}
+
+#[derive(Deserialize)]
+struct ScanView {
+    complete: bool,
+    #[serde(default)]
+    unreadable: Vec<Value>,
+}
+
+#[derive(Deserialize)]
+struct GpuView {
+    index: u32,
+    name: Option<String>,
+    memory_total: Option<u64>,
+    memory_used: Option<u64>,
+    memory_unattributed: Option<u64>,
+    error: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct HolderView {
+    pid: u32,
+    user: Option<String>,
+    state: Option<String>,
+    age_ms: Option<u64>,
+    cmdline: Option<String>,
+    #[serde(default)]
+    flags: Vec<String>,
+    #[serde(default)]
+    gpus: Vec<HolderGpuView>,
+}
+
+#[derive(Deserialize)]
+struct HolderGpuView {
+    index: u32,
+    memory: Option<u64>,
+    listed_by_driver: bool,
+}
+
+impl GpuView {
+    fn worth_reporting(&self) -> bool {
+        self.error.is_some()
+            || self
+                .memory_unattributed
+                .is_none_or(|bytes| bytes > BOOKKEEPING)
+    }
+}
+
+impl HolderView {
+    /// A monitor (nvidia-smi, DCGM) watches; it holds nothing.
+    fn holds(&self) -> bool {
+        !self.flags.iter().any(|flag| flag == "monitor")
+    }
+}
+
+fn view<T: for<'de> Deserialize<'de>>(report: &Option<Value>) -> Option<T> {
+    report
+        .as_ref()
+        .and_then(|value| serde_json::from_value(value.clone()).ok())
+}
+
+/// `status -H`: what is held where, the quiet hosts in one line, failures last.
+pub fn status(results: &[HostResult]) -> String {
+    let mut out = String::new();
+    let mut gpu_rows = Vec::new();
+    let mut holder_rows: Vec<Vec<String>> = Vec::new();
+    let mut quiet = Vec::new();
+    let mut quiet_gpus = 0;
+    let mut notes = Vec::new();
+    for result in results {
+        let Some(status) = view::<StatusView>(&result.answer.report) else {
+            continue;
+        };
+        let host = result.host.as_str();
+        let holders: Vec<&HolderView> = status.holders.iter().filter(|h| h.holds()).collect();
+        let busy: Vec<&GpuView> = status
+            .gpus
+            .iter()
+            .filter(|gpu| {
+                gpu.worth_reporting()
+                    || holders.iter().any(|holder| {
+                        holder
+                            .gpus
+                            .iter()
+                            .any(|place| place.index == gpu.index && place.listed_by_driver)
+                    })
+            })
+            .collect();
+        if let Some(error) = &status.driver_error {
+            notes.push(format!("{host}: driver error: {error}"));
+        }
+        if let Some(scan) = &status.scan
+            && !scan.complete
+        {
+            notes.push(format!(
+                "{host}: partial scan, {} process(es) could not be inspected",
+                scan.unreadable.len()
+            ));
+        }
+        if busy.is_empty() && holders.is_empty() && status.driver_error.is_none() {
+            quiet.push(host);
+            quiet_gpus += status.gpus.len();
+            continue;
+        }
+        for gpu in busy {
+            gpu_rows.push(match &gpu.error {
+                Some(error) => vec![
+                    host.to_string(),
+                    gpu.index.to_string(),
+                    short(&format!("error: {error}"), 40),
+                    "?".into(),
+                    "?".into(),
+                    "?".into(),
+                ],
+                None => vec![
+                    host.to_string(),
+                    gpu.index.to_string(),
+                    short(gpu.name.as_deref().unwrap_or("?"), 40),
+                    MaybeBytes(gpu.memory_used).to_string(),
+                    MaybeBytes(gpu.memory_total).to_string(),
+                    MaybeBytes(gpu.memory_unattributed).to_string(),
+                ],
+            });
+        }
+        let mut rows: Vec<(u32, u32, Vec<String>)> = Vec::new();
+        for holder in holders {
+            let places: Vec<&HolderGpuView> = holder
+                .gpus
+                .iter()
+                .filter(|place| place.listed_by_driver)
+                .collect();
+            let row = |gpu: String, memory: String| {
+                vec![
+                    host.to_string(),
+                    gpu,
+                    holder.pid.to_string(),
+                    holder.user.clone().unwrap_or_else(|| "?".into()),
+                    holder.state.clone().unwrap_or_else(|| "?".into()),
+                    age_text(holder.age_ms),
+                    memory,
+                    holder.flags.join(","),
+                    short(
+                        holder.cmdline.as_deref().unwrap_or("(not visible there)"),
+                        48,
+                    ),
+                ]
+            };
+            if places.is_empty() {
+                // Where no driver answered: the node is open, the GPU unknown.
+                rows.push((u32::MAX, holder.pid, row("-".into(), "unknown".into())));
+            }
+            for place in places {
+                rows.push((
+                    place.index,
+                    holder.pid,
+                    row(
+                        place.index.to_string(),
+                        MaybeBytes(place.memory).to_string(),
+                    ),
+                ));
+            }
+        }
+        rows.sort_by_key(|(gpu, pid, _)| (*gpu, *pid));
+        holder_rows.extend(rows.into_iter().map(|(_, _, row)| row));
+    }
+    if !gpu_rows.is_empty() {
+        let mut table = new_table(&["HOST", "GPU", "NAME", "USED", "TOTAL", "UNATTRIBUTED"]);
+        for row in gpu_rows {
+            table.add_row(right_aligned(row, &[3, 4, 5]));
+        }
+        let _ = writeln!(out, "{}\n", table.trim_fmt());
+    }
+    if !holder_rows.is_empty() {
+        let mut table = new_table(&[
+            "HOST", "GPU", "PID", "USER", "S", "AGE", "GPU MEM", "FLAGS", "COMMAND",
+        ]);
+        for row in holder_rows {
+            table.add_row(right_aligned(row, &[6]));
+        }
+        let _ = writeln!(out, "{}\n", table.trim_fmt());
+    }
+    if !quiet.is_empty() {
+        let _ = writeln!(
+            out,
+            "Nothing held on {} host{} ({quiet_gpus} GPUs): {}",
+            quiet.len(),
+            plural(quiet.len()),
+            hostlist::compress(&quiet)
+        );
+    }
+    for note in notes {
+        let _ = writeln!(out, "{note}");
+    }
+    failures(results, &mut out);
+    out
+}
+
+fn right_aligned(row: Vec<String>, columns: &[usize]) -> Vec<Cell> {
+    row.into_iter()
+        .enumerate()
+        .map(|(column, text)| {
+            let cell = Cell::new(text);
+            if columns.contains(&column) {
+                cell.set_alignment(CellAlignment::Right)
+            } else {
+                cell
+            }
+        })
+        .collect()
+}
+
+fn plural(count: usize) -> &'static str {
+    if count == 1 { "" } else { "s" }
+}
+
+/// The hosts with no report, last, each with its reason.
+pub fn failures(results: &[HostResult], out: &mut String) {
+    let failed: Vec<&HostResult> = results
+        .iter()
+        .filter(|result| result.answer.report.is_none())
+        .collect();
+    if failed.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "\nFailed on {} of {} host{}:",
+        failed.len(),
+        results.len(),
+        plural(results.len())
+    );
+    for result in failed {
+        let _ = writeln!(
+            out,
+            "  {}: {}",
+            result.host,
+            result.answer.error.as_deref().unwrap_or("no report")
+        );
+    }
+}
+
+#[derive(Deserialize)]
+struct FreeView {
+    #[serde(default)]
+    elapsed_ms: u64,
+    #[serde(default)]
+    targets: Vec<TargetView>,
+    #[serde(default)]
+    spared: Vec<SparedView>,
+    #[serde(default)]
+    gpus: Vec<OutcomeView>,
+}
+
+#[derive(Deserialize)]
+struct TargetView {
+    pid: u32,
+    cmdline: String,
+    because: String,
+    #[serde(default)]
+    gpus: Vec<u32>,
+    #[serde(default)]
+    signals: Vec<SignalView>,
+    fate: String,
+    exited_after_ms: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct SignalView {
+    signal: String,
+    delivery: Value,
+}
+
+#[derive(Deserialize)]
+struct SparedView {
+    pid: u32,
+    comm: String,
+    why: String,
+}
+
+#[derive(Deserialize)]
+struct OutcomeView {
+    index: u32,
+    freed: bool,
+    checked: bool,
+    memory_after: Option<u64>,
+    freed_bytes: Option<u64>,
+    freed_after_ms: Option<u64>,
+    #[serde(default)]
+    reasons: Vec<Value>,
+}
+
+/// `free -H --dry-run`, and what is asked before a real free: per host, what
+/// would be signalled.
+pub fn free_plan(results: &[HostResult]) -> String {
+    let mut out = String::new();
+    let mut rows = Vec::new();
+    let mut nothing = Vec::new();
+    let mut spared = Vec::new();
+    for result in results {
+        let Some(plan) = view::<FreeView>(&result.answer.report) else {
+            continue;
+        };
+        if plan.targets.is_empty() {
+            nothing.push(result.host.as_str());
+        }
+        for target in &plan.targets {
+            rows.push(vec![
+                result.host.clone(),
+                target.pid.to_string(),
+                gpu_list(&target.gpus),
+                target.because.clone(),
+                short(&target.cmdline, 60),
+            ]);
+        }
+        for entry in &plan.spared {
+            spared.push(format!(
+                "  {}: {} {} ({})",
+                result.host, entry.pid, entry.comm, entry.why
+            ));
+        }
+    }
+    if !rows.is_empty() {
+        let mut table = new_table(&["HOST", "PID", "GPUS", "BECAUSE", "COMMAND"]);
+        for row in rows {
+            table.add_row(row);
+        }
+        let _ = writeln!(out, "Would signal (SIGTERM, grace, SIGSTOP+SIGKILL):");
+        let _ = writeln!(out, "{}\n", table.trim_fmt());
+    }
+    if !spared.is_empty() {
+        let _ = writeln!(out, "Spared:");
+        for line in spared {
+            let _ = writeln!(out, "{line}");
+        }
+        let _ = writeln!(out);
+    }
+    if !nothing.is_empty() {
+        let _ = writeln!(
+            out,
+            "Nothing in scope on {} host{}: {}",
+            nothing.len(),
+            plural(nothing.len()),
+            hostlist::compress(&nothing)
+        );
+    }
+    failures(results, &mut out);
+    out
+}
+
+/// `free -H`: what was signalled where, then one line per host and GPU.
+pub fn free_outcome(results: &[HostResult]) -> String {
+    let mut out = String::new();
+    let mut rows = Vec::new();
+    let mut lines = Vec::new();
+    let mut nothing = Vec::new();
+    for result in results {
+        let Some(outcome) = view::<FreeView>(&result.answer.report) else {
+            continue;
+        };
+        let host = result.host.as_str();
+        if outcome.targets.is_empty() && outcome.gpus.is_empty() {
+            nothing.push(host);
+        }
+        for target in &outcome.targets {
+            let signals: Vec<&str> = target
+                .signals
+                .iter()
+                .filter(|event| event.delivery == "sent")
+                .map(|event| event.signal.as_str())
+                .collect();
+            let result = match (target.fate.as_str(), target.exited_after_ms) {
+                ("exited", Some(ms)) => {
+                    format!("exited after {}", Elapsed(ms_duration(ms)))
+                }
+                ("zombie", _) => "zombie (already exited)".to_string(),
+                (fate, _) => fate.replace('_', " "),
+            };
+            rows.push(vec![
+                host.to_string(),
+                target.pid.to_string(),
+                if signals.is_empty() {
+                    "-".to_string()
+                } else {
+                    signals.join(",")
+                },
+                result,
+                short(&target.cmdline, 56),
+            ]);
+        }
+        for gpu in &outcome.gpus {
+            let elapsed = Elapsed(ms_duration(outcome.elapsed_ms));
+            lines.push(if gpu.freed {
+                format!(
+                    "{host}: GPU {}: freed {} in {} ({} used now)",
+                    gpu.index,
+                    MaybeBytes(gpu.freed_bytes),
+                    Elapsed(ms_duration(
+                        gpu.freed_after_ms.unwrap_or(outcome.elapsed_ms)
+                    )),
+                    MaybeBytes(gpu.memory_after)
+                )
+            } else if !gpu.checked {
+                format!(
+                    "{host}: GPU {}: not verified after {elapsed}: the driver cannot report on it",
+                    gpu.index
+                )
+            } else {
+                format!(
+                    "{host}: GPU {}: still held, {} used after {elapsed}",
+                    gpu.index,
+                    MaybeBytes(gpu.memory_after)
+                )
+            });
+            for reason in &gpu.reasons {
+                let text = reason
+                    .get("text")
+                    .or_else(|| reason.get("reason"))
+                    .and_then(Value::as_str)
+                    .unwrap_or("(no reason given)");
+                lines.push(format!("  - {text}"));
+            }
+        }
+    }
+    if !rows.is_empty() {
+        let mut table = new_table(&["HOST", "PID", "SIGNALS", "RESULT", "COMMAND"]);
+        for row in rows {
+            table.add_row(row);
+        }
+        let _ = writeln!(out, "{}\n", table.trim_fmt());
+    }
+    if !nothing.is_empty() {
+        let _ = writeln!(
+            out,
+            "Nothing in scope on {} host{}: {}",
+            nothing.len(),
+            plural(nothing.len()),
+            hostlist::compress(&nothing)
+        );
+    }
+    for line in lines {
+        let _ = writeln!(out, "{line}");
+    }
+    failures(results, &mut out);
+    out
+}
+
+#[derive(Deserialize)]
+struct WaitView {
+    ready: bool,
+    waited_ms: u64,
+    below: u64,
+    #[serde(default)]
+    gpus: Vec<WaitGpuView>,
+}
+
+#[derive(Deserialize)]
+struct WaitGpuView {
+    index: u32,
+    memory_used: Option<u64>,
+    ready: bool,
+    error: Option<String>,
+}
+
+/// `wait -H`: ready hosts in one line, the GPUs still held by host, and,
+/// for those, who holds them (as `status -H` shows them).
+pub fn wait(results: &[HostResult]) -> String {
+    let mut out = String::new();
+    let mut ready = Vec::new();
+    let mut busy_lines = Vec::new();
+    let mut busy_hosts = Vec::new();
+    for result in results {
+        let Some(wait) = view::<WaitView>(&result.answer.report) else {
+            continue;
+        };
+        if wait.ready {
+            ready.push(result.host.as_str());
+            continue;
+        }
+        busy_hosts.push(result);
+        for gpu in wait.gpus.iter().filter(|gpu| !gpu.ready) {
+            let mut line = format!(
+                "{}: GPU {}: busy, {} used (limit {}) after {}",
+                result.host,
+                gpu.index,
+                MaybeBytes(gpu.memory_used),
+                Bytes(wait.below),
+                Elapsed(ms_duration(wait.waited_ms))
+            );
+            if let Some(error) = &gpu.error {
+                let _ = write!(line, " ({error})");
+            }
+            busy_lines.push(line);
+        }
+    }
+    if !ready.is_empty() {
+        let _ = writeln!(
+            out,
+            "Ready on {} host{}: {}",
+            ready.len(),
+            plural(ready.len()),
+            hostlist::compress(&ready)
+        );
+    }
+    for line in &busy_lines {
+        let _ = writeln!(out, "{line}");
+    }
+    // The holders of the busy hosts, from the holders each wait listed.
+    let holders: Vec<HostResult> = busy_hosts
+        .iter()
+        .filter_map(|result| {
+            let report = result.answer.report.as_ref()?;
+            Some(HostResult {
+                host: result.host.clone(),
+                answer: super::Answer {
+                    exit_code: result.answer.exit_code,
+                    report: Some(serde_json::json!({
+                        "gpus": [],
+                        "holders": report.get("holders").cloned().unwrap_or(Value::Array(vec![])),
+                    })),
+                    error: None,
+                    elapsed: result.answer.elapsed,
+                },
+            })
+        })
+        .collect();
+    if !holders.is_empty() {
+        let _ = writeln!(out);
+        out.push_str(&status(&holders));
+    }
+    failures(results, &mut out);
+    out
+}
+
+fn ms_duration(ms: u64) -> std::time::Duration {
+    std::time::Duration::from_millis(ms)
+}
+
+fn gpu_list(gpus: &[u32]) -> String {
+    if gpus.is_empty() {
+        "-".to_string()
+    } else {
+        crate::units::GpuRanges(&gpus.iter().copied().collect()).to_string()
+    }
+}

@@ -1,0 +1,418 @@
+//! One remote gpureap over the user's own ssh: the command line, the
+//! timeouts, and what its failure means in words a person acts on.
+//!
+//! Nothing here weakens ssh: host keys are checked as the user's config says
+//! (never `StrictHostKeyChecking=no`), `BatchMode=yes` means a password or
+//! passphrase prompt fails at once instead of waiting on a terminal, and
+//! `ConnectTimeout` bounds the connection. The whole command is bounded too:
+//! past its deadline the ssh process (ours) is killed and the host reported
+//! as not answering.
+
+use std::io::Read;
+use std::os::fd::AsFd;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// The JSON a host answers with is this big at most (5,000 holders are a
+/// few MB): more is a host answering garbage, not a report.
+const MAX_ANSWER: u64 = 64 << 20;
+/// What is kept of a host's stderr: its last lines say what went wrong.
+const MAX_STDERR: u64 = 64 << 10;
+
+/// How to reach the hosts.
+#[derive(Debug, Clone)]
+pub struct Transport {
+    /// `--ssh`, split like a shell would: `ssh -F ~/.ssh/lab.conf`.
+    pub ssh: Vec<String>,
+    /// `--remote-bin`: the gpureap to run there.
+    pub remote_bin: String,
+    pub connect_timeout: Duration,
+}
+
+/// What one host's command came to.
+#[derive(Debug)]
+pub struct Answer {
+    /// The remote gpureap's exit code, or 3 where it could not complete.
+    pub exit_code: u8,
+    /// Its JSON document, when it gave one.
+    pub report: Option<Value>,
+    /// Why there is no usable report, in one line.
+    pub error: Option<String>,
+    pub elapsed: Duration,
+}
+
+impl Transport {
+    /// `--ssh` as given: split like a shell would, refused if empty.
+    pub fn new(
+        ssh: &str,
+        remote_bin: &str,
+        connect_timeout: Duration,
+    ) -> Result<Transport, String> {
+        let words =
+            shlex::split(ssh).ok_or_else(|| format!("invalid --ssh '{ssh}': unbalanced quotes"))?;
+        if words.is_empty() {
+            return Err(
+                "invalid --ssh '': give the ssh command, like 'ssh -F ~/.ssh/config'".into(),
+            );
+        }
+        if remote_bin.is_empty() {
+            return Err("invalid --remote-bin '': give a path or a command name".into());
+        }
+        Ok(Transport {
+            ssh: words,
+            remote_bin: remote_bin.to_string(),
+            connect_timeout,
+        })
+    }
+
+    /// The argv that runs `remote_bin ARGS…` on `host`: each argument
+    /// quoted for the remote shell, so `--match 'sglang::|vllm'` arrives as
+    /// one argument, unexpanded.
+    pub fn command_line(&self, host: &str, args: &[String]) -> Vec<String> {
+        let mut argv = self.ssh.clone();
+        let seconds = self.connect_timeout.as_secs().max(1);
+        argv.extend([
+            "-o".to_string(),
+            "BatchMode=yes".to_string(),
+            "-o".to_string(),
+            format!("ConnectTimeout={seconds}"),
+            // No terminal: a remote `free` must never find one and wait on it.
+            "-T".to_string(),
+            host.to_string(),
+        ]);
+        let remote = std::iter::once(self.remote_bin.as_str())
+            .chain(args.iter().map(String::as_str))
+            .map(quote)
+            .collect::<Vec<_>>()
+            .join(" ");
+        argv.push(remote);
+        argv
+    }
+
+    /// Runs `remote_bin ARGS…` on `host` and waits at most `limit`.
+    /// `kind` is the document expected back (`status`, `free`, `wait`).
+    pub fn call(&self, host: &str, args: &[String], kind: &str, limit: Duration) -> Answer {
+        let started = Instant::now();
+        let argv = self.command_line(host, args);
+        let outcome = run_bounded(&argv, limit);
+        let elapsed = started.elapsed();
+        let (exit_code, report, error) = match outcome {
+            Err(error) => (3, None, Some(error)),
+            Ok(Ran::TimedOut) => (
+                3,
+                None,
+                Some(format!(
+                    "no answer within {} (timed out; the host, its ssh or its gpureap hangs)",
+                    crate::units::Elapsed(limit)
+                )),
+            ),
+            Ok(Ran::Exited {
+                status,
+                stdout,
+                stderr,
+                truncated,
+            }) => self.judge(status, &stdout, &stderr, truncated, kind),
+        };
+        Answer {
+            exit_code,
+            report,
+            error,
+            elapsed,
+        }
+    }
+
+    /// What a finished ssh said: a report, or why there is none.
+    fn judge(
+        &self,
+        status: ExitStatus,
+        stdout: &[u8],
+        stderr: &[u8],
+        truncated: bool,
+        kind: &str,
+    ) -> (u8, Option<Value>, Option<String>) {
+        let stderr = String::from_utf8_lossy(stderr);
+        let last_line = last_meaningful_line(&stderr);
+        let code = status.code();
+        match code {
+            // ssh's own failure: connection, host key, authentication.
+            Some(255) => {
+                return (
+                    3,
+                    None,
+                    Some(last_line.unwrap_or_else(|| "ssh failed (exit 255)".to_string())),
+                );
+            }
+            Some(127) => {
+                let name = if self.remote_bin == "gpureap" {
+                    "gpureap not found on the host (install it or pass --remote-bin)".to_string()
+                } else {
+                    format!(
+                        "{} not found on the host (check --remote-bin)",
+                        self.remote_bin
+                    )
+                };
+                return (3, None, Some(name));
+            }
+            Some(126) => {
+                return (
+                    3,
+                    None,
+                    Some(format!(
+                        "{} cannot be run on the host: {}",
+                        self.remote_bin,
+                        last_line.unwrap_or_else(|| "permission denied".to_string())
+                    )),
+                );
+            }
+            None => {
+                return (
+                    3,
+                    None,
+                    Some("ssh was killed by a signal before the host answered".to_string()),
+                );
+            }
+            Some(_) => {}
+        }
+        if truncated {
+            return (
+                3,
+                None,
+                Some(format!(
+                    "answered more than {} MiB: not a gpureap report",
+                    MAX_ANSWER >> 20
+                )),
+            );
+        }
+        let remote_code = code.unwrap_or(3);
+        let text = String::from_utf8_lossy(stdout);
+        if text.trim().is_empty() {
+            // The remote gpureap refused (bad usage: 2) or failed (3) before any report.
+            let why = last_line.unwrap_or_else(|| format!("exited {remote_code} with no output"));
+            let code = if remote_code == 2 { 2 } else { 3 };
+            return (code, None, Some(why));
+        }
+        let document: Value = match serde_json::from_str(&text) {
+            Ok(value) => value,
+            Err(_) => {
+                return (
+                    3,
+                    None,
+                    Some(format!(
+                        "answered something that is not gpureap's JSON (is --remote-bin gpureap?): {}",
+                        first_line(&text)
+                    )),
+                );
+            }
+        };
+        match document.get("schema_version").and_then(Value::as_u64) {
+            Some(version) if version == u64::from(crate::report::SCHEMA_VERSION) => {}
+            Some(version) => {
+                return (
+                    3,
+                    None,
+                    Some(format!(
+                        "remote gpureap speaks schema {version}, this one {}",
+                        crate::report::SCHEMA_VERSION
+                    )),
+                );
+            }
+            None => {
+                return (
+                    3,
+                    None,
+                    Some(format!(
+                        "answered JSON without a schema_version: not a gpureap report: {}",
+                        first_line(&text)
+                    )),
+                );
+            }
+        }
+        if document.get("kind").and_then(Value::as_str) != Some(kind) {
+            return (
+                3,
+                None,
+                Some(format!("answered a document that is not a {kind} report")),
+            );
+        }
+        let code = match remote_code {
+            0..=3 => remote_code as u8,
+            _ => 3,
+        };
+        (code, Some(document), None)
+    }
+}
+
+/// A word for a POSIX shell: bare when it is plainly safe, else single-quoted.
+fn quote(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./=:,@%+".contains(c));
+    if plain {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
+    }
+}
+
+fn first_line(text: &str) -> String {
+    let line = text
+        .lines()
+        .find(|line| !line.trim().is_empty())
+        .unwrap_or("");
+    crate::report::short(line.trim(), 100)
+}
+
+/// The last stderr line that says something: ssh's warnings and banners
+/// (`Warning: Permanently added …`) are not the reason.
+fn last_meaningful_line(stderr: &str) -> Option<String> {
+    stderr
+        .lines()
+        .map(str::trim)
+        .rfind(|line| !line.is_empty() && !line.starts_with("Warning:") && !line.starts_with("**"))
+        .map(|line| crate::report::short(line, 200))
+}
+
+enum Ran {
+    Exited {
+        status: ExitStatus,
+        stdout: Vec<u8>,
+        stderr: Vec<u8>,
+        truncated: bool,
+    },
+    TimedOut,
+}
+
+/// Runs argv with no stdin, collecting its output, for at most `limit`;
+/// past that it is killed (it is our child, not yet reaped, so its PID is
+/// still its own).
+fn run_bounded(argv: &[String], limit: Duration) -> Result<Ran, String> {
+    let deadline = Instant::now() + limit;
+    let mut child = Command::new(&argv[0])
+        .args(&argv[1..])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|error| format!("cannot run {}: {error}", argv[0]))?;
+    let stdout = child.stdout.take().map(|pipe| collect(pipe, MAX_ANSWER));
+    let stderr = child.stderr.take().map(|pipe| collect(pipe, MAX_STDERR));
+    let status = match wait_until(&mut child, deadline) {
+        Some(status) => status,
+        None => {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Ok(Ran::TimedOut);
+        }
+    };
+    // ssh is gone; what it started (a ProxyCommand) may still hold the pipes: not for long.
+    let grace = deadline
+        .saturating_duration_since(Instant::now())
+        .min(Duration::from_secs(2));
+    let (stdout, truncated) = stdout
+        .and_then(|receiver| receiver.recv_timeout(grace).ok())
+        .unwrap_or_default();
+    let (stderr, _) = stderr
+        .and_then(|receiver| receiver.recv_timeout(grace).ok())
+        .unwrap_or_default();
+    Ok(Ran::Exited {
+        status,
+        stdout,
+        stderr,
+        truncated,
+    })
+}
+
+/// Reads a pipe to its end on a thread of its own, keeping `limit` bytes
+/// and draining the rest so the writer never blocks.
+fn collect(pipe: impl Read + Send + 'static, limit: u64) -> mpsc::Receiver<(Vec<u8>, bool)> {
+    let (sender, receiver) = mpsc::channel();
+    thread::spawn(move || {
+        let mut kept = Vec::new();
+        let mut pipe = pipe;
+        let _ = pipe.by_ref().take(limit).read_to_end(&mut kept);
+        let more = std::io::copy(&mut pipe, &mut std::io::sink()).unwrap_or(0) > 0;
+        let _ = sender.send((kept, more));
+    });
+    receiver
+}
+
+/// Waits for the child until the deadline: on its pidfd where the kernel
+/// has them (5.3+), else by polling every few milliseconds.
+fn wait_until(child: &mut Child, deadline: Instant) -> Option<ExitStatus> {
+    let pidfd = rustix::process::Pid::from_raw(child.id() as i32).and_then(|pid| {
+        rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok()
+    });
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return None;
+        }
+        match &pidfd {
+            Some(fd) => {
+                let fd = fd.as_fd();
+                let mut fds = [rustix::event::PollFd::new(
+                    &fd,
+                    rustix::event::PollFlags::IN,
+                )];
+                let timeout = rustix::event::Timespec::try_from(left).ok();
+                let _ = rustix::event::poll(&mut fds, timeout.as_ref());
+            }
+            None => thread::sleep(left.min(Duration::from_millis(5))),
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arguments_arrive_as_typed() {
+        let transport = Transport::new(
+            "ssh -F '/tmp/my lab/config'",
+            "gpureap",
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        let argv = transport.command_line(
+            "h1",
+            &[
+                "free".into(),
+                "--match".into(),
+                "sglang::|vllm".into(),
+                "it's".into(),
+            ],
+        );
+        assert_eq!(&argv[..3], ["ssh", "-F", "/tmp/my lab/config"]);
+        assert!(argv.contains(&"BatchMode=yes".to_string()));
+        assert!(
+            !argv
+                .iter()
+                .any(|word| word.contains("StrictHostKeyChecking"))
+        );
+        let remote = argv.last().unwrap();
+        assert_eq!(remote, "gpureap free --match 'sglang::|vllm' 'it'\\''s'");
+        // What a POSIX shell makes of it is the words given.
+        let words = shlex::split(remote).unwrap();
+        assert_eq!(
+            words,
+            ["gpureap", "free", "--match", "sglang::|vllm", "it's"]
+        );
+    }
+
+    #[test]
+    fn an_empty_or_unbalanced_ssh_is_refused() {
+        assert!(Transport::new("", "gpureap", Duration::from_secs(1)).is_err());
+        assert!(Transport::new("ssh -F 'x", "gpureap", Duration::from_secs(1)).is_err());
+        assert!(Transport::new("ssh", "", Duration::from_secs(1)).is_err());
+    }
+}

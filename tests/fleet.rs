@@ -1,0 +1,408 @@
+//! `status`, `free` and `wait` with `-H`, against real sshd hosts in
+//! network namespaces (tests/sshd_lab.rs), each with its own processes and
+//! its own simulated driver.
+
+use std::time::Duration;
+
+use gpureap::driver::sim::incident::Holder;
+use serde_json::Value;
+
+use crate::harness::GIB;
+use crate::sshd_lab::{Kind, Lab, host_entry};
+
+fn worker(tp: u32, gpu: u32) -> Holder {
+    Holder::new(&format!("sglang::scheduler_TP{tp}")).on(gpu, 30 * GIB)
+}
+
+fn pids_in(report: &Value) -> Vec<u64> {
+    let mut pids: Vec<u64> = report["targets"]
+        .as_array()
+        .expect("targets")
+        .iter()
+        .map(|target| target["pid"].as_u64().expect("pid"))
+        .collect();
+    pids.sort_unstable();
+    pids
+}
+
+fn holder_pids(status: &Value) -> Vec<u64> {
+    let mut pids: Vec<u64> = status["holders"]
+        .as_array()
+        .expect("holders")
+        .iter()
+        .filter(|holder| {
+            !holder["flags"]
+                .as_array()
+                .expect("flags")
+                .contains(&"monitor".into())
+        })
+        .map(|holder| holder["pid"].as_u64().expect("pid"))
+        .collect();
+    pids.sort_unstable();
+    pids
+}
+
+#[test]
+fn holders_on_several_hosts_are_seen_freed_and_verified_per_host() {
+    let lab = Lab::new(&[Kind::Up, Kind::Up, Kind::Up]);
+    let tp0 = lab.hold("h1", &worker(0, 0));
+    let tp1 = lab.hold("h1", &worker(1, 1));
+    let h2_worker = lab.hold("h2", &worker(0, 1));
+    let notebook = lab.hold("h2", &Holder::new("python3 notebook.py").on(0, 6 * GIB));
+
+    // One table with a HOST column; the idle host folded into a line.
+    let status = lab.run(&["status", "-H", "h[1-3]"]);
+    assert_eq!(status.code, 0, "{}{}", status.stdout, status.stderr);
+    let rows: Vec<&str> = status.stdout.lines().collect();
+    for (host, pid) in [
+        ("h1", tp0),
+        ("h1", tp1),
+        ("h2", h2_worker),
+        ("h2", notebook),
+    ] {
+        assert!(
+            rows.iter()
+                .any(|row| row.trim_start().starts_with(host) && row.contains(&format!(" {pid} "))),
+            "no row for {host} pid {pid}:\n{}",
+            status.stdout
+        );
+    }
+    assert!(
+        status
+            .stdout
+            .contains("Nothing held on 1 host (2 GPUs): h3"),
+        "{}",
+        status.stdout
+    );
+
+    let json = lab.run(&["status", "-H", "h1,h2,h3", "--json"]).json();
+    assert_eq!(json["kind"], "fleet");
+    assert_eq!(json["command"], "status");
+    assert_eq!(json["exit_code"], 0);
+    assert_eq!(holder_pids(&host_entry(&json, "h1")["report"]), {
+        let mut pids = vec![tp0 as u64, tp1 as u64];
+        pids.sort_unstable();
+        pids
+    });
+    assert_eq!(
+        host_entry(&json, "h3")["report"]["holders"],
+        serde_json::json!([])
+    );
+    assert_eq!(host_entry(&json, "h3")["error"], Value::Null);
+
+    // Each host frees its own sglang workers and verifies on its own driver;
+    // the notebook on h2 is out of scope and stays.
+    let free = lab.run(&[
+        "free", "-H", "h[1-3]", "--match", "sglang::", "--grace", "0", "--yes", "--json",
+    ]);
+    let document = free.json();
+    assert_eq!(free.code, 0, "{document:#}\n{}", free.stderr);
+    assert_eq!(document["command"], "free");
+    let h1 = &host_entry(&document, "h1")["report"];
+    assert_eq!(pids_in(h1), {
+        let mut pids = vec![tp0 as u64, tp1 as u64];
+        pids.sort_unstable();
+        pids
+    });
+    assert!(
+        h1["gpus"]
+            .as_array()
+            .expect("gpus")
+            .iter()
+            .all(|gpu| gpu["freed"] == true)
+    );
+    let h2 = &host_entry(&document, "h2")["report"];
+    assert_eq!(pids_in(h2), [h2_worker as u64]);
+    assert_eq!(
+        host_entry(&document, "h3")["report"]["targets"],
+        serde_json::json!([])
+    );
+
+    let after = lab.run(&["status", "-H", "h1,h2", "--json"]).json();
+    assert_eq!(
+        holder_pids(&host_entry(&after, "h1")["report"]),
+        Vec::<u64>::new()
+    );
+    assert_eq!(
+        holder_pids(&host_entry(&after, "h2")["report"]),
+        [notebook as u64]
+    );
+}
+
+#[test]
+fn the_text_of_free_ends_with_one_line_per_host_and_gpu() {
+    let lab = Lab::new(&[Kind::Up, Kind::Up]);
+    lab.hold("h1", &worker(0, 0));
+    lab.hold("h2", &worker(0, 1).ignoring_sigterm());
+    let free = lab.run(&[
+        "free", "-H", "h1,h2", "--match", "sglang", "--grace", "200ms", "--yes",
+    ]);
+    assert_eq!(free.code, 0, "{}{}", free.stdout, free.stderr);
+    let lines: Vec<&str> = free.stdout.lines().collect();
+    assert!(
+        lines
+            .iter()
+            .any(|line| line.starts_with("h1: GPU 0: freed 30.0 GiB")),
+        "{}",
+        free.stdout
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|line| line.starts_with("h2: GPU 1: freed 30.0 GiB")),
+        "{}",
+        free.stdout
+    );
+    // The SIGTERM-ignorer on h2 needed the escalation.
+    assert!(
+        lines
+            .iter()
+            .any(|line| line.trim_start().starts_with("h2")
+                && line.contains("SIGTERM,SIGSTOP,SIGKILL")),
+        "{}",
+        free.stdout
+    );
+}
+
+#[test]
+fn unreachable_hosts_are_listed_last_with_their_reason_and_the_run_is_incomplete() {
+    let lab = Lab::new(&[Kind::Up, Kind::Refusing, Kind::UnknownKey]);
+    lab.hold("h1", &worker(0, 0));
+    let status = lab.run(&["status", "-H", "h1,h2,h3"]);
+    assert_eq!(status.code, 3, "{}{}", status.stdout, status.stderr);
+    let failed_at = status
+        .stdout
+        .find("Failed on 2 of 3 hosts:")
+        .unwrap_or_else(|| panic!("no failure section:\n{}", status.stdout));
+    let failures = &status.stdout[failed_at..];
+    assert!(failures.contains("h2: ssh: connect to host"), "{failures}");
+    assert!(failures.contains("Connection refused"), "{failures}");
+    // An unknown key is refused, never accepted.
+    assert!(
+        failures.contains("h3: Host key verification failed"),
+        "{failures}"
+    );
+    // h1's holder is still reported above the failures.
+    assert!(
+        status.stdout[..failed_at]
+            .lines()
+            .any(|line| line.trim_start().starts_with("h1 "))
+    );
+
+    let json = lab.run(&["status", "-H", "h1,h2,h3", "--json"]).json();
+    assert_eq!(json["exit_code"], 3);
+    assert_eq!(host_entry(&json, "h1")["exit_code"], 0);
+    for host in ["h2", "h3"] {
+        let entry = host_entry(&json, host);
+        assert_eq!(entry["exit_code"], 3);
+        assert_eq!(entry["report"], Value::Null);
+        assert!(entry["error"].is_string());
+    }
+    // The key was not added to the known hosts.
+    let known = std::fs::read_to_string(lab.path().join("known_hosts")).expect("known_hosts");
+    assert!(!known.contains("h3"));
+}
+
+#[test]
+fn a_missing_remote_gpureap_says_so() {
+    let lab = Lab::new(&[Kind::Up]);
+    let run: crate::harness::Run = lab
+        .gpureap()
+        .args(["status", "-H", "h1", "--remote-bin", "/nonexistent/gpureap"])
+        .output()
+        .expect("gpureap runs")
+        .into();
+    assert_eq!(run.code, 3);
+    assert!(
+        run.stdout
+            .contains("h1: /nonexistent/gpureap not found on the host (check --remote-bin)"),
+        "{}",
+        run.stdout
+    );
+    // Something that is not gpureap answering is not taken for a report.
+    let run: crate::harness::Run = lab
+        .gpureap()
+        .args(["status", "-H", "h1", "--remote-bin", "/bin/echo"])
+        .output()
+        .expect("gpureap runs")
+        .into();
+    assert_eq!(run.code, 3);
+    assert!(
+        run.stdout
+            .contains("h1: answered something that is not gpureap's JSON"),
+        "{}",
+        run.stdout
+    );
+}
+
+#[test]
+fn a_regex_with_shell_metacharacters_arrives_intact() {
+    let lab = Lab::new(&[Kind::Up]);
+    let tp0 = lab.hold("h1", &worker(0, 0));
+    let tp1 = lab.hold("h1", &Holder::new("vllm serve llama").on(1, GIB));
+    lab.hold("h1", &Holder::new("python3 train.py").on(1, GIB));
+    let canary = lab.path().join("canary");
+    let pattern = format!(
+        "sglang::|vllm|$(touch {}) ; `touch {}` 'x\"",
+        canary.display(),
+        canary.display()
+    );
+    let plan = lab.run(&[
+        "free",
+        "-H",
+        "h1",
+        "--match",
+        &pattern,
+        "--dry-run",
+        "--json",
+    ]);
+    let document = plan.json();
+    assert_eq!(plan.code, 0, "{document:#}\n{}", plan.stderr);
+    let mut expected = vec![tp0 as u64, tp1 as u64];
+    expected.sort_unstable();
+    assert_eq!(pids_in(&host_entry(&document, "h1")["report"]), expected);
+    assert!(!canary.exists(), "the remote shell expanded the regex");
+    // A value starting with '-' stays a value.
+    let plan = lab.run(&["free", "-H", "h1", "--match=-x|vllm", "--dry-run", "--json"]);
+    assert_eq!(plan.code, 0, "{}{}", plan.stdout, plan.stderr);
+    assert_eq!(
+        pids_in(&host_entry(&plan.json(), "h1")["report"]),
+        [tp1 as u64]
+    );
+}
+
+#[test]
+fn free_across_hosts_asks_first_and_a_dry_run_signals_nothing() {
+    let lab = Lab::new(&[Kind::Up, Kind::Up]);
+    let tp0 = lab.hold("h1", &worker(0, 0));
+    let tp1 = lab.hold("h2", &worker(1, 1));
+    // No terminal, no --yes: refused before any host is asked.
+    let refused = lab.run(&["free", "-H", "h1,h2", "--match", "sglang"]);
+    assert_eq!(refused.code, 2, "{}", refused.stderr);
+    assert!(refused.stderr.contains("pass --yes"), "{}", refused.stderr);
+    let plan = lab.run(&["free", "-H", "h1,h2", "--match", "sglang"]);
+    assert_eq!(plan.code, 2);
+    let plan = lab.run(&["free", "-H", "h1,h2", "--match", "sglang", "--dry-run"]);
+    assert_eq!(plan.code, 0, "{}", plan.stderr);
+    for (host, pid) in [("h1", tp0), ("h2", tp1)] {
+        assert!(
+            plan.stdout
+                .lines()
+                .any(|line| line.trim_start().starts_with(host)
+                    && line.contains(&format!(" {pid} "))),
+            "{}",
+            plan.stdout
+        );
+    }
+    let status = lab.run(&["status", "-H", "h1,h2", "--json"]).json();
+    assert_eq!(
+        holder_pids(&host_entry(&status, "h1")["report"]),
+        [tp0 as u64]
+    );
+    assert_eq!(
+        holder_pids(&host_entry(&status, "h2")["report"]),
+        [tp1 as u64]
+    );
+}
+
+#[test]
+fn wait_returns_when_every_host_is_below_and_names_the_hosts_still_held() {
+    let lab = Lab::new(&[Kind::Up, Kind::Up]);
+    let tp0 = lab.hold("h1", &worker(0, 0));
+    lab.hold("h2", &worker(1, 1));
+    let timed_out = lab.run(&["wait", "-H", "h1,h2", "--timeout", "1s"]);
+    assert_eq!(
+        timed_out.code, 1,
+        "{}{}",
+        timed_out.stdout, timed_out.stderr
+    );
+    assert!(
+        timed_out.stdout.contains("h1: GPU 0: busy, 30.0 GiB used"),
+        "{}",
+        timed_out.stdout
+    );
+    assert!(
+        timed_out.stdout.contains("h2: GPU 1: busy, 30.0 GiB used"),
+        "{}",
+        timed_out.stdout
+    );
+    // ... and who holds them.
+    assert!(
+        timed_out
+            .stdout
+            .lines()
+            .any(|line| line.trim_start().starts_with("h1") && line.contains(&format!(" {tp0} "))),
+        "{}",
+        timed_out.stdout
+    );
+
+    // Free h2 now; h1 a little later, while the fleet wait runs.
+    lab.run(&["free", "-H", "h2", "--all", "--grace", "0", "--yes"]);
+    let waiting = lab
+        .gpureap()
+        .args(["wait", "-H", "h1,h2", "--timeout", "60s", "--json"])
+        .args(["--remote-bin", env!("CARGO_BIN_EXE_gpureap")])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("wait starts");
+    std::thread::sleep(Duration::from_millis(1500));
+    let killed = lab.on("h1", &format!("kill -9 {tp0}"));
+    assert_eq!(killed.code, 0, "{}", killed.stderr);
+    let output = waiting.wait_with_output().expect("wait ends");
+    let document: Value = serde_json::from_slice(&output.stdout).expect("fleet JSON");
+    assert_eq!(output.status.code(), Some(0), "{document:#}");
+    for host in ["h1", "h2"] {
+        assert_eq!(host_entry(&document, host)["report"]["ready"], true);
+    }
+}
+
+#[test]
+fn a_hanging_host_costs_its_timeout_and_no_more() {
+    let lab = Lab::new(&[Kind::Up, Kind::Up]);
+    lab.hold("h1", &worker(0, 0));
+    // h2 accepts connections and never says a word.
+    lab.freeze("h2");
+    let run = lab.run(&[
+        "status",
+        "-H",
+        "h1,h2",
+        "--connect-timeout",
+        "1s",
+        "--host-timeout",
+        "3s",
+        "--json",
+    ]);
+    let document = run.json();
+    assert_eq!(run.code, 3, "{document:#}");
+    assert_eq!(host_entry(&document, "h1")["exit_code"], 0);
+    let h2 = host_entry(&document, "h2");
+    assert_eq!(h2["report"], Value::Null);
+    let error = h2["error"].as_str().expect("error");
+    assert!(
+        error.contains("timed out") || error.contains("Connection timed out"),
+        "{error}"
+    );
+    assert!(
+        h2["elapsed_ms"].as_u64().expect("elapsed") < 3_000 + 2_000,
+        "{h2:#}"
+    );
+
+    // A gpureap that hangs on the host: the command timeout ends it.
+    let hang = lab.path().join("hang.sh");
+    std::fs::write(&hang, "#!/bin/sh\nsleep 1000\n").expect("script");
+    std::fs::set_permissions(&hang, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let run: crate::harness::Run = lab
+        .gpureap()
+        .args(["status", "-H", "h1", "--host-timeout", "1s", "--remote-bin"])
+        .arg(&hang)
+        .output()
+        .expect("gpureap runs")
+        .into();
+    assert_eq!(run.code, 3);
+    assert!(
+        run.stdout.contains("h1: no answer within 1.0s (timed out"),
+        "{}",
+        run.stdout
+    );
+}
