@@ -18,6 +18,8 @@ It builds gpureap (cargo build --release) unless --bin is given. Three parts:
    recipe's all the same. With --gpu it also measures the driver's own release time: SIGKILL
    to memory back, as NVML sees it, polled every millisecond.
 3. Waiting: how long after the memory is back `gpureap wait` returns.
+4. Fleet (not with --gpu): `status -H` over 8 real sshd hosts in network namespaces against 8
+   parallel ssh calls and the sequential loop (bench/fleet_bench.py; needs root).
 
 Signals only processes it started. Prints a markdown report; writes it to --out, or into
 docs/performance.md between the markers for its section.
@@ -411,6 +413,10 @@ def main():
     seeing(host)
     freeing(host)
     waiting(host)
+    if not GPU:
+        sys.path.insert(0, str(ROOT / "bench"))
+        import fleet_bench
+        fleet_bench.run(say, BIN, QUICK)
     report = "\n".join(LINES) + "\n"
     if OUT:
         OUT.write_text(report)

@@ -129,7 +129,9 @@ pub enum Command {
     #[command(after_help = "Examples:
   gpureap status
   gpureap status --gpu 0,2 --tree
-  gpureap status --json | jq '.gpus[] | {index, memory_used}'")]
+  gpureap status --json | jq '.gpus[] | {index, memory_used}'
+  gpureap status -H 'gpu[01-16]'      every host's GPUs in one table, over your ssh
+  gpureap status -H @hosts.txt --ssh 'ssh -F ~/.ssh/lab.conf' --json")]
     Status(StatusArgs),
 
     /// Free GPUs: signal the holders in scope and their descendants, then verify through the driver.
@@ -143,14 +145,17 @@ Examples:
   gpureap free --match 'sglang::scheduler' --yes
   gpureap free --gpu 3 --grace 0 --timeout 1m --yes
   gpureap free --pid 4242 --yes --json
-  gpureap free --stale-runs --yes      what a SIGKILLed `gpureap run` left, and its cgroups"
+  gpureap free --stale-runs --yes      what a SIGKILLed `gpureap run` left, and its cgroups
+  gpureap free -H 'node[1-4]' --match 'sglang::|vllm' --dry-run   the plan on every host
+  gpureap free -H 'node[1-4]' --orphans          shows the plan, asks once, frees each host"
     )]
     Free(FreeArgs),
 
     /// Wait until GPUs are free enough to launch on; exit 1 listing the holders on timeout.
     #[command(after_help = "Examples:
   gpureap wait --gpu 0-3 --timeout 2m && ./launch.sh
-  gpureap wait --below 2GiB")]
+  gpureap wait --below 2GiB
+  gpureap wait -H 'node[1-4]' --timeout 5m && srun ...   every host below the limit")]
     Wait(WaitArgs),
 
     /// Supervise a server: contain it, watch readiness and hangs, diagnose, free, restart.

@@ -171,8 +171,17 @@ fn fleet_documents_match_the_published_schema() {
         (
             "free -H",
             lab.run(&[
-                "free", "-H", "h1,h2", "--gpu", "0,1", "--grace", "100ms", "--timeout", "300ms",
-                "--yes", "--json",
+                "free",
+                "-H",
+                "h1,h2",
+                "--gpu",
+                "0,1",
+                "--grace",
+                "100ms",
+                "--timeout",
+                "300ms",
+                "--yes",
+                "--json",
             ]),
         ),
     ];
@@ -189,5 +198,9 @@ fn fleet_documents_match_the_published_schema() {
     let free = runs[3].1.json();
     let reasons = free["hosts"][0]["report"]["gpus"][1]["reasons"].clone();
     assert_eq!(reasons[0]["reason"], "driver_held", "{free:#}");
-    assert!(reasons[0]["text"].as_str().is_some_and(|text| !text.is_empty()));
+    assert!(
+        reasons[0]["text"]
+            .as_str()
+            .is_some_and(|text| !text.is_empty())
+    );
 }

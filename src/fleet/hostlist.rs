@@ -185,9 +185,22 @@ pub fn compress(hosts: &[&str]) -> String {
     // (prefix, width, suffix) → numbers; names without a number stay as they are.
     let mut order: Vec<Result<(String, usize, String), String>> = Vec::new();
     let mut groups: BTreeMap<(String, usize, String), Vec<u64>> = BTreeMap::new();
+    // `gpu11` belongs with `gpu03`: a zero-padded group of its own length.
+    let padded: HashSet<(&str, usize, &str)> = hosts
+        .iter()
+        .filter_map(|host| last_number(host))
+        .filter(|(_, _, width, _)| *width > 1)
+        .map(|(prefix, _, width, suffix)| (prefix, width, suffix))
+        .collect();
     for host in hosts {
         match last_number(host) {
             Some((prefix, number, width, suffix)) => {
+                let digits = number.to_string().len();
+                let width = if width == 1 && padded.contains(&(prefix, digits, suffix)) {
+                    digits
+                } else {
+                    width
+                };
                 let key = (prefix.to_string(), width, suffix.to_string());
                 if !groups.contains_key(&key) {
                     order.push(Ok(key.clone()));
