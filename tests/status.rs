@@ -320,3 +320,45 @@ fn a_process_younger_than_a_second_shows_its_age_in_tenths() {
         });
     assert!(tenths, "age {age:?} in: {row}");
 }
+
+/// A process names itself: an escape sequence in its command line is shown
+/// written out, and never reaches the terminal of whoever reads the table.
+#[test]
+fn control_characters_in_a_command_line_never_reach_the_terminal() {
+    let host = host(1);
+    let mut incident = Incident::new(&host);
+    let pid = incident
+        .holder(&Holder::new("evil\x1b[2J\x1b]0;pwned\x07\rpython3").on(0, GIB))
+        .expect("holder");
+    for args in [
+        &["status"][..],
+        &["status", "--tree"],
+        &["free", "--pid", &pid.to_string(), "--dry-run"],
+    ] {
+        let run = run(&host, args);
+        assert_eq!(run.code, 0, "{args:?}: {}", run.stderr);
+        assert!(
+            !run.stdout
+                .chars()
+                .any(|c| c.is_control() && c != '\n' && c != '\t'),
+            "{args:?} printed a control character:\n{:?}",
+            run.stdout
+        );
+        assert!(
+            run.stdout.contains("evil\\u{1b}[2J"),
+            "{args:?}:\n{}",
+            run.stdout
+        );
+    }
+    // JSON keeps the text as it is, escaped the JSON way.
+    let json = run(&host, &["status", "--json"]).json();
+    assert!(
+        json["holders"]
+            .as_array()
+            .expect("holders")
+            .iter()
+            .any(|holder| holder["cmdline"]
+                .as_str()
+                .is_some_and(|c| c.starts_with("evil\x1b[2J")))
+    );
+}
