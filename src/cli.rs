@@ -173,6 +173,20 @@ Examples:
     )]
     Run(RunArgs),
 
+    /// Copy this gpureap to hosts over ssh, atomically, and check it runs there.
+    #[command(
+        after_help = "Installs at ~/.local/bin/gpureap, or /usr/local/bin/gpureap when the remote user is
+root (--to changes it); `status -H` and `free -H` find it there without --remote-bin.
+A host that already has this build is skipped; a different file at the destination that
+push did not put there is left alone (exit 1) unless --force.
+
+Examples:
+  gpureap push -H 'gpu[01-16]'
+  gpureap push -H @hosts.txt --bin ./gpureap-x86_64-glibc2.17 --to /opt/gpureap/bin/gpureap
+  gpureap push -H 'gpu[01-16]' && gpureap status -H 'gpu[01-16]'"
+    )]
+    Push(PushArgs),
+
     /// Replay a crashed SGLang server on a simulated GPU host: status, free, verify. No GPU needed.
     Demo,
 }
@@ -228,6 +242,25 @@ pub struct RunArgs {
     /// The server's command line.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct PushArgs {
+    /// Where to install on each host: an absolute path, or ~/… for the remote user's home
+    /// [default: ~/.local/bin/gpureap, or /usr/local/bin/gpureap as root].
+    #[arg(long, value_name = "PATH")]
+    pub to: Option<String>,
+    /// The binary to push [default: this gpureap].
+    #[arg(long, value_name = "FILE")]
+    pub bin: Option<PathBuf>,
+    /// Replace a file at the destination that push did not put there.
+    #[arg(long)]
+    pub force: bool,
+    /// Print JSON (docs/json.md, kind "fleet").
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub fleet: HostsArgs,
 }
 
 #[derive(Debug, Args)]

@@ -57,6 +57,7 @@ fn main() -> ! {
             Err(error) => Err(error),
         },
         Command::Run(args) => run(&cli.backend, args),
+        Command::Push(args) => push(args),
         Command::Demo => gpureap::demo::run(&mut io::stdout().lock()).map_err(anyhow::Error::from),
     };
     tracing::debug!("command done");
@@ -112,6 +113,33 @@ fn ask(plan: &str) -> Result<(), UsageError> {
     } else {
         Err(UsageError("aborted: nothing was signalled".to_string()))
     }
+}
+
+fn push(args: &gpureap::cli::PushArgs) -> anyhow::Result<Exit> {
+    if args.fleet.remote_bin != fleet::ssh::DEFAULT_REMOTE_BIN {
+        return Err(
+            UsageError("push takes --to PATH (where to install), not --remote-bin".into()).into(),
+        );
+    }
+    let Some(fleet) = fleet::Fleet::from_args(&args.fleet, None, args.json).map_err(UsageError)?
+    else {
+        return Err(UsageError("push needs the hosts: -H LIST".into()).into());
+    };
+    let bin = match &args.bin {
+        Some(bin) => bin.clone(),
+        None => std::env::current_exe()?,
+    };
+    let output = fleet::push::push(
+        &fleet,
+        &fleet::push::PushRequest {
+            bin: &bin,
+            to: args.to.as_deref(),
+            force: args.force,
+            json: args.json,
+        },
+    )?;
+    emit(&output.text)?;
+    Ok(output.exit)
 }
 
 fn open_driver(choice: &BackendChoice) -> anyhow::Result<Box<dyn Driver>> {

@@ -190,6 +190,18 @@ fn fleet_documents_match_the_published_schema() {
         assert_eq!(document["kind"], "fleet", "{what}");
         conforms(&validator, what, &document);
     }
+    let push: Run = lab
+        .gpureap()
+        .args(["push", "-H", "h1,h2", "--json"])
+        .output()
+        .expect("push runs")
+        .into();
+    let document = push.json();
+    assert_eq!(
+        document["hosts"][0]["report"]["kind"], "push",
+        "{document:#}"
+    );
+    conforms(&validator, "push -H", &document);
     // The host's own report is checked too: a broken one fails the fleet document.
     let mut broken = runs[0].1.json();
     broken["hosts"][0]["report"]["gpus"] = Value::from("not a list");

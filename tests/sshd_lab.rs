@@ -25,6 +25,12 @@ use crate::harness::{GIB, Run};
 
 static LABS: AtomicU32 = AtomicU32::new(0);
 
+/// Each host has its own, empty /usr/local, /var/lib and /root (tmpfs in
+/// its mount namespace): what `push` installs on one host is not on the
+/// others, nor on this machine.
+const PRIVATE_DIRS: &str =
+    "mount -t tmpfs lab /usr/local && mount -t tmpfs lab /var/lib && mount -t tmpfs lab /root";
+
 pub struct LabHost {
     pub name: String,
     pub address: String,
@@ -144,7 +150,7 @@ impl Lab {
                 fs::write(
                     &sshd_config,
                     format!(
-                        "ListenAddress {address}\nHostKey {hostdir}/hostkey\nAuthorizedKeysFile {dir}/authorized_keys\nStrictModes no\nUsePAM no\nPermitRootLogin prohibit-password\nPidFile none\nSetEnv GPUREAP_BACKEND={backend}\nMaxStartups 100\nMaxSessions 100\n",
+                        "ListenAddress {address}\nHostKey {hostdir}/hostkey\nAuthorizedKeysFile {dir}/authorized_keys\nStrictModes no\nUsePAM no\nPermitRootLogin prohibit-password\nPidFile none\nSetEnv GPUREAP_BACKEND={backend} PATH=/usr/bin:/bin:/usr/sbin:/sbin\nMaxStartups 100\nMaxSessions 100\n",
                         hostdir = host_dir.display(),
                         dir = path.display(),
                         backend = sim.backend(),
@@ -158,8 +164,9 @@ impl Lab {
                     .args(["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--uts"])
                     .args(["sh", "-c"])
                     .arg(format!(
-                        "hostname {name}; exec /usr/sbin/sshd -D -e -f {}",
-                        sshd_config.display()
+                        "hostname {name} && {private} && exec /usr/sbin/sshd -D -e -f {}",
+                        sshd_config.display(),
+                        private = PRIVATE_DIRS
                     ))
                     .stdin(Stdio::null())
                     .stdout(Stdio::null())

@@ -9,6 +9,7 @@
 
 pub mod commands;
 pub mod hostlist;
+pub mod push;
 pub mod render;
 pub mod ssh;
 
@@ -100,6 +101,18 @@ impl Fleet {
     where
         F: Fn(&str) -> (Vec<String>, Duration) + Sync,
     {
+        self.fan_out_with(hosts, |host| {
+            let (args, limit) = job(host);
+            self.transport.call(host, &args, kind, limit)
+        })
+    }
+
+    /// Runs `job` for each host, at most `parallel` at once, with the
+    /// progress line; the answers in host order.
+    pub fn fan_out_with<F>(&self, hosts: &[String], job: F) -> Vec<HostResult>
+    where
+        F: Fn(&str) -> Answer + Sync,
+    {
         let next = AtomicUsize::new(0);
         let answers: Mutex<Vec<Option<Answer>>> =
             Mutex::new((0..hosts.len()).map(|_| None).collect());
@@ -113,8 +126,7 @@ impl Fleet {
                     loop {
                         let at = next.fetch_add(1, Ordering::Relaxed);
                         let Some(host) = hosts.get(at) else { break };
-                        let (args, limit) = job(host);
-                        let answer = self.transport.call(host, &args, kind, limit);
+                        let answer = job(host);
                         let failed = answer.report.is_none();
                         if let Ok(mut answers) = answers.lock() {
                             answers[at] = Some(answer);

@@ -11,7 +11,7 @@
 use std::io::Read;
 use std::os::fd::AsFd;
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
+use std::sync::{Arc, mpsc};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -31,6 +31,31 @@ pub struct Transport {
     /// `--remote-bin`: the gpureap to run there.
     pub remote_bin: String,
     pub connect_timeout: Duration,
+}
+
+/// `--remote-bin`'s default: found on the remote PATH or where `push` puts it.
+pub const DEFAULT_REMOTE_BIN: &str = "gpureap";
+
+/// Runs the first gpureap found: on the PATH, else at `push`'s default
+/// destinations (a user's ~/.local/bin is often not on a non-interactive
+/// ssh session's PATH). Exit 127, as a shell's "not found", if none.
+const FIND_GPUREAP: &str = r#"for b in gpureap "$HOME/.local/bin/gpureap" /usr/local/bin/gpureap; do if command -v "$b" >/dev/null 2>&1; then exec "$b" "$@"; fi; done; echo "gpureap: not found on PATH, in ~/.local/bin or /usr/local/bin" >&2; exit 127"#;
+
+/// A raw command's outcome on a host (`exec`).
+#[derive(Debug)]
+pub struct Executed {
+    /// Its exit code; `None` if killed by a signal.
+    pub code: Option<i32>,
+    pub stdout: String,
+    /// The last line of its stderr that says something.
+    pub last_error: Option<String>,
+}
+
+fn timed_out(limit: Duration) -> String {
+    format!(
+        "no answer within {} (timed out; the host, its ssh or its gpureap hangs)",
+        crate::units::Elapsed(limit)
+    )
 }
 
 /// What one host's command came to.
@@ -71,8 +96,26 @@ impl Transport {
 
     /// The argv that runs `remote_bin ARGS…` on `host`: each argument
     /// quoted for the remote shell, so `--match 'sglang::|vllm'` arrives as
-    /// one argument, unexpanded.
+    /// one argument, unexpanded. The default `gpureap` is looked for on the
+    /// remote PATH, then where `gpureap push` puts it by default.
     pub fn command_line(&self, host: &str, args: &[String]) -> Vec<String> {
+        let mut words: Vec<String> = Vec::new();
+        if self.remote_bin == DEFAULT_REMOTE_BIN {
+            words.extend([
+                "sh".into(),
+                "-c".into(),
+                FIND_GPUREAP.into(),
+                "gpureap".into(),
+            ]);
+        } else {
+            words.push(self.remote_bin.clone());
+        }
+        words.extend(args.iter().cloned());
+        self.argv(host, &words)
+    }
+
+    /// The ssh argv that runs `words` (quoted for the remote shell) on `host`.
+    pub fn argv(&self, host: &str, words: &[String]) -> Vec<String> {
         let mut argv = self.ssh.clone();
         let seconds = self.connect_timeout.as_secs().max(1);
         argv.extend([
@@ -84,12 +127,13 @@ impl Transport {
             "-T".to_string(),
             host.to_string(),
         ]);
-        let remote = std::iter::once(self.remote_bin.as_str())
-            .chain(args.iter().map(String::as_str))
-            .map(quote)
-            .collect::<Vec<_>>()
-            .join(" ");
-        argv.push(remote);
+        argv.push(
+            words
+                .iter()
+                .map(|word| quote(word))
+                .collect::<Vec<_>>()
+                .join(" "),
+        );
         argv
     }
 
@@ -97,19 +141,11 @@ impl Transport {
     /// `kind` is the document expected back (`status`, `free`, `wait`).
     pub fn call(&self, host: &str, args: &[String], kind: &str, limit: Duration) -> Answer {
         let started = Instant::now();
-        let argv = self.command_line(host, args);
-        let outcome = run_bounded(&argv, limit);
+        let outcome = run_bounded(&self.command_line(host, args), limit, None);
         let elapsed = started.elapsed();
         let (exit_code, report, error) = match outcome {
             Err(error) => (3, None, Some(error)),
-            Ok(Ran::TimedOut) => (
-                3,
-                None,
-                Some(format!(
-                    "no answer within {} (timed out; the host, its ssh or its gpureap hangs)",
-                    crate::units::Elapsed(limit)
-                )),
-            ),
+            Ok(Ran::TimedOut) => (3, None, Some(timed_out(limit))),
             Ok(Ran::Exited {
                 status,
                 stdout,
@@ -122,6 +158,37 @@ impl Transport {
             report,
             error,
             elapsed,
+        }
+    }
+
+    /// Runs `words` on `host` with `input` on its stdin, for at most `limit`:
+    /// its output, or why there is none (ssh's own failure, the time).
+    pub fn exec(
+        &self,
+        host: &str,
+        words: &[String],
+        input: Option<Arc<Vec<u8>>>,
+        limit: Duration,
+    ) -> Result<Executed, String> {
+        match run_bounded(&self.argv(host, words), limit, input)? {
+            Ran::TimedOut => Err(timed_out(limit)),
+            Ran::Exited {
+                status,
+                stdout,
+                stderr,
+                ..
+            } => {
+                let stderr = String::from_utf8_lossy(&stderr).into_owned();
+                if status.code() == Some(255) {
+                    return Err(last_meaningful_line(&stderr)
+                        .unwrap_or_else(|| "ssh failed (exit 255)".to_string()));
+                }
+                Ok(Executed {
+                    code: status.code(),
+                    stdout: String::from_utf8_lossy(&stdout).into_owned(),
+                    last_error: last_meaningful_line(&stderr),
+                })
+            }
         }
     }
 
@@ -147,7 +214,7 @@ impl Transport {
                 );
             }
             Some(127) => {
-                let name = if self.remote_bin == "gpureap" {
+                let name = if self.remote_bin == DEFAULT_REMOTE_BIN {
                     "gpureap not found on the host (install it or pass --remote-bin)".to_string()
                 } else {
                     format!(
@@ -290,15 +357,29 @@ enum Ran {
 /// Runs argv with no stdin, collecting its output, for at most `limit`;
 /// past that it is killed (it is our child, not yet reaped, so its PID is
 /// still its own).
-fn run_bounded(argv: &[String], limit: Duration) -> Result<Ran, String> {
+fn run_bounded(
+    argv: &[String],
+    limit: Duration,
+    input: Option<Arc<Vec<u8>>>,
+) -> Result<Ran, String> {
     let deadline = Instant::now() + limit;
     let mut child = Command::new(&argv[0])
         .args(&argv[1..])
-        .stdin(Stdio::null())
+        .stdin(if input.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|error| format!("cannot run {}: {error}", argv[0]))?;
+    if let (Some(mut pipe), Some(input)) = (child.stdin.take(), input) {
+        // A host that stops reading (it refused, or died) ends the write with EPIPE.
+        thread::spawn(move || {
+            let _ = std::io::Write::write_all(&mut pipe, &input);
+        });
+    }
     let stdout = child.stdout.take().map(|pipe| collect(pipe, MAX_ANSWER));
     let stderr = child.stderr.take().map(|pipe| collect(pipe, MAX_STDERR));
     let status = match wait_until(&mut child, deadline) {

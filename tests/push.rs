@@ -1,0 +1,188 @@
+//! `gpureap push`, against real sshd hosts (tests/sshd_lab.rs), each with
+//! its own /usr/local, /var/lib and /root: installed where none was, skipped
+//! where the same build is, a file push did not put there left alone, an
+//! unreachable host reported; then `status -H` finds the pushed binary with
+//! no --remote-bin, although /usr/local/bin is not on the hosts' PATH.
+
+use serde_json::Value;
+
+use crate::harness::Run;
+use crate::sshd_lab::{Kind, Lab, host_entry};
+
+const BIN: &str = env!("CARGO_BIN_EXE_gpureap");
+
+fn push(lab: &Lab, args: &[&str]) -> Run {
+    lab.gpureap()
+        .arg("push")
+        .args(args)
+        .output()
+        .expect("push runs")
+        .into()
+}
+
+fn action(document: &Value, host: &str) -> String {
+    host_entry(document, host)["report"]["action"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{host} has no action: {document:#}"))
+        .to_string()
+}
+
+#[test]
+fn push_installs_skips_refuses_and_the_fleet_then_finds_it() {
+    let lab = Lab::new(&[Kind::Up, Kind::Up, Kind::Up, Kind::Refusing]);
+    let on_path = lab.on("h1", "command -v gpureap; echo PATH=$PATH");
+    assert!(
+        !on_path.stdout.contains("/usr/local/bin"),
+        "{}",
+        on_path.stdout
+    );
+    // Before any push, the hosts have no gpureap.
+    let status = lab
+        .gpureap()
+        .args(["status", "-H", "h1"])
+        .output()
+        .expect("runs");
+    let status: Run = status.into();
+    assert_eq!(status.code, 3);
+    assert!(
+        status
+            .stdout
+            .contains("h1: gpureap not found on the host (install it or pass --remote-bin)"),
+        "{}",
+        status.stdout
+    );
+
+    let first = push(&lab, &["-H", "h2", "--json"]);
+    assert_eq!(first.code, 0, "{}{}", first.stdout, first.stderr);
+    assert_eq!(action(&first.json(), "h2"), "installed");
+    // A file push did not put there.
+    let foreign = lab.on("h3", "mkdir -p /usr/local/bin && printf '#!/bin/sh\\necho site wrapper\\n' > /usr/local/bin/gpureap && chmod 755 /usr/local/bin/gpureap");
+    assert_eq!(foreign.code, 0, "{}", foreign.stderr);
+
+    let all = push(&lab, &["-H", "h[1-4]", "--json"]);
+    let document = all.json();
+    assert_eq!(all.code, 3, "{document:#}");
+    assert_eq!(action(&document, "h1"), "installed");
+    assert_eq!(action(&document, "h2"), "up_to_date");
+    assert_eq!(action(&document, "h3"), "refused");
+    assert_eq!(host_entry(&document, "h3")["exit_code"], 1);
+    assert!(
+        host_entry(&document, "h4")["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("Connection refused"))
+    );
+    let version = std::process::Command::new(BIN)
+        .arg("--version")
+        .output()
+        .expect("version");
+    let version = String::from_utf8_lossy(&version.stdout).trim().to_string();
+    assert_eq!(
+        host_entry(&document, "h1")["report"]["version"],
+        version.as_str()
+    );
+    assert_eq!(
+        host_entry(&document, "h1")["report"]["path"],
+        "/usr/local/bin/gpureap"
+    );
+    // The site's file is untouched, and nothing was left beside it.
+    let there = lab.on("h3", "cat /usr/local/bin/gpureap; ls -A /usr/local/bin");
+    assert_eq!(there.stdout, "#!/bin/sh\necho site wrapper\ngpureap\n");
+    // The same bytes on h1 as here.
+    let sum = lab.on("h1", "sha256sum < /usr/local/bin/gpureap");
+    assert!(
+        sum.stdout.starts_with(
+            host_entry(&document, "h1")["report"]["sha256"]
+                .as_str()
+                .expect("sha")
+        )
+    );
+
+    // Text: one line per host that changed, the rest summed up, failures last.
+    let text = push(&lab, &["-H", "h[1-4]"]);
+    assert!(
+        text.stdout.contains("Up to date on 2 hosts: h[1-2]"),
+        "{}",
+        text.stdout
+    );
+    assert!(
+        text.stdout
+            .contains("a different file is at /usr/local/bin/gpureap"),
+        "{}",
+        text.stdout
+    );
+    assert!(
+        text.stdout.contains("h4: ssh: connect to host"),
+        "{}",
+        text.stdout
+    );
+
+    let forced = push(&lab, &["-H", "h3", "--force", "--json"]);
+    assert_eq!(forced.code, 0, "{}", forced.stdout);
+    assert_eq!(action(&forced.json(), "h3"), "updated");
+
+    // The fleet finds it without --remote-bin.
+    let status: Run = lab
+        .gpureap()
+        .args(["status", "-H", "h[1-3]", "--json"])
+        .output()
+        .expect("runs")
+        .into();
+    assert_eq!(status.code, 0, "{}{}", status.stdout, status.stderr);
+    for host in ["h1", "h2", "h3"] {
+        assert_eq!(host_entry(&status.json(), host)["report"]["kind"], "status");
+    }
+}
+
+#[test]
+fn push_refuses_what_is_not_a_gpureap_and_bad_destinations() {
+    let lab = Lab::new(&[Kind::Up]);
+    let readme = concat!(env!("CARGO_MANIFEST_DIR"), "/README.md");
+    for (args, says) in [
+        (vec!["-H", "h1", "--bin", readme], "not an ELF executable"),
+        (
+            vec!["-H", "h1", "--bin", "/bin/true"],
+            "does not say gpureap",
+        ),
+        (
+            vec!["-H", "h1", "--bin", "/nonexistent"],
+            "cannot read --bin",
+        ),
+        (vec!["-H", "h1", "--to", "relative/gpureap"], "invalid --to"),
+        (vec!["-H", "h1", "--to", "/usr/local/bin/"], "invalid --to"),
+        (vec!["--to", "/tmp/x"], "push needs the hosts"),
+    ] {
+        let run = push(&lab, &args);
+        assert_eq!(run.code, 2, "{args:?}: {}{}", run.stdout, run.stderr);
+        assert!(run.stderr.contains(says), "{args:?}: {}", run.stderr);
+    }
+    // A directory at the destination is refused, not replaced.
+    lab.on("h1", "mkdir -p /usr/local/bin/gpureap");
+    let run = push(&lab, &["-H", "h1", "--json"]);
+    assert_eq!(run.code, 1, "{}", run.stdout);
+    assert_eq!(action(&run.json(), "h1"), "refused");
+    // --to elsewhere, then --remote-bin finds it there.
+    let run = push(
+        &lab,
+        &["-H", "h1", "--to", "/usr/local/my tools/gpureap", "--json"],
+    );
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    assert_eq!(
+        host_entry(&run.json(), "h1")["report"]["path"],
+        "/usr/local/my tools/gpureap"
+    );
+    let status: Run = lab
+        .gpureap()
+        .args([
+            "status",
+            "-H",
+            "h1",
+            "--remote-bin",
+            "/usr/local/my tools/gpureap",
+            "--json",
+        ])
+        .output()
+        .expect("runs")
+        .into();
+    assert_eq!(status.code, 0, "{}{}", status.stdout, status.stderr);
+    lab.on("h1", "rm -rf '/usr/local/my tools'");
+}
