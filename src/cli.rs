@@ -352,9 +352,9 @@ pub struct WaitArgs {
 #[command(next_help_heading = "Many hosts (over ssh)")]
 pub struct HostsArgs {
     /// Run on these hosts over ssh: gpu[01-16,20], node[1-3]-ib, a,b,c, or @FILE (one host a
-    /// line, # comments).
+    /// line, # comments); repeatable.
     #[arg(short = 'H', long = "hosts", value_name = "LIST", value_parser = hosts)]
-    pub hosts: Option<HostList>,
+    pub hosts: Vec<HostList>,
     /// The ssh command, split like a shell would (as rsync's -e), e.g. "ssh -F ~/.ssh/lab.conf".
     /// gpureap adds -o BatchMode=yes and -o ConnectTimeout, never anything about host keys.
     #[arg(long, env = "GPUREAP_SSH", default_value = "ssh", value_name = "CMD")]

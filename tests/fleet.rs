@@ -51,7 +51,7 @@ fn holders_on_several_hosts_are_seen_freed_and_verified_per_host() {
     let notebook = lab.hold("h2", &Holder::new("python3 notebook.py").on(0, 6 * GIB));
 
     // One table with a HOST column; the idle host folded into a line.
-    let status = lab.run(&["status", "-H", "h[1-3]"]);
+    let status = lab.run(&["status", "-H", "h1", "-H", "h[1-3]"]);
     assert_eq!(status.code, 0, "{}{}", status.stdout, status.stderr);
     let rows: Vec<&str> = status.stdout.lines().collect();
     for (host, pid) in [
@@ -233,6 +233,36 @@ fn a_missing_remote_gpureap_says_so() {
         "{}",
         run.stdout
     );
+    // Another schema, or a document missing what is shown: said, never shown as nothing held.
+    for (document, says) in [
+        (
+            r#"{"schema_version":2,"kind":"status"}"#,
+            "h1: remote gpureap speaks schema 2, this one 1",
+        ),
+        (
+            r#"{"schema_version":1,"kind":"status","gpus":"x","holders":[]}"#,
+            "h1: answered a status report this gpureap cannot read",
+        ),
+        (
+            r#"{"schema_version":1,"kind":"free"}"#,
+            "h1: answered a document that is not a status report",
+        ),
+    ] {
+        let fake = lab.path().join("fake-gpureap");
+        std::fs::write(&fake, format!("#!/bin/sh\ncat <<'EOF'\n{document}\nEOF\n")).expect("fake");
+        std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .expect("chmod");
+        let run: crate::harness::Run = lab
+            .gpureap()
+            .args(["status", "-H", "h1", "--remote-bin"])
+            .arg(&fake)
+            .output()
+            .expect("gpureap runs")
+            .into();
+        assert_eq!(run.code, 3, "{}", run.stdout);
+        assert!(run.stdout.contains(says), "{}", run.stdout);
+        assert!(!run.stdout.contains("Nothing held"), "{}", run.stdout);
+    }
 }
 
 #[test]

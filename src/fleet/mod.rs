@@ -61,12 +61,27 @@ impl Fleet {
         backend: Option<String>,
         json: bool,
     ) -> Result<Option<Fleet>, String> {
-        let Some(hosts) = &args.hosts else {
+        if args.hosts.is_empty() {
             return Ok(None);
-        };
+        }
+        // Several -H: their union, in order, each host once.
+        let mut seen = std::collections::HashSet::new();
+        let hosts: Vec<String> = args
+            .hosts
+            .iter()
+            .flat_map(|list| list.0.iter())
+            .filter(|host| seen.insert(host.as_str()))
+            .cloned()
+            .collect();
+        if hosts.len() > hostlist::MAX_HOSTS {
+            return Err(format!(
+                "the host lists name more than {} hosts: check their ranges",
+                hostlist::MAX_HOSTS
+            ));
+        }
         let transport = Transport::new(&args.ssh, &args.remote_bin, args.connect_timeout)?;
         Ok(Some(Fleet {
-            hosts: hosts.0.clone(),
+            hosts,
             transport,
             parallel: args.parallel,
             host_timeout: args.host_timeout,

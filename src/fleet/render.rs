@@ -86,6 +86,17 @@ impl HolderView {
     }
 }
 
+/// Whether a host's document of `kind` has the fields this side shows.
+pub fn readable(kind: &str, report: &Value) -> bool {
+    let report = Some(report.clone());
+    match kind {
+        "status" => view::<StatusView>(&report).is_some(),
+        "free" => view::<FreeView>(&report).is_some(),
+        "wait" => view::<WaitView>(&report).is_some(),
+        _ => true,
+    }
+}
+
 fn view<T: for<'de> Deserialize<'de>>(report: &Option<Value>) -> Option<T> {
     report
         .as_ref()

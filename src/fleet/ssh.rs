@@ -151,7 +151,16 @@ impl Transport {
                 stdout,
                 stderr,
                 truncated,
-            }) => self.judge(status, &stdout, &stderr, truncated, kind),
+            }) => match self.judge(status, &stdout, &stderr, truncated, kind) {
+                (_, Some(report), _) if !super::render::readable(kind, &report) => (
+                    3,
+                    None,
+                    Some(format!(
+                        "answered a {kind} report this gpureap cannot read (another version of gpureap?)"
+                    )),
+                ),
+                judged => judged,
+            },
         };
         Answer {
             exit_code,
