@@ -12,3 +12,7 @@ mod schema;
 mod select_props;
 mod sim;
 mod status;
+
+// Monitoring: the exporter, status --prometheus, run --metrics, check, deploy/.
+mod check;
+mod exporter;
