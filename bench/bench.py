@@ -487,7 +487,8 @@ def exporter(host):
         default = rows[0]
         say()
         say(f"CPU at a 15 s interval (default flags): {default['cpu']:.2f}% of one core on average over {cpu_window} s "
-            f"(target: under 1%); resident memory {default['rss']:.1f} MiB.")
+            f"(target: under 1%); resident memory {default['rss']:.1f} MiB. Load average at the end: "
+            f"{' / '.join(f'{load:.1f}' for load in os.getloadavg())} (1 / 5 / 15 min).")
         say()
     finally:
         if server is not None:
@@ -513,7 +514,7 @@ def main():
     say(f"Machine: {os.cpu_count()} cores ({cpu}), kernel {platform.release()}, "
         f"{subprocess.run([BIN, '--version'], stdout=subprocess.PIPE, text=True).stdout.strip()}"
         f"{', ' + subprocess.run(['nvidia-smi', '--query-gpu=name,driver_version', '--format=csv,noheader'], stdout=subprocess.PIPE, text=True).stdout.strip() if GPU else ''}. "
-        f"Command: `python3 bench/bench.py{' --gpu' if GPU else ''}{' --quick' if QUICK else ''}`.\n")
+        f"Command: `python3 bench/bench.py{' --gpu' if GPU else ''}{' --exporter' if EXPORTER else ''}{' --quick' if QUICK else ''}`.\n")
     if EXPORTER:
         exporter(host)
     else:

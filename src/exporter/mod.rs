@@ -10,7 +10,7 @@
 
 pub mod http;
 
-use std::io;
+use std::io::{self, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex};
@@ -59,7 +59,9 @@ pub fn run(config: &ExporterConfig, driver: Box<dyn Driver>) -> io::Result<Exit>
     let mut figures = ScanFigures::default();
     let first = scan(driver.as_ref(), &mut figures, &config.options);
     let latest = Arc::new(Mutex::new(Arc::new(first)));
-    eprintln!(
+    // A closed or broken stderr must not stop a daemon: these lines are best effort.
+    let _ = writeln!(
+        io::stderr(),
         "gpureap exporter: serving http://{}/metrics ({}, a snapshot every {})",
         listener.local_addr()?,
         driver.describe(),
@@ -91,7 +93,7 @@ pub fn run(config: &ExporterConfig, driver: Box<dyn Driver>) -> io::Result<Exit>
             .unwrap_or_else(|poisoned| Arc::clone(&poisoned.into_inner()))
     };
     http::serve(listener, Some(&stop), &page)?;
-    eprintln!("gpureap exporter: stopped by a signal");
+    let _ = writeln!(io::stderr(), "gpureap exporter: stopped by a signal");
     Ok(Exit::Success)
 }
 
