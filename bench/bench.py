@@ -21,6 +21,14 @@ It builds gpureap (cargo build --release) unless --bin is given. Three parts:
 4. Fleet (not with --gpu): `status -H` over 8 real sshd hosts in network namespaces against 8
    parallel ssh calls and the sequential loop (bench/fleet_bench.py; needs root).
 
+    python3 bench/bench.py --exporter      # only the exporter's part (below); its own section of the doc
+
+4. Exporter (`--exporter`): `gpureap exporter --interval 15s` on the simulated host with the
+   orphaned tree and 5,000 extra processes (1,000 with --quick): scrape latency p50/p99 over
+   scrapes paced 50 ms apart for 30 s (so that scans run during them), and the exporter's CPU
+   use (utime + stime from /proc) over 2 minutes (30 s with --quick) of one scrape every 15 s,
+   as Prometheus would.
+
 Signals only processes it started. Prints a markdown report; writes it to --out, or into
 docs/performance.md between the markers for its section.
 """
@@ -46,6 +54,7 @@ QUICK = "--quick" in args
 GPU = "--gpu" in args
 OUT = Path(args[args.index("--out") + 1]) if "--out" in args else None
 BIN = str(Path(args[args.index("--bin") + 1]).resolve()) if "--bin" in args else None
+EXPORTER = "--exporter" in args
 REPEAT = 3 if QUICK else 5
 CROWDS = [100, 1000] if QUICK else [100, 1000, 5000]
 WORKERS = 8
@@ -394,6 +403,104 @@ def waiting(host):
     return median(lags)
 
 
+def scrape(port):
+    """One GET /metrics on a new connection; returns (seconds, body)."""
+    import http.client
+    started = time.perf_counter()
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    connection.request("GET", "/metrics")
+    response = connection.getresponse()
+    body = response.read()
+    connection.close()
+    if response.status != 200:
+        raise RuntimeError(f"scrape answered {response.status}")
+    return time.perf_counter() - started, body.decode()
+
+
+def cpu_ticks(pid):
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def percentile(values, fraction):
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
+
+
+def exporter(host):
+    crowd_size = 1000 if QUICK else 5000
+    pace, latency_window = 0.05, (10 if QUICK else 30)
+    cpu_window = 30 if QUICK else 120
+    say("## 4. Exporter: scrape latency and CPU use\n")
+    say(f"`gpureap exporter --interval 15s` on the simulated host: the orphaned 8-worker tree plus {crowd_size:,} "
+        f"extra idle processes (bench/crowd.py). Latency: GET /metrics on a new connection each, paced {pace * 1000:.0f} ms apart "
+        f"for {latency_window} s, so that background scans run during them. CPU: utime + stime of the exporter over "
+        f"{cpu_window} s with one scrape every 15 s, as Prometheus would.\n")
+    tree = Tree(host, "exp")
+    ready = Path(tempfile.mktemp(prefix="gpureap-crowd-"))
+    crowd = subprocess.Popen([sys.executable, str(ROOT / "bench/crowd.py"), str(crowd_size), str(ready)])
+    server = None
+    try:
+        while not ready.exists():
+            time.sleep(0.05)
+        rows = []
+        for flags in ([], ["--per-process"]):
+            server = subprocess.Popen(host.gpureap("exporter", "--listen", "127.0.0.1:0", "--interval", "15s", *flags),
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            line = server.stderr.readline()
+            port = int(re.search(r"127\.0\.0\.1:(\d+)", line).group(1))
+            latencies, body = [], ""
+            finish = time.time() + latency_window
+            while time.time() < finish:
+                seconds, body = scrape(port)
+                latencies.append(seconds)
+                time.sleep(pace)
+            scan = re.search(r"^gpureap_scan_duration_seconds (\S+)", body, re.M)
+            scans = re.search(r"^gpureap_scans_total (\S+)", body, re.M)
+            row = {
+                "flags": " ".join(flags) or "(default)",
+                "scrapes": len(latencies),
+                "p50": percentile(latencies, 0.5) * 1000,
+                "p99": percentile(latencies, 0.99) * 1000,
+                "max": max(latencies) * 1000,
+                "bytes": len(body),
+                "scan": float(scan.group(1)) * 1000 if scan else float("nan"),
+                "scans": int(float(scans.group(1))) if scans else 0,
+                "cpu": None,
+            }
+            if not flags:
+                ticks, started = cpu_ticks(server.pid), time.time()
+                while time.time() - started < cpu_window:
+                    scrape(port)
+                    time.sleep(min(15, max(0, cpu_window - (time.time() - started))))
+                used = (cpu_ticks(server.pid) - ticks) / os.sysconf("SC_CLK_TCK")
+                row["cpu"] = used / (time.time() - started) * 100
+                status = Path(f"/proc/{server.pid}/status").read_text()
+                row["rss"] = int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) / 1024
+            server.terminate()
+            server.wait()
+            server = None
+            rows.append(row)
+        say("| flags | scrapes | p50 | p99 | max | body | last scan | scans during the scrapes |")
+        say("|---|---|---|---|---|---|---|---|")
+        for row in rows:
+            say(f"| {row['flags']} | {row['scrapes']} | {row['p50']:.2f} ms | {row['p99']:.2f} ms | {row['max']:.1f} ms | "
+                f"{row['bytes'] / 1024:.1f} KiB | {row['scan']:.0f} ms | {row['scans']} |")
+        default = rows[0]
+        say()
+        say(f"CPU at a 15 s interval (default flags): {default['cpu']:.2f}% of one core on average over {cpu_window} s "
+            f"(target: under 1%); resident memory {default['rss']:.1f} MiB. Load average at the end: "
+            f"{' / '.join(f'{load:.1f}' for load in os.getloadavg())} (1 / 5 / 15 min).")
+        say()
+    finally:
+        if server is not None:
+            server.kill()
+            server.wait()
+        crowd.send_signal(signal.SIGTERM)
+        crowd.wait()
+        tree.cleanup()
+
+
 def main():
     global BIN
     if BIN is None:
@@ -409,20 +516,23 @@ def main():
     say(f"Machine: {os.cpu_count()} cores ({cpu}), kernel {platform.release()}, "
         f"{subprocess.run([BIN, '--version'], stdout=subprocess.PIPE, text=True).stdout.strip()}"
         f"{', ' + subprocess.run(['nvidia-smi', '--query-gpu=name,driver_version', '--format=csv,noheader'], stdout=subprocess.PIPE, text=True).stdout.strip() if GPU else ''}. "
-        f"Command: `python3 bench/bench.py{' --gpu' if GPU else ''}{' --quick' if QUICK else ''}`.\n")
-    seeing(host)
-    freeing(host)
-    waiting(host)
-    if not GPU:
-        sys.path.insert(0, str(ROOT / "bench"))
-        import fleet_bench
-        fleet_bench.run(say, BIN, QUICK)
+        f"Command: `python3 bench/bench.py{' --gpu' if GPU else ''}{' --exporter' if EXPORTER else ''}{' --quick' if QUICK else ''}`.\n")
+    if EXPORTER:
+        exporter(host)
+    else:
+        seeing(host)
+        freeing(host)
+        waiting(host)
+        if not GPU:
+            sys.path.insert(0, str(ROOT / "bench"))
+            import fleet_bench
+            fleet_bench.run(say, BIN, QUICK)
     report = "\n".join(LINES) + "\n"
     if OUT:
         OUT.write_text(report)
     else:
         doc = ROOT / "docs/performance.md"
-        section = "h200" if GPU else "sim"
+        section = "exporter" if EXPORTER else "h200" if GPU else "sim"
         text = doc.read_text()
         start, end = f"<!-- results:{section} -->", f"<!-- /results:{section} -->"
         if start in text and end in text:

@@ -88,6 +88,27 @@ fn ready_url(text: &str) -> Result<String, String> {
     }
 }
 
+/// `--listen` / `--metrics`: an IP address and a port, never a bare port,
+/// so that listening beyond loopback is always written out.
+fn listen_address(text: &str) -> Result<std::net::SocketAddr, String> {
+    text.trim().parse().map_err(|_| {
+        format!(
+            "invalid address '{text}': expected IP:PORT, like 127.0.0.1:9839 (this host only), 0.0.0.0:9839 (every IPv4 interface) or [::]:9839"
+        )
+    })
+}
+
+/// `exporter --interval`: a scan takes tens of milliseconds on a crowded host.
+fn scan_interval(text: &str) -> Result<Duration, String> {
+    let interval = units::parse_duration(text)?;
+    if interval < Duration::from_millis(100) {
+        return Err(format!(
+            "invalid interval '{text}': at least 100ms between scans (Prometheus scrapes every 15s or so)"
+        ));
+    }
+    Ok(interval)
+}
+
 #[derive(Debug, Parser)]
 #[command(
     name = "gpureap",
@@ -189,6 +210,56 @@ Examples:
 
     /// Replay a crashed SGLang server on a simulated GPU host: status, free, verify. No GPU needed.
     Demo,
+
+    /// Serve GPU memory, holders, orphans and driver health as Prometheus metrics (read-only).
+    #[command(
+        after_help = "A background thread takes a snapshot every --interval; scrapes are served the
+last one, so any number of scrapers cost one scan per interval. Only GET and HEAD
+on /metrics are answered. Listens on loopback unless an address is given.
+SIGTERM or Ctrl-C ends it (exit 0). docs/monitoring.md has the Prometheus and
+Kubernetes set-up.
+
+Examples:
+  gpureap exporter                                   http://127.0.0.1:9839/metrics
+  gpureap exporter --listen 0.0.0.0:9839 --interval 30s
+  gpureap exporter --per-process                     also one series per process and GPU
+  curl -s 127.0.0.1:9839/metrics | grep gpureap_gpu_memory_unattributed_bytes"
+    )]
+    Exporter(ExporterArgs),
+
+    /// One health verdict for the node, for node-problem-detector: exit 0 ok, 1 problem, 2 unknown.
+    #[command(
+        after_help = "A problem: GPU memory held by no process, orphaned processes holding memory,
+a GPU the driver lost. Unknown: the driver is unavailable. The first line of
+stdout is the message (short, for a node condition); details follow.
+
+Examples:
+  gpureap check                      GPU 1: 5.0 GiB held by no process
+  gpureap check --gpu 0-3; echo $?
+  deploy/kubernetes/node-problem-detector-gpureap.yaml runs it as a custom plugin"
+    )]
+    Check(CheckArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ExporterArgs {
+    /// Address and port to listen on; anything but loopback must be given here.
+    #[arg(long, default_value = crate::exporter::DEFAULT_LISTEN, value_name = "IP:PORT", value_parser = listen_address)]
+    pub listen: std::net::SocketAddr,
+    /// How often a snapshot is taken (scrapes in between are served the last one).
+    #[arg(long, default_value = "15s", value_name = "DUR", value_parser = scan_interval, allow_hyphen_values = true)]
+    pub interval: Duration,
+    /// Also gpureap_process_gpu_memory_bytes, one series per process and GPU
+    /// (labels pid, comm, user, flags): the cardinality grows with the host.
+    #[arg(long)]
+    pub per_process: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// GPUs to check: 0,2,5 or 0-3 or all (repeatable).
+    #[arg(long, value_name = "LIST", value_parser = gpu_list)]
+    pub gpu: Vec<GpuList>,
 }
 
 #[derive(Debug, Args)]
@@ -239,6 +310,10 @@ pub struct RunArgs {
     /// Do not use a cgroup; contain by session, process group and subreaper only.
     #[arg(long)]
     pub no_cgroup: bool,
+    /// Serve the supervisor's metrics (starts, ready, hangs, crashes, restarts) at
+    /// http://IP:PORT/metrics, e.g. 127.0.0.1:9840.
+    #[arg(long, value_name = "IP:PORT", value_parser = listen_address)]
+    pub metrics: Option<std::net::SocketAddr>,
     /// The server's command line.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -274,6 +349,13 @@ pub struct StatusArgs {
     /// Print JSON (schema in docs/json.md).
     #[arg(long)]
     pub json: bool,
+    /// Print the exporter's metrics once, in the Prometheus text format (for
+    /// node_exporter's textfile collector: write a temporary file, then rename it).
+    #[arg(long, conflicts_with_all = ["json", "tree"])]
+    pub prometheus: bool,
+    /// With --prometheus: also one series per process and GPU.
+    #[arg(long, requires = "prometheus")]
+    pub per_process: bool,
     #[command(flatten)]
     pub fleet: HostsArgs,
 }

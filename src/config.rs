@@ -220,6 +220,7 @@ pub fn run(args: &RunArgs) -> Result<RunConfig, UsageError> {
         log: args.log.clone(),
         state_dir,
         allow_cgroup: !args.no_cgroup,
+        metrics: args.metrics,
     })
 }
 

@@ -24,3 +24,9 @@ pub mod tree;
 pub mod units;
 pub mod verify;
 pub mod wait;
+
+// Monitoring: Prometheus metrics (`exporter`, `status --prometheus`) and the
+// node-problem-detector check, from the same snapshot as `status`.
+pub mod check;
+pub mod exporter;
+pub mod metrics;

@@ -59,6 +59,8 @@ fn main() -> ! {
         Command::Run(args) => run(&cli.backend, args),
         Command::Push(args) => push(args),
         Command::Demo => gpureap::demo::run(&mut io::stdout().lock()).map_err(anyhow::Error::from),
+        Command::Exporter(args) => exporter(&cli.backend, args),
+        Command::Check(args) => check(&cli.backend, args),
     };
     tracing::debug!("command done");
     exit_code(result).exit()
@@ -196,8 +198,17 @@ fn printable(text: &str) -> std::borrow::Cow<'_, str> {
 fn status(backend: &BackendChoice, args: &StatusArgs) -> anyhow::Result<Exit> {
     let driver = open_driver(backend)?;
     let gpus = config::gpus(&args.gpu, gpu_count(driver.as_ref()))?;
+    let started = std::time::Instant::now();
     let snapshot = Snapshot::take(driver.as_ref());
-    let text = if args.json {
+    let text = if args.prometheus {
+        let mut figures = gpureap::metrics::ScanFigures::default();
+        figures.count(&snapshot, started.elapsed());
+        let options = gpureap::metrics::Options {
+            gpus: gpus.clone(),
+            per_process: args.per_process,
+        };
+        gpureap::metrics::encode_snapshot(&snapshot, &figures, &options).text
+    } else if args.json {
         report::status_json(&snapshot, &gpus)
     } else if args.tree {
         report::status_tree(&snapshot, &gpus)
@@ -383,4 +394,28 @@ fn run(backend: &BackendChoice, args: &RunArgs) -> anyhow::Result<Exit> {
     let config = config::run(args)?;
     let driver = open_driver(backend)?;
     Ok(gpureap::run::supervise(&config, driver.as_ref())?)
+}
+
+// Monitoring: `exporter` and `check` (docs/monitoring.md).
+
+fn exporter(backend: &BackendChoice, args: &gpureap::cli::ExporterArgs) -> anyhow::Result<Exit> {
+    let driver = open_driver(backend)?;
+    let config = gpureap::exporter::ExporterConfig {
+        listen: args.listen,
+        interval: args.interval,
+        options: gpureap::metrics::Options {
+            gpus: None,
+            per_process: args.per_process,
+        },
+    };
+    Ok(gpureap::exporter::run(&config, driver)?)
+}
+
+fn check(backend: &BackendChoice, args: &gpureap::cli::CheckArgs) -> anyhow::Result<Exit> {
+    let driver = open_driver(backend)?;
+    let gpus = config::gpus(&args.gpu, gpu_count(driver.as_ref()))?;
+    let snapshot = Snapshot::take(driver.as_ref());
+    let verdict = gpureap::check::check(&snapshot, &gpus);
+    emit(&verdict.text())?;
+    Ok(verdict.verdict.exit())
 }

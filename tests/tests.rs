@@ -15,3 +15,7 @@ mod select_props;
 mod sim;
 mod sshd_lab;
 mod status;
+
+// Monitoring: the exporter, status --prometheus, run --metrics, check, deploy/.
+mod check;
+mod exporter;

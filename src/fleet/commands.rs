@@ -22,6 +22,12 @@ pub fn status(fleet: &Fleet, args: &StatusArgs) -> Result<Output, UsageError> {
                 .to_string(),
         ));
     }
+    if args.prometheus {
+        return Err(UsageError(
+            "--prometheus is one host's metrics: run `gpureap exporter` on each host and let Prometheus scrape them (docs/monitoring.md)"
+                .to_string(),
+        ));
+    }
     let remote = fleet.remote_args("status", gpu_args(&args.gpu));
     let limit = fleet.limit(Duration::ZERO);
     let results = fleet.fan_out("status", &fleet.hosts, |_| (remote.clone(), limit));

@@ -490,13 +490,13 @@ mod tests {
                 .any(|word| word.contains("StrictHostKeyChecking"))
         );
         let remote = argv.last().unwrap();
-        assert_eq!(remote, "gpureap free --match 'sglang::|vllm' 'it'\\''s'");
-        // What a POSIX shell makes of it is the words given.
+        // What a POSIX shell makes of it is the words given, after the finder.
         let words = shlex::split(remote).unwrap();
-        assert_eq!(
-            words,
-            ["gpureap", "free", "--match", "sglang::|vllm", "it's"]
-        );
+        assert_eq!(words[..4], ["sh", "-c", FIND_GPUREAP, "gpureap"]);
+        assert_eq!(words[4..], ["free", "--match", "sglang::|vllm", "it's"]);
+        let transport = Transport::new("ssh", "/opt/gpureap", Duration::from_secs(5)).unwrap();
+        let argv = transport.command_line("h1", &["status".into(), "a b".into()]);
+        assert_eq!(argv.last().unwrap(), "/opt/gpureap status 'a b'");
     }
 
     #[test]

@@ -12,6 +12,7 @@ pub mod baseline;
 pub mod bundle;
 pub mod contain;
 pub mod leftovers;
+pub mod metrics;
 pub mod output;
 pub mod ready;
 pub mod state;
@@ -64,6 +65,8 @@ pub struct RunConfig {
     pub log: Option<PathBuf>,
     pub state_dir: PathBuf,
     pub allow_cgroup: bool,
+    /// `--metrics`: serve the supervisor's metrics here.
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 /// Consecutive failed health checks after ready that make a hang.
@@ -234,6 +237,9 @@ fn supervise_with(
     ] {
         signal_hook::flag::register(signal, Arc::clone(&stop))?;
     }
+    if let Some(address) = config.metrics {
+        metrics::serve(address)?;
+    }
     if matches!(config.readiness, Readiness::Started) {
         event(
             "no readiness check given: the server counts as ready once started, so --stall-timeout and --startup-timeout do not apply",
@@ -288,6 +294,7 @@ fn supervise_with(
             }
         };
         let _sweep = SweepOnPanic(&containment);
+        metrics::started();
         let mut main = MainProcess {
             pid: spawned.pid,
             status: None,
@@ -311,6 +318,11 @@ fn supervise_with(
             &mut remembered,
         );
         let seconds = started.elapsed().as_secs_f64();
+        match &ended {
+            Ended::Exited(status) => metrics::ended(*status),
+            Ended::Stopped => metrics::stopped(),
+            Ended::Hung(_) => {}
+        }
         let (failure, summary) = match &ended {
             Ended::Hung(reason) => (true, reason.clone()),
             Ended::Exited(status) if status.exit_status() == Some(0) => {
@@ -386,6 +398,7 @@ fn supervise_with(
             .unwrap_or(MAX_BACKOFF)
             .min(MAX_BACKOFF);
         restarts += 1;
+        metrics::restarted();
         event(&format!(
             "restarting in {} (restart {restarts} of {})",
             Elapsed(pause),
@@ -530,6 +543,9 @@ fn watch(
     let history = |remembered: &Remembered| remembered.history.summary();
     let started = Instant::now();
     let mut ready_at = matches!(config.readiness, Readiness::Started).then_some(started);
+    if ready_at.is_some() {
+        metrics::became_ready(0.0);
+    }
     let mut last_probe = started;
     let mut last_health = started;
     let mut last_cpu: Option<Instant> = None;
@@ -558,6 +574,7 @@ fn watch(
                 if config.readiness.probe(log_ready.is_some()) {
                     ready_at = Some(now);
                     let seconds = now.duration_since(started).as_secs_f64();
+                    metrics::became_ready(seconds);
                     let at_line = log_ready.unwrap_or(lines);
                     event(&format!(
                         "ready after {seconds:.1}s at log line {at_line}; {}",
@@ -578,6 +595,7 @@ fn watch(
             let silence = now.duration_since(last_output);
             let elapsed = now.duration_since(started);
             if silence >= config.stall_timeout {
+                metrics::hung(metrics::HangKind::Stall);
                 return (
                     Ended::Hung(format!(
                         "hang: no log output for {} before ready: stalled at log line {lines} after {:.1}s; {}",
@@ -589,6 +607,7 @@ fn watch(
                 );
             }
             if elapsed >= config.startup_timeout {
+                metrics::hung(metrics::HangKind::StartupTimeout);
                 return (
                     Ended::Hung(format!(
                         "hang: not ready after {} (--startup-timeout): at log line {lines}; {}",
@@ -610,6 +629,7 @@ fn watch(
                         "health check failed ({health_failures}/{HEALTH_FAILURES}): {why}"
                     ));
                     if health_failures >= HEALTH_FAILURES {
+                        metrics::hung(metrics::HangKind::Unhealthy);
                         return (
                             Ended::Hung(format!(
                                 "unhealthy: {HEALTH_FAILURES} health checks failed after ready (last: {why})"

@@ -1,0 +1,392 @@
+//! The Prometheus metric families gpureap exposes, from one snapshot.
+//!
+//! `gpureap exporter` serves them, `gpureap status --prometheus` prints them
+//! once (for node_exporter's textfile collector), and `gpureap check` reads
+//! the same figures to give its verdict. They are derived with the functions
+//! `status` and `free` use, not re-derived: unattributed memory is
+//! `GpuState::unattributed` (the UNATTRIBUTED column), orphaned memory is what
+//! `select` takes for `--orphans`, per-process rows are `status --json`'s
+//! holders. The exposition is encoded by `prometheus-client`, never by hand.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::report;
+use crate::select::{self, Guard, Scope};
+use crate::snapshot::{GpuState, Snapshot};
+
+/// The content type of the OpenMetrics exposition `prometheus-client` writes.
+pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// The content type of the Prometheus text format (`text_format`).
+pub const TEXT_FORMAT: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// An exposition in both formats: OpenMetrics for scrapers that ask for
+/// it (Prometheus does), the Prometheus text format for everything else
+/// (node_exporter's textfile collector, promtool, curl).
+#[derive(Debug, Clone, Default)]
+pub struct Exposition {
+    pub openmetrics: String,
+    pub text: String,
+}
+
+impl Exposition {
+    pub fn new(openmetrics: String) -> Exposition {
+        Exposition {
+            text: text_format(&openmetrics),
+            openmetrics,
+        }
+    }
+}
+
+/// The Prometheus text format (0.0.4) of an OpenMetrics exposition that
+/// `prometheus-client` encoded. The samples are the same; what differs is
+/// the metadata: a counter's HELP and TYPE name its samples' `_total` name
+/// (OpenMetrics names the family without it), and there are no `# UNIT`
+/// and `# EOF` lines. Without this, promtool and node_exporter's textfile
+/// collector read every counter as a metric without help.
+pub fn text_format(openmetrics: &str) -> String {
+    let counters: BTreeSet<&str> = openmetrics
+        .lines()
+        .filter_map(|line| line.strip_prefix("# TYPE "))
+        .filter_map(|rest| rest.strip_suffix(" counter"))
+        .collect();
+    let mut text = String::with_capacity(openmetrics.len());
+    for line in openmetrics.lines() {
+        if line.starts_with("# UNIT ") || line == "# EOF" {
+            continue;
+        }
+        let metadata = ["# HELP ", "# TYPE "]
+            .into_iter()
+            .find_map(|prefix| Some((prefix, line.strip_prefix(prefix)?)));
+        match metadata {
+            Some((prefix, rest)) => {
+                let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+                text.push_str(prefix);
+                text.push_str(name);
+                if counters.contains(name) {
+                    text.push_str("_total");
+                }
+                text.push(' ');
+                text.push_str(tail);
+            }
+            None => text.push_str(line),
+        }
+        text.push('\n');
+    }
+    text
+}
+
+/// Labels of one sample, in the order they are written.
+type Labels = Vec<(&'static str, String)>;
+type Gauges = Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>;
+
+/// What the scans so far add up to; the exporter keeps it across scans.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ScanFigures {
+    /// Snapshots taken since the start.
+    pub scans: u64,
+    /// Of those, how many found the driver failing or /proc unreadable.
+    pub errors: u64,
+    /// How long the last one took.
+    pub last_duration: Duration,
+}
+
+impl ScanFigures {
+    /// Counts one more snapshot.
+    pub fn count(&mut self, snapshot: &Snapshot, took: Duration) {
+        self.scans += 1;
+        if scan_failed(snapshot) {
+            self.errors += 1;
+        }
+        self.last_duration = took;
+    }
+}
+
+/// A scan counts as an error when the driver could not list GPUs, or when
+/// /proc itself could not be read (a partial scan, some processes unreadable,
+/// is normal in containers and shown by `gpureap_scan_unreadable_processes`).
+fn scan_failed(snapshot: &Snapshot) -> bool {
+    snapshot.driver_error.is_some() || snapshot.unreadable.iter().any(|entry| entry.pid == 0)
+}
+
+/// What to expose.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Only these GPUs (all when `None`).
+    pub gpus: Option<BTreeSet<u32>>,
+    /// One series per process and GPU: the cardinality grows with the host.
+    pub per_process: bool,
+}
+
+/// Memory that `gpureap free --orphans` would free, on one GPU.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Orphaned {
+    /// What the driver reports for them (a process whose memory it does not report adds nothing).
+    pub bytes: u64,
+    /// Orphaned processes the driver lists on this GPU.
+    pub processes: usize,
+}
+
+/// Memory held on each GPU by orphaned holders, as `--orphans` defines them:
+/// the GPU users `free --orphans` would take (orphans, and servers whose
+/// `gpureap run` is gone), with their descendants, less what it would spare.
+pub fn orphaned(snapshot: &Snapshot) -> BTreeMap<u32, Orphaned> {
+    let scope = Scope {
+        orphans: true,
+        ..Scope::default()
+    };
+    let selection = select::select(snapshot, &scope, &Guard::for_this_process(&[]));
+    snapshot
+        .gpus
+        .iter()
+        .filter(|gpu| gpu.driver_answered())
+        .map(|gpu| {
+            let mut orphaned = Orphaned::default();
+            for user in gpu.users.iter().filter(|user| {
+                user.listed && !user.hidden && selection.targets.contains_key(&user.pid)
+            }) {
+                orphaned.processes += 1;
+                orphaned.bytes = orphaned.bytes.saturating_add(user.memory.unwrap_or(0));
+            }
+            (gpu.index, orphaned)
+        })
+        .collect()
+}
+
+/// Processes holding a GPU, as `status` counts them: those the driver lists
+/// on it; where no driver answered for it, those with its node open.
+pub fn holders(gpu: &GpuState) -> usize {
+    if gpu.driver_answered() {
+        gpu.users.iter().filter(|user| user.listed).count()
+    } else {
+        gpu.users.len()
+    }
+}
+
+/// Memory held by no process beyond what the driver keeps for itself, where
+/// that is known: `status`'s UNATTRIBUTED less the driver's bookkeeping
+/// slack, as `free` judges a GPU held.
+pub fn held_by_no_process(snapshot: &Snapshot, gpu: &GpuState) -> Option<u64> {
+    let unattributed = gpu.unattributed()?;
+    Some(unattributed.saturating_sub(snapshot.bookkeeping_slack)).filter(|&bytes| bytes > 0)
+}
+
+fn gauge_family(registry: &mut Registry, name: &str, help: &str, unit: Option<Unit>) -> Gauges {
+    let family = Gauges::default();
+    match unit {
+        Some(unit) => registry.register_with_unit(name, help, unit, family.clone()),
+        None => registry.register(name, help, family.clone()),
+    }
+    family
+}
+
+fn set(family: &Gauges, labels: Labels, value: f64) {
+    family.get_or_create(&labels).set(value);
+}
+
+/// A byte count as a sample value; exact up to 2^53 bytes (8 PiB).
+fn bytes(value: u64) -> f64 {
+    value as f64
+}
+
+/// The exposition of one snapshot.
+pub fn encode_snapshot(
+    snapshot: &Snapshot,
+    figures: &ScanFigures,
+    options: &Options,
+) -> Exposition {
+    let mut registry = Registry::with_prefix("gpureap");
+
+    let driver_up = gauge_family(
+        &mut registry,
+        "driver_up",
+        "1 when the GPU driver answered the last scan, 0 when it failed or no driver is loaded",
+        None,
+    );
+    set(
+        &driver_up,
+        vec![("backend", backend_kind(&snapshot.backend))],
+        if snapshot.driver_error.is_some() {
+            0.0
+        } else {
+            1.0
+        },
+    );
+
+    let scans = Counter::<u64>::default();
+    scans.inc_by(figures.scans);
+    registry.register(
+        "scans",
+        "Snapshots taken (one /proc pass and one driver pass each); scrapes do not add to it",
+        scans,
+    );
+    let errors = Counter::<u64>::default();
+    errors.inc_by(figures.errors);
+    registry.register(
+        "scan_errors",
+        "Snapshots in which the driver failed or /proc could not be read",
+        errors,
+    );
+    let duration = gauge_family(
+        &mut registry,
+        "scan_duration",
+        "How long the last snapshot took",
+        Some(Unit::Seconds),
+    );
+    set(&duration, Vec::new(), figures.last_duration.as_secs_f64());
+    let taken = gauge_family(
+        &mut registry,
+        "snapshot_timestamp",
+        "When the snapshot served was taken, in seconds since the Unix epoch",
+        Some(Unit::Seconds),
+    );
+    set(
+        &taken,
+        Vec::new(),
+        snapshot.taken_at_unix_ms as f64 / 1000.0,
+    );
+    let unreadable = gauge_family(
+        &mut registry,
+        "scan_unreadable_processes",
+        "Processes whose descriptors the last scan could not read; their GPU use is not shown",
+        None,
+    );
+    set(&unreadable, Vec::new(), snapshot.unreadable.len() as f64);
+
+    let gpu_up = gauge_family(
+        &mut registry,
+        "gpu_up",
+        "1 when the driver answered for this GPU, 0 when it is lost or failing",
+        None,
+    );
+    let used = gauge_family(
+        &mut registry,
+        "gpu_memory_used",
+        "GPU memory in use, as the driver reports it",
+        Some(Unit::Bytes),
+    );
+    let total = gauge_family(
+        &mut registry,
+        "gpu_memory_total",
+        "GPU memory in all, as the driver reports it",
+        Some(Unit::Bytes),
+    );
+    let unattributed = gauge_family(
+        &mut registry,
+        "gpu_memory_unattributed",
+        "Used GPU memory that no process the driver lists explains (status's UNATTRIBUTED): driver-held memory, and the driver's own bookkeeping",
+        Some(Unit::Bytes),
+    );
+    let holders_count = gauge_family(
+        &mut registry,
+        "gpu_holders",
+        "Processes holding the GPU: listed by the driver on it (where no driver answers, with its device node open)",
+        None,
+    );
+    let orphaned_memory = gauge_family(
+        &mut registry,
+        "gpu_orphaned_memory",
+        "GPU memory held by orphaned processes, what `gpureap free --orphans` would free",
+        Some(Unit::Bytes),
+    );
+    let orphans = orphaned(snapshot);
+    let wanted = |index: u32| options.gpus.as_ref().is_none_or(|set| set.contains(&index));
+    for gpu in snapshot.gpus.iter().filter(|gpu| wanted(gpu.index)) {
+        let labels = gpu_labels(gpu);
+        set(
+            &gpu_up,
+            labels.clone(),
+            if gpu.driver_answered() { 1.0 } else { 0.0 },
+        );
+        set(&holders_count, labels.clone(), holders(gpu) as f64);
+        // Unknown is left out, never written as 0.
+        if let Some(value) = gpu.memory_used {
+            set(&used, labels.clone(), bytes(value));
+        }
+        if let Some(value) = gpu.memory_total {
+            set(&total, labels.clone(), bytes(value));
+        }
+        if let Some(value) = gpu.unattributed() {
+            set(&unattributed, labels.clone(), bytes(value));
+        }
+        if let Some(orphaned) = orphans.get(&gpu.index) {
+            set(&orphaned_memory, labels, bytes(orphaned.bytes));
+        }
+    }
+
+    if options.per_process {
+        let process_memory = gauge_family(
+            &mut registry,
+            "process_gpu_memory",
+            "GPU memory a process uses, as the driver reports it (only with --per-process)",
+            Some(Unit::Bytes),
+        );
+        for holder in report::holders_json(snapshot, &options.gpus) {
+            for place in holder.gpus.iter().filter(|place| place.listed_by_driver) {
+                let (Some(memory), true) = (place.memory, wanted(place.index)) else {
+                    continue;
+                };
+                let Some(gpu) = snapshot.gpu(place.index) else {
+                    continue;
+                };
+                let mut labels = gpu_labels(gpu);
+                labels.push(("pid", holder.pid.to_string()));
+                labels.push(("comm", holder.comm.clone().unwrap_or_default()));
+                labels.push(("user", holder.user.clone().unwrap_or_default()));
+                labels.push(("flags", holder.flags.join(",")));
+                set(&process_memory, labels, bytes(memory));
+            }
+        }
+    }
+
+    let mut text = String::new();
+    // Writing to a String cannot fail.
+    let _ = encode(&mut text, &registry);
+    Exposition::new(text)
+}
+
+/// `gpu` always; `uuid` where the driver gives one.
+fn gpu_labels(gpu: &GpuState) -> Labels {
+    let mut labels = vec![("gpu", gpu.index.to_string())];
+    if let Some(uuid) = &gpu.uuid {
+        labels.push(("uuid", uuid.clone()));
+    }
+    labels
+}
+
+/// `nvml`, `sim` or `none`: the backend without its details (a directory,
+/// a driver version), so that the series stays the same across restarts.
+fn backend_kind(describe: &str) -> String {
+    describe
+        .split([':', ' '])
+        .next()
+        .unwrap_or(describe)
+        .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_are_named_by_their_samples_in_the_text_format() {
+        let openmetrics = "# HELP gpureap_scans Snapshots taken.\n# TYPE gpureap_scans counter\ngpureap_scans_total 3\n# HELP gpureap_scan_duration_seconds Last.\n# TYPE gpureap_scan_duration_seconds gauge\n# UNIT gpureap_scan_duration_seconds seconds\ngpureap_scan_duration_seconds 0.5\n# EOF\n";
+        assert_eq!(
+            text_format(openmetrics),
+            "# HELP gpureap_scans_total Snapshots taken.\n# TYPE gpureap_scans_total counter\ngpureap_scans_total 3\n# HELP gpureap_scan_duration_seconds Last.\n# TYPE gpureap_scan_duration_seconds gauge\ngpureap_scan_duration_seconds 0.5\n"
+        );
+    }
+
+    #[test]
+    fn backend_kinds() {
+        assert_eq!(backend_kind("nvml (driver 580.95.05)"), "nvml");
+        assert_eq!(backend_kind("sim:/tmp/x y"), "sim");
+        assert_eq!(backend_kind("none"), "none");
+    }
+}

@@ -1,0 +1,167 @@
+//! `gpureap check` in node-problem-detector's protocol, against staged
+//! incidents: exit 0 healthy, 1 problem, 2 unknown, the message first.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use gpureap::driver::sim::incident::{Holder, Incident, SimHost};
+
+use crate::harness::*;
+
+fn host(gpus: u32) -> SimHost {
+    SimHost::new(gpus, 80 * GIB, "Simulated H200").expect("sim host")
+}
+
+fn first_line(result: &Run) -> &str {
+    result.stdout.lines().next().unwrap_or("")
+}
+
+#[test]
+fn a_healthy_node_exits_0_with_a_short_message() {
+    let host = host(4);
+    let mut incident = Incident::new(&host);
+    // A healthy user and a monitor: neither is a problem.
+    incident
+        .holder(&Holder::new("python3 train.py").on(1, 40 * GIB))
+        .expect("trainer");
+    incident
+        .holder(&Holder::new("dcgm-exporter"))
+        .expect("monitor");
+    let result = run(&host, &["check"]);
+    assert_eq!(result.code, 0, "{}{}", result.stdout, result.stderr);
+    assert_eq!(
+        first_line(&result),
+        "GPUs 0-3: no memory held by no process, no orphans"
+    );
+}
+
+#[test]
+fn memory_held_by_no_process_is_a_problem() {
+    let host = host(2);
+    host.leak(1, 5 * GIB).expect("leak");
+    let result = run(&host, &["check"]);
+    assert_eq!(result.code, 1, "{}", result.stdout);
+    assert_eq!(first_line(&result), "GPU 1: 5.0 GiB held by no process");
+    assert!(
+        result
+            .stdout
+            .contains("only a GPU reset or a reboot clears it")
+    );
+    // Checking only GPU 0: healthy.
+    assert_eq!(run(&host, &["check", "--gpu", "0"]).code, 0);
+}
+
+#[test]
+fn orphans_holding_memory_are_a_problem() {
+    let host = host(2);
+    let mut incident = Incident::new(&host);
+    let launcher = incident
+        .sglang(&[
+            Holder::new("sglang::scheduler_TP0").on(0, 20 * GIB),
+            Holder::new("sglang::scheduler_TP1").on(0, 10 * GIB),
+        ])
+        .expect("sglang");
+    let workers = [
+        incident.pid_of("sglang::scheduler_TP0").expect("TP0"),
+        incident.pid_of("sglang::scheduler_TP1").expect("TP1"),
+    ];
+    // Before the launcher dies: healthy.
+    assert_eq!(run(&host, &["check"]).code, 0);
+    incident.kill(launcher).expect("launcher killed");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while workers.iter().any(|&pid| ppid(pid) != Some(1)) {
+        assert!(Instant::now() < deadline, "not re-parented");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let result = run(&host, &["check"]);
+    assert_eq!(result.code, 1, "{}", result.stdout);
+    assert_eq!(
+        first_line(&result),
+        "GPU 0: 30.0 GiB held by 2 orphaned processes"
+    );
+    assert!(result.stdout.contains("gpureap free --orphans --dry-run"));
+    // Read-only: they still hold it.
+    assert!(workers.iter().all(|&pid| alive(pid)));
+}
+
+#[test]
+fn a_lost_gpu_is_a_problem_and_several_problems_are_counted() {
+    let host = host(3);
+    host.lose(2).expect("lost");
+    host.leak(0, 2 * GIB).expect("leak");
+    let result = run(&host, &["check"]);
+    assert_eq!(result.code, 1, "{}", result.stdout);
+    assert_eq!(
+        first_line(&result),
+        "GPU 0: 2.0 GiB held by no process (+1 more)"
+    );
+    assert!(
+        result
+            .stdout
+            .contains("GPU 2: lost (fallen off the bus or otherwise inaccessible)"),
+        "{}",
+        result.stdout
+    );
+    assert!(first_line(&result).chars().count() <= 80);
+}
+
+#[test]
+fn no_driver_is_unknown() {
+    let host = host(1);
+    // The whole driver fails: its claims directory is a symlink, which it refuses.
+    let claims = host.path().join("claims");
+    std::fs::remove_dir(&claims).expect("claims removed");
+    std::os::unix::fs::symlink("/nonexistent", &claims).expect("symlink");
+    let result = run(&host, &["check"]);
+    assert_eq!(result.code, 2, "{}", result.stdout);
+    assert!(
+        first_line(&result).starts_with("GPU driver unavailable: "),
+        "{}",
+        result.stdout
+    );
+    assert!(first_line(&result).chars().count() <= 80);
+
+    let none = Command::new(env!("CARGO_BIN_EXE_gpureap"))
+        .args(["--backend", "none", "check"])
+        .env_remove("GPUREAP_BACKEND")
+        .output()
+        .expect("runs");
+    assert_eq!(none.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&none.stdout).starts_with("GPU driver unavailable"));
+}
+
+#[test]
+fn bad_input_is_unknown_to_node_problem_detector() {
+    let host = host(2);
+    let result = run(&host, &["check", "--gpu", "7"]);
+    assert_eq!(result.code, 2, "{}", result.stderr);
+    assert!(result.stderr.contains('7'), "{}", result.stderr);
+}
+
+#[test]
+fn the_node_problem_detector_plugin_runs_gpureap_check() {
+    // The plugin config inside the ConfigMap, read with PyYAML (kubernetes-validate's own dependency).
+    let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("deploy/kubernetes/node-problem-detector-gpureap.yaml");
+    let output = Command::new("python3")
+        .args([
+            "-c",
+            "import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))['data']['gpureap-check.json'])",
+        ])
+        .arg(&manifest)
+        .output()
+        .expect("python3 runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let plugin: serde_json::Value =
+        serde_json::from_slice(&output.stdout).expect("the plugin config is JSON");
+    assert_eq!(plugin["plugin"], "custom");
+    let rule = &plugin["rules"][0];
+    assert_eq!(rule["args"], serde_json::json!(["check"]));
+    assert!(rule["path"].as_str().expect("path").ends_with("/gpureap"));
+    assert_eq!(rule["condition"], plugin["conditions"][0]["type"]);
+    assert_eq!(plugin["pluginConfig"]["max_output_length"], 80);
+}

@@ -1,0 +1,794 @@
+//! Monitoring, for real: `gpureap exporter` scraped by a real Prometheus,
+//! its output and the rules judged by the real promtool, the manifests by
+//! kubernetes-validate, and the server's limits (concurrent scrapes, idle
+//! connections, other methods, a driver failing mid-run, SIGTERM).
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use gpureap::driver::sim::incident::{Holder, Incident, SimHost};
+
+use crate::harness::*;
+
+fn host(gpus: u32) -> SimHost {
+    SimHost::new(gpus, 80 * GIB, "Simulated H200").expect("sim host")
+}
+
+fn deploy(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("deploy")
+        .join(path)
+}
+
+/// One sample of an exposition: name, labels, value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub value: f64,
+}
+
+/// The samples of a Prometheus text exposition (label values without
+/// escapes, as the staged ones are).
+pub fn samples(text: &str) -> Vec<Sample> {
+    text.lines()
+        .filter(|line| !line.starts_with('#') && !line.trim().is_empty())
+        .map(|line| {
+            let (series, value) = line.rsplit_once(' ').expect("sample value");
+            let (name, labels) = match series.split_once('{') {
+                Some((name, rest)) => {
+                    let rest = rest.strip_suffix('}').expect("closing brace");
+                    let labels = rest
+                        .split("\",")
+                        .filter(|pair| !pair.is_empty())
+                        .map(|pair| {
+                            let (key, value) = pair.split_once("=\"").expect("label");
+                            (key.to_string(), value.trim_end_matches('"').to_string())
+                        })
+                        .collect();
+                    (name.to_string(), labels)
+                }
+                None => (series.to_string(), BTreeMap::new()),
+            };
+            Sample {
+                name,
+                labels,
+                value: value.parse().expect("number"),
+            }
+        })
+        .collect()
+}
+
+/// The value of the one sample of `name` whose labels include `labels`.
+pub fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    let matching: Vec<&Sample> = samples
+        .iter()
+        .filter(|sample| {
+            sample.name == name
+                && labels
+                    .iter()
+                    .all(|(key, value)| sample.labels.get(*key).map(String::as_str) == Some(value))
+        })
+        .collect();
+    assert!(
+        matching.len() <= 1,
+        "several {name} {labels:?}: {matching:?}"
+    );
+    matching.first().map(|sample| sample.value)
+}
+
+/// A running `gpureap exporter`, killed when dropped.
+pub struct Exporter {
+    child: Child,
+    pub address: SocketAddr,
+}
+
+impl Exporter {
+    pub fn start(host: &SimHost, flags: &[&str]) -> Exporter {
+        let mut child = gpureap(host)
+            .args(["exporter", "--listen", "127.0.0.1:0"])
+            .args(flags)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("exporter starts");
+        let mut stderr = BufReader::new(child.stderr.take().expect("stderr"));
+        let mut line = String::new();
+        stderr.read_line(&mut line).expect("first line");
+        let address = line
+            .split("http://")
+            .nth(1)
+            .and_then(|rest| rest.split('/').next())
+            .and_then(|address| address.parse().ok())
+            .unwrap_or_else(|| panic!("no address in: {line}"));
+        // Keep draining, so that the exporter never blocks on a full pipe.
+        std::thread::spawn(move || {
+            let mut rest = String::new();
+            let _ = stderr.read_to_string(&mut rest);
+        });
+        Exporter { child, address }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn scrape(&self) -> String {
+        let (status, body) = http(self.address, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+        assert_eq!(status, 200, "{body}");
+        body
+    }
+
+    /// Scrapes until `done` holds for the samples (the exporter refreshes in
+    /// the background), for at most 30 s.
+    pub fn scrape_until(&self, what: &str, done: impl Fn(&[Sample]) -> bool) -> Vec<Sample> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let found = samples(&self.scrape());
+            if done(&found) {
+                return found;
+            }
+            assert!(Instant::now() < deadline, "never saw {what}: {found:#?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Exporter {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Sends a raw request; returns the status and the body (the server closes
+/// every connection after its answer).
+pub fn http(address: SocketAddr, request: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(address).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    stream.write_all(request.as_bytes()).expect("request sent");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("response read");
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("no status line: {response}"));
+    (status, body.to_string())
+}
+
+/// Runs a tool CI installs (`.ci/run`); its absence fails the test.
+fn tool(program: &str, args: &[&str], stdin: Option<&str>) -> Run {
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|error| panic!("{program} ({error}): .ci/run installs it"));
+    if let Some(text) = stdin {
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(text.as_bytes())
+            .expect("stdin written");
+    }
+    child.wait_with_output().expect("tool runs").into()
+}
+
+/// An orphaned two-worker server (20 GiB on GPU 0, 30 GiB on GPU 1), a
+/// colleague's 5 GiB notebook on GPU 1, 3 GiB held by no process on GPU 2.
+fn staged_incident(host: &SimHost) -> (Incident, Vec<u32>, u32) {
+    let mut incident = Incident::new(host);
+    let launcher = incident
+        .sglang(&[
+            Holder::new("sglang::scheduler_TP0").on(0, 20 * GIB),
+            Holder::new("sglang::scheduler_TP1").on(1, 30 * GIB),
+        ])
+        .expect("sglang tree");
+    let workers = vec![
+        incident.pid_of("sglang::scheduler_TP0").expect("TP0"),
+        incident.pid_of("sglang::scheduler_TP1").expect("TP1"),
+    ];
+    let notebook = incident
+        .holder(&Holder::new("jupyter-kernel colleague").on(1, 5 * GIB))
+        .expect("notebook");
+    incident.kill(launcher).expect("launcher killed");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while workers.iter().any(|&pid| ppid(pid) != Some(1)) {
+        assert!(
+            Instant::now() < deadline,
+            "workers not re-parented to PID 1"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    host.leak(2, 3 * GIB).expect("leak");
+    (incident, workers, notebook)
+}
+
+#[test]
+fn status_prometheus_passes_promtool_and_says_what_status_says() {
+    let host = host(3);
+    let (_incident, workers, notebook) = staged_incident(&host);
+    let exposition = run(&host, &["status", "--prometheus", "--per-process"]);
+    assert_eq!(exposition.code, 0, "{}", exposition.stderr);
+    let lint = tool("promtool", &["check", "metrics"], Some(&exposition.stdout));
+    assert_eq!(
+        (lint.code, lint.stdout.as_str(), lint.stderr.as_str()),
+        (0, "", ""),
+        "promtool check metrics found problems in:\n{}",
+        exposition.stdout
+    );
+    // HELP on every family.
+    for line in exposition
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("# TYPE "))
+    {
+        let name = line.split(' ').nth(2).expect("name");
+        assert!(
+            exposition.stdout.contains(&format!("# HELP {name} ")),
+            "{name} has no HELP"
+        );
+    }
+
+    let status = run(&host, &["status", "--json"]).json();
+    let found = samples(&exposition.stdout);
+    for index in 0..3u32 {
+        let gpu = gpu(&status, index);
+        let labels = [
+            ("gpu", &*index.to_string()),
+            ("uuid", gpu["uuid"].as_str().expect("uuid")),
+        ];
+        for (metric, field) in [
+            ("gpureap_gpu_memory_used_bytes", "memory_used"),
+            ("gpureap_gpu_memory_total_bytes", "memory_total"),
+            (
+                "gpureap_gpu_memory_unattributed_bytes",
+                "memory_unattributed",
+            ),
+        ] {
+            assert_eq!(
+                value(&found, metric, &labels),
+                Some(gpu[field].as_u64().expect(field) as f64),
+                "{metric} on GPU {index}"
+            );
+        }
+    }
+    fn on(index: &str) -> [(&str, &str); 1] {
+        [("gpu", index)]
+    }
+    assert_eq!(
+        value(&found, "gpureap_gpu_memory_unattributed_bytes", &on("2")),
+        Some((3 * GIB) as f64)
+    );
+    assert_eq!(value(&found, "gpureap_gpu_holders", &on("0")), Some(1.0));
+    assert_eq!(value(&found, "gpureap_gpu_holders", &on("1")), Some(2.0));
+    assert_eq!(value(&found, "gpureap_gpu_holders", &on("2")), Some(0.0));
+    // The orphaned workers' memory, not the colleague's notebook.
+    assert_eq!(
+        value(&found, "gpureap_gpu_orphaned_memory_bytes", &on("0")),
+        Some((20 * GIB) as f64)
+    );
+    assert_eq!(
+        value(&found, "gpureap_gpu_orphaned_memory_bytes", &on("1")),
+        Some((30 * GIB) as f64)
+    );
+    assert_eq!(
+        value(&found, "gpureap_gpu_orphaned_memory_bytes", &on("2")),
+        Some(0.0)
+    );
+    assert_eq!(
+        value(&found, "gpureap_driver_up", &[("backend", "sim")]),
+        Some(1.0)
+    );
+    assert_eq!(value(&found, "gpureap_scans_total", &[]), Some(1.0));
+    assert_eq!(value(&found, "gpureap_scan_errors_total", &[]), Some(0.0));
+    // Per process: the driver-listed rows, with the flags status gives.
+    let worker = workers[1].to_string();
+    assert_eq!(
+        value(
+            &found,
+            "gpureap_process_gpu_memory_bytes",
+            &[("pid", &worker), ("gpu", "1"), ("flags", "orphaned")]
+        ),
+        Some((30 * GIB) as f64)
+    );
+    let notebook = notebook.to_string();
+    assert_eq!(
+        value(
+            &found,
+            "gpureap_process_gpu_memory_bytes",
+            &[
+                ("pid", &notebook),
+                ("gpu", "1"),
+                ("flags", ""),
+                ("user", "root")
+            ]
+        ),
+        Some((5 * GIB) as f64)
+    );
+    assert_eq!(
+        found
+            .iter()
+            .filter(|s| s.name == "gpureap_process_gpu_memory_bytes")
+            .count(),
+        3,
+        "one row per driver-listed process and GPU"
+    );
+
+    // Without --per-process, no per-process series.
+    let plain = run(&host, &["status", "--prometheus"]);
+    assert!(!plain.stdout.contains("gpureap_process_gpu_memory_bytes"));
+    // --gpu narrows the GPU series.
+    let narrowed = samples(&run(&host, &["status", "--prometheus", "--gpu", "2"]).stdout);
+    assert!(
+        narrowed
+            .iter()
+            .filter(|s| s.labels.contains_key("gpu"))
+            .all(|s| s.labels["gpu"] == "2")
+    );
+}
+
+#[test]
+fn exporter_output_passes_promtool_and_post_changes_nothing() {
+    let host = host(2);
+    let (_incident, workers, _) = staged_incident(&host);
+    let exporter = Exporter::start(&host, &["--per-process", "--interval", "1h"]);
+    let lint = tool("promtool", &["check", "metrics"], Some(&exporter.scrape()));
+    assert_eq!(
+        (lint.code, lint.stdout.as_str(), lint.stderr.as_str()),
+        (0, "", "")
+    );
+    // Prometheus asks for OpenMetrics and gets it.
+    let (status, body) = http(
+        exporter.address,
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5\r\n\r\n",
+    );
+    assert_eq!(status, 200);
+    assert!(body.ends_with("# EOF\n"), "{body}");
+
+    for method in ["POST", "PUT", "DELETE", "PATCH"] {
+        let (status, _) = http(
+            exporter.address,
+            &format!("{method} /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nkill"),
+        );
+        assert_eq!(status, 405, "{method}");
+    }
+    for path in ["/", "/free", "/metrics/../free", "/metricsx"] {
+        let (status, _) = http(
+            exporter.address,
+            &format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n"),
+        );
+        assert_eq!(status, 404, "{path}");
+    }
+    let (status, _) = http(exporter.address, "NONSENSE\r\n\r\n");
+    assert_eq!(status, 400);
+    // Nothing was signalled: the orphans still hold their memory.
+    assert!(workers.iter().all(|&pid| alive(pid)));
+    assert_eq!(
+        run(&host, &["status", "--json"]).json()["gpus"][1]["memory_used"],
+        35 * GIB
+    );
+}
+
+#[test]
+fn concurrent_scrapes_cost_one_scan() {
+    let host = host(1);
+    let exporter = Exporter::start(&host, &["--interval", "1h"]);
+    let address = exporter.address;
+    let scrapers: Vec<_> = (0..16)
+        .map(|_| {
+            std::thread::spawn(move || {
+                (0..10)
+                    .map(|_| {
+                        let (status, body) = http(address, "GET /metrics HTTP/1.1\r\n\r\n");
+                        assert_eq!(status, 200);
+                        value(&samples(&body), "gpureap_scans_total", &[]).expect("scans_total")
+                    })
+                    .collect::<Vec<f64>>()
+            })
+        })
+        .collect();
+    for scraper in scrapers {
+        assert_eq!(scraper.join().expect("scraper"), vec![1.0; 10]);
+    }
+}
+
+#[test]
+fn two_hundred_idle_connections_do_not_stop_a_scrape() {
+    let host = host(1);
+    let exporter = Exporter::start(&host, &["--interval", "1h"]);
+    // Idle clients: half say nothing, half start a request and stall.
+    let idle: Vec<TcpStream> = (0..200)
+        .map(|index| {
+            let mut stream = TcpStream::connect(exporter.address).expect("idle connection");
+            if index % 2 == 1 {
+                stream.write_all(b"GET /metr").expect("partial request");
+            }
+            stream
+        })
+        .collect();
+    let scrape = exporter.scrape();
+    assert!(scrape.contains("gpureap_driver_up"));
+    // The server kept at most 64: the longest-waiting idle ones were closed for the others.
+    let closed = idle
+        .iter()
+        .filter(|stream| {
+            stream.set_nonblocking(true).expect("nonblocking");
+            matches!((&**stream).read(&mut [0u8; 16]), Ok(0))
+        })
+        .count();
+    assert!(
+        closed >= 200 - 64,
+        "only {closed} idle connections were closed"
+    );
+}
+
+#[test]
+fn a_driver_failing_mid_run_shows_as_down_and_the_exporter_keeps_serving() {
+    let host = host(2);
+    let exporter = Exporter::start(&host, &["--interval", "100ms"]);
+    let up = |found: &[Sample], name: &str, labels: &[(&str, &str)]| value(found, name, labels);
+    let first = samples(&exporter.scrape());
+    assert_eq!(up(&first, "gpureap_driver_up", &[]), Some(1.0));
+
+    // GPU 1 falls off the bus.
+    host.lose(1).expect("lost");
+    let found = exporter.scrape_until("GPU 1 down", |found| {
+        up(found, "gpureap_gpu_up", &[("gpu", "1")]) == Some(0.0)
+    });
+    assert_eq!(up(&found, "gpureap_gpu_up", &[("gpu", "0")]), Some(1.0));
+    assert_eq!(up(&found, "gpureap_driver_up", &[]), Some(1.0));
+    assert_eq!(
+        up(&found, "gpureap_gpu_memory_used_bytes", &[("gpu", "1")]),
+        None,
+        "unknown is not 0"
+    );
+
+    // The whole driver fails (its claims directory is replaced by a symlink, which it refuses).
+    let claims = host.path().join("claims");
+    std::fs::rename(&claims, host.path().join("claims.away")).expect("claims moved");
+    std::os::unix::fs::symlink("/nonexistent", &claims).expect("symlink");
+    let down = exporter.scrape_until("driver down", |found| {
+        up(found, "gpureap_driver_up", &[]) == Some(0.0)
+    });
+    assert!(up(&down, "gpureap_scan_errors_total", &[]).expect("errors") >= 1.0);
+    assert!(
+        down.iter()
+            .all(|sample| !sample.name.starts_with("gpureap_gpu_memory")),
+        "no memory figures without a driver: {down:#?}"
+    );
+
+    // It comes back, and so does the exporter's view.
+    std::fs::remove_file(&claims).expect("symlink removed");
+    std::fs::rename(host.path().join("claims.away"), &claims).expect("claims back");
+    std::fs::remove_file(host.path().join("lost.1")).expect("found");
+    exporter.scrape_until("driver and GPU 1 back", |found| {
+        up(found, "gpureap_driver_up", &[]) == Some(1.0)
+            && up(found, "gpureap_gpu_up", &[("gpu", "1")]) == Some(1.0)
+    });
+    assert!(alive(exporter.pid()));
+}
+
+#[test]
+fn sigterm_ends_the_exporter_cleanly() {
+    let host = host(1);
+    let mut exporter = Exporter::start(&host, &[]);
+    exporter.scrape();
+    // Safety: a plain kill(2) of the child this test started and has not reaped.
+    assert_eq!(
+        unsafe { libc::kill(exporter.pid() as i32, libc::SIGTERM) },
+        0
+    );
+    let status = exporter.child.wait().expect("exporter ends");
+    assert_eq!(status.code(), Some(0));
+}
+
+#[test]
+fn exporter_flags_are_checked() {
+    let host = host(1);
+    for (flags, says) in [
+        (&["exporter", "--listen", "9839"][..], "expected IP:PORT"),
+        (&["exporter", "--listen", ":9839"][..], "expected IP:PORT"),
+        (
+            &["exporter", "--listen", "localhost:9839"][..],
+            "expected IP:PORT",
+        ),
+        (&["exporter", "--interval", "10ms"][..], "at least 100ms"),
+        (&["exporter", "--interval", "0"][..], "at least 100ms"),
+        (
+            &["status", "--prometheus", "--json"][..],
+            "cannot be used with",
+        ),
+        (&["status", "--per-process"][..], "--prometheus"),
+        (
+            &["run", "--metrics", "nowhere", "--", "true"][..],
+            "expected IP:PORT",
+        ),
+    ] {
+        let result = run(&host, flags);
+        assert_eq!(result.code, 2, "{flags:?}: {}", result.stderr);
+        assert!(result.stderr.contains(says), "{flags:?}: {}", result.stderr);
+    }
+    // A port already taken: says which, and listens nowhere else.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let address = taken.local_addr().expect("address").to_string();
+    let result = run(&host, &["exporter", "--listen", &address]);
+    assert_eq!(result.code, 3, "{}", result.stderr);
+    assert!(
+        result
+            .stderr
+            .contains(&format!("cannot listen on {address}")),
+        "{}",
+        result.stderr
+    );
+}
+
+/// A real Prometheus, on loopback, with its storage in a temporary
+/// directory; killed (by its PID) when dropped.
+struct Prometheus {
+    child: Child,
+    port: u16,
+    _storage: tempfile::TempDir,
+}
+
+impl Prometheus {
+    fn start(target: SocketAddr) -> Prometheus {
+        let storage = tempfile::Builder::new()
+            .prefix("gpureap-prometheus-")
+            .tempdir()
+            .expect("storage");
+        let config = storage.path().join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {}\nscrape_configs:\n  - job_name: gpureap\n    static_configs:\n      - targets: ['{target}']\n",
+                deploy("prometheus/gpureap-rules.yml").display()
+            ),
+        )
+        .expect("config");
+        let port = crate::run::free_port();
+        let child = Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                storage.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("prometheus (.ci/run installs it)");
+        Prometheus {
+            child,
+            port,
+            _storage: storage,
+        }
+    }
+
+    /// The value of an instant query with one result, once it has one
+    /// satisfying `done` (the first scrape comes a few seconds after start).
+    fn query_until(&self, query: &str, done: impl Fn(f64) -> bool) -> f64 {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .timeout_global(Some(Duration::from_secs(10)))
+            .http_status_as_error(false)
+            .build()
+            .into();
+        let deadline = Instant::now() + Duration::from_secs(90);
+        let mut last = String::new();
+        loop {
+            if let Ok(mut response) = agent
+                .get(format!("http://127.0.0.1:{}/api/v1/query", self.port))
+                .query("query", query)
+                .call()
+                && let Ok(body) = response.body_mut().read_to_string()
+            {
+                let json: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+                if let Some(results) = json["data"]["result"].as_array()
+                    && results.len() == 1
+                    && let Some(value) =
+                        results[0]["value"][1].as_str().and_then(|v| v.parse().ok())
+                    && done(value)
+                {
+                    return value;
+                }
+                last = body;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "prometheus never answered {query}: {last}"
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn a_real_prometheus_scrapes_what_the_simulated_driver_holds() {
+    let host = host(3);
+    let (_incident, _workers, _) = staged_incident(&host);
+    let exporter = Exporter::start(&host, &["--interval", "1s"]);
+    let prometheus = Prometheus::start(exporter.address);
+    let exact = |query: &str, expected: u64| {
+        let got = prometheus.query_until(query, |value| value == expected as f64);
+        assert_eq!(got, expected as f64, "{query}");
+    };
+    exact("up{job=\"gpureap\"}", 1);
+    exact("gpureap_gpu_memory_used_bytes{gpu=\"1\"}", 35 * GIB);
+    exact("gpureap_gpu_memory_total_bytes{gpu=\"0\"}", 80 * GIB);
+    exact("gpureap_gpu_memory_unattributed_bytes{gpu=\"2\"}", 3 * GIB);
+    exact("gpureap_gpu_orphaned_memory_bytes{gpu=\"0\"}", 20 * GIB);
+    exact("gpureap_gpu_holders{gpu=\"1\"}", 2);
+    exact("gpureap_driver_up", 1);
+    // The counters arrive as counters: rate() works on them.
+    prometheus.query_until("increase(gpureap_scans_total[1m])", |value| value > 0.0);
+    // The rules load: the orphans' alert is pending (it fires after 2 minutes).
+    exact(
+        "count(ALERTS{alertname=\"GpuMemoryHeldByOrphans\", alertstate=\"pending\"})",
+        2,
+    );
+}
+
+#[test]
+fn the_rules_pass_promtool_and_their_unit_tests() {
+    let rules = deploy("prometheus/gpureap-rules.yml");
+    let check = tool(
+        "promtool",
+        &["check", "rules", rules.to_str().expect("path")],
+        None,
+    );
+    assert_eq!(check.code, 0, "{}{}", check.stdout, check.stderr);
+    assert!(
+        check.stdout.contains("SUCCESS: 5 rules found"),
+        "{}",
+        check.stdout
+    );
+    let tests = deploy("prometheus/gpureap-rules.test.yml");
+    let test = tool(
+        "promtool",
+        &["test", "rules", tests.to_str().expect("path")],
+        None,
+    );
+    assert_eq!(test.code, 0, "{}{}", test.stdout, test.stderr);
+}
+
+fn manifests() -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(deploy("kubernetes"))
+        .expect("deploy/kubernetes")
+        .map(|entry| entry.expect("entry").path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "yaml"))
+        .collect();
+    found.sort();
+    found
+}
+
+#[test]
+fn every_manifest_passes_kubernetes_validate_strict() {
+    let files = manifests();
+    assert!(files.len() >= 2, "{files:?}");
+    for file in &files {
+        let result = tool(
+            "kubernetes-validate",
+            &["--strict", file.to_str().expect("path")],
+            None,
+        );
+        assert_eq!(
+            result.code,
+            0,
+            "{}: {}{}",
+            file.display(),
+            result.stdout,
+            result.stderr
+        );
+    }
+    // The validator does reject what it should: an unknown field.
+    let scratch = tempfile::Builder::new()
+        .prefix("gpureap-k8s-")
+        .tempdir()
+        .expect("dir");
+    let bad = scratch.path().join("bad.yaml");
+    let daemonset =
+        std::fs::read_to_string(deploy("kubernetes/gpureap-exporter.yaml")).expect("read");
+    std::fs::write(
+        &bad,
+        daemonset.replace("hostPID: true", "hostPID: true\n      hostPIDs: true"),
+    )
+    .expect("write");
+    let result = tool(
+        "kubernetes-validate",
+        &["--strict", bad.to_str().expect("path")],
+        None,
+    );
+    assert_ne!(result.code, 0, "{}", result.stdout);
+}
+
+#[test]
+fn the_daemonset_is_read_only_and_on_gpu_nodes_only() {
+    let text = std::fs::read_to_string(deploy("kubernetes/gpureap-exporter.yaml")).expect("read");
+    for needed in [
+        "hostPID: true",
+        "readOnlyRootFilesystem: true",
+        "allowPrivilegeEscalation: false",
+        "drop: [\"ALL\"]",
+        "nvidia.com/gpu.present: \"true\"",
+        "\"exporter\"",
+    ] {
+        assert!(text.contains(needed), "{needed} missing");
+    }
+    assert!(
+        !text.contains("add:"),
+        "the exporter needs no added capability"
+    );
+    assert!(!text.contains("privileged: true"));
+}
+
+#[test]
+fn run_metrics_show_the_supervisors_view() {
+    let setup = crate::run::setup(2);
+    let supervisor = setup.run_faulty_once(&["--metrics", "127.0.0.1:0"], "stall");
+    let line = supervisor.wait_for("metrics: http://", 1);
+    let address: SocketAddr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .and_then(|address| address.parse().ok())
+        .unwrap_or_else(|| panic!("no address in {line}"));
+    // The first start stalls (a hang), the second becomes ready.
+    supervisor.wait_for("ready after", 1);
+    let (status, body) = http(address, "GET /metrics HTTP/1.1\r\n\r\n");
+    assert_eq!(status, 200);
+    let lint = tool("promtool", &["check", "metrics"], Some(&body));
+    assert_eq!(
+        (lint.code, lint.stdout.as_str(), lint.stderr.as_str()),
+        (0, "", ""),
+        "{body}"
+    );
+    let found = samples(&body);
+    assert_eq!(value(&found, "gpureap_run_starts_total", &[]), Some(2.0));
+    assert_eq!(value(&found, "gpureap_run_ready", &[]), Some(1.0));
+    assert_eq!(
+        value(&found, "gpureap_run_hangs_total", &[("kind", "stall")]),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(&found, "gpureap_run_hangs_total", &[("kind", "unhealthy")]),
+        Some(0.0)
+    );
+    assert_eq!(
+        value(
+            &found,
+            "gpureap_run_crashes_total",
+            &[("kind", "exit_code")]
+        ),
+        Some(0.0)
+    );
+    assert_eq!(value(&found, "gpureap_run_restarts_total", &[]), Some(1.0));
+    assert!(
+        value(&found, "gpureap_run_last_time_to_ready_seconds", &[]).expect("time to ready") > 0.0
+    );
+    let (status, _) = http(address, "POST /metrics HTTP/1.1\r\n\r\n");
+    assert_eq!(status, 405);
+    let (code, _, _) = supervisor.stop();
+    assert_eq!(code, 0);
+}
