@@ -545,6 +545,20 @@ pub fn wait(results: &[HostResult]) -> String {
             hostlist::compress(&ready)
         );
     }
+    if !busy_hosts.is_empty() {
+        let names: Vec<&str> = busy_hosts
+            .iter()
+            .map(|result| result.host.as_str())
+            .collect();
+        let _ = writeln!(
+            out,
+            "Still held on {} of {} host{}: {}",
+            names.len(),
+            results.len(),
+            plural(results.len()),
+            hostlist::compress(&names)
+        );
+    }
     for line in &busy_lines {
         let _ = writeln!(out, "{line}");
     }
@@ -553,6 +567,10 @@ pub fn wait(results: &[HostResult]) -> String {
         .iter()
         .filter_map(|result| {
             let report = result.answer.report.as_ref()?;
+            let holders = report.get("holders")?.as_array()?;
+            if holders.is_empty() {
+                return None;
+            }
             Some(HostResult {
                 host: result.host.clone(),
                 answer: super::Answer {
