@@ -17,6 +17,8 @@ use gpureap::snapshot::Snapshot;
 use gpureap::supervision::{self, Removal, StaleRun};
 
 fn main() -> ! {
+    // The demo's simulated processes are this binary under other command lines.
+    gpureap::driver::sim::stand_in::run_if_asked();
     let cli = Cli::parse();
     // GPUREAP_LOG=debug prints where the time goes (snapshots, free rounds) on stderr.
     if std::env::var_os("GPUREAP_LOG").is_some() {
@@ -31,7 +33,9 @@ fn main() -> ! {
         Command::Free(args) => free(&cli.backend, args),
         Command::Wait(args) => wait(&cli.backend, args),
         Command::Run(args) => run(&cli.backend, args),
-        Command::Demo => gpureap::demo::run(&mut io::stdout().lock()).map_err(anyhow::Error::from),
+        Command::Demo(args) => {
+            gpureap::demo::run(args, &mut io::stdout().lock()).map_err(anyhow::Error::from)
+        }
     };
     tracing::debug!("command done");
     exit_code(result).exit()
