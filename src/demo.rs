@@ -219,22 +219,22 @@ pub fn run(args: &DemoArgs, out: &mut dyn Write) -> io::Result<Exit> {
             "(every process below is real; only the GPU driver is simulated, in {})\n",
             host.path().display()
         )?;
+        writeln!(out, "The server `{}`", launcher_cmdline())?;
         writeln!(
             out,
-            "`{}` (pid {launcher}) ran 8 workers, one per GPU.",
-            launcher_cmdline()
+            "(pid {launcher}) ran 8 TP workers, one per GPU. It was just killed with SIGKILL, as the OOM killer"
         )?;
         writeln!(
             out,
-            "It was just killed with SIGKILL, as the OOM killer or `pkill -9 -f launch_server` does."
+            "or `pkill -9 -f launch_server` does: its workers live on, orphaned, with ~118 GiB each (TP2"
         )?;
         writeln!(
             out,
-            "Its workers and detokenizer live on, orphaned, holding ~118 GiB each; TP2 ignores SIGTERM."
+            "ignores SIGTERM), and so does its detokenizer. A colleague's notebook shares GPU 3, and a"
         )?;
         writeln!(
             out,
-            "A colleague's notebook shares GPU 3, and an exporter watches every GPU.\n"
+            "metrics exporter watches every GPU, each in a session of its own.\n"
         )?;
         writeln!(out, "$ gpureap status --tree")?;
     }

@@ -109,6 +109,23 @@ fn the_demo_reports_both_halves_of_the_incident_as_facts() {
     );
     let facts: Value = serde_json::from_str(&stdout).expect("JSON");
     assert_eq!(facts["kind"], "demo");
+    // The documents it embeds are the real ones, as published.
+    let schema: Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/docs/json.schema.json"
+        ))
+        .expect("docs/json.schema.json"),
+    )
+    .expect("schema");
+    let validator = jsonschema::validator_for(&schema).expect("schema");
+    for document in ["status_before", "free", "status_after"] {
+        let errors: Vec<String> = validator
+            .iter_errors(&facts[document])
+            .map(|error| error.to_string())
+            .collect();
+        assert!(errors.is_empty(), "{document}: {errors:?}");
+    }
     assert_eq!(facts["as_designed"], true, "{:#}", facts["differences"]);
     let demo_pid = facts["demo_pid"].as_u64().expect("demo pid") as u32;
 
@@ -377,6 +394,7 @@ impl Drop for KillLeftovers<'_> {
 fn demo_mid_free(tmp: &std::path::Path) -> (Child, Vec<(u32, u64, String)>) {
     let mut child = demo(tmp, &[])
         .stdout(Stdio::piped())
+        .stderr(Stdio::null())
         .spawn()
         .expect("demo runs");
     let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
