@@ -19,6 +19,7 @@
 use std::collections::BTreeSet;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use comfy_table::{Table, presets::NOTHING};
@@ -182,8 +183,17 @@ struct DemoJson {
 }
 
 pub fn run(args: &DemoArgs, out: &mut dyn Write) -> io::Result<Exit> {
-    let host = SimHost::new(GPUS, GPU_TOTAL, GPU_NAME)?;
-    clean_up_on_signals(host.path().to_path_buf())?;
+    // Before anything is made, so that an interrupt never leaves anything behind.
+    let made = clean_up_on_signals()?;
+    let host = SimHost::new(GPUS, GPU_TOTAL, GPU_NAME).map_err(|error| {
+        io::Error::other(format!(
+            "cannot make the simulated host under {}: {error}",
+            std::env::temp_dir().display()
+        ))
+    })?;
+    if let Ok(mut made) = made.lock() {
+        *made = Some(host.path().to_path_buf());
+    }
     let driver = SimDriver::open(host.path()).map_err(io::Error::other)?;
     let mut incident = Incident::with_stand_ins(&host, Path::new(STAND_IN_EXE))?;
     let text = !args.json;
@@ -338,18 +348,24 @@ pub fn run(args: &DemoArgs, out: &mut dyn Write) -> io::Result<Exit> {
 /// On Ctrl-C (or SIGTERM, SIGHUP): every process the demo staged is killed
 /// and the simulated host removed before it exits, 128 + the signal. What
 /// was not recorded yet ends by itself when the demo exits (its lifeline).
-fn clean_up_on_signals(dir: PathBuf) -> io::Result<()> {
+/// Returns where to put the simulated host's directory once it is made.
+fn clean_up_on_signals() -> io::Result<Arc<Mutex<Option<PathBuf>>>> {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let made: Arc<Mutex<Option<PathBuf>>> = Arc::default();
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])?;
+    let dir = Arc::clone(&made);
     std::thread::spawn(move || {
         if let Some(signal) = signals.forever().next() {
-            incident::kill_recorded(&dir);
-            let _ = std::fs::remove_dir_all(&dir);
+            let dir = dir.lock().ok().and_then(|dir| dir.clone());
+            if let Some(dir) = dir {
+                incident::kill_recorded(&dir);
+                let _ = std::fs::remove_dir_all(&dir);
+            }
             eprintln!("gpureap demo: interrupted; every process it started is gone");
             std::process::exit(128 + signal);
         }
     });
-    Ok(())
+    Ok(made)
 }
 
 /// Every process the demo staged, from its records and the scans.

@@ -119,7 +119,8 @@ impl Holder {
     }
 
     /// The stand-in that plays this holder on the host in `dir`; its title
-    /// is its command line, split at spaces.
+    /// is its command line, split at spaces. A stand-in always opens the
+    /// control node too, as every CUDA process and monitor does.
     pub fn spec(&self, dir: &Path) -> Spec {
         let on_term = match (self.ignore_term, self.keeps, self.gpus.first()) {
             (true, _, _) => OnTerm::Ignore,
@@ -217,11 +218,6 @@ impl Incident {
             reader,
         });
         Ok(incident)
-    }
-
-    /// The directory of the simulated host this incident is staged on.
-    pub fn dir(&self) -> &Path {
-        &self.dir
     }
 
     /// Starts a stand-in (and, through it, its children) and returns once

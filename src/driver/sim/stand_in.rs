@@ -108,10 +108,18 @@ pub fn run_if_asked() {
     let Some(spec) = std::env::var_os(ENV) else {
         return;
     };
+    let not_a_spec = |why: String| {
+        io::Error::other(format!(
+            "{ENV} is set, so this gpureap plays a process of a simulated host (as `gpureap demo` \
+             starts them), but it does not describe one ({why}); unset it to run gpureap"
+        ))
+    };
     let spec = spec
         .into_string()
-        .map_err(|_| io::Error::other(format!("{ENV} is not UTF-8")))
-        .and_then(|text| serde_json::from_str::<Spec>(&text).map_err(io::Error::other));
+        .map_err(|_| not_a_spec("not UTF-8".to_string()))
+        .and_then(|text| {
+            serde_json::from_str::<Spec>(&text).map_err(|error| not_a_spec(error.to_string()))
+        });
     let code = match spec.and_then(|spec| play(&spec)) {
         Ok(()) => 0,
         Err(error) => {
