@@ -487,3 +487,54 @@ impl Drop for Incident {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_holder_becomes_the_stand_in_that_plays_it() {
+        let dir = Path::new("/sim");
+        let spec = Holder::new("python3 -m ipykernel_launcher -f k.json")
+            .on(3, 6 << 30)
+            .in_own_session()
+            .spec(dir);
+        assert_eq!(
+            spec.argv,
+            ["python3", "-m", "ipykernel_launcher", "-f", "k.json"]
+        );
+        assert_eq!(spec.record, "python3 -m ipykernel_launcher -f k.json");
+        assert_eq!(spec.gpus, [(3, 6 << 30)]);
+        assert!(spec.nodes && spec.detached && !spec.new_session);
+        assert_eq!(spec.on_term, OnTerm::Exit);
+
+        let keeper = Holder::new("sglang::scheduler_TP3")
+            .on(3, 100)
+            .leaving_driver_held(92);
+        assert_eq!(keeper.spec(dir).on_term, OnTerm::Keep { gpu: 3, bytes: 92 });
+        // Ignoring SIGTERM means it never exits on it, so nothing is left behind then.
+        assert_eq!(keeper.ignoring_sigterm().spec(dir).on_term, OnTerm::Ignore);
+        // A monitor has no context to leave behind.
+        assert_eq!(
+            Holder::new("nvidia-smi")
+                .leaving_driver_held(92)
+                .spec(dir)
+                .on_term,
+            OnTerm::Exit
+        );
+    }
+
+    #[test]
+    fn bash_incidents_refuse_what_only_stand_ins_can_do() {
+        let host = SimHost::new(1, 1 << 30, "Simulated").expect("host");
+        let mut incident = Incident::new(&host);
+        for holder in [
+            Holder::new("a").on(0, 1).leaving_driver_held(1),
+            Holder::new("b").in_own_session(),
+        ] {
+            let error = incident.holder(&holder).expect_err("refused");
+            assert!(error.to_string().contains("with_stand_ins"), "{error}");
+        }
+        assert!(incident.records().expect("records").is_empty());
+    }
+}
