@@ -122,7 +122,7 @@ fn scan_interval(text: &str) -> Result<Duration, String> {
   gpureap free --match sglang --yes    SIGTERM, grace, SIGSTOP+SIGKILL, re-scan, verify
   gpureap free --gpu 3 --grace 0 --yes kill everything on GPU 3 at once, and verify
   gpureap wait --gpu 0-3 --below 1GiB --timeout 2m && python3 -m sglang.launch_server ...
-  gpureap demo                         replay a crashed SGLang server on a simulated GPU host
+  gpureap demo                         replay a crashed SGLang server on a simulated 8-GPU host
 
 Exit codes: 0 done (all freed), 1 something still held (or wait timed out),
 2 bad usage or input (nothing signalled), 3 could not complete (driver failure,
@@ -208,8 +208,23 @@ Examples:
     )]
     Push(PushArgs),
 
-    /// Replay a crashed SGLang server on a simulated GPU host: status, free, verify. No GPU needed.
-    Demo,
+    /// Replay a crashed SGLang server on a simulated 8-GPU host: status, free, verify, and what
+    /// `fuser -k /dev/nvidia*; sleep 5` would have done instead. No GPU, no root needed.
+    #[command(
+        after_help = "Every process on the simulated host is real (this binary under the command line of
+the process it plays); only the GPU driver is simulated. Everything the demo started is
+gone when it ends, also on Ctrl-C. It takes about 5 seconds.
+
+Exit codes: the replayed `gpureap free` exits 1, as it would on the real box (GPU 3 keeps
+memory no process holds), and the demo shows that; the demo itself exits 0 when the
+incident played out as designed, 1 when it did not (the output says what differed),
+3 when it could not be staged.
+
+Examples:
+  gpureap demo
+  gpureap demo --json | jq '.comparison'"
+    )]
+    Demo(DemoArgs),
 
     /// Serve GPU memory, holders, orphans and driver health as Prometheus metrics (read-only).
     #[command(
@@ -459,4 +474,12 @@ pub struct HostsArgs {
     /// plus 30s for status; plus the command's own --timeout (and --grace) for wait and free].
     #[arg(long, value_name = "DUR", value_parser = duration, requires = "hosts")]
     pub host_timeout: Option<Duration>,
+}
+
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// Print the demo's facts as JSON instead of its transcript: who was signalled, who
+    /// survived, the driver-held GPU, the comparison (docs/json.md).
+    #[arg(long)]
+    pub json: bool,
 }

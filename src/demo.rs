@@ -1,97 +1,676 @@
-//! `gpureap demo`: the incident users live, replayed on a simulated GPU host.
+//! `gpureap demo`: the incident this project started from, both halves of
+//! it, replayed on a simulated 8-GPU host.
 //!
-//! An SGLang server with four tensor-parallel workers crashes: its launcher is
-//! SIGKILLed, the workers are orphaned and keep their memory, and one of them
-//! ignores SIGTERM. A colleague's notebook shares GPU 3 and an exporter watches
-//! the GPUs. The demo shows the status, frees the server's holders only, and
-//! shows the status again. Real processes, real signals, real /proc.
+//! An SGLang server with eight tensor-parallel workers crashes: its launcher
+//! is SIGKILLed, its workers and its detokenizer live on, orphaned, holding
+//! their memory, and one worker ignores SIGTERM. A colleague's notebook
+//! shares GPU 3 and a metrics exporter watches every GPU, each in a session
+//! of its own, as on a real box. The demo shows `status --tree`, frees the
+//! server's GPU holders only, and then the second half: GPU 3 keeps memory
+//! that no process holds (the driver kept it when its worker exited), which
+//! gpureap names, with what to do next. It ends with what
+//! `fuser -k /dev/nvidia*; sleep 5` would have done on the same host, listed
+//! from the same /proc (nothing run), against what gpureap did.
+//!
+//! Real processes (the gpureap binary as stand-ins, `driver::sim::stand_in`),
+//! real signals, real /proc: only the GPU driver is simulated. `--json`
+//! prints the facts instead of the transcript, for scripts and the tests.
 
+use std::collections::BTreeSet;
 use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use comfy_table::{Table, presets::NOTHING};
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::cli::DemoArgs;
 use crate::driver::SimDriver;
-use crate::driver::sim::incident::{Holder, Incident, SimHost};
+use crate::driver::sim::incident::{self, DETOKENIZER, Holder, Incident, LAUNCHER, MODEL, SimHost};
 use crate::exit::Exit;
-use crate::reap::{self, Options};
+use crate::reap::{self, Delivery, FreeReport, Options};
 use crate::report;
 use crate::select::{Guard, Scope};
 use crate::snapshot::Snapshot;
+use crate::units::{Bytes, Elapsed, GpuRanges};
+use crate::verify::Reason;
 
 const GIB: u64 = 1 << 30;
+const GPUS: u32 = 8;
+const GPU_NAME: &str = "NVIDIA H200 (simulated)";
+const GPU_TOTAL: u64 = 141 * GIB;
+/// A worker's context on its GPU (plus a quarter GiB per rank, so that the
+/// GPUs can be told apart): SGLang's static memory fraction of an H200.
+const WORKER: u64 = 118 * GIB;
+/// The worker that ignores SIGTERM.
+const STUBBORN: u32 = 2;
+/// The GPU the notebook shares, and whose worker's memory the driver keeps.
+const SHARED: u32 = 3;
+const NOTEBOOK_MEMORY: u64 = 6 * GIB;
+/// What the driver kept on GPU 3 in the incident: 92 (GiB, here).
+const KEPT: u64 = 92 * GIB;
+const NOTEBOOK: &str = "python3 -m ipykernel_launcher -f /home/colleague/.local/share/jupyter/runtime/kernel-7d3e.json";
+const EXPORTER: &str = "nvidia_gpu_exporter --web.listen-address=:9835";
+const GRACE: Duration = Duration::from_secs(2);
+const TIMEOUT: Duration = Duration::from_secs(2);
+const FREE_COMMAND: &str = "gpureap free --match sglang --grace 2s --timeout 2s --yes";
+const FUSER_COMMAND: &str = "fuser -k /dev/nvidia*; sleep 5";
+const FUSER_SLEEP: Duration = Duration::from_secs(5);
+/// The processes run this binary: the demo only runs in gpureap's `main`,
+/// which plays a stand-in when asked to.
+const STAND_IN_EXE: &str = "/proc/self/exe";
 
-pub fn run(out: &mut dyn Write) -> io::Result<Exit> {
-    let host = SimHost::new(4, 141 * GIB, "NVIDIA H200 (simulated)")?;
+/// What a staged process plays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+enum Role {
+    Launcher,
+    Worker,
+    Detokenizer,
+    Notebook,
+    Exporter,
+}
+
+impl Role {
+    fn of(record: &str) -> Option<Role> {
+        match record {
+            LAUNCHER => Some(Role::Launcher),
+            DETOKENIZER => Some(Role::Detokenizer),
+            NOTEBOOK => Some(Role::Notebook),
+            EXPORTER => Some(Role::Exporter),
+            _ if record.starts_with("sglang::scheduler_TP") => Some(Role::Worker),
+            _ => None,
+        }
+    }
+
+    /// Not part of the server: what a careful free must leave alone.
+    fn bystander(self) -> bool {
+        matches!(self, Role::Notebook | Role::Exporter)
+    }
+
+    fn described(self) -> &'static str {
+        match self {
+            Role::Launcher => "the server's launcher",
+            Role::Worker => "a server worker",
+            Role::Detokenizer => "the server's detokenizer",
+            Role::Notebook => "the colleague's notebook",
+            Role::Exporter => "the metrics exporter",
+        }
+    }
+}
+
+/// One process the demo staged, as the scan after the crash saw it.
+#[derive(Debug, Serialize)]
+struct Staged {
+    role: Role,
+    pid: u32,
+    cmdline: String,
+    /// Parent, process group and session after the crash (none for the launcher, killed by then).
+    ppid: Option<u32>,
+    pgid: Option<u32>,
+    sid: Option<u32>,
+    /// Has a (simulated) /dev/nvidia* node open: what `fuser /dev/nvidia*` lists.
+    device_nodes_open: bool,
+    /// GPU memory the driver lists it with, on any GPU.
+    gpu_memory: u64,
+    /// Signals `free` delivered to it.
+    signals: Vec<&'static str>,
+    alive_after_free: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct DriverHeld {
+    gpu: u32,
+    bytes: u64,
+}
+
+#[derive(Debug, Serialize)]
+struct FuserPlay {
+    command: &'static str,
+    /// Every process with a device node open: fuser -k SIGKILLs them all.
+    would_kill: Vec<u32>,
+    bystanders_killed: Vec<u32>,
+    /// GPU memory the bystanders held: their work.
+    bystander_memory_lost: u64,
+    /// The sleep after the kill, whatever the GPUs do meanwhile.
+    blind_wait_ms: u64,
+    /// Whether anything in the recipe would notice memory held by no process.
+    driver_held_noticed: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct FreedGpu {
+    gpu: u32,
+    after_ms: u64,
+}
+
+#[derive(Debug, Serialize)]
+struct GpureapPlay {
+    command: &'static str,
+    signalled: Vec<u32>,
+    bystanders_signalled: Vec<u32>,
+    elapsed_ms: u64,
+    freed: Vec<FreedGpu>,
+    driver_held: Vec<DriverHeld>,
+    exit_code: u8,
+}
+
+#[derive(Debug, Serialize)]
+struct Comparison {
+    fuser: FuserPlay,
+    gpureap: GpureapPlay,
+}
+
+/// `gpureap demo --json`: the facts of one replay (docs/json.md).
+#[derive(Debug, Serialize)]
+struct DemoJson {
+    schema_version: u32,
+    kind: &'static str,
+    exit_code: u8,
+    as_designed: bool,
+    /// What did not play out as designed; empty when it did.
+    differences: Vec<String>,
+    backend: String,
+    demo_pid: u32,
+    processes: Vec<Staged>,
+    status_before: Value,
+    free: Value,
+    status_after: Value,
+    driver_held: Vec<DriverHeld>,
+    comparison: Comparison,
+}
+
+pub fn run(args: &DemoArgs, out: &mut dyn Write) -> io::Result<Exit> {
+    // Before anything is made, so that an interrupt never leaves anything behind.
+    let made = clean_up_on_signals()?;
+    let host = SimHost::new(GPUS, GPU_TOTAL, GPU_NAME).map_err(|error| {
+        io::Error::other(format!(
+            "cannot make the simulated host under {}: {error}",
+            std::env::temp_dir().display()
+        ))
+    })?;
+    if let Ok(mut made) = made.lock() {
+        *made = Some(host.path().to_path_buf());
+    }
     let driver = SimDriver::open(host.path()).map_err(io::Error::other)?;
-    let mut incident = Incident::new(&host);
+    let mut incident = Incident::with_stand_ins(&host, Path::new(STAND_IN_EXE))?;
+    let text = !args.json;
 
-    writeln!(
-        out,
-        "gpureap demo: a crashed SGLang server on a simulated 4-GPU host"
+    // The bystanders were there first, each started the way it is in life.
+    incident.holder(
+        &Holder::new(NOTEBOOK)
+            .on(SHARED, NOTEBOOK_MEMORY)
+            .in_own_session(),
     )?;
-    writeln!(out, "(simulated driver in {})\n", host.path().display())?;
-
-    let workers: Vec<Holder> = (0..4)
+    incident.holder(&Holder::new(EXPORTER).in_own_session())?;
+    let workers: Vec<Holder> = (0..GPUS)
         .map(|rank| {
             let worker = Holder::new(&format!("sglang::scheduler_TP{rank}"))
-                .on(rank, 76 * GIB + rank as u64 * GIB / 4);
-            if rank == 2 {
-                worker.ignoring_sigterm()
-            } else {
-                worker
+                .on(rank, WORKER + u64::from(rank) * GIB / 4);
+            match rank {
+                STUBBORN => worker.ignoring_sigterm(),
+                SHARED => worker.leaving_driver_held(KEPT),
+                _ => worker,
             }
         })
         .collect();
     let launcher = incident.sglang(&workers)?;
-    incident.holder(&Holder::new("jupyter-kernel --notebook colleague.ipynb").on(3, 6 * GIB))?;
-    incident.holder(&Holder::new("gpu_exporter --port 9400"))?;
-
-    writeln!(
-        out,
-        "The server's launcher (pid {launcher}) is killed with SIGKILL, as `pkill -9 -f launch_server` does."
-    )?;
     incident.kill(launcher)?;
-    writeln!(
-        out,
-        "Its workers live on, holding ~76 GiB each. One of them ignores SIGTERM.\n"
-    )?;
 
-    writeln!(out, "$ gpureap status --tree")?;
+    if text {
+        writeln!(
+            out,
+            "gpureap demo: a crashed SGLang server on a simulated 8-GPU host"
+        )?;
+        writeln!(
+            out,
+            "(every process below is real; only the GPU driver is simulated, in {})\n",
+            host.path().display()
+        )?;
+        writeln!(out, "The server `{}`", launcher_cmdline())?;
+        writeln!(
+            out,
+            "(pid {launcher}) ran 8 TP workers, one per GPU. It was just killed with SIGKILL, as the OOM killer"
+        )?;
+        writeln!(
+            out,
+            "or `pkill -9 -f launch_server` does: its workers live on, orphaned, with ~118 GiB each (TP2"
+        )?;
+        writeln!(
+            out,
+            "ignores SIGTERM), and so does its detokenizer. A colleague's notebook shares GPU 3, and a"
+        )?;
+        writeln!(
+            out,
+            "metrics exporter watches every GPU, each in a session of its own.\n"
+        )?;
+        writeln!(out, "$ gpureap status --tree")?;
+    }
     let before = Snapshot::take(&driver);
-    writeln!(out, "{}", report::status_tree(&before, &None))?;
-
+    if text {
+        writeln!(out, "{}", report::status_tree(&before, &None))?;
+        writeln!(out, "$ {FREE_COMMAND}")?;
+    }
     let scope = Scope {
         patterns: vec![regex::Regex::new("sglang").map_err(io::Error::other)?],
         ..Scope::default()
     };
     let options = Options {
-        grace: Duration::from_secs(2),
-        timeout: Duration::from_secs(10),
+        grace: GRACE,
+        timeout: TIMEOUT,
         poll: Duration::from_millis(10),
     };
-    writeln!(out, "$ gpureap free --match sglang --grace 2s --yes")?;
     let guard = Guard::for_this_process(&[]);
-    let outcome = reap::free(&driver, &scope, &guard, before, options, &mut |_| {});
-    writeln!(out, "{}", report::free_outcome(&outcome))?;
-
-    writeln!(out, "$ gpureap status")?;
-    let after = Snapshot::take(&driver);
-    writeln!(out, "{}", report::status_table(&after, &None))?;
-
-    let notebook_alive = after
-        .processes
-        .values()
-        .any(|process| process.cmdline.starts_with("jupyter-kernel"));
-    if outcome.all_freed() && notebook_alive {
-        writeln!(
-            out,
-            "The server's GPUs are verified free; the colleague's notebook and the exporter were never signalled."
-        )?;
-        Ok(Exit::Success)
-    } else {
-        writeln!(
-            out,
-            "The demo did not end as expected: see the outcome above."
-        )?;
-        Ok(Exit::StillHeld)
+    let outcome = reap::free(
+        &driver,
+        &scope,
+        &guard,
+        before.clone(),
+        options,
+        &mut |_| {},
+    );
+    let free_code = outcome.exit();
+    if text {
+        writeln!(out, "{}", report::free_outcome(&outcome))?;
+        writeln!(out, "$ echo $?\n{}\n", free_code.code())?;
+        writeln!(out, "$ gpureap status")?;
     }
+    let after = Snapshot::take(&driver);
+    if text {
+        writeln!(out, "{}", report::status_table(&after, &None))?;
+    }
+
+    let processes = staged(&incident, &before, &after, &outcome)?;
+    let driver_held = driver_held(&outcome);
+    let comparison = compare(&processes, &outcome, &driver_held);
+    let differences = differences(&processes, &outcome, &driver_held);
+    let code = if differences.is_empty() {
+        Exit::Success
+    } else {
+        Exit::StillHeld
+    };
+
+    if text {
+        for process in processes
+            .iter()
+            .filter(|p| p.role == Role::Detokenizer && p.alive_after_free)
+        {
+            writeln!(
+                out,
+                "Not in the tables: {} (pid {}) still runs. It holds no GPU, so no GPU scope reaches it;",
+                process.cmdline, process.pid
+            )?;
+            writeln!(
+                out,
+                "`gpureap free --pid {}` would end it. The demo ends it when it exits.\n",
+                process.pid
+            )?;
+        }
+        second_half(out, &driver_held, &processes)?;
+        comparison_text(out, &comparison, &processes)?;
+        if differences.is_empty() {
+            writeln!(
+                out,
+                "\nThe free above exited {}, as it would on the real box; the demo played out as designed.",
+                free_code.code()
+            )?;
+        } else {
+            writeln!(out, "\nThe demo did not play out as designed:")?;
+            for difference in &differences {
+                writeln!(out, "  - {difference}")?;
+            }
+        }
+    } else {
+        let parse = |text: String| serde_json::from_str(&text).map_err(io::Error::other);
+        let document = DemoJson {
+            schema_version: 1,
+            kind: "demo",
+            exit_code: code.code(),
+            as_designed: differences.is_empty(),
+            differences,
+            backend: before.backend.clone(),
+            demo_pid: std::process::id(),
+            processes,
+            status_before: parse(report::status_json(&before, &None))?,
+            free: parse(report::free_json(&outcome, free_code))?,
+            status_after: parse(report::status_json(&after, &None))?,
+            driver_held,
+            comparison,
+        };
+        writeln!(out, "{}", report::to_json(&document))?;
+    }
+    out.flush()?;
+    Ok(code)
+}
+
+/// On Ctrl-C (or SIGTERM, SIGHUP): every process the demo staged is killed
+/// and the simulated host removed before it exits, 128 + the signal. What
+/// was not recorded yet ends by itself when the demo exits (its lifeline).
+/// Returns where to put the simulated host's directory once it is made.
+fn clean_up_on_signals() -> io::Result<Arc<Mutex<Option<PathBuf>>>> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let made: Arc<Mutex<Option<PathBuf>>> = Arc::default();
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])?;
+    let dir = Arc::clone(&made);
+    std::thread::spawn(move || {
+        if let Some(signal) = signals.forever().next() {
+            let dir = dir.lock().ok().and_then(|dir| dir.clone());
+            if let Some(dir) = dir {
+                incident::kill_recorded(&dir);
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+            eprintln!("gpureap demo: interrupted; every process it started is gone");
+            std::process::exit(128 + signal);
+        }
+    });
+    Ok(made)
+}
+
+/// Every process the demo staged, from its records and the scans.
+fn staged(
+    incident: &Incident,
+    before: &Snapshot,
+    after: &Snapshot,
+    outcome: &FreeReport,
+) -> io::Result<Vec<Staged>> {
+    let mut processes = Vec::new();
+    for (pid, record) in incident.records()? {
+        let Some(role) = Role::of(&record) else {
+            continue;
+        };
+        let seen = before.processes.get(&pid);
+        let signals = outcome
+            .targets
+            .iter()
+            .find(|target| {
+                target.pid == pid && seen.is_some_and(|p| p.id.start_time == target.start_time)
+            })
+            .map(|target| {
+                target
+                    .signals
+                    .iter()
+                    .filter(|event| event.delivery == Delivery::Sent)
+                    .map(|event| event.signal.name())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let alive_after_free = seen.is_some_and(|then| {
+            after
+                .processes
+                .get(&pid)
+                .is_some_and(|now| now.id == then.id && !now.state.has_exited())
+        });
+        // The scan reads command lines of GPU users only; the launcher is gone.
+        let cmdline = match seen.map(|p| p.cmdline.clone()).filter(|c| !c.is_empty()) {
+            Some(cmdline) => cmdline,
+            None if role == Role::Launcher => launcher_cmdline(),
+            None => crate::proc::cmdline(pid),
+        };
+        processes.push(Staged {
+            role,
+            pid,
+            cmdline,
+            ppid: seen.map(|p| p.ppid),
+            pgid: seen.map(|p| p.pgid),
+            sid: seen.map(|p| p.sid),
+            device_nodes_open: seen.is_some_and(|p| !p.nodes.is_empty()),
+            gpu_memory: before
+                .gpus_used_by(pid)
+                .into_iter()
+                .filter_map(|gpu| before.memory_of(pid, gpu))
+                .sum(),
+            signals,
+            alive_after_free,
+        });
+    }
+    processes.sort_by(|a, b| (a.role, &a.cmdline).cmp(&(b.role, &b.cmdline)));
+    Ok(processes)
+}
+
+fn launcher_cmdline() -> String {
+    format!("{LAUNCHER} --model-path {MODEL} --tp {GPUS}")
+}
+
+fn driver_held(outcome: &FreeReport) -> Vec<DriverHeld> {
+    outcome
+        .gpus
+        .iter()
+        .flat_map(|gpu| {
+            gpu.reasons.iter().filter_map(|reason| match reason {
+                Reason::DriverHeld { bytes } => Some(DriverHeld {
+                    gpu: gpu.index,
+                    bytes: *bytes,
+                }),
+                _ => None,
+            })
+        })
+        .collect()
+}
+
+/// What fuser would have done, from who had the nodes open before the
+/// free, against what gpureap did.
+fn compare(processes: &[Staged], outcome: &FreeReport, held: &[DriverHeld]) -> Comparison {
+    let would_kill: Vec<&Staged> = processes.iter().filter(|p| p.device_nodes_open).collect();
+    let signalled: Vec<&Staged> = processes.iter().filter(|p| !p.signals.is_empty()).collect();
+    Comparison {
+        fuser: FuserPlay {
+            command: FUSER_COMMAND,
+            would_kill: would_kill.iter().map(|p| p.pid).collect(),
+            bystanders_killed: would_kill
+                .iter()
+                .filter(|p| p.role.bystander())
+                .map(|p| p.pid)
+                .collect(),
+            bystander_memory_lost: would_kill
+                .iter()
+                .filter(|p| p.role.bystander())
+                .map(|p| p.gpu_memory)
+                .sum(),
+            blind_wait_ms: FUSER_SLEEP.as_millis() as u64,
+            driver_held_noticed: false,
+        },
+        gpureap: GpureapPlay {
+            command: FREE_COMMAND,
+            signalled: outcome
+                .targets
+                .iter()
+                .filter(|target| target.signals.iter().any(|e| e.delivery == Delivery::Sent))
+                .map(|target| target.pid)
+                .collect(),
+            bystanders_signalled: signalled
+                .iter()
+                .filter(|p| p.role.bystander())
+                .map(|p| p.pid)
+                .collect(),
+            elapsed_ms: outcome.elapsed_ms,
+            freed: outcome
+                .gpus
+                .iter()
+                .filter_map(|gpu| {
+                    Some(FreedGpu {
+                        gpu: gpu.index,
+                        after_ms: gpu.freed_after_ms.filter(|_| gpu.freed)?,
+                    })
+                })
+                .collect(),
+            driver_held: held
+                .iter()
+                .map(|held| DriverHeld {
+                    gpu: held.gpu,
+                    bytes: held.bytes,
+                })
+                .collect(),
+            exit_code: outcome.exit().code(),
+        },
+    }
+}
+
+/// Where the replay differs from the incident it stages; empty when it does not.
+fn differences(processes: &[Staged], outcome: &FreeReport, held: &[DriverHeld]) -> Vec<String> {
+    let mut differences = Vec::new();
+    for process in processes {
+        let signalled = !process.signals.is_empty();
+        match process.role {
+            Role::Worker if !signalled || process.alive_after_free => differences.push(format!(
+                "worker {} was {}",
+                process.pid,
+                if signalled {
+                    "signalled but survived"
+                } else {
+                    "not signalled"
+                }
+            )),
+            Role::Notebook | Role::Exporter if signalled || !process.alive_after_free => {
+                differences.push(format!(
+                    "{} (pid {}) was {}",
+                    process.role.described(),
+                    process.pid,
+                    if signalled { "signalled" } else { "gone" }
+                ));
+            }
+            _ => {}
+        }
+    }
+    for gpu in &outcome.gpus {
+        if gpu.index != SHARED && !gpu.freed {
+            differences.push(format!("GPU {} was not verified free", gpu.index));
+        }
+    }
+    if !held
+        .iter()
+        .any(|held| held.gpu == SHARED && held.bytes == KEPT)
+    {
+        differences.push(format!(
+            "GPU {SHARED} was not reported with {} driver-held",
+            Bytes(KEPT)
+        ));
+    }
+    if outcome.exit() != Exit::StillHeld {
+        differences.push(format!("the free exited {}, not 1", outcome.exit().code()));
+    }
+    differences
+}
+
+/// The second half of the incident: memory held by no process.
+fn second_half(out: &mut dyn Write, held: &[DriverHeld], processes: &[Staged]) -> io::Result<()> {
+    for held in held {
+        let users: Vec<String> = processes
+            .iter()
+            .filter(|p| p.alive_after_free && p.gpu_memory > 0)
+            .map(|p| format!("{} (pid {})", p.role.described(), p.pid))
+            .collect();
+        writeln!(
+            out,
+            "The second half of the incident: GPU {gpu} keeps {bytes} that no process holds. The driver",
+            gpu = held.gpu,
+            bytes = Bytes(held.bytes)
+        )?;
+        writeln!(
+            out,
+            "kept it when the worker there exited. No kill can return it, so a second pass would not"
+        )?;
+        writeln!(
+            out,
+            "help: gpureap says so, and why, instead of calling the GPU free. What to do next:"
+        )?;
+        writeln!(
+            out,
+            "  - on a Slurm node: drain the node, so that no job is placed on GPU {} until it is",
+            held.gpu
+        )?;
+        writeln!(
+            out,
+            "    cleared (`gpureap slurm healthcheck` and `gpureap slurm epilog` are meant to do this);"
+        )?;
+        writeln!(
+            out,
+            "  - with `--reset` (of those commands): reset GPU {} once nothing uses it, or reboot{}",
+            held.gpu,
+            if users.is_empty() {
+                ".".to_string()
+            } else {
+                format!(";\n    here {} still uses it.", users.join(", "))
+            }
+        )?;
+    }
+    Ok(())
+}
+
+fn comparison_text(
+    out: &mut dyn Write,
+    comparison: &Comparison,
+    processes: &[Staged],
+) -> io::Result<()> {
+    let fuser = &comparison.fuser;
+    let gpureap = &comparison.gpureap;
+    let bystanders = |pids: &[u32]| -> String {
+        let names: Vec<String> = processes
+            .iter()
+            .filter(|p| p.role.bystander() && pids.contains(&p.pid))
+            .map(|p| match p.role {
+                Role::Notebook => format!("notebook {} ({})", p.pid, Bytes(p.gpu_memory)),
+                _ => format!("exporter {}", p.pid),
+            })
+            .collect();
+        format!(
+            "{}{}",
+            names.len(),
+            if names.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", names.join(", "))
+            }
+        )
+    };
+    writeln!(
+        out,
+        "\nInstead of `{FUSER_COMMAND}`, on the same host (listed from /proc, nothing run):"
+    )?;
+    let mut table = Table::new();
+    table.load_style(NOTHING);
+    table.set_header(vec!["", FUSER_COMMAND, "gpureap free --match sglang"]);
+    table.add_row(vec![
+        "processes killed".to_string(),
+        format!("{} (every one with a node open)", fuser.would_kill.len()),
+        format!("{} (the server's GPU holders)", gpureap.signalled.len()),
+    ]);
+    table.add_row(vec![
+        "bystanders killed".to_string(),
+        bystanders(&fuser.bystanders_killed),
+        if gpureap.bystanders_signalled.is_empty() {
+            "0: never signalled".to_string()
+        } else {
+            bystanders(&gpureap.bystanders_signalled)
+        },
+    ]);
+    let freed: BTreeSet<u32> = gpureap.freed.iter().map(|gpu| gpu.gpu).collect();
+    let slowest = gpureap
+        .freed
+        .iter()
+        .map(|gpu| gpu.after_ms)
+        .max()
+        .unwrap_or(0);
+    table.add_row(vec![
+        "time".to_string(),
+        format!(
+            "{} blind, then nothing checks",
+            Elapsed(Duration::from_millis(fuser.blind_wait_ms))
+        ),
+        format!(
+            "GPUs {} verified free in {}; done in {}",
+            GpuRanges(&freed),
+            Elapsed(Duration::from_millis(slowest)),
+            Elapsed(Duration::from_millis(gpureap.elapsed_ms))
+        ),
+    ]);
+    for held in &gpureap.driver_held {
+        table.add_row(vec![
+            format!("GPU {} driver-held", held.gpu),
+            format!("{}, unnoticed", Bytes(held.bytes)),
+            format!("{}, reported, with what to do", Bytes(held.bytes)),
+        ]);
+    }
+    writeln!(out, "{}", table.trim_fmt())
 }

@@ -19,6 +19,8 @@ use gpureap::snapshot::Snapshot;
 use gpureap::supervision::{self, Removal, StaleRun};
 
 fn main() -> ! {
+    // The demo's simulated processes are this binary under other command lines.
+    gpureap::driver::sim::stand_in::run_if_asked();
     let matches = Cli::command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.exit());
     // An explicit --backend goes to the hosts too; GPUREAP_BACKEND is this machine's.
@@ -58,7 +60,9 @@ fn main() -> ! {
         },
         Command::Run(args) => run(&cli.backend, args),
         Command::Push(args) => push(args),
-        Command::Demo => gpureap::demo::run(&mut io::stdout().lock()).map_err(anyhow::Error::from),
+        Command::Demo(args) => {
+            gpureap::demo::run(args, &mut io::stdout().lock()).map_err(anyhow::Error::from)
+        }
         Command::Exporter(args) => exporter(&cli.backend, args),
         Command::Check(args) => check(&cli.backend, args),
     };

@@ -719,30 +719,6 @@ fn dry_run_signals_nothing_and_shows_the_plan() {
 }
 
 #[test]
-fn the_demo_replays_the_incident_and_ends_freed() {
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_gpureap"))
-        .arg("demo")
-        .env_remove("GPUREAP_BACKEND")
-        .output()
-        .expect("demo runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert_eq!(output.status.code(), Some(0), "{stdout}");
-    for expected in [
-        "$ gpureap status --tree",
-        "sglang::scheduler_TP2",
-        "(orphaned)",
-        "SIGTERM,SIGSTOP,SIGKILL",
-        "GPU 3: freed",
-        "never signalled",
-    ] {
-        assert!(
-            stdout.contains(expected),
-            "missing {expected:?} in:\n{stdout}"
-        );
-    }
-}
-
-#[test]
 fn a_grace_as_long_as_the_timeout_still_verifies_after_the_kill() {
     let host = host(1);
     let mut incident = Incident::new(&host);

@@ -4,10 +4,14 @@
 //! tests use it.
 //!
 //! The demo and the test suite both stage their incidents here, so what the
-//! demo shows is what the tests check. Every process is a real bash or sleep
-//! process holding a descriptor on a simulated device node; titles are set
-//! with `exec -a`, as SGLang's setproctitle does. Everything an `Incident`
-//! started is killed when it is dropped, and nothing else.
+//! demo shows is what the tests check. Every process is real and holds
+//! descriptors on the simulated device nodes. `Incident::new` stages bash
+//! and sleep processes, titled with `exec -a` (argv[0] only: their command
+//! lines end in sleep's duration); `Incident::with_stand_ins` stages the
+//! gpureap binary as stand-ins (`stand_in`) under real command lines, with
+//! their own sessions where asked and driver-held memory left behind, as the
+//! demo does. Everything an `Incident` started is killed when it is dropped,
+//! and nothing else; stand-ins also end by themselves when their stager does.
 
 use std::fmt::Write as _;
 use std::fs;
@@ -16,6 +20,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use super::stand_in::{OnTerm, Spec};
 use crate::proc::{self, ProcessId};
 use crate::reap::{Sig, send};
 
@@ -72,6 +77,12 @@ pub struct Holder {
     /// Also open the control node, as every CUDA process and monitor does.
     pub control: bool,
     pub ignore_term: bool,
+    /// Bytes of its context on its first GPU that the driver keeps when it
+    /// exits on SIGTERM (driver-held memory). Stand-ins only.
+    pub keeps: Option<u64>,
+    /// Started in a session of its own and re-parented away from the stager,
+    /// as a notebook kernel or a service is. Stand-ins only.
+    pub own_session: bool,
 }
 
 impl Holder {
@@ -91,6 +102,38 @@ impl Holder {
     pub fn ignoring_sigterm(mut self) -> Holder {
         self.ignore_term = true;
         self
+    }
+
+    /// When it exits on SIGTERM, the driver keeps `bytes` of its context on
+    /// its first GPU, held by no process. Needs `Incident::with_stand_ins`.
+    pub fn leaving_driver_held(mut self, bytes: u64) -> Holder {
+        self.keeps = Some(bytes);
+        self
+    }
+
+    /// Started in a session of its own, not a child of the stager. Needs
+    /// `Incident::with_stand_ins`.
+    pub fn in_own_session(mut self) -> Holder {
+        self.own_session = true;
+        self
+    }
+
+    /// The stand-in that plays this holder on the host in `dir`; its title
+    /// is its command line, split at spaces. A stand-in always opens the
+    /// control node too, as every CUDA process and monitor does.
+    pub fn spec(&self, dir: &Path) -> Spec {
+        let on_term = match (self.ignore_term, self.keeps, self.gpus.first()) {
+            (true, _, _) => OnTerm::Ignore,
+            (false, Some(bytes), Some(&(gpu, _))) => OnTerm::Keep { gpu, bytes },
+            _ => OnTerm::Exit,
+        };
+        Spec {
+            nodes: true,
+            gpus: self.gpus.clone(),
+            on_term,
+            detached: self.own_session,
+            ..Spec::new(dir, &self.title)
+        }
     }
 
     /// A bash fragment that runs this holder in the current (sub)shell: writes
@@ -125,6 +168,19 @@ impl Holder {
 
 /// The launcher's title in `Incident::sglang`.
 pub const LAUNCHER: &str = "python3 -m sglang.launch_server";
+/// The model on the launcher's command line.
+pub const MODEL: &str = "meta-llama/Llama-3.1-70B-Instruct";
+/// The detokenizer's title in `Incident::sglang`.
+pub const DETOKENIZER: &str = "sglang::detokenizer";
+
+/// The gpureap binary playing the processes, and the lifeline they read.
+struct StandIns {
+    exe: PathBuf,
+    /// The only writer of the stand-ins' stdin: when it closes (this process
+    /// ends or the incident is dropped) they read end-of-file and exit.
+    _lifeline: io::PipeWriter,
+    reader: io::PipeReader,
+}
 
 /// Real processes staged on a simulated host. Dropping it SIGKILLs every
 /// process it recorded (by identity, so a recycled PID is never hit).
@@ -135,6 +191,7 @@ pub struct Incident {
     expected: usize,
     /// Identities captured as soon as each process was running under its title.
     owned: Vec<ProcessId>,
+    stand_ins: Option<StandIns>,
 }
 
 impl Incident {
@@ -144,7 +201,53 @@ impl Incident {
             children: Vec::new(),
             expected: 0,
             owned: Vec::new(),
+            stand_ins: None,
         }
+    }
+
+    /// An incident whose processes are `exe`, the gpureap binary, as
+    /// stand-ins (`stand_in`): real command lines, no stray arguments, own
+    /// sessions and driver-held memory where a `Holder` asks for them. Their
+    /// errors go to `DIR/stand-ins.log`.
+    pub fn with_stand_ins(host: &SimHost, exe: &Path) -> io::Result<Incident> {
+        let (reader, lifeline) = io::pipe()?;
+        let mut incident = Incident::new(host);
+        incident.stand_ins = Some(StandIns {
+            exe: exe.to_path_buf(),
+            _lifeline: lifeline,
+            reader,
+        });
+        Ok(incident)
+    }
+
+    /// Starts a stand-in (and, through it, its children) and returns once
+    /// `records` processes more are running under their titles.
+    fn spawn_stand_in(&mut self, spec: &Spec, records: usize, own_group: bool) -> io::Result<u32> {
+        let stand_ins = self
+            .stand_ins
+            .as_ref()
+            .ok_or_else(|| io::Error::other("this incident stages no stand-ins"))?;
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("stand-ins.log"))?;
+        let mut command = spec.command(&stand_ins.exe, stand_ins.reader.try_clone()?.into())?;
+        command.stderr(log);
+        if own_group {
+            std::os::unix::process::CommandExt::process_group(&mut command, 0);
+        }
+        let mut child = command.spawn()?;
+        let pid = child.id();
+        if spec.detached {
+            // It exits as soon as it has started the real one.
+            child.wait()?;
+        } else {
+            self.children.push(child);
+        }
+        let earlier = self.expected;
+        self.expected += records;
+        self.wait_ready(earlier)?;
+        Ok(pid)
     }
 
     /// Runs a bash script with `$D` set to the host's directory. `records` is
@@ -178,9 +281,21 @@ impl Incident {
         Ok(pid)
     }
 
-    /// Starts one holder as a direct child of the calling process.
+    /// Starts one holder: with bash, a direct child of the calling process;
+    /// as a stand-in, one too unless it is `in_own_session`.
     pub fn holder(&mut self, holder: &Holder) -> io::Result<u32> {
-        self.spawn(&holder.script(), 1)?;
+        if self.stand_ins.is_some() {
+            let spec = holder.spec(&self.dir);
+            self.spawn_stand_in(&spec, 1, false)?;
+        } else {
+            if holder.keeps.is_some() || holder.own_session {
+                return Err(io::Error::other(format!(
+                    "{}: driver-held memory and own sessions need Incident::with_stand_ins",
+                    holder.title
+                )));
+            }
+            self.spawn(&holder.script(), 1)?;
+        }
         self.pid_of(&holder.title)
     }
 
@@ -189,16 +304,36 @@ impl Incident {
     /// that holds no GPU, all in the launcher's process group, which it leads
     /// as a job started from a shell does. Returns the launcher's PID.
     pub fn sglang(&mut self, workers: &[Holder]) -> io::Result<u32> {
+        if self.stand_ins.is_some() {
+            let mut children: Vec<Spec> = workers
+                .iter()
+                .map(|worker| Spec {
+                    detached: false,
+                    ..worker.spec(&self.dir)
+                })
+                .collect();
+            children.push(Spec::new(&self.dir, DETOKENIZER));
+            let launcher = Spec {
+                record: LAUNCHER.to_string(),
+                children,
+                ..Spec::new(
+                    &self.dir,
+                    &format!("{LAUNCHER} --model-path {MODEL} --tp {}", workers.len()),
+                )
+            };
+            return self.spawn_stand_in(&launcher, workers.len() + 2, true);
+        }
         let mut script = format!("echo \"$$ {LAUNCHER}\" >> \"$D/pids\"; ");
         for worker in workers {
             let _ = write!(script, "( {} ) & ", worker.script());
         }
-        script.push_str(
-            "( echo \"$BASHPID sglang::detokenizer\" >> \"$D/pids\"; exec -a 'sglang::detokenizer' sleep 100000 ) & ",
+        let _ = write!(
+            script,
+            "( echo \"$BASHPID {DETOKENIZER}\" >> \"$D/pids\"; exec -a '{DETOKENIZER}' sleep 100000 ) & ",
         );
         let _ = write!(
             script,
-            "exec -a '{LAUNCHER} --model-path meta-llama/Llama-3.1-70B-Instruct --tp {}' sleep 100000",
+            "exec -a '{LAUNCHER} --model-path {MODEL} --tp {}' sleep 100000",
             workers.len()
         );
         self.spawn_in_group(&script, workers.len() + 2, true)
@@ -234,14 +369,7 @@ impl Incident {
 
     /// Every (PID, title) recorded so far, in order.
     pub fn records(&self) -> io::Result<Vec<(u32, String)>> {
-        let text = fs::read_to_string(self.dir.join("pids")).unwrap_or_default();
-        Ok(text
-            .lines()
-            .filter_map(|line| {
-                let (pid, title) = line.split_once(' ')?;
-                Some((pid.parse().ok()?, title.to_string()))
-            })
-            .collect())
+        Ok(records_in(&self.dir))
     }
 
     /// Waits until every expected record is there and each process recorded
@@ -254,10 +382,9 @@ impl Incident {
             let records = self.records()?;
             let ready = records.len() >= self.expected
                 && records.iter().skip(earlier).all(|(pid, title)| {
-                    let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
                     // Gone already (a zombie child, a killed worker) counts as settled; an
                     // empty command line alone does not: it is also what an exec in progress shows.
-                    cmdline.starts_with(title.as_bytes())
+                    runs_as(*pid, title)
                         || proc::identity(*pid)
                             .and_then(proc::state_of)
                             .is_none_or(proc::State::has_exited)
@@ -273,8 +400,15 @@ impl Incident {
                 return Ok(());
             }
             if Instant::now() > deadline {
+                let log = fs::read_to_string(self.dir.join("stand-ins.log")).unwrap_or_default();
                 return Err(io::Error::other(format!(
-                    "staged processes did not start within 20s: {records:?}"
+                    "staged processes did not start within 20s: {records:?}{}{}",
+                    if log.is_empty() {
+                        ""
+                    } else {
+                        "; stand-ins said: "
+                    },
+                    log.trim()
                 )));
             }
             std::thread::sleep(Duration::from_millis(5));
@@ -282,43 +416,125 @@ impl Incident {
     }
 }
 
+/// Whether `pid`'s command line, its arguments joined by spaces, starts with `title`.
+fn runs_as(pid: u32, title: &str) -> bool {
+    let mut cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    for byte in &mut cmdline {
+        if *byte == 0 {
+            *byte = b' ';
+        }
+    }
+    cmdline.starts_with(title.as_bytes())
+}
+
 /// The identity of `pid` if it still runs under `title`.
 fn titled(pid: u32, title: &str) -> Option<ProcessId> {
     let id = proc::identity(pid)?;
-    let cmdline = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-    cmdline.starts_with(title.as_bytes()).then_some(id)
+    runs_as(pid, title).then_some(id)
+}
+
+/// SIGKILLs every process recorded in `DIR/pids` that still runs under its
+/// title, until none is left: what a stager that is being interrupted (and
+/// cannot reach its `Incident`) does before it exits. Stand-ins not recorded
+/// yet end by themselves when the stager exits (their lifeline).
+pub fn kill_recorded(dir: &Path) {
+    kill_until_gone(dir, &[]);
+}
+
+/// SIGKILLs `owned` and every process recorded in `DIR/pids` that still runs
+/// under its title, until a pass finds nothing alive: a parent killed in one
+/// pass may have respawned a worker just before. Processes recorded after
+/// the last wait are only killed while they still carry their title, so a
+/// recycled PID is never hit.
+fn kill_until_gone(dir: &Path, owned: &[ProcessId]) {
+    for _ in 0..100 {
+        let late = records_in(dir)
+            .into_iter()
+            .filter_map(|(pid, title)| titled(pid, &title));
+        let alive: Vec<ProcessId> = owned
+            .iter()
+            .copied()
+            .chain(late)
+            .filter(|id| proc::state_of(*id).is_some_and(|state| !state.has_exited()))
+            .collect();
+        if alive.is_empty() {
+            break;
+        }
+        for id in alive {
+            send(id, Sig::Kill);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Every (PID, title) recorded in `DIR/pids`, in order.
+fn records_in(dir: &Path) -> Vec<(u32, String)> {
+    let text = fs::read_to_string(dir.join("pids")).unwrap_or_default();
+    text.lines()
+        .filter_map(|line| {
+            let (pid, title) = line.split_once(' ')?;
+            Some((pid.parse().ok()?, title.to_string()))
+        })
+        .collect()
 }
 
 impl Drop for Incident {
     fn drop(&mut self) {
-        // Until a pass finds nothing alive: a parent killed in one pass may
-        // have respawned a worker just before. Processes recorded after the
-        // last wait are only killed while they still carry their title, so a
-        // recycled PID is never hit.
-        for _ in 0..100 {
-            let late = self
-                .records()
-                .unwrap_or_default()
-                .into_iter()
-                .filter_map(|(pid, title)| titled(pid, &title));
-            let alive: Vec<ProcessId> = self
-                .owned
-                .iter()
-                .copied()
-                .chain(late)
-                .filter(|id| proc::state_of(*id).is_some_and(|state| !state.has_exited()))
-                .collect();
-            if alive.is_empty() {
-                break;
-            }
-            for id in alive {
-                send(id, Sig::Kill);
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        kill_until_gone(&self.dir, &self.owned);
         for child in &mut self.children {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_holder_becomes_the_stand_in_that_plays_it() {
+        let dir = Path::new("/sim");
+        let spec = Holder::new("python3 -m ipykernel_launcher -f k.json")
+            .on(3, 6 << 30)
+            .in_own_session()
+            .spec(dir);
+        assert_eq!(
+            spec.argv,
+            ["python3", "-m", "ipykernel_launcher", "-f", "k.json"]
+        );
+        assert_eq!(spec.record, "python3 -m ipykernel_launcher -f k.json");
+        assert_eq!(spec.gpus, [(3, 6 << 30)]);
+        assert!(spec.nodes && spec.detached && !spec.new_session);
+        assert_eq!(spec.on_term, OnTerm::Exit);
+
+        let keeper = Holder::new("sglang::scheduler_TP3")
+            .on(3, 100)
+            .leaving_driver_held(92);
+        assert_eq!(keeper.spec(dir).on_term, OnTerm::Keep { gpu: 3, bytes: 92 });
+        // Ignoring SIGTERM means it never exits on it, so nothing is left behind then.
+        assert_eq!(keeper.ignoring_sigterm().spec(dir).on_term, OnTerm::Ignore);
+        // A monitor has no context to leave behind.
+        assert_eq!(
+            Holder::new("nvidia-smi")
+                .leaving_driver_held(92)
+                .spec(dir)
+                .on_term,
+            OnTerm::Exit
+        );
+    }
+
+    #[test]
+    fn bash_incidents_refuse_what_only_stand_ins_can_do() {
+        let host = SimHost::new(1, 1 << 30, "Simulated").expect("host");
+        let mut incident = Incident::new(&host);
+        for holder in [
+            Holder::new("a").on(0, 1).leaving_driver_held(1),
+            Holder::new("b").in_own_session(),
+        ] {
+            let error = incident.holder(&holder).expect_err("refused");
+            assert!(error.to_string().contains("with_stand_ins"), "{error}");
+        }
+        assert!(incident.records().expect("records").is_empty());
     }
 }

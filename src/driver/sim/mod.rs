@@ -18,6 +18,7 @@
 //! that is not what it should be is an error naming it, never a default.
 
 pub mod incident;
+pub mod stand_in;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::fd::{AsFd, OwnedFd};
