@@ -42,10 +42,10 @@ BUDGET_S = 240
 
 
 class Validation:
-    def __init__(self, args):
+    def __init__(self, args, log_name="validate.log"):
         self.bin = args.binary
         self.requested = args.gpu
-        self.r = gv.Report(args.out, "validate.log")
+        self.r = gv.Report(args.out, log_name)
         self.tag = gv.new_tag()
         # The tag is in every path this run uses, so in every command line it
         # starts: --match on it reaches this run's processes and nothing else.

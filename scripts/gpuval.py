@@ -59,11 +59,14 @@ def parse_gpu_list(text):
     return sorted(indices)
 
 
-def parse_args(argv, description):
+def parse_args(argv, description, extra=None):
+    """The scripts' arguments; `extra(parser)` adds a script's own."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("binary", nargs="?", default=str(ROOT / "target/release/gpureap"), help="the gpureap binary")
     parser.add_argument("--gpu", default=None, help="GPUs to use: 0,1 or 0-3 or all (default: every GPU no other process uses)")
     parser.add_argument("--out", default=None, help="write the log, every gpureap command and its output here")
+    if extra:
+        extra(parser)
     args = parser.parse_args(argv)
     args.binary = str(Path(args.binary).resolve())
     args.gpu = parse_gpu_list(args.gpu)
@@ -538,3 +541,121 @@ def rank_in(cmdline):
     """A fake SGLang worker's rank, from its title `sglang::scheduler_TP{r}`; None for anything else."""
     found = re.match(r"sglang::scheduler_TP(\d+)\b", cmdline or "")
     return int(found.group(1)) if found else None
+
+
+# ---------------------------------------------------------------- ssh, metrics, fleet
+
+# ssh's options that take a value (ssh(1)); every other option is a flag.
+SSH_VALUE_OPTIONS = set("BbcDEeFIiJLlmOopQRSWw")
+
+
+def ssh_remote_command(argv):
+    """ssh's arguments -> (host, the remote command): options (`-o X`,
+    `-oX`, `-T`, `-F FILE`...) dropped, the first other word the host, the
+    rest joined by spaces, as ssh joins them for the remote shell. Raises
+    ValueError on a missing host or a missing option value."""
+    at = 0
+    while at < len(argv):
+        word = argv[at]
+        if word == "--":
+            at += 1
+            break
+        if not word.startswith("-") or word == "-":
+            break
+        flags = word[1:]
+        for position, letter in enumerate(flags):
+            if letter in SSH_VALUE_OPTIONS:
+                if position == len(flags) - 1:  # `-o X`: the value is the next word
+                    at += 1
+                    if at >= len(argv):
+                        raise ValueError(f"ssh option -{letter} needs a value")
+                break  # `-oX`: the rest of the word is the value
+        at += 1
+    if at >= len(argv):
+        raise ValueError("no host given")
+    return argv[at], " ".join(argv[at + 1:])
+
+
+def remote_env(environ):
+    """The environment a command gets on a host over ssh, here: this one,
+    less gpureap's own settings (GPUREAP_BACKEND, GPUREAP_SSH...: ssh does not
+    carry them, docs/fleet.md), keeping the run's tag so that whatever is
+    started is still found and cleaned up."""
+    return {key: value for key, value in environ.items() if not key.startswith("GPUREAP_") or key == TAG_VAR}
+
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+\S+)?$")
+_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(?:,|$)')
+_ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+
+
+def parse_metrics(text):
+    """Prometheus' text format (or OpenMetrics) -> [(name, {label: value}, float)].
+    Comments, blank lines and `# EOF` are skipped; a line that is not a
+    sample raises ValueError."""
+    samples = []
+    for line in text.splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        found = _SAMPLE.match(line.strip())
+        if not found:
+            raise ValueError(f"not a sample: {line!r}")
+        name, body, value = found.groups()
+        labels, at = {}, 0
+        body = body or ""
+        while at < len(body):
+            label = _LABEL.match(body, at)
+            if not label or label.end() == at:
+                raise ValueError(f"bad labels in {line!r}")
+            labels[label.group(1)] = re.sub(r'\\[\\"n]', lambda m: _ESCAPES[m.group(0)], label.group(2))
+            at = label.end()
+        samples.append((name, labels, float(value)))
+    return samples
+
+
+def metric_values(samples, name, **labels):
+    """The values of `name`'s samples whose labels include `labels`."""
+    return [value for sample, have, value in samples if sample == name and all(have.get(k) == str(v) for k, v in labels.items())]
+
+
+def metric(samples, name, **labels):
+    """The one value of `name` with `labels`; None when there is none or more than one."""
+    values = metric_values(samples, name, **labels)
+    return values[0] if len(values) == 1 else None
+
+
+def fleet_hosts(document):
+    """A fleet document -> {host: (exit_code, report or None, error or None)}."""
+    return {h.get("host"): (h.get("exit_code"), h.get("report"), h.get("error")) for h in document.get("hosts", [])}
+
+
+def status_differences(mine, theirs, pids):
+    """What differs between two `status --json` documents taken of the same
+    host moments apart: GPUs (index, name, total, used within SLACK), and for
+    each PID the GPUs the driver lists it on and its memory there (within
+    SLACK). Returns a list of problems (empty: they agree)."""
+    problems = []
+
+    def gpus(status):
+        return {gpu.get("index"): gpu for gpu in status.get("gpus", [])}
+
+    a, b = gpus(mine), gpus(theirs)
+    if sorted(a) != sorted(b):
+        problems.append(f"GPUs {sorted(a)} vs {sorted(b)}")
+    for index in sorted(set(a) & set(b)):
+        for key in ("name", "memory_total", "error"):
+            if a[index].get(key) != b[index].get(key):
+                problems.append(f"GPU {index} {key}: {a[index].get(key)!r} vs {b[index].get(key)!r}")
+        used = (a[index].get("memory_used"), b[index].get("memory_used"))
+        if None in used and used[0] != used[1] or None not in used and abs(used[0] - used[1]) > SLACK:
+            problems.append(f"GPU {index} memory_used: {used[0]} vs {used[1]}")
+    for pid in pids:
+        listed = (listed_by_driver_on(mine, pid), listed_by_driver_on(theirs, pid))
+        if listed[0] != listed[1]:
+            problems.append(f"PID {pid} listed on GPUs {listed[0]} vs {listed[1]}")
+            continue
+        for index in listed[0]:
+            memory = (holder_memory(mine, pid, index), holder_memory(theirs, pid, index))
+            if None in memory or abs(memory[0] - memory[1]) > SLACK:
+                problems.append(f"PID {pid} on GPU {index}: {memory[0]} vs {memory[1]} bytes")
+    return problems

@@ -3,9 +3,11 @@
     python3 -m unittest discover -s scripts
 """
 
+import json
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import unittest
@@ -187,6 +189,91 @@ class Processes(unittest.TestCase):
             finally:
                 bystander.kill()
                 bystander.wait()
+
+
+class Watch(unittest.TestCase):
+    """The helpers of scripts/gpu_watch_validate.py and scripts/fake_ssh.py."""
+
+    def test_ssh_arguments_as_gpureap_passes_them(self):
+        argv = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-T", "gpu01", "gpureap status --json"]
+        self.assertEqual(gv.ssh_remote_command(argv), ("gpu01", "gpureap status --json"))
+        # Options glued to their value, flags grouped, a config file, words joined as ssh joins them.
+        argv = ["-oBatchMode=yes", "-F", "/x/ssh config", "-qT", "-p22", "root@h", "echo", "a b"]
+        self.assertEqual(gv.ssh_remote_command(argv), ("root@h", "echo a b"))
+        self.assertEqual(gv.ssh_remote_command(["--", "h", "-o"]), ("h", "-o"))
+        self.assertEqual(gv.ssh_remote_command(["h"]), ("h", ""))
+        for bad in ([], ["-T"], ["-o"], ["-o", "X"]):
+            with self.assertRaises(ValueError):
+                gv.ssh_remote_command(bad)
+
+    def test_remote_env_drops_gpureaps_settings_but_keeps_the_tag(self):
+        env = {"PATH": "/bin", "GPUREAP_BACKEND": "sim:/x", "GPUREAP_SSH": "ssh", gv.TAG_VAR: "gv1", "GPUREAPX": "y"}
+        self.assertEqual(gv.remote_env(env), {"PATH": "/bin", gv.TAG_VAR: "gv1", "GPUREAPX": "y"})
+
+    def test_fake_ssh_runs_the_remote_command_here(self):
+        """A real run of scripts/fake_ssh.py: options dropped, stdin and the exit code passed through, the call logged."""
+        with tempfile.TemporaryDirectory() as work:
+            log = Path(work) / "ssh.log"
+            done = subprocess.run(
+                [sys.executable, str(Path(gv.__file__).parent / "fake_ssh.py"), "--log", str(log), "-o", "BatchMode=yes",
+                 "-o", "ConnectTimeout=3", "-T", "gpuhost", "read -r line; echo \"got $line ${GPUREAP_BACKEND:-unset}\"; exit 7"],
+                input="hello\n", stdout=subprocess.PIPE, text=True, env=dict(os.environ, GPUREAP_BACKEND="sim:/nowhere"))
+            self.assertEqual((done.returncode, done.stdout), (7, "got hello unset\n"))
+            self.assertTrue(log.read_text().startswith("gpuhost\tread -r line"))
+            done = subprocess.run([sys.executable, str(Path(gv.__file__).parent / "fake_ssh.py"), "-T"], stderr=subprocess.PIPE, text=True)
+            self.assertEqual(done.returncode, 255)  # its own failure, as ssh's
+            self.assertIn("no host", done.stderr)
+
+    def test_metrics(self):
+        text = (
+            "# HELP gpureap_gpu_memory_used_bytes Memory in use.\n"
+            "# TYPE gpureap_gpu_memory_used_bytes gauge\n"
+            'gpureap_gpu_memory_used_bytes{gpu="0",uuid="GPU-a"} 4.5e9\n'
+            'gpureap_gpu_memory_used_bytes{gpu="1",uuid="GPU-b"} 0\n'
+            'gpureap_driver_up{backend="nvml"} 1\n'
+            'gpureap_process_gpu_memory_bytes{pid="7",comm="a \\"b\\" {c}, d\\\\",gpu="1"} 12 1700000000000\n'
+            "gpureap_scans_total 3\n"
+            "# EOF\n"
+        )
+        samples = gv.parse_metrics(text)
+        self.assertEqual(len(samples), 5)
+        self.assertEqual(gv.metric(samples, "gpureap_gpu_memory_used_bytes", gpu=0), 4.5e9)
+        self.assertEqual(gv.metric(samples, "gpureap_gpu_memory_used_bytes", gpu="1"), 0)
+        self.assertIsNone(gv.metric(samples, "gpureap_gpu_memory_used_bytes"))  # two samples: not one value
+        self.assertEqual(sorted(gv.metric_values(samples, "gpureap_gpu_memory_used_bytes")), [0, 4.5e9])
+        self.assertIsNone(gv.metric(samples, "gpureap_gpu_memory_used_bytes", gpu=2))
+        self.assertEqual(gv.metric(samples, "gpureap_driver_up", backend="nvml"), 1)
+        self.assertEqual(gv.metric(samples, "gpureap_scans_total"), 3)
+        [(_, labels, value)] = [sample for sample in samples if sample[0] == "gpureap_process_gpu_memory_bytes"]
+        self.assertEqual((labels["comm"], labels["gpu"], value), ('a "b" {c}, d\\', "1", 12))
+        for bad in ("gpureap_x{gpu=0} 1\n", "gpureap_x{gpu=\"0\"}\n", "{} 1\n"):
+            with self.assertRaises(ValueError):
+                gv.parse_metrics(bad)
+
+    def test_fleet_hosts(self):
+        document = {"kind": "fleet", "hosts": [
+            {"host": "a", "exit_code": 0, "error": None, "report": {"kind": "status"}},
+            {"host": "b", "exit_code": 3, "error": "ssh: connect to host b port 22: Connection refused", "report": None}]}
+        self.assertEqual(gv.fleet_hosts(document), {"a": (0, {"kind": "status"}, None),
+                                                   "b": (3, None, "ssh: connect to host b port 22: Connection refused")})
+        self.assertEqual(gv.fleet_hosts({}), {})
+
+    def test_status_differences(self):
+        mine = status_doc()
+        for gpu, used in zip(mine["gpus"], (8 * GIB, 4 * GIB)):
+            gpu["memory_used"] = used
+        self.assertEqual(gv.status_differences(mine, mine, [10, 11, 12]), [])
+        theirs = json.loads(json.dumps(mine))
+        theirs["gpus"][1]["memory_used"] += 100 * gv.MIB  # within the slack
+        self.assertEqual(gv.status_differences(mine, theirs, [10, 11]), [])
+        theirs["gpus"][0]["name"] = "H100"
+        theirs["gpus"][1]["memory_used"] = None
+        theirs["gpus"][0]["processes"][0]["listed_by_driver"] = False  # 10 listed nowhere
+        theirs["holders"][1]["gpus"][1]["memory"] = 5 * GIB
+        self.assertEqual(gv.status_differences(mine, theirs, [10, 11]), [
+            "GPU 0 name: 'H200' vs 'H100'", f"GPU 1 memory_used: {4 * GIB} vs None",
+            "PID 10 listed on GPUs [0] vs []", f"PID 11 on GPU 1: {4 * GIB} vs {5 * GIB} bytes"])
+        self.assertEqual(gv.status_differences(mine, {"gpus": []}, [])[0], "GPUs [0, 1] vs []")
 
 
 if __name__ == "__main__":
