@@ -76,7 +76,8 @@ pub fn gone(supervisor: u32, started_by: Option<u64>) -> Option<String> {
     if now.state.has_exited() {
         return Some(exited);
     }
-    if now.comm != "gpureap" {
+    // `gpureap`, or a build named for its platform (`gpureap-x86_64-linux-glibc2.17`).
+    if !now.comm.starts_with("gpureap") {
         return Some(format!(
             "{exited}; PID {supervisor} is now {}, not gpureap",
             now.comm
@@ -383,9 +384,48 @@ mod tests {
     fn a_supervisor_is_alive_only_as_a_gpureap_older_than_what_it_started() {
         let me = std::process::id();
         let my_start = proc::start_time(me).expect("own start time");
-        // This test binary is not named gpureap.
-        let gone_why = gone(me, Some(my_start)).expect("not gpureap");
-        assert!(gone_why.contains("not gpureap"), "{gone_why}");
+        // This test binary is named gpureap-<hash>: a gpureap, as old as itself.
+        assert_eq!(gone(me, Some(my_start)), None);
+        let younger = gone(me, Some(my_start.saturating_sub(1))).expect("younger");
+        assert!(younger.contains("started after"), "{younger}");
+        let mut sleep = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("sleep");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while proc::glance(sleep.id()).is_none_or(|glance| glance.comm != "sleep") {
+            assert!(Instant::now() < deadline, "exec did not happen");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let gone_why = gone(sleep.id(), None);
+        let _ = sleep.kill();
+        let _ = sleep.wait();
+        let gone_why = gone_why.expect("not gpureap");
+        assert!(gone_why.contains("is now sleep, not gpureap"), "{gone_why}");
         assert!(gone(u32::MAX, None).is_some_and(|why| why.ends_with("has exited")));
+    }
+
+    /// A build named for its platform is still gpureap: its comm is the
+    /// file's name, cut to 15 bytes.
+    #[test]
+    fn a_supervisor_renamed_for_its_platform_still_supervises() {
+        let dir = tempfile::tempdir().expect("dir");
+        let copy = dir.path().join("gpureap-x86_64-linux-glibc2.17");
+        fs::copy("/bin/sleep", &copy).expect("copy sleep");
+        let mut child = std::process::Command::new(&copy)
+            .arg("30")
+            .spawn()
+            .expect("spawn");
+        let pid = child.id();
+        // Until the exec has happened, its comm is the test binary's.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while proc::glance(pid).is_none_or(|glance| glance.comm != "gpureap-x86_64-") {
+            assert!(Instant::now() < deadline, "exec did not happen");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let verdict = gone(pid, None);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(verdict, None);
     }
 }
