@@ -32,6 +32,8 @@ fn main() -> ! {
         Command::Wait(args) => wait(&cli.backend, args),
         Command::Run(args) => run(&cli.backend, args),
         Command::Demo => gpureap::demo::run(&mut io::stdout().lock()).map_err(anyhow::Error::from),
+        Command::Slurm(command) => slurm(&cli.backend, command),
+        Command::Reset(args) => reset(&cli.backend, args),
     };
     tracing::debug!("command done");
     exit_code(result).exit()
@@ -278,4 +280,26 @@ fn run(backend: &BackendChoice, args: &RunArgs) -> anyhow::Result<Exit> {
     let config = config::run(args)?;
     let driver = open_driver(backend)?;
     Ok(gpureap::run::supervise(&config, driver.as_ref())?)
+}
+
+fn slurm(backend: &BackendChoice, command: &gpureap::cli::SlurmCommand) -> anyhow::Result<Exit> {
+    Ok(gpureap::slurm::main(backend, command))
+}
+
+fn reset(backend: &BackendChoice, args: &gpureap::cli::ResetArgs) -> anyhow::Result<Exit> {
+    let driver = open_driver(backend)?;
+    let gpus = config::gpus(&args.gpu, gpu_count(driver.as_ref()))?.unwrap_or_default();
+    if gpus.is_empty() {
+        return Err(UsageError(
+            "--gpu names no GPU: the driver reports none on this host (see `gpureap status`)"
+                .to_string(),
+        )
+        .into());
+    }
+    let outcomes: Vec<_> = gpus
+        .iter()
+        .map(|&index| gpureap::reset::reset(driver.as_ref(), index))
+        .collect();
+    emit(&outcomes.iter().map(|outcome| format!("{outcome}\n")).collect::<String>())?;
+    Ok(gpureap::reset::exit(&outcomes))
 }
