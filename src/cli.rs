@@ -163,7 +163,8 @@ Examples:
     Slurm(SlurmCommand),
 
     /// Reset GPUs whose memory no process holds (driver-held); refused while any process uses one.
-    #[command(after_help = "A reset is refused while any process has the GPU's device node open
+    #[command(
+        after_help = "A reset is refused while any process has the GPU's device node open
 (a CUDA process, nvidia-smi, an exporter): free it first. The result is checked
 through the driver.
 
@@ -172,7 +173,8 @@ Examples:
   gpureap --backend sim:/tmp/gpus reset --gpu 0,1
 
 Exit codes: 0 reset (or nothing to clear), 1 refused or still held after the reset,
-2 bad usage, 3 the driver could not reset or check the GPU.")]
+2 bad usage, 3 the driver could not reset or check the GPU."
+    )]
     Reset(ResetArgs),
 }
 
@@ -180,7 +182,8 @@ Exit codes: 0 reset (or nothing to clear), 1 refused or still held after the res
 #[derive(Debug, Subcommand)]
 pub enum SlurmCommand {
     /// Epilog=: free what the ended job left on its GPUs; drain the node if they stay held.
-    #[command(after_help = "Reads SLURM_JOB_ID, SLURM_JOB_UID, SLURM_JOB_GPUS (else CUDA_VISIBLE_DEVICES)
+    #[command(
+        after_help = "Reads SLURM_JOB_ID, SLURM_JOB_UID, SLURM_JOB_GPUS (else CUDA_VISIBLE_DEVICES)
 and SLURMD_NODENAME, as slurmd sets them. The job's processes (its uid, or
 SLURM_JOB_ID=<id> in their environment) that use its GPUs are freed with their
 descendants; root's daemons, monitors and other users' processes never are.
@@ -191,24 +194,29 @@ Examples (slurm.conf: Epilog=/etc/slurm/gpureap-epilog.sh, see contrib/slurm/):
   gpureap slurm epilog
   gpureap slurm epilog --reset --log /var/log/gpureap/slurm.jsonl
   SLURM_JOB_ID=42 SLURM_JOB_UID=1000 SLURM_JOB_GPUS=0,1 SLURMD_NODENAME=$(hostname -s) \\
-      gpureap slurm epilog --dry-run")]
+      gpureap slurm epilog --dry-run"
+    )]
     Epilog(SlurmEpilogArgs),
 
     /// Prolog=: the job's GPUs must be clean before it starts, else drain (Slurm requeues the job).
-    #[command(after_help = "Clean means: no process uses the GPU and no memory beyond the driver's
+    #[command(
+        after_help = "Clean means: no process uses the GPU and no memory beyond the driver's
 bookkeeping is held. A release in progress is waited for up to --wait.
 
 Examples (slurm.conf: Prolog=/etc/slurm/gpureap-prolog.sh):
   gpureap slurm prolog
-  gpureap slurm prolog --wait 5s --log /var/log/gpureap/slurm.jsonl")]
+  gpureap slurm prolog --wait 5s --log /var/log/gpureap/slurm.jsonl"
+    )]
     Prolog(SlurmPrologArgs),
 
     /// HealthCheckProgram=: drain the node when memory is held by no running job's process or by
     /// no process; resume a node gpureap drained once it is clean (never an admin's drain).
-    #[command(after_help = "Examples (slurm.conf: HealthCheckProgram=/etc/slurm/gpureap-healthcheck.sh):
+    #[command(
+        after_help = "Examples (slurm.conf: HealthCheckProgram=/etc/slurm/gpureap-healthcheck.sh):
   gpureap slurm healthcheck
   gpureap slurm healthcheck --reset --node gpu-node-07
-  gpureap slurm healthcheck --dry-run")]
+  gpureap slurm healthcheck --dry-run"
+    )]
     Healthcheck(SlurmHealthcheckArgs),
 }
 

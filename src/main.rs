@@ -300,6 +300,11 @@ fn reset(backend: &BackendChoice, args: &gpureap::cli::ResetArgs) -> anyhow::Res
         .iter()
         .map(|&index| gpureap::reset::reset(driver.as_ref(), index))
         .collect();
-    emit(&outcomes.iter().map(|outcome| format!("{outcome}\n")).collect::<String>())?;
+    emit(
+        &outcomes
+            .iter()
+            .map(|outcome| format!("{outcome}\n"))
+            .collect::<String>(),
+    )?;
     Ok(gpureap::reset::exit(&outcomes))
 }

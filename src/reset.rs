@@ -18,10 +18,7 @@ use crate::units::Bytes;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reset {
     /// Reset, and the driver now reports no memory held beyond its bookkeeping.
-    Done {
-        index: u32,
-        cleared: Option<u64>,
-    },
+    Done { index: u32, cleared: Option<u64> },
     /// Nothing held that a reset would clear: not reset.
     NothingHeld { index: u32 },
     /// Not reset: a process uses the GPU.
@@ -66,11 +63,9 @@ impl fmt::Display for Reset {
                 users.join(", ")
             ),
             Reset::Failed { index, message } => write!(f, "GPU {index}: reset failed: {message}"),
-            Reset::StillHeld { index, bytes } => write!(
-                f,
-                "GPU {index}: reset, but {} is still held",
-                Bytes(*bytes)
-            ),
+            Reset::StillHeld { index, bytes } => {
+                write!(f, "GPU {index}: reset, but {} is still held", Bytes(*bytes))
+            }
         }
     }
 }
@@ -132,7 +127,9 @@ pub fn reset(driver: &dyn Driver, index: u32) -> Reset {
         Some(bytes) if bytes > before.bookkeeping_slack => Reset::StillHeld { index, bytes },
         _ => Reset::Done {
             index,
-            cleared: used.zip(after).map(|(used, after)| used.saturating_sub(after)),
+            cleared: used
+                .zip(after)
+                .map(|(used, after)| used.saturating_sub(after)),
         },
     }
 }

@@ -11,4 +11,5 @@ mod run_state;
 mod schema;
 mod select_props;
 mod sim;
+mod slurm;
 mod status;

@@ -191,7 +191,9 @@ impl Context {
                 "error",
                 None,
                 None,
-                &format!("cannot drain: SLURMD_NODENAME is not set; would drain with reason \"{reason}\""),
+                &format!(
+                    "cannot drain: SLURMD_NODENAME is not set; would drain with reason \"{reason}\""
+                ),
             );
             return false;
         };
@@ -204,7 +206,10 @@ impl Context {
             );
             return true;
         }
-        match self.scontrol().and_then(|scontrol| scontrol.drain(node, &reason)) {
+        match self
+            .scontrol()
+            .and_then(|scontrol| scontrol.drain(node, &reason))
+        {
             Ok(()) => {
                 self.say("drain", None, None, &format!("drained {node}: {reason}"));
                 true
@@ -265,7 +270,12 @@ fn job_gpus(
     job: &Job,
 ) -> Result<(Box<dyn Driver>, BTreeSet<u32>), Exit> {
     let driver = driver::open(backend).map_err(|error| {
-        context.say("error", None, None, &format!("cannot open the GPU driver: {error}"));
+        context.say(
+            "error",
+            None,
+            None,
+            &format!("cannot open the GPU driver: {error}"),
+        );
         context.drain(&format!("cannot check the GPUs: {error}"));
         Exit::Incomplete
     })?;
@@ -399,11 +409,7 @@ fn findings(
 
 /// With `--reset`: resets each GPU whose only finding is driver-held memory,
 /// and drops the findings of those that came back clean.
-fn reset_driver_held(
-    context: &Context,
-    driver: &dyn Driver,
-    found: Vec<Finding>,
-) -> Vec<Finding> {
+fn reset_driver_held(context: &Context, driver: &dyn Driver, found: Vec<Finding>) -> Vec<Finding> {
     let mut by_gpu: BTreeMap<u32, Vec<Finding>> = BTreeMap::new();
     for finding in found {
         by_gpu.entry(finding.gpu).or_default().push(finding);
@@ -467,10 +473,7 @@ fn job_of(pid: u32) -> Option<u64> {
 }
 
 /// Starts a command: its context, bounded, with the job from the environment.
-fn start(
-    command: &'static str,
-    common: &SlurmCommonArgs,
-) -> Result<(Context, Job), Exit> {
+fn start(command: &'static str, common: &SlurmCommonArgs) -> Result<(Context, Job), Exit> {
     let job = match Job::from_env() {
         Ok(job) => job,
         Err(error) => {
@@ -525,7 +528,10 @@ fn epilog(backend: &BackendChoice, args: &SlurmEpilogArgs) -> Exit {
             "spare",
             None,
             Some(spared.pid),
-            &format!("pid {} ({}) left alone: {}", spared.pid, spared.comm, spared.reason),
+            &format!(
+                "pid {} ({}) left alone: {}",
+                spared.pid, spared.comm, spared.reason
+            ),
         );
     }
     let after = if plan.targets.is_empty() {
@@ -555,7 +561,14 @@ fn epilog(backend: &BackendChoice, args: &SlurmEpilogArgs) -> Exit {
             timeout: budget.saturating_sub(grace),
             poll: Duration::from_millis(5),
         };
-        let outcome = reap::free(driver.as_ref(), &scope, &guard, snapshot, options, &mut |_| {});
+        let outcome = reap::free(
+            driver.as_ref(),
+            &scope,
+            &guard,
+            snapshot,
+            options,
+            &mut |_| {},
+        );
         for target in &outcome.targets {
             let signals: Vec<&str> = target
                 .signals
@@ -652,7 +665,11 @@ fn prolog(backend: &BackendChoice, args: &SlurmPrologArgs) -> Exit {
                 "clean",
                 None,
                 None,
-                &format!("GPU {} clean after {}", list(&gpus), Elapsed(started.elapsed())),
+                &format!(
+                    "GPU {} clean after {}",
+                    list(&gpus),
+                    Elapsed(started.elapsed())
+                ),
             );
             return Exit::Success;
         }
@@ -710,7 +727,12 @@ fn healthcheck(backend: &BackendChoice, args: &SlurmHealthcheckArgs) -> Exit {
     let driver = match driver::open(backend) {
         Ok(driver) => driver,
         Err(error) => {
-            context.say("error", None, None, &format!("cannot open the GPU driver: {error}"));
+            context.say(
+                "error",
+                None,
+                None,
+                &format!("cannot open the GPU driver: {error}"),
+            );
             context.drain(&format!("cannot check the GPUs: {error}"));
             return Exit::Incomplete;
         }
@@ -742,7 +764,9 @@ fn healthcheck(backend: &BackendChoice, args: &SlurmHealthcheckArgs) -> Exit {
                 "error",
                 None,
                 None,
-                &format!("cannot ask Slurm about job {job}, so its processes are not judged: {error}"),
+                &format!(
+                    "cannot ask Slurm about job {job}, so its processes are not judged: {error}"
+                ),
             );
         }
     }
@@ -752,7 +776,12 @@ fn healthcheck(backend: &BackendChoice, args: &SlurmHealthcheckArgs) -> Exit {
     let state = match scontrol.node(&node) {
         Ok(state) => state,
         Err(error) => {
-            context.say("error", None, None, &format!("cannot read node {node}: {error}"));
+            context.say(
+                "error",
+                None,
+                None,
+                &format!("cannot read node {node}: {error}"),
+            );
             return if found.is_empty() {
                 Exit::Incomplete
             } else {
@@ -800,7 +829,12 @@ fn healthcheck(backend: &BackendChoice, args: &SlurmHealthcheckArgs) -> Exit {
                     &format!("GPUs clean again; resumed {node} (drained: {reason})"),
                 ),
                 Err(error) => {
-                    context.say("error", None, None, &format!("cannot resume {node}: {error}"));
+                    context.say(
+                        "error",
+                        None,
+                        None,
+                        &format!("cannot resume {node}: {error}"),
+                    );
                     return Exit::Incomplete;
                 }
             }
@@ -820,7 +854,11 @@ fn healthcheck(backend: &BackendChoice, args: &SlurmHealthcheckArgs) -> Exit {
             "clean",
             None,
             None,
-            &format!("{} GPUs clean after {}", gpus.len(), Elapsed(started.elapsed())),
+            &format!(
+                "{} GPUs clean after {}",
+                gpus.len(),
+                Elapsed(started.elapsed())
+            ),
         );
     }
     Exit::Success
