@@ -173,7 +173,7 @@ fn healthcheck_drains_resumes_its_own_drain_and_leaves_an_admins() {
     let drained = reason(cluster).unwrap_or_default();
     assert!(
         drained.starts_with(&format!(
-            "gpureap: GPU 0: pid {stray} (sleep, root, state S) holds 1.0 GiB, of no job"
+            "gpureap: GPU 0: pid {stray} (sleep, root, state S) holds 1.0 GiB: no job's"
         )),
         "{drained}"
     );
@@ -303,6 +303,14 @@ fn slurm_commands_outside_slurm_say_what_is_missing() {
         String::from_utf8_lossy(&bad.stderr).contains("SLURM_JOB_GPUS: 'zero' is not a GPU index")
     );
 
+    let scontrol = crate::harness::gpureap(&host)
+        .args(["slurm", "epilog", "--scontrol", "/nonexistent/scontrol"])
+        .env("SLURM_JOB_ID", "7")
+        .output()
+        .expect("runs");
+    assert_eq!(scontrol.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&scontrol.stderr).contains("not an executable file"));
+
     // A GPU the host does not have: exit 3, with the drain it would need.
     let missing = crate::harness::gpureap(&host)
         .args(["slurm", "epilog", "--dry-run"])
@@ -317,5 +325,39 @@ fn slurm_commands_outside_slurm_say_what_is_missing() {
             .contains("would drain n1: gpureap: job 7's GPU 3 is not on this host"),
         "{}",
         String::from_utf8_lossy(&missing.stderr)
+    );
+}
+
+#[test]
+fn epilog_reports_an_unexpected_holder_and_never_signals_it() {
+    let (cluster, _turn) = cluster();
+    // Root's process on GPU 0, which job 4242 of user nobody had to itself.
+    let mut incident = Incident::new(&cluster.sim);
+    let foreign = incident
+        .holder(&Holder::new("foreign_holder").on(0, GIB))
+        .expect("holder");
+    let epilog: crate::harness::Run = Command::new(env!("CARGO_BIN_EXE_gpureap"))
+        .args(["--backend", &cluster.sim.backend()])
+        .args(["slurm", "epilog", "--scontrol", SCONTROL])
+        .env("SLURM_CONF", cluster.conf())
+        .env("SLURM_JOB_ID", "4242")
+        .env("SLURM_JOB_UID", "65534")
+        .env("SLURM_JOB_GPUS", "0")
+        .env("SLURMD_NODENAME", &cluster.node)
+        .env_remove("GPUREAP_BACKEND")
+        .stdin(Stdio::null())
+        .output()
+        .expect("gpureap runs")
+        .into();
+    assert_eq!(epilog.code, 1, "{}", epilog.stderr);
+    assert!(alive(foreign), "never signalled");
+    assert!(!epilog.stderr.contains("signal:"), "{}", epilog.stderr);
+    let (state, reason) = cluster.node_state().expect("state");
+    assert!(state.contains("DRAIN"), "{state}");
+    assert_eq!(
+        reason.unwrap_or_default(),
+        format!(
+            "gpureap: GPU 0: pid {foreign} (sleep, root, state S) holds 1.0 GiB: not job 4242's, left alone"
+        )
     );
 }

@@ -371,7 +371,7 @@ fn findings(
                             .or_else(|| record.uid.map(|uid| format!("uid {uid}")))
                             .unwrap_or_else(|| "unknown user".to_string());
                         format!(
-                            "GPU {index}: pid {} ({}, {user_name}, state {}){memory}, {whose}",
+                            "GPU {index}: pid {} ({}, {user_name}, state {}){memory}: {whose}",
                             user.pid,
                             record.comm,
                             record.state.letter()
@@ -474,7 +474,7 @@ fn job_of(pid: u32) -> Option<u64> {
 
 /// Starts a command: its context, bounded, with the job from the environment.
 fn start(command: &'static str, common: &SlurmCommonArgs) -> Result<(Context, Job), Exit> {
-    let job = match Job::from_env() {
+    let job = match check_flags(common).and_then(|()| Job::from_env()) {
         Ok(job) => job,
         Err(error) => {
             Context::new(command, common, None, None).say("error", None, None, &error);
@@ -483,6 +483,22 @@ fn start(command: &'static str, common: &SlurmCommonArgs) -> Result<(Context, Jo
     };
     let context = Context::new(command, common, Some(job.id), job.node.clone());
     Ok((context, job))
+}
+
+/// The flags' own mistakes, before anything is looked at: a `--timeout`
+/// under a second would end the command before it looked, and a
+/// `--scontrol` that cannot run would only show when a drain is needed.
+fn check_flags(common: &SlurmCommonArgs) -> Result<(), String> {
+    if let Some(path) = &common.scontrol {
+        Scontrol::find(Some(path))?;
+    }
+    if common.timeout < Duration::from_secs(1) {
+        return Err(format!(
+            "--timeout {} is too short to check a GPU: give 1s or more (default 30s)",
+            Elapsed(common.timeout)
+        ));
+    }
+    Ok(())
 }
 
 fn epilog(backend: &BackendChoice, args: &SlurmEpilogArgs) -> Exit {
@@ -608,11 +624,11 @@ fn epilog(backend: &BackendChoice, args: &SlurmEpilogArgs) -> Exit {
     };
     let mut found = findings(&after, &gpus, &mut |record| {
         Some(if job_scope.admits(record) {
-            format!("of job {} survived", job.id)
+            format!("job {}'s, not freed", job.id)
         } else {
             match job_of(record.id.pid) {
-                Some(other) => format!("of job {other}, on a GPU allocated to job {}", job.id),
-                None => format!("not job {}'s (left alone)", job.id),
+                Some(other) => format!("job {other}'s, on a GPU allocated to job {}", job.id),
+                None => format!("not job {}'s, left alone", job.id),
             }
         })
     });
@@ -655,9 +671,9 @@ fn prolog(backend: &BackendChoice, args: &SlurmPrologArgs) -> Exit {
         let snapshot = Snapshot::take(driver.as_ref());
         let found = findings(&snapshot, &gpus, &mut |record| {
             Some(match job_of(record.id.pid) {
-                Some(other) if other == job.id => format!("of job {}, before it started", job.id),
-                Some(other) => format!("of job {other}"),
-                None => "of no job".to_string(),
+                Some(other) if other == job.id => format!("job {}'s, before it started", job.id),
+                Some(other) => format!("job {other}'s"),
+                None => "no job's".to_string(),
             })
         });
         if found.is_empty() {
@@ -706,6 +722,10 @@ fn node_name(given: Option<&str>) -> Option<String> {
 
 fn healthcheck(backend: &BackendChoice, args: &SlurmHealthcheckArgs) -> Exit {
     let started = Instant::now();
+    if let Err(error) = check_flags(&args.common) {
+        Context::new("healthcheck", &args.common, None, None).say("error", None, None, &error);
+        return Exit::Usage;
+    }
     let Some(node) = node_name(args.node.as_deref()) else {
         Context::new("healthcheck", &args.common, None, None).say(
             "error",
@@ -745,15 +765,15 @@ fn healthcheck(backend: &BackendChoice, args: &SlurmHealthcheckArgs) -> Exit {
             return None;
         }
         let Some(job) = job_of(record.id.pid) else {
-            return Some("of no job".to_string());
+            return Some("no job's".to_string());
         };
         let state = job_states
             .entry(job)
             .or_insert_with(|| scontrol.job_state(job));
         match state {
             Ok(Some(state)) if LIVE_JOB_STATES.iter().any(|live| state.starts_with(live)) => None,
-            Ok(Some(state)) => Some(format!("of job {job}, which is {state}")),
-            Ok(None) => Some(format!("of job {job}, which Slurm no longer knows")),
+            Ok(Some(state)) => Some(format!("job {job}'s, which is {state}")),
+            Ok(None) => Some(format!("job {job}'s, which Slurm no longer knows")),
             // Slurm could not say: do not drain on a guess.
             Err(_) => None,
         }
