@@ -157,8 +157,11 @@ Examples:
     /// Replay a crashed SGLang server on a simulated GPU host: status, free, verify. No GPU needed.
     Demo,
 
-    /// Slurm: free a job's GPUs at its end (Epilog=), refuse a dirty GPU (Prolog=),
-    /// drain or resume the node (HealthCheckProgram=). docs/slurm.md.
+    /// Slurm's Epilog, Prolog and HealthCheckProgram: free a job's GPUs, refuse dirty ones, drain.
+    ///
+    /// epilog frees what an ended job left on its GPUs, prolog refuses GPUs that are not
+    /// clean, healthcheck drains a node whose memory no running job explains and resumes one
+    /// gpureap drained once it is clean. docs/slurm.md.
     #[command(subcommand)]
     Slurm(SlurmCommand),
 

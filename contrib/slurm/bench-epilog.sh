@@ -17,6 +17,7 @@ leftover="setsid setpriv --reuid=65534 --regid=65534 --clear-groups \
   until pgrep -f -u 65534 '^leftover_worker' >/dev/null; do sleep 0.01; done"
 echo "processes on this host: $(ls -d /proc/[0-9]* | wc -l)"
 hyperfine -N --warmup 5 --runs ${RUNS:-50} \
+  -n 'gpureap --version (starting the binary)' "$gpureap --version" \
   -n 'no GPUs' "env -u SLURM_JOB_GPUS $gpureap slurm epilog" \
   -n 'clean, 2 GPUs' "env SLURM_JOB_GPUS=0,1 $gpureap slurm epilog"
 hyperfine --warmup 2 --runs ${RUNS:-50} --prepare "$leftover" \
