@@ -311,6 +311,24 @@ fn slurm_commands_outside_slurm_say_what_is_missing() {
     assert_eq!(scontrol.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&scontrol.stderr).contains("not an executable file"));
 
+    // A log planted as a link is refused, and the epilog goes on without it.
+    let planted = tempfile::tempdir().expect("dir");
+    std::os::unix::fs::symlink("/etc/passwd", planted.path().join("log")).expect("link");
+    let linked = crate::harness::gpureap(&host)
+        .args(["slurm", "epilog", "--log"])
+        .arg(planted.path().join("log"))
+        .env("SLURM_JOB_ID", "7")
+        .env_remove("SLURM_JOB_GPUS")
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .output()
+        .expect("runs");
+    assert_eq!(linked.status.code(), Some(0));
+    let said = String::from_utf8_lossy(&linked.stderr);
+    assert!(
+        said.contains("cannot open --log") && said.contains("skip: no GPUs"),
+        "{said}"
+    );
+
     // A GPU the host does not have: exit 3, with the drain it would need.
     let missing = crate::harness::gpureap(&host)
         .args(["slurm", "epilog", "--dry-run"])

@@ -5,10 +5,12 @@
 //! through a symbolic link: the epilog runs as root, and a link planted by
 //! anyone else must not make it write elsewhere. A log that cannot be opened
 //! is said on stderr and does not stop the epilog: the GPUs matter more.
+//! An existing file is written to only if it is a plain file of the user
+//! gpureap runs as.
 
 use std::fs::File;
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -54,8 +56,23 @@ impl Audit {
                 .append(true)
                 .create(true)
                 .mode(0o600)
-                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                // O_NONBLOCK: a FIFO planted there must not block the epilog in open.
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
                 .open(path)
+                .and_then(|file| {
+                    // Someone else's file (planted in a shared directory) would
+                    // read what root logs: refused, as is anything but a plain file.
+                    let metadata = file.metadata()?;
+                    if metadata.is_file()
+                        && metadata.uid() == rustix::process::geteuid().as_raw()
+                    {
+                        Ok(file)
+                    } else {
+                        Err(std::io::Error::other(
+                            "not a plain file of this user's; refusing to write to it",
+                        ))
+                    }
+                })
                 .map_err(|error| {
                     eprintln!(
                         "gpureap slurm {command}: cannot open --log {}: {error}; logging to stderr only",
