@@ -379,3 +379,39 @@ fn epilog_reports_an_unexpected_holder_and_never_signals_it() {
         )
     );
 }
+
+#[test]
+fn epilog_with_reset_frees_a_root_jobs_leftover_and_resets_driver_held_memory() {
+    let host = SimHost::with_char_devices(2, 80 * GIB, "H200").expect("host");
+    let mut incident = Incident::new(&host);
+    // A root job's worker is known by its environment only; a root process
+    // without it on the same GPU is not the job's.
+    let leftover = Holder::new("root_job_leftover").on(0, 2 * GIB);
+    incident
+        .spawn(
+            &format!("export SLURM_JOB_ID=4343; {}", leftover.script()),
+            1,
+        )
+        .expect("leftover");
+    let leftover = incident.pid_of("root_job_leftover").expect("pid");
+    host.leak(1, 5 * GIB).expect("leak");
+    let epilog: crate::harness::Run = crate::harness::gpureap(&host)
+        .args(["slurm", "epilog", "--reset", "--grace", "1s"])
+        .env("SLURM_JOB_ID", "4343")
+        .env("SLURM_JOB_UID", "0")
+        .env("SLURM_JOB_GPUS", "0,1")
+        .env("SLURMD_NODENAME", "not-drained")
+        .output()
+        .expect("runs")
+        .into();
+    assert_eq!(epilog.code, 0, "{}", epilog.stderr);
+    assert!(!alive(leftover), "{}", epilog.stderr);
+    assert!(
+        epilog
+            .stderr
+            .contains("reset: GPU 1: reset; 5.0 GiB cleared"),
+        "{}",
+        epilog.stderr
+    );
+    assert!(!host.path().join("leak.1").exists());
+}
