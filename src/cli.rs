@@ -254,6 +254,29 @@ Examples:
   deploy/kubernetes/node-problem-detector-gpureap.yaml runs it as a custom plugin"
     )]
     Check(CheckArgs),
+
+    /// Slurm's Epilog, Prolog and HealthCheckProgram: free a job's GPUs, refuse dirty ones, drain.
+    ///
+    /// epilog frees what an ended job left on its GPUs, prolog refuses GPUs that are not
+    /// clean, healthcheck drains a node whose memory no running job explains and resumes one
+    /// gpureap drained once it is clean. docs/slurm.md.
+    #[command(subcommand)]
+    Slurm(SlurmCommand),
+
+    /// Reset GPUs whose memory no process holds (driver-held); refused while any process uses one.
+    #[command(
+        after_help = "A reset is refused while any process has the GPU's device node open
+(a CUDA process, nvidia-smi, an exporter): free it first. The result is checked
+through the driver.
+
+Examples:
+  gpureap reset --gpu 1
+  gpureap --backend sim:/tmp/gpus reset --gpu 0,1
+
+Exit codes: 0 reset (or nothing to clear), 1 refused or still held after the reset,
+2 bad usage, 3 the driver could not reset or check the GPU."
+    )]
+    Reset(ResetArgs),
 }
 
 #[derive(Debug, Args)]
@@ -274,6 +297,106 @@ pub struct ExporterArgs {
 pub struct CheckArgs {
     /// GPUs to check: 0,2,5 or 0-3 or all (repeatable).
     #[arg(long, value_name = "LIST", value_parser = gpu_list)]
+    pub gpu: Vec<GpuList>,
+}
+
+/// `gpureap slurm ...`: the programs slurm.conf names.
+#[derive(Debug, Subcommand)]
+pub enum SlurmCommand {
+    /// Epilog=: free what the ended job left on its GPUs; drain the node if they stay held.
+    #[command(
+        after_help = "Reads SLURM_JOB_ID, SLURM_JOB_UID, SLURM_JOB_GPUS (else CUDA_VISIBLE_DEVICES)
+and SLURMD_NODENAME, as slurmd sets them. The job's processes (its uid, or
+SLURM_JOB_ID=<id> in their environment) that use its GPUs are freed with their
+descendants; root's daemons, monitors and other users' processes never are.
+A job without GPUs costs one environment read. Exit 0: the job's GPUs are clean;
+1: still held, node drained with a reason starting 'gpureap:'.
+
+Examples (slurm.conf: Epilog=/etc/slurm/gpureap-epilog.sh, see contrib/slurm/):
+  gpureap slurm epilog
+  gpureap slurm epilog --reset --log /var/log/gpureap/slurm.jsonl
+  SLURM_JOB_ID=42 SLURM_JOB_UID=1000 SLURM_JOB_GPUS=0,1 SLURMD_NODENAME=$(hostname -s) \\
+      gpureap slurm epilog --dry-run"
+    )]
+    Epilog(SlurmEpilogArgs),
+
+    /// Prolog=: the job's GPUs must be clean before it starts, else drain (Slurm requeues the job).
+    #[command(
+        after_help = "Clean means: no process uses the GPU and no memory beyond the driver's
+bookkeeping is held. A release in progress is waited for up to --wait.
+
+Examples (slurm.conf: Prolog=/etc/slurm/gpureap-prolog.sh):
+  gpureap slurm prolog
+  gpureap slurm prolog --wait 5s --log /var/log/gpureap/slurm.jsonl"
+    )]
+    Prolog(SlurmPrologArgs),
+
+    /// HealthCheckProgram=: drain the node when memory is held by no running job's process or by
+    /// no process; resume a node gpureap drained once it is clean (never an admin's drain).
+    #[command(
+        after_help = "Examples (slurm.conf: HealthCheckProgram=/etc/slurm/gpureap-healthcheck.sh):
+  gpureap slurm healthcheck
+  gpureap slurm healthcheck --reset --node gpu-node-07
+  gpureap slurm healthcheck --dry-run"
+    )]
+    Healthcheck(SlurmHealthcheckArgs),
+}
+
+/// What every `gpureap slurm` command takes.
+#[derive(Debug, Args)]
+pub struct SlurmCommonArgs {
+    /// scontrol to drain and resume with [default: the first of /usr/bin, /usr/local/bin,
+    /// /opt/slurm/bin, /usr/local/slurm/bin, /bin, then PATH].
+    #[arg(long, value_name = "PATH")]
+    pub scontrol: Option<PathBuf>,
+    /// Also append every decision as a JSON line to this file (created 0600; never through a link).
+    #[arg(long, value_name = "FILE")]
+    pub log: Option<PathBuf>,
+    /// Report what would be done; signal, reset, drain and resume nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Give up after this long in all: drain the node with a reason and exit 1.
+    #[arg(long, default_value = "30s", value_name = "DUR", value_parser = duration, allow_hyphen_values = true)]
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Args)]
+pub struct SlurmEpilogArgs {
+    #[command(flatten)]
+    pub common: SlurmCommonArgs,
+    /// How long the job's leftovers get after SIGTERM before SIGSTOP+SIGKILL.
+    #[arg(long, default_value = "2s", value_name = "DUR", value_parser = duration, allow_hyphen_values = true)]
+    pub grace: Duration,
+    /// Reset a GPU whose only holder is driver-held memory, instead of draining.
+    #[arg(long)]
+    pub reset: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct SlurmPrologArgs {
+    #[command(flatten)]
+    pub common: SlurmCommonArgs,
+    /// How long to wait for a release in progress before refusing the GPUs.
+    #[arg(long, default_value = "5s", value_name = "DUR", value_parser = duration, allow_hyphen_values = true)]
+    pub wait: Duration,
+}
+
+#[derive(Debug, Args)]
+pub struct SlurmHealthcheckArgs {
+    #[command(flatten)]
+    pub common: SlurmCommonArgs,
+    /// The node to drain or resume [default: $SLURMD_NODENAME, else the short host name].
+    #[arg(long, value_name = "NAME")]
+    pub node: Option<String>,
+    /// Reset a GPU whose only holder is driver-held memory, instead of draining.
+    #[arg(long)]
+    pub reset: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ResetArgs {
+    /// GPUs to reset: 0,2,5 or 0-3 or all (repeatable).
+    #[arg(long, required = true, value_name = "LIST", value_parser = gpu_list)]
     pub gpu: Vec<GpuList>,
 }
 

@@ -127,6 +127,7 @@ pub fn free(
                     .flat_map(|run| run.members.iter().copied())
                     .collect()
             }),
+            job: None,
         },
         options: Options {
             grace: args.grace,

@@ -582,11 +582,11 @@ fn second_half(out: &mut dyn Write, held: &[DriverHeld], processes: &[Staged]) -
         )?;
         writeln!(
             out,
-            "    cleared (`gpureap slurm healthcheck` and `gpureap slurm epilog` are meant to do this);"
+            "    cleared (`gpureap slurm epilog` and `gpureap slurm healthcheck` do this, docs/slurm.md);"
         )?;
         writeln!(
             out,
-            "  - with `--reset` (of those commands): reset GPU {} once nothing uses it, or reboot{}",
+            "  - with `--reset` (those commands, or `gpureap reset --gpu N`): reset GPU {} once nothing uses it, or reboot{}",
             held.gpu,
             if users.is_empty() {
                 ".".to_string()

@@ -65,6 +65,8 @@ fn main() -> ! {
         }
         Command::Exporter(args) => exporter(&cli.backend, args),
         Command::Check(args) => check(&cli.backend, args),
+        Command::Slurm(command) => slurm(&cli.backend, command),
+        Command::Reset(args) => reset(&cli.backend, args),
     };
     tracing::debug!("command done");
     exit_code(result).exit()
@@ -422,4 +424,31 @@ fn check(backend: &BackendChoice, args: &gpureap::cli::CheckArgs) -> anyhow::Res
     let verdict = gpureap::check::check(&snapshot, &gpus);
     emit(&verdict.text())?;
     Ok(verdict.verdict.exit())
+}
+
+fn slurm(backend: &BackendChoice, command: &gpureap::cli::SlurmCommand) -> anyhow::Result<Exit> {
+    Ok(gpureap::slurm::main(backend, command))
+}
+
+fn reset(backend: &BackendChoice, args: &gpureap::cli::ResetArgs) -> anyhow::Result<Exit> {
+    let driver = open_driver(backend)?;
+    let gpus = config::gpus(&args.gpu, gpu_count(driver.as_ref()))?.unwrap_or_default();
+    if gpus.is_empty() {
+        return Err(UsageError(
+            "--gpu names no GPU: the driver reports none on this host (see `gpureap status`)"
+                .to_string(),
+        )
+        .into());
+    }
+    let outcomes: Vec<_> = gpus
+        .iter()
+        .map(|&index| gpureap::reset::reset(driver.as_ref(), index))
+        .collect();
+    emit(
+        &outcomes
+            .iter()
+            .map(|outcome| format!("{outcome}\n"))
+            .collect::<String>(),
+    )?;
+    Ok(gpureap::reset::exit(&outcomes))
 }

@@ -36,6 +36,26 @@ pub struct Scope {
     /// gone, found before the snapshot (`supervision::stale_runs`), by
     /// identity. Like `pids`, these are taken whether or not they use a GPU.
     pub stale_runs: Option<BTreeSet<ProcessId>>,
+    /// A Slurm job's processes (`gpureap slurm epilog`): a filter like `--user`.
+    pub job: Option<JobScope>,
+}
+
+/// What belongs to one Slurm job: processes of the job's user, or whose
+/// environment carries `SLURM_JOB_ID=<id>`. The environment is read before
+/// selection (`members`), so that selection stays pure.
+#[derive(Debug, Clone, Default)]
+pub struct JobScope {
+    /// The job's uid; `None` for a job run as root, whose uid also owns the
+    /// host's daemons: then only the environment marks the job's processes.
+    pub uid: Option<u32>,
+    /// Processes found with the job's `SLURM_JOB_ID` in their environment.
+    pub members: BTreeSet<ProcessId>,
+}
+
+impl JobScope {
+    pub fn admits(&self, record: &ProcessRecord) -> bool {
+        self.members.contains(&record.id) || (self.uid.is_some() && record.uid == self.uid)
+    }
 }
 
 impl Scope {
@@ -47,12 +67,17 @@ impl Scope {
             && !self.orphans
             && !self.all
             && self.stale_runs.is_none()
+            && self.job.is_none()
     }
 
     /// Whether a filter narrows what `--pid` and `--stale-runs` name
     /// (`--gpu`, `--match`, `--user`, `--orphans`).
     pub fn narrowed(&self) -> bool {
-        self.gpus.is_some() || !self.patterns.is_empty() || !self.uids.is_empty() || self.orphans
+        self.gpus.is_some()
+            || !self.patterns.is_empty()
+            || !self.uids.is_empty()
+            || self.orphans
+            || self.job.is_some()
     }
 
     /// Why a process is named by this scope itself (`--pid`, `--stale-runs`), if it is.
@@ -87,6 +112,9 @@ impl Scope {
             return false;
         }
         if !self.uids.is_empty() && !record.uid.is_some_and(|uid| self.uids.contains(&uid)) {
+            return false;
+        }
+        if self.job.as_ref().is_some_and(|job| !job.admits(record)) {
             return false;
         }
         // A run whose supervisor died is orphaned as a whole: its top process

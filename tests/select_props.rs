@@ -348,6 +348,7 @@ fn build(spec: &Spec) -> (Snapshot, Scope, Guard) {
         orphans: spec.orphans,
         all: spec.all,
         stale_runs: None,
+        job: None,
     };
     (snapshot, scope, guard)
 }

@@ -14,6 +14,7 @@ mod run_state;
 mod schema;
 mod select_props;
 mod sim;
+mod slurm;
 mod sshd_lab;
 mod status;
 

@@ -134,6 +134,18 @@ pub trait Driver: Send + Sync {
     fn bookkeeping_slack(&self) -> u64 {
         0
     }
+
+    /// Resets one GPU, clearing memory that no process holds (driver-held).
+    /// Never implicit: only `gpureap reset` and `--reset` call it, and only
+    /// after checking that no process has the GPU's device node open; a
+    /// backend re-checks what it can and refuses a GPU still in use. The
+    /// default: this backend cannot reset.
+    fn reset(&self, index: u32) -> Result<(), DriverError> {
+        Err(DriverError::Unavailable(format!(
+            "{} cannot reset GPU {index}",
+            self.describe()
+        )))
+    }
 }
 
 /// Which backend the user asked for.

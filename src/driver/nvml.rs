@@ -187,7 +187,54 @@ impl Driver for NvmlDriver {
     fn bookkeeping_slack(&self) -> u64 {
         256 << 20
     }
+
+    /// `nvidia-smi --gpu-reset`, found by absolute path (a Slurm epilog has
+    /// no PATH), naming the GPU by UUID where NVML gave one, so that no
+    /// numbering can differ between the two.
+    fn reset(&self, index: u32) -> Result<(), DriverError> {
+        let program = NVIDIA_SMI
+            .iter()
+            .map(Path::new)
+            .find(|path| path.is_file())
+            .ok_or_else(|| {
+                DriverError::Unavailable(format!(
+                    "cannot reset GPU {index}: nvidia-smi is in none of {}",
+                    NVIDIA_SMI.join(", ")
+                ))
+            })?;
+        let device = self
+            .identities
+            .get(index as usize)
+            .and_then(|(_, uuid)| uuid.clone())
+            .unwrap_or_else(|| index.to_string());
+        let output = std::process::Command::new(program)
+            .args(["--gpu-reset", "-i", &device])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .map_err(|error| {
+                DriverError::Nvml(format!("cannot run {}: {error}", program.display()))
+            })?;
+        if output.status.success() {
+            return Ok(());
+        }
+        let said = String::from_utf8_lossy(&output.stdout).into_owned()
+            + &String::from_utf8_lossy(&output.stderr);
+        Err(DriverError::Nvml(format!(
+            "{} --gpu-reset -i {device} failed ({}): {}",
+            program.display(),
+            output.status,
+            said.split_whitespace().collect::<Vec<_>>().join(" ")
+        )))
+    }
 }
+
+/// Where nvidia-smi is installed by the driver packages and the runfile.
+const NVIDIA_SMI: [&str; 4] = [
+    "/usr/bin/nvidia-smi",
+    "/usr/local/bin/nvidia-smi",
+    "/usr/local/nvidia/bin/nvidia-smi",
+    "/bin/nvidia-smi",
+];
 
 #[cfg(test)]
 mod tests {

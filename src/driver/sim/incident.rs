@@ -45,6 +45,37 @@ impl SimHost {
         Ok(SimHost { dir })
     }
 
+    /// As `new`, with character devices for nodes (`mknod c 1 3`, the
+    /// numbers of /dev/null, mode 0666) as a real host has: what slurmd
+    /// requires of a GPU's gres `File=`. Root only; the directory is made
+    /// readable by all and `claims` writable by all (sticky), so that jobs
+    /// of other users can stage holders.
+    pub fn with_char_devices(count: u32, total: u64, name: &str) -> io::Result<SimHost> {
+        use std::os::unix::fs::PermissionsExt;
+        let host = SimHost::new(count, total, name)?;
+        let names = (0..count)
+            .map(|index| format!("nvidia{index}"))
+            .chain(["nvidiactl".to_string()]);
+        for node in names {
+            let path = host.path().join(node);
+            fs::remove_file(&path)?;
+            rustix::fs::mknodat(
+                rustix::fs::CWD,
+                &path,
+                rustix::fs::FileType::CharacterDevice,
+                rustix::fs::Mode::from_raw_mode(0o666),
+                rustix::fs::makedev(1, 3),
+            )?;
+            fs::set_permissions(&path, fs::Permissions::from_mode(0o666))?;
+        }
+        fs::set_permissions(host.path(), fs::Permissions::from_mode(0o755))?;
+        fs::set_permissions(
+            host.path().join("claims"),
+            fs::Permissions::from_mode(0o1777),
+        )?;
+        Ok(host)
+    }
+
     pub fn path(&self) -> &Path {
         self.dir.path()
     }

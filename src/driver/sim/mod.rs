@@ -580,6 +580,37 @@ impl Driver for SimDriver {
         }
     }
 
+    /// A reset as the real driver does it: refused while any process holds
+    /// the GPU's node (nvidia-smi: "in use by another client"), else the
+    /// driver-held memory (`leak.N`) is gone.
+    fn reset(&self, index: u32) -> Result<(), DriverError> {
+        if index >= SimDriver::gpu_count(self) {
+            return Err(DriverError::Sim(format!("no GPU {index}")));
+        }
+        if self.is_lost(index)? {
+            return Err(DriverError::GpuLost { index });
+        }
+        let scan = self.scan()?;
+        let claims = self.claims()?;
+        let holders = self.holders_in(&scan, claims.as_ref())?;
+        if let Some(pids) = holders.get(&index).filter(|pids| !pids.is_empty()) {
+            let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
+            return Err(DriverError::Sim(format!(
+                "GPU {index} is in use (device node open by pid {}): not reset",
+                pids.join(", ")
+            )));
+        }
+        let name = format!("leak.{index}");
+        match rustix::fs::unlinkat(&self.directory, name.as_str(), AtFlags::empty()) {
+            Ok(()) | Err(Errno::NOENT) => Ok(()),
+            Err(error) => Err(DriverError::Sim(format!(
+                "cannot reset GPU {index}: cannot remove {}: {}",
+                self.dir.join(name).display(),
+                std::io::Error::from(error)
+            ))),
+        }
+    }
+
     fn classify_node(&self, path: &Path) -> Option<Node> {
         let rest = path.to_str()?.strip_prefix(&self.node_prefix)?;
         if rest == "ctl" {

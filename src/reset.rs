@@ -1,0 +1,148 @@
+//! Resetting a GPU: the one remedy for memory that no process holds.
+//!
+//! Driver-held memory (a context the driver never tore down) survives every
+//! signal; only a GPU reset or a reboot clears it. A reset is never implicit
+//! (`gpureap reset`, or `--reset` in the Slurm epilog and health check), and
+//! never of a GPU that any process still uses: the snapshot must show no
+//! process with the GPU's device node open and none listed by the driver,
+//! and the driver checks again. The result is verified through the driver.
+
+use std::fmt;
+
+use crate::driver::Driver;
+use crate::exit::Exit;
+use crate::snapshot::Snapshot;
+use crate::units::Bytes;
+
+/// What became of one GPU's reset.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reset {
+    /// Reset, and the driver now reports no memory held beyond its bookkeeping.
+    Done { index: u32, cleared: Option<u64> },
+    /// Nothing held that a reset would clear: not reset.
+    NothingHeld { index: u32 },
+    /// Not reset: a process uses the GPU.
+    InUse { index: u32, users: Vec<String> },
+    /// The driver refused or failed the reset, or could not be read.
+    Failed { index: u32, message: String },
+    /// Reset, but memory is still held afterwards.
+    StillHeld { index: u32, bytes: u64 },
+}
+
+impl Reset {
+    pub fn index(&self) -> u32 {
+        match self {
+            Reset::Done { index, .. }
+            | Reset::NothingHeld { index }
+            | Reset::InUse { index, .. }
+            | Reset::Failed { index, .. }
+            | Reset::StillHeld { index, .. } => *index,
+        }
+    }
+
+    /// Whether the GPU is clean now.
+    pub fn clean(&self) -> bool {
+        matches!(self, Reset::Done { .. } | Reset::NothingHeld { .. })
+    }
+}
+
+impl fmt::Display for Reset {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Reset::Done { index, cleared } => match cleared {
+                Some(bytes) => write!(f, "GPU {index}: reset; {} cleared", Bytes(*bytes)),
+                None => write!(f, "GPU {index}: reset"),
+            },
+            Reset::NothingHeld { index } => write!(
+                f,
+                "GPU {index}: nothing held beyond the driver's bookkeeping; not reset"
+            ),
+            Reset::InUse { index, users } => write!(
+                f,
+                "GPU {index}: not reset: in use by {}; free it first (gpureap free --gpu {index})",
+                users.join(", ")
+            ),
+            Reset::Failed { index, message } => write!(f, "GPU {index}: reset failed: {message}"),
+            Reset::StillHeld { index, bytes } => {
+                write!(f, "GPU {index}: reset, but {} is still held", Bytes(*bytes))
+            }
+        }
+    }
+}
+
+/// Resets GPU `index` if, and only if, memory beyond the driver's
+/// bookkeeping is held on it and no process uses it; then checks.
+pub fn reset(driver: &dyn Driver, index: u32) -> Reset {
+    let before = Snapshot::take(driver);
+    let Some(gpu) = before.gpu(index) else {
+        return Reset::Failed {
+            index,
+            message: "the driver does not report this GPU".to_string(),
+        };
+    };
+    if let Some(error) = &gpu.error {
+        return Reset::Failed {
+            index,
+            message: error.clone(),
+        };
+    }
+    let users: Vec<String> = gpu
+        .users
+        .iter()
+        .filter(|user| user.listed || user.node_open)
+        .filter(|user| {
+            before
+                .processes
+                .get(&user.pid)
+                .is_none_or(|process| !process.state.has_exited())
+        })
+        .map(|user| match before.processes.get(&user.pid) {
+            Some(process) => format!("pid {} ({})", user.pid, process.comm),
+            None => format!("pid {} (another PID namespace)", user.pid),
+        })
+        .collect();
+    if !users.is_empty() {
+        return Reset::InUse { index, users };
+    }
+    let used = gpu.memory_used;
+    if used.is_some_and(|used| used <= before.bookkeeping_slack) {
+        return Reset::NothingHeld { index };
+    }
+    if let Err(error) = driver.reset(index) {
+        return Reset::Failed {
+            index,
+            message: error.to_string(),
+        };
+    }
+    let after = match driver.memory_used(index) {
+        Ok(after) => after,
+        Err(error) => {
+            return Reset::Failed {
+                index,
+                message: format!("reset, but the driver cannot say what is held now: {error}"),
+            };
+        }
+    };
+    match after {
+        Some(bytes) if bytes > before.bookkeeping_slack => Reset::StillHeld { index, bytes },
+        _ => Reset::Done {
+            index,
+            cleared: used
+                .zip(after)
+                .map(|(used, after)| used.saturating_sub(after)),
+        },
+    }
+}
+
+/// The exit code of `gpureap reset`: the worst of its GPUs.
+pub fn exit(outcomes: &[Reset]) -> Exit {
+    outcomes
+        .iter()
+        .map(|outcome| match outcome {
+            Reset::Done { .. } | Reset::NothingHeld { .. } => Exit::Success,
+            Reset::InUse { .. } | Reset::StillHeld { .. } => Exit::StillHeld,
+            Reset::Failed { .. } => Exit::Incomplete,
+        })
+        .max_by_key(|code| code.code())
+        .unwrap_or(Exit::Success)
+}

@@ -1,0 +1,943 @@
+//! The Slurm front end: the programs a site names in slurm.conf.
+//!
+//! `epilog` frees what an ended job left on its GPUs (the job's processes,
+//! by uid or by `SLURM_JOB_ID` in their environment, and their descendants)
+//! with `reap::free`, and drains the node when a GPU stays held; `prolog`
+//! refuses a job GPUs that are not clean; `healthcheck` drains a node whose
+//! memory no running job explains and resumes one gpureap drained once it is
+//! clean again. Slurm acts on the exit code (non-zero drains the node) and
+//! the drain reason is the operator's only message, so every reason starts
+//! with `gpureap:` and says what and where on one line. docs/slurm.md.
+
+pub mod audit;
+pub mod scontrol;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::cli::{
+    SlurmCommand, SlurmCommonArgs, SlurmEpilogArgs, SlurmHealthcheckArgs, SlurmPrologArgs,
+};
+use crate::driver::{self, BackendChoice, Driver};
+use crate::exit::Exit;
+use crate::proc::{self, ProcessRecord};
+use crate::reap::{self, Fate, Options};
+use crate::reset;
+use crate::select::{self, Guard, JobScope, Scope};
+use crate::snapshot::Snapshot;
+use crate::units::{Bytes, Elapsed};
+
+use audit::Audit;
+use scontrol::Scontrol;
+
+/// Every drain reason gpureap sets starts with this; `healthcheck` resumes
+/// only a node drained with such a reason.
+pub const REASON_PREFIX: &str = "gpureap:";
+
+/// How long the epilog's free verifies after the grace, unless memory is
+/// still going down: the driver gives memory back within a second of the
+/// last holder's exit (measured: 206 ms for 100 GiB on an H200).
+const VERIFY: Duration = Duration::from_secs(5);
+
+/// Job states in which a job's processes may hold its GPUs.
+const LIVE_JOB_STATES: [&str; 6] = [
+    "RUNNING",
+    "COMPLETING",
+    "SUSPENDED",
+    "CONFIGURING",
+    "STAGE_OUT",
+    "SIGNALING",
+];
+
+pub fn main(backend: &BackendChoice, command: &SlurmCommand) -> Exit {
+    match command {
+        SlurmCommand::Epilog(args) => epilog(backend, args),
+        SlurmCommand::Prolog(args) => prolog(backend, args),
+        SlurmCommand::Healthcheck(args) => healthcheck(backend, args),
+    }
+}
+
+/// The job slurmd describes in the prolog's and epilog's environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Job {
+    pub id: u64,
+    pub uid: Option<u32>,
+    /// The job's GPUs on this node, as slurmd numbers them (host indexes).
+    pub gpus: Vec<GpuRef>,
+    pub node: Option<String>,
+}
+
+/// One GPU as `SLURM_JOB_GPUS` or `CUDA_VISIBLE_DEVICES` names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GpuRef {
+    Index(u32),
+    Uuid(String),
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name)
+        .ok()
+        .map(|value| value.trim().to_string())
+        .filter(|value| !value.is_empty())
+}
+
+impl Job {
+    /// Reads the job from slurmd's variables; an error says which is wrong.
+    pub fn from_env() -> Result<Job, String> {
+        let id = env("SLURM_JOB_ID").ok_or(
+            "SLURM_JOB_ID is not set: run this from slurm.conf's Prolog= or Epilog=, \
+             or set SLURM_JOB_ID, SLURM_JOB_UID, SLURM_JOB_GPUS and SLURMD_NODENAME to try it",
+        )?;
+        let id = id
+            .parse::<u64>()
+            .map_err(|_| format!("SLURM_JOB_ID='{id}' is not a job number"))?;
+        let uid = env("SLURM_JOB_UID")
+            .map(|uid| {
+                uid.parse::<u32>()
+                    .map_err(|_| format!("SLURM_JOB_UID='{uid}' is not a uid"))
+            })
+            .transpose()?;
+        let (variable, list) = match env("SLURM_JOB_GPUS") {
+            Some(list) => ("SLURM_JOB_GPUS", Some(list)),
+            None => ("CUDA_VISIBLE_DEVICES", env("CUDA_VISIBLE_DEVICES")),
+        };
+        let gpus = match list {
+            Some(list) => parse_gpus(&list).map_err(|error| format!("{variable}: {error}"))?,
+            None => Vec::new(),
+        };
+        Ok(Job {
+            id,
+            uid,
+            gpus,
+            node: env("SLURMD_NODENAME"),
+        })
+    }
+}
+
+/// A comma-separated list of GPU indexes (ranges allowed) or UUIDs;
+/// `NoDevFiles` (what Slurm sets when the GPUs have no device files) is none.
+pub fn parse_gpus(list: &str) -> Result<Vec<GpuRef>, String> {
+    if list == "NoDevFiles" {
+        return Ok(Vec::new());
+    }
+    let mut gpus = Vec::new();
+    for token in list.split(',').map(str::trim) {
+        if token.starts_with("GPU-") && token.len() <= 64 {
+            gpus.push(GpuRef::Uuid(token.to_string()));
+            continue;
+        }
+        let number = |text: &str| {
+            text.parse::<u32>()
+                .ok()
+                .filter(|_| text.bytes().all(|b| b.is_ascii_digit()))
+        };
+        let range = match token.split_once('-') {
+            Some((first, last)) => number(first).zip(number(last)),
+            None => number(token).map(|index| (index, index)),
+        };
+        match range {
+            Some((first, last)) if first <= last && last - first < 1024 => {
+                gpus.extend((first..=last).map(GpuRef::Index));
+            }
+            _ => {
+                let shown: String = token.chars().take(40).collect();
+                return Err(format!(
+                    "'{shown}' is not a GPU index, range or GPU-UUID (expected like 0,1,3)"
+                ));
+            }
+        }
+    }
+    Ok(gpus)
+}
+
+/// What one command needs to drain, resume and log, however it ends.
+struct Context {
+    audit: Arc<Audit>,
+    node: Option<String>,
+    scontrol: Option<PathBuf>,
+    dry_run: bool,
+}
+
+impl Context {
+    fn new(
+        command: &'static str,
+        common: &SlurmCommonArgs,
+        job: Option<u64>,
+        node: Option<String>,
+    ) -> Context {
+        Context {
+            audit: Arc::new(Audit::new(
+                command,
+                common.log.as_deref(),
+                job,
+                node.clone(),
+            )),
+            node,
+            scontrol: common.scontrol.clone(),
+            dry_run: common.dry_run,
+        }
+    }
+
+    fn say(&self, action: &str, gpu: Option<u32>, pid: Option<u32>, message: &str) {
+        self.audit.say(action, gpu, pid, message);
+    }
+
+    fn scontrol(&self) -> Result<Scontrol, String> {
+        Scontrol::find(self.scontrol.as_deref())
+    }
+
+    /// Drains the node with `gpureap: <reason>`; whether Slurm took it.
+    fn drain(&self, reason: &str) -> bool {
+        let reason = format!("{REASON_PREFIX} {reason}");
+        let Some(node) = &self.node else {
+            self.say(
+                "error",
+                None,
+                None,
+                &format!(
+                    "cannot drain: SLURMD_NODENAME is not set; would drain with reason \"{reason}\""
+                ),
+            );
+            return false;
+        };
+        if self.dry_run {
+            self.say(
+                "drain",
+                None,
+                None,
+                &format!("--dry-run: would drain {node}: {reason}"),
+            );
+            return true;
+        }
+        match self
+            .scontrol()
+            .and_then(|scontrol| scontrol.drain(node, &reason))
+        {
+            Ok(()) => {
+                self.say("drain", None, None, &format!("drained {node}: {reason}"));
+                true
+            }
+            Err(error) => {
+                self.say(
+                    "error",
+                    None,
+                    None,
+                    &format!("cannot drain {node} (\"{reason}\"): {error}"),
+                );
+                false
+            }
+        }
+    }
+
+    /// Ends the process, draining the node, if the command is still running
+    /// after `limit`: an epilog must end well inside Slurm's own timeout,
+    /// whatever hangs (a D-state /proc read, a driver call, scontrol).
+    fn bound(&self, command: &'static str, limit: Duration) {
+        let context = Context {
+            audit: Arc::clone(&self.audit),
+            node: self.node.clone(),
+            scontrol: self.scontrol.clone(),
+            dry_run: self.dry_run,
+        };
+        let spawned = std::thread::Builder::new()
+            .name("deadline".to_string())
+            .spawn(move || {
+                std::thread::sleep(limit);
+                context.say(
+                    "error",
+                    None,
+                    None,
+                    &format!("did not finish within {}", Elapsed(limit)),
+                );
+                context.drain(&format!(
+                    "{command} did not finish within {} (see slurmd's log)",
+                    Elapsed(limit)
+                ));
+                Exit::StillHeld.exit()
+            });
+        if let Err(error) = spawned {
+            self.say(
+                "error",
+                None,
+                None,
+                &format!("cannot start the deadline thread ({error}); running without --timeout"),
+            );
+        }
+    }
+}
+
+/// Opens the driver and resolves the job's GPUs to its indexes.
+fn job_gpus(
+    context: &Context,
+    backend: &BackendChoice,
+    job: &Job,
+) -> Result<(Box<dyn Driver>, BTreeSet<u32>), Exit> {
+    let driver = driver::open(backend).map_err(|error| {
+        context.say(
+            "error",
+            None,
+            None,
+            &format!("cannot open the GPU driver: {error}"),
+        );
+        context.drain(&format!("cannot check the GPUs: {error}"));
+        Exit::Incomplete
+    })?;
+    let count = driver.gpu_count().unwrap_or(0);
+    let mut gpus = BTreeSet::new();
+    for gpu in &job.gpus {
+        let index = match gpu {
+            GpuRef::Index(index) if *index < count => Some(*index),
+            GpuRef::Index(_) => None,
+            GpuRef::Uuid(uuid) => (0..count).find(|&index| {
+                driver
+                    .gpu(index)
+                    .is_ok_and(|info| info.uuid.as_deref() == Some(uuid.as_str()))
+            }),
+        };
+        match index {
+            Some(index) => {
+                gpus.insert(index);
+            }
+            None => {
+                let shown = match gpu {
+                    GpuRef::Index(index) => index.to_string(),
+                    GpuRef::Uuid(uuid) => uuid.clone(),
+                };
+                let reason = format!(
+                    "job {}'s GPU {shown} is not on this host ({} reports {count} GPUs); check gres.conf",
+                    job.id,
+                    driver.describe()
+                );
+                context.say("error", None, None, &reason);
+                context.drain(&reason);
+                return Err(Exit::Incomplete);
+            }
+        }
+    }
+    Ok((driver, gpus))
+}
+
+/// What keeps a GPU from being clean.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finding {
+    pub gpu: u32,
+    pub pid: Option<u32>,
+    /// Only driver-held memory: a reset may clear it.
+    pub driver_held: bool,
+    /// One line, for the log and the drain reason (`GPU 1: ...`).
+    pub text: String,
+}
+
+/// Why the GPUs in `gpus` are not clean. `unexpected` says what is wrong
+/// with a process the driver lists there, or `None` when it may stay.
+fn findings(
+    snapshot: &Snapshot,
+    gpus: &BTreeSet<u32>,
+    unexpected: &mut dyn FnMut(&ProcessRecord) -> Option<String>,
+) -> Vec<Finding> {
+    let mut found = Vec::new();
+    for &index in gpus {
+        let Some(gpu) = snapshot.gpu(index) else {
+            found.push(Finding {
+                gpu: index,
+                pid: None,
+                driver_held: false,
+                text: format!("GPU {index}: not reported by the driver"),
+            });
+            continue;
+        };
+        if let Some(error) = &gpu.error {
+            found.push(Finding {
+                gpu: index,
+                pid: None,
+                driver_held: false,
+                text: format!("GPU {index}: driver error: {error}"),
+            });
+            continue;
+        }
+        for user in gpu.users.iter().filter(|user| user.listed) {
+            let memory = user
+                .memory
+                .map(|bytes| format!(" holds {}", Bytes(bytes)))
+                .unwrap_or_else(|| " holds memory".to_string());
+            let record = snapshot.processes.get(&user.pid).filter(|_| !user.hidden);
+            let text = match record {
+                // A zombie holds no memory: a stale entry of the driver's list.
+                Some(record) if record.state.has_exited() => continue,
+                Some(record) => match unexpected(record) {
+                    None => continue,
+                    Some(whose) => {
+                        let user_name = snapshot
+                            .details
+                            .get(&user.pid)
+                            .and_then(|details| details.user.clone())
+                            .or_else(|| record.uid.map(|uid| format!("uid {uid}")))
+                            .unwrap_or_else(|| "unknown user".to_string());
+                        format!(
+                            "GPU {index}: pid {} ({}, {user_name}, state {}){memory}: {whose}",
+                            user.pid,
+                            record.comm,
+                            record.state.letter()
+                        )
+                    }
+                },
+                None => format!(
+                    "GPU {index}: pid {} in another PID namespace{memory}",
+                    user.pid
+                ),
+            };
+            found.push(Finding {
+                gpu: index,
+                pid: Some(user.pid),
+                driver_held: false,
+                text,
+            });
+        }
+        if let Some(bytes) = gpu.unattributed()
+            && bytes > snapshot.bookkeeping_slack
+        {
+            found.push(Finding {
+                gpu: index,
+                pid: None,
+                driver_held: true,
+                text: format!(
+                    "GPU {index}: {} held by no process (driver-held)",
+                    Bytes(bytes)
+                ),
+            });
+        }
+    }
+    found
+}
+
+/// With `--reset`: resets each GPU whose only finding is driver-held memory,
+/// and drops the findings of those that came back clean.
+fn reset_driver_held(context: &Context, driver: &dyn Driver, found: Vec<Finding>) -> Vec<Finding> {
+    let mut by_gpu: BTreeMap<u32, Vec<Finding>> = BTreeMap::new();
+    for finding in found {
+        by_gpu.entry(finding.gpu).or_default().push(finding);
+    }
+    let mut left = Vec::new();
+    for (index, gpu_findings) in by_gpu {
+        if !gpu_findings.iter().all(|finding| finding.driver_held) {
+            left.extend(gpu_findings);
+            continue;
+        }
+        if context.dry_run {
+            context.say(
+                "reset",
+                Some(index),
+                None,
+                &format!("--dry-run: would reset GPU {index}"),
+            );
+            left.extend(gpu_findings);
+            continue;
+        }
+        let outcome = reset::reset(driver, index);
+        context.say("reset", Some(index), None, &outcome.to_string());
+        if !outcome.clean() {
+            left.extend(gpu_findings.into_iter().map(|mut finding| {
+                finding.text = format!("{} (reset: {})", finding.text, reset_word(&outcome));
+                finding
+            }));
+        }
+    }
+    left
+}
+
+fn reset_word(outcome: &reset::Reset) -> &'static str {
+    match outcome {
+        reset::Reset::InUse { .. } => "refused, in use",
+        reset::Reset::StillHeld { .. } => "still held after",
+        _ => "failed",
+    }
+}
+
+/// Drains with every finding in the reason, logging each; exit 1.
+fn drain_for(context: &Context, found: &[Finding]) -> Exit {
+    for finding in found {
+        context.say("held", Some(finding.gpu), finding.pid, &finding.text);
+    }
+    let reason: Vec<&str> = found.iter().map(|finding| finding.text.as_str()).collect();
+    context.drain(&reason.join("; "));
+    Exit::StillHeld
+}
+
+fn list(gpus: &BTreeSet<u32>) -> String {
+    gpus.iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The job of a process, from `SLURM_JOB_ID` in its environment.
+fn job_of(pid: u32) -> Option<u64> {
+    proc::env_value(pid, "SLURM_JOB_ID").and_then(|id| id.trim().parse().ok())
+}
+
+/// Starts a command: its context, bounded, with the job from the environment.
+fn start(command: &'static str, common: &SlurmCommonArgs) -> Result<(Context, Job), Exit> {
+    let job = match check_flags(common).and_then(|()| Job::from_env()) {
+        Ok(job) => job,
+        Err(error) => {
+            Context::new(command, common, None, None).say("error", None, None, &error);
+            return Err(Exit::Usage);
+        }
+    };
+    let context = Context::new(command, common, Some(job.id), job.node.clone());
+    Ok((context, job))
+}
+
+/// The flags' own mistakes, before anything is looked at: a `--timeout`
+/// under a second would end the command before it looked, and a
+/// `--scontrol` that cannot run would only show when a drain is needed.
+fn check_flags(common: &SlurmCommonArgs) -> Result<(), String> {
+    if let Some(path) = &common.scontrol {
+        Scontrol::find(Some(path))?;
+    }
+    if common.timeout < Duration::from_secs(1) {
+        return Err(format!(
+            "--timeout {} is too short to check a GPU: give 1s or more (default 30s)",
+            Elapsed(common.timeout)
+        ));
+    }
+    Ok(())
+}
+
+fn epilog(backend: &BackendChoice, args: &SlurmEpilogArgs) -> Exit {
+    let started = Instant::now();
+    let (context, job) = match start("epilog", &args.common) {
+        Ok(started) => started,
+        Err(code) => return code,
+    };
+    if job.gpus.is_empty() {
+        context.say("skip", None, None, "no GPUs on this node; nothing to check");
+        return Exit::Success;
+    }
+    context.bound("epilog", args.common.timeout);
+    let (driver, gpus) = match job_gpus(&context, backend, &job) {
+        Ok(resolved) => resolved,
+        Err(code) => return code,
+    };
+    let snapshot = Snapshot::take(driver.as_ref());
+    // The job's processes by environment, among those the driver lists on its GPUs.
+    let members = gpus
+        .iter()
+        .filter_map(|&index| snapshot.gpu(index))
+        .flat_map(|gpu| gpu.users.iter().filter(|user| user.listed && !user.hidden))
+        .filter_map(|user| snapshot.processes.get(&user.pid))
+        .filter(|record| job_of(record.id.pid) == Some(job.id))
+        .map(|record| record.id)
+        .collect();
+    let job_scope = JobScope {
+        // Root also owns the host's daemons: a root job's processes are known
+        // by their environment only.
+        uid: job.uid.filter(|&uid| uid != 0),
+        members,
+    };
+    let scope = Scope {
+        gpus: Some(gpus.clone()),
+        job: Some(job_scope.clone()),
+        ..Scope::default()
+    };
+    let guard = Guard::for_this_process(&[]);
+    let plan = reap::plan(&snapshot, &scope, &guard);
+    for spared in &plan.spared {
+        context.say(
+            "spare",
+            None,
+            Some(spared.pid),
+            &format!(
+                "pid {} ({}) left alone: {}",
+                spared.pid, spared.comm, spared.reason
+            ),
+        );
+    }
+    // A dry run signals nothing: what it would free is not held against the GPUs.
+    let would_free: BTreeSet<u32> = if context.dry_run {
+        plan.targets.iter().map(|target| target.pid).collect()
+    } else {
+        BTreeSet::new()
+    };
+    let after = if plan.targets.is_empty() {
+        snapshot
+    } else if context.dry_run {
+        for target in &plan.targets {
+            context.say(
+                "signal",
+                None,
+                Some(target.pid),
+                &format!(
+                    "--dry-run: would free pid {} ({}) on GPU {}",
+                    target.pid,
+                    target.comm,
+                    list(&target.gpus)
+                ),
+            );
+        }
+        snapshot
+    } else {
+        // Three quarters of the budget for freeing; the rest for the last
+        // look, a reset and the drain.
+        let budget = (args.common.timeout * 3 / 4).saturating_sub(started.elapsed());
+        let grace = args.grace.min(budget / 2);
+        // Verification waits past VERIFY only while memory is still going
+        // down: driver-held memory never comes back, and is judged below.
+        let options = Options {
+            grace,
+            timeout: budget.saturating_sub(grace).min(VERIFY),
+            poll: Duration::from_millis(5),
+        };
+        // Verified are the GPUs the leftovers use: a GPU the job left only
+        // driver-held memory on has nothing to wait for.
+        let touched: BTreeSet<u32> = plan
+            .targets
+            .iter()
+            .flat_map(|target| target.gpus.iter().copied())
+            .filter(|index| gpus.contains(index))
+            .collect();
+        let free_scope = Scope {
+            gpus: Some(if touched.is_empty() {
+                gpus.clone()
+            } else {
+                touched
+            }),
+            ..scope.clone()
+        };
+        let outcome = reap::free(
+            driver.as_ref(),
+            &free_scope,
+            &guard,
+            snapshot,
+            options,
+            &mut |_| {},
+        );
+        for target in &outcome.targets {
+            let signals: Vec<&str> = target
+                .signals
+                .iter()
+                .filter(|event| event.delivery == reap::Delivery::Sent)
+                .map(|event| event.signal.name())
+                .collect();
+            let fate = match (target.fate, target.exited_after_ms) {
+                (Fate::Exited, Some(ms)) => format!("exited after {ms} ms"),
+                (Fate::Exited, None) | (Fate::Zombie, _) => "exited".to_string(),
+                (Fate::PermissionDenied, _) => "permission denied".to_string(),
+                (Fate::Alive, _) => "still alive".to_string(),
+            };
+            context.say(
+                "signal",
+                target.gpus.first().copied(),
+                Some(target.pid),
+                &format!(
+                    "pid {} ({}) of job {}{}: {}; {fate}",
+                    target.pid,
+                    target.comm,
+                    job.id,
+                    if target.gpus.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" on GPU {}", list(&target.gpus))
+                    },
+                    if signals.is_empty() {
+                        "not signalled".to_string()
+                    } else {
+                        signals.join(", ")
+                    }
+                ),
+            );
+        }
+        Snapshot::take(driver.as_ref())
+    };
+    let mut found = findings(&after, &gpus, &mut |record| {
+        if would_free.contains(&record.id.pid) {
+            return None;
+        }
+        Some(if job_scope.admits(record) {
+            format!("job {}'s, not freed", job.id)
+        } else {
+            match job_of(record.id.pid) {
+                Some(other) => format!("job {other}'s, on a GPU allocated to job {}", job.id),
+                None => format!("not job {}'s, left alone", job.id),
+            }
+        })
+    });
+    if args.reset {
+        found = reset_driver_held(&context, driver.as_ref(), found);
+    }
+    if !found.is_empty() {
+        return drain_for(&context, &found);
+    }
+    context.say(
+        "clean",
+        None,
+        None,
+        &format!(
+            "{}GPU {} clean after {}",
+            if context.dry_run { "--dry-run: " } else { "" },
+            list(&gpus),
+            Elapsed(started.elapsed())
+        ),
+    );
+    Exit::Success
+}
+
+fn prolog(backend: &BackendChoice, args: &SlurmPrologArgs) -> Exit {
+    let started = Instant::now();
+    let (context, job) = match start("prolog", &args.common) {
+        Ok(started) => started,
+        Err(code) => return code,
+    };
+    if job.gpus.is_empty() {
+        context.say("skip", None, None, "no GPUs on this node; nothing to check");
+        return Exit::Success;
+    }
+    context.bound("prolog", args.common.timeout);
+    let (driver, gpus) = match job_gpus(&context, backend, &job) {
+        Ok(resolved) => resolved,
+        Err(code) => return code,
+    };
+    let wait_until = started + args.wait;
+    loop {
+        let snapshot = Snapshot::take(driver.as_ref());
+        let found = findings(&snapshot, &gpus, &mut |record| {
+            Some(match job_of(record.id.pid) {
+                Some(other) if other == job.id => format!("job {}'s, before it started", job.id),
+                Some(other) => format!("job {other}'s"),
+                None => "no job's".to_string(),
+            })
+        });
+        if found.is_empty() {
+            context.say(
+                "clean",
+                None,
+                None,
+                &format!(
+                    "GPU {} clean after {}",
+                    list(&gpus),
+                    Elapsed(started.elapsed())
+                ),
+            );
+            return Exit::Success;
+        }
+        let now = Instant::now();
+        if now >= wait_until {
+            return drain_for(&context, &found);
+        }
+        // A release in progress: look again as soon as the memory moves.
+        let last = gpus
+            .iter()
+            .map(|&index| (index, snapshot.gpu(index).and_then(|gpu| gpu.memory_used)))
+            .collect();
+        driver.wait_for_change(
+            &last,
+            Duration::from_millis(5),
+            (wait_until - now).min(Duration::from_millis(250)),
+        );
+    }
+}
+
+/// The node a health check is about: `--node`, `SLURMD_NODENAME`, else the
+/// host's short name (what slurmd uses by default).
+fn node_name(given: Option<&str>) -> Option<String> {
+    given
+        .map(str::to_string)
+        .or_else(|| env("SLURMD_NODENAME"))
+        .or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .and_then(|name| name.trim().split('.').next().map(str::to_string))
+                .filter(|name| !name.is_empty())
+        })
+}
+
+fn healthcheck(backend: &BackendChoice, args: &SlurmHealthcheckArgs) -> Exit {
+    let started = Instant::now();
+    if let Err(error) = check_flags(&args.common) {
+        Context::new("healthcheck", &args.common, None, None).say("error", None, None, &error);
+        return Exit::Usage;
+    }
+    let Some(node) = node_name(args.node.as_deref()) else {
+        Context::new("healthcheck", &args.common, None, None).say(
+            "error",
+            None,
+            None,
+            "cannot tell this node's name: pass --node NAME or set SLURMD_NODENAME",
+        );
+        return Exit::Usage;
+    };
+    let context = Context::new("healthcheck", &args.common, None, Some(node.clone()));
+    context.bound("healthcheck", args.common.timeout);
+    let scontrol = match context.scontrol() {
+        Ok(scontrol) => scontrol,
+        Err(error) => {
+            context.say("error", None, None, &error);
+            return Exit::Incomplete;
+        }
+    };
+    let driver = match driver::open(backend) {
+        Ok(driver) => driver,
+        Err(error) => {
+            context.say(
+                "error",
+                None,
+                None,
+                &format!("cannot open the GPU driver: {error}"),
+            );
+            context.drain(&format!("cannot check the GPUs: {error}"));
+            return Exit::Incomplete;
+        }
+    };
+    let gpus: BTreeSet<u32> = (0..driver.gpu_count().unwrap_or(0)).collect();
+    let snapshot = Snapshot::take(driver.as_ref());
+    let mut job_states: BTreeMap<u64, Result<Option<String>, String>> = BTreeMap::new();
+    let mut found = findings(&snapshot, &gpus, &mut |record| {
+        if select::protected_name(record, select::DEFAULT_PROTECTED).is_some() {
+            return None;
+        }
+        let Some(job) = job_of(record.id.pid) else {
+            return Some("no job's".to_string());
+        };
+        let state = job_states
+            .entry(job)
+            .or_insert_with(|| scontrol.job_state(job));
+        match state {
+            Ok(Some(state)) if LIVE_JOB_STATES.iter().any(|live| state.starts_with(live)) => None,
+            Ok(Some(state)) => Some(format!("job {job}'s, which is {state}")),
+            Ok(None) => Some(format!("job {job}'s, which Slurm no longer knows")),
+            // Slurm could not say: do not drain on a guess.
+            Err(_) => None,
+        }
+    });
+    for (job, state) in &job_states {
+        if let Err(error) = state {
+            context.say(
+                "error",
+                None,
+                None,
+                &format!(
+                    "cannot ask Slurm about job {job}, so its processes are not judged: {error}"
+                ),
+            );
+        }
+    }
+    if args.reset {
+        found = reset_driver_held(&context, driver.as_ref(), found);
+    }
+    let state = match scontrol.node(&node) {
+        Ok(state) => state,
+        Err(error) => {
+            context.say(
+                "error",
+                None,
+                None,
+                &format!("cannot read node {node}: {error}"),
+            );
+            return if found.is_empty() {
+                Exit::Incomplete
+            } else {
+                drain_for(&context, &found)
+            };
+        }
+    };
+    let ours = state
+        .reason
+        .as_deref()
+        .is_some_and(|reason| reason.starts_with(REASON_PREFIX));
+    if !found.is_empty() {
+        if state.drained() && !ours {
+            for finding in &found {
+                context.say("held", Some(finding.gpu), finding.pid, &finding.text);
+            }
+            context.say(
+                "leave",
+                None,
+                None,
+                &format!(
+                    "{node} is drained already by someone else (reason: {}); left as it is",
+                    state.reason.as_deref().unwrap_or("none")
+                ),
+            );
+            return Exit::StillHeld;
+        }
+        return drain_for(&context, &found);
+    }
+    if state.drained() && ours {
+        let reason = state.reason.as_deref().unwrap_or_default();
+        if context.dry_run {
+            context.say(
+                "resume",
+                None,
+                None,
+                &format!("--dry-run: would resume {node} (drained: {reason})"),
+            );
+        } else {
+            match scontrol.resume(&node) {
+                Ok(()) => context.say(
+                    "resume",
+                    None,
+                    None,
+                    &format!("GPUs clean again; resumed {node} (drained: {reason})"),
+                ),
+                Err(error) => {
+                    context.say(
+                        "error",
+                        None,
+                        None,
+                        &format!("cannot resume {node}: {error}"),
+                    );
+                    return Exit::Incomplete;
+                }
+            }
+        }
+    } else if state.drained() {
+        context.say(
+            "leave",
+            None,
+            None,
+            &format!(
+                "GPUs clean; {node} stays drained: the reason is not gpureap's ({})",
+                state.reason.as_deref().unwrap_or("none")
+            ),
+        );
+    } else {
+        context.say(
+            "clean",
+            None,
+            None,
+            &format!(
+                "{} GPUs clean after {}",
+                gpus.len(),
+                Elapsed(started.elapsed())
+            ),
+        );
+    }
+    Exit::Success
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpu_lists_as_slurm_sets_them() {
+        assert_eq!(
+            parse_gpus("0,2"),
+            Ok(vec![GpuRef::Index(0), GpuRef::Index(2)])
+        );
+        assert_eq!(
+            parse_gpus("1-3"),
+            Ok(vec![GpuRef::Index(1), GpuRef::Index(2), GpuRef::Index(3)])
+        );
+        assert_eq!(
+            parse_gpus("GPU-0f3c,1"),
+            Ok(vec![GpuRef::Uuid("GPU-0f3c".to_string()), GpuRef::Index(1)])
+        );
+        assert_eq!(parse_gpus("NoDevFiles"), Ok(Vec::new()));
+        for bad in ["0,,1", "x", "-1", "3-1", "0-4294967295", "+1", "MIG-1/2/3"] {
+            assert!(parse_gpus(bad).is_err(), "{bad}");
+        }
+    }
+}

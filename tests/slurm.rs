@@ -1,0 +1,417 @@
+//! `gpureap slurm` against a real Slurm (munged, slurmctld, slurmd started by
+//! this test process, see `cluster`), and `gpureap reset` on the simulated
+//! driver, whose device nodes are character devices here as on a real host.
+
+mod cluster;
+
+use std::fs;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use gpureap::driver::sim::incident::{Holder, Incident, SimHost};
+
+use crate::harness::{GIB, alive, run};
+use cluster::{Cluster, SCONTROL, cluster, wait_for};
+
+/// The PID a staged process recorded under `title` in the host's pids file.
+fn recorded(host: &SimHost, title: &str) -> Option<u32> {
+    fs::read_to_string(host.path().join("pids"))
+        .unwrap_or_default()
+        .lines()
+        .rev()
+        .find_map(|line| {
+            let (pid, recorded) = line.split_once(' ')?;
+            (recorded == title).then(|| pid.parse().ok())?
+        })
+}
+
+/// Writes a holder's script where a job can run it.
+fn holder_script(cluster: &Cluster, name: &str, holder: &Holder) -> String {
+    let path = cluster.dir.join(format!("{name}.sh"));
+    fs::write(&path, holder.script()).expect("holder script");
+    path.display().to_string()
+}
+
+/// `gpureap slurm healthcheck` as HealthCheckProgram= would run it.
+fn healthcheck(cluster: &Cluster, extra: &[&str]) -> crate::harness::Run {
+    Command::new(env!("CARGO_BIN_EXE_gpureap"))
+        .args(["--backend", &cluster.sim.backend()])
+        .args([
+            "slurm",
+            "healthcheck",
+            "--node",
+            &cluster.node,
+            "--scontrol",
+            SCONTROL,
+        ])
+        .arg("--log")
+        .arg(cluster.dir.join("audit.jsonl"))
+        .args(extra)
+        .env("SLURM_CONF", cluster.conf())
+        .env_remove("SLURMD_NODENAME")
+        .env_remove("GPUREAP_BACKEND")
+        .stdin(Stdio::null())
+        .output()
+        .expect("gpureap runs")
+        .into()
+}
+
+fn actions(lines: &[serde_json::Value]) -> Vec<String> {
+    lines
+        .iter()
+        .map(|line| line["action"].as_str().unwrap_or("").to_string())
+        .collect()
+}
+
+#[test]
+fn epilog_frees_an_escaped_holder_and_spares_a_bystander() {
+    let (cluster, _turn) = cluster();
+    let mut incident = Incident::new(&cluster.sim);
+    let bystander = incident
+        .holder(&Holder::new("bystander_on_gpu1").on(1, 3 * GIB))
+        .expect("bystander");
+    // The job's worker escapes the job: setsid + nohup, still running when
+    // the batch script ends (proctrack/linuxproc does not catch it).
+    let worker = holder_script(
+        cluster,
+        "escaped",
+        &Holder::new("escaped_worker").on(0, 2 * GIB),
+    );
+    let job = cluster.sbatch(
+        &["--uid=nobody", "--gres=gpu:1"],
+        &format!(
+            "[ \"$SLURM_JOB_GPUS\" = 0 ] || exit 7\n\
+             setsid nohup bash {worker} </dev/null >/dev/null 2>&1 &\n\
+             until grep -q ' escaped_worker$' \"$D/pids\"; do sleep 0.05; done\n\
+             sleep 0.2"
+        ),
+    );
+    let lines = cluster.wait_for_hook(job, "epilog");
+    let escaped = recorded(&cluster.sim, "escaped_worker").expect("the job staged its worker");
+    assert!(actions(&lines).contains(&"clean".to_string()), "{lines:#?}");
+    assert!(
+        lines
+            .iter()
+            .any(|line| line["action"] == "signal" && line["pid"] == escaped),
+        "the escaped worker {escaped} was freed by the epilog: {lines:#?}"
+    );
+    assert!(
+        wait_for(Duration::from_secs(5), || !alive(escaped)).is_ok(),
+        "escaped worker {escaped} still alive"
+    );
+    assert!(alive(bystander), "the bystander on GPU 1 was spared");
+    let (state, _) = cluster.node_state().expect("node state");
+    assert!(!state.contains("DRAIN"), "node stays in service: {state}");
+}
+
+#[test]
+fn epilog_drains_the_node_on_driver_held_memory() {
+    let (cluster, _turn) = cluster();
+    let job = cluster.sbatch(
+        &["--gres=gpu:1"],
+        "echo $((5 << 30)) > \"$D/leak.$SLURM_JOB_GPUS\"",
+    );
+    let lines = cluster.wait_for_hook(job, "epilog");
+    assert!(actions(&lines).contains(&"drain".to_string()), "{lines:#?}");
+    let mut last = None;
+    let drained = wait_for(Duration::from_secs(20), || {
+        last = cluster.node_state();
+        last.as_ref()
+            .is_some_and(|(state, _)| state.contains("DRAIN"))
+    });
+    assert!(drained.is_ok(), "node not drained: {last:?}");
+    let (_, reason) = last.expect("state");
+    assert_eq!(
+        reason.as_deref(),
+        Some("gpureap: GPU 0: 5.0 GiB held by no process (driver-held)")
+    );
+}
+
+#[test]
+fn prolog_refuses_a_dirty_gpu_and_the_job_does_not_run() {
+    let (cluster, _turn) = cluster();
+    cluster.sim.leak(1, 5 * GIB).expect("leak");
+    let marker = cluster.dir.join("prolog-job-ran");
+    let job = cluster.sbatch(&["--gres=gpu:2"], &format!("touch {}", marker.display()));
+    let lines = cluster.wait_for_hook(job, "prolog");
+    assert!(actions(&lines).contains(&"drain".to_string()), "{lines:#?}");
+    let mut last = None;
+    let drained = wait_for(Duration::from_secs(20), || {
+        last = cluster.node_state();
+        last.as_ref()
+            .is_some_and(|(state, _)| state.contains("DRAIN"))
+    });
+    assert!(drained.is_ok(), "node not drained: {last:?}");
+    let (_, reason) = last.expect("state");
+    assert_eq!(
+        reason.as_deref(),
+        Some("gpureap: GPU 1: 5.0 GiB held by no process (driver-held)")
+    );
+    let requeued = wait_for(Duration::from_secs(20), || {
+        cluster.job_state(job) == "PENDING"
+    });
+    assert!(
+        requeued.is_ok(),
+        "job {job} not requeued: {}",
+        cluster.job_state(job)
+    );
+    assert!(!marker.exists(), "the job ran on a dirty GPU");
+}
+
+#[test]
+fn healthcheck_drains_resumes_its_own_drain_and_leaves_an_admins() {
+    let (cluster, _turn) = cluster();
+    let reason = |cluster: &Cluster| cluster.node_state().and_then(|(_, reason)| reason);
+
+    // A process of no job holds GPU 0: drained, with gpureap's reason.
+    let mut incident = Incident::new(&cluster.sim);
+    let stray = incident
+        .holder(&Holder::new("stray_holder").on(0, GIB))
+        .expect("stray");
+    let first = healthcheck(cluster, &[]);
+    assert_eq!(first.code, 1, "{}", first.stderr);
+    let drained = reason(cluster).unwrap_or_default();
+    assert!(
+        drained.starts_with(&format!(
+            "gpureap: GPU 0: pid {stray} (sleep, root, state S) holds 1.0 GiB: no job's"
+        )),
+        "{drained}"
+    );
+    assert!(alive(stray), "the health check signals nothing");
+
+    // Clean again: gpureap's own drain is undone.
+    drop(incident);
+    assert!(wait_for(Duration::from_secs(5), || !alive(stray)).is_ok());
+    let second = healthcheck(cluster, &[]);
+    assert_eq!(second.code, 0, "{}", second.stderr);
+    assert!(second.stderr.contains("resume"), "{}", second.stderr);
+    let (state, _) = cluster.node_state().expect("state");
+    assert!(!state.contains("DRAIN"), "{state}");
+
+    // An admin's drain stays, clean GPUs or not, and keeps its reason.
+    cluster.scontrol(&[
+        "update",
+        &format!("nodename={}", cluster.node),
+        "state=drain",
+        "reason=disk replacement",
+    ]);
+    let clean = healthcheck(cluster, &[]);
+    assert_eq!(clean.code, 0, "{}", clean.stderr);
+    cluster.sim.leak(1, 5 * GIB).expect("leak");
+    let dirty = healthcheck(cluster, &[]);
+    assert_eq!(dirty.code, 1, "{}", dirty.stderr);
+    assert!(dirty.stderr.contains("left as it is"), "{}", dirty.stderr);
+    let (state, admin) = cluster.node_state().expect("state");
+    assert!(state.contains("DRAIN"), "{state}");
+    assert_eq!(admin.as_deref(), Some("disk replacement"));
+}
+
+#[test]
+fn healthcheck_with_reset_clears_driver_held_memory_instead_of_draining() {
+    let (cluster, _turn) = cluster();
+    cluster.sim.leak(0, 5 * GIB).expect("leak");
+    let run = healthcheck(cluster, &["--reset"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("GPU 0: reset; 5.0 GiB cleared"),
+        "{}",
+        run.stderr
+    );
+    assert!(!cluster.sim.path().join("leak.0").exists());
+    let (state, _) = cluster.node_state().expect("state");
+    assert!(!state.contains("DRAIN"), "{state}");
+}
+
+#[test]
+fn a_job_without_gpus_is_skipped() {
+    let (cluster, _turn) = cluster();
+    let job = cluster.sbatch(&[], "true");
+    let lines = cluster.wait_for_hook(job, "epilog");
+    assert_eq!(actions(&lines), ["skip"], "{lines:#?}");
+    let prolog = cluster.wait_for_hook(job, "prolog");
+    assert_eq!(actions(&prolog), ["skip"], "{prolog:#?}");
+    let (state, _) = cluster.node_state().expect("state");
+    assert!(!state.contains("DRAIN"), "{state}");
+}
+
+#[test]
+fn reset_clears_driver_held_memory_and_never_touches_a_gpu_in_use() {
+    let host = SimHost::with_char_devices(2, 80 * GIB, "H200").expect("host");
+    let kind = fs::symlink_metadata(host.path().join("nvidia0")).expect("node");
+    assert!(std::os::unix::fs::FileTypeExt::is_char_device(
+        &kind.file_type()
+    ));
+
+    host.leak(0, 5 * GIB).expect("leak");
+    let reset = run(&host, &["reset", "--gpu", "0"]);
+    assert_eq!(reset.code, 0, "{}{}", reset.stdout, reset.stderr);
+    assert!(
+        reset.stdout.contains("GPU 0: reset; 5.0 GiB cleared"),
+        "{}",
+        reset.stdout
+    );
+    assert!(!host.path().join("leak.0").exists());
+    let status = run(&host, &["status", "--json"]).json();
+    assert_eq!(status["gpus"][0]["memory_used"], 0);
+
+    // Nothing held: nothing reset. A GPU that is not there: bad usage.
+    let nothing = run(&host, &["reset", "--gpu", "0"]);
+    assert_eq!(nothing.code, 0);
+    assert!(nothing.stdout.contains("not reset"), "{}", nothing.stdout);
+    assert_eq!(run(&host, &["reset", "--gpu", "5"]).code, 2);
+
+    // A GPU someone uses is never reset, leak or not.
+    let mut incident = Incident::new(&host);
+    let user = incident
+        .holder(&Holder::new("user_on_gpu1").on(1, GIB))
+        .expect("holder");
+    host.leak(1, 5 * GIB).expect("leak");
+    let refused = run(&host, &["reset", "--gpu", "1"]);
+    assert_eq!(refused.code, 1, "{}{}", refused.stdout, refused.stderr);
+    assert!(
+        refused.stdout.contains(&format!("in use by pid {user}")),
+        "{}",
+        refused.stdout
+    );
+    assert!(host.path().join("leak.1").exists());
+    assert!(alive(user));
+
+    // Every CUDA process opens every GPU's node: GPU 0 is in use too now.
+    let other = run(&host, &["reset", "--gpu", "0"]);
+    assert_eq!(other.code, 1, "{}", other.stdout);
+}
+
+#[test]
+fn slurm_commands_outside_slurm_say_what_is_missing() {
+    let host = SimHost::new(1, 80 * GIB, "H200").expect("host");
+    let epilog = crate::harness::gpureap(&host)
+        .args(["slurm", "epilog"])
+        .env_remove("SLURM_JOB_ID")
+        .output()
+        .expect("runs");
+    assert_eq!(epilog.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&epilog.stderr).contains("SLURM_JOB_ID is not set"));
+
+    let bad = crate::harness::gpureap(&host)
+        .args(["slurm", "epilog", "--dry-run"])
+        .env("SLURM_JOB_ID", "7")
+        .env("SLURM_JOB_GPUS", "0,zero")
+        .output()
+        .expect("runs");
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("SLURM_JOB_GPUS: 'zero' is not a GPU index")
+    );
+
+    let scontrol = crate::harness::gpureap(&host)
+        .args(["slurm", "epilog", "--scontrol", "/nonexistent/scontrol"])
+        .env("SLURM_JOB_ID", "7")
+        .output()
+        .expect("runs");
+    assert_eq!(scontrol.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&scontrol.stderr).contains("not an executable file"));
+
+    // A log planted as a link is refused, and the epilog goes on without it.
+    let planted = tempfile::tempdir().expect("dir");
+    std::os::unix::fs::symlink("/etc/passwd", planted.path().join("log")).expect("link");
+    let linked = crate::harness::gpureap(&host)
+        .args(["slurm", "epilog", "--log"])
+        .arg(planted.path().join("log"))
+        .env("SLURM_JOB_ID", "7")
+        .env_remove("SLURM_JOB_GPUS")
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .output()
+        .expect("runs");
+    assert_eq!(linked.status.code(), Some(0));
+    let said = String::from_utf8_lossy(&linked.stderr);
+    assert!(
+        said.contains("cannot open --log") && said.contains("skip: no GPUs"),
+        "{said}"
+    );
+
+    // A GPU the host does not have: exit 3, with the drain it would need.
+    let missing = crate::harness::gpureap(&host)
+        .args(["slurm", "epilog", "--dry-run"])
+        .env("SLURM_JOB_ID", "7")
+        .env("SLURM_JOB_GPUS", "3")
+        .env("SLURMD_NODENAME", "n1")
+        .output()
+        .expect("runs");
+    assert_eq!(missing.status.code(), Some(3));
+    assert!(
+        String::from_utf8_lossy(&missing.stderr)
+            .contains("would drain n1: gpureap: job 7's GPU 3 is not on this host"),
+        "{}",
+        String::from_utf8_lossy(&missing.stderr)
+    );
+}
+
+#[test]
+fn epilog_reports_an_unexpected_holder_and_never_signals_it() {
+    let (cluster, _turn) = cluster();
+    // Root's process on GPU 0, which job 4242 of user nobody had to itself.
+    let mut incident = Incident::new(&cluster.sim);
+    let foreign = incident
+        .holder(&Holder::new("foreign_holder").on(0, GIB))
+        .expect("holder");
+    let epilog: crate::harness::Run = Command::new(env!("CARGO_BIN_EXE_gpureap"))
+        .args(["--backend", &cluster.sim.backend()])
+        .args(["slurm", "epilog", "--scontrol", SCONTROL])
+        .env("SLURM_CONF", cluster.conf())
+        .env("SLURM_JOB_ID", "4242")
+        .env("SLURM_JOB_UID", "65534")
+        .env("SLURM_JOB_GPUS", "0")
+        .env("SLURMD_NODENAME", &cluster.node)
+        .env_remove("GPUREAP_BACKEND")
+        .stdin(Stdio::null())
+        .output()
+        .expect("gpureap runs")
+        .into();
+    assert_eq!(epilog.code, 1, "{}", epilog.stderr);
+    assert!(alive(foreign), "never signalled");
+    assert!(!epilog.stderr.contains("signal:"), "{}", epilog.stderr);
+    let (state, reason) = cluster.node_state().expect("state");
+    assert!(state.contains("DRAIN"), "{state}");
+    assert_eq!(
+        reason.unwrap_or_default(),
+        format!(
+            "gpureap: GPU 0: pid {foreign} (sleep, root, state S) holds 1.0 GiB: not job 4242's, left alone"
+        )
+    );
+}
+
+#[test]
+fn epilog_with_reset_frees_a_root_jobs_leftover_and_resets_driver_held_memory() {
+    let host = SimHost::with_char_devices(2, 80 * GIB, "H200").expect("host");
+    let mut incident = Incident::new(&host);
+    // A root job's worker is known by its environment only; a root process
+    // without it on the same GPU is not the job's.
+    let leftover = Holder::new("root_job_leftover").on(0, 2 * GIB);
+    incident
+        .spawn(
+            &format!("export SLURM_JOB_ID=4343; {}", leftover.script()),
+            1,
+        )
+        .expect("leftover");
+    let leftover = incident.pid_of("root_job_leftover").expect("pid");
+    host.leak(1, 5 * GIB).expect("leak");
+    let epilog: crate::harness::Run = crate::harness::gpureap(&host)
+        .args(["slurm", "epilog", "--reset", "--grace", "1s"])
+        .env("SLURM_JOB_ID", "4343")
+        .env("SLURM_JOB_UID", "0")
+        .env("SLURM_JOB_GPUS", "0,1")
+        .env("SLURMD_NODENAME", "not-drained")
+        .output()
+        .expect("runs")
+        .into();
+    assert_eq!(epilog.code, 0, "{}", epilog.stderr);
+    assert!(!alive(leftover), "{}", epilog.stderr);
+    assert!(
+        epilog
+            .stderr
+            .contains("reset: GPU 1: reset; 5.0 GiB cleared"),
+        "{}",
+        epilog.stderr
+    );
+    assert!(!host.path().join("leak.1").exists());
+}
