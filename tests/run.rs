@@ -471,7 +471,9 @@ fn a_busy_spinning_start_is_a_hang_and_the_bundle_shows_the_cpu() {
                 .as_str()
                 .is_some_and(|c| c.starts_with("sglang::scheduler_TP"))
         })
-        .filter(|member| member["cpu_percent"].as_f64().is_some_and(|cpu| cpu > 30.0))
+        // A spinner gets a core's share even on a loaded machine (25% at load 8 on
+        // 2 cores); a sleeping process gets 0. 5% tells them apart under any load.
+        .filter(|member| member["cpu_percent"].as_f64().is_some_and(|cpu| cpu > 5.0))
         .count();
     assert!(
         spinning >= 1,
