@@ -5,6 +5,7 @@ mod fleet;
 mod harness;
 mod incidents;
 mod input;
+mod portable;
 mod run;
 mod run_output;
 mod run_stale;
