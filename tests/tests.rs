@@ -5,6 +5,7 @@ mod fleet;
 mod harness;
 mod incidents;
 mod input;
+mod old_kernel;
 mod portable;
 mod run;
 mod run_output;
