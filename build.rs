@@ -88,15 +88,23 @@ fn commit(root: &Path) -> Option<String> {
 /// YYYY-MM-DD in UTC: SOURCE_DATE_EPOCH's day when it is set, else today.
 fn build_date() -> String {
     let when = match std::env::var("SOURCE_DATE_EPOCH") {
-        Ok(text) => {
-            let seconds: u64 = text.trim().parse().unwrap_or_else(|_| {
-                panic!("SOURCE_DATE_EPOCH={text:?} is not a number of seconds since 1970")
-            });
-            SystemTime::UNIX_EPOCH
-                .checked_add(Duration::from_secs(seconds))
-                .unwrap_or_else(|| panic!("SOURCE_DATE_EPOCH={text:?} is too far in the future"))
+        // Empty counts as unset (a build system that exports it with no value).
+        Ok(text) if !text.trim().is_empty() => {
+            // The last second of 9999-12-31: a date must have four digits.
+            let seconds = text
+                .trim()
+                .parse::<u64>()
+                .ok()
+                .filter(|&seconds| seconds <= 253_402_300_799)
+                .unwrap_or_else(|| {
+                    panic!(
+                        "SOURCE_DATE_EPOCH={text:?} is not a number of seconds since 1970 \
+                         (up to the year 9999)"
+                    )
+                });
+            SystemTime::UNIX_EPOCH + Duration::from_secs(seconds)
         }
-        Err(_) => SystemTime::now(),
+        _ => SystemTime::now(),
     };
     let stamp = humantime::format_rfc3339_seconds(when).to_string();
     stamp.split('T').next().unwrap_or(&stamp).to_string()
