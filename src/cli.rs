@@ -109,10 +109,22 @@ fn scan_interval(text: &str) -> Result<Duration, String> {
     Ok(interval)
 }
 
+/// `gpureap --version`: the crate's version, the commit and the build date
+/// (build.rs), e.g. `0.1.0 (abc1234 2026-11-30)`; `-dirty` after the commit
+/// when the sources differed from it.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("GPUREAP_COMMIT"),
+    " ",
+    env!("GPUREAP_BUILD_DATE"),
+    ")"
+);
+
 #[derive(Debug, Parser)]
 #[command(
     name = "gpureap",
-    version,
+    version = VERSION,
     args_override_self = true,
     about = "See who holds each NVIDIA GPU, free exactly what you scope, and prove the memory came back.",
     after_help = "Examples:

@@ -6,6 +6,8 @@ mod fleet;
 mod harness;
 mod incidents;
 mod input;
+mod old_kernel;
+mod portable;
 mod push;
 mod run;
 mod run_output;
