@@ -8,8 +8,11 @@
 It builds gpureap (cargo build --release) unless --bin is given. Three parts:
 
 1. Seeing: `gpureap status --json` against `fuser` on the same device nodes (and, with --gpu,
-   `nvidia-smi --query-compute-apps`), with 100, 1,000 and 5,000 extra idle processes of about
-   ten open files each (bench/crowd.py starts and ends them). Wall time (median) and peak RSS.
+   `nvidia-smi --query-compute-apps`), with 100, 1,000, 5,000 and 20,000 extra idle processes
+   of about ten open files each (bench/crowd.py starts and ends them; --quick: 100 and 1,000;
+   `--crowds 100,1000` picks others). Wall time (median) and peak RSS, and a plot of time against
+   process count, one line per tool (an SVG written by this script: docs/bench/seeing-sim.svg,
+   or docs/bench/seeing-h200.svg with --gpu, or seeing-h200.svg beside the --out file).
 2. Freeing: an orphaned 8-worker tree (launcher SIGKILLed), from the command's start to
    verified free: gpureap --grace 0, gpureap with the default grace (workers exit on SIGTERM),
    the recipe `fuser -k <nodes>; sleep 5; <memory query>`, and `pkill -9 -f <name>` followed by
@@ -18,10 +21,13 @@ It builds gpureap (cargo build --release) unless --bin is given. Three parts:
    recipe's all the same. With --gpu it also measures the driver's own release time: SIGKILL
    to memory back, as NVML sees it, polled every millisecond.
 3. Waiting: how long after the memory is back `gpureap wait` returns.
+5. Idle cost ("idle"): CPU time (GNU time) of `gpureap wait` and of free's verification
+   while the GPU stays held, with 5,000 extra processes (1,000 with --quick).
 4. Fleet (not with --gpu): `status -H` over 8 real sshd hosts in network namespaces against 8
    parallel ssh calls and the sequential loop (bench/fleet_bench.py; needs root).
 
     python3 bench/bench.py --exporter      # only the exporter's part (below); its own section of the doc
+    python3 bench/bench.py --parts seeing  # only some of parts 1-4 (seeing, freeing, waiting, fleet)
 
 4. Exporter (`--exporter`): `gpureap exporter --interval 15s` on the simulated host with the
    orphaned tree and 5,000 extra processes (1,000 with --quick): scrape latency p50/p99 over
@@ -55,8 +61,13 @@ GPU = "--gpu" in args
 OUT = Path(args[args.index("--out") + 1]) if "--out" in args else None
 BIN = str(Path(args[args.index("--bin") + 1]).resolve()) if "--bin" in args else None
 EXPORTER = "--exporter" in args
+# --compare OTHER: parts that support it (idle) run this build and OTHER side by side, interleaved.
+COMPARE = str(Path(args[args.index("--compare") + 1]).resolve()) if "--compare" in args else None
 REPEAT = 3 if QUICK else 5
-CROWDS = [100, 1000] if QUICK else [100, 1000, 5000]
+CROWDS = ([int(n) for n in args[args.index("--crowds") + 1].split(",")] if "--crowds" in args
+          else [100, 1000] if QUICK else [100, 1000, 5000, 20000])
+PARTS = (args[args.index("--parts") + 1].split(",") if "--parts" in args
+         else ["seeing", "freeing", "waiting", "idle"] + ([] if GPU else ["fleet"]))
 WORKERS = 8
 LINES = []
 
@@ -243,37 +254,66 @@ def wait_until_free(host, baseline, timeout=60):
     return False
 
 
+def room_for(crowd_size):
+    """Whether this many more processes fit under the PID limit, with 2,000 to spare."""
+    try:
+        pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    except (OSError, ValueError):
+        return True
+    running = sum(1 for entry in os.listdir("/proc") if entry.isdigit())
+    return running + crowd_size + 2000 <= pid_max
+
+
 def seeing(host):
     say("## 1. Seeing: who holds the GPUs\n")
-    say(f"Each figure is the median of {REPEAT} runs, interleaved, each through GNU time (its ~1 ms is in every figure); peak RSS from GNU time.\n")
+    say(f"Each figure is the median of {REPEAT} runs, interleaved, each through GNU time (its ~1 ms is in every figure); "
+        "peak RSS from GNU time. The extra processes are idle `sleep`s with 13 descriptors each (bench/crowd.py). "
+        "Load average (1 min) when each crowd's runs ended in the last column: the runs of a row share it.\n")
     tree = Tree(host, "see")
     fuser = shutil.which("fuser")
-    header = "| extra processes | gpureap status --json |" + (" fuser (list only) | fuser / gpureap |" if fuser else "")
-    rule = "|---|---|" + ("---|---|" if fuser else "")
+    tools = [("gpureap", "gpureap status --json", host.gpureap("status", "--json"))]
+    if fuser:
+        tools.append(("fuser", "fuser (list only)", ["fuser", *host.nodes]))
+    if GPU:
+        tools.append(("smi", "nvidia-smi --query-compute-apps",
+                      ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv"]))
+    header = "| extra processes | gpureap status --json |"
+    rule = "|---|---|"
+    if fuser:
+        header += " fuser (list only) | fuser / gpureap |"
+        rule += "---|---|"
     if GPU:
         header += " nvidia-smi --query-compute-apps | nvidia-smi / gpureap |"
         rule += "---|---|"
-    say(header)
-    say(rule)
+    say(header + " load |")
+    say(rule + "---|")
+    series = {label: [] for _, label, _ in tools}
+    skipped = []
     try:
         for crowd_size in CROWDS:
+            if not room_for(crowd_size):
+                skipped.append(crowd_size)
+                continue
             ready = Path(tempfile.mktemp(prefix="gpureap-crowd-"))
             crowd = subprocess.Popen([sys.executable, str(ROOT / "bench/crowd.py"), str(crowd_size), str(ready)])
-            while not ready.exists():
-                time.sleep(0.05)
-            times = {"gpureap": [], "fuser": [], "smi": []}
-            rss = {"gpureap": [], "fuser": [], "smi": []}
-            for _ in range(REPEAT):
-                for name, command in (
-                    [("gpureap", host.gpureap("status", "--json"))]
-                    + ([("fuser", ["fuser", *host.nodes])] if fuser else [])
-                    + ([("smi", ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv"])] if GPU else [])
-                ):
-                    seconds, peak, _ = timed(command)
-                    times[name].append(seconds)
-                    rss[name].append(peak)
-            crowd.send_signal(signal.SIGTERM)
-            crowd.wait()
+            try:
+                while not ready.exists():
+                    if crowd.poll() is not None:
+                        raise SystemExit(f"bench/crowd.py could not start {crowd_size} processes")
+                    time.sleep(0.05)
+                times = {name: [] for name, _, _ in tools}
+                rss = {name: [] for name, _, _ in tools}
+                for _ in range(REPEAT):
+                    for name, _, command in tools:
+                        seconds, peak, _ = timed(command)
+                        times[name].append(seconds)
+                        rss[name].append(peak)
+                load = os.getloadavg()[0]
+            finally:
+                crowd.send_signal(signal.SIGTERM)
+                crowd.wait()
+            for name, label, _ in tools:
+                series[label].append((crowd_size, median(times[name]) * 1000))
             g = median(times["gpureap"])
             row = f"| {crowd_size:,} | {g * 1000:.0f} ms, {rss_text(rss['gpureap'])} |"
             if fuser:
@@ -282,10 +322,88 @@ def seeing(host):
             if GPU:
                 s = median(times["smi"])
                 row += f" {s * 1000:.0f} ms, {rss_text(rss['smi'])} | {s / g:.1f}x |"
-            say(row)
+            say(row + f" {load:.1f} |")
     finally:
         tree.cleanup()
     say()
+    if skipped:
+        say(f"Not measured: {', '.join(f'{n:,}' for n in skipped)} extra processes (they would not fit under "
+            f"kernel.pid_max with 2,000 to spare).\n")
+    name = "seeing-h200.svg" if GPU else "seeing-sim.svg"
+    svg = OUT.parent / name if OUT else ROOT / "docs/bench" / name
+    where = "the H200 host" if GPU else "this machine, simulated driver"
+    if any(len(points) >= 2 for points in series.values()):
+        svg.parent.mkdir(parents=True, exist_ok=True)
+        svg.write_text(plot(series, f"Seeing: median wall time against extra processes ({where})"))
+        say(f"![time against extra processes, one line per tool](bench/{name})\n")
+        say(f"(The plot: `docs/bench/{name}`, drawn by this script from the table above.)\n")
+
+
+PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"]
+
+
+def plot(series, title):
+    """An SVG line chart of milliseconds against process count, log-log
+    axes (each tool's growth reads as a slope), one line per tool."""
+    import math
+
+    width, height = 760, 420
+    left, right, top, bottom = 90, 240, 40, 55
+    xs = [x for points in series.values() for x, _ in points]
+    ys = [y for points in series.values() for _, y in points if y > 0]
+    x_lo, x_hi = min(xs) / 1.5, max(xs) * 1.5
+    y_lo, y_hi = 10 ** math.floor(math.log10(min(ys))), 10 ** math.ceil(math.log10(max(ys)))
+
+    def px(x):
+        return left + (math.log10(x) - math.log10(x_lo)) / (math.log10(x_hi) - math.log10(x_lo)) * (width - left - right)
+
+    def py(y):
+        return height - bottom - (math.log10(y) - math.log10(y_lo)) / (math.log10(y_hi) - math.log10(y_lo)) * (height - top - bottom)
+
+    def label(value, unit=""):
+        return f"{value:,.0f}{unit}" if value >= 1 else f"{value:g}{unit}"
+
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
+           f'<rect width="{width}" height="{height}" fill="white"/>',
+           f'<text x="{width / 2:.0f}" y="22" text-anchor="middle" font-size="14">{escape(title)}</text>']
+    for value in sorted(set(xs)):
+        x = px(value)
+        out.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{height - bottom}" stroke="#ddd"/>')
+        out.append(f'<text x="{x:.1f}" y="{height - bottom + 16}" text-anchor="middle">{label(value)}</text>')
+    decade = y_lo
+    while decade <= y_hi:
+        for step in (1, 2, 5):
+            value = decade * step
+            if value > y_hi:
+                break
+            y = py(value)
+            out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{width - right}" y2="{y:.1f}" stroke="#ddd"/>')
+            out.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{label(value, " ms")}</text>')
+        decade *= 10
+    out.append(f'<rect x="{left}" y="{top}" width="{width - left - right}" height="{height - top - bottom}" '
+               'fill="none" stroke="#333"/>')
+    out.append(f'<text x="{(left + width - right) / 2:.0f}" y="{height - 14}" text-anchor="middle">'
+               'extra processes (log scale)</text>')
+    out.append(f'<text transform="translate(18 {(top + height - bottom) / 2:.0f}) rotate(-90)" '
+               'text-anchor="middle">median wall time (log scale)</text>')
+    for number, (name, points) in enumerate(series.items()):
+        colour = PALETTE[number % len(PALETTE)]
+        path = " ".join(f"{px(x):.1f},{py(max(y, y_lo)):.1f}" for x, y in points)
+        out.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="2"/>')
+        for x, y in points:
+            out.append(f'<circle cx="{px(x):.1f}" cy="{py(max(y, y_lo)):.1f}" r="3.5" fill="{colour}">'
+                       f'<title>{escape(name)}: {y:,.0f} ms at {x:,} processes</title></circle>')
+        legend_y = top + 16 + 20 * number
+        out.append(f'<line x1="{width - right + 12}" y1="{legend_y - 4}" x2="{width - right + 32}" y2="{legend_y - 4}" '
+                   f'stroke="{colour}" stroke-width="2"/>')
+        out.append(f'<text x="{width - right + 38}" y="{legend_y}">{escape(name)}</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def escape(text):
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def freeing(host):
@@ -403,6 +521,65 @@ def waiting(host):
     return median(lags)
 
 
+def idle(host):
+    """CPU used by `wait` and by free's verification while nothing changes,
+    with a crowd of extra processes: user + system time from GNU time over
+    the whole command (start-up included), divided by its wall time."""
+    crowd_size = 1000 if QUICK else 5000
+    seconds = 10 if QUICK else 30
+    repeat = 2 if QUICK else 3
+    say(f"## 5. Waiting without burning: CPU while the GPU stays held, {crowd_size:,} extra processes\n")
+    say(f"Each command runs {seconds} s against a GPU that stays held (the benchmark's tree, out of the command's scope); "
+        f"CPU is user + system time from GNU time over the whole run, start-up included, divided by its wall time. "
+        f"Median of {repeat} runs, interleaved.\n")
+    tree = Tree(host, "idle")
+    if not GPU:
+        # Memory that no process explains, so that free's verification
+        # cannot call GPU 0 freed and runs to its timeout.
+        host.dir.joinpath("leak.0").write_text(f"{5 * GIB}\n")
+    ready = Path(tempfile.mktemp(prefix="gpureap-crowd-"))
+    crowd = subprocess.Popen([sys.executable, str(ROOT / "bench/crowd.py"), str(crowd_size), str(ready)])
+    commands = [
+        ("gpureap wait --gpu 0 (below 1 MiB)",
+         host.gpureap("wait", "--gpu", "0", "--below", "1MiB", "--timeout", f"{seconds}s")),
+    ]
+    if not GPU:
+        # On a real GPU nothing here can hold memory that no process explains.
+        commands.append(
+            ("gpureap free --gpu 0 --match <nothing> --grace 0 (verification to its timeout; 5 GiB leaked)",
+             host.gpureap("free", "--gpu", "0", "--match", "no-such-process-anywhere", "--grace", "0",
+                          "--timeout", f"{seconds}s", "--yes", "--json")))
+    if len(BINS) > 1:
+        commands = [(f"{name} [{label}]", [binary, *command[1:]]) for name, command in commands
+                    for label, binary in BINS]
+    shares = {name: [] for name, _ in commands}
+    try:
+        while not ready.exists():
+            if crowd.poll() is not None:
+                raise SystemExit(f"bench/crowd.py could not start {crowd_size} processes")
+            time.sleep(0.05)
+        for _ in range(repeat):
+            for name, command in commands:
+                record = tempfile.mktemp(prefix="gpureap-cpu-")
+                subprocess.run(["/usr/bin/time", "-o", record, "-f", "%U %S %e", *command],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                user, system, wall = (float(v) for v in Path(record).read_text().split()[-3:])
+                os.unlink(record)
+                shares[name].append((user + system) / wall * 100)
+        load = os.getloadavg()[0]
+    finally:
+        crowd.send_signal(signal.SIGTERM)
+        crowd.wait()
+        tree.cleanup()
+        if not GPU:
+            host.dir.joinpath("leak.0").unlink(missing_ok=True)
+    say("| command | CPU, share of one core (median) | max |")
+    say("|---|---|---|")
+    for name, values in shares.items():
+        say(f"| `{name}` | {median(values):.1f}% | {max(values):.1f}% |")
+    say(f"\nTarget (issue 12): under 5% of a core with 5,000 extra processes. Load average (1 min) at the end: {load:.1f}.\n")
+
+
 def scrape(port):
     """One GET /metrics on a new connection; returns (seconds, body)."""
     import http.client
@@ -501,6 +678,22 @@ def exporter(host):
         tree.cleanup()
 
 
+BINS = []
+
+
+def shown_arguments():
+    """This run's flags, less the paths of --bin and --out."""
+    shown, skip = [], False
+    for argument in args:
+        if skip:
+            skip = False
+        elif argument in ("--bin", "--out", "--compare"):
+            skip = True
+        else:
+            shown.append(argument)
+    return "".join(f" {argument}" for argument in shown)
+
+
 def main():
     global BIN
     if BIN is None:
@@ -508,6 +701,9 @@ def main():
         BIN = str(ROOT / "target/release/gpureap")
     if not GPU and not shutil.which("fuser"):
         raise SystemExit("fuser is needed (Debian: psmisc)")
+    BINS.append(("this build", BIN))
+    if COMPARE:
+        BINS.append(("--compare build", COMPARE))
     host = Host()
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())
@@ -516,19 +712,26 @@ def main():
     say(f"Machine: {os.cpu_count()} cores ({cpu}), kernel {platform.release()}, "
         f"{subprocess.run([BIN, '--version'], stdout=subprocess.PIPE, text=True).stdout.strip()}"
         f"{', ' + subprocess.run(['nvidia-smi', '--query-gpu=name,driver_version', '--format=csv,noheader'], stdout=subprocess.PIPE, text=True).stdout.strip() if GPU else ''}. "
-        f"Command: `python3 bench/bench.py{' --gpu' if GPU else ''}{' --exporter' if EXPORTER else ''}{' --quick' if QUICK else ''}`.\n")
+        f"Command: `python3 bench/bench.py{shown_arguments()}`. Load average at the start: "
+        f"{' / '.join(f'{load:.1f}' for load in os.getloadavg())} (1 / 5 / 15 min).\n")
     if EXPORTER:
         exporter(host)
     else:
-        seeing(host)
-        freeing(host)
-        waiting(host)
-        if not GPU:
+        if "seeing" in PARTS:
+            seeing(host)
+        if "freeing" in PARTS:
+            freeing(host)
+        if "waiting" in PARTS:
+            waiting(host)
+        if "idle" in PARTS:
+            idle(host)
+        if "fleet" in PARTS and not GPU:
             sys.path.insert(0, str(ROOT / "bench"))
             import fleet_bench
             fleet_bench.run(say, BIN, QUICK)
     report = "\n".join(LINES) + "\n"
     if OUT:
+        OUT.parent.mkdir(parents=True, exist_ok=True)
         OUT.write_text(report)
     else:
         doc = ROOT / "docs/performance.md"

@@ -10,8 +10,8 @@ use crate::report::WaitGpu;
 /// How often the driver's memory figures are polled, where the backend
 /// polls (`Driver::wait_for_change`).
 const POLL: Duration = Duration::from_millis(5);
-/// The longest wait between two readings when the driver reports no change,
-/// so that a backend that cannot tell a change is still read now and then.
+/// The longest single wait on the driver; waiting goes on after it while
+/// nothing changed (a trace line marks each).
 const LONGEST_PAUSE: Duration = Duration::from_secs(1);
 
 /// What a wait found: each GPU's last reading, and how long it took.
@@ -84,11 +84,15 @@ pub fn wait(
             .iter()
             .map(|gpu| (gpu.index, gpu.memory_used))
             .collect();
-        // The figures that changed are the next reading; with no change in
-        // a while, read again all the same (a backend may not tell).
-        let figures = driver
-            .wait_for_change(&last, POLL, (timeout - waited).min(LONGEST_PAUSE))
-            .unwrap_or_else(|| driver.memory_used_of(gpus));
+        // The figures that changed are the next reading. No change means
+        // the reading stands (every backend's `wait_for_change` says when
+        // memory may have moved): reading again would cost a /proc scan on
+        // the simulated driver for nothing.
+        let Some(figures) =
+            driver.wait_for_change(&last, POLL, (timeout - waited).min(LONGEST_PAUSE))
+        else {
+            continue;
+        };
         readings = states(figures, below);
     }
 }
