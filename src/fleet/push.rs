@@ -22,7 +22,7 @@ use serde::Serialize;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use super::{Answer, Fleet, HostResult, fleet_json, hostlist, worst};
+use super::{Answer, Fleet, HostResult, fleet_json, worst};
 use crate::config::UsageError;
 use crate::exit::Exit;
 use crate::report::{new_table, short};
@@ -372,15 +372,7 @@ fn render(results: &[HostResult], binary: &Binary) -> String {
         }
         let _ = writeln!(out, "{}\n", table.trim_fmt());
     }
-    if !current.is_empty() {
-        let _ = writeln!(
-            out,
-            "Up to date on {} host{}: {}",
-            current.len(),
-            if current.len() == 1 { "" } else { "s" },
-            hostlist::compress(&current)
-        );
-    }
+    super::render::fold(&mut out, "Up to date on", &current, "");
     super::render::failures(results, &mut out);
     out
 }

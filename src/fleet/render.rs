@@ -223,15 +223,12 @@ pub fn status(results: &[HostResult]) -> String {
         }
         let _ = writeln!(out, "{}\n", table.trim_fmt());
     }
-    if !quiet.is_empty() {
-        let _ = writeln!(
-            out,
-            "Nothing held on {} host{} ({quiet_gpus} GPUs): {}",
-            quiet.len(),
-            plural(quiet.len()),
-            hostlist::compress(&quiet)
-        );
-    }
+    fold(
+        &mut out,
+        "Nothing held on",
+        &quiet,
+        &format!(" ({quiet_gpus} GPUs)"),
+    );
     for note in notes {
         let _ = writeln!(out, "{note}");
     }
@@ -251,6 +248,19 @@ fn right_aligned(row: Vec<String>, columns: &[usize]) -> Vec<Cell> {
             }
         })
         .collect()
+}
+
+/// Hosts folded into one line: `Nothing in scope on 3 hosts: h[3-5]`.
+pub(crate) fn fold(out: &mut String, what: &str, hosts: &[&str], detail: &str) {
+    if !hosts.is_empty() {
+        let _ = writeln!(
+            out,
+            "{what} {} host{}{detail}: {}",
+            hosts.len(),
+            plural(hosts.len()),
+            hostlist::compress(hosts)
+        );
+    }
 }
 
 fn plural(count: usize) -> &'static str {
@@ -378,15 +388,7 @@ pub fn free_plan(results: &[HostResult]) -> String {
         }
         let _ = writeln!(out);
     }
-    if !nothing.is_empty() {
-        let _ = writeln!(
-            out,
-            "Nothing in scope on {} host{}: {}",
-            nothing.len(),
-            plural(nothing.len()),
-            hostlist::compress(&nothing)
-        );
-    }
+    fold(&mut out, "Nothing in scope on", &nothing, "");
     failures(results, &mut out);
     out
 }
@@ -472,15 +474,7 @@ pub fn free_outcome(results: &[HostResult]) -> String {
         }
         let _ = writeln!(out, "{}\n", table.trim_fmt());
     }
-    if !nothing.is_empty() {
-        let _ = writeln!(
-            out,
-            "Nothing in scope on {} host{}: {}",
-            nothing.len(),
-            plural(nothing.len()),
-            hostlist::compress(&nothing)
-        );
-    }
+    fold(&mut out, "Nothing in scope on", &nothing, "");
     for line in lines {
         let _ = writeln!(out, "{line}");
     }
@@ -536,15 +530,7 @@ pub fn wait(results: &[HostResult]) -> String {
             busy_lines.push(line);
         }
     }
-    if !ready.is_empty() {
-        let _ = writeln!(
-            out,
-            "Ready on {} host{}: {}",
-            ready.len(),
-            plural(ready.len()),
-            hostlist::compress(&ready)
-        );
-    }
+    fold(&mut out, "Ready on", &ready, "");
     if !busy_hosts.is_empty() {
         let names: Vec<&str> = busy_hosts
             .iter()
