@@ -44,12 +44,9 @@ fn main() -> ! {
             Err(error) => Err(error),
         },
         Command::Free(args) => match fleet(&args.fleet, &remote_backend, args.json) {
-            Ok(Some(fleet)) => fleet_output(fleet::commands::free(
-                &fleet,
-                args,
-                ask,
-                io::stdin().is_terminal() && io::stderr().is_terminal(),
-            )),
+            Ok(Some(fleet)) => {
+                fleet_output(fleet::commands::free(&fleet, args, ask_fleet, can_ask()))
+            }
             Ok(None) => free(&cli.backend, args),
             Err(error) => Err(error),
         },
@@ -109,18 +106,27 @@ fn fleet_output(output: Result<fleet::commands::Output, UsageError>) -> anyhow::
 }
 
 /// Shows the fleet's plan on the terminal and asks once.
-fn ask(plan: &str) -> Result<(), UsageError> {
-    eprint!("{plan}");
-    let mut answer = String::new();
-    io::stdin()
-        .lock()
-        .read_line(&mut answer)
-        .map_err(|error| UsageError(format!("aborted: cannot read the answer: {error}")))?;
-    if matches!(answer.trim(), "y" | "Y" | "yes" | "YES" | "Yes") {
-        Ok(())
-    } else {
-        Err(UsageError("aborted: nothing was signalled".to_string()))
+fn ask_fleet(plan: &str) -> Result<(), UsageError> {
+    match ask(plan) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(UsageError("aborted: nothing was signalled".to_string())),
+        Err(error) => Err(UsageError(format!(
+            "aborted: cannot read the answer: {error}"
+        ))),
     }
+}
+
+/// Whether there is someone to ask: stdin and stderr are a terminal.
+fn can_ask() -> bool {
+    io::stdin().is_terminal() && io::stderr().is_terminal()
+}
+
+/// Shows `question` on stderr; whether the answer on stdin is yes.
+fn ask(question: &str) -> io::Result<bool> {
+    eprint!("{question}");
+    let mut answer = String::new();
+    io::stdin().lock().read_line(&mut answer)?;
+    Ok(matches!(answer.trim(), "y" | "Y" | "yes" | "YES" | "Yes"))
 }
 
 fn push(args: &gpureap::cli::PushArgs) -> anyhow::Result<Exit> {
@@ -330,17 +336,14 @@ fn remove_stale_runs(
 
 /// Asks on the terminal; refuses to go on without one unless --yes was given.
 fn confirm(plan: &reap::FreeReport) -> anyhow::Result<()> {
-    if !(io::stdin().is_terminal() && io::stderr().is_terminal()) {
+    if !can_ask() {
         return Err(UsageError(
             "refusing to signal without confirmation: stdin is not a terminal; pass --yes (see the plan with --dry-run)"
                 .to_string(),
         )
         .into());
     }
-    eprint!("{}Proceed? [y/N] ", report::free_plan(plan));
-    let mut answer = String::new();
-    io::stdin().lock().read_line(&mut answer)?;
-    if matches!(answer.trim(), "y" | "Y" | "yes" | "YES" | "Yes") {
+    if ask(&format!("{}Proceed? [y/N] ", report::free_plan(plan)))? {
         Ok(())
     } else {
         Err(UsageError("aborted: nothing was signalled".to_string()).into())

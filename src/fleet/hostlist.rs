@@ -64,15 +64,20 @@ fn parse_file(path: &str) -> Result<Vec<String>, String> {
 }
 
 fn finish(hosts: Vec<String>, text: &str) -> Result<Vec<String>, String> {
-    let mut seen = HashSet::new();
-    let hosts: Vec<String> = hosts
-        .into_iter()
-        .filter(|host| seen.insert(host.clone()))
-        .collect();
+    let hosts = unique(hosts);
     if hosts.is_empty() {
         return Err(format!("invalid host list '{text}': no hosts in it"));
     }
     Ok(hosts)
+}
+
+/// Each host once, in the order first named.
+pub fn unique(hosts: impl IntoIterator<Item = String>) -> Vec<String> {
+    let mut seen = HashSet::new();
+    hosts
+        .into_iter()
+        .filter(|host| seen.insert(host.clone()))
+        .collect()
 }
 
 /// Splits on commas outside brackets: `gpu[1,3],cpu1` is two items.

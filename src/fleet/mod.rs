@@ -65,14 +65,7 @@ impl Fleet {
             return Ok(None);
         }
         // Several -H: their union, in order, each host once.
-        let mut seen = std::collections::HashSet::new();
-        let hosts: Vec<String> = args
-            .hosts
-            .iter()
-            .flat_map(|list| list.0.iter())
-            .filter(|host| seen.insert(host.as_str()))
-            .cloned()
-            .collect();
+        let hosts = hostlist::unique(args.hosts.iter().flat_map(|list| list.0.iter().cloned()));
         if hosts.len() > hostlist::MAX_HOSTS {
             return Err(format!(
                 "the host lists name more than {} hosts: check their ranges",

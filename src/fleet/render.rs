@@ -88,19 +88,16 @@ impl HolderView {
 
 /// Whether a host's document of `kind` has the fields this side shows.
 pub fn readable(kind: &str, report: &Value) -> bool {
-    let report = Some(report.clone());
     match kind {
-        "status" => view::<StatusView>(&report).is_some(),
-        "free" => view::<FreeView>(&report).is_some(),
-        "wait" => view::<WaitView>(&report).is_some(),
+        "status" => StatusView::deserialize(report).is_ok(),
+        "free" => FreeView::deserialize(report).is_ok(),
+        "wait" => WaitView::deserialize(report).is_ok(),
         _ => true,
     }
 }
 
-fn view<T: for<'de> Deserialize<'de>>(report: &Option<Value>) -> Option<T> {
-    report
-        .as_ref()
-        .and_then(|value| serde_json::from_value(value.clone()).ok())
+fn view<'a, T: Deserialize<'a>>(report: &'a Option<Value>) -> Option<T> {
+    T::deserialize(report.as_ref()?).ok()
 }
 
 /// `status -H`: what is held where, the quiet hosts in one line, failures last.
@@ -166,46 +163,7 @@ pub fn status(results: &[HostResult]) -> String {
                 ],
             });
         }
-        let mut rows: Vec<(u32, u32, Vec<String>)> = Vec::new();
-        for holder in holders {
-            let places: Vec<&HolderGpuView> = holder
-                .gpus
-                .iter()
-                .filter(|place| place.listed_by_driver)
-                .collect();
-            let row = |gpu: String, memory: String| {
-                vec![
-                    host.to_string(),
-                    gpu,
-                    holder.pid.to_string(),
-                    holder.user.clone().unwrap_or_else(|| "?".into()),
-                    holder.state.clone().unwrap_or_else(|| "?".into()),
-                    age_text(holder.age_ms),
-                    memory,
-                    holder.flags.join(","),
-                    short(
-                        holder.cmdline.as_deref().unwrap_or("(not visible there)"),
-                        48,
-                    ),
-                ]
-            };
-            if places.is_empty() {
-                // Where no driver answered: the node is open, the GPU unknown.
-                rows.push((u32::MAX, holder.pid, row("-".into(), "unknown".into())));
-            }
-            for place in places {
-                rows.push((
-                    place.index,
-                    holder.pid,
-                    row(
-                        place.index.to_string(),
-                        MaybeBytes(place.memory).to_string(),
-                    ),
-                ));
-            }
-        }
-        rows.sort_by_key(|(gpu, pid, _)| (*gpu, *pid));
-        holder_rows.extend(rows.into_iter().map(|(_, _, row)| row));
+        holder_rows.extend(host_holder_rows(host, &holders));
     }
     if !gpu_rows.is_empty() {
         let mut table = new_table(&["HOST", "GPU", "NAME", "USED", "TOTAL", "UNATTRIBUTED"]);
@@ -214,15 +172,7 @@ pub fn status(results: &[HostResult]) -> String {
         }
         let _ = writeln!(out, "{}\n", table.trim_fmt());
     }
-    if !holder_rows.is_empty() {
-        let mut table = new_table(&[
-            "HOST", "GPU", "PID", "USER", "S", "AGE", "GPU MEM", "FLAGS", "COMMAND",
-        ]);
-        for row in holder_rows {
-            table.add_row(right_aligned(row, &[6]));
-        }
-        let _ = writeln!(out, "{}\n", table.trim_fmt());
-    }
+    holder_table(holder_rows, &mut out);
     fold(
         &mut out,
         "Nothing held on",
@@ -234,6 +184,64 @@ pub fn status(results: &[HostResult]) -> String {
     }
     failures(results, &mut out);
     out
+}
+
+/// One row per holder and GPU the driver lists it on, sorted by GPU then PID;
+/// a holder listed nowhere (no driver answered) gets one row with GPU `-`.
+fn host_holder_rows(host: &str, holders: &[&HolderView]) -> Vec<Vec<String>> {
+    let mut rows: Vec<(u32, u32, Vec<String>)> = Vec::new();
+    for &holder in holders {
+        let places: Vec<&HolderGpuView> = holder
+            .gpus
+            .iter()
+            .filter(|place| place.listed_by_driver)
+            .collect();
+        let row = |gpu: String, memory: String| {
+            vec![
+                host.to_string(),
+                gpu,
+                holder.pid.to_string(),
+                holder.user.clone().unwrap_or_else(|| "?".into()),
+                holder.state.clone().unwrap_or_else(|| "?".into()),
+                age_text(holder.age_ms),
+                memory,
+                holder.flags.join(","),
+                short(
+                    holder.cmdline.as_deref().unwrap_or("(not visible there)"),
+                    48,
+                ),
+            ]
+        };
+        if places.is_empty() {
+            // Where no driver answered: the node is open, the GPU unknown.
+            rows.push((u32::MAX, holder.pid, row("-".into(), "unknown".into())));
+        }
+        for place in places {
+            rows.push((
+                place.index,
+                holder.pid,
+                row(
+                    place.index.to_string(),
+                    MaybeBytes(place.memory).to_string(),
+                ),
+            ));
+        }
+    }
+    rows.sort_by_key(|(gpu, pid, _)| (*gpu, *pid));
+    rows.into_iter().map(|(_, _, row)| row).collect()
+}
+
+fn holder_table(rows: Vec<Vec<String>>, out: &mut String) {
+    if rows.is_empty() {
+        return;
+    }
+    let mut table = new_table(&[
+        "HOST", "GPU", "PID", "USER", "S", "AGE", "GPU MEM", "FLAGS", "COMMAND",
+    ]);
+    for row in rows {
+        table.add_row(right_aligned(row, &[6]));
+    }
+    let _ = writeln!(out, "{}\n", table.trim_fmt());
 }
 
 fn right_aligned(row: Vec<String>, columns: &[usize]) -> Vec<Cell> {
@@ -549,31 +557,21 @@ pub fn wait(results: &[HostResult]) -> String {
         let _ = writeln!(out, "{line}");
     }
     // The holders of the busy hosts, from the holders each wait listed.
-    let holders: Vec<HostResult> = busy_hosts
-        .iter()
-        .filter_map(|result| {
-            let report = result.answer.report.as_ref()?;
-            let holders = report.get("holders")?.as_array()?;
-            if holders.is_empty() {
-                return None;
-            }
-            Some(HostResult {
-                host: result.host.clone(),
-                answer: super::Answer {
-                    exit_code: result.answer.exit_code,
-                    report: Some(serde_json::json!({
-                        "gpus": [],
-                        "holders": report.get("holders").cloned().unwrap_or(Value::Array(vec![])),
-                    })),
-                    error: None,
-                    elapsed: result.answer.elapsed,
-                },
-            })
-        })
-        .collect();
-    if !holders.is_empty() {
+    let mut rows = Vec::new();
+    for result in busy_hosts {
+        let holders: Vec<HolderView> = result
+            .answer
+            .report
+            .as_ref()
+            .and_then(|report| report.get("holders"))
+            .and_then(|holders| Vec::deserialize(holders).ok())
+            .unwrap_or_default();
+        let holding: Vec<&HolderView> = holders.iter().filter(|holder| holder.holds()).collect();
+        rows.extend(host_holder_rows(&result.host, &holding));
+    }
+    if !rows.is_empty() {
         let _ = writeln!(out);
-        out.push_str(&status(&holders));
+        holder_table(rows, &mut out);
     }
     failures(results, &mut out);
     out
