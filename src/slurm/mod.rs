@@ -477,8 +477,23 @@ fn job_of(pid: u32) -> Option<u64> {
     proc::env_value(pid, "SLURM_JOB_ID").and_then(|id| id.trim().parse().ok())
 }
 
-/// Starts a command: its context, bounded, with the job from the environment.
-fn start(command: &'static str, common: &SlurmCommonArgs) -> Result<(Context, Job), Exit> {
+/// A job program (epilog, prolog) once started: its context, bounded in
+/// time, the job from the environment, the driver and the job's GPUs.
+struct Started {
+    context: Context,
+    job: Job,
+    driver: Box<dyn Driver>,
+    gpus: BTreeSet<u32>,
+}
+
+/// Starts a job program: reads the job, ends at once (exit 0) for a job
+/// without GPUs, bounds the rest by `--timeout`, opens the driver and
+/// resolves the job's GPUs. `Err` is the exit code to end with.
+fn start(
+    command: &'static str,
+    common: &SlurmCommonArgs,
+    backend: &BackendChoice,
+) -> Result<Started, Exit> {
     let job = match check_flags(common).and_then(|()| Job::from_env()) {
         Ok(job) => job,
         Err(error) => {
@@ -487,7 +502,18 @@ fn start(command: &'static str, common: &SlurmCommonArgs) -> Result<(Context, Jo
         }
     };
     let context = Context::new(command, common, Some(job.id), job.node.clone());
-    Ok((context, job))
+    if job.gpus.is_empty() {
+        context.say("skip", None, None, "no GPUs on this node; nothing to check");
+        return Err(Exit::Success);
+    }
+    context.bound(command, common.timeout);
+    let (driver, gpus) = job_gpus(&context, backend, &job)?;
+    Ok(Started {
+        context,
+        job,
+        driver,
+        gpus,
+    })
 }
 
 /// The flags' own mistakes, before anything is looked at: a `--timeout`
@@ -508,17 +534,13 @@ fn check_flags(common: &SlurmCommonArgs) -> Result<(), String> {
 
 fn epilog(backend: &BackendChoice, args: &SlurmEpilogArgs) -> Exit {
     let started = Instant::now();
-    let (context, job) = match start("epilog", &args.common) {
+    let Started {
+        context,
+        job,
+        driver,
+        gpus,
+    } = match start("epilog", &args.common, backend) {
         Ok(started) => started,
-        Err(code) => return code,
-    };
-    if job.gpus.is_empty() {
-        context.say("skip", None, None, "no GPUs on this node; nothing to check");
-        return Exit::Success;
-    }
-    context.bound("epilog", args.common.timeout);
-    let (driver, gpus) = match job_gpus(&context, backend, &job) {
-        Ok(resolved) => resolved,
         Err(code) => return code,
     };
     let snapshot = Snapshot::take(driver.as_ref());
@@ -686,17 +708,13 @@ fn epilog(backend: &BackendChoice, args: &SlurmEpilogArgs) -> Exit {
 
 fn prolog(backend: &BackendChoice, args: &SlurmPrologArgs) -> Exit {
     let started = Instant::now();
-    let (context, job) = match start("prolog", &args.common) {
+    let Started {
+        context,
+        job,
+        driver,
+        gpus,
+    } = match start("prolog", &args.common, backend) {
         Ok(started) => started,
-        Err(code) => return code,
-    };
-    if job.gpus.is_empty() {
-        context.say("skip", None, None, "no GPUs on this node; nothing to check");
-        return Exit::Success;
-    }
-    context.bound("prolog", args.common.timeout);
-    let (driver, gpus) = match job_gpus(&context, backend, &job) {
-        Ok(resolved) => resolved,
         Err(code) => return code,
     };
     let wait_until = started + args.wait;
