@@ -7,22 +7,11 @@ use std::time::Duration;
 use gpureap::driver::sim::incident::Holder;
 use serde_json::Value;
 
-use crate::harness::GIB;
+use crate::harness::{GIB, target_pids};
 use crate::sshd_lab::{Kind, Lab, host_entry};
 
 fn worker(tp: u32, gpu: u32) -> Holder {
     Holder::new(&format!("sglang::scheduler_TP{tp}")).on(gpu, 30 * GIB)
-}
-
-fn pids_in(report: &Value) -> Vec<u64> {
-    let mut pids: Vec<u64> = report["targets"]
-        .as_array()
-        .expect("targets")
-        .iter()
-        .map(|target| target["pid"].as_u64().expect("pid"))
-        .collect();
-    pids.sort_unstable();
-    pids
 }
 
 fn holder_pids(status: &Value) -> Vec<u64> {
@@ -99,8 +88,8 @@ fn holders_on_several_hosts_are_seen_freed_and_verified_per_host() {
     assert_eq!(free.code, 0, "{document:#}\n{}", free.stderr);
     assert_eq!(document["command"], "free");
     let h1 = &host_entry(&document, "h1")["report"];
-    assert_eq!(pids_in(h1), {
-        let mut pids = vec![tp0 as u64, tp1 as u64];
+    assert_eq!(target_pids(h1), {
+        let mut pids = vec![tp0, tp1];
         pids.sort_unstable();
         pids
     });
@@ -112,7 +101,7 @@ fn holders_on_several_hosts_are_seen_freed_and_verified_per_host() {
             .all(|gpu| gpu["freed"] == true)
     );
     let h2 = &host_entry(&document, "h2")["report"];
-    assert_eq!(pids_in(h2), [h2_worker as u64]);
+    assert_eq!(target_pids(h2), [h2_worker]);
     assert_eq!(
         host_entry(&document, "h3")["report"]["targets"],
         serde_json::json!([])
@@ -206,12 +195,8 @@ fn unreachable_hosts_are_listed_last_with_their_reason_and_the_run_is_incomplete
 #[test]
 fn a_missing_remote_gpureap_says_so() {
     let lab = Lab::new(&[Kind::Up]);
-    let run: crate::harness::Run = lab
-        .gpureap()
-        .args(["status", "-H", "h1", "--remote-bin", "/nonexistent/gpureap"])
-        .output()
-        .expect("gpureap runs")
-        .into();
+    let run: crate::harness::Run =
+        lab.run_as_given(&["status", "-H", "h1", "--remote-bin", "/nonexistent/gpureap"]);
     assert_eq!(run.code, 3);
     assert!(
         run.stdout
@@ -220,12 +205,8 @@ fn a_missing_remote_gpureap_says_so() {
         run.stdout
     );
     // Something that is not gpureap answering is not taken for a report.
-    let run: crate::harness::Run = lab
-        .gpureap()
-        .args(["status", "-H", "h1", "--remote-bin", "/bin/echo"])
-        .output()
-        .expect("gpureap runs")
-        .into();
+    let run: crate::harness::Run =
+        lab.run_as_given(&["status", "-H", "h1", "--remote-bin", "/bin/echo"]);
     assert_eq!(run.code, 3);
     assert!(
         run.stdout
@@ -252,13 +233,13 @@ fn a_missing_remote_gpureap_says_so() {
         std::fs::write(&fake, format!("#!/bin/sh\ncat <<'EOF'\n{document}\nEOF\n")).expect("fake");
         std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755))
             .expect("chmod");
-        let run: crate::harness::Run = lab
-            .gpureap()
-            .args(["status", "-H", "h1", "--remote-bin"])
-            .arg(&fake)
-            .output()
-            .expect("gpureap runs")
-            .into();
+        let run: crate::harness::Run = lab.run_as_given(&[
+            "status",
+            "-H",
+            "h1",
+            "--remote-bin",
+            fake.to_str().expect("a UTF-8 path"),
+        ]);
         assert_eq!(run.code, 3, "{}", run.stdout);
         assert!(run.stdout.contains(says), "{}", run.stdout);
         assert!(!run.stdout.contains("Nothing held"), "{}", run.stdout);
@@ -288,16 +269,19 @@ fn a_regex_with_shell_metacharacters_arrives_intact() {
     ]);
     let document = plan.json();
     assert_eq!(plan.code, 0, "{document:#}\n{}", plan.stderr);
-    let mut expected = vec![tp0 as u64, tp1 as u64];
+    let mut expected = vec![tp0, tp1];
     expected.sort_unstable();
-    assert_eq!(pids_in(&host_entry(&document, "h1")["report"]), expected);
+    assert_eq!(
+        target_pids(&host_entry(&document, "h1")["report"]),
+        expected
+    );
     assert!(!canary.exists(), "the remote shell expanded the regex");
     // A value starting with '-' stays a value.
     let plan = lab.run(&["free", "-H", "h1", "--match=-x|vllm", "--dry-run", "--json"]);
     assert_eq!(plan.code, 0, "{}{}", plan.stdout, plan.stderr);
     assert_eq!(
-        pids_in(&host_entry(&plan.json(), "h1")["report"]),
-        [tp1 as u64]
+        target_pids(&host_entry(&plan.json(), "h1")["report"]),
+        [tp1]
     );
 }
 
@@ -422,13 +406,15 @@ fn a_hanging_host_costs_its_timeout_and_no_more() {
     std::fs::write(&hang, "#!/bin/sh\nsleep 1000\n").expect("script");
     std::fs::set_permissions(&hang, std::os::unix::fs::PermissionsExt::from_mode(0o755))
         .expect("chmod");
-    let run: crate::harness::Run = lab
-        .gpureap()
-        .args(["status", "-H", "h1", "--host-timeout", "1s", "--remote-bin"])
-        .arg(&hang)
-        .output()
-        .expect("gpureap runs")
-        .into();
+    let run: crate::harness::Run = lab.run_as_given(&[
+        "status",
+        "-H",
+        "h1",
+        "--host-timeout",
+        "1s",
+        "--remote-bin",
+        hang.to_str().expect("a UTF-8 path"),
+    ]);
     assert_eq!(run.code, 3);
     assert!(
         run.stdout.contains("h1: no answer within 1.0s (timed out"),

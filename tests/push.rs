@@ -12,12 +12,9 @@ use crate::sshd_lab::{Kind, Lab, host_entry};
 const BIN: &str = env!("CARGO_BIN_EXE_gpureap");
 
 fn push(lab: &Lab, args: &[&str]) -> Run {
-    lab.gpureap()
-        .arg("push")
-        .args(args)
-        .output()
-        .expect("push runs")
-        .into()
+    let mut args = args.to_vec();
+    args.insert(0, "push");
+    lab.run_as_given(&args)
 }
 
 fn action(document: &Value, host: &str) -> String {
@@ -37,12 +34,7 @@ fn push_installs_skips_refuses_and_the_fleet_then_finds_it() {
         on_path.stdout
     );
     // Before any push, the hosts have no gpureap.
-    let status = lab
-        .gpureap()
-        .args(["status", "-H", "h1"])
-        .output()
-        .expect("runs");
-    let status: Run = status.into();
+    let status = lab.run_as_given(&["status", "-H", "h1"]);
     assert_eq!(status.code, 3);
     assert!(
         status
@@ -121,12 +113,7 @@ fn push_installs_skips_refuses_and_the_fleet_then_finds_it() {
     assert_eq!(action(&forced.json(), "h3"), "updated");
 
     // The fleet finds it without --remote-bin.
-    let status: Run = lab
-        .gpureap()
-        .args(["status", "-H", "h[1-3]", "--json"])
-        .output()
-        .expect("runs")
-        .into();
+    let status = lab.run_as_given(&["status", "-H", "h[1-3]", "--json"]);
     assert_eq!(status.code, 0, "{}{}", status.stdout, status.stderr);
     for host in ["h1", "h2", "h3"] {
         assert_eq!(host_entry(&status.json(), host)["report"]["kind"], "status");
@@ -170,19 +157,14 @@ fn push_refuses_what_is_not_a_gpureap_and_bad_destinations() {
         host_entry(&run.json(), "h1")["report"]["path"],
         "/usr/local/my tools/gpureap"
     );
-    let status: Run = lab
-        .gpureap()
-        .args([
-            "status",
-            "-H",
-            "h1",
-            "--remote-bin",
-            "/usr/local/my tools/gpureap",
-            "--json",
-        ])
-        .output()
-        .expect("runs")
-        .into();
+    let status: Run = lab.run_as_given(&[
+        "status",
+        "-H",
+        "h1",
+        "--remote-bin",
+        "/usr/local/my tools/gpureap",
+        "--json",
+    ]);
     assert_eq!(status.code, 0, "{}{}", status.stdout, status.stderr);
     lab.on("h1", "rm -rf '/usr/local/my tools'");
 }

@@ -190,12 +190,7 @@ fn fleet_documents_match_the_published_schema() {
         assert_eq!(document["kind"], "fleet", "{what}");
         conforms(&validator, what, &document);
     }
-    let push: Run = lab
-        .gpureap()
-        .args(["push", "-H", "h1,h2", "--json"])
-        .output()
-        .expect("push runs")
-        .into();
+    let push: Run = lab.run_as_given(&["push", "-H", "h1,h2", "--json"]);
     let document = push.json();
     assert_eq!(
         document["hosts"][0]["report"]["kind"], "push",

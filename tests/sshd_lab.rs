@@ -240,14 +240,20 @@ impl Lab {
         command
     }
 
-    /// Runs gpureap with `args`, then `--remote-bin` this build.
-    pub fn run(&self, args: &[&str]) -> Run {
+    /// Runs gpureap with `args` as given.
+    pub fn run_as_given(&self, args: &[&str]) -> Run {
         self.gpureap()
             .args(args)
-            .args(["--remote-bin", env!("CARGO_BIN_EXE_gpureap")])
             .output()
             .expect("gpureap runs")
             .into()
+    }
+
+    /// Runs gpureap with `args`, then `--remote-bin` this build.
+    pub fn run(&self, args: &[&str]) -> Run {
+        let mut args = args.to_vec();
+        args.extend(["--remote-bin", env!("CARGO_BIN_EXE_gpureap")]);
+        self.run_as_given(&args)
     }
 
     /// Runs a shell command on a host over ssh.
