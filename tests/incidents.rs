@@ -1022,7 +1022,12 @@ fn spawn_at_pid(incident: &mut Incident, pid: u32, script: &str) -> bool {
         if std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string()).is_err() {
             return false;
         }
-        let got = incident.spawn(script, 1).expect("staged");
+        // A spawn that misses the PID (another test forked first) exits at
+        // once instead of becoming a second holder.
+        let only_there = format!(
+            "[ \"$BASHPID\" = {pid} ] || {{ echo \"$BASHPID missed\" >> \"$D/pids\"; exit 0; }}; {script}"
+        );
+        let got = incident.spawn(&only_there, 1).expect("staged");
         if got == pid {
             return true;
         }
