@@ -7,7 +7,7 @@ makes them, for the fleet benchmark and for trying `-H` by hand.
 
 Each host: a network namespace with a veth pair to this one, and sshd in
 its own PID, mount and UTS namespace with its own simulated driver
-(2 GPUs). Ctrl-C (or closing stdin) tears it all down: the hosts' namespace
+(2 GPUs) and its own empty /usr/local, /var/lib and /root. Ctrl-C (or closing stdin) tears it all down: the hosts' namespace
 inits are killed by PID (which ends every process of that host), then the
 network namespaces are deleted. Only what this script made is touched.
 """
@@ -21,6 +21,12 @@ import subprocess
 import sys
 import tempfile
 import time
+
+
+# As in tests/sshd_lab.rs: each host has its own, empty /usr/local, /var/lib
+# and /root (tmpfs in its mount namespace), so that what is installed on one
+# host (`gpureap push`) is on no other, nor on this machine.
+PRIVATE_DIRS = "mount -t tmpfs lab /usr/local && mount -t tmpfs lab /var/lib && mount -t tmpfs lab /root"
 
 
 def sh(*args):
@@ -91,7 +97,7 @@ class Lab:
             server = subprocess.Popen(
                 ["ip", "netns", "exec", ns, "unshare", "--pid", "--fork", "--kill-child",
                  "--mount-proc", "--uts", "sh", "-c",
-                 f"hostname {name}; exec /usr/sbin/sshd -D -e -f {hd}/sshd_config"],
+                 f"hostname {name} && {PRIVATE_DIRS} && exec /usr/sbin/sshd -D -e -f {hd}/sshd_config"],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
             )
             self.servers.append(server)
