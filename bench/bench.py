@@ -33,7 +33,8 @@ It builds gpureap (cargo build --release) unless --bin is given. Three parts:
    orphaned tree and 5,000 extra processes (1,000 with --quick): scrape latency p50/p99 over
    scrapes paced 50 ms apart for 30 s (so that scans run during them), and the exporter's CPU
    use (utime + stime from /proc) over 2 minutes (30 s with --quick) of one scrape every 15 s,
-   as Prometheus would.
+   as Prometheus would; with `--compare B`, both builds' exporters run at once over the same
+   window, for a side-by-side ratio.
 
 Signals only processes it started. Prints a markdown report; writes it to --out, or into
 docs/performance.md between the markers for its section.
@@ -604,28 +605,36 @@ def percentile(values, fraction):
     return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
 
 
+def start_exporter(host, binary, *flags):
+    """An exporter on a free loopback port: (process, port)."""
+    server = subprocess.Popen([binary, *host.gpureap("exporter", "--listen", "127.0.0.1:0", "--interval", "15s",
+                                                     *flags)[1:]],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    line = server.stderr.readline()
+    return server, int(re.search(r"127\.0\.0\.1:(\d+)", line).group(1))
+
+
 def exporter(host):
     crowd_size = 1000 if QUICK else 5000
     pace, latency_window = 0.05, (10 if QUICK else 30)
     cpu_window = 30 if QUICK else 120
     say("## 4. Exporter: scrape latency and CPU use\n")
-    say(f"`gpureap exporter --interval 15s` on the simulated host: the orphaned 8-worker tree plus {crowd_size:,} "
-        f"extra idle processes (bench/crowd.py). Latency: GET /metrics on a new connection each, paced {pace * 1000:.0f} ms apart "
-        f"for {latency_window} s, so that background scans run during them. CPU: utime + stime of the exporter over "
-        f"{cpu_window} s with one scrape every 15 s, as Prometheus would.\n")
+    say(f"`gpureap exporter --interval 15s` on the {'real' if GPU else 'simulated'} host: the orphaned 8-worker tree plus "
+        f"{crowd_size:,} extra idle processes (bench/crowd.py). Latency (this build): GET /metrics on a new connection "
+        f"each, paced {pace * 1000:.0f} ms apart for {latency_window} s, so that background scans run during them. "
+        f"CPU: utime + stime of each exporter over the same {cpu_window} s, every build's exporter running at once "
+        f"(side by side), with one scrape of each every 15 s, as Prometheus would.\n")
     tree = Tree(host, "exp")
     ready = Path(tempfile.mktemp(prefix="gpureap-crowd-"))
     crowd = subprocess.Popen([sys.executable, str(ROOT / "bench/crowd.py"), str(crowd_size), str(ready)])
-    server = None
+    servers = []
     try:
         while not ready.exists():
             time.sleep(0.05)
         rows = []
         for flags in ([], ["--per-process"]):
-            server = subprocess.Popen(host.gpureap("exporter", "--listen", "127.0.0.1:0", "--interval", "15s", *flags),
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-            line = server.stderr.readline()
-            port = int(re.search(r"127\.0\.0\.1:(\d+)", line).group(1))
+            server, port = start_exporter(host, BIN, *flags)
+            servers.append(server)
             latencies, body = [], ""
             finish = time.time() + latency_window
             while time.time() < finish:
@@ -634,7 +643,7 @@ def exporter(host):
                 time.sleep(pace)
             scan = re.search(r"^gpureap_scan_duration_seconds (\S+)", body, re.M)
             scans = re.search(r"^gpureap_scans_total (\S+)", body, re.M)
-            row = {
+            rows.append({
                 "flags": " ".join(flags) or "(default)",
                 "scrapes": len(latencies),
                 "p50": percentile(latencies, 0.5) * 1000,
@@ -643,34 +652,50 @@ def exporter(host):
                 "bytes": len(body),
                 "scan": float(scan.group(1)) * 1000 if scan else float("nan"),
                 "scans": int(float(scans.group(1))) if scans else 0,
-                "cpu": None,
-            }
-            if not flags:
-                ticks, started = cpu_ticks(server.pid), time.time()
-                while time.time() - started < cpu_window:
-                    scrape(port)
-                    time.sleep(min(15, max(0, cpu_window - (time.time() - started))))
-                used = (cpu_ticks(server.pid) - ticks) / os.sysconf("SC_CLK_TCK")
-                row["cpu"] = used / (time.time() - started) * 100
-                status = Path(f"/proc/{server.pid}/status").read_text()
-                row["rss"] = int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) / 1024
+            })
             server.terminate()
             server.wait()
-            server = None
-            rows.append(row)
+            servers.remove(server)
         say("| flags | scrapes | p50 | p99 | max | body | last scan | scans during the scrapes |")
         say("|---|---|---|---|---|---|---|---|")
         for row in rows:
             say(f"| {row['flags']} | {row['scrapes']} | {row['p50']:.2f} ms | {row['p99']:.2f} ms | {row['max']:.1f} ms | "
                 f"{row['bytes'] / 1024:.1f} KiB | {row['scan']:.0f} ms | {row['scans']} |")
-        default = rows[0]
         say()
-        say(f"CPU at a 15 s interval (default flags): {default['cpu']:.2f}% of one core on average over {cpu_window} s "
-            f"(target: under 1%); resident memory {default['rss']:.1f} MiB. Load average at the end: "
-            f"{' / '.join(f'{load:.1f}' for load in os.getloadavg())} (1 / 5 / 15 min).")
+
+        running = []
+        for name, binary in BINS:
+            server, port = start_exporter(host, binary)
+            servers.append(server)
+            running.append((name, server, port))
+        time.sleep(1)  # past each exporter's first scan
+        before = [(cpu_ticks(server.pid), time.time()) for _, server, _ in running]
+        started = time.time()
+        while time.time() - started < cpu_window:
+            for _, _, port in running:
+                scrape(port)
+            time.sleep(min(15, max(0, cpu_window - (time.time() - started))))
+        cpu = []
+        for (name, server, port), (ticks, since) in zip(running, before):
+            used = (cpu_ticks(server.pid) - ticks) / os.sysconf("SC_CLK_TCK")
+            status = Path(f"/proc/{server.pid}/status").read_text()
+            _, body = scrape(port)
+            scans = re.search(r"^gpureap_scans_total (\S+)", body, re.M)
+            cpu.append((name, used / (time.time() - since) * 100,
+                        int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) / 1024,
+                        int(float(scans.group(1))) if scans else 0))
+        say("| build | CPU at a 15 s interval (target: under 1% of a core) | resident memory | scans |")
+        say("|---|---|---|---|")
+        for name, share, rss, scans in cpu:
+            say(f"| {name} | {share:.2f}% of one core | {rss:.1f} MiB | {scans} |")
+        if len(cpu) > 1 and cpu[0][1] > 0:
+            say()
+            say(f"Ratio, --compare build / this build: {cpu[1][1] / cpu[0][1]:.1f}x the CPU.")
+        say()
+        say(f"Load average at the end: {' / '.join(f'{load:.1f}' for load in os.getloadavg())} (1 / 5 / 15 min).")
         say()
     finally:
-        if server is not None:
+        for server in servers:
             server.kill()
             server.wait()
         crowd.send_signal(signal.SIGTERM)
@@ -687,7 +712,10 @@ def shown_arguments():
     for argument in args:
         if skip:
             skip = False
-        elif argument in ("--bin", "--out", "--compare"):
+        elif argument in ("--bin", "--out"):
+            skip = True
+        elif argument == "--compare":
+            shown.append("--compare OTHER_BUILD")
             skip = True
         else:
             shown.append(argument)
@@ -711,7 +739,7 @@ def main():
     say(f"# Results: {label}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n")
     say(f"Machine: {os.cpu_count()} cores ({cpu}), kernel {platform.release()}, "
         f"{subprocess.run([BIN, '--version'], stdout=subprocess.PIPE, text=True).stdout.strip()}"
-        f"{', ' + subprocess.run(['nvidia-smi', '--query-gpu=name,driver_version', '--format=csv,noheader'], stdout=subprocess.PIPE, text=True).stdout.strip() if GPU else ''}. "
+        f"{', ' + ' and '.join(sorted(set(subprocess.run(['nvidia-smi', '--query-gpu=name,driver_version', '--format=csv,noheader'], stdout=subprocess.PIPE, text=True).stdout.strip().splitlines()))) if GPU else ''}. "
         f"Command: `python3 bench/bench.py{shown_arguments()}`. Load average at the start: "
         f"{' / '.join(f'{load:.1f}' for load in os.getloadavg())} (1 / 5 / 15 min).\n")
     if EXPORTER:

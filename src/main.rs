@@ -211,7 +211,12 @@ fn status(backend: &BackendChoice, args: &StatusArgs) -> anyhow::Result<Exit> {
     let driver = open_driver(backend)?;
     let gpus = config::gpus(&args.gpu, gpu_count(driver.as_ref()))?;
     let started = std::time::Instant::now();
-    let snapshot = Snapshot::take(driver.as_ref());
+    // The metrics count what the driver lists: the exporter's snapshot.
+    let snapshot = if args.prometheus {
+        Snapshot::take_listed(driver.as_ref())
+    } else {
+        Snapshot::take(driver.as_ref())
+    };
     let text = if args.prometheus {
         let mut figures = gpureap::metrics::ScanFigures::default();
         figures.count(&snapshot, started.elapsed());
@@ -423,7 +428,7 @@ fn exporter(backend: &BackendChoice, args: &gpureap::cli::ExporterArgs) -> anyho
 fn check(backend: &BackendChoice, args: &gpureap::cli::CheckArgs) -> anyhow::Result<Exit> {
     let driver = open_driver(backend)?;
     let gpus = config::gpus(&args.gpu, gpu_count(driver.as_ref()))?;
-    let snapshot = Snapshot::take(driver.as_ref());
+    let snapshot = Snapshot::take_listed(driver.as_ref());
     let verdict = gpureap::check::check(&snapshot, &gpus);
     emit(&verdict.text())?;
     Ok(verdict.verdict.exit())

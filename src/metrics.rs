@@ -254,7 +254,7 @@ pub fn encode_snapshot(
     let unreadable = gauge_family(
         &mut registry,
         "scan_unreadable_processes",
-        "Processes whose descriptors the last scan could not read; their GPU use is not shown",
+        "Processes whose descriptors the last scan needed and could not read (the driver-listed ones where the driver answers for every GPU)",
         None,
     );
     set(&unreadable, Vec::new(), snapshot.unreadable.len() as f64);

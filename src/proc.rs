@@ -167,6 +167,37 @@ pub fn nodes_of(id: ProcessId, classify: Classify) -> Option<BTreeSet<Node>> {
     (record.id == id && !record.state.has_exited()).then_some(record.nodes)
 }
 
+/// Reads the GPU nodes of the processes `pids` of a scan made without
+/// descriptors (`scan_tree`), as a full scan would have read them: one that
+/// has gone meanwhile, or whose PID now names another process, is dropped;
+/// one whose descriptors may not be read is listed in `unreadable`.
+pub fn read_nodes_of(scan: &mut ProcScan, pids: &BTreeSet<u32>, classify: Classify) {
+    let mut buffers = Buffers::default();
+    let mut unreadable = Vec::new();
+    scan.processes.retain_mut(|record| {
+        if !pids.contains(&record.id.pid) {
+            return true;
+        }
+        match read_process(record.id.pid, Some(classify), &mut buffers) {
+            Some((fresh, fd_error)) if fresh.id == record.id => {
+                if let Some(reason) = fd_error {
+                    unreadable.push(Unreadable {
+                        pid: record.id.pid,
+                        comm: record.comm.clone(),
+                        reason,
+                    });
+                }
+                record.state = fresh.state;
+                record.nodes = fresh.nodes;
+                record.fds_readable = fresh.fds_readable;
+                true
+            }
+            _ => false,
+        }
+    });
+    scan.unreadable.extend(unreadable);
+}
+
 thread_local! {
     /// The scan a snapshot is being built from, while the driver is asked
     /// about the same moment (see `during`).
@@ -284,14 +315,17 @@ fn read_process(
     classify: Option<Classify>,
     buffers: &mut Buffers,
 ) -> Option<(ProcessRecord, Option<String>)> {
+    let Some(classify) = classify else {
+        // Without descriptors to read, the stat file alone: two fewer system
+        // calls than through a handle on the directory.
+        let stat = read_stat(&open_in_proc(pid, "stat")?, &mut buffers.stat)?;
+        return Some((record_of(pid, stat, BTreeSet::new(), true), None));
+    };
     let directory = open_process(pid)?;
-    let stat = read_stat(&directory, &mut buffers.stat)?;
-    let kernel_thread = stat.flags & PF_KTHREAD != 0;
+    let stat = read_stat(&open_file(&directory, "stat")?, &mut buffers.stat)?;
     let mut nodes = BTreeSet::new();
     let mut fd_error = None;
-    if let Some(classify) = classify
-        && !kernel_thread
-    {
+    if stat.flags & PF_KTHREAD == 0 {
         match scan_fds(&directory, classify, &mut buffers.link, &mut nodes) {
             Ok(()) => {}
             Err(error) if error == rustix::io::Errno::NOENT || error == rustix::io::Errno::SRCH => {
@@ -300,7 +334,12 @@ fn read_process(
             Err(error) => fd_error = Some(io::Error::from(error).to_string()),
         }
     }
-    let record = ProcessRecord {
+    let readable = fd_error.is_none();
+    Some((record_of(pid, stat, nodes, readable), fd_error))
+}
+
+fn record_of(pid: u32, stat: Stat, nodes: BTreeSet<Node>, fds_readable: bool) -> ProcessRecord {
+    ProcessRecord {
         id: ProcessId {
             pid,
             start_time: stat.start_time,
@@ -312,12 +351,11 @@ fn read_process(
         state: stat.state,
         comm: stat.comm,
         cmdline: String::new(),
-        kernel_thread,
+        kernel_thread: stat.flags & PF_KTHREAD != 0,
         cpu_ticks: stat.cpu_ticks,
-        fds_readable: fd_error.is_none(),
+        fds_readable,
         nodes,
-    };
-    Some((record, fd_error))
+    }
 }
 
 /// The fields of /proc/PID/stat that gpureap uses.
@@ -345,25 +383,34 @@ fn open_process(pid: u32) -> Option<std::os::fd::OwnedFd> {
     .ok()
 }
 
-/// One process's stat, for the few lookups outside a scan.
-fn stat_of(pid: u32) -> Option<Stat> {
-    read_stat(&open_process(pid)?, &mut Vec::new())
+/// `/proc/PID/NAME`, opened for reading; `None` when the process has gone.
+fn open_in_proc(pid: u32, name: &str) -> Option<std::os::fd::OwnedFd> {
+    open_file(rustix::fs::CWD, &format!("/proc/{pid}/{name}"))
 }
 
-fn read_stat(directory: &std::os::fd::OwnedFd, buffer: &mut Vec<u8>) -> Option<Stat> {
+fn open_file(directory: impl std::os::fd::AsFd, path: &str) -> Option<std::os::fd::OwnedFd> {
     use rustix::fs::{Mode, OFlags};
-    let file = rustix::fs::openat(
+    rustix::fs::openat(
         directory,
-        "stat",
+        path,
         OFlags::RDONLY | OFlags::CLOEXEC,
         Mode::empty(),
     )
-    .ok()?;
+    .ok()
+}
+
+/// One process's stat, for the few lookups outside a scan.
+fn stat_of(pid: u32) -> Option<Stat> {
+    read_stat(&open_in_proc(pid, "stat")?, &mut Vec::new())
+}
+
+/// Parses a stat file opened by the caller.
+fn read_stat(file: &std::os::fd::OwnedFd, buffer: &mut Vec<u8>) -> Option<Stat> {
     buffer.clear();
     buffer.resize(1024, 0);
     let mut filled = 0;
     loop {
-        let read = rustix::io::read(&file, &mut buffer[filled..]).ok()?;
+        let read = rustix::io::read(file, &mut buffer[filled..]).ok()?;
         filled += read;
         if read == 0 || filled < buffer.len() {
             break;

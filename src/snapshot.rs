@@ -148,19 +148,85 @@ impl Snapshot {
     /// with their descendants.
     pub fn take_focused(driver: &dyn Driver, roots: &BTreeSet<u32>) -> Snapshot {
         let started = std::time::Instant::now();
-        let (scan, scan_error) = match proc::scan(&|path| driver.classify_node(path)) {
-            Ok(scan) => (scan, None),
-            Err(error) => (proc::ProcScan::default(), Some(error)),
-        };
+        let scan = proc::scan(&|path| driver.classify_node(path));
         let scanned = started.elapsed();
         // The driver answers for the same moment: a backend that reads /proc
         // (the simulated driver) reads this scan, not a second one.
-        let (scan, answer) = proc::during(scan, || driver.gpus());
+        let (scan, answer) = match scan {
+            Ok(scan) => {
+                let (scan, answer) = proc::during(scan, || driver.gpus());
+                (Ok(scan), answer)
+            }
+            Err(error) => (Err(error), driver.gpus()),
+        };
+        let timing = Timing {
+            started,
+            scanned,
+            queried: started.elapsed(),
+        };
+        Snapshot::assemble(driver, scan, answer, roots, timing)
+    }
+
+    /// Takes a snapshot of what the driver lists, for watching: the
+    /// exporter, `check` and `status --prometheus` count the processes the
+    /// driver lists, never those that only have a device node open
+    /// (monitors). So where the driver answers for every GPU, descriptors
+    /// are read only for the processes it lists (to tell a local process from
+    /// a PID of another namespace, `hidden`); the rest of /proc is read for
+    /// the process tree alone, which costs a fraction of reading every
+    /// process's descriptors. Where the driver fails, or fails for one GPU,
+    /// an open node is the only evidence left and every process's
+    /// descriptors are read, as `take` does.
+    pub fn take_listed(driver: &dyn Driver) -> Snapshot {
+        let started = std::time::Instant::now();
+        // The driver first: a process it lists was started before the scan,
+        // so the scan finds it unless it has exited meanwhile.
+        let answer = driver.gpus();
+        let queried = started.elapsed();
+        let listed: Option<BTreeSet<u32>> = match &answer {
+            Ok(infos) if !infos.is_empty() => infos.iter().map(|info| info.as_ref().ok()).try_fold(
+                BTreeSet::new(),
+                |mut pids, info| {
+                    pids.extend(info?.processes.iter().map(|process| process.pid));
+                    Some(pids)
+                },
+            ),
+            _ => None,
+        };
+        let classify = |path: &std::path::Path| driver.classify_node(path);
+        let scan = match &listed {
+            Some(pids) => proc::scan_tree().map(|mut scan| {
+                proc::read_nodes_of(&mut scan, pids, &classify);
+                scan
+            }),
+            None => proc::scan(&classify),
+        };
+        let timing = Timing {
+            started,
+            scanned: started.elapsed() - queried,
+            queried: started.elapsed(),
+        };
+        Snapshot::assemble(driver, scan, answer, &BTreeSet::new(), timing)
+    }
+
+    /// A snapshot from a scan and the driver's answer: merged, then command
+    /// lines, uids and details read for the processes that matter (see
+    /// `take_focused`).
+    fn assemble(
+        driver: &dyn Driver,
+        scan: std::io::Result<proc::ProcScan>,
+        answer: Result<Vec<Result<crate::driver::GpuInfo, DriverError>>, DriverError>,
+        roots: &BTreeSet<u32>,
+        timing: Timing,
+    ) -> Snapshot {
+        let (scan, scan_error) = match scan {
+            Ok(scan) => (scan, None),
+            Err(error) => (proc::ProcScan::default(), Some(error)),
+        };
         let (infos, driver_error) = match answer {
             Ok(infos) => (infos, None),
             Err(error) => (Vec::new(), Some(error.to_string())),
         };
-        let queried = started.elapsed();
         let mut unreadable = scan.unreadable;
         if let Some(error) = scan_error {
             unreadable.push(Unreadable {
@@ -211,13 +277,14 @@ impl Snapshot {
         }
         tracing::debug!(
             processes = snapshot.processes.len(),
-            scan_ms = scanned.as_secs_f64() * 1e3,
-            driver_ms = (queried - scanned).as_secs_f64() * 1e3,
-            details_ms = (started.elapsed() - queried).as_secs_f64() * 1e3,
+            scan_ms = timing.scanned.as_secs_f64() * 1e3,
+            driver_ms = (timing.queried - timing.scanned).as_secs_f64() * 1e3,
+            details_ms = (timing.started.elapsed() - timing.queried).as_secs_f64() * 1e3,
             "snapshot"
         );
         snapshot
     }
+
     pub fn gpu(&self, index: u32) -> Option<&GpuState> {
         self.gpus.iter().find(|gpu| gpu.index == index)
     }
@@ -436,6 +503,15 @@ impl std::fmt::Display for Orphaned {
     }
 }
 
+/// When a snapshot's parts were done, for the debug log.
+struct Timing {
+    started: std::time::Instant,
+    /// How long the /proc scan took.
+    scanned: std::time::Duration,
+    /// Since `started`, when both the scan and the driver's answer were in.
+    queried: std::time::Duration,
+}
+
 fn merge(
     infos: Vec<Result<crate::driver::GpuInfo, DriverError>>,
     processes: &BTreeMap<u32, ProcessRecord>,
@@ -544,5 +620,146 @@ fn read_details(record: &ProcessRecord, processes: &BTreeMap<u32, ProcessRecord>
         },
         cgroup,
         supervision,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::driver::{DriverProcess, GpuInfo};
+    use std::path::{Path, PathBuf};
+    use std::process::{Child, Command, Stdio};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A driver that lists what it is told to and counts the descriptors it
+    /// is asked to classify: `node` plays GPU 0's device node.
+    struct Listing {
+        node: PathBuf,
+        listed: Vec<u32>,
+        lost: Option<u32>,
+        classified: AtomicUsize,
+    }
+
+    impl Driver for Listing {
+        fn describe(&self) -> String {
+            "listing".to_string()
+        }
+        fn gpu_count(&self) -> Result<u32, DriverError> {
+            Ok(2)
+        }
+        fn gpu(&self, index: u32) -> Result<GpuInfo, DriverError> {
+            if self.lost == Some(index) {
+                return Err(DriverError::GpuLost { index });
+            }
+            let processes: Vec<DriverProcess> = if index == 0 {
+                self.listed
+                    .iter()
+                    .map(|&pid| DriverProcess {
+                        pid,
+                        used_memory: Some(1 << 30),
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            Ok(GpuInfo {
+                index,
+                name: None,
+                uuid: None,
+                memory_total: Some(80 << 30),
+                memory_used: Some(processes.len() as u64 * (1 << 30)),
+                processes,
+            })
+        }
+        fn classify_node(&self, path: &Path) -> Option<Node> {
+            self.classified.fetch_add(1, Ordering::Relaxed);
+            (path == self.node).then_some(Node::Gpu(0))
+        }
+    }
+
+    /// A child with `node` open as its stdin, or nothing extra open.
+    fn child(node: Option<&Path>) -> Child {
+        let stdin = match node {
+            Some(node) => Stdio::from(std::fs::File::open(node).expect("node")),
+            None => Stdio::null(),
+        };
+        Command::new("sleep")
+            .arg("30")
+            .stdin(stdin)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("sleep")
+    }
+
+    fn user(snapshot: &Snapshot, pid: u32) -> Option<GpuUser> {
+        snapshot
+            .gpu(0)?
+            .users
+            .iter()
+            .find(|user| user.pid == pid)
+            .copied()
+    }
+
+    /// What the watching snapshot reads: descriptors of the listed processes
+    /// only, where the driver answers for every GPU; every process's where
+    /// it does not. A listed PID with no node open stays a PID of another
+    /// namespace (hidden), and a monitor is not a holder.
+    #[test]
+    fn a_listed_snapshot_reads_descriptors_of_listed_processes_only() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let node = dir.path().join("nvidia0");
+        std::fs::write(&node, b"").expect("node");
+        let mut holder = child(Some(&node));
+        let mut monitor = child(Some(&node));
+        let mut collision = child(None);
+        let (holder_pid, monitor_pid, collision_pid) = (holder.id(), monitor.id(), collision.id());
+        let mut driver = Listing {
+            node: node.clone(),
+            listed: vec![holder_pid, collision_pid],
+            lost: None,
+            classified: AtomicUsize::new(0),
+        };
+
+        let listed = Snapshot::take_listed(&driver);
+        let read = driver.classified.swap(0, Ordering::Relaxed);
+        let full = Snapshot::take(&driver);
+        let read_by_full = driver.classified.swap(0, Ordering::Relaxed);
+        for snapshot in [&listed, &full] {
+            let holder = user(snapshot, holder_pid).expect("holder");
+            assert!(holder.listed && holder.node_open && !holder.hidden);
+            assert!(user(snapshot, collision_pid).expect("collision").hidden);
+            assert!(snapshot.processes.contains_key(&std::process::id()));
+            assert!(
+                snapshot
+                    .tree()
+                    .ancestors(holder_pid)
+                    .contains(&std::process::id())
+            );
+            assert_eq!(snapshot.gpu(0).and_then(GpuState::unattributed), Some(0));
+        }
+        let descriptors = |pid: u32| {
+            std::fs::read_dir(format!("/proc/{pid}/fd"))
+                .expect("fd")
+                .count()
+        };
+        let of_listed = descriptors(holder_pid) + descriptors(collision_pid);
+        assert_eq!(read, of_listed, "descriptors read for two listed processes");
+        assert!(read_by_full > read, "the full scan read {read_by_full}");
+        assert!(!listed.holders().contains(&monitor_pid));
+        assert!(full.holders().contains(&monitor_pid) && full.is_monitor(monitor_pid));
+
+        // GPU 1 lost: an open node is the only evidence there, so every
+        // process's descriptors are read again.
+        driver.lost = Some(1);
+        let degraded = Snapshot::take_listed(&driver);
+        assert!(driver.classified.load(Ordering::Relaxed) > of_listed);
+        assert!(degraded.holders().contains(&monitor_pid));
+        assert!(degraded.gpu(1).is_some_and(|gpu| !gpu.driver_answered()));
+
+        for child in [&mut holder, &mut monitor, &mut collision] {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }

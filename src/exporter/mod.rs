@@ -43,7 +43,7 @@ pub fn bind(address: SocketAddr) -> io::Result<TcpListener> {
 /// Takes one snapshot and encodes it, counting it in `figures`.
 fn scan(driver: &dyn Driver, figures: &mut ScanFigures, options: &Options) -> Exposition {
     let started = Instant::now();
-    let snapshot = Snapshot::take(driver);
+    let snapshot = Snapshot::take_listed(driver);
     figures.count(&snapshot, started.elapsed());
     metrics::encode_snapshot(&snapshot, figures, options)
 }
