@@ -287,3 +287,111 @@ fn a_huge_starts_json_is_not_read_whole() {
         serde_json::from_str(&read(&state.join("starts.json"))).expect("json");
     assert_eq!(history["good_starts"].as_array().expect("starts").len(), 1);
 }
+
+/// `--log` where someone else could have prepared the path: a link to a
+/// file of root's, a hard link, another user's file, a FIFO, a directory on
+/// the way that another user planted as a link or may write to. Each is
+/// refused with exit 2 before the server starts, and the file it would have
+/// reached is untouched. A sticky directory like /tmp, a new file and one's
+/// own file are fine.
+#[test]
+fn run_refuses_a_log_others_could_redirect_and_touches_nothing() {
+    let host = host();
+    let base = host.path().join("logs");
+    fs::create_dir(&base).expect("mkdir");
+    let state = host.path().join("state");
+    let state = state.to_str().expect("path");
+    let victim = host.path().join("victim");
+    fs::write(&victim, "precious\n").expect("victim");
+    fs::set_permissions(&victim, fs::Permissions::from_mode(0o644)).expect("chmod");
+    let log_run = |log: &Path| {
+        run(
+            &host,
+            &[
+                "run",
+                "--state-dir",
+                state,
+                "--log",
+                log.to_str().expect("path"),
+                "--",
+                "echo",
+                "api_key=sk-secret",
+            ],
+        )
+    };
+
+    symlink(&victim, base.join("link.log")).expect("symlink");
+    fs::hard_link(&victim, base.join("hard.log")).expect("hard link");
+    let theirs = base.join("theirs.log");
+    fs::write(&theirs, "").expect("theirs");
+    std::os::unix::fs::chown(&theirs, Some(NOBODY), Some(NOBODY)).expect("chown");
+    let fifo = base.join("fifo.log");
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        &fifo,
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o666),
+        0,
+    )
+    .expect("mkfifo");
+    let home = base.join("home");
+    foreign_dir(&home);
+    foreign_link(host.path(), &home.join("planted"));
+    let open = base.join("open");
+    fs::create_dir(&open).expect("mkdir");
+    fs::set_permissions(&open, fs::Permissions::from_mode(0o777)).expect("chmod");
+
+    for (log, why) in [
+        (base.join("link.log"), "is a symbolic link"),
+        (base.join("hard.log"), "hard link"),
+        (theirs.clone(), "belongs to uid 65534"),
+        (fifo.clone(), "not a regular file"),
+        (
+            home.join("planted").join("victim"),
+            "symbolic link others could have made",
+        ),
+        (open.join("server.log"), "others than its owner may write"),
+    ] {
+        let started = Instant::now();
+        let result = log_run(&log);
+        assert_eq!(result.code, 2, "{}: {}", log.display(), result.stderr);
+        assert!(
+            result.stderr.contains("refusing --log") && result.stderr.contains(why),
+            "{}: {}",
+            log.display(),
+            result.stderr
+        );
+        assert!(!result.stderr.contains("start 1"), "{}", result.stderr);
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "a FIFO blocked"
+        );
+    }
+    assert_eq!(read(&victim), "precious\n");
+    assert_eq!(mode(&victim), 0o644);
+    assert_eq!(read(&theirs), "");
+    assert!(!open.join("server.log").exists());
+
+    // Where it is fine: a new file in a sticky directory, created private,
+    // and one's own file, appended to with its mode kept.
+    let sticky = base.join("tmp");
+    fs::create_dir(&sticky).expect("mkdir");
+    fs::set_permissions(&sticky, fs::Permissions::from_mode(0o1777)).expect("chmod");
+    let fresh = sticky.join("server.log");
+    let result = log_run(&fresh);
+    assert_eq!(result.code, 0, "{}", result.stderr);
+    assert_eq!(read(&fresh), "api_key=sk-secret\n");
+    assert_eq!(mode(&fresh), 0o600);
+    // A link on the way that only root could have made is followed.
+    symlink(&sticky, base.join("linked")).expect("symlink");
+    let result = log_run(&base.join("linked").join("second.log"));
+    assert_eq!(result.code, 0, "{}", result.stderr);
+    assert_eq!(read(&sticky.join("second.log")), "api_key=sk-secret\n");
+    let own = base.join("own.log");
+    fs::write(&own, "earlier\n").expect("own");
+    fs::set_permissions(&own, fs::Permissions::from_mode(0o640)).expect("chmod");
+    let result = log_run(&own);
+    assert_eq!(result.code, 0, "{}", result.stderr);
+    assert_eq!(read(&own), "earlier\napi_key=sk-secret\n");
+    assert_eq!(mode(&own), 0o640);
+}

@@ -325,7 +325,9 @@ fn slurm_commands_outside_slurm_say_what_is_missing() {
     assert_eq!(linked.status.code(), Some(0));
     let said = String::from_utf8_lossy(&linked.stderr);
     assert!(
-        said.contains("cannot open --log") && said.contains("skip: no GPUs"),
+        said.contains("refusing --log")
+            && said.contains("is a symbolic link")
+            && said.contains("skip: no GPUs"),
         "{said}"
     );
 

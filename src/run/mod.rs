@@ -18,8 +18,6 @@ pub mod ready;
 pub mod state;
 
 use std::collections::BTreeSet;
-use std::fs::OpenOptions;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -195,21 +193,16 @@ pub fn supervise(config: &RunConfig, driver: &dyn Driver) -> std::io::Result<Exi
         }
     };
     let log = match &config.log {
-        // Created private, like the bundles: the log carries the same secrets.
-        Some(path) => Some((
-            OpenOptions::new()
-                .create(true)
-                .append(true)
-                .mode(0o600)
-                .open(path)
-                .map_err(|error| {
-                    std::io::Error::new(
-                        error.kind(),
-                        format!("cannot open --log {}: {error}", path.display()),
-                    )
-                })?,
-            path.display().to_string(),
-        )),
+        Some(path) => match state::open_log(path) {
+            Ok(file) => Some((file, path.display().to_string())),
+            Err(error) => {
+                event(&error.to_string());
+                return Ok(match error {
+                    state::LogError::Refused(_) => Exit::Usage,
+                    state::LogError::Failed(_) => Exit::Incomplete,
+                });
+            }
+        },
         None => None,
     };
     let outputs = Outputs::start(log);

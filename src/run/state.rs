@@ -124,6 +124,203 @@ fn open_start(absolute: bool) -> Result<OwnedFd, Errno> {
     )
 }
 
+/// Where a walk of a directory's path ended: the directory (an `O_PATH`
+/// handle), what `fstat` says of it, and its path as walked.
+struct Walked {
+    dir: OwnedFd,
+    stat: Stat,
+    at: PathBuf,
+}
+
+enum WalkError {
+    /// Someone other than the caller or root could have changed the way.
+    Unsafe(String),
+    /// A component could not be opened (or made).
+    Failed(PathBuf, Errno),
+}
+
+/// Walks to the directory `path` one component at a time, following a
+/// symbolic link only where nobody but `uid` or root could have made it, and
+/// as the last component only with `follow_last` (a log's directory, not a
+/// state directory). With `create`, a missing directory is made
+/// (mode 0700), only in a directory nobody else may write to (or a sticky
+/// one). The directory reached is not judged: the caller does.
+fn walk(path: &Path, uid: u32, create: bool, follow_last: bool) -> Result<Walked, WalkError> {
+    let failed = |at: &Path, error: Errno| WalkError::Failed(at.to_path_buf(), error);
+    let refuse = WalkError::Unsafe;
+    let absolute = path.is_absolute();
+    let mut dir = open_start(absolute).map_err(|error| failed(path, error))?;
+    let mut dir_stat = rustix::fs::fstat(&dir).map_err(|error| failed(path, error))?;
+    let mut at = if absolute {
+        PathBuf::from("/")
+    } else {
+        PathBuf::from(".")
+    };
+    let mut pending = names(path);
+    let mut links = 0;
+    let mut steps = 0;
+    while let Some(name) = pending.pop_front() {
+        steps += 1;
+        if steps > MAX_STEPS {
+            return Err(failed(&at, Errno::LOOP));
+        }
+        let here = at.join(&name);
+        let last = pending.is_empty();
+        match open_path(&dir, &name) {
+            Ok(fd) => {
+                let stat = rustix::fs::fstat(&fd).map_err(|error| failed(&here, error))?;
+                match FileType::from_raw_mode(stat.st_mode) {
+                    FileType::Directory => {
+                        dir = fd;
+                        dir_stat = stat;
+                        at = here;
+                    }
+                    FileType::Symlink if last && !follow_last => {
+                        return Err(refuse(format!("{} is a symbolic link", here.display())));
+                    }
+                    FileType::Symlink => {
+                        // A link is followed only where nobody else could have made it.
+                        if let Some(problem) = distrust(&here, &stat, uid, false)
+                            .or_else(|| distrust(&at, &dir_stat, uid, true))
+                        {
+                            return Err(refuse(format!(
+                                "{} is a symbolic link others could have made: {problem}",
+                                here.display()
+                            )));
+                        }
+                        links += 1;
+                        if links > MAX_LINKS {
+                            return Err(failed(&here, Errno::LOOP));
+                        }
+                        let target = rustix::fs::readlinkat(&dir, &name, Vec::new())
+                            .map_err(|error| failed(&here, error))?;
+                        let target = PathBuf::from(OsStr::from_bytes(target.as_bytes()));
+                        if target.is_absolute() {
+                            dir = open_start(true).map_err(|error| failed(&target, error))?;
+                            dir_stat =
+                                rustix::fs::fstat(&dir).map_err(|error| failed(&target, error))?;
+                            at = PathBuf::from("/");
+                        }
+                        for name in names(&target).into_iter().rev() {
+                            pending.push_front(name);
+                        }
+                    }
+                    _ => {
+                        return Err(refuse(format!("{} is not a directory", here.display())));
+                    }
+                }
+            }
+            Err(Errno::NOENT) if create => {
+                if let Some(problem) = distrust(&at, &dir_stat, uid, true) {
+                    return Err(refuse(format!(
+                        "{} would be created where others could tamper with it: {problem}",
+                        here.display()
+                    )));
+                }
+                match rustix::fs::mkdirat(&dir, &name, private_dir_mode()) {
+                    Ok(()) | Err(Errno::EXIST) => {}
+                    Err(error) => return Err(failed(&here, error)),
+                }
+                // Opened and checked like any other on the next turn.
+                pending.push_front(name);
+            }
+            Err(error) => return Err(failed(&here, error)),
+        }
+    }
+    Ok(Walked {
+        dir,
+        stat: dir_stat,
+        at,
+    })
+}
+
+/// Why `--log` cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum LogError {
+    /// Someone else could choose or read what it is appended to: bad input.
+    #[error("{0}")]
+    Refused(String),
+    /// It could not be opened (no such directory, no space, ...).
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// Opens `--log FILE` for appending, as root may safely: its directory is
+/// reached as a state directory's path is (`walk`, nothing created) and must
+/// not be writable by others unless sticky (like /tmp); the file itself is
+/// never a symbolic link, is created private (0600) when missing, and when it
+/// exists must be a regular file of the caller's own with no other name (a
+/// hard link). Otherwise someone who can write where the log goes could have
+/// the server's output, and its secrets, appended to a file of their choice
+/// (`/etc/shadow` through a planted link) or to one they can read.
+pub fn open_log(path: &Path) -> Result<std::fs::File, LogError> {
+    let uid = rustix::process::geteuid().as_raw();
+    let refuse = |problem: String| {
+        LogError::Refused(format!("refusing --log {}: {problem}", path.display()))
+    };
+    let failed = |at: &Path, error: Errno| {
+        LogError::Failed(format!(
+            "cannot open --log {}: {}: {}",
+            path.display(),
+            at.display(),
+            io_error(error)
+        ))
+    };
+    let Some(name) = path.file_name() else {
+        return Err(refuse("it names no file".to_string()));
+    };
+    let parent = match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    };
+    let walked = walk(parent, uid, false, true).map_err(|error| match error {
+        WalkError::Unsafe(problem) => refuse(problem),
+        WalkError::Failed(at, error) => failed(&at, error),
+    })?;
+    if let Some(problem) = distrust(&walked.at, &walked.stat, uid, true) {
+        return Err(refuse(problem));
+    }
+    let fd = rustix::fs::openat(
+        &walked.dir,
+        name,
+        OFlags::WRONLY
+            | OFlags::APPEND
+            | OFlags::CREATE
+            | OFlags::NOFOLLOW
+            | OFlags::NONBLOCK
+            | OFlags::CLOEXEC,
+        private_file_mode(),
+    )
+    .map_err(|error| match error {
+        Errno::LOOP => refuse("it is a symbolic link; give the file itself".to_string()),
+        Errno::NXIO => refuse("it is not a regular file".to_string()),
+        error => failed(path, error),
+    })?;
+    let stat = rustix::fs::fstat(&fd).map_err(|error| failed(path, error))?;
+    if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile {
+        return Err(refuse("it is not a regular file".to_string()));
+    }
+    if stat.st_uid != uid {
+        let name = uzers::get_user_by_uid(stat.st_uid)
+            .map(|user| format!(" ({})", user.name().to_string_lossy()))
+            .unwrap_or_default();
+        return Err(refuse(format!(
+            "it belongs to uid {}{name}, not to you; the server's output is appended only to a file of your own",
+            stat.st_uid
+        )));
+    }
+    if stat.st_nlink > 1 {
+        return Err(refuse(format!(
+            "it has {} names (hard links); the server's output is appended only to a file with one",
+            stat.st_nlink
+        )));
+    }
+    // Writes to a regular file never block; the flag only kept a FIFO from
+    // stalling the open.
+    rustix::fs::fcntl_setfl(&fd, OFlags::APPEND).map_err(|error| failed(path, error))?;
+    Ok(std::fs::File::from(fd))
+}
+
 impl StateDir {
     /// Opens the state directory at `path`, creating it and any missing
     /// parent with mode 0700. Refused (`Unsafe`) when it, a parent it is
@@ -142,90 +339,15 @@ impl StateDir {
                 format!("{}: {}", at.display(), io_error(error)),
             ),
         };
-        let absolute = path.is_absolute();
-        let mut dir = open_start(absolute).map_err(|error| failed(path, error))?;
-        let mut dir_stat = rustix::fs::fstat(&dir).map_err(|error| failed(path, error))?;
-        let mut at = if absolute {
-            PathBuf::from("/")
-        } else {
-            PathBuf::from(".")
-        };
-        let mut pending = names(path);
-        let mut links = 0;
-        let mut steps = 0;
-        while let Some(name) = pending.pop_front() {
-            steps += 1;
-            if steps > MAX_STEPS {
-                return Err(failed(&at, Errno::LOOP));
-            }
-            let here = at.join(&name);
-            let last = pending.is_empty();
-            match open_path(&dir, &name) {
-                Ok(fd) => {
-                    let stat = rustix::fs::fstat(&fd).map_err(|error| failed(&here, error))?;
-                    match FileType::from_raw_mode(stat.st_mode) {
-                        FileType::Directory => {
-                            dir = fd;
-                            dir_stat = stat;
-                            at = here;
-                        }
-                        FileType::Symlink if last => {
-                            return Err(refuse(format!("{} is a symbolic link", here.display())));
-                        }
-                        FileType::Symlink => {
-                            // A link is followed only where nobody else could have made it.
-                            if let Some(problem) = distrust(&here, &stat, uid, false)
-                                .or_else(|| distrust(&at, &dir_stat, uid, true))
-                            {
-                                return Err(refuse(format!(
-                                    "{} is a symbolic link others could have made: {problem}",
-                                    here.display()
-                                )));
-                            }
-                            links += 1;
-                            if links > MAX_LINKS {
-                                return Err(failed(&here, Errno::LOOP));
-                            }
-                            let target = rustix::fs::readlinkat(&dir, &name, Vec::new())
-                                .map_err(|error| failed(&here, error))?;
-                            let target = PathBuf::from(OsStr::from_bytes(target.as_bytes()));
-                            if target.is_absolute() {
-                                dir = open_start(true).map_err(|error| failed(&target, error))?;
-                                dir_stat = rustix::fs::fstat(&dir)
-                                    .map_err(|error| failed(&target, error))?;
-                                at = PathBuf::from("/");
-                            }
-                            for name in names(&target).into_iter().rev() {
-                                pending.push_front(name);
-                            }
-                        }
-                        _ => {
-                            return Err(refuse(format!("{} is not a directory", here.display())));
-                        }
-                    }
-                }
-                Err(Errno::NOENT) => {
-                    if let Some(problem) = distrust(&at, &dir_stat, uid, true) {
-                        return Err(refuse(format!(
-                            "{} would be created where others could tamper with it: {problem}",
-                            here.display()
-                        )));
-                    }
-                    match rustix::fs::mkdirat(&dir, &name, private_dir_mode()) {
-                        Ok(()) | Err(Errno::EXIST) => {}
-                        Err(error) => return Err(failed(&here, error)),
-                    }
-                    // Opened and checked like any other on the next turn.
-                    pending.push_front(name);
-                }
-                Err(error) => return Err(failed(&here, error)),
-            }
-        }
-        if let Some(problem) = distrust(&at, &dir_stat, uid, false) {
+        let walked = walk(path, uid, true, false).map_err(|error| match error {
+            WalkError::Unsafe(problem) => refuse(problem),
+            WalkError::Failed(at, error) => failed(&at, error),
+        })?;
+        if let Some(problem) = distrust(&walked.at, &walked.stat, uid, false) {
             return Err(refuse(problem));
         }
         let fd = rustix::fs::openat(
-            &dir,
+            &walked.dir,
             ".",
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
             Mode::empty(),

@@ -1,16 +1,16 @@
 //! One line per decision: to stderr, which slurmd keeps in its log, and with
 //! `--log FILE` as JSON lines for auditing.
 //!
-//! The log file is opened for appending, created private (0600), and never
-//! through a symbolic link: the epilog runs as root, and a link planted by
-//! anyone else must not make it write elsewhere. A log that cannot be opened
-//! is said on stderr and does not stop the epilog: the GPUs matter more.
-//! An existing file is written to only if it is a plain file of the user
-//! gpureap runs as.
+//! The log file is opened as `gpureap run --log` opens its log
+//! (`run::state::open_log`): for appending, created private (0600), never
+//! through a symbolic link or a directory others could have changed, and an
+//! existing file only if it is a plain file of the user gpureap runs as with
+//! no other name: the epilog runs as root, and a link planted by anyone else
+//! must not make it write elsewhere. A log that cannot be opened is said on
+//! stderr and does not stop the epilog: the GPUs matter more.
 
 use std::fs::File;
 use std::io::Write;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -52,32 +52,9 @@ impl Audit {
         node: Option<String>,
     ) -> Audit {
         let file = log.and_then(|path| {
-            std::fs::OpenOptions::new()
-                .append(true)
-                .create(true)
-                .mode(0o600)
-                // O_NONBLOCK: a FIFO planted there must not block the epilog in open.
-                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
-                .open(path)
-                .and_then(|file| {
-                    // Someone else's file (planted in a shared directory) would
-                    // read what root logs: refused, as is anything but a plain file.
-                    let metadata = file.metadata()?;
-                    if metadata.is_file()
-                        && metadata.uid() == rustix::process::geteuid().as_raw()
-                    {
-                        Ok(file)
-                    } else {
-                        Err(std::io::Error::other(
-                            "not a plain file of this user's; refusing to write to it",
-                        ))
-                    }
-                })
+            crate::run::state::open_log(path)
                 .map_err(|error| {
-                    eprintln!(
-                        "gpureap slurm {command}: cannot open --log {}: {error}; logging to stderr only",
-                        path.display()
-                    );
+                    eprintln!("gpureap slurm {command}: {error}; logging to stderr only");
                 })
                 .ok()
         });
