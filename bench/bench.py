@@ -278,6 +278,8 @@ def seeing(host):
     if GPU:
         tools.append(("smi", "nvidia-smi --query-compute-apps",
                       ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv"]))
+    if COMPARE:
+        tools.append(("compare", "--compare build status --json", [COMPARE, *host.gpureap("status", "--json")[1:]]))
     header = "| extra processes | gpureap status --json |"
     rule = "|---|---|"
     if fuser:
@@ -285,6 +287,9 @@ def seeing(host):
         rule += "---|---|"
     if GPU:
         header += " nvidia-smi --query-compute-apps | nvidia-smi / gpureap |"
+        rule += "---|---|"
+    if COMPARE:
+        header += " --compare build | --compare / this build |"
         rule += "---|---|"
     say(header + " load |")
     say(rule + "---|")
@@ -322,7 +327,10 @@ def seeing(host):
                 row += f" {f * 1000:.0f} ms, {rss_text(rss['fuser'])} | {f / g:.1f}x |"
             if GPU:
                 s = median(times["smi"])
-                row += f" {s * 1000:.0f} ms, {rss_text(rss['smi'])} | {s / g:.1f}x |"
+                row += f" {s * 1000:.0f} ms, {rss_text(rss['smi'])} | {s / g:.2f}x |"
+            if COMPARE:
+                c = median(times["compare"])
+                row += f" {c * 1000:.0f} ms, {rss_text(rss['compare'])} | {c / g:.2f}x |"
             say(row + f" {load:.1f} |")
     finally:
         tree.cleanup()

@@ -208,18 +208,30 @@ fn printable(text: &str) -> std::borrow::Cow<'_, str> {
 }
 
 fn status(backend: &BackendChoice, args: &StatusArgs) -> anyhow::Result<Exit> {
-    let driver = open_driver(backend)?;
-    let gpus = config::gpus(&args.gpu, gpu_count(driver.as_ref()))?;
-    let started = std::time::Instant::now();
-    // The metrics count what the driver lists: the exporter's snapshot.
-    let snapshot = if args.prometheus {
-        Snapshot::take_listed(driver.as_ref())
-    } else {
-        Snapshot::take(driver.as_ref())
+    let mut took = None;
+    let (driver, snapshot) = match backend {
+        // The metrics count what the driver lists: the exporter's snapshot.
+        _ if args.prometheus => {
+            let driver = open_driver(backend)?;
+            let started = std::time::Instant::now();
+            let snapshot = Snapshot::take_listed(driver.as_ref());
+            took = Some(started.elapsed());
+            (driver, snapshot)
+        }
+        // /dev/nvidia* nodes: NVML starts while /proc is scanned.
+        BackendChoice::Auto | BackendChoice::Nvml | BackendChoice::None => {
+            Snapshot::take_while_opening(|| open_driver(backend))?
+        }
+        BackendChoice::Sim(_) => {
+            let driver = open_driver(backend)?;
+            let snapshot = Snapshot::take(driver.as_ref());
+            (driver, snapshot)
+        }
     };
+    let gpus = config::gpus(&args.gpu, gpu_count(driver.as_ref()))?;
     let text = if args.prometheus {
         let mut figures = gpureap::metrics::ScanFigures::default();
-        figures.count(&snapshot, started.elapsed());
+        figures.count(&snapshot, took.unwrap_or_default());
         let options = gpureap::metrics::Options {
             gpus: gpus.clone(),
             per_process: args.per_process,

@@ -362,3 +362,55 @@ fn control_characters_in_a_command_line_never_reach_the_terminal() {
                 .is_some_and(|c| c.starts_with("evil\x1b[2J")))
     );
 }
+
+/// Without a driver, `status` scans /proc while the (absent) driver opens
+/// and numbers `/dev/nvidiaN` by its minor: an opener of `/dev/nvidia1` is
+/// on GPU 1, one of `/dev/nvidiactl` only is on no GPU. Run in a mount
+/// namespace whose /dev is a tmpfs with plain files for the nodes (this
+/// machine has no NVIDIA driver to open real ones).
+#[test]
+fn without_a_driver_dev_nvidia_openers_are_placed_by_minor() {
+    let script = r#"
+        mount -t tmpfs -o mode=755 gpureap-test-dev /dev && mknod -m 666 /dev/null c 1 3 \
+            && : > /dev/nvidia1 && : > /dev/nvidiactl || exit 9
+        sleep 30 < /dev/nvidia1 & gpu=$!
+        sleep 30 3< /dev/nvidiactl & control=$!
+        echo "$gpu $control"
+        "$GPUREAP" --backend none status --json
+        kill $gpu $control
+    "#;
+    let output = std::process::Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", script])
+        .env("GPUREAP", env!("CARGO_BIN_EXE_gpureap"))
+        .env_remove("GPUREAP_BACKEND")
+        .output()
+        .expect("unshare runs");
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let (pids, json) = stdout.split_once('\n').expect("pids line");
+    let pids: Vec<u64> = pids
+        .split(' ')
+        .map(|pid| pid.parse().expect("pid"))
+        .collect();
+    let status: serde_json::Value = serde_json::from_str(json).expect("json");
+    let gpus = status["gpus"].as_array().expect("gpus");
+    assert_eq!(gpus.len(), 1, "{status:#}");
+    assert_eq!(gpus[0]["index"], 1);
+    let on_gpu: Vec<u64> = gpus[0]["processes"]
+        .as_array()
+        .expect("processes")
+        .iter()
+        .map(|process| process["pid"].as_u64().expect("pid"))
+        .collect();
+    assert_eq!(on_gpu, [pids[0]], "{status:#}");
+    for holder in status["holders"].as_array().expect("holders") {
+        if holder["pid"] == pids[1] {
+            assert_eq!(holder["gpus"], serde_json::json!([]), "{holder:#}");
+        }
+    }
+}
