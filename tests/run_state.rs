@@ -350,7 +350,7 @@ fn run_refuses_a_log_others_could_redirect_and_touches_nothing() {
             home.join("planted").join("victim"),
             "symbolic link others could have made",
         ),
-        (open.join("server.log"), "others than its owner may write"),
+        (base.clone(), "it is a directory"),
     ] {
         let started = Instant::now();
         let result = log_run(&log);
@@ -370,10 +370,22 @@ fn run_refuses_a_log_others_could_redirect_and_touches_nothing() {
     assert_eq!(read(&victim), "precious\n");
     assert_eq!(mode(&victim), 0o644);
     assert_eq!(read(&theirs), "");
-    assert!(!open.join("server.log").exists());
 
-    // Where it is fine: a new file in a sticky directory, created private,
-    // and one's own file, appended to with its mode kept.
+    // Where it is fine: a new file, created private, in a sticky directory,
+    // in a directory anyone may write to, or in another user's directory
+    // (what is there is checked, not who may write beside it); and one's own
+    // file, appended to with its mode kept.
+    for dir in [&open, &home] {
+        let log = dir.join("server.log");
+        let result = log_run(&log);
+        assert_eq!(result.code, 0, "{}: {}", log.display(), result.stderr);
+        assert_eq!(read(&log), "api_key=sk-secret\n");
+        assert_eq!(mode(&log), 0o600);
+        assert_eq!(
+            fs::metadata(&log).expect("log").uid(),
+            rustix::process::geteuid().as_raw()
+        );
+    }
     let sticky = base.join("tmp");
     fs::create_dir(&sticky).expect("mkdir");
     fs::set_permissions(&sticky, fs::Permissions::from_mode(0o1777)).expect("chmod");

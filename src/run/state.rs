@@ -246,11 +246,11 @@ pub enum LogError {
 }
 
 /// Opens `--log FILE` for appending, as root may safely: its directory is
-/// reached as a state directory's path is (`walk`, nothing created) and must
-/// not be writable by others unless sticky (like /tmp); the file itself is
-/// never a symbolic link, is created private (0600) when missing, and when it
-/// exists must be a regular file of the caller's own with no other name (a
-/// hard link). Otherwise someone who can write where the log goes could have
+/// reached as a state directory's path is (`walk`, nothing created, no link
+/// followed that others could have made); the file itself is never a
+/// symbolic link, is created private (0600) when missing, and when it exists
+/// must be a regular file of the caller's own with no other name (a hard
+/// link). Otherwise someone who can write where the log goes could have
 /// the server's output, and its secrets, appended to a file of their choice
 /// (`/etc/shadow` through a planted link) or to one they can read.
 pub fn open_log(path: &Path) -> Result<std::fs::File, LogError> {
@@ -277,9 +277,10 @@ pub fn open_log(path: &Path) -> Result<std::fs::File, LogError> {
         WalkError::Unsafe(problem) => refuse(problem),
         WalkError::Failed(at, error) => failed(&at, error),
     })?;
-    if let Some(problem) = distrust(&walked.at, &walked.stat, uid, true) {
-        return Err(refuse(problem));
-    }
+    // The directory itself may be anyone's (root writing into a user's
+    // directory, a group-writable /var/log): what is opened there is never
+    // a link, and is then checked to be a file of the caller's own that no
+    // other name reaches, which is what a tamperer would need.
     let fd = rustix::fs::openat(
         &walked.dir,
         name,
@@ -294,6 +295,7 @@ pub fn open_log(path: &Path) -> Result<std::fs::File, LogError> {
     .map_err(|error| match error {
         Errno::LOOP => refuse("it is a symbolic link; give the file itself".to_string()),
         Errno::NXIO => refuse("it is not a regular file".to_string()),
+        Errno::ISDIR => refuse("it is a directory; give a file in it".to_string()),
         error => failed(path, error),
     })?;
     let stat = rustix::fs::fstat(&fd).map_err(|error| failed(path, error))?;
