@@ -124,6 +124,10 @@ class Host:
     def gpureap(self, *arguments):
         return [BIN, "--backend", self.backend, *arguments]
 
+    def cleanup(self):
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
 
 def gpu_used(host):
     """Memory used on all GPUs, through gpureap's JSON (the memory query on the simulated driver)."""
@@ -229,6 +233,7 @@ class Tree:
         for pid in self.pids:
             if alive(pid) and Path(f"/proc/{pid}/cmdline").read_bytes().startswith(f"sglang::{self.tag}".encode()):
                 os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(self.work, ignore_errors=True)
 
 
 def ppid(pid):
@@ -318,6 +323,7 @@ def seeing(host):
             finally:
                 crowd.send_signal(signal.SIGTERM)
                 crowd.wait()
+                ready.unlink(missing_ok=True)
             for name, label, _ in tools:
                 series[label].append((crowd_size, median(times[name]) * 1000))
             g = median(times["gpureap"])
@@ -579,6 +585,7 @@ def idle(host):
     finally:
         crowd.send_signal(signal.SIGTERM)
         crowd.wait()
+        ready.unlink(missing_ok=True)
         tree.cleanup()
         if not GPU:
             host.dir.joinpath("leak.0").unlink(missing_ok=True)
@@ -708,6 +715,7 @@ def exporter(host):
             server.wait()
         crowd.send_signal(signal.SIGTERM)
         crowd.wait()
+        ready.unlink(missing_ok=True)
         tree.cleanup()
 
 
@@ -741,30 +749,33 @@ def main():
     if COMPARE:
         BINS.append(("--compare build", COMPARE))
     host = Host()
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    label = "H200 (real driver)" if GPU else "simulated driver"
-    say(f"# Results: {label}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n")
-    say(f"Machine: {os.cpu_count()} cores ({cpu}), kernel {platform.release()}, "
-        f"{subprocess.run([BIN, '--version'], stdout=subprocess.PIPE, text=True).stdout.strip()}"
-        f"{', ' + ' and '.join(sorted(set(subprocess.run(['nvidia-smi', '--query-gpu=name,driver_version', '--format=csv,noheader'], stdout=subprocess.PIPE, text=True).stdout.strip().splitlines()))) if GPU else ''}. "
-        f"Command: `python3 bench/bench.py{shown_arguments()}`. Load average at the start: "
-        f"{' / '.join(f'{load:.1f}' for load in os.getloadavg())} (1 / 5 / 15 min).\n")
-    if EXPORTER:
-        exporter(host)
-    else:
-        if "seeing" in PARTS:
-            seeing(host)
-        if "freeing" in PARTS:
-            freeing(host)
-        if "waiting" in PARTS:
-            waiting(host)
-        if "idle" in PARTS:
-            idle(host)
-        if "fleet" in PARTS and not GPU:
-            sys.path.insert(0, str(ROOT / "bench"))
-            import fleet_bench
-            fleet_bench.run(say, BIN, QUICK)
+    try:
+        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name")), platform.processor())
+        label = "H200 (real driver)" if GPU else "simulated driver"
+        say(f"# Results: {label}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n")
+        say(f"Machine: {os.cpu_count()} cores ({cpu}), kernel {platform.release()}, "
+            f"{subprocess.run([BIN, '--version'], stdout=subprocess.PIPE, text=True).stdout.strip()}"
+            f"{', ' + ' and '.join(sorted(set(subprocess.run(['nvidia-smi', '--query-gpu=name,driver_version', '--format=csv,noheader'], stdout=subprocess.PIPE, text=True).stdout.strip().splitlines()))) if GPU else ''}. "
+            f"Command: `python3 bench/bench.py{shown_arguments()}`. Load average at the start: "
+            f"{' / '.join(f'{load:.1f}' for load in os.getloadavg())} (1 / 5 / 15 min).\n")
+        if EXPORTER:
+            exporter(host)
+        else:
+            if "seeing" in PARTS:
+                seeing(host)
+            if "freeing" in PARTS:
+                freeing(host)
+            if "waiting" in PARTS:
+                waiting(host)
+            if "idle" in PARTS:
+                idle(host)
+            if "fleet" in PARTS and not GPU:
+                sys.path.insert(0, str(ROOT / "bench"))
+                import fleet_bench
+                fleet_bench.run(say, BIN, QUICK)
+    finally:
+        host.cleanup()
     report = "\n".join(LINES) + "\n"
     if OUT:
         OUT.parent.mkdir(parents=True, exist_ok=True)
