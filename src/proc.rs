@@ -712,6 +712,14 @@ mod tests {
         let mut ready = [0u8; 6];
         std::io::Read::read_exact(renamed.stdout.as_mut().expect("stdout"), &mut ready)
             .expect("ready");
+        // Printing "ready" comes before blocking in `read`: under load bash may
+        // still be running when the scan looks, so wait for it to sleep.
+        let renamed_id = identity(renamed.id()).expect("renamed process");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while state_of(renamed_id) != Some(State::Sleeping) {
+            assert!(Instant::now() < deadline, "bash never blocked in read");
+            std::thread::sleep(Duration::from_millis(2));
+        }
         let mut zombie = Command::new("true").spawn().expect("true");
         let zombie_pid = zombie.id();
         let deadline = Instant::now() + Duration::from_secs(5);
