@@ -14,6 +14,7 @@ mod run_output;
 mod run_stale;
 mod run_state;
 mod schema;
+mod scripts;
 mod select_props;
 mod sim;
 mod slurm;
