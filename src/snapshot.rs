@@ -150,9 +150,19 @@ impl Snapshot {
     pub fn take_focused(driver: &dyn Driver, roots: &BTreeSet<u32>) -> Snapshot {
         let started = std::time::Instant::now();
         let scan = proc::scan(&|path| driver.classify_node(path));
+        Snapshot::from_scan(driver, scan, roots, started)
+    }
+
+    /// The snapshot of a scan begun at `started`: the driver answers for the
+    /// same moment, and a backend that reads /proc (the simulated driver)
+    /// reads this scan, not a second one.
+    fn from_scan(
+        driver: &dyn Driver,
+        scan: std::io::Result<proc::ProcScan>,
+        roots: &BTreeSet<u32>,
+        started: std::time::Instant,
+    ) -> Snapshot {
         let scanned = started.elapsed();
-        // The driver answers for the same moment: a backend that reads /proc
-        // (the simulated driver) reads this scan, not a second one.
         let (scan, answer) = match scan {
             Ok(scan) => {
                 let (scan, answer) = proc::during(scan, || driver.gpus());
@@ -188,24 +198,11 @@ impl Snapshot {
             (driver, scan)
         });
         let driver = driver?;
-        let scanned = started.elapsed();
         let scan = scan.map(|mut scan| {
             renumber(&mut scan, driver.as_ref());
             scan
         });
-        let (scan, answer) = match scan {
-            Ok(scan) => {
-                let (scan, answer) = proc::during(scan, || driver.gpus());
-                (Ok(scan), answer)
-            }
-            Err(error) => (Err(error), driver.gpus()),
-        };
-        let timing = Timing {
-            started,
-            scanned,
-            queried: started.elapsed(),
-        };
-        let snapshot = Snapshot::assemble(driver.as_ref(), scan, answer, &BTreeSet::new(), timing);
+        let snapshot = Snapshot::from_scan(driver.as_ref(), scan, &BTreeSet::new(), started);
         Ok((driver, snapshot))
     }
 
