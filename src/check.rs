@@ -119,8 +119,13 @@ pub fn check(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> Check {
     let mut details = Vec::new();
     if snapshot.is_partial() {
         details.push(format!(
-            "partial scan: {} process(es) could not be inspected; run as root to see them all",
-            snapshot.unreadable.len()
+            "partial scan: {} process(es) could not be inspected{}",
+            snapshot.unreadable.len(),
+            if rustix::process::geteuid().is_root() {
+                " (even by root: another PID namespace's, or protected)"
+            } else {
+                "; run as root to see them all"
+            }
         ));
     }
     if problems.is_empty() {

@@ -168,7 +168,7 @@ fn gpu_count(driver: &dyn Driver) -> u32 {
 
 /// Writes the report to stdout in one piece; a closed pipe ends quietly.
 fn emit(text: &str) -> io::Result<()> {
-    let text = &printable(text);
+    let text = &gpureap::units::printable(text);
     let mut stdout = io::stdout().lock();
     let written = stdout
         .write_all(text.as_bytes())
@@ -185,26 +185,6 @@ fn emit(text: &str) -> io::Result<()> {
         Err(error) if error.kind() == io::ErrorKind::BrokenPipe => Ok(()),
         other => other,
     }
-}
-
-/// The report with every control character but newline and tab written
-/// out (`\u{1b}`): command lines, comms and a remote host's messages are
-/// anyone's text, and an escape sequence in them must not reach the
-/// terminal of the admin reading the report. JSON escapes them already.
-fn printable(text: &str) -> std::borrow::Cow<'_, str> {
-    let unsafe_char = |c: char| c.is_control() && c != '\n' && c != '\t';
-    if !text.chars().any(unsafe_char) {
-        return std::borrow::Cow::Borrowed(text);
-    }
-    text.chars()
-        .map(|c| {
-            if unsafe_char(c) {
-                c.escape_default().to_string()
-            } else {
-                c.to_string()
-            }
-        })
-        .collect()
 }
 
 fn status(backend: &BackendChoice, args: &StatusArgs) -> anyhow::Result<Exit> {

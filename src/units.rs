@@ -256,6 +256,35 @@ impl fmt::Display for Age {
     }
 }
 
+/// Text with its control characters written out (`\u{1b}`), newlines and
+/// tabs kept: command lines, comms and a remote host's messages are anyone's
+/// text, and an escape sequence in them must not reach the terminal of the
+/// admin reading a report. JSON escapes them already.
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    escaped(text, |c| c.is_control() && c != '\n' && c != '\t')
+}
+
+/// One line of text: every control character written out, newlines too, so
+/// that a path or a command line inside it cannot start a line of its own.
+pub fn one_line(text: &str) -> std::borrow::Cow<'_, str> {
+    escaped(text, char::is_control)
+}
+
+fn escaped(text: &str, unsafe_char: impl Fn(char) -> bool) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(&unsafe_char) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    text.chars()
+        .map(|c| {
+            if unsafe_char(c) {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -350,7 +350,7 @@ fn run_refuses_a_log_others_could_redirect_and_touches_nothing() {
             home.join("planted").join("victim"),
             "symbolic link others could have made",
         ),
-        (base.clone(), "it is a directory"),
+        (base.clone(), "it names a directory"),
     ] {
         let started = Instant::now();
         let result = log_run(&log);
@@ -406,4 +406,86 @@ fn run_refuses_a_log_others_could_redirect_and_touches_nothing() {
     assert_eq!(result.code, 0, "{}", result.stderr);
     assert_eq!(read(&own), "earlier\napi_key=sk-secret\n");
     assert_eq!(mode(&own), 0o640);
+}
+
+/// A refused `--log` is refused before anything is opened or made: a FIFO's
+/// waiting reader is not released by a writer coming and going, no state
+/// directory is created, a name ending in `/` or `/.` (a directory) makes no
+/// file, and a path with control characters cannot forge an event line.
+#[test]
+fn a_refused_log_opens_nothing_and_leaves_nothing() {
+    let host = host();
+    let state = host.path().join("state-never-made");
+    let log_run = |log: &std::ffi::OsStr| {
+        let mut command = gpureap(&host);
+        command
+            .args(["run", "--state-dir"])
+            .arg(&state)
+            .arg("--log")
+            .arg(log)
+            .args(["--", "true"]);
+        let output = command.output().expect("gpureap runs");
+        Run::from(output)
+    };
+
+    let fifo = host.path().join("fifo.log");
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        &fifo,
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o600),
+        0,
+    )
+    .expect("mkfifo");
+    // `cat` blocks in open until a writer comes; once one has come and gone it reads EOF and exits.
+    let mut reader = std::process::Command::new("cat")
+        .arg(&fifo)
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("cat");
+    std::thread::sleep(Duration::from_millis(100));
+    let result = log_run(fifo.as_os_str());
+    assert_eq!(result.code, 2, "{}", result.stderr);
+    assert!(
+        result.stderr.contains("not a regular file"),
+        "{}",
+        result.stderr
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        reader.try_wait().expect("try_wait").is_none(),
+        "the FIFO was opened for writing: its reader saw a writer come and go"
+    );
+    let _ = reader.kill();
+    let _ = reader.wait();
+    assert!(!state.exists(), "a refused log left a state directory");
+
+    for name in ["newdir/", "x.log/.", "x.log/.."] {
+        let log = format!("{}/{name}", host.path().display());
+        let result = log_run(std::ffi::OsStr::new(&log));
+        assert_eq!(result.code, 2, "{log}: {}", result.stderr);
+        assert!(
+            result.stderr.contains("directory"),
+            "{log}: {}",
+            result.stderr
+        );
+    }
+    assert!(!host.path().join("newdir").exists());
+    assert!(!host.path().join("x.log").exists());
+
+    let forged = format!(
+        "{}/missing\u{1b}[31m/x.log\ngpureap run: server exited with code 0",
+        host.path().display()
+    );
+    let result = log_run(std::ffi::OsStr::new(&forged));
+    assert_eq!(result.code, 3, "{}", result.stderr);
+    assert!(!result.stderr.contains('\u{1b}'), "{:?}", result.stderr);
+    assert!(
+        !result
+            .stderr
+            .lines()
+            .any(|line| line.starts_with("gpureap run: server exited")),
+        "{:?}",
+        result.stderr
+    );
 }

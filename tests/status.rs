@@ -365,7 +365,8 @@ fn control_characters_in_a_command_line_never_reach_the_terminal() {
 
 /// Without a driver, `status` scans /proc while the (absent) driver opens
 /// and numbers `/dev/nvidiaN` by its minor: an opener of `/dev/nvidia1` is
-/// on GPU 1, one of `/dev/nvidiactl` only is on no GPU. Run in a mount
+/// on GPU 1, one of `/dev/nvidiactl` only is on no GPU; `--gpu 1` and
+/// `--gpu all` reach GPU 1, whose node is there. Run in a mount
 /// namespace whose /dev is a tmpfs with plain files for the nodes (this
 /// machine has no NVIDIA driver to open real ones).
 #[test]
@@ -376,7 +377,9 @@ fn without_a_driver_dev_nvidia_openers_are_placed_by_minor() {
         sleep 30 < /dev/nvidia1 & gpu=$!
         sleep 30 3< /dev/nvidiactl & control=$!
         echo "$gpu $control"
-        "$GPUREAP" --backend none status --json
+        # The nodes say which GPUs there are: --gpu can name one.
+        "$GPUREAP" --backend none status --gpu 1 > /dev/null || { kill $gpu $control; exit 8; }
+        "$GPUREAP" --backend none status --json --gpu all
         kill $gpu $control
     "#;
     let output = std::process::Command::new("unshare")

@@ -23,8 +23,26 @@ impl Driver for NoDriver {
         "none".to_string()
     }
 
+    /// The GPUs the device nodes say there are (`/dev/nvidiaN`: N + 1 for the
+    /// largest N), so that `--gpu N` can name a GPU whose holders only the
+    /// nodes show; 0 when there are none.
     fn gpu_count(&self) -> Result<u32, DriverError> {
-        Ok(0)
+        let count = std::fs::read_dir("/dev")
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .filter_map(|entry| {
+                        let name = entry.file_name();
+                        let minor = name.to_str()?.strip_prefix("nvidia")?;
+                        (!minor.is_empty() && minor.bytes().all(|b| b.is_ascii_digit()))
+                            .then(|| minor.parse::<u32>().ok())
+                            .flatten()
+                    })
+                    .max()
+                    .map_or(0, |largest| largest.saturating_add(1))
+            })
+            .unwrap_or(0);
+        Ok(count)
     }
 
     fn gpu(&self, _index: u32) -> Result<GpuInfo, DriverError> {

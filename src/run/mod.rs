@@ -185,13 +185,7 @@ const OUTPUT_DRAIN: Duration = Duration::from_secs(2);
 
 /// Supervises the server until it ends for good, or gpureap is stopped.
 pub fn supervise(config: &RunConfig, driver: &dyn Driver) -> std::io::Result<Exit> {
-    let state_dir = match open_state_dir(&config.state_dir) {
-        Ok(dir) => dir,
-        Err(error) => {
-            event(&error.to_string());
-            return Ok(Exit::Usage);
-        }
-    };
+    // The log first: a refused log leaves no state directory behind.
     let log = match &config.log {
         Some(path) => match state::open_log(path) {
             Ok(file) => Some((file, path.display().to_string())),
@@ -204,6 +198,13 @@ pub fn supervise(config: &RunConfig, driver: &dyn Driver) -> std::io::Result<Exi
             }
         },
         None => None,
+    };
+    let state_dir = match open_state_dir(&config.state_dir) {
+        Ok(dir) => dir,
+        Err(error) => {
+            event(&error.to_string());
+            return Ok(Exit::Usage);
+        }
     };
     let outputs = Outputs::start(log);
     let result = supervise_with(config, driver, &outputs, state_dir);

@@ -183,7 +183,7 @@ impl Sink {
     /// the server's output; one that finds even the reserve full is lost.
     fn event(&self, text: &str) {
         let shared = &self.shared;
-        let line = format!("gpureap run: {text}\n");
+        let line = format!("gpureap run: {}\n", crate::units::one_line(text));
         let Ok(mut queue) = shared.queue.lock() else {
             return;
         };
@@ -232,7 +232,11 @@ pub fn event(text: &str) {
     match EVENTS.get() {
         Some(events) => events.event(text),
         None => {
-            let _ = writeln!(io::stderr(), "gpureap run: {text}");
+            let _ = writeln!(
+                io::stderr(),
+                "gpureap run: {}",
+                crate::units::one_line(text)
+            );
         }
     }
 }

@@ -266,60 +266,99 @@ pub fn open_log(path: &Path) -> Result<std::fs::File, LogError> {
             io_error(error)
         ))
     };
-    let Some(name) = path.file_name() else {
-        return Err(refuse("it names no file".to_string()));
-    };
+    // The last name as given: `Path` would drop a trailing `/` or `/.`,
+    // which name a directory.
+    let given = path.as_os_str().as_bytes();
+    let last = given
+        .rsplit(|&byte| byte == b'/')
+        .next()
+        .unwrap_or_default();
+    if matches!(last, b"" | b"." | b"..") {
+        return Err(refuse("it names a directory; give a file".to_string()));
+    }
+    let name = OsStr::from_bytes(last);
     let parent = match path.parent() {
         Some(parent) if !parent.as_os_str().is_empty() => parent,
         _ => Path::new("."),
     };
     let walked = walk(parent, uid, false, true).map_err(|error| match error {
         WalkError::Unsafe(problem) => refuse(problem),
+        // A path that cannot name a file is bad input, not a failure.
+        WalkError::Failed(at, error @ (Errno::LOOP | Errno::NAMETOOLONG | Errno::NOTDIR)) => {
+            refuse(format!("{}: {}", at.display(), io_error(error)))
+        }
         WalkError::Failed(at, error) => failed(&at, error),
     })?;
     // The directory itself may be anyone's (root writing into a user's
-    // directory, a group-writable /var/log): what is opened there is never
-    // a link, and is then checked to be a file of the caller's own that no
-    // other name reaches, which is what a tamperer would need.
-    let fd = rustix::fs::openat(
+    // directory, a group-writable /var/log): what is opened there is looked
+    // at first, without opening it for writing (a FIFO or a device is never
+    // opened), and must be a file of the caller's own that no other name
+    // reaches, which is what a tamperer would need. It is then opened for
+    // appending through that very handle, so it cannot be swapped between
+    // the look and the open; a missing file is created exclusively.
+    let looked = rustix::fs::openat(
         &walked.dir,
         name,
-        OFlags::WRONLY
-            | OFlags::APPEND
-            | OFlags::CREATE
-            | OFlags::NOFOLLOW
-            | OFlags::NONBLOCK
-            | OFlags::CLOEXEC,
-        private_file_mode(),
-    )
-    .map_err(|error| match error {
-        Errno::LOOP => refuse("it is a symbolic link; give the file itself".to_string()),
-        Errno::NXIO => refuse("it is not a regular file".to_string()),
-        Errno::ISDIR => refuse("it is a directory; give a file in it".to_string()),
-        error => failed(path, error),
-    })?;
-    let stat = rustix::fs::fstat(&fd).map_err(|error| failed(path, error))?;
-    if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile {
-        return Err(refuse("it is not a regular file".to_string()));
-    }
-    if stat.st_uid != uid {
-        let name = uzers::get_user_by_uid(stat.st_uid)
-            .map(|user| format!(" ({})", user.name().to_string_lossy()))
-            .unwrap_or_default();
-        return Err(refuse(format!(
-            "it belongs to uid {}{name}, not to you; the server's output is appended only to a file of your own",
-            stat.st_uid
-        )));
-    }
-    if stat.st_nlink > 1 {
-        return Err(refuse(format!(
-            "it has {} names (hard links); the server's output is appended only to a file with one",
-            stat.st_nlink
-        )));
-    }
-    // Writes to a regular file never block; the flag only kept a FIFO from
-    // stalling the open.
-    rustix::fs::fcntl_setfl(&fd, OFlags::APPEND).map_err(|error| failed(path, error))?;
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    );
+    let fd = match looked {
+        Ok(handle) => {
+            let stat = rustix::fs::fstat(&handle).map_err(|error| failed(path, error))?;
+            match FileType::from_raw_mode(stat.st_mode) {
+                FileType::RegularFile => {}
+                FileType::Symlink => {
+                    return Err(refuse(
+                        "it is a symbolic link; give the file itself".to_string(),
+                    ));
+                }
+                FileType::Directory => {
+                    return Err(refuse("it names a directory; give a file".to_string()));
+                }
+                _ => return Err(refuse("it is not a regular file".to_string())),
+            }
+            if stat.st_uid != uid {
+                let name = uzers::get_user_by_uid(stat.st_uid)
+                    .map(|user| format!(" ({})", user.name().to_string_lossy()))
+                    .unwrap_or_default();
+                return Err(refuse(format!(
+                    "it belongs to uid {}{name}, not to you; the server's output is appended only to a file of your own",
+                    stat.st_uid
+                )));
+            }
+            if stat.st_nlink > 1 {
+                return Err(refuse(format!(
+                    "it has {} names (hard links); the server's output is appended only to a file with one",
+                    stat.st_nlink
+                )));
+            }
+            let raw = std::os::fd::AsRawFd::as_raw_fd(&handle);
+            rustix::fs::open(
+                format!("/proc/self/fd/{raw}"),
+                OFlags::WRONLY | OFlags::APPEND | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(|error| failed(path, error))?
+        }
+        Err(Errno::NOENT) => rustix::fs::openat(
+            &walked.dir,
+            name,
+            OFlags::WRONLY
+                | OFlags::APPEND
+                | OFlags::CREATE
+                | OFlags::EXCL
+                | OFlags::NOFOLLOW
+                | OFlags::CLOEXEC,
+            private_file_mode(),
+        )
+        .map_err(|error| match error {
+            // Made by someone else between the look and now: look again.
+            Errno::EXIST => refuse("it appeared while it was being created; try again".to_string()),
+            error => failed(path, error),
+        })?,
+        Err(error @ Errno::NAMETOOLONG) => return Err(refuse(io_error(error).to_string())),
+        Err(error) => return Err(failed(path, error)),
+    };
     Ok(std::fs::File::from(fd))
 }
 
