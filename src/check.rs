@@ -122,7 +122,7 @@ pub fn check(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> Check {
             "partial scan: {} process(es) could not be inspected{}",
             snapshot.unreadable.len(),
             if rustix::process::geteuid().is_root() {
-                " (even by root: another PID namespace's, or protected)"
+                " (root without CAP_SYS_PTRACE, or under a security module's policy, may not read them)"
             } else {
                 "; run as root to see them all"
             }

@@ -449,8 +449,8 @@ pub struct RunArgs {
     /// On stop, how long to wait for the driver to confirm the GPUs are free.
     #[arg(long, default_value = "60s", value_name = "DUR", value_parser = duration, allow_hyphen_values = true)]
     pub stop_timeout: Duration,
-    /// Also append the server's output to this file (created 0600; never through a link or a
-    /// directory others could have changed, nor into another user's file: docs/run.md).
+    /// Also append the server's output to this file (created 0600; never through a link others
+    /// could have made, nor into another user's file or a hard link: docs/run.md).
     #[arg(long, value_name = "FILE")]
     pub log: Option<PathBuf>,
     /// Where good starts are remembered and bundles written, private to you; refused if anyone

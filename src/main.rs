@@ -360,6 +360,11 @@ fn progress_bar(json: bool) -> Option<indicatif::ProgressBar> {
 fn wait(backend: &BackendChoice, args: &WaitArgs) -> anyhow::Result<Exit> {
     let driver = open_driver(backend)?;
     let config = config::wait(args, gpu_count(driver.as_ref()))?;
+    // Without a driver there is no memory figure to wait for: say so at once
+    // rather than time out as if the GPUs were held.
+    if let Err(error) = driver.gpus() {
+        anyhow::bail!("cannot wait: the driver reports no GPU memory ({error})");
+    }
     let outcome = gpureap::wait::wait(driver.as_ref(), &config.gpus, config.below, config.timeout);
     let waited_ms = outcome.waited.as_millis() as u64;
     let busy = Some(outcome.busy());

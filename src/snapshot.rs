@@ -199,6 +199,13 @@ impl Snapshot {
         });
         let driver = driver?;
         let scan = scan.map(|mut scan| {
+            // The driver opened its nodes while this very process was being
+            // scanned: read them again, so that this process's own row does
+            // not depend on which came first.
+            let this = BTreeSet::from([std::process::id()]);
+            proc::read_nodes_of(&mut scan, &this, &|path| {
+                crate::driver::classify_dev_node(path, Some)
+            });
             renumber(&mut scan, driver.as_ref());
             scan
         });

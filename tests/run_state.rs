@@ -289,11 +289,11 @@ fn a_huge_starts_json_is_not_read_whole() {
 }
 
 /// `--log` where someone else could have prepared the path: a link to a
-/// file of root's, a hard link, another user's file, a FIFO, a directory on
-/// the way that another user planted as a link or may write to. Each is
-/// refused with exit 2 before the server starts, and the file it would have
-/// reached is untouched. A sticky directory like /tmp, a new file and one's
-/// own file are fine.
+/// file of root's, a hard link, another user's file, a FIFO, a link on the
+/// way that another user planted, a directory. Each is refused with exit 2
+/// before the server starts, and the file it would have reached is
+/// untouched. A new file in a sticky, a world-writable or another user's
+/// directory, and one's own file, are fine.
 #[test]
 fn run_refuses_a_log_others_could_redirect_and_touches_nothing() {
     let host = host();
@@ -459,6 +459,23 @@ fn a_refused_log_opens_nothing_and_leaves_nothing() {
     let _ = reader.kill();
     let _ = reader.wait();
     assert!(!state.exists(), "a refused log left a state directory");
+
+    // And a refused state directory leaves no empty log.
+    let log = host.path().join("never-made.log");
+    let result: Run = gpureap(&host)
+        .args(["run", "--state-dir", "/tmp", "--log"])
+        .arg(&log)
+        .args(["--", "true"])
+        .output()
+        .expect("gpureap runs")
+        .into();
+    assert_eq!(result.code, 2, "{}", result.stderr);
+    assert!(
+        result.stderr.contains("refusing the state directory"),
+        "{}",
+        result.stderr
+    );
+    assert!(!log.exists(), "a refused state directory left an empty log");
 
     for name in ["newdir/", "x.log/.", "x.log/.."] {
         let log = format!("{}/{name}", host.path().display());

@@ -379,6 +379,11 @@ fn without_a_driver_dev_nvidia_openers_are_placed_by_minor() {
         echo "$gpu $control"
         # The nodes say which GPUs there are: --gpu can name one.
         "$GPUREAP" --backend none status --gpu 1 > /dev/null || { kill $gpu $control; exit 8; }
+        # Nothing reports memory: wait says so at once instead of timing out as if held.
+        timeout 20 "$GPUREAP" --backend none wait --gpu 1 --timeout 15s > /dev/null 2> /tmp/gpureap-test-wait.$$
+        echo "wait exit $?" >&2
+        cat /tmp/gpureap-test-wait.$$ >&2
+        rm -f /tmp/gpureap-test-wait.$$
         "$GPUREAP" --backend none status --json --gpu all
         kill $gpu $control
     "#;
@@ -393,6 +398,11 @@ fn without_a_driver_dev_nvidia_openers_are_placed_by_minor() {
         Some(0),
         "{}",
         String::from_utf8_lossy(&output.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("wait exit 3") && stderr.contains("cannot wait"),
+        "{stderr}"
     );
     let stdout = String::from_utf8_lossy(&output.stdout);
     let (pids, json) = stdout.split_once('\n').expect("pids line");

@@ -185,26 +185,33 @@ const OUTPUT_DRAIN: Duration = Duration::from_secs(2);
 
 /// Supervises the server until it ends for good, or gpureap is stopped.
 pub fn supervise(config: &RunConfig, driver: &dyn Driver) -> std::io::Result<Exit> {
-    // The log first: a refused log leaves no state directory behind.
-    let log = match &config.log {
-        Some(path) => match state::open_log(path) {
-            Ok(file) => Some((file, path.display().to_string())),
-            Err(error) => {
-                event(&error.to_string());
-                return Ok(match error {
-                    state::LogError::Refused(_) => Exit::Usage,
-                    state::LogError::Failed(_) => Exit::Incomplete,
-                });
-            }
-        },
-        None => None,
+    let refused = |error: state::LogError| {
+        event(&error.to_string());
+        match error {
+            state::LogError::Refused(_) => Exit::Usage,
+            state::LogError::Failed(_) => Exit::Incomplete,
+        }
     };
+    // The log is checked first, and made last: a refused log leaves no
+    // state directory behind, and a refused state directory no empty log.
+    if let Some(path) = &config.log
+        && let Err(error) = state::check_log(path)
+    {
+        return Ok(refused(error));
+    }
     let state_dir = match open_state_dir(&config.state_dir) {
         Ok(dir) => dir,
         Err(error) => {
             event(&error.to_string());
             return Ok(Exit::Usage);
         }
+    };
+    let log = match &config.log {
+        Some(path) => match state::open_log(path) {
+            Ok(file) => Some((file, path.display().to_string())),
+            Err(error) => return Ok(refused(error)),
+        },
+        None => None,
     };
     let outputs = Outputs::start(log);
     let result = supervise_with(config, driver, &outputs, state_dir);

@@ -254,6 +254,20 @@ pub enum LogError {
 /// the server's output, and its secrets, appended to a file of their choice
 /// (`/etc/shadow` through a planted link) or to one they can read.
 pub fn open_log(path: &Path) -> Result<std::fs::File, LogError> {
+    log_file(path, true)?.ok_or_else(|| {
+        LogError::Failed(format!("cannot open --log {}: not opened", path.display()))
+    })
+}
+
+/// Checks `--log FILE` as `open_log` does, creating nothing and opening
+/// nothing for writing: so that a log that would be refused is refused
+/// before anything else is made.
+pub fn check_log(path: &Path) -> Result<(), LogError> {
+    log_file(path, false).map(|_| ())
+}
+
+/// `open_log`, or with `open` false only its checks (`None`).
+fn log_file(path: &Path, open: bool) -> Result<Option<std::fs::File>, LogError> {
     let uid = rustix::process::geteuid().as_raw();
     let refuse = |problem: String| {
         LogError::Refused(format!("refusing --log {}: {problem}", path.display()))
@@ -263,6 +277,13 @@ pub fn open_log(path: &Path) -> Result<std::fs::File, LogError> {
             "cannot open --log {}: {}: {}",
             path.display(),
             at.display(),
+            io_error(error)
+        ))
+    };
+    let failed_here = |error: Errno| {
+        LogError::Failed(format!(
+            "cannot open --log {}: {}",
+            path.display(),
             io_error(error)
         ))
     };
@@ -304,7 +325,7 @@ pub fn open_log(path: &Path) -> Result<std::fs::File, LogError> {
     );
     let fd = match looked {
         Ok(handle) => {
-            let stat = rustix::fs::fstat(&handle).map_err(|error| failed(path, error))?;
+            let stat = rustix::fs::fstat(&handle).map_err(failed_here)?;
             match FileType::from_raw_mode(stat.st_mode) {
                 FileType::RegularFile => {}
                 FileType::Symlink => {
@@ -332,14 +353,18 @@ pub fn open_log(path: &Path) -> Result<std::fs::File, LogError> {
                     stat.st_nlink
                 )));
             }
+            if !open {
+                return Ok(None);
+            }
             let raw = std::os::fd::AsRawFd::as_raw_fd(&handle);
             rustix::fs::open(
                 format!("/proc/self/fd/{raw}"),
                 OFlags::WRONLY | OFlags::APPEND | OFlags::CLOEXEC,
                 Mode::empty(),
             )
-            .map_err(|error| failed(path, error))?
+            .map_err(failed_here)?
         }
+        Err(Errno::NOENT) if !open => return Ok(None),
         Err(Errno::NOENT) => rustix::fs::openat(
             &walked.dir,
             name,
@@ -354,12 +379,12 @@ pub fn open_log(path: &Path) -> Result<std::fs::File, LogError> {
         .map_err(|error| match error {
             // Made by someone else between the look and now: look again.
             Errno::EXIST => refuse("it appeared while it was being created; try again".to_string()),
-            error => failed(path, error),
+            error => failed_here(error),
         })?,
         Err(error @ Errno::NAMETOOLONG) => return Err(refuse(io_error(error).to_string())),
-        Err(error) => return Err(failed(path, error)),
+        Err(error) => return Err(failed_here(error)),
     };
-    Ok(std::fs::File::from(fd))
+    Ok(Some(std::fs::File::from(fd)))
 }
 
 impl StateDir {

@@ -3,9 +3,8 @@
 //!
 //! The log file is opened as `gpureap run --log` opens its log
 //! (`run::state::open_log`): for appending, created private (0600), never
-//! through a symbolic link or a directory others could have changed, and an
-//! existing file only if it is a plain file of the user gpureap runs as with
-//! no other name: the epilog runs as root, and a link planted by anyone else
+//! through a symbolic link others could have made, and an existing file only
+//! if it is a plain file of the user gpureap runs as with no other name: the epilog runs as root, and a link planted by anyone else
 //! must not make it write elsewhere. A log that cannot be opened is said on
 //! stderr and does not stop the epilog: the GPUs matter more.
 
