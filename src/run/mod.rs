@@ -194,11 +194,10 @@ pub fn supervise(config: &RunConfig, driver: &dyn Driver) -> std::io::Result<Exi
     };
     // The log is checked first, and made last: a refused log leaves no
     // state directory behind, and a refused state directory no empty log.
-    if let Some(path) = &config.log
-        && let Err(error) = state::check_log(path)
-    {
-        return Ok(refused(error));
-    }
+    let checked = match config.log.as_deref().map(state::LogFile::check).transpose() {
+        Ok(checked) => checked,
+        Err(error) => return Ok(refused(error)),
+    };
     let state_dir = match open_state_dir(&config.state_dir) {
         Ok(dir) => dir,
         Err(error) => {
@@ -206,11 +205,14 @@ pub fn supervise(config: &RunConfig, driver: &dyn Driver) -> std::io::Result<Exi
             return Ok(Exit::Usage);
         }
     };
-    let log = match &config.log {
-        Some(path) => match state::open_log(path) {
-            Ok(file) => Some((file, path.display().to_string())),
-            Err(error) => return Ok(refused(error)),
-        },
+    let log = match checked {
+        Some(checked) => {
+            let shown = checked.path().display().to_string();
+            match checked.open() {
+                Ok(file) => Some((file, shown)),
+                Err(error) => return Ok(refused(error)),
+            }
+        }
         None => None,
     };
     let outputs = Outputs::start(log);

@@ -245,146 +245,174 @@ pub enum LogError {
     Failed(String),
 }
 
-/// Opens `--log FILE` for appending, as root may safely: its directory is
-/// reached as a state directory's path is (`walk`, nothing created, no link
-/// followed that others could have made); the file itself is never a
-/// symbolic link, is created private (0600) when missing, and when it exists
-/// must be a regular file of the caller's own with no other name (a hard
-/// link). Otherwise someone who can write where the log goes could have
-/// the server's output, and its secrets, appended to a file of their choice
-/// (`/etc/shadow` through a planted link) or to one they can read.
+/// Opens `--log FILE` for appending, as root may safely: `LogFile::check`,
+/// then `LogFile::open`.
 pub fn open_log(path: &Path) -> Result<std::fs::File, LogError> {
-    log_file(path, true)?.ok_or_else(|| {
-        LogError::Failed(format!("cannot open --log {}: not opened", path.display()))
-    })
+    LogFile::check(path)?.open()
 }
 
-/// Checks `--log FILE` as `open_log` does, creating nothing and opening
-/// nothing for writing: so that a log that would be refused is refused
-/// before anything else is made.
-pub fn check_log(path: &Path) -> Result<(), LogError> {
-    log_file(path, false).map(|_| ())
+/// A `--log FILE` that passed its checks, not yet opened for writing.
+///
+/// Its directory is reached as a state directory's path is (`walk`, nothing
+/// created, no link followed that others could have made); the file itself
+/// is never a symbolic link, is created private (0600) when missing, and
+/// when it exists must be a regular file of the caller's own with no other
+/// name (a hard link). Otherwise someone who can write where the log goes
+/// could have the server's output, and its secrets, appended to a file of
+/// their choice (`/etc/shadow` through a planted link) or to one they can
+/// read. The directory itself may be anyone's (root writing into a user's
+/// directory, a group-writable /var/log): what is there is what is checked.
+pub struct LogFile {
+    path: PathBuf,
+    dir: OwnedFd,
+    name: OsString,
+    /// The existing file, looked at through an `O_PATH` handle (never opened
+    /// for writing, so a FIFO or a device is never opened); `None` when
+    /// there is none yet.
+    existing: Option<OwnedFd>,
 }
 
-/// `open_log`, or with `open` false only its checks (`None`).
-fn log_file(path: &Path, open: bool) -> Result<Option<std::fs::File>, LogError> {
-    let uid = rustix::process::geteuid().as_raw();
-    let refuse = |problem: String| {
-        LogError::Refused(format!("refusing --log {}: {problem}", path.display()))
-    };
-    let failed = |at: &Path, error: Errno| {
-        LogError::Failed(format!(
-            "cannot open --log {}: {}: {}",
-            path.display(),
-            at.display(),
-            io_error(error)
-        ))
-    };
-    let failed_here = |error: Errno| {
-        LogError::Failed(format!(
-            "cannot open --log {}: {}",
-            path.display(),
-            io_error(error)
-        ))
-    };
-    // The last name as given: `Path` would drop a trailing `/` or `/.`,
-    // which name a directory.
-    let given = path.as_os_str().as_bytes();
-    let last = given
-        .rsplit(|&byte| byte == b'/')
-        .next()
-        .unwrap_or_default();
-    if matches!(last, b"" | b"." | b"..") {
-        return Err(refuse("it names a directory; give a file".to_string()));
-    }
-    let name = OsStr::from_bytes(last);
-    let parent = match path.parent() {
-        Some(parent) if !parent.as_os_str().is_empty() => parent,
-        _ => Path::new("."),
-    };
-    let walked = walk(parent, uid, false, true).map_err(|error| match error {
-        WalkError::Unsafe(problem) => refuse(problem),
-        // A path that cannot name a file is bad input, not a failure.
-        WalkError::Failed(at, error @ (Errno::LOOP | Errno::NAMETOOLONG | Errno::NOTDIR)) => {
-            refuse(format!("{}: {}", at.display(), io_error(error)))
+impl LogFile {
+    /// Checks `path`, creating nothing and opening nothing for writing, so
+    /// that a log that would be refused is refused before anything is made.
+    pub fn check(path: &Path) -> Result<LogFile, LogError> {
+        let uid = rustix::process::geteuid().as_raw();
+        let refuse = |problem: String| log_refused(path, problem);
+        // The last name as given: `Path` would drop a trailing `/` or `/.`,
+        // which name a directory.
+        let given = path.as_os_str().as_bytes();
+        let last = given
+            .rsplit(|&byte| byte == b'/')
+            .next()
+            .unwrap_or_default();
+        if matches!(last, b"" | b"." | b"..") {
+            return Err(refuse("it names a directory; give a file".to_string()));
         }
-        WalkError::Failed(at, error) => failed(&at, error),
-    })?;
-    // The directory itself may be anyone's (root writing into a user's
-    // directory, a group-writable /var/log): what is opened there is looked
-    // at first, without opening it for writing (a FIFO or a device is never
-    // opened), and must be a file of the caller's own that no other name
-    // reaches, which is what a tamperer would need. It is then opened for
-    // appending through that very handle, so it cannot be swapped between
-    // the look and the open; a missing file is created exclusively.
-    let looked = rustix::fs::openat(
-        &walked.dir,
-        name,
-        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    );
-    let fd = match looked {
-        Ok(handle) => {
-            let stat = rustix::fs::fstat(&handle).map_err(failed_here)?;
-            match FileType::from_raw_mode(stat.st_mode) {
-                FileType::RegularFile => {}
-                FileType::Symlink => {
-                    return Err(refuse(
-                        "it is a symbolic link; give the file itself".to_string(),
-                    ));
-                }
-                FileType::Directory => {
-                    return Err(refuse("it names a directory; give a file".to_string()));
-                }
-                _ => return Err(refuse("it is not a regular file".to_string())),
+        let name = OsStr::from_bytes(last);
+        let parent = match path.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => parent,
+            _ => Path::new("."),
+        };
+        let walked = walk(parent, uid, false, true).map_err(|error| match error {
+            WalkError::Unsafe(problem) => refuse(problem),
+            // A path that cannot name a file is bad input, not a failure.
+            WalkError::Failed(at, error @ (Errno::LOOP | Errno::NAMETOOLONG | Errno::NOTDIR)) => {
+                refuse(format!("{}: {}", at.display(), io_error(error)))
             }
-            if stat.st_uid != uid {
-                let name = uzers::get_user_by_uid(stat.st_uid)
-                    .map(|user| format!(" ({})", user.name().to_string_lossy()))
-                    .unwrap_or_default();
-                return Err(refuse(format!(
-                    "it belongs to uid {}{name}, not to you; the server's output is appended only to a file of your own",
-                    stat.st_uid
-                )));
-            }
-            if stat.st_nlink > 1 {
-                return Err(refuse(format!(
-                    "it has {} names (hard links); the server's output is appended only to a file with one",
-                    stat.st_nlink
-                )));
-            }
-            if !open {
-                return Ok(None);
-            }
-            let raw = std::os::fd::AsRawFd::as_raw_fd(&handle);
-            rustix::fs::open(
-                format!("/proc/self/fd/{raw}"),
-                OFlags::WRONLY | OFlags::APPEND | OFlags::CLOEXEC,
-                Mode::empty(),
-            )
-            .map_err(failed_here)?
-        }
-        Err(Errno::NOENT) if !open => return Ok(None),
-        Err(Errno::NOENT) => rustix::fs::openat(
+            WalkError::Failed(at, error) => LogError::Failed(format!(
+                "cannot open --log {}: {}: {}",
+                path.display(),
+                at.display(),
+                io_error(error)
+            )),
+        })?;
+        let existing = match rustix::fs::openat(
             &walked.dir,
             name,
-            OFlags::WRONLY
-                | OFlags::APPEND
-                | OFlags::CREATE
-                | OFlags::EXCL
-                | OFlags::NOFOLLOW
-                | OFlags::CLOEXEC,
-            private_file_mode(),
-        )
-        .map_err(|error| match error {
-            // Made by someone else between the look and now: look again.
-            Errno::EXIST => refuse("it appeared while it was being created; try again".to_string()),
-            error => failed_here(error),
-        })?,
-        Err(error @ Errno::NAMETOOLONG) => return Err(refuse(io_error(error).to_string())),
-        Err(error) => return Err(failed_here(error)),
-    };
-    Ok(Some(std::fs::File::from(fd)))
+            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(handle) => handle,
+            Err(Errno::NOENT) => {
+                return Ok(LogFile {
+                    path: path.to_path_buf(),
+                    dir: walked.dir,
+                    name: name.to_os_string(),
+                    existing: None,
+                });
+            }
+            Err(error @ Errno::NAMETOOLONG) => return Err(refuse(io_error(error).to_string())),
+            Err(error) => return Err(log_failed(path, error)),
+        };
+        let stat = rustix::fs::fstat(&existing).map_err(|error| log_failed(path, error))?;
+        match FileType::from_raw_mode(stat.st_mode) {
+            FileType::RegularFile => {}
+            FileType::Symlink => {
+                return Err(refuse(
+                    "it is a symbolic link; give the file itself".to_string(),
+                ));
+            }
+            FileType::Directory => {
+                return Err(refuse("it names a directory; give a file".to_string()));
+            }
+            _ => return Err(refuse("it is not a regular file".to_string())),
+        }
+        if stat.st_uid != uid {
+            let name = uzers::get_user_by_uid(stat.st_uid)
+                .map(|user| format!(" ({})", user.name().to_string_lossy()))
+                .unwrap_or_default();
+            return Err(refuse(format!(
+                "it belongs to uid {}{name}, not to you; the server's output is appended only to a file of your own",
+                stat.st_uid
+            )));
+        }
+        if stat.st_nlink > 1 {
+            return Err(refuse(format!(
+                "it has {} names (hard links); the server's output is appended only to a file with one",
+                stat.st_nlink
+            )));
+        }
+        Ok(LogFile {
+            path: path.to_path_buf(),
+            dir: walked.dir,
+            name: name.to_os_string(),
+            existing: Some(existing),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Opens the checked file for appending: the existing one through the
+    /// very handle it was checked by, so it cannot have been swapped since;
+    /// a missing one is created exclusively.
+    pub fn open(self) -> Result<std::fs::File, LogError> {
+        let path = &self.path;
+        let fd = match &self.existing {
+            Some(handle) => {
+                let raw = std::os::fd::AsRawFd::as_raw_fd(handle);
+                rustix::fs::open(
+                    format!("/proc/self/fd/{raw}"),
+                    OFlags::WRONLY | OFlags::APPEND | OFlags::CLOEXEC,
+                    Mode::empty(),
+                )
+                .map_err(|error| log_failed(path, error))?
+            }
+            None => rustix::fs::openat(
+                &self.dir,
+                &self.name,
+                OFlags::WRONLY
+                    | OFlags::APPEND
+                    | OFlags::CREATE
+                    | OFlags::EXCL
+                    | OFlags::NOFOLLOW
+                    | OFlags::CLOEXEC,
+                private_file_mode(),
+            )
+            .map_err(|error| match error {
+                // Made by someone else since it was checked.
+                Errno::EXIST => log_refused(
+                    path,
+                    "it appeared while it was being created; try again".to_string(),
+                ),
+                error => log_failed(path, error),
+            })?,
+        };
+        Ok(std::fs::File::from(fd))
+    }
+}
+
+fn log_refused(path: &Path, problem: String) -> LogError {
+    LogError::Refused(format!("refusing --log {}: {problem}", path.display()))
+}
+
+fn log_failed(path: &Path, error: Errno) -> LogError {
+    LogError::Failed(format!(
+        "cannot open --log {}: {}",
+        path.display(),
+        io_error(error)
+    ))
 }
 
 impl StateDir {
