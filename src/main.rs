@@ -362,8 +362,8 @@ fn wait(backend: &BackendChoice, args: &WaitArgs) -> anyhow::Result<Exit> {
     let config = config::wait(args, gpu_count(driver.as_ref()))?;
     // Without a driver there is no memory figure to wait for: say so at once
     // rather than time out as if the GPUs were held.
-    if let Err(error) = driver.gpus() {
-        anyhow::bail!("cannot wait: the driver reports no GPU memory ({error})");
+    if let Some(why) = driver.unavailable() {
+        anyhow::bail!("cannot wait: the driver reports no GPU memory ({why})");
     }
     let outcome = gpureap::wait::wait(driver.as_ref(), &config.gpus, config.below, config.timeout);
     let waited_ms = outcome.waited.as_millis() as u64;

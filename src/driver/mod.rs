@@ -129,6 +129,12 @@ pub trait Driver: Send + Sync {
         }
     }
 
+    /// Why this backend can report nothing at all about GPUs (no driver),
+    /// or `None` for a driver that can. Asked without any I/O.
+    fn unavailable(&self) -> Option<String> {
+        None
+    }
+
     /// Memory the driver keeps for its own bookkeeping that no process list
     /// explains; unexplained memory up to this much is not called held.
     fn bookkeeping_slack(&self) -> u64 {

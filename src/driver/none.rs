@@ -53,6 +53,10 @@ impl Driver for NoDriver {
         Err(DriverError::Unavailable(self.why.clone()))
     }
 
+    fn unavailable(&self) -> Option<String> {
+        Some(self.why.clone())
+    }
+
     fn classify_node(&self, path: &Path) -> Option<Node> {
         classify_dev_node(path, Some)
     }
