@@ -188,30 +188,30 @@ fn emit(text: &str) -> io::Result<()> {
 }
 
 fn status(backend: &BackendChoice, args: &StatusArgs) -> anyhow::Result<Exit> {
-    let mut took = None;
-    let (driver, snapshot) = match backend {
+    // How long the snapshot took, for `status --prometheus`'s scan figures.
+    let (driver, snapshot, took) = match backend {
         // The metrics count what the driver lists: the exporter's snapshot.
         _ if args.prometheus => {
             let driver = open_driver(backend)?;
             let started = std::time::Instant::now();
             let snapshot = Snapshot::take_listed(driver.as_ref());
-            took = Some(started.elapsed());
-            (driver, snapshot)
+            (driver, snapshot, started.elapsed())
         }
         // /dev/nvidia* nodes: NVML starts while /proc is scanned.
         BackendChoice::Auto | BackendChoice::Nvml | BackendChoice::None => {
-            Snapshot::take_while_opening(|| open_driver(backend))?
+            let (driver, snapshot) = Snapshot::take_while_opening(|| open_driver(backend))?;
+            (driver, snapshot, std::time::Duration::ZERO)
         }
         BackendChoice::Sim(_) => {
             let driver = open_driver(backend)?;
             let snapshot = Snapshot::take(driver.as_ref());
-            (driver, snapshot)
+            (driver, snapshot, std::time::Duration::ZERO)
         }
     };
     let gpus = config::gpus(&args.gpu, gpu_count(driver.as_ref()))?;
     let text = if args.prometheus {
         let mut figures = gpureap::metrics::ScanFigures::default();
-        figures.count(&snapshot, took.unwrap_or_default());
+        figures.count(&snapshot, took);
         let options = gpureap::metrics::Options {
             gpus: gpus.clone(),
             per_process: args.per_process,
