@@ -121,8 +121,8 @@ class Host:
             self.nodes = [str(self.dir / f"nvidia{i}") for i in range(WORKERS)] + [str(self.dir / "nvidiactl")]
             self.backend = f"sim:{self.dir}"
 
-    def gpureap(self, *arguments):
-        return [BIN, "--backend", self.backend, *arguments]
+    def gpureap(self, *arguments, binary=None):
+        return [binary or BIN, "--backend", self.backend, *arguments]
 
     def cleanup(self):
         if self.dir is not None:
@@ -284,7 +284,7 @@ def seeing(host):
         tools.append(("smi", "nvidia-smi --query-compute-apps",
                       ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv"]))
     if COMPARE:
-        tools.append(("compare", "--compare build status --json", [COMPARE, *host.gpureap("status", "--json")[1:]]))
+        tools.append(("compare", "--compare build status --json", host.gpureap("status", "--json", binary=COMPARE)))
     header = "| extra processes | gpureap status --json |"
     rule = "|---|---|"
     if fuser:
@@ -622,8 +622,8 @@ def percentile(values, fraction):
 
 def start_exporter(host, binary, *flags):
     """An exporter on a free loopback port: (process, port)."""
-    server = subprocess.Popen([binary, *host.gpureap("exporter", "--listen", "127.0.0.1:0", "--interval", "15s",
-                                                     *flags)[1:]],
+    server = subprocess.Popen(host.gpureap("exporter", "--listen", "127.0.0.1:0", "--interval", "15s", *flags,
+                                           binary=binary),
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     line = server.stderr.readline()
     return server, int(re.search(r"127\.0\.0\.1:(\d+)", line).group(1))
