@@ -53,6 +53,18 @@ fn mode(path: &Path) -> u32 {
         & 0o7777
 }
 
+/// A FIFO at `path`, as someone could plant where a log goes.
+fn make_fifo(path: &Path, mode: u32) {
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        path,
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(mode),
+        0,
+    )
+    .expect("mkfifo");
+}
+
 /// Waits for `child` to end, at most 30 s.
 fn wait(mut child: std::process::Child) -> Run {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -326,14 +338,7 @@ fn run_refuses_a_log_others_could_redirect_and_touches_nothing() {
     fs::write(&theirs, "").expect("theirs");
     std::os::unix::fs::chown(&theirs, Some(NOBODY), Some(NOBODY)).expect("chown");
     let fifo = base.join("fifo.log");
-    rustix::fs::mknodat(
-        rustix::fs::CWD,
-        &fifo,
-        rustix::fs::FileType::Fifo,
-        rustix::fs::Mode::from_raw_mode(0o666),
-        0,
-    )
-    .expect("mkfifo");
+    make_fifo(&fifo, 0o666);
     let home = base.join("home");
     foreign_dir(&home);
     foreign_link(host.path(), &home.join("planted"));
@@ -429,14 +434,7 @@ fn a_refused_log_opens_nothing_and_leaves_nothing() {
     };
 
     let fifo = host.path().join("fifo.log");
-    rustix::fs::mknodat(
-        rustix::fs::CWD,
-        &fifo,
-        rustix::fs::FileType::Fifo,
-        rustix::fs::Mode::from_raw_mode(0o600),
-        0,
-    )
-    .expect("mkfifo");
+    make_fifo(&fifo, 0o600);
     // `cat` blocks in open until a writer comes; once one has come and gone it reads EOF and exits.
     let mut reader = std::process::Command::new("cat")
         .arg(&fifo)
