@@ -189,9 +189,10 @@ impl Snapshot {
         open: impl FnOnce() -> Result<Box<dyn Driver>, E> + Send,
     ) -> Result<(Box<dyn Driver>, Snapshot), E> {
         let started = std::time::Instant::now();
+        let by_minor = |path: &Path| crate::driver::classify_dev_node(path, Some);
         let (driver, scan) = std::thread::scope(|scope| {
             let opening = scope.spawn(open);
-            let scan = proc::scan(&|path| crate::driver::classify_dev_node(path, Some));
+            let scan = proc::scan(&by_minor);
             let driver = opening
                 .join()
                 .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
@@ -203,9 +204,7 @@ impl Snapshot {
             // scanned: read them again, so that this process's own row does
             // not depend on which came first.
             let this = BTreeSet::from([std::process::id()]);
-            proc::read_nodes_of(&mut scan, &this, &|path| {
-                crate::driver::classify_dev_node(path, Some)
-            });
+            proc::read_nodes_of(&mut scan, &this, &by_minor);
             renumber(&mut scan, driver.as_ref());
             scan
         });
@@ -239,7 +238,7 @@ impl Snapshot {
             ),
             _ => None,
         };
-        let classify = |path: &std::path::Path| driver.classify_node(path);
+        let classify = |path: &Path| driver.classify_node(path);
         let scan = match &listed {
             Some(pids) => proc::scan_tree().map(|mut scan| {
                 proc::read_nodes_of(&mut scan, pids, &classify);
@@ -247,10 +246,11 @@ impl Snapshot {
             }),
             None => proc::scan(&classify),
         };
+        let done = started.elapsed();
         let timing = Timing {
             started,
-            scanned: started.elapsed() - queried,
-            queried: started.elapsed(),
+            scanned: done - queried,
+            queried: done,
         };
         Snapshot::assemble(driver, scan, answer, &BTreeSet::new(), timing)
     }
