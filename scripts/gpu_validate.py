@@ -474,10 +474,10 @@ class Validation:
 
     # ------------------------------------------------------------ main
 
-    def preflight(self):
-        """Host facts, which GPUs to use, and the checks that need no process."""
+    def pick_gpus(self):
+        """Host facts, and which GPUs to use: False (logged) when there is none to use."""
         self.log(f"date {time.strftime('%Y-%m-%d %H:%M:%S %Z')}; {self.version()}; kernel {os.uname().release}; "
-                 f"{os.cpu_count()} CPUs; backend {self.backend}; run tag {self.tag}; work dir {self.work}")
+                 f"{os.cpu_count()} CPUs; uid {os.geteuid()}; backend {self.backend}; run tag {self.tag}; work dir {self.work}")
         if os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
             self.log(f"note: CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']} is not passed on: holders number GPUs as NVML does")
         self.log(f"driver {self.nvml.driver()}; NVML reports {self.nvml.count} GPU(s); memory query {'v2' if self.nvml.v2 else 'v1'}")
@@ -495,6 +495,12 @@ class Validation:
             self.log("refusing to run: " + ("; ".join(errors) if errors else "no GPU to use"))
             return False
         self.log(f"using GPU(s) {self.gpus}")
+        return True
+
+    def preflight(self):
+        """Host facts, which GPUs to use, and the checks that need no process."""
+        if not self.pick_gpus():
+            return False
         if self.backend == "nvml":
             _, _, auto = self.gpureap("status-auto", "status", "--json", backend=False)
             self.check("--backend auto picks NVML", str(auto.get("backend", "")).startswith("nvml"), auto.get("backend"))
@@ -536,12 +542,18 @@ class Validation:
             self.check("the validation ran to the end", False, f"{type(error).__name__}: {error}")
         finally:
             self.cleanup()
+        return self.finish(started, "Timings (gpureap's verified-free time per GPU, and the command's wall time):")
+
+    def finish(self, started, timings_title, logs=()):
+        """The timings, the children's log and `logs` (names in the work dir) saved, and the summary: the exit code."""
         if self.timings:
-            self.log("\nTimings (gpureap's verified-free time per GPU, and the command's wall time):")
+            self.log("\n" + timings_title)
             for case, figure in self.timings:
                 self.log(f"  {case}: {figure}")
         self.child_log.close()
-        self.r.save("children.log", (self.work / "children.log").read_text(errors="replace"))
+        for name in ("children.log", *logs):
+            if (self.work / name).exists():
+                self.r.save(name, (self.work / name).read_text(errors="replace"))
         line, failed, code = self.r.summary()
         self.log(f"\ntotal {time.monotonic() - started:.0f} s")
         if failed:

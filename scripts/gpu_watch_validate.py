@@ -139,24 +139,8 @@ class WatchValidation(Validation):
     # ------------------------------------------------------------ set-up
 
     def preflight(self):
-        self.log(f"date {time.strftime('%Y-%m-%d %H:%M:%S %Z')}; {self.version()}; kernel {os.uname().release}; "
-                 f"{os.cpu_count()} CPUs; uid {os.geteuid()}; backend {self.backend}; run tag {self.tag}; work dir {self.work}")
-        self.log(f"driver {self.nvml.driver()}; NVML reports {self.nvml.count} GPU(s); memory query {'v2' if self.nvml.v2 else 'v1'}")
-        busy = {}
-        for index in range(self.nvml.count):
-            info = self.nvml.memory(index)
-            listed = self.nvml.processes(index, graphics=True)
-            busy[index] = sorted(listed)
-            self.log(f"  GPU {index}: {self.nvml.name(index)}, {info.total / GIB:.1f} GiB, {info.used / GIB:.2f} GiB used, "
-                     f"{len(listed)} process(es)")
-        self.gpus, notes, errors = gv.pick_gpus(self.nvml.count, self.requested, busy)
-        for note in notes:
-            self.log(note)
-        if errors or not self.gpus:
-            self.log("refusing to run: " + ("; ".join(errors) if errors else "no GPU to use"))
-            return False
-        self.log(f"using GPU(s) {self.gpus}")
-        return True
+        """Host facts and which GPUs to use; the checks of gpu_validate.py's preflight are its own."""
+        return self.pick_gpus()
 
     def start_exporter(self):
         """`gpureap exporter` on a free loopback port, scanning every second; waits until it answers."""
@@ -503,22 +487,7 @@ class WatchValidation(Validation):
             if self.exporter_log:
                 self.exporter_log.close()
             shutil.rmtree(self.work / "push", ignore_errors=True)  # the pushed copy: no binary left in /tmp
-        if self.timings:
-            self.log("\nTimings:")
-            for case, figure in self.timings:
-                self.log(f"  {case}: {figure}")
-        self.child_log.close()
-        self.r.save("children.log", (self.work / "children.log").read_text(errors="replace"))
-        for name in ("ssh.log", "exporter.log"):
-            if (self.work / name).exists():
-                self.r.save(name, (self.work / name).read_text(errors="replace"))
-        line, failed, code = self.r.summary()
-        self.log(f"\ntotal {time.monotonic() - started:.0f} s")
-        if failed:
-            self.log("failed: " + "; ".join(failed))
-        self.log(line)
-        self.r.close()
-        return code
+        return self.finish(started, "Timings:", logs=("ssh.log", "exporter.log"))
 
 
 def extra_arguments(parser):
