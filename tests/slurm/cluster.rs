@@ -278,6 +278,18 @@ impl Cluster {
     }
 
     /// `State=` and `Reason=` of the node (the reason without Slurm's `[user@time]`).
+    /// The node's drain reason, once it is drained (within 20 s; panics if it is not).
+    pub fn drain_reason(&self) -> Option<String> {
+        let mut last = None;
+        let drained = wait_for(Duration::from_secs(20), || {
+            last = self.node_state();
+            last.as_ref()
+                .is_some_and(|(state, _)| state.contains("DRAIN"))
+        });
+        assert!(drained.is_ok(), "node not drained: {last:?}");
+        last.and_then(|(_, reason)| reason)
+    }
+
     pub fn node_state(&self) -> Option<(String, Option<String>)> {
         let text = self.scontrol(&["-o", "show", "node", &self.node]);
         let state = text
