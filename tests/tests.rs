@@ -2,6 +2,7 @@
 //! and the simulated GPU driver.
 
 mod demo;
+mod docs;
 mod fleet;
 mod harness;
 mod incidents;
