@@ -2,6 +2,7 @@
 //! and the simulated GPU driver.
 
 mod demo;
+mod exit_codes;
 mod fleet;
 mod harness;
 mod incidents;
