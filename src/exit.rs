@@ -319,10 +319,13 @@ pub fn rows(program: Program) -> Vec<(Exit, &'static str)> {
             (Success, "reset, or nothing to clear"),
             (
                 StillHeld,
-                "refused (a process uses the GPU, or the scan could not read every process), or still held after the reset",
+                "refused: a process uses the GPU; or still held after the reset",
             ),
             (Usage, USAGE),
-            (Incomplete, "the driver could not reset or check the GPU"),
+            (
+                Incomplete,
+                "not reset: the scan could not read every process; or the driver could not reset or check the GPU",
+            ),
         ],
     }
 }

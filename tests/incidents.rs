@@ -1201,3 +1201,44 @@ fn waiting_and_verifying_do_not_burn_a_core() {
         verify * 100.0
     );
 }
+
+/// `reset` clears memory only on a GPU no process uses, and a scan that
+/// could not read every process cannot say that: a process of another user
+/// (root's, to a gpureap run as nobody) may have the device node open.
+#[test]
+fn reset_is_refused_while_the_scan_could_not_read_every_process() {
+    let host = host(1);
+    let mut incident = Incident::new(&host);
+    host.leak(0, 5 * GIB).expect("leak");
+    // root's process with GPU 0's node open and no context: nobody cannot see its descriptors.
+    let opener = incident
+        .holder(&Holder::new("nvtop-like-viewer"))
+        .expect("opener");
+    // Anyone may change the directory, so that only gpureap's own check can refuse.
+    let mut permissions = std::fs::metadata(host.path()).expect("dir").permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut permissions, 0o777);
+    std::fs::set_permissions(host.path(), permissions).expect("chmod");
+
+    let reset = run_as_nobody_unchanged(&host, &["reset", "--gpu", "0"]);
+    assert_eq!(reset.code, 3, "{}{}", reset.stdout, reset.stderr);
+    assert!(
+        reset.stdout.contains("GPU 0: not reset")
+            && reset.stdout.contains("could not be inspected"),
+        "{}",
+        reset.stdout
+    );
+    assert!(
+        host.path().join("leak.0").exists(),
+        "the memory was not cleared"
+    );
+    assert!(alive(opener));
+
+    // root reads every process: it sees the opener and refuses for that.
+    let as_root = run(&host, &["reset", "--gpu", "0"]);
+    assert_eq!(as_root.code, 1, "{}", as_root.stdout);
+    assert!(
+        as_root.stdout.contains(&format!("pid {opener}")),
+        "{}",
+        as_root.stdout
+    );
+}
