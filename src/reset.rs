@@ -5,8 +5,8 @@
 //! (`gpureap reset`, or `--reset` in the Slurm epilog and health check), and
 //! never of a GPU that any process still uses: the snapshot must show no
 //! process with the GPU's device node open and none listed by the driver,
-//! must have read every process (one it could not inspect may have the node
-//! open), and the driver checks again. The result is verified through the driver.
+//! must have read every process but this gpureap's own ancestors (one it
+//! could not inspect may have the node open), and the driver checks again. The result is verified through the driver.
 
 use std::fmt;
 
@@ -121,10 +121,19 @@ pub fn reset(driver: &dyn Driver, index: u32) -> Reset {
     if !users.is_empty() {
         return Reset::InUse { index, users };
     }
-    if let Some(first) = before.unreadable.first() {
+    // The chain that started this gpureap (init, sshd, sudo, slurmd) is
+    // not counted: a root gpureap in a container may be unable to read
+    // init's descriptors, and that chain is the caller's own.
+    let ancestors = crate::proc::ancestors_of_self();
+    let unreadable: Vec<_> = before
+        .unreadable
+        .iter()
+        .filter(|entry| !ancestors.contains(&entry.pid))
+        .collect();
+    if let Some(first) = unreadable.first() {
         return Reset::Unscanned {
             index,
-            unreadable: before.unreadable.len(),
+            unreadable: unreadable.len(),
             example: format!("pid {} {}: {}", first.pid, first.comm, first.reason),
         };
     }
