@@ -200,7 +200,10 @@ pub fn rows(program: Program) -> Vec<(Exit, &'static str)> {
             ),
         ],
         Program::Status => vec![
-            (Success, "shown, every GPU in scope read"),
+            (
+                Success,
+                "shown, every GPU in scope read; --prometheus: the metrics written (gpureap_gpu_up says what was read)",
+            ),
             (Usage, FLEET_USAGE),
             (
                 Unknown,

@@ -267,6 +267,12 @@ fn status(backend: &BackendChoice, args: &StatusArgs) -> anyhow::Result<Exit> {
         report::status_table(&snapshot, &gpus)
     };
     emit(&text)?;
+    // The exposition says what could not be read (gpureap_driver_up,
+    // gpureap_gpu_up): its writer (`... > f.tmp && mv f.tmp f.prom`) must
+    // not keep the last file instead because of the exit code.
+    if args.prometheus {
+        return Ok(Exit::Success);
+    }
     Ok(status_exit(&snapshot, &gpus))
 }
 

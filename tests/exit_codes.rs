@@ -107,6 +107,18 @@ fn status_that_cannot_tell_exits_3_and_still_shows_what_it_read() {
     assert_eq!(gpu(&json.json(), 0)["index"], 0);
     // A scope that leaves the lost GPU out can tell.
     assert_eq!(run(&host, &["status", "--gpu", "0"]).code, 0);
+    // --prometheus says it in the metrics, and exits 0 so that the textfile
+    // collector's `> f.tmp && mv f.tmp f.prom` writes them.
+    let metrics = run(&host, &["status", "--prometheus"]);
+    assert_eq!(metrics.code, 0, "{}", metrics.stderr);
+    assert!(
+        metrics
+            .stdout
+            .lines()
+            .any(|line| line.starts_with("gpureap_gpu_up{gpu=\"1\"") && line.ends_with(" 0.0")),
+        "{}",
+        metrics.stdout
+    );
 }
 
 #[test]
