@@ -1,6 +1,8 @@
 //! `gpureap check`: one health verdict for the node, in node-problem-detector's
-//! custom-plugin protocol (exit 0 healthy, 1 problem, 2 unknown; the first
-//! line of stdout is the condition's message).
+//! custom-plugin protocol (exit 0 healthy, 1 problem, anything else unknown;
+//! the first line of stdout is the condition's message). gpureap says "could
+//! not tell" with 3 (`Exit::Unknown`), as every other command does, and bad
+//! usage with 2: node-problem-detector reads both as unknown.
 //!
 //! A problem is something only a person or `gpureap free` fixes: memory held
 //! by no process (beyond the driver's bookkeeping), orphaned processes
@@ -26,13 +28,14 @@ pub enum Verdict {
 }
 
 impl Verdict {
-    /// The exit code node-problem-detector expects: 0, 1, or 2 (unknown).
-    /// 2 is also gpureap's code for bad usage, which is unknown to it too.
+    /// The exit code: 0 and 1 as node-problem-detector reads them, and 3
+    /// (could not tell) for unknown, which it reads as unknown, as it does
+    /// bad usage's 2.
     pub fn exit(self) -> Exit {
         match self {
             Verdict::Healthy => Exit::Success,
             Verdict::Problem => Exit::StillHeld,
-            Verdict::Unknown => Exit::Usage,
+            Verdict::Unknown => Exit::Unknown,
         }
     }
 }
@@ -186,7 +189,7 @@ mod tests {
     fn verdicts_are_node_problem_detector_codes() {
         assert_eq!(
             [Verdict::Healthy, Verdict::Problem, Verdict::Unknown].map(|v| v.exit().code()),
-            [0, 1, 2]
+            [0, 1, 3]
         );
     }
 }

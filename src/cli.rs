@@ -11,6 +11,7 @@ use clap::{Args, Parser, Subcommand};
 use regex::Regex;
 
 use crate::driver::BackendChoice;
+use crate::exit::{self, Program};
 use crate::fleet::hostlist::{self, HostList};
 use crate::run::Restart;
 use crate::units::{self, GpuList};
@@ -127,18 +128,14 @@ pub const VERSION: &str = concat!(
     version = VERSION,
     args_override_self = true,
     about = "See who holds each NVIDIA GPU, free exactly what you scope, and prove the memory came back.",
-    after_help = "Examples:
+    after_help = exit::after_help(Program::Gpureap, "Examples:
   gpureap status                       who holds each GPU, with flags (orphaned, zombie, D, hidden, monitor)
   gpureap status --tree --gpu 3        GPU 3's holders inside their process trees
   gpureap free --orphans --dry-run     what freeing the orphaned workers would signal
   gpureap free --match sglang --yes    SIGTERM, grace, SIGSTOP+SIGKILL, re-scan, verify
   gpureap free --gpu 3 --grace 0 --yes kill everything on GPU 3 at once, and verify
   gpureap wait --gpu 0-3 --below 1GiB --timeout 2m && python3 -m sglang.launch_server ...
-  gpureap demo                         replay a crashed SGLang server on a simulated 8-GPU host
-
-Exit codes: 0 done (all freed), 1 something still held (or wait timed out),
-2 bad usage or input (nothing signalled), 3 could not complete (driver failure,
-a GPU that could not be checked, an I/O error)."
+  gpureap demo                         replay a crashed SGLang server on a simulated 8-GPU host")
 )]
 pub struct Cli {
     /// GPU driver: auto (NVML if libnvidia-ml loads, else none), nvml, none, or sim:DIR.
@@ -159,17 +156,17 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Show each GPU, its memory, and every process that holds or watches it.
-    #[command(after_help = "Examples:
+    #[command(after_help = exit::after_help(Program::Status, "Examples:
   gpureap status
   gpureap status --gpu 0,2 --tree
   gpureap status --json | jq '.gpus[] | {index, memory_used}'
   gpureap status -H 'gpu[01-16]'      every host's GPUs in one table, over your ssh
-  gpureap status -H @hosts.txt --ssh 'ssh -F ~/.ssh/lab.conf' --json")]
+  gpureap status -H @hosts.txt --ssh 'ssh -F ~/.ssh/lab.conf' --json"))]
     Status(StatusArgs),
 
     /// Free GPUs: signal the holders in scope and their descendants, then verify through the driver.
     #[command(
-        after_help = "Scopes narrow each other: --gpu 3 --orphans is the orphans on GPU 3.
+        after_help = exit::after_help(Program::Free, "Scopes narrow each other: --gpu 3 --orphans is the orphans on GPU 3.
 Targets are the GPU users in scope and all their descendants; --pid names a process directly.
 Never signalled: gpureap, its ancestors, PID 1, kernel threads, protected names, and monitors.
 
@@ -180,20 +177,20 @@ Examples:
   gpureap free --pid 4242 --yes --json
   gpureap free --stale-runs --yes      what a SIGKILLed `gpureap run` left, and its cgroups
   gpureap free -H 'node[1-4]' --match 'sglang::|vllm' --dry-run   the plan on every host
-  gpureap free -H 'node[1-4]' --orphans          shows the plan, asks once, frees each host"
+  gpureap free -H 'node[1-4]' --orphans          shows the plan, asks once, frees each host")
     )]
     Free(FreeArgs),
 
     /// Wait until GPUs are free enough to launch on; exit 1 listing the holders on timeout.
-    #[command(after_help = "Examples:
+    #[command(after_help = exit::after_help(Program::Wait, "Examples:
   gpureap wait --gpu 0-3 --timeout 2m && ./launch.sh
   gpureap wait --below 2GiB
-  gpureap wait -H 'node[1-4]' --timeout 5m && srun ...   every host below the limit")]
+  gpureap wait -H 'node[1-4]' --timeout 5m && srun ...   every host below the limit"))]
     Wait(WaitArgs),
 
     /// Supervise a server: contain it, watch readiness and hangs, diagnose, free, restart.
     #[command(
-        after_help = "Containment: a cgroup v2 of its own where one can be made (root or a delegated
+        after_help = exit::after_help(Program::Run, "Containment: a cgroup v2 of its own where one can be made (root or a delegated
 subtree), else its own session and process group with gpureap as child subreaper.
 On a crash or hang: a diagnostic bundle in STATE_DIR/bundles, the whole tree freed and
 verified, then a restart with exponential backoff. Ctrl-C stops it gracefully, then by force.
@@ -202,13 +199,13 @@ Examples:
   gpureap run --ready-url http://127.0.0.1:30000/health --log sglang.log -- \\
       python3 -m sglang.launch_server --model-path meta-llama/Llama-3.1-70B-Instruct --tp 8
   gpureap run --ready-log 'Application startup complete' --stall-timeout 10m -- vllm serve ...
-  gpureap run --ready-port 8000 --restart never -- ./serve.sh"
+  gpureap run --ready-port 8000 --restart never -- ./serve.sh")
     )]
     Run(RunArgs),
 
     /// Copy this gpureap to hosts over ssh, atomically, and check it runs there.
     #[command(
-        after_help = "Installs at ~/.local/bin/gpureap, or /usr/local/bin/gpureap when the remote user is
+        after_help = exit::after_help(Program::Push, "Installs at ~/.local/bin/gpureap, or /usr/local/bin/gpureap when the remote user is
 root (--to changes it); `status -H` and `free -H` find it there without --remote-bin.
 A host that already has this build is skipped; a different file at the destination that
 push did not put there is left alone (exit 1) unless --force.
@@ -216,31 +213,29 @@ push did not put there is left alone (exit 1) unless --force.
 Examples:
   gpureap push -H 'gpu[01-16]'
   gpureap push -H @hosts.txt --bin ./gpureap-x86_64-glibc2.17 --to /opt/gpureap/bin/gpureap
-  gpureap push -H 'gpu[01-16]' && gpureap status -H 'gpu[01-16]'"
+  gpureap push -H 'gpu[01-16]' && gpureap status -H 'gpu[01-16]'")
     )]
     Push(PushArgs),
 
     /// Replay a crashed SGLang server on a simulated 8-GPU host: status, free, verify, and what
     /// `fuser -k /dev/nvidia*; sleep 5` would have done instead. No GPU, no root needed.
     #[command(
-        after_help = "Every process on the simulated host is real (this binary under the command line of
+        after_help = exit::after_help(Program::Demo, "Every process on the simulated host is real (this binary under the command line of
 the process it plays); only the GPU driver is simulated. Everything the demo started is
 gone when it ends, also on Ctrl-C. It takes about 5 seconds.
 
-Exit codes: the replayed `gpureap free` exits 1, as it would on the real box (GPU 3 keeps
-memory no process holds), and the demo shows that; the demo itself exits 0 when the
-incident played out as designed, 1 when it did not (the output says what differed),
-3 when it could not be staged.
+The replayed `gpureap free` exits 1, as it would on the real box (GPU 3 keeps memory no
+process holds), and the demo shows that; the demo's own exit code is below.
 
 Examples:
   gpureap demo
-  gpureap demo --json | jq '.comparison'"
+  gpureap demo --json | jq '.comparison'")
     )]
     Demo(DemoArgs),
 
     /// Serve GPU memory, holders, orphans and driver health as Prometheus metrics (read-only).
     #[command(
-        after_help = "A background thread takes a snapshot every --interval; scrapes are served the
+        after_help = exit::after_help(Program::Exporter, "A background thread takes a snapshot every --interval; scrapes are served the
 last one, so any number of scrapers cost one scan per interval. Only GET and HEAD
 on /metrics are answered. Listens on loopback unless an address is given.
 SIGTERM or Ctrl-C ends it (exit 0). docs/monitoring.md has the Prometheus and
@@ -250,20 +245,21 @@ Examples:
   gpureap exporter                                   http://127.0.0.1:9839/metrics
   gpureap exporter --listen 0.0.0.0:9839 --interval 30s
   gpureap exporter --per-process                     also one series per process and GPU
-  curl -s 127.0.0.1:9839/metrics | grep gpureap_gpu_memory_unattributed_bytes"
+  curl -s 127.0.0.1:9839/metrics | grep gpureap_gpu_memory_unattributed_bytes")
     )]
     Exporter(ExporterArgs),
 
-    /// One health verdict for the node, for node-problem-detector: exit 0 ok, 1 problem, 2 unknown.
+    /// One health verdict for the node, for node-problem-detector: exit 0 ok, 1 problem, 3 unknown.
     #[command(
-        after_help = "A problem: GPU memory held by no process, orphaned processes holding memory,
-a GPU the driver lost. Unknown: the driver is unavailable. The first line of
+        after_help = exit::after_help(Program::Check, "A problem: GPU memory held by no process, orphaned processes holding memory,
+a GPU the driver lost. Unknown: the driver is unavailable (exit 3; node-problem-detector
+reads every code but 0 and 1 as unknown, bad usage's 2 too). The first line of
 stdout is the message (short, for a node condition); details follow.
 
 Examples:
   gpureap check                      GPU 1: 5.0 GiB held by no process
   gpureap check --gpu 0-3; echo $?
-  deploy/kubernetes/node-problem-detector-gpureap.yaml runs it as a custom plugin"
+  deploy/kubernetes/node-problem-detector-gpureap.yaml runs it as a custom plugin")
     )]
     Check(CheckArgs),
 
@@ -277,16 +273,13 @@ Examples:
 
     /// Reset GPUs whose memory no process holds (driver-held); refused while any process uses one.
     #[command(
-        after_help = "A reset is refused while any process has the GPU's device node open
+        after_help = exit::after_help(Program::Reset, "A reset is refused while any process has the GPU's device node open
 (a CUDA process, nvidia-smi, an exporter): free it first. The result is checked
 through the driver.
 
 Examples:
   gpureap reset --gpu 1
-  gpureap --backend sim:/tmp/gpus reset --gpu 0,1
-
-Exit codes: 0 reset (or nothing to clear), 1 refused or still held after the reset,
-2 bad usage, 3 the driver could not reset or check the GPU."
+  gpureap --backend sim:/tmp/gpus reset --gpu 0,1")
     )]
     Reset(ResetArgs),
 }
@@ -314,42 +307,42 @@ pub struct CheckArgs {
 
 /// `gpureap slurm ...`: the programs slurm.conf names.
 #[derive(Debug, Subcommand)]
+#[command(after_help = exit::help(Program::Slurm))]
 pub enum SlurmCommand {
     /// Epilog=: free what the ended job left on its GPUs; drain the node if they stay held.
     #[command(
-        after_help = "Reads SLURM_JOB_ID, SLURM_JOB_UID, SLURM_JOB_GPUS (else CUDA_VISIBLE_DEVICES)
+        after_help = exit::after_help(Program::SlurmEpilog, "Reads SLURM_JOB_ID, SLURM_JOB_UID, SLURM_JOB_GPUS (else CUDA_VISIBLE_DEVICES)
 and SLURMD_NODENAME, as slurmd sets them. The job's processes (its uid, or
 SLURM_JOB_ID=<id> in their environment) that use its GPUs are freed with their
 descendants; root's daemons, monitors and other users' processes never are.
-A job without GPUs costs one environment read. Exit 0: the job's GPUs are clean;
-1: still held, node drained with a reason starting 'gpureap:'.
+A job without GPUs costs one environment read.
 
 Examples (slurm.conf: Epilog=/etc/slurm/gpureap-epilog.sh, see contrib/slurm/):
   gpureap slurm epilog
   gpureap slurm epilog --reset --log /var/log/gpureap/slurm.jsonl
   SLURM_JOB_ID=42 SLURM_JOB_UID=1000 SLURM_JOB_GPUS=0,1 SLURMD_NODENAME=$(hostname -s) \\
-      gpureap slurm epilog --dry-run"
+      gpureap slurm epilog --dry-run")
     )]
     Epilog(SlurmEpilogArgs),
 
     /// Prolog=: the job's GPUs must be clean before it starts, else drain (Slurm requeues the job).
     #[command(
-        after_help = "Clean means: no process uses the GPU and no memory beyond the driver's
+        after_help = exit::after_help(Program::SlurmProlog, "Clean means: no process uses the GPU and no memory beyond the driver's
 bookkeeping is held. A release in progress is waited for up to --wait.
 
 Examples (slurm.conf: Prolog=/etc/slurm/gpureap-prolog.sh):
   gpureap slurm prolog
-  gpureap slurm prolog --wait 5s --log /var/log/gpureap/slurm.jsonl"
+  gpureap slurm prolog --wait 5s --log /var/log/gpureap/slurm.jsonl")
     )]
     Prolog(SlurmPrologArgs),
 
     /// HealthCheckProgram=: drain the node when memory is held by no running job's process or by
     /// no process; resume a node gpureap drained once it is clean (never an admin's drain).
     #[command(
-        after_help = "Examples (slurm.conf: HealthCheckProgram=/etc/slurm/gpureap-healthcheck.sh):
+        after_help = exit::after_help(Program::SlurmHealthcheck, "Examples (slurm.conf: HealthCheckProgram=/etc/slurm/gpureap-healthcheck.sh):
   gpureap slurm healthcheck
   gpureap slurm healthcheck --reset --node gpu-node-07
-  gpureap slurm healthcheck --dry-run"
+  gpureap slurm healthcheck --dry-run")
     )]
     Healthcheck(SlurmHealthcheckArgs),
 }

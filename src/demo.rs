@@ -439,7 +439,7 @@ fn driver_held(outcome: &FreeReport) -> Vec<DriverHeld> {
         .iter()
         .flat_map(|gpu| {
             gpu.reasons.iter().filter_map(|reason| match reason {
-                Reason::DriverHeld { bytes } => Some(DriverHeld {
+                Reason::DriverHeld { bytes, .. } => Some(DriverHeld {
                     gpu: gpu.index,
                     bytes: *bytes,
                 }),

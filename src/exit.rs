@@ -1,25 +1,35 @@
-//! Every exit code gpureap returns, by name, and the one place a process ends.
+//! Every exit code gpureap returns, by name, the one table of what each
+//! program returns, how several outcomes merge into one, and the one place a
+//! process ends.
 //!
-//! The codes are a contract with scripts, Slurm and fleet runs: `0` done, `1`
-//! still held (or a wait that timed out), `2` bad usage or input with nothing
-//! signalled, `3` could not complete (the driver failed, an I/O error, a GPU
-//! that could not be checked). Nothing else in the program picks a number.
+//! The codes are a contract with scripts, Slurm, node-problem-detector and
+//! fleet runs: `0` done, `1` still held, a problem found or a wait that timed
+//! out, `2` bad usage or input with nothing signalled or started, `3` could
+//! not complete or could not tell (the driver failed or is absent, an I/O
+//! error, a GPU that could not be checked). Nothing else in the program picks
+//! a number, and every `--help` prints its program's rows of [`rows`].
 
 use std::io::Write;
 
 /// How a command ended, as its exit code says it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Exit {
     /// All GPUs in scope freed; or status, wait or demo succeeded.
     Success,
     /// Something is still held (free), the GPUs did not become free in time
-    /// (wait), or the supervised server did not end cleanly (run).
+    /// (wait), a problem was found (check), or the supervised server did not
+    /// end cleanly (run).
     StillHeld,
     /// Bad usage or input; nothing was signalled or started.
     Usage,
     /// The command could not do its work: the driver failed or could not
     /// verify a GPU, a file could not be opened or written.
     Incomplete,
+    /// A verdict that cannot be given: no driver, or a GPU the driver lost,
+    /// so whether memory is held cannot be told (`status`, and `check`'s
+    /// "unknown" for node-problem-detector, which reads every code but 0
+    /// and 1 as unknown). The same number as `Incomplete`.
+    Unknown,
 }
 
 impl Exit {
@@ -29,7 +39,61 @@ impl Exit {
             Exit::Success => 0,
             Exit::StillHeld => 1,
             Exit::Usage => 2,
-            Exit::Incomplete => 3,
+            Exit::Incomplete | Exit::Unknown => 3,
+        }
+    }
+
+    /// The code a remote gpureap (or anything standing in its place) exited
+    /// with, read back: a number outside the table is "could not complete".
+    pub fn from_code(code: u8) -> Exit {
+        match code {
+            0 => Exit::Success,
+            1 => Exit::StillHeld,
+            2 => Exit::Usage,
+            _ => Exit::Incomplete,
+        }
+    }
+
+    /// The worse of two outcomes of one host or one command: the higher code.
+    pub fn worse(self, other: Exit) -> Exit {
+        if other.code() > self.code() {
+            other
+        } else {
+            self
+        }
+    }
+
+    /// The outcome of parts that each went their own way (reset's GPUs): the
+    /// worst of them; `Success` when there are none.
+    pub fn worst(parts: impl IntoIterator<Item = Exit>) -> Exit {
+        parts.into_iter().fold(Exit::Success, Exit::worse)
+    }
+
+    /// A fleet run's outcome from its hosts' (`free -H`, `status -H`,
+    /// `wait -H`, `push`). It is `Usage` ("nothing signalled or started")
+    /// only when every host refused its arguments, so that nothing was sent
+    /// anywhere. Once any host did its work, a host's usage error means the
+    /// fleet could not complete: it counts as 3, never as "nothing
+    /// signalled", and never masks a host still held (1). Otherwise the
+    /// worst host's code, the higher the worse. No hosts: `Success`.
+    pub fn merge_hosts(hosts: impl IntoIterator<Item = Exit>) -> Exit {
+        let (mut worst, mut refused, mut any) = (Exit::Success, false, false);
+        let mut all_refused = true;
+        for host in hosts {
+            any = true;
+            if host == Exit::Usage {
+                refused = true;
+            } else {
+                all_refused = false;
+                worst = worst.worse(host);
+            }
+        }
+        match (any, all_refused, refused) {
+            (false, _, _) => Exit::Success,
+            (true, true, _) => Exit::Usage,
+            // A refusal elsewhere: could not complete, unless a host is still held.
+            (true, false, true) if worst != Exit::StillHeld => Exit::Incomplete,
+            _ => worst,
         }
     }
 
@@ -54,6 +118,245 @@ impl serde::Serialize for Exit {
     }
 }
 
+/// Each program that has a `--help`: the subcommands, and `slurm`'s three.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Program {
+    Gpureap,
+    Status,
+    Free,
+    Wait,
+    Run,
+    Push,
+    Demo,
+    Exporter,
+    Check,
+    Slurm,
+    SlurmEpilog,
+    SlurmProlog,
+    SlurmHealthcheck,
+    Reset,
+}
+
+impl Program {
+    pub const ALL: [Program; 14] = [
+        Program::Gpureap,
+        Program::Status,
+        Program::Free,
+        Program::Wait,
+        Program::Run,
+        Program::Push,
+        Program::Demo,
+        Program::Exporter,
+        Program::Check,
+        Program::Slurm,
+        Program::SlurmEpilog,
+        Program::SlurmProlog,
+        Program::SlurmHealthcheck,
+        Program::Reset,
+    ];
+
+    /// The words after `gpureap` that name it, e.g. `["slurm", "epilog"]`.
+    pub fn words(self) -> &'static [&'static str] {
+        match self {
+            Program::Gpureap => &[],
+            Program::Status => &["status"],
+            Program::Free => &["free"],
+            Program::Wait => &["wait"],
+            Program::Run => &["run"],
+            Program::Push => &["push"],
+            Program::Demo => &["demo"],
+            Program::Exporter => &["exporter"],
+            Program::Check => &["check"],
+            Program::Slurm => &["slurm"],
+            Program::SlurmEpilog => &["slurm", "epilog"],
+            Program::SlurmProlog => &["slurm", "prolog"],
+            Program::SlurmHealthcheck => &["slurm", "healthcheck"],
+            Program::Reset => &["reset"],
+        }
+    }
+}
+
+const USAGE: &str = "bad usage or input: nothing was signalled or started";
+const FLEET_USAGE: &str = "bad usage or input; with -H: every host refused its arguments";
+const FLEET_INCOMPLETE: &str =
+    "with -H: a host not reached, timed out, or refusing its arguments while others ran";
+
+/// The one exit-code table: what each program returns, code by code. Every
+/// `--help` prints its rows ([`help`]), README.md shows the same rows, and a
+/// test checks each `--help` against this.
+pub fn rows(program: Program) -> Vec<(Exit, &'static str)> {
+    use Exit::*;
+    match program {
+        Program::Gpureap => vec![
+            (Success, "done: all freed, ready, clean, healthy"),
+            (
+                StillHeld,
+                "still held, a problem found, or a wait that timed out",
+            ),
+            (Usage, USAGE),
+            (
+                Incomplete,
+                "could not complete or could not tell: no driver, a GPU lost or not checked, an I/O error",
+            ),
+        ],
+        Program::Status => vec![
+            (
+                Success,
+                "shown, every GPU in scope read; --prometheus: the metrics written (gpureap_gpu_up says what was read)",
+            ),
+            (Usage, FLEET_USAGE),
+            (
+                Unknown,
+                "shown, but could not tell: no driver, or a GPU in scope the driver lost; or (-H) a host failed",
+            ),
+        ],
+        Program::Free => vec![
+            (
+                Success,
+                "every GPU in scope verified free (or --dry-run shown)",
+            ),
+            (
+                StillHeld,
+                "something is still held (named), also memory held by no process from before",
+            ),
+            (Usage, FLEET_USAGE),
+            (
+                Incomplete,
+                "could not complete: the driver failed or lost a GPU in scope; or (-H) a host failed",
+            ),
+        ],
+        Program::Wait => vec![
+            (Success, "every GPU in scope below --below"),
+            (StillHeld, "timed out; the holders are listed"),
+            (Usage, FLEET_USAGE),
+            (
+                Incomplete,
+                "could not wait: no driver, or a GPU in scope lost (at once); or (-H) a host failed",
+            ),
+        ],
+        Program::Run => vec![
+            (
+                Success,
+                "the server ended cleanly (or was stopped) and its GPUs were verified free",
+            ),
+            (
+                StillHeld,
+                "the server failed and was not restarted, or its GPUs are not verified free",
+            ),
+            (USAGE_RUN.0, USAGE_RUN.1),
+            (
+                Incomplete,
+                "could not complete: the driver or a file failed",
+            ),
+        ],
+        Program::Push => vec![
+            (Success, "installed, updated or up to date on every host"),
+            (
+                StillHeld,
+                "refused on a host: a file push did not put there (see --force)",
+            ),
+            (Usage, FLEET_USAGE),
+            (Incomplete, FLEET_INCOMPLETE),
+        ],
+        Program::Demo => vec![
+            (Success, "the incident played out as designed"),
+            (StillHeld, "it did not (the output says what differed)"),
+            (Usage, USAGE),
+            (Incomplete, "the simulated host could not be staged"),
+        ],
+        Program::Exporter => vec![
+            (Success, "stopped by SIGTERM or Ctrl-C"),
+            (Usage, USAGE),
+            (Incomplete, "could not listen or serve"),
+        ],
+        Program::Check => vec![
+            (Success, "healthy (node-problem-detector: OK)"),
+            (StillHeld, "a problem found (node-problem-detector: NonOK)"),
+            (Usage, "bad usage (node-problem-detector: Unknown)"),
+            (
+                Unknown,
+                "could not tell: the driver is unavailable (node-problem-detector: Unknown)",
+            ),
+        ],
+        Program::Slurm => vec![(
+            Usage,
+            "bad usage: no program named (epilog, prolog, healthcheck)",
+        )],
+        Program::SlurmEpilog => vec![
+            (Success, "the job's GPUs are clean (or the job had none)"),
+            (
+                StillHeld,
+                "still held or past --timeout: the node is drained with a reason 'gpureap: ...'",
+            ),
+            (Usage, "bad usage, or a Slurm variable that cannot be read"),
+            (
+                Incomplete,
+                "could not complete: the driver failed or a job GPU is not on this host (drained)",
+            ),
+        ],
+        Program::SlurmProlog => vec![
+            (Success, "the job's GPUs are clean (or the job had none)"),
+            (
+                StillHeld,
+                "not clean or past --timeout: the node is drained with a reason 'gpureap: ...'",
+            ),
+            (Usage, "bad usage, or a Slurm variable that cannot be read"),
+            (
+                Incomplete,
+                "could not complete: the driver failed or a job GPU is not on this host (drained)",
+            ),
+        ],
+        Program::SlurmHealthcheck => vec![
+            (Success, "clean (a node gpureap drained is resumed)"),
+            (
+                StillHeld,
+                "memory no running job explains, or past --timeout: the node is drained",
+            ),
+            (Usage, "bad usage, or the node's name cannot be told"),
+            (
+                Incomplete,
+                "could not complete: scontrol or the driver failed",
+            ),
+        ],
+        Program::Reset => vec![
+            (Success, "reset, or nothing to clear"),
+            (
+                StillHeld,
+                "refused: a process uses the GPU; or still held after the reset",
+            ),
+            (Usage, USAGE),
+            (
+                Incomplete,
+                "not reset: the scan could not read every process; or the driver could not reset or check the GPU",
+            ),
+        ],
+    }
+}
+
+const USAGE_RUN: (Exit, &str) = (
+    Exit::Usage,
+    "bad usage, or the server could not be started (state dir or --log refused)",
+);
+
+/// The "Exit codes:" block a `--help` ends with: the program's rows.
+pub fn help(program: Program) -> String {
+    let mut text = String::from("Exit codes:");
+    for (exit, meaning) in rows(program) {
+        text.push_str(&format!("\n  {}  {meaning}", exit.code()));
+    }
+    text
+}
+
+/// A `--help`'s text after the options: `before` (examples, notes), then
+/// the program's exit codes.
+pub fn after_help(program: Program, before: &str) -> String {
+    if before.is_empty() {
+        help(program)
+    } else {
+        format!("{before}\n\n{}", help(program))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -65,10 +368,39 @@ mod tests {
                 Exit::Success,
                 Exit::StillHeld,
                 Exit::Usage,
-                Exit::Incomplete
+                Exit::Incomplete,
+                Exit::Unknown,
             ]
             .map(Exit::code),
-            [0, 1, 2, 3]
+            [0, 1, 2, 3, 3]
         );
+    }
+
+    #[test]
+    fn a_fleet_says_nothing_signalled_only_when_every_host_refused() {
+        use Exit::*;
+        assert_eq!(Exit::merge_hosts([Usage, Usage]), Usage);
+        assert_eq!(Exit::merge_hosts([Success, Success, Usage]), Incomplete);
+        assert_eq!(Exit::merge_hosts([StillHeld, Usage]), StillHeld);
+        assert_eq!(
+            Exit::merge_hosts([StillHeld, Usage, Incomplete]),
+            Incomplete
+        );
+        assert_eq!(Exit::merge_hosts([StillHeld, Success]), StillHeld);
+        assert_eq!(Exit::merge_hosts([Incomplete, StillHeld]), Incomplete);
+        assert_eq!(Exit::merge_hosts([]), Success);
+        assert_eq!(Exit::merge_hosts([Success]), Success);
+    }
+
+    #[test]
+    fn every_program_has_rows_in_code_order() {
+        for program in Program::ALL {
+            let codes: Vec<u8> = rows(program).iter().map(|(exit, _)| exit.code()).collect();
+            assert!(!codes.is_empty(), "{program:?}");
+            assert!(
+                codes.windows(2).all(|pair| pair[0] < pair[1]),
+                "{program:?}"
+            );
+        }
     }
 }

@@ -37,6 +37,10 @@ fn main() -> ! {
             .with_timer(tracing_subscriber::fmt::time::uptime())
             .init();
     }
+    if let Err(error) = meaningless_flags(&matches, &cli) {
+        eprintln!("gpureap: {}", error.0);
+        Exit::Usage.exit();
+    }
     let result = match &cli.command {
         Command::Status(args) => match fleet(&args.fleet, &remote_backend, args.json) {
             Ok(Some(fleet)) => fleet_output(fleet::commands::status(&fleet, args)),
@@ -88,6 +92,44 @@ fn exit_code(result: anyhow::Result<Exit>) -> Exit {
             }
         }
     }
+}
+
+/// Refuses a flag that means nothing for the subcommand it was given to, so
+/// that nothing runs as if it had been obeyed: the global `--backend` where
+/// no driver is opened (`demo` stages its own, `push` opens none), and
+/// `--ssh` given on the command line to `status`, `free` or `wait` without
+/// `-H` (GPUREAP_SSH in the environment is a default, never refused).
+fn meaningless_flags(matches: &clap::ArgMatches, cli: &Cli) -> Result<(), UsageError> {
+    let given = |matches: &clap::ArgMatches, id: &str| {
+        matches.value_source(id) == Some(ValueSource::CommandLine)
+    };
+    match &cli.command {
+        Command::Demo(_) | Command::Push(_) if given(matches, "backend") => {
+            let name = if matches!(cli.command, Command::Demo(_)) {
+                "demo stages its own simulated driver"
+            } else {
+                "push opens no GPU driver (the hosts' gpureap uses theirs)"
+            };
+            return Err(UsageError(format!(
+                "--backend means nothing here: {name}; drop it"
+            )));
+        }
+        _ => {}
+    }
+    let hosts_given = match &cli.command {
+        Command::Status(args) => Some(!args.fleet.hosts.is_empty()),
+        Command::Free(args) => Some(!args.fleet.hosts.is_empty()),
+        Command::Wait(args) => Some(!args.fleet.hosts.is_empty()),
+        _ => None,
+    };
+    if let (Some(false), Some((name, sub))) = (hosts_given, matches.subcommand())
+        && given(sub, "ssh")
+    {
+        return Err(UsageError(format!(
+            "--ssh means nothing without -H: `{name}` runs on this host; give the hosts with -H LIST"
+        )));
+    }
+    Ok(())
 }
 
 /// The hosts of `-H`, or `None` to run here.
@@ -225,7 +267,29 @@ fn status(backend: &BackendChoice, args: &StatusArgs) -> anyhow::Result<Exit> {
         report::status_table(&snapshot, &gpus)
     };
     emit(&text)?;
-    Ok(Exit::Success)
+    // The exposition says what could not be read (gpureap_driver_up,
+    // gpureap_gpu_up): its writer (`... > f.tmp && mv f.tmp f.prom`) must
+    // not keep the last file instead because of the exit code.
+    if args.prometheus {
+        return Ok(Exit::Success);
+    }
+    Ok(status_exit(&snapshot, &gpus))
+}
+
+/// `status` shows what it could read, and exits 3 (could not tell) when
+/// that is not everything: no driver, or a GPU in scope it could not read.
+fn status_exit(snapshot: &Snapshot, gpus: &Option<std::collections::BTreeSet<u32>>) -> Exit {
+    let unreadable = snapshot.driver_error.is_some()
+        || snapshot
+            .gpus
+            .iter()
+            .filter(|gpu| gpus.as_ref().is_none_or(|set| set.contains(&gpu.index)))
+            .any(|gpu| gpu.error.is_some());
+    if unreadable {
+        Exit::Unknown
+    } else {
+        Exit::Success
+    }
 }
 
 fn free(backend: &BackendChoice, args: &FreeArgs) -> anyhow::Result<Exit> {
@@ -390,7 +454,14 @@ fn wait(backend: &BackendChoice, args: &WaitArgs) -> anyhow::Result<Exit> {
         }
         emit(&text)?;
     }
-    if outcome.ready {
+    if let Some(lost) = outcome.failed().next() {
+        eprintln!(
+            "gpureap: cannot wait: GPU {}: {}; the driver cannot tell when it is free",
+            lost.index,
+            lost.error.as_deref().unwrap_or_default()
+        );
+        Ok(Exit::Incomplete)
+    } else if outcome.ready {
         Ok(Exit::Success)
     } else {
         eprintln!(

@@ -584,6 +584,9 @@ struct Freeing<'a> {
     gpus_in_scope: BTreeSet<u32>,
     unreadable: Vec<Unreadable>,
     trends: BTreeMap<u32, Trend>,
+    /// Per GPU, memory held by no process before the free started
+    /// (`verify::held_by_no_process` in the first snapshot).
+    held_before: BTreeMap<u32, u64>,
     freed_at: BTreeMap<u32, Instant>,
     settled_since: Option<Instant>,
     escalated: bool,
@@ -688,10 +691,14 @@ impl Freeing<'_> {
     /// little longer where a live parent could respawn what was killed; and
     /// targets that hold no GPU gone, or given a second after that.
     fn settled(&mut self, look: &Look, alive: usize) -> bool {
-        let done = look
-            .verdicts
-            .values()
-            .all(|verdict| verdict.freed || (!verdict.checked && verdict.remaining.is_empty()));
+        let slack = look.snapshot.bookkeeping_slack;
+        // Memory held by no process before the free started does not come
+        // back by waiting: once only that is left, what was signalled is released.
+        let done = look.verdicts.iter().all(|(index, verdict)| {
+            verdict.freed
+                || (!verdict.checked && verdict.remaining.is_empty())
+                || verdict.only_held_before(self.held_before(*index), slack)
+        });
         if !done {
             self.settled_since = None;
             return false;
@@ -701,6 +708,10 @@ impl Freeing<'_> {
         let stragglers_done = alive == 0
             || (self.escalated && look.at.duration_since(since) >= Duration::from_secs(1));
         watched && stragglers_done
+    }
+
+    fn held_before(&self, index: u32) -> u64 {
+        self.held_before.get(&index).copied().unwrap_or(0)
     }
 
     /// Past the deadline, unless a GPU's memory is still going down; then
@@ -802,6 +813,7 @@ impl Freeing<'_> {
                     &self.reaper,
                     &self.trends.get(&index).cloned().unwrap_or_default(),
                     self.reaper.respawns.get(&index).unwrap_or(&no_respawns),
+                    self.held_before(index),
                 )
             }
             _ => vec![Reason::DriverError {
@@ -841,6 +853,16 @@ pub fn free(
         .iter()
         .map(|gpu| (gpu.index, gpu.memory_used))
         .collect();
+    let held_before: BTreeMap<u32, u64> = first
+        .gpus
+        .iter()
+        .map(|gpu| {
+            (
+                gpu.index,
+                verify::held_by_no_process(gpu, first.bookkeeping_slack),
+            )
+        })
+        .collect();
     let mut freeing = Freeing {
         driver,
         scope,
@@ -855,6 +877,7 @@ pub fn free(
         gpus_in_scope: scope.gpus.clone().unwrap_or_default(),
         unreadable: Vec::new(),
         trends: BTreeMap::new(),
+        held_before,
         freed_at: BTreeMap::new(),
         settled_since: None,
         escalated: false,

@@ -901,6 +901,9 @@ enum ReasonJson<'a> {
     },
     DriverHeld {
         bytes: u64,
+        /// Of `bytes`, what was held by no process before free started.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        before_free: Option<u64>,
     },
     DriverError {
         message: &'a str,
@@ -961,7 +964,10 @@ impl<'a> From<&'a Reason> for ReasonJson<'a> {
                 bytes: *bytes,
                 bytes_per_second: *bytes_per_second,
             },
-            Reason::DriverHeld { bytes } => ReasonJson::DriverHeld { bytes: *bytes },
+            Reason::DriverHeld { bytes, before } => ReasonJson::DriverHeld {
+                bytes: *bytes,
+                before_free: *before,
+            },
             Reason::DriverError { message } => ReasonJson::DriverError { message },
         }
     }

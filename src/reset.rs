@@ -5,7 +5,8 @@
 //! (`gpureap reset`, or `--reset` in the Slurm epilog and health check), and
 //! never of a GPU that any process still uses: the snapshot must show no
 //! process with the GPU's device node open and none listed by the driver,
-//! and the driver checks again. The result is verified through the driver.
+//! must have read every process but this gpureap's own ancestors (one it
+//! could not inspect may have the node open), and the driver checks again. The result is verified through the driver.
 
 use std::fmt;
 
@@ -23,6 +24,13 @@ pub enum Reset {
     NothingHeld { index: u32 },
     /// Not reset: a process uses the GPU.
     InUse { index: u32, users: Vec<String> },
+    /// Not reset: the scan could not inspect every process, so whether one
+    /// has the GPU's device node open cannot be told.
+    Unscanned {
+        index: u32,
+        unreadable: usize,
+        example: String,
+    },
     /// The driver refused or failed the reset, or could not be read.
     Failed { index: u32, message: String },
     /// Reset, but memory is still held afterwards.
@@ -35,6 +43,7 @@ impl Reset {
             Reset::Done { index, .. }
             | Reset::NothingHeld { index }
             | Reset::InUse { index, .. }
+            | Reset::Unscanned { index, .. }
             | Reset::Failed { index, .. }
             | Reset::StillHeld { index, .. } => *index,
         }
@@ -61,6 +70,14 @@ impl fmt::Display for Reset {
                 f,
                 "GPU {index}: not reset: in use by {}; free it first (gpureap free --gpu {index})",
                 users.join(", ")
+            ),
+            Reset::Unscanned {
+                index,
+                unreadable,
+                example,
+            } => write!(
+                f,
+                "GPU {index}: not reset: {unreadable} process(es) could not be inspected (e.g. {example}), and any of them may have its device node open; run as root with CAP_SYS_PTRACE"
             ),
             Reset::Failed { index, message } => write!(f, "GPU {index}: reset failed: {message}"),
             Reset::StillHeld { index, bytes } => {
@@ -104,6 +121,22 @@ pub fn reset(driver: &dyn Driver, index: u32) -> Reset {
     if !users.is_empty() {
         return Reset::InUse { index, users };
     }
+    // The chain that started this gpureap (init, sshd, sudo, slurmd) is
+    // not counted: a root gpureap in a container may be unable to read
+    // init's descriptors, and that chain is the caller's own.
+    let ancestors = crate::proc::ancestors_of_self();
+    let unreadable: Vec<_> = before
+        .unreadable
+        .iter()
+        .filter(|entry| !ancestors.contains(&entry.pid))
+        .collect();
+    if let Some(first) = unreadable.first() {
+        return Reset::Unscanned {
+            index,
+            unreadable: unreadable.len(),
+            example: format!("pid {} {}: {}", first.pid, first.comm, first.reason),
+        };
+    }
     let used = gpu.memory_used;
     if used.is_some_and(|used| used <= before.bookkeeping_slack) {
         return Reset::NothingHeld { index };
@@ -134,15 +167,13 @@ pub fn reset(driver: &dyn Driver, index: u32) -> Reset {
     }
 }
 
-/// The exit code of `gpureap reset`: the worst of its GPUs.
+/// The exit code of `gpureap reset`: the worst of its GPUs. A GPU that
+/// could not be checked (the driver failed, or the scan could not tell
+/// whether a process uses it) is 3, could not complete.
 pub fn exit(outcomes: &[Reset]) -> Exit {
-    outcomes
-        .iter()
-        .map(|outcome| match outcome {
-            Reset::Done { .. } | Reset::NothingHeld { .. } => Exit::Success,
-            Reset::InUse { .. } | Reset::StillHeld { .. } => Exit::StillHeld,
-            Reset::Failed { .. } => Exit::Incomplete,
-        })
-        .max_by_key(|code| code.code())
-        .unwrap_or(Exit::Success)
+    Exit::worst(outcomes.iter().map(|outcome| match outcome {
+        Reset::Done { .. } | Reset::NothingHeld { .. } => Exit::Success,
+        Reset::InUse { .. } | Reset::StillHeld { .. } => Exit::StillHeld,
+        Reset::Unscanned { .. } | Reset::Failed { .. } => Exit::Incomplete,
+    }))
 }

@@ -299,6 +299,10 @@ impl Snapshot {
             uptime_ticks: proc::uptime_ticks(),
             bookkeeping_slack: driver.bookkeeping_slack(),
         };
+        // A GPU that did not answer is still named by the UUID the driver knew.
+        for gpu in snapshot.gpus.iter_mut().filter(|gpu| gpu.uuid.is_none()) {
+            gpu.uuid = driver.known_uuid(gpu.index);
+        }
         let holders = snapshot.holders();
         let tree = snapshot.tree();
         let mut focus: BTreeSet<u32> = BTreeSet::new();

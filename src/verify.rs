@@ -54,7 +54,9 @@ pub enum Reason {
     /// No process in scope is left, and memory is still going down.
     StillReleasing { bytes: u64, bytes_per_second: u64 },
     /// No process holds it: only a GPU reset or a reboot clears it.
-    DriverHeld { bytes: u64 },
+    /// `before`: how much of it was already held by no process when `free`
+    /// started (what it signalled did not leave it); `None` when none was.
+    DriverHeld { bytes: u64, before: Option<u64> },
     /// The driver did not answer for this GPU.
     DriverError { message: String },
 }
@@ -125,11 +127,24 @@ impl std::fmt::Display for Reason {
                 Bytes(*bytes),
                 Bytes(*bytes_per_second)
             ),
-            Reason::DriverHeld { bytes } => write!(
-                f,
-                "{} held by no process (driver-held); only a GPU reset or a reboot clears it",
-                Bytes(*bytes)
-            ),
+            Reason::DriverHeld { bytes, before } => match before {
+                Some(before) if before >= bytes => write!(
+                    f,
+                    "{} held by no process (driver-held) since before free started; only a GPU reset or a reboot clears it",
+                    Bytes(*bytes)
+                ),
+                Some(before) => write!(
+                    f,
+                    "{} held by no process (driver-held), {} of it since before free started; only a GPU reset or a reboot clears it",
+                    Bytes(*bytes),
+                    Bytes(*before)
+                ),
+                None => write!(
+                    f,
+                    "{} held by no process (driver-held); only a GPU reset or a reboot clears it",
+                    Bytes(*bytes)
+                ),
+            },
             Reason::DriverError { message } => write!(f, "driver error: {message}"),
         }
     }
@@ -148,6 +163,43 @@ pub struct Assessment {
     pub explained: Option<u64>,
     /// In-scope PIDs the driver still lists (or that hold the node when the driver is silent).
     pub remaining: Vec<u32>,
+}
+
+impl Assessment {
+    /// No process in scope is left and what is still used beyond what the
+    /// out-of-scope holders explain was held by no process before `free`
+    /// started (`held_before`, past the bookkeeping slack): what was
+    /// signalled has been released, and waiting longer cannot change that.
+    pub fn only_held_before(&self, held_before: u64, slack: u64) -> bool {
+        held_before > 0
+            && self.checked
+            && self.remaining.is_empty()
+            && matches!(
+                (self.memory_used, self.explained),
+                (Some(used), Some(explained))
+                    if used <= explained.saturating_add(slack).saturating_add(held_before)
+            )
+    }
+}
+
+/// Memory a GPU used that no process listed on it explains, past the
+/// driver's bookkeeping slack: what was held by no process in `snapshot`.
+/// 0 where the driver gives no figure for the GPU or for one of its users.
+pub fn held_by_no_process(gpu: &GpuState, slack: u64) -> u64 {
+    let Some(used) = gpu.memory_used else {
+        return 0;
+    };
+    let listed = gpu
+        .users
+        .iter()
+        .filter(|user| user.listed)
+        .try_fold(0u64, |sum, user| {
+            user.memory.map(|bytes| sum.saturating_add(bytes))
+        });
+    match listed {
+        Some(listed) => used.saturating_sub(listed).saturating_sub(slack),
+        None => 0,
+    }
 }
 
 /// What the reaper knows about each process it handled, for naming reasons.
@@ -293,6 +345,8 @@ impl Trend {
 }
 
 /// Names every reason a GPU is still held after the reaper gave up.
+/// `held_before`: memory held by no process on it before `free` started.
+#[allow(clippy::too_many_arguments)]
 pub fn explain(
     gpu: &GpuState,
     assessment: &Assessment,
@@ -301,6 +355,7 @@ pub fn explain(
     ledger: &dyn Ledger,
     trend: &Trend,
     respawns: &BTreeMap<u32, u32>,
+    held_before: u64,
 ) -> Vec<Reason> {
     let mut reasons = Vec::new();
     if let Some(message) = &gpu.error {
@@ -368,12 +423,19 @@ pub fn explain(
         && used > explained.saturating_add(snapshot.bookkeeping_slack)
     {
         let bytes = used.saturating_sub(explained);
-        reasons.push(match trend.release_rate() {
+        let before = (held_before > 0).then_some(held_before.min(bytes));
+        // Only what was there before is left: it is not being released.
+        let releasing = if assessment.only_held_before(held_before, snapshot.bookkeeping_slack) {
+            None
+        } else {
+            trend.release_rate()
+        };
+        reasons.push(match releasing {
             Some(bytes_per_second) => Reason::StillReleasing {
                 bytes,
                 bytes_per_second,
             },
-            None => Reason::DriverHeld { bytes },
+            None => Reason::DriverHeld { bytes, before },
         });
     }
     reasons
@@ -528,6 +590,7 @@ mod tests {
             &NoLedger,
             trend,
             &BTreeMap::new(),
+            0,
         )
     }
 
@@ -647,6 +710,7 @@ mod tests {
             &ledger,
             &Trend::default(),
             &BTreeMap::new(),
+            0,
         );
         assert_eq!(
             reasons,
@@ -726,7 +790,10 @@ mod tests {
         }
         assert_eq!(
             reasons(&snapshot, &selection, true, &flat),
-            vec![Reason::DriverHeld { bytes: 20 * GIB }]
+            vec![Reason::DriverHeld {
+                bytes: 20 * GIB,
+                before: None
+            }]
         );
     }
 

@@ -22,6 +22,13 @@ pub struct WaitOutcome {
 }
 
 impl WaitOutcome {
+    /// A GPU the driver could not report on (lost, an NVML error): its
+    /// memory can never be seen to go below the limit, so the wait ended at
+    /// once (exit 3, as `free` and `reset` for the same GPU).
+    pub fn failed(&self) -> impl Iterator<Item = &WaitGpu> {
+        self.gpus.iter().filter(|gpu| gpu.error.is_some())
+    }
+
     /// The GPUs that were not ready at the end.
     pub fn busy(&self) -> BTreeSet<u32> {
         self.gpus
@@ -53,7 +60,8 @@ fn states(figures: Figures, below: u64) -> Vec<WaitGpu> {
         .collect()
 }
 
-/// Returns as soon as every GPU in `gpus` uses less than `below`, or when
+/// Returns as soon as every GPU in `gpus` uses less than `below`, when the
+/// driver cannot report on one of them (`WaitOutcome::failed`), or when
 /// `timeout` has passed. Between readings it waits on the driver
 /// (`Driver::wait_for_change`), so it reacts within a poll of a release and
 /// costs almost nothing while memory stays put.
@@ -73,7 +81,8 @@ pub fn wait(
             "wait poll"
         );
         let waited = start.elapsed();
-        if ready || waited >= timeout {
+        let failed = readings.iter().any(|gpu| gpu.error.is_some());
+        if ready || failed || waited >= timeout {
             return WaitOutcome {
                 ready,
                 waited,

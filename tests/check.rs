@@ -1,5 +1,6 @@
 //! `gpureap check` in node-problem-detector's protocol, against staged
-//! incidents: exit 0 healthy, 1 problem, 2 unknown, the message first.
+//! incidents: exit 0 healthy, 1 problem, 3 unknown (could not tell), 2 bad
+//! usage (unknown too, to node-problem-detector), the message first.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -113,7 +114,7 @@ fn no_driver_is_unknown() {
     std::fs::remove_dir(&claims).expect("claims removed");
     std::os::unix::fs::symlink("/nonexistent", &claims).expect("symlink");
     let result = run(&host, &["check"]);
-    assert_eq!(result.code, 2, "{}", result.stdout);
+    assert_eq!(result.code, 3, "{}", result.stdout);
     assert!(
         first_line(&result).starts_with("GPU driver unavailable: "),
         "{}",
@@ -126,7 +127,7 @@ fn no_driver_is_unknown() {
         .env_remove("GPUREAP_BACKEND")
         .output()
         .expect("runs");
-    assert_eq!(none.status.code(), Some(2));
+    assert_eq!(none.status.code(), Some(3));
     assert!(String::from_utf8_lossy(&none.stdout).starts_with("GPU driver unavailable"));
 }
 

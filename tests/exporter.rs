@@ -445,11 +445,24 @@ fn a_driver_failing_mid_run_shows_as_down_and_the_exporter_keeps_serving() {
     let first = samples(&exporter.scrape());
     assert_eq!(up(&first, "gpureap_driver_up", &[]), Some(1.0));
 
+    let uuid_of = |found: &[Sample], gpu: &str| -> Option<String> {
+        found
+            .iter()
+            .find(|sample| {
+                sample.name == "gpureap_gpu_up"
+                    && sample.labels.get("gpu").map(String::as_str) == Some(gpu)
+            })
+            .and_then(|sample| sample.labels.get("uuid").cloned())
+    };
+    let uuid = uuid_of(&first, "1").expect("GPU 1 has a uuid label");
+
     // GPU 1 falls off the bus.
     host.lose(1).expect("lost");
     let found = exporter.scrape_until("GPU 1 down", |found| {
         up(found, "gpureap_gpu_up", &[("gpu", "1")]) == Some(0.0)
     });
+    // Still the same series: the lost GPU keeps its uuid label.
+    assert_eq!(uuid_of(&found, "1"), Some(uuid), "{found:#?}");
     assert_eq!(up(&found, "gpureap_gpu_up", &[("gpu", "0")]), Some(1.0));
     assert_eq!(up(&found, "gpureap_driver_up", &[]), Some(1.0));
     assert_eq!(
@@ -481,6 +494,24 @@ fn a_driver_failing_mid_run_shows_as_down_and_the_exporter_keeps_serving() {
             && up(found, "gpureap_gpu_up", &[("gpu", "1")]) == Some(1.0)
     });
     assert!(alive(exporter.pid()));
+}
+
+/// The limit is on the request head, not on one read: a head of 8,200
+/// bytes that arrives whole is refused as one that trickles in.
+#[test]
+fn request_heads_over_8_kib_are_refused_even_in_one_read() {
+    let host = host(1);
+    let exporter = Exporter::start(&host, &[]);
+    let head = |size: usize| {
+        let start = "GET /metrics HTTP/1.1\r\nHost: x\r\nX-Pad: ";
+        let end = "\r\n\r\n";
+        format!("{start}{}{end}", "a".repeat(size - start.len() - end.len()))
+    };
+    let (status, body) = http(exporter.address, &head(8200));
+    assert_eq!(status, 431, "{body}");
+    // A head of exactly 8 KiB is still answered.
+    let (status, body) = http(exporter.address, &head(8 << 10));
+    assert_eq!(status, 200, "{body}");
 }
 
 #[test]

@@ -422,3 +422,82 @@ fn a_hanging_host_costs_its_timeout_and_no_more() {
         run.stdout
     );
 }
+
+/// A host that rejects its arguments (here: `--gpu 1` on a host with one GPU;
+/// an older or wrapped gpureap that does not know a flag is the same) while
+/// the others free: the fleet did signal, so it never says "nothing
+/// signalled" (2); it could not complete (3), and a host still held (1) is
+/// never hidden behind the refusal.
+#[test]
+fn a_host_refusing_its_arguments_while_others_free_is_not_nothing_signalled() {
+    let lab = Lab::new(&[Kind::Up, Kind::Up, Kind::Up]);
+    let h1_worker = lab.hold("h1", &worker(0, 1));
+    let h2_worker = lab.hold("h2", &worker(1, 1));
+    // h3 has one GPU: `--gpu 1` is a usage error there, and nothing is signalled on it.
+    std::fs::remove_file(lab.host("h3").sim.path().join("nvidia1")).expect("one GPU on h3");
+
+    let free = lab.run(&[
+        "free", "-H", "h[1-3]", "--gpu", "1", "--grace", "200ms", "--yes", "--json",
+    ]);
+    let document = free.json();
+    assert_eq!(host_entry(&document, "h3")["exit_code"], 2, "{document:#}");
+    for (host, pid) in [("h1", h1_worker), ("h2", h2_worker)] {
+        let entry = host_entry(&document, host);
+        assert_eq!(entry["exit_code"], 0, "{document:#}");
+        assert_eq!(target_pids(&entry["report"]), [pid], "{document:#}");
+    }
+    assert_eq!(free.code, 3, "{}{}", free.stdout, free.stderr);
+    assert_eq!(document["exit_code"], 3);
+
+    // h2 keeps a holder in scope that free spares (a protected name): 1 stands.
+    let h1_worker = lab.hold("h1", &worker(0, 1));
+    lab.hold("h2", &Holder::new("keeper").on(1, 2 * GIB));
+    let free = lab.run(&[
+        "free",
+        "-H",
+        "h[1-3]",
+        "--gpu",
+        "1",
+        "--protect",
+        "keeper",
+        "--grace",
+        "200ms",
+        "--timeout",
+        "1s",
+        "--yes",
+        "--json",
+    ]);
+    let document = free.json();
+    assert_eq!(host_entry(&document, "h1")["exit_code"], 0, "{document:#}");
+    assert_eq!(
+        target_pids(&host_entry(&document, "h1")["report"]),
+        [h1_worker]
+    );
+    assert_eq!(host_entry(&document, "h2")["exit_code"], 1, "{document:#}");
+    assert_eq!(host_entry(&document, "h3")["exit_code"], 2, "{document:#}");
+    assert_eq!(free.code, 1, "{}{}", free.stdout, free.stderr);
+
+    // Every host refusing: nothing was sent anywhere, and that is 2.
+    let refused = lab.run(&["free", "-H", "h3", "--gpu", "1", "--yes", "--json"]);
+    assert_eq!(refused.code, 2, "{}{}", refused.stdout, refused.stderr);
+}
+
+/// A GPU the driver lost on one host: `wait -H` ends at once with 3, as a
+/// local `wait` and `free` do, instead of waiting out its timeout.
+#[test]
+fn wait_across_hosts_on_a_lost_gpu_exits_3_at_once() {
+    let lab = Lab::new(&[Kind::Up, Kind::Up]);
+    lab.host("h2").sim.lose(1).expect("lose");
+    let mut command = lab.gpureap();
+    command.args(["wait", "-H", "h1,h2", "--timeout", "1h", "--json"]);
+    command.args(["--remote-bin", env!("CARGO_BIN_EXE_gpureap")]);
+    let result = crate::harness::ends_within(
+        &mut command,
+        Duration::from_secs(60),
+        "wait -H on a lost GPU",
+    );
+    let document = result.json();
+    assert_eq!(host_entry(&document, "h1")["exit_code"], 0, "{document:#}");
+    assert_eq!(host_entry(&document, "h2")["exit_code"], 3, "{document:#}");
+    assert_eq!(result.code, 3, "{}", result.stderr);
+}

@@ -2,6 +2,7 @@
 //! its JSON, and ask /proc whether a staged process is still alive.
 
 use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use gpureap::driver::sim::incident::SimHost;
 use serde_json::Value;
@@ -162,4 +163,28 @@ pub fn run_as_nobody_unchanged(host: &SimHost, args: &[&str]) -> Run {
         .output()
         .expect("setpriv runs")
         .into()
+}
+
+/// Runs `command` to its end, or kills it after `limit` and fails: for a
+/// command that must end without waiting out a long timeout of its own.
+pub fn ends_within(command: &mut Command, limit: Duration, what: &str) -> Run {
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("gpureap starts");
+    let deadline = Instant::now() + limit;
+    while child.try_wait().expect("try_wait").is_none() {
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let output = child.wait_with_output().expect("output");
+            panic!(
+                "{what}: still running after {limit:?} (killed); it waits out its timeout\nstdout:\n{}\nstderr:\n{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("output").into()
 }

@@ -1177,15 +1177,17 @@ fn waiting_and_verifying_do_not_burn_a_core() {
     let _crowd = Crowd::new(800);
 
     let wait = cpu_share(&host, &["wait", "--gpu", "0", "--timeout", "1m"], 2.0);
-    // Nothing in scope but memory held by no process: verification runs to its timeout.
+    // In scope but spared (a protected name), so the GPU stays held and
+    // verification runs to its timeout. (Memory held by no process before the
+    // free started is not waited for: it cannot come back.)
     let verify = cpu_share(
         &host,
         &[
             "free",
             "--gpu",
             "0",
-            "--match",
-            "no-such-process",
+            "--protect",
+            "sglang::scheduler_TP0",
             "--grace",
             "0",
             "--timeout",
@@ -1199,5 +1201,136 @@ fn waiting_and_verifying_do_not_burn_a_core() {
         verify < 0.25,
         "free's verification used {:.0}% of a core",
         verify * 100.0
+    );
+}
+
+/// `reset` clears memory only on a GPU no process uses, and a scan that
+/// could not read every process cannot say that: a process of another user
+/// (root's, to a gpureap run as nobody) may have the device node open.
+#[test]
+fn reset_is_refused_while_the_scan_could_not_read_every_process() {
+    let host = host(1);
+    let mut incident = Incident::new(&host);
+    host.leak(0, 5 * GIB).expect("leak");
+    // root's process with GPU 0's node open and no context: nobody cannot see its descriptors.
+    let opener = incident
+        .holder(&Holder::new("nvtop-like-viewer"))
+        .expect("opener");
+    // Anyone may change the directory, so that only gpureap's own check can refuse.
+    let mut permissions = std::fs::metadata(host.path()).expect("dir").permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut permissions, 0o777);
+    std::fs::set_permissions(host.path(), permissions).expect("chmod");
+
+    let reset = run_as_nobody_unchanged(&host, &["reset", "--gpu", "0"]);
+    assert_eq!(reset.code, 3, "{}{}", reset.stdout, reset.stderr);
+    assert!(
+        reset.stdout.contains("GPU 0: not reset")
+            && reset.stdout.contains("could not be inspected"),
+        "{}",
+        reset.stdout
+    );
+    assert!(
+        host.path().join("leak.0").exists(),
+        "the memory was not cleared"
+    );
+    assert!(alive(opener));
+
+    // root reads every process: it sees the opener and refuses for that.
+    let as_root = run(&host, &["reset", "--gpu", "0"]);
+    assert_eq!(as_root.code, 1, "{}", as_root.stdout);
+    assert!(
+        as_root.stdout.contains(&format!("pid {opener}")),
+        "{}",
+        as_root.stdout
+    );
+}
+
+/// Memory held by no process before `free` started cannot come back by
+/// waiting: `free` reports it as such and returns once what it signalled is
+/// released, instead of waiting out `--timeout`. The GPU is still held: 1.
+#[test]
+fn memory_driver_held_before_free_is_reported_and_not_waited_out() {
+    let host = host(1);
+    let mut incident = Incident::new(&host);
+    host.leak(0, 5 * GIB).expect("leak");
+    let a = incident
+        .holder(&Holder::new("python3 a.py").on(0, 10 * GIB))
+        .expect("a");
+    let b = incident
+        .holder(&Holder::new("python3 b.py").on(0, 10 * GIB))
+        .expect("b");
+    let (a_arg, b_arg) = (a.to_string(), b.to_string());
+    let mut command = gpureap(&host);
+    command.args([
+        "free",
+        "--pid",
+        &a_arg,
+        "--pid",
+        &b_arg,
+        "--grace",
+        "1s",
+        "--timeout",
+        "1h",
+        "--yes",
+        "--json",
+    ]);
+    let result = ends_within(
+        &mut command,
+        Duration::from_secs(120),
+        "free with memory held by no process before it started",
+    );
+    let report = result.json();
+    assert_eq!(result.code, 1, "{report:#}");
+    assert!(!alive(a) && !alive(b));
+    assert_eq!(signals(&report, a), ["SIGTERM"]);
+    assert_eq!(reasons(&report, 0), ["driver_held"], "{report:#}");
+    let reason = &gpu(&report, 0)["reasons"][0];
+    assert_eq!(reason["bytes"], 5 * GIB);
+    assert_eq!(reason["before_free"], 5 * GIB);
+    assert!(
+        reason["text"]
+            .as_str()
+            .is_some_and(|text| text.contains("since before free started")),
+        "{reason:#}"
+    );
+    assert_eq!(gpu(&report, 0)["memory_after"], 5 * GIB);
+    assert_eq!(gpu(&report, 0)["freed_bytes"], 20 * GIB);
+
+    // Memory a signalled process leaves held by no process as it exits is
+    // not from before: only the 5 GiB are, of 8 GiB held by no process now.
+    let host = self::host(1);
+    host.leak(0, 5 * GIB).expect("leak");
+    let mut stand_ins =
+        Incident::with_stand_ins(&host, std::path::Path::new(env!("CARGO_BIN_EXE_gpureap")))
+            .expect("stand-ins");
+    let keeper = stand_ins
+        .holder(
+            &Holder::new("sglang::scheduler_TP5")
+                .on(0, 10 * GIB)
+                .leaving_driver_held(3 * GIB),
+        )
+        .expect("keeper");
+    let keeper_arg = keeper.to_string();
+    let left = run(
+        &host,
+        &[
+            "free",
+            "--pid",
+            &keeper_arg,
+            "--grace",
+            "1s",
+            "--timeout",
+            "300ms",
+            "--yes",
+            "--json",
+        ],
+    );
+    let left = left.json();
+    assert_eq!(reasons(&left, 0), ["driver_held"], "{left:#}");
+    assert_eq!(gpu(&left, 0)["reasons"][0]["bytes"], 8 * GIB, "{left:#}");
+    assert_eq!(
+        gpu(&left, 0)["reasons"][0]["before_free"],
+        5 * GIB,
+        "{left:#}"
     );
 }

@@ -282,7 +282,8 @@ fn a_partial_scan_says_so_and_permission_denied_is_reported() {
     assert!(alive(holder));
 }
 
-/// Without a driver the report says so, in the JSON as on stderr.
+/// Without a driver the report says so, in the JSON as on stderr, and the
+/// exit code says it could not tell (3).
 #[test]
 fn no_driver_is_said_in_the_json_too() {
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_gpureap"))
@@ -290,7 +291,7 @@ fn no_driver_is_said_in_the_json_too() {
         .env_remove("GPUREAP_BACKEND")
         .output()
         .expect("runs");
-    assert_eq!(output.status.code(), Some(0));
+    assert_eq!(output.status.code(), Some(3));
     let status: serde_json::Value = serde_json::from_slice(&output.stdout).expect("json");
     assert!(
         status["driver_error"]

@@ -123,8 +123,9 @@ fn binary_oversized_and_unreadable_claims_are_errors_naming_the_file() {
     std::os::unix::fs::PermissionsExt::set_mode(&mut permissions, 0o000);
     std::fs::set_permissions(claim(unreadable, 2), permissions).expect("chmod");
 
+    // The GPUs that cannot be read are shown with their error: could not tell (3).
     let status = run(&host, &["status", "--json"]);
-    assert_eq!(status.code, 0, "{}", status.stderr);
+    assert_eq!(status.code, 3, "{}", status.stderr);
     let status = status.json();
     let error = gpu_error(&status, 0);
     assert!(
@@ -138,7 +139,7 @@ fn binary_oversized_and_unreadable_claims_are_errors_naming_the_file() {
     );
     // Root reads a mode-000 file; nobody does not, and must not take it for 1 GiB.
     let as_nobody = run_as_nobody(&host, &["status", "--json"]);
-    assert_eq!(as_nobody.code, 0, "{}", as_nobody.stderr);
+    assert_eq!(as_nobody.code, 3, "{}", as_nobody.stderr);
     let as_nobody = as_nobody.json();
     let error = gpu_error(&as_nobody, 2);
     assert!(

@@ -378,13 +378,16 @@ fn without_a_driver_dev_nvidia_openers_are_placed_by_minor() {
         sleep 30 3< /dev/nvidiactl & control=$!
         echo "$gpu $control"
         # The nodes say which GPUs there are: --gpu can name one.
-        "$GPUREAP" --backend none status --gpu 1 > /dev/null || { kill $gpu $control; exit 8; }
+        # Without a driver status cannot tell what is held: 3, the table still shown.
+        "$GPUREAP" --backend none status --gpu 1 > /dev/null
+        [ $? -eq 3 ] || { kill $gpu $control; exit 8; }
         # Nothing reports memory: wait says so at once instead of timing out as if held.
         timeout 20 "$GPUREAP" --backend none wait --gpu 1 --timeout 15s > /dev/null 2> /tmp/gpureap-test-wait.$$
         echo "wait exit $?" >&2
         cat /tmp/gpureap-test-wait.$$ >&2
         rm -f /tmp/gpureap-test-wait.$$
         "$GPUREAP" --backend none status --json --gpu all
+        echo "status exit $?" >&2
         kill $gpu $control
     "#;
     let output = std::process::Command::new("unshare")
@@ -404,6 +407,7 @@ fn without_a_driver_dev_nvidia_openers_are_placed_by_minor() {
         stderr.contains("wait exit 3") && stderr.contains("cannot wait"),
         "{stderr}"
     );
+    assert!(stderr.contains("status exit 3"), "{stderr}");
     let stdout = String::from_utf8_lossy(&output.stdout);
     let (pids, json) = stdout.split_once('\n').expect("pids line");
     let pids: Vec<u64> = pids

@@ -3,6 +3,7 @@
 
 mod demo;
 mod docs;
+mod exit_codes;
 mod fleet;
 mod harness;
 mod incidents;

@@ -75,6 +75,13 @@ pub trait Driver: Send + Sync {
     /// Everything about one GPU, including its process list.
     fn gpu(&self, index: u32) -> Result<GpuInfo, DriverError>;
 
+    /// The GPU's UUID as the driver knew it when it opened: also for a GPU
+    /// lost since, so that what names it (a metric's `uuid` label, a
+    /// report) stays the same while it is down.
+    fn known_uuid(&self, _index: u32) -> Option<String> {
+        None
+    }
+
     /// Every GPU, each with its own result, so that one lost GPU does not hide
     /// the others. Backends for which one pass is cheaper than N override this.
     fn gpus(&self) -> Result<Vec<Result<GpuInfo, DriverError>>, DriverError> {

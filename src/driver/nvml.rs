@@ -166,6 +166,12 @@ impl Driver for NvmlDriver {
         })
     }
 
+    fn known_uuid(&self, index: u32) -> Option<String> {
+        self.identities
+            .get(index as usize)
+            .and_then(|(_, uuid)| uuid.clone())
+    }
+
     fn memory_used(&self, index: u32) -> Result<Option<u64>, DriverError> {
         let device = self
             .nvml

@@ -160,6 +160,14 @@ impl Connection {
         let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
         let mut request = httparse::Request::new(&mut headers);
         let answer = match request.parse(buffer) {
+            // A whole head that arrived in one read is refused all the same
+            // when it is over the limit: the limit is the head's, not a read's.
+            Ok(httparse::Status::Complete(head)) if head > MAX_REQUEST => message(
+                "431 Request Header Fields Too Large",
+                "",
+                "the request head is too large",
+                true,
+            ),
             Ok(httparse::Status::Complete(_)) => {
                 let accept = request
                     .headers

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::{Fleet, HostResult, duration_arg, fleet_json, gpu_args, remaining, render, worst};
+use super::{Fleet, HostResult, duration_arg, fleet_json, gpu_args, remaining, render};
 use crate::cli::{FreeArgs, StatusArgs, WaitArgs};
 use crate::config::{self, UsageError};
 use crate::exit::Exit;
@@ -171,7 +171,11 @@ fn finish(
     command: &'static str,
     render: fn(&[HostResult]) -> String,
 ) -> Output {
-    let exit = worst(results);
+    let exit = Exit::merge_hosts(
+        results
+            .iter()
+            .map(|result| Exit::from_code(result.answer.exit_code)),
+    );
     let text = if json {
         fleet_json(command, results, exit)
     } else {

@@ -186,15 +186,14 @@ fn progress_bar(total: usize) -> indicatif::ProgressBar {
     bar
 }
 
-/// The whole run's exit code: the worst host's, where worse is the higher
-/// code (3, could not complete, for a host not reached or answering garbage).
+/// The whole run's exit code from its hosts' (`Exit::merge_hosts`): a host
+/// not reached or answering garbage counts as 3, could not complete.
 pub fn worst(results: &[HostResult]) -> Exit {
-    match results.iter().map(|result| result.answer.exit_code).max() {
-        Some(0) | None => Exit::Success,
-        Some(1) => Exit::StillHeld,
-        Some(2) => Exit::Usage,
-        Some(_) => Exit::Incomplete,
-    }
+    Exit::merge_hosts(
+        results
+            .iter()
+            .map(|result| Exit::from_code(result.answer.exit_code)),
+    )
 }
 
 /// `--gpu` lists as the hosts read them.

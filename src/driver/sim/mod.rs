@@ -551,12 +551,17 @@ impl SimDriver {
         Ok(GpuInfo {
             index,
             name: Some(name),
-            uuid: Some(format!("GPU-sim-{index:08}")),
+            uuid: Some(sim_uuid(index)),
             memory_total: Some(total),
             memory_used: Some(used),
             processes,
         })
     }
+}
+
+/// A simulated GPU's UUID, fixed by its index.
+fn sim_uuid(index: u32) -> String {
+    format!("GPU-sim-{index:08}")
 }
 
 impl Driver for SimDriver {
@@ -566,6 +571,10 @@ impl Driver for SimDriver {
 
     fn gpu_count(&self) -> Result<u32, DriverError> {
         Ok(SimDriver::gpu_count(self))
+    }
+
+    fn known_uuid(&self, index: u32) -> Option<String> {
+        (index < SimDriver::gpu_count(self)).then(|| sim_uuid(index))
     }
 
     fn gpu(&self, index: u32) -> Result<GpuInfo, DriverError> {
