@@ -12,7 +12,7 @@ use std::fmt;
 use crate::driver::Driver;
 use crate::exit::Exit;
 use crate::snapshot::Snapshot;
-use crate::units::Bytes;
+use crate::units::{Bytes, Field};
 
 /// What became of one GPU's reset.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,7 +62,9 @@ impl fmt::Display for Reset {
                 "GPU {index}: not reset: in use by {}; free it first (gpureap free --gpu {index})",
                 users.join(", ")
             ),
-            Reset::Failed { index, message } => write!(f, "GPU {index}: reset failed: {message}"),
+            Reset::Failed { index, message } => {
+                write!(f, "GPU {index}: reset failed: {}", Field(message))
+            }
             Reset::StillHeld { index, bytes } => {
                 write!(f, "GPU {index}: reset, but {} is still held", Bytes(*bytes))
             }
@@ -97,7 +99,7 @@ pub fn reset(driver: &dyn Driver, index: u32) -> Reset {
                 .is_none_or(|process| !process.state.has_exited())
         })
         .map(|user| match before.processes.get(&user.pid) {
-            Some(process) => format!("pid {} ({})", user.pid, process.comm),
+            Some(process) => format!("pid {} ({})", user.pid, Field(&process.comm)),
             None => format!("pid {} (another PID namespace)", user.pid),
         })
         .collect();

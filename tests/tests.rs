@@ -4,6 +4,7 @@
 mod demo;
 mod fleet;
 mod harness;
+mod hostile;
 mod incidents;
 mod input;
 mod old_kernel;
