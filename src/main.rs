@@ -166,6 +166,13 @@ fn open_driver(choice: &BackendChoice) -> anyhow::Result<Box<dyn Driver>> {
     Ok(driver)
 }
 
+/// `open_driver` for a report that says itself that there is no driver.
+fn open_driver_quietly(choice: &BackendChoice) -> anyhow::Result<Box<dyn Driver>> {
+    let driver = driver::open_quietly(choice).map_err(UsageError)?;
+    tracing::debug!(backend = driver.describe(), "driver opened");
+    Ok(driver)
+}
+
 fn gpu_count(driver: &dyn Driver) -> u32 {
     driver.gpu_count().unwrap_or(0)
 }
@@ -203,14 +210,14 @@ fn status(backend: &BackendChoice, args: &StatusArgs) -> anyhow::Result<Exit> {
     let (driver, snapshot, took) = match backend {
         // The metrics count what the driver lists: the exporter's snapshot.
         _ if args.prometheus => {
-            let driver = open_driver(backend)?;
+            let driver = open_driver_quietly(backend)?;
             let started = std::time::Instant::now();
             let snapshot = Snapshot::take_listed(driver.as_ref());
             (driver, snapshot, started.elapsed())
         }
         // /dev/nvidia* nodes: NVML starts while /proc is scanned.
         BackendChoice::Auto | BackendChoice::Nvml | BackendChoice::None => {
-            let (driver, snapshot) = Snapshot::take_while_opening(|| open_driver(backend))?;
+            let (driver, snapshot) = Snapshot::take_while_opening(|| open_driver_quietly(backend))?;
             (driver, snapshot, std::time::Duration::ZERO)
         }
         BackendChoice::Sim(_) => {
@@ -433,7 +440,8 @@ fn exporter(backend: &BackendChoice, args: &gpureap::cli::ExporterArgs) -> anyho
 }
 
 fn check(backend: &BackendChoice, args: &gpureap::cli::CheckArgs) -> anyhow::Result<Exit> {
-    let driver = open_driver(backend)?;
+    // Its first line says there is no driver, once.
+    let driver = open_driver_quietly(backend)?;
     let gpus = config::gpus(&args.gpu, gpu_count(driver.as_ref()))?;
     let snapshot = Snapshot::take_listed(driver.as_ref());
     let verdict = gpureap::check::check(&snapshot, &gpus);

@@ -441,11 +441,7 @@ fn fit(headers: &[&str], rows: &mut [Vec<String>], steps: &[(usize, usize)]) {
 pub fn status_table(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String {
     let mut out = String::new();
     if snapshot.gpus.is_empty() {
-        let _ = writeln!(
-            out,
-            "No GPUs reported by the driver ({}).",
-            snapshot.backend
-        );
+        let _ = writeln!(out, "{}", no_gpus(snapshot));
     } else {
         let _ = writeln!(out, "{}", gpu_table(snapshot, gpus));
     }
@@ -570,9 +566,20 @@ fn evidence_notes(unknown_memory: bool, nodes_only: bool, out: &mut String) {
     }
 }
 
+/// The first line of a status without GPUs: without a driver, that is all
+/// there is to say of them, said once (`notes` does not repeat it).
+fn no_gpus(snapshot: &Snapshot) -> String {
+    match &snapshot.driver_error {
+        Some(error) => wrap(&format!("No GPU driver: {}.", Field(error))),
+        None => format!("No GPUs reported by the driver ({}).", snapshot.backend),
+    }
+}
+
 fn notes(snapshot: &Snapshot, out: &mut String) {
     supervisor_gone_notes(snapshot, out);
-    if let Some(error) = &snapshot.driver_error {
+    if let Some(error) = &snapshot.driver_error
+        && !snapshot.gpus.is_empty()
+    {
         note(out, &format!("Driver error: {}", Field(error)));
     }
     if snapshot.is_partial() {
@@ -649,6 +656,8 @@ pub fn status_tree(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String 
     let mut out = String::new();
     if !snapshot.gpus.is_empty() {
         let _ = writeln!(out, "{}\n", gpu_table(snapshot, gpus));
+    } else if snapshot.driver_error.is_some() {
+        let _ = writeln!(out, "{}\n", no_gpus(snapshot));
     }
     let holders: BTreeSet<u32> = snapshot
         .holders()
