@@ -1303,6 +1303,15 @@ pub fn gpu_outcome_lines(report: &FreeReport) -> Vec<String> {
                 MaybeBytes(gpu.memory_after),
                 Elapsed(std::time::Duration::from_millis(report.elapsed_ms))
             ));
+            // What out of scope uses there, so that the figures add up.
+            lines.extend(gpu.others.iter().map(|other| {
+                format!(
+                    "  - {} used by pid {} ({}), out of scope",
+                    MaybeBytes(other.memory),
+                    other.pid,
+                    Field(other.comm.as_deref().unwrap_or("another PID namespace"))
+                )
+            }));
             lines.extend(
                 gpu.reasons
                     .iter()

@@ -154,6 +154,9 @@ pub struct Assessment {
     pub explained: Option<u64>,
     /// In-scope PIDs the driver still lists (or that hold the node when the driver is silent).
     pub remaining: Vec<u32>,
+    /// The out-of-scope PIDs the driver lists, with their memory: what
+    /// `explained` adds up.
+    pub others: Vec<(u32, Option<u64>)>,
 }
 
 /// What the reaper knows about each process it handled, for naming reasons.
@@ -224,9 +227,11 @@ pub fn assess(
             memory_used: None,
             explained: None,
             remaining,
+            others: Vec::new(),
         };
     }
     let mut remaining = Vec::new();
+    let mut others = Vec::new();
     let mut explained = Some(0u64);
     for user in gpu.users.iter().filter(|user| user.listed) {
         // A zombie holds no memory (measured); a listed zombie is only a stale entry.
@@ -239,6 +244,7 @@ pub fn assess(
         {
             remaining.push(user.pid);
         } else {
+            others.push((user.pid, user.memory));
             explained = match (explained, user.memory) {
                 (Some(sum), Some(bytes)) => Some(sum.saturating_add(bytes)),
                 _ => None,
@@ -258,6 +264,7 @@ pub fn assess(
         memory_used: gpu.memory_used,
         explained,
         remaining,
+        others,
     }
 }
 
