@@ -279,7 +279,7 @@ pub struct Field<'a>(pub &'a str);
 
 impl fmt::Display for Field<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&one_line(self.0))
+        f.pad(&one_line(self.0))
     }
 }
 
@@ -421,6 +421,7 @@ mod tests {
             "a\\u{1b}[2K\\rb\nc\td\\u{9b}e\\u{202e}f"
         );
         assert_eq!(Field("x\ny").to_string(), "x\\ny");
+        assert_eq!(format!("[{:<5}]", Field("\r")), "[\\r   ]");
         let json = serde_json::to_string_pretty(&[hostile]).expect("JSON");
         let safe = json_safe(json.clone());
         assert_eq!(
