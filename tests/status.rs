@@ -391,10 +391,14 @@ fn without_a_driver_status_says_so_once() {
     for (backend, why) in cases {
         for args in [&[][..], &["--tree"]] {
             let text = status(backend, args);
-            assert!(
-                text.starts_with("No GPU driver: "),
-                "{backend} {args:?}:\n{text}"
-            );
+            // Where processes hold /dev/nvidia* nodes (a GPU host), their GPUs
+            // are listed first, and the note after them says it.
+            if !text.contains(" GPU  NAME ") {
+                assert!(
+                    text.starts_with("No GPU driver: "),
+                    "{backend} {args:?}:\n{text}"
+                );
+            }
             assert_eq!(
                 text.matches(why).count(),
                 1,
