@@ -17,7 +17,7 @@ use std::fmt::Write as _;
 use crate::exit::Exit;
 use crate::metrics;
 use crate::snapshot::Snapshot;
-use crate::units::{Bytes, GpuRanges};
+use crate::units::{Bytes, Field, GpuRanges};
 
 /// node-problem-detector's reading of the exit code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,10 +79,18 @@ fn cut(text: &str, limit: usize) -> String {
 /// The node's verdict from one snapshot, for the GPUs given (all when `None`).
 pub fn check(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> Check {
     if let Some(error) = &snapshot.driver_error {
+        let whole = format!("GPU driver unavailable: {}", Field(error));
+        let message = cut(&whole, MESSAGE_LIMIT);
+        // The details say it whole only where the first line had to cut it.
+        let details = if message == whole {
+            Vec::new()
+        } else {
+            vec![whole]
+        };
         return Check {
             verdict: Verdict::Unknown,
-            message: cut(&format!("GPU driver unavailable: {error}"), MESSAGE_LIMIT),
-            details: vec![format!("driver: {error}")],
+            message,
+            details,
         };
     }
     let orphans = metrics::orphaned(snapshot);
@@ -99,8 +107,8 @@ pub fn check(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> Check {
             // "GPU 3 is lost (...)" reads "GPU 3: lost (...)".
             let prefix = format!("GPU {index} is ");
             problems.push(match error.strip_prefix(&prefix) {
-                Some(rest) => format!("GPU {index}: {rest}"),
-                None => format!("GPU {index}: {error}"),
+                Some(rest) => format!("GPU {index}: {}", Field(rest)),
+                None => format!("GPU {index}: {}", Field(error)),
             });
             continue;
         }
@@ -165,11 +173,18 @@ pub fn check(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> Check {
         details
             .push("memory held by no process: only a GPU reset or a reboot clears it".to_string());
     }
-    let mut lines = problems;
+    let message = cut(&first, MESSAGE_LIMIT);
+    // The first problem is in the first line; the details repeat it only
+    // where that line had to cut it.
+    let shown_whole = message.starts_with(problems[0].as_str());
+    let mut lines: Vec<String> = problems
+        .into_iter()
+        .skip(usize::from(shown_whole))
+        .collect();
     lines.extend(details);
     Check {
         verdict: Verdict::Problem,
-        message: cut(&first, MESSAGE_LIMIT),
+        message,
         details: lines,
     }
 }

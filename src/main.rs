@@ -84,7 +84,10 @@ fn exit_code(result: anyhow::Result<Exit>) -> Exit {
             {
                 return Exit::Success;
             }
-            eprintln!("gpureap: {error:#}");
+            eprintln!(
+                "gpureap: {}",
+                gpureap::units::printable(&format!("{error:#}"))
+            );
             if error.downcast_ref::<UsageError>().is_some() {
                 Exit::Usage
             } else {
@@ -163,9 +166,10 @@ fn can_ask() -> bool {
     io::stdin().is_terminal() && io::stderr().is_terminal()
 }
 
-/// Shows `question` on stderr; whether the answer on stdin is yes.
+/// Shows `question` on stderr; whether the answer on stdin is yes. The
+/// question quotes processes and hosts: it is escaped as a report is.
 fn ask(question: &str) -> io::Result<bool> {
-    eprint!("{question}");
+    eprint!("{}", gpureap::units::printable(question));
     let mut answer = String::new();
     io::stdin().lock().read_line(&mut answer)?;
     Ok(matches!(answer.trim(), "y" | "Y" | "yes" | "YES" | "Yes"))
@@ -204,13 +208,27 @@ fn open_driver(choice: &BackendChoice) -> anyhow::Result<Box<dyn Driver>> {
     Ok(driver)
 }
 
+/// `open_driver` for a report that says itself that there is no driver.
+fn open_driver_quietly(choice: &BackendChoice) -> anyhow::Result<Box<dyn Driver>> {
+    let driver = driver::open_quietly(choice).map_err(UsageError)?;
+    tracing::debug!(backend = driver.describe(), "driver opened");
+    Ok(driver)
+}
+
 fn gpu_count(driver: &dyn Driver) -> u32 {
     driver.gpu_count().unwrap_or(0)
 }
 
-/// Writes the report to stdout in one piece; a closed pipe ends quietly.
+/// Writes a report for people to stdout, escaped (`units::printable`).
 fn emit(text: &str) -> io::Result<()> {
-    let text = &gpureap::units::printable(text);
+    emit_encoded(&gpureap::units::printable(text))
+}
+
+/// Writes a document for programs (JSON, a Prometheus exposition) to stdout
+/// as its encoder wrote it, in one piece; a closed pipe ends quietly. Each
+/// encoder keeps control characters out (`report::to_json`, `metrics`):
+/// escaping them here would make `\r` of a raw CR, an escape neither format has.
+fn emit_encoded(text: &str) -> io::Result<()> {
     let mut stdout = io::stdout().lock();
     let written = stdout
         .write_all(text.as_bytes())
@@ -234,14 +252,14 @@ fn status(backend: &BackendChoice, args: &StatusArgs) -> anyhow::Result<Exit> {
     let (driver, snapshot, took) = match backend {
         // The metrics count what the driver lists: the exporter's snapshot.
         _ if args.prometheus => {
-            let driver = open_driver(backend)?;
+            let driver = open_driver_quietly(backend)?;
             let started = std::time::Instant::now();
             let snapshot = Snapshot::take_listed(driver.as_ref());
             (driver, snapshot, started.elapsed())
         }
         // /dev/nvidia* nodes: NVML starts while /proc is scanned.
         BackendChoice::Auto | BackendChoice::Nvml | BackendChoice::None => {
-            let (driver, snapshot) = Snapshot::take_while_opening(|| open_driver(backend))?;
+            let (driver, snapshot) = Snapshot::take_while_opening(|| open_driver_quietly(backend))?;
             (driver, snapshot, std::time::Duration::ZERO)
         }
         BackendChoice::Sim(_) => {
@@ -251,22 +269,21 @@ fn status(backend: &BackendChoice, args: &StatusArgs) -> anyhow::Result<Exit> {
         }
     };
     let gpus = config::gpus(&args.gpu, gpu_count(driver.as_ref()))?;
-    let text = if args.prometheus {
+    if args.prometheus {
         let mut figures = gpureap::metrics::ScanFigures::default();
         figures.count(&snapshot, took);
         let options = gpureap::metrics::Options {
             gpus: gpus.clone(),
             per_process: args.per_process,
         };
-        gpureap::metrics::encode_snapshot(&snapshot, &figures, &options).text
+        emit_encoded(&gpureap::metrics::encode_snapshot(&snapshot, &figures, &options).text)?;
     } else if args.json {
-        report::status_json(&snapshot, &gpus)
+        emit_encoded(&report::status_json(&snapshot, &gpus))?;
     } else if args.tree {
-        report::status_tree(&snapshot, &gpus)
+        emit(&report::status_tree(&snapshot, &gpus))?;
     } else {
-        report::status_table(&snapshot, &gpus)
-    };
-    emit(&text)?;
+        emit(&report::status_table(&snapshot, &gpus))?;
+    }
     // The exposition says what could not be read (gpureap_driver_up,
     // gpureap_gpu_up): its writer (`... > f.tmp && mv f.tmp f.prom`) must
     // not keep the last file instead because of the exit code.
@@ -494,7 +511,8 @@ fn exporter(backend: &BackendChoice, args: &gpureap::cli::ExporterArgs) -> anyho
 }
 
 fn check(backend: &BackendChoice, args: &gpureap::cli::CheckArgs) -> anyhow::Result<Exit> {
-    let driver = open_driver(backend)?;
+    // Its first line says there is no driver, once.
+    let driver = open_driver_quietly(backend)?;
     let gpus = config::gpus(&args.gpu, gpu_count(driver.as_ref()))?;
     let snapshot = Snapshot::take_listed(driver.as_ref());
     let verdict = gpureap::check::check(&snapshot, &gpus);

@@ -20,6 +20,7 @@ use prometheus_client::registry::{Registry, Unit};
 use crate::report;
 use crate::select::{self, Guard, Scope};
 use crate::snapshot::{GpuState, Snapshot};
+use crate::units::one_line;
 
 /// The content type of the OpenMetrics exposition `prometheus-client` writes.
 pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -337,8 +338,12 @@ pub fn encode_snapshot(
                 };
                 let mut labels = gpu_labels(gpu);
                 labels.push(("pid", holder.pid.to_string()));
-                labels.push(("comm", holder.comm.clone().unwrap_or_default()));
-                labels.push(("user", holder.user.clone().unwrap_or_default()));
+                // Anyone's text, as `status` shows it (`units::one_line`): the
+                // exposition then holds no control character, and
+                // prometheus-client escapes the rest (\\ " and newline).
+                let text = |text: Option<&str>| one_line(text.unwrap_or_default()).into_owned();
+                labels.push(("comm", text(holder.comm.as_deref())));
+                labels.push(("user", text(holder.user.as_deref())));
                 labels.push(("flags", holder.flags.join(",")));
                 set(&process_memory, labels, bytes(memory));
             }

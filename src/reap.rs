@@ -190,6 +190,19 @@ pub struct GpuOutcome {
     /// From the command's start to the first snapshot that verified it free.
     pub freed_after_ms: Option<u64>,
     pub reasons: Vec<Reason>,
+    /// On a GPU still held: the processes out of scope that the driver lists
+    /// there, so that what is used adds up (the text names them; the JSON's
+    /// `status` lists them).
+    pub others: Vec<OutOfScope>,
+}
+
+/// A process out of scope that holds memory on a GPU in scope.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutOfScope {
+    pub pid: u32,
+    /// `None` for a process in another PID namespace.
+    pub comm: Option<String>,
+    pub memory: Option<u64>,
 }
 
 /// Everything `free` did and found.
@@ -495,6 +508,7 @@ pub fn plan(snapshot: &Snapshot, scope: &Scope, guard: &Guard) -> FreeReport {
                     freed_bytes: None,
                     freed_after_ms: None,
                     reasons: Vec::new(),
+                    others: Vec::new(),
                 }
             })
             .collect(),
@@ -674,6 +688,7 @@ impl Freeing<'_> {
                     memory_used: None,
                     explained: None,
                     remaining: Vec::new(),
+                    others: Vec::new(),
                 },
             };
             if assessment.freed {
@@ -820,6 +835,21 @@ impl Freeing<'_> {
                 message: format!("GPU {index} is not reported by the driver"),
             }],
         };
+        let others = match (freed_after_ms, look.verdicts.get(&index)) {
+            (None, Some(assessment)) => assessment
+                .others
+                .iter()
+                .map(|&(pid, memory)| OutOfScope {
+                    pid,
+                    comm: gpu
+                        .filter(|gpu| !gpu.users.iter().any(|user| user.pid == pid && user.hidden))
+                        .and_then(|_| look.snapshot.processes.get(&pid))
+                        .map(|record| record.comm.clone()),
+                    memory,
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
         GpuOutcome {
             index,
             freed: freed_after_ms.is_some(),
@@ -832,6 +862,7 @@ impl Freeing<'_> {
             },
             freed_after_ms,
             reasons,
+            others,
         }
     }
 }

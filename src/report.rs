@@ -15,7 +15,7 @@ use crate::select::Because;
 use crate::select::{DEFAULT_PROTECTED, protected_name};
 use crate::snapshot::Snapshot;
 use crate::tree::ProcessTree;
-use crate::units::{Age, Bytes, Elapsed, GpuRanges, MaybeBytes};
+use crate::units::{Age, Bytes, Elapsed, Field, GpuRanges, MaybeBytes, one_line};
 use crate::verify::Reason;
 
 /// Bumped on any incompatible change to a JSON document's shape.
@@ -269,9 +269,13 @@ pub fn holders_json(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> Vec<Ho
     holders
 }
 
+/// A document for programs: JSON, with nothing in it a terminal acts on
+/// (`units::json_safe`), so that it can be written as it is.
 pub fn to_json<T: Serialize>(value: &T) -> String {
-    serde_json::to_string_pretty(value)
-        .unwrap_or_else(|error| format!("{{\"error\": \"{error}\"}}"))
+    crate::units::json_safe(
+        serde_json::to_string_pretty(value)
+            .unwrap_or_else(|error| format!("{{\"error\": \"{error}\"}}")),
+    )
 }
 
 pub(crate) fn new_table(headers: &[&str]) -> Table {
@@ -287,8 +291,10 @@ pub(crate) fn age_text(millis: Option<u64>) -> String {
     })
 }
 
-/// Cuts text to `width` characters, marking the cut.
+/// Anyone's text (a command line, a comm, a host's answer) as one line,
+/// cut to `width` characters, marking the cut.
 pub(crate) fn short(text: &str, width: usize) -> String {
+    let text = &one_line(text);
     if text.chars().count() <= width {
         text.to_string()
     } else {
@@ -334,7 +340,7 @@ fn gpu_table(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String {
             let _ = write!(
                 out,
                 "\n{}",
-                wrap(&format!("GPU {} error: {error}", gpu.index))
+                wrap(&format!("GPU {} error: {}", gpu.index, Field(error)))
             );
         }
     }
@@ -435,11 +441,7 @@ fn fit(headers: &[&str], rows: &mut [Vec<String>], steps: &[(usize, usize)]) {
 pub fn status_table(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String {
     let mut out = String::new();
     if snapshot.gpus.is_empty() {
-        let _ = writeln!(
-            out,
-            "No GPUs reported by the driver ({}).",
-            snapshot.backend
-        );
+        let _ = writeln!(out, "{}", no_gpus(snapshot));
     } else {
         let _ = writeln!(out, "{}", gpu_table(snapshot, gpus));
     }
@@ -484,16 +486,13 @@ pub fn status_table(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String
                 number(holder.ppid),
                 number(holder.pgid),
                 number(holder.sid),
-                holder.user.clone().unwrap_or_else(|| "?".to_string()),
-                holder.state.clone().unwrap_or_else(|| "?".to_string()),
+                one_line(holder.user.as_deref().unwrap_or("?")).into_owned(),
+                one_line(holder.state.as_deref().unwrap_or("?")).into_owned(),
                 age_text(holder.age_ms),
                 memory,
                 holder.flags.join(","),
                 short(holder.cgroup.as_deref().unwrap_or("-"), 28),
-                holder
-                    .cmdline
-                    .clone()
-                    .unwrap_or_else(|| "(not visible here)".to_string()),
+                one_line(holder.cmdline.as_deref().unwrap_or("(not visible here)")).into_owned(),
             ];
             rows.push((place, holder.pid, row));
         }
@@ -529,7 +528,7 @@ fn protected_note(holders: &[HolderJson], out: &mut String) {
         .iter()
         .filter_map(|holder| {
             let name = holder.protected.as_deref()?;
-            Some(format!("{} ({name})", holder.pid))
+            Some(format!("{} ({})", holder.pid, Field(name)))
         })
         .collect();
     if !protected.is_empty() {
@@ -567,10 +566,21 @@ fn evidence_notes(unknown_memory: bool, nodes_only: bool, out: &mut String) {
     }
 }
 
+/// The first line of a status without GPUs: without a driver, that is all
+/// there is to say of them, said once (`notes` does not repeat it).
+fn no_gpus(snapshot: &Snapshot) -> String {
+    match &snapshot.driver_error {
+        Some(error) => wrap(&format!("No GPU driver: {}.", Field(error))),
+        None => format!("No GPUs reported by the driver ({}).", snapshot.backend),
+    }
+}
+
 fn notes(snapshot: &Snapshot, out: &mut String) {
     supervisor_gone_notes(snapshot, out);
-    if let Some(error) = &snapshot.driver_error {
-        note(out, &format!("Driver error: {error}"));
+    if let Some(error) = &snapshot.driver_error
+        && !snapshot.gpus.is_empty()
+    {
+        note(out, &format!("Driver error: {}", Field(error)));
     }
     if snapshot.is_partial() {
         note(
@@ -579,8 +589,8 @@ fn notes(snapshot: &Snapshot, out: &mut String) {
                 "Partial scan: {} process(es) could not be inspected (e.g. pid {} {}: {}); holders among them are not shown.",
                 snapshot.unreadable.len(),
                 snapshot.unreadable[0].pid,
-                snapshot.unreadable[0].comm,
-                snapshot.unreadable[0].reason
+                Field(&snapshot.unreadable[0].comm),
+                Field(&snapshot.unreadable[0].reason)
             ),
         );
     }
@@ -610,7 +620,7 @@ fn supervisor_gone_notes(snapshot: &Snapshot, out: &mut String) {
             &format!(
                 "Supervisor gone: PID {} started under `gpureap run` (PID {supervisor}), which no longer supervises them ({}); {free}.",
                 pids.join(", "),
-                supervision.gone.as_deref().unwrap_or("gone"),
+                Field(supervision.gone.as_deref().unwrap_or("gone")),
             ),
         );
     }
@@ -646,6 +656,8 @@ pub fn status_tree(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String 
     let mut out = String::new();
     if !snapshot.gpus.is_empty() {
         let _ = writeln!(out, "{}\n", gpu_table(snapshot, gpus));
+    } else if snapshot.driver_error.is_some() {
+        let _ = writeln!(out, "{}\n", no_gpus(snapshot));
     }
     let holders: BTreeSet<u32> = snapshot
         .holders()
@@ -715,7 +727,7 @@ impl Tree<'_> {
         let holder = holder_json(self.snapshot, pid);
         let mut line = format!(
             "{lead}{branch}{pid} [{}] {}",
-            holder.state.as_deref().unwrap_or("?"),
+            Field(holder.state.as_deref().unwrap_or("?")),
             short(
                 holder.cmdline.as_deref().unwrap_or("(not visible here)"),
                 70
@@ -1190,7 +1202,7 @@ fn spared_lines(report: &FreeReport, out: &mut String) {
             "Left alone: {} ({}): {}",
             spared.pid,
             short(&spared.cmdline, 50),
-            spared.reason
+            Field(&spared.reason.to_string())
         );
     }
 }
@@ -1200,11 +1212,16 @@ fn stale_run_lines(report: &FreeReport, out: &mut String) {
     for run in &report.stale_runs {
         let outcome = match (&run.error, run.removed, report.dry_run) {
             (_, true, _) => "removed".to_string(),
-            (Some(error), false, _) => format!("not removed: {error}"),
+            (Some(error), false, _) => format!("not removed: {}", Field(error)),
             (None, false, true) => "removed once empty".to_string(),
             (None, false, false) => "not removed".to_string(),
         };
-        let _ = writeln!(out, "Stale run {} ({}): {outcome}", run.cgroup, run.gone);
+        let _ = writeln!(
+            out,
+            "Stale run {} ({}): {outcome}",
+            Field(&run.cgroup),
+            Field(&run.gone)
+        );
     }
 }
 
@@ -1280,7 +1297,11 @@ pub fn gpu_outcome_lines(report: &FreeReport) -> Vec<String> {
                 gpu.index,
                 Elapsed(std::time::Duration::from_millis(report.elapsed_ms))
             ));
-            lines.extend(gpu.reasons.iter().map(|reason| format!("  - {reason}")));
+            lines.extend(
+                gpu.reasons
+                    .iter()
+                    .map(|reason| format!("  - {}", Field(&reason.to_string()))),
+            );
         } else {
             lines.push(format!(
                 "GPU {}: still held, {} used after {}",
@@ -1288,7 +1309,20 @@ pub fn gpu_outcome_lines(report: &FreeReport) -> Vec<String> {
                 MaybeBytes(gpu.memory_after),
                 Elapsed(std::time::Duration::from_millis(report.elapsed_ms))
             ));
-            lines.extend(gpu.reasons.iter().map(|reason| format!("  - {reason}")));
+            // What out of scope uses there, so that the figures add up.
+            lines.extend(gpu.others.iter().map(|other| {
+                format!(
+                    "  - {} used by pid {} ({}), out of scope",
+                    MaybeBytes(other.memory),
+                    other.pid,
+                    Field(other.comm.as_deref().unwrap_or("another PID namespace"))
+                )
+            }));
+            lines.extend(
+                gpu.reasons
+                    .iter()
+                    .map(|reason| format!("  - {}", Field(&reason.to_string()))),
+            );
         }
     }
     lines
@@ -1328,7 +1362,7 @@ pub fn wait_lines(gpus: &[WaitGpu], below: u64, waited_ms: u64) -> String {
             Elapsed(std::time::Duration::from_millis(waited_ms))
         );
         if let Some(error) = &gpu.error {
-            let _ = write!(out, " ({error})");
+            let _ = write!(out, " ({})", Field(error));
         }
         let _ = writeln!(out);
     }

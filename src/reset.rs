@@ -13,7 +13,7 @@ use std::fmt;
 use crate::driver::Driver;
 use crate::exit::Exit;
 use crate::snapshot::Snapshot;
-use crate::units::Bytes;
+use crate::units::{Bytes, Field};
 
 /// What became of one GPU's reset.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,7 +79,9 @@ impl fmt::Display for Reset {
                 f,
                 "GPU {index}: not reset: {unreadable} process(es) could not be inspected (e.g. {example}), and any of them may have its device node open; run as root with CAP_SYS_PTRACE"
             ),
-            Reset::Failed { index, message } => write!(f, "GPU {index}: reset failed: {message}"),
+                        Reset::Failed { index, message } => {
+                write!(f, "GPU {index}: reset failed: {}", Field(message))
+            }
             Reset::StillHeld { index, bytes } => {
                 write!(f, "GPU {index}: reset, but {} is still held", Bytes(*bytes))
             }
@@ -114,7 +116,7 @@ pub fn reset(driver: &dyn Driver, index: u32) -> Reset {
                 .is_none_or(|process| !process.state.has_exited())
         })
         .map(|user| match before.processes.get(&user.pid) {
-            Some(process) => format!("pid {} ({})", user.pid, process.comm),
+            Some(process) => format!("pid {} ({})", user.pid, Field(&process.comm)),
             None => format!("pid {} (another PID namespace)", user.pid),
         })
         .collect();
@@ -134,7 +136,7 @@ pub fn reset(driver: &dyn Driver, index: u32) -> Reset {
         return Reset::Unscanned {
             index,
             unreadable: unreadable.len(),
-            example: format!("pid {} {}: {}", first.pid, first.comm, first.reason),
+            example: format!("pid {} {}: {}", first.pid, Field(&first.comm), first.reason),
         };
     }
     let used = gpu.memory_used;

@@ -257,26 +257,83 @@ impl fmt::Display for Age {
 }
 
 /// Text with its control characters written out (`\u{1b}`), newlines and
-/// tabs kept: command lines, comms and a remote host's messages are anyone's
-/// text, and an escape sequence in them must not reach the terminal of the
-/// admin reading a report. JSON escapes them already.
+/// tabs kept: for a report's own layout, never for a field inside it. Every
+/// output of text to a person goes through this or `one_line`, the one
+/// escaping step (`escaped`): command lines, comms, a remote host's answers
+/// and file contents are anyone's text, and an escape sequence in them must
+/// not reach the terminal of the admin reading a report. JSON escapes them
+/// already.
 pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
-    escaped(text, |c| c.is_control() && c != '\n' && c != '\t')
+    escaped(text, |c| c != '\n' && c != '\t')
 }
 
 /// One line of text: every control character written out, newlines too, so
-/// that a path or a command line inside it cannot start a line of its own.
+/// that a comm, a command line, a path or a host's answer inside a report,
+/// a prompt or a log line cannot start a line of its own.
 pub fn one_line(text: &str) -> std::borrow::Cow<'_, str> {
-    escaped(text, char::is_control)
+    escaped(text, |_| true)
 }
 
-fn escaped(text: &str, unsafe_char: impl Fn(char) -> bool) -> std::borrow::Cow<'_, str> {
-    if !text.chars().any(&unsafe_char) {
+/// Anyone's text as a field of a line: `one_line`, for `format!`.
+pub struct Field<'a>(pub &'a str);
+
+impl fmt::Display for Field<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(&one_line(self.0))
+    }
+}
+
+/// A JSON document as serde_json wrote it, with the characters it leaves
+/// raw and a terminal acts on (DEL, C1 controls, line separators,
+/// bidirectional overrides) written as `\uXXXX` escapes: the same document
+/// to a parser, nothing for a terminal. serde_json escapes U+0000 to U+001F
+/// itself, and the others occur only inside strings, so this never changes
+/// what the document says.
+pub fn json_safe(json: String) -> String {
+    // Below U+0020 only the layout's whitespace is left, outside strings.
+    let unsafe_here = |c: char| c >= ' ' && unsafe_char(c);
+    if !json.chars().any(unsafe_here) {
+        return json;
+    }
+    let mut safe = String::with_capacity(json.len());
+    for c in json.chars() {
+        if unsafe_here(c) {
+            // Every unsafe character is in the Basic Multilingual Plane.
+            let _ = fmt::Write::write_fmt(&mut safe, format_args!("\\u{:04x}", u32::from(c)));
+        } else {
+            safe.push(c);
+        }
+    }
+    safe
+}
+
+/// Whether a character can move the cursor, start a line, or reorder what a
+/// terminal shows: control characters (C0, DEL, C1), the line and paragraph
+/// separators, and the bidirectional overrides and isolates.
+fn unsafe_char(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{061c}'
+                | '\u{200e}'
+                | '\u{200f}'
+                | '\u{2028}'
+                | '\u{2029}'
+                | '\u{202a}'..='\u{202e}'
+                | '\u{2066}'..='\u{2069}'
+        )
+}
+
+/// The one escaping step: every unsafe character for which `escape` holds
+/// written out as `\u{..}` (`\n`, `\r`, `\t` as such).
+fn escaped(text: &str, escape: impl Fn(char) -> bool) -> std::borrow::Cow<'_, str> {
+    let unsafe_here = |c: char| unsafe_char(c) && escape(c);
+    if !text.chars().any(unsafe_here) {
         return std::borrow::Cow::Borrowed(text);
     }
     text.chars()
         .map(|c| {
-            if unsafe_char(c) {
+            if unsafe_here(c) {
                 c.escape_default().to_string()
             } else {
                 c.to_string()
@@ -350,6 +407,33 @@ mod tests {
         let error = list.resolve(8).expect_err("index 9 does not exist");
         assert!(error.contains("no GPU with index 9"), "{error}");
         assert_eq!(GpuList::All.resolve(2), Ok([0, 1].into_iter().collect()));
+    }
+
+    #[test]
+    fn escaping() {
+        let hostile = "a\u{1b}[2K\rb\nc\td\u{9b}e\u{202e}f";
+        assert_eq!(
+            one_line(hostile),
+            "a\\u{1b}[2K\\rb\\nc\\td\\u{9b}e\\u{202e}f"
+        );
+        assert_eq!(
+            printable(hostile),
+            "a\\u{1b}[2K\\rb\nc\td\\u{9b}e\\u{202e}f"
+        );
+        assert_eq!(Field("x\ny").to_string(), "x\\ny");
+        assert_eq!(format!("[{:<5}]", Field("\r")), "[\\r   ]");
+        let json = serde_json::to_string_pretty(&[hostile]).expect("JSON");
+        let safe = json_safe(json.clone());
+        assert_eq!(
+            serde_json::from_str::<Vec<String>>(&safe).expect("still JSON"),
+            [hostile]
+        );
+        assert_eq!(printable(&safe), safe, "nothing left to escape");
+        assert!(
+            !safe.contains('\u{9b}') && safe.contains("\\u009b"),
+            "{safe}"
+        );
+        assert!(matches!(one_line("plain é"), std::borrow::Cow::Borrowed(_)));
     }
 
     #[test]

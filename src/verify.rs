@@ -63,19 +63,21 @@ pub enum Reason {
 
 impl std::fmt::Display for Reason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        use crate::units::Bytes;
+        use crate::units::{Bytes, Field};
         match self {
             Reason::Uninterruptible { pid, comm, wchan } => write!(
                 f,
-                "pid {pid} ({comm}) is in uninterruptible sleep (state D){}; SIGKILL lands when that call returns",
+                "pid {pid} ({}) is in uninterruptible sleep (state D){}; SIGKILL lands when that call returns",
+                Field(comm),
                 wchan
                     .as_ref()
-                    .map(|w| format!(" in {w}"))
+                    .map(|w| format!(" in {}", Field(w)))
                     .unwrap_or_default()
             ),
             Reason::Appeared { pid, comm } => write!(
                 f,
-                "pid {pid} ({comm}) came into scope after the last signal and was not signalled; run free again, or free its parent with --pid"
+                "pid {pid} ({}) came into scope after the last signal and was not signalled; run free again, or free its parent with --pid",
+                Field(comm)
             ),
             Reason::StillAlive {
                 pid,
@@ -84,7 +86,8 @@ impl std::fmt::Display for Reason {
                 signals,
             } => write!(
                 f,
-                "pid {pid} ({comm}) is still alive in state {state} after {}",
+                "pid {pid} ({}) is still alive in state {state} after {}",
+                Field(comm),
                 signals
                     .iter()
                     .map(|signal| signal.name())
@@ -97,18 +100,20 @@ impl std::fmt::Display for Reason {
                 parent_comm,
             } => write!(
                 f,
-                "pid {pid} is a zombie: its parent {parent_pid} ({parent_comm}) does not reap it; free the parent with --pid {parent_pid}"
+                "pid {pid} is a zombie: its parent {parent_pid} ({}) does not reap it; free the parent with --pid {parent_pid}",
+                Field(parent_comm)
             ),
             Reason::Hidden { pid } => write!(
                 f,
                 "pid {pid} is listed by the driver but not visible in this /proc (another PID namespace, e.g. a container); run gpureap on the host or inside that container"
             ),
             Reason::Protected { pid, comm, why } => {
-                write!(f, "pid {pid} ({comm}) is in scope but is {why}")
+                write!(f, "pid {pid} ({}) is in scope but is {why}", Field(comm))
             }
             Reason::PermissionDenied { pid, comm } => write!(
                 f,
-                "pid {pid} ({comm}): permission denied to signal it; run as its owner or as root"
+                "pid {pid} ({}): permission denied to signal it; run as its owner or as root",
+                Field(comm)
             ),
             Reason::Respawned {
                 parent_pid,
@@ -116,7 +121,8 @@ impl std::fmt::Display for Reason {
                 times,
             } => write!(
                 f,
-                "holders were respawned {times} time(s) by pid {parent_pid} ({parent_comm}), which is out of scope; free it with --pid {parent_pid}"
+                "holders were respawned {times} time(s) by pid {parent_pid} ({}), which is out of scope; free it with --pid {parent_pid}",
+                Field(parent_comm)
             ),
             Reason::StillReleasing {
                 bytes,
@@ -145,7 +151,7 @@ impl std::fmt::Display for Reason {
                     Bytes(*bytes)
                 ),
             },
-            Reason::DriverError { message } => write!(f, "driver error: {message}"),
+            Reason::DriverError { message } => write!(f, "driver error: {}", Field(message)),
         }
     }
 }
@@ -163,6 +169,9 @@ pub struct Assessment {
     pub explained: Option<u64>,
     /// In-scope PIDs the driver still lists (or that hold the node when the driver is silent).
     pub remaining: Vec<u32>,
+    /// The out-of-scope PIDs the driver lists, with their memory: what
+    /// `explained` adds up.
+    pub others: Vec<(u32, Option<u64>)>,
 }
 
 impl Assessment {
@@ -270,9 +279,11 @@ pub fn assess(
             memory_used: None,
             explained: None,
             remaining,
+            others: Vec::new(),
         };
     }
     let mut remaining = Vec::new();
+    let mut others = Vec::new();
     let mut explained = Some(0u64);
     for user in gpu.users.iter().filter(|user| user.listed) {
         // A zombie holds no memory (measured); a listed zombie is only a stale entry.
@@ -285,6 +296,7 @@ pub fn assess(
         {
             remaining.push(user.pid);
         } else {
+            others.push((user.pid, user.memory));
             explained = match (explained, user.memory) {
                 (Some(sum), Some(bytes)) => Some(sum.saturating_add(bytes)),
                 _ => None,
@@ -304,6 +316,7 @@ pub fn assess(
         memory_used: gpu.memory_used,
         explained,
         remaining,
+        others,
     }
 }
 

@@ -106,6 +106,43 @@ fn a_lost_gpu_is_a_problem_and_several_problems_are_counted() {
     assert!(first_line(&result).chars().count() <= 80);
 }
 
+/// node-problem-detector shows the first line; the details follow it and
+/// do not say it again (they did: one problem was printed twice), unless
+/// the first line had to cut it.
+#[test]
+fn the_first_line_is_printed_once() {
+    let host = host(3);
+    host.leak(1, 5 * GIB).expect("leak");
+    let one = run(&host, &["check"]);
+    assert_eq!(one.code, 1, "{}", one.stdout);
+    assert_eq!(
+        one.stdout
+            .lines()
+            .filter(|line| line.contains("GPU 1:"))
+            .count(),
+        1,
+        "{}",
+        one.stdout
+    );
+    host.lose(2).expect("lost");
+    let two = run(&host, &["check"]);
+    assert_eq!(two.code, 1, "{}", two.stdout);
+    assert_eq!(
+        first_line(&two),
+        "GPU 1: 5.0 GiB held by no process (+1 more)"
+    );
+    assert_eq!(
+        two.stdout
+            .lines()
+            .filter(|line| line.contains("GPU 1:"))
+            .count(),
+        1,
+        "{}",
+        two.stdout
+    );
+    assert!(two.stdout.contains("\nGPU 2: lost"), "{}", two.stdout);
+}
+
 #[test]
 fn no_driver_is_unknown() {
     let host = host(1);

@@ -342,6 +342,55 @@ fn status_prometheus_passes_promtool_and_says_what_status_says() {
     );
 }
 
+/// A comm and a command line may hold any byte. `status --prometheus` ran
+/// the exposition through the terminal escaping, which made `\r` of a raw
+/// CR, an escape the text format does not have: promtool refused the whole
+/// exposition (and node_exporter's textfile collector drops every metric
+/// of such a file). Now the label values are anyone's text written out as
+/// `status` shows it, which prometheus-client then encodes: valid whatever
+/// the bytes, and nothing in it a terminal acts on.
+#[test]
+fn any_byte_in_a_comm_keeps_the_exposition_valid() {
+    let host = host(1);
+    let mut incident = Incident::new(&host);
+    incident
+        .spawn(
+            &named_holder("p", b"p\r\n\\\"\xff\x1b[2K", b"a\r\n\\\"\xff", 0),
+            1,
+        )
+        .expect("holder");
+    // Written out (\r, \n), then encoded (\\ and \"); the byte that is not
+    // UTF-8 reads as U+FFFD.
+    let comm = &format!(r#"comm="a\\r\\n\\\"{}""#, '\u{fffd}');
+    let exposition = run(&host, &["status", "--prometheus", "--per-process"]);
+    assert_eq!(exposition.code, 0, "{}", exposition.stderr);
+    let exporter = Exporter::start(&host, &["--per-process", "--interval", "1h"]);
+    let (status, openmetrics) = http(
+        exporter.address,
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: application/openmetrics-text;version=1.0.0\r\n\r\n",
+    );
+    assert_eq!(status, 200);
+    for (what, text) in [
+        ("status --prometheus", exposition.stdout.as_str()),
+        ("the exporter", &exporter.scrape()),
+        ("the exporter's OpenMetrics", &openmetrics),
+    ] {
+        if what != "the exporter's OpenMetrics" {
+            let lint = tool("promtool", &["check", "metrics"], Some(text));
+            assert_eq!(
+                (lint.code, lint.stdout.as_str(), lint.stderr.as_str()),
+                (0, "", ""),
+                "promtool check metrics refused {what}:\n{text}"
+            );
+        }
+        assert!(
+            !text.chars().any(|c| c.is_control() && c != '\n'),
+            "{what} wrote a control character: {text:?}"
+        );
+        assert!(text.contains(comm), "{what}: {text}");
+    }
+}
+
 #[test]
 fn exporter_output_passes_promtool_and_post_changes_nothing() {
     let host = host(2);

@@ -188,3 +188,49 @@ pub fn ends_within(command: &mut Command, limit: Duration, what: &str) -> Run {
     }
     child.wait_with_output().expect("output").into()
 }
+
+/// Bash's `$'…'` quoting of any bytes (NUL aside): how a test puts bytes a
+/// shell would otherwise act on into a script.
+pub fn ansi_c(bytes: &[u8]) -> String {
+    let mut quoted = String::from("$'");
+    for byte in bytes {
+        quoted.push_str(&format!("\\x{byte:02x}"));
+    }
+    quoted.push('\'');
+    quoted
+}
+
+/// A script for `Incident::spawn` (`$D` the simulated host): a process with
+/// a 1 GiB context on GPU `gpu` whose argv[0] is `title` and whose comm is
+/// `comm`, any bytes but NUL and '/' (at most 15: it is the name of the
+/// link to sleep it is run through), recorded under `record`, the plain
+/// text `title` starts with.
+pub fn named_holder(record: &str, title: &[u8], comm: &[u8], gpu: u32) -> String {
+    assert!(title.starts_with(record.as_bytes()) && !record.contains('\n'));
+    assert!(comm.len() <= 15 && !comm.contains(&b'/') && !comm.contains(&0));
+    format!(
+        "ln -sfn \"$(command -v sleep)\" \"$D\"/{comm}; exec 3<\"$D/nvidia{gpu}\"; \
+         printf '%s %s\\n' \"$BASHPID\" {record} >> \"$D/pids\"; exec -a {title} \"$D\"/{comm} 100000",
+        comm = ansi_c(comm),
+        record = ansi_c(record.as_bytes()),
+        title = ansi_c(title),
+    )
+}
+
+/// Asserts that `text`, as a person would read it, holds no control
+/// character but the newline, and that no line of it begins with one of
+/// `forged`: text that a process or a host made up.
+pub fn assert_no_forged_lines(what: &str, text: &str, forged: &[&str]) {
+    assert!(
+        !text.chars().any(|c| c.is_control() && c != '\n'),
+        "{what} wrote a control character:\n{text:?}"
+    );
+    for line in text.lines() {
+        for forgery in forged {
+            assert!(
+                !line.trim_start().starts_with(forgery),
+                "{what} let a name start a line ({forgery:?}):\n{text}"
+            );
+        }
+    }
+}

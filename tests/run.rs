@@ -558,6 +558,27 @@ fn a_server_that_ignores_sigterm_on_stop_is_killed_and_the_exit_code_says_so() {
     nothing_left(&host, 1);
 }
 
+/// A worker names itself: the crash bundle's process list and summary
+/// keep its name written out on its own row, as `status` shows it.
+#[test]
+fn a_crash_bundle_keeps_a_hostile_worker_name_on_its_row() {
+    let host = SimHost::new(1, 80 * GIB, "Simulated H200").expect("sim host");
+    let server = "( exec 3<\"$D/nvidia0\"; exec -a $'worker\\nFORGED-LINE\\e[2K' sleep 100000 ) & \
+        until grep -q FORGED /proc/$!/cmdline 2>/dev/null; do sleep 0.01; done; exit 1";
+    let supervisor = bash_server(&host, &[], server);
+    let bundle_event = supervisor.wait_for("diagnostic bundle:", 1);
+    let bundle = PathBuf::from(bundle_event.rsplit(": ").next().expect("path"));
+    for file in ["processes.txt", "summary.txt", "gpu.txt"] {
+        assert_no_forged_lines(file, &read(&bundle.join(file)), &["FORGED-LINE"]);
+    }
+    let processes = read(&bundle.join("processes.txt"));
+    assert!(
+        processes.contains("worker\\nFORGED-LINE\\u{1b}[2K 100000"),
+        "{processes}"
+    );
+    supervisor.stop();
+}
+
 #[test]
 fn a_progress_bar_redrawn_with_carriage_returns_is_not_silence() {
     let host = SimHost::new(1, 80 * GIB, "Simulated H200").expect("sim host");

@@ -190,6 +190,54 @@ fn healthcheck_drains_resumes_its_own_drain_and_leaves_an_admins() {
     assert_eq!(admin.as_deref(), Some("disk replacement"));
 }
 
+/// A comm is anyone's text. slurmd logs the health check's stderr line by
+/// line, and the drain reason is read in `sinfo -R`: a comm with a newline
+/// and an escape sequence stays written out on the line that names it.
+#[test]
+fn healthcheck_keeps_a_hostile_comm_on_its_line_in_the_log_and_the_reason() {
+    let (cluster, _turn) = cluster();
+    let mut incident = Incident::new(&cluster.sim);
+    incident
+        .spawn(
+            &crate::harness::named_holder(
+                "forger",
+                b"forger\ngpureap: ok\x1b[2K",
+                b"x\ngpureap: ok\x1b",
+                0,
+            ),
+            1,
+        )
+        .expect("forger");
+    let forger = incident.pid_of("forger").expect("pid");
+    let run = healthcheck(cluster, &[]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    crate::harness::assert_no_forged_lines("the health check", &run.stderr, &["gpureap: ok"]);
+    assert!(
+        run.stderr
+            .lines()
+            .all(|line| line.starts_with("gpureap slurm healthcheck")),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        run.stderr
+            .contains(&format!("pid {forger} (x\\ngpureap: ok\\u{{1b}}, root")),
+        "{}",
+        run.stderr
+    );
+    let reason = cluster.drain_reason().unwrap_or_default();
+    assert!(
+        !reason.chars().any(char::is_control) && reason.contains("x\\ngpureap: ok\\u{1b}"),
+        "{reason:?}"
+    );
+
+    // Clean again: gpureap's own drain is undone.
+    drop(incident);
+    assert!(wait_for(Duration::from_secs(5), || !alive(forger)).is_ok());
+    let again = healthcheck(cluster, &[]);
+    assert_eq!(again.code, 0, "{}", again.stderr);
+}
+
 #[test]
 fn healthcheck_with_reset_clears_driver_held_memory_instead_of_draining() {
     let (cluster, _turn) = cluster();

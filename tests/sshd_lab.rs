@@ -271,9 +271,15 @@ impl Lab {
     /// job would be), and waits until it runs under its title. Returns its
     /// PID on that host.
     pub fn hold(&self, host: &str, holder: &Holder) -> u32 {
+        self.hold_script(host, &holder.title, &holder.script())
+    }
+
+    /// `hold` for any script that records itself under `title` in `$D/pids`
+    /// and runs under a command line that starts with it.
+    pub fn hold_script(&self, host: &str, title: &str, script: &str) -> u32 {
         let sim = self.host(host).sim.path().to_path_buf();
         let before = records(&sim).len();
-        let script = holder.script().replace('\'', "'\\''");
+        let script = script.replace('\'', "'\\''");
         let launched = self.on(
             host,
             &format!(
@@ -285,14 +291,10 @@ impl Lab {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let records = records(&sim);
-            if let Some((pid, _)) = records
-                .iter()
-                .skip(before)
-                .find(|(_, t)| *t == holder.title)
-            {
+            if let Some((pid, _)) = records.iter().skip(before).find(|(_, t)| t == title) {
                 // Running under its title there once its cmdline says so.
                 let check = self.on(host, &format!("tr '\\0' ' ' </proc/{pid}/cmdline"));
-                if check.stdout.starts_with(&holder.title) {
+                if check.stdout.starts_with(title) {
                     return *pid;
                 }
             }

@@ -363,6 +363,52 @@ fn control_characters_in_a_command_line_never_reach_the_terminal() {
     );
 }
 
+/// Without a driver, `status` says so once, first: not "No GPUs reported
+/// by the driver (none)." (the backend's name), then a "Driver error:" note
+/// and, with the automatic fallback, a line on stderr saying it again.
+#[test]
+fn without_a_driver_status_says_so_once() {
+    let status = |backend: &str, args: &[&str]| {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_gpureap"))
+            .args(["--backend", backend, "status"])
+            .args(args)
+            .env_remove("GPUREAP_BACKEND")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("gpureap runs");
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        )
+    };
+    let mut cases = vec![("none", "--backend none: only processes")];
+    // The automatic fallback, where this machine has no NVIDIA driver.
+    let json = status("auto", &["--json"]);
+    if json.contains("\"driver_error\": \"no NVIDIA driver found") {
+        cases.push(("auto", "no NVIDIA driver found"));
+    }
+    for (backend, why) in cases {
+        for args in [&[][..], &["--tree"]] {
+            let text = status(backend, args);
+            // Where processes hold /dev/nvidia* nodes (a GPU host), their GPUs
+            // are listed first, and the note after them says it.
+            if !text.contains(" GPU  NAME ") {
+                assert!(
+                    text.starts_with("No GPU driver: "),
+                    "{backend} {args:?}:\n{text}"
+                );
+            }
+            assert_eq!(
+                text.matches(why).count(),
+                1,
+                "{backend} {args:?} says it more than once:\n{text}"
+            );
+            assert!(!text.contains("(none)"), "{backend} {args:?}:\n{text}");
+        }
+    }
+}
+
 /// Without a driver, `status` scans /proc while the (absent) driver opens
 /// and numbers `/dev/nvidiaN` by its minor: an opener of `/dev/nvidia1` is
 /// on GPU 1, one of `/dev/nvidiactl` only is on no GPU; `--gpu 1` and

@@ -6,6 +6,7 @@ mod docs;
 mod exit_codes;
 mod fleet;
 mod harness;
+mod hostile;
 mod incidents;
 mod input;
 mod old_kernel;

@@ -200,6 +200,18 @@ impl fmt::Display for BackendChoice {
 /// Opens the chosen backend. `auto` falls back to `none` when NVML does not
 /// load, and says so once on stderr; an explicit `nvml` fails instead.
 pub fn open(choice: &BackendChoice) -> Result<Box<dyn Driver>, String> {
+    let driver = open_quietly(choice)?;
+    if matches!(choice, BackendChoice::Auto)
+        && let Some(why) = driver.unavailable()
+    {
+        eprintln!("gpureap: {why}; showing only processes with /dev/nvidia* open");
+    }
+    Ok(driver)
+}
+
+/// `open`, saying nothing of the fallback: for a report that says it itself
+/// (`status`), so that it is said once.
+pub fn open_quietly(choice: &BackendChoice) -> Result<Box<dyn Driver>, String> {
     match choice {
         BackendChoice::Nvml => NvmlDriver::open()
             .map(|driver| Box::new(driver) as Box<dyn Driver>)
@@ -212,14 +224,9 @@ pub fn open(choice: &BackendChoice) -> Result<Box<dyn Driver>, String> {
         ))),
         BackendChoice::Auto => match NvmlDriver::open() {
             Ok(driver) => Ok(Box::new(driver)),
-            Err(error) => {
-                eprintln!(
-                    "gpureap: no NVIDIA driver found ({error}); showing only processes with /dev/nvidia* open"
-                );
-                Ok(Box::new(NoDriver::new(format!(
-                    "no NVIDIA driver found ({error})"
-                ))))
-            }
+            Err(error) => Ok(Box::new(NoDriver::new(format!(
+                "no NVIDIA driver found ({error})"
+            )))),
         },
     }
 }

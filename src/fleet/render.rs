@@ -7,6 +7,7 @@
 //! fields still renders.
 
 use std::fmt::Write as _;
+use std::ops::Deref;
 
 use comfy_table::{Cell, CellAlignment};
 use serde::Deserialize;
@@ -15,16 +16,42 @@ use serde_json::Value;
 use super::HostResult;
 use super::hostlist;
 use crate::report::{age_text, new_table, short};
-use crate::units::{Bytes, Elapsed, MaybeBytes};
+use crate::units::{Bytes, Elapsed, Field, MaybeBytes, one_line};
 
 /// Memory no process explains, below which a GPU has nothing to report:
 /// the driver's own bookkeeping (as `free` allows when it verifies).
 const BOOKKEEPING: u64 = 256 << 20;
 
+/// A host's text, escaped as it is read (`units::one_line`): a view holds
+/// nothing raw, so no field of a host's answer can put a control character
+/// or a line of its own into what a person reads.
+#[derive(Debug, Clone, Default)]
+struct Text(String);
+
+impl<'de> Deserialize<'de> for Text {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Text, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        Ok(Text(one_line(&text).into_owned()))
+    }
+}
+
+impl Deref for Text {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for Text {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 #[derive(Deserialize)]
 struct StatusView {
     #[serde(default)]
-    driver_error: Option<String>,
+    driver_error: Option<Text>,
     #[serde(default)]
     scan: Option<ScanView>,
     #[serde(default)]
@@ -43,22 +70,22 @@ struct ScanView {
 #[derive(Deserialize)]
 struct GpuView {
     index: u32,
-    name: Option<String>,
+    name: Option<Text>,
     memory_total: Option<u64>,
     memory_used: Option<u64>,
     memory_unattributed: Option<u64>,
-    error: Option<String>,
+    error: Option<Text>,
 }
 
 #[derive(Deserialize)]
 struct HolderView {
     pid: u32,
-    user: Option<String>,
-    state: Option<String>,
+    user: Option<Text>,
+    state: Option<Text>,
     age_ms: Option<u64>,
-    cmdline: Option<String>,
+    cmdline: Option<Text>,
     #[serde(default)]
-    flags: Vec<String>,
+    flags: Vec<Text>,
     #[serde(default)]
     gpus: Vec<HolderGpuView>,
 }
@@ -82,7 +109,7 @@ impl GpuView {
 impl HolderView {
     /// A monitor (nvidia-smi, DCGM) watches; it holds nothing.
     fn holds(&self) -> bool {
-        !self.flags.iter().any(|flag| flag == "monitor")
+        !self.flags.iter().any(|flag| &**flag == "monitor")
     }
 }
 
@@ -201,11 +228,16 @@ fn host_holder_rows(host: &str, holders: &[&HolderView]) -> Vec<Vec<String>> {
                 host.to_string(),
                 gpu,
                 holder.pid.to_string(),
-                holder.user.clone().unwrap_or_else(|| "?".into()),
-                holder.state.clone().unwrap_or_else(|| "?".into()),
+                holder.user.as_deref().unwrap_or("?").to_string(),
+                holder.state.as_deref().unwrap_or("?").to_string(),
                 age_text(holder.age_ms),
                 memory,
-                holder.flags.join(","),
+                holder
+                    .flags
+                    .iter()
+                    .map(|flag| &**flag)
+                    .collect::<Vec<_>>()
+                    .join(","),
                 short(
                     holder.cmdline.as_deref().unwrap_or("(not visible there)"),
                     48,
@@ -296,7 +328,7 @@ pub fn failures(results: &[HostResult], out: &mut String) {
             out,
             "  {}: {}",
             result.host,
-            result.answer.error.as_deref().unwrap_or("no report")
+            Field(result.answer.error.as_deref().unwrap_or("no report"))
         );
     }
 }
@@ -316,27 +348,27 @@ struct FreeView {
 #[derive(Deserialize)]
 struct TargetView {
     pid: u32,
-    cmdline: String,
-    because: String,
+    cmdline: Text,
+    because: Text,
     #[serde(default)]
     gpus: Vec<u32>,
     #[serde(default)]
     signals: Vec<SignalView>,
-    fate: String,
+    fate: Text,
     exited_after_ms: Option<u64>,
 }
 
 #[derive(Deserialize)]
 struct SignalView {
-    signal: String,
+    signal: Text,
     delivery: Value,
 }
 
 #[derive(Deserialize)]
 struct SparedView {
     pid: u32,
-    comm: String,
-    why: String,
+    comm: Text,
+    why: Text,
 }
 
 #[derive(Deserialize)]
@@ -370,7 +402,7 @@ pub fn free_plan(results: &[HostResult]) -> String {
                 result.host.clone(),
                 target.pid.to_string(),
                 gpu_list(&target.gpus),
-                target.because.clone(),
+                target.because.to_string(),
                 short(&target.cmdline, 60),
             ]);
         }
@@ -420,9 +452,9 @@ pub fn free_outcome(results: &[HostResult]) -> String {
                 .signals
                 .iter()
                 .filter(|event| event.delivery == "sent")
-                .map(|event| event.signal.as_str())
+                .map(|event| &*event.signal)
                 .collect();
-            let result = match (target.fate.as_str(), target.exited_after_ms) {
+            let result = match (&*target.fate, target.exited_after_ms) {
                 ("exited", Some(ms)) => {
                     format!("exited after {}", Elapsed(ms_duration(ms)))
                 }
@@ -471,7 +503,7 @@ pub fn free_outcome(results: &[HostResult]) -> String {
                     .or_else(|| reason.get("reason"))
                     .and_then(Value::as_str)
                     .unwrap_or("(no reason given)");
-                lines.push(format!("  - {text}"));
+                lines.push(format!("  - {}", Field(text)));
             }
         }
     }
@@ -504,7 +536,7 @@ struct WaitGpuView {
     index: u32,
     memory_used: Option<u64>,
     ready: bool,
-    error: Option<String>,
+    error: Option<Text>,
 }
 
 /// `wait -H`: ready hosts in one line, the GPUs still held by host, and,

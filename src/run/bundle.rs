@@ -22,6 +22,7 @@ use crate::proc;
 use crate::report;
 use crate::snapshot::Snapshot;
 use crate::tree::ProcessTree;
+use crate::units::{Field, one_line};
 
 /// How many CPU samples are kept per process (one every half second: the
 /// last five seconds or so).
@@ -181,10 +182,12 @@ impl Bundle {
             .subdir("bundles")?
             .new_subdir(&format!("{stamp}-start{}-{kind}", self.start))?;
 
+        // Anyone's text (a command line, a log line in a reason) is written
+        // out on its line, as `status` shows it: these files are read with cat.
         let mut summary = String::new();
-        let _ = writeln!(summary, "{}", self.reason);
-        let _ = writeln!(summary, "{}", self.progress);
-        let _ = writeln!(summary, "start {} of: {}", self.start, self.command);
+        let _ = writeln!(summary, "{}", Field(&self.reason));
+        let _ = writeln!(summary, "{}", Field(&self.progress));
+        let _ = writeln!(summary, "start {} of: {}", self.start, Field(&self.command));
         let _ = writeln!(summary, "containment: {}", self.containment);
         dir.create("summary.txt", summary.as_bytes())?;
 
@@ -200,13 +203,13 @@ impl Bundle {
                 member.pid,
                 number(member.ppid),
                 number(member.sid),
-                member.state.as_deref().unwrap_or("?"),
+                Field(member.state.as_deref().unwrap_or("?")),
                 member
                     .cpu_percent
                     .map_or("?".to_string(), |cpu| format!("{cpu:.0}")),
-                member.wchan.as_deref().unwrap_or("-"),
+                one_line(member.wchan.as_deref().unwrap_or("-")),
                 "  ".repeat(depth),
-                member.cmdline.as_deref().unwrap_or("")
+                Field(member.cmdline.as_deref().unwrap_or(""))
             );
         }
         let _ = writeln!(

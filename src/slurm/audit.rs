@@ -71,7 +71,9 @@ impl Audit {
         if let Some(job) = self.job {
             prefix.push_str(&format!(" job {job}"));
         }
-        eprintln!("{prefix}: {action}: {message}");
+        // slurmd logs stderr line by line: a comm or a command line in the
+        // message must not start a line of its own there.
+        eprintln!("{prefix}: {action}: {}", crate::units::one_line(message));
         let Ok(mut file) = self.file.lock() else {
             return;
         };
@@ -88,7 +90,8 @@ impl Audit {
                 pid,
                 message,
             };
-            if let Ok(mut text) = serde_json::to_string(&line) {
+            if let Ok(text) = serde_json::to_string(&line) {
+                let mut text = crate::units::json_safe(text);
                 text.push('\n');
                 // One write per line, so that concurrent epilogs' lines do not interleave.
                 if let Err(error) = file.write_all(text.as_bytes()) {

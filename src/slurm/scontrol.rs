@@ -164,15 +164,12 @@ impl Scontrol {
     }
 }
 
-/// A reason on one line, without characters a shell or Slurm would mangle,
-/// cut at a character boundary.
+/// A reason on one line (`units::one_line`, the escaping every output
+/// shares), cut at a character boundary to what Slurm shows whole.
 fn one_line(reason: &str) -> String {
-    let clean: String = reason
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
+    let clean = crate::units::one_line(reason);
     if clean.len() <= REASON_LIMIT {
-        return clean;
+        return clean.into_owned();
     }
     let mut end = REASON_LIMIT - 3;
     while !clean.is_char_boundary(end) {
@@ -235,7 +232,7 @@ mod tests {
 
     #[test]
     fn reasons_stay_on_one_line_and_short() {
-        assert_eq!(one_line("a\nb\tc"), "a b c");
+        assert_eq!(one_line("a\nb\tc\u{1b}[2K"), "a\\nb\\tc\\u{1b}[2K");
         let long = "é".repeat(300);
         let cut = one_line(&long);
         assert!(cut.len() <= REASON_LIMIT && cut.ends_with("..."));
