@@ -422,3 +422,99 @@ fn a_hanging_host_costs_its_timeout_and_no_more() {
         run.stdout
     );
 }
+
+/// gpureap with `args`, no ssh reachable, in at most 512 MiB of address
+/// space: a parser that expands before it bounds fails here, not the machine.
+fn bounded_run(args: &[&str]) -> (crate::harness::Run, Duration) {
+    use std::os::unix::process::CommandExt;
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_gpureap"));
+    command
+        .args(args)
+        .args(["--ssh", "false"])
+        .env_remove("GPUREAP_BACKEND")
+        .stdin(std::process::Stdio::null());
+    unsafe {
+        command.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: 512 << 20,
+                rlim_max: 512 << 20,
+            };
+            libc::setrlimit(libc::RLIMIT_AS, &limit);
+            Ok(())
+        });
+    }
+    let started = std::time::Instant::now();
+    let run = command.output().expect("gpureap runs").into();
+    (run, started.elapsed())
+}
+
+#[test]
+fn host_lists_are_bounded_before_they_expand_and_never_echo_a_files_lines() {
+    let dir = tempfile::tempdir().expect("dir");
+    let deep = format!("x{}", "[1]".repeat(30_000));
+    let file = dir.path().join("one-name");
+    std::fs::write(&file, format!("x{}\n", "[1]".repeat(300_000))).expect("file");
+    let file = format!("@{}", file.display());
+    let wide = "n[1-9][1-9][1-9][1-9][1-9][1-9][1-9]";
+    let fifo = dir.path().join("fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("mkfifo");
+    assert!(made.success());
+    let fifo = format!("@{}", fifo.display());
+    let mut wrong = Vec::new();
+    for (list, says) in [
+        (deep.as_str(), "a name of 90001 characters"),
+        ("x[1][1][1][1][1][1][1][1][1]", "more than 8 bracket groups"),
+        (file.as_str(), "line 1: a name of 900001 characters"),
+        (wide, "more than 100000 hosts"),
+        ("@/proc/kallsyms", "larger than 1 MiB"),
+        ("@/dev/zero", "not a regular file"),
+        (fifo.as_str(), "not a regular file"),
+        ("h2,@h1", "the user not empty"),
+        ("alice@h1,bob@h1", "named with two users"),
+    ] {
+        let (run, took) = bounded_run(&["status", "-H", list]);
+        let shown: String = list.chars().take(40).collect();
+        let tail: Vec<char> = run.stderr.chars().rev().take(200).collect();
+        let tail: String = tail.into_iter().rev().collect();
+        if run.code != 2 || !run.stderr.contains(says) || took > Duration::from_secs(10) {
+            wrong.push(format!("{shown}: exit {} in {took:?}: {tail}", run.code));
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+    // The same list four times over: each -H within the bound, not their sum.
+    let quarter = "n[1-30000]";
+    let (run, _) = bounded_run(&[
+        "status",
+        "-H",
+        quarter,
+        "-H",
+        "m[1-30000]",
+        "-H",
+        "o[1-30000]",
+        "-H",
+        "p[1-30000]",
+    ]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("more than 100000 hosts"),
+        "{}",
+        run.stderr
+    );
+
+    // A host file's bad line is named by number; its text, a secret perhaps, is not shown.
+    let secrets = dir.path().join("hosts");
+    std::fs::write(&secrets, "h1\n# fine\nh2\npassword=hunter2 x\n").expect("file");
+    let (run, _) = bounded_run(&["status", "-H", &format!("@{}", secrets.display())]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(run.stderr.contains("line 4"), "{}", run.stderr);
+    assert!(!run.stderr.contains("hunter2"), "{}", run.stderr);
+
+    // `h1` and `root@h1` are the one host ssh connects to: run once.
+    let (run, _) = bounded_run(&["status", "-H", "h1,root@h1,H1", "--json"]);
+    assert_eq!(run.code, 3, "{}{}", run.stdout, run.stderr);
+    let hosts = run.json()["hosts"].as_array().expect("hosts").len();
+    assert_eq!(hosts, 1, "{}", run.stdout);
+}

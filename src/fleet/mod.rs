@@ -65,7 +65,13 @@ impl Fleet {
             return Ok(None);
         }
         // Several -H: their union, in order, each host once.
-        let hosts = hostlist::unique(args.hosts.iter().flat_map(|list| list.0.iter().cloned()));
+        let named: Vec<String> = args
+            .hosts
+            .iter()
+            .flat_map(|list| list.0.iter().cloned())
+            .collect();
+        hostlist::one_user_each(&named)?;
+        let hosts = hostlist::unique(named);
         if hosts.len() > hostlist::MAX_HOSTS {
             return Err(format!(
                 "the host lists name more than {} hosts: check their ranges",
