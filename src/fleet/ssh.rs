@@ -141,7 +141,7 @@ impl Transport {
     /// `kind` is the document expected back (`status`, `free`, `wait`).
     pub fn call(&self, host: &str, args: &[String], kind: &str, limit: Duration) -> Answer {
         let started = Instant::now();
-        let outcome = run_bounded(&self.command_line(host, args), limit, None);
+        let outcome = run_bounded(&self.command_line(host, args), limit, None, MAX_ANSWER);
         let elapsed = started.elapsed();
         let (exit_code, report, error) = match outcome {
             Err(error) => (3, None, Some(error)),
@@ -179,7 +179,7 @@ impl Transport {
         input: Option<Arc<Vec<u8>>>,
         limit: Duration,
     ) -> Result<Executed, String> {
-        match run_bounded(&self.argv(host, words), limit, input)? {
+        match run_bounded(&self.argv(host, words), limit, input, MAX_ANSWER)? {
             Ran::TimedOut => Err(timed_out(limit)),
             Ran::Exited {
                 status,
@@ -363,15 +363,35 @@ enum Ran {
     TimedOut,
 }
 
-/// Runs argv with no stdin, collecting its output, for at most `limit`;
-/// past that it is killed (it is our child, not yet reaped, so its PID is
-/// still its own).
-fn run_bounded(
-    argv: &[String],
+/// Runs a local program for at most `limit`, keeping `max_stdout` bytes of
+/// its output: its exit code (`None`: killed by a signal) and its stdout.
+/// Past the limit its process group is killed and that is an error.
+pub fn run_local(
+    argv: &[std::ffi::OsString],
+    limit: Duration,
+    max_stdout: u64,
+) -> Result<(Option<i32>, Vec<u8>), String> {
+    match run_bounded(argv, limit, None, max_stdout)? {
+        Ran::TimedOut => Err(format!(
+            "it did not finish within {}",
+            crate::units::Elapsed(limit)
+        )),
+        Ran::Exited { status, stdout, .. } => Ok((status.code(), stdout)),
+    }
+}
+
+/// Runs argv, collecting its output (at most `max_stdout` bytes of it kept),
+/// for at most `limit`; past that its process group is killed (it is our
+/// child, not yet reaped, so its PID, the group's, is still its own).
+fn run_bounded<S: AsRef<std::ffi::OsStr>>(
+    argv: &[S],
     limit: Duration,
     input: Option<Arc<Vec<u8>>>,
+    max_stdout: u64,
 ) -> Result<Ran, String> {
+    use std::os::unix::process::CommandExt;
     let deadline = Instant::now() + limit;
+    let shown = || argv[0].as_ref().to_string_lossy().into_owned();
     let mut child = Command::new(&argv[0])
         .args(&argv[1..])
         .stdin(if input.is_some() {
@@ -381,19 +401,21 @@ fn run_bounded(
         })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+        .process_group(0)
         .spawn()
-        .map_err(|error| format!("cannot run {}: {error}", argv[0]))?;
+        .map_err(|error| format!("cannot run {}: {error}", shown()))?;
     if let (Some(mut pipe), Some(input)) = (child.stdin.take(), input) {
         // A host that stops reading (it refused, or died) ends the write with EPIPE.
         thread::spawn(move || {
             let _ = std::io::Write::write_all(&mut pipe, &input);
         });
     }
-    let stdout = child.stdout.take().map(|pipe| collect(pipe, MAX_ANSWER));
+    let stdout = child.stdout.take().map(|pipe| collect(pipe, max_stdout));
     let stderr = child.stderr.take().map(|pipe| collect(pipe, MAX_STDERR));
     let status = match wait_until(&mut child, deadline) {
         Some(status) => status,
         None => {
+            kill_group(&child);
             let _ = child.kill();
             let _ = child.wait();
             return Ok(Ran::TimedOut);
@@ -415,6 +437,14 @@ fn run_bounded(
         stderr,
         truncated,
     })
+}
+
+/// SIGKILLs the process group a child leads (its own, from `process_group(0)`),
+/// while the child is unreaped: the group's ID cannot have been reused.
+fn kill_group(child: &Child) {
+    if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
+        let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+    }
 }
 
 /// Reads a pipe to its end on a thread of its own, keeping `limit` bytes
