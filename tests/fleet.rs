@@ -518,3 +518,167 @@ fn host_lists_are_bounded_before_they_expand_and_never_echo_a_files_lines() {
     let hosts = run.json()["hosts"].as_array().expect("hosts").len();
     assert_eq!(hosts, 1, "{}", run.stdout);
 }
+
+/// Runs `command` to its end: its output, and its own peak resident memory
+/// (VmHWM, its high-water mark, read from /proc/PID/status until it exits;
+/// ssh, its child, is not counted).
+fn peak_memory(mut command: std::process::Command) -> (crate::harness::Run, u64) {
+    use std::io::Read;
+    let mut child = command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("gpureap runs");
+    let mut stdout = child.stdout.take().expect("stdout");
+    let mut stderr = child.stderr.take().expect("stderr");
+    let out = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stdout.read_to_string(&mut text);
+        text
+    });
+    let err = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    let status_file = format!("/proc/{}/status", child.id());
+    let mut peak = 0;
+    let status = loop {
+        if let Some(kib) = std::fs::read_to_string(&status_file).ok().and_then(|text| {
+            let line = text
+                .lines()
+                .find(|line| line.starts_with("VmHWM:"))?
+                .to_string();
+            line.split_whitespace().nth(1)?.parse::<u64>().ok()
+        }) {
+            peak = peak.max(kib * 1024);
+        }
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    let run = crate::harness::Run {
+        code: status.code().unwrap_or(-1),
+        stdout: out.join().expect("stdout"),
+        stderr: err.join().expect("stderr"),
+    };
+    (run, peak)
+}
+
+#[test]
+fn a_host_answering_a_huge_document_costs_little_memory_here() {
+    let lab = Lab::new(&[Kind::Up]);
+    // A "gpureap" on h1 that answers a status document made of small values:
+    // `scan.unreadable` holding COUNT zeros, or COUNT small holders.
+    let staged = lab.on(
+        "h1",
+        r#"cat > /usr/local/hostile <<'END'
+#!/bin/sh
+count=$(cat /usr/local/count)
+case $(cat /usr/local/shape) in
+zeros)
+  printf '{"schema_version":1,"kind":"status","gpus":[],"holders":[],"scan":{"complete":false,"unreadable":['
+  yes 0, | head -n "$count" | tr -d '\n'
+  printf '0]}}\n' ;;
+holders)
+  printf '{"schema_version":1,"kind":"status","gpus":[],"scan":{"complete":true,"unreadable":[]},"holders":['
+  yes '{"pid":1,"flags":["a","a","a","a"]},' | head -n "$count" | tr -d '\n'
+  printf '{"pid":1}]}\n' ;;
+esac
+END
+chmod 755 /usr/local/hostile"#,
+    );
+    assert_eq!(staged.code, 0, "{}", staged.stderr);
+    const MIB: u64 = 1 << 20;
+    // Just under the cap on answers (4 MiB), and far above it but under the old one (64 MiB).
+    for (shape, count, json, says) in [
+        (
+            "zeros",
+            2_000_000,
+            false,
+            "h1: partial scan, 2000001 process",
+        ),
+        ("zeros", 2_000_000, true, ""),
+        (
+            "holders",
+            110_000,
+            false,
+            "h1: 108977 more holders listed than are shown here (1024)",
+        ),
+        (
+            "zeros",
+            30_000_000,
+            false,
+            "h1: answered more than 4 MiB: not a gpureap report",
+        ),
+    ] {
+        lab.on(
+            "h1",
+            &format!("echo {count} > /usr/local/count; echo {shape} > /usr/local/shape"),
+        );
+        let mut command = lab.gpureap();
+        command.args(["status", "-H", "h1", "--remote-bin", "/usr/local/hostile"]);
+        if json {
+            command.arg("--json");
+        }
+        let (run, peak) = peak_memory(command);
+        eprintln!("{count} {shape} (--json: {json}): peak {} MiB", peak / MIB);
+        let tail: String = run.stdout.chars().take(300).collect();
+        assert!(
+            peak < 100 * MIB,
+            "{count} {shape} (--json: {json}): gpureap peaked at {} MiB\n{tail}{}",
+            peak / MIB,
+            run.stderr
+        );
+        if json {
+            let document = run.json();
+            let entry = host_entry(&document, "h1");
+            let unreadable = entry["report"]["scan"]["unreadable"]
+                .as_array()
+                .map(Vec::len);
+            assert_eq!(unreadable, Some(count + 1), "{}", entry["error"]);
+        } else {
+            assert!(run.stdout.contains(says), "{tail}");
+        }
+    }
+}
+
+#[test]
+fn a_thread_that_cannot_start_is_exit_3_naming_the_hosts_not_run() {
+    use std::os::unix::process::CommandExt;
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_gpureap"));
+    command
+        .args(["status", "-H", "h1,h2", "--ssh", "false"])
+        .env_remove("GPUREAP_BACKEND")
+        .current_dir("/")
+        .stdin(std::process::Stdio::null());
+    // As a uid of its own, allowed one process: this one. No thread can start.
+    let uid = 60_000 + std::process::id() % 5_000;
+    unsafe {
+        command.pre_exec(move || {
+            let one = libc::rlimit {
+                rlim_cur: 1,
+                rlim_max: 1,
+            };
+            if libc::setrlimit(libc::RLIMIT_NPROC, &one) != 0
+                || libc::setgid(uid) != 0
+                || libc::setuid(uid) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let run: crate::harness::Run = command.output().expect("gpureap runs").into();
+    assert_eq!(run.code, 3, "{}{}", run.stdout, run.stderr);
+    for host in ["h1", "h2"] {
+        assert!(
+            run.stdout
+                .contains(&format!("{host}: not run: cannot start a thread")),
+            "{}{}",
+            run.stdout,
+            run.stderr
+        );
+    }
+}

@@ -21,7 +21,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use serde_json::Value;
+use serde_json::value::RawValue;
 
 use crate::cli::HostsArgs;
 use crate::exit::Exit;
@@ -132,11 +132,15 @@ impl Fleet {
             Mutex::new((0..hosts.len()).map(|_| None).collect());
         let bar = self.progress.then(|| progress_bar(hosts.len()));
         let (done_sender, done) = mpsc::channel::<bool>();
+        // A worker that cannot be started (no threads left: RLIMIT_NPROC, memory)
+        // leaves its hosts to the others; with none, no host is run.
+        let mut not_started = None;
         thread::scope(|scope| {
+            let mut started = 0;
             for _ in 0..self.parallel.min(hosts.len()) {
                 let done_sender = done_sender.clone();
                 let (next, answers, job) = (&next, &answers, &job);
-                scope.spawn(move || {
+                let spawned = thread::Builder::new().spawn_scoped(scope, move || {
                     loop {
                         let at = next.fetch_add(1, Ordering::Relaxed);
                         let Some(host) = hosts.get(at) else { break };
@@ -148,8 +152,18 @@ impl Fleet {
                         let _ = done_sender.send(failed);
                     }
                 });
+                match spawned {
+                    Ok(_) => started += 1,
+                    Err(error) => {
+                        not_started = Some(error.to_string());
+                        break;
+                    }
+                }
             }
             drop(done_sender);
+            if started == 0 {
+                return;
+            }
             let mut failures = 0;
             for failed in done {
                 failures += usize::from(failed);
@@ -171,7 +185,10 @@ impl Fleet {
                 answer: answer.unwrap_or_else(|| Answer {
                     exit_code: 3,
                     report: None,
-                    error: Some("not run (internal error)".to_string()),
+                    error: Some(match &not_started {
+                        Some(error) => format!("not run: cannot start a thread: {error}"),
+                        None => "not run (internal error)".to_string(),
+                    }),
                     elapsed: Duration::ZERO,
                 }),
             })
@@ -238,7 +255,7 @@ pub struct FleetHostJson<'a> {
     pub exit_code: u8,
     pub error: Option<&'a str>,
     pub elapsed_ms: u64,
-    pub report: Option<&'a Value>,
+    pub report: Option<&'a RawValue>,
 }
 
 pub fn fleet_json(command: &'static str, results: &[HostResult], exit_code: Exit) -> String {
@@ -254,7 +271,7 @@ pub fn fleet_json(command: &'static str, results: &[HostResult], exit_code: Exit
                 exit_code: result.answer.exit_code,
                 error: result.answer.error.as_deref(),
                 elapsed_ms: result.answer.elapsed.as_millis() as u64,
-                report: result.answer.report.as_ref(),
+                report: result.answer.report.as_deref(),
             })
             .collect(),
     })

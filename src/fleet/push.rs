@@ -19,7 +19,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::{Answer, Fleet, HostResult, fleet_json, worst};
@@ -186,6 +185,15 @@ fn load(path: &Path) -> Result<Binary, UsageError> {
     })
 }
 
+/// What the text shows of a host's push.
+#[derive(serde::Deserialize)]
+struct PushView {
+    action: String,
+    path: String,
+    version: Option<String>,
+    reason: Option<String>,
+}
+
 /// One host's push, as its report in the fleet document.
 #[derive(Serialize)]
 struct PushJson<'a> {
@@ -272,7 +280,7 @@ fn push_one(
     let there = look.get("sha256").map(String::as_str);
     let ours = look.get("ours").map(String::as_str) == Some("yes");
     let report = |action: &'static str, version: Option<String>, reason: Option<String>| {
-        serde_json::to_value(PushJson {
+        serde_json::value::to_raw_value(&PushJson {
             schema_version: crate::report::SCHEMA_VERSION,
             kind: "push",
             action,
@@ -401,18 +409,21 @@ fn render(results: &[HostResult], binary: &Binary) -> String {
         let Some(report) = &result.answer.report else {
             continue;
         };
-        let text = |key: &str| report.get(key).and_then(Value::as_str).unwrap_or("");
-        match text("action") {
+        let Ok(view) = serde_json::from_str::<PushView>(report.get()) else {
+            continue;
+        };
+        let text = |field: &Option<String>| field.clone().unwrap_or_default();
+        match view.action.as_str() {
             "up_to_date" => current.push(result.host.as_str()),
             action => rows.push(vec![
                 result.host.clone(),
                 action.replace('_', " "),
-                short(text("path"), 40),
+                short(&view.path, 40),
                 short(
-                    if action == "refused" {
-                        text("reason")
+                    &if action == "refused" {
+                        text(&view.reason)
                     } else {
-                        text("version")
+                        text(&view.version)
                     },
                     70,
                 ),

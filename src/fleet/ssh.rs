@@ -15,11 +15,17 @@ use std::sync::{Arc, mpsc};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde::Deserialize;
+use serde_json::value::RawValue;
 
-/// The JSON a host answers with is this big at most (5,000 holders are a
-/// few MB): more is a host answering garbage, not a report.
-const MAX_ANSWER: u64 = 64 << 20;
+/// The JSON a host answers with is this big at most. A real 8-GPU host's
+/// `status --json`, eight tensor-parallel workers each with every GPU's
+/// nodes open, is 22 KB (the demo's whole document, 53 KB); 4 MiB is some
+/// 1,500 such holders, a hundred times a busy host. More is a host
+/// answering garbage, not a report, and is refused unread. What is kept is
+/// the text (at most this much) and, while a host is rendered, the few
+/// fields shown: never a tree of every value (docs/fleet.md, "Bounds").
+pub const MAX_ANSWER: u64 = 4 << 20;
 /// What is kept of a host's stderr: its last lines say what went wrong.
 const MAX_STDERR: u64 = 64 << 10;
 
@@ -63,8 +69,8 @@ fn timed_out(limit: Duration) -> String {
 pub struct Answer {
     /// The remote gpureap's exit code, or 3 where it could not complete.
     pub exit_code: u8,
-    /// Its JSON document, when it gave one.
-    pub report: Option<Value>,
+    /// Its JSON document, when it gave one: the text, checked to be JSON.
+    pub report: Option<Box<RawValue>>,
     /// Why there is no usable report, in one line.
     pub error: Option<String>,
     pub elapsed: Duration,
@@ -209,7 +215,7 @@ impl Transport {
         stderr: &[u8],
         truncated: bool,
         kind: &str,
-    ) -> (u8, Option<Value>, Option<String>) {
+    ) -> (u8, Option<Box<RawValue>>, Option<String>) {
         let stderr = String::from_utf8_lossy(stderr);
         let last_line = last_meaningful_line(&stderr);
         let code = status.code();
@@ -271,8 +277,14 @@ impl Transport {
             let code = if remote_code == 2 { 2 } else { 3 };
             return (code, None, Some(why));
         }
-        let document: Value = match serde_json::from_str(&text) {
-            Ok(value) => value,
+        // The header only: every other field is skipped, never built.
+        #[derive(Deserialize)]
+        struct Header {
+            schema_version: Option<serde_json::Number>,
+            kind: Option<String>,
+        }
+        let header: Header = match serde_json::from_str(&text) {
+            Ok(header) => header,
             Err(_) => {
                 return (
                     3,
@@ -284,7 +296,11 @@ impl Transport {
                 );
             }
         };
-        match document.get("schema_version").and_then(Value::as_u64) {
+        match header
+            .schema_version
+            .as_ref()
+            .and_then(serde_json::Number::as_u64)
+        {
             Some(version) if version == u64::from(crate::report::SCHEMA_VERSION) => {}
             Some(version) => {
                 return (
@@ -307,13 +323,20 @@ impl Transport {
                 );
             }
         }
-        if document.get("kind").and_then(Value::as_str) != Some(kind) {
+        if header.kind.as_deref() != Some(kind) {
             return (
                 3,
                 None,
                 Some(format!("answered a document that is not a {kind} report")),
             );
         }
+        let Ok(document) = RawValue::from_string(text.trim().to_string()) else {
+            return (
+                3,
+                None,
+                Some("answered JSON that cannot be kept".to_string()),
+            );
+        };
         let code = match remote_code {
             0..=3 => remote_code as u8,
             _ => 3,
@@ -404,14 +427,41 @@ fn run_bounded<S: AsRef<std::ffi::OsStr>>(
         .process_group(0)
         .spawn()
         .map_err(|error| format!("cannot run {}: {error}", shown()))?;
+    // No thread to read or write with (RLIMIT_NPROC, memory): the child is
+    // ended, and the host reported as not run.
+    let no_thread = |child: &mut Child, error: std::io::Error| {
+        kill_group(child);
+        let _ = child.kill();
+        let _ = child.wait();
+        format!("cannot start a thread: {error}")
+    };
     if let (Some(mut pipe), Some(input)) = (child.stdin.take(), input) {
         // A host that stops reading (it refused, or died) ends the write with EPIPE.
-        thread::spawn(move || {
+        let writer = thread::Builder::new().spawn(move || {
             let _ = std::io::Write::write_all(&mut pipe, &input);
         });
+        if let Err(error) = writer {
+            return Err(no_thread(&mut child, error));
+        }
     }
-    let stdout = child.stdout.take().map(|pipe| collect(pipe, max_stdout));
-    let stderr = child.stderr.take().map(|pipe| collect(pipe, MAX_STDERR));
+    let stdout = match child
+        .stdout
+        .take()
+        .map(|pipe| collect(pipe, max_stdout))
+        .transpose()
+    {
+        Ok(stdout) => stdout,
+        Err(error) => return Err(no_thread(&mut child, error)),
+    };
+    let stderr = match child
+        .stderr
+        .take()
+        .map(|pipe| collect(pipe, MAX_STDERR))
+        .transpose()
+    {
+        Ok(stderr) => stderr,
+        Err(error) => return Err(no_thread(&mut child, error)),
+    };
     let status = match wait_until(&mut child, deadline) {
         Some(status) => status,
         None => {
@@ -449,16 +499,19 @@ fn kill_group(child: &Child) {
 
 /// Reads a pipe to its end on a thread of its own, keeping `limit` bytes
 /// and draining the rest so the writer never blocks.
-fn collect(pipe: impl Read + Send + 'static, limit: u64) -> mpsc::Receiver<(Vec<u8>, bool)> {
+fn collect(
+    pipe: impl Read + Send + 'static,
+    limit: u64,
+) -> std::io::Result<mpsc::Receiver<(Vec<u8>, bool)>> {
     let (sender, receiver) = mpsc::channel();
-    thread::spawn(move || {
+    thread::Builder::new().spawn(move || {
         let mut kept = Vec::new();
         let mut pipe = pipe;
         let _ = pipe.by_ref().take(limit).read_to_end(&mut kept);
         let more = std::io::copy(&mut pipe, &mut std::io::sink()).unwrap_or(0) > 0;
         let _ = sender.send((kept, more));
-    });
-    receiver
+    })?;
+    Ok(receiver)
 }
 
 /// Waits for the child until the deadline: on its pidfd where the kernel
