@@ -682,3 +682,118 @@ fn a_thread_that_cannot_start_is_exit_3_naming_the_hosts_not_run() {
         );
     }
 }
+
+/// Polls `check` until it holds, for at most `limit`.
+fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if check() {
+            return true;
+        }
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn ctrl_c_or_sigterm_during_free_stops_every_host_and_reports_it() {
+    let lab = Lab::new(&[Kind::Up, Kind::Up]);
+    // Holders that ignore SIGTERM: a free that ran on would SIGKILL them after its grace.
+    let holders: Vec<(&str, u32)> = ["h1", "h2"]
+        .into_iter()
+        .map(|host| (host, lab.hold(host, &worker(0, 0).ignoring_sigterm())))
+        .collect();
+    let remote_free = |host: &str| lab.on(host, "pgrep -f -- '--y[e]s --json'").code == 0;
+    for signal in [libc::SIGINT, libc::SIGTERM] {
+        let child = lab
+            .gpureap()
+            .args([
+                "free",
+                "-H",
+                "h1,h2",
+                "--match",
+                "sglang::",
+                "--grace",
+                "8s",
+                "--timeout",
+                "20s",
+                "--yes",
+                "--remote-bin",
+            ])
+            .arg(env!("CARGO_BIN_EXE_gpureap"))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("gpureap runs");
+        // Both hosts are freeing (they sent SIGTERM and wait out the grace).
+        assert!(
+            eventually(Duration::from_secs(20), || remote_free("h1")
+                && remote_free("h2")),
+            "the frees did not start"
+        );
+        let started = std::time::Instant::now();
+        assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
+        let run: crate::harness::Run = child.wait_with_output().expect("output").into();
+        // The remote frees end, well before their grace would, and signal nothing more.
+        for (host, pid) in &holders {
+            assert!(
+                eventually(Duration::from_secs(3), || !remote_free(host)),
+                "{host}: the remote free runs on after the abort"
+            );
+            let alive = lab.on(host, &format!("kill -0 {pid}"));
+            assert_eq!(
+                alive.code, 0,
+                "{host}: holder {pid} was killed after the abort"
+            );
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(run.code, 3, "{}{}", run.stdout, run.stderr);
+        let name = if signal == libc::SIGINT {
+            "SIGINT"
+        } else {
+            "SIGTERM"
+        };
+        for host in ["h1", "h2"] {
+            assert!(
+                run.stdout
+                    .contains(&format!("{host}: interrupted by {name} before it answered")),
+                "{}{}",
+                run.stdout,
+                run.stderr
+            );
+        }
+    }
+}
+
+#[test]
+fn a_remote_command_past_its_host_timeout_is_ended_there() {
+    let lab = Lab::new(&[Kind::Up]);
+    let hang = lab.path().join("hang-remote.sh");
+    std::fs::write(&hang, "#!/bin/sh\nsleep 1001\n").expect("script");
+    std::fs::set_permissions(&hang, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let run = lab.run_as_given(&[
+        "status",
+        "-H",
+        "h1",
+        "--host-timeout",
+        "2s",
+        "--remote-bin",
+        hang.to_str().expect("a UTF-8 path"),
+    ]);
+    assert_eq!(run.code, 3, "{}{}", run.stdout, run.stderr);
+    assert!(run.stdout.contains("timed out"), "{}", run.stdout);
+    // Not only the local ssh: the command on the host is gone too.
+    let running = || lab.on("h1", "pgrep -f 'sleep 100[1]'").code == 0;
+    assert!(
+        eventually(Duration::from_secs(5), || !running()),
+        "the remote command outlived its host timeout: {}",
+        lab.on("h1", "ps -eo pid,pgid,args").stdout
+    );
+}

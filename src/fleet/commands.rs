@@ -80,6 +80,19 @@ pub fn free(
     };
     let plan_limit = fleet.limit(Duration::ZERO);
     let plans = fleet.fan_out("free", &fleet.hosts, |_| (plan_args.clone(), plan_limit));
+    if let Some(signal) = super::interrupt::signal() {
+        // Interrupted while planning: no host is asked to free.
+        let mut output = finish(&plans, args.json, "free", render::free_plan);
+        if !args.json {
+            output.text = format!(
+                "Interrupted by {} while the hosts planned: no host was asked to free, nothing was signalled.\n\n{}",
+                super::interrupt::name(signal),
+                output.text
+            );
+        }
+        output.exit = Exit::Incomplete;
+        return Ok(output);
+    }
     if args.dry_run {
         return Ok(finish(&plans, args.json, "free", render::free_plan));
     }
@@ -172,10 +185,21 @@ fn finish(
     render: fn(&[HostResult]) -> String,
 ) -> Output {
     let exit = worst(results);
-    let text = if json {
+    let mut text = if json {
         fleet_json(command, results, exit)
     } else {
         render(results)
     };
+    if let Some(signal) = super::interrupt::signal()
+        && !json
+    {
+        let _ = std::fmt::Write::write_fmt(
+            &mut text,
+            format_args!(
+                "\nInterrupted by {}: the hosts that had not answered were stopped (their ssh and their gpureap there ended, nothing signalled there after that) and are listed as failed.\n",
+                super::interrupt::name(signal)
+            ),
+        );
+    }
     Output { text, exit }
 }

@@ -9,6 +9,7 @@
 
 pub mod commands;
 pub mod hostlist;
+pub mod interrupt;
 pub mod push;
 pub mod render;
 pub mod ssh;
@@ -127,6 +128,8 @@ impl Fleet {
     where
         F: Fn(&str) -> Answer + Sync,
     {
+        // Ctrl-C or SIGTERM now ends each host's ssh (and its gpureap there).
+        let _catching = interrupt::Catching::start();
         let next = AtomicUsize::new(0);
         let answers: Mutex<Vec<Option<Answer>>> =
             Mutex::new((0..hosts.len()).map(|_| None).collect());
@@ -142,6 +145,9 @@ impl Fleet {
                 let (next, answers, job) = (&next, &answers, &job);
                 let spawned = thread::Builder::new().spawn_scoped(scope, move || {
                     loop {
+                        if interrupt::signal().is_some() {
+                            break;
+                        }
                         let at = next.fetch_add(1, Ordering::Relaxed);
                         let Some(host) = hosts.get(at) else { break };
                         let answer = job(host);
@@ -185,9 +191,12 @@ impl Fleet {
                 answer: answer.unwrap_or_else(|| Answer {
                     exit_code: 3,
                     report: None,
-                    error: Some(match &not_started {
-                        Some(error) => format!("not run: cannot start a thread: {error}"),
-                        None => "not run (internal error)".to_string(),
+                    error: Some(match (&not_started, interrupt::signal()) {
+                        (_, Some(signal)) => {
+                            format!("not run: interrupted by {}", interrupt::name(signal))
+                        }
+                        (Some(error), None) => format!("not run: cannot start a thread: {error}"),
+                        (None, None) => "not run (internal error)".to_string(),
                     }),
                     elapsed: Duration::ZERO,
                 }),

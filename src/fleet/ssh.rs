@@ -47,6 +47,24 @@ pub const DEFAULT_REMOTE_BIN: &str = "gpureap";
 /// ssh session's PATH). Exit 127, as a shell's "not found", if none.
 const FIND_GPUREAP: &str = r#"for b in gpureap "$HOME/.local/bin/gpureap" /usr/local/bin/gpureap; do if command -v "$b" >/dev/null 2>&1; then exec "$b" "$@"; fi; done; echo "gpureap: not found on PATH, in ~/.local/bin or /usr/local/bin" >&2; exit 127"#;
 
+/// Runs the remote command ("$@") in a session of its own, and ends that
+/// session (SIGTERM) when its stdin reaches its end: this side holds ssh's
+/// stdin open while it waits, so the end comes when this side goes away,
+/// its ssh killed past the host's deadline or on Ctrl-C, or the connection
+/// lost. A remote gpureap does not outlive what asked for it, nor signal on
+/// after it (docs/fleet.md, "Interrupted, timed out"). The shell's own
+/// `kill`: procps' reads a small negative PID (a group in a container's PID
+/// namespace, `-10`) as a signal number.
+pub const WATCH: &str = r#"exec 3<&0
+if command -v setsid >/dev/null 2>&1; then setsid "$@" </dev/null 3<&- & else "$@" </dev/null 3<&- & fi
+pid=$!
+{ cat <&3 >/dev/null 2>&1; kill -TERM -"$pid" "$pid" 2>/dev/null; } >/dev/null 2>&1 &
+watcher=$!
+exec 3<&-
+wait "$pid"; code=$?
+kill "$watcher" 2>/dev/null
+exit "$code""#;
+
 /// A raw command's outcome on a host (`exec`).
 #[derive(Debug)]
 pub struct Executed {
@@ -105,7 +123,12 @@ impl Transport {
     /// one argument, unexpanded. The default `gpureap` is looked for on the
     /// remote PATH, then where `gpureap push` puts it by default.
     pub fn command_line(&self, host: &str, args: &[String]) -> Vec<String> {
-        let mut words: Vec<String> = Vec::new();
+        let mut words: Vec<String> = vec![
+            "sh".into(),
+            "-c".into(),
+            WATCH.into(),
+            "gpureap-watch".into(),
+        ];
         if self.remote_bin == DEFAULT_REMOTE_BIN {
             words.extend([
                 "sh".into(),
@@ -147,11 +170,17 @@ impl Transport {
     /// `kind` is the document expected back (`status`, `free`, `wait`).
     pub fn call(&self, host: &str, args: &[String], kind: &str, limit: Duration) -> Answer {
         let started = Instant::now();
-        let outcome = run_bounded(&self.command_line(host, args), limit, None, MAX_ANSWER);
+        let outcome = run_bounded(
+            &self.command_line(host, args),
+            limit,
+            Input::Held,
+            MAX_ANSWER,
+        );
         let elapsed = started.elapsed();
         let (exit_code, report, error) = match outcome {
             Err(error) => (3, None, Some(error)),
             Ok(Ran::TimedOut) => (3, None, Some(timed_out(limit))),
+            Ok(Ran::Interrupted(signal)) => (3, None, Some(super::interrupt::host_error(signal))),
             Ok(Ran::Exited {
                 status,
                 stdout,
@@ -185,8 +214,10 @@ impl Transport {
         input: Option<Arc<Vec<u8>>>,
         limit: Duration,
     ) -> Result<Executed, String> {
+        let input = input.map_or(Input::Null, Input::Data);
         match run_bounded(&self.argv(host, words), limit, input, MAX_ANSWER)? {
             Ran::TimedOut => Err(timed_out(limit)),
+            Ran::Interrupted(signal) => Err(super::interrupt::host_error(signal)),
             Ran::Exited {
                 status,
                 stdout,
@@ -384,6 +415,17 @@ enum Ran {
         truncated: bool,
     },
     TimedOut,
+    /// A signal came (`interrupt`): the child was killed.
+    Interrupted(i32),
+}
+
+/// What the child's stdin is.
+enum Input {
+    Null,
+    /// These bytes, then its end.
+    Data(Arc<Vec<u8>>),
+    /// Open, and nothing on it, until the child ends or is killed (WATCH).
+    Held,
 }
 
 /// Runs a local program for at most `limit`, keeping `max_stdout` bytes of
@@ -394,7 +436,8 @@ pub fn run_local(
     limit: Duration,
     max_stdout: u64,
 ) -> Result<(Option<i32>, Vec<u8>), String> {
-    match run_bounded(argv, limit, None, max_stdout)? {
+    match run_bounded(argv, limit, Input::Null, max_stdout)? {
+        Ran::Interrupted(signal) => Err(super::interrupt::host_error(signal)),
         Ran::TimedOut => Err(format!(
             "it did not finish within {}",
             crate::units::Elapsed(limit)
@@ -409,7 +452,7 @@ pub fn run_local(
 fn run_bounded<S: AsRef<std::ffi::OsStr>>(
     argv: &[S],
     limit: Duration,
-    input: Option<Arc<Vec<u8>>>,
+    input: Input,
     max_stdout: u64,
 ) -> Result<Ran, String> {
     use std::os::unix::process::CommandExt;
@@ -417,10 +460,9 @@ fn run_bounded<S: AsRef<std::ffi::OsStr>>(
     let shown = || argv[0].as_ref().to_string_lossy().into_owned();
     let mut child = Command::new(&argv[0])
         .args(&argv[1..])
-        .stdin(if input.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
+        .stdin(match input {
+            Input::Null => Stdio::null(),
+            Input::Data(_) | Input::Held => Stdio::piped(),
         })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -435,7 +477,12 @@ fn run_bounded<S: AsRef<std::ffi::OsStr>>(
         let _ = child.wait();
         format!("cannot start a thread: {error}")
     };
-    if let (Some(mut pipe), Some(input)) = (child.stdin.take(), input) {
+    // Held: dropped (closed) when this function returns, the child ended.
+    let mut _held = None;
+    if let Input::Held = input {
+        _held = child.stdin.take();
+    }
+    if let (Some(mut pipe), Input::Data(input)) = (child.stdin.take(), input) {
         // A host that stops reading (it refused, or died) ends the write with EPIPE.
         let writer = thread::Builder::new().spawn(move || {
             let _ = std::io::Write::write_all(&mut pipe, &input);
@@ -463,12 +510,15 @@ fn run_bounded<S: AsRef<std::ffi::OsStr>>(
         Err(error) => return Err(no_thread(&mut child, error)),
     };
     let status = match wait_until(&mut child, deadline) {
-        Some(status) => status,
-        None => {
+        Waited::Exited(status) => status,
+        ended => {
             kill_group(&child);
             let _ = child.kill();
             let _ = child.wait();
-            return Ok(Ran::TimedOut);
+            return Ok(match ended {
+                Waited::Interrupted(signal) => Ran::Interrupted(signal),
+                _ => Ran::TimedOut,
+            });
         }
     };
     // ssh is gone; what it started (a ProxyCommand) may still hold the pipes: not for long.
@@ -514,27 +564,44 @@ fn collect(
     Ok(receiver)
 }
 
-/// Waits for the child until the deadline: on its pidfd where the kernel
-/// has them (5.3+), else by polling every few milliseconds.
-fn wait_until(child: &mut Child, deadline: Instant) -> Option<ExitStatus> {
+enum Waited {
+    Exited(ExitStatus),
+    TimedOut,
+    Interrupted(i32),
+}
+
+/// Waits for the child until the deadline or an interruption: on its pidfd
+/// and the interruption's descriptor where the kernel has pidfds (5.3+),
+/// else by polling every few milliseconds.
+fn wait_until(child: &mut Child, deadline: Instant) -> Waited {
     let pidfd = rustix::process::Pid::from_raw(child.id() as i32).and_then(|pid| {
         rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok()
     });
+    let woken = super::interrupt::descriptor();
     loop {
         if let Ok(Some(status)) = child.try_wait() {
-            return Some(status);
+            return Waited::Exited(status);
+        }
+        if let Some(signal) = super::interrupt::signal() {
+            return Waited::Interrupted(signal);
         }
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return None;
+            return Waited::TimedOut;
         }
         match &pidfd {
             Some(fd) => {
                 let fd = fd.as_fd();
-                let mut fds = [rustix::event::PollFd::new(
+                let mut fds = vec![rustix::event::PollFd::new(
                     &fd,
                     rustix::event::PollFlags::IN,
                 )];
+                if let Some(woken) = &woken {
+                    fds.push(rustix::event::PollFd::new(
+                        woken,
+                        rustix::event::PollFlags::IN,
+                    ));
+                }
                 let timeout = rustix::event::Timespec::try_from(left).ok();
                 let _ = rustix::event::poll(&mut fds, timeout.as_ref());
             }
@@ -575,11 +642,13 @@ mod tests {
         let remote = argv.last().unwrap();
         // What a POSIX shell makes of it is the words given, after the finder.
         let words = shlex::split(remote).unwrap();
-        assert_eq!(words[..4], ["sh", "-c", FIND_GPUREAP, "gpureap"]);
-        assert_eq!(words[4..], ["free", "--match", "sglang::|vllm", "it's"]);
+        assert_eq!(words[..4], ["sh", "-c", WATCH, "gpureap-watch"]);
+        assert_eq!(words[4..8], ["sh", "-c", FIND_GPUREAP, "gpureap"]);
+        assert_eq!(words[8..], ["free", "--match", "sglang::|vllm", "it's"]);
         let transport = Transport::new("ssh", "/opt/gpureap", Duration::from_secs(5)).unwrap();
         let argv = transport.command_line("h1", &["status".into(), "a b".into()]);
-        assert_eq!(argv.last().unwrap(), "/opt/gpureap status 'a b'");
+        let words = shlex::split(argv.last().unwrap()).unwrap();
+        assert_eq!(words[4..], ["/opt/gpureap", "status", "a b"]);
     }
 
     #[test]
