@@ -9,9 +9,6 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
-use std::fs;
-use std::io::Read as _;
-use std::os::unix::fs::OpenOptionsExt as _;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// The hosts `-H` named, expanded.
@@ -85,39 +82,10 @@ fn parse_file(path: &str) -> Result<Vec<String>, String> {
     finish(hosts, &format!("@{shown}"))
 }
 
-/// A regular file's text, at most `MAX_FILE` bytes, read without waiting:
-/// a FIFO, a device, or a /proc or /sys file that would block or never end
-/// (`/proc/self/pagemap`, `/proc/kmsg`) is refused, not read.
+/// A host file's text: a regular file, at most `MAX_FILE` bytes, read
+/// without waiting (`super::read_regular`).
 fn read_file(path: &str) -> Result<String, Reason> {
-    let metadata = fs::metadata(path).map_err(|error| error.to_string())?;
-    if !metadata.is_file() {
-        return Err("not a regular file".to_string());
-    }
-    // O_NONBLOCK: what was swapped in since (a FIFO) neither blocks the open nor a read.
-    let file = fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
-        .open(path)
-        .map_err(|error| error.to_string())?;
-    let metadata = file.metadata().map_err(|error| error.to_string())?;
-    if !metadata.is_file() {
-        return Err("not a regular file".to_string());
-    }
-    let mut bytes = Vec::new();
-    file.take(MAX_FILE + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|error| match error.kind() {
-            std::io::ErrorKind::WouldBlock => {
-                "reading it would wait (a kernel interface, not a list of hosts)".to_string()
-            }
-            _ => error.to_string(),
-        })?;
-    if bytes.len() as u64 > MAX_FILE {
-        return Err(format!(
-            "larger than {} MiB: is it the right file?",
-            MAX_FILE >> 20
-        ));
-    }
+    let (_, bytes) = super::read_regular(std::path::Path::new(path), MAX_FILE)?;
     String::from_utf8(bytes).map_err(|_| "not text (UTF-8)".to_string())
 }
 

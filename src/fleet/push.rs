@@ -13,7 +13,6 @@
 //! that was changed since, is left alone unless `--force`.
 
 use std::fmt::Write as _;
-use std::fs;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -142,24 +141,23 @@ struct Binary {
 
 fn load(path: &Path) -> Result<Binary, UsageError> {
     let shown = path.display();
-    let metadata = fs::metadata(path)
+    let (file, bytes) = super::read_regular(path, 512 << 20)
         .map_err(|error| UsageError(format!("cannot read --bin {shown}: {error}")))?;
-    if !metadata.is_file() {
-        return Err(UsageError(format!("--bin {shown} is not a regular file")));
-    }
-    if metadata.len() > 512 << 20 {
-        return Err(UsageError(format!(
-            "--bin {shown} is larger than 512 MiB: not a gpureap binary"
-        )));
-    }
-    let bytes =
-        fs::read(path).map_err(|error| UsageError(format!("cannot read {shown}: {error}")))?;
     if !bytes.starts_with(b"\x7fELF") {
         return Err(UsageError(format!(
             "--bin {shown} is not an ELF executable"
         )));
     }
-    let argv = [path.as_os_str().to_owned(), "--version".into()];
+    // The very bytes read (and checksummed below), through this descriptor.
+    let argv = [
+        format!(
+            "/proc/{}/fd/{}",
+            std::process::id(),
+            std::os::fd::AsRawFd::as_raw_fd(&file)
+        )
+        .into(),
+        std::ffi::OsString::from("--version"),
+    ];
     let (code, stdout) = super::ssh::run_local(&argv, BIN_VERSION_LIMIT, BIN_VERSION_OUTPUT)
         .map_err(|error| UsageError(format!("cannot run {shown} --version: {error}")))?;
     let version = String::from_utf8_lossy(&stdout)
