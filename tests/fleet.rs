@@ -483,13 +483,11 @@ fn host_lists_are_bounded_before_they_expand_and_never_echo_a_files_lines() {
             wrong.push(format!("{shown}: exit {} in {took:?}: {tail}", run.code));
         }
     }
-    assert!(wrong.is_empty(), "{wrong:#?}");
     // The same list four times over: each -H within the bound, not their sum.
-    let quarter = "n[1-30000]";
     let (run, _) = bounded_run(&[
         "status",
         "-H",
-        quarter,
+        "n[1-30000]",
         "-H",
         "m[1-30000]",
         "-H",
@@ -497,26 +495,27 @@ fn host_lists_are_bounded_before_they_expand_and_never_echo_a_files_lines() {
         "-H",
         "p[1-30000]",
     ]);
-    assert_eq!(run.code, 2, "{}", run.stderr);
-    assert!(
-        run.stderr.contains("more than 100000 hosts"),
-        "{}",
-        run.stderr
-    );
+    if run.code != 2 || !run.stderr.contains("more than 100000 hosts") {
+        wrong.push(format!("four -H: exit {}: {}", run.code, run.stderr));
+    }
 
     // A host file's bad line is named by number; its text, a secret perhaps, is not shown.
     let secrets = dir.path().join("hosts");
     std::fs::write(&secrets, "h1\n# fine\nh2\npassword=hunter2 x\n").expect("file");
     let (run, _) = bounded_run(&["status", "-H", &format!("@{}", secrets.display())]);
-    assert_eq!(run.code, 2, "{}", run.stderr);
-    assert!(run.stderr.contains("line 4"), "{}", run.stderr);
-    assert!(!run.stderr.contains("hunter2"), "{}", run.stderr);
+    if run.code != 2 || !run.stderr.contains("line 4") || run.stderr.contains("hunter2") {
+        wrong.push(format!("secret: exit {}: {}", run.code, run.stderr));
+    }
 
     // `h1` and `root@h1` are the one host ssh connects to: run once.
     let (run, _) = bounded_run(&["status", "-H", "h1,root@h1,H1", "--json"]);
-    assert_eq!(run.code, 3, "{}{}", run.stdout, run.stderr);
-    let hosts = run.json()["hosts"].as_array().expect("hosts").len();
-    assert_eq!(hosts, 1, "{}", run.stdout);
+    let hosts = serde_json::from_str::<Value>(&run.stdout)
+        .ok()
+        .and_then(|document| document["hosts"].as_array().map(Vec::len));
+    if run.code != 3 || hosts != Some(1) {
+        wrong.push(format!("h1,root@h1,H1: exit {}, {hosts:?} hosts", run.code));
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
 }
 
 /// Runs `command` to its end: its output, and its own peak resident memory
