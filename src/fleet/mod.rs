@@ -286,6 +286,15 @@ pub fn fleet_json(command: &'static str, results: &[HostResult], exit_code: Exit
     })
 }
 
+/// A host's JSON document as the fleet document embeds it, as text: its
+/// lines indented to where it sits (`hosts[].report`), so that the whole
+/// reads as if pretty-printed at once. JSON has no raw newline inside a
+/// string, so each newline is whitespace between tokens. `None` if it is
+/// not JSON.
+pub(crate) fn nested_json(text: &str) -> Option<Box<RawValue>> {
+    RawValue::from_string(text.trim().replace('\n', "\n      ")).ok()
+}
+
 /// A file named on the command line (`-H @FILE`, `push --bin`), read as a
 /// regular file of at most `max` bytes, without waiting: a FIFO, a device,
 /// or a /proc or /sys file that would block or never end (`/proc/kmsg`,

@@ -278,7 +278,7 @@ fn push_one(
     let there = look.get("sha256").map(String::as_str);
     let ours = look.get("ours").map(String::as_str) == Some("yes");
     let report = |action: &'static str, version: Option<String>, reason: Option<String>| {
-        serde_json::value::to_raw_value(&PushJson {
+        serde_json::to_string_pretty(&PushJson {
             schema_version: crate::report::SCHEMA_VERSION,
             kind: "push",
             action,
@@ -288,6 +288,7 @@ fn push_one(
             reason,
         })
         .ok()
+        .and_then(|text| super::nested_json(&text))
     };
     let refused = |reason: String| Answer {
         exit_code: 1,

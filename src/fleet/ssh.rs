@@ -361,7 +361,7 @@ impl Transport {
                 Some(format!("answered a document that is not a {kind} report")),
             );
         }
-        let Ok(document) = RawValue::from_string(text.trim().to_string()) else {
+        let Some(document) = super::nested_json(&text) else {
             return (
                 3,
                 None,
