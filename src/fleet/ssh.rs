@@ -217,7 +217,11 @@ impl Transport {
         let input = input.map_or(Input::Null, Input::Data);
         match run_bounded(&self.argv(host, words), limit, input, MAX_ANSWER)? {
             Ran::TimedOut => Err(timed_out(limit)),
-            Ran::Interrupted(signal) => Err(super::interrupt::host_error(signal)),
+            // A raw command is not under WATCH: it may have finished there.
+            Ran::Interrupted(signal) => Err(format!(
+                "interrupted by {} before it answered: its ssh was ended; what the command did there is not known",
+                super::interrupt::name(signal)
+            )),
             Ran::Exited {
                 status,
                 stdout,
