@@ -501,3 +501,377 @@ fn wait_across_hosts_on_a_lost_gpu_exits_3_at_once() {
     assert_eq!(host_entry(&document, "h2")["exit_code"], 3, "{document:#}");
     assert_eq!(result.code, 3, "{}", result.stderr);
 }
+
+/// gpureap with `args`, no ssh reachable, in at most 512 MiB of address
+/// space: a parser that expands before it bounds fails here, not the machine.
+fn bounded_run(args: &[&str]) -> (crate::harness::Run, Duration) {
+    use std::os::unix::process::CommandExt;
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_gpureap"));
+    command
+        .args(args)
+        .args(["--ssh", "false"])
+        .env_remove("GPUREAP_BACKEND")
+        .stdin(std::process::Stdio::null());
+    unsafe {
+        command.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: 512 << 20,
+                rlim_max: 512 << 20,
+            };
+            libc::setrlimit(libc::RLIMIT_AS, &limit);
+            Ok(())
+        });
+    }
+    let started = std::time::Instant::now();
+    let run = command.output().expect("gpureap runs").into();
+    (run, started.elapsed())
+}
+
+#[test]
+fn host_lists_are_bounded_before_they_expand_and_never_echo_a_files_lines() {
+    let dir = tempfile::tempdir().expect("dir");
+    let deep = format!("x{}", "[1]".repeat(30_000));
+    let file = dir.path().join("one-name");
+    std::fs::write(&file, format!("x{}\n", "[1]".repeat(300_000))).expect("file");
+    let file = format!("@{}", file.display());
+    let wide = "n[1-9][1-9][1-9][1-9][1-9][1-9][1-9]";
+    let fifo = dir.path().join("fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("mkfifo");
+    assert!(made.success());
+    let fifo = format!("@{}", fifo.display());
+    let mut wrong = Vec::new();
+    for (list, says) in [
+        (deep.as_str(), "a name of 90001 characters"),
+        ("x[1][1][1][1][1][1][1][1][1]", "more than 8 bracket groups"),
+        (file.as_str(), "line 1: a name of 900001 characters"),
+        (wide, "more than 100000 hosts"),
+        ("@/proc/kallsyms", "larger than 1 MiB"),
+        ("@/dev/zero", "not a regular file"),
+        (fifo.as_str(), "not a regular file"),
+        ("h2,@h1", "the user not empty"),
+        ("alice@h1,bob@h1", "named with two users"),
+    ] {
+        let (run, took) = bounded_run(&["status", "-H", list]);
+        let shown: String = list.chars().take(40).collect();
+        let tail: Vec<char> = run.stderr.chars().rev().take(200).collect();
+        let tail: String = tail.into_iter().rev().collect();
+        if run.code != 2 || !run.stderr.contains(says) || took > Duration::from_secs(10) {
+            wrong.push(format!("{shown}: exit {} in {took:?}: {tail}", run.code));
+        }
+    }
+    // The same list four times over: each -H within the bound, not their sum.
+    let (run, _) = bounded_run(&[
+        "status",
+        "-H",
+        "n[1-30000]",
+        "-H",
+        "m[1-30000]",
+        "-H",
+        "o[1-30000]",
+        "-H",
+        "p[1-30000]",
+    ]);
+    if run.code != 2 || !run.stderr.contains("more than 100000 hosts") {
+        wrong.push(format!("four -H: exit {}: {}", run.code, run.stderr));
+    }
+
+    // A host file's bad line is named by number; its text, a secret perhaps, is not shown.
+    let secrets = dir.path().join("hosts");
+    std::fs::write(&secrets, "h1\n# fine\nh2\npassword=hunter2 x\n").expect("file");
+    let (run, _) = bounded_run(&["status", "-H", &format!("@{}", secrets.display())]);
+    if run.code != 2 || !run.stderr.contains("line 4") || run.stderr.contains("hunter2") {
+        wrong.push(format!("secret: exit {}: {}", run.code, run.stderr));
+    }
+
+    // `h1` and `root@h1` are the one host ssh connects to: run once.
+    let (run, _) = bounded_run(&["status", "-H", "h1,root@h1,H1", "--json"]);
+    let hosts = serde_json::from_str::<Value>(&run.stdout)
+        .ok()
+        .and_then(|document| document["hosts"].as_array().map(Vec::len));
+    if run.code != 3 || hosts != Some(1) {
+        wrong.push(format!("h1,root@h1,H1: exit {}, {hosts:?} hosts", run.code));
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}
+
+/// Runs `command` to its end: its output, and its own peak resident memory
+/// (VmHWM, its high-water mark, read from /proc/PID/status until it exits;
+/// ssh, its child, is not counted).
+fn peak_memory(mut command: std::process::Command) -> (crate::harness::Run, u64) {
+    use std::io::Read;
+    let mut child = command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("gpureap runs");
+    let mut stdout = child.stdout.take().expect("stdout");
+    let mut stderr = child.stderr.take().expect("stderr");
+    let out = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stdout.read_to_string(&mut text);
+        text
+    });
+    let err = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    let status_file = format!("/proc/{}/status", child.id());
+    let mut peak = 0;
+    let status = loop {
+        if let Some(kib) = std::fs::read_to_string(&status_file).ok().and_then(|text| {
+            let line = text
+                .lines()
+                .find(|line| line.starts_with("VmHWM:"))?
+                .to_string();
+            line.split_whitespace().nth(1)?.parse::<u64>().ok()
+        }) {
+            peak = peak.max(kib * 1024);
+        }
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    let run = crate::harness::Run {
+        code: status.code().unwrap_or(-1),
+        stdout: out.join().expect("stdout"),
+        stderr: err.join().expect("stderr"),
+    };
+    (run, peak)
+}
+
+#[test]
+fn a_host_answering_a_huge_document_costs_little_memory_here() {
+    let lab = Lab::new(&[Kind::Up]);
+    // A "gpureap" on h1 that answers a status document made of small values:
+    // `scan.unreadable` holding COUNT zeros, or COUNT small holders.
+    let staged = lab.on(
+        "h1",
+        r#"cat > /usr/local/hostile <<'END'
+#!/bin/sh
+count=$(cat /usr/local/count)
+case $(cat /usr/local/shape) in
+zeros)
+  printf '{"schema_version":1,"kind":"status","gpus":[],"holders":[],"scan":{"complete":false,"unreadable":['
+  yes 0, | head -n "$count" | tr -d '\n'
+  printf '0]}}\n' ;;
+holders)
+  printf '{"schema_version":1,"kind":"status","gpus":[],"scan":{"complete":true,"unreadable":[]},"holders":['
+  yes '{"pid":1,"flags":["a","a","a","a"]},' | head -n "$count" | tr -d '\n'
+  printf '{"pid":1}]}\n' ;;
+esac
+END
+chmod 755 /usr/local/hostile"#,
+    );
+    assert_eq!(staged.code, 0, "{}", staged.stderr);
+    const MIB: u64 = 1 << 20;
+    // Just under the cap on answers (4 MiB), and far above it but under the old one (64 MiB).
+    for (shape, count, json, says) in [
+        (
+            "zeros",
+            2_000_000,
+            false,
+            "h1: partial scan, 2000001 process",
+        ),
+        ("zeros", 2_000_000, true, ""),
+        (
+            "holders",
+            110_000,
+            false,
+            "h1: 108977 more holders listed than are shown here (1024)",
+        ),
+        (
+            "zeros",
+            30_000_000,
+            false,
+            "h1: answered more than 4 MiB: not a gpureap report",
+        ),
+    ] {
+        lab.on(
+            "h1",
+            &format!("echo {count} > /usr/local/count; echo {shape} > /usr/local/shape"),
+        );
+        let mut command = lab.gpureap();
+        command.args(["status", "-H", "h1", "--remote-bin", "/usr/local/hostile"]);
+        if json {
+            command.arg("--json");
+        }
+        let (run, peak) = peak_memory(command);
+        eprintln!("{count} {shape} (--json: {json}): peak {} MiB", peak / MIB);
+        let tail: String = run.stdout.chars().take(300).collect();
+        assert!(
+            peak < 100 * MIB,
+            "{count} {shape} (--json: {json}): gpureap peaked at {} MiB\n{tail}{}",
+            peak / MIB,
+            run.stderr
+        );
+        if json {
+            let document = run.json();
+            let entry = host_entry(&document, "h1");
+            let unreadable = entry["report"]["scan"]["unreadable"]
+                .as_array()
+                .map(Vec::len);
+            assert_eq!(unreadable, Some(count + 1), "{}", entry["error"]);
+        } else {
+            assert!(run.stdout.contains(says), "{tail}");
+        }
+    }
+}
+
+#[test]
+fn a_thread_that_cannot_start_is_exit_3_naming_the_hosts_not_run() {
+    use std::os::unix::process::CommandExt;
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_gpureap"));
+    command
+        .args(["status", "-H", "h1,h2", "--ssh", "false"])
+        .env_remove("GPUREAP_BACKEND")
+        .current_dir("/")
+        .stdin(std::process::Stdio::null());
+    // As a uid of its own, allowed one process: this one. No thread can start.
+    let uid = 60_000 + std::process::id() % 5_000;
+    unsafe {
+        command.pre_exec(move || {
+            let one = libc::rlimit {
+                rlim_cur: 1,
+                rlim_max: 1,
+            };
+            if libc::setrlimit(libc::RLIMIT_NPROC, &one) != 0
+                || libc::setgid(uid) != 0
+                || libc::setuid(uid) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let run: crate::harness::Run = command.output().expect("gpureap runs").into();
+    assert_eq!(run.code, 3, "{}{}", run.stdout, run.stderr);
+    for host in ["h1", "h2"] {
+        assert!(
+            run.stdout
+                .contains(&format!("{host}: not run: cannot start a thread")),
+            "{}{}",
+            run.stdout,
+            run.stderr
+        );
+    }
+}
+
+/// Polls `check` until it holds, for at most `limit`.
+fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if check() {
+            return true;
+        }
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn ctrl_c_or_sigterm_during_free_stops_every_host_and_reports_it() {
+    let lab = Lab::new(&[Kind::Up, Kind::Up]);
+    // Holders that ignore SIGTERM: a free that ran on would SIGKILL them after its grace.
+    let holders: Vec<(&str, u32)> = ["h1", "h2"]
+        .into_iter()
+        .map(|host| (host, lab.hold(host, &worker(0, 0).ignoring_sigterm())))
+        .collect();
+    let remote_free = |host: &str| lab.on(host, "pgrep -f -- '--y[e]s --json'").code == 0;
+    for signal in [libc::SIGINT, libc::SIGTERM] {
+        let child = lab
+            .gpureap()
+            .args([
+                "free",
+                "-H",
+                "h1,h2",
+                "--match",
+                "sglang::",
+                "--grace",
+                "15s",
+                "--timeout",
+                "20s",
+                "--yes",
+                "--remote-bin",
+            ])
+            .arg(env!("CARGO_BIN_EXE_gpureap"))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("gpureap runs");
+        // Both hosts are freeing (they sent SIGTERM and wait out the grace).
+        assert!(
+            eventually(Duration::from_secs(20), || remote_free("h1")
+                && remote_free("h2")),
+            "the frees did not start"
+        );
+        let started = std::time::Instant::now();
+        assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
+        let run: crate::harness::Run = child.wait_with_output().expect("output").into();
+        // The remote frees end, well before their grace would, and signal nothing more.
+        for (host, pid) in &holders {
+            assert!(
+                eventually(Duration::from_secs(6), || !remote_free(host)),
+                "{host}: the remote free runs on after the abort"
+            );
+            let alive = lab.on(host, &format!("kill -0 {pid}"));
+            assert_eq!(
+                alive.code, 0,
+                "{host}: holder {pid} was killed after the abort"
+            );
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(run.code, 3, "{}{}", run.stdout, run.stderr);
+        let name = if signal == libc::SIGINT {
+            "SIGINT"
+        } else {
+            "SIGTERM"
+        };
+        for host in ["h1", "h2"] {
+            assert!(
+                run.stdout
+                    .contains(&format!("{host}: interrupted by {name} before it answered")),
+                "{}{}",
+                run.stdout,
+                run.stderr
+            );
+        }
+    }
+}
+
+#[test]
+fn a_remote_command_past_its_host_timeout_is_ended_there() {
+    let lab = Lab::new(&[Kind::Up]);
+    let hang = lab.path().join("hang-remote.sh");
+    std::fs::write(&hang, "#!/bin/sh\nsleep 1001\n").expect("script");
+    std::fs::set_permissions(&hang, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let run = lab.run_as_given(&[
+        "status",
+        "-H",
+        "h1",
+        "--host-timeout",
+        "2s",
+        "--remote-bin",
+        hang.to_str().expect("a UTF-8 path"),
+    ]);
+    assert_eq!(run.code, 3, "{}{}", run.stdout, run.stderr);
+    assert!(run.stdout.contains("timed out"), "{}", run.stdout);
+    // Not only the local ssh: the command on the host is gone too.
+    let running = || lab.on("h1", "pgrep -f 'sleep 100[1]'").code == 0;
+    assert!(
+        eventually(Duration::from_secs(5), || !running()),
+        "the remote command outlived its host timeout: {}",
+        lab.on("h1", "ps -eo pid,pgid,args").stdout
+    );
+}

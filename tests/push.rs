@@ -168,3 +168,184 @@ fn push_refuses_what_is_not_a_gpureap_and_bad_destinations() {
     assert_eq!(status.code, 0, "{}{}", status.stdout, status.stderr);
     lab.on("h1", "rm -rf '/usr/local/my tools'");
 }
+
+/// A small ELF program built here from C: a stand-in `--bin` that says
+/// what `source` prints, or hangs.
+fn tiny_elf(dir: &std::path::Path, name: &str, source: &str) -> String {
+    let c = dir.join(format!("{name}.c"));
+    std::fs::write(&c, source).expect("source");
+    let out = dir.join(name);
+    let built = std::process::Command::new("cc")
+        .arg("-O")
+        .arg("-o")
+        .arg(&out)
+        .arg(&c)
+        .status()
+        .expect("cc runs (the tests need a C compiler, as cargo does)");
+    assert!(built.success());
+    out.display().to_string()
+}
+
+fn says(version: &str) -> String {
+    format!("#include <stdio.h>\nint main(void) {{ puts(\"{version}\"); return 0; }}\n")
+}
+
+#[test]
+fn push_runs_no_file_it_did_not_put_there_and_replaces_no_link() {
+    let lab = Lab::new(&[Kind::Up]);
+    // Another user's file, planted where a push is going: a shared, sticky directory.
+    let planted = lab.on(
+        "h1",
+        "mkdir -p /usr/local/shared && chmod 1777 /usr/local/shared && printf '#!/bin/sh\\ntouch /usr/local/planted-ran\\necho gpureap 0.0.0\\n' > /usr/local/shared/gpureap && chmod 755 /usr/local/shared/gpureap && chown nobody /usr/local/shared/gpureap",
+    );
+    assert_eq!(planted.code, 0, "{}", planted.stderr);
+    let ran = || {
+        lab.on("h1", "test -e /usr/local/planted-ran && echo ran")
+            .stdout
+            .contains("ran")
+    };
+    let run = push(
+        &lab,
+        &["-H", "h1", "--to", "/usr/local/shared/gpureap", "--json"],
+    );
+    assert_eq!(run.code, 1, "{}{}", run.stdout, run.stderr);
+    assert_eq!(action(&run.json(), "h1"), "refused");
+    assert!(!ran(), "push ran the planted file as root");
+    let run = push(
+        &lab,
+        &[
+            "-H",
+            "h1",
+            "--to",
+            "/usr/local/shared/gpureap",
+            "--force",
+            "--json",
+        ],
+    );
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    assert_eq!(action(&run.json(), "h1"), "updated");
+    assert!(!ran(), "push --force ran the planted file as root");
+
+    // A directory anyone may write to without the sticky bit: what push
+    // leaves there could be swapped before it runs; refused.
+    lab.on(
+        "h1",
+        "mkdir -p /usr/local/open && chmod 777 /usr/local/open",
+    );
+    let run = push(
+        &lab,
+        &["-H", "h1", "--to", "/usr/local/open/gpureap", "--json"],
+    );
+    assert_eq!(run.code, 1, "{}{}", run.stdout, run.stderr);
+    let reason = host_entry(&run.json(), "h1")["report"]["reason"].to_string();
+    assert!(
+        reason.contains("can be changed by another user"),
+        "{reason}"
+    );
+    let left = lab.on("h1", "ls -A /usr/local/open");
+    assert_eq!(left.stdout, "", "left behind: {}", left.stdout);
+
+    // --force onto a link to a directory: never "updated" with the binary
+    // hidden inside the directory.
+    lab.on(
+        "h1",
+        "mkdir -p /usr/local/bin /usr/local/lib/gpureap.d && ln -s /usr/local/lib/gpureap.d /usr/local/bin/gpureap",
+    );
+    let run = push(&lab, &["-H", "h1", "--force", "--json"]);
+    assert_eq!(run.code, 1, "{}{}", run.stdout, run.stderr);
+    assert_eq!(action(&run.json(), "h1"), "refused");
+    let inside = lab.on("h1", "ls -A /usr/local/lib/gpureap.d");
+    assert_eq!(
+        inside.stdout, "",
+        "hidden in the directory: {}",
+        inside.stdout
+    );
+
+    // A --to with a newline could forge the look's answer: refused here.
+    let run = push(
+        &lab,
+        &["-H", "h1", "--to", "/usr/local/x\nsha256=0", "--json"],
+    );
+    assert_eq!(run.code, 2, "{}{}", run.stdout, run.stderr);
+    assert!(run.stderr.contains("invalid --to"), "{}", run.stderr);
+
+    // A local --bin that never finishes its --version: bounded.
+    let dir = tempfile::tempdir().expect("dir");
+    let hangs = tiny_elf(
+        dir.path(),
+        "hangs",
+        "#include <unistd.h>\nint main(void) { for (;;) pause(); }\n",
+    );
+    let started = std::time::Instant::now();
+    let run: Run = std::process::Command::new("timeout")
+        .args(["-s", "KILL", "60", BIN, "push", "-H", "h1", "--bin", &hangs])
+        .env("GPUREAP_SSH", lab.ssh())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("gpureap runs")
+        .into();
+    assert_eq!(run.code, 2, "{}{}", run.stdout, run.stderr);
+    assert!(
+        run.stderr.contains("did not finish within"),
+        "{}",
+        run.stderr
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(40));
+}
+
+#[test]
+fn concurrent_pushes_to_one_host_lose_no_record() {
+    let lab = Lab::new(&[Kind::Up]);
+    let dir = tempfile::tempdir().expect("dir");
+    let first = tiny_elf(dir.path(), "first", &says("gpureap 9.9.1 (test build)"));
+    let second = tiny_elf(dir.path(), "second", &says("gpureap 9.9.2 (test build)"));
+    const PUSHES: usize = 12;
+    // A long ledger from earlier pushes: each update takes a while to
+    // write, so that concurrent ones overlap.
+    const EARLIER: usize = 300_000;
+    let filled = lab.on(
+        "h1",
+        &format!("mkdir -p /var/lib/gpureap && seq {EARLIER} | awk '{{printf \"%064d /usr/local/old%d/gpureap\\n\", 0, $1}}' > /var/lib/gpureap/pushed"),
+    );
+    assert_eq!(filled.code, 0, "{}", filled.stderr);
+    let concurrently = |bin: &str| -> Vec<Run> {
+        let children: Vec<_> = (0..PUSHES)
+            .map(|at| {
+                lab.gpureap()
+                    .args(["push", "-H", "h1", "--bin", bin, "--json", "--to"])
+                    .arg(format!("/usr/local/t{at}/gpureap"))
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .expect("gpureap runs")
+            })
+            .collect();
+        children
+            .into_iter()
+            .map(|child| child.wait_with_output().expect("output").into())
+            .collect()
+    };
+    for run in concurrently(&first) {
+        assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+        assert_eq!(action(&run.json(), "h1"), "installed");
+    }
+    let ledger = lab.on("h1", "cat /var/lib/gpureap/pushed");
+    for at in 0..PUSHES {
+        let path = format!("/usr/local/t{at}/gpureap");
+        assert!(
+            ledger
+                .stdout
+                .lines()
+                .any(|line| line.ends_with(&format!(" {path}"))),
+            "{path} is not in the ledger:\n{}",
+            ledger.stdout
+        );
+    }
+    // Each is then updated, not refused as "not put there by gpureap push".
+    for run in concurrently(&second) {
+        assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+        assert_eq!(action(&run.json(), "h1"), "updated");
+    }
+    let ledger = lab.on("h1", "wc -l < /var/lib/gpureap/pushed");
+    assert_eq!(ledger.stdout.trim(), (EARLIER + PUSHES).to_string());
+}

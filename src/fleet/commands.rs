@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::{Fleet, HostResult, duration_arg, fleet_json, gpu_args, remaining, render};
+use super::{Fleet, HostResult, duration_arg, fleet_json, gpu_args, remaining, render, worst};
 use crate::cli::{FreeArgs, StatusArgs, WaitArgs};
 use crate::config::{self, UsageError};
 use crate::exit::Exit;
@@ -80,6 +80,19 @@ pub fn free(
     };
     let plan_limit = fleet.limit(Duration::ZERO);
     let plans = fleet.fan_out("free", &fleet.hosts, |_| (plan_args.clone(), plan_limit));
+    if let Some(signal) = super::interrupt::signal() {
+        // Interrupted while planning: no host is asked to free.
+        let mut output = finish(&plans, args.json, "free", render::free_plan);
+        if !args.json {
+            output.text = format!(
+                "Interrupted by {} while the hosts planned: no host was asked to free, nothing was signalled.\n\n{}",
+                super::interrupt::name(signal),
+                output.text
+            );
+        }
+        output.exit = Exit::Incomplete;
+        return Ok(output);
+    }
     if args.dry_run {
         return Ok(finish(&plans, args.json, "free", render::free_plan));
     }
@@ -171,15 +184,22 @@ fn finish(
     command: &'static str,
     render: fn(&[HostResult]) -> String,
 ) -> Output {
-    let exit = Exit::merge_hosts(
-        results
-            .iter()
-            .map(|result| Exit::from_code(result.answer.exit_code)),
-    );
-    let text = if json {
+    let exit = worst(results);
+    let mut text = if json {
         fleet_json(command, results, exit)
     } else {
         render(results)
     };
+    if let Some(signal) = super::interrupt::signal()
+        && !json
+    {
+        let _ = std::fmt::Write::write_fmt(
+            &mut text,
+            format_args!(
+                "\nInterrupted by {}: the hosts that had not answered were stopped (their ssh and their gpureap there ended, nothing signalled there after that) and are listed as failed.\n",
+                super::interrupt::name(signal)
+            ),
+        );
+    }
     Output { text, exit }
 }

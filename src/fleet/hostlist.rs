@@ -7,28 +7,58 @@
 //! several brackets in one name multiply out. Names are checked here, before
 //! anything is run: one that starts with `-` would be an option to ssh.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
-use std::fs;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// The hosts `-H` named, expanded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostList(pub Vec<String>);
 
-/// More names than this is a typo (`node[1-9999999]`), not a fleet.
+/// More names than this is a typo (`node[1-9999999]`), not a fleet: for
+/// one list, and for all the `-H` of one command line together.
 pub const MAX_HOSTS: usize = 100_000;
+/// One name as typed, brackets included: a host name is at most 255
+/// characters (RFC 1035), a user 32; more is not a name.
+pub const MAX_ITEM: usize = 512;
+/// Bracket groups in one name: `rack[1-4]node[01-16]` is two; a real
+/// naming scheme has a few.
+pub const MAX_GROUPS: usize = 8;
+/// A host file's size: one name a line, 1 MiB is some ten thousand hosts.
+pub const MAX_FILE: u64 = 1 << 20;
+
+/// Hosts named so far by all the lists of this process's command line.
+static NAMED: AtomicUsize = AtomicUsize::new(0);
+
+/// A list is refused for a reason that holds none of its text: a host
+/// file's line may hold anything (a secret), and a line is echoed nowhere.
+type Reason = String;
 
 /// A comma-separated list, with ranges, or `@FILE`; duplicates dropped,
-/// order kept.
+/// order kept. Everything is bounded before it is expanded: the name's
+/// length, its bracket groups, the product of their ranges, the hosts
+/// of all the lists of the command line together.
 pub fn parse(text: &str) -> Result<Vec<String>, String> {
+    let hosts = parse_list(text)?;
+    let before = NAMED.fetch_add(hosts.len(), Ordering::Relaxed);
+    if before + hosts.len() > MAX_HOSTS {
+        return Err(too_many());
+    }
+    Ok(hosts)
+}
+
+fn parse_list(text: &str) -> Result<Vec<String>, String> {
     let text = text.trim();
     if let Some(path) = text.strip_prefix('@') {
         return parse_file(path);
     }
     let mut hosts = Vec::new();
-    for item in split_top_level(text)? {
-        expand(item, &mut hosts)?;
-    }
+    add_line(text, &mut hosts).map_err(|reason| {
+        format!(
+            "invalid host list '{}': {reason}",
+            crate::report::short(text, 80)
+        )
+    })?;
     finish(hosts, text)
 }
 
@@ -36,61 +66,75 @@ fn parse_file(path: &str) -> Result<Vec<String>, String> {
     if path.is_empty() {
         return Err("invalid host list '@': name a file after the @, like @hosts.txt".to_string());
     }
-    let metadata =
-        fs::metadata(path).map_err(|error| format!("cannot read host file {path}: {error}"))?;
-    if !metadata.is_file() {
-        return Err(format!("cannot read host file {path}: not a regular file"));
-    }
-    // One name a line: 1 MiB is some ten thousand hosts, far beyond a fleet.
-    if metadata.len() > 1 << 20 {
-        return Err(format!(
-            "host file {path} is larger than 1 MiB: is it the right file?"
-        ));
-    }
-    let text = fs::read_to_string(path)
-        .map_err(|error| format!("cannot read host file {path}: {error}"))?;
+    let shown = crate::report::short(path, 200);
+    let text =
+        read_file(path).map_err(|reason| format!("cannot read host file {shown}: {reason}"))?;
     let mut hosts = Vec::new();
     for (number, line) in text.lines().enumerate() {
         let line = line.split('#').next().unwrap_or("").trim();
-        if line.is_empty() {
-            continue;
-        }
-        for item in split_top_level(line)? {
-            expand(item, &mut hosts)
-                .map_err(|error| format!("{path}, line {}: {error}", number + 1))?;
-        }
+        add_line(line, &mut hosts).map_err(|reason| {
+            format!(
+                "host file {shown}, line {}: {reason} (the line is not shown)",
+                number + 1
+            )
+        })?;
     }
-    finish(hosts, &format!("@{path}"))
+    finish(hosts, &format!("@{shown}"))
+}
+
+/// A host file's text: a regular file, at most `MAX_FILE` bytes, read
+/// without waiting (`super::read_regular`).
+fn read_file(path: &str) -> Result<String, Reason> {
+    let (_, bytes) = super::read_regular(std::path::Path::new(path), MAX_FILE)?;
+    String::from_utf8(bytes).map_err(|_| "not text (UTF-8)".to_string())
 }
 
 fn finish(hosts: Vec<String>, text: &str) -> Result<Vec<String>, String> {
+    one_user_each(&hosts)?;
     let hosts = unique(hosts);
     if hosts.is_empty() {
-        return Err(format!("invalid host list '{text}': no hosts in it"));
+        return Err(format!(
+            "invalid host list '{}': no hosts in it",
+            crate::report::short(text, 80)
+        ));
     }
     Ok(hosts)
 }
 
-/// Each host once, in the order first named.
+/// Each host once, in the order first named. A host is what ssh connects
+/// to: `h1` and `root@h1` are one host (the first spelling is kept).
 pub fn unique(hosts: impl IntoIterator<Item = String>) -> Vec<String> {
     let mut seen = HashSet::new();
     hosts
         .into_iter()
-        .filter(|host| seen.insert(host.clone()))
+        .filter(|host| seen.insert(destination(host).to_ascii_lowercase()))
         .collect()
 }
 
+/// The host part of `[user@]host`.
+pub fn destination(name: &str) -> &str {
+    name.rsplit_once('@').map_or(name, |(_, host)| host)
+}
+
+/// One line of names: its items, each bounded then expanded into `hosts`.
+fn add_line(line: &str, hosts: &mut Vec<String>) -> Result<(), Reason> {
+    for item in split_top_level(line)? {
+        expand_item(item, hosts)?;
+    }
+    Ok(())
+}
+
 /// Splits on commas outside brackets: `gpu[1,3],cpu1` is two items.
-fn split_top_level(text: &str) -> Result<Vec<&str>, String> {
+fn split_top_level(text: &str) -> Result<Vec<&str>, Reason> {
     let mut items = Vec::new();
     let mut depth = 0usize;
     let mut start = 0;
     for (at, c) in text.char_indices() {
         match c {
             '[' if depth == 0 => depth = 1,
-            '[' => return Err(format!("invalid host list '{text}': nested '['")),
+            '[' => return Err("nested '['".to_string()),
             ']' if depth == 1 => depth = 0,
-            ']' => return Err(format!("invalid host list '{text}': ']' without '['")),
+            ']' => return Err("']' without '['".to_string()),
             ',' if depth == 0 => {
                 items.push(text[start..at].trim());
                 start = at + 1;
@@ -99,49 +143,103 @@ fn split_top_level(text: &str) -> Result<Vec<&str>, String> {
         }
     }
     if depth != 0 {
-        return Err(format!("invalid host list '{text}': '[' without ']'"));
+        return Err("'[' without ']'".to_string());
     }
     items.push(text[start..].trim());
     Ok(items.into_iter().filter(|item| !item.is_empty()).collect())
 }
 
-/// Expands one item's brackets, left to right, into `hosts`.
-fn expand(item: &str, hosts: &mut Vec<String>) -> Result<(), String> {
-    let Some(open) = item.find('[') else {
-        check_name(item)?;
-        hosts.push(item.to_string());
-        return too_many(hosts.len());
-    };
-    let close = item[open..]
-        .find(']')
-        .map(|at| open + at)
-        .ok_or_else(|| format!("invalid host range '{item}': '[' without ']'"))?;
-    let (prefix, body, rest) = (&item[..open], &item[open + 1..close], &item[close + 1..]);
+/// One bracket's numbers: (first, last, width) for each range.
+type Group = Vec<(u64, u64, usize)>;
+
+/// Checks one item's length, its groups and the number of names they make,
+/// then expands it into `hosts`: nothing is built that the bounds refuse.
+fn expand_item(item: &str, hosts: &mut Vec<String>) -> Result<(), Reason> {
+    if item.len() > MAX_ITEM {
+        return Err(format!(
+            "a name of {} characters (at most {MAX_ITEM}, brackets included)",
+            item.len()
+        ));
+    }
+    // Literal text and groups, alternating: text, group, text, …, text.
+    let mut texts = Vec::new();
+    let mut groups: Vec<Group> = Vec::new();
+    let mut rest = item;
+    while let Some(open) = rest.find('[') {
+        if groups.len() == MAX_GROUPS {
+            return Err(format!("more than {MAX_GROUPS} bracket groups in one name"));
+        }
+        let close = rest[open..]
+            .find(']')
+            .map(|at| open + at)
+            .ok_or_else(|| "'[' without ']'".to_string())?;
+        texts.push(&rest[..open]);
+        groups.push(group(&rest[open + 1..close])?);
+        rest = &rest[close + 1..];
+    }
+    texts.push(rest);
+    let mut names: usize = 1;
+    for group in &groups {
+        let count = group.iter().fold(0usize, |sum, (first, last, _)| {
+            sum.saturating_add(
+                usize::try_from(last - first)
+                    .unwrap_or(usize::MAX)
+                    .saturating_add(1),
+            )
+        });
+        names = names.saturating_mul(count);
+    }
+    if hosts.len().saturating_add(names) > MAX_HOSTS {
+        return Err(too_many());
+    }
+    let mut name = String::new();
+    build(&texts, &groups, &mut name, hosts)
+}
+
+/// `[01-16,20]`'s ranges, each with its width.
+fn group(body: &str) -> Result<Group, Reason> {
+    let mut ranges = Vec::new();
     for part in body.split(',') {
         let part = part.trim();
         let (first, last) = part.split_once('-').unwrap_or((part, part));
-        let bad = || {
-            format!(
-                "invalid host range '[{body}]' in '{item}': expected numbers and ranges like [01-16,20]"
-            )
-        };
-        let (first_number, last_number): (u64, u64) = (
+        let bad = || "a bracket holds numbers and ranges, like [01-16,20]".to_string();
+        let (first_number, last_number) = (
             digits(first).ok_or_else(bad)?,
             digits(last).ok_or_else(bad)?,
         );
         if first_number > last_number {
-            return Err(format!(
-                "invalid host range '{part}' in '{item}': {first} is above {last}"
-            ));
+            return Err(format!("a range from {first} down to {last}"));
         }
-        if last_number - first_number >= MAX_HOSTS as u64 {
-            return too_many(MAX_HOSTS + 1);
-        }
-        let width = first.len();
-        for number in first_number..=last_number {
-            expand(&format!("{prefix}{number:0width$}{rest}"), hosts)?;
+        ranges.push((first_number, last_number, first.len()));
+    }
+    Ok(ranges)
+}
+
+/// The names `texts` and `groups` make, in order; the depth is at most
+/// `MAX_GROUPS`, the count checked by the caller.
+fn build(
+    texts: &[&str],
+    groups: &[Group],
+    name: &mut String,
+    hosts: &mut Vec<String>,
+) -> Result<(), Reason> {
+    let at = name.len();
+    name.push_str(texts[0]);
+    let Some((group, groups)) = groups.split_first() else {
+        check_name(name)?;
+        hosts.push(name.clone());
+        name.truncate(at);
+        return Ok(());
+    };
+    let mark = name.len();
+    for &(first, last, width) in group {
+        for number in first..=last {
+            let _ = write!(name, "{number:0width$}");
+            build(&texts[1..], groups, name, hosts)?;
+            name.truncate(mark);
         }
     }
+    name.truncate(at);
     Ok(())
 }
 
@@ -152,35 +250,57 @@ fn digits(text: &str) -> Option<u64> {
     text.parse().ok()
 }
 
-fn too_many(count: usize) -> Result<(), String> {
-    if count > MAX_HOSTS {
-        Err(format!(
-            "the host list names more than {MAX_HOSTS} hosts: check its ranges"
-        ))
-    } else {
-        Ok(())
-    }
+fn too_many() -> String {
+    format!("the host lists name more than {MAX_HOSTS} hosts: check their ranges")
 }
 
 /// What ssh takes as a destination, and nothing a shell or ssh would read
 /// as something else: `[user@]name`, with letters, digits, `.`, `-`, `_`
-/// and `:` (IPv6).
-fn check_name(name: &str) -> Result<(), String> {
-    let (user, host) = name.rsplit_once('@').unwrap_or(("", name));
+/// and `:` (IPv6); a `user@` is not empty.
+fn check_name(name: &str) -> Result<(), Reason> {
+    let (user, host) = match name.rsplit_once('@') {
+        Some((user, host)) => (Some(user), host),
+        None => (None, name),
+    };
     let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':');
-    let fine = !host.is_empty()
+    let user_fine = user.is_none_or(|user| {
+        !user.is_empty()
+            && user.len() <= 32
+            && !user.starts_with('-')
+            && user.chars().all(|c| allowed(c) && c != ':')
+    });
+    let fine = user_fine
+        && !host.is_empty()
         && host.len() <= 255
         && !host.starts_with('-')
-        && !user.starts_with('-')
-        && host.chars().all(allowed)
-        && user.chars().all(|c| allowed(c) && c != ':');
+        && host.chars().all(allowed);
     if fine {
         Ok(())
     } else {
-        Err(format!(
-            "invalid host name '{name}': expected [user@]host with letters, digits, '.', '-', '_' (not starting with '-')"
-        ))
+        Err(
+            "a name that is not [user@]host with letters, digits, '.', '-', '_' (not starting with '-', the user not empty)"
+                .to_string(),
+        )
     }
+}
+
+/// Refuses a host named twice with two different users: one run per host.
+pub fn one_user_each(hosts: &[String]) -> Result<(), String> {
+    let mut users: HashMap<String, &str> = HashMap::new();
+    for name in hosts {
+        let Some((user, host)) = name.rsplit_once('@') else {
+            continue;
+        };
+        if let Some(other) = users.insert(host.to_ascii_lowercase(), user)
+            && other != user
+        {
+            return Err(format!(
+                "host {} is named with two users ({other}@ and {user}@): gpureap runs once per host",
+                crate::report::short(host, 80)
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The other way: `gpu03,gpu04,gpu05,gpu11` reads `gpu[03-05,11]`. Names
@@ -293,6 +413,8 @@ mod tests {
             ["r1n1", "r1n2", "r2n1", "r2n2", "login"]
         );
         assert_eq!(parse("a,b,a").unwrap(), ["a", "b"]);
+        assert_eq!(parse("h1,root@h1,H1").unwrap(), ["h1"]);
+        assert_eq!(parse("r[1-2]n[1-2]").unwrap().len(), 4);
         assert_eq!(parse("root@10.1.230.174").unwrap(), ["root@10.1.230.174"]);
     }
 
@@ -312,6 +434,11 @@ mod tests {
             "n[1-99999999]",
             "$(reboot)",
             "user@-x",
+            "@h1",
+            "a,@h1",
+            "alice@h1,bob@h1",
+            "n[1-9][1-9][1-9][1-9][1-9][1-9][1-9]",
+            "x[1][1][1][1][1][1][1][1][1]",
         ] {
             assert!(parse(bad).is_err(), "{bad:?} was accepted");
         }

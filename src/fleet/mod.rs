@@ -9,6 +9,7 @@
 
 pub mod commands;
 pub mod hostlist;
+pub mod interrupt;
 pub mod push;
 pub mod render;
 pub mod ssh;
@@ -21,7 +22,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use serde_json::Value;
+use serde_json::value::RawValue;
 
 use crate::cli::HostsArgs;
 use crate::exit::Exit;
@@ -65,7 +66,13 @@ impl Fleet {
             return Ok(None);
         }
         // Several -H: their union, in order, each host once.
-        let hosts = hostlist::unique(args.hosts.iter().flat_map(|list| list.0.iter().cloned()));
+        let named: Vec<String> = args
+            .hosts
+            .iter()
+            .flat_map(|list| list.0.iter().cloned())
+            .collect();
+        hostlist::one_user_each(&named)?;
+        let hosts = hostlist::unique(named);
         if hosts.len() > hostlist::MAX_HOSTS {
             return Err(format!(
                 "the host lists name more than {} hosts: check their ranges",
@@ -121,17 +128,26 @@ impl Fleet {
     where
         F: Fn(&str) -> Answer + Sync,
     {
+        // Ctrl-C or SIGTERM now ends each host's ssh (and its gpureap there).
+        let _catching = interrupt::Catching::start();
         let next = AtomicUsize::new(0);
         let answers: Mutex<Vec<Option<Answer>>> =
             Mutex::new((0..hosts.len()).map(|_| None).collect());
         let bar = self.progress.then(|| progress_bar(hosts.len()));
         let (done_sender, done) = mpsc::channel::<bool>();
+        // A worker that cannot be started (no threads left: RLIMIT_NPROC, memory)
+        // leaves its hosts to the others; with none, no host is run.
+        let mut not_started = None;
         thread::scope(|scope| {
+            let mut started = 0;
             for _ in 0..self.parallel.min(hosts.len()) {
                 let done_sender = done_sender.clone();
                 let (next, answers, job) = (&next, &answers, &job);
-                scope.spawn(move || {
+                let spawned = thread::Builder::new().spawn_scoped(scope, move || {
                     loop {
+                        if interrupt::signal().is_some() {
+                            break;
+                        }
                         let at = next.fetch_add(1, Ordering::Relaxed);
                         let Some(host) = hosts.get(at) else { break };
                         let answer = job(host);
@@ -142,8 +158,18 @@ impl Fleet {
                         let _ = done_sender.send(failed);
                     }
                 });
+                match spawned {
+                    Ok(_) => started += 1,
+                    Err(error) => {
+                        not_started = Some(error.to_string());
+                        break;
+                    }
+                }
             }
             drop(done_sender);
+            if started == 0 {
+                return;
+            }
             let mut failures = 0;
             for failed in done {
                 failures += usize::from(failed);
@@ -165,7 +191,13 @@ impl Fleet {
                 answer: answer.unwrap_or_else(|| Answer {
                     exit_code: 3,
                     report: None,
-                    error: Some("not run (internal error)".to_string()),
+                    error: Some(match (&not_started, interrupt::signal()) {
+                        (_, Some(signal)) => {
+                            format!("not run: interrupted by {}", interrupt::name(signal))
+                        }
+                        (Some(error), None) => format!("not run: cannot start a thread: {error}"),
+                        (None, None) => "not run (internal error)".to_string(),
+                    }),
                     elapsed: Duration::ZERO,
                 }),
             })
@@ -231,7 +263,7 @@ pub struct FleetHostJson<'a> {
     pub exit_code: u8,
     pub error: Option<&'a str>,
     pub elapsed_ms: u64,
-    pub report: Option<&'a Value>,
+    pub report: Option<&'a RawValue>,
 }
 
 pub fn fleet_json(command: &'static str, results: &[HostResult], exit_code: Exit) -> String {
@@ -247,10 +279,64 @@ pub fn fleet_json(command: &'static str, results: &[HostResult], exit_code: Exit
                 exit_code: result.answer.exit_code,
                 error: result.answer.error.as_deref(),
                 elapsed_ms: result.answer.elapsed.as_millis() as u64,
-                report: result.answer.report.as_ref(),
+                report: result.answer.report.as_deref(),
             })
             .collect(),
     })
+}
+
+/// A host's JSON document as the fleet document embeds it, as text: its
+/// lines indented to where it sits (`hosts[].report`), so that the whole
+/// reads as if pretty-printed at once. JSON has no raw newline inside a
+/// string, so each newline is whitespace between tokens. `None` if it is
+/// not JSON.
+pub(crate) fn nested_json(text: &str) -> Option<Box<RawValue>> {
+    RawValue::from_string(text.trim().replace('\n', "\n      ")).ok()
+}
+
+/// A file named on the command line (`-H @FILE`, `push --bin`), read as a
+/// regular file of at most `max` bytes, without waiting: a FIFO, a device,
+/// or a /proc or /sys file that would block or never end (`/proc/kmsg`,
+/// `/proc/kallsyms`, which claim a size of 0) is refused, not read. The
+/// file stays open: what was read is what a caller may run
+/// (`/proc/self/fd/N`).
+pub(crate) fn read_regular(
+    path: &std::path::Path,
+    max: u64,
+) -> Result<(std::fs::File, Vec<u8>), String> {
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let metadata = std::fs::metadata(path).map_err(|error| error.to_string())?;
+    if !metadata.is_file() {
+        return Err("not a regular file".to_string());
+    }
+    // O_NONBLOCK: what was swapped in since (a FIFO) neither blocks the open nor a read.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|error| error.to_string())?;
+    let metadata = file.metadata().map_err(|error| error.to_string())?;
+    if !metadata.is_file() {
+        return Err("not a regular file".to_string());
+    }
+    let mut bytes = Vec::new();
+    (&file)
+        .take(max + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|error| match error.kind() {
+            io::ErrorKind::WouldBlock => {
+                "reading it would wait (a kernel interface, not a file)".to_string()
+            }
+            _ => error.to_string(),
+        })?;
+    if bytes.len() as u64 > max {
+        return Err(format!(
+            "larger than {} MiB: is it the right file?",
+            max >> 20
+        ));
+    }
+    Ok((file, bytes))
 }
 
 /// Seconds since `start`, for a `wait` started late.

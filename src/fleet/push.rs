@@ -13,13 +13,11 @@
 //! that was changed since, is left alone unless `--force`.
 
 use std::fmt::Write as _;
-use std::fs;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::{Answer, Fleet, HostResult, fleet_json, worst};
@@ -28,9 +26,13 @@ use crate::exit::Exit;
 use crate::report::{new_table, short};
 
 /// Reports where the destination is and what is there. Arguments: the
-/// destination (empty: the default for the remote user).
+/// destination (empty: the default for the remote user) and the checksum
+/// of the binary being pushed. It runs nothing it did not checksum: only a
+/// file with that very checksum (this build), read once on one descriptor
+/// and run through it, owned by root or the remote user and writable by no
+/// one else; whatever else is there is only looked at.
 const LOOK: &str = r#"
-dest=$1
+dest=$1 want=$2
 if [ -z "$dest" ]; then
   if [ "$(id -u)" = 0 ]; then dest=/usr/local/bin/gpureap; else dest=$HOME/.local/bin/gpureap; fi
 fi
@@ -39,52 +41,88 @@ if [ "$(id -u)" = 0 ]; then state=/var/lib/gpureap; else state=${XDG_STATE_HOME:
 echo "dest=$dest"
 if [ -L "$dest" ]; then echo "exists=symlink"
 elif [ -d "$dest" ]; then echo "exists=directory"
-elif [ -e "$dest" ]; then
+elif [ -f "$dest" ]; then
+  exec 3< "$dest" || exit 70
+  fd=/proc/$$/fd/3
+  [ -f "$fd" ] || { echo "exists=special"; exit 0; }
   echo "exists=file"
-  sum=$(sha256sum < "$dest" | cut -d' ' -f1) || exit 70
+  sum=$(sha256sum <&3 | cut -d' ' -f1) || exit 70
   echo "sha256=$sum"
   if grep -qxF "$sum $dest" "$state/pushed" 2>/dev/null; then echo "ours=yes"; else echo "ours=no"; fi
-  if [ -x "$dest" ]; then echo "version=$("$dest" --version 2>/dev/null | head -n 1)"; fi
+  owner=$(stat -L -c %u "$fd") mode=$(stat -L -c %a "$fd") || exit 70
+  if { [ "$owner" = 0 ] || [ "$owner" = "$(id -u)" ]; } && [ $((0$mode & 022)) -eq 0 ]; then
+    echo "safe=yes"
+    if [ "$sum" = "$want" ] && [ -x "$fd" ]; then echo "version=$("$fd" --version 2>/dev/null | head -n 1)"; fi
+  else echo "safe=no"
+  fi
+elif [ -e "$dest" ]; then echo "exists=special"
 else echo "exists=no"
 fi
 "#;
 
 /// Copies stdin to the destination atomically. Arguments: destination,
 /// expected checksum, the checksum of what may be replaced (`none` for
-/// nothing, `any` with --force).
+/// nothing, `any` with --force). Only into a directory that no one but
+/// root and the remote user can change (or a sticky one, as /tmp): there,
+/// the temporary file is ours alone; it is checksummed and run through one
+/// descriptor. The ledger is updated under a lock, through a temporary
+/// name of its own, so that concurrent pushes lose no record.
 const COPY: &str = r#"
 set -eu
 dest=$1 sum=$2 replaces=$3
-if [ "$(id -u)" = 0 ]; then state=/var/lib/gpureap; else state=${XDG_STATE_HOME:-$HOME/.local/state}/gpureap; fi
+me=$(id -u)
+if [ "$me" = 0 ]; then state=/var/lib/gpureap; else state=${XDG_STATE_HOME:-$HOME/.local/state}/gpureap; fi
 dir=$(dirname -- "$dest")
 mkdir -p -- "$dir"
+downer=$(stat -L -c %u -- "$dir") dmode=$(stat -L -c %a -- "$dir")
+if { [ "$downer" != 0 ] && [ "$downer" != "$me" ]; } || { [ $((0$dmode & 022)) -ne 0 ] && [ $((0$dmode & 01000)) -eq 0 ]; }; then
+  echo "$dir can be changed by another user (owner uid $downer, mode $dmode): not installing there" >&2; exit 69
+fi
 tmp=$(mktemp "$dir/.gpureap-push.XXXXXX")
 trap 'rm -f -- "$tmp"' EXIT
 cat > "$tmp"
-got=$(sha256sum < "$tmp" | cut -d' ' -f1)
-if [ "$got" != "$sum" ]; then echo "checksum mismatch after the copy: $got" >&2; exit 65; fi
 chmod 755 "$tmp"
 sync -- "$tmp" 2>/dev/null || sync
-if ! version=$("$tmp" --version 2>&1 | head -n 1) || [ "${version#gpureap }" = "$version" ]; then
+exec 3< "$tmp"
+got=$(sha256sum <&3 | cut -d' ' -f1)
+if [ "$got" != "$sum" ]; then echo "checksum mismatch after the copy: $got" >&2; exit 65; fi
+if ! version=$("/proc/$$/fd/3" --version 2>&1 | head -n 1) || [ "${version#gpureap }" = "$version" ]; then
   echo "the copied binary does not run there: $version" >&2; exit 66
 fi
+exec 3<&-
+# A link or a directory is never replaced (a link to a directory would take the file in).
+if [ -L "$dest" ] || [ -d "$dest" ]; then
+  echo "$dest is now a symbolic link or a directory; left alone" >&2; exit 67
+fi
 # What is there now must still be what was seen, unless --force.
-if [ "$replaces" != any ]; then
-  if [ -e "$dest" ] || [ -L "$dest" ]; then
-    now=$(sha256sum < "$dest" | cut -d' ' -f1)
-    if [ "$replaces" = none ] || [ "$now" != "$replaces" ]; then
-      echo "the file at $dest changed while pushing; left alone" >&2; exit 67
-    fi
+if [ "$replaces" != any ] && [ -e "$dest" ]; then
+  now=none
+  if [ -f "$dest" ]; then now=$(sha256sum < "$dest" | cut -d' ' -f1); fi
+  if [ "$replaces" = none ] || [ "$now" != "$replaces" ]; then
+    echo "the file at $dest changed while pushing; left alone" >&2; exit 67
   fi
 fi
-mv -f -- "$tmp" "$dest"
+mv -fT -- "$tmp" "$dest"
 trap - EXIT
 sync -- "$dir" 2>/dev/null || true
 mkdir -p -- "$state"
-{ awk -v d="$dest" 'substr($0, 66) != d' "$state/pushed" 2>/dev/null || true; echo "$sum $dest"; } > "$state/pushed.new"
-mv -f -- "$state/pushed.new" "$state/pushed"
+record() {
+  new=$(mktemp "$state/pushed.XXXXXX")
+  { awk -v d="$dest" 'substr($0, 66) != d' "$state/pushed" 2>/dev/null || true; echo "$sum $dest"; } > "$new"
+  mv -f -- "$new" "$state/pushed"
+}
+if command -v flock >/dev/null 2>&1; then
+  ( flock -w 60 9 || { echo "cannot lock $state/pushed.lock" >&2; exit 68; }; record ) 9>>"$state/pushed.lock"
+else
+  record
+fi
 echo "version=$version"
 "#;
+
+/// How long the local `--bin FILE --version` may take, and what of its
+/// output is read: it is a file the user named, not yet known to be gpureap.
+const BIN_VERSION_LIMIT: Duration = Duration::from_secs(10);
+const BIN_VERSION_OUTPUT: u64 = 64 << 10;
 
 /// What `push` does with the binary.
 pub struct PushRequest<'a> {
@@ -103,34 +141,31 @@ struct Binary {
 
 fn load(path: &Path) -> Result<Binary, UsageError> {
     let shown = path.display();
-    let metadata = fs::metadata(path)
+    let (file, bytes) = super::read_regular(path, 512 << 20)
         .map_err(|error| UsageError(format!("cannot read --bin {shown}: {error}")))?;
-    if !metadata.is_file() {
-        return Err(UsageError(format!("--bin {shown} is not a regular file")));
-    }
-    if metadata.len() > 512 << 20 {
-        return Err(UsageError(format!(
-            "--bin {shown} is larger than 512 MiB: not a gpureap binary"
-        )));
-    }
-    let bytes =
-        fs::read(path).map_err(|error| UsageError(format!("cannot read {shown}: {error}")))?;
     if !bytes.starts_with(b"\x7fELF") {
         return Err(UsageError(format!(
             "--bin {shown} is not an ELF executable"
         )));
     }
-    let output = std::process::Command::new(path)
-        .arg("--version")
-        .stdin(std::process::Stdio::null())
-        .output()
+    // The very bytes read (and checksummed below), through this descriptor.
+    let argv = [
+        format!(
+            "/proc/{}/fd/{}",
+            std::process::id(),
+            std::os::fd::AsRawFd::as_raw_fd(&file)
+        )
+        .into(),
+        std::ffi::OsString::from("--version"),
+    ];
+    let (code, stdout) = super::ssh::run_local(&argv, BIN_VERSION_LIMIT, BIN_VERSION_OUTPUT)
         .map_err(|error| UsageError(format!("cannot run {shown} --version: {error}")))?;
-    let version = String::from_utf8_lossy(&output.stdout)
+    let version = String::from_utf8_lossy(&stdout)
         .lines()
         .next()
         .unwrap_or("")
         .to_string();
-    if !output.status.success() || !version.starts_with("gpureap ") {
+    if code != Some(0) || !version.starts_with("gpureap ") {
         return Err(UsageError(format!(
             "{shown} --version does not say gpureap: is it a gpureap binary?"
         )));
@@ -146,6 +181,15 @@ fn load(path: &Path) -> Result<Binary, UsageError> {
         sha256,
         version,
     })
+}
+
+/// What the text shows of a host's push.
+#[derive(serde::Deserialize)]
+struct PushView {
+    action: String,
+    path: String,
+    version: Option<String>,
+    reason: Option<String>,
 }
 
 /// One host's push, as its report in the fleet document.
@@ -169,10 +213,14 @@ pub struct Output {
 
 pub fn push(fleet: &Fleet, request: &PushRequest) -> Result<Output, UsageError> {
     if let Some(to) = request.to
-        && (to.is_empty() || !(to.starts_with('/') || to.starts_with("~/")) || to.ends_with('/'))
+        && (to.is_empty()
+            || !(to.starts_with('/') || to.starts_with("~/"))
+            || to.ends_with('/')
+            || to.chars().any(char::is_control))
     {
         return Err(UsageError(format!(
-            "invalid --to '{to}': give the file to install, an absolute path or ~/…, like /usr/local/bin/gpureap"
+            "invalid --to '{}': give the file to install, an absolute path or ~/… without control characters, like /usr/local/bin/gpureap",
+            crate::units::printable(to)
         )));
     }
     let binary = load(request.bin)?;
@@ -212,7 +260,7 @@ fn push_one(
     };
     let look = match fleet.transport.exec(
         host,
-        &script(LOOK, &[request.to.unwrap_or("")]),
+        &script(LOOK, &[request.to.unwrap_or(""), &binary.sha256]),
         None,
         limit,
     ) {
@@ -230,7 +278,7 @@ fn push_one(
     let there = look.get("sha256").map(String::as_str);
     let ours = look.get("ours").map(String::as_str) == Some("yes");
     let report = |action: &'static str, version: Option<String>, reason: Option<String>| {
-        serde_json::to_value(PushJson {
+        serde_json::to_string_pretty(&PushJson {
             schema_version: crate::report::SCHEMA_VERSION,
             kind: "push",
             action,
@@ -240,6 +288,7 @@ fn push_one(
             reason,
         })
         .ok()
+        .and_then(|text| super::nested_json(&text))
     };
     let refused = |reason: String| Answer {
         exit_code: 1,
@@ -247,10 +296,27 @@ fn push_one(
         error: None,
         elapsed: started.elapsed(),
     };
-    if exists == "directory" {
-        return refused(format!("{path} is a directory: give --to the file's path"));
+    let safe = look.get("safe").map(String::as_str) == Some("yes");
+    match exists {
+        "directory" => {
+            return refused(format!("{path} is a directory: give --to the file's path"));
+        }
+        "symlink" => {
+            return refused(format!(
+                "{path} is a symbolic link: give --to the file it should be (a link is never replaced)"
+            ));
+        }
+        "special" => {
+            return refused(format!("{path} is not a regular file: left alone"));
+        }
+        _ => {}
     }
-    if there == Some(binary.sha256.as_str()) {
+    if there == Some(binary.sha256.as_str()) && (safe || !request.force) {
+        if !safe {
+            return refused(format!(
+                "{path} has this build's checksum but another user can change it (its owner or mode); pass --force to replace it"
+            ));
+        }
         let version = look.get("version").cloned();
         if version.as_deref() != Some(binary.version.as_str()) {
             return failed(format!(
@@ -269,11 +335,6 @@ fn push_one(
         ("no", _) => "none".to_string(),
         _ if request.force => "any".to_string(),
         ("file", Some(sum)) if ours => sum.to_string(),
-        ("symlink", _) => {
-            return refused(format!(
-                "{path} is a symbolic link gpureap push did not make; pass --force to replace the link"
-            ));
-        }
         _ => {
             return refused(format!(
                 "a different file is at {path}, not put there by gpureap push; pass --force to replace it"
@@ -311,7 +372,7 @@ fn push_one(
                 elapsed: started.elapsed(),
             }
         }
-        Ok(copied) if copied.code == Some(67) => refused(
+        Ok(copied) if matches!(copied.code, Some(67 | 69)) => refused(
             copied
                 .last_error
                 .unwrap_or_else(|| format!("{path} changed while pushing")),
@@ -347,18 +408,21 @@ fn render(results: &[HostResult], binary: &Binary) -> String {
         let Some(report) = &result.answer.report else {
             continue;
         };
-        let text = |key: &str| report.get(key).and_then(Value::as_str).unwrap_or("");
-        match text("action") {
+        let Ok(view) = serde_json::from_str::<PushView>(report.get()) else {
+            continue;
+        };
+        let text = |field: &Option<String>| field.clone().unwrap_or_default();
+        match view.action.as_str() {
             "up_to_date" => current.push(result.host.as_str()),
             action => rows.push(vec![
                 result.host.clone(),
                 action.replace('_', " "),
-                short(text("path"), 40),
+                short(&view.path, 40),
                 short(
-                    if action == "refused" {
-                        text("reason")
+                    &if action == "refused" {
+                        text(&view.reason)
                     } else {
-                        text("version")
+                        text(&view.version)
                     },
                     70,
                 ),

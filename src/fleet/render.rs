@@ -10,8 +10,9 @@ use std::fmt::Write as _;
 use std::ops::Deref;
 
 use comfy_table::{Cell, CellAlignment};
-use serde::Deserialize;
-use serde_json::Value;
+use serde::de::IgnoredAny;
+use serde::{Deserialize, Deserializer};
+use serde_json::value::RawValue;
 
 use super::HostResult;
 use super::hostlist;
@@ -55,16 +56,17 @@ struct StatusView {
     #[serde(default)]
     scan: Option<ScanView>,
     #[serde(default)]
-    gpus: Vec<GpuView>,
+    gpus: Bounded<GpuView, MAX_ENTRIES>,
     #[serde(default)]
-    holders: Vec<HolderView>,
+    holders: Bounded<HolderView, MAX_ENTRIES>,
 }
 
 #[derive(Deserialize)]
 struct ScanView {
     complete: bool,
-    #[serde(default)]
-    unreadable: Vec<Value>,
+    /// Only how many: their contents are not shown.
+    #[serde(default, deserialize_with = "count")]
+    unreadable: usize,
 }
 
 #[derive(Deserialize)]
@@ -85,9 +87,15 @@ struct HolderView {
     age_ms: Option<u64>,
     cmdline: Option<Text>,
     #[serde(default)]
-    flags: Vec<Text>,
+    flags: Bounded<Text, MAX_NESTED>,
     #[serde(default)]
-    gpus: Vec<HolderGpuView>,
+    gpus: Bounded<HolderGpuView, MAX_NESTED>,
+}
+
+#[derive(Deserialize)]
+struct HoldersView {
+    #[serde(default)]
+    holders: Bounded<HolderView, MAX_ENTRIES>,
 }
 
 #[derive(Deserialize)]
@@ -113,18 +121,108 @@ impl HolderView {
     }
 }
 
+/// A host's list as read here: its first N entries (GPUs, holders,
+/// targets), the rest counted and skipped unread, so that what a host's
+/// view costs is bounded whatever it sends: a real host has a few GPUs and
+/// tens of holders, each with a few flags and GPUs.
+const MAX_ENTRIES: usize = 1024;
+/// The lists inside an entry: a holder's flags and GPUs, a target's signals.
+const MAX_NESTED: usize = 64;
+
+struct Bounded<T, const N: usize> {
+    items: Vec<T>,
+    /// Entries past the first N, not read.
+    more: usize,
+}
+
+impl<T, const N: usize> Default for Bounded<T, N> {
+    fn default() -> Self {
+        Bounded {
+            items: Vec::new(),
+            more: 0,
+        }
+    }
+}
+
+impl<T, const N: usize> std::ops::Deref for Bounded<T, N> {
+    type Target = Vec<T>;
+    fn deref(&self) -> &Vec<T> {
+        &self.items
+    }
+}
+
+impl<'a, T, const N: usize> IntoIterator for &'a Bounded<T, N> {
+    type Item = &'a T;
+    type IntoIter = std::slice::Iter<'a, T>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.items.iter()
+    }
+}
+
+impl<'de, T: Deserialize<'de>, const N: usize> Deserialize<'de> for Bounded<T, N> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit<T, const N: usize>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de>, const N: usize> serde::de::Visitor<'de> for Visit<T, N> {
+            type Value = Bounded<T, N>;
+            fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+                formatter.write_str("an array")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut bounded = Bounded::default();
+                while bounded.items.len() < N {
+                    match seq.next_element()? {
+                        Some(item) => bounded.items.push(item),
+                        None => return Ok(bounded),
+                    }
+                }
+                while seq.next_element::<IgnoredAny>()?.is_some() {
+                    bounded.more += 1;
+                }
+                Ok(bounded)
+            }
+        }
+        deserializer.deserialize_seq(Visit::<T, N>(std::marker::PhantomData))
+    }
+}
+
+/// An array's length, its elements skipped unread: what it costs is its
+/// text, already held, not one value per element.
+fn count<'de, D: Deserializer<'de>>(deserializer: D) -> Result<usize, D::Error> {
+    struct Count;
+    impl<'de> serde::de::Visitor<'de> for Count {
+        type Value = usize;
+        fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+            formatter.write_str("an array")
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<usize, A::Error> {
+            let mut count = 0;
+            while seq.next_element::<IgnoredAny>()?.is_some() {
+                count += 1;
+            }
+            Ok(count)
+        }
+    }
+    deserializer.deserialize_seq(Count)
+}
+
 /// Whether a host's document of `kind` has the fields this side shows.
-pub fn readable(kind: &str, report: &Value) -> bool {
+pub fn readable(kind: &str, report: &RawValue) -> bool {
+    let text = report.get();
     match kind {
-        "status" => StatusView::deserialize(report).is_ok(),
-        "free" => FreeView::deserialize(report).is_ok(),
-        "wait" => WaitView::deserialize(report).is_ok(),
+        "status" => serde_json::from_str::<StatusView>(text).is_ok(),
+        "free" => serde_json::from_str::<FreeView>(text).is_ok(),
+        "wait" => serde_json::from_str::<WaitView>(text).is_ok(),
         _ => true,
     }
 }
 
-fn view<'a, T: Deserialize<'a>>(report: &'a Option<Value>) -> Option<T> {
-    T::deserialize(report.as_ref()?).ok()
+/// The fields of a host's document this side shows, parsed from its text
+/// (only those: the rest is skipped, never built).
+fn view<'a, T: Deserialize<'a>>(report: &'a Option<Box<RawValue>>) -> Option<T> {
+    serde_json::from_str(report.as_ref()?.get()).ok()
 }
 
 /// `status -H`: what is held where, the quiet hosts in one line, failures last.
@@ -162,7 +260,13 @@ pub fn status(results: &[HostResult]) -> String {
         {
             notes.push(format!(
                 "{host}: partial scan, {} process(es) could not be inspected",
-                scan.unreadable.len()
+                scan.unreadable
+            ));
+        }
+        if status.holders.more > 0 {
+            notes.push(format!(
+                "{host}: {} more holders listed than are shown here ({MAX_ENTRIES})",
+                status.holders.more
             ));
         }
         if busy.is_empty() && holders.is_empty() && status.driver_error.is_none() {
@@ -338,11 +442,11 @@ struct FreeView {
     #[serde(default)]
     elapsed_ms: u64,
     #[serde(default)]
-    targets: Vec<TargetView>,
+    targets: Bounded<TargetView, MAX_ENTRIES>,
     #[serde(default)]
-    spared: Vec<SparedView>,
+    spared: Bounded<SparedView, MAX_ENTRIES>,
     #[serde(default)]
-    gpus: Vec<OutcomeView>,
+    gpus: Bounded<OutcomeView, MAX_ENTRIES>,
 }
 
 #[derive(Deserialize)]
@@ -351,9 +455,9 @@ struct TargetView {
     cmdline: Text,
     because: Text,
     #[serde(default)]
-    gpus: Vec<u32>,
+    gpus: Bounded<u32, MAX_NESTED>,
     #[serde(default)]
-    signals: Vec<SignalView>,
+    signals: Bounded<SignalView, MAX_NESTED>,
     fate: Text,
     exited_after_ms: Option<u64>,
 }
@@ -361,7 +465,7 @@ struct TargetView {
 #[derive(Deserialize)]
 struct SignalView {
     signal: Text,
-    delivery: Value,
+    delivery: DeliveryView,
 }
 
 #[derive(Deserialize)]
@@ -380,7 +484,22 @@ struct OutcomeView {
     freed_bytes: Option<u64>,
     freed_after_ms: Option<u64>,
     #[serde(default)]
-    reasons: Vec<Value>,
+    reasons: Bounded<ReasonView, MAX_NESTED>,
+}
+
+/// A signal's delivery: `"sent"`, or an object saying why not.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum DeliveryView {
+    Word(String),
+    Other(IgnoredAny),
+}
+
+/// Why a GPU is still held: its text, or its tag.
+#[derive(Deserialize)]
+struct ReasonView {
+    text: Option<String>,
+    reason: Option<String>,
 }
 
 /// `free -H --dry-run`, and what is asked before a real free: per host, what
@@ -451,7 +570,9 @@ pub fn free_outcome(results: &[HostResult]) -> String {
             let signals: Vec<&str> = target
                 .signals
                 .iter()
-                .filter(|event| event.delivery == "sent")
+                .filter(
+                    |event| matches!(&event.delivery, DeliveryView::Word(word) if word == "sent"),
+                )
                 .map(|event| &*event.signal)
                 .collect();
             let result = match (&*target.fate, target.exited_after_ms) {
@@ -499,9 +620,9 @@ pub fn free_outcome(results: &[HostResult]) -> String {
             });
             for reason in &gpu.reasons {
                 let text = reason
-                    .get("text")
-                    .or_else(|| reason.get("reason"))
-                    .and_then(Value::as_str)
+                    .text
+                    .as_deref()
+                    .or(reason.reason.as_deref())
                     .unwrap_or("(no reason given)");
                 lines.push(format!("  - {}", Field(text)));
             }
@@ -528,7 +649,7 @@ struct WaitView {
     waited_ms: u64,
     below: u64,
     #[serde(default)]
-    gpus: Vec<WaitGpuView>,
+    gpus: Bounded<WaitGpuView, MAX_ENTRIES>,
 }
 
 #[derive(Deserialize)]
@@ -591,12 +712,8 @@ pub fn wait(results: &[HostResult]) -> String {
     // The holders of the busy hosts, from the holders each wait listed.
     let mut rows = Vec::new();
     for result in busy_hosts {
-        let holders: Vec<HolderView> = result
-            .answer
-            .report
-            .as_ref()
-            .and_then(|report| report.get("holders"))
-            .and_then(|holders| Vec::deserialize(holders).ok())
+        let holders = view::<HoldersView>(&result.answer.report)
+            .map(|view| view.holders.items)
             .unwrap_or_default();
         let holding: Vec<&HolderView> = holders.iter().filter(|holder| holder.holds()).collect();
         rows.extend(host_holder_rows(&result.host, &holding));

@@ -15,11 +15,17 @@ use std::sync::{Arc, mpsc};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde::Deserialize;
+use serde_json::value::RawValue;
 
-/// The JSON a host answers with is this big at most (5,000 holders are a
-/// few MB): more is a host answering garbage, not a report.
-const MAX_ANSWER: u64 = 64 << 20;
+/// The JSON a host answers with is this big at most. A real 8-GPU host's
+/// `status --json`, eight tensor-parallel workers each with every GPU's
+/// nodes open, is 22 KB (the demo's whole document, 53 KB); 4 MiB is some
+/// 1,500 such holders, a hundred times a busy host. More is a host
+/// answering garbage, not a report, and is refused unread. What is kept is
+/// the text (at most this much) and, while a host is rendered, the few
+/// fields shown: never a tree of every value (docs/fleet.md, "Bounds").
+pub const MAX_ANSWER: u64 = 4 << 20;
 /// What is kept of a host's stderr: its last lines say what went wrong.
 const MAX_STDERR: u64 = 64 << 10;
 
@@ -40,6 +46,24 @@ pub const DEFAULT_REMOTE_BIN: &str = "gpureap";
 /// destinations (a user's ~/.local/bin is often not on a non-interactive
 /// ssh session's PATH). Exit 127, as a shell's "not found", if none.
 const FIND_GPUREAP: &str = r#"for b in gpureap "$HOME/.local/bin/gpureap" /usr/local/bin/gpureap; do if command -v "$b" >/dev/null 2>&1; then exec "$b" "$@"; fi; done; echo "gpureap: not found on PATH, in ~/.local/bin or /usr/local/bin" >&2; exit 127"#;
+
+/// Runs the remote command ("$@") in a session of its own, and ends that
+/// session (SIGTERM) when its stdin reaches its end: this side holds ssh's
+/// stdin open while it waits, so the end comes when this side goes away,
+/// its ssh killed past the host's deadline or on Ctrl-C, or the connection
+/// lost. A remote gpureap does not outlive what asked for it, nor signal on
+/// after it (docs/fleet.md, "Interrupted, timed out"). The shell's own
+/// `kill`: procps' reads a small negative PID (a group in a container's PID
+/// namespace, `-10`) as a signal number.
+pub const WATCH: &str = r#"exec 3<&0
+if command -v setsid >/dev/null 2>&1; then setsid "$@" </dev/null 3<&- & else "$@" </dev/null 3<&- & fi
+pid=$!
+{ cat <&3 >/dev/null 2>&1; kill -TERM -"$pid" "$pid" 2>/dev/null; } >/dev/null 2>&1 &
+watcher=$!
+exec 3<&-
+wait "$pid"; code=$?
+kill "$watcher" 2>/dev/null
+exit "$code""#;
 
 /// A raw command's outcome on a host (`exec`).
 #[derive(Debug)]
@@ -63,8 +87,8 @@ fn timed_out(limit: Duration) -> String {
 pub struct Answer {
     /// The remote gpureap's exit code, or 3 where it could not complete.
     pub exit_code: u8,
-    /// Its JSON document, when it gave one.
-    pub report: Option<Value>,
+    /// Its JSON document, when it gave one: the text, checked to be JSON.
+    pub report: Option<Box<RawValue>>,
     /// Why there is no usable report, in one line.
     pub error: Option<String>,
     pub elapsed: Duration,
@@ -99,7 +123,12 @@ impl Transport {
     /// one argument, unexpanded. The default `gpureap` is looked for on the
     /// remote PATH, then where `gpureap push` puts it by default.
     pub fn command_line(&self, host: &str, args: &[String]) -> Vec<String> {
-        let mut words: Vec<String> = Vec::new();
+        let mut words: Vec<String> = vec![
+            "sh".into(),
+            "-c".into(),
+            WATCH.into(),
+            "gpureap-watch".into(),
+        ];
         if self.remote_bin == DEFAULT_REMOTE_BIN {
             words.extend([
                 "sh".into(),
@@ -141,11 +170,17 @@ impl Transport {
     /// `kind` is the document expected back (`status`, `free`, `wait`).
     pub fn call(&self, host: &str, args: &[String], kind: &str, limit: Duration) -> Answer {
         let started = Instant::now();
-        let outcome = run_bounded(&self.command_line(host, args), limit, None);
+        let outcome = run_bounded(
+            &self.command_line(host, args),
+            limit,
+            Input::Held,
+            MAX_ANSWER,
+        );
         let elapsed = started.elapsed();
         let (exit_code, report, error) = match outcome {
             Err(error) => (3, None, Some(error)),
             Ok(Ran::TimedOut) => (3, None, Some(timed_out(limit))),
+            Ok(Ran::Interrupted(signal)) => (3, None, Some(super::interrupt::host_error(signal))),
             Ok(Ran::Exited {
                 status,
                 stdout,
@@ -179,8 +214,14 @@ impl Transport {
         input: Option<Arc<Vec<u8>>>,
         limit: Duration,
     ) -> Result<Executed, String> {
-        match run_bounded(&self.argv(host, words), limit, input)? {
+        let input = input.map_or(Input::Null, Input::Data);
+        match run_bounded(&self.argv(host, words), limit, input, MAX_ANSWER)? {
             Ran::TimedOut => Err(timed_out(limit)),
+            // A raw command is not under WATCH: it may have finished there.
+            Ran::Interrupted(signal) => Err(format!(
+                "interrupted by {} before it answered: its ssh was ended; what the command did there is not known",
+                super::interrupt::name(signal)
+            )),
             Ran::Exited {
                 status,
                 stdout,
@@ -209,7 +250,7 @@ impl Transport {
         stderr: &[u8],
         truncated: bool,
         kind: &str,
-    ) -> (u8, Option<Value>, Option<String>) {
+    ) -> (u8, Option<Box<RawValue>>, Option<String>) {
         let stderr = String::from_utf8_lossy(stderr);
         let last_line = last_meaningful_line(&stderr);
         let code = status.code();
@@ -271,8 +312,14 @@ impl Transport {
             let code = if remote_code == 2 { 2 } else { 3 };
             return (code, None, Some(why));
         }
-        let document: Value = match serde_json::from_str(&text) {
-            Ok(value) => value,
+        // The header only: every other field is skipped, never built.
+        #[derive(Deserialize)]
+        struct Header {
+            schema_version: Option<serde_json::Number>,
+            kind: Option<String>,
+        }
+        let header: Header = match serde_json::from_str(&text) {
+            Ok(header) => header,
             Err(_) => {
                 return (
                     3,
@@ -284,7 +331,11 @@ impl Transport {
                 );
             }
         };
-        match document.get("schema_version").and_then(Value::as_u64) {
+        match header
+            .schema_version
+            .as_ref()
+            .and_then(serde_json::Number::as_u64)
+        {
             Some(version) if version == u64::from(crate::report::SCHEMA_VERSION) => {}
             Some(version) => {
                 return (
@@ -307,13 +358,20 @@ impl Transport {
                 );
             }
         }
-        if document.get("kind").and_then(Value::as_str) != Some(kind) {
+        if header.kind.as_deref() != Some(kind) {
             return (
                 3,
                 None,
                 Some(format!("answered a document that is not a {kind} report")),
             );
         }
+        let Some(document) = super::nested_json(&text) else {
+            return (
+                3,
+                None,
+                Some("answered JSON that cannot be kept".to_string()),
+            );
+        };
         let code = match remote_code {
             0..=3 => remote_code as u8,
             _ => 3,
@@ -361,42 +419,110 @@ enum Ran {
         truncated: bool,
     },
     TimedOut,
+    /// A signal came (`interrupt`): the child was killed.
+    Interrupted(i32),
 }
 
-/// Runs argv with no stdin, collecting its output, for at most `limit`;
-/// past that it is killed (it is our child, not yet reaped, so its PID is
-/// still its own).
-fn run_bounded(
-    argv: &[String],
+/// What the child's stdin is.
+enum Input {
+    Null,
+    /// These bytes, then its end.
+    Data(Arc<Vec<u8>>),
+    /// Open, and nothing on it, until the child ends or is killed (WATCH).
+    Held,
+}
+
+/// Runs a local program for at most `limit`, keeping `max_stdout` bytes of
+/// its output: its exit code (`None`: killed by a signal) and its stdout.
+/// Past the limit its process group is killed and that is an error.
+pub fn run_local(
+    argv: &[std::ffi::OsString],
     limit: Duration,
-    input: Option<Arc<Vec<u8>>>,
+    max_stdout: u64,
+) -> Result<(Option<i32>, Vec<u8>), String> {
+    match run_bounded(argv, limit, Input::Null, max_stdout)? {
+        Ran::Interrupted(signal) => Err(super::interrupt::host_error(signal)),
+        Ran::TimedOut => Err(format!(
+            "it did not finish within {}",
+            crate::units::Elapsed(limit)
+        )),
+        Ran::Exited { status, stdout, .. } => Ok((status.code(), stdout)),
+    }
+}
+
+/// Runs argv, collecting its output (at most `max_stdout` bytes of it kept),
+/// for at most `limit`; past that its process group is killed (it is our
+/// child, not yet reaped, so its PID, the group's, is still its own).
+fn run_bounded<S: AsRef<std::ffi::OsStr>>(
+    argv: &[S],
+    limit: Duration,
+    input: Input,
+    max_stdout: u64,
 ) -> Result<Ran, String> {
+    use std::os::unix::process::CommandExt;
     let deadline = Instant::now() + limit;
+    let shown = || argv[0].as_ref().to_string_lossy().into_owned();
     let mut child = Command::new(&argv[0])
         .args(&argv[1..])
-        .stdin(if input.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
+        .stdin(match input {
+            Input::Null => Stdio::null(),
+            Input::Data(_) | Input::Held => Stdio::piped(),
         })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+        .process_group(0)
         .spawn()
-        .map_err(|error| format!("cannot run {}: {error}", argv[0]))?;
-    if let (Some(mut pipe), Some(input)) = (child.stdin.take(), input) {
+        .map_err(|error| format!("cannot run {}: {error}", shown()))?;
+    // No thread to read or write with (RLIMIT_NPROC, memory): the child is
+    // ended, and the host reported as not run.
+    let no_thread = |child: &mut Child, error: std::io::Error| {
+        kill_group(child);
+        let _ = child.kill();
+        let _ = child.wait();
+        format!("cannot start a thread: {error}")
+    };
+    // Held: dropped (closed) when this function returns, the child ended.
+    let mut _held = None;
+    if let Input::Held = input {
+        _held = child.stdin.take();
+    }
+    if let (Some(mut pipe), Input::Data(input)) = (child.stdin.take(), input) {
         // A host that stops reading (it refused, or died) ends the write with EPIPE.
-        thread::spawn(move || {
+        let writer = thread::Builder::new().spawn(move || {
             let _ = std::io::Write::write_all(&mut pipe, &input);
         });
+        if let Err(error) = writer {
+            return Err(no_thread(&mut child, error));
+        }
     }
-    let stdout = child.stdout.take().map(|pipe| collect(pipe, MAX_ANSWER));
-    let stderr = child.stderr.take().map(|pipe| collect(pipe, MAX_STDERR));
+    let stdout = match child
+        .stdout
+        .take()
+        .map(|pipe| collect(pipe, max_stdout))
+        .transpose()
+    {
+        Ok(stdout) => stdout,
+        Err(error) => return Err(no_thread(&mut child, error)),
+    };
+    let stderr = match child
+        .stderr
+        .take()
+        .map(|pipe| collect(pipe, MAX_STDERR))
+        .transpose()
+    {
+        Ok(stderr) => stderr,
+        Err(error) => return Err(no_thread(&mut child, error)),
+    };
     let status = match wait_until(&mut child, deadline) {
-        Some(status) => status,
-        None => {
+        Waited::Exited(status) => status,
+        ended => {
+            kill_group(&child);
             let _ = child.kill();
             let _ = child.wait();
-            return Ok(Ran::TimedOut);
+            return Ok(match ended {
+                Waited::Interrupted(signal) => Ran::Interrupted(signal),
+                _ => Ran::TimedOut,
+            });
         }
     };
     // ssh is gone; what it started (a ProxyCommand) may still hold the pipes: not for long.
@@ -417,41 +543,69 @@ fn run_bounded(
     })
 }
 
+/// SIGKILLs the process group a child leads (its own, from `process_group(0)`),
+/// while the child is unreaped: the group's ID cannot have been reused.
+fn kill_group(child: &Child) {
+    if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
+        let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+    }
+}
+
 /// Reads a pipe to its end on a thread of its own, keeping `limit` bytes
 /// and draining the rest so the writer never blocks.
-fn collect(pipe: impl Read + Send + 'static, limit: u64) -> mpsc::Receiver<(Vec<u8>, bool)> {
+fn collect(
+    pipe: impl Read + Send + 'static,
+    limit: u64,
+) -> std::io::Result<mpsc::Receiver<(Vec<u8>, bool)>> {
     let (sender, receiver) = mpsc::channel();
-    thread::spawn(move || {
+    thread::Builder::new().spawn(move || {
         let mut kept = Vec::new();
         let mut pipe = pipe;
         let _ = pipe.by_ref().take(limit).read_to_end(&mut kept);
         let more = std::io::copy(&mut pipe, &mut std::io::sink()).unwrap_or(0) > 0;
         let _ = sender.send((kept, more));
-    });
-    receiver
+    })?;
+    Ok(receiver)
 }
 
-/// Waits for the child until the deadline: on its pidfd where the kernel
-/// has them (5.3+), else by polling every few milliseconds.
-fn wait_until(child: &mut Child, deadline: Instant) -> Option<ExitStatus> {
+enum Waited {
+    Exited(ExitStatus),
+    TimedOut,
+    Interrupted(i32),
+}
+
+/// Waits for the child until the deadline or an interruption: on its pidfd
+/// and the interruption's descriptor where the kernel has pidfds (5.3+),
+/// else by polling every few milliseconds.
+fn wait_until(child: &mut Child, deadline: Instant) -> Waited {
     let pidfd = rustix::process::Pid::from_raw(child.id() as i32).and_then(|pid| {
         rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok()
     });
+    let woken = super::interrupt::descriptor();
     loop {
         if let Ok(Some(status)) = child.try_wait() {
-            return Some(status);
+            return Waited::Exited(status);
+        }
+        if let Some(signal) = super::interrupt::signal() {
+            return Waited::Interrupted(signal);
         }
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return None;
+            return Waited::TimedOut;
         }
         match &pidfd {
             Some(fd) => {
                 let fd = fd.as_fd();
-                let mut fds = [rustix::event::PollFd::new(
+                let mut fds = vec![rustix::event::PollFd::new(
                     &fd,
                     rustix::event::PollFlags::IN,
                 )];
+                if let Some(woken) = &woken {
+                    fds.push(rustix::event::PollFd::new(
+                        woken,
+                        rustix::event::PollFlags::IN,
+                    ));
+                }
                 let timeout = rustix::event::Timespec::try_from(left).ok();
                 let _ = rustix::event::poll(&mut fds, timeout.as_ref());
             }
@@ -492,11 +646,13 @@ mod tests {
         let remote = argv.last().unwrap();
         // What a POSIX shell makes of it is the words given, after the finder.
         let words = shlex::split(remote).unwrap();
-        assert_eq!(words[..4], ["sh", "-c", FIND_GPUREAP, "gpureap"]);
-        assert_eq!(words[4..], ["free", "--match", "sglang::|vllm", "it's"]);
+        assert_eq!(words[..4], ["sh", "-c", WATCH, "gpureap-watch"]);
+        assert_eq!(words[4..8], ["sh", "-c", FIND_GPUREAP, "gpureap"]);
+        assert_eq!(words[8..], ["free", "--match", "sglang::|vllm", "it's"]);
         let transport = Transport::new("ssh", "/opt/gpureap", Duration::from_secs(5)).unwrap();
         let argv = transport.command_line("h1", &["status".into(), "a b".into()]);
-        assert_eq!(argv.last().unwrap(), "/opt/gpureap status 'a b'");
+        let words = shlex::split(argv.last().unwrap()).unwrap();
+        assert_eq!(words[4..], ["/opt/gpureap", "status", "a b"]);
     }
 
     #[test]
