@@ -79,7 +79,7 @@ impl fmt::Display for Reset {
                 f,
                 "GPU {index}: not reset: {unreadable} process(es) could not be inspected (e.g. {example}), and any of them may have its device node open; run as root with CAP_SYS_PTRACE"
             ),
-                        Reset::Failed { index, message } => {
+            Reset::Failed { index, message } => {
                 write!(f, "GPU {index}: reset failed: {}", Field(message))
             }
             Reset::StillHeld { index, bytes } => {

@@ -14,7 +14,10 @@ fn the_figures_the_docs_quote_are_the_measured_ones() {
     )
     .expect("docs/measured.json is JSON");
     for key in ["date", "commit", "machine", "steps", "tests"] {
-        assert!(document.get(key).is_some(), "docs/measured.json has no {key}");
+        assert!(
+            document.get(key).is_some(),
+            "docs/measured.json has no {key}"
+        );
     }
     let output = Command::new("python3")
         .args(["-B", "scripts/measure-docs", "--check"])
