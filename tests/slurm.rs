@@ -5,6 +5,8 @@
 mod cluster;
 
 use std::fs;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -400,4 +402,106 @@ fn epilog_with_reset_frees_a_root_jobs_leftover_and_resets_driver_held_memory() 
         epilog.stderr
     );
     assert!(!host.path().join("leak.1").exists());
+}
+
+/// gpureap against the cluster's simulated host, as root from a shell.
+fn on_cluster(cluster: &Cluster, args: &[&str]) -> crate::harness::Run {
+    Command::new(env!("CARGO_BIN_EXE_gpureap"))
+        .args(["--backend", &cluster.sim.backend()])
+        .args(args)
+        .env_remove("GPUREAP_BACKEND")
+        .stdin(Stdio::null())
+        .output()
+        .expect("gpureap runs")
+        .into()
+}
+
+/// A holder's script that ends as `program` (a link to sleep) instead of
+/// sleep, so that its comm is the link's name, whatever bytes that holds.
+fn holder_script_as(cluster: &Cluster, name: &str, holder: &Holder, program: &Path) -> String {
+    let script = holder.script().replace(
+        "sleep 100000",
+        &format!(
+            "\"$(cat {})\" 100000",
+            cluster.dir.join(format!("{name}.program")).display()
+        ),
+    );
+    fs::write(
+        cluster.dir.join(format!("{name}.program")),
+        program.as_os_str().as_bytes(),
+    )
+    .expect("program");
+    let path = cluster.dir.join(format!("{name}.sh"));
+    fs::write(&path, script).expect("holder script");
+    path.display().to_string()
+}
+
+#[test]
+fn a_comm_that_is_not_utf8_hides_no_uid_from_status_free_user_or_the_epilog() {
+    let (cluster, _turn) = cluster();
+    // A link to sleep whose name starts with byte 0xff: the comm of what runs it.
+    let program = cluster.dir.join(std::ffi::OsStr::from_bytes(b"\xffhidden"));
+    let _ = fs::remove_file(&program);
+    std::os::unix::fs::symlink("/bin/sleep", &program).expect("link");
+    let go = cluster.dir.join("comm-go");
+    let _ = fs::remove_file(&go);
+    // The job's escaped worker, without the job's SLURM_JOB_ID: the job's by uid only.
+    let worker = holder_script_as(
+        cluster,
+        "unreadable_comm",
+        &Holder::new("unreadable_comm").on(0, 2 * GIB),
+        &program,
+    );
+    let job = cluster.sbatch(
+        &["--uid=nobody", "--gres=gpu:1"],
+        &format!(
+            "setsid nohup env -u SLURM_JOB_ID bash {worker} </dev/null >/dev/null 2>&1 &\n\
+             until grep -q ' unreadable_comm$' \"$D/pids\"; do sleep 0.05; done\n\
+             until [ -e {go} ]; do sleep 0.05; done",
+            go = go.display()
+        ),
+    );
+    let mut pid = None;
+    let _ = wait_for(Duration::from_secs(30), || {
+        pid = recorded(&cluster.sim, "unreadable_comm");
+        pid.is_some()
+    });
+    let pid = pid.expect("the job staged its worker");
+    let comm = || fs::read(format!("/proc/{pid}/comm")).unwrap_or_default();
+    let _ = wait_for(Duration::from_secs(10), || comm() == b"\xffhidden\n");
+    assert_eq!(
+        comm(),
+        b"\xffhidden\n",
+        "the worker runs under the link's name"
+    );
+
+    let status = on_cluster(cluster, &["status", "--json"]).json();
+    let holder = status["holders"]
+        .as_array()
+        .and_then(|holders| holders.iter().find(|holder| holder["pid"] == pid))
+        .unwrap_or_else(|| panic!("pid {pid} is a holder: {status:#}"));
+    assert_eq!(holder["user"], "nobody", "{holder:#}");
+
+    let plan = on_cluster(
+        cluster,
+        &["free", "--user", "nobody", "--dry-run", "--json"],
+    );
+    assert!(
+        crate::harness::target_pids(&plan.json()).contains(&pid),
+        "free --user nobody takes pid {pid}: {}",
+        plan.stdout
+    );
+
+    fs::write(&go, "").expect("go");
+    let lines = cluster.wait_for_hook(job, "epilog");
+    assert!(
+        lines
+            .iter()
+            .any(|line| line["action"] == "signal" && line["pid"] == pid),
+        "the job's worker {pid}, known by uid only, was freed: {lines:#?}"
+    );
+    assert!(actions(&lines).contains(&"clean".to_string()), "{lines:#?}");
+    assert!(wait_for(Duration::from_secs(5), || !alive(pid)).is_ok());
+    let (state, _) = cluster.node_state().expect("node state");
+    assert!(!state.contains("DRAIN"), "node stays in service: {state}");
 }
