@@ -505,3 +505,194 @@ fn a_comm_that_is_not_utf8_hides_no_uid_from_status_free_user_or_the_epilog() {
     let (state, _) = cluster.node_state().expect("node state");
     assert!(!state.contains("DRAIN"), "node stays in service: {state}");
 }
+
+/// The PID of the process a job staged under `title`, once it runs under it.
+fn staged(cluster: &Cluster, title: &str) -> u32 {
+    let mut pid = None;
+    let running = wait_for(Duration::from_secs(30), || {
+        pid = recorded(&cluster.sim, title).filter(|pid| {
+            fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|cmdline| {
+                cmdline.starts_with(title.split(' ').next().unwrap_or(title).as_bytes())
+            })
+        });
+        pid.is_some()
+    });
+    assert!(running.is_ok(), "{title} was not staged in 30s");
+    pid.unwrap_or_default()
+}
+
+/// A job script line that waits until the test creates `name` in the cluster's directory.
+fn wait_line(cluster: &Cluster, name: &str) -> String {
+    let path = cluster.dir.join(name);
+    let _ = fs::remove_file(&path);
+    format!("until [ -e {} ]; do sleep 0.05; done", path.display())
+}
+
+#[test]
+fn epilog_never_signals_the_same_users_other_job_on_a_shared_gpu() {
+    let (cluster, _turn) = cluster();
+    // Job A of user nobody gets GPU 0 and runs.
+    let a = cluster.sbatch(
+        &["--uid=nobody", "--gres=gpu:1"],
+        &format!(
+            "[ \"$SLURM_JOB_GPUS\" = 0 ] || exit 7\n{}",
+            wait_line(cluster, "job-a-go")
+        ),
+    );
+    cluster.wait_for_hook(a, "prolog");
+    // Job B of the same user, given no GPU by Slurm, uses GPU 0 all the same.
+    let worker = holder_script(
+        cluster,
+        "other_job",
+        &Holder::new("other_job_worker").on(0, 3 * GIB),
+    );
+    let b = cluster.sbatch(
+        &["--uid=nobody"],
+        &format!("bash {worker} &\n{}", wait_line(cluster, "other-job-go")),
+    );
+    let other = staged(cluster, "other_job_worker");
+    // Job A ends: its epilog runs.
+    fs::write(cluster.dir.join("job-a-go"), "").expect("go");
+    let lines = cluster.wait_for_hook(a, "epilog");
+    assert!(
+        !lines
+            .iter()
+            .any(|line| line["action"] == "signal" && line["pid"] == other),
+        "job {a}'s epilog signalled job {b}'s worker {other}: {lines:#?}"
+    );
+    assert!(
+        alive(other),
+        "job {b}'s worker {other} survives job {a}'s epilog"
+    );
+    assert!(
+        lines.iter().any(|line| line["action"] == "leave"
+            && line["pid"] == other
+            && line["message"]
+                .as_str()
+                .is_some_and(|message| message.contains(&format!("of job {b}, which runs here")))),
+        "{lines:#?}"
+    );
+    assert!(actions(&lines).contains(&"clean".to_string()), "{lines:#?}");
+    let (state, reason) = cluster.node_state().expect("node state");
+    assert!(
+        !state.contains("DRAIN"),
+        "node stays in service: {state} {reason:?} {lines:#?}"
+    );
+    fs::write(cluster.dir.join("other-job-go"), "").expect("go");
+}
+
+#[test]
+fn epilog_frees_a_jobs_leftover_under_a_protected_name() {
+    let (cluster, _turn) = cluster();
+    // `exec -a nvidia-smi python train.py`, escaped from the job, 70 GiB.
+    let worker = holder_script(
+        cluster,
+        "disguised",
+        &Holder::new("nvidia-smi python train.py").on(0, 70 * GIB),
+    );
+    let job = cluster.sbatch(
+        &["--uid=nobody", "--gres=gpu:1"],
+        &format!(
+            "setsid nohup bash {worker} </dev/null >/dev/null 2>&1 &\n\
+             until grep -q ' nvidia-smi python train.py$' \"$D/pids\"; do sleep 0.05; done\n\
+             sleep 0.2"
+        ),
+    );
+    let lines = cluster.wait_for_hook(job, "epilog");
+    let disguised = recorded(&cluster.sim, "nvidia-smi python train.py").expect("staged");
+    assert!(
+        lines
+            .iter()
+            .any(|line| line["action"] == "signal" && line["pid"] == disguised),
+        "the job's leftover {disguised}, named nvidia-smi, was freed: {lines:#?}"
+    );
+    assert!(wait_for(Duration::from_secs(5), || !alive(disguised)).is_ok());
+    assert!(actions(&lines).contains(&"clean".to_string()), "{lines:#?}");
+    let (state, _) = cluster.node_state().expect("node state");
+    assert!(!state.contains("DRAIN"), "{state}");
+}
+
+#[test]
+fn healthcheck_keeps_drained_a_node_where_an_ended_jobs_leftover_took_a_protected_name() {
+    let (cluster, _turn) = cluster();
+    // What an epilog left: an ended job's process, named nvidia-smi, holding 70 GiB.
+    let mut incident = Incident::new(&cluster.sim);
+    let leftover = Holder::new("nvidia-smi python train.py").on(0, 70 * GIB);
+    incident
+        .spawn(
+            &format!("export SLURM_JOB_ID=999999; {}", leftover.script()),
+            1,
+        )
+        .expect("leftover");
+    let leftover = incident.pid_of("nvidia-smi python train.py").expect("pid");
+    // The real nvidia-smi, of no job, is what a protected name spares.
+    let daemon = incident
+        .holder(&Holder::new("nvidia-smi").on(1, GIB))
+        .expect("daemon");
+    cluster.scontrol(&[
+        "update",
+        &format!("nodename={}", cluster.node),
+        "state=drain",
+        "reason=gpureap: GPU 0: pid 1 (python) holds 70.0 GiB: job 999999's, not freed",
+    ]);
+    let check = healthcheck(cluster, &[]);
+    assert_eq!(check.code, 1, "{}", check.stderr);
+    let reason = cluster.drain_reason().unwrap_or_default();
+    assert!(
+        reason.starts_with(&format!("gpureap: GPU 0: pid {leftover} (sleep, root, state S) holds 70.0 GiB: job 999999's, which Slurm no longer knows")),
+        "{reason}"
+    );
+    assert!(!reason.contains(&format!("pid {daemon}")), "{reason}");
+    assert!(
+        alive(leftover) && alive(daemon),
+        "the health check signals nothing"
+    );
+}
+
+#[test]
+fn healthcheck_counts_a_holder_as_a_running_jobs_only_under_its_uid_and_on_its_gpu() {
+    let (cluster, _turn) = cluster();
+    // Job J of nobody has GPU 0: its worker there is its own; one on GPU 1 is not.
+    let own = holder_script(cluster, "own", &Holder::new("job_own_gpu").on(0, GIB));
+    let wrong = holder_script(cluster, "wrong", &Holder::new("job_wrong_gpu").on(1, GIB));
+    let job = cluster.sbatch(
+        &["--uid=nobody", "--gres=gpu:1"],
+        &format!(
+            "[ \"$SLURM_JOB_GPUS\" = 0 ] || exit 7\nbash {own} &\nbash {wrong} &\n{}",
+            wait_line(cluster, "uid-gpu-go")
+        ),
+    );
+    let own = staged(cluster, "job_own_gpu");
+    let wrong = staged(cluster, "job_wrong_gpu");
+    // Root's process claims job J in its environment.
+    let mut incident = Incident::new(&cluster.sim);
+    let claimant = Holder::new("root_claims_the_job").on(0, GIB);
+    incident
+        .spawn(
+            &format!("export SLURM_JOB_ID={job}; {}", claimant.script()),
+            1,
+        )
+        .expect("claimant");
+    let claimant = staged(cluster, "root_claims_the_job");
+    let check = healthcheck(cluster, &[]);
+    assert_eq!(check.code, 1, "{}", check.stderr);
+    let reason = cluster.drain_reason().unwrap_or_default();
+    assert!(reason.starts_with("gpureap: GPU 0: "), "{reason}");
+    // The drain reason is cut to what sinfo shows; the log has each finding.
+    let said = &check.stderr;
+    assert!(
+        said.contains(&format!(
+            "pid {claimant} (sleep, root, state S) holds 1.0 GiB: names job {job}, which Slurm runs as uid 65534, not as this process's uid 0"
+        )),
+        "{said}"
+    );
+    assert!(
+        said.contains(&format!(
+            "pid {wrong} (sleep, nobody, state S) holds 1.0 GiB: names job {job}, which Slurm gave GPU 0 on {}, not GPU 1",
+            cluster.node
+        )),
+        "{said}"
+    );
+    assert!(!said.contains(&format!("pid {own} ")), "{said}");
+    fs::write(cluster.dir.join("uid-gpu-go"), "").expect("go");
+}

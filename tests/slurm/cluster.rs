@@ -387,6 +387,9 @@ impl Cluster {
 
     /// Back to a clean, idle node between tests: no leaks, no drain, no jobs.
     fn reset(&self) {
+        // What an earlier test's jobs staged and nothing freed (a failed
+        // test's escaped worker) goes first: it would hold a GPU here.
+        gpureap::driver::sim::incident::kill_recorded(self.sim.path());
         // Incidents count the lines of this file: each test starts it afresh.
         let _ = fs::write(self.sim.path().join("pids"), "");
         for index in 0..GPUS {
