@@ -444,7 +444,7 @@ fn a_comm_that_is_not_utf8_hides_no_uid_from_status_free_user_or_the_epilog() {
     let _ = fs::remove_file(&program);
     std::os::unix::fs::symlink("/bin/sleep", &program).expect("link");
     let go = cluster.dir.join("comm-go");
-    let _ = fs::remove_file(&go);
+    let wait = wait_line(cluster, "comm-go");
     // The job's escaped worker, without the job's SLURM_JOB_ID: the job's by uid only.
     let worker = holder_script_as(
         cluster,
@@ -457,8 +457,7 @@ fn a_comm_that_is_not_utf8_hides_no_uid_from_status_free_user_or_the_epilog() {
         &format!(
             "setsid nohup env -u SLURM_JOB_ID bash {worker} </dev/null >/dev/null 2>&1 &\n\
              until grep -q ' unreadable_comm$' \"$D/pids\"; do sleep 0.05; done\n\
-             until [ -e {go} ]; do sleep 0.05; done",
-            go = go.display()
+             {wait}"
         ),
     );
     let mut pid = None;
@@ -521,11 +520,15 @@ fn staged(cluster: &Cluster, title: &str) -> u32 {
     pid.unwrap_or_default()
 }
 
-/// A job script line that waits until the test creates `name` in the cluster's directory.
+/// A job script line that waits until the test creates `name` in the
+/// cluster's directory, a minute at most (a failed test creates nothing).
 fn wait_line(cluster: &Cluster, name: &str) -> String {
     let path = cluster.dir.join(name);
     let _ = fs::remove_file(&path);
-    format!("until [ -e {} ]; do sleep 0.05; done", path.display())
+    format!(
+        "for _ in $(seq 1200); do [ -e {} ] && break; sleep 0.05; done",
+        path.display()
+    )
 }
 
 #[test]
@@ -695,4 +698,150 @@ fn healthcheck_counts_a_holder_as_a_running_jobs_only_under_its_uid_and_on_its_g
     );
     assert!(!said.contains(&format!("pid {own} ")), "{said}");
     fs::write(cluster.dir.join("uid-gpu-go"), "").expect("go");
+}
+
+#[test]
+fn the_epilog_deadline_ends_a_hung_scontrol_with_what_it_forked_and_still_drains() {
+    let (cluster, _turn) = cluster();
+    // An scontrol that hangs on its first call, with a child that holds its
+    // pipes; later calls are the real one.
+    let hung = cluster.dir.join("hung-scontrol");
+    let _ = fs::remove_dir_all(&hung);
+    let stand_in = cluster.dir.join("scontrol-that-hangs");
+    fs::write(
+        &stand_in,
+        format!(
+            "#!/bin/bash\n\
+             if mkdir {hung} 2>/dev/null; then\n\
+             sleep 1000 &\n\
+             echo $! > {hung}/child.new; mv {hung}/child.new {hung}/child\n\
+             echo $$ > {hung}/parent.new; mv {hung}/parent.new {hung}/parent; exec sleep 1000\n\
+             fi\n\
+             exec {SCONTROL} \"$@\"\n",
+            hung = hung.display()
+        ),
+    )
+    .expect("stand-in");
+    fs::set_permissions(
+        &stand_in,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod");
+    // Root's process on GPU 0, which job 4545 had: the epilog drains.
+    let mut incident = Incident::new(&cluster.sim);
+    let foreign = incident
+        .holder(&Holder::new("foreign_holder").on(0, GIB))
+        .expect("holder");
+    let started = std::time::Instant::now();
+    let epilog: crate::harness::Run = Command::new(env!("CARGO_BIN_EXE_gpureap"))
+        .args(["--backend", &cluster.sim.backend()])
+        .args(["slurm", "epilog", "--timeout", "2s", "--scontrol"])
+        .arg(&stand_in)
+        .env("SLURM_CONF", cluster.conf())
+        .env("SLURM_JOB_ID", "4545")
+        .env("SLURM_JOB_UID", "65534")
+        .env("SLURM_JOB_GPUS", "0")
+        .env("SLURMD_NODENAME", &cluster.node)
+        .env_remove("GPUREAP_BACKEND")
+        .stdin(Stdio::null())
+        .output()
+        .expect("gpureap runs")
+        .into();
+    let took = started.elapsed();
+    assert_eq!(epilog.code, 1, "{}", epilog.stderr);
+    assert!(
+        took < Duration::from_secs(8),
+        "took {took:?}: {}",
+        epilog.stderr
+    );
+    let pid = |name: &str| -> u32 {
+        fs::read_to_string(hung.join(name))
+            .ok()
+            .and_then(|pid| pid.trim().parse().ok())
+            .unwrap_or_else(|| panic!("the stand-in recorded no {name}: {}", epilog.stderr))
+    };
+    let (parent, child) = (pid("parent"), pid("child"));
+    let gone = wait_for(Duration::from_secs(2), || !alive(parent) && !alive(child));
+    // Not left behind, whatever the outcome: they are this test's.
+    for pid in [parent, child] {
+        if alive(pid) {
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+        }
+    }
+    assert!(
+        gone.is_ok(),
+        "the hung scontrol {parent} and its child {child} outlived the epilog: {}",
+        epilog.stderr
+    );
+    assert_eq!(
+        cluster.drain_reason().as_deref(),
+        Some("gpureap: epilog did not finish within 2.0s (see slurmd's log)"),
+        "{}",
+        epilog.stderr
+    );
+    assert!(alive(foreign));
+}
+
+#[test]
+fn an_scontrol_that_answers_and_leaves_a_child_on_its_pipe_holds_up_nothing() {
+    let (cluster, _turn) = cluster();
+    let left = cluster.dir.join("left-child");
+    let _ = fs::remove_file(&left);
+    let stand_in = cluster.dir.join("scontrol-that-forks");
+    fs::write(
+        &stand_in,
+        format!(
+            "#!/bin/bash\n\
+             {SCONTROL} \"$@\"; code=$?\n\
+             sleep 1000 &\n\
+             echo $! > {left}.new; mv {left}.new {left}\n\
+             exit $code\n",
+            left = left.display()
+        ),
+    )
+    .expect("stand-in");
+    fs::set_permissions(
+        &stand_in,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod");
+    let started = std::time::Instant::now();
+    let check: crate::harness::Run = Command::new(env!("CARGO_BIN_EXE_gpureap"))
+        .args(["--backend", &cluster.sim.backend()])
+        .args([
+            "slurm",
+            "healthcheck",
+            "--timeout",
+            "5s",
+            "--node",
+            &cluster.node,
+        ])
+        .arg("--scontrol")
+        .arg(&stand_in)
+        .env("SLURM_CONF", cluster.conf())
+        .env_remove("GPUREAP_BACKEND")
+        .stdin(Stdio::null())
+        .output()
+        .expect("gpureap runs")
+        .into();
+    let took = started.elapsed();
+    let child: Option<u32> = fs::read_to_string(&left)
+        .ok()
+        .and_then(|pid| pid.trim().parse().ok());
+    let gone = child.map(|child| wait_for(Duration::from_secs(2), || !alive(child)));
+    if let Some(child) = child.filter(|&child| alive(child)) {
+        let _ = Command::new("kill")
+            .args(["-KILL", &child.to_string()])
+            .status();
+    }
+    assert_eq!(check.code, 0, "took {took:?}: {}", check.stderr);
+    assert!(check.stderr.contains("GPUs clean"), "{}", check.stderr);
+    assert!(
+        took < Duration::from_secs(4),
+        "took {took:?}: {}",
+        check.stderr
+    );
+    assert_eq!(gone, Some(Ok(())), "scontrol's child outlived the call");
 }

@@ -52,11 +52,18 @@ const LIVE_JOB_STATES: [&str; 6] = [
 ];
 
 pub fn main(backend: &BackendChoice, command: &SlurmCommand) -> Exit {
-    match command {
+    let code = match command {
         SlurmCommand::Epilog(args) => epilog(backend, args),
         SlurmCommand::Prolog(args) => prolog(backend, args),
         SlurmCommand::Healthcheck(args) => healthcheck(backend, args),
+    };
+    // Done just as the deadline passed: its drain and exit code count.
+    if scontrol::deadline_passed() {
+        loop {
+            std::thread::park();
+        }
     }
+    code
 }
 
 /// The job slurmd describes in the prolog's and epilog's environment.

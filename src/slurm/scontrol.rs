@@ -71,6 +71,23 @@ pub fn end_calls() {
     }
 }
 
+/// Once a deadline has ended the calls, every other thread that would call
+/// scontrol, or that was waiting for one, waits for the deadline to end the
+/// process: its drain is the one that counts.
+fn yield_to_deadline() {
+    let closed_by = calls().closed_by;
+    if closed_by.is_some_and(|thread| thread != std::thread::current().id()) {
+        loop {
+            std::thread::park();
+        }
+    }
+}
+
+/// Whether a deadline has ended the calls (and is draining, then exiting).
+pub fn deadline_passed() -> bool {
+    calls().closed_by.is_some()
+}
+
 /// SIGKILLs the process group `group`, led by an scontrol this process
 /// started and has not reaped yet (so the group's id is not reused).
 fn kill_group(group: u32) {
@@ -147,14 +164,9 @@ impl Scontrol {
     /// pipes (and this call) open.
     fn call(&self, args: &[&str]) -> Result<String, String> {
         let shown = format!("{} {}", self.path.display(), args.join(" "));
+        yield_to_deadline();
         let mut child = {
             let mut calls = calls();
-            if calls
-                .closed_by
-                .is_some_and(|thread| thread != std::thread::current().id())
-            {
-                return Err(format!("{shown} not run: the deadline has passed"));
-            }
             let child = Command::new(&self.path)
                 .args(args)
                 .stdin(Stdio::null())
@@ -174,6 +186,8 @@ impl Scontrol {
         kill_group(group);
         calls().groups.remove(&group);
         let status = child.wait();
+        // Ended by the deadline: what it got is not this thread's to report.
+        yield_to_deadline();
         if !ended {
             return Err(format!(
                 "{shown} did not answer within {}s",
