@@ -845,3 +845,82 @@ fn an_scontrol_that_answers_and_leaves_a_child_on_its_pipe_holds_up_nothing() {
     );
     assert_eq!(gone, Some(Ok(())), "scontrol's child outlived the call");
 }
+
+/// `gpureap slurm COMMAND` as slurmd runs it, with `env` over the job's variables.
+fn job_program(cluster: &Cluster, command: &str, env: &[(&str, &str)]) -> crate::harness::Run {
+    let mut program = Command::new(env!("CARGO_BIN_EXE_gpureap"));
+    program
+        .args(["--backend", &cluster.sim.backend()])
+        .args(["slurm", command, "--scontrol", SCONTROL])
+        .env("SLURM_CONF", cluster.conf())
+        .env("SLURM_JOB_ID", "4646")
+        .env("SLURM_JOB_UID", "65534")
+        .env("SLURM_JOB_GPUS", "0")
+        .env("SLURMD_NODENAME", &cluster.node)
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .env_remove("GPUREAP_BACKEND")
+        .stdin(Stdio::null());
+    for (name, value) in env {
+        program.env(name, value);
+    }
+    program.output().expect("gpureap runs").into()
+}
+
+#[test]
+fn a_job_variable_gpureap_cannot_read_drains_with_its_name_and_the_healthcheck_lifts_it() {
+    let (cluster, _turn) = cluster();
+    // slurmd sets a MIG device list and no SLURM_JOB_GPUS.
+    fs::write(
+        cluster.dir.join("epilog.env"),
+        "export SLURM_JOB_GPUS= CUDA_VISIBLE_DEVICES=MIG-GPU-1/2/3\n",
+    )
+    .expect("epilog.env");
+    let job = cluster.sbatch(&["--gres=gpu:1"], "true");
+    // Slurm's own drain for an epilog that exits 2 would say "Epilog error".
+    assert_eq!(
+        cluster.drain_reason().as_deref(),
+        Some(
+            "gpureap: CUDA_VISIBLE_DEVICES: 'MIG-GPU-1/2/3' is not a GPU index, range or GPU-UUID \
+             (expected like 0,1,3); epilog checked no GPU"
+        ),
+        "job {job}"
+    );
+    let _ = fs::remove_file(cluster.dir.join("epilog.env"));
+    let lifted = healthcheck(cluster, &[]);
+    assert_eq!(lifted.code, 0, "{}", lifted.stderr);
+    assert!(lifted.stderr.contains("resumed"), "{}", lifted.stderr);
+
+    for (command, name, value, said) in [
+        (
+            "prolog",
+            "SLURM_JOB_ID",
+            "12x",
+            "SLURM_JOB_ID='12x' is not a job number",
+        ),
+        (
+            "epilog",
+            "SLURM_JOB_UID",
+            "nobody",
+            "SLURM_JOB_UID='nobody' is not a uid",
+        ),
+        (
+            "prolog",
+            "SLURM_JOB_GPUS",
+            "0,,1",
+            "SLURM_JOB_GPUS: '' is not a GPU index",
+        ),
+    ] {
+        let run = job_program(cluster, command, &[(name, value)]);
+        assert_eq!(run.code, 3, "{command} {name}={value}: {}", run.stderr);
+        let reason = cluster.drain_reason().unwrap_or_default();
+        assert!(
+            reason.starts_with(&format!("gpureap: {said}"))
+                && reason.ends_with(&format!("; {command} checked no GPU")),
+            "{command} {name}={value}: {reason}"
+        );
+        let lifted = healthcheck(cluster, &[]);
+        assert_eq!(lifted.code, 0, "{}", lifted.stderr);
+        let (state, _) = cluster.node_state().expect("state");
+        assert!(!state.contains("DRAIN"), "{state}");
+    }
+}

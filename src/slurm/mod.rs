@@ -583,16 +583,34 @@ struct Started {
 /// Starts a job program: reads the job, ends at once (exit 0) for a job
 /// without GPUs, bounds the rest by `--timeout`, opens the driver and
 /// resolves the job's GPUs. `Err` is the exit code to end with.
+///
+/// A job variable gpureap cannot read is bad usage by hand (exit 2). Run by
+/// slurmd (`SLURMD_NODENAME` set), it drains the node with a `gpureap:`
+/// reason naming the variable, and exits 3: Slurm's own "Epilog error"
+/// drain is one the health check may never lift, this one it lifts once
+/// the node's GPUs are clean.
 fn start(
     command: &'static str,
     common: &SlurmCommonArgs,
     backend: &BackendChoice,
 ) -> Result<Started, Exit> {
-    let job = match check_flags(common).and_then(|()| Job::from_env()) {
+    if let Err(error) = check_flags(common) {
+        Context::new(command, common, None, None).say("error", None, None, &error);
+        return Err(Exit::Usage);
+    }
+    let job = match Job::from_env() {
         Ok(job) => job,
         Err(error) => {
-            Context::new(command, common, None, None).say("error", None, None, &error);
-            return Err(Exit::Usage);
+            let node = env("SLURMD_NODENAME");
+            let id = env("SLURM_JOB_ID").and_then(|id| id.parse().ok());
+            let context = Context::new(command, common, id, node.clone());
+            context.say("error", None, None, &error);
+            if node.is_none() {
+                return Err(Exit::Usage);
+            }
+            context.bound(command, common.timeout);
+            context.drain(&format!("{error}; {command} checked no GPU"));
+            return Err(Exit::Incomplete);
         }
     };
     let context = Context::new(command, common, Some(job.id), job.node.clone());

@@ -6,7 +6,8 @@
 //! name and ports of its own, so that other clusters on the host are not
 //! disturbed. gres.conf points at a simulated GPU host whose device nodes
 //! are character devices, as slurmd requires. Prolog= and Epilog= run the
-//! gpureap binary under test against that host.
+//! gpureap binary under test against that host, after sourcing DIR/prolog.env
+//! or DIR/epilog.env where a test wrote one (to change what slurmd set).
 //!
 //! The daemons are stopped by PID when the test process ends, however it
 //! ends: a watchdog (bash) holds the read end of a pipe whose write end only
@@ -184,7 +185,8 @@ impl Cluster {
             fs::write(
                 &path,
                 format!(
-                    "#!/bin/sh\nexec {gpureap} --backend {backend} slurm {hook} --scontrol {SCONTROL} --log {log} 2>>{err}\n",
+                    "#!/bin/sh\n[ -r {env} ] && . {env}\nexec {gpureap} --backend {backend} slurm {hook} --scontrol {SCONTROL} --log {log} 2>>{err}\n",
+                    env = dir.join(format!("{hook}.env")).display(),
                     log = dir.join("audit.jsonl").display(),
                     err = dir.join(format!("{hook}.err")).display(),
                 ),
@@ -390,6 +392,10 @@ impl Cluster {
         // What an earlier test's jobs staged and nothing freed (a failed
         // test's escaped worker) goes first: it would hold a GPU here.
         gpureap::driver::sim::incident::kill_recorded(self.sim.path());
+        // What a test set in slurmd's hooks' environment (HOOK.env).
+        for hook in ["prolog", "epilog"] {
+            let _ = fs::remove_file(self.dir.join(format!("{hook}.env")));
+        }
         // Incidents count the lines of this file: each test starts it afresh.
         let _ = fs::write(self.sim.path().join("pids"), "");
         for index in 0..GPUS {
