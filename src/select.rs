@@ -54,6 +54,8 @@ pub struct JobScope {
     pub members: BTreeSet<ProcessId>,
     /// Processes found with another job's `SLURM_JOB_ID` in their environment.
     pub others: BTreeSet<ProcessId>,
+    /// The job's uid as Slurm gave it, root included (`uid` leaves root out).
+    pub owner: Option<u32>,
 }
 
 impl JobScope {
@@ -62,10 +64,14 @@ impl JobScope {
             || (!self.others.contains(&record.id) && self.uid.is_some() && record.uid == self.uid)
     }
 
-    /// Whether the process carries the job's context: then it is the job's
-    /// whatever its name, and a protected name does not spare it.
+    /// Whether the process carries the job's context (its `SLURM_JOB_ID`)
+    /// and runs as the job's uid: then it is the job's whatever its name,
+    /// and a protected name does not spare it. Without either it looks like
+    /// the daemon it is named after (one a prolog started carries the job's
+    /// id, as root).
     pub fn owns(&self, record: &ProcessRecord) -> bool {
         self.members.contains(&record.id)
+            && self.owner.is_none_or(|owner| record.uid == Some(owner))
     }
 }
 

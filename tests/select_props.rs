@@ -751,12 +751,25 @@ fn a_job_scope_takes_the_jobs_own_and_never_another_jobs() {
             false,
             gpu0.clone(),
         ),
+        // A daemon a prolog started: the job's SLURM_JOB_ID, root's uid.
+        record(
+            500,
+            1,
+            50,
+            500,
+            500,
+            "nv-hostengine",
+            0,
+            'S',
+            false,
+            gpu0.clone(),
+        ),
     ]
     .into_iter()
     .map(|record| (record.id.pid, record))
     .collect();
     let id = |pid: u32| processes[&pid].id;
-    let users = [100, 200, 300, 400]
+    let users = [100, 200, 300, 400, 500]
         .into_iter()
         .map(|pid| user(pid, true, true, false))
         .collect();
@@ -775,8 +788,9 @@ fn a_job_scope_takes_the_jobs_own_and_never_another_jobs() {
         gpus: Some(BTreeSet::from([0])),
         job: Some(JobScope {
             uid: Some(1000),
-            members: [id(100), id(300)].into_iter().collect(),
+            members: [id(100), id(300), id(500)].into_iter().collect(),
             others: [id(101), id(200)].into_iter().collect(),
+            owner: Some(1000),
         }),
         ..Scope::default()
     };
@@ -793,7 +807,7 @@ fn a_job_scope_takes_the_jobs_own_and_never_another_jobs() {
     assert_eq!(targets, BTreeSet::from([100, 102, 300]), "{selection:?}");
     assert_eq!(
         selection.spared.keys().copied().collect::<Vec<_>>(),
-        [400],
+        [400, 500],
         "{selection:?}"
     );
 }

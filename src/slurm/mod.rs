@@ -686,6 +686,7 @@ fn epilog(backend: &BackendChoice, args: &SlurmEpilogArgs) -> Exit {
         uid: job.uid.filter(|&uid| uid != 0),
         members,
         others,
+        owner: job.uid,
     };
     let scope = Scope {
         gpus: Some(gpus.clone()),
@@ -973,16 +974,23 @@ fn healthcheck(backend: &BackendChoice, args: &SlurmHealthcheckArgs) -> Exit {
     let snapshot = Snapshot::take(driver.as_ref());
     let mut slurm_jobs = SlurmJobs::default();
     let mut found = findings(&snapshot, &gpus, &mut |gpu, record| {
-        let job = job_of(record.id.pid);
-        // A protected name spares what looks like the daemon, not a job's
-        // leftover that took its name.
-        let Some(job) = job else {
-            return select::protected_name(record, select::DEFAULT_PROTECTED)
-                .is_none()
-                .then(|| "no job's".to_string());
+        let protected = select::protected_name(record, select::DEFAULT_PROTECTED).is_some();
+        // A protected name spares what looks like the daemon: no job in its
+        // environment, or not the job's uid (a daemon a prolog started
+        // carries the job's id, as root). Not a job's leftover that took the
+        // name: that is judged like any holder.
+        let Some(job) = job_of(record.id.pid) else {
+            return (!protected).then(|| "no job's".to_string());
         };
         match slurm_jobs.get(Ok(&scontrol), job) {
-            Ok(info) => not_running_here(info, job, &node, record.uid, gpu),
+            Ok(info) => not_running_here(info, job, &node, record.uid, gpu).filter(|_| {
+                let daemon = match info {
+                    Some(info) => info.uid != record.uid,
+                    // Slurm no longer knows the job's uid: root's looks like a daemon.
+                    None => record.uid == Some(0),
+                };
+                !(protected && daemon)
+            }),
             // Slurm could not say: do not drain on a guess.
             Err(_) => None,
         }
