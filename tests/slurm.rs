@@ -946,3 +946,58 @@ fn a_job_variable_gpureap_cannot_read_drains_with_its_name_and_the_healthcheck_l
         assert!(!state.contains("DRAIN"), "{state}");
     }
 }
+
+#[test]
+fn a_job_id_a_process_sets_for_itself_hides_it_from_no_epilog() {
+    let (cluster, _turn) = cluster();
+    // Root's job R runs; job 4747 of nobody has ended.
+    let running = cluster.sbatch(&[], &wait_line(cluster, "job-r-go"));
+    let started = wait_for(Duration::from_secs(30), || {
+        cluster.job_state(running) == "RUNNING"
+    });
+    assert!(
+        started.is_ok(),
+        "job {running}: {}",
+        cluster.job_state(running)
+    );
+    let mut incident = Incident::new(&cluster.sim);
+    let mut as_nobody = |title: &str, job_id: &str| {
+        let script = holder_script(cluster, title, &Holder::new(title).on(0, GIB));
+        incident
+            .spawn(
+                &format!(
+                    "exec setpriv --reuid=65534 --regid=65534 --clear-groups \
+                     env SLURM_JOB_ID={job_id} bash {script}"
+                ),
+                1,
+            )
+            .expect("holder");
+        staged(cluster, title)
+    };
+    // A value that is no job number names no job: judged by its uid.
+    let garbled = as_nobody("garbled_job_id", "4747x");
+    // Another user's running job: never signalled here, and a finding.
+    let borrowed = as_nobody("borrowed_job_id", &running.to_string());
+    let epilog = job_program(
+        cluster,
+        "epilog",
+        &[("SLURM_JOB_ID", "4747"), ("SLURM_JOB_UID", "65534")],
+    );
+    assert_eq!(epilog.code, 1, "{}", epilog.stderr);
+    assert!(
+        wait_for(Duration::from_secs(5), || !alive(garbled)).is_ok(),
+        "{}",
+        epilog.stderr
+    );
+    assert!(alive(borrowed), "{}", epilog.stderr);
+    assert_eq!(
+        cluster.drain_reason().unwrap_or_default(),
+        format!(
+            "gpureap: GPU 0: pid {borrowed} (sleep, nobody, state S) holds 1.0 GiB: names job {running}, \
+             which Slurm runs as uid 0, not as this process's uid 65534, on a GPU allocated to job 4747"
+        ),
+        "{}",
+        epilog.stderr
+    );
+    fs::write(cluster.dir.join("job-r-go"), "").expect("go");
+}
