@@ -1001,3 +1001,42 @@ fn a_job_id_a_process_sets_for_itself_hides_it_from_no_epilog() {
     );
     fs::write(cluster.dir.join("job-r-go"), "").expect("go");
 }
+
+#[test]
+fn healthcheck_reads_nothing_of_slurms_from_a_jobs_name() {
+    let (cluster, _turn) = cluster();
+    // A job whose name forges Slurm's fields, and that has ended.
+    let forged = format!(
+        "x JobState=RUNNING UserId=root(0) Nodes={} GRES=gpu:2(IDX:0-1)",
+        cluster.node
+    );
+    let ended = cluster.sbatch(&["--uid=nobody", "-J", &forged], "true");
+    let completed = wait_for(Duration::from_secs(30), || {
+        cluster.job_state(ended) == "COMPLETED"
+    });
+    assert!(
+        completed.is_ok(),
+        "job {ended}: {}",
+        cluster.job_state(ended)
+    );
+    // Root's process claims it and holds GPU 1.
+    let mut incident = Incident::new(&cluster.sim);
+    let claimant = Holder::new("claims_a_forged_job").on(1, GIB);
+    incident
+        .spawn(
+            &format!("export SLURM_JOB_ID={ended}; {}", claimant.script()),
+            1,
+        )
+        .expect("claimant");
+    let claimant = incident.pid_of("claims_a_forged_job").expect("pid");
+    let check = healthcheck(cluster, &[]);
+    assert_eq!(check.code, 1, "{}", check.stderr);
+    assert_eq!(
+        cluster.drain_reason().unwrap_or_default(),
+        format!(
+            "gpureap: GPU 1: pid {claimant} (sleep, root, state S) holds 1.0 GiB: job {ended}'s, which is COMPLETED"
+        ),
+        "{}",
+        check.stderr
+    );
+}

@@ -502,6 +502,11 @@ fn not_running_here(
     let Some(info) = info else {
         return Some(format!("job {job}'s, which Slurm no longer knows"));
     };
+    if let Some(why) = &info.unreadable {
+        return Some(format!(
+            "names job {job}, whose description by Slurm gpureap cannot read ({why})"
+        ));
+    }
     if !LIVE_JOB_STATES
         .iter()
         .any(|live| info.state.starts_with(live))
@@ -985,7 +990,7 @@ fn healthcheck(backend: &BackendChoice, args: &SlurmHealthcheckArgs) -> Exit {
         match slurm_jobs.get(Ok(&scontrol), job) {
             Ok(info) => not_running_here(info, job, &node, record.uid, gpu).filter(|_| {
                 let daemon = match info {
-                    Some(info) => info.uid != record.uid,
+                    Some(info) => info.unreadable.is_none() && info.uid != record.uid,
                     // Slurm no longer knows the job's uid: root's looks like a daemon.
                     None => record.uid == Some(0),
                 };

@@ -163,53 +163,16 @@ impl Scontrol {
     /// CALL_LIMIT, the group is ended, so that nothing it forked holds its
     /// pipes (and this call) open.
     fn call(&self, args: &[&str]) -> Result<String, String> {
-        let shown = format!("{} {}", self.path.display(), args.join(" "));
-        yield_to_deadline();
-        let mut child = {
-            let mut calls = calls();
-            let child = Command::new(&self.path)
-                .args(args)
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .process_group(0)
-                .spawn()
-                .map_err(|error| format!("cannot run {shown}: {error}"))?;
-            calls.groups.insert(child.id());
-            child
-        };
-        let group = child.id();
-        let started = Instant::now();
-        let stdout = read_in_background(child.stdout.take());
-        let stderr = read_in_background(child.stderr.take());
-        let ended = ended_within(&child, CALL_LIMIT);
-        kill_group(group);
-        calls().groups.remove(&group);
-        let status = child.wait();
-        // Ended by the deadline: what it got is not this thread's to report.
-        yield_to_deadline();
-        if !ended {
-            return Err(format!(
-                "{shown} did not answer within {}s",
-                CALL_LIMIT.as_secs()
-            ));
-        }
-        let status: ExitStatus =
-            status.map_err(|error| format!("cannot wait for {shown}: {error}"))?;
-        // Its group is gone: the pipes close, unless something it started
-        // left the group; that is not waited for past the limit.
-        let left = CALL_LIMIT
-            .saturating_sub(started.elapsed())
-            .max(Duration::from_millis(100));
-        let stdout = stdout.recv_timeout(left).unwrap_or_default();
-        let stderr = stderr.recv_timeout(left).unwrap_or_default();
-        if status.success() {
-            Ok(stdout)
+        run(&self.path, args)
+    }
+
+    /// squeue, beside scontrol (both are slurm-client's).
+    fn squeue(&self) -> Result<PathBuf, String> {
+        let path = self.path.with_file_name("squeue");
+        if executable(&path) {
+            Ok(path)
         } else {
-            Err(format!(
-                "{shown} failed ({status}): {}",
-                stderr.split_whitespace().collect::<Vec<_>>().join(" ")
-            ))
+            Err(format!("no squeue beside {}", self.path.display()))
         }
     }
 
@@ -237,12 +200,23 @@ impl Scontrol {
 
     /// A job as `scontrol -o -d show job` shows it; `None` when Slurm does
     /// not know the job (any more).
+    ///
+    /// The job's name is the user's text, written raw among Slurm's fields
+    /// (`JobName=x JobState=RUNNING UserId=root(0)`, even newlines): it is
+    /// asked of squeue on its own and cut out before anything is read.
     pub fn job(&self, job: u64) -> Result<Option<JobInfo>, String> {
-        match self.call(&["-o", "-d", "show", "job", &job.to_string()]) {
-            Ok(text) => Ok(parse_job(&text, job)),
-            Err(error) if error.contains("Invalid job id") => Ok(None),
-            Err(error) => Err(error),
-        }
+        let id = job.to_string();
+        let text = match self.call(&["-o", "-d", "show", "job", &id]) {
+            Ok(text) => text,
+            Err(error) if error.contains("Invalid job id") => return Ok(None),
+            Err(error) => return Err(error),
+        };
+        let name = run(
+            &self.squeue()?,
+            &["-h", "--states=all", "-j", &id, "-o", "%j"],
+        )?;
+        let name = name.strip_suffix('\n').unwrap_or(&name);
+        Ok(Some(parse_job(&text, job, name)))
     }
 }
 
@@ -258,6 +232,9 @@ pub struct JobInfo {
     /// GPU indexes Slurm gave the job there (`GRES=gpu:2(IDX:0-1)`), `None`
     /// where it names none.
     pub allocations: Vec<(String, Option<BTreeSet<u32>>)>,
+    /// Why Slurm's answer could not be read (then nothing else is set):
+    /// a process that names such a job is not taken to be its.
+    pub unreadable: Option<String>,
 }
 
 impl JobInfo {
@@ -271,21 +248,62 @@ impl JobInfo {
     }
 }
 
-/// The job `id` from `scontrol -o -d show job` (one line a job; a
-/// heterogeneous job shows each component, the first for `id`).
-fn parse_job(text: &str, id: u64) -> Option<JobInfo> {
-    let wanted = id.to_string();
-    let line = text
-        .lines()
-        .find(|line| field(line, "JobId") == Some(wanted.as_str()))
-        .or_else(|| text.lines().find(|line| field(line, "JobId").is_some()))?;
-    let state = field(line, "JobState")?.to_string();
-    let uid = field(line, "UserId")
-        .and_then(|user| user.rsplit_once('('))
+/// The job `id` from `scontrol -o -d show job`, whose name squeue gave as
+/// `name`. Read are only Slurm's own fields: those before `JobName=`, and
+/// those between the name and `MinCPUsNode=` (after it come the command,
+/// work directory, comment and output paths: the user's text again). Each
+/// field read must be there once.
+fn parse_job(text: &str, id: u64, name: &str) -> JobInfo {
+    let unreadable = |why: &str| JobInfo {
+        state: String::new(),
+        uid: None,
+        allocations: Vec::new(),
+        unreadable: Some(why.to_string()),
+    };
+    let start = format!("JobId={id} ");
+    let at = if text.starts_with(&start) {
+        Some(0)
+    } else {
+        text.find(&format!("\n{start}")).map(|at| at + 1)
+    };
+    let Some(at) = at else {
+        return unreadable("no JobId= line");
+    };
+    let line = &text[at..];
+    let Some(name_at) = line.find(" JobName=") else {
+        return unreadable("no JobName=");
+    };
+    let head = &line[..name_at];
+    let Some(rest) = line[name_at + " JobName=".len()..]
+        .strip_prefix(name)
+        .and_then(|rest| rest.strip_prefix(' '))
+        .filter(|_| !head.contains('\n'))
+    else {
+        return unreadable("its JobName= is not the name squeue gives");
+    };
+    let Some(end) = rest.find(" MinCPUsNode=") else {
+        return unreadable("no MinCPUsNode=");
+    };
+    let tokens: Vec<&str> = head
+        .split_whitespace()
+        .chain(rest[..end].split_whitespace())
+        .collect();
+    let once = |key: &str| {
+        let mut values = tokens.iter().filter_map(|token| token.strip_prefix(key));
+        match (values.next(), values.next()) {
+            (Some(value), None) => Some(value),
+            _ => None,
+        }
+    };
+    let (Some(state), Some(user)) = (once("JobState="), once("UserId=")) else {
+        return unreadable("not one JobState= and one UserId=");
+    };
+    let uid = user
+        .rsplit_once('(')
         .and_then(|(_, uid)| uid.strip_suffix(')'))
         .and_then(|uid| uid.parse().ok());
     let mut allocations: Vec<(String, Option<BTreeSet<u32>>)> = Vec::new();
-    for token in line.split_whitespace() {
+    for token in &tokens {
         if let Some(nodes) = token.strip_prefix("Nodes=") {
             allocations.push((nodes.to_string(), None));
         } else if let Some(gres) = token.strip_prefix("GRES=")
@@ -294,11 +312,12 @@ fn parse_job(text: &str, id: u64) -> Option<JobInfo> {
             *gpus = gpu_indexes(gres);
         }
     }
-    Some(JobInfo {
-        state,
+    JobInfo {
+        state: state.to_string(),
         uid,
         allocations,
-    })
+        unreadable: None,
+    }
 }
 
 /// The GPU indexes in a detail's `GRES=`, e.g. `gpu:a100:2(IDX:0-1),mps:0`;
@@ -380,6 +399,60 @@ fn term_names(term: &str, node: &str) -> bool {
                 && term_names(after, &node_rest[taken..])
         })
     })
+}
+
+/// Runs a Slurm client (scontrol, squeue) with `args`; its stdout, or why
+/// it failed. It leads a process group of its own: when it is done, or
+/// past CALL_LIMIT, the group is ended, so that nothing it forked holds its
+/// pipes (and this call) open.
+fn run(program: &Path, args: &[&str]) -> Result<String, String> {
+    let shown = format!("{} {}", program.display(), args.join(" "));
+    yield_to_deadline();
+    let mut child = {
+        let mut calls = calls();
+        let child = Command::new(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .map_err(|error| format!("cannot run {shown}: {error}"))?;
+        calls.groups.insert(child.id());
+        child
+    };
+    let group = child.id();
+    let started = Instant::now();
+    let stdout = read_in_background(child.stdout.take());
+    let stderr = read_in_background(child.stderr.take());
+    let ended = ended_within(&child, CALL_LIMIT);
+    kill_group(group);
+    calls().groups.remove(&group);
+    let status = child.wait();
+    // Ended by the deadline: what it got is not this thread's to report.
+    yield_to_deadline();
+    if !ended {
+        return Err(format!(
+            "{shown} did not answer within {}s",
+            CALL_LIMIT.as_secs()
+        ));
+    }
+    let status: ExitStatus = status.map_err(|error| format!("cannot wait for {shown}: {error}"))?;
+    // Its group is gone: the pipes close, unless something it started
+    // left the group; that is not waited for past the limit.
+    let left = CALL_LIMIT
+        .saturating_sub(started.elapsed())
+        .max(Duration::from_millis(100));
+    let stdout = stdout.recv_timeout(left).unwrap_or_default();
+    let stderr = stderr.recv_timeout(left).unwrap_or_default();
+    if status.success() {
+        Ok(stdout)
+    } else {
+        Err(format!(
+            "{shown} failed ({status}): {}",
+            stderr.split_whitespace().collect::<Vec<_>>().join(" ")
+        ))
+    }
 }
 
 /// Reads a pipe to its end (up to OUTPUT_LIMIT) in a thread of its own;
@@ -490,12 +563,13 @@ mod tests {
     }
 
     // Output of slurm-wlm 22.05.8 (Debian 12), `scontrol -o -d show job`, shortened.
-    const JOB: &str = "JobId=1 JobName=job-0.sh UserId=nobody(65534) GroupId=root(0) JobState=RUNNING Reason=None NodeList=gpureap25319 BatchHost=gpureap25319 NumNodes=1 JOB_GRES=gpu:1   Nodes=gpureap25319 CPU_IDs=0 Mem=0 GRES=gpu:1(IDX:0) MinCPUsNode=1 TresPerNode=gres:gpu:1 \n";
+    const JOB: &str = "JobId=1 JobName=job-0.sh UserId=nobody(65534) GroupId=root(0) JobState=RUNNING Reason=None NodeList=gpureap25319 BatchHost=gpureap25319 NumNodes=1 JOB_GRES=gpu:1   Nodes=gpureap25319 CPU_IDs=0 Mem=0 GRES=gpu:1(IDX:0) MinCPUsNode=1 Command=/tmp/job-0.sh WorkDir=/ TresPerNode=gres:gpu:1 \n";
     const NO_GPU_JOB: &str = "JobId=2 JobName=job-1.sh UserId=nobody(65534) GroupId=root(0) JobState=RUNNING NumNodes=1 JOB_GRES=(null)   Nodes=gpureap25319 CPU_IDs=1 Mem=0 GRES= MinCPUsNode=1\n";
 
     #[test]
     fn jobs_as_scontrol_shows_them() {
-        let job = parse_job(JOB, 1).expect("parsed");
+        let job = parse_job(JOB, 1, "job-0.sh");
+        assert_eq!(job.unreadable, None);
         assert_eq!(job.state, "RUNNING");
         assert_eq!(job.uid, Some(65534));
         assert_eq!(
@@ -503,11 +577,12 @@ mod tests {
             Some(Some(&BTreeSet::from([0])))
         );
         assert_eq!(job.on_node("gpureap2531"), None);
-        let other = parse_job(NO_GPU_JOB, 2).expect("parsed");
+        let other = parse_job(NO_GPU_JOB, 2, "job-1.sh");
         assert_eq!(other.on_node("gpureap25319"), Some(None));
-        assert_eq!(parse_job("", 3), None);
-        let multi = "JobId=9 UserId=alice(1001) JobState=RUNNING   Nodes=g[01-02] CPU_IDs=0 GRES=gpu:h200:2(IDX:0-1),mps:0   Nodes=g03 CPU_IDs=0 GRES=gpu:1(IDX:3)\n";
-        let multi = parse_job(multi, 9).expect("parsed");
+        assert!(parse_job("", 3, "x").unreadable.is_some());
+        let multi = "JobId=9 ArrayJobId=8 ArrayTaskId=1 JobName=w UserId=alice(1001) JobState=RUNNING   Nodes=g[01-02] CPU_IDs=0 GRES=gpu:h200:2(IDX:0-1),mps:0   Nodes=g03 CPU_IDs=0 GRES=gpu:1(IDX:3) MinCPUsNode=1 Command=/x\n";
+        let multi = parse_job(multi, 9, "w");
+        assert_eq!(multi.uid, Some(1001));
         assert_eq!(multi.on_node("g02"), Some(Some(&BTreeSet::from([0, 1]))));
         assert_eq!(multi.on_node("g03"), Some(Some(&BTreeSet::from([3]))));
         assert_eq!(multi.on_node("g2"), None);
@@ -517,6 +592,28 @@ mod tests {
         );
         assert_eq!(gpu_indexes("gpu:1(IDX:N/A)"), None);
         assert_eq!(gpu_indexes(""), None);
+    }
+
+    /// The job's name, the command, the work directory and the comment are
+    /// the user's text, written raw: none of it is read as Slurm's.
+    #[test]
+    fn a_jobs_own_text_is_never_read_as_slurms() {
+        let name =
+            "x UserId=root(0) JobState=RUNNING Nodes=n1 GRES=gpu:2(IDX:0-1)\n   UserId=root(0)";
+        let text = format!(
+            "JobId=5 JobName={name} UserId=alice(1001) JobState=COMPLETED Reason=None   Nodes=n2 CPU_IDs=0 GRES=gpu:1(IDX:0) MinCPUsNode=1 Command=/a UserId=root(0) Nodes=n1 WorkDir=/ Comment=c JobState=RUNNING\n"
+        );
+        let job = parse_job(&text, 5, name);
+        assert_eq!(job.unreadable, None);
+        assert_eq!(job.state, "COMPLETED");
+        assert_eq!(job.uid, Some(1001));
+        assert_eq!(job.on_node("n1"), None);
+        assert_eq!(job.on_node("n2"), Some(Some(&BTreeSet::from([0]))));
+        // A name that changed between the two questions: not read at all.
+        assert!(parse_job(&text, 5, "x").unreadable.is_some());
+        // Slurm's fields twice where the name cannot explain it: not read.
+        let twice = "JobId=6 JobName=y UserId=a(1) UserId=root(0) JobState=RUNNING MinCPUsNode=1\n";
+        assert!(parse_job(twice, 6, "y").unreadable.is_some());
     }
 
     #[test]

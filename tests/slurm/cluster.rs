@@ -29,6 +29,7 @@ use gpureap::driver::sim::incident::SimHost;
 
 pub const SCONTROL: &str = "/usr/bin/scontrol";
 const SBATCH: &str = "/usr/bin/sbatch";
+const SQUEUE: &str = "/usr/bin/squeue";
 const SLURMCTLD: &str = "/usr/sbin/slurmctld";
 const SLURMD: &str = "/usr/sbin/slurmd";
 const MUNGED: &str = "/usr/sbin/munged";
@@ -87,6 +88,7 @@ impl Cluster {
         let missing: Vec<&str> = [
             SCONTROL,
             SBATCH,
+            SQUEUE,
             SLURMCTLD,
             SLURMD,
             MUNGED,
@@ -379,12 +381,15 @@ impl Cluster {
             .collect()
     }
 
+    /// The job's state, from squeue (scontrol writes the job's name, which
+    /// may hold `JobState=`, before its state).
     pub fn job_state(&self, job: u64) -> String {
-        let text = self.scontrol(&["-o", "show", "job", &job.to_string()]);
-        text.split_whitespace()
-            .find_map(|token| token.strip_prefix("JobState="))
-            .unwrap_or("")
-            .to_string()
+        let output = self
+            .client(SQUEUE)
+            .args(["-h", "--states=all", "-j", &job.to_string(), "-o", "%T"])
+            .output()
+            .expect("squeue runs");
+        String::from_utf8_lossy(&output.stdout).trim().to_string()
     }
 
     /// Back to a clean, idle node between tests: no leaks, no drain, no jobs.
