@@ -1,7 +1,8 @@
 //! The Slurm front end: the programs a site names in slurm.conf.
 //!
 //! `epilog` frees what an ended job left on its GPUs (the job's processes,
-//! by uid or by `SLURM_JOB_ID` in their environment, and their descendants)
+//! by `SLURM_JOB_ID` in their environment or, naming no job, by uid, and
+//! their descendants; never a process that names another job)
 //! with `reap::free`, and drains the node when a GPU stays held; `prolog`
 //! refuses a job GPUs that are not clean; `healthcheck` drains a node whose
 //! memory no running job explains and resumes one gpureap drained once it is
