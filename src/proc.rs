@@ -596,9 +596,17 @@ pub fn env_value(pid: u32, name: &str) -> Option<String> {
 /// The real uid from /proc/PID/status (the owner of /proc/PID is root for
 /// non-dumpable processes).
 pub fn real_uid(pid: u32) -> Option<u32> {
-    let text = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    text.lines()
-        .find_map(|line| line.strip_prefix("Uid:"))
+    status_uid(&fs::read(format!("/proc/{pid}/status")).ok()?)
+}
+
+/// The real uid on the `Uid:` line of a /proc/PID/status, read as bytes:
+/// its `Name:` line holds the comm, any bytes the process chose (not UTF-8
+/// for a process that wants to pass unnoticed).
+fn status_uid(status: &[u8]) -> Option<u32> {
+    status
+        .split(|&byte| byte == b'\n')
+        .find_map(|line| line.strip_prefix(b"Uid:"))
+        .and_then(|ids| std::str::from_utf8(ids).ok())
         .and_then(|ids| ids.split_whitespace().next())
         .and_then(|uid| uid.parse().ok())
 }
@@ -647,6 +655,18 @@ mod tests {
         });
         assert!(panicked.is_err());
         assert_ne!(with_scan(classify, lent).expect("scan"), Some(4242));
+    }
+
+    #[test]
+    fn the_uid_is_read_whatever_bytes_the_comm_holds() {
+        let status = b"Name:\t\xffbad\xfe\nUmask:\t0022\nState:\tS (sleeping)\nUid:\t65534\t65534\t65534\t65534\nGid:\t0\t0\t0\t0\n";
+        assert_eq!(status_uid(status), Some(65534));
+        assert_eq!(status_uid(b"Name:\tx\nGid:\t0\n"), None);
+        // The live process, read through /proc.
+        assert_eq!(
+            real_uid(std::process::id()),
+            Some(rustix::process::getuid().as_raw())
+        );
     }
 
     #[test]

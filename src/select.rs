@@ -40,9 +40,11 @@ pub struct Scope {
     pub job: Option<JobScope>,
 }
 
-/// What belongs to one Slurm job: processes of the job's user, or whose
-/// environment carries `SLURM_JOB_ID=<id>`. The environment is read before
-/// selection (`members`), so that selection stays pure.
+/// What belongs to one Slurm job: processes whose environment carries
+/// `SLURM_JOB_ID=<id>`, and those whose environment names no job and that
+/// run as the job's user. A process whose environment names another job is
+/// never the job's, whoever runs it. The environment is read before
+/// selection (`members`, `others`), so that selection stays pure.
 #[derive(Debug, Clone, Default)]
 pub struct JobScope {
     /// The job's uid; `None` for a job run as root, whose uid also owns the
@@ -50,11 +52,26 @@ pub struct JobScope {
     pub uid: Option<u32>,
     /// Processes found with the job's `SLURM_JOB_ID` in their environment.
     pub members: BTreeSet<ProcessId>,
+    /// Processes found with another job's `SLURM_JOB_ID` in their environment.
+    pub others: BTreeSet<ProcessId>,
+    /// The job's uid as Slurm gave it, root included (`uid` leaves root out).
+    pub owner: Option<u32>,
 }
 
 impl JobScope {
     pub fn admits(&self, record: &ProcessRecord) -> bool {
-        self.members.contains(&record.id) || (self.uid.is_some() && record.uid == self.uid)
+        self.members.contains(&record.id)
+            || (!self.others.contains(&record.id) && self.uid.is_some() && record.uid == self.uid)
+    }
+
+    /// Whether the process carries the job's context (its `SLURM_JOB_ID`)
+    /// and runs as the job's uid: then it is the job's whatever its name,
+    /// and a protected name does not spare it. Without either it looks like
+    /// the daemon it is named after (one a prolog started carries the job's
+    /// id, as root).
+    pub fn owns(&self, record: &ProcessRecord) -> bool {
+        self.members.contains(&record.id)
+            && self.owner.is_none_or(|owner| record.uid == Some(owner))
     }
 }
 
@@ -273,7 +290,11 @@ pub struct Selection {
 /// against random process forests.
 pub fn select(snapshot: &Snapshot, scope: &Scope, guard: &Guard) -> Selection {
     let tree = snapshot.tree();
-    let named = |record: &ProcessRecord| scope.names(record).is_some();
+    // Named, or carrying the Slurm job's own context: either overrides a
+    // protected name (`exec -a nvidia-smi python train.py` is the job's).
+    let named = |record: &ProcessRecord| {
+        scope.names(record).is_some() || scope.job.as_ref().is_some_and(|job| job.owns(record))
+    };
     let mut chosen: BTreeMap<u32, Because> = BTreeMap::new();
     let mut selection = Selection::default();
 
@@ -359,9 +380,23 @@ pub fn select(snapshot: &Snapshot, scope: &Scope, guard: &Guard) -> Selection {
         .filter(|&(pid, because)| place(&mut selection, pid, because))
         .map(|(pid, _)| pid)
         .collect();
+    // In a Slurm job's scope, a descendant that is not the job's (it names
+    // another job, or runs as another user with no job's context) is not a
+    // target through its parent: the epilog reports it instead.
+    let outside_job = |pid: u32| {
+        scope.job.as_ref().is_some_and(|job| {
+            snapshot
+                .processes
+                .get(&pid)
+                .is_some_and(|record| !job.admits(record))
+        })
+    };
     for root in roots {
         for pid in tree.descendants(root) {
-            if !selection.targets.contains_key(&pid) && !selection.spared.contains_key(&pid) {
+            if !selection.targets.contains_key(&pid)
+                && !selection.spared.contains_key(&pid)
+                && !outside_job(pid)
+            {
                 place(&mut selection, pid, Because::Descendant { of: root });
             }
         }

@@ -651,3 +651,163 @@ impl Ledger for Earlier {
         self.0.iter().any(|id| id.pid == pid)
     }
 }
+
+/// A Slurm job's scope (`gpureap slurm epilog`): the job's processes are its
+/// own whatever their name; a process that names another job is never a
+/// target, nor through its parent; nor is a descendant of another uid that
+/// names no job.
+#[test]
+fn a_job_scope_takes_the_jobs_own_and_never_another_jobs() {
+    use gpureap::select::JobScope;
+    let gpu0: BTreeSet<Node> = [Node::Gpu(0), Node::Control].into_iter().collect();
+    let none = BTreeSet::new;
+    let processes: BTreeMap<u32, ProcessRecord> = [
+        record(1, 0, 1, 1, 1, "init", 0, 'S', false, none()),
+        // The job's worker (its SLURM_JOB_ID), and under it: a process that
+        // names another job, one of the job's user with no job id, root's.
+        record(
+            100,
+            1,
+            10,
+            100,
+            100,
+            "python3 train.py",
+            1000,
+            'S',
+            false,
+            gpu0.clone(),
+        ),
+        record(
+            101,
+            100,
+            11,
+            100,
+            100,
+            "python3 other.py",
+            1000,
+            'S',
+            false,
+            none(),
+        ),
+        record(
+            102,
+            100,
+            12,
+            100,
+            100,
+            "python3 helper.py",
+            1000,
+            'S',
+            false,
+            none(),
+        ),
+        record(
+            103,
+            100,
+            13,
+            100,
+            100,
+            "python3 setuid.py",
+            0,
+            'S',
+            false,
+            none(),
+        ),
+        // The same user's other job on the same GPU.
+        record(
+            200,
+            1,
+            20,
+            200,
+            200,
+            "python3 serve.py",
+            1000,
+            'S',
+            false,
+            gpu0.clone(),
+        ),
+        // The job's leftover under a protected name, and the daemon's name with no job.
+        record(
+            300,
+            1,
+            30,
+            300,
+            300,
+            "nvidia-smi python train.py",
+            1000,
+            'S',
+            false,
+            gpu0.clone(),
+        ),
+        record(
+            400,
+            1,
+            40,
+            400,
+            400,
+            "nvidia-smi",
+            1000,
+            'S',
+            false,
+            gpu0.clone(),
+        ),
+        // A daemon a prolog started: the job's SLURM_JOB_ID, root's uid.
+        record(
+            500,
+            1,
+            50,
+            500,
+            500,
+            "nv-hostengine",
+            0,
+            'S',
+            false,
+            gpu0.clone(),
+        ),
+    ]
+    .into_iter()
+    .map(|record| (record.id.pid, record))
+    .collect();
+    let id = |pid: u32| processes[&pid].id;
+    let users = [100, 200, 300, 400, 500]
+        .into_iter()
+        .map(|pid| user(pid, true, true, false))
+        .collect();
+    let snapshot = Snapshot {
+        backend: "test".to_string(),
+        taken_at_unix_ms: 0,
+        gpus: vec![gpu(0, users)],
+        processes: processes.clone(),
+        unreadable: Vec::new(),
+        driver_error: None,
+        details: BTreeMap::new(),
+        uptime_ticks: None,
+        bookkeeping_slack: 0,
+    };
+    let scope = Scope {
+        gpus: Some(BTreeSet::from([0])),
+        job: Some(JobScope {
+            uid: Some(1000),
+            members: [id(100), id(300), id(500)].into_iter().collect(),
+            others: [id(101), id(200)].into_iter().collect(),
+            owner: Some(1000),
+        }),
+        ..Scope::default()
+    };
+    let guard = Guard {
+        self_pid: 999,
+        ancestors: BTreeSet::new(),
+        protected_names: DEFAULT_PROTECTED
+            .iter()
+            .map(|name| name.to_string())
+            .collect(),
+    };
+    let selection = select(&snapshot, &scope, &guard);
+    let targets: BTreeSet<u32> = selection.targets.keys().copied().collect();
+    assert_eq!(targets, BTreeSet::from([100, 102, 300]), "{selection:?}");
+    assert_eq!(
+        selection.spared.keys().copied().collect::<Vec<_>>(),
+        [400, 500],
+        "{selection:?}"
+    );
+}

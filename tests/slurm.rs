@@ -5,6 +5,8 @@
 mod cluster;
 
 use std::fs;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -448,4 +450,641 @@ fn epilog_with_reset_frees_a_root_jobs_leftover_and_resets_driver_held_memory() 
         epilog.stderr
     );
     assert!(!host.path().join("leak.1").exists());
+}
+
+/// gpureap against the cluster's simulated host, as root from a shell.
+fn on_cluster(cluster: &Cluster, args: &[&str]) -> crate::harness::Run {
+    Command::new(env!("CARGO_BIN_EXE_gpureap"))
+        .args(["--backend", &cluster.sim.backend()])
+        .args(args)
+        .env_remove("GPUREAP_BACKEND")
+        .stdin(Stdio::null())
+        .output()
+        .expect("gpureap runs")
+        .into()
+}
+
+/// A holder's script that ends as `program` (a link to sleep) instead of
+/// sleep, so that its comm is the link's name, whatever bytes that holds.
+fn holder_script_as(cluster: &Cluster, name: &str, holder: &Holder, program: &Path) -> String {
+    let script = holder.script().replace(
+        "sleep 100000",
+        &format!(
+            "\"$(cat {})\" 100000",
+            cluster.dir.join(format!("{name}.program")).display()
+        ),
+    );
+    fs::write(
+        cluster.dir.join(format!("{name}.program")),
+        program.as_os_str().as_bytes(),
+    )
+    .expect("program");
+    let path = cluster.dir.join(format!("{name}.sh"));
+    fs::write(&path, script).expect("holder script");
+    path.display().to_string()
+}
+
+#[test]
+fn a_comm_that_is_not_utf8_hides_no_uid_from_status_free_user_or_the_epilog() {
+    let (cluster, _turn) = cluster();
+    // A link to sleep whose name starts with byte 0xff: the comm of what runs it.
+    let program = cluster.dir.join(std::ffi::OsStr::from_bytes(b"\xffhidden"));
+    let _ = fs::remove_file(&program);
+    std::os::unix::fs::symlink("/bin/sleep", &program).expect("link");
+    let go = cluster.dir.join("comm-go");
+    let wait = wait_line(cluster, "comm-go");
+    // The job's escaped worker, without the job's SLURM_JOB_ID: the job's by uid only.
+    let worker = holder_script_as(
+        cluster,
+        "unreadable_comm",
+        &Holder::new("unreadable_comm").on(0, 2 * GIB),
+        &program,
+    );
+    let job = cluster.sbatch(
+        &["--uid=nobody", "--gres=gpu:1"],
+        &format!(
+            "setsid nohup env -u SLURM_JOB_ID bash {worker} </dev/null >/dev/null 2>&1 &\n\
+             until grep -q ' unreadable_comm$' \"$D/pids\"; do sleep 0.05; done\n\
+             {wait}"
+        ),
+    );
+    let mut pid = None;
+    let _ = wait_for(Duration::from_secs(30), || {
+        pid = recorded(&cluster.sim, "unreadable_comm");
+        pid.is_some()
+    });
+    let pid = pid.expect("the job staged its worker");
+    let comm = || fs::read(format!("/proc/{pid}/comm")).unwrap_or_default();
+    let _ = wait_for(Duration::from_secs(10), || comm() == b"\xffhidden\n");
+    assert_eq!(
+        comm(),
+        b"\xffhidden\n",
+        "the worker runs under the link's name"
+    );
+
+    let status = on_cluster(cluster, &["status", "--json"]).json();
+    let holder = status["holders"]
+        .as_array()
+        .and_then(|holders| holders.iter().find(|holder| holder["pid"] == pid))
+        .unwrap_or_else(|| panic!("pid {pid} is a holder: {status:#}"));
+    assert_eq!(holder["user"], "nobody", "{holder:#}");
+
+    let plan = on_cluster(
+        cluster,
+        &["free", "--user", "nobody", "--dry-run", "--json"],
+    );
+    assert!(
+        crate::harness::target_pids(&plan.json()).contains(&pid),
+        "free --user nobody takes pid {pid}: {}",
+        plan.stdout
+    );
+
+    fs::write(&go, "").expect("go");
+    let lines = cluster.wait_for_hook(job, "epilog");
+    assert!(
+        lines
+            .iter()
+            .any(|line| line["action"] == "signal" && line["pid"] == pid),
+        "the job's worker {pid}, known by uid only, was freed: {lines:#?}"
+    );
+    assert!(actions(&lines).contains(&"clean".to_string()), "{lines:#?}");
+    assert!(wait_for(Duration::from_secs(5), || !alive(pid)).is_ok());
+    let (state, _) = cluster.node_state().expect("node state");
+    assert!(!state.contains("DRAIN"), "node stays in service: {state}");
+}
+
+/// The PID of the process a job staged under `title`, once it runs under it.
+fn staged(cluster: &Cluster, title: &str) -> u32 {
+    let mut pid = None;
+    let running = wait_for(Duration::from_secs(30), || {
+        pid = recorded(&cluster.sim, title).filter(|pid| {
+            fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|cmdline| {
+                cmdline.starts_with(title.split(' ').next().unwrap_or(title).as_bytes())
+            })
+        });
+        pid.is_some()
+    });
+    assert!(running.is_ok(), "{title} was not staged in 30s");
+    pid.unwrap_or_default()
+}
+
+/// A job script line that waits until the test creates `name` in the
+/// cluster's directory, a minute at most (a failed test creates nothing).
+fn wait_line(cluster: &Cluster, name: &str) -> String {
+    let path = cluster.dir.join(name);
+    let _ = fs::remove_file(&path);
+    format!(
+        "for _ in $(seq 1200); do [ -e {} ] && break; sleep 0.05; done",
+        path.display()
+    )
+}
+
+#[test]
+fn epilog_never_signals_the_same_users_other_job_on_a_shared_gpu() {
+    let (cluster, _turn) = cluster();
+    // Job A of user nobody gets GPU 0 and runs.
+    let a = cluster.sbatch(
+        &["--uid=nobody", "--gres=gpu:1"],
+        &format!(
+            "[ \"$SLURM_JOB_GPUS\" = 0 ] || exit 7\n{}",
+            wait_line(cluster, "job-a-go")
+        ),
+    );
+    cluster.wait_for_hook(a, "prolog");
+    // Job B of the same user, given no GPU by Slurm, uses GPU 0 all the same.
+    let worker = holder_script(
+        cluster,
+        "other_job",
+        &Holder::new("other_job_worker").on(0, 3 * GIB),
+    );
+    let b = cluster.sbatch(
+        &["--uid=nobody"],
+        &format!("bash {worker} &\n{}", wait_line(cluster, "other-job-go")),
+    );
+    let other = staged(cluster, "other_job_worker");
+    // Job A ends: its epilog runs.
+    fs::write(cluster.dir.join("job-a-go"), "").expect("go");
+    let lines = cluster.wait_for_hook(a, "epilog");
+    assert!(
+        !lines
+            .iter()
+            .any(|line| line["action"] == "signal" && line["pid"] == other),
+        "job {a}'s epilog signalled job {b}'s worker {other}: {lines:#?}"
+    );
+    assert!(
+        alive(other),
+        "job {b}'s worker {other} survives job {a}'s epilog"
+    );
+    assert!(
+        lines.iter().any(|line| line["action"] == "leave"
+            && line["pid"] == other
+            && line["message"]
+                .as_str()
+                .is_some_and(|message| message.contains(&format!("of job {b}, which runs here")))),
+        "{lines:#?}"
+    );
+    assert!(actions(&lines).contains(&"clean".to_string()), "{lines:#?}");
+    let (state, reason) = cluster.node_state().expect("node state");
+    assert!(
+        !state.contains("DRAIN"),
+        "node stays in service: {state} {reason:?} {lines:#?}"
+    );
+    fs::write(cluster.dir.join("other-job-go"), "").expect("go");
+}
+
+#[test]
+fn epilog_frees_a_jobs_leftover_under_a_protected_name() {
+    let (cluster, _turn) = cluster();
+    // `exec -a nvidia-smi python train.py`, escaped from the job, 70 GiB.
+    let worker = holder_script(
+        cluster,
+        "disguised",
+        &Holder::new("nvidia-smi python train.py").on(0, 70 * GIB),
+    );
+    let job = cluster.sbatch(
+        &["--uid=nobody", "--gres=gpu:1"],
+        &format!(
+            "setsid nohup bash {worker} </dev/null >/dev/null 2>&1 &\n\
+             until grep -q ' nvidia-smi python train.py$' \"$D/pids\"; do sleep 0.05; done\n\
+             sleep 0.2"
+        ),
+    );
+    let lines = cluster.wait_for_hook(job, "epilog");
+    let disguised = recorded(&cluster.sim, "nvidia-smi python train.py").expect("staged");
+    assert!(
+        lines
+            .iter()
+            .any(|line| line["action"] == "signal" && line["pid"] == disguised),
+        "the job's leftover {disguised}, named nvidia-smi, was freed: {lines:#?}"
+    );
+    assert!(wait_for(Duration::from_secs(5), || !alive(disguised)).is_ok());
+    assert!(actions(&lines).contains(&"clean".to_string()), "{lines:#?}");
+    let (state, _) = cluster.node_state().expect("node state");
+    assert!(!state.contains("DRAIN"), "{state}");
+}
+
+#[test]
+fn healthcheck_keeps_drained_a_node_where_an_ended_jobs_leftover_took_a_protected_name() {
+    let (cluster, _turn) = cluster();
+    // A job of root's that has ended, as Slurm still shows it.
+    let ended = cluster.sbatch(&[], "true");
+    let completed = wait_for(Duration::from_secs(30), || {
+        cluster.job_state(ended) == "COMPLETED"
+    });
+    assert!(
+        completed.is_ok(),
+        "job {ended}: {}",
+        cluster.job_state(ended)
+    );
+    // What an epilog left: that job's process, named nvidia-smi, holding 70 GiB.
+    let mut incident = Incident::new(&cluster.sim);
+    let leftover = Holder::new("nvidia-smi python train.py").on(0, 70 * GIB);
+    incident
+        .spawn(
+            &format!("export SLURM_JOB_ID={ended}; {}", leftover.script()),
+            1,
+        )
+        .expect("leftover");
+    let leftover = incident.pid_of("nvidia-smi python train.py").expect("pid");
+    // The real nvidia-smi, of no job, and a daemon of root's that a prolog
+    // started (a job id Slurm has forgotten) are what a protected name spares.
+    let daemon = incident
+        .holder(&Holder::new("nvidia-smi").on(1, GIB))
+        .expect("daemon");
+    let started = Holder::new("nv-hostengine").on(1, GIB);
+    incident
+        .spawn(
+            &format!("export SLURM_JOB_ID=999999; {}", started.script()),
+            1,
+        )
+        .expect("started by a prolog");
+    let started = incident.pid_of("nv-hostengine").expect("pid");
+    cluster.scontrol(&[
+        "update",
+        &format!("nodename={}", cluster.node),
+        "state=drain",
+        &format!("reason=gpureap: GPU 0: pid 1 (python) holds 70.0 GiB: job {ended}'s, not freed"),
+    ]);
+    let check = healthcheck(cluster, &[]);
+    assert_eq!(check.code, 1, "{}", check.stderr);
+    let reason = cluster.drain_reason().unwrap_or_default();
+    assert_eq!(
+        reason,
+        format!(
+            "gpureap: GPU 0: pid {leftover} (sleep, root, state S) holds 70.0 GiB: job {ended}'s, which is COMPLETED"
+        ),
+        "{}",
+        check.stderr
+    );
+    assert!(
+        alive(leftover) && alive(daemon) && alive(started),
+        "the health check signals nothing"
+    );
+}
+
+#[test]
+fn healthcheck_counts_a_holder_as_a_running_jobs_only_under_its_uid_and_on_its_gpu() {
+    let (cluster, _turn) = cluster();
+    // Job J of nobody has GPU 0: its worker there is its own; one on GPU 1 is not.
+    let own = holder_script(cluster, "own", &Holder::new("job_own_gpu").on(0, GIB));
+    let wrong = holder_script(cluster, "wrong", &Holder::new("job_wrong_gpu").on(1, GIB));
+    let job = cluster.sbatch(
+        &["--uid=nobody", "--gres=gpu:1"],
+        &format!(
+            "[ \"$SLURM_JOB_GPUS\" = 0 ] || exit 7\nbash {own} &\nbash {wrong} &\n{}",
+            wait_line(cluster, "uid-gpu-go")
+        ),
+    );
+    let own = staged(cluster, "job_own_gpu");
+    let wrong = staged(cluster, "job_wrong_gpu");
+    // Root's process claims job J in its environment.
+    let mut incident = Incident::new(&cluster.sim);
+    let claimant = Holder::new("root_claims_the_job").on(0, GIB);
+    incident
+        .spawn(
+            &format!("export SLURM_JOB_ID={job}; {}", claimant.script()),
+            1,
+        )
+        .expect("claimant");
+    let claimant = staged(cluster, "root_claims_the_job");
+    let check = healthcheck(cluster, &[]);
+    assert_eq!(check.code, 1, "{}", check.stderr);
+    let reason = cluster.drain_reason().unwrap_or_default();
+    assert!(reason.starts_with("gpureap: GPU 0: "), "{reason}");
+    // The drain reason is cut to what sinfo shows; the log has each finding.
+    let said = &check.stderr;
+    assert!(
+        said.contains(&format!(
+            "pid {claimant} (sleep, root, state S) holds 1.0 GiB: names job {job}, which Slurm runs as uid 65534, not as this process's uid 0"
+        )),
+        "{said}"
+    );
+    assert!(
+        said.contains(&format!(
+            "pid {wrong} (sleep, nobody, state S) holds 1.0 GiB: names job {job}, which Slurm gave GPU 0 on {}, not GPU 1",
+            cluster.node
+        )),
+        "{said}"
+    );
+    assert!(!said.contains(&format!("pid {own} ")), "{said}");
+    fs::write(cluster.dir.join("uid-gpu-go"), "").expect("go");
+}
+
+#[test]
+fn the_epilog_deadline_ends_a_hung_scontrol_with_what_it_forked_and_still_drains() {
+    let (cluster, _turn) = cluster();
+    // An scontrol that hangs on its first call, with a child that holds its
+    // pipes; later calls are the real one.
+    let hung = cluster.dir.join("hung-scontrol");
+    let _ = fs::remove_dir_all(&hung);
+    let stand_in = cluster.dir.join("scontrol-that-hangs");
+    fs::write(
+        &stand_in,
+        format!(
+            "#!/bin/bash\n\
+             if mkdir {hung} 2>/dev/null; then\n\
+             sleep 1000 &\n\
+             echo $! > {hung}/child.new; mv {hung}/child.new {hung}/child\n\
+             echo $$ > {hung}/parent.new; mv {hung}/parent.new {hung}/parent; exec sleep 1000\n\
+             fi\n\
+             exec {SCONTROL} \"$@\"\n",
+            hung = hung.display()
+        ),
+    )
+    .expect("stand-in");
+    fs::set_permissions(
+        &stand_in,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod");
+    // Root's process on GPU 0, which job 4545 had: the epilog drains.
+    let mut incident = Incident::new(&cluster.sim);
+    let foreign = incident
+        .holder(&Holder::new("foreign_holder").on(0, GIB))
+        .expect("holder");
+    let started = std::time::Instant::now();
+    let epilog: crate::harness::Run = Command::new(env!("CARGO_BIN_EXE_gpureap"))
+        .args(["--backend", &cluster.sim.backend()])
+        .args(["slurm", "epilog", "--timeout", "2s", "--scontrol"])
+        .arg(&stand_in)
+        .env("SLURM_CONF", cluster.conf())
+        .env("SLURM_JOB_ID", "4545")
+        .env("SLURM_JOB_UID", "65534")
+        .env("SLURM_JOB_GPUS", "0")
+        .env("SLURMD_NODENAME", &cluster.node)
+        .env_remove("GPUREAP_BACKEND")
+        .stdin(Stdio::null())
+        .output()
+        .expect("gpureap runs")
+        .into();
+    let took = started.elapsed();
+    assert_eq!(epilog.code, 1, "{}", epilog.stderr);
+    assert!(
+        took < Duration::from_secs(8),
+        "took {took:?}: {}",
+        epilog.stderr
+    );
+    let pid = |name: &str| -> u32 {
+        fs::read_to_string(hung.join(name))
+            .ok()
+            .and_then(|pid| pid.trim().parse().ok())
+            .unwrap_or_else(|| panic!("the stand-in recorded no {name}: {}", epilog.stderr))
+    };
+    let (parent, child) = (pid("parent"), pid("child"));
+    let gone = wait_for(Duration::from_secs(2), || !alive(parent) && !alive(child));
+    // Not left behind, whatever the outcome: they are this test's.
+    for pid in [parent, child] {
+        if alive(pid) {
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+        }
+    }
+    assert!(
+        gone.is_ok(),
+        "the hung scontrol {parent} and its child {child} outlived the epilog: {}",
+        epilog.stderr
+    );
+    assert_eq!(
+        cluster.drain_reason().as_deref(),
+        Some("gpureap: epilog did not finish within 2.0s (see slurmd's log)"),
+        "{}",
+        epilog.stderr
+    );
+    assert!(alive(foreign));
+}
+
+#[test]
+fn an_scontrol_that_answers_and_leaves_a_child_on_its_pipe_holds_up_nothing() {
+    let (cluster, _turn) = cluster();
+    let left = cluster.dir.join("left-child");
+    let _ = fs::remove_file(&left);
+    let stand_in = cluster.dir.join("scontrol-that-forks");
+    fs::write(
+        &stand_in,
+        format!(
+            "#!/bin/bash\n\
+             {SCONTROL} \"$@\"; code=$?\n\
+             sleep 1000 &\n\
+             echo $! > {left}.new; mv {left}.new {left}\n\
+             exit $code\n",
+            left = left.display()
+        ),
+    )
+    .expect("stand-in");
+    fs::set_permissions(
+        &stand_in,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod");
+    let started = std::time::Instant::now();
+    let check: crate::harness::Run = Command::new(env!("CARGO_BIN_EXE_gpureap"))
+        .args(["--backend", &cluster.sim.backend()])
+        .args([
+            "slurm",
+            "healthcheck",
+            "--timeout",
+            "5s",
+            "--node",
+            &cluster.node,
+        ])
+        .arg("--scontrol")
+        .arg(&stand_in)
+        .env("SLURM_CONF", cluster.conf())
+        .env_remove("GPUREAP_BACKEND")
+        .stdin(Stdio::null())
+        .output()
+        .expect("gpureap runs")
+        .into();
+    let took = started.elapsed();
+    let child: Option<u32> = fs::read_to_string(&left)
+        .ok()
+        .and_then(|pid| pid.trim().parse().ok());
+    let gone = child.map(|child| wait_for(Duration::from_secs(2), || !alive(child)));
+    if let Some(child) = child.filter(|&child| alive(child)) {
+        let _ = Command::new("kill")
+            .args(["-KILL", &child.to_string()])
+            .status();
+    }
+    assert_eq!(check.code, 0, "took {took:?}: {}", check.stderr);
+    assert!(check.stderr.contains("GPUs clean"), "{}", check.stderr);
+    assert!(
+        took < Duration::from_secs(4),
+        "took {took:?}: {}",
+        check.stderr
+    );
+    assert_eq!(gone, Some(Ok(())), "scontrol's child outlived the call");
+}
+
+/// `gpureap slurm COMMAND` as slurmd runs it, with `env` over the job's variables.
+fn job_program(cluster: &Cluster, command: &str, env: &[(&str, &str)]) -> crate::harness::Run {
+    let mut program = Command::new(env!("CARGO_BIN_EXE_gpureap"));
+    program
+        .args(["--backend", &cluster.sim.backend()])
+        .args(["slurm", command, "--scontrol", SCONTROL])
+        .env("SLURM_CONF", cluster.conf())
+        .env("SLURM_JOB_ID", "4646")
+        .env("SLURM_JOB_UID", "65534")
+        .env("SLURM_JOB_GPUS", "0")
+        .env("SLURMD_NODENAME", &cluster.node)
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .env_remove("GPUREAP_BACKEND")
+        .stdin(Stdio::null());
+    for (name, value) in env {
+        program.env(name, value);
+    }
+    program.output().expect("gpureap runs").into()
+}
+
+#[test]
+fn a_job_variable_gpureap_cannot_read_drains_with_its_name_and_the_healthcheck_lifts_it() {
+    let (cluster, _turn) = cluster();
+    // slurmd sets a MIG device list and no SLURM_JOB_GPUS.
+    fs::write(
+        cluster.dir.join("epilog.env"),
+        "export SLURM_JOB_GPUS= CUDA_VISIBLE_DEVICES=MIG-GPU-1/2/3\n",
+    )
+    .expect("epilog.env");
+    let job = cluster.sbatch(&["--gres=gpu:1"], "true");
+    // Slurm's own drain for an epilog that exits 2 would say "Epilog error".
+    assert_eq!(
+        cluster.drain_reason().as_deref(),
+        Some(
+            "gpureap: CUDA_VISIBLE_DEVICES: 'MIG-GPU-1/2/3' is not a GPU index, range or GPU-UUID \
+             (expected like 0,1,3); epilog checked no GPU"
+        ),
+        "job {job}"
+    );
+    let _ = fs::remove_file(cluster.dir.join("epilog.env"));
+    let lifted = healthcheck(cluster, &[]);
+    assert_eq!(lifted.code, 0, "{}", lifted.stderr);
+    assert!(lifted.stderr.contains("resumed"), "{}", lifted.stderr);
+
+    for (command, name, value, said) in [
+        (
+            "prolog",
+            "SLURM_JOB_ID",
+            "12x",
+            "SLURM_JOB_ID='12x' is not a job number",
+        ),
+        (
+            "epilog",
+            "SLURM_JOB_UID",
+            "nobody",
+            "SLURM_JOB_UID='nobody' is not a uid",
+        ),
+        (
+            "prolog",
+            "SLURM_JOB_GPUS",
+            "0,,1",
+            "SLURM_JOB_GPUS: '' is not a GPU index",
+        ),
+    ] {
+        let run = job_program(cluster, command, &[(name, value)]);
+        assert_eq!(run.code, 3, "{command} {name}={value}: {}", run.stderr);
+        let reason = cluster.drain_reason().unwrap_or_default();
+        assert!(
+            reason.starts_with(&format!("gpureap: {said}"))
+                && reason.ends_with(&format!("; {command} checked no GPU")),
+            "{command} {name}={value}: {reason}"
+        );
+        let lifted = healthcheck(cluster, &[]);
+        assert_eq!(lifted.code, 0, "{}", lifted.stderr);
+        let (state, _) = cluster.node_state().expect("state");
+        assert!(!state.contains("DRAIN"), "{state}");
+    }
+}
+
+#[test]
+fn a_job_id_a_process_sets_for_itself_hides_it_from_no_epilog() {
+    let (cluster, _turn) = cluster();
+    // Root's job R runs; job 4747 of nobody has ended.
+    let running = cluster.sbatch(&[], &wait_line(cluster, "job-r-go"));
+    let started = wait_for(Duration::from_secs(30), || {
+        cluster.job_state(running) == "RUNNING"
+    });
+    assert!(
+        started.is_ok(),
+        "job {running}: {}",
+        cluster.job_state(running)
+    );
+    let mut incident = Incident::new(&cluster.sim);
+    let mut as_nobody = |title: &str, job_id: &str| {
+        let script = holder_script(cluster, title, &Holder::new(title).on(0, GIB));
+        incident
+            .spawn(
+                &format!(
+                    "exec setpriv --reuid=65534 --regid=65534 --clear-groups \
+                     env SLURM_JOB_ID={job_id} bash {script}"
+                ),
+                1,
+            )
+            .expect("holder");
+        staged(cluster, title)
+    };
+    // A value that is no job number names no job: judged by its uid.
+    let garbled = as_nobody("garbled_job_id", "4747x");
+    // Another user's running job: never signalled here, and a finding.
+    let borrowed = as_nobody("borrowed_job_id", &running.to_string());
+    let epilog = job_program(
+        cluster,
+        "epilog",
+        &[("SLURM_JOB_ID", "4747"), ("SLURM_JOB_UID", "65534")],
+    );
+    assert_eq!(epilog.code, 1, "{}", epilog.stderr);
+    assert!(
+        wait_for(Duration::from_secs(5), || !alive(garbled)).is_ok(),
+        "{}",
+        epilog.stderr
+    );
+    assert!(alive(borrowed), "{}", epilog.stderr);
+    assert_eq!(
+        cluster.drain_reason().unwrap_or_default(),
+        format!(
+            "gpureap: GPU 0: pid {borrowed} (sleep, nobody, state S) holds 1.0 GiB: names job {running}, \
+             which Slurm runs as uid 0, not as this process's uid 65534, on a GPU allocated to job 4747"
+        ),
+        "{}",
+        epilog.stderr
+    );
+    fs::write(cluster.dir.join("job-r-go"), "").expect("go");
+}
+
+#[test]
+fn healthcheck_reads_nothing_of_slurms_from_a_jobs_name() {
+    let (cluster, _turn) = cluster();
+    // A job whose name forges Slurm's fields, and that has ended.
+    let forged = format!(
+        "x JobState=RUNNING UserId=root(0) Nodes={} GRES=gpu:2(IDX:0-1)",
+        cluster.node
+    );
+    let ended = cluster.sbatch(&["--uid=nobody", "-J", &forged], "true");
+    let completed = wait_for(Duration::from_secs(30), || {
+        cluster.job_state(ended) == "COMPLETED"
+    });
+    assert!(
+        completed.is_ok(),
+        "job {ended}: {}",
+        cluster.job_state(ended)
+    );
+    // Root's process claims it and holds GPU 1.
+    let mut incident = Incident::new(&cluster.sim);
+    let claimant = Holder::new("claims_a_forged_job").on(1, GIB);
+    incident
+        .spawn(
+            &format!("export SLURM_JOB_ID={ended}; {}", claimant.script()),
+            1,
+        )
+        .expect("claimant");
+    let claimant = incident.pid_of("claims_a_forged_job").expect("pid");
+    let check = healthcheck(cluster, &[]);
+    assert_eq!(check.code, 1, "{}", check.stderr);
+    assert_eq!(
+        cluster.drain_reason().unwrap_or_default(),
+        format!(
+            "gpureap: GPU 1: pid {claimant} (sleep, root, state S) holds 1.0 GiB: job {ended}'s, which is COMPLETED"
+        ),
+        "{}",
+        check.stderr
+    );
 }

@@ -1,7 +1,8 @@
 //! The Slurm front end: the programs a site names in slurm.conf.
 //!
 //! `epilog` frees what an ended job left on its GPUs (the job's processes,
-//! by uid or by `SLURM_JOB_ID` in their environment, and their descendants)
+//! by `SLURM_JOB_ID` in their environment or, naming no job, by uid, and
+//! their descendants; never a process that names another job)
 //! with `reap::free`, and drains the node when a GPU stays held; `prolog`
 //! refuses a job GPUs that are not clean; `healthcheck` drains a node whose
 //! memory no running job explains and resumes one gpureap drained once it is
@@ -30,7 +31,7 @@ use crate::snapshot::Snapshot;
 use crate::units::{Bytes, Elapsed};
 
 use audit::Audit;
-use scontrol::Scontrol;
+use scontrol::{JobInfo, Scontrol};
 
 /// Every drain reason gpureap sets starts with this; `healthcheck` resumes
 /// only a node drained with such a reason.
@@ -52,11 +53,18 @@ const LIVE_JOB_STATES: [&str; 6] = [
 ];
 
 pub fn main(backend: &BackendChoice, command: &SlurmCommand) -> Exit {
-    match command {
+    let code = match command {
         SlurmCommand::Epilog(args) => epilog(backend, args),
         SlurmCommand::Prolog(args) => prolog(backend, args),
         SlurmCommand::Healthcheck(args) => healthcheck(backend, args),
+    };
+    // Done just as the deadline passed: its drain and exit code count.
+    if scontrol::deadline_passed() {
+        loop {
+            std::thread::park();
+        }
     }
+    code
 }
 
 /// The job slurmd describes in the prolog's and epilog's environment.
@@ -245,6 +253,9 @@ impl Context {
             .name("deadline".to_string())
             .spawn(move || {
                 std::thread::sleep(limit);
+                // A hung scontrol (and whatever it forked) ends here, and no
+                // new one starts but this thread's drain.
+                scontrol::end_calls();
                 context.say(
                     "error",
                     None,
@@ -331,11 +342,11 @@ pub struct Finding {
 }
 
 /// Why the GPUs in `gpus` are not clean. `unexpected` says what is wrong
-/// with a process the driver lists there, or `None` when it may stay.
+/// with a process the driver lists on a GPU, or `None` when it may stay.
 fn findings(
     snapshot: &Snapshot,
     gpus: &BTreeSet<u32>,
-    unexpected: &mut dyn FnMut(&ProcessRecord) -> Option<String>,
+    unexpected: &mut dyn FnMut(u32, &ProcessRecord) -> Option<String>,
 ) -> Vec<Finding> {
     let mut found = Vec::new();
     for &index in gpus {
@@ -366,7 +377,7 @@ fn findings(
             let text = match record {
                 // A zombie holds no memory: a stale entry of the driver's list.
                 Some(record) if record.state.has_exited() => continue,
-                Some(record) => match unexpected(record) {
+                Some(record) => match unexpected(index, record) {
                     None => continue,
                     Some(whose) => {
                         let user_name = snapshot
@@ -472,9 +483,98 @@ fn list(gpus: &BTreeSet<u32>) -> String {
         .join(",")
 }
 
-/// The job of a process, from `SLURM_JOB_ID` in its environment.
+/// The job of a process, from `SLURM_JOB_ID` in its environment. A value
+/// that is not a job number names no job: the process is then judged by
+/// its uid, so such a value hides it from no epilog.
 fn job_of(pid: u32) -> Option<u64> {
     proc::env_value(pid, "SLURM_JOB_ID").and_then(|id| id.trim().parse().ok())
+}
+
+/// Whether Slurm shows `job` live on `node`, run by `uid`, and given `gpu`
+/// there where it says which GPUs the job has: `None` if so, else why a
+/// process that names the job may not hold that GPU.
+fn not_running_here(
+    info: Option<&JobInfo>,
+    job: u64,
+    node: &str,
+    uid: Option<u32>,
+    gpu: u32,
+) -> Option<String> {
+    let Some(info) = info else {
+        return Some(format!("job {job}'s, which Slurm no longer knows"));
+    };
+    if let Some(why) = &info.unreadable {
+        return Some(format!(
+            "names job {job}, whose description by Slurm gpureap cannot read ({why})"
+        ));
+    }
+    if !LIVE_JOB_STATES
+        .iter()
+        .any(|live| info.state.starts_with(live))
+    {
+        return Some(format!("job {job}'s, which is {}", info.state));
+    }
+    let shown =
+        |uid: Option<u32>| uid.map_or("an unknown uid".to_string(), |uid| format!("uid {uid}"));
+    if info.uid.is_none() || info.uid != uid {
+        return Some(format!(
+            "names job {job}, which Slurm runs as {}, not as this process's {}",
+            shown(info.uid),
+            shown(uid)
+        ));
+    }
+    match info.on_node(node) {
+        None => Some(format!("names job {job}, which does not run on {node}")),
+        Some(Some(gpus)) if !gpus.contains(&gpu) => Some(format!(
+            "names job {job}, which Slurm gave GPU {} on {node}, not GPU {gpu}",
+            if gpus.is_empty() {
+                "none".to_string()
+            } else {
+                list(gpus)
+            }
+        )),
+        Some(_) => None,
+    }
+}
+
+/// What Slurm says of each job asked about, asked once a job.
+#[derive(Default)]
+struct SlurmJobs {
+    asked: BTreeMap<u64, Result<Option<JobInfo>, String>>,
+}
+
+impl SlurmJobs {
+    fn get(
+        &mut self,
+        scontrol: Result<&Scontrol, &String>,
+        job: u64,
+    ) -> Result<Option<&JobInfo>, &str> {
+        self.asked
+            .entry(job)
+            .or_insert_with(|| match scontrol {
+                Ok(scontrol) => scontrol.job(job),
+                Err(error) => Err(error.clone()),
+            })
+            .as_ref()
+            .map(Option::as_ref)
+            .map_err(String::as_str)
+    }
+
+    /// Logs each job Slurm could not be asked about.
+    fn log_errors(&self, context: &Context, judged: &str) {
+        for (job, answer) in &self.asked {
+            if let Err(error) = answer {
+                context.say(
+                    "error",
+                    None,
+                    None,
+                    &format!(
+                        "cannot ask Slurm about job {job}, so its processes are {judged}: {error}"
+                    ),
+                );
+            }
+        }
+    }
 }
 
 /// A job program (epilog, prolog) once started: its context, bounded in
@@ -489,16 +589,34 @@ struct Started {
 /// Starts a job program: reads the job, ends at once (exit 0) for a job
 /// without GPUs, bounds the rest by `--timeout`, opens the driver and
 /// resolves the job's GPUs. `Err` is the exit code to end with.
+///
+/// A job variable gpureap cannot read is bad usage by hand (exit 2). Run by
+/// slurmd (`SLURMD_NODENAME` set), it drains the node with a `gpureap:`
+/// reason naming the variable, and exits 3: Slurm's own "Epilog error"
+/// drain is one the health check may never lift, this one it lifts once
+/// the node's GPUs are clean.
 fn start(
     command: &'static str,
     common: &SlurmCommonArgs,
     backend: &BackendChoice,
 ) -> Result<Started, Exit> {
-    let job = match check_flags(common).and_then(|()| Job::from_env()) {
+    if let Err(error) = check_flags(common) {
+        Context::new(command, common, None, None).say("error", None, None, &error);
+        return Err(Exit::Usage);
+    }
+    let job = match Job::from_env() {
         Ok(job) => job,
         Err(error) => {
-            Context::new(command, common, None, None).say("error", None, None, &error);
-            return Err(Exit::Usage);
+            let node = env("SLURMD_NODENAME");
+            let id = env("SLURM_JOB_ID").and_then(|id| id.parse().ok());
+            let context = Context::new(command, common, id, node.clone());
+            context.say("error", None, None, &error);
+            if node.is_none() {
+                return Err(Exit::Usage);
+            }
+            context.bound(command, common.timeout);
+            context.drain(&format!("{error}; {command} checked no GPU"));
+            return Err(Exit::Incomplete);
         }
     };
     let context = Context::new(command, common, Some(job.id), job.node.clone());
@@ -544,20 +662,37 @@ fn epilog(backend: &BackendChoice, args: &SlurmEpilogArgs) -> Exit {
         Err(code) => return code,
     };
     let snapshot = Snapshot::take(driver.as_ref());
-    // The job's processes by environment, among those the driver lists on its GPUs.
-    let members = gpus
+    // The job a process names in its environment, for those the driver
+    // lists on the job's GPUs and their descendants (what may be signalled).
+    let tree = snapshot.tree();
+    let listed: BTreeSet<u32> = gpus
         .iter()
         .filter_map(|&index| snapshot.gpu(index))
         .flat_map(|gpu| gpu.users.iter().filter(|user| user.listed && !user.hidden))
-        .filter_map(|user| snapshot.processes.get(&user.pid))
-        .filter(|record| job_of(record.id.pid) == Some(job.id))
-        .map(|record| record.id)
+        .map(|user| user.pid)
         .collect();
+    let mut members = BTreeSet::new();
+    let mut others = BTreeSet::new();
+    for pid in listed
+        .iter()
+        .flat_map(|&pid| std::iter::once(pid).chain(tree.descendants(pid)))
+    {
+        let Some(record) = snapshot.processes.get(&pid) else {
+            continue;
+        };
+        match job_of(pid) {
+            Some(named) if named == job.id => members.insert(record.id),
+            Some(_) => others.insert(record.id),
+            None => false,
+        };
+    }
     let job_scope = JobScope {
         // Root also owns the host's daemons: a root job's processes are known
         // by their environment only.
         uid: job.uid.filter(|&uid| uid != 0),
         members,
+        others,
+        owner: job.uid,
     };
     let scope = Scope {
         gpus: Some(gpus.clone()),
@@ -673,19 +808,52 @@ fn epilog(backend: &BackendChoice, args: &SlurmEpilogArgs) -> Exit {
         }
         Snapshot::take(driver.as_ref())
     };
-    let mut found = findings(&after, &gpus, &mut |record| {
-        if would_free.contains(&record.id.pid) {
+    // Another job's process is never signalled here. It may stay when Slurm
+    // shows that job running on this node, under the process's uid, and on
+    // that GPU where Slurm says: GPUs may be shared.
+    let scontrol = context.scontrol();
+    let mut slurm_jobs = SlurmJobs::default();
+    let mut found = findings(&after, &gpus, &mut |gpu, record| {
+        let pid = record.id.pid;
+        if would_free.contains(&pid) {
             return None;
         }
-        Some(if job_scope.admits(record) {
-            format!("job {}'s, not freed", job.id)
-        } else {
-            match job_of(record.id.pid) {
-                Some(other) => format!("job {other}'s, on a GPU allocated to job {}", job.id),
-                None => format!("not job {}'s, left alone", job.id),
-            }
-        })
+        let named = job_of(pid);
+        if job_scope.admits(record) || named == Some(job.id) {
+            return Some(format!("job {}'s, not freed", job.id));
+        }
+        let Some(other) = named else {
+            return Some(format!("not job {}'s, left alone", job.id));
+        };
+        let Some(node) = &job.node else {
+            return Some(format!(
+                "job {other}'s, on a GPU allocated to job {}",
+                job.id
+            ));
+        };
+        match slurm_jobs.get(scontrol.as_ref(), other) {
+            Ok(info) => match not_running_here(info, other, node, record.uid, gpu) {
+                None => {
+                    context.say(
+                        "leave",
+                        Some(gpu),
+                        Some(pid),
+                        &format!(
+                            "pid {pid} ({}) of job {other}, which runs here: left alone",
+                            record.comm
+                        ),
+                    );
+                    None
+                }
+                Some(why) => Some(format!("{why}, on a GPU allocated to job {}", job.id)),
+            },
+            Err(_) => Some(format!(
+                "job {other}'s, on a GPU allocated to job {} (Slurm could not say more)",
+                job.id
+            )),
+        }
     });
+    slurm_jobs.log_errors(&context, "reported");
     if args.reset {
         found = reset_driver_held(&context, driver.as_ref(), found);
     }
@@ -720,7 +888,7 @@ fn prolog(backend: &BackendChoice, args: &SlurmPrologArgs) -> Exit {
     let wait_until = started + args.wait;
     loop {
         let snapshot = Snapshot::take(driver.as_ref());
-        let found = findings(&snapshot, &gpus, &mut |record| {
+        let found = findings(&snapshot, &gpus, &mut |_, record| {
             Some(match job_of(record.id.pid) {
                 Some(other) if other == job.id => format!("job {}'s, before it started", job.id),
                 Some(other) => format!("job {other}'s"),
@@ -810,37 +978,30 @@ fn healthcheck(backend: &BackendChoice, args: &SlurmHealthcheckArgs) -> Exit {
     };
     let gpus: BTreeSet<u32> = (0..driver.gpu_count().unwrap_or(0)).collect();
     let snapshot = Snapshot::take(driver.as_ref());
-    let mut job_states: BTreeMap<u64, Result<Option<String>, String>> = BTreeMap::new();
-    let mut found = findings(&snapshot, &gpus, &mut |record| {
-        if select::protected_name(record, select::DEFAULT_PROTECTED).is_some() {
-            return None;
-        }
+    let mut slurm_jobs = SlurmJobs::default();
+    let mut found = findings(&snapshot, &gpus, &mut |gpu, record| {
+        let protected = select::protected_name(record, select::DEFAULT_PROTECTED).is_some();
+        // A protected name spares what looks like the daemon: no job in its
+        // environment, or not the job's uid (a daemon a prolog started
+        // carries the job's id, as root). Not a job's leftover that took the
+        // name: that is judged like any holder.
         let Some(job) = job_of(record.id.pid) else {
-            return Some("no job's".to_string());
+            return (!protected).then(|| "no job's".to_string());
         };
-        let state = job_states
-            .entry(job)
-            .or_insert_with(|| scontrol.job_state(job));
-        match state {
-            Ok(Some(state)) if LIVE_JOB_STATES.iter().any(|live| state.starts_with(live)) => None,
-            Ok(Some(state)) => Some(format!("job {job}'s, which is {state}")),
-            Ok(None) => Some(format!("job {job}'s, which Slurm no longer knows")),
+        match slurm_jobs.get(Ok(&scontrol), job) {
+            Ok(info) => not_running_here(info, job, &node, record.uid, gpu).filter(|_| {
+                let daemon = match info {
+                    Some(info) => info.unreadable.is_none() && info.uid != record.uid,
+                    // Slurm no longer knows the job's uid: root's looks like a daemon.
+                    None => record.uid == Some(0),
+                };
+                !(protected && daemon)
+            }),
             // Slurm could not say: do not drain on a guess.
             Err(_) => None,
         }
     });
-    for (job, state) in &job_states {
-        if let Err(error) = state {
-            context.say(
-                "error",
-                None,
-                None,
-                &format!(
-                    "cannot ask Slurm about job {job}, so its processes are not judged: {error}"
-                ),
-            );
-        }
-    }
+    slurm_jobs.log_errors(&context, "not judged");
     if args.reset {
         found = reset_driver_held(&context, driver.as_ref(), found);
     }

@@ -6,12 +6,17 @@
 //! time: a slurmctld that does not answer must not hold the epilog past its
 //! own deadline.
 
+use std::collections::BTreeSet;
 use std::io::Read;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Mutex;
+use std::sync::mpsc;
+use std::thread::ThreadId;
+use std::time::{Duration, Instant};
 
-use wait_timeout::ChildExt;
+use rustix::process::{Pid, Signal, WaitId, WaitIdOptions};
 
 /// Where Slurm's client commands are installed by distributions and by hand.
 const PLACES: [&str; 5] = [
@@ -28,6 +33,68 @@ const CALL_LIMIT: Duration = Duration::from_secs(10);
 /// The longest drain reason sent: Slurm keeps it, and `sinfo -R` shows it
 /// on one line.
 const REASON_LIMIT: usize = 240;
+
+/// The most of scontrol's output read: a node or a job is a few KiB.
+const OUTPUT_LIMIT: u64 = 1 << 20;
+
+/// The scontrol calls under way, by process group (each leads its own, and
+/// is not reaped before its group is ended), and the thread that closed
+/// the door on new calls (`end_calls`), if one did.
+struct Calls {
+    groups: BTreeSet<u32>,
+    closed_by: Option<ThreadId>,
+}
+
+static CALLS: Mutex<Calls> = Mutex::new(Calls {
+    groups: BTreeSet::new(),
+    closed_by: None,
+});
+
+fn calls() -> std::sync::MutexGuard<'static, Calls> {
+    CALLS
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Ends every scontrol call under way, with whatever it forked (its process
+/// group), and refuses new calls from any thread but this one: what a
+/// deadline does before its own drain and exit, so that no scontrol outlives
+/// the command.
+pub fn end_calls() {
+    let groups = {
+        let mut calls = calls();
+        calls.closed_by = Some(std::thread::current().id());
+        calls.groups.clone()
+    };
+    for group in groups {
+        kill_group(group);
+    }
+}
+
+/// Once a deadline has ended the calls, every other thread that would call
+/// scontrol, or that was waiting for one, waits for the deadline to end the
+/// process: its drain is the one that counts.
+fn yield_to_deadline() {
+    let closed_by = calls().closed_by;
+    if closed_by.is_some_and(|thread| thread != std::thread::current().id()) {
+        loop {
+            std::thread::park();
+        }
+    }
+}
+
+/// Whether a deadline has ended the calls (and is draining, then exiting).
+pub fn deadline_passed() -> bool {
+    calls().closed_by.is_some()
+}
+
+/// SIGKILLs the process group `group`, led by an scontrol this process
+/// started and has not reaped yet (so the group's id is not reused).
+fn kill_group(group: u32) {
+    if let Some(pid) = Pid::from_raw(group as i32) {
+        let _ = rustix::process::kill_process_group(pid, Signal::KILL);
+    }
+}
 
 pub struct Scontrol {
     path: PathBuf,
@@ -91,43 +158,21 @@ impl Scontrol {
         &self.path
     }
 
-    /// Runs scontrol with `args`; its stdout, or why it failed.
+    /// Runs scontrol with `args`; its stdout, or why it failed. scontrol
+    /// leads a process group of its own: when it is done, or past
+    /// CALL_LIMIT, the group is ended, so that nothing it forked holds its
+    /// pipes (and this call) open.
     fn call(&self, args: &[&str]) -> Result<String, String> {
-        let shown = format!("{} {}", self.path.display(), args.join(" "));
-        let mut child = Command::new(&self.path)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|error| format!("cannot run {shown}: {error}"))?;
-        let status = match child.wait_timeout(CALL_LIMIT) {
-            Ok(Some(status)) => status,
-            Ok(None) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!(
-                    "{shown} did not answer within {}s",
-                    CALL_LIMIT.as_secs()
-                ));
-            }
-            Err(error) => return Err(format!("cannot wait for {shown}: {error}")),
-        };
-        let mut stdout = String::new();
-        let mut stderr = String::new();
-        if let Some(mut pipe) = child.stdout.take() {
-            let _ = pipe.read_to_string(&mut stdout);
-        }
-        if let Some(mut pipe) = child.stderr.take() {
-            let _ = pipe.read_to_string(&mut stderr);
-        }
-        if status.success() {
-            Ok(stdout)
+        run(&self.path, args)
+    }
+
+    /// squeue, beside scontrol (both are slurm-client's).
+    fn squeue(&self) -> Result<PathBuf, String> {
+        let path = self.path.with_file_name("squeue");
+        if executable(&path) {
+            Ok(path)
         } else {
-            Err(format!(
-                "{shown} failed ({status}): {}",
-                stderr.split_whitespace().collect::<Vec<_>>().join(" ")
-            ))
+            Err(format!("no squeue beside {}", self.path.display()))
         }
     }
 
@@ -153,13 +198,297 @@ impl Scontrol {
         parse_node(&text).ok_or_else(|| format!("scontrol shows no State= for node {node}"))
     }
 
-    /// A job's `JobState=` (RUNNING, COMPLETING, ...); `None` when Slurm
-    /// does not know the job (any more).
-    pub fn job_state(&self, job: u64) -> Result<Option<String>, String> {
-        match self.call(&["-o", "show", "job", &job.to_string()]) {
-            Ok(text) => Ok(field(&text, "JobState").map(str::to_string)),
-            Err(error) if error.contains("Invalid job id") => Ok(None),
-            Err(error) => Err(error),
+    /// A job as `scontrol -o -d show job` shows it; `None` when Slurm does
+    /// not know the job (any more).
+    ///
+    /// The job's name is the user's text, written raw among Slurm's fields
+    /// (`JobName=x JobState=RUNNING UserId=root(0)`, even newlines): it is
+    /// asked of squeue on its own and cut out before anything is read.
+    pub fn job(&self, job: u64) -> Result<Option<JobInfo>, String> {
+        let id = job.to_string();
+        let text = match self.call(&["-o", "-d", "show", "job", &id]) {
+            Ok(text) => text,
+            Err(error) if error.contains("Invalid job id") => return Ok(None),
+            Err(error) => return Err(error),
+        };
+        let name = run(
+            &self.squeue()?,
+            &["-h", "--states=all", "-j", &id, "-o", "%j"],
+        )?;
+        let name = name.strip_suffix('\n').unwrap_or(&name);
+        Ok(Some(parse_job(&text, job, name)))
+    }
+}
+
+/// What Slurm says of a job: enough to tell whether a process that names
+/// it may hold a GPU of this node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobInfo {
+    /// `JobState=` (RUNNING, COMPLETING, ...).
+    pub state: String,
+    /// The uid of `UserId=name(uid)`.
+    pub uid: Option<u32>,
+    /// Each `Nodes=` of the details: the nodes (a Slurm host list) and the
+    /// GPU indexes Slurm gave the job there (`GRES=gpu:2(IDX:0-1)`), `None`
+    /// where it names none.
+    pub allocations: Vec<(String, Option<BTreeSet<u32>>)>,
+    /// Why Slurm's answer could not be read (then nothing else is set):
+    /// a process that names such a job is not taken to be its.
+    pub unreadable: Option<String>,
+}
+
+impl JobInfo {
+    /// The job's allocation on `node`: `None` when it has none there, else
+    /// the GPUs Slurm gave it there, where it says.
+    pub fn on_node(&self, node: &str) -> Option<Option<&BTreeSet<u32>>> {
+        self.allocations
+            .iter()
+            .find(|(nodes, _)| names_node(nodes, node))
+            .map(|(_, gpus)| gpus.as_ref())
+    }
+}
+
+/// The job `id` from `scontrol -o -d show job`, whose name squeue gave as
+/// `name`. Read are only Slurm's own fields: those before `JobName=`, and
+/// those between the name and `MinCPUsNode=` (after it come the command,
+/// work directory, comment and output paths: the user's text again). Each
+/// field read must be there once.
+fn parse_job(text: &str, id: u64, name: &str) -> JobInfo {
+    let unreadable = |why: &str| JobInfo {
+        state: String::new(),
+        uid: None,
+        allocations: Vec::new(),
+        unreadable: Some(why.to_string()),
+    };
+    let start = format!("JobId={id} ");
+    let at = if text.starts_with(&start) {
+        Some(0)
+    } else {
+        text.find(&format!("\n{start}")).map(|at| at + 1)
+    };
+    let Some(at) = at else {
+        return unreadable("no JobId= line");
+    };
+    let line = &text[at..];
+    let Some(name_at) = line.find(" JobName=") else {
+        return unreadable("no JobName=");
+    };
+    let head = &line[..name_at];
+    let Some(rest) = line[name_at + " JobName=".len()..]
+        .strip_prefix(name)
+        .and_then(|rest| rest.strip_prefix(' '))
+        .filter(|_| !head.contains('\n'))
+    else {
+        return unreadable("its JobName= is not the name squeue gives");
+    };
+    let Some(end) = rest.find(" MinCPUsNode=") else {
+        return unreadable("no MinCPUsNode=");
+    };
+    let tokens: Vec<&str> = head
+        .split_whitespace()
+        .chain(rest[..end].split_whitespace())
+        .collect();
+    let once = |key: &str| {
+        let mut values = tokens.iter().filter_map(|token| token.strip_prefix(key));
+        match (values.next(), values.next()) {
+            (Some(value), None) => Some(value),
+            _ => None,
+        }
+    };
+    let (Some(state), Some(user)) = (once("JobState="), once("UserId=")) else {
+        return unreadable("not one JobState= and one UserId=");
+    };
+    let uid = user
+        .rsplit_once('(')
+        .and_then(|(_, uid)| uid.strip_suffix(')'))
+        .and_then(|uid| uid.parse().ok());
+    let mut allocations: Vec<(String, Option<BTreeSet<u32>>)> = Vec::new();
+    for token in &tokens {
+        if let Some(nodes) = token.strip_prefix("Nodes=") {
+            allocations.push((nodes.to_string(), None));
+        } else if let Some(gres) = token.strip_prefix("GRES=")
+            && let Some((_, gpus)) = allocations.last_mut()
+        {
+            *gpus = gpu_indexes(gres);
+        }
+    }
+    JobInfo {
+        state: state.to_string(),
+        uid,
+        allocations,
+        unreadable: None,
+    }
+}
+
+/// The GPU indexes in a detail's `GRES=`, e.g. `gpu:a100:2(IDX:0-1),mps:0`;
+/// `None` when it names no GPU index (or one gpureap cannot read).
+fn gpu_indexes(gres: &str) -> Option<BTreeSet<u32>> {
+    let mut indexes = BTreeSet::new();
+    let mut rest = gres;
+    let mut found = false;
+    while let Some(at) = rest.find("(IDX:") {
+        let name = rest[..at].rsplit(',').next().unwrap_or("");
+        let after = &rest[at + "(IDX:".len()..];
+        let end = after.find(')')?;
+        if name.starts_with("gpu") {
+            found = true;
+            for part in after[..end].split(',') {
+                let (first, last) = part.split_once('-').unwrap_or((part, part));
+                let (first, last) = (first.parse::<u32>().ok()?, last.parse::<u32>().ok()?);
+                if last < first || last - first >= 1024 {
+                    return None;
+                }
+                indexes.extend(first..=last);
+            }
+        }
+        rest = &after[end..];
+    }
+    found.then_some(indexes)
+}
+
+/// Whether a Slurm host list (`gpu[01-16,20]`, `n[1-2]-ib,x`) names `node`,
+/// matched without expanding it.
+pub fn names_node(list: &str, node: &str) -> bool {
+    let mut depth = 0usize;
+    let mut start = 0;
+    for (at, c) in list.char_indices() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth = depth.saturating_sub(1),
+            ',' if depth == 0 => {
+                if term_names(&list[start..at], node) {
+                    return true;
+                }
+                start = at + 1;
+            }
+            _ => {}
+        }
+    }
+    term_names(&list[start..], node)
+}
+
+/// Whether one host list term (`gpu[01-16,20]-ib`) names `node`.
+fn term_names(term: &str, node: &str) -> bool {
+    let Some(open) = term.find('[') else {
+        return term == node;
+    };
+    let Some(node_rest) = node.strip_prefix(&term[..open]) else {
+        return false;
+    };
+    let Some(close) = term[open..].find(']').map(|at| open + at) else {
+        return false;
+    };
+    let after = &term[close + 1..];
+    let digits = node_rest.bytes().take_while(u8::is_ascii_digit).count();
+    term[open + 1..close].split(',').any(|range| {
+        let (first, last) = range.split_once('-').unwrap_or((range, range));
+        let (Ok(low), Ok(high)) = (first.parse::<u64>(), last.parse::<u64>()) else {
+            return false;
+        };
+        // Zero-padded ranges (01-16) name numbers of exactly that width.
+        let width = (first.len() > 1 && first.starts_with('0')).then_some(first.len());
+        (1..=digits).any(|taken| {
+            let number = &node_rest[..taken];
+            let fits = match width {
+                Some(width) => taken == width,
+                None => taken == 1 || !number.starts_with('0'),
+            };
+            fits && number
+                .parse::<u64>()
+                .is_ok_and(|value| (low..=high).contains(&value))
+                && term_names(after, &node_rest[taken..])
+        })
+    })
+}
+
+/// Runs a Slurm client (scontrol, squeue) with `args`; its stdout, or why
+/// it failed. It leads a process group of its own: when it is done, or
+/// past CALL_LIMIT, the group is ended, so that nothing it forked holds its
+/// pipes (and this call) open.
+fn run(program: &Path, args: &[&str]) -> Result<String, String> {
+    let shown = format!("{} {}", program.display(), args.join(" "));
+    yield_to_deadline();
+    let mut child = {
+        let mut calls = calls();
+        let child = Command::new(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .map_err(|error| format!("cannot run {shown}: {error}"))?;
+        calls.groups.insert(child.id());
+        child
+    };
+    let group = child.id();
+    let started = Instant::now();
+    let stdout = read_in_background(child.stdout.take());
+    let stderr = read_in_background(child.stderr.take());
+    let ended = ended_within(&child, CALL_LIMIT);
+    kill_group(group);
+    calls().groups.remove(&group);
+    let status = child.wait();
+    // Ended by the deadline: what it got is not this thread's to report.
+    yield_to_deadline();
+    if !ended {
+        return Err(format!(
+            "{shown} did not answer within {}s",
+            CALL_LIMIT.as_secs()
+        ));
+    }
+    let status: ExitStatus = status.map_err(|error| format!("cannot wait for {shown}: {error}"))?;
+    // Its group is gone: the pipes close, unless something it started
+    // left the group; that is not waited for past the limit.
+    let left = CALL_LIMIT
+        .saturating_sub(started.elapsed())
+        .max(Duration::from_millis(100));
+    let stdout = stdout.recv_timeout(left).unwrap_or_default();
+    let stderr = stderr.recv_timeout(left).unwrap_or_default();
+    if status.success() {
+        Ok(stdout)
+    } else {
+        Err(format!(
+            "{shown} failed ({status}): {}",
+            stderr.split_whitespace().collect::<Vec<_>>().join(" ")
+        ))
+    }
+}
+
+/// Reads a pipe to its end (up to OUTPUT_LIMIT) in a thread of its own;
+/// the text comes on the channel.
+fn read_in_background(pipe: Option<impl Read + Send + 'static>) -> mpsc::Receiver<String> {
+    let (send, receive) = mpsc::channel();
+    if let Some(pipe) = pipe {
+        let spawned = std::thread::Builder::new()
+            .name("scontrol-output".to_string())
+            .spawn(move || {
+                let mut bytes = Vec::new();
+                let _ = pipe.take(OUTPUT_LIMIT).read_to_end(&mut bytes);
+                let _ = send.send(String::from_utf8_lossy(&bytes).into_owned());
+            });
+        if spawned.is_err() {
+            // No reader: the call reads as empty output.
+        }
+    }
+    receive
+}
+
+/// Whether the child has exited within `limit`, leaving it unreaped (a
+/// zombie keeps its PID, and its group's id, from being reused).
+fn ended_within(child: &Child, limit: Duration) -> bool {
+    let Some(pid) = Pid::from_raw(child.id() as i32) else {
+        return true;
+    };
+    let deadline = Instant::now() + limit;
+    loop {
+        match rustix::process::waitid(
+            WaitId::Pid(pid),
+            WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT,
+        ) {
+            Ok(Some(_)) | Err(_) => return true,
+            Ok(None) if Instant::now() >= deadline => return false,
+            Ok(None) => std::thread::sleep(Duration::from_millis(5)),
         }
     }
 }
@@ -228,6 +557,85 @@ mod tests {
         assert_eq!(field(job, "JobState"), Some("RUNNING"));
         assert_eq!(field(job, "JobId"), Some("7"));
         assert_eq!(field(job, "State"), None);
+    }
+
+    // Output of slurm-wlm 22.05.8 (Debian 12), `scontrol -o -d show job`, shortened.
+    const JOB: &str = "JobId=1 JobName=job-0.sh UserId=nobody(65534) GroupId=root(0) JobState=RUNNING Reason=None NodeList=gpureap25319 BatchHost=gpureap25319 NumNodes=1 JOB_GRES=gpu:1   Nodes=gpureap25319 CPU_IDs=0 Mem=0 GRES=gpu:1(IDX:0) MinCPUsNode=1 Command=/tmp/job-0.sh WorkDir=/ TresPerNode=gres:gpu:1 \n";
+    const NO_GPU_JOB: &str = "JobId=2 JobName=job-1.sh UserId=nobody(65534) GroupId=root(0) JobState=RUNNING NumNodes=1 JOB_GRES=(null)   Nodes=gpureap25319 CPU_IDs=1 Mem=0 GRES= MinCPUsNode=1\n";
+
+    #[test]
+    fn jobs_as_scontrol_shows_them() {
+        let job = parse_job(JOB, 1, "job-0.sh");
+        assert_eq!(job.unreadable, None);
+        assert_eq!(job.state, "RUNNING");
+        assert_eq!(job.uid, Some(65534));
+        assert_eq!(
+            job.on_node("gpureap25319"),
+            Some(Some(&BTreeSet::from([0])))
+        );
+        assert_eq!(job.on_node("gpureap2531"), None);
+        let other = parse_job(NO_GPU_JOB, 2, "job-1.sh");
+        assert_eq!(other.on_node("gpureap25319"), Some(None));
+        assert!(parse_job("", 3, "x").unreadable.is_some());
+        let multi = "JobId=9 ArrayJobId=8 ArrayTaskId=1 JobName=w UserId=alice(1001) JobState=RUNNING   Nodes=g[01-02] CPU_IDs=0 GRES=gpu:h200:2(IDX:0-1),mps:0   Nodes=g03 CPU_IDs=0 GRES=gpu:1(IDX:3) MinCPUsNode=1 Command=/x\n";
+        let multi = parse_job(multi, 9, "w");
+        assert_eq!(multi.uid, Some(1001));
+        assert_eq!(multi.on_node("g02"), Some(Some(&BTreeSet::from([0, 1]))));
+        assert_eq!(multi.on_node("g03"), Some(Some(&BTreeSet::from([3]))));
+        assert_eq!(multi.on_node("g2"), None);
+        assert_eq!(
+            gpu_indexes("gpu:2(IDX:0,2-3)"),
+            Some(BTreeSet::from([0, 2, 3]))
+        );
+        assert_eq!(gpu_indexes("gpu:1(IDX:N/A)"), None);
+        assert_eq!(gpu_indexes(""), None);
+    }
+
+    /// The job's name, the command, the work directory and the comment are
+    /// the user's text, written raw: none of it is read as Slurm's.
+    #[test]
+    fn a_jobs_own_text_is_never_read_as_slurms() {
+        let name =
+            "x UserId=root(0) JobState=RUNNING Nodes=n1 GRES=gpu:2(IDX:0-1)\n   UserId=root(0)";
+        let text = format!(
+            "JobId=5 JobName={name} UserId=alice(1001) JobState=COMPLETED Reason=None   Nodes=n2 CPU_IDs=0 GRES=gpu:1(IDX:0) MinCPUsNode=1 Command=/a UserId=root(0) Nodes=n1 WorkDir=/ Comment=c JobState=RUNNING\n"
+        );
+        let job = parse_job(&text, 5, name);
+        assert_eq!(job.unreadable, None);
+        assert_eq!(job.state, "COMPLETED");
+        assert_eq!(job.uid, Some(1001));
+        assert_eq!(job.on_node("n1"), None);
+        assert_eq!(job.on_node("n2"), Some(Some(&BTreeSet::from([0]))));
+        // A name that changed between the two questions: not read at all.
+        assert!(parse_job(&text, 5, "x").unreadable.is_some());
+        // Slurm's fields twice where the name cannot explain it: not read.
+        let twice = "JobId=6 JobName=y UserId=a(1) UserId=root(0) JobState=RUNNING MinCPUsNode=1\n";
+        assert!(parse_job(twice, 6, "y").unreadable.is_some());
+    }
+
+    #[test]
+    fn host_lists_name_nodes_without_expanding() {
+        for (list, node) in [
+            ("n1", "n1"),
+            ("a,n[1-3],b", "n2"),
+            ("gpu[01-16,20]", "gpu07"),
+            ("gpu[01-16,20]", "gpu20"),
+            ("n[1-2]-ib", "n2-ib"),
+            ("r[1-2]n[1-4]", "r2n3"),
+            ("n[1-4294967295]", "n4000000000"),
+        ] {
+            assert!(names_node(list, node), "{list} names {node}");
+        }
+        for (list, node) in [
+            ("n1", "n10"),
+            ("n[1-3]", "n4"),
+            ("gpu[01-16]", "gpu7"),
+            ("n[1-3]", "n01"),
+            ("n[1-2]-ib", "n2"),
+            ("n[1-3", "n1"),
+        ] {
+            assert!(!names_node(list, node), "{list} does not name {node}");
+        }
     }
 
     #[test]

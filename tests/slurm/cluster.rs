@@ -6,7 +6,8 @@
 //! name and ports of its own, so that other clusters on the host are not
 //! disturbed. gres.conf points at a simulated GPU host whose device nodes
 //! are character devices, as slurmd requires. Prolog= and Epilog= run the
-//! gpureap binary under test against that host.
+//! gpureap binary under test against that host, after sourcing DIR/prolog.env
+//! or DIR/epilog.env where a test wrote one (to change what slurmd set).
 //!
 //! The daemons are stopped by PID when the test process ends, however it
 //! ends: a watchdog (bash) holds the read end of a pipe whose write end only
@@ -28,6 +29,7 @@ use gpureap::driver::sim::incident::SimHost;
 
 pub const SCONTROL: &str = "/usr/bin/scontrol";
 const SBATCH: &str = "/usr/bin/sbatch";
+const SQUEUE: &str = "/usr/bin/squeue";
 const SLURMCTLD: &str = "/usr/sbin/slurmctld";
 const SLURMD: &str = "/usr/sbin/slurmd";
 const MUNGED: &str = "/usr/sbin/munged";
@@ -86,6 +88,7 @@ impl Cluster {
         let missing: Vec<&str> = [
             SCONTROL,
             SBATCH,
+            SQUEUE,
             SLURMCTLD,
             SLURMD,
             MUNGED,
@@ -184,7 +187,8 @@ impl Cluster {
             fs::write(
                 &path,
                 format!(
-                    "#!/bin/sh\nexec {gpureap} --backend {backend} slurm {hook} --scontrol {SCONTROL} --log {log} 2>>{err}\n",
+                    "#!/bin/sh\n[ -r {env} ] && . {env}\nexec {gpureap} --backend {backend} slurm {hook} --scontrol {SCONTROL} --log {log} 2>>{err}\n",
+                    env = dir.join(format!("{hook}.env")).display(),
                     log = dir.join("audit.jsonl").display(),
                     err = dir.join(format!("{hook}.err")).display(),
                 ),
@@ -377,16 +381,26 @@ impl Cluster {
             .collect()
     }
 
+    /// The job's state, from squeue (scontrol writes the job's name, which
+    /// may hold `JobState=`, before its state).
     pub fn job_state(&self, job: u64) -> String {
-        let text = self.scontrol(&["-o", "show", "job", &job.to_string()]);
-        text.split_whitespace()
-            .find_map(|token| token.strip_prefix("JobState="))
-            .unwrap_or("")
-            .to_string()
+        let output = self
+            .client(SQUEUE)
+            .args(["-h", "--states=all", "-j", &job.to_string(), "-o", "%T"])
+            .output()
+            .expect("squeue runs");
+        String::from_utf8_lossy(&output.stdout).trim().to_string()
     }
 
     /// Back to a clean, idle node between tests: no leaks, no drain, no jobs.
     fn reset(&self) {
+        // What an earlier test's jobs staged and nothing freed (a failed
+        // test's escaped worker) goes first: it would hold a GPU here.
+        gpureap::driver::sim::incident::kill_recorded(self.sim.path());
+        // What a test set in slurmd's hooks' environment (HOOK.env).
+        for hook in ["prolog", "epilog"] {
+            let _ = fs::remove_file(self.dir.join(format!("{hook}.env")));
+        }
         // Incidents count the lines of this file: each test starts it afresh.
         let _ = fs::write(self.sim.path().join("pids"), "");
         for index in 0..GPUS {
