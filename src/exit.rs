@@ -288,10 +288,13 @@ pub fn rows(program: Program) -> Vec<(Exit, &'static str)> {
                 StillHeld,
                 "still held or past --timeout: the node is drained with a reason 'gpureap: ...'",
             ),
-            (Usage, "bad usage, or a Slurm variable that cannot be read"),
+            (
+                Usage,
+                "bad usage, or (run by hand) a Slurm variable that cannot be read",
+            ),
             (
                 Incomplete,
-                "could not complete: the driver failed or a job GPU is not on this host (drained)",
+                "could not complete: the driver failed, a job GPU is not on this host, or (under slurmd) a Slurm variable cannot be read: drained, naming it",
             ),
         ],
         Program::SlurmProlog => vec![
@@ -300,10 +303,13 @@ pub fn rows(program: Program) -> Vec<(Exit, &'static str)> {
                 StillHeld,
                 "not clean or past --timeout: the node is drained with a reason 'gpureap: ...'",
             ),
-            (Usage, "bad usage, or a Slurm variable that cannot be read"),
+            (
+                Usage,
+                "bad usage, or (run by hand) a Slurm variable that cannot be read",
+            ),
             (
                 Incomplete,
-                "could not complete: the driver failed or a job GPU is not on this host (drained)",
+                "could not complete: the driver failed, a job GPU is not on this host, or (under slurmd) a Slurm variable cannot be read: drained, naming it",
             ),
         ],
         Program::SlurmHealthcheck => vec![
