@@ -11,7 +11,8 @@ stdin, stdout, stderr and the exit code pass through; 255 is this script's own
 failure, as it is ssh's). The command gets this environment less gpureap's
 settings (GPUREAP_BACKEND, GPUREAP_SSH: ssh does not carry them).
 
---log FILE appends "HOST<TAB>COMMAND" for every call. --state DIR keeps
+--log FILE appends "HOST<TAB>COMMAND" for every call, the command on one line
+(newlines written `\\n`). --state DIR keeps
 `gpureap push`'s record of what it installed in DIR instead of the host's:
 for root (whose record is /var/lib/gpureap/pushed) the command runs in a
 private mount namespace with DIR bind-mounted on /var/lib; for others
@@ -45,7 +46,8 @@ def main(argv):
         return 255
     if log:
         with open(log, "a") as out:
-            out.write(f"{host}\t{command}\n")
+            # One line a call: the command may span lines (gpureap's watch wrapper).
+            out.write(f"{host}\t{command.encode('unicode_escape').decode('ascii')}\n")
     env = gv.remote_env(os.environ)
     run = ["sh", "-c", command]
     if state:
