@@ -189,6 +189,30 @@ pub fn ends_within(command: &mut Command, limit: Duration, what: &str) -> Run {
     child.wait_with_output().expect("output").into()
 }
 
+/// Where `skip` records the tests that did not run, one `test: reason` line
+/// each, for the end of the suite to count (`.ci/run` prints them).
+pub const SKIPPED: &str = concat!(env!("CARGO_TARGET_TMPDIR"), "/skipped.txt");
+
+/// Reports the calling test skipped, with `reason`: a `SKIPPED: test:
+/// reason` line on stderr, and the same line appended to `SKIPPED`. A test
+/// that cannot run here calls `return skip(reason)` instead of returning in
+/// silence.
+pub fn skip(reason: &str) {
+    use std::io::Write;
+    let thread = std::thread::current();
+    let test = thread.name().unwrap_or("unnamed test");
+    let line = format!("SKIPPED: {test}: {reason}\n");
+    eprint!("{line}");
+    let recorded = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(SKIPPED)
+        .and_then(|mut file| file.write_all(line.as_bytes()));
+    if let Err(error) = recorded {
+        panic!("{test} is skipped ({reason}) and could not record it in {SKIPPED}: {error}");
+    }
+}
+
 /// Bash's `$'…'` quoting of any bytes (NUL aside): how a test puts bytes a
 /// shell would otherwise act on into a script.
 pub fn ansi_c(bytes: &[u8]) -> String {
