@@ -590,7 +590,15 @@ fn memory_held_by_no_process_is_named_driver_held() {
 fn a_gpu_lost_mid_run_is_reported_without_a_panic() {
     let host = host(1);
     let mut incident = Incident::new(&host);
-    let script = "exec 3<\"$D/nvidia0\"; trap 'touch \"$D/got_term\"' TERM; echo \"$$ bash\" >> \"$D/pids\"; while :; do sleep 0.05; done";
+    // The holder is the only process holding GPU 0, and it answers SIGTERM
+    // at once, in itself: blocked in a read builtin (on a FIFO it holds both
+    // ends of), the trap runs as the signal arrives and writes `got_term`
+    // with a builtin. A helper it forked for that (`touch`) or a foreground
+    // `sleep` with the node open would be targets of their own, SIGTERMed by
+    // gpureap before they did anything, and the file would never come.
+    let script = "exec 3<\"$D/nvidia0\"; trap ': > \"$D/got_term\"' TERM; \
+        mkfifo \"$D/never\" 3<&-; exec 4<>\"$D/never\"; echo \"$$ bash\" >> \"$D/pids\"; \
+        while :; do read -r -u 4 _; done";
     let holder = incident.spawn(script, 1).expect("staged");
     let child = gpureap(&host)
         .args([
@@ -610,7 +618,15 @@ fn a_gpu_lost_mid_run_is_reported_without_a_panic() {
         .expect("gpureap runs");
     let deadline = Instant::now() + Duration::from_secs(10);
     while !host.path().join("got_term").exists() {
-        assert!(Instant::now() < deadline, "SIGTERM never arrived");
+        if Instant::now() >= deadline {
+            let mut child = child;
+            let _ = child.kill();
+            let result: Run = child.wait_with_output().expect("gpureap ends").into();
+            panic!(
+                "SIGTERM never arrived\nstdout:\n{}\nstderr:\n{}",
+                result.stdout, result.stderr
+            );
+        }
         std::thread::sleep(Duration::from_millis(5));
     }
     host.lose(0).expect("lose GPU 0");
@@ -628,6 +644,7 @@ fn a_gpu_lost_mid_run_is_reported_without_a_panic() {
         "{report:#}"
     );
     assert_eq!(signals(&report, holder), ["SIGTERM", "SIGSTOP", "SIGKILL"]);
+    assert_eq!(target_pids(&report), [holder], "{report:#}");
     assert!(!alive(holder));
 }
 
