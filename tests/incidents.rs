@@ -698,7 +698,8 @@ fn wait_returns_when_the_memory_comes_back_and_lists_holders_on_timeout() {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("wait runs");
-    std::thread::sleep(Duration::from_millis(200));
+    // It has read GPU 0 busy once it waits on the driver for a change.
+    blocked_in(waiter.id(), &["poll"], "wait never waited on the driver");
     incident.kill(holder).expect("kill holder");
     let result: Run = waiter.wait_with_output().expect("wait ends").into();
     assert_eq!(result.code, 0);
@@ -1167,10 +1168,11 @@ fn cpu_share(host: &SimHost, args: &[&str], seconds: f64) -> f64 {
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("gpureap runs");
-    // Past start-up, and past the first looks of a free, which come quickly.
-    std::thread::sleep(Duration::from_secs(1));
+    // Past start-up and its first look: waiting on the driver for a change.
+    blocked_in(child.id(), &["poll"], "gpureap never waited on the driver");
     let before = cpu_seconds(child.id());
     let start = Instant::now();
+    // What is measured: the CPU it uses over these seconds.
     std::thread::sleep(Duration::from_secs_f64(seconds));
     let used = cpu_seconds(child.id()) - before;
     let share = used / start.elapsed().as_secs_f64();
