@@ -213,8 +213,13 @@ fn what_run_creates_in_its_state_dir_is_private_whatever_the_umask() {
             "--",
             "bash",
             "-c",
-            "echo serving; echo 'api_key=sk-secret'; sleep 0.3; exit 3",
+            // It crashes once gpureap has recorded the good start and logged the secret.
+            "echo serving; echo 'api_key=sk-secret'; \
+             until [ -e \"$STATE/starts.json\" ] && grep -q sk-secret \"$LOG\"; do sleep 0.01; done; \
+             exit 3",
         ])
+        .env("STATE", &state)
+        .env("LOG", &log)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     // Safety: umask is async-signal-safe.
