@@ -252,8 +252,9 @@ pub fn past_start_tick(pid: u32) {
     }
 }
 
-/// Where `skip` records the tests that did not run, one `test: reason` line
-/// each, for the end of the suite to count (`.ci/run` prints them).
+/// Where `skip` records the tests that did not run, one `SKIPPED: test:
+/// reason` line each, for the end of the suite to count (`.ci/run` prints
+/// them); `$GPUREAP_TEST_SKIPPED` names another file.
 pub const SKIPPED: &str = concat!(env!("CARGO_TARGET_TMPDIR"), "/skipped.txt");
 
 /// Reports the calling test skipped, with `reason`: a `SKIPPED: test:
@@ -266,13 +267,20 @@ pub fn skip(reason: &str) {
     let test = thread.name().unwrap_or("unnamed test");
     let line = format!("SKIPPED: {test}: {reason}\n");
     eprint!("{line}");
+    let file = std::env::var_os("GPUREAP_TEST_SKIPPED").map_or_else(
+        || std::path::PathBuf::from(SKIPPED),
+        std::path::PathBuf::from,
+    );
     let recorded = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
-        .open(SKIPPED)
-        .and_then(|mut file| file.write_all(line.as_bytes()));
+        .open(&file)
+        .and_then(|mut opened| opened.write_all(line.as_bytes()));
     if let Err(error) = recorded {
-        panic!("{test} is skipped ({reason}) and could not record it in {SKIPPED}: {error}");
+        panic!(
+            "{test} is skipped ({reason}) and could not record it in {}: {error}",
+            file.display()
+        );
     }
 }
 

@@ -1053,6 +1053,36 @@ fn spawn_at_pid(incident: &mut Incident, pid: u32, script: &str) -> bool {
     false
 }
 
+/// Where PIDs cannot be steered (a user namespace: not root in the initial
+/// PID namespace), the PID-reuse test below says it is skipped, and why, and
+/// records it for the end of the suite: it does not pass in silence.
+#[test]
+fn the_pid_reuse_test_reports_itself_skipped_where_pids_cannot_be_steered() {
+    const TEST: &str = "incidents::a_process_that_takes_a_killed_targets_pid_is_not_blamed";
+    let record = tempfile::tempdir().expect("tmp");
+    let file = record.path().join("skipped.txt");
+    let result: Run = std::process::Command::new("unshare")
+        .args(["--user", "--map-root-user"])
+        .arg(std::env::current_exe().expect("this test binary"))
+        .args(["--exact", TEST, "--nocapture", "--test-threads", "1"])
+        .env("GPUREAP_TEST_SKIPPED", &file)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("unshare runs")
+        .into();
+    assert_eq!(result.code, 0, "{}{}", result.stdout, result.stderr);
+    assert!(result.stdout.contains("1 passed"), "{}", result.stdout);
+    let line = format!(
+        "SKIPPED: {TEST}: cannot steer PIDs here (needs root in the initial PID namespace)\n"
+    );
+    assert!(result.stderr.contains(&line), "{}", result.stderr);
+    assert_eq!(
+        std::fs::read_to_string(&file).unwrap_or_default(),
+        line,
+        "not recorded"
+    );
+}
+
 /// A target exits during the grace and another process takes its PID and
 /// opens the GPU: that process was never a target. It is spared, and then
 /// it is an out-of-scope holder whose memory is explained, not a survivor
