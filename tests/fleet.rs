@@ -360,14 +360,13 @@ fn wait_returns_when_every_host_is_below_and_names_the_hosts_still_held() {
         .spawn()
         .expect("wait starts");
     // Free h1 once the wait there has read GPU 0 busy: it then waits on the
-    // driver for a change (blocked in poll).
+    // driver for a change.
+    let places = crate::harness::WAITING_ON_THE_DRIVER.join("\\|");
     let waits_on_h1 = || {
-        lab.on(
-            "h1",
-            "for p in $(pgrep -x gpureap); do grep -q poll /proc/$p/wchan && exit 0; done; exit 1",
-        )
-        .code
-            == 0
+        let script = format!(
+            "for p in $(pgrep -x gpureap); do grep -q '{places}' /proc/$p/wchan && exit 0; done; exit 1"
+        );
+        lab.on("h1", &script).code == 0
     };
     assert!(
         eventually(Duration::from_secs(30), waits_on_h1),

@@ -195,6 +195,11 @@ pub fn wchan(pid: u32) -> Option<String> {
     std::fs::read_to_string(format!("/proc/{pid}/wchan")).ok()
 }
 
+/// Where a gpureap that has read the driver once waits for the next reading
+/// (`Driver::wait_for_change`): in poll(2) on its holders' pidfds, or asleep
+/// where it has none to poll (no holders, kernels before 5.3).
+pub const WAITING_ON_THE_DRIVER: &[&str] = &["poll", "nanosleep"];
+
 /// Waits, for at most 30 s, until the process `pid` sleeps in a kernel
 /// function whose name contains one of `places` (`"poll"`: blocked in
 /// poll(2); `"wait_for_partner"`, `"fifo_open"` on older kernels: in the open

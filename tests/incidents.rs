@@ -699,7 +699,11 @@ fn wait_returns_when_the_memory_comes_back_and_lists_holders_on_timeout() {
         .spawn()
         .expect("wait runs");
     // It has read GPU 0 busy once it waits on the driver for a change.
-    blocked_in(waiter.id(), &["poll"], "wait never waited on the driver");
+    blocked_in(
+        waiter.id(),
+        WAITING_ON_THE_DRIVER,
+        "wait never waited on the driver",
+    );
     incident.kill(holder).expect("kill holder");
     let result: Run = waiter.wait_with_output().expect("wait ends").into();
     assert_eq!(result.code, 0);
@@ -1199,7 +1203,11 @@ fn cpu_share(host: &SimHost, args: &[&str], seconds: f64) -> f64 {
         .spawn()
         .expect("gpureap runs");
     // Past start-up and its first look: waiting on the driver for a change.
-    blocked_in(child.id(), &["poll"], "gpureap never waited on the driver");
+    blocked_in(
+        child.id(),
+        WAITING_ON_THE_DRIVER,
+        "gpureap never waited on the driver",
+    );
     let before = cpu_seconds(child.id());
     let start = Instant::now();
     // What is measured: the CPU it uses over these seconds.
