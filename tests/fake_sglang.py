@@ -21,7 +21,9 @@ a marker file that does not exist yet:
   ignore-term  rank 0 ignores SIGTERM; the launcher crashes after ready
   setsid       rank 0 leaves a double-forked setsid grandchild holding GPU N
                (one past the workers); the launcher crashes after ready
-  health-503   /health answers 503 from 0.5 s after ready
+  health-503   /health answers 503 after ready
+"After ready" is once /health has answered 200: the supervisor has seen the
+server ready, however long that took it.
 
 SIGTERM to the launcher shuts the server down cleanly: workers get SIGTERM, the
 launcher exits 0.
@@ -122,7 +124,14 @@ def worker(args):
             f"--rank {args.tp} {'--cuda --gib ' + str(args.gib) if args.cuda else ''}"
             f"{' --devices ' + args.devices if args.cuda and args.devices else ''}"
         )
+        markers = args.sim or "/tmp"
+        before = set(name for name in os.listdir(markers) if name.startswith("escapee."))
         subprocess.run(["bash", "-c", f"( ( exec setsid bash -c '{escapee}' ) & )"], check=True)
+        # Ready only once it holds its GPU: the crash after ready leaves it behind.
+        while not any(
+            name.startswith("escapee.") and name not in before for name in os.listdir(markers)
+        ):
+            time.sleep(0.02)
     open(os.path.join(args.ready_dir, f"rank{rank}"), "w").close()
     block_forever()
     return held  # the GPU is held for as long as this frame lives
@@ -177,12 +186,15 @@ def launcher(args):
         time.sleep(0.02)
 
     healthy = {"ok": True}
+    seen_ready = threading.Event()
 
     class Health(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
             code = 200 if self.path == "/health" and healthy["ok"] else 503 if self.path == "/health" else 404
             self.send_response(code)
             self.end_headers()
+            if code == 200:
+                seen_ready.set()
 
         def log_message(self, *_):
             pass
@@ -195,13 +207,13 @@ def launcher(args):
     say(f"INFO:     Uvicorn running on http://127.0.0.1:{args.port} (Press CTRL+C to quit)")
     say("The server is fired up and ready to roll!")
     if fault in ("ignore-term", "setsid"):
-        time.sleep(0.5)
+        seen_ready.wait()
         say("Traceback (most recent call last):")
         say("RuntimeError: CUDA error: an illegal memory access was encountered")
         sys.stderr.flush()
         os._exit(1)
     if fault == "health-503":
-        time.sleep(0.5)
+        seen_ready.wait()
         healthy["ok"] = False
     block_forever()
 

@@ -359,7 +359,19 @@ fn wait_returns_when_every_host_is_below_and_names_the_hosts_still_held() {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("wait starts");
-    std::thread::sleep(Duration::from_millis(1500));
+    // Free h1 once the wait there has read GPU 0 busy: it then waits on the
+    // driver for a change.
+    let places = crate::harness::WAITING_ON_THE_DRIVER.join("\\|");
+    let waits_on_h1 = || {
+        let script = format!(
+            "for p in $(pgrep -x gpureap); do grep -q '{places}' /proc/$p/wchan && exit 0; done; exit 1"
+        );
+        lab.on("h1", &script).code == 0
+    };
+    assert!(
+        eventually(Duration::from_secs(30), waits_on_h1),
+        "the wait on h1 never waited"
+    );
     let killed = lab.on("h1", &format!("kill -9 {tp0}"));
     assert_eq!(killed.code, 0, "{}", killed.stderr);
     let output = waiting.wait_with_output().expect("wait ends");

@@ -189,6 +189,106 @@ pub fn ends_within(command: &mut Command, limit: Duration, what: &str) -> Run {
     child.wait_with_output().expect("output").into()
 }
 
+/// The kernel function the process `pid` sleeps in (`/proc/PID/wchan`):
+/// `None` when it is gone, `"0"` while it runs or is runnable.
+pub fn wchan(pid: u32) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/wchan")).ok()
+}
+
+/// Where a gpureap that has read the driver once waits for the next reading
+/// (`Driver::wait_for_change`): in poll(2) on its holders' pidfds, or asleep
+/// where it has none to poll (no holders, kernels before 5.3).
+pub const WAITING_ON_THE_DRIVER: &[&str] = &["poll", "nanosleep"];
+
+/// Waits, for at most 30 s, until the process `pid` sleeps in a kernel
+/// function whose name contains one of `places` (`"poll"`: blocked in
+/// poll(2); `"wait_for_partner"`, `"fifo_open"` on older kernels: in the open
+/// of a FIFO nobody has opened the other end of). `what` says what that
+/// means, for the failure.
+pub fn blocked_in(pid: u32, places: &[&str], what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = wchan(pid);
+        if now
+            .as_deref()
+            .is_some_and(|now| places.iter().any(|place| now.contains(place)))
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: process {pid} never blocked in {places:?} within 30s (wchan {now:?})"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// When the process `pid` started, in clock ticks since boot (the 22nd
+/// field of `/proc/PID/stat`).
+pub fn start_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    stat.rsplit(')')
+        .next()
+        .and_then(|rest| rest.split_whitespace().nth(19))
+        .and_then(|ticks| ticks.parse().ok())
+        .expect("start time")
+}
+
+/// Waits until the clock has passed the tick the process `pid` started in:
+/// a process started from then on is younger by its start time too, which
+/// the kernel counts in ticks.
+pub fn past_start_tick(pid: u32) {
+    let started = start_ticks(pid);
+    let per_second = rustix::param::clock_ticks_per_second();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        // Seconds since boot, by the same clock, to the hundredth.
+        let uptime = std::fs::read_to_string("/proc/uptime").expect("uptime");
+        let centiseconds: u64 = uptime
+            .split_whitespace()
+            .next()
+            .and_then(|seconds| seconds.replace('.', "").parse().ok())
+            .expect("uptime in hundredths");
+        if centiseconds * per_second / 100 > started {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the clock stands still");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Where `skip` records the tests that did not run, one `SKIPPED: test:
+/// reason` line each, for the end of the suite to count (`.ci/run` prints
+/// them); `$GPUREAP_TEST_SKIPPED` names another file.
+pub const SKIPPED: &str = concat!(env!("CARGO_TARGET_TMPDIR"), "/skipped.txt");
+
+/// Reports the calling test skipped, with `reason`: a `SKIPPED: test:
+/// reason` line on stderr, and the same line appended to `SKIPPED`. A test
+/// that cannot run here calls `return skip(reason)` instead of returning in
+/// silence.
+pub fn skip(reason: &str) {
+    use std::io::Write;
+    let thread = std::thread::current();
+    let test = thread.name().unwrap_or("unnamed test");
+    let line = format!("SKIPPED: {test}: {reason}\n");
+    eprint!("{line}");
+    let file = std::env::var_os("GPUREAP_TEST_SKIPPED").map_or_else(
+        || std::path::PathBuf::from(SKIPPED),
+        std::path::PathBuf::from,
+    );
+    let recorded = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&file)
+        .and_then(|mut opened| opened.write_all(line.as_bytes()));
+    if let Err(error) = recorded {
+        panic!(
+            "{test} is skipped ({reason}) and could not record it in {}: {error}",
+            file.display()
+        );
+    }
+}
+
 /// Bash's `$'…'` quoting of any bytes (NUL aside): how a test puts bytes a
 /// shell would otherwise act on into a script.
 pub fn ansi_c(bytes: &[u8]) -> String {

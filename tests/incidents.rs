@@ -590,7 +590,15 @@ fn memory_held_by_no_process_is_named_driver_held() {
 fn a_gpu_lost_mid_run_is_reported_without_a_panic() {
     let host = host(1);
     let mut incident = Incident::new(&host);
-    let script = "exec 3<\"$D/nvidia0\"; trap 'touch \"$D/got_term\"' TERM; echo \"$$ bash\" >> \"$D/pids\"; while :; do sleep 0.05; done";
+    // The holder is the only process holding GPU 0, and it answers SIGTERM
+    // at once, in itself: blocked in a read builtin (on a FIFO it holds both
+    // ends of), the trap runs as the signal arrives and writes `got_term`
+    // with a builtin. A helper it forked for that (`touch`) or a foreground
+    // `sleep` with the node open would be targets of their own, SIGTERMed by
+    // gpureap before they did anything, and the file would never come.
+    let script = "exec 3<\"$D/nvidia0\"; trap ': > \"$D/got_term\"' TERM; \
+        mkfifo \"$D/never\" 3<&-; exec 4<>\"$D/never\"; echo \"$$ bash\" >> \"$D/pids\"; \
+        while :; do read -r -u 4 _; done";
     let holder = incident.spawn(script, 1).expect("staged");
     let child = gpureap(&host)
         .args([
@@ -610,7 +618,15 @@ fn a_gpu_lost_mid_run_is_reported_without_a_panic() {
         .expect("gpureap runs");
     let deadline = Instant::now() + Duration::from_secs(10);
     while !host.path().join("got_term").exists() {
-        assert!(Instant::now() < deadline, "SIGTERM never arrived");
+        if Instant::now() >= deadline {
+            let mut child = child;
+            let _ = child.kill();
+            let result: Run = child.wait_with_output().expect("gpureap ends").into();
+            panic!(
+                "SIGTERM never arrived\nstdout:\n{}\nstderr:\n{}",
+                result.stdout, result.stderr
+            );
+        }
         std::thread::sleep(Duration::from_millis(5));
     }
     host.lose(0).expect("lose GPU 0");
@@ -628,6 +644,7 @@ fn a_gpu_lost_mid_run_is_reported_without_a_panic() {
         "{report:#}"
     );
     assert_eq!(signals(&report, holder), ["SIGTERM", "SIGSTOP", "SIGKILL"]);
+    assert_eq!(target_pids(&report), [holder], "{report:#}");
     assert!(!alive(holder));
 }
 
@@ -681,7 +698,12 @@ fn wait_returns_when_the_memory_comes_back_and_lists_holders_on_timeout() {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("wait runs");
-    std::thread::sleep(Duration::from_millis(200));
+    // It has read GPU 0 busy once it waits on the driver for a change.
+    blocked_in(
+        waiter.id(),
+        WAITING_ON_THE_DRIVER,
+        "wait never waited on the driver",
+    );
     incident.kill(holder).expect("kill holder");
     let result: Run = waiter.wait_with_output().expect("wait ends").into();
     assert_eq!(result.code, 0);
@@ -1035,6 +1057,36 @@ fn spawn_at_pid(incident: &mut Incident, pid: u32, script: &str) -> bool {
     false
 }
 
+/// Where PIDs cannot be steered (a user namespace: not root in the initial
+/// PID namespace), the PID-reuse test below says it is skipped, and why, and
+/// records it for the end of the suite: it does not pass in silence.
+#[test]
+fn the_pid_reuse_test_reports_itself_skipped_where_pids_cannot_be_steered() {
+    const TEST: &str = "incidents::a_process_that_takes_a_killed_targets_pid_is_not_blamed";
+    let record = tempfile::tempdir().expect("tmp");
+    let file = record.path().join("skipped.txt");
+    let result: Run = std::process::Command::new("unshare")
+        .args(["--user", "--map-root-user"])
+        .arg(std::env::current_exe().expect("this test binary"))
+        .args(["--exact", TEST, "--nocapture", "--test-threads", "1"])
+        .env("GPUREAP_TEST_SKIPPED", &file)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("unshare runs")
+        .into();
+    assert_eq!(result.code, 0, "{}{}", result.stdout, result.stderr);
+    assert!(result.stdout.contains("1 passed"), "{}", result.stdout);
+    let line = format!(
+        "SKIPPED: {TEST}: cannot steer PIDs here (needs root in the initial PID namespace)\n"
+    );
+    assert!(result.stderr.contains(&line), "{}", result.stderr);
+    assert_eq!(
+        std::fs::read_to_string(&file).unwrap_or_default(),
+        line,
+        "not recorded"
+    );
+}
+
 /// A target exits during the grace and another process takes its PID and
 /// opens the GPU: that process was never a target. It is spared, and then
 /// it is an out-of-scope holder whose memory is explained, not a survivor
@@ -1043,8 +1095,7 @@ fn spawn_at_pid(incident: &mut Incident, pid: u32, script: &str) -> bool {
 fn a_process_that_takes_a_killed_targets_pid_is_not_blamed() {
     let last_pid = std::fs::read_to_string("/proc/sys/kernel/ns_last_pid").unwrap_or_default();
     if std::fs::write("/proc/sys/kernel/ns_last_pid", last_pid.trim()).is_err() {
-        eprintln!("skipped: cannot steer PIDs here (needs root in the initial PID namespace)");
-        return;
+        return skip("cannot steer PIDs here (needs root in the initial PID namespace)");
     }
     let host = host(1);
     let mut incident = Incident::new(&host);
@@ -1151,10 +1202,15 @@ fn cpu_share(host: &SimHost, args: &[&str], seconds: f64) -> f64 {
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("gpureap runs");
-    // Past start-up, and past the first looks of a free, which come quickly.
-    std::thread::sleep(Duration::from_secs(1));
+    // Past start-up and its first look: waiting on the driver for a change.
+    blocked_in(
+        child.id(),
+        WAITING_ON_THE_DRIVER,
+        "gpureap never waited on the driver",
+    );
     let before = cpu_seconds(child.id());
     let start = Instant::now();
+    // What is measured: the CPU it uses over these seconds.
     std::thread::sleep(Duration::from_secs_f64(seconds));
     let used = cpu_seconds(child.id()) - before;
     let share = used / start.elapsed().as_secs_f64();

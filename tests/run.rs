@@ -178,7 +178,6 @@ impl Supervisor {
         let pid = rustix::process::Pid::from_raw(self.child.id() as i32).expect("pid");
         rustix::process::kill_process(pid, signal).expect("signal gpureap");
         let status = self.child.wait().expect("gpureap ends");
-        std::thread::sleep(Duration::from_millis(50));
         nothing_supervised_left(self.child.id());
         let stdout = self.stdout.lock().expect("stdout").clone();
         (status.code().unwrap_or(-1), self.events(), stdout)
@@ -186,7 +185,6 @@ impl Supervisor {
 
     pub(crate) fn wait_exit(mut self) -> (i32, Vec<String>) {
         let status = self.child.wait().expect("gpureap ends");
-        std::thread::sleep(Duration::from_millis(50));
         nothing_supervised_left(self.child.id());
         (status.code().unwrap_or(-1), self.events())
     }

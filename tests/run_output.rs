@@ -136,7 +136,7 @@ fn a_line_without_an_end_does_not_grow_gpureap_memory() {
             "bash",
             "-c",
             "exec 3<\"$D/nvidia0\"; head -c 200000000 /dev/zero | tr '\\0' x; echo; \
-             echo serving; sleep 0.5; exit 3",
+             echo serving; until [ -e \"$D/measured\" ]; do sleep 0.01; done; exit 3",
         ])
         .env("D", host.path());
     let supervisor = Supervisor::start_with_stdout(command, Stdio::null());
@@ -146,6 +146,8 @@ fn a_line_without_an_end_does_not_grow_gpureap_memory() {
         "the long line counts once: {ready}"
     );
     let peak = peak_memory(supervisor.child.id());
+    // Measured while it runs: now the server crashes.
+    std::fs::write(host.path().join("measured"), "").expect("measured");
     let bundle_event = supervisor.wait_for("diagnostic bundle:", 1);
     let (code, events) = supervisor.wait_exit();
     assert_eq!(code, 1, "a crash: {}", events.join("\n"));

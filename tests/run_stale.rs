@@ -79,9 +79,36 @@ fn sigkill(mut supervisor: Supervisor) -> (u32, BTreeSet<u32>) {
     );
     supervisor.child.kill().expect("SIGKILL gpureap");
     supervisor.child.wait().expect("gpureap ends");
-    std::thread::sleep(Duration::from_millis(100));
+    // What its death does to them (re-parenting; a parent-death signal,
+    // SIGHUP to an orphaned job) the kernel has done by the time wait
+    // returns: each still runs, adopted, and no signal is on its way to end it.
     assert_eq!(supervised_by(pid), tree, "the server runs on without it");
+    for &member in &tree {
+        assert_ne!(ppid(member), Some(pid), "{member} was not re-parented");
+        let pending = fatal_signals_pending(member);
+        assert_eq!(pending, 0, "{member} has signals {pending:#x} on their way");
+    }
     (pid, tree)
+}
+
+/// The signals pending for the process `pid` (its threads' and its own),
+/// as a mask (bit N-1 for signal N), those whose default is to be ignored
+/// (SIGCHLD, SIGCONT, SIGURG, SIGWINCH) left out.
+fn fatal_signals_pending(pid: u32) -> u64 {
+    let harmless: u64 = [17, 18, 23, 28]
+        .iter()
+        .map(|signal| 1 << (signal - 1))
+        .sum();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    status
+        .lines()
+        .filter_map(|line| {
+            line.strip_prefix("SigPnd:")
+                .or_else(|| line.strip_prefix("ShdPnd:"))
+        })
+        .map(|mask| u64::from_str_radix(mask.trim(), 16).expect("a signal mask"))
+        .fold(0, |all, mask| all | mask)
+        & !harmless
 }
 
 fn targets(report: &Value) -> BTreeSet<u32> {
@@ -454,7 +481,8 @@ fn a_reused_supervisor_pid_is_no_live_supervisor_and_a_live_one_is_left_alone() 
     let host = SimHost::new(3, 80 * GIB, "Simulated H200").expect("sim host");
     let (early, _early_host) = live_gpureap();
     let early = Killed(early);
-    std::thread::sleep(Duration::from_millis(50));
+    // Its "server" must be younger by its start time, counted in ticks.
+    past_start_tick(early.0.id());
     let mut incident = Incident::new(&host);
     let under_imposter = incident
         .holder(&Holder::new("server_under_imposter").on(0, 10 * GIB))
@@ -467,6 +495,7 @@ fn a_reused_supervisor_pid_is_no_live_supervisor_and_a_live_one_is_left_alone() 
         .expect("holder");
     // The supervisors' PIDs now name a sleep, and a gpureap younger than its "server".
     let imposter = Killed(Command::new("sleep").arg("1000").spawn().expect("sleep"));
+    past_start_tick(under_late);
     let (late, _late_host) = live_gpureap();
     let late = Killed(late);
     let runs = [

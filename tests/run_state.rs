@@ -65,6 +65,9 @@ fn make_fifo(path: &Path, mode: u32) {
     .expect("mkfifo");
 }
 
+/// Where a process waits in the kernel for a FIFO's other end to be opened.
+const FIFO_OPEN: &[&str] = &["wait_for_partner", "fifo_open"];
+
 /// Waits for `child` to end, at most 30 s.
 fn wait(mut child: std::process::Child) -> Run {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -210,8 +213,13 @@ fn what_run_creates_in_its_state_dir_is_private_whatever_the_umask() {
             "--",
             "bash",
             "-c",
-            "echo serving; echo 'api_key=sk-secret'; sleep 0.3; exit 3",
+            // It crashes once gpureap has recorded the good start and logged the secret.
+            "echo serving; echo 'api_key=sk-secret'; \
+             until [ -e \"$STATE/starts.json\" ] && grep -q sk-secret \"$LOG\"; do sleep 0.01; done; \
+             exit 3",
         ])
+        .env("STATE", &state)
+        .env("LOG", &log)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     // Safety: umask is async-signal-safe.
@@ -441,7 +449,7 @@ fn a_refused_log_opens_nothing_and_leaves_nothing() {
         .stdout(Stdio::null())
         .spawn()
         .expect("cat");
-    std::thread::sleep(Duration::from_millis(100));
+    blocked_in(reader.id(), FIFO_OPEN, "cat never opened the FIFO");
     let result = log_run(fifo.as_os_str());
     assert_eq!(result.code, 2, "{}", result.stderr);
     assert!(
@@ -449,10 +457,12 @@ fn a_refused_log_opens_nothing_and_leaves_nothing() {
         "{}",
         result.stderr
     );
-    std::thread::sleep(Duration::from_millis(200));
+    // A writer's open would have woken `cat` before gpureap ended: it would
+    // no longer wait in its open, whether it had read EOF yet or not.
+    let now = wchan(reader.id()).unwrap_or_default();
     assert!(
-        reader.try_wait().expect("try_wait").is_none(),
-        "the FIFO was opened for writing: its reader saw a writer come and go"
+        FIFO_OPEN.iter().any(|place| now.contains(place)),
+        "the FIFO was opened for writing: its reader was woken (wchan {now:?})"
     );
     let _ = reader.kill();
     let _ = reader.wait();

@@ -422,6 +422,13 @@ fn without_a_driver_dev_nvidia_openers_are_placed_by_minor() {
             && : > /dev/nvidia1 && : > /dev/nvidiactl || exit 9
         sleep 30 < /dev/nvidia1 & gpu=$!
         sleep 30 3< /dev/nvidiactl & control=$!
+        # Both have their node open before anything looks (20 s at most).
+        n=0
+        until [ "$(readlink /proc/$gpu/fd/0)" = /dev/nvidia1 ] \
+            && [ "$(readlink /proc/$control/fd/3)" = /dev/nvidiactl ]; do
+            n=$((n + 1)); [ $n -le 2000 ] || { kill $gpu $control; exit 7; }
+            sleep 0.01
+        done
         echo "$gpu $control"
         # The nodes say which GPUs there are: --gpu can name one.
         # Without a driver status cannot tell what is held: 3, the table still shown.
