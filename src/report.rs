@@ -48,6 +48,9 @@ pub struct GpuJson {
     pub memory_total: Option<u64>,
     pub memory_used: Option<u64>,
     pub memory_unattributed: Option<u64>,
+    /// Whether `memory_unattributed` makes the GPU held: the one rule
+    /// (`Snapshot::held_by_no_process`), which `status -H` reads.
+    pub held_by_no_process: Option<bool>,
     pub error: Option<String>,
     pub processes: Vec<GpuProcessJson>,
 }
@@ -206,6 +209,9 @@ pub fn status_json(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String 
                 memory_total: gpu.memory_total,
                 memory_used: gpu.memory_used,
                 memory_unattributed: gpu.unattributed(),
+                held_by_no_process: snapshot
+                    .held_by_no_process(gpu)
+                    .map(|unattributed| unattributed.holds),
                 error: gpu.error.clone(),
                 processes: gpu
                     .users
