@@ -891,13 +891,6 @@ fn status_h_shows_memory_held_by_no_process_as_each_host_judges_it() {
         .declare_bookkeeping(512 * MIB)
         .expect("bookkeeping");
 
-    let json = lab.run(&["status", "-H", "h1,h2", "--json"]).json();
-    for (host, held) in [("h1", true), ("h2", false)] {
-        let gpu = &host_entry(&json, host)["report"]["gpus"][0];
-        assert_eq!(gpu["memory_unattributed"], 100 * MIB, "{host}: {gpu:#}");
-        assert_eq!(gpu["held_by_no_process"], held, "{host}: {gpu:#}");
-    }
-
     let status = lab.run(&["status", "-H", "h1,h2"]);
     assert_eq!(status.code, 0, "{}{}", status.stdout, status.stderr);
     let row = status
@@ -917,4 +910,10 @@ fn status_h_shows_memory_held_by_no_process_as_each_host_judges_it() {
         "{}",
         status.stdout
     );
+    let json = lab.run(&["status", "-H", "h1,h2", "--json"]).json();
+    for (host, held) in [("h1", true), ("h2", false)] {
+        let gpu = &host_entry(&json, host)["report"]["gpus"][0];
+        assert_eq!(gpu["memory_unattributed"], 100 * MIB, "{host}: {gpu:#}");
+        assert_eq!(gpu["held_by_no_process"], held, "{host}: {gpu:#}");
+    }
 }

@@ -10,12 +10,10 @@ use crate::harness::*;
 
 const MIB: u64 = 1 << 20;
 
-/// What each front end says about one GPU with `bytes` held by no process,
-/// where the driver declares `tolerance`: `held` is the verdict expected.
+/// What the status document and the exporter say about one GPU with `bytes`
+/// held by no process: `held` is the verdict expected.
 fn judged_alike(host: &SimHost, gpu: u32, bytes: u64, held: bool) {
-    let shown = format!("{} MiB", bytes / MIB);
     let label = gpu.to_string();
-
     let status = run(host, &["status", "--json"]).json();
     assert_eq!(
         gpu_of(&status, gpu)["memory_unattributed"],
@@ -43,7 +41,12 @@ fn judged_alike(host: &SimHost, gpu: u32, bytes: u64, held: bool) {
         "{}",
         exposition.stdout
     );
+}
 
+/// What `check` and `free` say about the same GPU.
+fn judged_alike_by_check_and_free(host: &SimHost, gpu: u32, bytes: u64, held: bool) {
+    let shown = format!("{} MiB", bytes / MIB);
+    let label = gpu.to_string();
     let check = run(host, &["check", "--gpu", &label]);
     let named = format!("GPU {gpu}: {shown} held by no process");
     assert_eq!(
@@ -112,6 +115,8 @@ fn memory_held_by_no_process_gets_one_figure_and_one_verdict_everywhere() {
             .holder(&Holder::new("nvidia-persistenced").on(1, GIB))
             .expect("protected holder");
 
+        judged_alike_by_check_and_free(&host, 0, 100 * MIB, held);
+        judged_alike_by_check_and_free(&host, 1, 300 * MIB, held);
         judged_alike(&host, 0, 100 * MIB, held);
         judged_alike(&host, 1, 300 * MIB, held);
         // The protected holder is named either way, and left alone.
