@@ -744,3 +744,31 @@ fn gpu_list(gpus: &[u32]) -> String {
         crate::units::GpuRanges(&gpus.iter().copied().collect()).to_string()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::GpuView;
+
+    fn view(json: &str) -> GpuView {
+        serde_json::from_str(json).expect("a GPU view")
+    }
+
+    /// The host's verdict decides; a host too old to give one has any
+    /// memory no process explains shown, never hidden by an allowance of
+    /// the fleet's own.
+    #[test]
+    fn a_gpu_is_shown_by_its_hosts_verdict_or_else_by_any_unexplained_memory() {
+        let gpu = |rest: &str| {
+            view(&format!(
+                r#"{{"index": 0, "name": "H200", "memory_total": 1, "memory_used": 104857600, "error": null, {rest}}}"#
+            ))
+        };
+        let mib100 = r#""memory_unattributed": 104857600"#;
+        assert!(gpu(&format!(r#"{mib100}, "held_by_no_process": true"#)).worth_reporting());
+        assert!(!gpu(&format!(r#"{mib100}, "held_by_no_process": false"#)).worth_reporting());
+        // An older host: no verdict.
+        assert!(gpu(mib100).worth_reporting());
+        assert!(!gpu(r#""memory_unattributed": 0"#).worth_reporting());
+        assert!(gpu(r#""memory_unattributed": null"#).worth_reporting());
+    }
+}
