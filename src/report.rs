@@ -208,7 +208,9 @@ pub fn status_json(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String 
                 uuid: gpu.uuid.clone(),
                 memory_total: gpu.memory_total,
                 memory_used: gpu.memory_used,
-                memory_unattributed: gpu.unattributed(),
+                memory_unattributed: snapshot
+                    .held_by_no_process(gpu)
+                    .map(|unattributed| unattributed.bytes),
                 held_by_no_process: snapshot
                     .held_by_no_process(gpu)
                     .map(|unattributed| unattributed.holds),
@@ -331,7 +333,12 @@ fn gpu_table(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String {
                 Cell::new(short(gpu.name.as_deref().unwrap_or("?"), 40)),
                 Cell::new(MaybeBytes(gpu.memory_used)).set_alignment(CellAlignment::Right),
                 Cell::new(MaybeBytes(gpu.memory_total)).set_alignment(CellAlignment::Right),
-                Cell::new(MaybeBytes(gpu.unattributed())).set_alignment(CellAlignment::Right),
+                Cell::new(MaybeBytes(
+                    snapshot
+                        .held_by_no_process(gpu)
+                        .map(|unattributed| unattributed.bytes),
+                ))
+                .set_alignment(CellAlignment::Right),
                 Cell::new(users),
             ]),
         };
