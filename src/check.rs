@@ -5,7 +5,8 @@
 //! usage with 2: node-problem-detector reads both as unknown.
 //!
 //! A problem is something only a person or `gpureap free` fixes: memory held
-//! by no process (beyond the driver's bookkeeping), orphaned processes
+//! by no process (the one rule, `Snapshot::held_by_no_process`: beyond the
+//! driver's bookkeeping, with `status`'s figure), orphaned processes
 //! holding memory, a GPU the driver lost. The driver being unavailable is not
 //! a problem of the GPUs but an unknown: nothing can be said about them. The
 //! figures are the exporter's (`metrics`), from the same snapshot `status`

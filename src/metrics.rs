@@ -3,8 +3,9 @@
 //! `gpureap exporter` serves them, `gpureap status --prometheus` prints them
 //! once (for node_exporter's textfile collector), and `gpureap check` reads
 //! the same figures to give its verdict. They are derived with the functions
-//! `status` and `free` use, not re-derived: unattributed memory is
-//! `GpuState::unattributed` (the UNATTRIBUTED column), orphaned memory is what
+//! `status` and `free` use, not re-derived: unattributed memory and whether
+//! it makes a GPU held are `Snapshot::held_by_no_process` (the UNATTRIBUTED
+//! column, the one rule every command judges by), orphaned memory is what
 //! `select` takes for `--orphans`, per-process rows are `status --json`'s
 //! holders. The exposition is encoded by `prometheus-client`, never by hand.
 
@@ -170,12 +171,14 @@ pub fn holders(gpu: &GpuState) -> usize {
     }
 }
 
-/// Memory held by no process beyond what the driver keeps for itself, where
-/// that is known: `status`'s UNATTRIBUTED less the driver's bookkeeping
-/// slack, as `free` judges a GPU held.
+/// Memory held by no process where it makes the GPU held: the one rule
+/// (`Snapshot::held_by_no_process`), whose figure is `status`'s
+/// UNATTRIBUTED, as `free`, Slurm and `reset` judge a GPU held.
 pub fn held_by_no_process(snapshot: &Snapshot, gpu: &GpuState) -> Option<u64> {
-    let unattributed = gpu.unattributed()?;
-    Some(unattributed.saturating_sub(snapshot.bookkeeping_slack)).filter(|&bytes| bytes > 0)
+    snapshot
+        .held_by_no_process(gpu)
+        .filter(|unattributed| unattributed.holds)
+        .map(|unattributed| unattributed.bytes)
 }
 
 fn gauge_family(registry: &mut Registry, name: &str, help: &str, unit: Option<Unit>) -> Gauges {
@@ -284,6 +287,12 @@ pub fn encode_snapshot(
         "Used GPU memory that no process the driver lists explains (status's UNATTRIBUTED): driver-held memory, and the driver's own bookkeeping",
         Some(Unit::Bytes),
     );
+    let held_by_no_process = gauge_family(
+        &mut registry,
+        "gpu_held_by_no_process",
+        "1 when memory no process explains makes the GPU held (more than the driver keeps for its own bookkeeping): the verdict of free, check, Slurm and reset; 0 when it does not",
+        None,
+    );
     let holders_count = gauge_family(
         &mut registry,
         "gpu_holders",
@@ -313,8 +322,13 @@ pub fn encode_snapshot(
         if let Some(value) = gpu.memory_total {
             set(&total, labels.clone(), bytes(value));
         }
-        if let Some(value) = gpu.unattributed() {
-            set(&unattributed, labels.clone(), bytes(value));
+        if let Some(judged) = snapshot.held_by_no_process(gpu) {
+            set(&unattributed, labels.clone(), bytes(judged.bytes));
+            set(
+                &held_by_no_process,
+                labels.clone(),
+                if judged.holds { 1.0 } else { 0.0 },
+            );
         }
         if let Some(orphaned) = orphans.get(&gpu.index) {
             set(&orphaned_memory, labels, bytes(orphaned.bytes));

@@ -599,7 +599,7 @@ struct Freeing<'a> {
     unreadable: Vec<Unreadable>,
     trends: BTreeMap<u32, Trend>,
     /// Per GPU, memory held by no process before the free started
-    /// (`verify::held_by_no_process` in the first snapshot).
+    /// (what `Snapshot::held_by_no_process` calls held in the first snapshot).
     held_before: BTreeMap<u32, u64>,
     freed_at: BTreeMap<u32, Instant>,
     settled_since: Option<Instant>,
@@ -706,13 +706,12 @@ impl Freeing<'_> {
     /// little longer where a live parent could respawn what was killed; and
     /// targets that hold no GPU gone, or given a second after that.
     fn settled(&mut self, look: &Look, alive: usize) -> bool {
-        let slack = look.snapshot.bookkeeping_slack;
         // Memory held by no process before the free started does not come
         // back by waiting: once only that is left, what was signalled is released.
         let done = look.verdicts.iter().all(|(index, verdict)| {
             verdict.freed
                 || (!verdict.checked && verdict.remaining.is_empty())
-                || verdict.only_held_before(self.held_before(*index), slack)
+                || verdict.only_held_before(self.held_before(*index))
         });
         if !done {
             self.settled_since = None;
@@ -890,7 +889,10 @@ pub fn free(
         .map(|gpu| {
             (
                 gpu.index,
-                verify::held_by_no_process(gpu, first.bookkeeping_slack),
+                first
+                    .held_by_no_process(gpu)
+                    .filter(|unattributed| unattributed.holds)
+                    .map_or(0, |unattributed| unattributed.bytes),
             )
         })
         .collect();

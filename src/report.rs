@@ -48,6 +48,9 @@ pub struct GpuJson {
     pub memory_total: Option<u64>,
     pub memory_used: Option<u64>,
     pub memory_unattributed: Option<u64>,
+    /// Whether `memory_unattributed` makes the GPU held: the one rule
+    /// (`Snapshot::held_by_no_process`), which `status -H` reads.
+    pub held_by_no_process: Option<bool>,
     pub error: Option<String>,
     pub processes: Vec<GpuProcessJson>,
 }
@@ -205,7 +208,12 @@ pub fn status_json(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String 
                 uuid: gpu.uuid.clone(),
                 memory_total: gpu.memory_total,
                 memory_used: gpu.memory_used,
-                memory_unattributed: gpu.unattributed(),
+                memory_unattributed: snapshot
+                    .held_by_no_process(gpu)
+                    .map(|unattributed| unattributed.bytes),
+                held_by_no_process: snapshot
+                    .held_by_no_process(gpu)
+                    .map(|unattributed| unattributed.holds),
                 error: gpu.error.clone(),
                 processes: gpu
                     .users
@@ -325,7 +333,12 @@ fn gpu_table(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String {
                 Cell::new(short(gpu.name.as_deref().unwrap_or("?"), 40)),
                 Cell::new(MaybeBytes(gpu.memory_used)).set_alignment(CellAlignment::Right),
                 Cell::new(MaybeBytes(gpu.memory_total)).set_alignment(CellAlignment::Right),
-                Cell::new(MaybeBytes(gpu.unattributed())).set_alignment(CellAlignment::Right),
+                Cell::new(MaybeBytes(
+                    snapshot
+                        .held_by_no_process(gpu)
+                        .map(|unattributed| unattributed.bytes),
+                ))
+                .set_alignment(CellAlignment::Right),
                 Cell::new(users),
             ]),
         };

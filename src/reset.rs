@@ -18,10 +18,12 @@ use crate::units::{Bytes, Field};
 /// What became of one GPU's reset.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reset {
-    /// Reset, and the driver now reports no memory held beyond its bookkeeping.
-    Done { index: u32, cleared: Option<u64> },
-    /// Nothing held that a reset would clear: not reset.
-    NothingHeld { index: u32 },
+    /// Reset, and the driver now reports no memory held by no process
+    /// beyond its bookkeeping. `held`: what was held by no process before.
+    Done { index: u32, held: Option<u64> },
+    /// Nothing held that a reset would clear: not reset. `unattributed`:
+    /// the memory no process explains, within the driver's bookkeeping.
+    NothingHeld { index: u32, unattributed: u64 },
     /// Not reset: a process uses the GPU.
     InUse { index: u32, users: Vec<String> },
     /// Not reset: the scan could not inspect every process, so whether one
@@ -41,7 +43,7 @@ impl Reset {
     pub fn index(&self) -> u32 {
         match self {
             Reset::Done { index, .. }
-            | Reset::NothingHeld { index }
+            | Reset::NothingHeld { index, .. }
             | Reset::InUse { index, .. }
             | Reset::Unscanned { index, .. }
             | Reset::Failed { index, .. }
@@ -58,13 +60,17 @@ impl Reset {
 impl fmt::Display for Reset {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Reset::Done { index, cleared } => match cleared {
+            Reset::Done { index, held } => match held {
                 Some(bytes) => write!(f, "GPU {index}: reset; {} cleared", Bytes(*bytes)),
                 None => write!(f, "GPU {index}: reset"),
             },
-            Reset::NothingHeld { index } => write!(
+            Reset::NothingHeld {
+                index,
+                unattributed,
+            } => write!(
                 f,
-                "GPU {index}: nothing held beyond the driver's bookkeeping; not reset"
+                "GPU {index}: {} held by no process, within the driver's bookkeeping; not reset",
+                Bytes(*unattributed)
             ),
             Reset::InUse { index, users } => write!(
                 f,
@@ -89,8 +95,9 @@ impl fmt::Display for Reset {
     }
 }
 
-/// Resets GPU `index` if, and only if, memory beyond the driver's
-/// bookkeeping is held on it and no process uses it; then checks.
+/// Resets GPU `index` if, and only if, memory is held on it by no process
+/// (the one rule, `Snapshot::held_by_no_process`: beyond the driver's
+/// bookkeeping) and no process uses it; then checks by the same rule.
 pub fn reset(driver: &dyn Driver, index: u32) -> Reset {
     let before = Snapshot::take(driver);
     let Some(gpu) = before.gpu(index) else {
@@ -139,9 +146,14 @@ pub fn reset(driver: &dyn Driver, index: u32) -> Reset {
             example: format!("pid {} {}: {}", first.pid, Field(&first.comm), first.reason),
         };
     }
-    let used = gpu.memory_used;
-    if used.is_some_and(|used| used <= before.bookkeeping_slack) {
-        return Reset::NothingHeld { index };
+    // No process uses the GPU: all it uses is held by no process. Where the
+    // driver gives no figure, the reset goes ahead.
+    let held = before.held_by_no_process(gpu);
+    if let Some(unattributed) = held.filter(|unattributed| !unattributed.holds) {
+        return Reset::NothingHeld {
+            index,
+            unattributed: unattributed.bytes,
+        };
     }
     if let Err(error) = driver.reset(index) {
         return Reset::Failed {
@@ -149,22 +161,27 @@ pub fn reset(driver: &dyn Driver, index: u32) -> Reset {
             message: error.to_string(),
         };
     }
-    let after = match driver.memory_used(index) {
-        Ok(after) => after,
-        Err(error) => {
-            return Reset::Failed {
-                index,
-                message: format!("reset, but the driver cannot say what is held now: {error}"),
-            };
-        }
+    let after = Snapshot::take(driver);
+    let Some(gpu) = after.gpu(index) else {
+        return Reset::Failed {
+            index,
+            message: "reset, but the driver no longer reports this GPU".to_string(),
+        };
     };
-    match after {
-        Some(bytes) if bytes > before.bookkeeping_slack => Reset::StillHeld { index, bytes },
+    if let Some(error) = &gpu.error {
+        return Reset::Failed {
+            index,
+            message: format!("reset, but the driver cannot say what is held now: {error}"),
+        };
+    }
+    match after.held_by_no_process(gpu) {
+        Some(unattributed) if unattributed.holds => Reset::StillHeld {
+            index,
+            bytes: unattributed.bytes,
+        },
         _ => Reset::Done {
             index,
-            cleared: used
-                .zip(after)
-                .map(|(used, after)| used.saturating_sub(after)),
+            held: held.map(|unattributed| unattributed.bytes),
         },
     }
 }

@@ -29,8 +29,21 @@ pub struct Snapshot {
     pub details: BTreeMap<u32, Details>,
     pub uptime_ticks: Option<u64>,
     /// Memory the driver keeps for itself that no process list explains
-    /// (`Driver::bookkeeping_slack`).
+    /// (`Driver::bookkeeping_slack`): the tolerance of the one rule for
+    /// memory held by no process (`Snapshot::held_by_no_process`).
     pub bookkeeping_slack: u64,
+}
+
+/// Memory held by no process on one GPU, as the one rule judges it
+/// (`Snapshot::held_by_no_process`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unattributed {
+    /// Memory in use that no listed process explains: `status`'s
+    /// UNATTRIBUTED, the figure every command names.
+    pub bytes: u64,
+    /// Whether it makes the GPU held: more than the driver declares it keeps
+    /// for its own bookkeeping.
+    pub holds: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -138,6 +151,25 @@ impl GpuState {
 }
 
 impl Snapshot {
+    /// The one rule for memory held by no process: each GPU's figure
+    /// (`GpuState::unattributed`) and whether it makes the GPU held, past the
+    /// tolerance the driver declares (`Driver::bookkeeping_slack`: 0 on the
+    /// simulated driver unless `DIR/bookkeeping` says otherwise, NVML's
+    /// bookkeeping allowance on nvml). `None` where the driver gives no figure
+    /// for the GPU or for one of its listed processes: the process list alone
+    /// then decides. verify, `check`, the exporter, Slurm, `reset` and the
+    /// status JSON (which `status -H` reads) all judge through it.
+    pub fn held_by_no_process(&self, gpu: &GpuState) -> Option<Unattributed> {
+        if !gpu.driver_answered() {
+            return None;
+        }
+        let bytes = gpu.unattributed()?;
+        Some(Unattributed {
+            bytes,
+            holds: bytes > self.bookkeeping_slack,
+        })
+    }
+
     /// Takes a snapshot: one driver pass and one /proc pass.
     pub fn take(driver: &dyn Driver) -> Snapshot {
         Snapshot::take_focused(driver, &BTreeSet::new())

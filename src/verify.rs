@@ -177,37 +177,18 @@ pub struct Assessment {
 impl Assessment {
     /// No process in scope is left and what is still used beyond what the
     /// out-of-scope holders explain was held by no process before `free`
-    /// started (`held_before`, past the bookkeeping slack): what was
-    /// signalled has been released, and waiting longer cannot change that.
-    pub fn only_held_before(&self, held_before: u64, slack: u64) -> bool {
+    /// started (`held_before`: what the one rule,
+    /// `Snapshot::held_by_no_process`, called held then): what was signalled
+    /// has been released, and waiting longer cannot change that.
+    pub fn only_held_before(&self, held_before: u64) -> bool {
         held_before > 0
             && self.checked
             && self.remaining.is_empty()
             && matches!(
                 (self.memory_used, self.explained),
                 (Some(used), Some(explained))
-                    if used <= explained.saturating_add(slack).saturating_add(held_before)
+                    if used <= explained.saturating_add(held_before)
             )
-    }
-}
-
-/// Memory a GPU used that no process listed on it explains, past the
-/// driver's bookkeeping slack: what was held by no process in `snapshot`.
-/// 0 where the driver gives no figure for the GPU or for one of its users.
-pub fn held_by_no_process(gpu: &GpuState, slack: u64) -> u64 {
-    let Some(used) = gpu.memory_used else {
-        return 0;
-    };
-    let listed = gpu
-        .users
-        .iter()
-        .filter(|user| user.listed)
-        .try_fold(0u64, |sum, user| {
-            user.memory.map(|bytes| sum.saturating_add(bytes))
-        });
-    match listed {
-        Some(listed) => used.saturating_sub(listed).saturating_sub(slack),
-        None => 0,
     }
 }
 
@@ -303,15 +284,14 @@ pub fn assess(
             };
         }
     }
-    let memory_fits = match (gpu.memory_used, explained) {
-        (Some(used), Some(explained)) => {
-            used <= explained.saturating_add(snapshot.bookkeeping_slack)
-        }
-        // Without per-process figures, the process list alone decides.
-        _ => true,
-    };
+    // With nothing in scope left, what the out-of-scope holders do not
+    // explain is the GPU's memory held by no process: the one rule judges
+    // it. Without per-process figures, the process list alone decides.
+    let held = snapshot
+        .held_by_no_process(gpu)
+        .is_some_and(|unattributed| unattributed.holds);
     Assessment {
-        freed: remaining.is_empty() && memory_fits,
+        freed: remaining.is_empty() && !held,
         checked: true,
         memory_used: gpu.memory_used,
         explained,
@@ -431,14 +411,16 @@ pub fn explain(
             times,
         });
     }
-    if assessment.remaining.is_empty()
-        && let (Some(used), Some(explained)) = (assessment.memory_used, assessment.explained)
-        && used > explained.saturating_add(snapshot.bookkeeping_slack)
+    // Memory held by no process is named whatever else holds the GPU (a
+    // protected holder, a survivor): the figure is the one rule's, the one
+    // `check`, the exporter and Slurm's drain reason give.
+    if let Some(unattributed) = snapshot.held_by_no_process(gpu)
+        && unattributed.holds
     {
-        let bytes = used.saturating_sub(explained);
+        let bytes = unattributed.bytes;
         let before = (held_before > 0).then_some(held_before.min(bytes));
         // Only what was there before is left: it is not being released.
-        let releasing = if assessment.only_held_before(held_before, snapshot.bookkeeping_slack) {
+        let releasing = if assessment.only_held_before(held_before) {
             None
         } else {
             trend.release_rate()

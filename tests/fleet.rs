@@ -887,3 +887,45 @@ fn a_remote_command_past_its_host_timeout_is_ended_there() {
         lab.on("h1", "ps -eo pid,pgid,args").stdout
     );
 }
+
+/// The fleet table reads each host's own verdict on memory held by no
+/// process: 100 MiB is held on a host whose driver declares no bookkeeping
+/// (as `status`, `check` and the drain reason there say), and not on one
+/// that declares 512 MiB. No allowance of the fleet's own hides it.
+#[test]
+fn status_h_shows_memory_held_by_no_process_as_each_host_judges_it() {
+    const MIB: u64 = 1 << 20;
+    let lab = Lab::new(&[Kind::Up, Kind::Up]);
+    lab.host("h1").sim.leak(0, 100 * MIB).expect("leak");
+    lab.host("h2").sim.leak(0, 100 * MIB).expect("leak");
+    lab.host("h2")
+        .sim
+        .declare_bookkeeping(512 * MIB)
+        .expect("bookkeeping");
+
+    let status = lab.run(&["status", "-H", "h1,h2"]);
+    assert_eq!(status.code, 0, "{}{}", status.stdout, status.stderr);
+    let row = status
+        .stdout
+        .lines()
+        .find(|line| line.trim_start().starts_with("h1"))
+        .unwrap_or_else(|| panic!("no row for h1's GPU 0:\n{}", status.stdout));
+    assert!(
+        row.split_whitespace().nth(1) == Some("0") && row.trim_end().ends_with("100 MiB"),
+        "{}",
+        status.stdout
+    );
+    assert!(
+        status
+            .stdout
+            .contains("Nothing held on 1 host (2 GPUs): h2"),
+        "{}",
+        status.stdout
+    );
+    let json = lab.run(&["status", "-H", "h1,h2", "--json"]).json();
+    for (host, held) in [("h1", true), ("h2", false)] {
+        let gpu = &host_entry(&json, host)["report"]["gpus"][0];
+        assert_eq!(gpu["memory_unattributed"], 100 * MIB, "{host}: {gpu:#}");
+        assert_eq!(gpu["held_by_no_process"], held, "{host}: {gpu:#}");
+    }
+}

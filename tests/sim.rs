@@ -161,6 +161,33 @@ fn a_bad_gpus_file_is_refused_naming_the_file() {
     );
 }
 
+/// `DIR/bookkeeping` is input like `gpus`: a bad one or a symbolic link
+/// refuses the driver, naming the file, rather than judge by a default.
+#[test]
+fn a_bad_bookkeeping_file_is_refused_naming_the_file() {
+    let host = host(1);
+    let path = host.path().join("bookkeeping");
+    std::fs::write(&path, "lots").expect("bookkeeping");
+    let result = run(&host, &["status"]);
+    assert_eq!(result.code, 2, "{}{}", result.stdout, result.stderr);
+    assert!(
+        result
+            .stderr
+            .contains("bookkeeping: expected a byte count, found 'lots'"),
+        "{}",
+        result.stderr
+    );
+    std::fs::remove_file(&path).expect("removed");
+    std::os::unix::fs::symlink("/etc/passwd", &path).expect("symlink");
+    let result = run(&host, &["status"]);
+    assert_eq!(result.code, 2, "{}{}", result.stdout, result.stderr);
+    assert!(
+        result.stderr.contains("bookkeeping is a symbolic link"),
+        "{}",
+        result.stderr
+    );
+}
+
 #[test]
 fn an_unreadable_sim_directory_says_it_cannot_be_read() {
     let host = host(1);

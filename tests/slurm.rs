@@ -121,6 +121,56 @@ fn epilog_drains_the_node_on_driver_held_memory() {
     );
 }
 
+/// The health check and the epilog judge memory held by no process by the
+/// one rule: 100 MiB drains the node where the driver declares no
+/// bookkeeping, with the figure `status` and `check` give, and does not
+/// where it declares 512 MiB.
+#[test]
+fn healthcheck_and_epilog_judge_memory_held_by_no_process_by_the_drivers_tolerance() {
+    const MIB: u64 = 1 << 20;
+    let (cluster, _turn) = cluster();
+    let leak = |index: u32| fs::remove_file(cluster.sim.path().join(format!("leak.{index}")));
+
+    // The health check: held without a tolerance, not held with one.
+    cluster.sim.leak(0, 100 * MIB).expect("leak");
+    let held = healthcheck(cluster, &[]);
+    assert_eq!(held.code, 1, "{}", held.stderr);
+    assert_eq!(
+        cluster.drain_reason().as_deref(),
+        Some("gpureap: GPU 0: 100 MiB held by no process (driver-held)")
+    );
+    cluster
+        .sim
+        .declare_bookkeeping(512 * MIB)
+        .expect("bookkeeping");
+    let tolerated = healthcheck(cluster, &[]);
+    assert_eq!(tolerated.code, 0, "{}", tolerated.stderr);
+    let (state, _) = cluster.node_state().expect("state");
+    assert!(!state.contains("DRAIN"), "{state}");
+    leak(0).expect("leak removed");
+
+    // The epilog: a job leaves 100 MiB held by no process on its GPU.
+    let script = "echo $((100 << 20)) > \"$D/leak.$SLURM_JOB_GPUS\"";
+    let job = cluster.sbatch(&["--gres=gpu:1"], script);
+    let lines = cluster.wait_for_hook(job, "epilog");
+    assert!(actions(&lines).contains(&"clean".to_string()), "{lines:#?}");
+    let (state, _) = cluster.node_state().expect("state");
+    assert!(!state.contains("DRAIN"), "{state}");
+    for index in 0..2 {
+        let _ = leak(index);
+    }
+    fs::remove_file(cluster.sim.path().join("bookkeeping")).expect("bookkeeping removed");
+    let job = cluster.sbatch(&["--gres=gpu:1"], script);
+    let lines = cluster.wait_for_hook(job, "epilog");
+    assert!(actions(&lines).contains(&"drain".to_string()), "{lines:#?}");
+    let reason = cluster.drain_reason().unwrap_or_default();
+    assert!(
+        reason.starts_with("gpureap: GPU ")
+            && reason.ends_with(": 100 MiB held by no process (driver-held)"),
+        "{reason}"
+    );
+}
+
 #[test]
 fn prolog_refuses_a_dirty_gpu_and_the_job_does_not_run() {
     let (cluster, _turn) = cluster();

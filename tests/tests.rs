@@ -6,6 +6,7 @@ mod docs;
 mod exit_codes;
 mod fleet;
 mod harness;
+mod held_by_no_process;
 mod hostile;
 mod incidents;
 mod input;

@@ -143,7 +143,10 @@ pub trait Driver: Send + Sync {
     }
 
     /// Memory the driver keeps for its own bookkeeping that no process list
-    /// explains; unexplained memory up to this much is not called held.
+    /// explains: the tolerance of the one rule for memory held by no process
+    /// (`Snapshot::held_by_no_process`); unexplained memory up to this much
+    /// is not called held. 0 unless the backend declares more (NVML: 256 MiB;
+    /// the simulated driver: `DIR/bookkeeping`).
     fn bookkeeping_slack(&self) -> u64 {
         0
     }

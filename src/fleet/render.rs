@@ -19,10 +19,6 @@ use super::hostlist;
 use crate::report::{age_text, new_table, short};
 use crate::units::{Bytes, Elapsed, Field, MaybeBytes, one_line};
 
-/// Memory no process explains, below which a GPU has nothing to report:
-/// the driver's own bookkeeping (as `free` allows when it verifies).
-const BOOKKEEPING: u64 = 256 << 20;
-
 /// A host's text, escaped as it is read (`units::one_line`): a view holds
 /// nothing raw, so no field of a host's answer can put a control character
 /// or a line of its own into what a person reads.
@@ -76,6 +72,10 @@ struct GpuView {
     memory_total: Option<u64>,
     memory_used: Option<u64>,
     memory_unattributed: Option<u64>,
+    /// The host's own verdict on `memory_unattributed` (the one rule, with
+    /// its driver's tolerance); absent from a host too old to give it.
+    #[serde(default)]
+    held_by_no_process: Option<bool>,
     error: Option<Text>,
 }
 
@@ -106,11 +106,18 @@ struct HolderGpuView {
 }
 
 impl GpuView {
+    /// A GPU the host calls held by no process, or that failed. The verdict
+    /// is the host's own: only it knows its driver's tolerance. A host too
+    /// old to send it (no `held_by_no_process`) is judged as carefully as
+    /// can be: any memory no process explains, or none known, is shown.
     fn worth_reporting(&self) -> bool {
-        self.error.is_some()
-            || self
-                .memory_unattributed
-                .is_none_or(|bytes| bytes > BOOKKEEPING)
+        if self.error.is_some() {
+            return true;
+        }
+        match (self.held_by_no_process, self.memory_unattributed) {
+            (Some(held), _) => held,
+            (None, unattributed) => unattributed.is_none_or(|bytes| bytes > 0),
+        }
     }
 }
 
@@ -735,5 +742,33 @@ fn gpu_list(gpus: &[u32]) -> String {
         "-".to_string()
     } else {
         crate::units::GpuRanges(&gpus.iter().copied().collect()).to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::GpuView;
+
+    fn view(json: &str) -> GpuView {
+        serde_json::from_str(json).expect("a GPU view")
+    }
+
+    /// The host's verdict decides; a host too old to give one has any
+    /// memory no process explains shown, never hidden by an allowance of
+    /// the fleet's own.
+    #[test]
+    fn a_gpu_is_shown_by_its_hosts_verdict_or_else_by_any_unexplained_memory() {
+        let gpu = |rest: &str| {
+            view(&format!(
+                r#"{{"index": 0, "name": "H200", "memory_total": 1, "memory_used": 104857600, "error": null, {rest}}}"#
+            ))
+        };
+        let mib100 = r#""memory_unattributed": 104857600"#;
+        assert!(gpu(&format!(r#"{mib100}, "held_by_no_process": true"#)).worth_reporting());
+        assert!(!gpu(&format!(r#"{mib100}, "held_by_no_process": false"#)).worth_reporting());
+        // An older host: no verdict.
+        assert!(gpu(mib100).worth_reporting());
+        assert!(!gpu(r#""memory_unattributed": 0"#).worth_reporting());
+        assert!(gpu(r#""memory_unattributed": null"#).worth_reporting());
     }
 }

@@ -406,9 +406,10 @@ fn findings(
                 text,
             });
         }
-        if let Some(bytes) = gpu.unattributed()
-            && bytes > snapshot.bookkeeping_slack
+        if let Some(unattributed) = snapshot.held_by_no_process(gpu)
+            && unattributed.holds
         {
+            let bytes = unattributed.bytes;
             found.push(Finding {
                 gpu: index,
                 pid: None,

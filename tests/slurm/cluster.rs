@@ -406,6 +406,7 @@ impl Cluster {
         for index in 0..GPUS {
             let _ = fs::remove_file(self.sim.path().join(format!("leak.{index}")));
         }
+        let _ = fs::remove_file(self.sim.path().join("bookkeeping"));
         let _ = self
             .client("/usr/bin/scancel")
             .args(["--partition", "gpureap"])

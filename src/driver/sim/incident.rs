@@ -90,6 +90,13 @@ impl SimHost {
         fs::write(self.path().join(format!("leak.{gpu}")), bytes.to_string())
     }
 
+    /// Declares the memory the driver keeps for its own bookkeeping
+    /// (`DIR/bookkeeping`): memory held by no process up to this much is not
+    /// called held. Read when the driver opens.
+    pub fn declare_bookkeeping(&self, bytes: u64) -> io::Result<()> {
+        fs::write(self.path().join("bookkeeping"), bytes.to_string())
+    }
+
     /// Makes a GPU answer as fallen off the bus.
     pub fn lose(&self, gpu: u32) -> io::Result<()> {
         fs::write(self.path().join(format!("lost.{gpu}")), "")

@@ -6,7 +6,9 @@
 //! (`DIR/claims/PID.N`) says `none`: then it only has the node open, as every
 //! CUDA process has every GPU's node open, and the driver does not list it
 //! there. Memory is the contexts' claims (default 1 GiB) plus `DIR/leak.N`.
-//! `DIR/gpus` gives totals and names (docs/simulated-driver.md). One more:
+//! `DIR/gpus` gives totals and names, `DIR/bookkeeping` the memory the
+//! driver declares it keeps for itself, which the rule for memory held by no
+//! process tolerates (docs/simulated-driver.md). One more:
 //! `DIR/lost.N` makes GPU N answer as fallen off the bus, to test a driver
 //! failing mid-run. A process whose descriptors the caller may not read holds
 //! GPU N if it has a claim on it: the real driver sees every process, whoever
@@ -54,6 +56,9 @@ pub struct SimDriver {
     node_prefix: String,
     /// Total and name of each GPU, from `DIR/gpus` as it was at open.
     gpus: Vec<(u64, String)>,
+    /// The bookkeeping this driver declares (`DIR/bookkeeping` at open, else
+    /// 0): the tolerance of the rule for memory held by no process.
+    bookkeeping: u64,
     /// The last answer and what stood behind it, for `wait_for_change`.
     known: std::sync::Mutex<watch::Known>,
 }
@@ -282,8 +287,19 @@ impl SimDriver {
             Some(content) => parse_gpus(&content, &gpus_path, gpu_count)?,
             None => vec![(DEFAULT_TOTAL, DEFAULT_NAME.to_string()); gpu_count as usize],
         };
+        let bookkeeping_path = dir.join("bookkeeping");
+        let bookkeeping = read_bounded(
+            &directory,
+            "bookkeeping",
+            &bookkeeping_path,
+            NUMBER_FILE_LIMIT,
+        )?
+        .map(|content| parse_bytes(&content, &bookkeeping_path))
+        .transpose()?
+        .unwrap_or(0);
         let node_prefix = format!("{}/nvidia", dir.display());
         Ok(SimDriver {
+            bookkeeping,
             dir,
             directory,
             node_prefix,
@@ -575,6 +591,11 @@ impl Driver for SimDriver {
 
     fn known_uuid(&self, index: u32) -> Option<String> {
         (index < SimDriver::gpu_count(self)).then(|| sim_uuid(index))
+    }
+
+    /// What `DIR/bookkeeping` declared when the driver opened; 0 without it.
+    fn bookkeeping_slack(&self) -> u64 {
+        self.bookkeeping
     }
 
     fn gpu(&self, index: u32) -> Result<GpuInfo, DriverError> {
