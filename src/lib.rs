@@ -19,6 +19,7 @@ pub mod report;
 pub mod reset;
 pub mod run;
 pub mod select;
+pub mod signal;
 pub mod slurm;
 pub mod snapshot;
 pub mod supervision;

@@ -10,9 +10,10 @@ use serde::Serialize;
 
 use crate::exit::Exit;
 use crate::proc::Unreadable;
-use crate::reap::{Delivery, Fate, FreeReport, Handled};
+use crate::reap::{Fate, FreeReport, Handled};
 use crate::select::Because;
 use crate::select::{DEFAULT_PROTECTED, protected_name};
+use crate::signal::Delivery;
 use crate::snapshot::Snapshot;
 use crate::tree::ProcessTree;
 use crate::units::{Age, Bytes, Elapsed, Field, GpuRanges, MaybeBytes, one_line};
@@ -1236,7 +1237,7 @@ pub fn free_outcome(report: &FreeReport) -> String {
             let signals: Vec<&str> = target
                 .signals
                 .iter()
-                .filter(|event| event.delivery == crate::reap::Delivery::Sent)
+                .filter(|event| event.delivery == crate::signal::Delivery::Sent)
                 .map(|event| event.signal.name())
                 .collect();
             let result = match (target.fate, target.exited_after_ms) {
