@@ -12,7 +12,7 @@ use regex::Regex;
 
 use crate::driver::BackendChoice;
 use crate::exit::{self, Program};
-use crate::fleet::hostlist::{self, HostList};
+use crate::hostlist::{self, HostList};
 use crate::run::Restart;
 use crate::units::{self, GpuList};
 

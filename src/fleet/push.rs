@@ -141,7 +141,7 @@ struct Binary {
 
 fn load(path: &Path) -> Result<Binary, UsageError> {
     let shown = path.display();
-    let (file, bytes) = super::read_regular(path, 512 << 20)
+    let (file, bytes) = crate::file::read_regular(path, 512 << 20)
         .map_err(|error| UsageError(format!("cannot read --bin {shown}: {error}")))?;
     if !bytes.starts_with(b"\x7fELF") {
         return Err(UsageError(format!(

@@ -15,7 +15,7 @@ use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 
 use super::HostResult;
-use super::hostlist;
+use crate::hostlist;
 use crate::report::{age_text, new_table, short};
 use crate::units::{Bytes, Elapsed, Field, MaybeBytes, one_line};
 

@@ -83,9 +83,9 @@ fn parse_file(path: &str) -> Result<Vec<String>, String> {
 }
 
 /// A host file's text: a regular file, at most `MAX_FILE` bytes, read
-/// without waiting (`super::read_regular`).
+/// without waiting (`crate::file::read_regular`).
 fn read_file(path: &str) -> Result<String, Reason> {
-    let (_, bytes) = super::read_regular(std::path::Path::new(path), MAX_FILE)?;
+    let (_, bytes) = crate::file::read_regular(std::path::Path::new(path), MAX_FILE)?;
     String::from_utf8(bytes).map_err(|_| "not text (UTF-8)".to_string())
 }
 
