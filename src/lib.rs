@@ -24,6 +24,7 @@ pub mod select;
 pub mod signal;
 pub mod slurm;
 pub mod snapshot;
+pub mod supervised;
 pub mod supervision;
 pub mod tree;
 pub mod units;

@@ -134,7 +134,7 @@ pub struct FreeReport {
     pub gpus: Vec<GpuOutcome>,
     pub unreadable: Vec<Unreadable>,
     /// With `--stale-runs`: each stale run's cgroup, and whether it was removed.
-    pub stale_runs: Vec<crate::supervision::Removal>,
+    pub stale_runs: Vec<crate::supervised::Removal>,
 }
 
 impl FreeReport {

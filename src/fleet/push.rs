@@ -23,7 +23,8 @@ use sha2::{Digest, Sha256};
 use super::{Answer, Fleet, HostResult, fleet_json, worst};
 use crate::config::UsageError;
 use crate::exit::Exit;
-use crate::report::{new_table, short};
+use crate::report::new_table;
+use crate::units::short;
 
 /// Reports where the destination is and what is there. Arguments: the
 /// destination (empty: the default for the remote user) and the checksum

@@ -16,8 +16,8 @@ use serde_json::value::RawValue;
 
 use super::HostResult;
 use crate::hostlist;
-use crate::report::{age_text, new_table, short};
-use crate::units::{Bytes, Elapsed, Field, MaybeBytes, one_line};
+use crate::report::{age_text, new_table};
+use crate::units::{Bytes, Elapsed, Field, MaybeBytes, one_line, short};
 
 /// Memory no process explains, below which a GPU has nothing to report:
 /// the driver's own bookkeeping (as `free` allows when it verifies).
