@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use regex::Regex;
 
-use crate::cli::{FreeArgs, HostsArgs, RunArgs, StatusArgs, WaitArgs};
+use crate::cli::{FreeArgs, HostsArgs, RestartArg, RunArgs, StatusArgs, WaitArgs};
 use crate::hostlist;
 use crate::reap::Options;
-use crate::run::RunConfig;
 use crate::run::ready::Readiness;
+use crate::run::{Restart, RunConfig};
 use crate::select::{Guard, Scope};
 use crate::snapshot::Snapshot;
 use crate::supervision::StaleRun;
@@ -375,7 +375,11 @@ pub fn run(args: &RunArgs) -> Result<RunConfig, UsageError> {
         startup_timeout: args.startup_timeout,
         stall_timeout: args.stall_timeout,
         health_interval: args.health_interval,
-        restart: args.restart,
+        restart: match args.restart {
+            RestartArg::Never => Restart::Never,
+            RestartArg::OnFailure => Restart::OnFailure,
+            RestartArg::Always => Restart::Always,
+        },
         max_restarts: args.max_restarts,
         backoff: args.backoff,
         grace: args.grace,
