@@ -146,3 +146,79 @@ pub struct Removal {
     /// Why it is not, when it is not.
     pub error: Option<String>,
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    #[test]
+    fn the_run_and_its_supervisor_come_from_the_cgroup_path() {
+        assert_eq!(
+            run_of_cgroup("/gpureap.run-1234-2"),
+            Some(("gpureap.run-1234-2", 1234))
+        );
+        assert_eq!(
+            run_of_cgroup("/system.slice/x.service/gpureap.run-77-1/inner"),
+            Some(("gpureap.run-77-1", 77))
+        );
+        for other in [
+            "/",
+            "/gpureap.run-x-1",
+            "/gpureap.run-12",
+            "/my-gpureap.run-1-1",
+        ] {
+            assert_eq!(run_of_cgroup(other), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn a_supervisor_is_alive_only_as_a_gpureap_older_than_what_it_started() {
+        let me = std::process::id();
+        let my_start = proc::start_time(me).expect("own start time");
+        // This test binary is named gpureap-<hash>: a gpureap, as old as itself.
+        assert_eq!(gone(me, Some(my_start)), None);
+        let younger = gone(me, Some(my_start.saturating_sub(1))).expect("younger");
+        assert!(younger.contains("started after"), "{younger}");
+        let mut sleep = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("sleep");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while proc::glance(sleep.id()).is_none_or(|glance| glance.comm != "sleep") {
+            assert!(Instant::now() < deadline, "exec did not happen");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let gone_why = gone(sleep.id(), None);
+        let _ = sleep.kill();
+        let _ = sleep.wait();
+        let gone_why = gone_why.expect("not gpureap");
+        assert!(gone_why.contains("is now sleep, not gpureap"), "{gone_why}");
+        assert!(gone(u32::MAX, None).is_some_and(|why| why.ends_with("has exited")));
+    }
+
+    /// A build named for its platform is still gpureap: its comm is the
+    /// file's name, cut to 15 bytes.
+    #[test]
+    fn a_supervisor_renamed_for_its_platform_still_supervises() {
+        let dir = tempfile::tempdir().expect("dir");
+        let copy = dir.path().join("gpureap-x86_64-linux-glibc2.17");
+        fs::copy("/bin/sleep", &copy).expect("copy sleep");
+        let mut child = std::process::Command::new(&copy)
+            .arg("30")
+            .spawn()
+            .expect("spawn");
+        let pid = child.id();
+        // Until the exec has happened, its comm is the test binary's.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while proc::glance(pid).is_none_or(|glance| glance.comm != "gpureap-x86_64-") {
+            assert!(Instant::now() < deadline, "exec did not happen");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let verdict = gone(pid, None);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(verdict, None);
+    }
+}
