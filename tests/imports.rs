@@ -64,6 +64,83 @@ fn only_the_entry_imports_cli() {
     );
 }
 
+/// The layers of docs/architecture.md ("Module map"), top to bottom. A new
+/// top-level module is placed here, or the test below fails.
+const LAYERS: &[(&str, &[&str])] = &[
+    ("entry", &["main", "cli", "config"]),
+    (
+        "front ends",
+        &[
+            "fleet",
+            "slurm",
+            "exporter",
+            "check",
+            "metrics",
+            "run",
+            "supervision",
+            "demo",
+        ],
+    ),
+    ("report", &["report"]),
+    (
+        "pipeline",
+        &[
+            "snapshot",
+            "supervised",
+            "select",
+            "reap",
+            "verify",
+            "wait",
+            "reset",
+            "tree",
+        ],
+    ),
+    ("driver", &["driver"]),
+    (
+        "base",
+        &["proc", "units", "exit", "signal", "hostlist", "file"],
+    ),
+];
+
+#[test]
+fn the_report_the_pipeline_the_driver_and_the_base_import_nothing_above_them() {
+    let graph = module_graph();
+    let layer_of = |module: &str| {
+        LAYERS
+            .iter()
+            .position(|(_, modules)| modules.contains(&module))
+    };
+    let mut wrong = Vec::new();
+    for (module, to) in &graph {
+        let Some(layer) = layer_of(module) else {
+            wrong.push(format!(
+                "{module} is in no layer: place it in LAYERS and docs/architecture.md"
+            ));
+            continue;
+        };
+        // Entry and front ends: their arrows are the acyclic test's.
+        if layer < 2 {
+            continue;
+        }
+        for (used, files) in to {
+            match layer_of(used) {
+                Some(above) if above < layer => wrong.push(format!(
+                    "{module} ({}) imports {used} ({}): {}",
+                    LAYERS[layer].0,
+                    LAYERS[above].0,
+                    files.join(", ")
+                )),
+                _ => {}
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "imports that point up:\n  {}",
+        wrong.join("\n  ")
+    );
+}
+
 /// module -> imported module -> the files that import it.
 type Graph = BTreeMap<String, BTreeMap<String, Vec<String>>>;
 
