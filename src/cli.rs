@@ -12,8 +12,7 @@ use regex::Regex;
 
 use crate::driver::BackendChoice;
 use crate::exit::{self, Program};
-use crate::fleet::hostlist::{self, HostList};
-use crate::run::Restart;
+use crate::hostlist::{self, HostList};
 use crate::units::{self, GpuList};
 
 fn duration(text: &str) -> Result<Duration, String> {
@@ -284,10 +283,23 @@ Examples:
     Reset(ResetArgs),
 }
 
+/// `run --restart`, as typed (`config::run` makes it the run's `Restart`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RestartArg {
+    Never,
+    OnFailure,
+    Always,
+}
+
+/// The exporter's address when `--listen` is not given. Loopback only: any
+/// other address must be given explicitly. Not dcgm-exporter's 9400 nor
+/// node_exporter's 9100 (docs/monitoring.md).
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:9839";
+
 #[derive(Debug, Args)]
 pub struct ExporterArgs {
     /// Address and port to listen on; anything but loopback must be given here.
-    #[arg(long, default_value = crate::exporter::DEFAULT_LISTEN, value_name = "IP:PORT", value_parser = listen_address)]
+    #[arg(long, default_value = DEFAULT_LISTEN, value_name = "IP:PORT", value_parser = listen_address)]
     pub listen: std::net::SocketAddr,
     /// How often a snapshot is taken (scrapes in between are served the last one).
     #[arg(long, default_value = "15s", value_name = "DUR", value_parser = scan_interval, allow_hyphen_values = true)]
@@ -429,7 +441,7 @@ pub struct RunArgs {
     pub health_interval: Duration,
     /// When to restart: never, on-failure (crash or hang), always.
     #[arg(long, default_value = "on-failure", value_name = "WHEN", value_enum)]
-    pub restart: Restart,
+    pub restart: RestartArg,
     /// Give up after this many restarts.
     #[arg(long, default_value_t = 3, value_name = "N")]
     pub max_restarts: u32,

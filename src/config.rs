@@ -6,10 +6,13 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use crate::cli::{FreeArgs, RunArgs, WaitArgs};
+use regex::Regex;
+
+use crate::cli::{FreeArgs, HostsArgs, RestartArg, RunArgs, StatusArgs, WaitArgs};
+use crate::hostlist;
 use crate::reap::Options;
-use crate::run::RunConfig;
 use crate::run::ready::Readiness;
+use crate::run::{Restart, RunConfig};
 use crate::select::{Guard, Scope};
 use crate::snapshot::Snapshot;
 use crate::supervision::StaleRun;
@@ -35,18 +38,150 @@ pub fn gpus(lists: &[GpuList], gpu_count: u32) -> Result<Option<BTreeSet<u32>>, 
     }
 }
 
-/// What `free` was asked, with everything that needs no driver and no
-/// /proc scan already checked: user names resolved, the scope not empty.
+/// `-H` and its companions, typed: the hosts named (each once, in the order
+/// given; none to run here) and how to reach them.
+#[derive(Debug, Clone)]
+pub struct FleetConfig {
+    pub hosts: Vec<String>,
+    pub ssh: String,
+    pub remote_bin: String,
+    pub parallel: usize,
+    pub connect_timeout: Duration,
+    pub host_timeout: Option<Duration>,
+}
+
+/// The hosts of `-H`: several lists are their union, in order, each host once.
+pub fn fleet(args: &HostsArgs) -> Result<FleetConfig, UsageError> {
+    let HostsArgs {
+        hosts,
+        ssh,
+        remote_bin,
+        parallel,
+        connect_timeout,
+        host_timeout,
+    } = args;
+    let mut names = Vec::new();
+    if !hosts.is_empty() {
+        let named: Vec<String> = hosts
+            .iter()
+            .flat_map(|list| list.0.iter().cloned())
+            .collect();
+        hostlist::one_user_each(&named)?;
+        names = hostlist::unique(named);
+        if names.len() > hostlist::MAX_HOSTS {
+            return Err(UsageError(format!(
+                "the host lists name more than {} hosts: check their ranges",
+                hostlist::MAX_HOSTS
+            )));
+        }
+    }
+    Ok(FleetConfig {
+        hosts: names,
+        ssh: ssh.clone(),
+        remote_bin: remote_bin.clone(),
+        parallel: *parallel,
+        connect_timeout: *connect_timeout,
+        host_timeout: *host_timeout,
+    })
+}
+
+/// What `status` was asked: the one config of `status`, here and with `-H`.
+#[derive(Debug, Clone)]
+pub struct StatusRequest {
+    pub gpu: Vec<GpuList>,
+    pub tree: bool,
+    pub json: bool,
+    pub prometheus: bool,
+    pub per_process: bool,
+}
+
+impl StatusRequest {
+    pub fn new(args: &StatusArgs) -> StatusRequest {
+        let StatusArgs {
+            gpu,
+            tree,
+            json,
+            prometheus,
+            per_process,
+            fleet: _,
+        } = args;
+        StatusRequest {
+            gpu: gpu.clone(),
+            tree: *tree,
+            json: *json,
+            prometheus: *prometheus,
+            per_process: *per_process,
+        }
+    }
+}
+
+/// What `free` was asked, with everything that needs neither the driver nor
+/// /proc nor this host already checked (the scope is not empty). The one
+/// config of `free`: a local `free` resolves it against this host
+/// (`FreeRequest::users`, then `free`); `free -H` sends it to each host
+/// (`fleet::commands::free_flags`), which resolves it there.
+#[derive(Debug, Clone)]
 pub struct FreeRequest {
-    uids: BTreeSet<u32>,
+    pub gpu: Vec<GpuList>,
+    pub pid: Vec<u32>,
+    pub patterns: Vec<Regex>,
+    pub user: Vec<String>,
+    pub orphans: bool,
+    pub stale_runs: bool,
+    pub all: bool,
+    pub grace: Duration,
+    pub timeout: Duration,
+    pub protect: Vec<String>,
+    pub dry_run: bool,
+    pub yes: bool,
+    pub json: bool,
 }
 
 impl FreeRequest {
     /// Checks the flags of `free` that need neither the driver nor /proc.
     pub fn new(args: &FreeArgs) -> Result<FreeRequest, UsageError> {
-        check_scope(args)?;
+        // Every flag, named: one added to `free` must be carried here, and
+        // from here to the hosts of `-H` (`fleet::commands::free_flags`).
+        let FreeArgs {
+            gpu,
+            pid,
+            patterns,
+            user,
+            orphans,
+            stale_runs,
+            all,
+            grace,
+            timeout,
+            protect,
+            dry_run,
+            yes,
+            json,
+            fleet: _,
+        } = args;
+        let request = FreeRequest {
+            gpu: gpu.clone(),
+            pid: pid.clone(),
+            patterns: patterns.clone(),
+            user: user.clone(),
+            orphans: *orphans,
+            stale_runs: *stale_runs,
+            all: *all,
+            grace: *grace,
+            timeout: *timeout,
+            protect: protect.clone(),
+            dry_run: *dry_run,
+            yes: *yes,
+            json: *json,
+        };
+        check_scope(&request)?;
+        Ok(request)
+    }
+
+    /// The uids of `--user`, resolved on this host (a host of `-H` resolves
+    /// the names itself).
+    pub fn users(&self) -> Result<BTreeSet<u32>, UsageError> {
         let mut uids = BTreeSet::new();
-        for name in &args.user {
+        for name in &self.user {
             let uid = match name.parse::<u32>() {
                 Ok(uid) => uid,
                 Err(_) => uzers::get_user_by_name(name)
@@ -55,19 +190,19 @@ impl FreeRequest {
             };
             uids.insert(uid);
         }
-        Ok(FreeRequest { uids })
+        Ok(uids)
     }
 }
 
 /// `free` needs a scope: here, and before a fleet asks any host.
-pub fn check_scope(args: &FreeArgs) -> Result<(), UsageError> {
-    let no_scope = args.gpu.is_empty()
-        && args.pid.is_empty()
-        && args.patterns.is_empty()
-        && args.user.is_empty()
-        && !args.orphans
-        && !args.stale_runs
-        && !args.all;
+fn check_scope(request: &FreeRequest) -> Result<(), UsageError> {
+    let no_scope = request.gpu.is_empty()
+        && request.pid.is_empty()
+        && request.patterns.is_empty()
+        && request.user.is_empty()
+        && !request.orphans
+        && !request.stale_runs
+        && !request.all;
     if no_scope {
         return Err(UsageError(
                 "refusing to free without a scope: give one or more of --gpu LIST, --pid PID, --match REGEX, --user NAME, --orphans, --stale-runs, --all (try --dry-run first)"
@@ -84,16 +219,16 @@ pub struct FreeConfig {
 
 /// Builds the scope for `free` against the host: GPU indexes must exist,
 /// named PIDs must be live processes that may be signalled. `stale_runs` are
-/// the runs found for `--stale-runs`.
+/// the runs found for `--stale-runs`, `uids` those of `--user` on this host.
 pub fn free(
-    args: &FreeArgs,
-    request: FreeRequest,
+    request: &FreeRequest,
+    uids: BTreeSet<u32>,
     gpu_count: u32,
     snapshot: &Snapshot,
     guard: &Guard,
     stale_runs: Option<&[StaleRun]>,
 ) -> Result<FreeConfig, UsageError> {
-    let gpus = gpus(&args.gpu, gpu_count)?;
+    let gpus = gpus(&request.gpu, gpu_count)?;
     if gpus.as_ref().is_some_and(BTreeSet::is_empty) {
         return Err(UsageError(
             "--gpu names no GPU: the driver reports none on this host (see `gpureap status`)"
@@ -101,7 +236,7 @@ pub fn free(
         ));
     }
     let mut pids = BTreeSet::new();
-    for &pid in &args.pid {
+    for &pid in &request.pid {
         let Some(record) = snapshot.processes.get(&pid) else {
             return Err(UsageError(format!(
                 "no process with PID {pid} (it may have exited already); see `gpureap status`"
@@ -118,10 +253,10 @@ pub fn free(
         scope: Scope {
             gpus,
             pids,
-            patterns: args.patterns.clone(),
-            uids: request.uids,
-            orphans: args.orphans,
-            all: args.all,
+            patterns: request.patterns.clone(),
+            uids,
+            orphans: request.orphans,
+            all: request.all,
             stale_runs: stale_runs.map(|runs| {
                 runs.iter()
                     .flat_map(|run| run.members.iter().copied())
@@ -130,11 +265,38 @@ pub fn free(
             job: None,
         },
         options: Options {
-            grace: args.grace,
-            timeout: args.timeout,
+            grace: request.grace,
+            timeout: request.timeout,
             poll: Duration::from_millis(5),
         },
     })
+}
+
+/// What `wait` was asked: the one config of `wait`, here and with `-H`.
+#[derive(Debug, Clone)]
+pub struct WaitRequest {
+    pub gpu: Vec<GpuList>,
+    pub below: u64,
+    pub timeout: Duration,
+    pub json: bool,
+}
+
+impl WaitRequest {
+    pub fn new(args: &WaitArgs) -> WaitRequest {
+        let WaitArgs {
+            gpu,
+            below,
+            timeout,
+            json,
+            fleet: _,
+        } = args;
+        WaitRequest {
+            gpu: gpu.clone(),
+            below: *below,
+            timeout: *timeout,
+            json: *json,
+        }
+    }
 }
 
 pub struct WaitConfig {
@@ -143,8 +305,8 @@ pub struct WaitConfig {
     pub timeout: Duration,
 }
 
-pub fn wait(args: &WaitArgs, gpu_count: u32) -> Result<WaitConfig, UsageError> {
-    let gpus = gpus(&args.gpu, gpu_count)?.unwrap_or_default();
+pub fn wait(request: &WaitRequest, gpu_count: u32) -> Result<WaitConfig, UsageError> {
+    let gpus = gpus(&request.gpu, gpu_count)?.unwrap_or_default();
     if gpus.is_empty() {
         return Err(UsageError(
             "no GPUs to wait for: the driver reports none (is this a GPU host? see `gpureap status`)".to_string(),
@@ -152,8 +314,8 @@ pub fn wait(args: &WaitArgs, gpu_count: u32) -> Result<WaitConfig, UsageError> {
     }
     Ok(WaitConfig {
         gpus,
-        below: args.below,
-        timeout: args.timeout,
+        below: request.below,
+        timeout: request.timeout,
     })
 }
 
@@ -213,7 +375,11 @@ pub fn run(args: &RunArgs) -> Result<RunConfig, UsageError> {
         startup_timeout: args.startup_timeout,
         stall_timeout: args.stall_timeout,
         health_interval: args.health_interval,
-        restart: args.restart,
+        restart: match args.restart {
+            RestartArg::Never => Restart::Never,
+            RestartArg::OnFailure => Restart::OnFailure,
+            RestartArg::Always => Restart::Always,
+        },
         max_restarts: args.max_restarts,
         backoff: args.backoff,
         grace: args.grace,

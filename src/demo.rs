@@ -26,13 +26,13 @@ use comfy_table::{Table, presets::NOTHING};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::cli::DemoArgs;
 use crate::driver::SimDriver;
 use crate::driver::sim::incident::{self, DETOKENIZER, Holder, Incident, LAUNCHER, MODEL, SimHost};
 use crate::exit::Exit;
-use crate::reap::{self, Delivery, FreeReport, Options};
+use crate::reap::{self, FreeReport, Options};
 use crate::report;
 use crate::select::{Guard, Scope};
+use crate::signal::Delivery;
 use crate::snapshot::Snapshot;
 use crate::units::{Bytes, Elapsed, GpuRanges};
 use crate::verify::Reason;
@@ -182,7 +182,8 @@ struct DemoJson {
     comparison: Comparison,
 }
 
-pub fn run(args: &DemoArgs, out: &mut dyn Write) -> io::Result<Exit> {
+/// Runs the demo; `json` prints its facts as JSON instead of its transcript.
+pub fn run(json: bool, out: &mut dyn Write) -> io::Result<Exit> {
     // Before anything is made, so that an interrupt never leaves anything behind.
     let made = clean_up_on_signals()?;
     let host = SimHost::new(GPUS, GPU_TOTAL, GPU_NAME).map_err(|error| {
@@ -196,7 +197,7 @@ pub fn run(args: &DemoArgs, out: &mut dyn Write) -> io::Result<Exit> {
     }
     let driver = SimDriver::open(host.path()).map_err(io::Error::other)?;
     let mut incident = Incident::with_stand_ins(&host, Path::new(STAND_IN_EXE))?;
-    let text = !args.json;
+    let text = !json;
 
     // The bystanders were there first, each started the way it is in life.
     incident.holder(

@@ -6,7 +6,7 @@ use std::time::Duration;
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches};
 
-use gpureap::cli::{Cli, Command, FreeArgs, RunArgs, StatusArgs, WaitArgs};
+use gpureap::cli::{Cli, Command, RunArgs};
 use gpureap::config::{self, UsageError};
 use gpureap::driver::{self, BackendChoice, Driver};
 use gpureap::exit::Exit;
@@ -42,27 +42,39 @@ fn main() -> ! {
         Exit::Usage.exit();
     }
     let result = match &cli.command {
-        Command::Status(args) => match fleet(&args.fleet, &remote_backend, args.json) {
-            Ok(Some(fleet)) => fleet_output(fleet::commands::status(&fleet, args)),
-            Ok(None) => status(&cli.backend, args),
-            Err(error) => Err(error),
-        },
-        Command::Free(args) => match fleet(&args.fleet, &remote_backend, args.json) {
-            Ok(Some(fleet)) => {
-                fleet_output(fleet::commands::free(&fleet, args, ask_fleet, can_ask()))
+        // One config per command, the same here and with -H.
+        Command::Status(args) => {
+            let request = config::StatusRequest::new(args);
+            match fleet(&args.fleet, &remote_backend, args.json) {
+                Ok(Some(fleet)) => fleet_output(fleet::commands::status(&fleet, &request)),
+                Ok(None) => status(&cli.backend, &request),
+                Err(error) => Err(error),
             }
-            Ok(None) => free(&cli.backend, args),
+        }
+        Command::Free(args) => match fleet(&args.fleet, &remote_backend, args.json)
+            .and_then(|fleet| Ok((fleet, config::FreeRequest::new(args)?)))
+        {
+            Ok((Some(fleet), request)) => fleet_output(fleet::commands::free(
+                &fleet,
+                &request,
+                ask_fleet,
+                can_ask(),
+            )),
+            Ok((None, request)) => free(&cli.backend, &request),
             Err(error) => Err(error),
         },
-        Command::Wait(args) => match fleet(&args.fleet, &remote_backend, args.json) {
-            Ok(Some(fleet)) => fleet_output(fleet::commands::wait(&fleet, args)),
-            Ok(None) => wait(&cli.backend, args),
-            Err(error) => Err(error),
-        },
+        Command::Wait(args) => {
+            let request = config::WaitRequest::new(args);
+            match fleet(&args.fleet, &remote_backend, args.json) {
+                Ok(Some(fleet)) => fleet_output(fleet::commands::wait(&fleet, &request)),
+                Ok(None) => wait(&cli.backend, &request),
+                Err(error) => Err(error),
+            }
+        }
         Command::Run(args) => run(&cli.backend, args),
         Command::Push(args) => push(args),
         Command::Demo(args) => {
-            gpureap::demo::run(args, &mut io::stdout().lock()).map_err(anyhow::Error::from)
+            gpureap::demo::run(args.json, &mut io::stdout().lock()).map_err(anyhow::Error::from)
         }
         Command::Exporter(args) => exporter(&cli.backend, args),
         Command::Check(args) => check(&cli.backend, args),
@@ -141,7 +153,8 @@ fn fleet(
     backend: &Option<String>,
     json: bool,
 ) -> anyhow::Result<Option<fleet::Fleet>> {
-    Ok(fleet::Fleet::from_args(args, backend.clone(), json).map_err(UsageError)?)
+    let hosts = config::fleet(args)?;
+    Ok(fleet::Fleet::new(&hosts, backend.clone(), json).map_err(UsageError)?)
 }
 
 fn fleet_output(output: Result<fleet::commands::Output, UsageError>) -> anyhow::Result<Exit> {
@@ -181,8 +194,7 @@ fn push(args: &gpureap::cli::PushArgs) -> anyhow::Result<Exit> {
             UsageError("push takes --to PATH (where to install), not --remote-bin".into()).into(),
         );
     }
-    let Some(fleet) = fleet::Fleet::from_args(&args.fleet, None, args.json).map_err(UsageError)?
-    else {
+    let Some(fleet) = fleet(&args.fleet, &None, args.json)? else {
         return Err(UsageError("push needs the hosts: -H LIST".into()).into());
     };
     let bin = match &args.bin {
@@ -247,7 +259,7 @@ fn emit_encoded(text: &str) -> io::Result<()> {
     }
 }
 
-fn status(backend: &BackendChoice, args: &StatusArgs) -> anyhow::Result<Exit> {
+fn status(backend: &BackendChoice, args: &config::StatusRequest) -> anyhow::Result<Exit> {
     // How long the snapshot took, for `status --prometheus`'s scan figures.
     let (driver, snapshot, took) = match backend {
         // The metrics count what the driver lists: the exporter's snapshot.
@@ -309,8 +321,8 @@ fn status_exit(snapshot: &Snapshot, gpus: &Option<std::collections::BTreeSet<u32
     }
 }
 
-fn free(backend: &BackendChoice, args: &FreeArgs) -> anyhow::Result<Exit> {
-    let request = config::FreeRequest::new(args)?;
+fn free(backend: &BackendChoice, args: &config::FreeRequest) -> anyhow::Result<Exit> {
+    let uids = args.users()?;
     let driver = open_driver(backend)?;
     let gpu_count = gpu_count(driver.as_ref());
     // GPU indexes are checked before the scan; named processes' families need command lines too.
@@ -322,7 +334,7 @@ fn free(backend: &BackendChoice, args: &FreeArgs) -> anyhow::Result<Exit> {
     let guard = Guard::for_this_process(&args.protect);
     let config = config::free(
         args,
-        request,
+        uids,
         gpu_count,
         &snapshot,
         &guard,
@@ -438,7 +450,7 @@ fn progress_bar(json: bool) -> Option<indicatif::ProgressBar> {
     Some(bar)
 }
 
-fn wait(backend: &BackendChoice, args: &WaitArgs) -> anyhow::Result<Exit> {
+fn wait(backend: &BackendChoice, args: &config::WaitRequest) -> anyhow::Result<Exit> {
     let driver = open_driver(backend)?;
     let config = config::wait(args, gpu_count(driver.as_ref()))?;
     // Without a driver there is no memory figure to wait for: say so at once

@@ -4,103 +4,21 @@
 //! period SIGSTOP the survivors before SIGKILL, so a parent cannot respawn its
 //! children between two kills; then keep re-scanning for new holders in scope
 //! until the driver says the memory is back, or the timeout passes. Every
-//! signal goes through a pidfd opened before checking the start time, so a
-//! recycled PID is never hit.
+//! signal goes through `signal::send` (a pidfd opened before checking the
+//! start time), so a recycled PID is never hit.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
-
-use rustix::io::Errno;
-use rustix::process::{Pid, PidfdFlags, Signal, kill_process, pidfd_open, pidfd_send_signal};
 
 use crate::driver::Driver;
 use crate::exit::Exit;
 use crate::proc::{self, ProcessId, Unreadable};
 use crate::select::{Because, Guard, Scope, Selection, Spared, select};
+/// What happened to one signal (`SignalEvent::delivery`); it lives in `signal`.
+pub use crate::signal::Delivery;
+use crate::signal::{Sig, may_signal, send};
 use crate::snapshot::{Orphaned, Snapshot};
 use crate::verify::{self, Ledger, Reason, Trend};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Sig {
-    Term,
-    Stop,
-    Kill,
-}
-
-impl Sig {
-    pub fn name(self) -> &'static str {
-        match self {
-            Sig::Term => "SIGTERM",
-            Sig::Stop => "SIGSTOP",
-            Sig::Kill => "SIGKILL",
-        }
-    }
-
-    fn signal(self) -> Signal {
-        match self {
-            Sig::Term => Signal::TERM,
-            Sig::Stop => Signal::STOP,
-            Sig::Kill => Signal::KILL,
-        }
-    }
-}
-
-/// What happened to one signal.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Delivery {
-    Sent,
-    /// The process had exited, or its PID now names another process.
-    Gone,
-    PermissionDenied,
-    Failed(String),
-}
-
-/// Sends a signal to exactly the process `id` names, or to nothing.
-pub fn send(id: ProcessId, sig: Sig) -> Delivery {
-    let Some(pid) = Pid::from_raw(id.pid as i32) else {
-        return Delivery::Gone;
-    };
-    match pidfd_open(pid, PidfdFlags::empty()) {
-        Ok(pidfd) => {
-            // The pidfd pins the process it was opened on: if the start time
-            // still matches now, the pidfd is the process we mean.
-            if proc::start_time(id.pid) != Some(id.start_time) {
-                return Delivery::Gone;
-            }
-            delivery(pidfd_send_signal(&pidfd, sig.signal()))
-        }
-        Err(Errno::SRCH) => Delivery::Gone,
-        Err(Errno::NOSYS) => {
-            // Kernels before 5.3: the same check, with a small race left open.
-            if proc::start_time(id.pid) != Some(id.start_time) {
-                return Delivery::Gone;
-            }
-            delivery(kill_process(pid, sig.signal()))
-        }
-        Err(Errno::PERM | Errno::ACCESS) => Delivery::PermissionDenied,
-        Err(error) => Delivery::Failed(error.to_string()),
-    }
-}
-
-/// Whether the kernel would let us signal this process (signal 0 checks
-/// permission and sends nothing). A process that has gone is not refused.
-fn may_signal(id: ProcessId) -> bool {
-    Pid::from_raw(id.pid as i32).is_none_or(|pid| {
-        !matches!(
-            rustix::process::test_kill_process(pid),
-            Err(Errno::PERM | Errno::ACCESS)
-        )
-    })
-}
-
-fn delivery(result: rustix::io::Result<()>) -> Delivery {
-    match result {
-        Ok(()) => Delivery::Sent,
-        Err(Errno::SRCH) => Delivery::Gone,
-        Err(Errno::PERM | Errno::ACCESS) => Delivery::PermissionDenied,
-        Err(error) => Delivery::Failed(error.to_string()),
-    }
-}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SignalEvent {
@@ -216,7 +134,7 @@ pub struct FreeReport {
     pub gpus: Vec<GpuOutcome>,
     pub unreadable: Vec<Unreadable>,
     /// With `--stale-runs`: each stale run's cgroup, and whether it was removed.
-    pub stale_runs: Vec<crate::supervision::Removal>,
+    pub stale_runs: Vec<crate::supervised::Removal>,
 }
 
 impl FreeReport {

@@ -10,13 +10,15 @@ use serde::Serialize;
 
 use crate::exit::Exit;
 use crate::proc::Unreadable;
-use crate::reap::{Delivery, Fate, FreeReport, Handled};
+use crate::reap::{Fate, FreeReport, Handled};
 use crate::select::Because;
 use crate::select::{DEFAULT_PROTECTED, protected_name};
+use crate::signal::Delivery;
 use crate::snapshot::Snapshot;
 use crate::tree::ProcessTree;
-use crate::units::{Age, Bytes, Elapsed, Field, GpuRanges, MaybeBytes, one_line};
+use crate::units::{Age, Bytes, Elapsed, Field, GpuRanges, MaybeBytes, one_line, short};
 use crate::verify::Reason;
+use crate::wait::WaitGpu;
 
 /// Bumped on any incompatible change to a JSON document's shape.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -297,18 +299,6 @@ pub(crate) fn age_text(millis: Option<u64>) -> String {
     millis.map_or("?".to_string(), |ms| {
         Age(std::time::Duration::from_millis(ms)).to_string()
     })
-}
-
-/// Anyone's text (a command line, a comm, a host's answer) as one line,
-/// cut to `width` characters, marking the cut.
-pub(crate) fn short(text: &str, width: usize) -> String {
-    let text = &one_line(text);
-    if text.chars().count() <= width {
-        text.to_string()
-    } else {
-        let cut: String = text.chars().take(width.saturating_sub(1)).collect();
-        format!("{cut}…")
-    }
 }
 
 fn gpu_table(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String {
@@ -612,7 +602,7 @@ fn notes(snapshot: &Snapshot, out: &mut String) {
 /// One note per `gpureap run` that is gone while its server holds GPUs:
 /// which holders it left, why it counts as gone, and how to free them.
 fn supervisor_gone_notes(snapshot: &Snapshot, out: &mut String) {
-    let mut runs: BTreeMap<u32, (Vec<u32>, &crate::supervision::Supervision)> = BTreeMap::new();
+    let mut runs: BTreeMap<u32, (Vec<u32>, &crate::supervised::Supervision)> = BTreeMap::new();
     for pid in snapshot.holders() {
         if let Some(supervision) = snapshot.supervisor_gone(pid) {
             runs.entry(supervision.supervisor)
@@ -1249,7 +1239,7 @@ pub fn free_outcome(report: &FreeReport) -> String {
             let signals: Vec<&str> = target
                 .signals
                 .iter()
-                .filter(|event| event.delivery == crate::reap::Delivery::Sent)
+                .filter(|event| event.delivery == crate::signal::Delivery::Sent)
                 .map(|event| event.signal.name())
                 .collect();
             let result = match (target.fate, target.exited_after_ms) {
@@ -1339,15 +1329,6 @@ pub fn gpu_outcome_lines(report: &FreeReport) -> Vec<String> {
         }
     }
     lines
-}
-
-/// One line per GPU for `wait`.
-#[derive(Debug, Serialize)]
-pub struct WaitGpu {
-    pub index: u32,
-    pub memory_used: Option<u64>,
-    pub ready: bool,
-    pub error: Option<String>,
 }
 
 #[derive(Debug, Serialize)]

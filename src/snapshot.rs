@@ -11,7 +11,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::driver::{Driver, DriverError, Node};
 use crate::proc::{self, ProcessRecord, State, Unreadable};
-use crate::supervision::{self, Supervision};
+use crate::supervised::{self, Supervision};
 use crate::tree::ProcessTree;
 
 #[derive(Debug, Clone)]
@@ -703,7 +703,7 @@ fn is_foreign(pid: u32, processes: &BTreeMap<u32, ProcessRecord>) -> bool {
 fn read_details(record: &ProcessRecord, processes: &BTreeMap<u32, ProcessRecord>) -> Details {
     let pid = record.id.pid;
     let cgroup = proc::cgroup(pid);
-    let supervision = supervision::supervision_of(record, cgroup.as_deref(), processes);
+    let supervision = supervised::supervision_of(record, cgroup.as_deref(), processes);
     Details {
         user: record
             .uid

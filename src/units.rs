@@ -274,6 +274,18 @@ pub fn one_line(text: &str) -> std::borrow::Cow<'_, str> {
     escaped(text, |_| true)
 }
 
+/// Anyone's text (a command line, a comm, a host's answer) as one line,
+/// cut to `width` characters, marking the cut.
+pub fn short(text: &str, width: usize) -> String {
+    let text = &one_line(text);
+    if text.chars().count() <= width {
+        text.to_string()
+    } else {
+        let cut: String = text.chars().take(width.saturating_sub(1)).collect();
+        format!("{cut}…")
+    }
+}
+
 /// Anyone's text as a field of a line: `one_line`, for `format!`.
 pub struct Field<'a>(pub &'a str);
 

@@ -9,8 +9,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use crate::proc::{ProcessId, State};
-use crate::reap::Sig;
 use crate::select::Selection;
+use crate::signal::Sig;
 use crate::snapshot::{GpuState, GpuUser, Snapshot};
 
 /// Why memory on a GPU is still held, as a report names it.

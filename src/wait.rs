@@ -4,8 +4,9 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
+use serde::Serialize;
+
 use crate::driver::{Driver, Figures};
-use crate::report::WaitGpu;
 
 /// How often the driver's memory figures are polled, where the backend
 /// polls (`Driver::wait_for_change`).
@@ -13,6 +14,16 @@ const POLL: Duration = Duration::from_millis(5);
 /// The longest single wait on the driver; waiting goes on after it while
 /// nothing changed (a trace line marks each).
 const LONGEST_PAUSE: Duration = Duration::from_secs(1);
+
+/// One GPU's last reading in a wait; `wait --json` writes it as is (the
+/// `gpus` of docs/json.md, "wait").
+#[derive(Debug, Serialize)]
+pub struct WaitGpu {
+    pub index: u32,
+    pub memory_used: Option<u64>,
+    pub ready: bool,
+    pub error: Option<String>,
+}
 
 /// What a wait found: each GPU's last reading, and how long it took.
 pub struct WaitOutcome {

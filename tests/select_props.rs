@@ -18,8 +18,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use gpureap::driver::Node;
 use gpureap::proc::{ProcessId, ProcessRecord, State};
-use gpureap::reap::Sig;
 use gpureap::select::{DEFAULT_PROTECTED, Guard, Scope, select};
+use gpureap::signal::Sig;
 use gpureap::snapshot::{GpuState, GpuUser, Snapshot};
 use gpureap::verify::{Ledger, assess};
 use proptest::prelude::*;

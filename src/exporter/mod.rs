@@ -22,10 +22,6 @@ use crate::metrics::{self, Exposition, Options, ScanFigures};
 use crate::snapshot::Snapshot;
 use http::Page;
 
-/// Loopback only: any other address must be given explicitly. Not
-/// dcgm-exporter's 9400 nor node_exporter's 9100 (docs/monitoring.md).
-pub const DEFAULT_LISTEN: &str = "127.0.0.1:9839";
-
 #[derive(Debug, Clone)]
 pub struct ExporterConfig {
     pub listen: SocketAddr,

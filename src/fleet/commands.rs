@@ -5,8 +5,7 @@
 use std::time::{Duration, Instant};
 
 use super::{Fleet, HostResult, duration_arg, fleet_json, gpu_args, remaining, render, worst};
-use crate::cli::{FreeArgs, StatusArgs, WaitArgs};
-use crate::config::{self, UsageError};
+use crate::config::{FreeRequest, StatusRequest, UsageError, WaitRequest};
 use crate::exit::Exit;
 
 /// What a fleet command prints, and its exit code.
@@ -15,40 +14,66 @@ pub struct Output {
     pub exit: Exit,
 }
 
-pub fn status(fleet: &Fleet, args: &StatusArgs) -> Result<Output, UsageError> {
-    if args.tree {
+pub fn status(fleet: &Fleet, request: &StatusRequest) -> Result<Output, UsageError> {
+    let StatusRequest {
+        gpu,
+        tree,
+        json,
+        prometheus,
+        // Only with --prometheus, which is refused here.
+        per_process: _,
+    } = request;
+    if *tree {
         return Err(UsageError(
             "--tree shows one host's process trees: run `gpureap status --tree` on that host (ssh HOST gpureap status --tree)"
                 .to_string(),
         ));
     }
-    if args.prometheus {
+    if *prometheus {
         return Err(UsageError(
             "--prometheus is one host's metrics: run `gpureap exporter` on each host and let Prometheus scrape them (docs/monitoring.md)"
                 .to_string(),
         ));
     }
-    let remote = fleet.remote_args("status", gpu_args(&args.gpu));
+    let remote = fleet.remote_args("status", gpu_args(gpu));
     let limit = fleet.limit(Duration::ZERO);
     let results = fleet.fan_out("status", &fleet.hosts, |_| (remote.clone(), limit));
-    Ok(finish(&results, args.json, "status", render::status))
+    Ok(finish(&results, *json, "status", render::status))
 }
 
-pub fn wait(fleet: &Fleet, args: &WaitArgs) -> Result<Output, UsageError> {
+pub fn wait(fleet: &Fleet, request: &WaitRequest) -> Result<Output, UsageError> {
     // One deadline for the whole fleet: a host started late gets what is left.
-    let deadline = Instant::now() + args.timeout;
+    let deadline = Instant::now() + request.timeout;
     let results = fleet.fan_out("wait", &fleet.hosts, |_| {
         let left = remaining(deadline);
-        let mut flags = gpu_args(&args.gpu);
-        flags.extend([
-            "--below".to_string(),
-            args.below.to_string(),
-            "--timeout".to_string(),
-            duration_arg(left),
-        ]);
-        (fleet.remote_args("wait", flags), fleet.limit(left))
+        (
+            fleet.remote_args("wait", wait_flags(request, left)),
+            fleet.limit(left),
+        )
     });
-    Ok(finish(&results, args.json, "wait", render::wait))
+    Ok(finish(&results, request.json, "wait", render::wait))
+}
+
+/// The flags of `wait` each host gets, from the one config of `wait`: the
+/// host waits for what is `left` of the fleet's deadline. Every field is
+/// named, so that one added to `wait` cannot be left behind here.
+pub fn wait_flags(request: &WaitRequest, left: Duration) -> Vec<String> {
+    let WaitRequest {
+        gpu,
+        below,
+        // The fleet's deadline, of which each host gets what is left.
+        timeout: _,
+        // Each host answers in JSON (`Fleet::remote_args`); this side renders.
+        json: _,
+    } = request;
+    let mut flags = gpu_args(gpu);
+    flags.extend([
+        "--below".to_string(),
+        below.to_string(),
+        "--timeout".to_string(),
+        duration_arg(left),
+    ]);
+    flags
 }
 
 /// `free -H`: every host plans (`--dry-run`), the plan is shown and asked
@@ -56,11 +81,10 @@ pub fn wait(fleet: &Fleet, args: &WaitArgs) -> Result<Output, UsageError> {
 /// on its own driver.
 pub fn free(
     fleet: &Fleet,
-    args: &FreeArgs,
+    args: &FreeRequest,
     confirm: impl FnOnce(&str) -> Result<(), UsageError>,
     ask_possible: bool,
 ) -> Result<Output, UsageError> {
-    config::check_scope(args)?;
     if !args.pid.is_empty() && fleet.hosts.len() > 1 {
         return Err(UsageError(
             "--pid names a process on one host: with --pid, give a single host to -H".to_string(),
@@ -138,8 +162,30 @@ pub fn free(
     Ok(finish(&results, args.json, "free", render::free_outcome))
 }
 
-fn free_flags(args: &FreeArgs) -> Vec<String> {
-    let mut flags = gpu_args(&args.gpu);
+/// The flags of `free` each host gets, from the one config of `free` (the
+/// same a local `free` acts on). Every field is named: one added to `free`
+/// and not carried to the hosts does not compile (tests/fleet_flags.rs
+/// parses these back and compares).
+pub fn free_flags(request: &FreeRequest) -> Vec<String> {
+    let FreeRequest {
+        gpu,
+        pid,
+        patterns,
+        user,
+        orphans,
+        stale_runs,
+        all,
+        grace,
+        timeout,
+        protect,
+        // The fleet plans everywhere (`--dry-run`), asks once here, then
+        // sends `--yes`: `free` adds these itself.
+        dry_run: _,
+        yes: _,
+        // Each host answers in JSON (`Fleet::remote_args`); this side renders.
+        json: _,
+    } = request;
+    let mut flags = gpu_args(gpu);
     // `--match=-x`: joined, so that a value starting with '-' stays a value.
     let repeated = |flag: &str, values: Vec<String>| -> Vec<String> {
         values
@@ -147,33 +193,30 @@ fn free_flags(args: &FreeArgs) -> Vec<String> {
             .map(|value| format!("{flag}={value}"))
             .collect()
     };
-    flags.extend(repeated(
-        "--pid",
-        args.pid.iter().map(u32::to_string).collect(),
-    ));
+    flags.extend(repeated("--pid", pid.iter().map(u32::to_string).collect()));
     flags.extend(repeated(
         "--match",
-        args.patterns
+        patterns
             .iter()
             .map(|regex| regex.as_str().to_string())
             .collect(),
     ));
-    flags.extend(repeated("--user", args.user.clone()));
-    flags.extend(repeated("--protect", args.protect.clone()));
+    flags.extend(repeated("--user", user.clone()));
+    flags.extend(repeated("--protect", protect.clone()));
     for (set, flag) in [
-        (args.orphans, "--orphans"),
-        (args.stale_runs, "--stale-runs"),
-        (args.all, "--all"),
+        (orphans, "--orphans"),
+        (stale_runs, "--stale-runs"),
+        (all, "--all"),
     ] {
-        if set {
+        if *set {
             flags.push(flag.to_string());
         }
     }
     flags.extend([
         "--grace".to_string(),
-        duration_arg(args.grace),
+        duration_arg(*grace),
         "--timeout".to_string(),
-        duration_arg(args.timeout),
+        duration_arg(*timeout),
     ]);
     flags
 }

@@ -5,10 +5,9 @@
 //! Nothing is installed on the hosts but the gpureap binary: each host runs
 //! its own gpureap, which decides and verifies there exactly as it would
 //! locally; this side only fans out, bounds the time, and reads the JSON.
-//! `hostlist` parses the lists, `ssh` runs one host, `render` prints.
+//! `crate::hostlist` parses the lists, `ssh` runs one host, `render` prints.
 
 pub mod commands;
-pub mod hostlist;
 pub mod interrupt;
 pub mod push;
 pub mod render;
@@ -24,7 +23,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use serde_json::value::RawValue;
 
-use crate::cli::HostsArgs;
+use crate::config::FleetConfig;
 use crate::exit::Exit;
 use crate::units::GpuList;
 
@@ -57,34 +56,20 @@ pub struct HostResult {
 
 impl Fleet {
     /// The fleet `-H` names, or `None` to run locally.
-    pub fn from_args(
-        args: &HostsArgs,
+    pub fn new(
+        config: &FleetConfig,
         backend: Option<String>,
         json: bool,
     ) -> Result<Option<Fleet>, String> {
-        if args.hosts.is_empty() {
+        if config.hosts.is_empty() {
             return Ok(None);
         }
-        // Several -H: their union, in order, each host once.
-        let named: Vec<String> = args
-            .hosts
-            .iter()
-            .flat_map(|list| list.0.iter().cloned())
-            .collect();
-        hostlist::one_user_each(&named)?;
-        let hosts = hostlist::unique(named);
-        if hosts.len() > hostlist::MAX_HOSTS {
-            return Err(format!(
-                "the host lists name more than {} hosts: check their ranges",
-                hostlist::MAX_HOSTS
-            ));
-        }
-        let transport = Transport::new(&args.ssh, &args.remote_bin, args.connect_timeout)?;
+        let transport = Transport::new(&config.ssh, &config.remote_bin, config.connect_timeout)?;
         Ok(Some(Fleet {
-            hosts,
+            hosts: config.hosts.clone(),
             transport,
-            parallel: args.parallel,
-            host_timeout: args.host_timeout,
+            parallel: config.parallel,
+            host_timeout: config.host_timeout,
             backend,
             progress: !json && io::stderr().is_terminal(),
         }))
@@ -292,51 +277,6 @@ pub fn fleet_json(command: &'static str, results: &[HostResult], exit_code: Exit
 /// not JSON.
 pub(crate) fn nested_json(text: &str) -> Option<Box<RawValue>> {
     RawValue::from_string(text.trim().replace('\n', "\n      ")).ok()
-}
-
-/// A file named on the command line (`-H @FILE`, `push --bin`), read as a
-/// regular file of at most `max` bytes, without waiting: a FIFO, a device,
-/// or a /proc or /sys file that would block or never end (`/proc/kmsg`,
-/// `/proc/kallsyms`, which claim a size of 0) is refused, not read. The
-/// file stays open: what was read is what a caller may run
-/// (`/proc/self/fd/N`).
-pub(crate) fn read_regular(
-    path: &std::path::Path,
-    max: u64,
-) -> Result<(std::fs::File, Vec<u8>), String> {
-    use std::io::Read as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let metadata = std::fs::metadata(path).map_err(|error| error.to_string())?;
-    if !metadata.is_file() {
-        return Err("not a regular file".to_string());
-    }
-    // O_NONBLOCK: what was swapped in since (a FIFO) neither blocks the open nor a read.
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
-        .open(path)
-        .map_err(|error| error.to_string())?;
-    let metadata = file.metadata().map_err(|error| error.to_string())?;
-    if !metadata.is_file() {
-        return Err("not a regular file".to_string());
-    }
-    let mut bytes = Vec::new();
-    (&file)
-        .take(max + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|error| match error.kind() {
-            io::ErrorKind::WouldBlock => {
-                "reading it would wait (a kernel interface, not a file)".to_string()
-            }
-            _ => error.to_string(),
-        })?;
-    if bytes.len() as u64 > max {
-        return Err(format!(
-            "larger than {} MiB: is it the right file?",
-            max >> 20
-        ));
-    }
-    Ok((file, bytes))
 }
 
 /// Seconds since `start`, for a `wait` started late.

@@ -23,7 +23,8 @@ use sha2::{Digest, Sha256};
 use super::{Answer, Fleet, HostResult, fleet_json, worst};
 use crate::config::UsageError;
 use crate::exit::Exit;
-use crate::report::{new_table, short};
+use crate::report::new_table;
+use crate::units::short;
 
 /// Reports where the destination is and what is there. Arguments: the
 /// destination (empty: the default for the remote user) and the checksum
@@ -141,7 +142,7 @@ struct Binary {
 
 fn load(path: &Path) -> Result<Binary, UsageError> {
     let shown = path.display();
-    let (file, bytes) = super::read_regular(path, 512 << 20)
+    let (file, bytes) = crate::file::read_regular(path, 512 << 20)
         .map_err(|error| UsageError(format!("cannot read --bin {shown}: {error}")))?;
     if !bytes.starts_with(b"\x7fELF") {
         return Err(UsageError(format!(

@@ -15,9 +15,9 @@ use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 
 use super::HostResult;
-use super::hostlist;
-use crate::report::{age_text, new_table, short};
-use crate::units::{Bytes, Elapsed, Field, MaybeBytes, one_line};
+use crate::hostlist;
+use crate::report::{age_text, new_table};
+use crate::units::{Bytes, Elapsed, Field, MaybeBytes, one_line, short};
 
 /// A host's text, escaped as it is read (`units::one_line`): a view holds
 /// nothing raw, so no field of a host's answer can put a control character

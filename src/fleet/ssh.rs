@@ -398,7 +398,7 @@ fn first_line(text: &str) -> String {
         .lines()
         .find(|line| !line.trim().is_empty())
         .unwrap_or("");
-    crate::report::short(line.trim(), 100)
+    crate::units::short(line.trim(), 100)
 }
 
 /// The last stderr line that says something: ssh's warnings and banners
@@ -408,7 +408,7 @@ fn last_meaningful_line(stderr: &str) -> Option<String> {
         .lines()
         .map(str::trim)
         .rfind(|line| !line.is_empty() && !line.starts_with("Warning:") && !line.starts_with("**"))
-        .map(|line| crate::report::short(line, 200))
+        .map(|line| crate::units::short(line, 200))
 }
 
 enum Ran {

@@ -162,7 +162,7 @@ impl Containment {
                 let left = descendants_of_self();
                 // Each identity comes from the same scan that found it under gpureap.
                 for &id in &left {
-                    crate::reap::send(id, crate::reap::Sig::Kill);
+                    crate::signal::send(id, crate::signal::Sig::Kill);
                 }
                 if left.is_empty() || Instant::now() >= deadline {
                     return left.into_iter().map(|id| id.pid).collect();

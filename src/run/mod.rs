@@ -41,7 +41,8 @@ use output::{LogState, Outputs, SharedLog};
 use ready::Readiness;
 use state::{StateDir, StateDirError};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+/// When a server is restarted (`--restart`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Restart {
     Never,
     OnFailure,

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use super::stand_in::{OnTerm, Spec};
 use crate::proc::{self, ProcessId};
-use crate::reap::{Sig, send};
+use crate::signal::{Sig, send};
 
 /// A simulated GPU host in a temporary directory, laid out as the simulated
 /// driver expects (docs/simulated-driver.md).

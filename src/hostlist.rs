@@ -56,7 +56,7 @@ fn parse_list(text: &str) -> Result<Vec<String>, String> {
     add_line(text, &mut hosts).map_err(|reason| {
         format!(
             "invalid host list '{}': {reason}",
-            crate::report::short(text, 80)
+            crate::units::short(text, 80)
         )
     })?;
     finish(hosts, text)
@@ -66,7 +66,7 @@ fn parse_file(path: &str) -> Result<Vec<String>, String> {
     if path.is_empty() {
         return Err("invalid host list '@': name a file after the @, like @hosts.txt".to_string());
     }
-    let shown = crate::report::short(path, 200);
+    let shown = crate::units::short(path, 200);
     let text =
         read_file(path).map_err(|reason| format!("cannot read host file {shown}: {reason}"))?;
     let mut hosts = Vec::new();
@@ -83,9 +83,9 @@ fn parse_file(path: &str) -> Result<Vec<String>, String> {
 }
 
 /// A host file's text: a regular file, at most `MAX_FILE` bytes, read
-/// without waiting (`super::read_regular`).
+/// without waiting (`crate::file::read_regular`).
 fn read_file(path: &str) -> Result<String, Reason> {
-    let (_, bytes) = super::read_regular(std::path::Path::new(path), MAX_FILE)?;
+    let (_, bytes) = crate::file::read_regular(std::path::Path::new(path), MAX_FILE)?;
     String::from_utf8(bytes).map_err(|_| "not text (UTF-8)".to_string())
 }
 
@@ -95,7 +95,7 @@ fn finish(hosts: Vec<String>, text: &str) -> Result<Vec<String>, String> {
     if hosts.is_empty() {
         return Err(format!(
             "invalid host list '{}': no hosts in it",
-            crate::report::short(text, 80)
+            crate::units::short(text, 80)
         ));
     }
     Ok(hosts)
@@ -296,7 +296,7 @@ pub fn one_user_each(hosts: &[String]) -> Result<(), String> {
         {
             return Err(format!(
                 "host {} is named with two users ({other}@ and {user}@): gpureap runs once per host",
-                crate::report::short(host, 80)
+                crate::units::short(host, 80)
             ));
         }
     }

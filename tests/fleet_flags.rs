@@ -1,0 +1,100 @@
+//! `-H` carries the command's one config to each host: the remote command
+//! line is built from the config a local run acts on, and read back by the
+//! real parser into the same config. A flag added to `free` or `wait` and
+//! not carried to the hosts fails to compile (`free_flags` and `wait_flags`
+//! name every field) or fails here.
+
+use std::time::Duration;
+
+use clap::Parser;
+use gpureap::cli::{Cli, Command};
+use gpureap::config::{FreeRequest, WaitRequest};
+use gpureap::fleet::commands::{free_flags, wait_flags};
+
+fn parse(argv: &[String]) -> Command {
+    match Cli::try_parse_from(argv) {
+        Ok(cli) => cli.command,
+        Err(error) => panic!("{argv:?} does not parse: {error}"),
+    }
+}
+
+fn free_request(argv: &[String]) -> FreeRequest {
+    match parse(argv) {
+        Command::Free(args) => FreeRequest::new(&args).expect("a free with a scope"),
+        other => panic!("{argv:?} is not free: {other:?}"),
+    }
+}
+
+fn words(line: &str) -> Vec<String> {
+    line.split_whitespace().map(str::to_string).collect()
+}
+
+#[test]
+fn free_on_the_hosts_is_the_free_asked_here() {
+    for line in [
+        "gpureap free --gpu 0,2-3 --gpu 5 --pid 42 --pid 7 --match=-x --match sglang.*serve \
+         --user bob --user 1000 --protect myd --protect=-odd --orphans --stale-runs \
+         --grace 1500ms --timeout 2m -H node[1-2]",
+        "gpureap free --all --grace 0s --timeout 1s --protect keep -H a,b",
+        "gpureap free --gpu all --dry-run --json -H a",
+        "gpureap free --orphans --yes -H a",
+    ] {
+        let here = free_request(&words(line));
+        // What the fleet sends: the flags, then `--dry-run` to plan or
+        // `--yes` to free, and `--json` (Fleet::remote_args).
+        for (phase, dry_run, yes) in [("--dry-run", true, false), ("--yes", false, true)] {
+            let mut remote = words("gpureap free");
+            remote.extend(free_flags(&here));
+            remote.extend([phase.to_string(), "--json".to_string()]);
+            let there = free_request(&remote);
+            let expected = FreeRequest {
+                dry_run,
+                yes,
+                json: true,
+                ..here.clone()
+            };
+            assert_eq!(
+                format!("{there:?}"),
+                format!("{expected:?}"),
+                "`{line}` reaches the hosts as {remote:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn wait_on_the_hosts_is_the_wait_asked_here() {
+    for line in [
+        "gpureap wait --gpu 1,3 --gpu 7 --below 2GiB --timeout 90s -H a",
+        "gpureap wait --json -H a",
+    ] {
+        let here = match parse(&words(line)) {
+            Command::Wait(args) => WaitRequest::new(&args),
+            other => panic!("not wait: {other:?}"),
+        };
+        let mut remote = words("gpureap wait");
+        remote.extend(wait_flags(&here, here.timeout));
+        remote.push("--json".to_string());
+        let there = match parse(&remote) {
+            Command::Wait(args) => WaitRequest::new(&args),
+            other => panic!("not wait: {other:?}"),
+        };
+        let expected = WaitRequest {
+            json: true,
+            ..here.clone()
+        };
+        assert_eq!(
+            format!("{there:?}"),
+            format!("{expected:?}"),
+            "`{line}` reaches the hosts as {remote:?}"
+        );
+        // A host started late gets what is left of the fleet's deadline.
+        let late = wait_flags(&here, Duration::from_millis(1234));
+        let mut remote = words("gpureap wait");
+        remote.extend(late);
+        let Command::Wait(args) = parse(&remote) else {
+            panic!("not wait")
+        };
+        assert_eq!(WaitRequest::new(&args).timeout, Duration::from_millis(1234));
+    }
+}

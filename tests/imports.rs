@@ -1,0 +1,449 @@
+//! Imports point one way (docs/architecture.md, "Module map"): the source tree
+//! is read as it is, each file's `crate::…` paths (and main's `gpureap::…`)
+//! give the edges between top-level modules (`src/fleet/*` is `fleet`), and
+//! the graph they make must have no cycle. Only the entry (main, config)
+//! reads the command line as typed (`cli`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// Modules that may import `cli`, and why each one that is not the entry may.
+const CLI_READERS: &[(&str, &str)] = &[
+    ("main", "the entry: parses the command line"),
+    (
+        "config",
+        "the entry: turns the command line into typed config",
+    ),
+    ("slurm", "issue #22: slurm still takes its cli args"),
+];
+
+#[test]
+fn top_level_modules_import_each_other_without_a_cycle() {
+    let graph = module_graph();
+    assert!(graph.len() > 10, "the source tree was not read: {graph:?}");
+    if let Some(cycle) = find_cycle(&graph) {
+        let mut edges = String::new();
+        for pair in cycle.windows(2) {
+            edges.push_str(&format!(
+                "\n  {} -> {}: {}",
+                pair[0],
+                pair[1],
+                graph[&pair[0]][&pair[1]].join(", ")
+            ));
+        }
+        let groups: Vec<String> = tangles(&graph)
+            .iter()
+            .map(|group| format!("{{{}}}", group.join(", ")))
+            .collect();
+        panic!(
+            "the imports between top-level modules have a cycle: {}{edges}\n\
+             modules that import each other, in all: {}",
+            cycle.join(" -> "),
+            groups.join(" ")
+        );
+    }
+}
+
+#[test]
+fn only_the_entry_imports_cli() {
+    let graph = module_graph();
+    assert!(
+        graph.get("config").is_some_and(|to| to.contains_key("cli")),
+        "config does not import cli: the reading of the tree is wrong"
+    );
+    let allowed: BTreeSet<&str> = CLI_READERS.iter().map(|(module, _)| *module).collect();
+    let readers: Vec<String> = graph
+        .iter()
+        .filter(|(module, to)| to.contains_key("cli") && !allowed.contains(module.as_str()))
+        .map(|(module, to)| format!("{module} ({})", to["cli"].join(", ")))
+        .collect();
+    assert!(
+        readers.is_empty(),
+        "only main and config may import cli (they turn it into typed config); also: {}",
+        readers.join("; ")
+    );
+}
+
+/// The layers of docs/architecture.md ("Module map"), top to bottom. A new
+/// top-level module is placed here, or the test below fails.
+const LAYERS: &[(&str, &[&str])] = &[
+    ("entry", &["main", "cli", "config"]),
+    (
+        "front ends",
+        &[
+            "fleet",
+            "slurm",
+            "exporter",
+            "check",
+            "metrics",
+            "run",
+            "supervision",
+            "demo",
+        ],
+    ),
+    ("report", &["report"]),
+    (
+        "pipeline",
+        &[
+            "snapshot",
+            "supervised",
+            "select",
+            "reap",
+            "verify",
+            "wait",
+            "reset",
+            "tree",
+        ],
+    ),
+    ("driver", &["driver"]),
+    (
+        "base",
+        &["proc", "units", "exit", "signal", "hostlist", "file"],
+    ),
+];
+
+#[test]
+fn the_report_the_pipeline_the_driver_and_the_base_import_nothing_above_them() {
+    let graph = module_graph();
+    let layer_of = |module: &str| {
+        LAYERS
+            .iter()
+            .position(|(_, modules)| modules.contains(&module))
+    };
+    let mut wrong = Vec::new();
+    for (module, to) in &graph {
+        let Some(layer) = layer_of(module) else {
+            wrong.push(format!(
+                "{module} is in no layer: place it in LAYERS and docs/architecture.md"
+            ));
+            continue;
+        };
+        // Entry and front ends: their arrows are the acyclic test's.
+        if layer < 2 {
+            continue;
+        }
+        for (used, files) in to {
+            match layer_of(used) {
+                Some(above) if above < layer => wrong.push(format!(
+                    "{module} ({}) imports {used} ({}): {}",
+                    LAYERS[layer].0,
+                    LAYERS[above].0,
+                    files.join(", ")
+                )),
+                _ => {}
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "imports that point up:\n  {}",
+        wrong.join("\n  ")
+    );
+}
+
+/// module -> imported module -> the files that import it.
+type Graph = BTreeMap<String, BTreeMap<String, Vec<String>>>;
+
+fn module_graph() -> Graph {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let src = root.join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut graph = Graph::new();
+    for file in files {
+        let relative = file.strip_prefix(&src).expect("under src");
+        let first = relative
+            .components()
+            .next()
+            .expect("a path")
+            .as_os_str()
+            .to_string_lossy()
+            .into_owned();
+        let module = first.trim_end_matches(".rs").to_string();
+        if module == "lib" {
+            continue; // declares the modules, imports none of them
+        }
+        let prefix = if module == "main" { "gpureap" } else { "crate" };
+        let text = std::fs::read_to_string(&file).expect("a readable source file");
+        let name = format!("src/{}", relative.display());
+        let to = graph.entry(module.clone()).or_default();
+        for used in imported_modules(&code_only(&text), prefix) {
+            if used != module {
+                let files = to.entry(used).or_default();
+                if !files.contains(&name) {
+                    files.push(name.clone());
+                }
+            }
+        }
+    }
+    graph
+}
+
+fn rust_files(dir: &Path, into: &mut Vec<PathBuf>) {
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
+        .expect("src/ is readable")
+        .map(|entry| entry.expect("a directory entry").path())
+        .collect();
+    entries.sort();
+    for path in entries {
+        if path.is_dir() {
+            rust_files(&path, into);
+        } else if path.extension().is_some_and(|ext| ext == "rs") {
+            into.push(path);
+        }
+    }
+}
+
+/// The text with comments, string and character literals blanked out, so that
+/// a path written in a doc comment or a message is not an import.
+fn code_only(text: &str) -> String {
+    let chars: Vec<char> = text.chars().collect();
+    let mut out = String::with_capacity(text.len());
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        let next = chars.get(i + 1).copied();
+        if c == '/' && next == Some('/') {
+            while i < chars.len() && chars[i] != '\n' {
+                i += 1;
+            }
+        } else if c == '/' && next == Some('*') {
+            let mut depth = 0;
+            while i < chars.len() {
+                if chars[i] == '/' && chars.get(i + 1) == Some(&'*') {
+                    depth += 1;
+                    i += 2;
+                } else if chars[i] == '*' && chars.get(i + 1) == Some(&'/') {
+                    depth -= 1;
+                    i += 2;
+                    if depth == 0 {
+                        break;
+                    }
+                } else {
+                    i += 1;
+                }
+            }
+            out.push(' ');
+        } else if c == 'r'
+            && (next == Some('"') || next == Some('#'))
+            && !chars[..i]
+                .last()
+                .is_some_and(|p| p.is_alphanumeric() || *p == '_')
+        {
+            // r"…", r#"…"#
+            let mut j = i + 1;
+            let mut hashes = 0;
+            while chars.get(j) == Some(&'#') {
+                hashes += 1;
+                j += 1;
+            }
+            if chars.get(j) != Some(&'"') {
+                out.push(c);
+                i += 1;
+                continue;
+            }
+            j += 1;
+            loop {
+                if j >= chars.len() {
+                    break;
+                }
+                if chars[j] == '"' && (0..hashes).all(|k| chars.get(j + 1 + k) == Some(&'#')) {
+                    j += 1 + hashes;
+                    break;
+                }
+                j += 1;
+            }
+            i = j;
+            out.push_str("\"\"");
+        } else if c == '"' {
+            i += 1;
+            while i < chars.len() && chars[i] != '"' {
+                if chars[i] == '\\' {
+                    i += 1;
+                }
+                i += 1;
+            }
+            i += 1;
+            out.push_str("\"\"");
+        } else if c == '\'' {
+            // A character literal ('x', '\n', '\u{1F600}') or a lifetime ('a).
+            if next == Some('\\') {
+                i += 2;
+                while i < chars.len() && chars[i] != '\'' {
+                    i += 1;
+                }
+                i += 1;
+                out.push_str("' '");
+            } else if chars.get(i + 2) == Some(&'\'') {
+                i += 3;
+                out.push_str("' '");
+            } else {
+                out.push(c);
+                i += 1;
+            }
+        } else {
+            out.push(c);
+            i += 1;
+        }
+    }
+    out
+}
+
+/// The top-level modules a file's code names through `PREFIX::module` paths,
+/// including `use PREFIX::{a, b::c}` groups.
+fn imported_modules(code: &str, prefix: &str) -> BTreeSet<String> {
+    let mut modules = BTreeSet::new();
+    let pattern = format!("{prefix}::");
+    let mut rest = code;
+    while let Some(at) = rest.find(&pattern) {
+        let before = rest[..at].chars().last();
+        rest = &rest[at + pattern.len()..];
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+            continue; // e.g. `my_crate::`
+        }
+        let trimmed = rest.trim_start();
+        if let Some(group) = trimmed.strip_prefix('{') {
+            let mut depth = 1;
+            let mut start = 0;
+            let mut end = group.len();
+            for (index, c) in group.char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            end = index;
+                            break;
+                        }
+                    }
+                    ',' if depth == 1 => {
+                        push_ident(&group[start..index], &mut modules);
+                        start = index + 1;
+                    }
+                    _ => {}
+                }
+            }
+            push_ident(&group[start..end], &mut modules);
+        } else {
+            push_ident(trimmed, &mut modules);
+        }
+    }
+    modules
+}
+
+fn push_ident(path: &str, into: &mut BTreeSet<String>) {
+    let ident: String = path
+        .trim_start()
+        .chars()
+        .take_while(|c| c.is_alphanumeric() || *c == '_')
+        .collect();
+    if !ident.is_empty() && ident != "self" && ident.chars().next().is_some_and(char::is_lowercase)
+    {
+        into.insert(ident);
+    }
+}
+
+/// The groups of modules that reach each other (the strongly connected
+/// components with more than one module).
+fn tangles(graph: &Graph) -> Vec<Vec<String>> {
+    let reach = |from: &str| {
+        let mut seen = BTreeSet::new();
+        let mut todo = vec![from.to_string()];
+        while let Some(node) = todo.pop() {
+            for next in graph.get(&node).into_iter().flat_map(|to| to.keys()) {
+                if seen.insert(next.clone()) {
+                    todo.push(next.clone());
+                }
+            }
+        }
+        seen
+    };
+    let reaches: BTreeMap<&String, BTreeSet<String>> =
+        graph.keys().map(|node| (node, reach(node))).collect();
+    let mut groups: Vec<Vec<String>> = Vec::new();
+    for (node, from_node) in &reaches {
+        let group: Vec<String> = from_node
+            .iter()
+            .filter(|other| reaches.get(other).is_some_and(|back| back.contains(*node)))
+            .cloned()
+            .collect();
+        if group.len() > 1 && !groups.contains(&group) {
+            groups.push(group);
+        }
+    }
+    groups
+}
+
+/// A cycle, as the modules along it with the first repeated at the end.
+fn find_cycle(graph: &Graph) -> Option<Vec<String>> {
+    #[derive(Clone, Copy, PartialEq)]
+    enum Mark {
+        New,
+        Open,
+        Done,
+    }
+    fn visit(
+        node: &str,
+        graph: &Graph,
+        marks: &mut BTreeMap<String, Mark>,
+        path: &mut Vec<String>,
+    ) -> Option<Vec<String>> {
+        marks.insert(node.to_string(), Mark::Open);
+        path.push(node.to_string());
+        for next in graph.get(node).into_iter().flat_map(|to| to.keys()) {
+            match marks.get(next).copied().unwrap_or(Mark::New) {
+                Mark::Open => {
+                    let from = path.iter().position(|n| n == next).expect("on the path");
+                    let mut cycle = path[from..].to_vec();
+                    cycle.push(next.clone());
+                    return Some(cycle);
+                }
+                Mark::New => {
+                    if let Some(cycle) = visit(next, graph, marks, path) {
+                        return Some(cycle);
+                    }
+                }
+                Mark::Done => {}
+            }
+        }
+        path.pop();
+        marks.insert(node.to_string(), Mark::Done);
+        None
+    }
+    let mut marks = BTreeMap::new();
+    for node in graph.keys() {
+        if marks.get(node).copied().unwrap_or(Mark::New) == Mark::New
+            && let Some(cycle) = visit(node, graph, &mut marks, &mut Vec::new())
+        {
+            return Some(cycle);
+        }
+    }
+    None
+}
+
+#[test]
+fn the_reading_finds_paths_in_code_and_not_in_comments_or_strings() {
+    let code = code_only(
+        "use crate::{a::B, b, self};\n// crate::c\nlet s = \"crate::d\"; let t = 'x';\n\
+         fn f<'a>() { crate::e::f() }\n/* crate::g */ let r = r#\"crate::h\"#;",
+    );
+    let found = imported_modules(&code, "crate");
+    assert_eq!(
+        found.into_iter().collect::<Vec<_>>(),
+        ["a", "b", "e"],
+        "from {code:?}"
+    );
+    let mut graph = Graph::new();
+    for (from, to) in [("x", "y"), ("y", "z"), ("z", "x")] {
+        graph
+            .entry(from.into())
+            .or_default()
+            .insert(to.into(), vec![]);
+    }
+    assert_eq!(
+        find_cycle(&graph),
+        Some(vec!["x".into(), "y".into(), "z".into(), "x".into()])
+    );
+    graph.get_mut("z").expect("z").clear();
+    assert_eq!(find_cycle(&graph), None);
+}
