@@ -1088,3 +1088,65 @@ fn healthcheck_reads_nothing_of_slurms_from_a_jobs_name() {
         check.stderr
     );
 }
+
+#[test]
+fn a_leftover_naming_its_users_job_without_gpus_is_no_gpu_jobs_process() {
+    let (cluster, _turn) = cluster();
+    // Job C of nobody runs on the node without any GPU (no --gres).
+    let cpu_only = cluster.sbatch(&["--uid=nobody"], &wait_line(cluster, "cpu-only-go"));
+    let started = wait_for(Duration::from_secs(30), || {
+        cluster.job_state(cpu_only) == "RUNNING"
+    });
+    assert!(
+        started.is_ok(),
+        "job {cpu_only}: {}",
+        cluster.job_state(cpu_only)
+    );
+    // Job 4747 of nobody had GPU 0 and has ended; its leftover holds GPU 0
+    // and names job C to pass for one of its processes.
+    let script = holder_script(
+        cluster,
+        "borrows_cpu_job",
+        &Holder::new("borrows_cpu_job").on(0, GIB),
+    );
+    let mut incident = Incident::new(&cluster.sim);
+    incident
+        .spawn(
+            &format!(
+                "exec setpriv --reuid=65534 --regid=65534 --clear-groups \
+                 env SLURM_JOB_ID={cpu_only} bash {script}"
+            ),
+            1,
+        )
+        .expect("holder");
+    let leftover = staged(cluster, "borrows_cpu_job");
+    let epilog = job_program(
+        cluster,
+        "epilog",
+        &[("SLURM_JOB_ID", "4747"), ("SLURM_JOB_UID", "65534")],
+    );
+    assert_eq!(epilog.code, 1, "{}", epilog.stderr);
+    assert!(alive(leftover), "{}", epilog.stderr);
+    assert_eq!(
+        cluster.drain_reason().unwrap_or_default(),
+        format!(
+            "gpureap: GPU 0: pid {leftover} (sleep, nobody, state S) holds 1.0 GiB: names job {cpu_only}, \
+             which Slurm gave GPU none on {}, not GPU 0, on a GPU allocated to job 4747",
+            cluster.node
+        ),
+        "{}",
+        epilog.stderr
+    );
+    // The health check agrees while job C runs.
+    let check = healthcheck(cluster, &[]);
+    assert_eq!(check.code, 1, "{}", check.stderr);
+    assert!(
+        check.stderr.contains(&format!(
+            "names job {cpu_only}, which Slurm gave GPU none on {}, not GPU 0",
+            cluster.node
+        )),
+        "{}",
+        check.stderr
+    );
+    fs::write(cluster.dir.join("cpu-only-go"), "").expect("go");
+}
