@@ -1156,3 +1156,45 @@ fn a_leftover_naming_its_users_job_without_gpus_is_no_gpu_jobs_process() {
     );
     fs::write(cluster.dir.join("cpu-only-go"), "").expect("go");
 }
+
+#[test]
+fn a_root_jobs_epilog_spares_a_daemon_its_prolog_started_under_a_protected_name() {
+    let host = SimHost::with_char_devices(1, 80 * GIB, "H200").expect("host");
+    let mut incident = Incident::new(&host);
+    // Root's job 4545: its prolog started nv-hostengine (root, with the
+    // job's id in its environment and a context on GPU 0); its worker was
+    // left behind. Both run as root and name the job.
+    for title in ["nv-hostengine", "root_job_worker"] {
+        let holder = Holder::new(title).on(0, GIB);
+        incident
+            .spawn(&format!("export SLURM_JOB_ID=4545; {}", holder.script()), 1)
+            .expect("holder");
+    }
+    let daemon = incident.pid_of("nv-hostengine").expect("pid");
+    let worker = incident.pid_of("root_job_worker").expect("pid");
+    let epilog: crate::harness::Run = crate::harness::gpureap(&host)
+        .args(["slurm", "epilog", "--grace", "1s"])
+        .env("SLURM_JOB_ID", "4545")
+        .env("SLURM_JOB_UID", "0")
+        .env("SLURM_JOB_GPUS", "0")
+        .env_remove("SLURMD_NODENAME")
+        .output()
+        .expect("runs")
+        .into();
+    assert!(
+        wait_for(Duration::from_secs(5), || !alive(worker)).is_ok(),
+        "{}",
+        epilog.stderr
+    );
+    // Root owns the host's daemons: a protected name under root is taken for
+    // the daemon, reported (the node would be drained), never signalled.
+    assert!(alive(daemon), "{}", epilog.stderr);
+    assert!(
+        epilog
+            .stderr
+            .contains(&format!("held: GPU 0: pid {daemon} ")),
+        "{}",
+        epilog.stderr
+    );
+    assert_ne!(epilog.code, 0, "{}", epilog.stderr);
+}
