@@ -68,9 +68,12 @@ impl JobScope {
     /// and runs as the job's uid: then it is the job's whatever its name,
     /// and a protected name does not spare it. Without either it looks like
     /// the daemon it is named after (one a prolog started carries the job's
-    /// id, as root).
+    /// id, as root). Root's process under a protected name always does: root
+    /// owns the host's daemons, so a root job's context cannot tell them from
+    /// its leftovers; it is reported (the node drained), never signalled.
     pub fn owns(&self, record: &ProcessRecord) -> bool {
         self.members.contains(&record.id)
+            && record.uid.is_some_and(|uid| uid != 0)
             && self.owner.is_none_or(|owner| record.uid == Some(owner))
     }
 }

@@ -665,19 +665,25 @@ fn epilog_never_signals_the_same_users_other_job_on_a_shared_gpu() {
         alive(other),
         "job {b}'s worker {other} survives job {a}'s epilog"
     );
+    // Slurm gave job B no GPU: its process on GPU 0 is reported, and the
+    // node drained, not signalled (a job's leftover naming the same user's
+    // CPU-only job looks the same:
+    // a_leftover_naming_its_users_job_without_gpus_is_no_gpu_jobs_process).
     assert!(
-        lines.iter().any(|line| line["action"] == "leave"
+        lines.iter().any(|line| line["action"] == "held"
             && line["pid"] == other
             && line["message"]
                 .as_str()
-                .is_some_and(|message| message.contains(&format!("of job {b}, which runs here")))),
+                .is_some_and(|message| message.contains(&format!(
+                    "names job {b}, which Slurm gave GPU none on {}, not GPU 0",
+                    cluster.node
+                )))),
         "{lines:#?}"
     );
-    assert!(actions(&lines).contains(&"clean".to_string()), "{lines:#?}");
     let (state, reason) = cluster.node_state().expect("node state");
     assert!(
-        !state.contains("DRAIN"),
-        "node stays in service: {state} {reason:?} {lines:#?}"
+        state.contains("DRAIN"),
+        "a GPU held by a job Slurm gave none drains the node: {state} {reason:?} {lines:#?}"
     );
     fs::write(cluster.dir.join("other-job-go"), "").expect("go");
 }
@@ -1137,4 +1143,108 @@ fn healthcheck_reads_nothing_of_slurms_from_a_jobs_name() {
         "{}",
         check.stderr
     );
+}
+
+#[test]
+fn a_leftover_naming_its_users_job_without_gpus_is_no_gpu_jobs_process() {
+    let (cluster, _turn) = cluster();
+    // Job C of nobody runs on the node without any GPU (no --gres).
+    let cpu_only = cluster.sbatch(&["--uid=nobody"], &wait_line(cluster, "cpu-only-go"));
+    let started = wait_for(Duration::from_secs(30), || {
+        cluster.job_state(cpu_only) == "RUNNING"
+    });
+    assert!(
+        started.is_ok(),
+        "job {cpu_only}: {}",
+        cluster.job_state(cpu_only)
+    );
+    // Job 4747 of nobody had GPU 0 and has ended; its leftover holds GPU 0
+    // and names job C to pass for one of its processes.
+    let script = holder_script(
+        cluster,
+        "borrows_cpu_job",
+        &Holder::new("borrows_cpu_job").on(0, GIB),
+    );
+    let mut incident = Incident::new(&cluster.sim);
+    incident
+        .spawn(
+            &format!(
+                "exec setpriv --reuid=65534 --regid=65534 --clear-groups \
+                 env SLURM_JOB_ID={cpu_only} bash {script}"
+            ),
+            1,
+        )
+        .expect("holder");
+    let leftover = staged(cluster, "borrows_cpu_job");
+    let epilog = job_program(
+        cluster,
+        "epilog",
+        &[("SLURM_JOB_ID", "4747"), ("SLURM_JOB_UID", "65534")],
+    );
+    assert_eq!(epilog.code, 1, "{}", epilog.stderr);
+    assert!(alive(leftover), "{}", epilog.stderr);
+    assert_eq!(
+        cluster.drain_reason().unwrap_or_default(),
+        format!(
+            "gpureap: GPU 0: pid {leftover} (sleep, nobody, state S) holds 1.0 GiB: names job {cpu_only}, \
+             which Slurm gave GPU none on {}, not GPU 0, on a GPU allocated to job 4747",
+            cluster.node
+        ),
+        "{}",
+        epilog.stderr
+    );
+    // The health check agrees while job C runs.
+    let check = healthcheck(cluster, &[]);
+    assert_eq!(check.code, 1, "{}", check.stderr);
+    assert!(
+        check.stderr.contains(&format!(
+            "names job {cpu_only}, which Slurm gave GPU none on {}, not GPU 0",
+            cluster.node
+        )),
+        "{}",
+        check.stderr
+    );
+    fs::write(cluster.dir.join("cpu-only-go"), "").expect("go");
+}
+
+#[test]
+fn a_root_jobs_epilog_spares_a_daemon_its_prolog_started_under_a_protected_name() {
+    let host = SimHost::with_char_devices(1, 80 * GIB, "H200").expect("host");
+    let mut incident = Incident::new(&host);
+    // Root's job 4545: its prolog started nv-hostengine (root, with the
+    // job's id in its environment and a context on GPU 0); its worker was
+    // left behind. Both run as root and name the job.
+    for title in ["nv-hostengine", "root_job_worker"] {
+        let holder = Holder::new(title).on(0, GIB);
+        incident
+            .spawn(&format!("export SLURM_JOB_ID=4545; {}", holder.script()), 1)
+            .expect("holder");
+    }
+    let daemon = incident.pid_of("nv-hostengine").expect("pid");
+    let worker = incident.pid_of("root_job_worker").expect("pid");
+    let epilog: crate::harness::Run = crate::harness::gpureap(&host)
+        .args(["slurm", "epilog", "--grace", "1s"])
+        .env("SLURM_JOB_ID", "4545")
+        .env("SLURM_JOB_UID", "0")
+        .env("SLURM_JOB_GPUS", "0")
+        .env_remove("SLURMD_NODENAME")
+        .output()
+        .expect("runs")
+        .into();
+    assert!(
+        wait_for(Duration::from_secs(5), || !alive(worker)).is_ok(),
+        "{}",
+        epilog.stderr
+    );
+    // Root owns the host's daemons: a protected name under root is taken for
+    // the daemon, reported (the node would be drained), never signalled.
+    assert!(alive(daemon), "{}", epilog.stderr);
+    assert!(
+        epilog
+            .stderr
+            .contains(&format!("held: GPU 0: pid {daemon} ")),
+        "{}",
+        epilog.stderr
+    );
+    assert_ne!(epilog.code, 0, "{}", epilog.stderr);
 }

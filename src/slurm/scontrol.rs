@@ -321,8 +321,17 @@ fn parse_job(text: &str, id: u64, name: &str) -> JobInfo {
 }
 
 /// The GPU indexes in a detail's `GRES=`, e.g. `gpu:a100:2(IDX:0-1),mps:0`;
-/// `None` when it names no GPU index (or one gpureap cannot read).
+/// none when it names no GPU, shard or MPS share at all (a job without GPUs
+/// there: `GRES=` empty or other resources only); `None` when it names a GPU
+/// share without an index (shards, MPS), or one gpureap cannot read.
 fn gpu_indexes(gres: &str) -> Option<BTreeSet<u32>> {
+    let lower = gres.to_ascii_lowercase();
+    if !["gpu", "shard", "mps"]
+        .iter()
+        .any(|kind| lower.contains(kind))
+    {
+        return Some(BTreeSet::new());
+    }
     let mut indexes = BTreeSet::new();
     let mut rest = gres;
     let mut found = false;
@@ -575,7 +584,8 @@ mod tests {
         );
         assert_eq!(job.on_node("gpureap2531"), None);
         let other = parse_job(NO_GPU_JOB, 2, "job-1.sh");
-        assert_eq!(other.on_node("gpureap25319"), Some(None));
+        // A job without GPUs there is given none, not any.
+        assert_eq!(other.on_node("gpureap25319"), Some(Some(&BTreeSet::new())));
         assert!(parse_job("", 3, "x").unreadable.is_some());
         let multi = "JobId=9 ArrayJobId=8 ArrayTaskId=1 JobName=w UserId=alice(1001) JobState=RUNNING   Nodes=g[01-02] CPU_IDs=0 GRES=gpu:h200:2(IDX:0-1),mps:0   Nodes=g03 CPU_IDs=0 GRES=gpu:1(IDX:3) MinCPUsNode=1 Command=/x\n";
         let multi = parse_job(multi, 9, "w");
@@ -588,7 +598,10 @@ mod tests {
             Some(BTreeSet::from([0, 2, 3]))
         );
         assert_eq!(gpu_indexes("gpu:1(IDX:N/A)"), None);
-        assert_eq!(gpu_indexes(""), None);
+        assert_eq!(gpu_indexes(""), Some(BTreeSet::new()));
+        assert_eq!(gpu_indexes("nic:1"), Some(BTreeSet::new()));
+        assert_eq!(gpu_indexes("shard:2"), None);
+        assert_eq!(gpu_indexes("mps:100"), None);
     }
 
     /// The job's name, the command, the work directory and the comment are
