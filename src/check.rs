@@ -15,6 +15,7 @@
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
+use crate::driver::{DriverError, LOST};
 use crate::exit::Exit;
 use crate::metrics;
 use crate::snapshot::Snapshot;
@@ -77,10 +78,82 @@ fn cut(text: &str, limit: usize) -> String {
     }
 }
 
+/// One problem `check` found on a GPU, by kind: the kind picks the hint, the
+/// text is only printed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Finding {
+    /// The driver's error for this GPU (lost, failed, not answering).
+    Driver { index: u32, error: DriverError },
+    /// Memory held by no process, by the one rule.
+    HeldByNoProcess { index: u32, bytes: u64 },
+    /// Orphaned processes holding memory.
+    Orphaned {
+        index: u32,
+        bytes: u64,
+        processes: usize,
+    },
+}
+
+/// What a person can do about a kind of finding; in this order in the details.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Hint {
+    Orphans,
+    HeldByNoProcess,
+}
+
+impl Hint {
+    pub fn text(self) -> &'static str {
+        match self {
+            Hint::Orphans => {
+                "orphans: `gpureap free --orphans --dry-run` shows what freeing them would signal"
+            }
+            Hint::HeldByNoProcess => {
+                "memory held by no process: only a GPU reset or a reboot clears it"
+            }
+        }
+    }
+}
+
+impl Finding {
+    /// The hint this kind of finding calls for, if any.
+    pub fn hint(&self) -> Option<Hint> {
+        match self {
+            Finding::Driver { .. } => None,
+            Finding::HeldByNoProcess { .. } => Some(Hint::HeldByNoProcess),
+            Finding::Orphaned { .. } => Some(Hint::Orphans),
+        }
+    }
+
+    /// The finding as one line: "GPU 3: lost (...)".
+    pub fn text(&self) -> String {
+        match self {
+            Finding::Driver {
+                index,
+                error: DriverError::GpuLost { .. },
+            } => format!("GPU {index}: {LOST}"),
+            Finding::Driver { index, error } => {
+                format!("GPU {index}: {}", Field(&error.to_string()))
+            }
+            Finding::HeldByNoProcess { index, bytes } => {
+                format!("GPU {index}: {} held by no process", Bytes(*bytes))
+            }
+            Finding::Orphaned {
+                index,
+                bytes,
+                processes,
+            } => format!(
+                "GPU {index}: {} held by {processes} orphaned process{}",
+                Bytes(*bytes),
+                if *processes == 1 { "" } else { "es" }
+            ),
+        }
+    }
+}
+
 /// The node's verdict from one snapshot, for the GPUs given (all when `None`).
 pub fn check(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> Check {
     if let Some(error) = &snapshot.driver_error {
-        let whole = format!("GPU driver unavailable: {}", Field(error));
+        let whole = format!("GPU driver unavailable: {}", Field(&error.to_string()));
         let message = cut(&whole, MESSAGE_LIMIT);
         // The details say it whole only where the first line had to cut it.
         let details = if message == whole {
@@ -95,7 +168,7 @@ pub fn check(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> Check {
         };
     }
     let orphans = metrics::orphaned(snapshot);
-    let mut problems = Vec::new();
+    let mut findings = Vec::new();
     let mut checked = BTreeSet::new();
     for gpu in snapshot
         .gpus
@@ -105,27 +178,24 @@ pub fn check(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> Check {
         checked.insert(gpu.index);
         let index = gpu.index;
         if let Some(error) = &gpu.error {
-            // "GPU 3 is lost (...)" reads "GPU 3: lost (...)".
-            let prefix = format!("GPU {index} is ");
-            problems.push(match error.strip_prefix(&prefix) {
-                Some(rest) => format!("GPU {index}: {}", Field(rest)),
-                None => format!("GPU {index}: {}", Field(error)),
+            findings.push(Finding::Driver {
+                index,
+                error: error.clone(),
             });
             continue;
         }
-        if let Some(held) = metrics::held_by_no_process(snapshot, gpu) {
-            problems.push(format!("GPU {index}: {} held by no process", Bytes(held)));
+        if let Some(bytes) = metrics::held_by_no_process(snapshot, gpu) {
+            findings.push(Finding::HeldByNoProcess { index, bytes });
         }
         if let Some(orphaned) = orphans
             .get(&index)
             .filter(|orphaned| orphaned.processes > 0)
         {
-            problems.push(format!(
-                "GPU {index}: {} held by {} orphaned process{}",
-                Bytes(orphaned.bytes),
-                orphaned.processes,
-                if orphaned.processes == 1 { "" } else { "es" }
-            ));
+            findings.push(Finding::Orphaned {
+                index,
+                bytes: orphaned.bytes,
+                processes: orphaned.processes,
+            });
         }
     }
     let mut details = Vec::new();
@@ -140,7 +210,7 @@ pub fn check(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> Check {
             }
         ));
     }
-    if problems.is_empty() {
+    if findings.is_empty() {
         let message = if checked.is_empty() {
             "no GPUs to check".to_string()
         } else {
@@ -156,24 +226,15 @@ pub fn check(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> Check {
             details,
         };
     }
+    // The hints by kind, each once, orphans first.
+    let hints: BTreeSet<Hint> = findings.iter().filter_map(Finding::hint).collect();
+    details.extend(hints.iter().map(|hint| hint.text().to_string()));
+    let problems: Vec<String> = findings.iter().map(Finding::text).collect();
     let first = if problems.len() == 1 {
         problems[0].clone()
     } else {
         format!("{} (+{} more)", problems[0], problems.len() - 1)
     };
-    if problems.iter().any(|problem| problem.contains("orphaned")) {
-        details.push(
-            "orphans: `gpureap free --orphans --dry-run` shows what freeing them would signal"
-                .to_string(),
-        );
-    }
-    if problems
-        .iter()
-        .any(|problem| problem.contains("held by no process"))
-    {
-        details
-            .push("memory held by no process: only a GPU reset or a reboot clears it".to_string());
-    }
     let message = cut(&first, MESSAGE_LIMIT);
     // The first problem is in the first line; the details repeat it only
     // where that line had to cut it.
@@ -199,6 +260,40 @@ mod tests {
         assert_eq!(cut("short", 10), "short");
         assert_eq!(cut("0123456789abc", 10).chars().count(), 10);
         assert!(cut("0123456789abc", 10).ends_with('…'));
+    }
+
+    /// The hint comes from the finding's kind, not from its text: a lost
+    /// GPU has none, whatever its message says.
+    #[test]
+    fn hints_come_from_kinds() {
+        let lost = Finding::Driver {
+            index: 2,
+            error: DriverError::GpuLost { index: 2 },
+        };
+        assert_eq!(lost.hint(), None);
+        assert_eq!(
+            lost.text(),
+            "GPU 2: lost (fallen off the bus or otherwise inaccessible)"
+        );
+        // A driver's message that reads like another finding calls for no hint.
+        let misleading = Finding::Driver {
+            index: 0,
+            error: DriverError::Sim("4 MiB held by no process, 1 orphaned process".to_string()),
+        };
+        assert_eq!(misleading.hint(), None);
+        assert_eq!(
+            Finding::HeldByNoProcess { index: 0, bytes: 1 }.hint(),
+            Some(Hint::HeldByNoProcess)
+        );
+        assert_eq!(
+            Finding::Orphaned {
+                index: 0,
+                bytes: 1,
+                processes: 1
+            }
+            .hint(),
+            Some(Hint::Orphans)
+        );
     }
 
     #[test]

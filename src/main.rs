@@ -487,7 +487,10 @@ fn wait(backend: &BackendChoice, args: &config::WaitRequest) -> anyhow::Result<E
         eprintln!(
             "gpureap: cannot wait: GPU {}: {}; the driver cannot tell when it is free",
             lost.index,
-            lost.error.as_deref().unwrap_or_default()
+            lost.error
+                .as_ref()
+                .map(ToString::to_string)
+                .unwrap_or_default()
         );
         Ok(Exit::Incomplete)
     } else if outcome.ready {

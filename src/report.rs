@@ -8,6 +8,7 @@ use comfy_table::presets::NOTHING;
 use comfy_table::{Cell, CellAlignment, Table};
 use serde::Serialize;
 
+use crate::driver::DriverError;
 use crate::exit::Exit;
 use crate::proc::Unreadable;
 use crate::reap::{Fate, FreeReport, Handled};
@@ -29,7 +30,7 @@ pub struct StatusJson<'a> {
     pub kind: &'static str,
     pub backend: &'a str,
     pub taken_at_unix_ms: u64,
-    pub driver_error: Option<&'a str>,
+    pub driver_error: Option<&'a DriverError>,
     pub scan: ScanJson<'a>,
     pub gpus: Vec<GpuJson>,
     pub holders: Vec<HolderJson>,
@@ -53,7 +54,7 @@ pub struct GpuJson {
     /// Whether `memory_unattributed` makes the GPU held: the one rule
     /// (`Snapshot::held_by_no_process`), which `status -H` reads.
     pub held_by_no_process: Option<bool>,
-    pub error: Option<String>,
+    pub error: Option<DriverError>,
     pub processes: Vec<GpuProcessJson>,
 }
 
@@ -194,7 +195,7 @@ pub fn status_json(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String 
         kind: "status",
         backend: &snapshot.backend,
         taken_at_unix_ms: snapshot.taken_at_unix_ms,
-        driver_error: snapshot.driver_error.as_deref(),
+        driver_error: snapshot.driver_error.as_ref(),
         scan: ScanJson {
             processes: snapshot.processes.len(),
             complete: !snapshot.is_partial(),
@@ -343,7 +344,11 @@ fn gpu_table(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String {
             let _ = write!(
                 out,
                 "\n{}",
-                wrap(&format!("GPU {} error: {}", gpu.index, Field(error)))
+                wrap(&format!(
+                    "GPU {} error: {}",
+                    gpu.index,
+                    Field(&error.to_string())
+                ))
             );
         }
     }
@@ -573,7 +578,7 @@ fn evidence_notes(unknown_memory: bool, nodes_only: bool, out: &mut String) {
 /// there is to say of them, said once (`notes` does not repeat it).
 fn no_gpus(snapshot: &Snapshot) -> String {
     match &snapshot.driver_error {
-        Some(error) => wrap(&format!("No GPU driver: {}.", Field(error))),
+        Some(error) => wrap(&format!("No GPU driver: {}.", Field(&error.to_string()))),
         None => format!("No GPUs reported by the driver ({}).", snapshot.backend),
     }
 }
@@ -583,7 +588,7 @@ fn notes(snapshot: &Snapshot, out: &mut String) {
     if let Some(error) = &snapshot.driver_error
         && !snapshot.gpus.is_empty()
     {
-        note(out, &format!("Driver error: {}", Field(error)));
+        note(out, &format!("Driver error: {}", Field(&error.to_string())));
     }
     if snapshot.is_partial() {
         note(
@@ -1356,7 +1361,7 @@ pub fn wait_lines(gpus: &[WaitGpu], below: u64, waited_ms: u64) -> String {
             Elapsed(std::time::Duration::from_millis(waited_ms))
         );
         if let Some(error) = &gpu.error {
-            let _ = write!(out, " ({})", Field(error));
+            let _ = write!(out, " ({})", Field(&error.to_string()));
         }
         let _ = writeln!(out);
     }

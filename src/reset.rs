@@ -109,7 +109,7 @@ pub fn reset(driver: &dyn Driver, index: u32) -> Reset {
     if let Some(error) = &gpu.error {
         return Reset::Failed {
             index,
-            message: error.clone(),
+            message: error.to_string(),
         };
     }
     let users: Vec<String> = gpu

@@ -24,7 +24,7 @@ pub struct Snapshot {
     /// Processes whose descriptors could not be read: the scan is partial.
     pub unreadable: Vec<Unreadable>,
     /// Why the driver could not list GPUs at all, if it could not.
-    pub driver_error: Option<String>,
+    pub driver_error: Option<DriverError>,
     /// Details read only for holders, to keep the scan cheap.
     pub details: BTreeMap<u32, Details>,
     pub uptime_ticks: Option<u64>,
@@ -54,7 +54,7 @@ pub struct GpuState {
     pub memory_total: Option<u64>,
     pub memory_used: Option<u64>,
     /// The driver's error for this GPU (lost, NVML failure); the rest is then unknown.
-    pub error: Option<String>,
+    pub error: Option<DriverError>,
     pub users: Vec<GpuUser>,
 }
 
@@ -303,7 +303,7 @@ impl Snapshot {
         };
         let (infos, driver_error) = match answer {
             Ok(infos) => (infos, None),
-            Err(error) => (Vec::new(), Some(error.to_string())),
+            Err(error) => (Vec::new(), Some(error)),
         };
         let mut unreadable = scan.unreadable;
         if let Some(error) = scan_error {
@@ -645,7 +645,7 @@ fn merge(
                 uuid: None,
                 memory_total: None,
                 memory_used: None,
-                error: Some(error.to_string()),
+                error: Some(error),
                 users: Vec::new(),
             },
         })
@@ -664,7 +664,7 @@ fn merge(
                         uuid: None,
                         memory_total: None,
                         memory_used: None,
-                        error: Some("no driver answered for this GPU".to_string()),
+                        error: Some(DriverError::NoAnswer),
                         users: Vec::new(),
                     });
                     gpus.last_mut().expect("just pushed")

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::driver::{Driver, Figures};
+use crate::driver::{Driver, DriverError, Figures};
 
 /// How often the driver's memory figures are polled, where the backend
 /// polls (`Driver::wait_for_change`).
@@ -22,7 +22,7 @@ pub struct WaitGpu {
     pub index: u32,
     pub memory_used: Option<u64>,
     pub ready: bool,
-    pub error: Option<String>,
+    pub error: Option<DriverError>,
 }
 
 /// What a wait found: each GPU's last reading, and how long it took.
@@ -65,7 +65,7 @@ fn states(figures: Figures, below: u64) -> Vec<WaitGpu> {
                 index,
                 memory_used: None,
                 ready: false,
-                error: Some(error.to_string()),
+                error: Some(error),
             },
         })
         .collect()

@@ -16,7 +16,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use gpureap::driver::Node;
+use gpureap::driver::{DriverError, Node};
 use gpureap::proc::{ProcessId, ProcessRecord, State};
 use gpureap::select::{DEFAULT_PROTECTED, Guard, Scope, select};
 use gpureap::signal::Sig;
@@ -278,14 +278,14 @@ fn build(spec: &Spec) -> (Snapshot, Scope, Guard) {
     let [users0, users1] = gpu_users;
     let mut second = gpu(1, users1);
     if spec.gpu1_failed {
-        second.error = Some("GPU 1 is lost".to_string());
+        second.error = Some(DriverError::GpuLost { index: 1 });
         second.memory_used = None;
     }
     let mut first = gpu(0, users0);
     if spec.driver_failed {
         // As the merge leaves it: node holders under GPUs whose driver said nothing.
         for state in [&mut first, &mut second] {
-            state.error = Some("no driver answered for this GPU".to_string());
+            state.error = Some(DriverError::NoAnswer);
             state.memory_used = None;
             state.users.retain(|user| !user.hidden);
             for user in &mut state.users {
@@ -300,7 +300,9 @@ fn build(spec: &Spec) -> (Snapshot, Scope, Guard) {
         gpus: vec![first, second],
         processes,
         unreadable: Vec::new(),
-        driver_error: spec.driver_failed.then(|| "NVML call failed".to_string()),
+        driver_error: spec
+            .driver_failed
+            .then(|| DriverError::Nvml("failed".to_string())),
         details: BTreeMap::new(),
         uptime_ticks: None,
         bookkeeping_slack: 0,

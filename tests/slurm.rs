@@ -1248,3 +1248,77 @@ fn a_root_jobs_epilog_spares_a_daemon_its_prolog_started_under_a_protected_name(
     );
     assert_ne!(epilog.code, 0, "{}", epilog.stderr);
 }
+
+/// A job Slurm does not know is told from scontrol's exit code and squeue's
+/// list of jobs, not from scontrol's words: with a Slurm that words its
+/// failure otherwise, a holder that names a job that never was is judged
+/// the same, and Slurm is not taken to be unreachable.
+#[test]
+fn an_unknown_job_is_told_without_reading_scontrols_message() {
+    let (cluster, _turn) = cluster();
+    // A Slurm client directory: the stand-in scontrol, the real squeue.
+    let clients = cluster.dir.join("clients-in-other-words");
+    fs::create_dir_all(&clients).expect("clients");
+    let stand_in = clients.join("scontrol");
+    let squeue = clients.join("squeue");
+    if !squeue.exists() {
+        std::os::unix::fs::symlink(Path::new(SCONTROL).with_file_name("squeue"), &squeue)
+            .expect("squeue");
+    }
+    fs::write(
+        &stand_in,
+        format!(
+            "#!/bin/bash\n\
+             said=$(mktemp)\n\
+             {SCONTROL} \"$@\" 2>\"$said\"; code=$?\n\
+             sed 's/Invalid job id specified/no such job/' \"$said\" >&2\n\
+             rm -f \"$said\"\n\
+             exit $code\n"
+        ),
+    )
+    .expect("stand-in");
+    fs::set_permissions(
+        &stand_in,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod");
+    // A process of root names a job Slurm never had and holds GPU 1.
+    let mut incident = Incident::new(&cluster.sim);
+    let claimant = Holder::new("names_no_job").on(1, GIB);
+    incident
+        .spawn(
+            &format!("export SLURM_JOB_ID=987654; {}", claimant.script()),
+            1,
+        )
+        .expect("claimant");
+    let claimant = incident.pid_of("names_no_job").expect("pid");
+    let mut reasons = Vec::new();
+    for scontrol in [Path::new(SCONTROL), stand_in.as_path()] {
+        let check: crate::harness::Run = Command::new(env!("CARGO_BIN_EXE_gpureap"))
+            .args(["--backend", &cluster.sim.backend()])
+            .args(["slurm", "healthcheck", "--node", &cluster.node])
+            .arg("--scontrol")
+            .arg(scontrol)
+            .env("SLURM_CONF", cluster.conf())
+            .env_remove("SLURMD_NODENAME")
+            .env_remove("GPUREAP_BACKEND")
+            .stdin(Stdio::null())
+            .output()
+            .expect("gpureap runs")
+            .into();
+        assert_eq!(check.code, 1, "{}: {}", scontrol.display(), check.stderr);
+        assert!(
+            !check.stderr.contains("cannot ask Slurm"),
+            "{}: {}",
+            scontrol.display(),
+            check.stderr
+        );
+        reasons.push(cluster.drain_reason().unwrap_or_default());
+    }
+    assert!(
+        reasons[0].contains(&format!("pid {claimant} ")),
+        "{}",
+        reasons[0]
+    );
+    assert_eq!(reasons[0], reasons[1]);
+}

@@ -484,3 +484,51 @@ fn without_a_driver_dev_nvidia_openers_are_placed_by_minor() {
         }
     }
 }
+
+/// The driver's error travels typed through the snapshot and is written as
+/// the message it was before: a lost GPU in `status --json` (and its text),
+/// `wait --json` and `check`, and no driver at all, byte for byte.
+#[test]
+fn a_driver_error_is_written_as_its_message() {
+    const LOST: &str = "GPU 1 is lost (fallen off the bus or otherwise inaccessible)";
+    let host = host(2);
+    host.lose(1).expect("lost");
+    let status = run(&host, &["status", "--json"]);
+    let json = status.json();
+    assert_eq!(
+        json["gpus"][1],
+        serde_json::json!({
+            "index": 1,
+            "name": null,
+            "uuid": json["gpus"][1]["uuid"].clone(),
+            "memory_total": null,
+            "memory_used": null,
+            "memory_unattributed": null,
+            "held_by_no_process": null,
+            "error": LOST,
+            "processes": [],
+        }),
+        "{}",
+        status.stdout
+    );
+    assert_eq!(json["driver_error"], serde_json::Value::Null);
+    let text = run(&host, &["status"]);
+    assert!(
+        text.stdout.contains(&format!("GPU 1 error: {LOST}")),
+        "{}",
+        text.stdout
+    );
+    let wait = run(&host, &["wait", "--gpu", "1", "--timeout", "1h", "--json"]);
+    assert_eq!(wait.json()["gpus"][0]["error"], LOST, "{}", wait.stdout);
+
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_gpureap"))
+        .args(["--backend", "none", "status", "--json"])
+        .env_remove("GPUREAP_BACKEND")
+        .output()
+        .expect("runs");
+    let none: serde_json::Value = serde_json::from_slice(&output.stdout).expect("json");
+    assert_eq!(
+        none["driver_error"], "--backend none: only processes with /dev/nvidia* open are shown",
+        "{none:#}"
+    );
+}

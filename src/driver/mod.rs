@@ -42,16 +42,54 @@ pub struct DriverProcess {
     pub used_memory: Option<u64>,
 }
 
+/// What the driver could not do. It travels typed through the snapshot
+/// (`Snapshot::driver_error`, `GpuState::error`) until a front end prints it
+/// (`Display`) or decides on it (`DriverError::kind`).
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum DriverError {
-    #[error("GPU {index} is lost (fallen off the bus or otherwise inaccessible)")]
+    #[error("GPU {index} is {LOST}")]
     GpuLost { index: u32 },
+    /// A GPU whose device node a process has open but that no driver listed
+    /// (backend `none`): its memory is unknown.
+    #[error("no driver answered for this GPU")]
+    NoAnswer,
     #[error("NVML call failed: {0}")]
     Nvml(String),
     #[error("simulated driver: {0}")]
     Sim(String),
     #[error("{0}")]
     Unavailable(String),
+}
+
+/// Written in JSON as its message, the text `Display` gives.
+impl serde::Serialize for DriverError {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+/// What a lost GPU is, after "GPU N is ".
+pub const LOST: &str = "lost (fallen off the bus or otherwise inaccessible)";
+
+/// The kind of a driver's error, for the decisions made on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DriverErrorKind {
+    /// The GPU fell off the bus or is otherwise inaccessible.
+    Lost,
+    /// No driver could be asked (not loaded, not installed, not answering).
+    Unavailable,
+    /// The driver answered with a failure.
+    Failed,
+}
+
+impl DriverError {
+    pub fn kind(&self) -> DriverErrorKind {
+        match self {
+            DriverError::GpuLost { .. } => DriverErrorKind::Lost,
+            DriverError::NoAnswer | DriverError::Unavailable(_) => DriverErrorKind::Unavailable,
+            DriverError::Nvml(_) | DriverError::Sim(_) => DriverErrorKind::Failed,
+        }
+    }
 }
 
 /// Memory used per GPU, as one reading of several GPUs answers it.

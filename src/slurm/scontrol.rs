@@ -208,8 +208,15 @@ impl Scontrol {
         let id = job.to_string();
         let text = match self.call(&["-o", "-d", "show", "job", &id]) {
             Ok(text) => text,
-            Err(error) if error.contains("Invalid job id") => return Ok(None),
-            Err(error) => return Err(error),
+            // Whether scontrol failed because the job is unknown is not read
+            // from its message: squeue's list of the jobs Slurm knows says it.
+            Err(error) => {
+                return match self.knows(job) {
+                    Ok(false) => Ok(None),
+                    Ok(true) => Err(error),
+                    Err(why) => Err(format!("{error}; {why}")),
+                };
+            }
         };
         let name = run(
             &self.squeue()?,
@@ -218,6 +225,32 @@ impl Scontrol {
         let name = name.strip_suffix('\n').unwrap_or(&name);
         Ok(Some(parse_job(&text, job, name)))
     }
+
+    /// Whether Slurm knows the job: its id in squeue's list of every job
+    /// (`%A`, one id a line, each element of an array its own), in any
+    /// state. Nothing of the user's text is in it.
+    fn knows(&self, job: u64) -> Result<bool, String> {
+        let ids = run(&self.squeue()?, &["-h", "--states=all", "-o", "%A"])?;
+        if ids.len() as u64 >= OUTPUT_LIMIT {
+            return Err(format!(
+                "squeue's list of jobs is longer than {OUTPUT_LIMIT} bytes: whether it has job {job} cannot be told"
+            ));
+        }
+        known_job(&ids, job)
+    }
+}
+
+/// Whether squeue's list of job ids (`-h -o %A`) has `job`; an error for a
+/// line that is not a job id.
+fn known_job(ids: &str, job: u64) -> Result<bool, String> {
+    let mut found = false;
+    for line in ids.lines().map(str::trim).filter(|line| !line.is_empty()) {
+        let id: u64 = line
+            .parse()
+            .map_err(|_| format!("squeue lists {:?}, not a job id", one_line(line)))?;
+        found |= id == job;
+    }
+    Ok(found)
 }
 
 /// What Slurm says of a job: enough to tell whether a process that names
@@ -541,6 +574,14 @@ fn parse_node(text: &str) -> Option<NodeState> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_job_is_known_by_its_id_on_a_line_of_its_own() {
+        assert_eq!(known_job("12\n123\n", 123), Ok(true));
+        assert_eq!(known_job("1234\n12\n", 123), Ok(false));
+        assert_eq!(known_job("", 123), Ok(false));
+        assert!(known_job("123 x\n", 123).is_err());
+    }
 
     // Output of slurm-wlm 22.05.8 (Debian 12), shortened.
     const DRAINED: &str = "NodeName=n1 Arch=x86_64 CoresPerSocket=1  CPUAlloc=0 Gres=gpu:2 State=IDLE+DRAIN ThreadsPerCore=1 Partitions=p  ExtSensorsTemp=n/s Reason=gpureap: GPU 1: 5.0 GiB held by no process (driver-held) [root@2026-11-30T13:09:06]\n";
