@@ -29,6 +29,13 @@ impl From<String> for UsageError {
     }
 }
 
+/// Bad usage or input is its own class in the exit table.
+impl From<UsageError> for crate::exit::Failure {
+    fn from(error: UsageError) -> Self {
+        crate::exit::Failure::new(crate::exit::Exit::Usage, error)
+    }
+}
+
 /// Resolves the `--gpu` lists (their union) against the GPUs the driver
 /// reports; `None` when no list was given.
 pub fn gpus(lists: &[GpuList], gpu_count: u32) -> Result<Option<BTreeSet<u32>>, UsageError> {
