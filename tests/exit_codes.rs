@@ -199,7 +199,7 @@ fn hand_chosen_exit_numbers(source: &str) -> Vec<(usize, String)> {
         };
         // The `match` an arm belongs to: the nearest one above it.
         let matched_on_a_code = arm
-            && lines[index.saturating_sub(15)..index]
+            && lines[index.saturating_sub(40)..index]
                 .iter()
                 .rev()
                 .find(|above| above.contains("match "))
@@ -284,5 +284,34 @@ fn the_scan_finds_each_shape_of_a_hand_chosen_exit_number() {
         "#[cfg(test)]\nmod tests {\n    assert_eq!(code, 3);\n}",
     ] {
         assert!(hand_chosen_exit_numbers(fine).is_empty(), "flagged: {fine}");
+    }
+}
+
+/// A GPU the driver lost is one class everywhere: `free`, `wait` and
+/// `reset` each end at once with 3 ("could not complete or could not
+/// tell"), never 1 ("still held") and never after a timeout.
+#[test]
+fn a_lost_gpu_gives_3_through_free_wait_and_reset() {
+    let host = host(2);
+    host.lose(1).expect("lose");
+    for args in [
+        &["free", "--gpu", "1", "--yes", "--timeout", "1h", "--json"][..],
+        &["wait", "--gpu", "1", "--timeout", "1h", "--json"],
+        &["reset", "--gpu", "1"],
+    ] {
+        let mut command = gpureap(&host);
+        command.args(args);
+        let result = ends_within(&mut command, Duration::from_secs(60), args[0]);
+        assert_eq!(
+            result.code, 3,
+            "{args:?}:\n{}{}",
+            result.stdout, result.stderr
+        );
+        assert!(
+            format!("{}{}", result.stdout, result.stderr).contains("lost"),
+            "{args:?} does not name the lost GPU:\n{}{}",
+            result.stdout,
+            result.stderr
+        );
     }
 }
