@@ -549,7 +549,11 @@ fn differences(processes: &[Staged], outcome: &FreeReport, held: &[DriverHeld]) 
         ));
     }
     if outcome.exit() != Exit::StillHeld {
-        differences.push(format!("the free exited {}, not 1", outcome.exit().code()));
+        differences.push(format!(
+            "the free exited {}, not {}",
+            outcome.exit().code(),
+            Exit::StillHeld.code()
+        ));
     }
     differences
 }

@@ -1,13 +1,16 @@
 //! Every exit code gpureap returns, by name, the one table of what each
-//! program returns, how several outcomes merge into one, and the one place a
-//! process ends.
+//! program returns, how several outcomes merge into one, how codes that come
+//! back (a remote gpureap's through ssh, a child's) are read, and how an
+//! error's class ([`Failure`]) becomes a code.
 //!
 //! The codes are a contract with scripts, Slurm, node-problem-detector and
 //! fleet runs: `0` done, `1` still held, a problem found or a wait that timed
 //! out, `2` bad usage or input with nothing signalled or started, `3` could
 //! not complete or could not tell (the driver failed or is absent, an I/O
-//! error, a GPU that could not be checked). Nothing else in the program picks
-//! a number, and every `--help` prints its program's rows of [`rows`].
+//! error, a GPU that could not be checked); a process ended by a signal it
+//! caught exits 128 + the signal ([`Exit::Signalled`]). Nothing else in the
+//! program picks a number (`tests/exit_codes.rs` scans for one), and every
+//! `--help` prints its program's rows of [`rows`].
 
 use std::io::Write;
 
