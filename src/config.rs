@@ -426,3 +426,16 @@ fn default_state_dir(command: &[String]) -> std::path::PathBuf {
     });
     base.join("gpureap").join(format!("{readable}-{hash:016x}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::UsageError;
+    use crate::exit::{Exit, Failure};
+
+    #[test]
+    fn bad_usage_is_its_own_class() {
+        let failure = Failure::from(UsageError("no such GPU".to_string()));
+        assert_eq!(failure.class(), Exit::Usage);
+        assert_eq!(failure.error().to_string(), "no such GPU");
+    }
+}

@@ -507,4 +507,32 @@ mod tests {
             );
         }
     }
+
+    #[test]
+    fn an_error_carries_its_class() {
+        use std::io::{Error, ErrorKind};
+        let pipe = Failure::from(Error::from(ErrorKind::BrokenPipe));
+        assert_eq!(pipe.class(), Exit::Success);
+        let io = Failure::from(Error::from(ErrorKind::PermissionDenied));
+        assert_eq!(io.class(), Exit::Incomplete);
+        assert_eq!(
+            Failure::from(anyhow::anyhow!("driver")).class(),
+            Exit::Incomplete
+        );
+        assert_eq!(Exit::Signalled(libc::SIGINT).code(), 130);
+        assert_eq!(Exit::Signalled(libc::SIGINT).shown(), "128+N");
+    }
+
+    #[test]
+    fn codes_that_come_back_are_read_through_the_table() {
+        assert_eq!(Remote::read(Some(255)), Remote::Ssh);
+        assert_eq!(Remote::read(Some(127)), Remote::NotFound);
+        assert_eq!(Remote::read(Some(126)), Remote::CannotRun);
+        assert_eq!(Remote::read(None), Remote::Killed);
+        assert_eq!(Remote::read(Some(1)), Remote::Ended(Exit::StillHeld));
+        assert_eq!(Remote::read(Some(2)), Remote::Ended(Exit::Usage));
+        assert_eq!(Remote::read(Some(42)), Remote::Ended(Exit::Incomplete));
+        assert!(Exit::succeeded(Some(0)));
+        assert!(!Exit::succeeded(Some(3)) && !Exit::succeeded(None));
+    }
 }
