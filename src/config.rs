@@ -29,6 +29,13 @@ impl From<String> for UsageError {
     }
 }
 
+/// Bad usage or input is its own class in the exit table.
+impl From<UsageError> for crate::exit::Failure {
+    fn from(error: UsageError) -> Self {
+        crate::exit::Failure::new(crate::exit::Exit::Usage, error)
+    }
+}
+
 /// Resolves the `--gpu` lists (their union) against the GPUs the driver
 /// reports; `None` when no list was given.
 pub fn gpus(lists: &[GpuList], gpu_count: u32) -> Result<Option<BTreeSet<u32>>, UsageError> {
@@ -418,4 +425,17 @@ fn default_state_dir(command: &[String]) -> std::path::PathBuf {
         (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
     });
     base.join("gpureap").join(format!("{readable}-{hash:016x}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::UsageError;
+    use crate::exit::{Exit, Failure};
+
+    #[test]
+    fn bad_usage_is_its_own_class() {
+        let failure = Failure::from(UsageError("no such GPU".to_string()));
+        assert_eq!(failure.class(), Exit::Usage);
+        assert_eq!(failure.error().to_string(), "no such GPU");
+    }
 }

@@ -347,7 +347,7 @@ pub fn run(json: bool, out: &mut dyn Write) -> io::Result<Exit> {
 }
 
 /// On Ctrl-C (or SIGTERM, SIGHUP): every process the demo staged is killed
-/// and the simulated host removed before it exits, 128 + the signal. What
+/// and the simulated host removed before it exits `Exit::Signalled`. What
 /// was not recorded yet ends by itself when the demo exits (its lifeline).
 /// Returns where to put the simulated host's directory once it is made.
 fn clean_up_on_signals() -> io::Result<Arc<Mutex<Option<PathBuf>>>> {
@@ -363,7 +363,7 @@ fn clean_up_on_signals() -> io::Result<Arc<Mutex<Option<PathBuf>>>> {
                 let _ = std::fs::remove_dir_all(&dir);
             }
             eprintln!("gpureap demo: interrupted; every process it started is gone");
-            std::process::exit(128 + signal);
+            std::process::exit(Exit::Signalled(signal).into());
         }
     });
     Ok(made)
@@ -549,7 +549,11 @@ fn differences(processes: &[Staged], outcome: &FreeReport, held: &[DriverHeld]) 
         ));
     }
     if outcome.exit() != Exit::StillHeld {
-        differences.push(format!("the free exited {}, not 1", outcome.exit().code()));
+        differences.push(format!(
+            "the free exited {}, not {}",
+            outcome.exit().code(),
+            Exit::StillHeld.code()
+        ));
     }
     differences
 }

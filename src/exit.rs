@@ -1,13 +1,16 @@
 //! Every exit code gpureap returns, by name, the one table of what each
-//! program returns, how several outcomes merge into one, and the one place a
-//! process ends.
+//! program returns, how several outcomes merge into one, how codes that come
+//! back (a remote gpureap's through ssh, a child's) are read, and how an
+//! error's class ([`Failure`]) becomes a code.
 //!
 //! The codes are a contract with scripts, Slurm, node-problem-detector and
 //! fleet runs: `0` done, `1` still held, a problem found or a wait that timed
 //! out, `2` bad usage or input with nothing signalled or started, `3` could
 //! not complete or could not tell (the driver failed or is absent, an I/O
-//! error, a GPU that could not be checked). Nothing else in the program picks
-//! a number, and every `--help` prints its program's rows of [`rows`].
+//! error, a GPU that could not be checked); a process ended by a signal it
+//! caught exits 128 + the signal ([`Exit::Signalled`]). Nothing else in the
+//! program picks a number (`tests/exit_codes.rs` scans for one), and every
+//! `--help` prints its program's rows of [`rows`].
 
 use std::io::Write;
 
@@ -30,6 +33,9 @@ pub enum Exit {
     /// "unknown" for node-problem-detector, which reads every code but 0
     /// and 1 as unknown). The same number as `Incomplete`.
     Unknown,
+    /// Ended by a signal it caught (`demo` cleaning up after Ctrl-C, a
+    /// simulated server after SIGTERM): 128 + the signal, as a shell says.
+    Signalled(i32),
 }
 
 impl Exit {
@@ -40,18 +46,33 @@ impl Exit {
             Exit::StillHeld => 1,
             Exit::Usage => 2,
             Exit::Incomplete | Exit::Unknown => 3,
+            Exit::Signalled(signal) => u8::try_from(128 + signal).unwrap_or(u8::MAX),
+        }
+    }
+
+    /// The code as the table shows it: `128+N` for a signal.
+    pub fn shown(self) -> String {
+        match self {
+            Exit::Signalled(_) => "128+N".to_string(),
+            _ => self.code().to_string(),
         }
     }
 
     /// The code a remote gpureap (or anything standing in its place) exited
     /// with, read back: a number outside the table is "could not complete".
-    pub fn from_code(code: u8) -> Exit {
+    pub fn from_remote(code: i32) -> Exit {
         match code {
             0 => Exit::Success,
             1 => Exit::StillHeld,
             2 => Exit::Usage,
             _ => Exit::Incomplete,
         }
+    }
+
+    /// Whether a program's exit status (None: killed by a signal) says it
+    /// did its work: a child gpureap, a remote shell, a supervised server.
+    pub fn succeeded(code: Option<i32>) -> bool {
+        code.map(Exit::from_remote) == Some(Exit::Success)
     }
 
     /// The worse of two outcomes of one host or one command: the higher code.
@@ -103,6 +124,79 @@ impl Exit {
         let _ = std::io::stdout().flush();
         // Safety: _exit ends the process at once; no Rust code runs after it.
         unsafe { libc::_exit(self.code().into()) }
+    }
+}
+
+/// What the exit status of `ssh HOST COMMAND` says of the command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Remote {
+    /// ssh itself failed (255): connection, host key, authentication.
+    Ssh,
+    /// The remote shell found no such program (127).
+    NotFound,
+    /// The remote shell found it but could not run it (126).
+    CannotRun,
+    /// ssh was killed by a signal: no code.
+    Killed,
+    /// The command ended with this code, read through the table.
+    Ended(Exit),
+}
+
+impl Remote {
+    /// Reads the exit status of an ssh (`ExitStatus::code()`).
+    pub fn read(code: Option<i32>) -> Remote {
+        match code {
+            Some(255) => Remote::Ssh,
+            Some(127) => Remote::NotFound,
+            Some(126) => Remote::CannotRun,
+            Some(code) => Remote::Ended(Exit::from_remote(code)),
+            None => Remote::Killed,
+        }
+    }
+}
+
+/// An error that stopped a command, with its class: the table's row it
+/// ends with. Bad usage or input (`config::UsageError`) is `Usage`; any
+/// other error is `Incomplete`; a closed stdout (a pager quit) is `Success`,
+/// said nothing of.
+#[derive(Debug)]
+pub struct Failure {
+    class: Exit,
+    error: anyhow::Error,
+}
+
+impl Failure {
+    pub fn new(class: Exit, error: impl Into<anyhow::Error>) -> Failure {
+        Failure {
+            class,
+            error: error.into(),
+        }
+    }
+
+    /// The class the table gives it.
+    pub fn class(&self) -> Exit {
+        self.class
+    }
+
+    pub fn error(&self) -> &anyhow::Error {
+        &self.error
+    }
+}
+
+impl From<anyhow::Error> for Failure {
+    fn from(error: anyhow::Error) -> Failure {
+        Failure::new(Exit::Incomplete, error)
+    }
+}
+
+impl From<std::io::Error> for Failure {
+    fn from(error: std::io::Error) -> Failure {
+        let class = if error.kind() == std::io::ErrorKind::BrokenPipe {
+            Exit::Success
+        } else {
+            Exit::Incomplete
+        };
+        Failure::new(class, error)
     }
 }
 
@@ -263,6 +357,10 @@ pub fn rows(program: Program) -> Vec<(Exit, &'static str)> {
             (StillHeld, "it did not (the output says what differed)"),
             (Usage, USAGE),
             (Incomplete, "the simulated host could not be staged"),
+            (
+                Signalled(libc::SIGINT),
+                "interrupted (Ctrl-C, SIGTERM, SIGHUP): every process it started is gone",
+            ),
         ],
         Program::Exporter => vec![
             (Success, "stopped by SIGTERM or Ctrl-C"),
@@ -348,7 +446,7 @@ const USAGE_RUN: (Exit, &str) = (
 pub fn help(program: Program) -> String {
     let mut text = String::from("Exit codes:");
     for (exit, meaning) in rows(program) {
-        text.push_str(&format!("\n  {}  {meaning}", exit.code()));
+        text.push_str(&format!("\n  {}  {meaning}", exit.shown()));
     }
     text
 }
@@ -408,5 +506,33 @@ mod tests {
                 "{program:?}"
             );
         }
+    }
+
+    #[test]
+    fn an_error_carries_its_class() {
+        use std::io::{Error, ErrorKind};
+        let pipe = Failure::from(Error::from(ErrorKind::BrokenPipe));
+        assert_eq!(pipe.class(), Exit::Success);
+        let io = Failure::from(Error::from(ErrorKind::PermissionDenied));
+        assert_eq!(io.class(), Exit::Incomplete);
+        assert_eq!(
+            Failure::from(anyhow::anyhow!("driver")).class(),
+            Exit::Incomplete
+        );
+        assert_eq!(Exit::Signalled(libc::SIGINT).code(), 130);
+        assert_eq!(Exit::Signalled(libc::SIGINT).shown(), "128+N");
+    }
+
+    #[test]
+    fn codes_that_come_back_are_read_through_the_table() {
+        assert_eq!(Remote::read(Some(255)), Remote::Ssh);
+        assert_eq!(Remote::read(Some(127)), Remote::NotFound);
+        assert_eq!(Remote::read(Some(126)), Remote::CannotRun);
+        assert_eq!(Remote::read(None), Remote::Killed);
+        assert_eq!(Remote::read(Some(1)), Remote::Ended(Exit::StillHeld));
+        assert_eq!(Remote::read(Some(2)), Remote::Ended(Exit::Usage));
+        assert_eq!(Remote::read(Some(42)), Remote::Ended(Exit::Incomplete));
+        assert!(Exit::succeeded(Some(0)));
+        assert!(!Exit::succeeded(Some(3)) && !Exit::succeeded(None));
     }
 }

@@ -9,7 +9,7 @@ use clap::{CommandFactory, FromArgMatches};
 use gpureap::cli::{Cli, Command, RunArgs};
 use gpureap::config::{self, UsageError};
 use gpureap::driver::{self, BackendChoice, Driver};
-use gpureap::exit::Exit;
+use gpureap::exit::{Exit, Failure};
 use gpureap::fleet;
 use gpureap::proc::ProcessId;
 use gpureap::reap;
@@ -74,7 +74,7 @@ fn main() -> ! {
         Command::Run(args) => run(&cli.backend, args),
         Command::Push(args) => push(args),
         Command::Demo(args) => {
-            gpureap::demo::run(args.json, &mut io::stdout().lock()).map_err(anyhow::Error::from)
+            gpureap::demo::run(args.json, &mut io::stdout().lock()).map_err(Failure::from)
         }
         Command::Exporter(args) => exporter(&cli.backend, args),
         Command::Check(args) => check(&cli.backend, args),
@@ -87,24 +87,17 @@ fn main() -> ! {
 
 /// The one place an error becomes an exit code: the user's input is 2,
 /// anything else that stopped the command is 3, never 1 ("still held").
-fn exit_code(result: anyhow::Result<Exit>) -> Exit {
+fn exit_code(result: Result<Exit, Failure>) -> Exit {
     match result {
         Ok(code) => code,
-        Err(error) => {
-            if let Some(io_error) = error.downcast_ref::<io::Error>()
-                && io_error.kind() == io::ErrorKind::BrokenPipe
-            {
-                return Exit::Success;
+        Err(failure) => {
+            if failure.class() != Exit::Success {
+                eprintln!(
+                    "gpureap: {}",
+                    gpureap::units::printable(&format!("{:#}", failure.error()))
+                );
             }
-            eprintln!(
-                "gpureap: {}",
-                gpureap::units::printable(&format!("{error:#}"))
-            );
-            if error.downcast_ref::<UsageError>().is_some() {
-                Exit::Usage
-            } else {
-                Exit::Incomplete
-            }
+            failure.class()
         }
     }
 }
@@ -152,12 +145,12 @@ fn fleet(
     args: &gpureap::cli::HostsArgs,
     backend: &Option<String>,
     json: bool,
-) -> anyhow::Result<Option<fleet::Fleet>> {
+) -> Result<Option<fleet::Fleet>, Failure> {
     let hosts = config::fleet(args)?;
     Ok(fleet::Fleet::new(&hosts, backend.clone(), json).map_err(UsageError)?)
 }
 
-fn fleet_output(output: Result<fleet::commands::Output, UsageError>) -> anyhow::Result<Exit> {
+fn fleet_output(output: Result<fleet::commands::Output, UsageError>) -> Result<Exit, Failure> {
     let output = output?;
     emit(&output.text)?;
     Ok(output.exit)
@@ -188,7 +181,7 @@ fn ask(question: &str) -> io::Result<bool> {
     Ok(matches!(answer.trim(), "y" | "Y" | "yes" | "YES" | "Yes"))
 }
 
-fn push(args: &gpureap::cli::PushArgs) -> anyhow::Result<Exit> {
+fn push(args: &gpureap::cli::PushArgs) -> Result<Exit, Failure> {
     if args.fleet.remote_bin != fleet::ssh::DEFAULT_REMOTE_BIN {
         return Err(
             UsageError("push takes --to PATH (where to install), not --remote-bin".into()).into(),
@@ -214,14 +207,14 @@ fn push(args: &gpureap::cli::PushArgs) -> anyhow::Result<Exit> {
     Ok(output.exit)
 }
 
-fn open_driver(choice: &BackendChoice) -> anyhow::Result<Box<dyn Driver>> {
+fn open_driver(choice: &BackendChoice) -> Result<Box<dyn Driver>, Failure> {
     let driver = driver::open(choice).map_err(UsageError)?;
     tracing::debug!(backend = driver.describe(), "driver opened");
     Ok(driver)
 }
 
 /// `open_driver` for a report that says itself that there is no driver.
-fn open_driver_quietly(choice: &BackendChoice) -> anyhow::Result<Box<dyn Driver>> {
+fn open_driver_quietly(choice: &BackendChoice) -> Result<Box<dyn Driver>, Failure> {
     let driver = driver::open_quietly(choice).map_err(UsageError)?;
     tracing::debug!(backend = driver.describe(), "driver opened");
     Ok(driver)
@@ -259,7 +252,7 @@ fn emit_encoded(text: &str) -> io::Result<()> {
     }
 }
 
-fn status(backend: &BackendChoice, args: &config::StatusRequest) -> anyhow::Result<Exit> {
+fn status(backend: &BackendChoice, args: &config::StatusRequest) -> Result<Exit, Failure> {
     // How long the snapshot took, for `status --prometheus`'s scan figures.
     let (driver, snapshot, took) = match backend {
         // The metrics count what the driver lists: the exporter's snapshot.
@@ -321,7 +314,7 @@ fn status_exit(snapshot: &Snapshot, gpus: &Option<std::collections::BTreeSet<u32
     }
 }
 
-fn free(backend: &BackendChoice, args: &config::FreeRequest) -> anyhow::Result<Exit> {
+fn free(backend: &BackendChoice, args: &config::FreeRequest) -> Result<Exit, Failure> {
     let uids = args.users()?;
     let driver = open_driver(backend)?;
     let gpu_count = gpu_count(driver.as_ref());
@@ -425,7 +418,7 @@ fn remove_stale_runs(
 }
 
 /// Asks on the terminal; refuses to go on without one unless --yes was given.
-fn confirm(plan: &reap::FreeReport) -> anyhow::Result<()> {
+fn confirm(plan: &reap::FreeReport) -> Result<(), Failure> {
     if !can_ask() {
         return Err(UsageError(
             "refusing to signal without confirmation: stdin is not a terminal; pass --yes (see the plan with --dry-run)"
@@ -450,13 +443,15 @@ fn progress_bar(json: bool) -> Option<indicatif::ProgressBar> {
     Some(bar)
 }
 
-fn wait(backend: &BackendChoice, args: &config::WaitRequest) -> anyhow::Result<Exit> {
+fn wait(backend: &BackendChoice, args: &config::WaitRequest) -> Result<Exit, Failure> {
     let driver = open_driver(backend)?;
     let config = config::wait(args, gpu_count(driver.as_ref()))?;
     // Without a driver there is no memory figure to wait for: say so at once
     // rather than time out as if the GPUs were held.
     if let Some(why) = driver.unavailable() {
-        anyhow::bail!("cannot wait: the driver reports no GPU memory ({why})");
+        return Err(
+            anyhow::anyhow!("cannot wait: the driver reports no GPU memory ({why})").into(),
+        );
     }
     let outcome = gpureap::wait::wait(driver.as_ref(), &config.gpus, config.below, config.timeout);
     let waited_ms = outcome.waited.as_millis() as u64;
@@ -504,7 +499,7 @@ fn wait(backend: &BackendChoice, args: &config::WaitRequest) -> anyhow::Result<E
     }
 }
 
-fn run(backend: &BackendChoice, args: &RunArgs) -> anyhow::Result<Exit> {
+fn run(backend: &BackendChoice, args: &RunArgs) -> Result<Exit, Failure> {
     let config = config::run(args)?;
     let driver = open_driver(backend)?;
     Ok(gpureap::run::supervise(&config, driver.as_ref())?)
@@ -512,7 +507,7 @@ fn run(backend: &BackendChoice, args: &RunArgs) -> anyhow::Result<Exit> {
 
 // Monitoring: `exporter` and `check` (docs/monitoring.md).
 
-fn exporter(backend: &BackendChoice, args: &gpureap::cli::ExporterArgs) -> anyhow::Result<Exit> {
+fn exporter(backend: &BackendChoice, args: &gpureap::cli::ExporterArgs) -> Result<Exit, Failure> {
     let driver = open_driver(backend)?;
     let config = gpureap::exporter::ExporterConfig {
         listen: args.listen,
@@ -525,7 +520,7 @@ fn exporter(backend: &BackendChoice, args: &gpureap::cli::ExporterArgs) -> anyho
     Ok(gpureap::exporter::run(&config, driver)?)
 }
 
-fn check(backend: &BackendChoice, args: &gpureap::cli::CheckArgs) -> anyhow::Result<Exit> {
+fn check(backend: &BackendChoice, args: &gpureap::cli::CheckArgs) -> Result<Exit, Failure> {
     // Its first line says there is no driver, once.
     let driver = open_driver_quietly(backend)?;
     let gpus = config::gpus(&args.gpu, gpu_count(driver.as_ref()))?;
@@ -535,11 +530,11 @@ fn check(backend: &BackendChoice, args: &gpureap::cli::CheckArgs) -> anyhow::Res
     Ok(verdict.verdict.exit())
 }
 
-fn slurm(backend: &BackendChoice, command: &gpureap::cli::SlurmCommand) -> anyhow::Result<Exit> {
+fn slurm(backend: &BackendChoice, command: &gpureap::cli::SlurmCommand) -> Result<Exit, Failure> {
     Ok(gpureap::slurm::main(backend, command))
 }
 
-fn reset(backend: &BackendChoice, args: &gpureap::cli::ResetArgs) -> anyhow::Result<Exit> {
+fn reset(backend: &BackendChoice, args: &gpureap::cli::ResetArgs) -> Result<Exit, Failure> {
     let driver = open_driver(backend)?;
     let gpus = config::gpus(&args.gpu, gpu_count(driver.as_ref()))?.unwrap_or_default();
     if gpus.is_empty() {

@@ -171,3 +171,147 @@ fn a_flag_that_means_nothing_for_the_subcommand_is_refused_with_2() {
         .expect("runs");
     assert_eq!(status.status.code(), Some(0));
 }
+
+/// Where a line of Rust picks an exit number by hand: a literal given to
+/// `process::exit`, `_exit`, `ExitCode::from` or an `exit_code` field, a
+/// process's or a remote's code compared with a literal or matched against
+/// one, or `128 +` a signal. Comments are skipped, and so are the unit
+/// tests at the end of a file.
+fn hand_chosen_exit_numbers(source: &str) -> Vec<(usize, String)> {
+    let lines: Vec<&str> = source.lines().collect();
+    let mut found = Vec::new();
+    for (index, raw) in lines.iter().enumerate() {
+        if raw.trim_start().starts_with("#[cfg(test)]") {
+            break;
+        }
+        let line = raw.split("//").next().unwrap_or("");
+        let digit_after = |needle: &str| {
+            line.match_indices(needle).any(|(at, _)| {
+                line[at + needle.len()..]
+                    .trim_start_matches("Some(")
+                    .starts_with(|c: char| c.is_ascii_digit() || c == '-')
+            })
+        };
+        let about_a_code = line.contains("code") || line.contains("exit_status");
+        let arm = {
+            let arm = line.trim_start().trim_start_matches("Some(");
+            arm.starts_with(|c: char| c.is_ascii_digit()) && line.contains("=>")
+        };
+        // The `match` an arm belongs to: the nearest one above it.
+        let matched_on_a_code = arm
+            && lines[index.saturating_sub(40)..index]
+                .iter()
+                .rev()
+                .find(|above| above.contains("match "))
+                .is_some_and(|above| above.contains("code") || above.contains("status"));
+        let chosen = ["process::exit(", "_exit(", "ExitCode::from(", "exit_code: "]
+            .iter()
+            .any(|call| digit_after(call))
+            || (about_a_code && ["== ", "!= "].iter().any(|op| digit_after(op)))
+            || line.contains("128 +")
+            || line.contains("+ 128")
+            || matched_on_a_code;
+        if chosen {
+            found.push((index + 1, raw.trim().to_string()));
+        }
+    }
+    found
+}
+
+fn rust_files(dir: &std::path::Path, found: &mut Vec<std::path::PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("readable") {
+        let path = entry.expect("entry").path();
+        if path.is_dir() {
+            rust_files(&path, found);
+        } else if path.extension().is_some_and(|ext| ext == "rs") {
+            found.push(path);
+        }
+    }
+}
+
+/// No exit number is chosen outside src/exit.rs: every command, front end,
+/// thread and stand-in names its outcome there.
+#[test]
+fn no_exit_number_is_chosen_outside_the_table() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    rust_files(&root.join("src"), &mut files);
+    files.sort();
+    let mut chosen = Vec::new();
+    for file in &files {
+        let relative = file.strip_prefix(root).expect("under the root");
+        if relative == std::path::Path::new("src/exit.rs") {
+            continue;
+        }
+        let source = std::fs::read_to_string(file).expect("readable");
+        for (line, text) in hand_chosen_exit_numbers(&source) {
+            chosen.push(format!("{}:{line}: {text}", relative.display()));
+        }
+    }
+    assert!(
+        chosen.is_empty(),
+        "exit numbers chosen outside src/exit.rs:\n{}",
+        chosen.join("\n")
+    );
+}
+
+/// The scan finds each shape a hand-chosen exit number has had.
+#[test]
+fn the_scan_finds_each_shape_of_a_hand_chosen_exit_number() {
+    for shape in [
+        "            std::process::exit(128 + signal);",
+        "                    std::process::exit(143);",
+        "    unsafe { libc::_exit(3) }",
+        "    std::process::ExitCode::from(2)",
+        "        exit_code: 3,",
+        "            let code = if remote_code == 2 { 2 } else { 3 };",
+        "    if code != Some(0) || !version.starts_with(\"gpureap \") {",
+        "        Ok(look) if look.code == Some(0) => fields(&look.stdout),",
+        "    status.exit_status() == Some(0) || status.terminating_signal() == Some(15)",
+        "        match code {\n            Some(255) => {}\n            _ => {}\n        }",
+        "        let code = match remote_code {\n            0..=3 => remote_code as u8,\n            _ => 3,\n        };",
+    ] {
+        assert!(
+            !hand_chosen_exit_numbers(shape).is_empty(),
+            "not found: {shape}"
+        );
+    }
+    for fine in [
+        "    std::process::exit(Exit::Signalled(signal).into());",
+        "        exit_code: Exit::Incomplete,",
+        "    // exit(3) in a comment",
+        "        match unit {\n            1 => Some(0),\n        }",
+        "#[cfg(test)]\nmod tests {\n    assert_eq!(code, 3);\n}",
+    ] {
+        assert!(hand_chosen_exit_numbers(fine).is_empty(), "flagged: {fine}");
+    }
+}
+
+/// A GPU the driver lost is one class everywhere: `free`, `wait` and
+/// `reset` each end at once with 3 ("could not complete or could not
+/// tell"), never 1 ("still held") and never after a timeout.
+#[test]
+fn a_lost_gpu_gives_3_through_free_wait_and_reset() {
+    let host = host(2);
+    host.lose(1).expect("lose");
+    for args in [
+        &["free", "--gpu", "1", "--yes", "--timeout", "1h", "--json"][..],
+        &["wait", "--gpu", "1", "--timeout", "1h", "--json"],
+        &["reset", "--gpu", "1"],
+    ] {
+        let mut command = gpureap(&host);
+        command.args(args);
+        let result = ends_within(&mut command, Duration::from_secs(60), args[0]);
+        assert_eq!(
+            result.code, 3,
+            "{args:?}:\n{}{}",
+            result.stdout, result.stderr
+        );
+        assert!(
+            format!("{}{}", result.stdout, result.stderr).contains("lost"),
+            "{args:?} does not name the lost GPU:\n{}{}",
+            result.stdout,
+            result.stderr
+        );
+    }
+}

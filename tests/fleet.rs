@@ -514,6 +514,37 @@ fn wait_across_hosts_on_a_lost_gpu_exits_3_at_once() {
     assert_eq!(result.code, 3, "{}", result.stderr);
 }
 
+/// A GPU the driver lost on one host: `free -H` ends at once with 3 for
+/// that host and for the run, as a local `free` does; the other host is
+/// freed (0), never reported still held.
+#[test]
+fn free_across_hosts_on_a_lost_gpu_exits_3_at_once() {
+    let lab = Lab::new(&[Kind::Up, Kind::Up]);
+    lab.host("h2").sim.lose(1).expect("lose");
+    let mut command = lab.gpureap();
+    command.args([
+        "free",
+        "-H",
+        "h1,h2",
+        "--gpu",
+        "1",
+        "--yes",
+        "--timeout",
+        "1h",
+        "--json",
+    ]);
+    command.args(["--remote-bin", env!("CARGO_BIN_EXE_gpureap")]);
+    let result = crate::harness::ends_within(
+        &mut command,
+        Duration::from_secs(60),
+        "free -H on a lost GPU",
+    );
+    let document = result.json();
+    assert_eq!(host_entry(&document, "h1")["exit_code"], 0, "{document:#}");
+    assert_eq!(host_entry(&document, "h2")["exit_code"], 3, "{document:#}");
+    assert_eq!(result.code, 3, "{}", result.stderr);
+}
+
 /// gpureap with `args`, no ssh reachable, in at most 512 MiB of address
 /// space: a parser that expands before it bounds fails here, not the machine.
 fn bounded_run(args: &[&str]) -> (crate::harness::Run, Duration) {

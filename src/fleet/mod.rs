@@ -174,7 +174,7 @@ impl Fleet {
             .map(|(host, answer)| HostResult {
                 host: host.clone(),
                 answer: answer.unwrap_or_else(|| Answer {
-                    exit_code: 3,
+                    exit_code: Exit::Incomplete,
                     report: None,
                     error: Some(match (&not_started, interrupt::signal()) {
                         (_, Some(signal)) => {
@@ -206,11 +206,7 @@ fn progress_bar(total: usize) -> indicatif::ProgressBar {
 /// The whole run's exit code from its hosts' (`Exit::merge_hosts`): a host
 /// not reached or answering garbage counts as 3, could not complete.
 pub fn worst(results: &[HostResult]) -> Exit {
-    Exit::merge_hosts(
-        results
-            .iter()
-            .map(|result| Exit::from_code(result.answer.exit_code)),
-    )
+    Exit::merge_hosts(results.iter().map(|result| result.answer.exit_code))
 }
 
 /// `--gpu` lists as the hosts read them.
@@ -245,7 +241,7 @@ pub struct FleetJson<'a> {
 #[derive(Serialize)]
 pub struct FleetHostJson<'a> {
     pub host: &'a str,
-    pub exit_code: u8,
+    pub exit_code: Exit,
     pub error: Option<&'a str>,
     pub elapsed_ms: u64,
     pub report: Option<&'a RawValue>,

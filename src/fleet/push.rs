@@ -166,7 +166,7 @@ fn load(path: &Path) -> Result<Binary, UsageError> {
         .next()
         .unwrap_or("")
         .to_string();
-    if code != Some(0) || !version.starts_with("gpureap ") {
+    if !Exit::succeeded(code) || !version.starts_with("gpureap ") {
         return Err(UsageError(format!(
             "{shown} --version does not say gpureap: is it a gpureap binary?"
         )));
@@ -247,7 +247,7 @@ fn push_one(
 ) -> Answer {
     let started = Instant::now();
     let failed = |error: String| Answer {
-        exit_code: 3,
+        exit_code: Exit::Incomplete,
         report: None,
         error: Some(error),
         elapsed: started.elapsed(),
@@ -265,7 +265,7 @@ fn push_one(
         None,
         limit,
     ) {
-        Ok(look) if look.code == Some(0) => fields(&look.stdout),
+        Ok(look) if Exit::succeeded(look.code) => fields(&look.stdout),
         Ok(look) => {
             return failed(format!(
                 "cannot look at the destination: {}",
@@ -292,7 +292,7 @@ fn push_one(
         .and_then(|text| super::nested_json(&text))
     };
     let refused = |reason: String| Answer {
-        exit_code: 1,
+        exit_code: Exit::StillHeld,
         report: report("refused", None, Some(reason)),
         error: None,
         elapsed: started.elapsed(),
@@ -326,7 +326,7 @@ fn push_one(
             ));
         }
         return Answer {
-            exit_code: 0,
+            exit_code: Exit::Success,
             report: report("up_to_date", version, None),
             error: None,
             elapsed: started.elapsed(),
@@ -349,7 +349,7 @@ fn push_one(
         limit,
     );
     match copy {
-        Ok(copied) if copied.code == Some(0) => {
+        Ok(copied) if Exit::succeeded(copied.code) => {
             let version = fields(&copied.stdout).get("version").cloned();
             if version.as_deref() != Some(binary.version.as_str()) {
                 return failed(format!(
@@ -359,7 +359,7 @@ fn push_one(
                 ));
             }
             Answer {
-                exit_code: 0,
+                exit_code: Exit::Success,
                 report: report(
                     if exists == "no" {
                         "installed"

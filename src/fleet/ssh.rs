@@ -18,6 +18,8 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use crate::exit::{Exit, Remote};
+
 /// The JSON a host answers with is this big at most. A real 8-GPU host's
 /// `status --json`, eight tensor-parallel workers each with every GPU's
 /// nodes open, is 22 KB (the demo's whole document, 53 KB); 4 MiB is some
@@ -85,8 +87,9 @@ fn timed_out(limit: Duration) -> String {
 /// What one host's command came to.
 #[derive(Debug)]
 pub struct Answer {
-    /// The remote gpureap's exit code, or 3 where it could not complete.
-    pub exit_code: u8,
+    /// The remote gpureap's exit code, or `Incomplete` where it could not
+    /// complete.
+    pub exit_code: Exit,
     /// Its JSON document, when it gave one: the text, checked to be JSON.
     pub report: Option<Box<RawValue>>,
     /// Why there is no usable report, in one line.
@@ -178,9 +181,13 @@ impl Transport {
         );
         let elapsed = started.elapsed();
         let (exit_code, report, error) = match outcome {
-            Err(error) => (3, None, Some(error)),
-            Ok(Ran::TimedOut) => (3, None, Some(timed_out(limit))),
-            Ok(Ran::Interrupted(signal)) => (3, None, Some(super::interrupt::host_error(signal))),
+            Err(error) => (Exit::Incomplete, None, Some(error)),
+            Ok(Ran::TimedOut) => (Exit::Incomplete, None, Some(timed_out(limit))),
+            Ok(Ran::Interrupted(signal)) => (
+                Exit::Incomplete,
+                None,
+                Some(super::interrupt::host_error(signal)),
+            ),
             Ok(Ran::Exited {
                 status,
                 stdout,
@@ -188,7 +195,7 @@ impl Transport {
                 truncated,
             }) => match self.judge(status, &stdout, &stderr, truncated, kind) {
                 (_, Some(report), _) if !super::render::readable(kind, &report) => (
-                    3,
+                    Exit::Incomplete,
                     None,
                     Some(format!(
                         "answered a {kind} report this gpureap cannot read (another version of gpureap?)"
@@ -229,7 +236,7 @@ impl Transport {
                 ..
             } => {
                 let stderr = String::from_utf8_lossy(&stderr).into_owned();
-                if status.code() == Some(255) {
+                if Remote::read(status.code()) == Remote::Ssh {
                     return Err(last_meaningful_line(&stderr)
                         .unwrap_or_else(|| "ssh failed (exit 255)".to_string()));
                 }
@@ -250,20 +257,20 @@ impl Transport {
         stderr: &[u8],
         truncated: bool,
         kind: &str,
-    ) -> (u8, Option<Box<RawValue>>, Option<String>) {
+    ) -> (Exit, Option<Box<RawValue>>, Option<String>) {
         let stderr = String::from_utf8_lossy(stderr);
         let last_line = last_meaningful_line(&stderr);
-        let code = status.code();
-        match code {
+        let remote = Remote::read(status.code());
+        match remote {
             // ssh's own failure: connection, host key, authentication.
-            Some(255) => {
+            Remote::Ssh => {
                 return (
-                    3,
+                    Exit::Incomplete,
                     None,
                     Some(last_line.unwrap_or_else(|| "ssh failed (exit 255)".to_string())),
                 );
             }
-            Some(127) => {
+            Remote::NotFound => {
                 let name = if self.remote_bin == DEFAULT_REMOTE_BIN {
                     "gpureap not found on the host (install it or pass --remote-bin)".to_string()
                 } else {
@@ -272,11 +279,11 @@ impl Transport {
                         self.remote_bin
                     )
                 };
-                return (3, None, Some(name));
+                return (Exit::Incomplete, None, Some(name));
             }
-            Some(126) => {
+            Remote::CannotRun => {
                 return (
-                    3,
+                    Exit::Incomplete,
                     None,
                     Some(format!(
                         "{} cannot be run on the host: {}",
@@ -285,18 +292,18 @@ impl Transport {
                     )),
                 );
             }
-            None => {
+            Remote::Killed => {
                 return (
-                    3,
+                    Exit::Incomplete,
                     None,
                     Some("ssh was killed by a signal before the host answered".to_string()),
                 );
             }
-            Some(_) => {}
+            Remote::Ended(_) => {}
         }
         if truncated {
             return (
-                3,
+                Exit::Incomplete,
                 None,
                 Some(format!(
                     "answered more than {} MiB: not a gpureap report",
@@ -304,13 +311,20 @@ impl Transport {
                 )),
             );
         }
-        let remote_code = code.unwrap_or(3);
+        let (remote_exit, remote_code) = match remote {
+            Remote::Ended(exit) => (exit, status.code().unwrap_or_default()),
+            _ => (Exit::Incomplete, 0),
+        };
         let text = String::from_utf8_lossy(stdout);
         if text.trim().is_empty() {
-            // The remote gpureap refused (bad usage: 2) or failed (3) before any report.
+            // The remote gpureap refused (bad usage) or failed before any report.
             let why = last_line.unwrap_or_else(|| format!("exited {remote_code} with no output"));
-            let code = if remote_code == 2 { 2 } else { 3 };
-            return (code, None, Some(why));
+            let exit = if remote_exit == Exit::Usage {
+                Exit::Usage
+            } else {
+                Exit::Incomplete
+            };
+            return (exit, None, Some(why));
         }
         // The header only: every other field is skipped, never built.
         #[derive(Deserialize)]
@@ -322,7 +336,7 @@ impl Transport {
             Ok(header) => header,
             Err(_) => {
                 return (
-                    3,
+                    Exit::Incomplete,
                     None,
                     Some(format!(
                         "answered something that is not gpureap's JSON (is --remote-bin gpureap?): {}",
@@ -339,7 +353,7 @@ impl Transport {
             Some(version) if version == u64::from(crate::report::SCHEMA_VERSION) => {}
             Some(version) => {
                 return (
-                    3,
+                    Exit::Incomplete,
                     None,
                     Some(format!(
                         "remote gpureap speaks schema {version}, this one {}",
@@ -349,7 +363,7 @@ impl Transport {
             }
             None => {
                 return (
-                    3,
+                    Exit::Incomplete,
                     None,
                     Some(format!(
                         "answered JSON without a schema_version: not a gpureap report: {}",
@@ -360,23 +374,19 @@ impl Transport {
         }
         if header.kind.as_deref() != Some(kind) {
             return (
-                3,
+                Exit::Incomplete,
                 None,
                 Some(format!("answered a document that is not a {kind} report")),
             );
         }
         let Some(document) = super::nested_json(&text) else {
             return (
-                3,
+                Exit::Incomplete,
                 None,
                 Some("answered JSON that cannot be kept".to_string()),
             );
         };
-        let code = match remote_code {
-            0..=3 => remote_code as u8,
-            _ => 3,
-        };
-        (code, Some(document), None)
+        (remote_exit, Some(document), None)
     }
 }
 

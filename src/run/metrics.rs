@@ -14,6 +14,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::{Registry, Unit};
 
+use crate::exit::Exit;
 use crate::exporter;
 use crate::metrics::Exposition;
 
@@ -175,7 +176,7 @@ pub fn ended(status: rustix::process::WaitStatus) {
         metrics.ready.set(0);
         let kind = if status.terminating_signal().is_some() {
             "signal"
-        } else if status.exit_status().is_some_and(|code| code != 0) {
+        } else if status.exit_status().is_some() && !Exit::succeeded(status.exit_status()) {
             "exit_code"
         } else {
             return;

@@ -97,7 +97,7 @@ fn describe_status(status: WaitStatus) -> String {
 
 /// A clean end: exit code 0, or the default end on SIGTERM.
 fn ended_cleanly(status: WaitStatus) -> bool {
-    status.exit_status() == Some(0) || status.terminating_signal() == Some(libc::SIGTERM)
+    Exit::succeeded(status.exit_status()) || status.terminating_signal() == Some(libc::SIGTERM)
 }
 
 /// The server's main process and its exit status, once reaped. Everything
@@ -329,7 +329,7 @@ fn supervise_with(
         }
         let (failure, summary) = match &ended {
             Ended::Hung(reason) => (true, reason.clone()),
-            Ended::Exited(status) if status.exit_status() == Some(0) => {
+            Ended::Exited(status) if Exit::succeeded(status.exit_status()) => {
                 (false, format!("server {}", describe_status(*status)))
             }
             Ended::Exited(status) => (true, format!("crash: server {}", describe_status(*status))),

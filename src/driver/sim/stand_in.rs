@@ -27,6 +27,8 @@ use std::process::{Command, Stdio};
 
 use serde::{Deserialize, Serialize};
 
+use crate::exit::Exit;
+
 /// The environment variable that makes the gpureap binary a stand-in.
 pub const ENV: &str = "GPUREAP_SIM_STAND_IN";
 
@@ -120,14 +122,14 @@ pub fn run_if_asked() {
         .and_then(|text| {
             serde_json::from_str::<Spec>(&text).map_err(|error| not_a_spec(error.to_string()))
         });
-    let code = match spec.and_then(|spec| play(&spec)) {
-        Ok(()) => 0,
+    let exit = match spec.and_then(|spec| play(&spec)) {
+        Ok(()) => Exit::Success,
         Err(error) => {
             eprintln!("gpureap stand-in: {error}");
-            3
+            Exit::Incomplete
         }
     };
-    std::process::exit(code)
+    std::process::exit(exit.into())
 }
 
 /// This binary, as it runs now (also when its file was replaced since).
@@ -170,7 +172,7 @@ fn play(spec: &Spec) -> io::Result<()> {
                     let _ = signal_hook::low_level::emulate_default_handler(
                         signal_hook::consts::SIGTERM,
                     );
-                    std::process::exit(143);
+                    std::process::exit(Exit::Signalled(libc::SIGTERM).into());
                 }
             });
         }
