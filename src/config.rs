@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use regex::Regex;
 
-use crate::cli::{FreeArgs, HostsArgs, RestartArg, RunArgs, StatusArgs, WaitArgs};
+use crate::cli::{FreeArgs, HostsArgs, PushArgs, RestartArg, RunArgs, StatusArgs, WaitArgs};
 use crate::hostlist;
 use crate::reap::Options;
 use crate::run::ready::Readiness;
@@ -82,6 +82,34 @@ pub fn fleet(args: &HostsArgs) -> Result<FleetConfig, UsageError> {
         parallel: *parallel,
         connect_timeout: *connect_timeout,
         host_timeout: *host_timeout,
+    })
+}
+
+/// `--remote-bin`'s default: found on the remote PATH or where `push` puts it.
+pub const DEFAULT_REMOTE_BIN: &str = "gpureap";
+
+/// What `push` was asked, checked: it installs at `--to`, so a
+/// `--remote-bin` (the gpureap the other commands run) is refused.
+#[derive(Debug, Clone)]
+pub struct PushConfig {
+    /// The binary to push; `None` for this gpureap.
+    pub bin: Option<std::path::PathBuf>,
+    pub to: Option<String>,
+    pub force: bool,
+    pub json: bool,
+}
+
+pub fn push(args: &PushArgs) -> Result<PushConfig, UsageError> {
+    if args.fleet.remote_bin != DEFAULT_REMOTE_BIN {
+        return Err(UsageError(
+            "push takes --to PATH (where to install), not --remote-bin".into(),
+        ));
+    }
+    Ok(PushConfig {
+        bin: args.bin.clone(),
+        to: args.to.clone(),
+        force: args.force,
+        json: args.json,
     })
 }
 
