@@ -8,12 +8,16 @@ use std::time::Duration;
 
 use regex::Regex;
 
-use crate::cli::{FreeArgs, HostsArgs, PushArgs, RestartArg, RunArgs, StatusArgs, WaitArgs};
+use crate::cli::{
+    FreeArgs, HostsArgs, PushArgs, RestartArg, RunArgs, SlurmCommand, SlurmCommonArgs, StatusArgs,
+    WaitArgs,
+};
 use crate::hostlist;
 use crate::reap::Options;
 use crate::run::ready::Readiness;
 use crate::run::{Restart, RunConfig};
 use crate::select::{Guard, Scope};
+use crate::slurm;
 use crate::snapshot::Snapshot;
 use crate::supervision::StaleRun;
 use crate::units::GpuList;
@@ -446,4 +450,30 @@ fn default_state_dir(command: &[String]) -> std::path::PathBuf {
         (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
     });
     base.join("gpureap").join(format!("{readable}-{hash:016x}"))
+}
+
+/// The Slurm hook asked for, typed.
+pub fn slurm(command: &SlurmCommand) -> slurm::Hook {
+    let common = |args: &SlurmCommonArgs| slurm::CommonConfig {
+        scontrol: args.scontrol.clone(),
+        log: args.log.clone(),
+        dry_run: args.dry_run,
+        timeout: args.timeout,
+    };
+    match command {
+        SlurmCommand::Epilog(args) => slurm::Hook::Epilog(slurm::EpilogConfig {
+            common: common(&args.common),
+            grace: args.grace,
+            reset: args.reset,
+        }),
+        SlurmCommand::Prolog(args) => slurm::Hook::Prolog(slurm::PrologConfig {
+            common: common(&args.common),
+            wait: args.wait,
+        }),
+        SlurmCommand::Healthcheck(args) => slurm::Hook::Healthcheck(slurm::HealthcheckConfig {
+            common: common(&args.common),
+            node: args.node.clone(),
+            reset: args.reset,
+        }),
+    }
 }

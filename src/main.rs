@@ -475,7 +475,7 @@ fn check(backend: &BackendChoice, args: &gpureap::cli::CheckArgs) -> anyhow::Res
 }
 
 fn slurm(backend: &BackendChoice, command: &gpureap::cli::SlurmCommand) -> anyhow::Result<Exit> {
-    Ok(gpureap::slurm::main(backend, command))
+    Ok(gpureap::slurm::main(backend, &config::slurm(command)))
 }
 
 fn reset(backend: &BackendChoice, args: &gpureap::cli::ResetArgs) -> anyhow::Result<Exit> {

@@ -18,9 +18,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::cli::{
-    SlurmCommand, SlurmCommonArgs, SlurmEpilogArgs, SlurmHealthcheckArgs, SlurmPrologArgs,
-};
 use crate::driver::{self, BackendChoice, Driver};
 use crate::exit::Exit;
 use crate::proc::{self, ProcessRecord};
@@ -52,11 +49,11 @@ const LIVE_JOB_STATES: [&str; 6] = [
     "SIGNALING",
 ];
 
-pub fn main(backend: &BackendChoice, command: &SlurmCommand) -> Exit {
+pub fn main(backend: &BackendChoice, command: &Hook) -> Exit {
     let code = match command {
-        SlurmCommand::Epilog(args) => epilog(backend, args),
-        SlurmCommand::Prolog(args) => prolog(backend, args),
-        SlurmCommand::Healthcheck(args) => healthcheck(backend, args),
+        Hook::Epilog(args) => epilog(backend, args),
+        Hook::Prolog(args) => prolog(backend, args),
+        Hook::Healthcheck(args) => healthcheck(backend, args),
     };
     // Done just as the deadline passed: its drain and exit code count.
     if scontrol::deadline_passed() {
@@ -65,6 +62,52 @@ pub fn main(backend: &BackendChoice, command: &SlurmCommand) -> Exit {
         }
     }
     code
+}
+
+/// The Slurm hook to run and its flags, typed by config.
+#[derive(Debug, Clone)]
+pub enum Hook {
+    Epilog(EpilogConfig),
+    Prolog(PrologConfig),
+    Healthcheck(HealthcheckConfig),
+}
+
+/// The flags every Slurm hook takes.
+#[derive(Debug, Clone)]
+pub struct CommonConfig {
+    /// scontrol to drain and resume with; `None` for the first of the usual places, then PATH.
+    pub scontrol: Option<PathBuf>,
+    /// Also append every decision as a JSON line to this file.
+    pub log: Option<PathBuf>,
+    /// Report what would be done; signal, reset, drain and resume nothing.
+    pub dry_run: bool,
+    /// Give up after this long in all: drain the node with a reason and exit 1.
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct EpilogConfig {
+    pub common: CommonConfig,
+    /// How long the job's leftovers get after SIGTERM before SIGSTOP+SIGKILL.
+    pub grace: Duration,
+    /// Reset a GPU whose only holder is driver-held memory, instead of draining.
+    pub reset: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct PrologConfig {
+    pub common: CommonConfig,
+    /// How long to wait for a release in progress before refusing the GPUs.
+    pub wait: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct HealthcheckConfig {
+    pub common: CommonConfig,
+    /// The node to drain or resume; `None` for $SLURMD_NODENAME, else the short host name.
+    pub node: Option<String>,
+    /// Reset a GPU whose only holder is driver-held memory, instead of draining.
+    pub reset: bool,
 }
 
 /// The job slurmd describes in the prolog's and epilog's environment.
@@ -171,7 +214,7 @@ struct Context {
 impl Context {
     fn new(
         command: &'static str,
-        common: &SlurmCommonArgs,
+        common: &CommonConfig,
         job: Option<u64>,
         node: Option<String>,
     ) -> Context {
@@ -598,7 +641,7 @@ struct Started {
 /// the node's GPUs are clean.
 fn start(
     command: &'static str,
-    common: &SlurmCommonArgs,
+    common: &CommonConfig,
     backend: &BackendChoice,
 ) -> Result<Started, Exit> {
     if let Err(error) = check_flags(common) {
@@ -638,7 +681,7 @@ fn start(
 /// The flags' own mistakes, before anything is looked at: a `--timeout`
 /// under a second would end the command before it looked, and a
 /// `--scontrol` that cannot run would only show when a drain is needed.
-fn check_flags(common: &SlurmCommonArgs) -> Result<(), String> {
+fn check_flags(common: &CommonConfig) -> Result<(), String> {
     if let Some(path) = &common.scontrol {
         Scontrol::find(Some(path))?;
     }
@@ -651,7 +694,7 @@ fn check_flags(common: &SlurmCommonArgs) -> Result<(), String> {
     Ok(())
 }
 
-fn epilog(backend: &BackendChoice, args: &SlurmEpilogArgs) -> Exit {
+fn epilog(backend: &BackendChoice, args: &EpilogConfig) -> Exit {
     let started = Instant::now();
     let Started {
         context,
@@ -875,7 +918,7 @@ fn epilog(backend: &BackendChoice, args: &SlurmEpilogArgs) -> Exit {
     Exit::Success
 }
 
-fn prolog(backend: &BackendChoice, args: &SlurmPrologArgs) -> Exit {
+fn prolog(backend: &BackendChoice, args: &PrologConfig) -> Exit {
     let started = Instant::now();
     let Started {
         context,
@@ -940,7 +983,7 @@ fn node_name(given: Option<&str>) -> Option<String> {
         })
 }
 
-fn healthcheck(backend: &BackendChoice, args: &SlurmHealthcheckArgs) -> Exit {
+fn healthcheck(backend: &BackendChoice, args: &HealthcheckConfig) -> Exit {
     let started = Instant::now();
     if let Err(error) = check_flags(&args.common) {
         Context::new("healthcheck", &args.common, None, None).say("error", None, None, &error);
