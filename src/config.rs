@@ -8,12 +8,16 @@ use std::time::Duration;
 
 use regex::Regex;
 
-use crate::cli::{FreeArgs, HostsArgs, RestartArg, RunArgs, StatusArgs, WaitArgs};
+use crate::cli::{
+    FreeArgs, HostsArgs, PushArgs, RestartArg, RunArgs, SlurmCommand, SlurmCommonArgs, StatusArgs,
+    WaitArgs,
+};
 use crate::hostlist;
 use crate::reap::Options;
 use crate::run::ready::Readiness;
 use crate::run::{Restart, RunConfig};
 use crate::select::{Guard, Scope};
+use crate::slurm;
 use crate::snapshot::Snapshot;
 use crate::supervision::StaleRun;
 use crate::units::GpuList;
@@ -89,6 +93,34 @@ pub fn fleet(args: &HostsArgs) -> Result<FleetConfig, UsageError> {
         parallel: *parallel,
         connect_timeout: *connect_timeout,
         host_timeout: *host_timeout,
+    })
+}
+
+/// `--remote-bin`'s default: found on the remote PATH or where `push` puts it.
+pub const DEFAULT_REMOTE_BIN: &str = "gpureap";
+
+/// What `push` was asked, checked: it installs at `--to`, so a
+/// `--remote-bin` (the gpureap the other commands run) is refused.
+#[derive(Debug, Clone)]
+pub struct PushConfig {
+    /// The binary to push; `None` for this gpureap.
+    pub bin: Option<std::path::PathBuf>,
+    pub to: Option<String>,
+    pub force: bool,
+    pub json: bool,
+}
+
+pub fn push(args: &PushArgs) -> Result<PushConfig, UsageError> {
+    if args.fleet.remote_bin != DEFAULT_REMOTE_BIN {
+        return Err(UsageError(
+            "push takes --to PATH (where to install), not --remote-bin".into(),
+        ));
+    }
+    Ok(PushConfig {
+        bin: args.bin.clone(),
+        to: args.to.clone(),
+        force: args.force,
+        json: args.json,
     })
 }
 
@@ -425,6 +457,32 @@ fn default_state_dir(command: &[String]) -> std::path::PathBuf {
         (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
     });
     base.join("gpureap").join(format!("{readable}-{hash:016x}"))
+}
+
+/// The Slurm hook asked for, typed.
+pub fn slurm(command: &SlurmCommand) -> slurm::Hook {
+    let common = |args: &SlurmCommonArgs| slurm::CommonConfig {
+        scontrol: args.scontrol.clone(),
+        log: args.log.clone(),
+        dry_run: args.dry_run,
+        timeout: args.timeout,
+    };
+    match command {
+        SlurmCommand::Epilog(args) => slurm::Hook::Epilog(slurm::EpilogConfig {
+            common: common(&args.common),
+            grace: args.grace,
+            reset: args.reset,
+        }),
+        SlurmCommand::Prolog(args) => slurm::Hook::Prolog(slurm::PrologConfig {
+            common: common(&args.common),
+            wait: args.wait,
+        }),
+        SlurmCommand::Healthcheck(args) => slurm::Hook::Healthcheck(slurm::HealthcheckConfig {
+            common: common(&args.common),
+            node: args.node.clone(),
+            reset: args.reset,
+        }),
+    }
 }
 
 #[cfg(test)]

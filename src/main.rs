@@ -11,10 +11,9 @@ use gpureap::config::{self, UsageError};
 use gpureap::driver::{self, BackendChoice, Driver};
 use gpureap::exit::{Exit, Failure};
 use gpureap::fleet;
-use gpureap::proc::ProcessId;
 use gpureap::reap;
 use gpureap::report;
-use gpureap::select::{Guard, Scope};
+use gpureap::select::Guard;
 use gpureap::snapshot::Snapshot;
 use gpureap::supervision::{self, Removal, StaleRun};
 
@@ -182,15 +181,11 @@ fn ask(question: &str) -> io::Result<bool> {
 }
 
 fn push(args: &gpureap::cli::PushArgs) -> Result<Exit, Failure> {
-    if args.fleet.remote_bin != fleet::ssh::DEFAULT_REMOTE_BIN {
-        return Err(
-            UsageError("push takes --to PATH (where to install), not --remote-bin".into()).into(),
-        );
-    }
-    let Some(fleet) = fleet(&args.fleet, &None, args.json)? else {
+    let request = config::push(args)?;
+    let Some(fleet) = fleet(&args.fleet, &None, request.json)? else {
         return Err(UsageError("push needs the hosts: -H LIST".into()).into());
     };
-    let bin = match &args.bin {
+    let bin = match &request.bin {
         Some(bin) => bin.clone(),
         None => std::env::current_exe()?,
     };
@@ -198,9 +193,9 @@ fn push(args: &gpureap::cli::PushArgs) -> Result<Exit, Failure> {
         &fleet,
         &fleet::push::PushRequest {
             bin: &bin,
-            to: args.to.as_deref(),
-            force: args.force,
-            json: args.json,
+            to: request.to.as_deref(),
+            force: request.force,
+            json: request.json,
         },
     )?;
     emit(&output.text)?;
@@ -254,25 +249,8 @@ fn emit_encoded(text: &str) -> io::Result<()> {
 
 fn status(backend: &BackendChoice, args: &config::StatusRequest) -> Result<Exit, Failure> {
     // How long the snapshot took, for `status --prometheus`'s scan figures.
-    let (driver, snapshot, took) = match backend {
-        // The metrics count what the driver lists: the exporter's snapshot.
-        _ if args.prometheus => {
-            let driver = open_driver_quietly(backend)?;
-            let started = std::time::Instant::now();
-            let snapshot = Snapshot::take_listed(driver.as_ref());
-            (driver, snapshot, started.elapsed())
-        }
-        // /dev/nvidia* nodes: NVML starts while /proc is scanned.
-        BackendChoice::Auto | BackendChoice::Nvml | BackendChoice::None => {
-            let (driver, snapshot) = Snapshot::take_while_opening(|| open_driver_quietly(backend))?;
-            (driver, snapshot, std::time::Duration::ZERO)
-        }
-        BackendChoice::Sim(_) => {
-            let driver = open_driver(backend)?;
-            let snapshot = Snapshot::take(driver.as_ref());
-            (driver, snapshot, std::time::Duration::ZERO)
-        }
-    };
+    let (driver, snapshot, took) =
+        Snapshot::open_and_take(backend, args.prometheus).map_err(UsageError)?;
     let gpus = config::gpus(&args.gpu, gpu_count(driver.as_ref()))?;
     if args.prometheus {
         let mut figures = gpureap::metrics::ScanFigures::default();
@@ -335,7 +313,7 @@ fn free(backend: &BackendChoice, args: &config::FreeRequest) -> Result<Exit, Fai
     )?;
     let mut plan = reap::plan(&snapshot, &config.scope, &guard);
     let stale_runs: Option<Vec<StaleRun>> =
-        stale_runs.map(|runs| in_scope(runs, &plan, &config.scope));
+        stale_runs.map(|runs| supervision::in_scope(runs, &plan, &config.scope));
     plan.stale_runs = stale_runs.iter().flatten().map(Removal::planned).collect();
 
     if args.dry_run {
@@ -366,7 +344,8 @@ fn free(backend: &BackendChoice, args: &config::FreeRequest) -> Result<Exit, Fai
         },
     );
     if let Some(runs) = &stale_runs {
-        outcome.stale_runs = remove_stale_runs(runs, &outcome, &guard, config.options.timeout);
+        outcome.stale_runs =
+            supervision::remove_after_free(runs, &outcome, &guard, config.options.timeout);
     }
     if let Some(bar) = spinner {
         bar.finish_and_clear();
@@ -378,43 +357,6 @@ fn free(backend: &BackendChoice, args: &config::FreeRequest) -> Result<Exit, Fai
         report::free_outcome(&outcome)
     })?;
     Ok(code)
-}
-
-/// The stale runs whose cgroups `free` may remove: all of them, unless
-/// another filter narrows the scope; then only those it takes whole, so
-/// that nothing outside the scope is ended with its cgroup.
-fn in_scope(runs: Vec<StaleRun>, plan: &reap::FreeReport, scope: &Scope) -> Vec<StaleRun> {
-    if !scope.narrowed() {
-        return runs;
-    }
-    let targeted = |id: &ProcessId| {
-        plan.targets
-            .iter()
-            .any(|target| target.pid == id.pid && target.start_time == id.start_time)
-    };
-    runs.into_iter()
-        .filter(|run| run.members.iter().all(targeted))
-        .collect()
-}
-
-/// Removes the stale runs' cgroups, once the free is done with their
-/// processes; never one that holds a process the free spared.
-fn remove_stale_runs(
-    runs: &[StaleRun],
-    outcome: &reap::FreeReport,
-    guard: &Guard,
-    timeout: Duration,
-) -> Vec<Removal> {
-    let spared: std::collections::BTreeSet<u32> = outcome
-        .spared
-        .iter()
-        .map(|entry| entry.pid)
-        .chain(guard.ancestors.iter().copied())
-        .chain([guard.self_pid, 1])
-        .collect();
-    runs.iter()
-        .map(|run| supervision::remove(run, &spared, timeout))
-        .collect()
 }
 
 /// Asks on the terminal; refuses to go on without one unless --yes was given.
@@ -531,7 +473,7 @@ fn check(backend: &BackendChoice, args: &gpureap::cli::CheckArgs) -> Result<Exit
 }
 
 fn slurm(backend: &BackendChoice, command: &gpureap::cli::SlurmCommand) -> Result<Exit, Failure> {
-    Ok(gpureap::slurm::main(backend, command))
+    Ok(gpureap::slurm::main(backend, &config::slurm(command)))
 }
 
 fn reset(backend: &BackendChoice, args: &gpureap::cli::ResetArgs) -> Result<Exit, Failure> {

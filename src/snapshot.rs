@@ -7,9 +7,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::driver::{Driver, DriverError, Node};
+use crate::driver::{BackendChoice, Driver, DriverError, Node};
 use crate::proc::{self, ProcessRecord, State, Unreadable};
 use crate::supervised::{self, Supervision};
 use crate::tree::ProcessTree;
@@ -168,6 +168,42 @@ impl Snapshot {
             bytes,
             holds: bytes > self.bookkeeping_slack,
         })
+    }
+
+    /// Opens the driver of `backend` and takes the snapshot that suits it,
+    /// with how long the snapshot took when that is asked (`listed`: the
+    /// metrics count what the driver lists, the exporter's snapshot; else
+    /// zero). On `/dev/nvidia*` nodes (NVML, none) the driver starts while
+    /// /proc is scanned; the simulator's nodes need it open first. Only
+    /// the simulator says on stderr that there is no driver: the report
+    /// says it itself.
+    pub fn open_and_take(
+        backend: &BackendChoice,
+        listed: bool,
+    ) -> Result<(Box<dyn Driver>, Snapshot, Duration), String> {
+        let opened = |driver: Box<dyn Driver>| {
+            tracing::debug!(backend = driver.describe(), "driver opened");
+            driver
+        };
+        match backend {
+            _ if listed => {
+                let driver = opened(crate::driver::open_quietly(backend)?);
+                let started = std::time::Instant::now();
+                let snapshot = Snapshot::take_listed(driver.as_ref());
+                Ok((driver, snapshot, started.elapsed()))
+            }
+            BackendChoice::Auto | BackendChoice::Nvml | BackendChoice::None => {
+                let (driver, snapshot) = Snapshot::take_while_opening(|| {
+                    crate::driver::open_quietly(backend).map(opened)
+                })?;
+                Ok((driver, snapshot, Duration::ZERO))
+            }
+            BackendChoice::Sim(_) => {
+                let driver = opened(crate::driver::open(backend)?);
+                let snapshot = Snapshot::take(driver.as_ref());
+                Ok((driver, snapshot, Duration::ZERO))
+            }
+        }
     }
 
     /// Takes a snapshot: one driver pass and one /proc pass.

@@ -14,6 +14,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::proc::{self, ProcessId};
+use crate::reap::FreeReport;
+use crate::select::{Guard, Scope};
 // The marks a run leaves, and what the snapshot reads from them, live on the
 // pipeline's side (`supervised`); this side writes them and cleans up after
 // a supervisor that is gone.
@@ -147,6 +149,50 @@ impl Removal {
             error: None,
         }
     }
+}
+
+/// The stale runs whose cgroups a free with `scope` may remove: all of
+/// them, unless another filter narrows the scope; then only those whose
+/// members the plan takes whole, so that nothing outside the scope is
+/// ended with its cgroup.
+pub fn in_scope(runs: Vec<StaleRun>, plan: &FreeReport, scope: &Scope) -> Vec<StaleRun> {
+    if !scope.narrowed() {
+        return runs;
+    }
+    let targeted = |id: &ProcessId| {
+        plan.targets
+            .iter()
+            .any(|target| target.pid == id.pid && target.start_time == id.start_time)
+    };
+    runs.into_iter()
+        .filter(|run| run.members.iter().all(targeted))
+        .collect()
+}
+
+/// The processes a stale run's removal must never end: this process, its
+/// ancestors, init, and those the free (`outcome`, `None` when there was
+/// nothing to free) spared. A cgroup that holds one of them is kept.
+pub fn never_ended(outcome: Option<&FreeReport>, guard: &Guard) -> BTreeSet<u32> {
+    outcome
+        .into_iter()
+        .flat_map(|outcome| outcome.spared.iter().map(|entry| entry.pid))
+        .chain(guard.ancestors.iter().copied())
+        .chain([guard.self_pid, 1])
+        .collect()
+}
+
+/// Removes the stale runs' cgroups once the free (`outcome`) is done with
+/// their processes; never one that holds a process in `never_ended`.
+pub fn remove_after_free(
+    runs: &[StaleRun],
+    outcome: &FreeReport,
+    guard: &Guard,
+    timeout: Duration,
+) -> Vec<Removal> {
+    let spared = never_ended(Some(outcome), guard);
+    runs.iter()
+        .map(|run| remove(run, &spared, timeout))
+        .collect()
 }
 
 /// Ends whatever is still in a stale run's cgroup (`cgroup.kill`, which no

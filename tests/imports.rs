@@ -14,7 +14,6 @@ const CLI_READERS: &[(&str, &str)] = &[
         "config",
         "the entry: turns the command line into typed config",
     ),
-    ("slurm", "issue #22: slurm still takes its cli args"),
 ];
 
 #[test]

@@ -137,6 +137,10 @@ fn push_refuses_what_is_not_a_gpureap_and_bad_destinations() {
         (vec!["-H", "h1", "--to", "relative/gpureap"], "invalid --to"),
         (vec!["-H", "h1", "--to", "/usr/local/bin/"], "invalid --to"),
         (vec!["--to", "/tmp/x"], "push needs the hosts"),
+        (
+            vec!["-H", "h1", "--remote-bin", "/opt/gpureap"],
+            "push takes --to PATH (where to install), not --remote-bin",
+        ),
     ] {
         let run = push(&lab, &args);
         assert_eq!(run.code, 2, "{args:?}: {}{}", run.stdout, run.stderr);

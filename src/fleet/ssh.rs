@@ -41,8 +41,8 @@ pub struct Transport {
     pub connect_timeout: Duration,
 }
 
-/// `--remote-bin`'s default: found on the remote PATH or where `push` puts it.
-pub const DEFAULT_REMOTE_BIN: &str = "gpureap";
+/// `--remote-bin`'s default, decided with the flags.
+pub use crate::config::DEFAULT_REMOTE_BIN;
 
 /// Runs the first gpureap found: on the PATH, else at `push`'s default
 /// destinations (a user's ~/.local/bin is often not on a non-interactive

@@ -11,7 +11,6 @@
 //! cleans up after the earlier runs of the same server, not after other
 //! servers (that is `gpureap free --stale-runs`).
 
-use std::collections::BTreeSet;
 use std::path::{Component, Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -217,9 +216,7 @@ fn free_leftover(stale: &StaleRun, driver: &dyn Driver, options: Options) -> boo
         stale.members.len()
     ));
     let guard = Guard::for_this_process(&[]);
-    let mut freed = true;
-    let mut spared: BTreeSet<u32> = guard.ancestors.iter().copied().collect();
-    spared.extend([guard.self_pid, 1]);
+    let mut report = None;
     if !stale.members.is_empty() {
         let pids = stale.members.iter().map(|id| id.pid).collect();
         let snapshot = Snapshot::take_focused(driver, &pids);
@@ -227,11 +224,12 @@ fn free_leftover(stale: &StaleRun, driver: &dyn Driver, options: Options) -> boo
             pids: stale.members.clone(),
             ..Scope::default()
         };
-        let report = reap::free(driver, &scope, &guard, snapshot, options, &mut |_| {});
-        super::report_outcome(&report);
-        freed = report.all_freed();
-        spared.extend(report.spared.iter().map(|entry| entry.pid));
+        let outcome = reap::free(driver, &scope, &guard, snapshot, options, &mut |_| {});
+        super::report_outcome(&outcome);
+        report = Some(outcome);
     }
+    let freed = report.as_ref().is_none_or(reap::FreeReport::all_freed);
+    let spared = supervision::never_ended(report.as_ref(), &guard);
     let removal = supervision::remove(stale, &spared, options.timeout);
     match &removal.error {
         None => event(&format!("removed {}", stale.cgroup.display())),

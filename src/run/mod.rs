@@ -228,6 +228,53 @@ fn supervise_with(
     outputs: &Outputs,
     state_dir: Option<StateDir>,
 ) -> std::io::Result<Exit> {
+    let stop = prepare(config)?;
+    let mut remembered = Remembered::load(state_dir);
+    let stop_options = Options {
+        grace: config.grace,
+        timeout: config.stop_timeout,
+        poll: Duration::from_millis(10),
+    };
+    if let Some(dir) = &remembered.dir
+        && !leftovers::clean(dir, driver, stop_options)
+    {
+        event(
+            "not starting: GPU memory a leftover of an earlier run held is not verified free (see above)",
+        );
+        return Ok(Exit::StillHeld);
+    }
+    let mut record = RunRecord::new(remembered.dir.as_ref());
+    let mut restarts = 0u32;
+    let mut start_number = 0u32;
+    loop {
+        start_number += 1;
+        let Some((containment, spawned)) = start(config, outputs, &mut record, start_number) else {
+            return Ok(Exit::Usage);
+        };
+        let served = serve(
+            config,
+            driver,
+            &containment,
+            spawned,
+            &stop,
+            &mut remembered,
+            start_number,
+        );
+        record.released(&containment);
+        let outcome = match next_step(config, &served, &mut restarts) {
+            Step::Done(exit) => return Ok(exit),
+            Step::Restart(outcome) => outcome,
+        };
+        if !back_off(config, &stop, restarts) {
+            return Ok(outcome);
+        }
+    }
+}
+
+/// Sets up what lasts for the whole run: the server's orphans come back
+/// to us, the stop signals are noted, the metrics are served. Returns the
+/// flag a stop signal sets.
+fn prepare(config: &RunConfig) -> std::io::Result<Arc<AtomicBool>> {
     // Orphans of the server come back to us rather than to PID 1.
     if let Err(error) = rustix::process::set_child_subreaper(Some(rustix::process::getpid())) {
         event(&format!("cannot become child subreaper: {error}"));
@@ -249,182 +296,227 @@ fn supervise_with(
             "no readiness check given: the server counts as ready once started, so --stall-timeout and --startup-timeout do not apply",
         );
     }
+    Ok(stop)
+}
 
-    let mut remembered = Remembered::load(state_dir);
-    let stop_options = Options {
-        grace: config.grace,
-        timeout: config.stop_timeout,
-        poll: Duration::from_millis(10),
-    };
-    if let Some(dir) = &remembered.dir
-        && !leftovers::clean(dir, driver, stop_options)
-    {
-        event(
-            "not starting: GPU memory a leftover of an earlier run held is not verified free (see above)",
-        );
-        return Ok(Exit::StillHeld);
-    }
-    let mut record = RunRecord::new(remembered.dir.as_ref());
-    let mut restarts = 0u32;
-    let mut start_number = 0u32;
-    loop {
-        start_number += 1;
-        let mut containment = Containment::prepare(config.allow_cgroup, start_number);
-        record.made(&containment);
-        event(&format!("containment: {containment}"));
-        let spawned = match spawn(config, &containment, outputs) {
-            Ok(spawned) => spawned,
-            Err(error) if matches!(containment, Containment::Cgroup { .. }) => {
-                // The command may be fine and the cgroup the problem: try without it.
-                containment.release();
-                record.released(&containment);
-                containment = Containment::Fallback {
-                    why: format!("starting inside the cgroup failed: {error}"),
-                };
-                event(&format!("containment: {containment}"));
-                match spawn(config, &containment, outputs) {
-                    Ok(spawned) => spawned,
-                    Err(error) => {
-                        event(&format!("cannot start {}: {error}", config.command[0]));
-                        return Ok(Exit::Usage);
-                    }
+/// Starts the server in its containment, recorded; in a cgroup if it can,
+/// else once more without one. `None` when it cannot start at all (said).
+fn start(
+    config: &RunConfig,
+    outputs: &Outputs,
+    record: &mut RunRecord,
+    start_number: u32,
+) -> Option<(Containment, Spawned)> {
+    let mut containment = Containment::prepare(config.allow_cgroup, start_number);
+    record.made(&containment);
+    event(&format!("containment: {containment}"));
+    match spawn(config, &containment, outputs) {
+        Ok(spawned) => Some((containment, spawned)),
+        Err(error) if matches!(containment, Containment::Cgroup { .. }) => {
+            // The command may be fine and the cgroup the problem: try without it.
+            containment.release();
+            record.released(&containment);
+            containment = Containment::Fallback {
+                why: format!("starting inside the cgroup failed: {error}"),
+            };
+            event(&format!("containment: {containment}"));
+            match spawn(config, &containment, outputs) {
+                Ok(spawned) => Some((containment, spawned)),
+                Err(error) => {
+                    event(&format!("cannot start {}: {error}", config.command[0]));
+                    None
                 }
             }
-            Err(error) => {
-                containment.release();
-                record.released(&containment);
-                event(&format!("cannot start {}: {error}", config.command[0]));
-                return Ok(Exit::Usage);
-            }
-        };
-        let _sweep = SweepOnPanic(&containment);
-        metrics::started();
-        let mut main = MainProcess {
-            pid: spawned.pid,
-            status: None,
-        };
-        event(&format!(
-            "start {start_number}: pid {}: {}; ready when {}",
-            main.pid,
-            config.command.join(" "),
-            config.readiness
-        ));
-
-        let mut cpu = CpuSamples::default();
-        let started = Instant::now();
-        let (ended, ready_at) = watch(
-            config,
-            &containment,
-            &mut main,
-            &spawned.log,
-            &stop,
-            &mut cpu,
-            &mut remembered,
-        );
-        let seconds = started.elapsed().as_secs_f64();
-        match &ended {
-            Ended::Exited(status) => metrics::ended(*status),
-            Ended::Stopped => metrics::stopped(),
-            Ended::Hung(_) => {}
         }
-        let (failure, summary) = match &ended {
-            Ended::Hung(reason) => (true, reason.clone()),
-            Ended::Exited(status) if Exit::succeeded(status.exit_status()) => {
-                (false, format!("server {}", describe_status(*status)))
-            }
-            Ended::Exited(status) => (true, format!("crash: server {}", describe_status(*status))),
-            Ended::Stopped => (false, "stop requested (signal to gpureap)".to_string()),
-        };
-        event(&summary);
-        if failure {
-            // A crash's last words may still be in the pipes: let them arrive first.
-            output::wait_for_quiet(
-                &spawned.log,
-                Duration::from_millis(100),
-                Duration::from_secs(1),
-            );
-            write_bundle(
-                config,
-                driver,
-                &containment,
-                &spawned.log,
-                &mut cpu,
-                &remembered,
-                &summary,
-                start_number,
-                seconds,
-            );
-        }
-
-        let (freed, forced) = stop_tree(config, driver, &containment, &mut main);
-        record.released(&containment);
-        output::join(spawned.pumps, PIPE_DRAIN);
-        main.reap();
-        let clean_stop = !forced && main.status.is_none_or(ended_cleanly);
-
-        if matches!(ended, Ended::Stopped) {
-            return Ok(if freed && clean_stop {
-                Exit::Success
-            } else {
-                Exit::StillHeld
-            });
-        }
-        let outcome = if freed && !failure {
-            Exit::Success
-        } else {
-            Exit::StillHeld
-        };
-        let restart = match config.restart {
-            Restart::Never => false,
-            Restart::OnFailure => failure,
-            Restart::Always => true,
-        };
-        if !restart {
-            return Ok(outcome);
-        }
-        if !freed {
-            event("not restarting: GPU memory the server held is not verified free (see above)");
-            return Ok(Exit::StillHeld);
-        }
-        if ready_at.is_some_and(|at| at.elapsed() >= HEALTHY_RUN) {
-            restarts = 0;
-        }
-        if restarts >= config.max_restarts {
-            event(&format!(
-                "giving up: {restarts} restart(s) used of --max-restarts {}",
-                config.max_restarts
-            ));
-            return Ok(outcome);
-        }
-        let pause = config
-            .backoff
-            .checked_mul(1u32 << restarts.min(16))
-            .unwrap_or(MAX_BACKOFF)
-            .min(MAX_BACKOFF);
-        restarts += 1;
-        metrics::restarted();
-        event(&format!(
-            "restarting in {} (restart {restarts} of {})",
-            Elapsed(pause),
-            config.max_restarts
-        ));
-        let resume = Instant::now() + pause;
-        loop {
-            if stop.load(Ordering::Relaxed) {
-                event("stop requested: not restarting");
-                return Ok(outcome);
-            }
-            if Instant::now() >= resume {
-                break;
-            }
-            std::thread::sleep(
-                Duration::from_millis(20).min(resume.saturating_duration_since(Instant::now())),
-            );
+        Err(error) => {
+            containment.release();
+            record.released(&containment);
+            event(&format!("cannot start {}: {error}", config.command[0]));
+            None
         }
     }
 }
 
-/// A started server: its main PID and the threads pumping its output.
+/// How one start of the server went, once its tree is stopped.
+struct Served {
+    /// A stop signal to gpureap ended it.
+    stopped: bool,
+    /// It crashed or hung.
+    failure: bool,
+    /// The GPU memory it held is verified free.
+    freed: bool,
+    /// It and its tree stopped without being forced.
+    clean_stop: bool,
+    ready_at: Option<Instant>,
+}
+
+/// Watches one start of the server until it ends, writes a bundle when
+/// it failed, then stops its tree and frees its GPU memory.
+fn serve(
+    config: &RunConfig,
+    driver: &dyn Driver,
+    containment: &Containment,
+    spawned: Spawned,
+    stop: &AtomicBool,
+    remembered: &mut Remembered,
+    start_number: u32,
+) -> Served {
+    let _sweep = SweepOnPanic(containment);
+    metrics::started();
+    let mut main = MainProcess {
+        pid: spawned.pid,
+        status: None,
+    };
+    event(&format!(
+        "start {start_number}: pid {}: {}; ready when {}",
+        main.pid,
+        config.command.join(" "),
+        config.readiness
+    ));
+
+    let mut cpu = CpuSamples::default();
+    let started = Instant::now();
+    let (ended, ready_at) = watch(
+        config,
+        containment,
+        &mut main,
+        &spawned.log,
+        stop,
+        &mut cpu,
+        remembered,
+    );
+    let seconds = started.elapsed().as_secs_f64();
+    let (failure, summary) = judge(&ended);
+    event(&summary);
+    if failure {
+        // A crash's last words may still be in the pipes: let them arrive first.
+        output::wait_for_quiet(
+            &spawned.log,
+            Duration::from_millis(100),
+            Duration::from_secs(1),
+        );
+        write_bundle(
+            config,
+            driver,
+            containment,
+            &spawned.log,
+            &mut cpu,
+            remembered,
+            &summary,
+            start_number,
+            seconds,
+        );
+    }
+
+    let (freed, forced) = stop_tree(config, driver, containment, &mut main);
+    output::join(spawned.pumps, PIPE_DRAIN);
+    main.reap();
+    Served {
+        stopped: matches!(ended, Ended::Stopped),
+        failure,
+        freed,
+        clean_stop: !forced && main.status.is_none_or(ended_cleanly),
+        ready_at,
+    }
+}
+
+/// Counts how a start ended; whether that is a failure, and its summary.
+fn judge(ended: &Ended) -> (bool, String) {
+    match ended {
+        Ended::Exited(status) => metrics::ended(*status),
+        Ended::Stopped => metrics::stopped(),
+        Ended::Hung(_) => {}
+    }
+    match ended {
+        Ended::Hung(reason) => (true, reason.clone()),
+        Ended::Exited(status) if Exit::succeeded(status.exit_status()) => {
+            (false, format!("server {}", describe_status(*status)))
+        }
+        Ended::Exited(status) => (true, format!("crash: server {}", describe_status(*status))),
+        Ended::Stopped => (false, "stop requested (signal to gpureap)".to_string()),
+    }
+}
+
+/// What follows a start: the run ends with an exit code, or the server
+/// restarts (with the code the run ends with if a stop comes first).
+enum Step {
+    Done(Exit),
+    Restart(Exit),
+}
+
+/// Decides, by `--restart` and `--max-restarts`, whether the server starts
+/// again; counts the restart (`restarts`) when it does.
+fn next_step(config: &RunConfig, served: &Served, restarts: &mut u32) -> Step {
+    if served.stopped {
+        return Step::Done(if served.freed && served.clean_stop {
+            Exit::Success
+        } else {
+            Exit::StillHeld
+        });
+    }
+    let outcome = if served.freed && !served.failure {
+        Exit::Success
+    } else {
+        Exit::StillHeld
+    };
+    let restart = match config.restart {
+        Restart::Never => false,
+        Restart::OnFailure => served.failure,
+        Restart::Always => true,
+    };
+    if !restart {
+        return Step::Done(outcome);
+    }
+    if !served.freed {
+        event("not restarting: GPU memory the server held is not verified free (see above)");
+        return Step::Done(Exit::StillHeld);
+    }
+    if served
+        .ready_at
+        .is_some_and(|at| at.elapsed() >= HEALTHY_RUN)
+    {
+        *restarts = 0;
+    }
+    if *restarts >= config.max_restarts {
+        event(&format!(
+            "giving up: {restarts} restart(s) used of --max-restarts {}",
+            config.max_restarts
+        ));
+        return Step::Done(outcome);
+    }
+    *restarts += 1;
+    metrics::restarted();
+    Step::Restart(outcome)
+}
+
+/// Waits before restart number `restarts` (the backoff doubles each time,
+/// up to `MAX_BACKOFF`); false when a stop signal comes meanwhile.
+fn back_off(config: &RunConfig, stop: &AtomicBool, restarts: u32) -> bool {
+    let pause = config
+        .backoff
+        .checked_mul(1u32 << (restarts - 1).min(16))
+        .unwrap_or(MAX_BACKOFF)
+        .min(MAX_BACKOFF);
+    event(&format!(
+        "restarting in {} (restart {restarts} of {})",
+        Elapsed(pause),
+        config.max_restarts
+    ));
+    let resume = Instant::now() + pause;
+    loop {
+        if stop.load(Ordering::Relaxed) {
+            event("stop requested: not restarting");
+            return false;
+        }
+        if Instant::now() >= resume {
+            return true;
+        }
+        std::thread::sleep(
+            Duration::from_millis(20).min(resume.saturating_duration_since(Instant::now())),
+        );
+    }
+}
+
 struct Spawned {
     pid: u32,
     log: SharedLog,

@@ -18,9 +18,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::cli::{
-    SlurmCommand, SlurmCommonArgs, SlurmEpilogArgs, SlurmHealthcheckArgs, SlurmPrologArgs,
-};
 use crate::driver::{self, BackendChoice, Driver};
 use crate::exit::Exit;
 use crate::proc::{self, ProcessRecord};
@@ -52,11 +49,11 @@ const LIVE_JOB_STATES: [&str; 6] = [
     "SIGNALING",
 ];
 
-pub fn main(backend: &BackendChoice, command: &SlurmCommand) -> Exit {
+pub fn main(backend: &BackendChoice, command: &Hook) -> Exit {
     let code = match command {
-        SlurmCommand::Epilog(args) => epilog(backend, args),
-        SlurmCommand::Prolog(args) => prolog(backend, args),
-        SlurmCommand::Healthcheck(args) => healthcheck(backend, args),
+        Hook::Epilog(args) => epilog(backend, args),
+        Hook::Prolog(args) => prolog(backend, args),
+        Hook::Healthcheck(args) => healthcheck(backend, args),
     };
     // Done just as the deadline passed: its drain and exit code count.
     if scontrol::deadline_passed() {
@@ -65,6 +62,52 @@ pub fn main(backend: &BackendChoice, command: &SlurmCommand) -> Exit {
         }
     }
     code
+}
+
+/// The Slurm hook to run and its flags, typed by config.
+#[derive(Debug, Clone)]
+pub enum Hook {
+    Epilog(EpilogConfig),
+    Prolog(PrologConfig),
+    Healthcheck(HealthcheckConfig),
+}
+
+/// The flags every Slurm hook takes.
+#[derive(Debug, Clone)]
+pub struct CommonConfig {
+    /// scontrol to drain and resume with; `None` for the first of the usual places, then PATH.
+    pub scontrol: Option<PathBuf>,
+    /// Also append every decision as a JSON line to this file.
+    pub log: Option<PathBuf>,
+    /// Report what would be done; signal, reset, drain and resume nothing.
+    pub dry_run: bool,
+    /// Give up after this long in all: drain the node with a reason and exit 1.
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct EpilogConfig {
+    pub common: CommonConfig,
+    /// How long the job's leftovers get after SIGTERM before SIGSTOP+SIGKILL.
+    pub grace: Duration,
+    /// Reset a GPU whose only holder is driver-held memory, instead of draining.
+    pub reset: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct PrologConfig {
+    pub common: CommonConfig,
+    /// How long to wait for a release in progress before refusing the GPUs.
+    pub wait: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct HealthcheckConfig {
+    pub common: CommonConfig,
+    /// The node to drain or resume; `None` for $SLURMD_NODENAME, else the short host name.
+    pub node: Option<String>,
+    /// Reset a GPU whose only holder is driver-held memory, instead of draining.
+    pub reset: bool,
 }
 
 /// The job slurmd describes in the prolog's and epilog's environment.
@@ -171,7 +214,7 @@ struct Context {
 impl Context {
     fn new(
         command: &'static str,
-        common: &SlurmCommonArgs,
+        common: &CommonConfig,
         job: Option<u64>,
         node: Option<String>,
     ) -> Context {
@@ -598,7 +641,7 @@ struct Started {
 /// the node's GPUs are clean.
 fn start(
     command: &'static str,
-    common: &SlurmCommonArgs,
+    common: &CommonConfig,
     backend: &BackendChoice,
 ) -> Result<Started, Exit> {
     if let Err(error) = check_flags(common) {
@@ -638,7 +681,7 @@ fn start(
 /// The flags' own mistakes, before anything is looked at: a `--timeout`
 /// under a second would end the command before it looked, and a
 /// `--scontrol` that cannot run would only show when a drain is needed.
-fn check_flags(common: &SlurmCommonArgs) -> Result<(), String> {
+fn check_flags(common: &CommonConfig) -> Result<(), String> {
     if let Some(path) = &common.scontrol {
         Scontrol::find(Some(path))?;
     }
@@ -651,7 +694,7 @@ fn check_flags(common: &SlurmCommonArgs) -> Result<(), String> {
     Ok(())
 }
 
-fn epilog(backend: &BackendChoice, args: &SlurmEpilogArgs) -> Exit {
+fn epilog(backend: &BackendChoice, args: &EpilogConfig) -> Exit {
     let started = Instant::now();
     let Started {
         context,
@@ -663,38 +706,7 @@ fn epilog(backend: &BackendChoice, args: &SlurmEpilogArgs) -> Exit {
         Err(code) => return code,
     };
     let snapshot = Snapshot::take(driver.as_ref());
-    // The job a process names in its environment, for those the driver
-    // lists on the job's GPUs and their descendants (what may be signalled).
-    let tree = snapshot.tree();
-    let listed: BTreeSet<u32> = gpus
-        .iter()
-        .filter_map(|&index| snapshot.gpu(index))
-        .flat_map(|gpu| gpu.users.iter().filter(|user| user.listed && !user.hidden))
-        .map(|user| user.pid)
-        .collect();
-    let mut members = BTreeSet::new();
-    let mut others = BTreeSet::new();
-    for pid in listed
-        .iter()
-        .flat_map(|&pid| std::iter::once(pid).chain(tree.descendants(pid)))
-    {
-        let Some(record) = snapshot.processes.get(&pid) else {
-            continue;
-        };
-        match job_of(pid) {
-            Some(named) if named == job.id => members.insert(record.id),
-            Some(_) => others.insert(record.id),
-            None => false,
-        };
-    }
-    let job_scope = JobScope {
-        // Root also owns the host's daemons: a root job's processes are known
-        // by their environment only.
-        uid: job.uid.filter(|&uid| uid != 0),
-        members,
-        others,
-        owner: job.uid,
-    };
+    let job_scope = job_scope(&snapshot, &gpus, &job);
     let scope = Scope {
         gpus: Some(gpus.clone()),
         job: Some(job_scope.clone()),
@@ -737,84 +749,164 @@ fn epilog(backend: &BackendChoice, args: &SlurmEpilogArgs) -> Exit {
         }
         snapshot
     } else {
-        // Three quarters of the budget for freeing; the rest for the last
-        // look, a reset and the drain.
-        let budget = (args.common.timeout * 3 / 4).saturating_sub(started.elapsed());
-        let grace = args.grace.min(budget / 2);
-        // Verification waits past VERIFY only while memory is still going
-        // down: driver-held memory never comes back, and is judged below.
-        let options = Options {
-            grace,
-            timeout: budget.saturating_sub(grace).min(VERIFY),
-            poll: Duration::from_millis(5),
-        };
-        // Verified are the GPUs the leftovers use: a GPU the job left only
-        // driver-held memory on has nothing to wait for.
-        let touched: BTreeSet<u32> = plan
-            .targets
-            .iter()
-            .flat_map(|target| target.gpus.iter().copied())
-            .filter(|index| gpus.contains(index))
-            .collect();
-        let free_scope = Scope {
-            gpus: Some(if touched.is_empty() {
-                gpus.clone()
-            } else {
-                touched
-            }),
-            ..scope.clone()
-        };
         let outcome = reap::free(
             driver.as_ref(),
-            &free_scope,
+            &free_scope(&plan, &gpus, &scope),
             &guard,
             snapshot,
-            options,
+            free_options(args, started),
             &mut |_| {},
         );
-        for target in &outcome.targets {
-            let signals: Vec<&str> = target
-                .signals
-                .iter()
-                .filter(|event| event.delivery == reap::Delivery::Sent)
-                .map(|event| event.signal.name())
-                .collect();
-            let fate = match (target.fate, target.exited_after_ms) {
-                (Fate::Exited, Some(ms)) => format!("exited after {ms} ms"),
-                (Fate::Exited, None) | (Fate::Zombie, _) => "exited".to_string(),
-                (Fate::PermissionDenied, _) => "permission denied".to_string(),
-                (Fate::Alive, _) => "still alive".to_string(),
-            };
-            context.say(
-                "signal",
-                target.gpus.first().copied(),
-                Some(target.pid),
-                &format!(
-                    "pid {} ({}) of job {}{}: {}; {fate}",
-                    target.pid,
-                    target.comm,
-                    job.id,
-                    if target.gpus.is_empty() {
-                        String::new()
-                    } else {
-                        format!(" on GPU {}", list(&target.gpus))
-                    },
-                    if signals.is_empty() {
-                        "not signalled".to_string()
-                    } else {
-                        signals.join(", ")
-                    }
-                ),
-            );
-        }
+        say_freed(&context, &outcome, job.id);
         Snapshot::take(driver.as_ref())
     };
+    let mut found = epilog_findings(&context, &after, &gpus, &job, &job_scope, &would_free);
+    if args.reset {
+        found = reset_driver_held(&context, driver.as_ref(), found);
+    }
+    if !found.is_empty() {
+        return drain_for(&context, &found);
+    }
+    context.say(
+        "clean",
+        None,
+        None,
+        &format!(
+            "{}GPU {} clean after {}",
+            if context.dry_run { "--dry-run: " } else { "" },
+            list(&gpus),
+            Elapsed(started.elapsed())
+        ),
+    );
+    Exit::Success
+}
+
+/// The job's processes and other jobs' among those the driver lists on
+/// the job's GPUs and their descendants (what may be signalled), by the job
+/// each names in its environment.
+fn job_scope(snapshot: &Snapshot, gpus: &BTreeSet<u32>, job: &Job) -> JobScope {
+    let tree = snapshot.tree();
+    let listed: BTreeSet<u32> = gpus
+        .iter()
+        .filter_map(|&index| snapshot.gpu(index))
+        .flat_map(|gpu| gpu.users.iter().filter(|user| user.listed && !user.hidden))
+        .map(|user| user.pid)
+        .collect();
+    let mut members = BTreeSet::new();
+    let mut others = BTreeSet::new();
+    for pid in listed
+        .iter()
+        .flat_map(|&pid| std::iter::once(pid).chain(tree.descendants(pid)))
+    {
+        let Some(record) = snapshot.processes.get(&pid) else {
+            continue;
+        };
+        match job_of(pid) {
+            Some(named) if named == job.id => members.insert(record.id),
+            Some(_) => others.insert(record.id),
+            None => false,
+        };
+    }
+    JobScope {
+        // Root also owns the host's daemons: a root job's processes are known
+        // by their environment only.
+        uid: job.uid.filter(|&uid| uid != 0),
+        members,
+        others,
+        owner: job.uid,
+    }
+}
+
+/// How long the epilog's free may take: three quarters of the budget left
+/// for freeing; the rest for the last look, a reset and the drain.
+fn free_options(args: &EpilogConfig, started: Instant) -> Options {
+    let budget = (args.common.timeout * 3 / 4).saturating_sub(started.elapsed());
+    let grace = args.grace.min(budget / 2);
+    // Verification waits past VERIFY only while memory is still going
+    // down: driver-held memory never comes back, and is judged below.
+    Options {
+        grace,
+        timeout: budget.saturating_sub(grace).min(VERIFY),
+        poll: Duration::from_millis(5),
+    }
+}
+
+/// What the epilog's free verifies: the GPUs the leftovers use; all the
+/// job's when they use none (a GPU the job left only driver-held memory on
+/// has nothing to wait for).
+fn free_scope(plan: &reap::FreeReport, gpus: &BTreeSet<u32>, scope: &Scope) -> Scope {
+    let touched: BTreeSet<u32> = plan
+        .targets
+        .iter()
+        .flat_map(|target| target.gpus.iter().copied())
+        .filter(|index| gpus.contains(index))
+        .collect();
+    Scope {
+        gpus: Some(if touched.is_empty() {
+            gpus.clone()
+        } else {
+            touched
+        }),
+        ..scope.clone()
+    }
+}
+
+/// Says, for each process the epilog's free took, what it was sent and how it ended.
+fn say_freed(context: &Context, outcome: &reap::FreeReport, job: u64) {
+    for target in &outcome.targets {
+        let signals: Vec<&str> = target
+            .signals
+            .iter()
+            .filter(|event| event.delivery == reap::Delivery::Sent)
+            .map(|event| event.signal.name())
+            .collect();
+        let fate = match (target.fate, target.exited_after_ms) {
+            (Fate::Exited, Some(ms)) => format!("exited after {ms} ms"),
+            (Fate::Exited, None) | (Fate::Zombie, _) => "exited".to_string(),
+            (Fate::PermissionDenied, _) => "permission denied".to_string(),
+            (Fate::Alive, _) => "still alive".to_string(),
+        };
+        context.say(
+            "signal",
+            target.gpus.first().copied(),
+            Some(target.pid),
+            &format!(
+                "pid {} ({}) of job {}{}: {}; {fate}",
+                target.pid,
+                target.comm,
+                job,
+                if target.gpus.is_empty() {
+                    String::new()
+                } else {
+                    format!(" on GPU {}", list(&target.gpus))
+                },
+                if signals.is_empty() {
+                    "not signalled".to_string()
+                } else {
+                    signals.join(", ")
+                }
+            ),
+        );
+    }
+}
+
+/// What stays on the job's GPUs after the free: the verifier's reasons,
+/// and each process that is not the job's judged by what Slurm says of
+/// its own job.
+fn epilog_findings(
+    context: &Context,
+    after: &Snapshot,
+    gpus: &BTreeSet<u32>,
+    job: &Job,
+    job_scope: &JobScope,
+    would_free: &BTreeSet<u32>,
+) -> Vec<Finding> {
     // Another job's process is never signalled here. It may stay when Slurm
     // shows that job running on this node, under the process's uid, and on
     // that GPU where Slurm says: GPUs may be shared.
     let scontrol = context.scontrol();
     let mut slurm_jobs = SlurmJobs::default();
-    let mut found = findings(&after, &gpus, &mut |gpu, record| {
+    let found = findings(after, gpus, &mut |gpu, record| {
         let pid = record.id.pid;
         if would_free.contains(&pid) {
             return None;
@@ -854,28 +946,11 @@ fn epilog(backend: &BackendChoice, args: &SlurmEpilogArgs) -> Exit {
             )),
         }
     });
-    slurm_jobs.log_errors(&context, "reported");
-    if args.reset {
-        found = reset_driver_held(&context, driver.as_ref(), found);
-    }
-    if !found.is_empty() {
-        return drain_for(&context, &found);
-    }
-    context.say(
-        "clean",
-        None,
-        None,
-        &format!(
-            "{}GPU {} clean after {}",
-            if context.dry_run { "--dry-run: " } else { "" },
-            list(&gpus),
-            Elapsed(started.elapsed())
-        ),
-    );
-    Exit::Success
+    slurm_jobs.log_errors(context, "reported");
+    found
 }
 
-fn prolog(backend: &BackendChoice, args: &SlurmPrologArgs) -> Exit {
+fn prolog(backend: &BackendChoice, args: &PrologConfig) -> Exit {
     let started = Instant::now();
     let Started {
         context,
@@ -940,69 +1015,15 @@ fn node_name(given: Option<&str>) -> Option<String> {
         })
 }
 
-fn healthcheck(backend: &BackendChoice, args: &SlurmHealthcheckArgs) -> Exit {
+fn healthcheck(backend: &BackendChoice, args: &HealthcheckConfig) -> Exit {
     let started = Instant::now();
-    if let Err(error) = check_flags(&args.common) {
-        Context::new("healthcheck", &args.common, None, None).say("error", None, None, &error);
-        return Exit::Usage;
-    }
-    let Some(node) = node_name(args.node.as_deref()) else {
-        Context::new("healthcheck", &args.common, None, None).say(
-            "error",
-            None,
-            None,
-            "cannot tell this node's name: pass --node NAME or set SLURMD_NODENAME",
-        );
-        return Exit::Usage;
-    };
-    let context = Context::new("healthcheck", &args.common, None, Some(node.clone()));
-    context.bound("healthcheck", args.common.timeout);
-    let scontrol = match context.scontrol() {
-        Ok(scontrol) => scontrol,
-        Err(error) => {
-            context.say("error", None, None, &error);
-            return Exit::Incomplete;
-        }
-    };
-    let driver = match driver::open(backend) {
-        Ok(driver) => driver,
-        Err(error) => {
-            context.say(
-                "error",
-                None,
-                None,
-                &format!("cannot open the GPU driver: {error}"),
-            );
-            context.drain(&format!("cannot check the GPUs: {error}"));
-            return Exit::Incomplete;
-        }
+    let (context, node, scontrol, driver) = match open_healthcheck(backend, args) {
+        Ok(opened) => opened,
+        Err(code) => return code,
     };
     let gpus: BTreeSet<u32> = (0..driver.gpu_count().unwrap_or(0)).collect();
     let snapshot = Snapshot::take(driver.as_ref());
-    let mut slurm_jobs = SlurmJobs::default();
-    let mut found = findings(&snapshot, &gpus, &mut |gpu, record| {
-        let protected = select::protected_name(record, select::DEFAULT_PROTECTED).is_some();
-        // A protected name spares what looks like the daemon: no job in its
-        // environment, or not the job's uid (a daemon a prolog started
-        // carries the job's id, as root). Not a job's leftover that took the
-        // name: that is judged like any holder.
-        let Some(job) = job_of(record.id.pid) else {
-            return (!protected).then(|| "no job's".to_string());
-        };
-        match slurm_jobs.get(Ok(&scontrol), job) {
-            Ok(info) => not_running_here(info, job, &node, record.uid, gpu).filter(|_| {
-                let daemon = match info {
-                    Some(info) => info.unreadable.is_none() && info.uid != record.uid,
-                    // Slurm no longer knows the job's uid: root's looks like a daemon.
-                    None => record.uid == Some(0),
-                };
-                !(protected && daemon)
-            }),
-            // Slurm could not say: do not drain on a guess.
-            Err(_) => None,
-        }
-    });
-    slurm_jobs.log_errors(&context, "not judged");
+    let mut found = healthcheck_findings(&context, &snapshot, &gpus, &scontrol, &node);
     if args.reset {
         found = reset_driver_held(&context, driver.as_ref(), found);
     }
@@ -1027,52 +1048,12 @@ fn healthcheck(backend: &BackendChoice, args: &SlurmHealthcheckArgs) -> Exit {
         .as_deref()
         .is_some_and(|reason| reason.starts_with(REASON_PREFIX));
     if !found.is_empty() {
-        if state.drained() && !ours {
-            for finding in &found {
-                context.say("held", Some(finding.gpu), finding.pid, &finding.text);
-            }
-            context.say(
-                "leave",
-                None,
-                None,
-                &format!(
-                    "{node} is drained already by someone else (reason: {}); left as it is",
-                    state.reason.as_deref().unwrap_or("none")
-                ),
-            );
-            return Exit::StillHeld;
-        }
-        return drain_for(&context, &found);
+        return drain_unless_drained(&context, &found, &node, &state, ours);
     }
     if state.drained() && ours {
-        let reason = state.reason.as_deref().unwrap_or_default();
-        if context.dry_run {
-            context.say(
-                "resume",
-                None,
-                None,
-                &format!("--dry-run: would resume {node} (drained: {reason})"),
-            );
-        } else {
-            match scontrol.resume(&node) {
-                Ok(()) => context.say(
-                    "resume",
-                    None,
-                    None,
-                    &format!("GPUs clean again; resumed {node} (drained: {reason})"),
-                ),
-                Err(error) => {
-                    context.say(
-                        "error",
-                        None,
-                        None,
-                        &format!("cannot resume {node}: {error}"),
-                    );
-                    return Exit::Incomplete;
-                }
-            }
-        }
-    } else if state.drained() {
+        return resume(&context, &scontrol, &node, &state);
+    }
+    if state.drained() {
         context.say(
             "leave",
             None,
@@ -1095,6 +1076,148 @@ fn healthcheck(backend: &BackendChoice, args: &SlurmHealthcheckArgs) -> Exit {
         );
     }
     Exit::Success
+}
+
+/// The healthcheck's flags checked, this node named, scontrol found and
+/// the driver opened; else the exit code, said (and drained for when the
+/// GPUs cannot be checked).
+fn open_healthcheck(
+    backend: &BackendChoice,
+    args: &HealthcheckConfig,
+) -> Result<(Context, String, Scontrol, Box<dyn Driver>), Exit> {
+    if let Err(error) = check_flags(&args.common) {
+        Context::new("healthcheck", &args.common, None, None).say("error", None, None, &error);
+        return Err(Exit::Usage);
+    }
+    let Some(node) = node_name(args.node.as_deref()) else {
+        Context::new("healthcheck", &args.common, None, None).say(
+            "error",
+            None,
+            None,
+            "cannot tell this node's name: pass --node NAME or set SLURMD_NODENAME",
+        );
+        return Err(Exit::Usage);
+    };
+    let context = Context::new("healthcheck", &args.common, None, Some(node.clone()));
+    context.bound("healthcheck", args.common.timeout);
+    let scontrol = match context.scontrol() {
+        Ok(scontrol) => scontrol,
+        Err(error) => {
+            context.say("error", None, None, &error);
+            return Err(Exit::Incomplete);
+        }
+    };
+    let driver = match driver::open(backend) {
+        Ok(driver) => driver,
+        Err(error) => {
+            context.say(
+                "error",
+                None,
+                None,
+                &format!("cannot open the GPU driver: {error}"),
+            );
+            context.drain(&format!("cannot check the GPUs: {error}"));
+            return Err(Exit::Incomplete);
+        }
+    };
+    Ok((context, node, scontrol, driver))
+}
+
+/// What holds this node's GPUs: the verifier's reasons, and each process
+/// judged by what Slurm says of the job in its environment.
+fn healthcheck_findings(
+    context: &Context,
+    snapshot: &Snapshot,
+    gpus: &BTreeSet<u32>,
+    scontrol: &Scontrol,
+    node: &str,
+) -> Vec<Finding> {
+    let mut slurm_jobs = SlurmJobs::default();
+    let found = findings(snapshot, gpus, &mut |gpu, record| {
+        let protected = select::protected_name(record, select::DEFAULT_PROTECTED).is_some();
+        // A protected name spares what looks like the daemon: no job in its
+        // environment, or not the job's uid (a daemon a prolog started
+        // carries the job's id, as root). Not a job's leftover that took the
+        // name: that is judged like any holder.
+        let Some(job) = job_of(record.id.pid) else {
+            return (!protected).then(|| "no job's".to_string());
+        };
+        match slurm_jobs.get(Ok(scontrol), job) {
+            Ok(info) => not_running_here(info, job, node, record.uid, gpu).filter(|_| {
+                let daemon = match info {
+                    Some(info) => info.unreadable.is_none() && info.uid != record.uid,
+                    // Slurm no longer knows the job's uid: root's looks like a daemon.
+                    None => record.uid == Some(0),
+                };
+                !(protected && daemon)
+            }),
+            // Slurm could not say: do not drain on a guess.
+            Err(_) => None,
+        }
+    });
+    slurm_jobs.log_errors(context, "not judged");
+    found
+}
+
+/// Drains the node for what holds its GPUs, unless someone else drained it
+/// already: that drain is left as it is (exit 1, the GPUs still held).
+fn drain_unless_drained(
+    context: &Context,
+    found: &[Finding],
+    node: &str,
+    state: &scontrol::NodeState,
+    ours: bool,
+) -> Exit {
+    if state.drained() && !ours {
+        for finding in found {
+            context.say("held", Some(finding.gpu), finding.pid, &finding.text);
+        }
+        context.say(
+            "leave",
+            None,
+            None,
+            &format!(
+                "{node} is drained already by someone else (reason: {}); left as it is",
+                state.reason.as_deref().unwrap_or("none")
+            ),
+        );
+        return Exit::StillHeld;
+    }
+    drain_for(context, found)
+}
+
+/// Resumes the node gpureap drained, now that its GPUs are clean.
+fn resume(context: &Context, scontrol: &Scontrol, node: &str, state: &scontrol::NodeState) -> Exit {
+    let reason = state.reason.as_deref().unwrap_or_default();
+    if context.dry_run {
+        context.say(
+            "resume",
+            None,
+            None,
+            &format!("--dry-run: would resume {node} (drained: {reason})"),
+        );
+        return Exit::Success;
+    }
+    match scontrol.resume(node) {
+        Ok(()) => {
+            context.say(
+                "resume",
+                None,
+                None,
+                &format!("GPUs clean again; resumed {node} (drained: {reason})"),
+            );
+            Exit::Success
+        }
+        Err(error) => {
+            context.say(
+                "error",
+                None,
+                None,
+                &format!("cannot resume {node}: {error}"),
+            );
+            Exit::Incomplete
+        }
+    }
 }
 
 #[cfg(test)]
