@@ -240,6 +240,21 @@ impl Context {
     }
 
     /// Drains the node with `gpureap: <reason>`; whether Slurm took it.
+    /// The GPU driver; one that cannot be opened is said, drained on, and
+    /// "could not complete".
+    fn open_driver(&self, backend: &BackendChoice) -> Result<Box<dyn Driver>, Exit> {
+        driver::open(backend).map_err(|error| {
+            self.say(
+                "error",
+                None,
+                None,
+                &format!("cannot open the GPU driver: {error}"),
+            );
+            self.drain(&format!("cannot check the GPUs: {error}"));
+            Exit::Incomplete
+        })
+    }
+
     fn drain(&self, reason: &str) -> bool {
         let reason = format!("{REASON_PREFIX} {reason}");
         let Some(node) = &self.node else {
@@ -328,16 +343,7 @@ fn job_gpus(
     backend: &BackendChoice,
     job: &Job,
 ) -> Result<(Box<dyn Driver>, BTreeSet<u32>), Exit> {
-    let driver = driver::open(backend).map_err(|error| {
-        context.say(
-            "error",
-            None,
-            None,
-            &format!("cannot open the GPU driver: {error}"),
-        );
-        context.drain(&format!("cannot check the GPUs: {error}"));
-        Exit::Incomplete
-    })?;
+    let driver = context.open_driver(backend)?;
     let count = driver.gpu_count().unwrap_or(0);
     let mut gpus = BTreeSet::new();
     for gpu in &job.gpus {
@@ -1107,19 +1113,7 @@ fn open_healthcheck(
             return Err(Exit::Incomplete);
         }
     };
-    let driver = match driver::open(backend) {
-        Ok(driver) => driver,
-        Err(error) => {
-            context.say(
-                "error",
-                None,
-                None,
-                &format!("cannot open the GPU driver: {error}"),
-            );
-            context.drain(&format!("cannot check the GPUs: {error}"));
-            return Err(Exit::Incomplete);
-        }
-    };
+    let driver = context.open_driver(backend)?;
     Ok((context, node, scontrol, driver))
 }
 
