@@ -1,5 +1,5 @@
-//! Signals to one process known by identity (PID + start time), and nothing
-//! else: the leaf that `reap`, `run` and the simulator's incident builder
+//! Signals to one process known by identity (PID + start time), or to the
+//! process group an unreaped child of ours leads, and nothing else: the leaf that `reap`, `run` and the simulator's incident builder
 //! share. It imports nothing of the pipeline (only `proc`, for the start
 //! time).
 //!
@@ -92,5 +92,15 @@ fn delivery(result: rustix::io::Result<()>) -> Delivery {
         Err(Errno::SRCH) => Delivery::Gone,
         Err(Errno::PERM | Errno::ACCESS) => Delivery::PermissionDenied,
         Err(error) => Delivery::Failed(error.to_string()),
+    }
+}
+
+/// SIGKILLs the process group led by `leader`, a child this process started
+/// with `process_group(0)` and has not reaped yet: while it is unreaped its
+/// PID, the group's id, cannot have been reused. A group already gone is
+/// no error.
+pub fn kill_group(leader: u32) {
+    if let Some(pid) = i32::try_from(leader).ok().and_then(Pid::from_raw) {
+        let _ = rustix::process::kill_process_group(pid, Signal::KILL);
     }
 }

@@ -19,6 +19,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use crate::exit::{Exit, Remote};
+use crate::signal::kill_group;
 
 /// The JSON a host answers with is this big at most. A real 8-GPU host's
 /// `status --json`, eight tensor-parallel workers each with every GPU's
@@ -486,7 +487,7 @@ fn run_bounded<S: AsRef<std::ffi::OsStr>>(
     // No thread to read or write with (RLIMIT_NPROC, memory): the child is
     // ended, and the host reported as not run.
     let no_thread = |child: &mut Child, error: std::io::Error| {
-        kill_group(child);
+        kill_group(child.id());
         let _ = child.kill();
         let _ = child.wait();
         format!("cannot start a thread: {error}")
@@ -526,7 +527,7 @@ fn run_bounded<S: AsRef<std::ffi::OsStr>>(
     let status = match wait_until(&mut child, deadline) {
         Waited::Exited(status) => status,
         ended => {
-            kill_group(&child);
+            kill_group(child.id());
             let _ = child.kill();
             let _ = child.wait();
             return Ok(match ended {
@@ -551,14 +552,6 @@ fn run_bounded<S: AsRef<std::ffi::OsStr>>(
         stderr,
         truncated,
     })
-}
-
-/// SIGKILLs the process group a child leads (its own, from `process_group(0)`),
-/// while the child is unreaped: the group's ID cannot have been reused.
-fn kill_group(child: &Child) {
-    if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
-        let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
-    }
 }
 
 /// Reads a pipe to its end on a thread of its own, keeping `limit` bytes

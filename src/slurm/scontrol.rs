@@ -16,7 +16,9 @@ use std::sync::mpsc;
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
-use rustix::process::{Pid, Signal, WaitId, WaitIdOptions};
+use rustix::process::{Pid, WaitId, WaitIdOptions};
+
+use crate::signal::kill_group;
 
 /// Where Slurm's client commands are installed by distributions and by hand.
 const PLACES: [&str; 5] = [
@@ -86,14 +88,6 @@ fn yield_to_deadline() {
 /// Whether a deadline has ended the calls (and is draining, then exiting).
 pub fn deadline_passed() -> bool {
     calls().closed_by.is_some()
-}
-
-/// SIGKILLs the process group `group`, led by an scontrol this process
-/// started and has not reaped yet (so the group's id is not reused).
-fn kill_group(group: u32) {
-    if let Some(pid) = Pid::from_raw(group as i32) {
-        let _ = rustix::process::kill_process_group(pid, Signal::KILL);
-    }
 }
 
 pub struct Scontrol {
@@ -509,9 +503,8 @@ fn read_in_background(pipe: Option<impl Read + Send + 'static>) -> mpsc::Receive
                 let _ = pipe.take(OUTPUT_LIMIT).read_to_end(&mut bytes);
                 let _ = send.send(String::from_utf8_lossy(&bytes).into_owned());
             });
-        if spawned.is_err() {
-            // No reader: the call reads as empty output.
-        }
+        // No reader (no thread could start): the call reads as empty output.
+        drop(spawned);
     }
     receive
 }
