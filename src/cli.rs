@@ -470,6 +470,19 @@ pub struct RunArgs {
     /// http://IP:PORT/metrics, e.g. 127.0.0.1:9840.
     #[arg(long, value_name = "IP:PORT", value_parser = listen_address)]
     pub metrics: Option<std::net::SocketAddr>,
+    /// Before each start, plan the server's command line on this host's GPUs (as `gpureap plan`
+    /// does) and refuse to start while memory others hold would shrink its KV cache (SGLang) or
+    /// stop it starting (vLLM), or while it cannot fit at all.
+    #[arg(long)]
+    pub plan: bool,
+    /// With --plan: wait up to this long for the holders to go, then start; on timeout exit 1,
+    /// nothing started.
+    #[arg(long, value_name = "DUR", value_parser = duration, requires = "plan",
+          conflicts_with = "accept_shrink")]
+    pub wait_for_fit: Option<Duration>,
+    /// With --plan: start even while others' memory shrinks the KV cache, saying what it costs.
+    #[arg(long, requires = "plan")]
+    pub accept_shrink: bool,
     /// The server's command line.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,

@@ -82,17 +82,38 @@ pub fn wait(
     below: u64,
     timeout: Duration,
 ) -> WaitOutcome {
+    wait_until(driver, gpus, below, timeout, |readings| {
+        readings.iter().all(|gpu| gpu.ready)
+    })
+}
+
+/// The one waiting loop: reads the memory of `gpus` (each GPU `ready` when
+/// it uses less than `below`) and returns as soon as `done` says the
+/// readings are enough, when the driver cannot report on one of them, or
+/// when `timeout` has passed. `done` is asked again only when the figures
+/// changed (`Driver::wait_for_change`): `wait` asks whether every GPU is
+/// below the limit, `run --plan --wait-for-fit` whether the server now fits.
+pub fn wait_until(
+    driver: &dyn Driver,
+    gpus: &BTreeSet<u32>,
+    below: u64,
+    timeout: Duration,
+    mut done: impl FnMut(&[WaitGpu]) -> bool,
+) -> WaitOutcome {
     let start = Instant::now();
+    let judge = |readings: &[WaitGpu], done: &mut dyn FnMut(&[WaitGpu]) -> bool| {
+        let failed = readings.iter().any(|gpu| gpu.error.is_some());
+        (failed, !failed && done(readings))
+    };
     let mut readings = states(driver.memory_used_of(gpus), below);
+    let (mut failed, mut ready) = judge(&readings, &mut done);
     loop {
-        let ready = readings.iter().all(|gpu| gpu.ready);
         tracing::trace!(
             elapsed_ms = start.elapsed().as_secs_f64() * 1e3,
             ready,
             "wait poll"
         );
         let waited = start.elapsed();
-        let failed = readings.iter().any(|gpu| gpu.error.is_some());
         if ready || failed || waited >= timeout {
             return WaitOutcome {
                 ready,
@@ -105,14 +126,15 @@ pub fn wait(
             .map(|gpu| (gpu.index, gpu.memory_used))
             .collect();
         // The figures that changed are the next reading. No change means
-        // the reading stands (every backend's `wait_for_change` says when
-        // memory may have moved): reading again would cost a /proc scan on
-        // the simulated driver for nothing.
+        // the reading and its verdict stand (every backend's
+        // `wait_for_change` says when memory may have moved): reading again
+        // would cost a /proc scan on the simulated driver for nothing.
         let Some(figures) =
             driver.wait_for_change(&last, POLL, (timeout - waited).min(LONGEST_PAUSE))
         else {
             continue;
         };
         readings = states(figures, below);
+        (failed, ready) = judge(&readings, &mut done);
     }
 }
