@@ -392,42 +392,96 @@ fn find_program(program: &str) -> Result<std::path::PathBuf, UsageError> {
 }
 
 pub fn run(args: &RunArgs) -> Result<RunConfig, UsageError> {
-    if let Some(program) = args.command.first() {
+    // Every flag, named: one added to `run` must be carried into its config.
+    let RunArgs {
+        ready_url,
+        ready_port,
+        ready_log,
+        startup_timeout,
+        stall_timeout,
+        health_interval,
+        restart,
+        max_restarts,
+        backoff,
+        grace,
+        stop_timeout,
+        log,
+        state_dir,
+        no_cgroup,
+        metrics,
+        plan,
+        wait_for_fit,
+        accept_shrink,
+        command,
+    } = args;
+    if let Some(program) = command.first() {
         find_program(program)?;
     }
-    let readiness = if let Some(url) = &args.ready_url {
+    let plan = plan.then(|| run_plan(command, *wait_for_fit, *accept_shrink));
+    let readiness = if let Some(url) = ready_url {
         Readiness::Url(url.clone())
-    } else if let Some(port) = args.ready_port {
-        Readiness::Port(port)
-    } else if let Some(regex) = &args.ready_log {
+    } else if let Some(port) = ready_port {
+        Readiness::Port(*port)
+    } else if let Some(regex) = ready_log {
         Readiness::Log(regex.clone())
     } else {
         Readiness::Started
     };
-    let state_dir = match &args.state_dir {
+    let state_dir = match state_dir {
         Some(dir) => dir.clone(),
-        None => default_state_dir(&args.command),
+        None => default_state_dir(command),
     };
     Ok(RunConfig {
-        command: args.command.clone(),
+        command: command.clone(),
         readiness,
-        startup_timeout: args.startup_timeout,
-        stall_timeout: args.stall_timeout,
-        health_interval: args.health_interval,
-        restart: match args.restart {
+        startup_timeout: *startup_timeout,
+        stall_timeout: *stall_timeout,
+        health_interval: *health_interval,
+        restart: match restart {
             RestartArg::Never => Restart::Never,
             RestartArg::OnFailure => Restart::OnFailure,
             RestartArg::Always => Restart::Always,
         },
-        max_restarts: args.max_restarts,
-        backoff: args.backoff,
-        grace: args.grace,
-        stop_timeout: args.stop_timeout,
-        log: args.log.clone(),
+        max_restarts: *max_restarts,
+        backoff: *backoff,
+        grace: *grace,
+        stop_timeout: *stop_timeout,
+        log: log.clone(),
         state_dir,
-        allow_cgroup: !args.no_cgroup,
-        metrics: args.metrics,
+        allow_cgroup: !no_cgroup,
+        metrics: *metrics,
+        plan,
     })
+}
+
+/// `run --plan`: the server's command line planned as `gpureap plan --
+/// COMMAND` would plan it here, with this environment (the server inherits
+/// it), and what to do while others' memory is in the way.
+fn run_plan(
+    command: &[String],
+    wait_for_fit: Option<Duration>,
+    accept_shrink: bool,
+) -> crate::run::plan::PlanGate {
+    use crate::run::plan::{PlanGate, WhenHeld};
+    let when_held = match (wait_for_fit, accept_shrink) {
+        (Some(limit), _) => WhenHeld::WaitForFit(limit),
+        (None, true) => WhenHeld::AcceptShrink,
+        (None, false) => WhenHeld::Refuse,
+    };
+    PlanGate {
+        plan: PlanConfig {
+            command: command.to_vec(),
+            env: std::env::vars().collect(),
+            averages: None,
+            concurrency: None,
+            hypothetical: None,
+            overrides: Overrides::default(),
+            from_log: None,
+            model_config: None,
+            json: false,
+        },
+        when_held,
+    }
 }
 
 /// One state directory per command line, so that each server is compared

@@ -1,6 +1,11 @@
 //! `gpureap demo`: the incident this project started from, both halves of
 //! it, replayed on a simulated 8-GPU host.
 //!
+//! Before the restart, `gpureap plan` for the same launch command, on the
+//! staged box: what the leftovers cost the new server per rank, and that it
+//! fits once they are freed (the model's config.json is a small fixture the
+//! demo writes into a Hugging Face cache of its own).
+//!
 //! An SGLang server with eight tensor-parallel workers crashes: its launcher
 //! is SIGKILLed, its workers and its detokenizer live on, orphaned, holding
 //! their memory, and one worker ignores SIGTERM. A colleague's notebook
@@ -29,6 +34,7 @@ use serde_json::Value;
 use crate::driver::SimDriver;
 use crate::driver::sim::incident::{self, DETOKENIZER, Holder, Incident, LAUNCHER, MODEL, SimHost};
 use crate::exit::Exit;
+use crate::plan::fit::{self, Cost, Outcome, Overrides, PlanConfig, Verdict};
 use crate::reap::{self, FreeReport, Options};
 use crate::report;
 use crate::select::{Guard, Scope};
@@ -58,6 +64,26 @@ const TIMEOUT: Duration = Duration::from_secs(2);
 const FREE_COMMAND: &str = "gpureap free --match sglang --grace 2s --timeout 2s --yes";
 const FUSER_COMMAND: &str = "fuser -k /dev/nvidia*; sleep 5";
 const FUSER_SLEEP: Duration = Duration::from_secs(5);
+/// The restart's plan: `gpureap plan -- <the launcher's command line>`.
+const PLAN_COMMAND: &str = "gpureap plan --";
+/// The Hugging Face cache the demo writes the model's config into, under
+/// the simulated host's directory, and the revision it names.
+const HF_CACHE: &str = "hf-cache";
+const REVISION: &str = "demo";
+/// The model's config.json: Llama-3.1-70B's shape (GQA, 8 KV heads).
+const MODEL_CONFIG: &str = r#"{
+  "architectures": ["LlamaForCausalLM"],
+  "model_type": "llama",
+  "hidden_size": 8192,
+  "num_attention_heads": 64,
+  "num_key_value_heads": 8,
+  "num_hidden_layers": 80,
+  "max_position_embeddings": 131072,
+  "torch_dtype": "bfloat16"
+}
+"#;
+/// Its weights' size, as the checkpoint's index says it (141 GB, bf16).
+const MODEL_INDEX: &str = r#"{"metadata": {"total_size": 141107412992}, "weight_map": {}}"#;
 /// The processes run this binary: the demo only runs in gpureap's `main`,
 /// which plays a stand-in when asked to.
 const STAND_IN_EXE: &str = "/proc/self/exe";
@@ -175,6 +201,8 @@ struct DemoJson {
     backend: String,
     demo_pid: u32,
     processes: Vec<Staged>,
+    /// `gpureap plan --json` for the restart, before the free (docs/json.md, kind "plan").
+    plan_before: Value,
     status_before: Value,
     free: Value,
     status_after: Value,
@@ -252,6 +280,10 @@ pub fn run(json: bool, out: &mut dyn Write) -> io::Result<Exit> {
     let before = Snapshot::take(&driver);
     if text {
         writeln!(out, "{}", report::status_tree(&before, &None))?;
+    }
+    let plan = plan_restart(host.path(), &before)?;
+    if text {
+        plan_text(out, &plan)?;
         writeln!(out, "$ {FREE_COMMAND}")?;
     }
     let scope = Scope {
@@ -286,7 +318,8 @@ pub fn run(json: bool, out: &mut dyn Write) -> io::Result<Exit> {
     let processes = staged(&incident, &before, &after, &outcome)?;
     let driver_held = driver_held(&outcome);
     let comparison = compare(&processes, &outcome, &driver_held);
-    let differences = differences(&processes, &outcome, &driver_held);
+    let mut differences = differences(&processes, &outcome, &driver_held);
+    differences.extend(plan_differences(&plan, &processes));
     let code = if differences.is_empty() {
         Exit::Success
     } else {
@@ -334,6 +367,7 @@ pub fn run(json: bool, out: &mut dyn Write) -> io::Result<Exit> {
             backend: before.backend.clone(),
             demo_pid: std::process::id(),
             processes,
+            plan_before: parse(crate::plan::render::json(&plan))?,
             status_before: parse(report::status_json(&before, &None))?,
             free: parse(report::free_json(&outcome, free_code))?,
             status_after: parse(report::status_json(&after, &None))?,
@@ -678,4 +712,117 @@ fn comparison_text(
         ]);
     }
     writeln!(out, "{}", table.trim_fmt())
+}
+
+/// The restart's plan on the staged box, before anything is freed: the
+/// launcher's own command line, its model read from a Hugging Face cache the
+/// demo writes under `dir`.
+fn plan_restart(dir: &Path, snapshot: &Snapshot) -> io::Result<Outcome> {
+    let hub = dir.join(HF_CACHE);
+    let repo = hub.join(format!("models--{}", MODEL.replace('/', "--")));
+    let snapshot_dir = repo.join("snapshots").join(REVISION);
+    std::fs::create_dir_all(&snapshot_dir)?;
+    std::fs::create_dir_all(repo.join("refs"))?;
+    std::fs::write(repo.join("refs/main"), REVISION)?;
+    std::fs::write(snapshot_dir.join("config.json"), MODEL_CONFIG)?;
+    std::fs::write(snapshot_dir.join("model.safetensors.index.json"), MODEL_INDEX)?;
+    let config = PlanConfig {
+        command: launcher_cmdline()
+            .split(' ')
+            .map(str::to_string)
+            .collect(),
+        env: [("HF_HUB_CACHE".to_string(), hub.display().to_string())].into(),
+        averages: None,
+        concurrency: None,
+        hypothetical: None,
+        overrides: Overrides::default(),
+        from_log: None,
+        model_config: None,
+        json: false,
+    };
+    fit::evaluate(&config, Some(snapshot)).map_err(io::Error::other)
+}
+
+/// The plan, short: the pool now and once freed, and what each leftover
+/// costs every rank.
+fn plan_text(out: &mut dyn Write, plan: &Outcome) -> io::Result<()> {
+    writeln!(out, "Before restarting it, what would the new server get here?")?;
+    writeln!(out, "$ {PLAN_COMMAND} {}", launcher_cmdline())?;
+    let pool = |tokens: u64, starts: bool| {
+        if starts {
+            format!("{tokens} tokens per rank")
+        } else {
+            "it would not start".to_string()
+        }
+    };
+    writeln!(
+        out,
+        "SGLang, {} ({} bytes of KV per token per GPU), TP {} on GPUs {}:",
+        MODEL,
+        plan.now.bytes_per_token,
+        plan.launch.tp,
+        GpuRanges(&plan.gpus.iter().map(|gpu| gpu.index).collect())
+    )?;
+    writeln!(
+        out,
+        "  now:              {}\n  once freed:       {}",
+        pool(plan.now.tokens_per_rank, fit::starts(&plan.now)),
+        pool(plan.clean.tokens_per_rank, fit::starts(&plan.clean))
+    )?;
+    let mut table = Table::new();
+    table.load_style(NOTHING);
+    table.set_header(vec!["GPU", "PID", "HOLDER", "HOLDS", "COSTS EVERY RANK"]);
+    for holder in &plan.holders {
+        table.add_row(vec![
+            holder.gpu.to_string(),
+            holder.pid.map_or("-".to_string(), |pid| pid.to_string()),
+            crate::units::short(&crate::units::one_line(&holder.name), 40),
+            holder
+                .bytes
+                .map_or("?".to_string(), |bytes| Bytes(bytes).to_string()),
+            match holder.cost {
+                Cost::Tokens { per_rank } => format!("{per_rank} tokens"),
+                Cost::RefusesStart => "the start: alone it leaves no KV cache".to_string(),
+                Cost::Nothing => "nothing".to_string(),
+            },
+        ]);
+    }
+    writeln!(out, "{}", table.trim_fmt())?;
+    let verdict = match plan.verdict() {
+        Verdict::Fits => "fits now",
+        Verdict::FitsAfterFree => "fits once what the crash left is freed",
+        Verdict::DoesNotFit => "does not fit on this hardware",
+    };
+    writeln!(
+        out,
+        "Verdict: {verdict} (exit {}). One GPU's leftover is every rank's loss: SGLang sizes each",
+        plan.exit().code()
+    )?;
+    writeln!(
+        out,
+        "rank's pool from the least free memory over all eight. Free the leftovers first:\n"
+    )
+}
+
+/// Where the plan differs from the story: it must say the restart fits
+/// only once the leftovers are freed, and that the colleague's notebook
+/// alone costs every rank tokens.
+fn plan_differences(plan: &Outcome, processes: &[Staged]) -> Vec<String> {
+    let mut differences = Vec::new();
+    if plan.verdict() != Verdict::FitsAfterFree {
+        differences.push(format!(
+            "the plan before the free said {:?}, not that the server fits once freed",
+            plan.verdict()
+        ));
+    }
+    let notebook = processes.iter().find(|p| p.role == Role::Notebook);
+    let costed = notebook.is_some_and(|notebook| {
+        plan.holders.iter().any(|holder| {
+            holder.pid == Some(notebook.pid) && matches!(holder.cost, Cost::Tokens { .. })
+        })
+    });
+    if !costed {
+        differences.push("the plan did not say what the notebook costs every rank".to_string());
+    }
+    differences
 }

@@ -968,3 +968,98 @@ fn status_h_shows_memory_held_by_no_process_as_each_host_judges_it() {
         assert_eq!(gpu["held_by_no_process"], held, "{host}: {gpu:#}");
     }
 }
+
+/// A Llama-3.1-8B-shaped model where every lab host reads it (the lab's
+/// directory), and SGLang's command line for it on one GPU.
+fn planned_engine(lab: &Lab) -> Vec<String> {
+    let model = lab.path().join("llama-8b");
+    std::fs::create_dir_all(&model).expect("model dir");
+    std::fs::write(
+        model.join("config.json"),
+        r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+            "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
+            "num_hidden_layers": 32, "max_position_embeddings": 131072,
+            "torch_dtype": "bfloat16"}"#,
+    )
+    .expect("config.json");
+    std::fs::write(
+        model.join("model.safetensors.index.json"),
+        r#"{"metadata": {"total_size": 16060522496}, "weight_map": {}}"#,
+    )
+    .expect("index");
+    [
+        "python3",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        model.to_str().expect("utf-8"),
+        "--tp",
+        "1",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+#[test]
+fn plan_on_each_host_reads_its_own_holders_one_section_per_host() {
+    let lab = Lab::new(&[Kind::Up, Kind::Up, Kind::Refusing]);
+    let notebook = lab.hold("h2", &Holder::new("python3 notebook.py").on(0, 10 * GIB));
+    let engine = planned_engine(&lab);
+    let plan = |hosts: &str, json: bool| {
+        let mut args = vec!["plan", "-H", hosts, "--avg-prompt", "1000", "--avg-output"];
+        args.extend(["3000", "--remote-bin", env!("CARGO_BIN_EXE_gpureap")]);
+        if json {
+            args.push("--json");
+        }
+        args.push("--");
+        args.extend(engine.iter().map(String::as_str));
+        lab.run_as_given(&args)
+    };
+
+    // h1 is clean, h2 has a notebook on the engine's GPU, h3 refuses ssh:
+    // 0, 1 and 3 merge into 3.
+    let text = plan("h[1-3]", false);
+    assert_eq!(text.code, 3, "{}{}", text.stdout, text.stderr);
+    let out = &text.stdout;
+    assert!(out.contains("h1: fits now (exit 0)"), "{out}");
+    assert!(
+        out.contains("h2: fits only after freeing what others hold (exit 1)"),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("GPU 0: pid {notebook} (python3 notebook.py")),
+        "{out}"
+    );
+    assert!(out.contains("every rank loses"), "{out}");
+    assert!(
+        out.contains(&format!("free them: gpureap free -H h2 --gpu 0 --pid {notebook}")),
+        "{out}"
+    );
+    assert!(out.contains("Failed on 1 of 3 hosts:\n  h3:"), "{out}");
+    assert!(
+        out.find("h1:") < out.find("h2:") && out.find("h2:") < out.find("Failed"),
+        "one section per host, in order, failures last:\n{out}"
+    );
+
+    let document = plan("h1,h2", true);
+    assert_eq!(document.code, 1, "{}", document.stderr);
+    let json = document.json();
+    assert_eq!(json["kind"], "fleet");
+    assert_eq!(json["command"], "plan");
+    assert_eq!(json["exit_code"], 1);
+    let h1 = &host_entry(&json, "h1")["report"];
+    let h2 = &host_entry(&json, "h2")["report"];
+    assert_eq!(h1["kind"], "plan");
+    assert_eq!(h1["fit"]["verdict"], "fits");
+    assert_eq!(h2["fit"]["verdict"], "fits_after_free");
+    assert_eq!(h2["fit"]["holders"][0]["pid"], notebook);
+    // Each host planned on its own GPUs: the same pool on h1 as h2 has once freed.
+    assert_eq!(
+        h1["device"]["tokens_per_rank"],
+        h2["device_clean"]["tokens_per_rank"]
+    );
+    assert!(
+        h2["device"]["tokens_per_rank"].as_u64() < h1["device"]["tokens_per_rank"].as_u64(),
+        "{json:#}"
+    );
+}

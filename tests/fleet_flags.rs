@@ -1,15 +1,15 @@
 //! `-H` carries the command's one config to each host: the remote command
 //! line is built from the config a local run acts on, and read back by the
-//! real parser into the same config. A flag added to `free` or `wait` and
-//! not carried to the hosts fails to compile (`free_flags` and `wait_flags`
-//! name every field) or fails here.
+//! real parser into the same config. A flag added to `free`, `wait` or
+//! `plan` and not carried to the hosts fails to compile (`free_flags`,
+//! `wait_flags` and `plan_flags` name every field) or fails here.
 
 use std::time::Duration;
 
 use clap::Parser;
 use gpureap::cli::{Cli, Command};
 use gpureap::config::{FreeRequest, WaitRequest};
-use gpureap::fleet::commands::{free_flags, wait_flags};
+use gpureap::fleet::commands::{free_flags, plan_flags, wait_flags};
 
 fn parse(argv: &[String]) -> Command {
     match Cli::try_parse_from(argv) {
@@ -96,5 +96,38 @@ fn wait_on_the_hosts_is_the_wait_asked_here() {
             panic!("not wait")
         };
         assert_eq!(WaitRequest::new(&args).timeout, Duration::from_millis(1234));
+    }
+}
+
+#[test]
+fn plan_on_the_hosts_is_the_plan_asked_here() {
+    let plan = |argv: &[String]| match parse(argv) {
+        Command::Plan(args) => gpureap::config::plan(&args).expect("a plan"),
+        other => panic!("{argv:?} is not plan: {other:?}"),
+    };
+    for line in [
+        "gpureap plan --avg-prompt 1000 --avg-output 4100 --concurrency 150 --gpu-memory 96GiB \
+         --gpus 8 --gpu-free 90GiB --weights 72.8GiB --kv-memory 7GiB --host-memory 400GiB \
+         --from-log /shared/sglang.log --model-config /shared/kimi -H a,b \
+         -- python3 -m sglang.launch_server --model-path moonshotai/Kimi-K2.5 --tp 8",
+        "gpureap plan --avg-output 4100 --json -H a -- vllm serve x --max-model-len=-1",
+        "gpureap plan -H a -- sglang serve --model-path m",
+    ] {
+        let here = plan(&words(line));
+        // What the fleet sends: the flags, `--json`, then the command
+        // behind `--` (Fleet::remote_args_then).
+        let mut remote = words("gpureap plan");
+        remote.extend(plan_flags(&here));
+        remote.push("--json".to_string());
+        remote.push("--".to_string());
+        remote.extend(here.command.iter().cloned());
+        let there = plan(&remote);
+        let mut expected = here.clone();
+        expected.json = true;
+        assert_eq!(
+            format!("{there:?}"),
+            format!("{expected:?}"),
+            "`{line}` reaches the hosts as {remote:?}"
+        );
     }
 }

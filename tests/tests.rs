@@ -16,6 +16,7 @@ mod old_kernel;
 mod portable;
 mod push;
 mod run;
+mod run_plan;
 mod run_output;
 mod run_stale;
 mod run_state;

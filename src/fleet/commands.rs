@@ -1,12 +1,13 @@
-//! `status`, `free` and `wait` across a fleet: the flags each host gets,
-//! the time each may take, and for `free` the plan shown (and asked about)
-//! once before any host signals anything.
+//! `status`, `free`, `wait` and `plan` across a fleet: the flags each host
+//! gets, the time each may take, and for `free` the plan shown (and asked
+//! about) once before any host signals anything.
 
 use std::time::{Duration, Instant};
 
 use super::{Fleet, HostResult, duration_arg, fleet_json, gpu_args, remaining, render, worst};
 use crate::config::{FreeRequest, StatusRequest, UsageError, WaitRequest};
 use crate::exit::Exit;
+use crate::plan::fit::{Hypothetical, Overrides, PlanConfig};
 
 /// What a fleet command prints, and its exit code.
 pub struct Output {
@@ -218,6 +219,82 @@ pub fn free_flags(request: &FreeRequest) -> Vec<String> {
         "--timeout".to_string(),
         duration_arg(*timeout),
     ]);
+    flags
+}
+
+/// `plan -H`: each host plans the command on its own GPUs, model cache and
+/// holders (`gpureap plan --json -- COMMAND` there); one section per host.
+pub fn plan(fleet: &Fleet, request: &PlanConfig) -> Result<Output, UsageError> {
+    let remote = fleet.remote_args_then("plan", plan_flags(request), &request.command);
+    let limit = fleet.limit(Duration::ZERO);
+    let results = fleet.fan_out("plan", &fleet.hosts, |_| (remote.clone(), limit));
+    Ok(finish(&results, request.json, "plan", render::plan))
+}
+
+/// The flags of `plan` each host gets, from the one config of `plan` (the
+/// same a local `plan` acts on). Every field is named: one added to `plan`
+/// and not carried to the hosts does not compile (tests/fleet_flags.rs
+/// parses these back and compares). Paths (`--from-log`,
+/// `--model-config`) are read on each host, as a shared file system names them.
+pub fn plan_flags(request: &PlanConfig) -> Vec<String> {
+    let PlanConfig {
+        // Sent after the flags, behind `--` (`Fleet::remote_args_then`).
+        command: _,
+        // Each host plans with its own environment: its CUDA_VISIBLE_DEVICES,
+        // its Hugging Face cache. An `env A=B` prefix in the command goes along.
+        env: _,
+        averages,
+        concurrency,
+        hypothetical,
+        overrides:
+            Overrides {
+                gpu_free,
+                weights,
+                kv_memory,
+                host_memory,
+            },
+        from_log,
+        model_config,
+        // Each host answers in JSON (`Fleet::remote_args`); this side renders.
+        json: _,
+    } = request;
+    let mut flags = Vec::new();
+    let mut flag = |name: &str, value: String| {
+        flags.push(format!("{name}={value}"));
+    };
+    // Either average alone is the other at 0 (`config::plan`), and 0 is
+    // not a value either flag takes: only the ones given are sent.
+    if let Some((prompt, output)) = averages {
+        for (name, tokens) in [("--avg-prompt", prompt), ("--avg-output", output)] {
+            if *tokens > 0 {
+                flag(name, tokens.to_string());
+            }
+        }
+    }
+    if let Some(concurrency) = concurrency {
+        flag("--concurrency", concurrency.to_string());
+    }
+    if let Some(Hypothetical { gpu_memory, gpus }) = hypothetical {
+        flag("--gpu-memory", gpu_memory.to_string());
+        if let Some(gpus) = gpus {
+            flag("--gpus", gpus.to_string());
+        }
+    }
+    for (name, size) in [
+        ("--gpu-free", gpu_free),
+        ("--weights", weights),
+        ("--kv-memory", kv_memory),
+        ("--host-memory", host_memory),
+    ] {
+        if let Some(size) = size {
+            flag(name, size.to_string());
+        }
+    }
+    for (name, path) in [("--from-log", from_log), ("--model-config", model_config)] {
+        if let Some(path) = path {
+            flag(name, path.to_string_lossy().into_owned());
+        }
+    }
     flags
 }
 

@@ -1,4 +1,4 @@
-//! Many hosts from one seat: `status`, `free` and `wait` with `-H LIST`
+//! Many hosts from one seat: `status`, `free`, `wait` and `plan` with `-H LIST`
 //! run the same command on each host through the user's own ssh, with
 //! `--json`, and merge the answers into one report (docs/fleet.md).
 //!
@@ -91,6 +91,20 @@ impl Fleet {
         remote.push(subcommand.to_string());
         remote.extend(args);
         remote.push("--json".to_string());
+        remote
+    }
+
+    /// The remote argv of a command that ends in a command line of its own
+    /// (`plan -- ENGINE…`): `[--backend B] SUBCOMMAND ARGS… --json -- COMMAND…`.
+    pub fn remote_args_then(
+        &self,
+        subcommand: &str,
+        args: Vec<String>,
+        command: &[String],
+    ) -> Vec<String> {
+        let mut remote = self.remote_args(subcommand, args);
+        remote.push("--".to_string());
+        remote.extend(command.iter().cloned());
         remote
     }
 

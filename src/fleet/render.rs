@@ -222,6 +222,7 @@ pub fn readable(kind: &str, report: &RawValue) -> bool {
         "status" => serde_json::from_str::<StatusView>(text).is_ok(),
         "free" => serde_json::from_str::<FreeView>(text).is_ok(),
         "wait" => serde_json::from_str::<WaitView>(text).is_ok(),
+        "plan" => serde_json::from_str::<PlanView>(text).is_ok(),
         _ => true,
     }
 }
@@ -728,6 +729,145 @@ pub fn wait(results: &[HostResult]) -> String {
     if !rows.is_empty() {
         let _ = writeln!(out);
         holder_table(rows, &mut out);
+    }
+    failures(results, &mut out);
+    out
+}
+
+#[derive(Deserialize)]
+struct PlanView {
+    engine: Text,
+    device: PlanDeviceView,
+    device_clean: PlanDeviceView,
+    fit: PlanFitView,
+    #[serde(default)]
+    launch: Option<PlanLaunchView>,
+}
+
+#[derive(Deserialize)]
+struct PlanLaunchView {
+    model: Text,
+    tp: u32,
+    #[serde(default)]
+    gpus: Bounded<u32, MAX_NESTED>,
+}
+
+#[derive(Deserialize)]
+struct PlanDeviceView {
+    tokens_per_rank: u64,
+    #[serde(default)]
+    ranks: Option<u32>,
+    #[serde(default)]
+    concurrency: Option<f64>,
+    #[serde(default)]
+    starts: Option<bool>,
+}
+
+#[derive(Deserialize)]
+struct PlanFitView {
+    verdict: Text,
+    #[serde(default)]
+    holders: Bounded<PlanHolderView, MAX_ENTRIES>,
+    #[serde(default)]
+    free_command: Option<Text>,
+    #[serde(default)]
+    reset_command: Option<Text>,
+}
+
+#[derive(Deserialize)]
+struct PlanHolderView {
+    pid: Option<u32>,
+    name: Text,
+    gpu: u32,
+    bytes: Option<u64>,
+    /// Null when it stops the start instead.
+    tokens_lost_per_rank: Option<u64>,
+}
+
+/// `plan -H`: one section per host, from the plan each host made on its own
+/// GPUs, model cache and holders; the hosts that failed last.
+pub fn plan(results: &[HostResult]) -> String {
+    let mut out = String::new();
+    for result in results {
+        let Some(plan) = view::<PlanView>(&result.answer.report) else {
+            continue;
+        };
+        let verdict = match &*plan.fit.verdict {
+            "fits" => "fits now".to_string(),
+            "fits_after_free" => "fits only after freeing what others hold".to_string(),
+            "does_not_fit" => "cannot fit on this hardware".to_string(),
+            other => other.to_string(),
+        };
+        if !out.is_empty() {
+            out.push('\n');
+        }
+        let _ = writeln!(
+            out,
+            "{}: {verdict} (exit {})",
+            result.host,
+            result.answer.exit_code.code()
+        );
+        if let Some(launch) = &plan.launch {
+            let gpus: Vec<u32> = launch.gpus.items.clone();
+            let _ = writeln!(
+                out,
+                "  {} {}, TP {} on GPU{} {}",
+                plan.engine,
+                short(&launch.model, 60),
+                launch.tp,
+                if gpus.len() == 1 { "" } else { "s" },
+                gpu_list(&gpus)
+            );
+        }
+        let device = |device: &PlanDeviceView| {
+            let mut text = if device.starts == Some(false) {
+                "would not start".to_string()
+            } else {
+                format!("{} tokens per rank", device.tokens_per_rank)
+            };
+            if let Some(ranks) = device.ranks.filter(|&ranks| ranks > 1) {
+                let _ = write!(text, " × {ranks} ranks");
+            }
+            if let Some(concurrency) = device.concurrency {
+                let _ = write!(text, ", {concurrency:.1} requests at once");
+            }
+            text
+        };
+        let _ = writeln!(
+            out,
+            "  now: {}; on clean GPUs: {}",
+            device(&plan.device),
+            device(&plan.device_clean)
+        );
+        for holder in &plan.fit.holders.items {
+            let who = match holder.pid {
+                Some(pid) => format!("pid {pid} ({})", short(&holder.name, 50)),
+                None => holder.name.to_string(),
+            };
+            let cost = match holder.tokens_lost_per_rank {
+                Some(0) => "costs nothing".to_string(),
+                Some(tokens) => format!("every rank loses {tokens} tokens"),
+                None => "alone stops the start".to_string(),
+            };
+            let _ = writeln!(
+                out,
+                "  GPU {}: {who} holds {}: {cost}",
+                holder.gpu,
+                MaybeBytes(holder.bytes)
+            );
+        }
+        // The host's own commands: `free` runs from here through -H; a
+        // reset is run on the host itself.
+        if let Some(command) = &plan.fit.free_command {
+            let shown = match command.strip_prefix("gpureap free ") {
+                Some(args) => format!("gpureap free -H {} {args}", result.host),
+                None => command.to_string(),
+            };
+            let _ = writeln!(out, "  free them: {shown}");
+        }
+        if let Some(command) = &plan.fit.reset_command {
+            let _ = writeln!(out, "  then, on {}: {command}", result.host);
+        }
     }
     failures(results, &mut out);
     out

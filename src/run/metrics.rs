@@ -58,6 +58,8 @@ struct RunMetrics {
     crashes: Family<KindLabel, Counter>,
     restarts: Counter,
     last_ready: Gauge<f64, AtomicU64>,
+    planned_tokens: Gauge,
+    logged_tokens: Gauge,
 }
 
 impl RunMetrics {
@@ -96,6 +98,18 @@ impl RunMetrics {
             Unit::Seconds,
             last_ready.clone(),
         );
+        let planned_tokens = Gauge::default();
+        registry.register(
+            "kv_tokens_planned",
+            "KV-cache tokens per rank --plan predicted for the current start (0 without --plan)",
+            planned_tokens.clone(),
+        );
+        let logged_tokens = Gauge::default();
+        registry.register(
+            "kv_tokens_logged",
+            "KV-cache tokens per rank the engine logged for the current start (0 until it has)",
+            logged_tokens.clone(),
+        );
         // Every kind is there from the start, at 0, so that rate() sees the first one.
         for kind in [
             HangKind::Stall,
@@ -115,6 +129,8 @@ impl RunMetrics {
             crashes,
             restarts,
             last_ready,
+            planned_tokens,
+            logged_tokens,
         }
     }
 
@@ -143,12 +159,25 @@ fn with(update: impl FnOnce(&RunMetrics)) {
     }
 }
 
-/// A start began.
-pub fn started() {
+/// A start began, with the KV-cache tokens per rank `--plan` predicted for it.
+pub fn started(planned_tokens: Option<u64>) {
     with(|metrics| {
         metrics.starts.inc();
         metrics.ready.set(0);
+        metrics.planned_tokens.set(gauge_value(planned_tokens.unwrap_or(0)));
+        metrics.logged_tokens.set(0);
     });
+}
+
+/// The engine logged its KV-cache size for the current start.
+pub fn logged_capacity(tokens: u64) {
+    with(|metrics| {
+        metrics.logged_tokens.set(gauge_value(tokens));
+    });
+}
+
+fn gauge_value(tokens: u64) -> i64 {
+    i64::try_from(tokens).unwrap_or(i64::MAX)
 }
 
 /// The current start became ready after `seconds`.

@@ -10,10 +10,12 @@
 
 pub mod baseline;
 pub mod bundle;
+pub mod capacity;
 pub mod contain;
 pub mod leftovers;
 pub mod metrics;
 pub mod output;
+pub mod plan;
 pub mod ready;
 pub mod state;
 
@@ -35,6 +37,7 @@ use crate::supervision::SUPERVISOR_ENV;
 use crate::units::Elapsed;
 use baseline::{GoodStart, History};
 use bundle::{Bundle, CpuSamples};
+use capacity::CapacityWatch;
 use contain::Containment;
 use leftovers::RunRecord;
 use output::{LogState, Outputs, SharedLog};
@@ -66,6 +69,8 @@ pub struct RunConfig {
     pub allow_cgroup: bool,
     /// `--metrics`: serve the supervisor's metrics here.
     pub metrics: Option<std::net::SocketAddr>,
+    /// `--plan`: plan each start first (`plan::gate`).
+    pub plan: Option<plan::PlanGate>,
 }
 
 /// Consecutive failed health checks after ready that make a hang.
@@ -248,6 +253,10 @@ fn supervise_with(
     let mut start_number = 0u32;
     loop {
         start_number += 1;
+        let planned = match plan::gate(config.plan.as_ref(), driver, &stop) {
+            plan::Gate::Start { planned } => planned,
+            plan::Gate::Refused(exit) => return Ok(exit),
+        };
         let Some((containment, spawned)) = start(config, outputs, &mut record, start_number) else {
             return Ok(Exit::Usage);
         };
@@ -258,7 +267,7 @@ fn supervise_with(
             spawned,
             &stop,
             &mut remembered,
-            start_number,
+            (start_number, planned),
         );
         record.released(&containment);
         let outcome = match next_step(config, &served, &mut restarts) {
@@ -359,10 +368,10 @@ fn serve(
     spawned: Spawned,
     stop: &AtomicBool,
     remembered: &mut Remembered,
-    start_number: u32,
+    (start_number, planned): (u32, Option<u64>),
 ) -> Served {
     let _sweep = SweepOnPanic(containment);
-    metrics::started();
+    metrics::started(planned);
     let mut main = MainProcess {
         pid: spawned.pid,
         status: None,
@@ -376,6 +385,7 @@ fn serve(
 
     let mut cpu = CpuSamples::default();
     let started = Instant::now();
+    let mut capacity = CapacityWatch::new(start_number, planned);
     let (ended, ready_at) = watch(
         config,
         containment,
@@ -384,6 +394,7 @@ fn serve(
         stop,
         &mut cpu,
         remembered,
+        &mut capacity,
     );
     let seconds = started.elapsed().as_secs_f64();
     let (failure, summary) = judge(&ended);
@@ -626,7 +637,9 @@ fn write_bundle(
 }
 
 /// Watches one start until it exits, hangs, or gpureap is asked to stop.
-/// Also returns when it became ready, if it did.
+/// Also returns when it became ready, if it did. Once ready, the engine's
+/// logged capacity is looked for in its output (`capacity`).
+#[allow(clippy::too_many_arguments)]
 fn watch(
     config: &RunConfig,
     containment: &Containment,
@@ -635,6 +648,7 @@ fn watch(
     stop: &AtomicBool,
     cpu: &mut CpuSamples,
     remembered: &mut Remembered,
+    capacity: &mut CapacityWatch,
 ) -> (Ended, Option<Instant>) {
     let history = |remembered: &Remembered| remembered.history.summary();
     let started = Instant::now();
@@ -659,6 +673,9 @@ fn watch(
         if last_cpu.is_none_or(|at| now.duration_since(at) >= Duration::from_millis(500)) {
             cpu.sample(&containment.members());
             last_cpu = Some(now);
+        }
+        if let Some(at) = ready_at {
+            capacity.look(log, at, now, remembered.dir.as_ref());
         }
         let (lines, last_output, log_ready) = match log.lock() {
             Ok(state) => (state.lines, state.last_output, state.ready_at_line),

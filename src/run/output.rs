@@ -45,6 +45,9 @@ pub struct LogState {
     pub tail: VecDeque<String>,
     /// The line number at which `--ready-log` matched, if it has.
     pub ready_at_line: Option<u64>,
+    /// The server's latest lines, kept until the engine's logged capacity
+    /// is read from them (`Capacity`).
+    pub capacity: CapacityText,
 }
 
 impl LogState {
@@ -54,7 +57,57 @@ impl LogState {
             last_output: Instant::now(),
             tail: VecDeque::with_capacity(TAIL_LINES),
             ready_at_line: None,
+            capacity: CapacityText::default(),
         }
+    }
+}
+
+/// How much of the server's latest output is kept for reading the engine's
+/// logged capacity: its KV-cache line comes shortly before the server is
+/// ready (SGLang, after the pool; vLLM, after profiling), far less than this
+/// before the end of a start's output.
+pub const CAPACITY_TEXT_BYTES: usize = 1 << 20;
+
+/// The server's latest lines, at most `CAPACITY_TEXT_BYTES` of them, kept
+/// while the supervisor still looks for the engine's logged capacity in
+/// them; closed (emptied, nothing more kept) once it stops looking.
+#[derive(Debug, Default)]
+pub struct CapacityText {
+    lines: VecDeque<String>,
+    bytes: usize,
+    closed: bool,
+}
+
+impl CapacityText {
+    fn push(&mut self, line: &str) {
+        if self.closed {
+            return;
+        }
+        self.bytes += line.len() + 1;
+        self.lines.push_back(line.to_string());
+        while self.bytes > CAPACITY_TEXT_BYTES {
+            let Some(first) = self.lines.pop_front() else {
+                break;
+            };
+            self.bytes -= first.len() + 1;
+        }
+    }
+
+    /// The lines kept, as one text.
+    pub fn text(&self) -> String {
+        let mut text = String::with_capacity(self.bytes);
+        for line in &self.lines {
+            text.push_str(line);
+            text.push('\n');
+        }
+        text
+    }
+
+    /// Stops keeping lines and lets go of those kept.
+    pub fn close(&mut self) {
+        self.closed = true;
+        self.lines = VecDeque::new();
+        self.bytes = 0;
     }
 }
 
@@ -385,6 +438,7 @@ impl LogState {
             self.tail.pop_front();
         }
         let text = text.trim_end();
+        self.capacity.push(text);
         let shown = if text.len() <= TAIL_LINE_BYTES && line.length <= TAIL_LINE_BYTES as u64 {
             text.to_string()
         } else {

@@ -1,0 +1,288 @@
+//! `gpureap run --plan` on the simulated driver, with a fake SGLang
+//! (tests/fake_engine: `python3 -m sglang.launch_server`, which records that
+//! it started and logs SGLang's KV-cache line): nothing is started while a
+//! holder's memory would shrink the server's pool, `--wait-for-fit` starts
+//! it once the holder is gone, `--accept-shrink` starts it anyway, and once
+//! ready the engine's logged capacity is shown against the plan in the
+//! events, the state directory and the metrics.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use gpureap::driver::sim::incident::{Holder, Incident, SimHost};
+use serde_json::Value;
+
+use crate::exporter::{http, samples, value};
+use crate::harness::*;
+use crate::run::Supervisor;
+
+/// A Llama-3.1-8B-shaped model directory: GQA, 8 KV heads, 16 GB of weights.
+fn model(dir: &Path) -> PathBuf {
+    let model = dir.join("llama-8b");
+    std::fs::create_dir_all(&model).expect("model dir");
+    std::fs::write(
+        model.join("config.json"),
+        r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+            "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
+            "num_hidden_layers": 32, "max_position_embeddings": 131072,
+            "torch_dtype": "bfloat16"}"#,
+    )
+    .expect("config.json");
+    std::fs::write(
+        model.join("model.safetensors.index.json"),
+        r#"{"metadata": {"total_size": 16060522496}, "weight_map": {}}"#,
+    )
+    .expect("index");
+    model
+}
+
+struct Box {
+    host: SimHost,
+    model: PathBuf,
+    /// The fake engine appends its PID here when it starts.
+    started: PathBuf,
+    state: PathBuf,
+}
+
+impl Box {
+    fn new() -> Box {
+        let host = SimHost::new(2, 80 * GIB, "Simulated H100").expect("sim host");
+        let model = model(host.path());
+        let started = host.path().join("engine-started");
+        let state = host.path().join("state");
+        Box {
+            host,
+            model,
+            started,
+            state,
+        }
+    }
+
+    /// The engine's command line: SGLang on GPU 0.
+    fn engine(&self) -> Vec<String> {
+        [
+            "python3",
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            self.model.to_str().expect("utf-8"),
+            "--tp",
+            "1",
+        ]
+        .map(String::from)
+        .to_vec()
+    }
+
+    fn with_engine_env(&self, command: &mut Command, tokens: u64) {
+        command
+            .env(
+                "PYTHONPATH",
+                format!("{}/tests/fake_engine", env!("CARGO_MANIFEST_DIR")),
+            )
+            .env("FAKE_ENGINE_STARTED", &self.started)
+            .env("FAKE_ENGINE_TOKENS", tokens.to_string())
+            .env("CUDA_VISIBLE_DEVICES", "0")
+            .env_remove("HF_HUB_CACHE")
+            .env_remove("HF_HOME");
+    }
+
+    /// `gpureap plan --json` for the engine's command line, as run would plan it.
+    fn plan(&self) -> (i32, Value) {
+        let mut command = gpureap(&self.host);
+        command.arg("plan").arg("--json").arg("--").args(self.engine());
+        self.with_engine_env(&mut command, 0);
+        let ran: Run = command.output().expect("plan runs").into();
+        (ran.code, ran.json())
+    }
+
+    /// `gpureap run --plan FLAGS -- ENGINE`, the engine logging `tokens`.
+    fn run(&self, flags: &[&str], tokens: u64) -> Supervisor {
+        let mut command = gpureap(&self.host);
+        command
+            .arg("run")
+            .arg("--plan")
+            .args(["--ready-log", "fired up and ready"])
+            .args(["--state-dir", self.state.to_str().expect("utf-8")])
+            .args(["--grace", "500ms", "--stop-timeout", "10s"])
+            .args(["--restart", "never"])
+            .args(flags)
+            .arg("--")
+            .args(self.engine());
+        self.with_engine_env(&mut command, tokens);
+        Supervisor::start(command)
+    }
+
+    fn engine_started(&self) -> bool {
+        self.started.exists()
+    }
+
+    /// A notebook-like process with `bytes` on GPU 0.
+    fn holder(&self, incident: &mut Incident, bytes: u64) -> u32 {
+        incident
+            .holder(&Holder::new("python3 -m ipykernel_launcher").on(0, bytes))
+            .expect("holder")
+    }
+}
+
+#[test]
+fn run_plan_never_starts_the_server_while_a_holder_would_shrink_it() {
+    let lab = Box::new();
+    let mut incident = Incident::new(&lab.host);
+    let holder = lab.holder(&mut incident, 10 * GIB);
+    let (code, plan) = lab.plan();
+    assert_eq!(code, 1, "plan: fits only after freeing: {plan:#}");
+    assert_eq!(plan["fit"]["verdict"], "fits_after_free");
+
+    let (code, events) = lab.run(&[], 100_000).wait_exit();
+    let text = events.join("\n");
+    assert_eq!(code, 1, "refused, exit 1:\n{text}");
+    assert!(
+        !lab.engine_started(),
+        "the engine was started while it would not fit:\n{text}"
+    );
+    let refusal = events
+        .iter()
+        .find(|line| line.contains("not starting:"))
+        .unwrap_or_else(|| panic!("no refusal:\n{text}"));
+    assert!(
+        refusal.contains(&format!("pid {holder}")) && refusal.contains("costs every rank"),
+        "the refusal names the holder and what it costs: {refusal}"
+    );
+    assert!(
+        refusal.contains(&format!("gpureap free --gpu 0 --pid {holder}")),
+        "and how to free it: {refusal}"
+    );
+    assert!(alive(holder), "nothing of the holder's was touched");
+}
+
+#[test]
+fn run_plan_refuses_a_server_that_cannot_fit_even_on_clean_gpus() {
+    let lab = Box::new();
+    // The weights alone are larger than the GPU.
+    std::fs::write(
+        lab.model.join("model.safetensors.index.json"),
+        r#"{"metadata": {"total_size": 200000000000}, "weight_map": {}}"#,
+    )
+    .expect("index");
+    let (code, events) = lab.run(&["--accept-shrink"], 100_000).wait_exit();
+    let text = events.join("\n");
+    assert_eq!(code, 4, "cannot fit: the plan's code:\n{text}");
+    assert!(!lab.engine_started(), "started:\n{text}");
+    assert!(text.contains("cannot fit on this hardware"), "{text}");
+}
+
+#[test]
+fn run_plan_waits_for_fit_and_starts_once_the_holder_is_gone() {
+    let lab = Box::new();
+    let mut incident = Incident::new(&lab.host);
+    let holder = lab.holder(&mut incident, 10 * GIB);
+    let supervisor = lab.run(&["--wait-for-fit", "60s"], 100_000);
+    supervisor.wait_for("waiting up to 1m00s (--wait-for-fit) for the holders to go", 1);
+    assert!(!lab.engine_started(), "started before the holder went");
+    incident.kill(holder).expect("the holder ends");
+    supervisor.wait_for("plan: fits after", 1);
+    supervisor.wait_for("ready after", 1);
+    assert!(lab.engine_started(), "the engine was not started");
+    let (code, events, _) = supervisor.stop();
+    assert_eq!(code, 0, "{}", events.join("\n"));
+}
+
+#[test]
+fn run_plan_wait_for_fit_times_out_with_nothing_started() {
+    let lab = Box::new();
+    let mut incident = Incident::new(&lab.host);
+    let holder = lab.holder(&mut incident, 10 * GIB);
+    let (code, events) = lab.run(&["--wait-for-fit", "300ms"], 100_000).wait_exit();
+    let text = events.join("\n");
+    assert_eq!(code, 1, "timed out: exit 1:\n{text}");
+    assert!(!lab.engine_started(), "started:\n{text}");
+    assert!(
+        text.contains("still not fitting after") && text.contains(&format!("pid {holder}")),
+        "{text}"
+    );
+}
+
+#[test]
+fn run_plan_accept_shrink_starts_and_says_what_it_costs() {
+    let lab = Box::new();
+    let mut incident = Incident::new(&lab.host);
+    let holder = lab.holder(&mut incident, 10 * GIB);
+    let supervisor = lab.run(&["--accept-shrink"], 100_000);
+    let line = supervisor.wait_for("starting anyway (--accept-shrink)", 1);
+    assert!(
+        line.contains(&format!("pid {holder}")) && line.contains("costs every rank"),
+        "{line}"
+    );
+    supervisor.wait_for("ready after", 1);
+    assert!(lab.engine_started());
+    let (code, events, _) = supervisor.stop();
+    assert_eq!(code, 0, "{}", events.join("\n"));
+    assert!(alive(holder));
+}
+
+#[test]
+fn planned_against_logged_capacity_is_shown_recorded_and_served() {
+    let lab = Box::new();
+    let (code, plan) = lab.plan();
+    assert_eq!(code, 0, "fits on the clean box: {plan:#}");
+    let planned = plan["device"]["tokens_per_rank"]
+        .as_u64()
+        .expect("tokens per rank");
+    // The engine logs 2% more than planned.
+    let logged = planned + planned / 50;
+    let supervisor = lab.run(&["--metrics", "127.0.0.1:0"], logged);
+    let line = supervisor.wait_for("metrics: http://", 1);
+    let address: SocketAddr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .and_then(|address| address.parse().ok())
+        .unwrap_or_else(|| panic!("no address in {line}"));
+    let capacity = supervisor.wait_for("capacity:", 1);
+    assert!(
+        capacity.contains(&format!(
+            "capacity: planned {planned} tokens per rank, the engine logged {logged} (+2.0%)"
+        )),
+        "{capacity}"
+    );
+    let recorded: Value = serde_json::from_str(
+        &std::fs::read_to_string(lab.state.join("capacity.json")).expect("capacity.json"),
+    )
+    .expect("JSON");
+    assert_eq!(recorded["planned_tokens_per_rank"], planned);
+    assert_eq!(recorded["logged_tokens_per_rank"], logged);
+    assert_eq!(recorded["engine"], "sglang");
+    assert_eq!(recorded["start"], 1);
+    let (status, body) = http(address, "GET /metrics HTTP/1.1\r\n\r\n");
+    assert_eq!(status, 200);
+    let found = samples(&body);
+    assert_eq!(
+        value(&found, "gpureap_run_kv_tokens_planned", &[]),
+        Some(planned as f64),
+        "{body}"
+    );
+    assert_eq!(
+        value(&found, "gpureap_run_kv_tokens_logged", &[]),
+        Some(logged as f64),
+        "{body}"
+    );
+    let (code, events, _) = supervisor.stop();
+    assert_eq!(code, 0, "{}", events.join("\n"));
+}
+
+#[test]
+fn run_plan_refuses_a_command_it_cannot_plan_before_starting_anything() {
+    let lab = Box::new();
+    let mut command = gpureap(&lab.host);
+    command
+        .args(["run", "--plan", "--restart", "never"])
+        .args(["--state-dir", lab.state.to_str().expect("utf-8")])
+        .args(["--", "python3", "-m", "sglang.launch_server", "--tp", "1"]);
+    lab.with_engine_env(&mut command, 1);
+    let (code, events) = Supervisor::start(command).wait_exit();
+    let text = events.join("\n");
+    assert_eq!(code, 2, "no model: bad input:\n{text}");
+    assert!(!lab.engine_started(), "{text}");
+    assert!(text.contains("names no model"), "{text}");
+}
