@@ -36,3 +36,6 @@ pub mod wait;
 pub mod check;
 pub mod exporter;
 pub mod metrics;
+
+// `gpureap plan`: the engines' KV-cache arithmetic on a launch command line.
+pub mod plan;

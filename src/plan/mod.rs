@@ -1,0 +1,50 @@
+//! `gpureap plan`: will an inference server start on these GPUs, and what
+//! will it hold? The core reads the engine's command line (`launch`), the
+//! model's `config.json` (`model`), applies the engine's own KV-cache
+//! arithmetic (`engine`) and reads a previous start's log (`calibrate`).
+//! Everything here is pure or reads bounded files: no GPU work, no network.
+
+pub mod calibrate;
+pub mod engine;
+pub mod launch;
+pub mod model;
+
+use std::path::PathBuf;
+
+/// Every plan error is bad input (exit 2): one line naming what is missing.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error(
+        "unknown engine command {0:?}: expected sglang (python3 -m sglang.launch_server, sglang serve) or vllm (vllm serve, python3 -m vllm.entrypoints.openai.api_server)"
+    )]
+    UnknownEngine(String),
+    #[error("the engine command names no model (--model-path / --model / vllm serve MODEL)")]
+    NoModel,
+    #[error("model {model:?} not found: looked for config.json in {}", display_paths(.looked))]
+    ModelNotFound { model: String, looked: Vec<PathBuf> },
+    #[error(
+        "unknown architecture {0:?}: the config has neither MLA (kv_lora_rank) nor attention-head fields gpureap can read"
+    )]
+    UnknownArchitecture(String),
+    #[error("{}: the config has no {field:?}", .path.display())]
+    MissingField { path: PathBuf, field: &'static str },
+    #[error("{flag} {value:?}: {why}")]
+    BadValue {
+        flag: String,
+        value: String,
+        why: String,
+    },
+    #[error("{}: {why}", .path.display())]
+    Unreadable { path: PathBuf, why: String },
+}
+
+fn display_paths(paths: &[PathBuf]) -> String {
+    if paths.is_empty() {
+        return "nowhere (no local directory, no Hugging Face cache)".to_string();
+    }
+    paths
+        .iter()
+        .map(|path| path.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
