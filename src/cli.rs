@@ -639,7 +639,9 @@ pub struct HostsArgs {
 /// A count above zero (tokens, requests, GPUs).
 fn count(text: &str) -> Result<u64, String> {
     match text.trim().parse::<u64>() {
-        Ok(0) | Err(_) => Err(format!("invalid number '{text}': expected a whole number above 0, like 4100")),
+        Ok(0) | Err(_) => Err(format!(
+            "invalid number '{text}': expected a whole number above 0, like 4100"
+        )),
         Ok(n) => Ok(n),
     }
 }
