@@ -281,6 +281,25 @@ Examples:
   gpureap --backend sim:/tmp/gpus reset --gpu 0,1")
     )]
     Reset(ResetArgs),
+
+    /// Plan a server before starting it: the KV cache it will get on these GPUs, how many
+    /// requests it holds at once, and what the memory others hold costs it.
+    #[command(
+        after_help = exit::after_help(Program::Plan, "Reads the launch command you already have (after --): SGLang
+(python3 -m sglang.launch_server, sglang serve) or vLLM (vllm serve,
+python3 -m vllm.entrypoints.openai.api_server), the model's config.json (a local
+directory or the Hugging Face cache), and this host's GPUs through the same snapshot as
+`status`. No GPU work, no network. docs/plan.md lists the flags it understands.
+
+Examples:
+  gpureap plan -- python3 -m sglang.launch_server --model-path moonshotai/Kimi-K2.5 --tp 8 \\
+      --mem-fraction-static 0.85
+  gpureap plan --avg-prompt 800 --avg-output 4100 --concurrency 150 -- sglang serve ...
+  gpureap plan --gpu-memory 97871MiB --gpus 8 --weights 72.8GiB -- python3 -m sglang.launch_server ...
+  gpureap plan --from-log sglang.log -- python3 -m sglang.launch_server ...
+  gpureap plan --json -- vllm serve meta-llama/Llama-3.1-8B-Instruct | jq .fit.verdict")
+    )]
+    Plan(PlanArgs),
 }
 
 /// `run --restart`, as typed (`config::run` makes it the run's `Restart`).
@@ -628,6 +647,77 @@ pub struct HostsArgs {
     /// plus 30s for status; plus the command's own --timeout (and --grace) for wait and free].
     #[arg(long, value_name = "DUR", value_parser = duration, requires = "hosts")]
     pub host_timeout: Option<Duration>,
+}
+
+/// A count above zero (tokens, requests, GPUs).
+fn count(text: &str) -> Result<u64, String> {
+    match text.trim().parse::<u64>() {
+        Ok(0) | Err(_) => Err(format!(
+            "invalid number '{text}': expected a whole number above 0, like 4100"
+        )),
+        Ok(n) => Ok(n),
+    }
+}
+
+fn gpu_count(text: &str) -> Result<u32, String> {
+    match text.trim().parse::<u32>() {
+        Ok(n) if (1..=units::MAX_GPU_INDEX + 1).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "invalid --gpus '{text}': expected a number of GPUs, 1 to {}",
+            units::MAX_GPU_INDEX + 1
+        )),
+    }
+}
+
+/// A size for the planner: bytes (`80G` and `80GiB` both mean 80 × 2^30).
+fn size(text: &str) -> Result<u64, String> {
+    units::parse_size(text)
+}
+
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    /// Average prompt tokens per request (for the concurrency the pool holds).
+    #[arg(long, value_name = "TOKENS", value_parser = count)]
+    pub avg_prompt: Option<u64>,
+    /// Average output tokens per request.
+    #[arg(long, value_name = "TOKENS", value_parser = count)]
+    pub avg_output: Option<u64>,
+    /// Requests the clients send at once: how many the server holds, how many queue, and
+    /// which levers reach it.
+    #[arg(long, value_name = "N", value_parser = count)]
+    pub concurrency: Option<u64>,
+    /// Plan for a hypothetical clean box with GPUs of this total memory (no snapshot taken).
+    #[arg(long, value_name = "SIZE", value_parser = positive_size)]
+    pub gpu_memory: Option<u64>,
+    /// With --gpu-memory: how many such GPUs [default: as many as the command uses].
+    #[arg(long, value_name = "N", value_parser = gpu_count, requires = "gpu_memory")]
+    pub gpus: Option<u32>,
+    /// Free memory per GPU when the engine starts, instead of what the GPUs have now.
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    pub gpu_free: Option<u64>,
+    /// Weights (and whatever else loads before the KV pool) per GPU once loaded, instead of
+    /// the estimate from the checkpoint.
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    pub weights: Option<u64>,
+    /// KV-cache memory per GPU, instead of the engine's budget rule.
+    #[arg(long, value_name = "SIZE", value_parser = positive_size)]
+    pub kv_memory: Option<u64>,
+    /// Host memory available for a host KV tier [default: MemAvailable of /proc/meminfo].
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    pub host_memory: Option<u64>,
+    /// A previous start's log: its measured weights, free memory and tokens replace the
+    /// estimates, and the logged tokens are shown beside the prediction.
+    #[arg(long, value_name = "FILE")]
+    pub from_log: Option<PathBuf>,
+    /// The model's config.json (or its directory), instead of finding it from the command.
+    #[arg(long, value_name = "PATH")]
+    pub model_config: Option<PathBuf>,
+    /// Print JSON (docs/json.md, kind "plan").
+    #[arg(long)]
+    pub json: bool,
+    /// The engine's command line, as you would start it.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
 }
 
 #[derive(Debug, Args)]

@@ -9,10 +9,11 @@ use std::time::Duration;
 use regex::Regex;
 
 use crate::cli::{
-    FreeArgs, HostsArgs, PushArgs, RestartArg, RunArgs, SlurmCommand, SlurmCommonArgs, StatusArgs,
-    WaitArgs,
+    FreeArgs, HostsArgs, PlanArgs, PushArgs, RestartArg, RunArgs, SlurmCommand, SlurmCommonArgs,
+    StatusArgs, WaitArgs,
 };
 use crate::hostlist;
+use crate::plan::fit::{Hypothetical, Overrides, PlanConfig};
 use crate::reap::Options;
 use crate::run::ready::Readiness;
 use crate::run::{Restart, RunConfig};
@@ -511,6 +512,65 @@ fn default_state_dir(command: &[String]) -> std::path::PathBuf {
         (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
     });
     base.join("gpureap").join(format!("{readable}-{hash:016x}"))
+}
+
+/// What `plan` was asked, typed: the engine's command line with this
+/// process's environment (CUDA_VISIBLE_DEVICES, the Hugging Face cache
+/// variables), the averages, and each step the user overrides. The command
+/// line itself is the engine's, read by `plan::launch`.
+pub fn plan(args: &PlanArgs) -> Result<PlanConfig, UsageError> {
+    let PlanArgs {
+        avg_prompt,
+        avg_output,
+        concurrency,
+        gpu_memory,
+        gpus,
+        gpu_free,
+        weights,
+        kv_memory,
+        host_memory,
+        from_log,
+        model_config,
+        json,
+        command,
+    } = args;
+    if command.is_empty() {
+        return Err(UsageError(
+            "plan needs the engine's command line after --, like: gpureap plan -- vllm serve MODEL"
+                .to_string(),
+        ));
+    }
+    if let (Some(free), Some(total)) = (gpu_free, gpu_memory)
+        && free > total
+    {
+        return Err(UsageError(format!(
+            "--gpu-free {} is more than --gpu-memory {}: a GPU cannot have more free than it has",
+            crate::units::Bytes(*free),
+            crate::units::Bytes(*total)
+        )));
+    }
+    // Either average alone still counts: the incident's 4,100 was the answer alone.
+    let averages = (avg_prompt.is_some() || avg_output.is_some())
+        .then(|| (avg_prompt.unwrap_or(0), avg_output.unwrap_or(0)));
+    Ok(PlanConfig {
+        command: command.clone(),
+        env: std::env::vars().collect(),
+        averages,
+        concurrency: *concurrency,
+        hypothetical: gpu_memory.map(|gpu_memory| Hypothetical {
+            gpu_memory,
+            gpus: *gpus,
+        }),
+        overrides: Overrides {
+            gpu_free: *gpu_free,
+            weights: *weights,
+            kv_memory: *kv_memory,
+            host_memory: *host_memory,
+        },
+        from_log: from_log.clone(),
+        model_config: model_config.clone(),
+        json: *json,
+    })
 }
 
 /// The Slurm hook asked for, typed.

@@ -7,8 +7,9 @@
 //! fleet runs: `0` done, `1` still held, a problem found or a wait that timed
 //! out, `2` bad usage or input with nothing signalled or started, `3` could
 //! not complete or could not tell (the driver failed or is absent, an I/O
-//! error, a GPU that could not be checked); a process ended by a signal it
-//! caught exits 128 + the signal ([`Exit::Signalled`]). Nothing else in the
+//! error, a GPU that could not be checked), `4` (`plan` alone) the server
+//! cannot fit on this hardware, even on clean GPUs; a process ended by a
+//! signal it caught exits 128 + the signal ([`Exit::Signalled`]). Nothing else in the
 //! program picks a number (`tests/exit_codes.rs` scans for one), and every
 //! `--help` prints its program's rows of [`rows`].
 
@@ -33,6 +34,10 @@ pub enum Exit {
     /// "unknown" for node-problem-detector, which reads every code but 0
     /// and 1 as unknown). The same number as `Incomplete`.
     Unknown,
+    /// `plan`: the server cannot fit on this hardware even on clean GPUs
+    /// (SGLang's "Not enough memory", vLLM refusing its utilization, weights
+    /// larger than the GPU). Freeing anything would not help.
+    CannotFit,
     /// Ended by a signal it caught (`demo` cleaning up after Ctrl-C, a
     /// simulated server after SIGTERM): 128 + the signal, as a shell says.
     Signalled(i32),
@@ -46,6 +51,7 @@ impl Exit {
             Exit::StillHeld => 1,
             Exit::Usage => 2,
             Exit::Incomplete | Exit::Unknown => 3,
+            Exit::CannotFit => 4,
             Exit::Signalled(signal) => u8::try_from(128 + signal).unwrap_or(u8::MAX),
         }
     }
@@ -65,6 +71,7 @@ impl Exit {
             0 => Exit::Success,
             1 => Exit::StillHeld,
             2 => Exit::Usage,
+            4 => Exit::CannotFit,
             _ => Exit::Incomplete,
         }
     }
@@ -229,10 +236,11 @@ pub enum Program {
     SlurmProlog,
     SlurmHealthcheck,
     Reset,
+    Plan,
 }
 
 impl Program {
-    pub const ALL: [Program; 14] = [
+    pub const ALL: [Program; 15] = [
         Program::Gpureap,
         Program::Status,
         Program::Free,
@@ -247,6 +255,7 @@ impl Program {
         Program::SlurmProlog,
         Program::SlurmHealthcheck,
         Program::Reset,
+        Program::Plan,
     ];
 
     /// The words after `gpureap` that name it, e.g. `["slurm", "epilog"]`.
@@ -266,6 +275,7 @@ impl Program {
             Program::SlurmProlog => &["slurm", "prolog"],
             Program::SlurmHealthcheck => &["slurm", "healthcheck"],
             Program::Reset => &["reset"],
+            Program::Plan => &["plan"],
         }
     }
 }
@@ -291,6 +301,10 @@ pub fn rows(program: Program) -> Vec<(Exit, &'static str)> {
             (
                 Incomplete,
                 "could not complete or could not tell: no driver, a GPU lost or not checked, an I/O error",
+            ),
+            (
+                CannotFit,
+                "plan: the server cannot fit on this hardware, even on clean GPUs",
             ),
         ],
         Program::Status => vec![
@@ -434,6 +448,25 @@ pub fn rows(program: Program) -> Vec<(Exit, &'static str)> {
                 "not reset: the scan could not read every process; or the driver could not reset or check the GPU",
             ),
         ],
+        Program::Plan => vec![
+            (Success, "fits now: the engine's GPUs have what it needs"),
+            (
+                StillHeld,
+                "fits only after freeing what others hold (the holders and the command that frees them are shown)",
+            ),
+            (
+                Usage,
+                "bad input: unknown engine, no model, model or config not found, unknown architecture, a missing field",
+            ),
+            (
+                Unknown,
+                "could not tell: the engine's GPUs could not be read (no driver, a GPU lost)",
+            ),
+            (
+                CannotFit,
+                "cannot fit on this hardware, even on clean GPUs (the engine would refuse to start, or the weights are larger than the GPU)",
+            ),
+        ],
     }
 }
 
@@ -474,9 +507,10 @@ mod tests {
                 Exit::Usage,
                 Exit::Incomplete,
                 Exit::Unknown,
+                Exit::CannotFit,
             ]
             .map(Exit::code),
-            [0, 1, 2, 3, 3]
+            [0, 1, 2, 3, 3, 4]
         );
     }
 
@@ -531,6 +565,7 @@ mod tests {
         assert_eq!(Remote::read(None), Remote::Killed);
         assert_eq!(Remote::read(Some(1)), Remote::Ended(Exit::StillHeld));
         assert_eq!(Remote::read(Some(2)), Remote::Ended(Exit::Usage));
+        assert_eq!(Remote::read(Some(4)), Remote::Ended(Exit::CannotFit));
         assert_eq!(Remote::read(Some(42)), Remote::Ended(Exit::Incomplete));
         assert!(Exit::succeeded(Some(0)));
         assert!(!Exit::succeeded(Some(3)) && !Exit::succeeded(None));

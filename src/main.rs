@@ -79,6 +79,7 @@ fn main() -> ! {
         Command::Check(args) => check(&cli.backend, args),
         Command::Slurm(command) => slurm(&cli.backend, command),
         Command::Reset(args) => reset(&cli.backend, args),
+        Command::Plan(args) => plan(&cli.backend, args),
     };
     tracing::debug!("command done");
     exit_code(result).exit()
@@ -474,6 +475,27 @@ fn check(backend: &BackendChoice, args: &gpureap::cli::CheckArgs) -> Result<Exit
 
 fn slurm(backend: &BackendChoice, command: &gpureap::cli::SlurmCommand) -> Result<Exit, Failure> {
     Ok(gpureap::slurm::main(backend, &config::slurm(command)))
+}
+
+/// `plan`: the snapshot `status` takes (none for a hypothetical box), the
+/// plan, its report, and the verdict's code.
+fn plan(backend: &BackendChoice, args: &gpureap::cli::PlanArgs) -> Result<Exit, Failure> {
+    let config = config::plan(args)?;
+    let snapshot = match config.hypothetical {
+        Some(_) => None,
+        None => Some(
+            Snapshot::open_and_take(backend, false)
+                .map_err(UsageError)?
+                .1,
+        ),
+    };
+    let outcome = gpureap::plan::fit::evaluate(&config, snapshot.as_ref())?;
+    if config.json {
+        emit_encoded(&gpureap::plan::render::json(&outcome))?;
+    } else {
+        emit(&gpureap::plan::render::text(&outcome))?;
+    }
+    Ok(outcome.exit())
 }
 
 fn reset(backend: &BackendChoice, args: &gpureap::cli::ResetArgs) -> Result<Exit, Failure> {

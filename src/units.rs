@@ -100,6 +100,51 @@ impl GpuList {
     }
 }
 
+/// One GPU as `SLURM_JOB_GPUS` or `CUDA_VISIBLE_DEVICES` names it: the one
+/// rule for naming a GPU by index or by UUID (the Slurm hooks, `plan`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GpuRef {
+    Index(u32),
+    Uuid(String),
+}
+
+/// A comma-separated list of GPU indexes (ranges allowed) or UUIDs, as
+/// `SLURM_JOB_GPUS` and `CUDA_VISIBLE_DEVICES` write them;
+/// `NoDevFiles` (what Slurm sets when the GPUs have no device files) is none.
+pub fn parse_gpu_refs(list: &str) -> Result<Vec<GpuRef>, String> {
+    if list == "NoDevFiles" {
+        return Ok(Vec::new());
+    }
+    let mut gpus = Vec::new();
+    for token in list.split(',').map(str::trim) {
+        if token.starts_with("GPU-") && token.len() <= 64 {
+            gpus.push(GpuRef::Uuid(token.to_string()));
+            continue;
+        }
+        let number = |text: &str| {
+            text.parse::<u32>()
+                .ok()
+                .filter(|_| text.bytes().all(|b| b.is_ascii_digit()))
+        };
+        let range = match token.split_once('-') {
+            Some((first, last)) => number(first).zip(number(last)),
+            None => number(token).map(|index| (index, index)),
+        };
+        match range {
+            Some((first, last)) if first <= last && last - first < 1024 => {
+                gpus.extend((first..=last).map(GpuRef::Index));
+            }
+            _ => {
+                let shown: String = token.chars().take(40).collect();
+                return Err(format!(
+                    "'{shown}' is not a GPU index, range or GPU-UUID (expected like 0,1,3)"
+                ));
+            }
+        }
+    }
+    Ok(gpus)
+}
+
 /// Prints a set of GPU indexes the way `parse_gpu_list` reads them: `0-3,6`.
 pub struct GpuRanges<'a>(pub &'a BTreeSet<u32>);
 

@@ -6,8 +6,11 @@
 
 pub mod calibrate;
 pub mod engine;
+pub mod fit;
 pub mod launch;
+pub mod levers;
 pub mod model;
+pub mod render;
 
 use std::path::PathBuf;
 

@@ -26,6 +26,7 @@ use crate::reset;
 use crate::select::{self, Guard, JobScope, Scope};
 use crate::snapshot::Snapshot;
 use crate::units::{Bytes, Elapsed};
+use crate::units::{GpuRef, parse_gpu_refs};
 
 use audit::Audit;
 use scontrol::{JobInfo, Scontrol};
@@ -120,13 +121,6 @@ pub struct Job {
     pub node: Option<String>,
 }
 
-/// One GPU as `SLURM_JOB_GPUS` or `CUDA_VISIBLE_DEVICES` names it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum GpuRef {
-    Index(u32),
-    Uuid(String),
-}
-
 fn env(name: &str) -> Option<String> {
     std::env::var(name)
         .ok()
@@ -155,7 +149,7 @@ impl Job {
             None => ("CUDA_VISIBLE_DEVICES", env("CUDA_VISIBLE_DEVICES")),
         };
         let gpus = match list {
-            Some(list) => parse_gpus(&list).map_err(|error| format!("{variable}: {error}"))?,
+            Some(list) => parse_gpu_refs(&list).map_err(|error| format!("{variable}: {error}"))?,
             None => Vec::new(),
         };
         Ok(Job {
@@ -165,42 +159,6 @@ impl Job {
             node: env("SLURMD_NODENAME"),
         })
     }
-}
-
-/// A comma-separated list of GPU indexes (ranges allowed) or UUIDs;
-/// `NoDevFiles` (what Slurm sets when the GPUs have no device files) is none.
-pub fn parse_gpus(list: &str) -> Result<Vec<GpuRef>, String> {
-    if list == "NoDevFiles" {
-        return Ok(Vec::new());
-    }
-    let mut gpus = Vec::new();
-    for token in list.split(',').map(str::trim) {
-        if token.starts_with("GPU-") && token.len() <= 64 {
-            gpus.push(GpuRef::Uuid(token.to_string()));
-            continue;
-        }
-        let number = |text: &str| {
-            text.parse::<u32>()
-                .ok()
-                .filter(|_| text.bytes().all(|b| b.is_ascii_digit()))
-        };
-        let range = match token.split_once('-') {
-            Some((first, last)) => number(first).zip(number(last)),
-            None => number(token).map(|index| (index, index)),
-        };
-        match range {
-            Some((first, last)) if first <= last && last - first < 1024 => {
-                gpus.extend((first..=last).map(GpuRef::Index));
-            }
-            _ => {
-                let shown: String = token.chars().take(40).collect();
-                return Err(format!(
-                    "'{shown}' is not a GPU index, range or GPU-UUID (expected like 0,1,3)"
-                ));
-            }
-        }
-    }
-    Ok(gpus)
 }
 
 /// What one command needs to drain, resume and log, however it ends.
@@ -1221,20 +1179,20 @@ mod tests {
     #[test]
     fn gpu_lists_as_slurm_sets_them() {
         assert_eq!(
-            parse_gpus("0,2"),
+            parse_gpu_refs("0,2"),
             Ok(vec![GpuRef::Index(0), GpuRef::Index(2)])
         );
         assert_eq!(
-            parse_gpus("1-3"),
+            parse_gpu_refs("1-3"),
             Ok(vec![GpuRef::Index(1), GpuRef::Index(2), GpuRef::Index(3)])
         );
         assert_eq!(
-            parse_gpus("GPU-0f3c,1"),
+            parse_gpu_refs("GPU-0f3c,1"),
             Ok(vec![GpuRef::Uuid("GPU-0f3c".to_string()), GpuRef::Index(1)])
         );
-        assert_eq!(parse_gpus("NoDevFiles"), Ok(Vec::new()));
+        assert_eq!(parse_gpu_refs("NoDevFiles"), Ok(Vec::new()));
         for bad in ["0,,1", "x", "-1", "3-1", "0-4294967295", "+1", "MIG-1/2/3"] {
-            assert!(parse_gpus(bad).is_err(), "{bad}");
+            assert!(parse_gpu_refs(bad).is_err(), "{bad}");
         }
     }
 }

@@ -1,0 +1,672 @@
+//! Whether a server fits on the GPUs it will use, now and once what others
+//! hold there is gone: the engine's GPUs read through the same snapshot as
+//! `status`, the device pool computed twice (as the GPUs are now, and on
+//! clean GPUs), what each holder costs every rank, and the verdict that
+//! becomes `plan`'s exit code. `run --plan` and `plan -H` take the same
+//! `evaluate`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use super::PlanError;
+use super::calibrate::{self, Logged};
+use super::engine::{self, Budget, Device, HostTier, Start};
+use super::launch::{self, Launch};
+use super::levers::{self, Demand, Lever};
+use super::model::{self, Model};
+use crate::exit::{Exit, Failure};
+use crate::snapshot::{Snapshot, Unattributed};
+use crate::units::{self, GpuRef};
+
+/// What the engine takes on each GPU before it measures its free memory: its
+/// own CUDA context and NCCL's buffers. Both engines read free memory after
+/// them (SGLang's `min_per_gpu_memory`, vLLM's `free_at_start`), so a GPU
+/// that shows `F` free here gives the engine about `F − this`. An ESTIMATE
+/// (ENGINES.md §4.2: ~1 GiB on H20/H200 with TP8); `--gpu-free` gives the
+/// engine's own figure instead, and `--from-log` shows the measured one.
+pub const ENGINE_CONTEXT: u64 = 1 << 30;
+
+/// `--gpu-memory SIZE [--gpus N]`: a clean box of such GPUs, instead of
+/// this host's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hypothetical {
+    pub gpu_memory: u64,
+    /// How many; `None`: as many as the command uses.
+    pub gpus: Option<u32>,
+}
+
+/// The steps of the budget the user gives instead of measuring or estimating.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Overrides {
+    /// Free memory per GPU as the engine measures it at start, after its
+    /// own context (the MIN over its GPUs; SGLang's "avail mem" before load).
+    pub gpu_free: Option<u64>,
+    /// Weights (everything loaded before the KV pool) per GPU.
+    pub weights: Option<u64>,
+    /// The KV pool per GPU: the budget rule is skipped.
+    pub kv_memory: Option<u64>,
+    /// Host memory available for a host KV tier.
+    pub host_memory: Option<u64>,
+}
+
+/// What `plan` was asked, typed (`config::plan` builds it).
+#[derive(Debug, Clone)]
+pub struct PlanConfig {
+    /// The engine's command line, as the user would start it.
+    pub command: Vec<String>,
+    /// The environment the engine would start with (CUDA_VISIBLE_DEVICES,
+    /// HF_HUB_CACHE, HF_HOME, HOME).
+    pub env: BTreeMap<String, String>,
+    /// Average prompt and output tokens per request.
+    pub averages: Option<(u64, u64)>,
+    /// `--concurrency N`: the requests the clients send at once.
+    pub concurrency: Option<u64>,
+    pub hypothetical: Option<Hypothetical>,
+    pub overrides: Overrides,
+    pub from_log: Option<PathBuf>,
+    pub model_config: Option<PathBuf>,
+    pub json: bool,
+}
+
+/// Fits now, fits only once others' memory is freed, or not on this hardware.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    Fits,
+    FitsAfterFree,
+    DoesNotFit,
+}
+
+impl Verdict {
+    pub fn exit(self) -> Exit {
+        match self {
+            Verdict::Fits => Exit::Success,
+            Verdict::FitsAfterFree => Exit::StillHeld,
+            Verdict::DoesNotFit => Exit::CannotFit,
+        }
+    }
+}
+
+/// Why `evaluate` gave no plan: the input (exit 2), or GPUs it could not
+/// read (exit 3).
+#[derive(Debug, thiserror::Error)]
+pub enum FitError {
+    #[error(transparent)]
+    Input(#[from] PlanError),
+    #[error(
+        "cannot read the engine's GPUs: {0}; plan for a clean box instead with --gpu-memory SIZE"
+    )]
+    Unreadable(String),
+}
+
+impl From<FitError> for Failure {
+    fn from(error: FitError) -> Failure {
+        let class = match error {
+            FitError::Input(_) => Exit::Usage,
+            FitError::Unreadable(_) => Exit::Unknown,
+        };
+        Failure::new(class, error)
+    }
+}
+
+/// Where a figure of the budget came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    /// Read from this host's GPUs (the snapshot).
+    Snapshot,
+    /// `--gpu-memory`: a hypothetical clean GPU.
+    Hypothetical,
+    /// Given by a flag (`--gpu-free`, `--weights`, `--kv-memory`, `--host-memory`).
+    Flag,
+    /// Measured by a previous start (`--from-log`).
+    Log,
+    /// Estimated from the checkpoint (docs/plan.md).
+    Estimate,
+    /// `/proc/meminfo`'s MemAvailable.
+    Meminfo,
+}
+
+/// One of the engine's GPUs as the snapshot shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuFit {
+    pub index: u32,
+    pub name: Option<String>,
+    pub total: u64,
+    pub used: u64,
+    /// `total − used`: what the engine would find free now.
+    pub free: u64,
+    /// What a clean GPU has free: all but the memory the driver keeps for
+    /// its own bookkeeping (`Snapshot::held_by_no_process`).
+    pub clean_free: u64,
+    /// Memory held by no process, by the one rule.
+    pub held_by_no_process: Option<Unattributed>,
+}
+
+/// What one holder costs the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Cost {
+    /// SGLang: every rank's pool is this many tokens smaller (the MIN rule:
+    /// the dirtiest GPU sets the pool of every rank).
+    Tokens { per_rank: u64 },
+    /// The engine would not start with it there (vLLM below its
+    /// utilization, SGLang with no memory left for the pool).
+    RefusesStart,
+    /// Nothing: it fits in the margin the engine leaves (vLLM's `1 − util`).
+    Nothing,
+}
+
+/// Something that holds memory on one of the engine's GPUs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    /// `None`: memory held by no process (driver-held), which only a reset clears.
+    pub pid: Option<u32>,
+    /// Its command line (or comm), anyone's text: escape it to show it.
+    pub name: String,
+    pub gpu: u32,
+    /// `None` where the driver does not report its memory.
+    pub bytes: Option<u64>,
+    /// What it alone costs, every other GPU clean.
+    pub cost: Cost,
+}
+
+/// `--from-log`: what a previous start logged, and what the engine's rule
+/// predicts from the figures it logged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Calibration {
+    pub logged: Logged,
+    /// Tokens the rule gives from the logged free memory and weights; `None`
+    /// when the log lacks one of them.
+    pub predicted_tokens: Option<u64>,
+}
+
+/// The plan: what the server gets here, now and on clean GPUs, who costs
+/// it what, and the levers.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub launch: Launch,
+    pub model: Model,
+    pub hypothetical: Option<Hypothetical>,
+    /// The engine's GPUs as read now; empty for a hypothetical box.
+    pub gpus: Vec<GpuFit>,
+    pub budget: Budget,
+    /// The pool with the GPUs as they are now.
+    pub now: Device,
+    pub clean_budget: Budget,
+    /// The pool on clean GPUs: every holder freed, driver-held memory reset.
+    pub clean: Device,
+    pub free_source: Source,
+    pub weights_source: Source,
+    pub kv_source: Option<Source>,
+    pub host_tier: Option<HostTier>,
+    pub host_memory: Option<(u64, Source)>,
+    pub holders: Vec<Holder>,
+    pub levers: Vec<Lever>,
+    pub demand: Option<Demand>,
+    pub calibration: Option<Calibration>,
+    pub averages: Option<(u64, u64)>,
+    /// The tokens one request needs: the averages' sum, else the context length.
+    pub request_tokens: Option<u64>,
+    /// `gpureap free --gpu … --pid …` that frees the holders, if any hold memory.
+    pub free_command: Option<String>,
+    /// `gpureap reset --gpu …` for memory held by no process, if any.
+    pub reset_command: Option<String>,
+}
+
+impl Outcome {
+    pub fn verdict(&self) -> Verdict {
+        if !starts(&self.clean) {
+            Verdict::DoesNotFit
+        } else if starts(&self.now) && self.costs_nothing() {
+            Verdict::Fits
+        } else {
+            Verdict::FitsAfterFree
+        }
+    }
+
+    pub fn exit(&self) -> Exit {
+        self.verdict().exit()
+    }
+
+    /// Whether what others hold costs the server nothing: the same pool as
+    /// on clean GPUs.
+    fn costs_nothing(&self) -> bool {
+        self.now.tokens_per_rank >= self.clean.tokens_per_rank
+    }
+
+    /// Concurrency at the request size: `tokens ÷ request tokens`, capped by
+    /// the engine's running-request limit; `None` without a request size.
+    pub fn concurrency(&self, device: &Device) -> Option<f64> {
+        concurrency(device, self.request_tokens)
+    }
+}
+
+/// Whether the engine starts with this pool.
+pub fn starts(device: &Device) -> bool {
+    device.start == Start::Starts && device.tokens_per_rank > 0
+}
+
+/// Requests a pool holds at once, each `request_tokens` long, over all its
+/// ranks, capped by the engine's running-request limit (per rank).
+pub fn concurrency(device: &Device, request_tokens: Option<u64>) -> Option<f64> {
+    let request = request_tokens.filter(|&tokens| tokens > 0)? as f64;
+    let per_rank =
+        (device.tokens_per_rank as f64 / request).min(device.max_running_requests as f64);
+    Some(per_rank * f64::from(device.ranks.max(1)))
+}
+
+/// The plan for `config` on the GPUs of `snapshot` (`None`: the
+/// hypothetical box of `config.hypothetical`, no GPU read).
+pub fn evaluate(config: &PlanConfig, snapshot: Option<&Snapshot>) -> Result<Outcome, FitError> {
+    let launch = launch::parse(&config.command, &config.env)?;
+    let model = model::locate(&launch.model, config.model_config.as_deref(), &config.env)?;
+    let logged = match &config.from_log {
+        Some(path) => Some(read_log(path)?),
+        None => None,
+    };
+    let needed = launch.gpus.len().max(1);
+
+    // The engine's GPUs: read now, or a clean hypothetical box.
+    let (gpus, hypothetical) = match (config.hypothetical, snapshot) {
+        (Some(box_), _) => {
+            if let Some(count) = box_.gpus
+                && (count as usize) < needed
+            {
+                return Err(PlanError::BadValue {
+                    flag: "--gpus".to_string(),
+                    value: count.to_string(),
+                    why: format!(
+                        "the command uses {needed} GPUs (tp {} × pp {}); give at least that many",
+                        launch.tp, launch.pp
+                    ),
+                }
+                .into());
+            }
+            (Vec::new(), Some(box_))
+        }
+        (None, Some(snapshot)) => (read_gpus(&launch, &config.env, snapshot)?, None),
+        (None, None) => {
+            return Err(FitError::Unreadable(
+                "no snapshot of this host was taken".to_string(),
+            ));
+        }
+    };
+    let (gpu_total, free_now, clean_free, free_source) = match hypothetical {
+        Some(box_) => {
+            let free = config
+                .overrides
+                .gpu_free
+                .unwrap_or(box_.gpu_memory.saturating_sub(ENGINE_CONTEXT));
+            let source = if config.overrides.gpu_free.is_some() {
+                Source::Flag
+            } else {
+                Source::Hypothetical
+            };
+            (box_.gpu_memory, free, free, source)
+        }
+        None => {
+            let total = gpus.iter().map(|gpu| gpu.total).min().unwrap_or(0);
+            let clean = engine_free(gpus.iter().map(|gpu| gpu.clean_free));
+            match config.overrides.gpu_free {
+                Some(free) => (total, free, clean.max(free), Source::Flag),
+                None => (
+                    total,
+                    engine_free(gpus.iter().map(|gpu| gpu.free)),
+                    clean,
+                    Source::Snapshot,
+                ),
+            }
+        }
+    };
+    let (weights_per_gpu, weights_source) = match (config.overrides.weights, logged) {
+        (Some(weights), _) => (weights, Source::Flag),
+        (
+            None,
+            Some(Logged {
+                weights_per_gpu: Some(weights),
+                ..
+            }),
+        ) => (weights, Source::Log),
+        _ => match engine::weights_per_gpu(&launch, &model) {
+            Some(weights) => (weights, Source::Estimate),
+            None => {
+                return Err(PlanError::MissingField {
+                    path: model.config_path.clone(),
+                    field: "weights: no model.safetensors.index.json or safetensors beside it (give --weights SIZE per GPU)",
+                }
+                .into());
+            }
+        },
+    };
+    let kv_memory = config.overrides.kv_memory.or(launch.kv_cache_memory_bytes);
+    let kv_source = config
+        .overrides
+        .kv_memory
+        .map(|_| Source::Flag)
+        .or(launch.kv_cache_memory_bytes.map(|_| Source::Flag));
+    let budget = Budget {
+        gpu_total,
+        free_at_start: free_now,
+        weights_per_gpu,
+        kv_memory,
+    };
+    let clean_budget = Budget {
+        free_at_start: clean_free,
+        ..budget
+    };
+    let request_tokens = config
+        .averages
+        .map(|(prompt, output)| prompt + output)
+        .filter(|&tokens| tokens > 0)
+        .or(launch.context_length)
+        .or(model.max_position);
+    let now = engine::device(&launch, &model, &budget, config.averages);
+    let clean = engine::device(&launch, &model, &clean_budget, config.averages);
+
+    let holders = match (hypothetical, snapshot) {
+        (None, Some(snapshot)) if config.overrides.gpu_free.is_none() => {
+            holders(&launch, &model, &gpus, snapshot, &clean_budget, &clean)
+        }
+        _ => Vec::new(),
+    };
+    let (free_command, reset_command) = commands(&holders);
+
+    let host_memory = match launch.host_tier {
+        None => None,
+        Some(_) => match config.overrides.host_memory {
+            Some(bytes) => Some((bytes, Source::Flag)),
+            None => mem_available().map(|bytes| (bytes, Source::Meminfo)),
+        },
+    };
+    let host_tier = host_memory
+        .and_then(|(bytes, _)| engine::host_tier(&launch, &model, &clean, bytes))
+        .or_else(|| {
+            // MemAvailable unreadable: the tier's size is still the engine's.
+            launch
+                .host_tier
+                .and_then(|_| engine::host_tier(&launch, &model, &clean, 0))
+        });
+
+    let calibration = logged.map(|logged| Calibration {
+        logged,
+        predicted_tokens: logged.free_before_load.zip(logged.weights_per_gpu).map(
+            |(free, weights)| {
+                let budget = Budget {
+                    gpu_total,
+                    free_at_start: free,
+                    weights_per_gpu: weights,
+                    kv_memory,
+                };
+                engine::device(&launch, &model, &budget, None).tokens_per_rank
+            },
+        ),
+    });
+
+    let context = levers::Context {
+        launch: &launch,
+        model: &model,
+        budget: &clean_budget,
+        clean: &clean,
+        now: &now,
+        averages: config.averages,
+        request_tokens,
+        weights_from_estimate: weights_source == Source::Estimate,
+        freed: !holders.is_empty(),
+    };
+    let levers = levers::levers(&context);
+    let demand = config
+        .concurrency
+        .map(|wanted| levers::demand(&context, &levers, wanted));
+
+    Ok(Outcome {
+        launch,
+        model,
+        hypothetical,
+        gpus,
+        budget,
+        now,
+        clean_budget,
+        clean,
+        free_source,
+        weights_source,
+        kv_source,
+        host_tier,
+        host_memory,
+        holders,
+        levers,
+        demand,
+        calibration,
+        averages: config.averages,
+        request_tokens,
+        free_command,
+        reset_command,
+    })
+}
+
+/// The engine's GPUs, as the snapshot shows them. `CUDA_VISIBLE_DEVICES`
+/// may name GPUs by UUID (the one naming rule, `units::parse_gpu_refs`):
+/// then the launch's GPUs are the engine's ordinals in that list, and each
+/// is resolved through the snapshot's GPUs.
+fn read_gpus(
+    launch: &Launch,
+    env: &BTreeMap<String, String>,
+    snapshot: &Snapshot,
+) -> Result<Vec<GpuFit>, FitError> {
+    if let Some(error) = &snapshot.driver_error {
+        return Err(FitError::Unreadable(error.to_string()));
+    }
+    let visible = env
+        .get("CUDA_VISIBLE_DEVICES")
+        .map(|list| list.trim())
+        .filter(|list| !list.is_empty())
+        .map(|list| {
+            units::parse_gpu_refs(list).map_err(|why| PlanError::BadValue {
+                flag: "CUDA_VISIBLE_DEVICES".to_string(),
+                value: list.to_string(),
+                why,
+            })
+        })
+        .transpose()?;
+    let by_uuid = visible
+        .as_ref()
+        .is_some_and(|refs| refs.iter().any(|gpu| matches!(gpu, GpuRef::Uuid(_))));
+    let mut found = Vec::new();
+    for &gpu in &launch.gpus {
+        let index = match (&visible, by_uuid) {
+            (Some(refs), true) => {
+                let Some(named) = refs.get(gpu as usize) else {
+                    return Err(PlanError::BadValue {
+                        flag: "CUDA_VISIBLE_DEVICES".to_string(),
+                        value: env.get("CUDA_VISIBLE_DEVICES").cloned().unwrap_or_default(),
+                        why: format!(
+                            "names {} GPUs; the engine uses GPU {gpu} of them",
+                            refs.len()
+                        ),
+                    }
+                    .into());
+                };
+                match named {
+                    GpuRef::Index(index) => *index,
+                    GpuRef::Uuid(uuid) => snapshot
+                        .gpus
+                        .iter()
+                        .find(|state| state.uuid.as_deref() == Some(uuid.as_str()))
+                        .map(|state| state.index)
+                        .ok_or_else(|| PlanError::BadValue {
+                            flag: "CUDA_VISIBLE_DEVICES".to_string(),
+                            value: uuid.clone(),
+                            why: "no GPU of this host has that UUID (see `gpureap status --json`)"
+                                .to_string(),
+                        })?,
+                }
+            }
+            _ => gpu,
+        };
+        let Some(state) = snapshot.gpu(index) else {
+            return Err(PlanError::BadValue {
+                flag: "the engine's GPUs".to_string(),
+                value: index.to_string(),
+                why: format!(
+                    "this host has {} GPUs (check CUDA_VISIBLE_DEVICES and --base-gpu-id)",
+                    snapshot.gpus.len()
+                ),
+            }
+            .into());
+        };
+        if let Some(error) = &state.error {
+            return Err(FitError::Unreadable(format!("GPU {index}: {error}")));
+        }
+        let (Some(total), Some(used)) = (state.memory_total, state.memory_used) else {
+            return Err(FitError::Unreadable(format!(
+                "GPU {index}: the driver reports no memory figures"
+            )));
+        };
+        let held = snapshot.held_by_no_process(state);
+        // Within the driver's bookkeeping, memory held by no process stays
+        // on a clean GPU too.
+        let kept = held.filter(|held| !held.holds).map_or(0, |held| held.bytes);
+        if !found.iter().any(|fit: &GpuFit| fit.index == index) {
+            found.push(GpuFit {
+                index,
+                name: state.name.clone(),
+                total,
+                used,
+                free: total.saturating_sub(used),
+                clean_free: total.saturating_sub(kept),
+                held_by_no_process: held,
+            });
+        }
+    }
+    Ok(found)
+}
+
+/// Every process holding memory on one of the engine's GPUs, and memory
+/// held by no process there, each with what it alone costs: the pool with
+/// only it held, every other GPU clean.
+fn holders(
+    launch: &Launch,
+    model: &Model,
+    gpus: &[GpuFit],
+    snapshot: &Snapshot,
+    clean_budget: &Budget,
+    clean: &Device,
+) -> Vec<Holder> {
+    let cost = |gpu: &GpuFit, bytes: u64| {
+        // The MIN over the engine's GPUs: this GPU with only it held,
+        // against the others clean.
+        let frees = gpus.iter().map(|other| {
+            if other.index == gpu.index {
+                other.clean_free.saturating_sub(bytes)
+            } else {
+                other.clean_free
+            }
+        });
+        let budget = Budget {
+            free_at_start: engine_free(frees),
+            ..*clean_budget
+        };
+        let device = engine::device(launch, model, &budget, None);
+        if !starts(&device) {
+            Cost::RefusesStart
+        } else if device.tokens_per_rank >= clean.tokens_per_rank {
+            Cost::Nothing
+        } else {
+            Cost::Tokens {
+                per_rank: clean.tokens_per_rank - device.tokens_per_rank,
+            }
+        }
+    };
+    let mut found = Vec::new();
+    for gpu in gpus {
+        let Some(state) = snapshot.gpu(gpu.index) else {
+            continue;
+        };
+        for user in state.users.iter().filter(|user| user.listed) {
+            let name = match snapshot.processes.get(&user.pid) {
+                Some(record) if !user.hidden && !record.cmdline.is_empty() => {
+                    record.cmdline.clone()
+                }
+                Some(record) if !user.hidden => record.comm.clone(),
+                _ => "(in another PID namespace)".to_string(),
+            };
+            found.push(Holder {
+                pid: Some(user.pid),
+                name,
+                gpu: gpu.index,
+                bytes: user.memory,
+                // Unknown memory (MIG): it may cost anything; say the worst
+                // that is known, nothing, only when it is known.
+                cost: user.memory.map_or(Cost::Nothing, |bytes| cost(gpu, bytes)),
+            });
+        }
+        if let Some(held) = gpu.held_by_no_process.filter(|held| held.holds) {
+            found.push(Holder {
+                pid: None,
+                name: "held by no process (driver-held)".to_string(),
+                gpu: gpu.index,
+                bytes: Some(held.bytes),
+                cost: cost(gpu, held.bytes),
+            });
+        }
+    }
+    found
+}
+
+/// What the engine finds free at start on GPUs with these free figures:
+/// the MIN over them (SGLang all-reduces it; vLLM's ranks each check
+/// theirs, so the dirtiest refuses), less its own context.
+fn engine_free(frees: impl Iterator<Item = u64>) -> u64 {
+    frees.min().unwrap_or(0).saturating_sub(ENGINE_CONTEXT)
+}
+
+/// The commands that give the memory back: `gpureap free` for the
+/// processes, `gpureap reset` for memory held by no process.
+fn commands(holders: &[Holder]) -> (Option<String>, Option<String>) {
+    let gpus = |with_pid: bool| -> std::collections::BTreeSet<u32> {
+        holders
+            .iter()
+            .filter(|holder| holder.pid.is_some() == with_pid)
+            .map(|holder| holder.gpu)
+            .collect()
+    };
+    let pids: std::collections::BTreeSet<u32> =
+        holders.iter().filter_map(|holder| holder.pid).collect();
+    let free = (!pids.is_empty()).then(|| {
+        let mut command = format!("gpureap free --gpu {}", units::GpuRanges(&gpus(true)));
+        for pid in &pids {
+            command.push_str(&format!(" --pid {pid}"));
+        }
+        command
+    });
+    let reset_gpus = gpus(false);
+    let reset = (!reset_gpus.is_empty())
+        .then(|| format!("gpureap reset --gpu {}", units::GpuRanges(&reset_gpus)));
+    (free, reset)
+}
+
+fn read_log(path: &std::path::Path) -> Result<Logged, PlanError> {
+    // A server's log of a whole start is a few MiB at most; the lines read
+    // are in its first part.
+    let (_, bytes) =
+        crate::file::read_regular(path, 256 << 20).map_err(|why| PlanError::Unreadable {
+            path: path.to_path_buf(),
+            why,
+        })?;
+    Ok(calibrate::read_log(&String::from_utf8_lossy(&bytes)))
+}
+
+/// MemAvailable of /proc/meminfo, in bytes.
+fn mem_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    text.lines()
+        .find_map(|line| line.strip_prefix("MemAvailable:"))
+        .and_then(|rest| {
+            rest.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+        .map(|kib| kib * 1024)
+}

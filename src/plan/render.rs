@@ -1,0 +1,791 @@
+//! The plan for people (text) and for programs (JSON, `kind: "plan"`,
+//! docs/json.md). Every piece of anyone's text in it (a holder's command
+//! line, a path, a flag not understood) is one line (`units::one_line`).
+
+use serde::Serialize;
+
+use super::engine::{Budget, Device, Start};
+use super::fit::{Cost, Holder, Outcome, Source, Verdict};
+use super::launch::{Engine, HostTierRequest, KvDtype};
+use super::levers::{Demand, Lever};
+use super::model::Attention;
+use crate::report::{self, SCHEMA_VERSION};
+use crate::units::{Bytes, Field, GpuRanges};
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// Thousands separated by commas, as the engines' logs are read by people.
+fn count(value: u64) -> String {
+    let digits = value.to_string();
+    let mut out = String::new();
+    for (at, digit) in digits.chars().enumerate() {
+        if at > 0 && (digits.len() - at).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(digit);
+    }
+    out
+}
+
+fn engine_name(engine: Engine) -> &'static str {
+    match engine {
+        Engine::Sglang => "SGLang",
+        Engine::Vllm => "vLLM",
+    }
+}
+
+fn source(source: Source) -> &'static str {
+    match source {
+        Source::Snapshot => "this host's GPUs now, the least free of them",
+        Source::Hypothetical => "--gpu-memory, a clean GPU",
+        Source::Flag => "given",
+        Source::Log => "--from-log",
+        Source::Estimate => "estimated from the checkpoint",
+        Source::Meminfo => "MemAvailable",
+    }
+}
+
+fn kv_dtype(dtype: KvDtype) -> &'static str {
+    match dtype {
+        KvDtype::Auto => "auto",
+        KvDtype::Bf16 => "bf16",
+        KvDtype::Fp16 => "fp16",
+        KvDtype::Fp8E4m3 => "fp8_e4m3",
+        KvDtype::Fp8E5m2 => "fp8_e5m2",
+        KvDtype::Fp4E2m1 => "fp4_e2m1",
+    }
+}
+
+fn gib(bytes: u64) -> String {
+    format!("{:.1} GiB", bytes as f64 / GIB)
+}
+
+fn start_text(start: &Start) -> String {
+    match start {
+        Start::Starts => "starts".to_string(),
+        Start::NotEnoughMemory {
+            raise_fraction_to: Some(to),
+        } => format!("does not start: \"Not enough memory\" (raise the fraction to {to:.3})"),
+        Start::NotEnoughMemory {
+            raise_fraction_to: None,
+        } => "does not start: \"Not enough memory\" (no KV pool is left)".to_string(),
+        Start::RefusesFree { needed, free } => format!(
+            "refuses to start: free memory {} is less than the {} its utilization asks",
+            Bytes(*free),
+            Bytes(*needed)
+        ),
+        Start::WeightsTooLarge => "does not start: the weights are larger than the GPU".to_string(),
+    }
+}
+
+fn concurrency_text(concurrency: Option<f64>) -> String {
+    concurrency.map_or("?".to_string(), |c| format!("{c:.1}"))
+}
+
+fn verdict_text(verdict: Verdict) -> &'static str {
+    match verdict {
+        Verdict::Fits => "fits now",
+        Verdict::FitsAfterFree => "fits only after freeing what others hold",
+        Verdict::DoesNotFit => "does not fit on this hardware, even on clean GPUs",
+    }
+}
+
+/// The plan as a report for people.
+pub fn text(outcome: &Outcome) -> String {
+    let launch = &outcome.launch;
+    let model = &outcome.model;
+    let sglang = launch.engine == Engine::Sglang;
+    let mut out = String::new();
+    let line = |out: &mut String, text: String| {
+        out.push_str(&text);
+        out.push('\n');
+    };
+    line(
+        &mut out,
+        format!(
+            "{} serving {} (TP {}{}{})",
+            engine_name(launch.engine),
+            Field(&launch.model),
+            launch.tp,
+            if launch.pp > 1 {
+                format!(", PP {}", launch.pp)
+            } else {
+                String::new()
+            },
+            if launch.dp_attention {
+                format!(", DP attention {}", launch.dp)
+            } else {
+                String::new()
+            }
+        ),
+    );
+    let attention = match model.attention {
+        Attention::Mla {
+            kv_lora_rank,
+            qk_rope_head_dim,
+        } => format!(
+            "MLA: ({kv_lora_rank} + {qk_rope_head_dim}) × {} layers × KV bytes, the same on every rank",
+            model.layers
+        ),
+        Attention::Mha {
+            kv_heads,
+            head_dim,
+            v_head_dim,
+        } => format!(
+            "{kv_heads} KV heads ÷ attention TP (at least 1) × ({head_dim} + {v_head_dim}) × {} layers × KV bytes",
+            model.layers
+        ),
+    };
+    line(
+        &mut out,
+        format!(
+            "  model     {} ({})",
+            Field(&model.config_path.display().to_string()),
+            if model.architecture.is_empty() {
+                "architecture not named".to_string()
+            } else {
+                crate::units::one_line(&model.architecture).into_owned()
+            }
+        ),
+    );
+    line(&mut out, format!("  per token {attention}"));
+    match outcome.hypothetical {
+        Some(box_) => line(
+            &mut out,
+            format!(
+                "  GPUs      {} × {} (hypothetical, clean; no GPU read)",
+                box_.gpus.unwrap_or(launch.gpus.len() as u32),
+                gib(box_.gpu_memory)
+            ),
+        ),
+        None => {
+            let indexes = outcome.gpus.iter().map(|gpu| gpu.index).collect();
+            let name = outcome
+                .gpus
+                .first()
+                .and_then(|gpu| gpu.name.clone())
+                .unwrap_or_else(|| "GPU".to_string());
+            line(
+                &mut out,
+                format!(
+                    "  GPUs      {} ({}, {} total, the smallest)",
+                    GpuRanges(&indexes),
+                    Field(&name),
+                    gib(outcome.budget.gpu_total)
+                ),
+            );
+        }
+    }
+    out.push('\n');
+
+    // The budget.
+    let budget = &outcome.budget;
+    line(
+        &mut out,
+        if sglang {
+            "Budget per GPU (SGLang: KV = fraction × free at start − weights; free is the MIN over the ranks)".to_string()
+        } else {
+            "Budget per GPU (vLLM: KV = utilization × total − weights and activations; refuses to start when free < utilization × total)".to_string()
+        },
+    );
+    line(
+        &mut out,
+        format!(
+            "  free at start   {:>10}  ({})",
+            gib(budget.free_at_start),
+            source(outcome.free_source)
+        ),
+    );
+    line(
+        &mut out,
+        format!(
+            "  weights         {:>10}  ({})",
+            gib(budget.weights_per_gpu),
+            source(outcome.weights_source)
+        ),
+    );
+    line(
+        &mut out,
+        format!(
+            "  {:<15} {:>10}  ({})",
+            if sglang {
+                "mem fraction"
+            } else {
+                "utilization"
+            },
+            format!("{:.3}", outcome.now.mem_fraction),
+            if launch.mem_fraction.is_some() {
+                "from the command"
+            } else {
+                "the engine's default"
+            }
+        ),
+    );
+    if let Some(kv) = budget.kv_memory {
+        line(
+            &mut out,
+            format!(
+                "  KV memory       {:>10}  (given: the budget rule is skipped)",
+                gib(kv)
+            ),
+        );
+    }
+    line(
+        &mut out,
+        format!("  KV dtype        {:>10}", kv_dtype(launch.kv_dtype)),
+    );
+    out.push('\n');
+
+    // The device pool, now and on clean GPUs.
+    line(&mut out, "Device pool".to_string());
+    let pool = |out: &mut String, label: &str, device: &Device| {
+        line(
+            out,
+            format!(
+                "  {label:<14} {} tokens per rank × {} rank{}, {} bytes per token, {} of KV per rank, page {}: {}",
+                count(device.tokens_per_rank),
+                device.ranks,
+                if device.ranks == 1 { "" } else { "s" },
+                count(device.bytes_per_token),
+                gib(device.kv_bytes_per_rank),
+                device.page_size,
+                start_text(&device.start)
+            ),
+        );
+    };
+    if outcome.hypothetical.is_some() {
+        pool(&mut out, "clean GPUs", &outcome.clean);
+    } else {
+        pool(&mut out, "now", &outcome.now);
+        if outcome.clean != outcome.now {
+            pool(&mut out, "clean GPUs", &outcome.clean);
+        }
+    }
+    match (outcome.request_tokens, outcome.averages) {
+        (Some(tokens), Some((prompt, output))) => line(
+            &mut out,
+            format!(
+                "  concurrency    {} requests at once of {} tokens (prompt {} + output {}){}; at most {} running per rank",
+                concurrency_text(outcome.concurrency(&outcome.now)),
+                count(tokens),
+                count(prompt),
+                count(output),
+                if outcome.clean != outcome.now {
+                    format!(
+                        ", {} on clean GPUs",
+                        concurrency_text(outcome.concurrency(&outcome.clean))
+                    )
+                } else {
+                    String::new()
+                },
+                count(outcome.now.max_running_requests)
+            ),
+        ),
+        (Some(tokens), None) => line(
+            &mut out,
+            format!(
+                "  concurrency    {} requests at once at the full context length ({} tokens); give --avg-prompt and --avg-output for real requests",
+                concurrency_text(outcome.concurrency(&outcome.now)),
+                count(tokens)
+            ),
+        ),
+        (None, _) => line(
+            &mut out,
+            "  concurrency    unknown: give --avg-prompt and --avg-output".to_string(),
+        ),
+    }
+    line(
+        &mut out,
+        "  an upper bound: decode concurrency is tokens ÷ tokens per request, while requests grow"
+            .to_string(),
+    );
+    out.push('\n');
+
+    // What others hold.
+    if outcome.hypothetical.is_none() {
+        if outcome.holders.is_empty() {
+            line(
+                &mut out,
+                "Held by others on the engine's GPUs: nothing".to_string(),
+            );
+        } else {
+            line(&mut out, "Held by others on the engine's GPUs".to_string());
+            for holder in &outcome.holders {
+                line(&mut out, format!("  {}", holder_text(holder, sglang)));
+            }
+            if let Some(command) = &outcome.free_command {
+                line(&mut out, format!("  free them:  {command}"));
+            }
+            if let Some(command) = &outcome.reset_command {
+                line(
+                    &mut out,
+                    format!(
+                        "  reset:      {command}   (memory held by no process; only a reset or a reboot clears it)"
+                    ),
+                );
+            }
+        }
+        out.push('\n');
+    }
+
+    if let Some(tier) = &outcome.host_tier {
+        let what = match launch.host_tier {
+            Some(HostTierRequest::SglangRatio(ratio)) => {
+                format!("SGLang HiCache, --hicache-ratio {ratio}")
+            }
+            Some(HostTierRequest::SglangSizeGb(gb)) => {
+                format!("SGLang HiCache, --hicache-size {gb} (decimal GB per rank)")
+            }
+            Some(HostTierRequest::VllmOffloadGib(gib)) => {
+                format!("vLLM --kv-offloading-size {gib} (GiB, over all TP ranks)")
+            }
+            None => "host tier".to_string(),
+        };
+        line(&mut out, format!("Host tier ({what})"));
+        line(
+            &mut out,
+            format!(
+                "  {} tokens per rank, {} per rank, {} in all",
+                count(tier.tokens_per_rank),
+                Bytes(tier.bytes_per_rank),
+                Bytes(tier.bytes_total)
+            ),
+        );
+        if let Some((bytes, from)) = outcome.host_memory {
+            line(
+                &mut out,
+                format!(
+                    "  host memory {} ({}), budget {} after the engine's 10 GiB guard: {}",
+                    Bytes(bytes),
+                    source(from),
+                    Bytes(tier.budget),
+                    if tier.fits {
+                        "fits"
+                    } else {
+                        "DOES NOT FIT: the engine refuses, or the host runs out of memory"
+                    }
+                ),
+            );
+        }
+        line(
+            &mut out,
+            "  it raises prefix-cache capacity, not concurrency: the running requests' KV must be on the GPU".to_string(),
+        );
+        out.push('\n');
+    }
+
+    if !outcome.levers.is_empty() {
+        line(
+            &mut out,
+            if outcome.holders.is_empty() {
+                "Levers".to_string()
+            } else {
+                "Levers (each after freeing the holders)".to_string()
+            },
+        );
+        for lever in &outcome.levers {
+            line(&mut out, format!("  {}", lever_text(lever)));
+        }
+        out.push('\n');
+    }
+
+    if let Some(demand) = &outcome.demand {
+        line(&mut out, demand_text(demand));
+        out.push('\n');
+    }
+
+    if let Some(calibration) = &outcome.calibration {
+        let logged = calibration.logged;
+        let figures = [
+            logged
+                .free_before_load
+                .map(|bytes| format!("free before load {}", gib(bytes))),
+            logged
+                .weights_per_gpu
+                .map(|bytes| format!("weights {}", gib(bytes))),
+            logged.kv_bytes.map(|bytes| format!("KV {}", gib(bytes))),
+        ];
+        let figures: Vec<String> = figures.into_iter().flatten().collect();
+        line(
+            &mut out,
+            format!(
+                "From the log: {}",
+                if figures.is_empty() {
+                    "no figure found (the lines docs/plan.md names)".to_string()
+                } else {
+                    figures.join(", ")
+                }
+            ),
+        );
+        match (logged.tokens, calibration.predicted_tokens) {
+            (Some(logged), Some(predicted)) => {
+                let difference =
+                    (predicted as f64 - logged as f64) / (logged.max(1) as f64) * 100.0;
+                line(
+                    &mut out,
+                    format!(
+                        "  predicted {} tokens from the logged figures, logged {} ({difference:+.2}%)",
+                        count(predicted),
+                        count(logged)
+                    ),
+                );
+            }
+            (Some(logged), None) => line(
+                &mut out,
+                format!(
+                    "  logged {} tokens (the log lacks the figures to predict them)",
+                    count(logged)
+                ),
+            ),
+            _ => {}
+        }
+        out.push('\n');
+    }
+
+    if !launch.ignored.is_empty() {
+        let ignored: Vec<String> = launch
+            .ignored
+            .iter()
+            .map(|flag| crate::units::one_line(flag).into_owned())
+            .collect();
+        line(
+            &mut out,
+            format!(
+                "Not understood, ignored (they do not change the pool; docs/plan.md lists what is read): {}",
+                ignored.join(" ")
+            ),
+        );
+        out.push('\n');
+    }
+    let verdict = outcome.verdict();
+    line(
+        &mut out,
+        format!(
+            "Verdict: {} (exit {})",
+            verdict_text(verdict),
+            verdict.exit().code()
+        ),
+    );
+    out
+}
+
+fn holder_text(holder: &Holder, sglang: bool) -> String {
+    let who = match holder.pid {
+        Some(pid) => format!("PID {pid} {}", crate::units::short(&holder.name, 50)),
+        None => "memory held by no process (driver-held)".to_string(),
+    };
+    let bytes = crate::units::MaybeBytes(holder.bytes);
+    let cost = match holder.cost {
+        Cost::Tokens { per_rank } => format!(
+            "costs every rank {} tokens{}",
+            count(per_rank),
+            if sglang {
+                " (the MIN rule: the dirtiest GPU sets every rank's pool)"
+            } else {
+                ""
+            }
+        ),
+        Cost::RefusesStart => {
+            if sglang {
+                "with it there the engine does not start (\"Not enough memory\")".to_string()
+            } else {
+                "with it there vLLM would refuse to start (free < utilization × total)".to_string()
+            }
+        }
+        Cost::Nothing => {
+            if sglang {
+                "costs nothing".to_string()
+            } else {
+                "costs nothing: it fits in the 1 − utilization margin".to_string()
+            }
+        }
+    };
+    format!("GPU {}: {who}, {bytes}: {cost}", holder.gpu)
+}
+
+fn lever_text(lever: &Lever) -> String {
+    format!(
+        "{:<24} {:<44} {:>12} tokens/rank{}{}{}",
+        lever.name,
+        lever.how,
+        count(lever.tokens_per_rank),
+        lever
+            .concurrency
+            .map(|c| format!(", {c:.1} at once"))
+            .unwrap_or_default(),
+        if lever.starts { "" } else { ", does not start" },
+        if lever.note.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", lever.note)
+        }
+    )
+}
+
+fn demand_text(demand: &Demand) -> String {
+    let mut text = match (demand.held, demand.queued) {
+        (Some(held), Some(queued)) => format!(
+            "Concurrency {}: the server holds {} at once, {} wait in the queue",
+            count(demand.wanted),
+            count(held),
+            count(queued)
+        ),
+        _ => format!(
+            "Concurrency {}: unknown without a request size (--avg-prompt, --avg-output)",
+            count(demand.wanted)
+        ),
+    };
+    if demand.held.is_some_and(|held| held >= demand.wanted) {
+        text.push_str("\n  it holds them all");
+    } else if demand.reached_by.is_empty() {
+        text.push_str("\n  no lever on this hardware reaches it, alone or together");
+        match demand.more_gpus_reach {
+            Some(true) => {
+                text.push_str("; twice the GPUs of this kind, with the levers above, would")
+            }
+            Some(false) => text.push_str("; not even twice the GPUs of this kind with every lever"),
+            None => {}
+        }
+        if let Some(bytes) = demand.needs_gpu_memory {
+            text.push_str(&format!(
+                "\n  at this TP, KV dtype and fraction it needs GPUs of at least {} each",
+                gib(bytes)
+            ));
+        }
+    } else {
+        let sets: Vec<String> = demand
+            .reached_by
+            .iter()
+            .map(|set| set.join(" + "))
+            .collect();
+        text.push_str(&format!("\n  reached by: {}", sets.join("; ")));
+    }
+    text
+}
+
+#[derive(Serialize)]
+struct PlanJson<'a> {
+    schema_version: u32,
+    kind: &'static str,
+    engine: Engine,
+    model: ModelJson<'a>,
+    launch: LaunchJson<'a>,
+    budget: BudgetJson,
+    device: DeviceJson<'a>,
+    device_clean: DeviceJson<'a>,
+    request_tokens: Option<u64>,
+    host_tier: Option<HostTierJson>,
+    fit: FitJson<'a>,
+    levers: &'a [Lever],
+    demand: Option<&'a Demand>,
+    calibration: Option<CalibrationJson>,
+    exit_code: crate::exit::Exit,
+}
+
+#[derive(Serialize)]
+struct ModelJson<'a> {
+    config_path: String,
+    architecture: &'a str,
+    attention: Attention,
+    layers: u64,
+    weights_bytes: Option<u64>,
+}
+
+#[derive(Serialize)]
+struct LaunchJson<'a> {
+    model: &'a str,
+    tp: u32,
+    pp: u32,
+    dp: u32,
+    dp_attention: bool,
+    mem_fraction: Option<f64>,
+    kv_dtype: KvDtype,
+    gpus: &'a [u32],
+    ignored: &'a [String],
+}
+
+#[derive(Serialize)]
+struct BudgetJson {
+    gpu_total: u64,
+    free_at_start: u64,
+    free_at_start_source: Source,
+    weights_per_gpu: u64,
+    weights_source: Source,
+    kv_memory: Option<u64>,
+}
+
+#[derive(Serialize)]
+struct DeviceJson<'a> {
+    bytes_per_token: u64,
+    kv_bytes_per_rank: u64,
+    tokens_per_rank: u64,
+    ranks: u32,
+    page_size: u32,
+    mem_fraction: f64,
+    max_running_requests: u64,
+    /// Requests at once at the averages; null without them.
+    concurrency: Option<f64>,
+    starts: bool,
+    start: &'a Start,
+}
+
+#[derive(Serialize)]
+struct HostTierJson {
+    tokens_per_rank: u64,
+    bytes_per_rank: u64,
+    bytes_total: u64,
+    budget: u64,
+    fits: bool,
+    host_memory: Option<u64>,
+}
+
+#[derive(Serialize)]
+struct FitJson<'a> {
+    verdict: Verdict,
+    hypothetical: bool,
+    gpus: Vec<GpuJson>,
+    holders: Vec<HolderJson<'a>>,
+    free_command: Option<&'a str>,
+    reset_command: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct GpuJson {
+    index: u32,
+    memory_total: u64,
+    memory_used: u64,
+    memory_free: u64,
+    memory_unattributed: Option<u64>,
+    held_by_no_process: Option<bool>,
+}
+
+#[derive(Serialize)]
+struct HolderJson<'a> {
+    pid: Option<u32>,
+    name: &'a str,
+    gpu: u32,
+    bytes: Option<u64>,
+    /// Tokens every rank loses to it; null when it stops the start instead.
+    tokens_lost_per_rank: Option<u64>,
+    cost: Cost,
+}
+
+#[derive(Serialize)]
+struct CalibrationJson {
+    logged_tokens: Option<u64>,
+    logged_weights_per_gpu: Option<u64>,
+    logged_free_before_load: Option<u64>,
+    logged_kv_bytes: Option<u64>,
+    predicted_tokens: Option<u64>,
+}
+
+fn device_json<'a>(device: &'a Device, outcome: &Outcome) -> DeviceJson<'a> {
+    DeviceJson {
+        bytes_per_token: device.bytes_per_token,
+        kv_bytes_per_rank: device.kv_bytes_per_rank,
+        tokens_per_rank: device.tokens_per_rank,
+        ranks: device.ranks,
+        page_size: device.page_size,
+        mem_fraction: device.mem_fraction,
+        max_running_requests: device.max_running_requests,
+        concurrency: outcome.averages.and_then(|_| outcome.concurrency(device)),
+        starts: super::fit::starts(device),
+        start: &device.start,
+    }
+}
+
+fn budget_json(budget: &Budget, outcome: &Outcome) -> BudgetJson {
+    BudgetJson {
+        gpu_total: budget.gpu_total,
+        free_at_start: budget.free_at_start,
+        free_at_start_source: outcome.free_source,
+        weights_per_gpu: budget.weights_per_gpu,
+        weights_source: outcome.weights_source,
+        kv_memory: budget.kv_memory,
+    }
+}
+
+/// The plan as a JSON document (docs/json.md, kind "plan").
+pub fn json(outcome: &Outcome) -> String {
+    let launch = &outcome.launch;
+    let model = &outcome.model;
+    report::to_json(&PlanJson {
+        schema_version: SCHEMA_VERSION,
+        kind: "plan",
+        engine: launch.engine,
+        model: ModelJson {
+            config_path: model.config_path.display().to_string(),
+            architecture: &model.architecture,
+            attention: model.attention,
+            layers: model.layers,
+            weights_bytes: model.weights_bytes,
+        },
+        launch: LaunchJson {
+            model: &launch.model,
+            tp: launch.tp,
+            pp: launch.pp,
+            dp: launch.dp,
+            dp_attention: launch.dp_attention,
+            mem_fraction: launch.mem_fraction,
+            kv_dtype: launch.kv_dtype,
+            gpus: &launch.gpus,
+            ignored: &launch.ignored,
+        },
+        budget: budget_json(&outcome.budget, outcome),
+        device: device_json(&outcome.now, outcome),
+        device_clean: device_json(&outcome.clean, outcome),
+        request_tokens: outcome.request_tokens,
+        host_tier: outcome.host_tier.map(|tier| HostTierJson {
+            tokens_per_rank: tier.tokens_per_rank,
+            bytes_per_rank: tier.bytes_per_rank,
+            bytes_total: tier.bytes_total,
+            budget: tier.budget,
+            fits: tier.fits,
+            host_memory: outcome.host_memory.map(|(bytes, _)| bytes),
+        }),
+        fit: FitJson {
+            verdict: outcome.verdict(),
+            hypothetical: outcome.hypothetical.is_some(),
+            gpus: outcome
+                .gpus
+                .iter()
+                .map(|gpu| GpuJson {
+                    index: gpu.index,
+                    memory_total: gpu.total,
+                    memory_used: gpu.used,
+                    memory_free: gpu.free,
+                    memory_unattributed: gpu.held_by_no_process.map(|held| held.bytes),
+                    held_by_no_process: gpu.held_by_no_process.map(|held| held.holds),
+                })
+                .collect(),
+            holders: outcome
+                .holders
+                .iter()
+                .map(|holder| HolderJson {
+                    pid: holder.pid,
+                    name: &holder.name,
+                    gpu: holder.gpu,
+                    bytes: holder.bytes,
+                    tokens_lost_per_rank: match holder.cost {
+                        Cost::Tokens { per_rank } => Some(per_rank),
+                        Cost::Nothing => Some(0),
+                        Cost::RefusesStart => None,
+                    },
+                    cost: holder.cost,
+                })
+                .collect(),
+            free_command: outcome.free_command.as_deref(),
+            reset_command: outcome.reset_command.as_deref(),
+        },
+        levers: &outcome.levers,
+        demand: outcome.demand.as_ref(),
+        calibration: outcome.calibration.map(|calibration| CalibrationJson {
+            logged_tokens: calibration.logged.tokens,
+            logged_weights_per_gpu: calibration.logged.weights_per_gpu,
+            logged_free_before_load: calibration.logged.free_before_load,
+            logged_kv_bytes: calibration.logged.kv_bytes,
+            predicted_tokens: calibration.predicted_tokens,
+        }),
+        exit_code: outcome.exit(),
+    })
+}
