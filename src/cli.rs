@@ -715,6 +715,8 @@ pub struct PlanArgs {
     /// Print JSON (docs/json.md, kind "plan").
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub fleet: HostsArgs,
     /// The engine's command line, as you would start it.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,

@@ -532,6 +532,8 @@ pub fn plan(args: &PlanArgs) -> Result<PlanConfig, UsageError> {
         from_log,
         model_config,
         json,
+        // `-H`: the hosts each plan there (`fleet::commands::plan`).
+        fleet: _,
         command,
     } = args;
     if command.is_empty() {

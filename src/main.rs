@@ -79,7 +79,13 @@ fn main() -> ! {
         Command::Check(args) => check(&cli.backend, args),
         Command::Slurm(command) => slurm(&cli.backend, command),
         Command::Reset(args) => reset(&cli.backend, args),
-        Command::Plan(args) => plan(&cli.backend, args),
+        Command::Plan(args) => match fleet(&args.fleet, &remote_backend, args.json)
+            .and_then(|fleet| Ok((fleet, config::plan(args)?)))
+        {
+            Ok((Some(fleet), request)) => fleet_output(fleet::commands::plan(&fleet, &request)),
+            Ok((None, request)) => plan(&cli.backend, &request),
+            Err(error) => Err(error),
+        },
     };
     tracing::debug!("command done");
     exit_code(result).exit()
@@ -128,6 +134,7 @@ fn meaningless_flags(matches: &clap::ArgMatches, cli: &Cli) -> Result<(), UsageE
         Command::Status(args) => Some(!args.fleet.hosts.is_empty()),
         Command::Free(args) => Some(!args.fleet.hosts.is_empty()),
         Command::Wait(args) => Some(!args.fleet.hosts.is_empty()),
+        Command::Plan(args) => Some(!args.fleet.hosts.is_empty()),
         _ => None,
     };
     if let (Some(false), Some((name, sub))) = (hosts_given, matches.subcommand())
@@ -479,8 +486,7 @@ fn slurm(backend: &BackendChoice, command: &gpureap::cli::SlurmCommand) -> Resul
 
 /// `plan`: the snapshot `status` takes (none for a hypothetical box), the
 /// plan, its report, and the verdict's code.
-fn plan(backend: &BackendChoice, args: &gpureap::cli::PlanArgs) -> Result<Exit, Failure> {
-    let config = config::plan(args)?;
+fn plan(backend: &BackendChoice, config: &gpureap::plan::fit::PlanConfig) -> Result<Exit, Failure> {
     let snapshot = match config.hypothetical {
         Some(_) => None,
         None => Some(
@@ -489,7 +495,7 @@ fn plan(backend: &BackendChoice, args: &gpureap::cli::PlanArgs) -> Result<Exit, 
                 .1,
         ),
     };
-    let outcome = gpureap::plan::fit::evaluate(&config, snapshot.as_ref())?;
+    let outcome = gpureap::plan::fit::evaluate(config, snapshot.as_ref())?;
     if config.json {
         emit_encoded(&gpureap::plan::render::json(&outcome))?;
     } else {
