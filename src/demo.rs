@@ -725,12 +725,12 @@ fn plan_restart(dir: &Path, snapshot: &Snapshot) -> io::Result<Outcome> {
     std::fs::create_dir_all(repo.join("refs"))?;
     std::fs::write(repo.join("refs/main"), REVISION)?;
     std::fs::write(snapshot_dir.join("config.json"), MODEL_CONFIG)?;
-    std::fs::write(snapshot_dir.join("model.safetensors.index.json"), MODEL_INDEX)?;
+    std::fs::write(
+        snapshot_dir.join("model.safetensors.index.json"),
+        MODEL_INDEX,
+    )?;
     let config = PlanConfig {
-        command: launcher_cmdline()
-            .split(' ')
-            .map(str::to_string)
-            .collect(),
+        command: launcher_cmdline().split(' ').map(str::to_string).collect(),
         env: [("HF_HUB_CACHE".to_string(), hub.display().to_string())].into(),
         averages: None,
         concurrency: None,
@@ -746,7 +746,10 @@ fn plan_restart(dir: &Path, snapshot: &Snapshot) -> io::Result<Outcome> {
 /// The plan, short: the pool now and once freed, and what each leftover
 /// costs every rank.
 fn plan_text(out: &mut dyn Write, plan: &Outcome) -> io::Result<()> {
-    writeln!(out, "Before restarting it, what would the new server get here?")?;
+    writeln!(
+        out,
+        "Before restarting it, what would the new server get here?"
+    )?;
     writeln!(out, "$ {PLAN_COMMAND} {}", launcher_cmdline())?;
     let pool = |tokens: u64, starts: bool| {
         if starts {

@@ -1032,7 +1032,9 @@ fn plan_on_each_host_reads_its_own_holders_one_section_per_host() {
     );
     assert!(out.contains("every rank loses"), "{out}");
     assert!(
-        out.contains(&format!("free them: gpureap free -H h2 --gpu 0 --pid {notebook}")),
+        out.contains(&format!(
+            "free them: gpureap free -H h2 --gpu 0 --pid {notebook}"
+        )),
         "{out}"
     );
     assert!(out.contains("Failed on 1 of 3 hosts:\n  h3:"), "{out}");

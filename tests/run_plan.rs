@@ -90,7 +90,11 @@ impl Box {
     /// `gpureap plan --json` for the engine's command line, as run would plan it.
     fn plan(&self) -> (i32, Value) {
         let mut command = gpureap(&self.host);
-        command.arg("plan").arg("--json").arg("--").args(self.engine());
+        command
+            .arg("plan")
+            .arg("--json")
+            .arg("--")
+            .args(self.engine());
         self.with_engine_env(&mut command, 0);
         let ran: Run = command.output().expect("plan runs").into();
         (ran.code, ran.json())
@@ -178,7 +182,10 @@ fn run_plan_waits_for_fit_and_starts_once_the_holder_is_gone() {
     let mut incident = Incident::new(&lab.host);
     let holder = lab.holder(&mut incident, 10 * GIB);
     let supervisor = lab.run(&["--wait-for-fit", "60s"], 100_000);
-    supervisor.wait_for("waiting up to 1m00s (--wait-for-fit) for the holders to go", 1);
+    supervisor.wait_for(
+        "waiting up to 1m00s (--wait-for-fit) for the holders to go",
+        1,
+    );
     assert!(!lab.engine_started(), "started before the holder went");
     incident.kill(holder).expect("the holder ends");
     supervisor.wait_for("plan: fits after", 1);

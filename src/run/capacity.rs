@@ -42,9 +42,9 @@ pub struct Comparison {
 
 impl Comparison {
     fn new(start: u32, planned: Option<u64>, logged: &calibrate::Logged, tokens: u64) -> Self {
-        let difference_percent = planned
-            .filter(|&planned| planned > 0)
-            .map(|planned| ((tokens as f64 - planned as f64) / planned as f64 * 1000.0).round() / 10.0);
+        let difference_percent = planned.filter(|&planned| planned > 0).map(|planned| {
+            ((tokens as f64 - planned as f64) / planned as f64 * 1000.0).round() / 10.0
+        });
         Comparison {
             start,
             engine: logged.engine,
@@ -64,9 +64,9 @@ impl Comparison {
             (Some(planned), Some(percent)) => format!(
                 "capacity: planned {planned} tokens per rank, the engine logged {logged} ({percent:+.1}%)"
             ),
-            (Some(planned), None) => format!(
-                "capacity: planned {planned} tokens per rank, the engine logged {logged}"
-            ),
+            (Some(planned), None) => {
+                format!("capacity: planned {planned} tokens per rank, the engine logged {logged}")
+            }
             _ => format!(
                 "capacity: the engine logged {logged} tokens per rank (--plan compares it with the plan)"
             ),

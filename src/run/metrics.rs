@@ -164,7 +164,9 @@ pub fn started(planned_tokens: Option<u64>) {
     with(|metrics| {
         metrics.starts.inc();
         metrics.ready.set(0);
-        metrics.planned_tokens.set(gauge_value(planned_tokens.unwrap_or(0)));
+        metrics
+            .planned_tokens
+            .set(gauge_value(planned_tokens.unwrap_or(0)));
         metrics.logged_tokens.set(0);
     });
 }

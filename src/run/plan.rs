@@ -148,12 +148,8 @@ fn wait_for_fit(
         let left = deadline.saturating_duration_since(Instant::now());
         // The verdict is asked again whenever the memory of the engine's
         // GPUs moves; between, at least every STOP_CHECK for a stop.
-        let waited = crate::wait::wait_until(
-            driver,
-            &gpus,
-            u64::MAX,
-            left.min(STOP_CHECK),
-            |_| match plan_here(plan, driver) {
+        let waited = crate::wait::wait_until(driver, &gpus, u64::MAX, left.min(STOP_CHECK), |_| {
+            match plan_here(plan, driver) {
                 Ok(outcome) => {
                     let fits = outcome.verdict() == Verdict::Fits;
                     latest = Some(outcome);
@@ -164,8 +160,8 @@ fn wait_for_fit(
                     // Ends the wait: the problem is said below.
                     true
                 }
-            },
-        );
+            }
+        });
         if let Some(failure) = problem.take() {
             event(&format!(
                 "not starting: --plan cannot plan this command: {:#}",
@@ -283,7 +279,10 @@ fn held_summary(outcome: &Outcome) -> String {
             format!(
                 "GPU {}: {who} holds {}, {cost}",
                 holder.gpu,
-                holder.bytes.map_or("an unknown amount".to_string(), |bytes| Bytes(bytes).to_string())
+                holder
+                    .bytes
+                    .map_or("an unknown amount".to_string(), |bytes| Bytes(bytes)
+                        .to_string())
             )
         })
         .collect();
