@@ -349,12 +349,16 @@ pub fn rows(program: Program) -> Vec<(Exit, &'static str)> {
             ),
             (
                 StillHeld,
-                "the server failed and was not restarted, or its GPUs are not verified free",
+                "the server failed and was not restarted, or its GPUs are not verified free; --plan: others' memory in the way (or --wait-for-fit timed out), nothing started",
             ),
             (USAGE_RUN.0, USAGE_RUN.1),
             (
                 Incomplete,
                 "could not complete: the driver or a file failed",
+            ),
+            (
+                CannotFit,
+                "--plan: the server cannot fit on this hardware, even on clean GPUs; nothing started",
             ),
         ],
         Program::Push => vec![
@@ -472,7 +476,7 @@ pub fn rows(program: Program) -> Vec<(Exit, &'static str)> {
 
 const USAGE_RUN: (Exit, &str) = (
     Exit::Usage,
-    "bad usage, or the server could not be started (state dir or --log refused)",
+    "bad usage, or the server could not be started (state dir or --log refused, --plan cannot read the command)",
 );
 
 /// The "Exit codes:" block a `--help` ends with: the program's rows.
