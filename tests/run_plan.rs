@@ -293,3 +293,23 @@ fn run_plan_refuses_a_command_it_cannot_plan_before_starting_anything() {
     assert!(!lab.engine_started(), "{text}");
     assert!(text.contains("names no model"), "{text}");
 }
+
+#[test]
+fn without_plan_the_logged_capacity_is_said_and_recorded_alone() {
+    let setup = crate::run::setup(2);
+    let supervisor = setup.run(&[], &[]);
+    // tests/fake_sglang.py logs 412345 tokens on each rank.
+    let line = supervisor.wait_for("capacity:", 1);
+    assert!(
+        line.contains("capacity: the engine logged 412345 tokens per rank"),
+        "{line}"
+    );
+    let recorded: Value = serde_json::from_str(
+        &std::fs::read_to_string(setup.state.join("capacity.json")).expect("capacity.json"),
+    )
+    .expect("JSON");
+    assert_eq!(recorded["planned_tokens_per_rank"], Value::Null);
+    assert_eq!(recorded["logged_tokens_per_rank"], 412345);
+    let (code, events, _) = supervisor.stop();
+    assert_eq!(code, 0, "{}", events.join("\n"));
+}
