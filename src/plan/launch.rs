@@ -1,5 +1,52 @@
 //! The user's own engine command line (what follows `--`), read the way the
-//! engine would read it.
+//! engine's argument parser reads it: SGLang 0.5.9 (`server_args.py`,
+//! argparse with prefix abbreviations, so `--tp` is `--tp-size`) and vLLM
+//! 0.26.0 (`engine/arg_utils.py`, `FlexibleArgumentParser`: `_` and `-`
+//! alike in names, the model as the first positional of `vllm serve`).
+//!
+//! Understood command forms: `python3 -m sglang.launch_server …`,
+//! `sglang serve …`, `vllm serve MODEL …`,
+//! `python3 -m vllm.entrypoints.openai.api_server --model MODEL …`; the
+//! interpreter may be `python`, `python3`, `python3.X` or a path to one,
+//! with its own options (`-u`, `-X opt`, …) before `-m`; `env [-i] [-u NAME]
+//! A=B …` and bare `A=B` prefixes set the engine's environment.
+//!
+//! Understood flags (both `--flag value` and `--flag=value`):
+//!
+//! | flag (aliases) | engine | what it changes |
+//! |---|---|---|
+//! | `--model-path`, `--model`, vLLM's first positional | both | the model |
+//! | `--revision`, `--download-dir` | both | which config.json is read |
+//! | `--tp-size`, `--tp`, `--tensor-parallel-size`, `-tp` | both | TP ranks: KV heads per rank, weights per GPU, GPUs |
+//! | `--pp-size`, `--pipeline-parallel-size`, `-pp` | both | layers per rank, GPUs |
+//! | `--dp-size`, `--dp`, `--data-parallel-size`, `-dp` | both | replicas / DP-attention ranks, GPUs |
+//! | `--enable-dp-attention` | SGLang | attention TP = TP / DP, one pool per DP rank |
+//! | `--decode-context-parallel-size`, `-dcp` | vLLM | KV sharded over DCP ranks |
+//! | `--mem-fraction-static` / `--gpu-memory-utilization` | SGLang / vLLM | the budget fraction |
+//! | `--kv-cache-dtype` | both | bytes per KV element |
+//! | `--dtype` | both | the model dtype (KV bytes when the KV dtype is auto) |
+//! | `--page-size`, `--block-size` | both | token rounding |
+//! | `--attention-backend`, `--decode-attention-backend`, `--prefill-attention-backend` | both | the page/block size the backend forces |
+//! | `--max-total-tokens` | SGLang | token cap |
+//! | `--context-length`, `--max-model-len` | SGLang / vLLM | the request cap default, concurrency at full context |
+//! | `--max-running-requests`, `--max-num-seqs` | SGLang / vLLM | request cap |
+//! | `--kv-cache-memory-bytes` | vLLM | KV bytes, skipping the budget rule |
+//! | `--chunked-prefill-size`, `--max-prefill-tokens`, `--cuda-graph-max-bs`, `--cuda-graph-bs` | SGLang | the default mem fraction |
+//! | `--max-num-batched-tokens` | vLLM | the default max-num-seqs cap |
+//! | `--speculative-algorithm` | SGLang | the default mem fraction (draft reservation) |
+//! | `--enforce-eager` | vLLM | no CUDA-graph reservation |
+//! | `--enable-hierarchical-cache`, `--hicache-ratio`, `--hicache-size` | SGLang | host tier |
+//! | `--kv-offloading-size` | vLLM | host tier |
+//! | `--base-gpu-id`, `--gpu-id-step` | SGLang | which GPUs |
+//! | `--device-ids` | vLLM | which GPUs |
+//! | `CUDA_VISIBLE_DEVICES` (environment) | both | which GPUs |
+//!
+//! Flags that cannot change the answer (`--host`, `--port`,
+//! `--served-model-name`, `--trust-remote-code`, logging, …) are accepted
+//! silently; any other flag is listed in `Launch::ignored`. The engines'
+//! switches (flags that take no value) are known from their parsers, so a
+//! switch never swallows the next token; an unknown flag takes the next
+//! token as its value unless that token is itself a flag.
 
 use super::PlanError;
 use std::collections::BTreeMap;
@@ -11,6 +58,15 @@ pub enum Engine {
     Vllm,
 }
 
+impl Engine {
+    pub fn name(self) -> &'static str {
+        match self {
+            Engine::Sglang => "sglang",
+            Engine::Vllm => "vllm",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum KvDtype {
@@ -20,13 +76,15 @@ pub enum KvDtype {
     Fp16,
     Fp8E4m3,
     Fp8E5m2,
+    /// SGLang `fp4_e2m1`, vLLM `nvfp4`: half a byte per element plus one
+    /// scale byte per 16 elements (engine.rs).
     Fp4E2m1,
 }
 
 impl KvDtype {
     /// Bytes per element; `None` for `Auto` (the model decides). FP4 is
-    /// counted as one byte per element here; SGLang packs two per byte and
-    /// adds scales (engine.rs handles it).
+    /// stored in one-byte elements that each pack two values (torch's
+    /// `float4_e2m1fn_x2`); engine.rs halves it and adds the scales.
     pub fn bytes(self) -> Option<u64> {
         match self {
             KvDtype::Auto => None,
@@ -34,12 +92,24 @@ impl KvDtype {
             KvDtype::Fp8E4m3 | KvDtype::Fp8E5m2 | KvDtype::Fp4E2m1 => Some(1),
         }
     }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KvDtype::Auto => "auto",
+            KvDtype::Bf16 => "bf16",
+            KvDtype::Fp16 => "fp16",
+            KvDtype::Fp8E4m3 => "fp8_e4m3",
+            KvDtype::Fp8E5m2 => "fp8_e5m2",
+            KvDtype::Fp4E2m1 => "fp4_e2m1",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum HostTierRequest {
-    /// SGLang `--hicache-ratio` (host pool = ratio × device pool, per rank).
+    /// SGLang `--hicache-ratio` (host pool = ratio × device pool, per rank;
+    /// 2.0 when HiCache is on and neither ratio nor size is given).
     SglangRatio(f64),
     /// SGLang `--hicache-size` (decimal GB, per rank).
     SglangSizeGb(u64),
@@ -58,53 +128,88 @@ pub struct Launch {
     /// SGLang `--mem-fraction-static` / vLLM `--gpu-memory-utilization`.
     pub mem_fraction: Option<f64>,
     pub kv_dtype: KvDtype,
+    /// SGLang `--page-size` / vLLM `--block-size`.
     pub page_size: Option<u32>,
+    /// `--attention-backend` (vLLM also `VLLM_ATTENTION_BACKEND`).
     pub attention_backend: Option<String>,
     pub max_total_tokens: Option<u64>,
+    /// SGLang `--context-length` / vLLM `--max-model-len` (`auto`: none).
     pub context_length: Option<u64>,
+    /// SGLang `--max-running-requests` / vLLM `--max-num-seqs`.
     pub max_running_requests: Option<u64>,
+    /// vLLM `--kv-cache-memory-bytes`.
     pub kv_cache_memory_bytes: Option<u64>,
+    /// SGLang `--chunked-prefill-size` (0 when disabled with -1 or 0) /
+    /// vLLM `--max-num-batched-tokens`.
     pub chunked_prefill_size: Option<u64>,
+    /// SGLang `--cuda-graph-max-bs` (or the largest of `--cuda-graph-bs`).
     pub cuda_graph_max_bs: Option<u64>,
     pub host_tier: Option<HostTierRequest>,
-    /// The physical GPU indices the engine will use.
+    /// The physical GPU indices the engine will use, in rank order:
+    /// CUDA_VISIBLE_DEVICES (or vLLM's `--device-ids`) applied to the
+    /// engine's own GPU ids (SGLang: `--base-gpu-id`, `--gpu-id-step`).
+    /// Empty when CUDA_VISIBLE_DEVICES names GPUs by UUID: see `gpu_uuids`.
     pub gpus: Vec<u32>,
-    /// Flags not understood (listed in the output).
+    /// Flags not understood (listed in the output), as written.
     pub ignored: Vec<String>,
+    /// SGLang `--decode-attention-backend`.
+    pub decode_attention_backend: Option<String>,
+    /// SGLang `--prefill-attention-backend`.
+    pub prefill_attention_backend: Option<String>,
+    /// vLLM `--decode-context-parallel-size` (1 when absent).
+    pub dcp: u32,
+    /// `--dtype` as bytes (None for `auto`).
+    pub model_dtype_bytes: Option<u64>,
+    /// SGLang `--max-prefill-tokens` (used in the default mem fraction when
+    /// chunked prefill is off).
+    pub max_prefill_tokens: Option<u64>,
+    /// SGLang `--speculative-algorithm` (upper-cased).
+    pub speculative_algorithm: Option<String>,
+    /// vLLM `--enforce-eager`: no CUDA graphs, no graph reservation.
+    pub enforce_eager: bool,
+    /// `--revision`: the Hugging Face revision (branch, tag or commit).
+    pub revision: Option<String>,
+    /// vLLM `--download-dir`: the cache directory the model is read from.
+    pub download_dir: Option<String>,
+    /// When CUDA_VISIBLE_DEVICES (or `--device-ids`) names GPUs by UUID
+    /// (`GPU-…`, `MIG-…`, possibly a unique prefix as CUDA allows): the
+    /// engine's GPUs in rank order, as written; the front resolves them
+    /// against the snapshot. Empty otherwise.
+    pub gpu_uuids: Vec<String>,
+    /// The environment the engine would see (the caller's, with `env`
+    /// and `A=B` prefixes applied).
+    pub env: BTreeMap<String, String>,
+}
+
+impl Launch {
+    /// How many GPUs the engine uses on this host.
+    pub fn gpu_count(&self) -> u32 {
+        match self.engine {
+            Engine::Sglang if self.dp_attention => self.tp * self.pp,
+            Engine::Sglang | Engine::Vllm => self.tp * self.pp * self.dp,
+        }
+    }
+
+    /// The attention-TP size (SGLang `compute_dp_attention_world_info`:
+    /// `tp / dp` with DP attention, else `tp`).
+    pub fn attention_tp(&self) -> u32 {
+        if self.dp_attention && self.engine == Engine::Sglang {
+            (self.tp / self.dp.max(1)).max(1)
+        } else {
+            self.tp
+        }
+    }
 }
 
 /// Reads an engine command line with its environment.
 pub fn parse(argv: &[String], env: &BTreeMap<String, String>) -> Result<Launch, PlanError> {
-    let _ = env;
-    let engine = match argv.iter().any(|arg| arg.contains("vllm")) {
-        true => Engine::Vllm,
-        false if argv.iter().any(|arg| arg.contains("sglang")) => Engine::Sglang,
-        false => return Err(PlanError::UnknownEngine(argv.join(" "))),
-    };
-    let mut model = None;
-    let mut tp = 1;
-    let mut ignored = Vec::new();
-    let mut args = argv.iter();
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--model-path" | "--model" => model = args.next().cloned(),
-            "--tp" | "--tp-size" | "--tensor-parallel-size" | "-tp" => {
-                let value = args.next().cloned().unwrap_or_default();
-                tp = value.parse().map_err(|_| PlanError::BadValue {
-                    flag: arg.clone(),
-                    value,
-                    why: "not a whole number".to_string(),
-                })?;
-            }
-            other if other.starts_with('-') => ignored.push(other.to_string()),
-            _ => {}
-        }
-    }
-    let model = model.ok_or(PlanError::NoModel)?;
-    Ok(Launch {
+    let mut env = env.clone();
+    let rest = strip_env(argv, &mut env)?;
+    let (engine, rest) = engine_of(rest)?;
+    let mut launch = Launch {
         engine,
-        model,
-        tp,
+        model: String::new(),
+        tp: 1,
         pp: 1,
         dp: 1,
         dp_attention: false,
@@ -119,7 +224,996 @@ pub fn parse(argv: &[String], env: &BTreeMap<String, String>) -> Result<Launch, 
         chunked_prefill_size: None,
         cuda_graph_max_bs: None,
         host_tier: None,
-        gpus: (0..tp).collect(),
-        ignored,
-    })
+        gpus: Vec::new(),
+        ignored: Vec::new(),
+        decode_attention_backend: None,
+        prefill_attention_backend: None,
+        dcp: 1,
+        model_dtype_bytes: None,
+        max_prefill_tokens: None,
+        speculative_algorithm: None,
+        enforce_eager: false,
+        revision: None,
+        download_dir: None,
+        gpu_uuids: Vec::new(),
+        env: BTreeMap::new(),
+    };
+    let mut state = Flags::default();
+    read_flags(engine, rest, &mut launch, &mut state)?;
+    if launch.model.is_empty() {
+        return Err(PlanError::NoModel);
+    }
+    if engine == Engine::Vllm && launch.attention_backend.is_none() {
+        launch.attention_backend = env.get("VLLM_ATTENTION_BACKEND").cloned();
+    }
+    launch.host_tier = match engine {
+        Engine::Sglang if state.hierarchical_cache => Some(match state.hicache_size {
+            Some(size) if size > 0 => HostTierRequest::SglangSizeGb(size),
+            _ => HostTierRequest::SglangRatio(state.hicache_ratio.unwrap_or(2.0)),
+        }),
+        Engine::Sglang => None,
+        Engine::Vllm => state
+            .offloading_gib
+            .filter(|gib| *gib > 0.0)
+            .map(HostTierRequest::VllmOffloadGib),
+    };
+    if launch.dp_attention && !launch.tp.is_multiple_of(launch.dp) {
+        return Err(PlanError::BadValue {
+            flag: "--dp-size".to_string(),
+            value: launch.dp.to_string(),
+            why: format!(
+                "with --enable-dp-attention the DP size must divide the TP size ({})",
+                launch.tp
+            ),
+        });
+    }
+    assign_gpus(
+        &mut launch,
+        &env,
+        state.base_gpu_id,
+        state.gpu_id_step,
+        state.device_ids,
+    )?;
+    launch.env = env;
+    Ok(launch)
+}
+
+/// What the flags set that `Launch` keeps in another shape.
+#[derive(Default)]
+struct Flags {
+    hierarchical_cache: bool,
+    hicache_ratio: Option<f64>,
+    hicache_size: Option<u64>,
+    offloading_gib: Option<f64>,
+    base_gpu_id: u32,
+    gpu_id_step: Option<u32>,
+    device_ids: Option<Vec<String>>,
+}
+
+/// `env [-i] [-u NAME] A=B … cmd` and `A=B … cmd`: the variables set, the
+/// command left.
+fn strip_env<'a>(
+    argv: &'a [String],
+    env: &mut BTreeMap<String, String>,
+) -> Result<&'a [String], PlanError> {
+    let mut rest = argv;
+    loop {
+        let Some(first) = rest.first() else {
+            return Err(PlanError::UnknownEngine(String::new()));
+        };
+        if basename(first) == "env" {
+            rest = &rest[1..];
+            while let Some(option) = rest.first() {
+                match option.as_str() {
+                    "-i" | "--ignore-environment" | "-" => {
+                        env.clear();
+                        rest = &rest[1..];
+                    }
+                    "-u" | "--unset" => {
+                        if let Some(name) = rest.get(1) {
+                            env.remove(name);
+                        }
+                        rest = rest.get(2..).unwrap_or_default();
+                    }
+                    "--" => {
+                        rest = &rest[1..];
+                        break;
+                    }
+                    other if other.starts_with("--unset=") => {
+                        env.remove(&other["--unset=".len()..]);
+                        rest = &rest[1..];
+                    }
+                    _ => break,
+                }
+            }
+            continue;
+        }
+        match assignment(first) {
+            Some((name, value)) => {
+                env.insert(name.to_string(), value.to_string());
+                rest = &rest[1..];
+            }
+            None => return Ok(rest),
+        }
+    }
+}
+
+/// `NAME=value` with a shell variable name.
+fn assignment(word: &str) -> Option<(&str, &str)> {
+    let (name, value) = word.split_once('=')?;
+    let mut chars = name.chars();
+    let first = chars.next()?;
+    let valid = (first.is_ascii_alphabetic() || first == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    valid.then_some((name, value))
+}
+
+fn basename(word: &str) -> &str {
+    word.rsplit('/').next().unwrap_or(word)
+}
+
+fn is_python(word: &str) -> bool {
+    let name = basename(word);
+    let Some(version) = name.strip_prefix("python") else {
+        return false;
+    };
+    version.chars().all(|c| c.is_ascii_digit() || c == '.')
+}
+
+/// The engine, and the arguments its parser sees.
+fn engine_of(argv: &[String]) -> Result<(Engine, &[String]), PlanError> {
+    let unknown =
+        || PlanError::UnknownEngine(argv.iter().take(4).cloned().collect::<Vec<_>>().join(" "));
+    let first = argv.first().ok_or_else(unknown)?;
+    if is_python(first) {
+        // The interpreter's own options, up to `-m MODULE`.
+        let mut index = 1;
+        while let Some(word) = argv.get(index) {
+            match word.as_str() {
+                "-m" => {
+                    let module = argv.get(index + 1).ok_or_else(unknown)?;
+                    let rest = argv.get(index + 2..).unwrap_or_default();
+                    return match module.as_str() {
+                        "sglang.launch_server" => Ok((Engine::Sglang, rest)),
+                        "vllm.entrypoints.openai.api_server" => Ok((Engine::Vllm, rest)),
+                        "sglang.cli.main" | "sglang"
+                            if rest.first().is_some_and(|w| w == "serve") =>
+                        {
+                            Ok((Engine::Sglang, &rest[1..]))
+                        }
+                        "vllm.entrypoints.cli.main" | "vllm"
+                            if rest.first().is_some_and(|w| w == "serve") =>
+                        {
+                            Ok((Engine::Vllm, &rest[1..]))
+                        }
+                        _ => Err(unknown()),
+                    };
+                }
+                // Options that take a value.
+                "-X" | "-W" | "-Q" => index += 2,
+                option if option.starts_with('-') => index += 1,
+                _ => return Err(unknown()),
+            }
+        }
+        return Err(unknown());
+    }
+    let serve = argv.get(1).is_some_and(|word| word == "serve");
+    match basename(first) {
+        "sglang" if serve => Ok((Engine::Sglang, &argv[2..])),
+        "vllm" if serve => Ok((Engine::Vllm, &argv[2..])),
+        _ => Err(unknown()),
+    }
+}
+
+/// SGLang 0.5.9 switches (`action="store_true"` in `server_args.py`).
+const SGLANG_SWITCHES: &[&str] = &[
+    "--abort-on-priority-when-disabled",
+    "--allow-auto-truncate",
+    "--checkpoint-engine-wait-weights-before-ready",
+    "--collect-tokens-histogram",
+    "--constrained-json-disable-any-whitespace",
+    "--delete-ckpt-after-loading",
+    "--disable-chunked-prefix-cache",
+    "--disable-cuda-graph",
+    "--disable-cuda-graph-padding",
+    "--disable-custom-all-reduce",
+    "--disable-fast-image-processor",
+    "--disable-flashinfer-autotune",
+    "--disable-flashinfer-cutlass-moe-fp4-allgather",
+    "--disable-hicache-numa-detect",
+    "--disable-hybrid-swa-memory",
+    "--disable-outlines-disk-cache",
+    "--disable-overlap-schedule",
+    "--disable-radix-cache",
+    "--disable-shared-experts-fusion",
+    "--disable-tokenizer-batch-decode",
+    "--disaggregation-decode-enable-offload-kvcache",
+    "--enable-attn-tp-input-scattered",
+    "--enable-broadcast-mm-inputs-process",
+    "--enable-cache-report",
+    "--enable-cudagraph-gc",
+    "--enable-custom-logit-processor",
+    "--enable-deterministic-inference",
+    "--enable-double-sparsity",
+    "--enable-dp-attention",
+    "--enable-dp-lm-head",
+    "--enable-draft-weights-cpu-backup",
+    "--enable-dynamic-batch-tokenizer",
+    "--enable-dynamic-chunking",
+    "--enable-eplb",
+    "--enable-expert-distribution-metrics",
+    "--enable-flashinfer-allreduce-fusion",
+    "--enable-fp32-lm-head",
+    "--enable-fused-qk-norm-rope",
+    "--enable-hierarchical-cache",
+    "--enable-layerwise-nvtx-marker",
+    "--enable-lmcache",
+    "--enable-lora",
+    "--enable-lora-overlap-loading",
+    "--enable-memory-saver",
+    "--enable-metrics",
+    "--enable-metrics-for-all-schedulers",
+    "--enable-mixed-chunk",
+    "--enable-mscclpp",
+    "--enable-multi-layer-eagle",
+    "--enable-multimodal",
+    "--enable-nan-detection",
+    "--enable-nccl-nvls",
+    "--enable-nsa-prefill-context-parallel",
+    "--enable-p2p-check",
+    "--enable-pdmux",
+    "--enable-piecewise-cuda-graph",
+    "--enable-precise-embedding-interpolation",
+    "--enable-prefill-delayer",
+    "--enable-prefix-mm-cache",
+    "--enable-priority-scheduling",
+    "--enable-profile-cuda-graph",
+    "--enable-request-time-stats-logging",
+    "--enable-return-hidden-states",
+    "--enable-return-routed-experts",
+    "--enable-single-batch-overlap",
+    "--enable-symm-mem",
+    "--enable-tokenizer-batch-encode",
+    "--enable-torch-compile",
+    "--enable-torch-compile-debug-mode",
+    "--enable-torch-symm-mem",
+    "--enable-trace",
+    "--enable-two-batch-overlap",
+    "--enable-weights-cpu-backup",
+    "--encoder-only",
+    "--export-metrics-to-file",
+    "--flashinfer-mla-disable-ragged",
+    "--grpc-mode",
+    "--is-embedding",
+    "--keep-mm-feature-on-device",
+    "--language-only",
+    "--log-requests",
+    "--mm-enable-dp-encoder",
+    "--quantize-and-serve",
+    "--remote-instance-weight-loader-start-seed-via-transfer-engine",
+    "--schedule-low-priority-values-first",
+    "--show-time-cost",
+    "--skip-server-warmup",
+    "--skip-tokenizer-init",
+    "--sleep-on-idle",
+    "--stream-output",
+    "--triton-attention-reduce-in-fp32",
+    "--trust-remote-code",
+    "--weight-loader-disable-mmap",
+];
+/// vLLM 0.26.0 switches (boolean fields of `EngineArgs` and the
+/// frontend; each also has a `--no-NAME` form).
+const VLLM_SWITCHES: &[&str] = &[
+    "--aggregate-engine-logging",
+    "--allow-credentials",
+    "--allow-deprecated-quantization",
+    "--async-scheduling",
+    "--calculate-kv-scales",
+    "--cudagraph-metrics",
+    "--data-parallel-external-lb",
+    "--data-parallel-hybrid-lb",
+    "--data-parallel-multi-port-external-lb",
+    "--disable-cascade-attn",
+    "--disable-chunked-mm-input",
+    "--disable-custom-all-reduce",
+    "--disable-fastapi-docs",
+    "--disable-hybrid-kv-cache-manager",
+    "--disable-log-stats",
+    "--disable-nccl-for-dp-synchronization",
+    "--disable-sliding-window",
+    "--disable-uvicorn-access-log",
+    "--enable-auto-tool-choice",
+    "--enable-bf16x3-router-gemm",
+    "--enable-chunked-prefill",
+    "--enable-cumem-allocator",
+    "--enable-dbo",
+    "--enable-elastic-ep",
+    "--enable-ep-weight-filter",
+    "--enable-eplb",
+    "--enable-expert-parallel",
+    "--enable-flash-late-interaction",
+    "--enable-flashinfer-autotune",
+    "--enable-force-include-usage",
+    "--enable-layerwise-nvtx-tracing",
+    "--enable-log-deltas",
+    "--enable-log-outputs",
+    "--enable-log-requests",
+    "--enable-logging-iteration-details",
+    "--enable-lora",
+    "--enable-mamba-cache-stochastic-rounding",
+    "--enable-mfu-metrics",
+    "--enable-mixed-moe-lora-format",
+    "--enable-mm-embeds",
+    "--enable-mm-processor-stats",
+    "--enable-moe-shared-loras",
+    "--enable-offline-docs",
+    "--enable-per-request-metrics",
+    "--enable-prefix-caching",
+    "--enable-prompt-embeds",
+    "--enable-prompt-tokens-details",
+    "--enable-request-id-headers",
+    "--enable-return-routed-experts",
+    "--enable-server-load-tracking",
+    "--enable-sleep-mode",
+    "--enable-ssl-refresh",
+    "--enable-tokenizer-info-endpoint",
+    "--enable-tower-connector-lora",
+    "--enforce-eager",
+    "--exclude-tools-when-tool-choice-none",
+    "--fail-on-environ-validation",
+    "--fully-sharded-loras",
+    "--grpc",
+    "--headless",
+    "--interleave-mm-strings",
+    "--jit-monitor-verbose",
+    "--kv-cache-metrics",
+    "--kv-sharing-fast-prefill",
+    "--language-model-only",
+    "--log-error-stack",
+    "--mm-encoder-only",
+    "--numa-bind",
+    "--ray-workers-use-nsight",
+    "--return-tokens-as-token-ids",
+    "--scheduler-reserve-full-isl",
+    "--skip-mm-profiling",
+    "--skip-tokenizer-init",
+    "--specialize-active-lora",
+    "--tokens-only",
+    "--trust-remote-code",
+    "--trust-request-chat-template",
+    "--use-fp64-gumbel",
+    "--use-tqdm-on-load",
+    "-dpm",
+];
+
+/// Flags of SGLang 0.5.9 that take one or more values (`nargs='+'`/`'*'`).
+const SGLANG_LISTS: &[&str] = &[
+    "--bucket-e2e-request-latency",
+    "--bucket-inter-token-latency",
+    "--bucket-time-to-first-token",
+    "--cuda-graph-bs",
+    "--custom-weight-loader",
+    "--debug-tensor-dump-layers",
+    "--encoder-urls",
+    "--generation-tokens-buckets",
+    "--log-requests-target",
+    "--lora-paths",
+    "--lora-target-modules",
+    "--numa-node",
+    "--piecewise-cuda-graph-tokens",
+    "--prefill-delayer-forward-passes-buckets",
+    "--prefill-delayer-wait-seconds-buckets",
+    "--prompt-tokens-buckets",
+    "--tokenizer-metrics-allowed-custom-labels",
+    "--uvicorn-access-log-exclude-prefixes",
+];
+
+/// Flags of vLLM 0.26.0 that take one or more values (list-typed fields).
+const VLLM_LISTS: &[&str] = &[
+    "--allowed-headers",
+    "--allowed-media-domains",
+    "--allowed-methods",
+    "--allowed-origins",
+    "--api-key",
+    "--collect-detailed-traces",
+    "--cpu-offload-params",
+    "--cudagraph-capture-sizes",
+    "--ignore-patterns",
+    "--kv-cache-dtype-skip-layers",
+    "--logits-processors",
+    "--lora-modules",
+    "--lora-target-modules",
+    "--middleware",
+    "--numa-bind-cpus",
+    "--numa-bind-nodes",
+    "--offload-params",
+    "--served-model-name",
+    "--type-hints",
+];
+
+/// Value flags that cannot change the answer: accepted without a mention.
+const HARMLESS: &[&str] = &[
+    "--host",
+    "--port",
+    "--served-model-name",
+    "--api-key",
+    "--admin-api-key",
+    "--log-level",
+    "--log-level-http",
+    "--uvicorn-log-level",
+    "--tokenizer",
+    "--tokenizer-path",
+    "--tokenizer-mode",
+    "--chat-template",
+    "--reasoning-parser",
+    "--tool-call-parser",
+    "--load-format",
+    "--random-seed",
+    "--seed",
+    "--nccl-port",
+    "--dist-init-addr",
+    "--watchdog-timeout",
+    "--dist-timeout",
+    "--grammar-backend",
+    "--sampling-backend",
+    "--schedule-policy",
+    "--stream-interval",
+    "--decode-log-interval",
+    "--crash-dump-folder",
+    "--root-path",
+    "--ssl-keyfile",
+    "--ssl-certfile",
+];
+
+/// Understood flags: the canonical name for every alias.
+const ALIASES: &[(&str, &str)] = &[
+    ("--model-path", "model"),
+    ("--model", "model"),
+    ("--revision", "revision"),
+    ("--download-dir", "download-dir"),
+    ("--tp-size", "tp"),
+    ("--tp", "tp"),
+    ("--tensor-parallel-size", "tp"),
+    ("-tp", "tp"),
+    ("--pp-size", "pp"),
+    ("--pipeline-parallel-size", "pp"),
+    ("-pp", "pp"),
+    ("--dp-size", "dp"),
+    ("--dp", "dp"),
+    ("--data-parallel-size", "dp"),
+    ("-dp", "dp"),
+    ("--decode-context-parallel-size", "dcp"),
+    ("-dcp", "dcp"),
+    ("--enable-dp-attention", "dp-attention"),
+    ("--mem-fraction-static", "fraction"),
+    ("--gpu-memory-utilization", "fraction"),
+    ("--kv-cache-dtype", "kv-dtype"),
+    ("--dtype", "dtype"),
+    ("--page-size", "page"),
+    ("--block-size", "page"),
+    ("--attention-backend", "backend"),
+    ("--decode-attention-backend", "decode-backend"),
+    ("--prefill-attention-backend", "prefill-backend"),
+    ("--max-total-tokens", "max-total-tokens"),
+    ("--context-length", "context"),
+    ("--max-model-len", "context"),
+    ("--max-running-requests", "max-requests"),
+    ("--max-num-seqs", "max-requests"),
+    ("--kv-cache-memory-bytes", "kv-bytes"),
+    ("--kv-cache-memory", "kv-bytes"),
+    ("--chunked-prefill-size", "chunked"),
+    ("--max-num-batched-tokens", "chunked"),
+    ("--max-prefill-tokens", "max-prefill"),
+    ("--cuda-graph-max-bs", "graph-bs"),
+    ("--cuda-graph-bs", "graph-bs-list"),
+    ("--speculative-algorithm", "speculative"),
+    ("--enforce-eager", "eager"),
+    ("--enable-hierarchical-cache", "hicache"),
+    ("--hicache-ratio", "hicache-ratio"),
+    ("--hicache-size", "hicache-size"),
+    ("--kv-offloading-size", "offload"),
+    ("--base-gpu-id", "base-gpu-id"),
+    ("--gpu-id-step", "gpu-id-step"),
+    ("--device-ids", "device-ids"),
+];
+
+/// Canonical names that take no value.
+const UNDERSTOOD_SWITCHES: &[&str] = &["dp-attention", "eager", "hicache"];
+
+fn is_flag(word: &str) -> bool {
+    word.starts_with('-') && word.len() > 1 && word.parse::<f64>().is_err()
+}
+
+/// The name a flag has for the engine: vLLM treats `_` as `-` in long
+/// names; SGLang's argparse accepts a unique prefix of a long name, which
+/// is resolved here against the understood flags.
+fn canonical(engine: Engine, name: &str) -> String {
+    let name = match engine {
+        Engine::Vllm if name.starts_with("--") => name.replace('_', "-"),
+        _ => name.to_string(),
+    };
+    if ALIASES.iter().any(|(alias, _)| *alias == name) {
+        return name;
+    }
+    if engine == Engine::Sglang && name.starts_with("--") && name.len() > 3 {
+        let known = ALIASES
+            .iter()
+            .map(|(alias, _)| *alias)
+            .chain(SGLANG_SWITCHES.iter().copied())
+            .chain(SGLANG_LISTS.iter().copied())
+            .chain(HARMLESS.iter().copied())
+            .filter(|long| long.starts_with(name.as_str()))
+            .collect::<Vec<_>>();
+        if let [only] = known.as_slice() {
+            return only.to_string();
+        }
+    }
+    name
+}
+
+fn is_switch(engine: Engine, name: &str) -> bool {
+    match engine {
+        Engine::Sglang => SGLANG_SWITCHES.contains(&name),
+        Engine::Vllm => {
+            VLLM_SWITCHES.contains(&name)
+                || name
+                    .strip_prefix("--no-")
+                    .is_some_and(|rest| VLLM_SWITCHES.contains(&format!("--{rest}").as_str()))
+        }
+    }
+}
+
+fn is_list(engine: Engine, name: &str) -> bool {
+    match engine {
+        Engine::Sglang => SGLANG_LISTS.contains(&name),
+        Engine::Vllm => VLLM_LISTS.contains(&name),
+    }
+}
+
+fn read_flags(
+    engine: Engine,
+    argv: &[String],
+    launch: &mut Launch,
+    state: &mut Flags,
+) -> Result<(), PlanError> {
+    let mut index = 0;
+    let mut positional_only = false;
+    while let Some(word) = argv.get(index) {
+        index += 1;
+        if positional_only || !is_flag(word) {
+            positional(engine, word, launch);
+            continue;
+        }
+        if word == "--" {
+            positional_only = true;
+            continue;
+        }
+        let (written, inline) = match word.split_once('=') {
+            Some((name, value)) => (name, Some(value.to_string())),
+            None => (word.as_str(), None),
+        };
+        let name = canonical(engine, written);
+        let understood = ALIASES
+            .iter()
+            .find(|(alias, _)| *alias == name)
+            .map(|(_, key)| *key);
+        if let Some(key) = understood.filter(|key| UNDERSTOOD_SWITCHES.contains(key)) {
+            if let Some(value) = inline {
+                return Err(bad(written, &value, "this flag takes no value"));
+            }
+            match key {
+                "dp-attention" => launch.dp_attention = true,
+                "eager" => launch.enforce_eager = true,
+                _ => state.hierarchical_cache = true,
+            }
+            continue;
+        }
+        if understood.is_none() && inline.is_none() && is_switch(engine, &name) {
+            if name == "--no-enforce-eager" {
+                launch.enforce_eager = false;
+            }
+            if !SGLANG_SWITCHES.contains(&name.as_str()) && !VLLM_SWITCHES.contains(&name.as_str())
+            {
+                // A `--no-` form of a switch that is not understood.
+                launch.ignored.push(written.to_string());
+            } else if !is_harmless_switch(&name) {
+                launch.ignored.push(written.to_string());
+            }
+            continue;
+        }
+        // A flag with values: `--flag=value`, `--flag value`, or for a list
+        // flag every value up to the next flag.
+        let mut values = Vec::new();
+        if let Some(value) = inline {
+            values.push(value);
+        } else if is_list(engine, &name) {
+            while let Some(next) = argv.get(index).filter(|next| !is_flag(next)) {
+                values.push(next.clone());
+                index += 1;
+            }
+        } else if let Some(next) = argv.get(index).filter(|next| !is_flag(next)) {
+            values.push(next.clone());
+            index += 1;
+        }
+        match understood {
+            Some(key) => {
+                let Some(value) = values.last() else {
+                    return Err(bad(written, "", "the flag needs a value"));
+                };
+                if key == "graph-bs-list" {
+                    let mut largest = 0;
+                    for value in values.iter().flat_map(|value| value.split(',')) {
+                        largest = largest.max(whole(written, value)?);
+                    }
+                    launch.cuda_graph_max_bs = Some(largest);
+                } else {
+                    set(engine, key, written, value, launch, state)?;
+                }
+            }
+            None if HARMLESS.contains(&name.as_str()) => {}
+            None => launch.ignored.push(match values.is_empty() {
+                true => written.to_string(),
+                false => format!("{written} {}", values.join(" ")),
+            }),
+        }
+    }
+    Ok(())
+}
+
+/// Switches that cannot change the answer.
+fn is_harmless_switch(name: &str) -> bool {
+    [
+        "--trust-remote-code",
+        "--skip-server-warmup",
+        "--enable-metrics",
+        "--log-requests",
+        "--disable-log-stats",
+        "--disable-log-requests",
+        "--enable-log-requests",
+        "--enable-cache-report",
+        "--show-time-cost",
+        "--enable-auto-tool-choice",
+        "--disable-uvicorn-access-log",
+        "--enable-prefix-caching",
+        "--no-enable-prefix-caching",
+        "--disable-fastapi-docs",
+        "--enable-request-id-headers",
+        "--disable-radix-cache",
+        "--disable-overlap-schedule",
+        "--disable-custom-all-reduce",
+        "--enable-expert-parallel",
+        "--enable-chunked-prefill",
+        "--enable-mixed-chunk",
+    ]
+    .contains(&name)
+}
+
+fn positional(engine: Engine, word: &str, launch: &mut Launch) {
+    // vLLM: `vllm serve MODEL`; `--model` wins when both are given (its
+    // parser moves `--model` to the front).
+    if engine == Engine::Vllm && launch.model.is_empty() {
+        launch.model = word.to_string();
+    } else {
+        launch.ignored.push(word.to_string());
+    }
+}
+
+fn bad(flag: &str, value: &str, why: &str) -> PlanError {
+    PlanError::BadValue {
+        flag: flag.to_string(),
+        value: value.to_string(),
+        why: why.to_string(),
+    }
+}
+
+fn whole(flag: &str, value: &str) -> Result<u64, PlanError> {
+    value
+        .trim()
+        .parse::<u64>()
+        .map_err(|_| bad(flag, value, "not a whole number"))
+}
+
+fn positive(flag: &str, value: &str) -> Result<u32, PlanError> {
+    match value.trim().parse::<u32>() {
+        Ok(number) if number > 0 => Ok(number),
+        _ => Err(bad(flag, value, "not a positive whole number")),
+    }
+}
+
+fn fraction(flag: &str, value: &str) -> Result<f64, PlanError> {
+    match value.trim().parse::<f64>() {
+        Ok(number) if number > 0.0 && number <= 1.0 => Ok(number),
+        _ => Err(bad(flag, value, "not a fraction in (0, 1]")),
+    }
+}
+
+/// vLLM's `human_readable_int`: `25.6k` is 25,600 (k, m, g, t decimal),
+/// `1K` is 1,024 (K, M, G, T binary, whole numbers only), else a plain
+/// whole number.
+fn human_int(flag: &str, value: &str) -> Result<u64, PlanError> {
+    let value = value.trim();
+    let Some(suffix) = value.chars().last() else {
+        return Err(bad(flag, value, "empty"));
+    };
+    let number = &value[..value.len() - suffix.len_utf8()];
+    let decimal = match suffix {
+        'k' => Some(1e3),
+        'm' => Some(1e6),
+        'g' => Some(1e9),
+        't' => Some(1e12),
+        _ => None,
+    };
+    let binary = match suffix {
+        'K' => Some(1u64 << 10),
+        'M' => Some(1 << 20),
+        'G' => Some(1 << 30),
+        'T' => Some(1 << 40),
+        _ => None,
+    };
+    let digits = |text: &str| {
+        !text.is_empty()
+            && text.chars().all(|c| c.is_ascii_digit() || c == '.')
+            && text.matches('.').count() <= 1
+            && !text.starts_with('.')
+    };
+    if let Some(multiplier) = decimal.filter(|_| digits(number)) {
+        let parsed: f64 = number
+            .parse()
+            .map_err(|_| bad(flag, value, "not a number"))?;
+        return Ok((parsed * multiplier) as u64);
+    }
+    if let Some(multiplier) = binary.filter(|_| digits(number)) {
+        let parsed: u64 = number
+            .parse()
+            .map_err(|_| bad(flag, value, "decimals are not allowed with a binary suffix"))?;
+        return parsed
+            .checked_mul(multiplier)
+            .ok_or_else(|| bad(flag, value, "too large"));
+    }
+    whole(flag, value)
+}
+
+fn kv_dtype(engine: Engine, flag: &str, value: &str) -> Result<KvDtype, PlanError> {
+    let dtype = match (engine, value) {
+        (_, "auto") => KvDtype::Auto,
+        (Engine::Sglang, "bf16") | (_, "bfloat16") => KvDtype::Bf16,
+        (Engine::Vllm, "float16") => KvDtype::Fp16,
+        (_, "fp8_e4m3") | (Engine::Vllm, "fp8" | "fp8_inc") => KvDtype::Fp8E4m3,
+        (_, "fp8_e5m2") => KvDtype::Fp8E5m2,
+        (Engine::Sglang, "fp4_e2m1") | (Engine::Vllm, "nvfp4") => KvDtype::Fp4E2m1,
+        (
+            Engine::Vllm,
+            "fp8_ds_mla" | "int4_per_token_head" | "int8_per_token_head" | "fp8_per_token_head",
+        )
+        | (
+            Engine::Vllm,
+            "turboquant_k8v4" | "turboquant_4bit_nc" | "turboquant_k3v4_nc" | "turboquant_3bit_nc",
+        ) => {
+            return Err(bad(
+                flag,
+                value,
+                "this KV layout is not modelled by gpureap plan (use --kv-memory with a measured size)",
+            ));
+        }
+        _ => {
+            return Err(bad(
+                flag,
+                value,
+                match engine {
+                    Engine::Sglang => {
+                        "SGLang accepts auto, fp8_e5m2, fp8_e4m3, bf16, bfloat16, fp4_e2m1"
+                    }
+                    Engine::Vllm => "not a vLLM KV cache dtype",
+                },
+            ));
+        }
+    };
+    Ok(dtype)
+}
+
+fn model_dtype(flag: &str, value: &str) -> Result<Option<u64>, PlanError> {
+    match value {
+        "auto" => Ok(None),
+        "half" | "float16" | "bfloat16" | "bf16" | "fp16" => Ok(Some(2)),
+        "float" | "float32" => Ok(Some(4)),
+        _ => Err(bad(
+            flag,
+            value,
+            "not a model dtype (auto, half, float16, bfloat16, float, float32)",
+        )),
+    }
+}
+
+fn set(
+    engine: Engine,
+    key: &str,
+    flag: &str,
+    value: &str,
+    launch: &mut Launch,
+    state: &mut Flags,
+) -> Result<(), PlanError> {
+    match key {
+        "model" => launch.model = value.to_string(),
+        "revision" => launch.revision = Some(value.to_string()),
+        "download-dir" => launch.download_dir = Some(value.to_string()),
+        "tp" => launch.tp = positive(flag, value)?,
+        "pp" => launch.pp = positive(flag, value)?,
+        "dp" => launch.dp = positive(flag, value)?,
+        "dcp" => launch.dcp = positive(flag, value)?,
+        "fraction" => launch.mem_fraction = Some(fraction(flag, value)?),
+        "kv-dtype" => launch.kv_dtype = kv_dtype(engine, flag, value)?,
+        "dtype" => launch.model_dtype_bytes = model_dtype(flag, value)?,
+        "page" => launch.page_size = Some(positive(flag, value)?),
+        "backend" => launch.attention_backend = Some(value.to_string()),
+        "decode-backend" => launch.decode_attention_backend = Some(value.to_string()),
+        "prefill-backend" => launch.prefill_attention_backend = Some(value.to_string()),
+        "max-total-tokens" => launch.max_total_tokens = Some(whole(flag, value)?),
+        "context" => {
+            launch.context_length = match (engine, value) {
+                (Engine::Vllm, "auto" | "-1") => None,
+                (Engine::Vllm, _) => Some(human_int(flag, value)?),
+                (Engine::Sglang, _) => Some(whole(flag, value)?),
+            }
+        }
+        "max-requests" => launch.max_running_requests = Some(whole(flag, value)?),
+        "kv-bytes" => launch.kv_cache_memory_bytes = Some(human_int(flag, value)?),
+        "chunked" => {
+            launch.chunked_prefill_size = Some(match engine {
+                Engine::Vllm => human_int(flag, value)?,
+                // SGLang: -1 (or 0) disables chunked prefill.
+                Engine::Sglang => match value.trim().parse::<i64>() {
+                    Ok(number) => number.max(0) as u64,
+                    Err(_) => return Err(bad(flag, value, "not a whole number")),
+                },
+            })
+        }
+        "max-prefill" => launch.max_prefill_tokens = Some(whole(flag, value)?),
+        "graph-bs" => launch.cuda_graph_max_bs = Some(whole(flag, value)?),
+        "speculative" => launch.speculative_algorithm = Some(value.to_ascii_uppercase()),
+        "hicache-ratio" => match value.trim().parse::<f64>() {
+            Ok(ratio) if ratio > 0.0 => state.hicache_ratio = Some(ratio),
+            _ => return Err(bad(flag, value, "not a positive ratio")),
+        },
+        "hicache-size" => state.hicache_size = Some(whole(flag, value)?),
+        "offload" => match value.trim().parse::<f64>() {
+            Ok(gib) if gib >= 0.0 => state.offloading_gib = Some(gib),
+            _ => return Err(bad(flag, value, "not a size in GiB")),
+        },
+        "base-gpu-id" => {
+            state.base_gpu_id = value
+                .trim()
+                .parse()
+                .map_err(|_| bad(flag, value, "not a GPU index"))?
+        }
+        "gpu-id-step" => state.gpu_id_step = Some(positive(flag, value)?),
+        "device-ids" => {
+            state.device_ids = Some(value.split(',').map(|id| id.trim().to_string()).collect())
+        }
+        _ => launch.ignored.push(format!("{flag} {value}")),
+    }
+    Ok(())
+}
+
+/// The engine's GPU ids (its own numbering, before CUDA_VISIBLE_DEVICES),
+/// in rank order. SGLang 0.5.9 (`engine.py`, `data_parallel_controller.py`,
+/// one node): `base_gpu_id + dp_rank·tp·pp·step + pp_rank·tp +
+/// tp_rank·step`, the DP term only without DP attention. vLLM: the first
+/// `tp·pp·dp` devices (or `--device-ids`).
+fn logical_gpus(launch: &Launch, base: u32, step: u32) -> Vec<u32> {
+    let mut ids = Vec::new();
+    match launch.engine {
+        Engine::Sglang => {
+            let replicas = if launch.dp_attention { 1 } else { launch.dp };
+            for dp_rank in 0..replicas {
+                for pp_rank in 0..launch.pp {
+                    for tp_rank in 0..launch.tp {
+                        ids.push(
+                            base + dp_rank * launch.tp * launch.pp * step
+                                + pp_rank * launch.tp
+                                + tp_rank * step,
+                        );
+                    }
+                }
+            }
+        }
+        Engine::Vllm => ids.extend(0..launch.gpu_count()),
+    }
+    ids
+}
+
+fn is_uuid(id: &str) -> bool {
+    id.starts_with("GPU-") || id.starts_with("MIG-")
+}
+
+fn assign_gpus(
+    launch: &mut Launch,
+    env: &BTreeMap<String, String>,
+    base: u32,
+    step: Option<u32>,
+    device_ids: Option<Vec<String>>,
+) -> Result<(), PlanError> {
+    let logical = logical_gpus(launch, base, step.unwrap_or(1));
+    // CUDA reads CUDA_VISIBLE_DEVICES up to the first entry it cannot
+    // parse; the visible devices are those entries, in that order.
+    let visible: Option<Vec<String>> = env.get("CUDA_VISIBLE_DEVICES").map(|list| {
+        list.split(',')
+            .map(|id| id.trim().to_string())
+            .take_while(|id| is_uuid(id) || id.parse::<u32>().is_ok())
+            .collect()
+    });
+    if let Some(visible) = &visible
+        && visible.is_empty()
+    {
+        return Err(bad(
+            "CUDA_VISIBLE_DEVICES",
+            env.get("CUDA_VISIBLE_DEVICES").map_or("", String::as_str),
+            "it makes no GPU visible to the engine",
+        ));
+    }
+    let needed = launch.gpu_count();
+    // vLLM's --device-ids: indices into CUDA_VISIBLE_DEVICES when set,
+    // else physical ids; or UUIDs.
+    let chosen: Vec<String> = match (&device_ids, &visible) {
+        (Some(ids), _) if ids.iter().all(|id| is_uuid(id)) => ids.clone(),
+        (Some(ids), visible) => {
+            let mut out = Vec::new();
+            for id in ids {
+                let index: usize = id
+                    .parse()
+                    .map_err(|_| bad("--device-ids", id, "neither a GPU index nor a UUID"))?;
+                out.push(match visible {
+                    Some(visible) => visible.get(index).cloned().ok_or_else(|| {
+                        bad(
+                            "--device-ids",
+                            id,
+                            &format!(
+                                "out of range for CUDA_VISIBLE_DEVICES ({} visible)",
+                                visible.len()
+                            ),
+                        )
+                    })?,
+                    None => index.to_string(),
+                });
+            }
+            if out.len() < needed as usize {
+                return Err(bad(
+                    "--device-ids",
+                    &ids.join(","),
+                    &format!("the engine needs {needed} GPUs"),
+                ));
+            }
+            out.truncate(needed as usize);
+            out
+        }
+        (None, Some(visible)) => {
+            let mut out = Vec::new();
+            for id in &logical {
+                out.push(visible.get(*id as usize).cloned().ok_or_else(|| {
+                    bad(
+                        "CUDA_VISIBLE_DEVICES",
+                        &visible.join(","),
+                        &format!(
+                            "the engine uses GPU #{id} of the visible ones (TP {} × PP {} × DP {}{}), only {} visible",
+                            launch.tp,
+                            launch.pp,
+                            launch.dp,
+                            match launch.engine {
+                                Engine::Sglang => ", --base-gpu-id, --gpu-id-step",
+                                Engine::Vllm => "",
+                            },
+                            visible.len()
+                        ),
+                    )
+                })?);
+            }
+            out
+        }
+        (None, None) => logical.iter().map(u32::to_string).collect(),
+    };
+    if chosen.iter().any(|id| is_uuid(id)) {
+        launch.gpu_uuids = chosen;
+    } else {
+        launch.gpus = chosen.iter().filter_map(|id| id.parse().ok()).collect();
+    }
+    Ok(())
 }
