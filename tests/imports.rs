@@ -78,6 +78,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "run",
             "supervision",
             "demo",
+            "plan",
         ],
     ),
     ("report", &["report"]),

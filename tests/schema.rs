@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use crate::harness::*;
 
-fn schema() -> jsonschema::Validator {
+pub(crate) fn schema() -> jsonschema::Validator {
     let text = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/docs/json.schema.json"
@@ -17,7 +17,7 @@ fn schema() -> jsonschema::Validator {
     jsonschema::validator_for(&schema).expect("the schema is a valid JSON Schema")
 }
 
-fn conforms(validator: &jsonschema::Validator, what: &str, document: &Value) {
+pub(crate) fn conforms(validator: &jsonschema::Validator, what: &str, document: &Value) {
     let errors: Vec<String> = validator
         .iter_errors(document)
         .map(|error| format!("{} at {}", error, error.instance_path()))

@@ -13,6 +13,7 @@ mod imports;
 mod incidents;
 mod input;
 mod old_kernel;
+mod plan;
 mod portable;
 mod push;
 mod run;

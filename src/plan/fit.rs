@@ -16,7 +16,7 @@ use super::levers::{self, Demand, Lever};
 use super::model::{self, Model};
 use crate::exit::{Exit, Failure};
 use crate::snapshot::{Snapshot, Unattributed};
-use crate::units::{self, GpuRef};
+use crate::units;
 
 /// What the engine takes on each GPU before it measures its free memory: its
 /// own CUDA context and NCCL's buffers. Both engines read free memory after
@@ -265,13 +265,13 @@ pub fn evaluate(config: &PlanConfig, snapshot: Option<&Snapshot>) -> Result<Outc
         Some(path) => Some(read_log(path)?),
         None => None,
     };
-    let needed = launch.gpus.len().max(1);
+    let needed = launch.gpu_count().max(1);
 
     // The engine's GPUs: read now, or a clean hypothetical box.
     let (gpus, hypothetical) = match (config.hypothetical, snapshot) {
         (Some(box_), _) => {
             if let Some(count) = box_.gpus
-                && (count as usize) < needed
+                && count < needed
             {
                 return Err(PlanError::BadValue {
                     flag: "--gpus".to_string(),
@@ -285,7 +285,7 @@ pub fn evaluate(config: &PlanConfig, snapshot: Option<&Snapshot>) -> Result<Outc
             }
             (Vec::new(), Some(box_))
         }
-        (None, Some(snapshot)) => (read_gpus(&launch, &config.env, snapshot)?, None),
+        (None, Some(snapshot)) => (read_gpus(&launch, snapshot)?, None),
         (None, None) => {
             return Err(FitError::Unreadable(
                 "no snapshot of this host was taken".to_string(),
@@ -444,65 +444,45 @@ pub fn evaluate(config: &PlanConfig, snapshot: Option<&Snapshot>) -> Result<Outc
     })
 }
 
-/// The engine's GPUs, as the snapshot shows them. `CUDA_VISIBLE_DEVICES`
-/// may name GPUs by UUID (the one naming rule, `units::parse_gpu_refs`):
-/// then the launch's GPUs are the engine's ordinals in that list, and each
-/// is resolved through the snapshot's GPUs.
-fn read_gpus(
-    launch: &Launch,
-    env: &BTreeMap<String, String>,
-    snapshot: &Snapshot,
-) -> Result<Vec<GpuFit>, FitError> {
+/// The engine's GPUs, as the snapshot shows them: `Launch::gpus`, or where
+/// CUDA_VISIBLE_DEVICES names them by UUID (`Launch::gpu_uuids`, a unique
+/// prefix as CUDA allows), the snapshot's GPU of that UUID.
+fn read_gpus(launch: &Launch, snapshot: &Snapshot) -> Result<Vec<GpuFit>, FitError> {
     if let Some(error) = &snapshot.driver_error {
         return Err(FitError::Unreadable(error.to_string()));
     }
-    let visible = env
-        .get("CUDA_VISIBLE_DEVICES")
-        .map(|list| list.trim())
-        .filter(|list| !list.is_empty())
-        .map(|list| {
-            units::parse_gpu_refs(list).map_err(|why| PlanError::BadValue {
-                flag: "CUDA_VISIBLE_DEVICES".to_string(),
-                value: list.to_string(),
-                why,
+    let mut indexes = launch.gpus.clone();
+    for uuid in &launch.gpu_uuids {
+        let matching: Vec<u32> = snapshot
+            .gpus
+            .iter()
+            .filter(|state| {
+                state
+                    .uuid
+                    .as_deref()
+                    .is_some_and(|known| known.starts_with(uuid.as_str()))
             })
-        })
-        .transpose()?;
-    let by_uuid = visible
-        .as_ref()
-        .is_some_and(|refs| refs.iter().any(|gpu| matches!(gpu, GpuRef::Uuid(_))));
-    let mut found = Vec::new();
-    for &gpu in &launch.gpus {
-        let index = match (&visible, by_uuid) {
-            (Some(refs), true) => {
-                let Some(named) = refs.get(gpu as usize) else {
-                    return Err(PlanError::BadValue {
-                        flag: "CUDA_VISIBLE_DEVICES".to_string(),
-                        value: env.get("CUDA_VISIBLE_DEVICES").cloned().unwrap_or_default(),
-                        why: format!(
-                            "names {} GPUs; the engine uses GPU {gpu} of them",
-                            refs.len()
-                        ),
-                    }
-                    .into());
-                };
-                match named {
-                    GpuRef::Index(index) => *index,
-                    GpuRef::Uuid(uuid) => snapshot
-                        .gpus
-                        .iter()
-                        .find(|state| state.uuid.as_deref() == Some(uuid.as_str()))
-                        .map(|state| state.index)
-                        .ok_or_else(|| PlanError::BadValue {
-                            flag: "CUDA_VISIBLE_DEVICES".to_string(),
-                            value: uuid.clone(),
-                            why: "no GPU of this host has that UUID (see `gpureap status --json`)"
-                                .to_string(),
-                        })?,
+            .map(|state| state.index)
+            .collect();
+        match matching[..] {
+            [index] => indexes.push(index),
+            _ => {
+                return Err(PlanError::BadValue {
+                    flag: "CUDA_VISIBLE_DEVICES".to_string(),
+                    value: uuid.clone(),
+                    why: if matching.is_empty() {
+                        "no GPU of this host has that UUID (see `gpureap status --json`)"
+                            .to_string()
+                    } else {
+                        "more than one GPU of this host has a UUID that starts so".to_string()
+                    },
                 }
+                .into());
             }
-            _ => gpu,
-        };
+        }
+    }
+    let mut found = Vec::new();
+    for index in indexes {
         let Some(state) = snapshot.gpu(index) else {
             return Err(PlanError::BadValue {
                 flag: "the engine's GPUs".to_string(),

@@ -168,8 +168,9 @@ fn apply(context: &Context, changes: &[Change]) -> (Device, Launch, Budget, Stri
             Change::MoreGpus { tp } => {
                 let old = launch.tp.max(1);
                 launch.tp = tp;
-                let count = launch.gpus.len() as u32 * tp / old;
+                let count = launch.gpu_count() * tp / old;
                 launch.gpus = (0..count).collect();
+                launch.gpu_uuids.clear();
                 budget.weights_per_gpu = match (context.weights_from_estimate, weights_of(&launch))
                 {
                     (true, Some(weights)) => weights,

@@ -154,7 +154,7 @@ pub fn text(outcome: &Outcome) -> String {
             &mut out,
             format!(
                 "  GPUs      {} × {} (hypothetical, clean; no GPU read)",
-                box_.gpus.unwrap_or(launch.gpus.len() as u32),
+                box_.gpus.unwrap_or(launch.gpu_count()),
                 gib(box_.gpu_memory)
             ),
         ),

@@ -1,0 +1,379 @@
+//! `gpureap plan` on the simulated driver with real processes: what a
+//! notebook's memory on one GPU costs the server, `free` taking it away,
+//! the plan then fitting; a GPU too small (exit 4); bad input (exit 2, one
+//! line); and the JSON document against the published schema.
+
+use std::path::{Path, PathBuf};
+
+use gpureap::driver::sim::incident::{Holder, Incident, SimHost};
+use serde_json::Value;
+
+use crate::harness::*;
+
+/// A GQA model's config.json (Llama-3.1-8B's shape) in a fresh directory.
+fn model_dir(name: &str, config: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "gpureap-plan-{}-{name}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|since| since.as_nanos())
+            .unwrap_or(0)
+    ));
+    std::fs::create_dir_all(&dir).expect("model dir");
+    std::fs::write(dir.join("config.json"), config).expect("config.json");
+    dir
+}
+
+const LLAMA_8B: &str = r#"{
+  "architectures": ["LlamaForCausalLM"],
+  "model_type": "llama",
+  "hidden_size": 4096,
+  "num_attention_heads": 32,
+  "num_key_value_heads": 8,
+  "head_dim": 128,
+  "num_hidden_layers": 32,
+  "max_position_embeddings": 131072,
+  "torch_dtype": "bfloat16"
+}"#;
+
+fn sglang(model: &Path) -> Vec<String> {
+    [
+        "python3",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        &model.display().to_string(),
+        "--tp",
+        "2",
+        "--mem-fraction-static",
+        "0.85",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+fn plan(host: &SimHost, flags: &[&str], command: &[String]) -> Run {
+    let mut args: Vec<String> = vec!["plan".to_string()];
+    args.extend(flags.iter().map(|flag| flag.to_string()));
+    args.push("--".to_string());
+    args.extend(command.iter().cloned());
+    gpureap(host)
+        .args(&args)
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .output()
+        .expect("gpureap runs")
+        .into()
+}
+
+/// A notebook holding 6 GiB on GPU 1 of the two the server will use: `plan`
+/// names it, says what it costs every rank and the command that frees it,
+/// and exits 1; that very command frees it; `plan` then fits (exit 0).
+#[test]
+fn a_notebook_on_one_gpu_costs_every_rank_until_free_takes_it_away() {
+    let host = SimHost::new(2, 80 * GIB, "Simulated H100").expect("sim host");
+    let model = model_dir("notebook", LLAMA_8B);
+    let command = sglang(&model);
+    let mut incident = Incident::new(&host);
+    let notebook = incident
+        .holder(&Holder::new("python3 -m ipykernel_launcher -f kernel-1.json").on(1, 6 * GIB))
+        .expect("notebook");
+
+    let held = plan(&host, &["--weights", "16GiB", "--json"], &command);
+    assert_eq!(held.code, 1, "{}{}", held.stdout, held.stderr);
+    let report = held.json();
+    assert_eq!(report["kind"], "plan");
+    assert_eq!(report["fit"]["verdict"], "fits_after_free", "{report:#}");
+    let holders = report["fit"]["holders"].as_array().expect("holders");
+    assert_eq!(holders.len(), 1, "{report:#}");
+    assert_eq!(holders[0]["pid"], notebook, "{report:#}");
+    assert_eq!(holders[0]["gpu"], 1);
+    assert_eq!(holders[0]["bytes"], 6 * GIB);
+    // SGLang's MIN rule: 0.85 × the 6 GiB the notebook takes from the
+    // free memory at start, in tokens of 2 × 4 KV heads per rank (8 heads
+    // over TP 2) × (128 + 128) × 32 layers = 65,536 bytes.
+    let bytes_per_token = 4 * (128 + 128) * 32 * 2;
+    assert_eq!(report["device"]["bytes_per_token"], bytes_per_token);
+    let lost = holders[0]["tokens_lost_per_rank"]
+        .as_u64()
+        .expect("tokens lost");
+    let expected = (0.85 * (6 * GIB) as f64) as u64 / bytes_per_token;
+    assert!(
+        lost.abs_diff(expected) <= 1,
+        "lost {lost}, the rule gives {expected}: {report:#}"
+    );
+    let clean = report["device_clean"]["tokens_per_rank"]
+        .as_u64()
+        .expect("clean");
+    let now = report["device"]["tokens_per_rank"].as_u64().expect("now");
+    assert_eq!(clean - now, lost, "{report:#}");
+    let free_command = report["fit"]["free_command"]
+        .as_str()
+        .expect("a free command")
+        .to_string();
+    assert_eq!(
+        free_command,
+        format!("gpureap free --gpu 1 --pid {notebook}")
+    );
+
+    // The text says the same, in words.
+    let text = plan(&host, &["--weights", "16GiB"], &command);
+    assert_eq!(text.code, 1, "{}{}", text.stdout, text.stderr);
+    assert!(
+        text.stdout
+            .contains(&format!("PID {notebook} python3 -m ipykernel_launcher")),
+        "{}",
+        text.stdout
+    );
+    assert!(text.stdout.contains(&free_command), "{}", text.stdout);
+    assert!(
+        text.stdout
+            .contains("fits only after freeing what others hold"),
+        "{}",
+        text.stdout
+    );
+
+    // The command it printed, as printed (with --yes, for no terminal).
+    let words: Vec<&str> = free_command.split(' ').skip(1).collect();
+    let mut free_args = words.clone();
+    free_args.extend(["--grace", "0", "--yes"]);
+    let freed = run(&host, &free_args);
+    assert_eq!(freed.code, 0, "{}{}", freed.stdout, freed.stderr);
+    assert!(!alive(notebook));
+
+    let fits = plan(&host, &["--weights", "16GiB", "--json"], &command);
+    assert_eq!(fits.code, 0, "{}{}", fits.stdout, fits.stderr);
+    let report = fits.json();
+    assert_eq!(report["fit"]["verdict"], "fits", "{report:#}");
+    assert_eq!(report["fit"]["holders"], Value::Array(Vec::new()));
+    assert_eq!(report["device"]["tokens_per_rank"], clean);
+}
+
+/// vLLM takes `utilization × total` and refuses to start when a GPU has
+/// less free: a holder inside the `1 − utilization` margin costs nothing
+/// (exit 0), a larger one stops the start (exit 1, "would refuse").
+#[test]
+fn vllm_ignores_a_holder_in_its_margin_and_refuses_a_larger_one() {
+    let host = SimHost::new(1, 80 * GIB, "Simulated H100").expect("sim host");
+    let model = model_dir("vllm", LLAMA_8B);
+    let command: Vec<String> = [
+        "vllm",
+        "serve",
+        &model.display().to_string(),
+        "--gpu-memory-utilization",
+        "0.8",
+    ]
+    .map(String::from)
+    .to_vec();
+    let mut incident = Incident::new(&host);
+    // 80 GiB × (1 − 0.8) = 16 GiB of margin, 1 GiB of it the engine's own context.
+    let small = incident
+        .holder(&Holder::new("python3 small.py").on(0, 4 * GIB))
+        .expect("small holder");
+    let inside = plan(&host, &["--weights", "16GiB", "--json"], &command);
+    assert_eq!(inside.code, 0, "{}{}", inside.stdout, inside.stderr);
+    let report = inside.json();
+    assert_eq!(report["fit"]["holders"][0]["pid"], small, "{report:#}");
+    assert_eq!(report["fit"]["holders"][0]["cost"]["kind"], "nothing");
+
+    let large = incident
+        .holder(&Holder::new("python3 large.py").on(0, 20 * GIB))
+        .expect("large holder");
+    let outside = plan(&host, &["--weights", "16GiB", "--json"], &command);
+    assert_eq!(outside.code, 1, "{}{}", outside.stdout, outside.stderr);
+    let report = outside.json();
+    let cost_of = |pid: u32| {
+        report["fit"]["holders"]
+            .as_array()
+            .expect("holders")
+            .iter()
+            .find(|holder| holder["pid"] == pid)
+            .map(|holder| holder["cost"]["kind"].clone())
+    };
+    assert_eq!(
+        cost_of(large),
+        Some(Value::from("refuses_start")),
+        "{report:#}"
+    );
+    assert_eq!(report["device"]["starts"], false, "{report:#}");
+    let text = plan(&host, &["--weights", "16GiB"], &command);
+    assert!(
+        text.stdout.contains("would refuse to start"),
+        "{}",
+        text.stdout
+    );
+}
+
+/// `--gpu-memory` plans a clean box, reads no GPU (the driver here has
+/// none), and a GPU too small for the weights is the code of its own.
+#[test]
+fn a_gpu_too_small_is_exit_4_and_no_gpu_is_read_for_a_hypothetical_box() {
+    let model = model_dir("small", LLAMA_8B);
+    let command = sglang(&model);
+    let hypothetical = |gpu_memory: &str| -> Run {
+        let mut args = vec!["--backend", "none", "plan", "--gpu-memory", gpu_memory];
+        args.extend(["--weights", "16GiB", "--json", "--"]);
+        let mut all: Vec<String> = args.iter().map(|arg| arg.to_string()).collect();
+        all.extend(command.iter().cloned());
+        std::process::Command::new(env!("CARGO_BIN_EXE_gpureap"))
+            .args(&all)
+            .env_remove("GPUREAP_BACKEND")
+            .env_remove("CUDA_VISIBLE_DEVICES")
+            .output()
+            .expect("runs")
+            .into()
+    };
+    let small = hypothetical("16GiB");
+    assert_eq!(small.code, 4, "{}{}", small.stdout, small.stderr);
+    let report = small.json();
+    assert_eq!(report["fit"]["verdict"], "does_not_fit", "{report:#}");
+    assert_eq!(report["fit"]["hypothetical"], true);
+
+    let large = hypothetical("80GiB");
+    assert_eq!(large.code, 0, "{}{}", large.stdout, large.stderr);
+    assert_eq!(large.json()["fit"]["verdict"], "fits");
+
+    // On this host with no driver, the engine's GPUs cannot be read: 3.
+    let unreadable = std::process::Command::new(env!("CARGO_BIN_EXE_gpureap"))
+        .args(["--backend", "none", "plan", "--weights", "16GiB", "--"])
+        .args(&command)
+        .env_remove("GPUREAP_BACKEND")
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .output()
+        .expect("runs");
+    let stderr = String::from_utf8_lossy(&unreadable.stderr);
+    assert_eq!(unreadable.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("--gpu-memory"), "{stderr}");
+}
+
+/// Each bad input is one line on stderr naming what is missing, exit 2,
+/// and nothing on stdout.
+#[test]
+fn bad_input_is_one_line_and_exit_2() {
+    let host = SimHost::new(1, 80 * GIB, "Simulated H100").expect("sim host");
+    let good = model_dir("good", LLAMA_8B);
+    let no_layers = model_dir(
+        "no-layers",
+        r#"{"architectures": ["LlamaForCausalLM"], "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128}"#,
+    );
+    let strange = model_dir(
+        "strange",
+        r#"{"architectures": ["StrangeForCausalLM"], "num_hidden_layers": 4}"#,
+    );
+    let missing = good.join("not-there");
+    let cases: [(&str, Vec<String>, &str); 5] = [
+        (
+            "unknown engine",
+            ["python3", "serve.py", "--model", "x"]
+                .map(String::from)
+                .to_vec(),
+            "engine",
+        ),
+        (
+            "no model",
+            ["python3", "-m", "sglang.launch_server", "--tp", "1"]
+                .map(String::from)
+                .to_vec(),
+            "model",
+        ),
+        ("model not found", sglang(&missing), "not-there"),
+        ("unknown architecture", sglang(&strange), "architecture"),
+        ("missing field", sglang(&no_layers), "num_hidden_layers"),
+    ];
+    for (what, command, named) in cases {
+        let result = plan(&host, &["--weights", "1GiB"], &command);
+        assert_eq!(result.code, 2, "{what}: {}{}", result.stdout, result.stderr);
+        assert!(result.stdout.is_empty(), "{what}: {}", result.stdout);
+        assert_eq!(
+            result.stderr.lines().count(),
+            1,
+            "{what}: {}",
+            result.stderr
+        );
+        assert!(
+            result.stderr.starts_with("gpureap: ") && result.stderr.contains(named),
+            "{what} does not name {named}: {}",
+            result.stderr
+        );
+    }
+}
+
+/// The plan document, with a holder, on a hypothetical box and with a
+/// host tier, matches docs/json.schema.json.
+#[test]
+fn plan_documents_match_the_published_schema() {
+    let validator = crate::schema::schema();
+    let host = SimHost::new(2, 80 * GIB, "Simulated H100").expect("sim host");
+    let model = model_dir("schema", LLAMA_8B);
+    let mut incident = Incident::new(&host);
+    incident
+        .holder(&Holder::new("python3 notebook.py").on(0, 3 * GIB))
+        .expect("holder");
+    host.leak(1, 2 * GIB).expect("leak");
+    let mut with_tier = sglang(&model);
+    with_tier.extend(["--enable-hierarchical-cache", "--hicache-size", "20"].map(String::from));
+    let documents = [
+        (
+            "held, with averages and concurrency",
+            plan(
+                &host,
+                &[
+                    "--weights",
+                    "16GiB",
+                    "--avg-prompt",
+                    "800",
+                    "--avg-output",
+                    "4100",
+                    "--concurrency",
+                    "150",
+                    "--json",
+                ],
+                &sglang(&model),
+            ),
+        ),
+        (
+            "hypothetical, host tier",
+            plan(
+                &host,
+                &[
+                    "--gpu-memory",
+                    "80GiB",
+                    "--weights",
+                    "16GiB",
+                    "--host-memory",
+                    "100GiB",
+                    "--json",
+                ],
+                &with_tier,
+            ),
+        ),
+        (
+            "does not fit",
+            plan(
+                &host,
+                &["--gpu-memory", "10GiB", "--weights", "16GiB", "--json"],
+                &sglang(&model),
+            ),
+        ),
+    ];
+    for (what, result) in &documents {
+        let document = result.json();
+        crate::schema::conforms(&validator, what, &document);
+    }
+    let held = documents[0].1.json();
+    // The driver-held 2 GiB on GPU 1 is a holder of its own, with the reset.
+    let driver_held = held["fit"]["holders"]
+        .as_array()
+        .expect("holders")
+        .iter()
+        .find(|holder| holder["pid"].is_null())
+        .cloned()
+        .unwrap_or_else(|| panic!("no driver-held holder: {held:#}"));
+    assert_eq!(driver_held["gpu"], 1);
+    assert_eq!(driver_held["bytes"], 2 * GIB);
+    assert_eq!(held["fit"]["reset_command"], "gpureap reset --gpu 1");
+    assert!(held["device"]["concurrency"].is_number(), "{held:#}");
+    // Without averages, device.concurrency is null.
+    let plain = documents[1].1.json();
+    assert!(plain["device"]["concurrency"].is_null(), "{plain:#}");
+}
