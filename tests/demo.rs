@@ -119,7 +119,7 @@ fn the_demo_reports_both_halves_of_the_incident_as_facts() {
     )
     .expect("schema");
     let validator = jsonschema::validator_for(&schema).expect("schema");
-    for document in ["status_before", "free", "status_after"] {
+    for document in ["plan_before", "status_before", "free", "status_after"] {
         let errors: Vec<String> = validator
             .iter_errors(&facts[document])
             .map(|error| error.to_string())
@@ -197,6 +197,45 @@ fn the_demo_reports_both_halves_of_the_incident_as_facts() {
         "nvidia_gpu_exporter --web.listen-address=:9835"
     );
     assert_eq!(notebook["gpu_memory"], 6 * GIB);
+
+    // The first half: before the restart, the plan for the launcher's own
+    // command line on this box. The leftovers cost every rank; once freed it fits.
+    let plan = &facts["plan_before"];
+    assert_eq!(plan["kind"], "plan");
+    assert_eq!(plan["engine"], "sglang");
+    assert_eq!(plan["fit"]["verdict"], "fits_after_free", "{plan:#}");
+    assert_eq!(plan["exit_code"], 1);
+    assert_eq!(plan["device_clean"]["starts"], true);
+    let clean_tokens = plan["device_clean"]["tokens_per_rank"]
+        .as_u64()
+        .expect("tokens");
+    let costs: Vec<(u32, u64, Option<u64>)> = plan["fit"]["holders"]
+        .as_array()
+        .expect("holders")
+        .iter()
+        .map(|holder| {
+            (
+                holder["pid"].as_u64().expect("a process") as u32,
+                holder["gpu"].as_u64().expect("gpu"),
+                holder["tokens_lost_per_rank"].as_u64(),
+            )
+        })
+        .collect();
+    // Every worker and the notebook, on its GPU, each costing every rank tokens.
+    let mut expected: Vec<(u32, u64)> = workers
+        .iter()
+        .enumerate()
+        .map(|(rank, worker)| (pid_of(worker), rank as u64))
+        .chain([(pid_of(notebook), 3)])
+        .collect();
+    expected.sort_unstable();
+    let mut found: Vec<(u32, u64)> = costs.iter().map(|&(pid, gpu, _)| (pid, gpu)).collect();
+    found.sort_unstable();
+    assert_eq!(found, expected, "{plan:#}");
+    for (pid, _, lost) in &costs {
+        let lost = lost.unwrap_or_else(|| panic!("pid {pid}: no token cost: {plan:#}"));
+        assert!(lost > 0 && lost < clean_tokens, "pid {pid} costs {lost}");
+    }
 
     // Who was signalled: the workers only; TP2 needed SIGKILL.
     let free = &facts["free"];
@@ -311,8 +350,15 @@ fn the_transcript_shows_the_gpu_trees_and_the_free_exit_code() {
     let tree = stdout
         .split("$ gpureap status --tree")
         .nth(1)
-        .and_then(|rest| rest.split("$ gpureap free").next())
+        .and_then(|rest| rest.split("$ gpureap plan").next())
         .expect("a status --tree section");
+    // Then the restart's plan, before the free: the launcher's own command
+    // line, every leftover named with its PID.
+    let plan = stdout
+        .split("$ gpureap plan -- python3 -m sglang.launch_server")
+        .nth(1)
+        .and_then(|rest| rest.split("$ gpureap free").next())
+        .expect("a plan section before the free");
     let tree_pids: BTreeSet<u32> = tree
         .lines()
         .filter_map(|line| {
@@ -330,6 +376,16 @@ fn the_transcript_shows_the_gpu_trees_and_the_free_exit_code() {
         "8 workers, the notebook, the exporter:\n{tree}"
     );
     assert!(!tree_pids.contains(&demo_pid), "{tree}");
+    let plan_pids: BTreeSet<u32> = plan
+        .split_whitespace()
+        .filter_map(|word| word.parse().ok())
+        .filter(|pid| tree_pids.contains(pid))
+        .collect();
+    assert_eq!(
+        plan_pids.len(),
+        9,
+        "8 workers and the notebook, each with its cost:\n{plan}"
+    );
     // The demo's parent is this test; nor are its ancestors there.
     let mut ancestor = std::process::id();
     while ancestor > 1 {
