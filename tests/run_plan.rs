@@ -9,6 +9,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use gpureap::driver::sim::incident::{Holder, Incident, SimHost};
 use serde_json::Value;
@@ -129,6 +130,25 @@ impl Box {
     }
 }
 
+/// Waits for a `run --plan` that must refuse to end on its own, at most
+/// 30 s: one that started the server would serve on (and is then stopped
+/// by the supervisor's drop).
+fn refused(mut supervisor: Supervisor) -> (i32, Vec<String>) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = supervisor.child.try_wait().expect("gpureap") {
+            crate::run::nothing_supervised_left(supervisor.child.id());
+            return (status.code().unwrap_or(-1), supervisor.events());
+        }
+        assert!(
+            Instant::now() < deadline,
+            "gpureap run did not refuse: it runs on:\n{}",
+            supervisor.events().join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn run_plan_never_starts_the_server_while_a_holder_would_shrink_it() {
     let lab = Box::new();
@@ -138,7 +158,7 @@ fn run_plan_never_starts_the_server_while_a_holder_would_shrink_it() {
     assert_eq!(code, 1, "plan: fits only after freeing: {plan:#}");
     assert_eq!(plan["fit"]["verdict"], "fits_after_free");
 
-    let (code, events) = lab.run(&[], 100_000).wait_exit();
+    let (code, events) = refused(lab.run(&[], 100_000));
     let text = events.join("\n");
     assert_eq!(code, 1, "refused, exit 1:\n{text}");
     assert!(
@@ -169,7 +189,7 @@ fn run_plan_refuses_a_server_that_cannot_fit_even_on_clean_gpus() {
         r#"{"metadata": {"total_size": 200000000000}, "weight_map": {}}"#,
     )
     .expect("index");
-    let (code, events) = lab.run(&["--accept-shrink"], 100_000).wait_exit();
+    let (code, events) = refused(lab.run(&["--accept-shrink"], 100_000));
     let text = events.join("\n");
     assert_eq!(code, 4, "cannot fit: the plan's code:\n{text}");
     assert!(!lab.engine_started(), "started:\n{text}");
@@ -200,7 +220,7 @@ fn run_plan_wait_for_fit_times_out_with_nothing_started() {
     let lab = Box::new();
     let mut incident = Incident::new(&lab.host);
     let holder = lab.holder(&mut incident, 10 * GIB);
-    let (code, events) = lab.run(&["--wait-for-fit", "300ms"], 100_000).wait_exit();
+    let (code, events) = refused(lab.run(&["--wait-for-fit", "300ms"], 100_000));
     let text = events.join("\n");
     assert_eq!(code, 1, "timed out: exit 1:\n{text}");
     assert!(!lab.engine_started(), "started:\n{text}");
@@ -287,7 +307,7 @@ fn run_plan_refuses_a_command_it_cannot_plan_before_starting_anything() {
         .args(["--state-dir", lab.state.to_str().expect("utf-8")])
         .args(["--", "python3", "-m", "sglang.launch_server", "--tp", "1"]);
     lab.with_engine_env(&mut command, 1);
-    let (code, events) = Supervisor::start(command).wait_exit();
+    let (code, events) = refused(Supervisor::start(command));
     let text = events.join("\n");
     assert_eq!(code, 2, "no model: bad input:\n{text}");
     assert!(!lab.engine_started(), "{text}");
