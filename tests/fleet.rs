@@ -1046,6 +1046,7 @@ fn plan_on_each_host_reads_its_own_holders_one_section_per_host() {
     let document = plan("h1,h2", true);
     assert_eq!(document.code, 1, "{}", document.stderr);
     let json = document.json();
+    crate::schema::conforms(&crate::schema::schema(), "plan -H", &json);
     assert_eq!(json["kind"], "fleet");
     assert_eq!(json["command"], "plan");
     assert_eq!(json["exit_code"], 1);

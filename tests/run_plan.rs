@@ -333,3 +333,51 @@ fn without_plan_the_logged_capacity_is_said_and_recorded_alone() {
     let (code, events, _) = supervisor.stop();
     assert_eq!(code, 0, "{}", events.join("\n"));
 }
+
+#[test]
+fn run_plan_never_starts_vllm_while_a_holder_would_make_it_refuse_even_with_accept_shrink() {
+    let lab = Box::new();
+    // `vllm` on PATH: a stand-in that records that it started.
+    let bin = lab.host.path().join("bin");
+    std::fs::create_dir_all(&bin).expect("bin");
+    let vllm = bin.join("vllm");
+    std::fs::write(
+        &vllm,
+        "#!/bin/sh\necho $$ >> \"$FAKE_ENGINE_STARTED\"\nexec sleep 100000\n",
+    )
+    .expect("vllm");
+    std::fs::set_permissions(&vllm, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut incident = Incident::new(&lab.host);
+    // 10 GiB held: 70 GiB free, less than the 0.95 × 80 GiB vLLM asks for.
+    let holder = lab.holder(&mut incident, 10 * GIB);
+    for flags in [&[][..], &["--accept-shrink"][..]] {
+        let mut command = gpureap(&lab.host);
+        command
+            .args(["run", "--plan", "--restart", "never"])
+            .args(["--state-dir", lab.state.to_str().expect("utf-8")])
+            .args(flags)
+            .args(["--", "vllm", "serve", lab.model.to_str().expect("utf-8")])
+            .args(["--gpu-memory-utilization", "0.95"]);
+        lab.with_engine_env(&mut command, 1);
+        command.env("PATH", &path);
+        let (code, events) = refused(Supervisor::start(command));
+        let text = events.join("\n");
+        assert_eq!(code, 1, "{flags:?}: refused, exit 1:\n{text}");
+        assert!(
+            !lab.engine_started(),
+            "{flags:?}: vLLM was started:\n{text}"
+        );
+        assert!(
+            text.contains("vLLM would refuse to start")
+                && text.contains(&format!("pid {holder}"))
+                && text.contains("alone stops the start"),
+            "{flags:?}: {text}"
+        );
+    }
+}
