@@ -381,3 +381,24 @@ fn run_plan_never_starts_vllm_while_a_holder_would_make_it_refuse_even_with_acce
         );
     }
 }
+
+#[test]
+fn a_stop_while_waiting_for_fit_ends_the_run_with_nothing_started() {
+    let lab = Box::new();
+    let mut incident = Incident::new(&lab.host);
+    let holder = lab.holder(&mut incident, 10 * GIB);
+    let supervisor = lab.run(&["--wait-for-fit", "10m"], 100_000);
+    supervisor.wait_for("(--wait-for-fit) for the holders to go", 1);
+    let started = Instant::now();
+    let (code, events, _) = supervisor.stop();
+    let text = events.join("\n");
+    assert_eq!(code, 0, "stopped: exit 0:\n{text}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "the stop took {:?}",
+        started.elapsed()
+    );
+    assert!(!lab.engine_started(), "{text}");
+    assert!(text.contains("nothing was started"), "{text}");
+    assert!(alive(holder));
+}
