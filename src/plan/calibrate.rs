@@ -1,27 +1,246 @@
-//! `--from-log`: the figures a previous start of the engine logged.
+//! `--from-log`: the figures a previous start of the engine logged, used
+//! instead of the estimates.
+//!
+//! Lines read (SGLang 0.5.9, vLLM 0.26.0; both print sizes in GiB, SGLang
+//! calling them "GB": `get_available_gpu_memory` divides by 2^30, and
+//! `memory_pool.py` has `GB = 1024**3`):
+//! - SGLang `Load weight begin. avail mem=X GB` (free before load, per
+//!   rank), `Load weight end. … avail mem=X GB, mem usage=Y GB.` (W'),
+//!   `KV Cache is allocated. #tokens: N, KV size: X GB` (or `K size: X GB,
+//!   V size: Y GB`), `max_total_num_tokens=N, …` (the scheduler's line).
+//! - vLLM `Model loading took X GiB memory and Y seconds` (or `took X GiB
+//!   and`), `Available KV cache memory: X GiB`, `GPU KV cache size: N
+//!   tokens` (with thousands separators).
+//!
+//! ANSI colours and `[TP0]`-style prefixes are ignored. Over several
+//! ranks, W' is the largest and the free memory the smallest (the engines
+//! take the MIN of what is left). A file with several starts gives the last
+//! complete one (one that logged its token count), else the last start.
 
+use super::PlanError;
+use super::engine::Budget;
 use super::launch::Engine;
+use std::path::Path;
+
+/// At most this much of a log is read: its last 4 MiB.
+pub const LOG_MAX: u64 = 4 << 20;
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Logged {
+    /// SGLang: `mem usage` of `Load weight end` (W'); vLLM: `Model loading
+    /// took` (the weights). Bytes; the largest over ranks.
     pub weights_per_gpu: Option<u64>,
+    /// SGLang: `avail mem` of `Load weight begin` (or end's avail + usage);
+    /// the smallest over ranks.
     pub free_before_load: Option<u64>,
+    /// SGLang `#tokens` / `max_total_num_tokens`; vLLM `GPU KV cache size`.
     pub tokens: Option<u64>,
+    /// SGLang: the pool allocated (K + V or KV size); vLLM: `Available KV
+    /// cache memory` (the budget).
     pub kv_bytes: Option<u64>,
     pub engine: Option<Engine>,
 }
 
-/// Reads the lines ENGINES.md §1.3 / §2 name, both engines.
-pub fn read_log(text: &str) -> Logged {
-    let mut logged = Logged::default();
-    for line in text.lines() {
-        if let Some(rest) = line.split("KV Cache is allocated. #tokens: ").nth(1) {
-            logged.engine = Some(Engine::Sglang);
-            logged.tokens = rest
-                .split(|c: char| !c.is_ascii_digit())
-                .next()
-                .and_then(|digits| digits.parse().ok());
+impl Logged {
+    /// Puts what was measured in place of the estimates: W' and the free
+    /// memory at start for SGLang; vLLM's KV budget (which already has its
+    /// profile peak and graph reservation taken out) and its weights.
+    pub fn calibrate(&self, engine: Engine, budget: &mut Budget) {
+        if let Some(weights) = self.weights_per_gpu {
+            budget.weights_per_gpu = weights;
+        }
+        match engine {
+            Engine::Sglang => {
+                if let Some(free) = self.free_before_load {
+                    budget.free_at_start = free;
+                }
+            }
+            Engine::Vllm => {
+                if budget.kv_memory.is_none() {
+                    budget.kv_memory = self.kv_bytes;
+                }
+            }
         }
     }
-    logged
+
+    fn complete(&self) -> bool {
+        self.tokens.is_some()
+    }
+}
+
+/// Reads the last `LOG_MAX` bytes of a log file (a regular file, opened
+/// without waiting).
+pub fn read_log_file(path: &Path) -> Result<Logged, PlanError> {
+    use std::io::{Read as _, Seek as _, SeekFrom};
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let unreadable = |why: String| PlanError::Unreadable {
+        path: path.to_path_buf(),
+        why,
+    };
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|error| unreadable(error.to_string()))?;
+    let metadata = file
+        .metadata()
+        .map_err(|error| unreadable(error.to_string()))?;
+    if !metadata.is_file() {
+        return Err(unreadable("not a regular file".to_string()));
+    }
+    let start = metadata.len().saturating_sub(LOG_MAX);
+    file.seek(SeekFrom::Start(start))
+        .map_err(|error| unreadable(error.to_string()))?;
+    let mut bytes = Vec::new();
+    file.take(LOG_MAX)
+        .read_to_end(&mut bytes)
+        .map_err(|error| unreadable(error.to_string()))?;
+    let text = String::from_utf8_lossy(&bytes);
+    // A tail starts mid-line: drop the partial first line.
+    let text = match (start > 0, text.find('\n')) {
+        (true, Some(newline)) => &text[newline + 1..],
+        _ => &text[..],
+    };
+    Ok(read_log(text))
+}
+
+/// Text without ANSI escape sequences (`ESC [ … letter`).
+fn strip_ansi(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            if chars.peek() == Some(&'[') {
+                chars.next();
+                for next in chars.by_ref() {
+                    if next.is_ascii_alphabetic() {
+                        break;
+                    }
+                }
+            }
+            continue;
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The number right after `key` (digits, `.`, `,` as thousands separator).
+fn number_after(line: &str, key: &str) -> Option<f64> {
+    let at = line.find(key)? + key.len();
+    let digits: String = line[at..]
+        .trim_start()
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ',' || *c == '-')
+        .filter(|c| *c != ',')
+        .collect();
+    digits.trim_end_matches('.').parse().ok()
+}
+
+fn gib(value: f64) -> u64 {
+    (value.max(0.0) * (1u64 << 30) as f64).round() as u64
+}
+
+/// The rank a line is from (`TP0`, `DP1 TP3`, …), "" when it names none.
+fn rank_of(line: &str) -> String {
+    let mut rank = String::new();
+    for word in line.split(|c: char| c == '[' || c == ']' || c.is_whitespace()) {
+        let is_rank = ["TP", "DP", "PP", "EP", "RANK"].iter().any(|prefix| {
+            word.strip_prefix(prefix)
+                .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
+        });
+        if is_rank {
+            rank.push_str(word);
+            rank.push(' ');
+        }
+    }
+    rank
+}
+
+/// Reads the lines ENGINES.md §1.3 / §2 name, both engines.
+pub fn read_log(text: &str) -> Logged {
+    let mut starts: Vec<Logged> = Vec::new();
+    let mut current = Logged::default();
+    let mut ranks_loaded: Vec<String> = Vec::new();
+    for raw in text.lines() {
+        let line = strip_ansi(raw);
+        let rank = rank_of(&line);
+        let sglang_load = line.contains("Load weight end.");
+        let vllm_load = line.contains("Model loading took");
+        if sglang_load || vllm_load || line.contains("Load weight begin.") {
+            // The same rank loading again is a new start.
+            let again = (sglang_load || vllm_load) && ranks_loaded.contains(&rank);
+            let after_complete = current.complete() && (sglang_load || vllm_load);
+            if again || after_complete {
+                starts.push(std::mem::take(&mut current));
+                ranks_loaded.clear();
+            }
+        }
+        if line.contains("Load weight begin.") {
+            current.engine = Some(Engine::Sglang);
+            if let Some(free) = number_after(&line, "avail mem=") {
+                let free = gib(free);
+                current.free_before_load =
+                    Some(current.free_before_load.map_or(free, |f| f.min(free)));
+            }
+        } else if sglang_load {
+            current.engine = Some(Engine::Sglang);
+            ranks_loaded.push(rank);
+            let usage = number_after(&line, "mem usage=");
+            let avail = number_after(&line, "avail mem=");
+            if let Some(usage) = usage {
+                let usage = gib(usage);
+                current.weights_per_gpu =
+                    Some(current.weights_per_gpu.map_or(usage, |w| w.max(usage)));
+            }
+            if let (Some(usage), Some(avail), None) = (usage, avail, current.free_before_load) {
+                current.free_before_load = Some(gib(usage + avail));
+            }
+        } else if vllm_load {
+            current.engine = Some(Engine::Vllm);
+            ranks_loaded.push(rank);
+            if let Some(weights) = number_after(&line, "Model loading took") {
+                let weights = gib(weights);
+                current.weights_per_gpu =
+                    Some(current.weights_per_gpu.map_or(weights, |w| w.max(weights)));
+            }
+        } else if line.contains("KV Cache is allocated.") {
+            current.engine = Some(Engine::Sglang);
+            current.tokens = number_after(&line, "#tokens:")
+                .map(|n| n as u64)
+                .or(current.tokens);
+            let kv = match number_after(&line, "KV size:") {
+                Some(size) => Some(size),
+                None => number_after(&line, "K size:")
+                    .zip(number_after(&line, "V size:"))
+                    .map(|(k, v)| k + v),
+            };
+            if let Some(kv) = kv {
+                current.kv_bytes = Some(gib(kv));
+            }
+        } else if line.contains("max_total_num_tokens=") {
+            current.engine = Some(Engine::Sglang);
+            if let Some(tokens) = number_after(&line, "max_total_num_tokens=") {
+                current.tokens = Some(tokens as u64);
+            }
+        } else if line.contains("Available KV cache memory:") {
+            current.engine = Some(Engine::Vllm);
+            if let Some(kv) = number_after(&line, "Available KV cache memory:") {
+                let kv = gib(kv);
+                current.kv_bytes = Some(current.kv_bytes.map_or(kv, |k| k.min(kv)));
+            }
+        } else if line.contains("GPU KV cache size:") {
+            current.engine = Some(Engine::Vllm);
+            if let Some(tokens) = number_after(&line, "GPU KV cache size:") {
+                current.tokens = Some(tokens as u64);
+            }
+        }
+    }
+    starts.push(current);
+    let last = starts.last().copied().unwrap_or_default();
+    starts
+        .into_iter()
+        .rev()
+        .find(Logged::complete)
+        .unwrap_or(last)
 }

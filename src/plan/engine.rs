@@ -1,20 +1,80 @@
-//! The engines' own KV-cache arithmetic, pure.
+//! The engines' own KV-cache arithmetic, pure: no GPU, no files.
+//!
+//! Read from the released packages (the package wins over ENGINES.md):
+//! - SGLang **0.5.9**: `model_executor/model_runner_kv_cache_mixin.py`
+//!   (`get_cell_size_per_token`, `profile_max_num_token`,
+//!   `init_memory_pool`), `model_executor/model_runner.py`
+//!   (`max_running_requests`), `server_args.py`
+//!   (`_handle_gpu_memory_settings`, `adjust_mem_fraction_for_vlm`,
+//!   `_handle_attention_backend_compatibility`, `_handle_page_size`),
+//!   `layers/dp_attention.py`, `mem_cache/memory_pool_host.py`
+//!   (`HostKVCache`). 0.5.23 keeps the same pool arithmetic under new names
+//!   (`pool_configurator.py`) and changes the request-cap default and the
+//!   host budget (split over co-located ranks); those are not modelled.
+//! - vLLM **0.26.0**: `v1/worker/utils.py` (`request_memory`),
+//!   `v1/worker/gpu_worker.py` (`determine_available_memory`),
+//!   `v1/core/kv_cache_utils.py` (`get_num_blocks`, MIN over ranks),
+//!   `v1/kv_cache_interface.py` (page sizes, MLA as one head),
+//!   `config/cache.py` (`gpu_memory_utilization` default **0.92**, block
+//!   size 16), `engine/arg_utils.py` (`max_num_seqs` default),
+//!   `v1/kv_offload/cpu/spec.py` (offload: one copy per worker).
+//!
+//! Exact: the cell size, the budget rules, the rounding, the caps, the
+//! defaults. ESTIMATES (named constants below, each replaced by a measured
+//! figure through `--from-log`, `--weights`, `--kv-memory` or `--gpu-free`):
+//! weights per GPU, the CUDA context, vLLM's profile-run peak and its
+//! CUDA-graph reservation.
 
-use super::launch::{Engine, Launch};
+use super::launch::{Engine, HostTierRequest, KvDtype, Launch};
 use super::model::{Attention, Model};
 
-const GIB: f64 = (1u64 << 30) as f64;
+const GIB: u64 = 1 << 30;
+const MIB: u64 = 1 << 20;
+
+/// ESTIMATE: what each engine process holds on its GPU before the engine
+/// measures free memory (the CUDA context, NCCL's buffers, cuBLAS): the
+/// free memory the engine sees at start is the driver's free memory less
+/// this. ENGINES.md §4.2 takes ~1 GiB; `--gpu-free` replaces it.
+pub const CUDA_CONTEXT_BYTES: u64 = GIB;
+
+/// ESTIMATE: SGLang allocates, between its two free-memory measurements,
+/// a little besides the weights (buffers created while loading); ~1 GiB
+/// for Kimi-K2.5 at TP8 (ENGINES.md §4.2). `Load weight end … mem usage`
+/// in a log replaces weights and this together.
+pub const SGLANG_LOAD_OVERHEAD_BYTES: u64 = GIB;
+
+/// ESTIMATE: vLLM's `non_kv_cache_memory` beyond the weights: the
+/// activation peak of its profile run (`max_num_batched_tokens` dummy
+/// tokens) and the non-torch growth (NCCL, cuBLAS) during it.
+/// `Available KV cache memory` in a log replaces the whole budget.
+pub const VLLM_PROFILE_PEAK_BYTES: u64 = 2 * GIB;
+
+/// ESTIMATE: vLLM's CUDA-graph memory estimate, subtracted from the KV
+/// budget since v0.21 (`VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS`, on by
+/// default); none with `--enforce-eager`.
+pub const VLLM_CUDAGRAPH_BYTES: u64 = GIB;
+
+/// SGLang's guard on host memory for HiCache: `psutil.available − 10 GiB`.
+pub const HOST_GUARD_BYTES: u64 = 10 * GIB;
+
+/// vLLM 0.26.0 `CacheConfig.gpu_memory_utilization` default.
+pub const VLLM_DEFAULT_UTILIZATION: f64 = 0.92;
 
 /// Per GPU, bytes; every step can be overridden by a flag.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct Budget {
     /// Device total (the smallest of the engine's GPUs).
     pub gpu_total: u64,
-    /// MIN over the engine's GPUs of free memory before load.
+    /// MIN over the engine's GPUs of free memory before load (what the
+    /// engine measures: the driver's free less `CUDA_CONTEXT_BYTES`).
     pub free_at_start: u64,
-    /// W': everything allocated between the two measurements.
+    /// W': SGLang, everything allocated between the two measurements
+    /// (`weights_per_gpu` estimates it); vLLM, the weights as loaded
+    /// (`Model loading took`), to which `device` adds vLLM's profile peak
+    /// and CUDA-graph estimates.
     pub weights_per_gpu: u64,
-    /// `--kv-memory`: skip the budget rule.
+    /// `--kv-memory` (or vLLM's logged `Available KV cache memory`): the
+    /// KV bytes per GPU, skipping the budget rule.
     pub kv_memory: Option<u64>,
 }
 
@@ -22,110 +82,491 @@ pub struct Budget {
 #[serde(rename_all = "snake_case", tag = "kind")]
 pub enum Start {
     Starts,
-    /// SGLang: "Not enough memory", with the fraction that would be needed.
+    /// SGLang's `RuntimeError("Not enough memory. Please try to increase
+    /// --mem-fraction-static")`, with the smallest fraction (to the
+    /// hundredth) that gives one page of tokens, if one below 1 does.
     NotEnoughMemory {
         raise_fraction_to: Option<f64>,
     },
-    /// vLLM: free memory at start is less than utilization × total.
+    /// vLLM's `ValueError("Free memory on device … is less than desired
+    /// GPU memory utilization")`: `needed` = ceil(utilization × total).
     RefusesFree {
         needed: u64,
         free: u64,
     },
+    /// The weights alone are larger than the free memory.
     WeightsTooLarge,
 }
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Device {
+    /// KV bytes per token per GPU (SGLang's `cell_size`; vLLM's page size
+    /// per token summed over layers).
     pub bytes_per_token: u64,
+    /// The KV budget per GPU (0 when it is not positive).
     pub kv_bytes_per_rank: u64,
+    /// Tokens per GPU after rounding and caps (0 when it would not start).
     pub tokens_per_rank: u64,
-    /// Ranks that each hold their own pool of distinct requests (DP attention).
+    /// Ranks that each hold their own pool of distinct requests: DP
+    /// attention ranks (SGLang) or data-parallel replicas (both).
     pub ranks: u32,
+    /// SGLang's page size / vLLM's block size, as the engine settles it.
     pub page_size: u32,
     /// Effective, the engine's default when the flag is absent.
     pub mem_fraction: f64,
+    /// The running-request cap per rank.
     pub max_running_requests: u64,
+    /// Decode concurrency per rank: tokens ÷ (prompt + output), capped by
+    /// the request cap; None without averages.
     pub concurrency: Option<f64>,
     pub start: Start,
+    /// The KV dtype the engine settles on (`auto` resolved).
+    pub kv_dtype: KvDtype,
+    /// The KV pool before the page floor and the caps (SGLang's profiled
+    /// `max_total_num_tokens`; vLLM's blocks × block size), negative when
+    /// the budget is.
+    pub profiled_tokens: i64,
+    /// SGLang's context length as the engine uses it (`--context-length`,
+    /// else the config's), for the request-cap default.
+    pub context_length: Option<u64>,
 }
 
-/// Weights per GPU once loaded (estimate).
-pub fn weights_per_gpu(launch: &Launch, model: &Model) -> Option<u64> {
-    model
-        .weights_bytes
-        .map(|total| total / u64::from(launch.tp.max(1) * launch.pp.max(1)))
+/// Layers one pipeline stage holds (the largest stage; the engines take
+/// the MIN of tokens over stages).
+fn stage_layers(launch: &Launch, model: &Model) -> u64 {
+    model.layers.div_ceil(u64::from(launch.pp.max(1)))
 }
 
-/// Bytes per token per GPU.
+/// The KV dtype `auto` resolves to: FP8 (e4m3) when the quant config
+/// quantizes the KV cache, else the model dtype.
+pub fn kv_dtype(launch: &Launch, model: &Model) -> KvDtype {
+    match launch.kv_dtype {
+        KvDtype::Auto if model.kv_fp8_from_quant => KvDtype::Fp8E4m3,
+        KvDtype::Auto => match launch.model_dtype_bytes.unwrap_or(model.dtype_bytes) {
+            4 => KvDtype::Auto,
+            _ => KvDtype::Bf16,
+        },
+        other => other,
+    }
+}
+
+fn element_bytes(dtype: KvDtype, launch: &Launch, model: &Model) -> u64 {
+    dtype
+        .bytes()
+        .unwrap_or_else(|| launch.model_dtype_bytes.unwrap_or(model.dtype_bytes))
+}
+
+/// KV bytes per token per GPU, the engine's way.
+///
+/// SGLang `get_cell_size_per_token`: MLA `(kv_lora_rank +
+/// qk_rope_head_dim) × layers × kv_size`, the same on every TP rank; MHA
+/// `max(1, kv_heads // attn_tp) × (head_dim + v_head_dim) × layers ×
+/// kv_size`; FP4 halves it and adds one scale byte per 16 elements.
+/// vLLM: MLA one head of `kv_lora_rank + qk_rope_head_dim`; MHA
+/// `max(1, kv_heads // tp)` heads of `head_size + head_size_v`; nvfp4
+/// `head/2 + head/16` bytes per head dimension.
 pub fn bytes_per_token(launch: &Launch, model: &Model) -> u64 {
-    let kv = launch.kv_dtype.bytes().unwrap_or(model.dtype_bytes);
-    match model.attention {
+    let dtype = kv_dtype(launch, model);
+    let size = element_bytes(dtype, launch, model);
+    let layers = stage_layers(launch, model);
+    let fp4 = dtype == KvDtype::Fp4E2m1;
+    match model.attention_for(launch.engine) {
         Attention::Mla {
             kv_lora_rank,
             qk_rope_head_dim,
-        } => (kv_lora_rank + qk_rope_head_dim) * model.layers * kv,
+        } => {
+            let width = kv_lora_rank + qk_rope_head_dim;
+            let cell = width * layers * size;
+            if fp4 {
+                cell / 2 + (width / 16) * layers * size
+            } else {
+                cell
+            }
+        }
         Attention::Mha {
             kv_heads,
             head_dim,
             v_head_dim,
         } => {
-            (kv_heads / u64::from(launch.tp.max(1))).max(1)
-                * (head_dim + v_head_dim)
-                * model.layers
-                * kv
+            let tp = match launch.engine {
+                Engine::Sglang => launch.attention_tp(),
+                Engine::Vllm => launch.tp,
+            };
+            let heads = (kv_heads / u64::from(tp.max(1))).max(1);
+            let cell = heads * (head_dim + v_head_dim) * layers * size;
+            match (fp4, launch.engine) {
+                (false, _) => cell,
+                (true, Engine::Sglang) => cell / 2 + (heads * head_dim * layers * 2 * size) / 16,
+                (true, Engine::Vllm) => {
+                    heads
+                        * (head_dim / 2 + head_dim / 16 + v_head_dim / 2 + v_head_dim / 16)
+                        * layers
+                }
+            }
         }
     }
 }
 
+/// ESTIMATE: the weights one GPU holds once loaded, plus, for SGLang, the
+/// load overhead (`SGLANG_LOAD_OVERHEAD_BYTES`). From the checkpoint's
+/// total (index or headers): `(total − replicated) / (TP·PP) + replicated
+/// / PP`, where `replicated` is what every TP rank holds whole (MLA's
+/// `q_a`/`kv_a`), and, with SGLang's DP attention, the attention
+/// projections split over attention-TP instead of TP: `+ (attention −
+/// replicated) × (1/attn_tp − 1/tp) / PP`. Experts and the rest are taken
+/// as evenly split. None without a checkpoint size.
+pub fn weights_per_gpu(launch: &Launch, model: &Model) -> Option<u64> {
+    let total = model.weights_bytes? as f64;
+    let tp = f64::from(launch.tp.max(1));
+    let pp = f64::from(launch.pp.max(1));
+    let replicated = (model.replicated_bytes as f64).min(total);
+    let mut bytes = (total - replicated) / (tp * pp) + replicated / pp;
+    if launch.engine == Engine::Sglang && launch.dp_attention {
+        let attn_tp = f64::from(launch.attention_tp().max(1));
+        let split = (model.attention_bytes as f64 - replicated).max(0.0);
+        bytes += split * (1.0 / attn_tp - 1.0 / tp) / pp;
+    }
+    if launch.engine == Engine::Sglang {
+        bytes += SGLANG_LOAD_OVERHEAD_BYTES as f64;
+    }
+    Some(bytes as u64)
+}
+
+/// The page size SGLang 0.5.9 settles on: `--page-size` (default 1), then
+/// what the attention backend forces (`_handle_attention_backend_compatibility`):
+/// FlashMLA 64, cutlass MLA 128, trtllm_mla 32 or 64 (else 64), trtllm_mha
+/// 16, 32 or 64 (else 64), FA4 prefill on a non-MLA model 128. Without
+/// `--attention-backend` the default backend on Hopper (fa3 / flashinfer /
+/// triton) forces nothing; on Blackwell SGLang picks trtllm_mla for
+/// DeepSeek-V3/Kimi-K2.5 (page 64): pass `--attention-backend` to plan for
+/// that.
+pub fn sglang_page_size(launch: &Launch, model: &Model) -> u32 {
+    let mut page = launch.page_size.unwrap_or(1);
+    let is = |name: &str| {
+        launch.attention_backend.as_deref() == Some(name)
+            || launch.decode_attention_backend.as_deref() == Some(name)
+    };
+    if is("flashmla") {
+        page = 64;
+    }
+    if is("cutlass_mla") {
+        page = 128;
+    }
+    if is("trtllm_mla") && page != 32 && page != 64 {
+        page = 64;
+    }
+    if (is("trtllm_mha") || launch.prefill_attention_backend.as_deref() == Some("trtllm_mha"))
+        && ![16, 32, 64].contains(&page)
+    {
+        page = 64;
+    }
+    let mla = matches!(model.attention, Attention::Mla { .. });
+    if launch.prefill_attention_backend.as_deref() == Some("fa4") && !mla {
+        page = 128;
+    }
+    page
+}
+
+/// The block size vLLM 0.26.0 settles on: `--block-size`, else the
+/// preferred size of the attention backend: 16 (`DEFAULT_BLOCK_SIZE`) when
+/// the backend supports it, else its smallest kernel size: FLASHMLA 64,
+/// CUTLASS_MLA 128, FLASHINFER_MLA 32. Without `--attention-backend` the
+/// Hopper default (FLASH_ATTN / FLASH_ATTN_MLA) takes 16.
+pub fn vllm_block_size(launch: &Launch) -> u32 {
+    if let Some(block) = launch.page_size {
+        return block;
+    }
+    match launch
+        .attention_backend
+        .as_deref()
+        .map(str::to_ascii_uppercase)
+        .as_deref()
+    {
+        Some("FLASHMLA") => 64,
+        Some("CUTLASS_MLA") => 128,
+        Some("FLASHINFER_MLA") => 32,
+        _ => 16,
+    }
+}
+
+/// SGLang 0.5.9's default `--mem-fraction-static`
+/// (`_handle_gpu_memory_settings`), for a GPU of `gpu_total` bytes
+/// (nvidia-smi's memory.total; 0 when unknown, giving 0.88):
+/// `reserved_MiB = 512 + max(chunked_prefill, 2048)·1.5 +
+/// cuda_graph_max_bs·2 + tp·pp/8·1024` (with DP attention also
+/// `cuda_graph_max_bs·dp·3`, and `·1.5` more above bs 300), at least 10,240 on GPUs over 60 GiB, plus 2 GiB
+/// for EAGLE-style speculative decoding (6 GiB STANDALONE, none NGRAM);
+/// `f = round((gpu − reserved) / gpu, 3)`; then, for a multimodal model,
+/// `adjust_mem_fraction_for_vlm`.
+pub fn sglang_default_fraction(launch: &Launch, model: &Model, gpu_total: u64) -> f64 {
+    if gpu_total == 0 {
+        return 0.88;
+    }
+    // nvidia-smi reports whole MiB.
+    let gpu = (gpu_total / MIB) as f64;
+    let large_tp = launch.tp >= 4;
+    let (chunked_default, graph_default) = if gpu < 20.0 * 1024.0 {
+        (2048, 8)
+    } else if gpu < 35.0 * 1024.0 {
+        (2048, if large_tp { 80 } else { 24 })
+    } else if gpu < 60.0 * 1024.0 {
+        (4096, if large_tp { 160 } else { 32 })
+    } else if gpu < 160.0 * 1024.0 {
+        (8192, if large_tp { 512 } else { 256 })
+    } else {
+        (16384, 512)
+    };
+    let chunked = launch.chunked_prefill_size.unwrap_or(chunked_default) as f64;
+    let graph_bs = launch.cuda_graph_max_bs.unwrap_or(graph_default) as f64;
+    let mut reserved = 512.0;
+    reserved += if chunked > 0.0 {
+        chunked.max(2048.0) * 1.5
+    } else {
+        // ServerArgs.max_prefill_tokens defaults to 16384.
+        (launch.max_prefill_tokens.unwrap_or(16384) as f64).max(2048.0) * 1.5
+    };
+    reserved += graph_bs * 2.0;
+    reserved += f64::from(launch.tp) * f64::from(launch.pp) / 8.0 * 1024.0;
+    if launch.dp_attention {
+        reserved += graph_bs * f64::from(launch.dp) * 3.0;
+        if graph_bs > 300.0 {
+            reserved += graph_bs * f64::from(launch.dp) * 1.5;
+        }
+    }
+    if gpu > 60.0 * 1024.0 {
+        reserved = reserved.max(10.0 * 1024.0);
+    }
+    match launch.speculative_algorithm.as_deref() {
+        None | Some("NGRAM") => {}
+        Some("STANDALONE") => reserved += 6.0 * 1024.0,
+        Some(_) => reserved += 2.0 * 1024.0,
+    }
+    let mut fraction = ((gpu - reserved) / gpu * 1000.0).round() / 1000.0;
+    if model.multimodal {
+        fraction *= sglang_vlm_factor(model);
+    }
+    fraction
+}
+
+/// SGLang 0.5.9 `adjust_mem_fraction_for_vlm`: `0.95 × clamp(1 − 0.1 ×
+/// (layers·hidden² / (24·1024²) − 1), 0.8, 1.05)` from the vision tower
+/// (1 when the config has no vision_config).
+pub fn sglang_vlm_factor(model: &Model) -> f64 {
+    let Some((layers, hidden)) = model.vision else {
+        return 1.0;
+    };
+    let ratio = (layers as f64 * (hidden as f64).powi(2)) / (24.0 * 1024.0 * 1024.0);
+    let dynamic = (1.0 - 0.1 * (ratio - 1.0)).clamp(0.8, 1.05);
+    0.95 * dynamic
+}
+
+/// The effective mem fraction / utilization: the flag, else the default.
+pub fn mem_fraction(launch: &Launch, model: &Model, gpu_total: u64) -> f64 {
+    match (launch.mem_fraction, launch.engine) {
+        (Some(fraction), _) => fraction,
+        (None, Engine::Sglang) => sglang_default_fraction(launch, model, gpu_total),
+        (None, Engine::Vllm) => VLLM_DEFAULT_UTILIZATION,
+    }
+}
+
+/// The device pool per rank, the engine's way.
 pub fn device(
     launch: &Launch,
     model: &Model,
     budget: &Budget,
     averages: Option<(u64, u64)>,
 ) -> Device {
-    let bytes_per_token = bytes_per_token(launch, model);
-    let fraction = launch.mem_fraction.unwrap_or(match launch.engine {
-        Engine::Sglang => 0.85,
-        Engine::Vllm => 0.9,
-    });
-    let kv = budget.kv_memory.unwrap_or_else(|| {
-        let rest =
-            fraction * budget.free_at_start as f64 / GIB - budget.weights_per_gpu as f64 / GIB;
-        (rest.max(0.0) * GIB) as u64
-    });
-    let tokens = kv / bytes_per_token.max(1);
-    let max_running_requests = launch.max_running_requests.unwrap_or(2048);
+    let mut device = match launch.engine {
+        Engine::Sglang => sglang(launch, model, budget),
+        Engine::Vllm => vllm(launch, model, budget),
+    };
+    device.concurrency = averages.map(|(prompt, output)| concurrency(&device, prompt + output));
+    device
+}
+
+/// Requests decoding at once per rank when each holds `tokens_per_request`
+/// tokens: tokens ÷ tokens per request, capped by the request cap (§1.5:
+/// an upper bound; SGLang reserves 0.7 of the remaining output at first).
+pub fn concurrency(device: &Device, tokens_per_request: u64) -> f64 {
+    let by_tokens = device.tokens_per_rank as f64 / tokens_per_request.max(1) as f64;
+    by_tokens.min(device.max_running_requests as f64)
+}
+
+fn sglang(launch: &Launch, model: &Model, budget: &Budget) -> Device {
+    let cell = bytes_per_token(launch, model).max(1);
+    let fraction = mem_fraction(launch, model, budget.gpu_total);
+    let page = sglang_page_size(launch, model).max(1);
+    let context = launch.context_length.or(model.max_position);
+    // profile_max_num_token: rest = available − F0·(1 − f), in GiB floats,
+    // then int(rest · 2^30) // cell (Python floor division).
+    let (rest, profiled) = match budget.kv_memory {
+        Some(kv) => (kv as i128, (kv / cell) as i64),
+        None => {
+            let free = budget.free_at_start as f64 / GIB as f64;
+            let available =
+                budget.free_at_start.saturating_sub(budget.weights_per_gpu) as f64 / GIB as f64;
+            let rest = ((available - free * (1.0 - fraction)) * GIB as f64) as i128;
+            (rest, rest.div_euclid(cell as i128) as i64)
+        }
+    };
+    // init_memory_pool: the ReqToTokenPool size (the request cap's bound)
+    // from the profiled count, then the --max-total-tokens cap and the
+    // page floor.
+    let pool_requests = match launch.max_running_requests {
+        Some(requests) => requests,
+        None => {
+            let per_context = profiled as f64 / context.unwrap_or(2048).max(1) as f64 * 512.0;
+            (per_context as i64).clamp(2048, 4096) as u64
+        }
+    };
+    let mut tokens = profiled;
+    if let Some(cap) = launch.max_total_tokens {
+        tokens = tokens.min(i64::try_from(cap).unwrap_or(i64::MAX));
+    }
+    tokens = tokens.div_euclid(i64::from(page)) * i64::from(page);
+    let weights_fit = budget.kv_memory.is_some() || budget.weights_per_gpu < budget.free_at_start;
+    let start = if !weights_fit {
+        Start::WeightsTooLarge
+    } else if tokens <= 0 {
+        // The smallest f with f·F0 − W' ≥ one page of cells.
+        let needed = (budget.weights_per_gpu as f64 + (u64::from(page) * cell) as f64)
+            / budget.free_at_start.max(1) as f64;
+        let hundredths = (needed * 100.0).ceil() / 100.0;
+        Start::NotEnoughMemory {
+            raise_fraction_to: (hundredths < 1.0).then_some(hundredths),
+        }
+    } else {
+        Start::Starts
+    };
+    let tokens = tokens.max(0) as u64;
+    // model_runner: min(tokens // 2 or the flag // attention-DP size, pool).
+    let dp = if launch.dp_attention {
+        u64::from(launch.dp)
+    } else {
+        1
+    };
+    let max_running_requests = match launch.max_running_requests {
+        Some(requests) => requests / dp.max(1),
+        None => tokens / 2,
+    }
+    .min(pool_requests);
     Device {
-        bytes_per_token,
-        kv_bytes_per_rank: kv,
-        tokens_per_rank: tokens,
-        ranks: 1,
-        page_size: launch.page_size.unwrap_or(1),
+        bytes_per_token: cell,
+        kv_bytes_per_rank: rest.max(0) as u64,
+        tokens_per_rank: if start == Start::Starts { tokens } else { 0 },
+        ranks: launch.dp,
+        page_size: page,
         mem_fraction: fraction,
         max_running_requests,
-        concurrency: averages.map(|(prompt, output)| {
-            (tokens as f64 / (prompt + output).max(1) as f64).min(max_running_requests as f64)
-        }),
-        start: if tokens == 0 {
-            Start::NotEnoughMemory {
-                raise_fraction_to: None,
-            }
-        } else {
-            Start::Starts
-        },
+        concurrency: None,
+        start,
+        kv_dtype: kv_dtype(launch, model),
+        profiled_tokens: profiled,
+        context_length: context,
+    }
+}
+
+fn vllm(launch: &Launch, model: &Model, budget: &Budget) -> Device {
+    let per_token = bytes_per_token(launch, model).max(1);
+    let utilization = mem_fraction(launch, model, budget.gpu_total);
+    let block = vllm_block_size(launch).max(1);
+    // request_memory: ceil(total × utilization), refused when free < it.
+    let requested = (budget.gpu_total as f64 * utilization).ceil() as u64;
+    let refuses = budget.free_at_start < requested;
+    let kv = match (launch.kv_cache_memory_bytes, budget.kv_memory) {
+        (Some(bytes), _) | (None, Some(bytes)) => bytes as i128,
+        (None, None) => {
+            let graphs = if launch.enforce_eager {
+                0
+            } else {
+                VLLM_CUDAGRAPH_BYTES
+            };
+            requested as i128
+                - budget.weights_per_gpu as i128
+                - VLLM_PROFILE_PEAK_BYTES as i128
+                - graphs as i128
+        }
+    };
+    // get_num_blocks: available // page_size // layers, page_size per
+    // layer = block × per-layer bytes; MIN over ranks (the same here).
+    let block_bytes = u64::from(block) * per_token;
+    let blocks = if kv > 0 { (kv as u64) / block_bytes } else { 0 };
+    // DCP spreads each block over the DCP ranks.
+    let tokens = blocks * u64::from(block) * u64::from(launch.dcp.max(1));
+    let start = if refuses && launch.kv_cache_memory_bytes.is_none() {
+        Start::RefusesFree {
+            needed: requested,
+            free: budget.free_at_start,
+        }
+    } else if budget.kv_memory.is_none()
+        && launch.kv_cache_memory_bytes.is_none()
+        && budget.weights_per_gpu >= budget.free_at_start
+    {
+        Start::WeightsTooLarge
+    } else if tokens == 0 {
+        // vLLM: "No available memory for the cache blocks" / too small for
+        // one request; reported as not enough memory.
+        Start::NotEnoughMemory {
+            raise_fraction_to: None,
+        }
+    } else {
+        Start::Starts
+    };
+    // arg_utils: 1024 on GPUs of 70 GiB or more (256 on A100s and smaller
+    // GPUs; the GPU's name is not known here), then at most
+    // max_num_batched_tokens (8192 for the API server on those GPUs).
+    let large = budget.gpu_total >= 70 * GIB;
+    let max_running_requests = match launch.max_running_requests {
+        Some(requests) => requests,
+        None => {
+            let default_seqs = if large { 1024 } else { 256 };
+            let batched = launch
+                .chunked_prefill_size
+                .unwrap_or(if large { 8192 } else { 2048 });
+            default_seqs.min(batched.max(1))
+        }
+    };
+    Device {
+        bytes_per_token: per_token,
+        kv_bytes_per_rank: kv.max(0) as u64,
+        tokens_per_rank: if start == Start::Starts { tokens } else { 0 },
+        ranks: launch.dp,
+        page_size: block,
+        mem_fraction: utilization,
+        max_running_requests,
+        concurrency: None,
+        start,
+        kv_dtype: kv_dtype(launch, model),
+        profiled_tokens: i64::try_from(tokens).unwrap_or(i64::MAX),
+        context_length: launch.context_length.or(model.max_position),
     }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct HostTier {
+    /// Tokens the host pool of one rank holds.
     pub tokens_per_rank: u64,
     pub bytes_per_rank: u64,
+    /// Over the ranks of this host (SGLang: every TP rank its own pool;
+    /// vLLM: the `--kv-offloading-size` total).
     pub bytes_total: u64,
     /// MemAvailable − 10 GiB (SGLang's guard).
     pub budget: u64,
     pub fits: bool,
+    /// SGLang 0.5.9 asserts the host pool is larger than the device pool
+    /// ("The host memory should be larger than the device memory").
+    pub larger_than_device: bool,
 }
 
+/// The host tier (HiCache / KV offloading), when enabled. SGLang 0.5.9
+/// `HostKVCache`: per rank, `int(hicache_size·1e9 // size_per_token)`
+/// (decimal GB) or `int(device_tokens × ratio)`, then `(size // page + 1)
+/// × page`; MLA stored once per rank, so TP copies of the same tokens;
+/// each rank checks `requested ≤ available − 10 GiB` on its own, so the
+/// host needs the total. vLLM 0.26.0 native offload:
+/// `--kv-offloading-size` GiB in total, each block stored for every worker
+/// (`kv_bytes_per_block × world_size`, MLA included), chunk alignment
+/// ignored.
 pub fn host_tier(
     launch: &Launch,
     model: &Model,
@@ -135,21 +576,37 @@ pub fn host_tier(
     let _ = model;
     let request = launch.host_tier?;
     let per_token = device.bytes_per_token.max(1);
-    let tokens_per_rank = match request {
-        super::launch::HostTierRequest::SglangRatio(ratio) => {
-            (device.tokens_per_rank as f64 * ratio) as u64
+    let ranks = u64::from(launch.gpu_count().max(1));
+    let budget = host_available.saturating_sub(HOST_GUARD_BYTES);
+    let (tokens_per_rank, bytes_per_rank, bytes_total) = match request {
+        HostTierRequest::SglangRatio(_) | HostTierRequest::SglangSizeGb(_) => {
+            let size = match request {
+                HostTierRequest::SglangSizeGb(gb) => {
+                    ((gb as f64 * 1e9) / per_token as f64).floor() as u64
+                }
+                HostTierRequest::SglangRatio(ratio) => {
+                    (device.tokens_per_rank as f64 * ratio) as u64
+                }
+                HostTierRequest::VllmOffloadGib(_) => 0,
+            };
+            let page = u64::from(device.page_size.max(1));
+            let tokens = (size / page + 1) * page;
+            let bytes = tokens * per_token;
+            (tokens, bytes, bytes * ranks)
         }
-        super::launch::HostTierRequest::SglangSizeGb(gb) => gb * 1_000_000_000 / per_token,
-        super::launch::HostTierRequest::VllmOffloadGib(gib) => (gib * GIB) as u64 / per_token,
+        HostTierRequest::VllmOffloadGib(gib) => {
+            let total = (gib * GIB as f64) as u64;
+            let world = u64::from((launch.tp * launch.pp).max(1));
+            let tokens = total / (per_token * world);
+            (tokens, total / world, total * u64::from(launch.dp.max(1)))
+        }
     };
-    let bytes_per_rank = tokens_per_rank * per_token;
-    let bytes_total = bytes_per_rank * u64::from(launch.tp);
-    let budget = host_available.saturating_sub(10 << 30);
     Some(HostTier {
         tokens_per_rank,
         bytes_per_rank,
         bytes_total,
         budget,
         fits: bytes_total <= budget,
+        larger_than_device: tokens_per_rank > device.tokens_per_rank,
     })
 }

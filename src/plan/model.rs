@@ -1,9 +1,40 @@
 //! The model's `config.json`, found the way the engines find it (a local
-//! directory or the Hugging Face cache), and what the KV arithmetic needs.
+//! directory or the Hugging Face cache), and what the KV arithmetic needs:
+//! attention kind and shape, layers, dtype, context length, multimodal, the
+//! quant config's KV dtype, and the checkpoint's size.
+//!
+//! Rules, from SGLang 0.5.9 (`configs/model_config.py`,
+//! `utils/hf_transformers_utils.py`) and vLLM 0.26.0
+//! (`transformers_utils/model_arch_config_convertor.py`,
+//! `utils/torch_utils.py`):
+//! - the text model's fields come from `text_config` when present
+//!   (`get_hf_text_config`);
+//! - MLA (SGLang): the architecture is in SGLang's MLA list and the text
+//!   config has `kv_lora_rank`; MLA (vLLM): the text config's `model_type`
+//!   is in vLLM's list and it has `kv_lora_rank`;
+//! - `head_dim` defaults to `hidden_size / num_attention_heads`,
+//!   `v_head_dim` to `head_dim`, `num_key_value_heads` to
+//!   `num_attention_heads`;
+//! - the context length is the first of `max_sequence_length`,
+//!   `seq_length`, `max_seq_len`, `model_max_length`,
+//!   `max_position_embeddings`, times the rope-scaling factor unless the
+//!   scaling has `original_max_position_embeddings` or is `llama3`;
+//! - the KV cache is FP8 under `--kv-cache-dtype auto` when a ModelOpt
+//!   quant config says so (`kv_cache_quant_algo` / `kv_cache_scheme`).
 
 use super::PlanError;
+use super::launch::{Engine, Launch};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+
+/// The largest config.json read (real ones are a few KiB).
+const CONFIG_MAX: u64 = 4 << 20;
+/// The largest `model.safetensors.index.json` read (Kimi-K2.5's is ~2 MiB).
+const INDEX_MAX: u64 = 64 << 20;
+/// The largest safetensors header read: the format's own limit (100 MB).
+const HEADER_MAX: u64 = 100_000_000;
+/// At most this many safetensors files are opened for their headers.
+const SAFETENSORS_FILES_MAX: usize = 4096;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case", tag = "kind")]
@@ -22,82 +53,715 @@ pub enum Attention {
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Model {
     pub config_path: PathBuf,
+    /// `architectures[0]` of the top-level config.
     pub architecture: String,
+    /// The attention as SGLang 0.5.9 sees it.
     pub attention: Attention,
     pub layers: u64,
+    /// Bytes per element of the model dtype the engines run (2 for
+    /// bfloat16 and float16; a float32 config also runs in 16 bits under
+    /// `--dtype auto`).
     pub dtype_bytes: u64,
+    /// The context length the engines derive from the config.
     pub max_position: Option<u64>,
+    /// In SGLang's multimodal architecture list (its default mem fraction
+    /// is lowered for these).
     pub multimodal: bool,
     pub kv_fp8_from_quant: bool,
     /// Total checkpoint bytes, from the safetensors index or headers.
     pub weights_bytes: Option<u64>,
+    /// The attention as vLLM 0.26.0 sees it (differs from `attention` only
+    /// where the two engines' MLA lists differ).
+    pub attention_vllm: Attention,
+    /// The vision tower's (layers, hidden size), for SGLang's VLM factor.
+    pub vision: Option<(u64, u64)>,
+    /// `num_nextn_predict_layers` (MTP layers), not counted in `layers`.
+    pub nextn_layers: u64,
+    /// ESTIMATE: the attention projections' bytes over all layers, at the
+    /// model dtype (2 bytes a weight; a checkpoint that quantizes attention
+    /// holds less). DP attention divides these by attention-TP, not TP.
+    pub attention_bytes: u64,
+    /// ESTIMATE: the weights every TP rank holds whole, at the model dtype:
+    /// MLA's `q_a` and `kv_a` projections (SGLang's `ReplicatedLinear`
+    /// `fused_qkv_a_proj_with_mqa`), over all layers. 0 for MHA.
+    pub replicated_bytes: u64,
 }
 
-/// Finds and reads the model's config.
+impl Model {
+    /// The attention as the given engine sees it.
+    pub fn attention_for(&self, engine: Engine) -> Attention {
+        match engine {
+            Engine::Sglang => self.attention,
+            Engine::Vllm => self.attention_vllm,
+        }
+    }
+}
+
+/// SGLang 0.5.9 `_derive_model_shapes`: architectures whose attention is
+/// MLA (read from the text config; MiniCPM3 and KimiLinear from the top
+/// level). `DeepseekVL2ForCausalLM` is MLA unless `use_mla` is false.
+const SGLANG_MLA: &[&str] = &[
+    "DeepseekV2ForCausalLM",
+    "DeepseekV32ForCausalLM",
+    "DeepseekV3ForCausalLM",
+    "DeepseekV3ForCausalLMNextN",
+    "Glm4MoeLiteForCausalLM",
+    "GlmMoeDsaForCausalLM",
+    "LongcatFlashForCausalLM",
+    "LongcatFlashForCausalLMNextN",
+    "DotsVLMForCausalLM",
+    "MistralLarge3ForCausalLM",
+    "PixtralForConditionalGeneration",
+    "MistralLarge3ForCausalLMEagle",
+    "KimiK25ForConditionalGeneration",
+    "MiniCPM3ForCausalLM",
+    "DeepseekVL2ForCausalLM",
+    "KimiVLForConditionalGeneration",
+    "BailingMoeV2_5ForCausalLM",
+    "BailingMoeForCausalLMNextN",
+];
+
+/// vLLM 0.26.0 `is_deepseek_mla`: text-config model types that are MLA
+/// when `kv_lora_rank` is set.
+const VLLM_MLA: &[&str] = &[
+    "axk1",
+    "deepseek_v2",
+    "deepseek_v3",
+    "deepseek_v32",
+    "deepseek_mtp",
+    "glm_moe_dsa",
+    "glm4_moe_lite",
+    "glm4_moe_lite_mtp",
+    "kimi_k2",
+    "longcat_flash",
+    "longcat_flash_ngram",
+    "pangu_ultra_moe",
+    "pangu_ultra_moe_mtp",
+];
+
+/// Architectures whose KV cache is not one uniform full-attention pool
+/// (linear attention, Mamba, sliding-window hybrids): the engines size them
+/// with other rules, which `plan` does not model.
+const HYBRID: &[&str] = &[
+    "KimiLinearForCausalLM",
+    "Qwen3NextForCausalLM",
+    "Qwen3_5ForConditionalGeneration",
+    "Qwen3_5MoeForConditionalGeneration",
+    "NemotronHForCausalLM",
+    "FalconH1ForCausalLM",
+    "JambaForCausalLM",
+    "MambaForCausalLM",
+    "Mamba2ForCausalLM",
+    "GptOssForCausalLM",
+    "Llama4ForConditionalGeneration",
+    "Step3p5ForCausalLM",
+    "MiMoV2FlashForCausalLM",
+    "BailingMoeV2_5ForCausalLM",
+];
+
+/// SGLang 0.5.9 `multimodal_model_archs`.
+const SGLANG_MULTIMODAL: &[&str] = &[
+    "CLIPModel",
+    "DeepseekVL2ForCausalLM",
+    "Ernie4_5_VLMoeForConditionalGeneration",
+    "Gemma3ForConditionalGeneration",
+    "Gemma3nForConditionalGeneration",
+    "Glm4vForConditionalGeneration",
+    "Glm4vMoeForConditionalGeneration",
+    "GlmAsrForConditionalGeneration",
+    "Grok1VForCausalLM",
+    "Grok1AForCausalLM",
+    "LlavaLlamaForCausalLM",
+    "Llama4ForConditionalGeneration",
+    "LlavaMistralForCausalLM",
+    "LlavaQwenForCausalLM",
+    "LlavaForConditionalGeneration",
+    "LlavaVidForCausalLM",
+    "LightOnOCRForConditionalGeneration",
+    "MiniCPMO",
+    "MiniCPMV",
+    "Mistral3ForConditionalGeneration",
+    "MultiModalityCausalLM",
+    "MllamaForConditionalGeneration",
+    "NemotronH_Nano_VL_V2",
+    "PixtralForConditionalGeneration",
+    "Qwen2AudioForConditionalGeneration",
+    "Qwen2VLForConditionalGeneration",
+    "Qwen2_5_VLForConditionalGeneration",
+    "Qwen3VLForConditionalGeneration",
+    "Qwen3VLMoeForConditionalGeneration",
+    "Qwen3_5ForConditionalGeneration",
+    "Qwen3_5MoeForConditionalGeneration",
+    "Qwen3OmniMoeForConditionalGeneration",
+    "KimiVLForConditionalGeneration",
+    "InternVLChatModel",
+    "InternS1ForConditionalGeneration",
+    "InternS1ProForConditionalGeneration",
+    "Phi4MMForCausalLM",
+    "Step3VLForConditionalGeneration",
+    "POINTSV15ChatModel",
+    "DotsVLMForCausalLM",
+    "DotsOCRForCausalLM",
+    "Sarashina2VisionForCausalLM",
+    "NVILAForConditionalGeneration",
+    "NVILALiteForConditionalGeneration",
+    "DeepseekOCRForCausalLM",
+    "JetVLMForConditionalGeneration",
+    "PaddleOCRVLForConditionalGeneration",
+    "MiDashengLMModel",
+    "StepVLForConditionalGeneration",
+    "KimiK25ForConditionalGeneration",
+];
+
+/// Finds and reads the model's config (`--model-config` when given).
 pub fn locate(
     model: &str,
     override_config: Option<&Path>,
     env: &BTreeMap<String, String>,
 ) -> Result<Model, PlanError> {
-    let _ = env;
-    let path = match override_config {
-        Some(path) => path.to_path_buf(),
-        None => Path::new(model).join("config.json"),
-    };
-    let (_, bytes) = crate::file::read_regular(&path, 4 << 20).map_err(|why| {
-        if override_config.is_none() {
-            return PlanError::ModelNotFound {
-                model: model.to_string(),
-                looked: vec![path.clone()],
-            };
+    locate_at(model, None, None, override_config, env)
+}
+
+/// `locate` with what the launch says about where the engine reads the
+/// model from (`--revision`, vLLM's `--download-dir`) and the engine's
+/// own environment (its `HF_HOME` and friends).
+pub fn locate_for(launch: &Launch, override_config: Option<&Path>) -> Result<Model, PlanError> {
+    locate_at(
+        &launch.model,
+        launch.revision.as_deref(),
+        launch.download_dir.as_deref().map(Path::new),
+        override_config,
+        &launch.env,
+    )
+}
+
+/// The Hugging Face hub cache directories, in the order huggingface_hub
+/// reads them: `HF_HUB_CACHE` (or the older `HUGGINGFACE_HUB_CACHE`), else
+/// `HF_HOME/hub`, else `XDG_CACHE_HOME/huggingface/hub`, else
+/// `~/.cache/huggingface/hub`.
+pub fn hub_caches(env: &BTreeMap<String, String>) -> Vec<PathBuf> {
+    let set = |name: &str| env.get(name).filter(|value| !value.is_empty());
+    if let Some(hub) = set("HF_HUB_CACHE").or_else(|| set("HUGGINGFACE_HUB_CACHE")) {
+        return vec![PathBuf::from(hub)];
+    }
+    if let Some(home) = set("HF_HOME") {
+        return vec![Path::new(home).join("hub")];
+    }
+    if let Some(cache) = set("XDG_CACHE_HOME") {
+        return vec![Path::new(cache).join("huggingface").join("hub")];
+    }
+    match set("HOME") {
+        Some(home) => vec![Path::new(home).join(".cache/huggingface/hub")],
+        None => vec![PathBuf::from("/root/.cache/huggingface/hub")],
+    }
+}
+
+pub fn locate_at(
+    model: &str,
+    revision: Option<&str>,
+    download_dir: Option<&Path>,
+    override_config: Option<&Path>,
+    env: &BTreeMap<String, String>,
+) -> Result<Model, PlanError> {
+    if let Some(path) = override_config {
+        // A directory given to --model-config means its config.json.
+        let path = match std::fs::metadata(path) {
+            Ok(metadata) if metadata.is_dir() => path.join("config.json"),
+            _ => path.to_path_buf(),
+        };
+        return read_model(&path);
+    }
+    let mut looked = Vec::new();
+    let local = Path::new(model);
+    if std::fs::metadata(local).is_ok_and(|metadata| metadata.is_dir()) {
+        let path = local.join("config.json");
+        if std::fs::symlink_metadata(&path).is_ok() {
+            return read_model(&path);
         }
-        PlanError::Unreadable {
-            path: path.clone(),
-            why,
-        }
-    })?;
-    let config: serde_json::Value =
-        serde_json::from_slice(&bytes).map_err(|error| PlanError::Unreadable {
-            path: path.clone(),
-            why: error.to_string(),
-        })?;
-    let text = config.get("text_config").unwrap_or(&config);
-    let field = |name: &'static str| {
-        text.get(name)
-            .and_then(serde_json::Value::as_u64)
-            .ok_or(PlanError::MissingField {
-                path: path.clone(),
-                field: name,
-            })
-    };
-    let layers = field("num_hidden_layers")?;
-    let attention = match text.get("kv_lora_rank").and_then(serde_json::Value::as_u64) {
-        Some(kv_lora_rank) => Attention::Mla {
-            kv_lora_rank,
-            qk_rope_head_dim: field("qk_rope_head_dim")?,
-        },
-        None => {
-            let heads = field("num_attention_heads")?;
-            let head_dim =
-                field("head_dim").or_else(|_| Ok::<_, PlanError>(field("hidden_size")? / heads))?;
-            Attention::Mha {
-                kv_heads: field("num_key_value_heads").unwrap_or(heads),
-                head_dim,
-                v_head_dim: head_dim,
+        looked.push(path);
+        return Err(PlanError::ModelNotFound {
+            model: model.to_string(),
+            looked,
+        });
+    }
+    let mut caches = Vec::new();
+    if let Some(dir) = download_dir {
+        caches.push(dir.to_path_buf());
+    }
+    caches.extend(hub_caches(env));
+    // A repository id is ORG/NAME (or NAME); anything else is a path that
+    // does not exist.
+    let is_repo_id = !model.is_empty()
+        && !model.starts_with('/')
+        && !model.starts_with('.')
+        && model.split('/').count() <= 2
+        && model.split('/').all(|part| !part.is_empty());
+    if is_repo_id {
+        for cache in caches {
+            let repo = cache.join(format!("models--{}", model.replace('/', "--")));
+            match snapshot_config(&repo, revision) {
+                Some(path) => return read_model(&path),
+                None => looked.push(repo),
             }
         }
+    } else {
+        looked.push(local.to_path_buf());
+    }
+    Err(PlanError::ModelNotFound {
+        model: model.to_string(),
+        looked,
+    })
+}
+
+/// `REPO/snapshots/<rev>/config.json`, the revision from `refs/<name>`
+/// (`main` by default) or a commit hash; with no ref and one snapshot,
+/// that one.
+fn snapshot_config(repo: &Path, revision: Option<&str>) -> Option<PathBuf> {
+    let name = revision.unwrap_or("main");
+    let commit = crate::file::read_regular(&repo.join("refs").join(name), 4096)
+        .ok()
+        .and_then(|(_, bytes)| String::from_utf8(bytes).ok())
+        .map(|text| text.trim().to_string())
+        .filter(|text| !text.is_empty() && !text.contains('/'))
+        .or_else(|| revision.map(str::to_string))
+        .or_else(|| {
+            let mut snapshots = std::fs::read_dir(repo.join("snapshots"))
+                .ok()?
+                .filter_map(Result::ok)
+                .map(|entry| entry.file_name().to_string_lossy().into_owned())
+                .take(2)
+                .collect::<Vec<_>>();
+            (snapshots.len() == 1).then(|| snapshots.remove(0))
+        })?;
+    if commit.contains('/') || commit == ".." {
+        return None;
+    }
+    let path = repo.join("snapshots").join(commit).join("config.json");
+    std::fs::metadata(&path).is_ok().then_some(path)
+}
+
+fn unreadable(path: &Path, why: impl ToString) -> PlanError {
+    PlanError::Unreadable {
+        path: path.to_path_buf(),
+        why: why.to_string(),
+    }
+}
+
+fn read_json(path: &Path, max: u64) -> Result<serde_json::Value, PlanError> {
+    let (_, bytes) = crate::file::read_regular(path, max).map_err(|why| unreadable(path, why))?;
+    serde_json::from_slice(&bytes).map_err(|error| unreadable(path, format!("not JSON: {error}")))
+}
+
+fn read_model(path: &Path) -> Result<Model, PlanError> {
+    let config = read_json(path, CONFIG_MAX)?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut model = parse_config(path, &config)?;
+    if !model.kv_fp8_from_quant
+        && let Ok(quant) = read_json(&dir.join("hf_quant_config.json"), CONFIG_MAX)
+    {
+        model.kv_fp8_from_quant = modelopt_kv_fp8(&quant);
+    }
+    model.weights_bytes = weights(dir)?;
+    Ok(model)
+}
+
+fn u64_field(config: &serde_json::Value, name: &str) -> Option<u64> {
+    let value = config.get(name)?;
+    value.as_u64().or_else(|| {
+        value
+            .as_f64()
+            .filter(|f| *f >= 0.0 && f.fract() == 0.0)
+            .map(|f| f as u64)
+    })
+}
+
+/// The fields the arithmetic needs, from a parsed config.json.
+pub fn parse_config(path: &Path, config: &serde_json::Value) -> Result<Model, PlanError> {
+    if !config.is_object() {
+        return Err(unreadable(path, "not a JSON object"));
+    }
+    let architectures: Vec<&str> = config
+        .get("architectures")
+        .and_then(serde_json::Value::as_array)
+        .map(|list| list.iter().filter_map(serde_json::Value::as_str).collect())
+        .unwrap_or_default();
+    let Some(architecture) = architectures.first().map(|name| name.to_string()) else {
+        return Err(PlanError::MissingField {
+            path: path.to_path_buf(),
+            field: "architectures",
+        });
     };
+    if let Some(hybrid) = architectures.iter().find(|name| HYBRID.contains(name)) {
+        return Err(PlanError::UnknownArchitecture(format!(
+            "{hybrid} (hybrid or sliding-window attention: its KV pools follow rules gpureap plan does not model)"
+        )));
+    }
+    let text = config
+        .get("text_config")
+        .filter(|text| text.is_object())
+        .unwrap_or(config);
+    let missing = |field: &'static str| PlanError::MissingField {
+        path: path.to_path_buf(),
+        field,
+    };
+    let need = |field: &'static str| u64_field(text, field).ok_or_else(|| missing(field));
+    let layers = need("num_hidden_layers")?;
+    let kv_lora_rank = u64_field(text, "kv_lora_rank");
+    let in_list = |list: &[&str]| architectures.iter().any(|name| list.contains(name));
+    let sglang_mla = kv_lora_rank.is_some()
+        && in_list(SGLANG_MLA)
+        && !(architectures.contains(&"DeepseekVL2ForCausalLM")
+            && text.get("use_mla").and_then(serde_json::Value::as_bool) == Some(false));
+    let text_type = text
+        .get("model_type")
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or("");
+    let vllm_mla = kv_lora_rank.is_some() && VLLM_MLA.contains(&text_type);
+    let mla = match kv_lora_rank {
+        Some(kv_lora_rank) if sglang_mla || vllm_mla => Some(Attention::Mla {
+            kv_lora_rank,
+            qk_rope_head_dim: need("qk_rope_head_dim")?,
+        }),
+        _ => None,
+    };
+    // MHA/GQA: needed unless both engines read the model as MLA.
+    let mha = if sglang_mla && vllm_mla {
+        None
+    } else {
+        match (
+            u64_field(text, "num_attention_heads"),
+            u64_field(text, "hidden_size"),
+        ) {
+            (Some(heads), hidden) if heads > 0 => {
+                let head_dim = match u64_field(text, "head_dim") {
+                    Some(dim) => dim,
+                    None => hidden.ok_or_else(|| missing("hidden_size"))? / heads,
+                };
+                if head_dim == 0 {
+                    return Err(missing("head_dim"));
+                }
+                Some(Attention::Mha {
+                    kv_heads: u64_field(text, "num_key_value_heads")
+                        .unwrap_or(heads)
+                        .max(1),
+                    head_dim,
+                    v_head_dim: u64_field(text, "v_head_dim").unwrap_or(head_dim),
+                })
+            }
+            _ if mla.is_none() => {
+                return Err(PlanError::UnknownArchitecture(format!(
+                    "{architecture} (its config has neither kv_lora_rank nor num_attention_heads)"
+                )));
+            }
+            _ => None,
+        }
+    };
+    let pick = |is_mla: bool| match (is_mla, mla, mha) {
+        (true, Some(mla), _) => Ok(mla),
+        (false, _, Some(mha)) => Ok(mha),
+        _ => Err(missing("num_attention_heads")),
+    };
+    let attention = pick(sglang_mla)?;
+    let attention_vllm = pick(vllm_mla)?;
+    let dtype = text
+        .get("torch_dtype")
+        .or_else(|| text.get("dtype"))
+        .or_else(|| config.get("torch_dtype"))
+        .or_else(|| config.get("dtype"))
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or("bfloat16");
+    let dtype_bytes = match dtype {
+        "bfloat16" | "float16" | "half" | "float32" | "float" => 2,
+        other => {
+            return Err(PlanError::UnknownArchitecture(format!(
+                "{architecture} (model dtype {other:?})"
+            )));
+        }
+    };
+    let quant = text
+        .get("quantization_config")
+        .or_else(|| config.get("quantization_config"));
+    let kv_fp8_from_quant = quant.is_some_and(modelopt_kv_fp8);
+    let multimodal = in_list(SGLANG_MULTIMODAL);
+    let vision = config
+        .get("vision_config")
+        .filter(|vision| vision.is_object())
+        .map(|vision| {
+            // SGLang reads the config object, whose class fills absent
+            // fields: Kimi-K2.5's vision config defaults to 27 × 1152.
+            let (layers, hidden) = match architecture.as_str() {
+                "KimiK25ForConditionalGeneration" => (27, 1152),
+                _ => (24, 1024),
+            };
+            (
+                u64_field(vision, "num_hidden_layers")
+                    .or_else(|| u64_field(vision, "vt_num_hidden_layers"))
+                    .unwrap_or(layers),
+                u64_field(vision, "hidden_size")
+                    .or_else(|| u64_field(vision, "vt_hidden_size"))
+                    .unwrap_or(hidden),
+            )
+        });
+    let (attention_bytes, replicated_bytes) = attention_weights(text, attention, layers);
     Ok(Model {
-        config_path: path.clone(),
-        architecture: String::new(),
+        config_path: path.to_path_buf(),
+        architecture,
         attention,
         layers,
-        dtype_bytes: 2,
-        max_position: text
-            .get("max_position_embeddings")
-            .and_then(serde_json::Value::as_u64),
-        multimodal: config.get("text_config").is_some(),
-        kv_fp8_from_quant: false,
+        dtype_bytes,
+        max_position: context_length(text),
+        multimodal,
+        kv_fp8_from_quant,
         weights_bytes: None,
+        attention_vllm,
+        vision,
+        nextn_layers: u64_field(text, "num_nextn_predict_layers").unwrap_or(0),
+        attention_bytes,
+        replicated_bytes,
     })
+}
+
+/// ESTIMATE (see `Model::attention_bytes`): (attention bytes, replicated
+/// bytes) over all layers, from the projection shapes, 2 bytes a weight.
+fn attention_weights(text: &serde_json::Value, attention: Attention, layers: u64) -> (u64, u64) {
+    const BYTES: u64 = 2;
+    let field = |name: &str| u64_field(text, name).unwrap_or(0);
+    let hidden = field("hidden_size");
+    let heads = field("num_attention_heads");
+    let (per_layer, replicated) = match attention {
+        Attention::Mla {
+            kv_lora_rank,
+            qk_rope_head_dim,
+        } => {
+            let q_lora = field("q_lora_rank");
+            let nope = field("qk_nope_head_dim");
+            let v = u64_field(text, "v_head_dim").unwrap_or(nope);
+            let q = match q_lora {
+                0 => hidden * heads * (nope + qk_rope_head_dim),
+                q_lora => hidden * q_lora + q_lora * heads * (nope + qk_rope_head_dim),
+            };
+            let kv_a = hidden * (kv_lora_rank + qk_rope_head_dim);
+            let kv_b = kv_lora_rank * heads * (nope + v);
+            let o = heads * v * hidden;
+            (q + kv_a + kv_b + o, hidden * q_lora + kv_a)
+        }
+        Attention::Mha {
+            kv_heads,
+            head_dim,
+            v_head_dim,
+        } => (
+            hidden * heads * head_dim
+                + hidden * kv_heads * (head_dim + v_head_dim)
+                + heads * v_head_dim * hidden,
+            0,
+        ),
+    };
+    (per_layer * layers * BYTES, replicated * layers * BYTES)
+}
+
+/// SGLang's `get_context_length` (vLLM reads the same keys).
+fn context_length(text: &serde_json::Value) -> Option<u64> {
+    let scaling = text
+        .get("rope_scaling")
+        .filter(|scaling| scaling.is_object())
+        .or_else(|| {
+            text.get("rope_parameters")
+                .filter(|p| p.get("factor").is_some())
+        });
+    let factor = match scaling {
+        Some(scaling)
+            if scaling.get("original_max_position_embeddings").is_none()
+                && scaling.get("rope_type").and_then(serde_json::Value::as_str)
+                    != Some("llama3") =>
+        {
+            scaling
+                .get("factor")
+                .and_then(serde_json::Value::as_f64)
+                .unwrap_or(1.0)
+        }
+        _ => 1.0,
+    };
+    [
+        "max_sequence_length",
+        "seq_length",
+        "max_seq_len",
+        "model_max_length",
+        "max_position_embeddings",
+    ]
+    .iter()
+    .find_map(|key| u64_field(text, key))
+    .map(|length| (factor * length as f64) as u64)
+}
+
+/// A ModelOpt quant config that puts the KV cache in FP8: flat
+/// (`quant_algo` + `kv_cache_scheme` of 8-bit floats, or
+/// `kv_cache_quant_algo: "FP8"`) or nested (`quantization: {…}`, the
+/// hf_quant_config.json form).
+fn modelopt_kv_fp8(quant: &serde_json::Value) -> bool {
+    let inner = quant.get("quantization").unwrap_or(quant);
+    let method = quant
+        .get("quant_method")
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or("");
+    let modelopt = method.starts_with("modelopt")
+        || inner.get("quant_algo").is_some()
+        || quant
+            .get("producer")
+            .and_then(|p| p.get("name"))
+            .and_then(serde_json::Value::as_str)
+            == Some("modelopt");
+    if !modelopt {
+        return false;
+    }
+    let scheme = inner
+        .get("kv_cache_scheme")
+        .or_else(|| quant.get("kv_cache_scheme"))
+        .or_else(|| inner.get("kv_cache_quant_algo"))
+        .or_else(|| quant.get("kv_cache_quant_algo"));
+    match scheme {
+        Some(serde_json::Value::String(name)) => {
+            matches!(name.trim().to_ascii_uppercase().as_str(), "FP8" | "FLOAT8")
+        }
+        Some(scheme @ serde_json::Value::Object(_)) => {
+            scheme.get("type").and_then(serde_json::Value::as_str) == Some("float")
+                && scheme.get("num_bits").and_then(serde_json::Value::as_u64) == Some(8)
+        }
+        _ => false,
+    }
+}
+
+/// The checkpoint's total bytes: `model.safetensors.index.json`
+/// `metadata.total_size`, else the sum over the directory's
+/// `*.safetensors` headers; `None` when there are neither.
+fn weights(dir: &Path) -> Result<Option<u64>, PlanError> {
+    let index = dir.join("model.safetensors.index.json");
+    if std::fs::symlink_metadata(&index).is_ok() {
+        let json = read_json(&index, INDEX_MAX)?;
+        if let Some(total) = json
+            .get("metadata")
+            .and_then(|m| u64_field(m, "total_size"))
+        {
+            return Ok(Some(total));
+        }
+    }
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(None);
+    };
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .map(|entry| entry.path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "safetensors"))
+        .take(SAFETENSORS_FILES_MAX + 1)
+        .collect();
+    if files.is_empty() {
+        return Ok(None);
+    }
+    if files.len() > SAFETENSORS_FILES_MAX {
+        return Err(unreadable(
+            dir,
+            format!("more than {SAFETENSORS_FILES_MAX} safetensors files"),
+        ));
+    }
+    files.sort();
+    let mut total = 0u64;
+    for file in files {
+        total = total.saturating_add(safetensors_bytes(&file)?);
+    }
+    Ok(Some(total))
+}
+
+/// Bytes per element of a safetensors dtype, in bits (sub-byte types).
+fn dtype_bits(dtype: &str) -> Option<u64> {
+    Some(match dtype {
+        "F64" | "I64" | "U64" | "C64" => 64,
+        "F32" | "I32" | "U32" => 32,
+        "F16" | "BF16" | "I16" | "U16" => 16,
+        "F8_E4M3" | "F8_E5M2" | "F8_E8M0" | "I8" | "U8" | "BOOL" => 8,
+        "F6_E2M3" | "F6_E3M2" => 6,
+        "F4" => 4,
+        _ => return None,
+    })
+}
+
+/// The tensor bytes one safetensors file holds, from its header alone:
+/// the 8-byte little-endian header length, then that much JSON; each
+/// tensor's dtype size × the product of its shape (its `data_offsets`
+/// span for a dtype not known here). The tensors are never read.
+pub fn safetensors_bytes(path: &Path) -> Result<u64, PlanError> {
+    let header = read_header(path)?;
+    let json: serde_json::Value = serde_json::from_slice(&header)
+        .map_err(|error| unreadable(path, format!("safetensors header is not JSON: {error}")))?;
+    let Some(tensors) = json.as_object() else {
+        return Err(unreadable(path, "safetensors header is not a JSON object"));
+    };
+    let mut total = 0u64;
+    for (name, tensor) in tensors {
+        if name == "__metadata__" {
+            continue;
+        }
+        let by_shape = tensor
+            .get("dtype")
+            .and_then(serde_json::Value::as_str)
+            .and_then(dtype_bits)
+            .zip(tensor.get("shape").and_then(serde_json::Value::as_array))
+            .and_then(|(bits, shape)| {
+                let elements = shape
+                    .iter()
+                    .try_fold(1u64, |product, dim| product.checked_mul(dim.as_u64()?))?;
+                Some(elements.checked_mul(bits)?.div_ceil(8))
+            });
+        let by_offsets = || {
+            let offsets = tensor.get("data_offsets")?.as_array()?;
+            let (begin, end) = (offsets.first()?.as_u64()?, offsets.get(1)?.as_u64()?);
+            end.checked_sub(begin)
+        };
+        let bytes = by_shape.or_else(by_offsets).ok_or_else(|| {
+            unreadable(
+                path,
+                format!("tensor {name:?} has no readable dtype and shape"),
+            )
+        })?;
+        total = total.saturating_add(bytes);
+    }
+    Ok(total)
+}
+
+/// The JSON header of a safetensors file: a regular file, opened without
+/// waiting, of which only the first 8 + N bytes are read (N at most the
+/// format's 100 MB).
+fn read_header(path: &Path) -> Result<Vec<u8>, PlanError> {
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|error| unreadable(path, error))?;
+    let metadata = file.metadata().map_err(|error| unreadable(path, error))?;
+    if !metadata.is_file() {
+        return Err(unreadable(path, "not a regular file"));
+    }
+    let mut length = [0u8; 8];
+    (&file)
+        .read_exact(&mut length)
+        .map_err(|error| unreadable(path, format!("no safetensors header: {error}")))?;
+    let length = u64::from_le_bytes(length);
+    if length > HEADER_MAX || length.saturating_add(8) > metadata.len() {
+        return Err(unreadable(
+            path,
+            format!(
+                "safetensors header length {length} is not plausible for a {}-byte file",
+                metadata.len()
+            ),
+        ));
+    }
+    let mut header = Vec::new();
+    (&file)
+        .take(length)
+        .read_to_end(&mut header)
+        .map_err(|error| unreadable(path, error))?;
+    if header.len() as u64 != length {
+        return Err(unreadable(path, "the safetensors header is cut short"));
+    }
+    Ok(header)
 }
