@@ -18,14 +18,6 @@ use crate::exit::{Exit, Failure};
 use crate::snapshot::{Snapshot, Unattributed};
 use crate::units;
 
-/// What the engine takes on each GPU before it measures its free memory: its
-/// own CUDA context and NCCL's buffers. Both engines read free memory after
-/// them (SGLang's `min_per_gpu_memory`, vLLM's `free_at_start`), so a GPU
-/// that shows `F` free here gives the engine about `F − this`. An ESTIMATE
-/// (ENGINES.md §4.2: ~1 GiB on H20/H200 with TP8); `--gpu-free` gives the
-/// engine's own figure instead, and `--from-log` shows the measured one.
-pub const ENGINE_CONTEXT: u64 = 1 << 30;
-
 /// `--gpu-memory SIZE [--gpus N]`: a clean box of such GPUs, instead of
 /// this host's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -297,7 +289,7 @@ pub fn evaluate(config: &PlanConfig, snapshot: Option<&Snapshot>) -> Result<Outc
             let free = config
                 .overrides
                 .gpu_free
-                .unwrap_or(box_.gpu_memory.saturating_sub(ENGINE_CONTEXT));
+                .unwrap_or(box_.gpu_memory.saturating_sub(engine::CUDA_CONTEXT_BYTES));
             let source = if config.overrides.gpu_free.is_some() {
                 Source::Flag
             } else {
@@ -597,7 +589,10 @@ fn holders(
 /// the MIN over them (SGLang all-reduces it; vLLM's ranks each check
 /// theirs, so the dirtiest refuses), less its own context.
 fn engine_free(frees: impl Iterator<Item = u64>) -> u64 {
-    frees.min().unwrap_or(0).saturating_sub(ENGINE_CONTEXT)
+    frees
+        .min()
+        .unwrap_or(0)
+        .saturating_sub(engine::CUDA_CONTEXT_BYTES)
 }
 
 /// The commands that give the memory back: `gpureap free` for the

@@ -122,7 +122,7 @@ fn changes(context: &Context) -> Vec<Change> {
         Engine::Sglang if launch.tp > 1 && !launch.dp_attention => {
             changes.push(Change::DpAttention { dp: launch.tp });
         }
-        Engine::Vllm if launch.tp > 1 && mla => {
+        Engine::Vllm if launch.tp > 1 && mla && launch.dcp <= 1 => {
             changes.push(Change::DecodeContextParallel { size: launch.tp });
         }
         _ => {}
@@ -136,7 +136,6 @@ fn apply(context: &Context, changes: &[Change]) -> (Device, Launch, Budget, Stri
     let mut launch = context.launch.clone();
     let mut budget = *context.budget;
     let mut notes = Vec::new();
-    let mut token_factor = 1u64;
     let weights_of = |launch: &Launch| engine::weights_per_gpu(launch, context.model);
     for change in changes {
         match *change {
@@ -164,7 +163,7 @@ fn apply(context: &Context, changes: &[Change]) -> (Device, Launch, Budget, Stri
                     ),
                 }
             }
-            Change::DecodeContextParallel { size } => token_factor *= u64::from(size),
+            Change::DecodeContextParallel { size } => launch.dcp = size,
             Change::MoreGpus { tp } => {
                 let old = launch.tp.max(1);
                 launch.tp = tp;
@@ -180,9 +179,7 @@ fn apply(context: &Context, changes: &[Change]) -> (Device, Launch, Budget, Stri
             }
         }
     }
-    let mut device = engine::device(&launch, context.model, &budget, context.averages);
-    device.tokens_per_rank *= token_factor;
-    device.kv_bytes_per_rank *= token_factor;
+    let device = engine::device(&launch, context.model, &budget, context.averages);
     (device, launch, budget, notes.join("; "))
 }
 
