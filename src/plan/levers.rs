@@ -143,25 +143,23 @@ fn apply(context: &Context, changes: &[Change]) -> (Device, Launch, Budget, Stri
             Change::Fp8Kv => launch.kv_dtype = KvDtype::Fp8E4m3,
             Change::MemFraction { to } => launch.mem_fraction = Some(to),
             Change::DpAttention { dp } => {
-                let before = weights_of(&launch);
+                // The attention weights DP attention splits over attention-TP
+                // instead of TP: the difference of the estimates, which does
+                // not depend on the checkpoint's total (given weights too).
+                let mut sized = context.model.clone();
+                sized.weights_bytes = sized.weights_bytes.or(Some(sized.attention_bytes));
+                let before = engine::weights_per_gpu(&launch, &sized);
                 launch.dp = dp;
                 launch.dp_attention = true;
-                match (before, weights_of(&launch)) {
-                    (Some(before), Some(after)) => {
-                        let extra = after.saturating_sub(before);
-                        budget.weights_per_gpu += extra;
-                        if extra > 0 {
-                            notes.push(format!(
-                                "attention weights replicated: +{:.1} GiB per GPU",
-                                extra as f64 / GIB
-                            ));
-                        }
-                    }
-                    _ => notes.push(
-                        "the attention weights it replicates on every GPU are not counted (no checkpoint size)"
-                            .to_string(),
-                    ),
-                }
+                let after = engine::weights_per_gpu(&launch, &sized);
+                let extra = after
+                    .zip(before)
+                    .map_or(0, |(after, before)| after.saturating_sub(before));
+                budget.weights_per_gpu += extra;
+                notes.push(format!(
+                    "attention weights replicated: +{:.1} GiB per GPU (estimated from the config)",
+                    extra as f64 / GIB
+                ));
             }
             Change::DecodeContextParallel { size } => launch.dcp = size,
             Change::MoreGpus { tp } => {
@@ -188,7 +186,7 @@ fn lever(context: &Context, changes: &[Change]) -> Lever {
     let change = changes[0];
     let sglang = context.launch.engine == Engine::Sglang;
     let (name, how) = match change {
-        Change::Free => ("free", "free the holders (the commands below)".to_string()),
+        Change::Free => ("free", "free the holders (the commands above)".to_string()),
         Change::Fp8Kv => (
             "fp8_kv",
             if sglang {
@@ -223,7 +221,7 @@ fn lever(context: &Context, changes: &[Change]) -> Lever {
         push(
             &mut note,
             format!(
-                "leaves {left:.1} GiB per GPU for CUDA graphs and activations (was {before:.1}): less room against OOM"
+                "leaves {left:.1} GiB per GPU for CUDA graphs and activations, instead of {before:.1}: less room against OOM"
             ),
         );
     }
