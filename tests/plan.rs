@@ -377,3 +377,40 @@ fn plan_documents_match_the_published_schema() {
     let plain = documents[1].1.json();
     assert!(plain["device"]["concurrency"].is_null(), "{plain:#}");
 }
+
+/// `--from-log`: the measured weights replace the estimate, and the tokens
+/// the log states are shown beside what the rule predicts from the logged
+/// figures: SGLang's own numbers, 0.85 × 60.00 GiB − 20.00 GiB = 31 GiB of
+/// 65,536-byte tokens (507,904), logged as such.
+#[test]
+fn a_previous_start_s_log_replaces_the_estimates_and_is_checked() {
+    let host = SimHost::new(2, 80 * GIB, "Simulated H100").expect("sim host");
+    let model = model_dir("log", LLAMA_8B);
+    let log = model.join("sglang.log");
+    std::fs::write(
+        &log,
+        "[2026-11-30 10:00:01 TP0] Load weight begin. avail mem=60.00 GB\n\
+         [2026-11-30 10:00:31 TP0] Load weight end. elapsed=30.1 s, type=LlamaForCausalLM, dtype=torch.bfloat16, avail mem=40.00 GB, mem usage=20.00 GB.\n\
+         [2026-11-30 10:00:32 TP0] KV Cache is allocated. #tokens: 507904, K size: 15.50 GB, V size: 15.50 GB\n",
+    )
+    .expect("log");
+    let log = log.display().to_string();
+    let result = plan(&host, &["--from-log", &log, "--json"], &sglang(&model));
+    assert_eq!(result.code, 0, "{}{}", result.stdout, result.stderr);
+    let report = result.json();
+    crate::schema::conforms(&crate::schema::schema(), "plan --from-log", &report);
+    assert_eq!(report["budget"]["weights_source"], "log", "{report:#}");
+    assert_eq!(report["budget"]["weights_per_gpu"], 20 * GIB);
+    assert_eq!(report["calibration"]["logged_tokens"], 507_904);
+    assert_eq!(
+        report["calibration"]["predicted_tokens"], 507_904,
+        "{report:#}"
+    );
+    let text = plan(&host, &["--from-log", &log], &sglang(&model));
+    assert!(
+        text.stdout
+            .contains("predicted 507,904 tokens from the logged figures, logged 507,904"),
+        "{}",
+        text.stdout
+    );
+}

@@ -252,9 +252,9 @@ pub fn concurrency(device: &Device, request_tokens: Option<u64>) -> Option<f64> 
 /// hypothetical box of `config.hypothetical`, no GPU read).
 pub fn evaluate(config: &PlanConfig, snapshot: Option<&Snapshot>) -> Result<Outcome, FitError> {
     let launch = launch::parse(&config.command, &config.env)?;
-    let model = model::locate(&launch.model, config.model_config.as_deref(), &config.env)?;
+    let model = model::locate_for(&launch, config.model_config.as_deref())?;
     let logged = match &config.from_log {
-        Some(path) => Some(read_log(path)?),
+        Some(path) => Some(calibrate::read_log_file(path)?),
         None => None,
     };
     let needed = launch.gpu_count().max(1);
@@ -331,12 +331,19 @@ pub fn evaluate(config: &PlanConfig, snapshot: Option<&Snapshot>) -> Result<Outc
             }
         },
     };
-    let kv_memory = config.overrides.kv_memory.or(launch.kv_cache_memory_bytes);
-    let kv_source = config
-        .overrides
-        .kv_memory
-        .map(|_| Source::Flag)
-        .or(launch.kv_cache_memory_bytes.map(|_| Source::Flag));
+    // vLLM's logged `Available KV cache memory` is its whole budget rule's
+    // answer (utilization × total less what its profile run measured).
+    let logged_kv = logged
+        .filter(|_| launch.engine == launch::Engine::Vllm)
+        .and_then(|logged| logged.kv_bytes);
+    let (kv_memory, kv_source) = match (
+        config.overrides.kv_memory.or(launch.kv_cache_memory_bytes),
+        logged_kv,
+    ) {
+        (Some(bytes), _) => (Some(bytes), Some(Source::Flag)),
+        (None, Some(bytes)) => (Some(bytes), Some(Source::Log)),
+        (None, None) => (None, None),
+    };
     let budget = Budget {
         gpu_total,
         free_at_start: free_now,
@@ -618,17 +625,6 @@ fn commands(holders: &[Holder]) -> (Option<String>, Option<String>) {
     let reset = (!reset_gpus.is_empty())
         .then(|| format!("gpureap reset --gpu {}", units::GpuRanges(&reset_gpus)));
     (free, reset)
-}
-
-fn read_log(path: &std::path::Path) -> Result<Logged, PlanError> {
-    // A server's log of a whole start is a few MiB at most; the lines read
-    // are in its first part.
-    let (_, bytes) =
-        crate::file::read_regular(path, 256 << 20).map_err(|why| PlanError::Unreadable {
-            path: path.to_path_buf(),
-            why,
-        })?;
-    Ok(calibrate::read_log(&String::from_utf8_lossy(&bytes)))
 }
 
 /// MemAvailable of /proc/meminfo, in bytes.
