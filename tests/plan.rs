@@ -414,3 +414,73 @@ fn a_previous_start_s_log_replaces_the_estimates_and_is_checked() {
         text.stdout
     );
 }
+
+/// CUDA_VISIBLE_DEVICES decides which GPUs are the engine's: by index, and
+/// by UUID (resolved through the snapshot, a unique prefix as CUDA allows).
+/// A holder on a GPU the engine does not use costs it nothing.
+#[test]
+fn the_engine_s_gpus_come_from_cuda_visible_devices_by_index_or_uuid() {
+    let host = SimHost::new(3, 80 * GIB, "Simulated H100").expect("sim host");
+    let model = model_dir("visible", LLAMA_8B);
+    let mut incident = Incident::new(&host);
+    let holder = incident
+        .holder(&Holder::new("python3 train.py").on(2, 10 * GIB))
+        .expect("holder");
+    let with_visible = |visible: &str| -> Value {
+        let mut args = vec!["plan", "--weights", "16GiB", "--json", "--"]
+            .into_iter()
+            .map(String::from)
+            .collect::<Vec<_>>();
+        let mut command = sglang(&model);
+        command[6] = "1".to_string(); // --tp 1
+        args.extend(command);
+        let result: Run = gpureap(&host)
+            .args(&args)
+            .env("CUDA_VISIBLE_DEVICES", visible)
+            .output()
+            .expect("runs")
+            .into();
+        assert!(
+            result.code == 0 || result.code == 1,
+            "{visible}: {}{}",
+            result.stdout,
+            result.stderr
+        );
+        result.json()
+    };
+    let gpus = |report: &Value| -> Vec<u64> {
+        report["fit"]["gpus"]
+            .as_array()
+            .expect("gpus")
+            .iter()
+            .map(|gpu| gpu["index"].as_u64().expect("index"))
+            .collect()
+    };
+    let clean = with_visible("1,2");
+    assert_eq!(gpus(&clean), [1], "{clean:#}");
+    assert_eq!(clean["fit"]["verdict"], "fits", "{clean:#}");
+
+    let by_uuid = with_visible("GPU-sim-00000002,GPU-sim-00000000");
+    assert_eq!(gpus(&by_uuid), [2], "{by_uuid:#}");
+    assert_eq!(by_uuid["fit"]["holders"][0]["pid"], holder, "{by_uuid:#}");
+    assert_eq!(by_uuid["fit"]["verdict"], "fits_after_free");
+
+    // A UUID no GPU has, and a prefix several have: bad input, named.
+    for (visible, said) in [
+        (
+            "GPU-nowhere,GPU-either",
+            "no GPU of this host has that UUID",
+        ),
+        ("GPU-sim-0000000,GPU-sim-00000001", "more than one GPU"),
+    ] {
+        let refused: Run = gpureap(&host)
+            .args(["plan", "--weights", "16GiB", "--"])
+            .args(sglang(&model))
+            .env("CUDA_VISIBLE_DEVICES", visible)
+            .output()
+            .expect("runs")
+            .into();
+        assert_eq!(refused.code, 2, "{}{}", refused.stdout, refused.stderr);
+        assert!(refused.stderr.contains(said), "{}", refused.stderr);
+    }
+}
