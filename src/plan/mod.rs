@@ -9,6 +9,9 @@ pub mod engine;
 pub mod launch;
 pub mod model;
 
+#[cfg(test)]
+mod tests;
+
 use std::path::PathBuf;
 
 /// Every plan error is bad input (exit 2): one line naming what is missing.
