@@ -159,12 +159,13 @@ const HYBRID: &[&str] = &[
     "BailingMoeV2_5ForCausalLM",
 ];
 
-/// SGLang 0.5.9 `multimodal_model_archs`.
+/// SGLang 0.5.9 `multimodal_model_archs`, less the architectures whose
+/// multimodal side it turns off unless `--enable-multimodal` (Gemma3,
+/// Llama4, Step3VL).
 const SGLANG_MULTIMODAL: &[&str] = &[
     "CLIPModel",
     "DeepseekVL2ForCausalLM",
     "Ernie4_5_VLMoeForConditionalGeneration",
-    "Gemma3ForConditionalGeneration",
     "Gemma3nForConditionalGeneration",
     "Glm4vForConditionalGeneration",
     "Glm4vMoeForConditionalGeneration",
@@ -198,7 +199,6 @@ const SGLANG_MULTIMODAL: &[&str] = &[
     "InternS1ForConditionalGeneration",
     "InternS1ProForConditionalGeneration",
     "Phi4MMForCausalLM",
-    "Step3VLForConditionalGeneration",
     "POINTSV15ChatModel",
     "DotsVLMForCausalLM",
     "DotsOCRForCausalLM",
@@ -494,12 +494,8 @@ pub fn parse_config(path: &Path, config: &serde_json::Value) -> Result<Model, Pl
                 _ => (24, 1024),
             };
             (
-                u64_field(vision, "num_hidden_layers")
-                    .or_else(|| u64_field(vision, "vt_num_hidden_layers"))
-                    .unwrap_or(layers),
-                u64_field(vision, "hidden_size")
-                    .or_else(|| u64_field(vision, "vt_hidden_size"))
-                    .unwrap_or(hidden),
+                u64_field(vision, "num_hidden_layers").unwrap_or(layers),
+                u64_field(vision, "hidden_size").unwrap_or(hidden),
             )
         });
     let (attention_bytes, replicated_bytes) = attention_weights(text, attention, layers);
