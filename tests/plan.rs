@@ -244,6 +244,13 @@ fn a_gpu_too_small_is_exit_4_and_no_gpu_is_read_for_a_hypothetical_box() {
     let stderr = String::from_utf8_lossy(&unreadable.stderr);
     assert_eq!(unreadable.status.code(), Some(3), "{stderr}");
     assert!(stderr.contains("--gpu-memory"), "{stderr}");
+
+    // A GPU the engine uses that the driver lost: 3, naming it.
+    let host = SimHost::new(2, 80 * GIB, "Simulated H100").expect("sim host");
+    host.lose(1).expect("lose GPU 1");
+    let lost = plan(&host, &["--weights", "16GiB"], &command);
+    assert_eq!(lost.code, 3, "{}{}", lost.stdout, lost.stderr);
+    assert!(lost.stderr.contains("GPU 1"), "{}", lost.stderr);
 }
 
 /// Each bad input is one line on stderr naming what is missing, exit 2,
