@@ -176,8 +176,11 @@ fn launch_lists_unknown_flags_and_reads_lists_and_aliases() {
         (Some(32), Some(64))
     );
 
-    let hicache =
-        parse("python3 -m sglang.launch_server --model-path m --enable-hierarchical-cache");
+    let hicache = parse(
+        "python3 -m sglang.launch_server --model-path m --enable-hierarchical-cache \
+         --hicache-write-policy write_through --hicache-mem-layout page_first",
+    );
+    assert!(hicache.ignored.is_empty(), "{:?}", hicache.ignored);
     assert_eq!(hicache.host_tier, Some(HostTierRequest::SglangRatio(2.0)));
     let no_hicache = parse("python3 -m sglang.launch_server --model-path m --hicache-ratio 4");
     assert_eq!(
