@@ -493,7 +493,9 @@ fn vllm(launch: &Launch, model: &Model, budget: &Budget) -> Device {
     let blocks = if kv > 0 { (kv as u64) / block_bytes } else { 0 };
     // DCP spreads each block over the DCP ranks.
     let tokens = blocks * u64::from(block) * u64::from(launch.dcp.max(1));
-    let start = if refuses && launch.kv_cache_memory_bytes.is_none() {
+    // init_device calls request_memory before anything else, so the check
+    // holds with --kv-cache-memory-bytes too.
+    let start = if refuses {
         Start::RefusesFree {
             needed: requested,
             free: budget.free_at_start,

@@ -850,7 +850,9 @@ fn read_flags(
                     set(engine, key, written, value, launch, state)?;
                 }
             }
-            None if HARMLESS.contains(&name.as_str()) => {}
+            // HiCache's layout, transfer and storage options do not change
+            // the host pool's size.
+            None if HARMLESS.contains(&name.as_str()) || name.starts_with("--hicache-") => {}
             None => launch.ignored.push(match values.is_empty() {
                 true => written.to_string(),
                 false => format!("{written} {}", values.join(" ")),
