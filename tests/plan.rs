@@ -58,7 +58,18 @@ fn plan(host: &SimHost, flags: &[&str], command: &[String]) -> Run {
     args.extend(flags.iter().map(|flag| flag.to_string()));
     args.push("--".to_string());
     args.extend(command.iter().cloned());
-    gpureap(host)
+    // A hypothetical box takes no --backend (it reads no GPU); the
+    // environment's is a default, never refused.
+    let mut command = if flags.contains(&"--gpu-memory") {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_gpureap"));
+        command
+            .env("GPUREAP_BACKEND", host.backend())
+            .stdin(std::process::Stdio::null());
+        command
+    } else {
+        gpureap(host)
+    };
+    command
         .args(&args)
         .env_remove("CUDA_VISIBLE_DEVICES")
         .output()
@@ -211,13 +222,14 @@ fn a_gpu_too_small_is_exit_4_and_no_gpu_is_read_for_a_hypothetical_box() {
     let model = model_dir("small", LLAMA_8B);
     let command = sglang(&model);
     let hypothetical = |gpu_memory: &str| -> Run {
-        let mut args = vec!["--backend", "none", "plan", "--gpu-memory", gpu_memory];
+        let mut args = vec!["plan", "--gpu-memory", gpu_memory];
         args.extend(["--weights", "16GiB", "--json", "--"]);
         let mut all: Vec<String> = args.iter().map(|arg| arg.to_string()).collect();
         all.extend(command.iter().cloned());
+        // GPUREAP_BACKEND=none: no GPU is read anyway.
         std::process::Command::new(env!("CARGO_BIN_EXE_gpureap"))
             .args(&all)
-            .env_remove("GPUREAP_BACKEND")
+            .env("GPUREAP_BACKEND", "none")
             .env_remove("CUDA_VISIBLE_DEVICES")
             .output()
             .expect("runs")
@@ -232,6 +244,16 @@ fn a_gpu_too_small_is_exit_4_and_no_gpu_is_read_for_a_hypothetical_box() {
     let large = hypothetical("80GiB");
     assert_eq!(large.code, 0, "{}{}", large.stdout, large.stderr);
     assert_eq!(large.json()["fit"]["verdict"], "fits");
+
+    // --backend given with --gpu-memory would not be obeyed: refused.
+    let both = std::process::Command::new(env!("CARGO_BIN_EXE_gpureap"))
+        .args(["--backend", "none", "plan", "--gpu-memory", "80GiB", "--"])
+        .args(&command)
+        .env_remove("GPUREAP_BACKEND")
+        .output()
+        .expect("runs");
+    assert_eq!(both.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&both.stderr).contains("means nothing"));
 
     // On this host with no driver, the engine's GPUs cannot be read: 3.
     let unreadable = std::process::Command::new(env!("CARGO_BIN_EXE_gpureap"))
