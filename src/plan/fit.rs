@@ -147,6 +147,10 @@ pub enum Cost {
     RefusesStart,
     /// Nothing: it fits in the margin the engine leaves (vLLM's `1 − util`).
     Nothing,
+    /// The driver reports no figure for it (MIG): its memory is in the
+    /// GPU's used memory, so the pool now counts it, but its own share
+    /// cannot be told.
+    Unknown,
 }
 
 /// Something that holds memory on one of the engine's GPUs.
