@@ -3,26 +3,31 @@
 //! the plan then fitting; a GPU too small (exit 4); bad input (exit 2, one
 //! line); and the JSON document against the published schema.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use gpureap::driver::sim::incident::{Holder, Incident, SimHost};
 use serde_json::Value;
 
 use crate::harness::*;
 
-/// A GQA model's config.json (Llama-3.1-8B's shape) in a fresh directory.
-fn model_dir(name: &str, config: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "gpureap-plan-{}-{name}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|since| since.as_nanos())
-            .unwrap_or(0)
-    ));
-    std::fs::create_dir_all(&dir).expect("model dir");
-    std::fs::write(dir.join("config.json"), config).expect("config.json");
-    dir
+/// A model directory holding `config` as its config.json, removed when
+/// the test ends.
+struct ModelDir(tempfile::TempDir);
+
+impl std::ops::Deref for ModelDir {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+fn model_dir(name: &str, config: &str) -> ModelDir {
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("gpureap-plan-{name}-"))
+        .tempdir()
+        .expect("model dir");
+    std::fs::write(dir.path().join("config.json"), config).expect("config.json");
+    ModelDir(dir)
 }
 
 const LLAMA_8B: &str = r#"{
