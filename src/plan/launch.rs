@@ -167,6 +167,9 @@ pub struct Launch {
     pub speculative_algorithm: Option<String>,
     /// vLLM `--enforce-eager`: no CUDA graphs, no graph reservation.
     pub enforce_eager: bool,
+    /// vLLM `--max-model-len auto` (or -1): the length is fitted to the
+    /// pool, so a pool smaller than one full-length request still starts.
+    pub max_model_len_auto: bool,
     /// `--revision`: the Hugging Face revision (branch, tag or commit).
     pub revision: Option<String>,
     /// vLLM `--download-dir`: the cache directory the model is read from.
@@ -233,6 +236,7 @@ pub fn parse(argv: &[String], env: &BTreeMap<String, String>) -> Result<Launch, 
         max_prefill_tokens: None,
         speculative_algorithm: None,
         enforce_eager: false,
+        max_model_len_auto: false,
         revision: None,
         download_dir: None,
         gpu_uuids: Vec::new(),
@@ -788,11 +792,28 @@ fn read_flags(
             positional_only = true;
             continue;
         }
+        // vLLM's `-O3` / `-O=3` (the optimization level) is one token.
+        if engine == Engine::Vllm && word.starts_with("-O") && word.len() > 2 {
+            launch.ignored.push(word.clone());
+            continue;
+        }
         let (written, inline) = match word.split_once('=') {
             Some((name, value)) => (name, Some(value.to_string())),
             None => (word.as_str(), None),
         };
         let name = canonical(engine, written);
+        if name == "--config" {
+            // Both engines merge a YAML file of flags: its flags would
+            // change the answer and plan does not read it.
+            return Err(bad(
+                written,
+                inline
+                    .as_deref()
+                    .or(argv.get(index).map(String::as_str))
+                    .unwrap_or(""),
+                "gpureap plan does not read engine config files: give the flags on the command line",
+            ));
+        }
         let understood = ALIASES
             .iter()
             .find(|(alias, _)| *alias == name)
@@ -1052,7 +1073,10 @@ fn set(
         "max-total-tokens" => launch.max_total_tokens = Some(whole(flag, value)?),
         "context" => {
             launch.context_length = match (engine, value) {
-                (Engine::Vllm, "auto" | "-1") => None,
+                (Engine::Vllm, "auto" | "-1") => {
+                    launch.max_model_len_auto = true;
+                    None
+                }
                 (Engine::Vllm, _) => Some(human_int(flag, value)?),
                 (Engine::Sglang, _) => Some(whole(flag, value)?),
             }
