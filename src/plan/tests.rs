@@ -119,6 +119,11 @@ fn launch_applies_env_prefixes_and_the_gpu_id_flags() {
         parse("python3 -m sglang.launch_server --model-path m --tp 8 --dp 8 --enable-dp-attention");
     assert_eq!(attention.gpus.len(), 8);
     assert_eq!(attention.attention_tp(), 1);
+    // Two nodes: TP16 puts 8 ranks on each.
+    let nodes =
+        parse("python3 -m sglang.launch_server --model-path m --tp 16 --nnodes 2 --node-rank 1");
+    assert_eq!(nodes.gpus, (0..8).collect::<Vec<_>>());
+    assert_eq!(nodes.gpu_count(), 8);
     // vLLM: TP × PP × DP.
     let vllm = parse("vllm serve m -tp 2 -pp 2 -dp 2");
     assert_eq!(vllm.gpus, (0..8).collect::<Vec<_>>());
