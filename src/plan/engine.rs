@@ -19,6 +19,22 @@
 //!   size 16), `engine/arg_utils.py` (`max_num_seqs` default),
 //!   `v1/kv_offload/cpu/spec.py` (offload: one copy per worker).
 //!
+//! Where the packages differ from /work/shared/ENGINES.md (the package is
+//! followed):
+//! - SGLang 0.5.9 caps the default request limit at `tokens // 2` too
+//!   (`model_runner.py`: `min(tokens // 2, pool)`), and a given
+//!   `--max-running-requests` is divided by the attention-DP size.
+//! - SGLang's VLM factor for Kimi-K2.5 is `0.95 × (1 − 0.1 × (27·1152² /
+//!   (24·1024²) − 1)) ≈ 0.910`, not 0.95: default f ≈ 0.816 on H200, 0.771
+//!   on H20-96GB, 0.744 on H100-80GB.
+//! - vLLM 0.26.0 checks `free ≥ ceil(utilization × total)` even with
+//!   `--kv-cache-memory-bytes`, and refuses a pool that cannot hold one
+//!   request of `max_model_len` (unless `--max-model-len auto`).
+//! - vLLM 0.26.0's CPU offload stores every block once per worker (MLA
+//!   too): no `replicated_layout` yet.
+//! - vLLM 0.26.0 on Hopper picks FLASH_ATTN_MLA for MLA (blocks of 16);
+//!   FLASHINFER_MLA's preferred block is 32.
+//!
 //! Exact: the cell size, the budget rules, the rounding, the caps, the
 //! defaults. ESTIMATES (named constants below, each replaced by a measured
 //! figure through `--from-log`, `--weights`, `--kv-memory` or `--gpu-free`):
