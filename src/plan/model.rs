@@ -156,6 +156,10 @@ const HYBRID: &[&str] = &[
     "Llama4ForConditionalGeneration",
     "Step3p5ForCausalLM",
     "MiMoV2FlashForCausalLM",
+    // DeepSeek-V3.2's sparse attention adds an indexer cache (SGLang) or
+    // its own fp8_ds_mla layout (vLLM).
+    "DeepseekV32ForCausalLM",
+    "GlmMoeDsaForCausalLM",
     "BailingMoeV2_5ForCausalLM",
 ];
 
@@ -393,7 +397,7 @@ pub fn parse_config(path: &Path, config: &serde_json::Value) -> Result<Model, Pl
     };
     if let Some(hybrid) = architectures.iter().find(|name| HYBRID.contains(name)) {
         return Err(PlanError::UnknownArchitecture(format!(
-            "{hybrid} (hybrid or sliding-window attention: its KV pools follow rules gpureap plan does not model)"
+            "{hybrid} (hybrid, sliding-window or sparse attention: its KV pools follow rules gpureap plan does not model)"
         )));
     }
     let text = config

@@ -119,6 +119,11 @@ fn launch_applies_env_prefixes_and_the_gpu_id_flags() {
         parse("python3 -m sglang.launch_server --model-path m --tp 8 --dp 8 --enable-dp-attention");
     assert_eq!(attention.gpus.len(), 8);
     assert_eq!(attention.attention_tp(), 1);
+    // Two nodes: TP16 puts 8 ranks on each.
+    let nodes =
+        parse("python3 -m sglang.launch_server --model-path m --tp 16 --nnodes 2 --node-rank 1");
+    assert_eq!(nodes.gpus, (0..8).collect::<Vec<_>>());
+    assert_eq!(nodes.gpu_count(), 8);
     // vLLM: TP × PP × DP.
     let vllm = parse("vllm serve m -tp 2 -pp 2 -dp 2");
     assert_eq!(vllm.gpus, (0..8).collect::<Vec<_>>());
@@ -137,7 +142,7 @@ fn launch_applies_env_prefixes_and_the_gpu_id_flags() {
 #[test]
 fn switches_do_not_swallow_the_next_token() {
     let launch = parse(
-        "vllm serve --trust-remote-code meta/llama --enforce-eager --enable-prefix-caching -tp 2",
+        "vllm serve --trust-remote-code -O3 meta/llama --enforce-eager --enable-prefix-caching -tp 2",
     );
     assert_eq!(launch.model, "meta/llama");
     assert!(launch.enforce_eager);
@@ -230,6 +235,7 @@ fn launch_bad_input_is_named() {
             "python3 -m sglang.launch_server --model-path m --enable-dp-attention=1",
             "--enable-dp-attention",
         ),
+        ("vllm serve m --config serve.yaml", "--config"),
         (
             "python3 -m sglang.launch_server --model-path m --tp 8 --dp 3 --enable-dp-attention",
             "--dp-size",
@@ -886,7 +892,9 @@ fn vllm_budget_is_utilization_of_total_and_refuses_short_free_memory() {
     ));
     // FlashMLA forces blocks of 64 for an MLA model.
     let kimi = load("kimi-k2.5");
-    let mla = parse("vllm serve m -tp 8 --attention-backend FLASHMLA --kv-cache-memory-bytes 1G");
+    let mla = parse(
+        "vllm serve m -tp 8 --attention-backend FLASHMLA --kv-cache-memory-bytes 1G --max-model-len 8192",
+    );
     let device = engine::device(&mla, &kimi, &budget, None);
     assert_eq!(
         (device.page_size, device.tokens_per_rank),
@@ -902,6 +910,70 @@ fn vllm_budget_is_utilization_of_total_and_refuses_short_free_memory() {
         engine::device(&launch, &llama, &small, None).max_running_requests,
         256
     );
+}
+
+#[test]
+fn vllm_refuses_a_pool_smaller_than_one_full_length_request() {
+    let llama = load("llama-3.1-8b");
+    // A 24 GB GPU: requested = ceil(24,564 MiB × 0.92); KV = requested −
+    // 14.96 GiB of weights − profile peak − graphs ≈ 4 GiB, 131,072 B a
+    // token: ~33K tokens, less than one 131,072-token request.
+    let total = 24_564 * MIB;
+    let budget = Budget {
+        gpu_total: total,
+        free_at_start: total - GIB,
+        weights_per_gpu: gib(14.96),
+        kv_memory: None,
+    };
+    let requested = (total as f64 * 0.92).ceil() as u64;
+    let overhead = engine::VLLM_PROFILE_PEAK_BYTES + engine::VLLM_CUDAGRAPH_BYTES;
+    let kv = requested - gib(14.96) - overhead;
+    let blocks = kv / (16 * 131_072);
+    assert!(blocks < 131_072 / 16);
+    let full = engine::device(&parse("vllm serve m"), &llama, &budget, None);
+    // (overhead + weights + 8,192 blocks × 16 × 131,072 B) / total > 1: no
+    // utilization helps.
+    assert_eq!(
+        full.start,
+        Start::NotEnoughMemory {
+            raise_fraction_to: None
+        }
+    );
+    assert_eq!(full.tokens_per_rank, 0);
+    // --max-model-len 8192: 512 blocks are enough.
+    let short = engine::device(
+        &parse("vllm serve m --max-model-len 8192"),
+        &llama,
+        &budget,
+        None,
+    );
+    assert_eq!(short.start, Start::Starts);
+    assert_eq!(short.tokens_per_rank, blocks * 16);
+    // --max-model-len auto: vLLM fits the length to the pool.
+    let auto = engine::device(
+        &parse("vllm serve m --max-model-len auto"),
+        &llama,
+        &budget,
+        None,
+    );
+    assert_eq!(auto.tokens_per_rank, blocks * 16);
+    // At 32,768 tokens a request the utilization that holds one is named:
+    // (overhead + weights + 2,048 blocks × 16 × 131,072 B) / total.
+    let mid = engine::device(
+        &parse("vllm serve m --max-model-len 32768 --gpu-memory-utilization 0.5"),
+        &llama,
+        &budget,
+        None,
+    );
+    let used = (overhead + gib(14.96) + 2048 * 16 * 131_072) as f64;
+    let raise = (used / total as f64 * 100.0).ceil() / 100.0;
+    assert_eq!(
+        mid.start,
+        Start::NotEnoughMemory {
+            raise_fraction_to: Some(raise)
+        }
+    );
+    assert!(raise < 1.0);
 }
 
 #[test]
