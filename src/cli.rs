@@ -692,7 +692,8 @@ pub struct PlanArgs {
     /// With --gpu-memory: how many such GPUs [default: as many as the command uses].
     #[arg(long, value_name = "N", value_parser = gpu_count, requires = "gpu_memory")]
     pub gpus: Option<u32>,
-    /// Free memory per GPU when the engine starts, instead of what the GPUs have now.
+    /// Free memory per GPU as the engine measures it at start (after its own CUDA context),
+    /// instead of what the GPUs have free now.
     #[arg(long, value_name = "SIZE", value_parser = size)]
     pub gpu_free: Option<u64>,
     /// Weights (and whatever else loads before the KV pool) per GPU once loaded, instead of
@@ -705,8 +706,8 @@ pub struct PlanArgs {
     /// Host memory available for a host KV tier [default: MemAvailable of /proc/meminfo].
     #[arg(long, value_name = "SIZE", value_parser = size)]
     pub host_memory: Option<u64>,
-    /// A previous start's log: its measured weights, free memory and tokens replace the
-    /// estimates, and the logged tokens are shown beside the prediction.
+    /// A previous start's log: its measured weights (vLLM: its KV budget) replace the
+    /// estimates, and the tokens it logged are shown beside what the rule predicts from it.
     #[arg(long, value_name = "FILE")]
     pub from_log: Option<PathBuf>,
     /// The model's config.json (or its directory), instead of finding it from the command.

@@ -128,6 +128,12 @@ fn meaningless_flags(matches: &clap::ArgMatches, cli: &Cli) -> Result<(), UsageE
                 "--backend means nothing here: {name}; drop it"
             )));
         }
+        Command::Plan(args) if args.gpu_memory.is_some() && given(matches, "backend") => {
+            return Err(UsageError(
+                "--backend means nothing with --gpu-memory: a hypothetical box reads no GPU; drop one of them"
+                    .to_string(),
+            ));
+        }
         _ => {}
     }
     let hosts_given = match &cli.command {

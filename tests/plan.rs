@@ -3,26 +3,31 @@
 //! the plan then fitting; a GPU too small (exit 4); bad input (exit 2, one
 //! line); and the JSON document against the published schema.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use gpureap::driver::sim::incident::{Holder, Incident, SimHost};
 use serde_json::Value;
 
 use crate::harness::*;
 
-/// A GQA model's config.json (Llama-3.1-8B's shape) in a fresh directory.
-fn model_dir(name: &str, config: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "gpureap-plan-{}-{name}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|since| since.as_nanos())
-            .unwrap_or(0)
-    ));
-    std::fs::create_dir_all(&dir).expect("model dir");
-    std::fs::write(dir.join("config.json"), config).expect("config.json");
-    dir
+/// A model directory holding `config` as its config.json, removed when
+/// the test ends.
+struct ModelDir(tempfile::TempDir);
+
+impl std::ops::Deref for ModelDir {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+fn model_dir(name: &str, config: &str) -> ModelDir {
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("gpureap-plan-{name}-"))
+        .tempdir()
+        .expect("model dir");
+    std::fs::write(dir.path().join("config.json"), config).expect("config.json");
+    ModelDir(dir)
 }
 
 const LLAMA_8B: &str = r#"{
@@ -58,7 +63,18 @@ fn plan(host: &SimHost, flags: &[&str], command: &[String]) -> Run {
     args.extend(flags.iter().map(|flag| flag.to_string()));
     args.push("--".to_string());
     args.extend(command.iter().cloned());
-    gpureap(host)
+    // A hypothetical box takes no --backend (it reads no GPU); the
+    // environment's is a default, never refused.
+    let mut command = if flags.contains(&"--gpu-memory") {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_gpureap"));
+        command
+            .env("GPUREAP_BACKEND", host.backend())
+            .stdin(std::process::Stdio::null());
+        command
+    } else {
+        gpureap(host)
+    };
+    command
         .args(&args)
         .env_remove("CUDA_VISIBLE_DEVICES")
         .output()
@@ -211,13 +227,14 @@ fn a_gpu_too_small_is_exit_4_and_no_gpu_is_read_for_a_hypothetical_box() {
     let model = model_dir("small", LLAMA_8B);
     let command = sglang(&model);
     let hypothetical = |gpu_memory: &str| -> Run {
-        let mut args = vec!["--backend", "none", "plan", "--gpu-memory", gpu_memory];
+        let mut args = vec!["plan", "--gpu-memory", gpu_memory];
         args.extend(["--weights", "16GiB", "--json", "--"]);
         let mut all: Vec<String> = args.iter().map(|arg| arg.to_string()).collect();
         all.extend(command.iter().cloned());
+        // GPUREAP_BACKEND=none: no GPU is read anyway.
         std::process::Command::new(env!("CARGO_BIN_EXE_gpureap"))
             .args(&all)
-            .env_remove("GPUREAP_BACKEND")
+            .env("GPUREAP_BACKEND", "none")
             .env_remove("CUDA_VISIBLE_DEVICES")
             .output()
             .expect("runs")
@@ -233,6 +250,16 @@ fn a_gpu_too_small_is_exit_4_and_no_gpu_is_read_for_a_hypothetical_box() {
     assert_eq!(large.code, 0, "{}{}", large.stdout, large.stderr);
     assert_eq!(large.json()["fit"]["verdict"], "fits");
 
+    // --backend given with --gpu-memory would not be obeyed: refused.
+    let both = std::process::Command::new(env!("CARGO_BIN_EXE_gpureap"))
+        .args(["--backend", "none", "plan", "--gpu-memory", "80GiB", "--"])
+        .args(&command)
+        .env_remove("GPUREAP_BACKEND")
+        .output()
+        .expect("runs");
+    assert_eq!(both.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&both.stderr).contains("means nothing"));
+
     // On this host with no driver, the engine's GPUs cannot be read: 3.
     let unreadable = std::process::Command::new(env!("CARGO_BIN_EXE_gpureap"))
         .args(["--backend", "none", "plan", "--weights", "16GiB", "--"])
@@ -244,6 +271,13 @@ fn a_gpu_too_small_is_exit_4_and_no_gpu_is_read_for_a_hypothetical_box() {
     let stderr = String::from_utf8_lossy(&unreadable.stderr);
     assert_eq!(unreadable.status.code(), Some(3), "{stderr}");
     assert!(stderr.contains("--gpu-memory"), "{stderr}");
+
+    // A GPU the engine uses that the driver lost: 3, naming it.
+    let host = SimHost::new(2, 80 * GIB, "Simulated H100").expect("sim host");
+    host.lose(1).expect("lose GPU 1");
+    let lost = plan(&host, &["--weights", "16GiB"], &command);
+    assert_eq!(lost.code, 3, "{}{}", lost.stdout, lost.stderr);
+    assert!(lost.stderr.contains("GPU 1"), "{}", lost.stderr);
 }
 
 /// Each bad input is one line on stderr naming what is missing, exit 2,
@@ -376,4 +410,111 @@ fn plan_documents_match_the_published_schema() {
     // Without averages, device.concurrency is null.
     let plain = documents[1].1.json();
     assert!(plain["device"]["concurrency"].is_null(), "{plain:#}");
+}
+
+/// `--from-log`: the measured weights replace the estimate, and the tokens
+/// the log states are shown beside what the rule predicts from the logged
+/// figures: SGLang's own numbers, 0.85 × 60.00 GiB − 20.00 GiB = 31 GiB of
+/// 65,536-byte tokens (507,904), logged as such.
+#[test]
+fn a_previous_start_s_log_replaces_the_estimates_and_is_checked() {
+    let host = SimHost::new(2, 80 * GIB, "Simulated H100").expect("sim host");
+    let model = model_dir("log", LLAMA_8B);
+    let log = model.join("sglang.log");
+    std::fs::write(
+        &log,
+        "[2026-11-30 10:00:01 TP0] Load weight begin. avail mem=60.00 GB\n\
+         [2026-11-30 10:00:31 TP0] Load weight end. elapsed=30.1 s, type=LlamaForCausalLM, dtype=torch.bfloat16, avail mem=40.00 GB, mem usage=20.00 GB.\n\
+         [2026-11-30 10:00:32 TP0] KV Cache is allocated. #tokens: 507904, K size: 15.50 GB, V size: 15.50 GB\n",
+    )
+    .expect("log");
+    let log = log.display().to_string();
+    let result = plan(&host, &["--from-log", &log, "--json"], &sglang(&model));
+    assert_eq!(result.code, 0, "{}{}", result.stdout, result.stderr);
+    let report = result.json();
+    crate::schema::conforms(&crate::schema::schema(), "plan --from-log", &report);
+    assert_eq!(report["budget"]["weights_source"], "log", "{report:#}");
+    assert_eq!(report["budget"]["weights_per_gpu"], 20 * GIB);
+    assert_eq!(report["calibration"]["logged_tokens"], 507_904);
+    assert_eq!(
+        report["calibration"]["predicted_tokens"], 507_904,
+        "{report:#}"
+    );
+    let text = plan(&host, &["--from-log", &log], &sglang(&model));
+    assert!(
+        text.stdout
+            .contains("predicted 507,904 tokens from the logged figures, logged 507,904"),
+        "{}",
+        text.stdout
+    );
+}
+
+/// CUDA_VISIBLE_DEVICES decides which GPUs are the engine's: by index, and
+/// by UUID (resolved through the snapshot, a unique prefix as CUDA allows).
+/// A holder on a GPU the engine does not use costs it nothing.
+#[test]
+fn the_engine_s_gpus_come_from_cuda_visible_devices_by_index_or_uuid() {
+    let host = SimHost::new(3, 80 * GIB, "Simulated H100").expect("sim host");
+    let model = model_dir("visible", LLAMA_8B);
+    let mut incident = Incident::new(&host);
+    let holder = incident
+        .holder(&Holder::new("python3 train.py").on(2, 10 * GIB))
+        .expect("holder");
+    let with_visible = |visible: &str| -> Value {
+        let mut args = vec!["plan", "--weights", "16GiB", "--json", "--"]
+            .into_iter()
+            .map(String::from)
+            .collect::<Vec<_>>();
+        let mut command = sglang(&model);
+        command[6] = "1".to_string(); // --tp 1
+        args.extend(command);
+        let result: Run = gpureap(&host)
+            .args(&args)
+            .env("CUDA_VISIBLE_DEVICES", visible)
+            .output()
+            .expect("runs")
+            .into();
+        assert!(
+            result.code == 0 || result.code == 1,
+            "{visible}: {}{}",
+            result.stdout,
+            result.stderr
+        );
+        result.json()
+    };
+    let gpus = |report: &Value| -> Vec<u64> {
+        report["fit"]["gpus"]
+            .as_array()
+            .expect("gpus")
+            .iter()
+            .map(|gpu| gpu["index"].as_u64().expect("index"))
+            .collect()
+    };
+    let clean = with_visible("1,2");
+    assert_eq!(gpus(&clean), [1], "{clean:#}");
+    assert_eq!(clean["fit"]["verdict"], "fits", "{clean:#}");
+
+    let by_uuid = with_visible("GPU-sim-00000002,GPU-sim-00000000");
+    assert_eq!(gpus(&by_uuid), [2], "{by_uuid:#}");
+    assert_eq!(by_uuid["fit"]["holders"][0]["pid"], holder, "{by_uuid:#}");
+    assert_eq!(by_uuid["fit"]["verdict"], "fits_after_free");
+
+    // A UUID no GPU has, and a prefix several have: bad input, named.
+    for (visible, said) in [
+        (
+            "GPU-nowhere,GPU-either",
+            "no GPU of this host has that UUID",
+        ),
+        ("GPU-sim-0000000,GPU-sim-00000001", "more than one GPU"),
+    ] {
+        let refused: Run = gpureap(&host)
+            .args(["plan", "--weights", "16GiB", "--"])
+            .args(sglang(&model))
+            .env("CUDA_VISIBLE_DEVICES", visible)
+            .output()
+            .expect("runs")
+            .into();
+        assert_eq!(refused.code, 2, "{}{}", refused.stdout, refused.stderr);
+        assert!(refused.stderr.contains(said), "{}", refused.stderr);
+    }
 }

@@ -141,18 +141,35 @@ fn gib(value: f64) -> u64 {
     (value.max(0.0) * (1u64 << 30) as f64).round() as u64
 }
 
-/// The rank a line is from (`TP0`, `DP1 TP3`, …), "" when it names none.
+/// The rank a line is from: every `TP3`, `DP0`, `PP1`, `EP2`, `CP0` it
+/// names that does not continue a longer word (`[TP0]`, `Worker_TP1`,
+/// `DP1 TP3`); "" when it names none.
 fn rank_of(line: &str) -> String {
+    let bytes = line.as_bytes();
     let mut rank = String::new();
-    for word in line.split(|c: char| c == '[' || c == ']' || c.is_whitespace()) {
-        let is_rank = ["TP", "DP", "PP", "EP", "RANK"].iter().any(|prefix| {
-            word.strip_prefix(prefix)
-                .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
-        });
-        if is_rank {
-            rank.push_str(word);
+    for (at, _) in line.match_indices(['T', 'D', 'P', 'E', 'C']) {
+        let prefix = bytes.get(at..at + 2);
+        let is_name = matches!(prefix, Some(b"TP" | b"DP" | b"PP" | b"EP" | b"CP"));
+        let starts_word = at == 0 || !bytes[at - 1].is_ascii_alphanumeric();
+        let digits = line[at + 2..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .count();
+        let ends_word = bytes
+            .get(at + 2 + digits)
+            .is_none_or(|next| !next.is_ascii_alphanumeric());
+        if is_name && starts_word && digits > 0 && ends_word {
+            rank.push_str(&line[at..at + 2 + digits]);
             rank.push(' ');
         }
+    }
+    // Older vLLM workers: `(VllmWorker rank=1 pid=…)`.
+    if let Some(at) = line.find("rank=") {
+        let digits: String = line[at + 5..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        rank.push_str(&format!("rank{digits}"));
     }
     rank
 }
@@ -161,20 +178,23 @@ fn rank_of(line: &str) -> String {
 pub fn read_log(text: &str) -> Logged {
     let mut starts: Vec<Logged> = Vec::new();
     let mut current = Logged::default();
-    let mut ranks_loaded: Vec<String> = Vec::new();
+    // The (rank, event) pairs seen in this start: the same rank beginning
+    // or ending its load again is a new start, as is any load after the
+    // token count.
+    let mut seen: Vec<(String, bool)> = Vec::new();
     for raw in text.lines() {
         let line = strip_ansi(raw);
         let rank = rank_of(&line);
         let sglang_load = line.contains("Load weight end.");
         let vllm_load = line.contains("Model loading took");
-        if sglang_load || vllm_load || line.contains("Load weight begin.") {
-            // The same rank loading again is a new start.
-            let again = (sglang_load || vllm_load) && ranks_loaded.contains(&rank);
-            let after_complete = current.complete() && (sglang_load || vllm_load);
-            if again || after_complete {
+        let begin = line.contains("Load weight begin.");
+        if begin || sglang_load || vllm_load {
+            let event = (rank.clone(), begin);
+            if current.complete() || seen.contains(&event) {
                 starts.push(std::mem::take(&mut current));
-                ranks_loaded.clear();
+                seen.clear();
             }
+            seen.push(event);
         }
         if line.contains("Load weight begin.") {
             current.engine = Some(Engine::Sglang);
@@ -185,7 +205,6 @@ pub fn read_log(text: &str) -> Logged {
             }
         } else if sglang_load {
             current.engine = Some(Engine::Sglang);
-            ranks_loaded.push(rank);
             let usage = number_after(&line, "mem usage=");
             let avail = number_after(&line, "avail mem=");
             if let Some(usage) = usage {
@@ -198,7 +217,6 @@ pub fn read_log(text: &str) -> Logged {
             }
         } else if vllm_load {
             current.engine = Some(Engine::Vllm);
-            ranks_loaded.push(rank);
             if let Some(weights) = number_after(&line, "Model loading took") {
                 let weights = gib(weights);
                 current.weights_per_gpu =

@@ -19,6 +19,22 @@
 //!   size 16), `engine/arg_utils.py` (`max_num_seqs` default),
 //!   `v1/kv_offload/cpu/spec.py` (offload: one copy per worker).
 //!
+//! Where the packages differ from /work/shared/ENGINES.md (the package is
+//! followed):
+//! - SGLang 0.5.9 caps the default request limit at `tokens // 2` too
+//!   (`model_runner.py`: `min(tokens // 2, pool)`), and a given
+//!   `--max-running-requests` is divided by the attention-DP size.
+//! - SGLang's VLM factor for Kimi-K2.5 is `0.95 × (1 − 0.1 × (27·1152² /
+//!   (24·1024²) − 1)) ≈ 0.910`, not 0.95: default f ≈ 0.816 on H200, 0.771
+//!   on H20-96GB, 0.744 on H100-80GB.
+//! - vLLM 0.26.0 checks `free ≥ ceil(utilization × total)` even with
+//!   `--kv-cache-memory-bytes`, and refuses a pool that cannot hold one
+//!   request of `max_model_len` (unless `--max-model-len auto`).
+//! - vLLM 0.26.0's CPU offload stores every block once per worker (MLA
+//!   too): no `replicated_layout` yet.
+//! - vLLM 0.26.0 on Hopper picks FLASH_ATTN_MLA for MLA (blocks of 16);
+//!   FLASHINFER_MLA's preferred block is 32.
+//!
 //! Exact: the cell size, the budget rules, the rounding, the caps, the
 //! defaults. ESTIMATES (named constants below, each replaced by a measured
 //! figure through `--from-log`, `--weights`, `--kv-memory` or `--gpu-free`):
@@ -473,19 +489,16 @@ fn vllm(launch: &Launch, model: &Model, budget: &Budget) -> Device {
     // request_memory: ceil(total × utilization), refused when free < it.
     let requested = (budget.gpu_total as f64 * utilization).ceil() as u64;
     let refuses = budget.free_at_start < requested;
+    let graphs = if launch.enforce_eager {
+        0
+    } else {
+        VLLM_CUDAGRAPH_BYTES
+    };
+    // What vLLM takes out of the requested memory besides the weights.
+    let kv_overhead = VLLM_PROFILE_PEAK_BYTES + graphs;
     let kv = match (launch.kv_cache_memory_bytes, budget.kv_memory) {
         (Some(bytes), _) | (None, Some(bytes)) => bytes as i128,
-        (None, None) => {
-            let graphs = if launch.enforce_eager {
-                0
-            } else {
-                VLLM_CUDAGRAPH_BYTES
-            };
-            requested as i128
-                - budget.weights_per_gpu as i128
-                - VLLM_PROFILE_PEAK_BYTES as i128
-                - graphs as i128
-        }
+        (None, None) => requested as i128 - budget.weights_per_gpu as i128 - kv_overhead as i128,
     };
     // get_num_blocks: available // page_size // layers, page_size per
     // layer = block × per-layer bytes; MIN over ranks (the same here).
@@ -493,7 +506,16 @@ fn vllm(launch: &Launch, model: &Model, budget: &Budget) -> Device {
     let blocks = if kv > 0 { (kv as u64) / block_bytes } else { 0 };
     // DCP spreads each block over the DCP ranks.
     let tokens = blocks * u64::from(block) * u64::from(launch.dcp.max(1));
-    let start = if refuses && launch.kv_cache_memory_bytes.is_none() {
+    // One request of max_model_len must fit (`--max-model-len auto` fits
+    // the length to the pool instead).
+    let context = launch.context_length.or(model.max_position);
+    let one_request_blocks = match (launch.max_model_len_auto, context) {
+        (false, Some(length)) => length.div_ceil(u64::from(block) * u64::from(launch.dcp.max(1))),
+        _ => 0,
+    };
+    // init_device calls request_memory before anything else, so the check
+    // holds with --kv-cache-memory-bytes too.
+    let start = if refuses {
         Start::RefusesFree {
             needed: requested,
             free: budget.free_at_start,
@@ -503,11 +525,19 @@ fn vllm(launch: &Launch, model: &Model, budget: &Budget) -> Device {
         && budget.weights_per_gpu >= budget.free_at_start
     {
         Start::WeightsTooLarge
-    } else if tokens == 0 {
-        // vLLM: "No available memory for the cache blocks" / too small for
-        // one request; reported as not enough memory.
+    } else if kv <= 0 || blocks < one_request_blocks {
+        // check_enough_kv_cache_memory: "No available memory for the cache
+        // blocks", or less than one request of max_model_len needs ("To
+        // serve at least one request with the model's max seq len"); with
+        // the utilization that would hold one (none when the KV size is
+        // given).
+        let needed = one_request_blocks.max(1) * block_bytes;
+        let total = (budget.gpu_total as f64).max(1.0);
+        let used = (kv_overhead + budget.weights_per_gpu + needed) as f64;
+        let raise = (used / total * 100.0).ceil() / 100.0;
+        let fixed = launch.kv_cache_memory_bytes.is_some() || budget.kv_memory.is_some();
         Start::NotEnoughMemory {
-            raise_fraction_to: None,
+            raise_fraction_to: (!fixed && raise <= 1.0).then_some(raise),
         }
     } else {
         Start::Starts

@@ -18,14 +18,6 @@ use crate::exit::{Exit, Failure};
 use crate::snapshot::{Snapshot, Unattributed};
 use crate::units;
 
-/// What the engine takes on each GPU before it measures its free memory: its
-/// own CUDA context and NCCL's buffers. Both engines read free memory after
-/// them (SGLang's `min_per_gpu_memory`, vLLM's `free_at_start`), so a GPU
-/// that shows `F` free here gives the engine about `F − this`. An ESTIMATE
-/// (ENGINES.md §4.2: ~1 GiB on H20/H200 with TP8); `--gpu-free` gives the
-/// engine's own figure instead, and `--from-log` shows the measured one.
-pub const ENGINE_CONTEXT: u64 = 1 << 30;
-
 /// `--gpu-memory SIZE [--gpus N]`: a clean box of such GPUs, instead of
 /// this host's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -155,6 +147,10 @@ pub enum Cost {
     RefusesStart,
     /// Nothing: it fits in the margin the engine leaves (vLLM's `1 − util`).
     Nothing,
+    /// The driver reports no figure for it (MIG): its memory is in the
+    /// GPU's used memory, so the pool now counts it, but its own share
+    /// cannot be told.
+    Unknown,
 }
 
 /// Something that holds memory on one of the engine's GPUs.
@@ -260,9 +256,9 @@ pub fn concurrency(device: &Device, request_tokens: Option<u64>) -> Option<f64> 
 /// hypothetical box of `config.hypothetical`, no GPU read).
 pub fn evaluate(config: &PlanConfig, snapshot: Option<&Snapshot>) -> Result<Outcome, FitError> {
     let launch = launch::parse(&config.command, &config.env)?;
-    let model = model::locate(&launch.model, config.model_config.as_deref(), &config.env)?;
+    let model = model::locate_for(&launch, config.model_config.as_deref())?;
     let logged = match &config.from_log {
-        Some(path) => Some(read_log(path)?),
+        Some(path) => Some(calibrate::read_log_file(path)?),
         None => None,
     };
     let needed = launch.gpu_count().max(1);
@@ -297,7 +293,7 @@ pub fn evaluate(config: &PlanConfig, snapshot: Option<&Snapshot>) -> Result<Outc
             let free = config
                 .overrides
                 .gpu_free
-                .unwrap_or(box_.gpu_memory.saturating_sub(ENGINE_CONTEXT));
+                .unwrap_or(box_.gpu_memory.saturating_sub(engine::CUDA_CONTEXT_BYTES));
             let source = if config.overrides.gpu_free.is_some() {
                 Source::Flag
             } else {
@@ -339,12 +335,19 @@ pub fn evaluate(config: &PlanConfig, snapshot: Option<&Snapshot>) -> Result<Outc
             }
         },
     };
-    let kv_memory = config.overrides.kv_memory.or(launch.kv_cache_memory_bytes);
-    let kv_source = config
-        .overrides
-        .kv_memory
-        .map(|_| Source::Flag)
-        .or(launch.kv_cache_memory_bytes.map(|_| Source::Flag));
+    // vLLM's logged `Available KV cache memory` is its whole budget rule's
+    // answer (utilization × total less what its profile run measured).
+    let logged_kv = logged
+        .filter(|_| launch.engine == launch::Engine::Vllm)
+        .and_then(|logged| logged.kv_bytes);
+    let (kv_memory, kv_source) = match (
+        config.overrides.kv_memory.or(launch.kv_cache_memory_bytes),
+        logged_kv,
+    ) {
+        (Some(bytes), _) => (Some(bytes), Some(Source::Flag)),
+        (None, Some(bytes)) => (Some(bytes), Some(Source::Log)),
+        (None, None) => (None, None),
+    };
     let budget = Budget {
         gpu_total,
         free_at_start: free_now,
@@ -597,7 +600,10 @@ fn holders(
 /// the MIN over them (SGLang all-reduces it; vLLM's ranks each check
 /// theirs, so the dirtiest refuses), less its own context.
 fn engine_free(frees: impl Iterator<Item = u64>) -> u64 {
-    frees.min().unwrap_or(0).saturating_sub(ENGINE_CONTEXT)
+    frees
+        .min()
+        .unwrap_or(0)
+        .saturating_sub(engine::CUDA_CONTEXT_BYTES)
 }
 
 /// The commands that give the memory back: `gpureap free` for the
@@ -623,17 +629,6 @@ fn commands(holders: &[Holder]) -> (Option<String>, Option<String>) {
     let reset = (!reset_gpus.is_empty())
         .then(|| format!("gpureap reset --gpu {}", units::GpuRanges(&reset_gpus)));
     (free, reset)
-}
-
-fn read_log(path: &std::path::Path) -> Result<Logged, PlanError> {
-    // A server's log of a whole start is a few MiB at most; the lines read
-    // are in its first part.
-    let (_, bytes) =
-        crate::file::read_regular(path, 256 << 20).map_err(|why| PlanError::Unreadable {
-            path: path.to_path_buf(),
-            why,
-        })?;
-    Ok(calibrate::read_log(&String::from_utf8_lossy(&bytes)))
 }
 
 /// MemAvailable of /proc/meminfo, in bytes.

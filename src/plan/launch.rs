@@ -38,6 +38,7 @@
 //! | `--enable-hierarchical-cache`, `--hicache-ratio`, `--hicache-size` | SGLang | host tier |
 //! | `--kv-offloading-size` | vLLM | host tier |
 //! | `--base-gpu-id`, `--gpu-id-step` | SGLang | which GPUs |
+//! | `--nnodes` | SGLang | how many of the ranks are on this host |
 //! | `--device-ids` | vLLM | which GPUs |
 //! | `CUDA_VISIBLE_DEVICES` (environment) | both | which GPUs |
 //!
@@ -167,6 +168,12 @@ pub struct Launch {
     pub speculative_algorithm: Option<String>,
     /// vLLM `--enforce-eager`: no CUDA graphs, no graph reservation.
     pub enforce_eager: bool,
+    /// SGLang `--nnodes` (1 when absent): the ranks are spread over that
+    /// many hosts; `gpus` are this host's.
+    pub nnodes: u32,
+    /// vLLM `--max-model-len auto` (or -1): the length is fitted to the
+    /// pool, so a pool smaller than one full-length request still starts.
+    pub max_model_len_auto: bool,
     /// `--revision`: the Hugging Face revision (branch, tag or commit).
     pub revision: Option<String>,
     /// vLLM `--download-dir`: the cache directory the model is read from.
@@ -185,9 +192,26 @@ impl Launch {
     /// How many GPUs the engine uses on this host.
     pub fn gpu_count(&self) -> u32 {
         match self.engine {
-            Engine::Sglang if self.dp_attention => self.tp * self.pp,
-            Engine::Sglang | Engine::Vllm => self.tp * self.pp * self.dp,
+            Engine::Sglang => {
+                let (pp_here, tp_here) = self.sglang_per_node();
+                let replicas = if self.dp_attention || self.nnodes > 1 {
+                    1
+                } else {
+                    self.dp
+                };
+                pp_here * tp_here * replicas
+            }
+            Engine::Vllm => self.tp * self.pp * self.dp,
         }
+    }
+
+    /// SGLang 0.5.9 `engine.py` over `--nnodes`: (PP stages, TP ranks) on
+    /// one node: `max(pp // nnodes, 1)` and `tp // max(nnodes // pp, 1)`.
+    fn sglang_per_node(&self) -> (u32, u32) {
+        let nnodes = self.nnodes.max(1);
+        let pp_here = (self.pp / nnodes).max(1);
+        let per_pp_rank = (nnodes / self.pp.max(1)).max(1);
+        (pp_here, (self.tp / per_pp_rank).max(1))
     }
 
     /// The attention-TP size (SGLang `compute_dp_attention_world_info`:
@@ -233,6 +257,8 @@ pub fn parse(argv: &[String], env: &BTreeMap<String, String>) -> Result<Launch, 
         max_prefill_tokens: None,
         speculative_algorithm: None,
         enforce_eager: false,
+        nnodes: 1,
+        max_model_len_auto: false,
         revision: None,
         download_dir: None,
         gpu_uuids: Vec::new(),
@@ -715,6 +741,7 @@ const ALIASES: &[(&str, &str)] = &[
     ("--base-gpu-id", "base-gpu-id"),
     ("--gpu-id-step", "gpu-id-step"),
     ("--device-ids", "device-ids"),
+    ("--nnodes", "nnodes"),
 ];
 
 /// Canonical names that take no value.
@@ -788,11 +815,28 @@ fn read_flags(
             positional_only = true;
             continue;
         }
+        // vLLM's `-O3` / `-O=3` (the optimization level) is one token.
+        if engine == Engine::Vllm && word.starts_with("-O") && word.len() > 2 {
+            launch.ignored.push(word.clone());
+            continue;
+        }
         let (written, inline) = match word.split_once('=') {
             Some((name, value)) => (name, Some(value.to_string())),
             None => (word.as_str(), None),
         };
         let name = canonical(engine, written);
+        if name == "--config" {
+            // Both engines merge a YAML file of flags: its flags would
+            // change the answer and plan does not read it.
+            return Err(bad(
+                written,
+                inline
+                    .as_deref()
+                    .or(argv.get(index).map(String::as_str))
+                    .unwrap_or(""),
+                "gpureap plan does not read engine config files: give the flags on the command line",
+            ));
+        }
         let understood = ALIASES
             .iter()
             .find(|(alias, _)| *alias == name)
@@ -811,8 +855,8 @@ fn read_flags(
         if understood.is_none() && inline.is_none() && is_switch(engine, &name) {
             if name == "--no-enforce-eager" {
                 launch.enforce_eager = false;
-            }
-            if !SGLANG_SWITCHES.contains(&name.as_str()) && !VLLM_SWITCHES.contains(&name.as_str())
+            } else if !SGLANG_SWITCHES.contains(&name.as_str())
+                && !VLLM_SWITCHES.contains(&name.as_str())
             {
                 // A `--no-` form of a switch that is not understood.
                 launch.ignored.push(written.to_string());
@@ -850,7 +894,9 @@ fn read_flags(
                     set(engine, key, written, value, launch, state)?;
                 }
             }
-            None if HARMLESS.contains(&name.as_str()) => {}
+            // HiCache's layout, transfer and storage options do not change
+            // the host pool's size.
+            None if HARMLESS.contains(&name.as_str()) || name.starts_with("--hicache-") => {}
             None => launch.ignored.push(match values.is_empty() {
                 true => written.to_string(),
                 false => format!("{written} {}", values.join(" ")),
@@ -1040,6 +1086,7 @@ fn set(
         "pp" => launch.pp = positive(flag, value)?,
         "dp" => launch.dp = positive(flag, value)?,
         "dcp" => launch.dcp = positive(flag, value)?,
+        "nnodes" => launch.nnodes = positive(flag, value)?,
         "fraction" => launch.mem_fraction = Some(fraction(flag, value)?),
         "kv-dtype" => launch.kv_dtype = kv_dtype(engine, flag, value)?,
         "dtype" => launch.model_dtype_bytes = model_dtype(flag, value)?,
@@ -1050,7 +1097,10 @@ fn set(
         "max-total-tokens" => launch.max_total_tokens = Some(whole(flag, value)?),
         "context" => {
             launch.context_length = match (engine, value) {
-                (Engine::Vllm, "auto" | "-1") => None,
+                (Engine::Vllm, "auto" | "-1") => {
+                    launch.max_model_len_auto = true;
+                    None
+                }
                 (Engine::Vllm, _) => Some(human_int(flag, value)?),
                 (Engine::Sglang, _) => Some(whole(flag, value)?),
             }
@@ -1103,13 +1153,19 @@ fn logical_gpus(launch: &Launch, base: u32, step: u32) -> Vec<u32> {
     let mut ids = Vec::new();
     match launch.engine {
         Engine::Sglang => {
-            let replicas = if launch.dp_attention { 1 } else { launch.dp };
+            // One node's ranks (`--nnodes`): tp_rank % tp_per_node.
+            let (pp_here, tp_here) = launch.sglang_per_node();
+            let replicas = if launch.dp_attention || launch.nnodes > 1 {
+                1
+            } else {
+                launch.dp
+            };
             for dp_rank in 0..replicas {
-                for pp_rank in 0..launch.pp {
-                    for tp_rank in 0..launch.tp {
+                for pp_rank in 0..pp_here {
+                    for tp_rank in 0..tp_here {
                         ids.push(
                             base + dp_rank * launch.tp * launch.pp * step
-                                + pp_rank * launch.tp
+                                + pp_rank * tp_here
                                 + tp_rank * step,
                         );
                     }

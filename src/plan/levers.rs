@@ -122,7 +122,7 @@ fn changes(context: &Context) -> Vec<Change> {
         Engine::Sglang if launch.tp > 1 && !launch.dp_attention => {
             changes.push(Change::DpAttention { dp: launch.tp });
         }
-        Engine::Vllm if launch.tp > 1 && mla => {
+        Engine::Vllm if launch.tp > 1 && mla && launch.dcp <= 1 => {
             changes.push(Change::DecodeContextParallel { size: launch.tp });
         }
         _ => {}
@@ -136,7 +136,6 @@ fn apply(context: &Context, changes: &[Change]) -> (Device, Launch, Budget, Stri
     let mut launch = context.launch.clone();
     let mut budget = *context.budget;
     let mut notes = Vec::new();
-    let mut token_factor = 1u64;
     let weights_of = |launch: &Launch| engine::weights_per_gpu(launch, context.model);
     for change in changes {
         match *change {
@@ -144,27 +143,25 @@ fn apply(context: &Context, changes: &[Change]) -> (Device, Launch, Budget, Stri
             Change::Fp8Kv => launch.kv_dtype = KvDtype::Fp8E4m3,
             Change::MemFraction { to } => launch.mem_fraction = Some(to),
             Change::DpAttention { dp } => {
-                let before = weights_of(&launch);
+                // The attention weights DP attention splits over attention-TP
+                // instead of TP: the difference of the estimates, which does
+                // not depend on the checkpoint's total (given weights too).
+                let mut sized = context.model.clone();
+                sized.weights_bytes = sized.weights_bytes.or(Some(sized.attention_bytes));
+                let before = engine::weights_per_gpu(&launch, &sized);
                 launch.dp = dp;
                 launch.dp_attention = true;
-                match (before, weights_of(&launch)) {
-                    (Some(before), Some(after)) => {
-                        let extra = after.saturating_sub(before);
-                        budget.weights_per_gpu += extra;
-                        if extra > 0 {
-                            notes.push(format!(
-                                "attention weights replicated: +{:.1} GiB per GPU",
-                                extra as f64 / GIB
-                            ));
-                        }
-                    }
-                    _ => notes.push(
-                        "the attention weights it replicates on every GPU are not counted (no checkpoint size)"
-                            .to_string(),
-                    ),
-                }
+                let after = engine::weights_per_gpu(&launch, &sized);
+                let extra = after
+                    .zip(before)
+                    .map_or(0, |(after, before)| after.saturating_sub(before));
+                budget.weights_per_gpu += extra;
+                notes.push(format!(
+                    "attention weights replicated: +{:.1} GiB per GPU (estimated from the config)",
+                    extra as f64 / GIB
+                ));
             }
-            Change::DecodeContextParallel { size } => token_factor *= u64::from(size),
+            Change::DecodeContextParallel { size } => launch.dcp = size,
             Change::MoreGpus { tp } => {
                 let old = launch.tp.max(1);
                 launch.tp = tp;
@@ -180,9 +177,7 @@ fn apply(context: &Context, changes: &[Change]) -> (Device, Launch, Budget, Stri
             }
         }
     }
-    let mut device = engine::device(&launch, context.model, &budget, context.averages);
-    device.tokens_per_rank *= token_factor;
-    device.kv_bytes_per_rank *= token_factor;
+    let device = engine::device(&launch, context.model, &budget, context.averages);
     (device, launch, budget, notes.join("; "))
 }
 
@@ -191,7 +186,7 @@ fn lever(context: &Context, changes: &[Change]) -> Lever {
     let change = changes[0];
     let sglang = context.launch.engine == Engine::Sglang;
     let (name, how) = match change {
-        Change::Free => ("free", "free the holders (the commands below)".to_string()),
+        Change::Free => ("free", "free the holders (the commands above)".to_string()),
         Change::Fp8Kv => (
             "fp8_kv",
             if sglang {
@@ -226,7 +221,7 @@ fn lever(context: &Context, changes: &[Change]) -> Lever {
         push(
             &mut note,
             format!(
-                "leaves {left:.1} GiB per GPU for CUDA graphs and activations (was {before:.1}): less room against OOM"
+                "leaves {left:.1} GiB per GPU for CUDA graphs and activations, instead of {before:.1}: less room against OOM"
             ),
         );
     }

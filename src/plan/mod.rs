@@ -12,6 +12,9 @@ pub mod levers;
 pub mod model;
 pub mod render;
 
+#[cfg(test)]
+mod tests;
+
 use std::path::PathBuf;
 
 /// Every plan error is bad input (exit 2): one line naming what is missing.

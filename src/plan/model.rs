@@ -156,15 +156,20 @@ const HYBRID: &[&str] = &[
     "Llama4ForConditionalGeneration",
     "Step3p5ForCausalLM",
     "MiMoV2FlashForCausalLM",
+    // DeepSeek-V3.2's sparse attention adds an indexer cache (SGLang) or
+    // its own fp8_ds_mla layout (vLLM).
+    "DeepseekV32ForCausalLM",
+    "GlmMoeDsaForCausalLM",
     "BailingMoeV2_5ForCausalLM",
 ];
 
-/// SGLang 0.5.9 `multimodal_model_archs`.
+/// SGLang 0.5.9 `multimodal_model_archs`, less the architectures whose
+/// multimodal side it turns off unless `--enable-multimodal` (Gemma3,
+/// Llama4, Step3VL).
 const SGLANG_MULTIMODAL: &[&str] = &[
     "CLIPModel",
     "DeepseekVL2ForCausalLM",
     "Ernie4_5_VLMoeForConditionalGeneration",
-    "Gemma3ForConditionalGeneration",
     "Gemma3nForConditionalGeneration",
     "Glm4vForConditionalGeneration",
     "Glm4vMoeForConditionalGeneration",
@@ -198,7 +203,6 @@ const SGLANG_MULTIMODAL: &[&str] = &[
     "InternS1ForConditionalGeneration",
     "InternS1ProForConditionalGeneration",
     "Phi4MMForCausalLM",
-    "Step3VLForConditionalGeneration",
     "POINTSV15ChatModel",
     "DotsVLMForCausalLM",
     "DotsOCRForCausalLM",
@@ -393,7 +397,7 @@ pub fn parse_config(path: &Path, config: &serde_json::Value) -> Result<Model, Pl
     };
     if let Some(hybrid) = architectures.iter().find(|name| HYBRID.contains(name)) {
         return Err(PlanError::UnknownArchitecture(format!(
-            "{hybrid} (hybrid or sliding-window attention: its KV pools follow rules gpureap plan does not model)"
+            "{hybrid} (hybrid, sliding-window or sparse attention: its KV pools follow rules gpureap plan does not model)"
         )));
     }
     let text = config
@@ -494,12 +498,8 @@ pub fn parse_config(path: &Path, config: &serde_json::Value) -> Result<Model, Pl
                 _ => (24, 1024),
             };
             (
-                u64_field(vision, "num_hidden_layers")
-                    .or_else(|| u64_field(vision, "vt_num_hidden_layers"))
-                    .unwrap_or(layers),
-                u64_field(vision, "hidden_size")
-                    .or_else(|| u64_field(vision, "vt_hidden_size"))
-                    .unwrap_or(hidden),
+                u64_field(vision, "num_hidden_layers").unwrap_or(layers),
+                u64_field(vision, "hidden_size").unwrap_or(hidden),
             )
         });
     let (attention_bytes, replicated_bytes) = attention_weights(text, attention, layers);

@@ -492,6 +492,10 @@ fn holder_text(holder: &Holder, sglang: bool) -> String {
                 "with it there vLLM would refuse to start (free < utilization × total)".to_string()
             }
         }
+        Cost::Unknown => {
+            "costs what the driver does not say (no memory figure for it; the pool now counts it)"
+                .to_string()
+        }
         Cost::Nothing => {
             if sglang {
                 "costs nothing".to_string()
@@ -665,7 +669,8 @@ struct HolderJson<'a> {
     name: &'a str,
     gpu: u32,
     bytes: Option<u64>,
-    /// Tokens every rank loses to it; null when it stops the start instead.
+    /// Tokens every rank loses to it; null when it stops the start instead,
+    /// or when its memory is unknown.
     tokens_lost_per_rank: Option<u64>,
     cost: Cost,
 }
@@ -769,7 +774,7 @@ pub fn json(outcome: &Outcome) -> String {
                     tokens_lost_per_rank: match holder.cost {
                         Cost::Tokens { per_rank } => Some(per_rank),
                         Cost::Nothing => Some(0),
-                        Cost::RefusesStart => None,
+                        Cost::RefusesStart | Cost::Unknown => None,
                     },
                     cost: holder.cost,
                 })

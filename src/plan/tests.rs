@@ -1,0 +1,1132 @@
+//! Unit tests of the plan core: each expected figure is worked out here
+//! from the engine's own rule (the arithmetic is written out), on real
+//! configs checked in under tests/fixtures/models/.
+
+use super::PlanError;
+use super::calibrate::{self, Logged};
+use super::engine::{self, Budget, Start};
+use super::launch::{self, Engine, HostTierRequest, KvDtype, Launch};
+use super::model::{self, Attention, Model};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+const GIB: u64 = 1 << 30;
+const MIB: u64 = 1 << 20;
+
+fn argv(line: &str) -> Vec<String> {
+    line.split_whitespace().map(str::to_string).collect()
+}
+
+fn no_env() -> BTreeMap<String, String> {
+    BTreeMap::new()
+}
+
+fn parse(line: &str) -> Launch {
+    launch::parse(&argv(line), &no_env()).expect(line)
+}
+
+fn parse_err(line: &str) -> PlanError {
+    launch::parse(&argv(line), &no_env()).expect_err(line)
+}
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/models")
+        .join(name)
+}
+
+fn load(name: &str) -> Model {
+    model::locate(fixture(name).to_str().expect("utf-8 path"), None, &no_env()).expect(name)
+}
+
+fn gib(value: f64) -> u64 {
+    (value * GIB as f64).round() as u64
+}
+
+// ---------------------------------------------------------------- launch
+
+#[test]
+fn launch_reads_the_four_forms() {
+    let sglang = parse(
+        "python3 -m sglang.launch_server --model-path moonshotai/Kimi-K2.5 --tp 8 \
+         --mem-fraction-static 0.85 --trust-remote-code --host 0.0.0.0 --port 30000",
+    );
+    assert_eq!(sglang.engine, Engine::Sglang);
+    assert_eq!(sglang.model, "moonshotai/Kimi-K2.5");
+    assert_eq!((sglang.tp, sglang.pp, sglang.dp), (8, 1, 1));
+    assert_eq!(sglang.mem_fraction, Some(0.85));
+    assert_eq!(sglang.gpus, (0..8).collect::<Vec<_>>());
+    assert!(sglang.ignored.is_empty(), "{:?}", sglang.ignored);
+
+    let serve = parse("sglang serve --model=org/m --tp-size=4 --context-length 32768");
+    assert_eq!(
+        (serve.engine, serve.tp, serve.context_length),
+        (Engine::Sglang, 4, Some(32768))
+    );
+
+    let vllm = parse(
+        "vllm serve meta-llama/Llama-3.1-70B-Instruct -tp 4 --gpu-memory-utilization=0.9 --max-model-len 32k",
+    );
+    assert_eq!(vllm.engine, Engine::Vllm);
+    assert_eq!(vllm.model, "meta-llama/Llama-3.1-70B-Instruct");
+    assert_eq!(vllm.tp, 4);
+    assert_eq!(vllm.mem_fraction, Some(0.9));
+    // vLLM's human_readable_int: a lower-case k is decimal.
+    assert_eq!(vllm.context_length, Some(32_000));
+
+    let api = parse(
+        "/opt/venv/bin/python3.11 -u -X faulthandler -m vllm.entrypoints.openai.api_server \
+         --model org/m --tensor-parallel-size 2 --kv-cache-memory-bytes 8G",
+    );
+    assert_eq!(
+        (api.engine, api.model.as_str(), api.tp),
+        (Engine::Vllm, "org/m", 2)
+    );
+    // A capital G is binary.
+    assert_eq!(api.kv_cache_memory_bytes, Some(8 * GIB));
+
+    let python = parse("python -m sglang.launch_server --model-path /models/x");
+    assert_eq!(python.model, "/models/x");
+}
+
+#[test]
+fn launch_applies_env_prefixes_and_the_gpu_id_flags() {
+    let launch = parse(
+        "env HF_HOME=/data CUDA_VISIBLE_DEVICES=4,5,6,7 python3 -m sglang.launch_server \
+         --model-path org/m --tp 2 --base-gpu-id 1 --gpu-id-step 2",
+    );
+    // SGLang: gpu_id = base + tp_rank·step = 1, 3, the 2nd and 4th visible GPUs.
+    assert_eq!(launch.gpus, vec![5, 7]);
+    assert_eq!(launch.env.get("HF_HOME").map(String::as_str), Some("/data"));
+
+    let bare = parse("CUDA_VISIBLE_DEVICES=3 vllm serve org/m");
+    assert_eq!(bare.gpus, vec![3]);
+
+    let mut env = no_env();
+    env.insert("CUDA_VISIBLE_DEVICES".to_string(), "0,1".to_string());
+    let cleared = launch::parse(&argv("env -i vllm serve org/m -tp 2"), &env).expect("parse");
+    assert_eq!(
+        cleared.gpus,
+        vec![0, 1],
+        "env -i drops the caller's CUDA_VISIBLE_DEVICES"
+    );
+
+    // Data parallel without DP attention: replicas at base + dp_rank·tp·pp·step.
+    let replicas = parse("python3 -m sglang.launch_server --model-path m --tp 2 --dp 2");
+    assert_eq!(replicas.gpus, vec![0, 1, 2, 3]);
+    // DP attention lives inside the TP group: TP8 uses 8 GPUs.
+    let attention =
+        parse("python3 -m sglang.launch_server --model-path m --tp 8 --dp 8 --enable-dp-attention");
+    assert_eq!(attention.gpus.len(), 8);
+    assert_eq!(attention.attention_tp(), 1);
+    // Two nodes: TP16 puts 8 ranks on each.
+    let nodes =
+        parse("python3 -m sglang.launch_server --model-path m --tp 16 --nnodes 2 --node-rank 1");
+    assert_eq!(nodes.gpus, (0..8).collect::<Vec<_>>());
+    assert_eq!(nodes.gpu_count(), 8);
+    // vLLM: TP × PP × DP.
+    let vllm = parse("vllm serve m -tp 2 -pp 2 -dp 2");
+    assert_eq!(vllm.gpus, (0..8).collect::<Vec<_>>());
+    let ids = parse("CUDA_VISIBLE_DEVICES=2,3,4,5 vllm serve m -tp 2 --device-ids 1,3");
+    assert_eq!(
+        ids.gpus,
+        vec![3, 5],
+        "--device-ids index into CUDA_VISIBLE_DEVICES"
+    );
+
+    let uuids = parse("CUDA_VISIBLE_DEVICES=GPU-aaaa,GPU-bbbb vllm serve m -tp 2");
+    assert!(uuids.gpus.is_empty());
+    assert_eq!(uuids.gpu_uuids, vec!["GPU-aaaa", "GPU-bbbb"]);
+}
+
+#[test]
+fn switches_do_not_swallow_the_next_token() {
+    let launch = parse(
+        "vllm serve --trust-remote-code -O3 meta/llama --enforce-eager --enable-prefix-caching -tp 2",
+    );
+    assert_eq!(launch.model, "meta/llama");
+    assert!(launch.enforce_eager);
+    assert_eq!(launch.tp, 2);
+    let sglang = parse(
+        "python3 -m sglang.launch_server --enable-dp-attention --model-path m --disable-cuda-graph \
+         --tp 8 --dp 4 --enable-hierarchical-cache --hicache-size 37",
+    );
+    assert!(sglang.dp_attention);
+    assert_eq!(sglang.model, "m");
+    assert_eq!((sglang.tp, sglang.dp), (8, 4));
+    assert_eq!(sglang.host_tier, Some(HostTierRequest::SglangSizeGb(37)));
+    assert_eq!(sglang.ignored, vec!["--disable-cuda-graph"]);
+}
+
+#[test]
+fn launch_lists_unknown_flags_and_reads_lists_and_aliases() {
+    let launch = parse(
+        "python3 -m sglang.launch_server --model-path m --tp 2 --cuda-graph-bs 1 2 4 8 \
+         --some-new-flag value --mem-fraction 0.8 --kv-cache-dtype fp8_e4m3 --page-size 64",
+    );
+    assert_eq!(launch.cuda_graph_max_bs, Some(8));
+    // argparse prefix: --mem-fraction is --mem-fraction-static.
+    assert_eq!(launch.mem_fraction, Some(0.8));
+    assert_eq!(launch.kv_dtype, KvDtype::Fp8E4m3);
+    assert_eq!(launch.page_size, Some(64));
+    assert_eq!(launch.ignored, vec!["--some-new-flag value"]);
+
+    let vllm = parse(
+        "vllm serve m --gpu_memory_utilization 0.8 --kv-cache-dtype fp8 --block-size 32 --max-num-seqs 64",
+    );
+    assert_eq!(vllm.mem_fraction, Some(0.8));
+    assert_eq!(vllm.kv_dtype, KvDtype::Fp8E4m3);
+    assert_eq!(
+        (vllm.page_size, vllm.max_running_requests),
+        (Some(32), Some(64))
+    );
+
+    let hicache = parse(
+        "python3 -m sglang.launch_server --model-path m --enable-hierarchical-cache \
+         --hicache-write-policy write_through --hicache-mem-layout page_first",
+    );
+    assert!(hicache.ignored.is_empty(), "{:?}", hicache.ignored);
+    assert_eq!(hicache.host_tier, Some(HostTierRequest::SglangRatio(2.0)));
+    let no_hicache = parse("python3 -m sglang.launch_server --model-path m --hicache-ratio 4");
+    assert_eq!(
+        no_hicache.host_tier, None,
+        "the ratio alone does not turn HiCache on"
+    );
+    let offload = parse("vllm serve m --kv-offloading-size 300");
+    assert_eq!(
+        offload.host_tier,
+        Some(HostTierRequest::VllmOffloadGib(300.0))
+    );
+}
+
+#[test]
+fn launch_bad_input_is_named() {
+    for (line, flag) in [
+        (
+            "python3 -m sglang.launch_server --model-path m --tp eight",
+            "--tp",
+        ),
+        (
+            "python3 -m sglang.launch_server --model-path m --tp",
+            "--tp",
+        ),
+        (
+            "python3 -m sglang.launch_server --model-path m --mem-fraction-static 1.5",
+            "--mem-fraction-static",
+        ),
+        (
+            "python3 -m sglang.launch_server --model-path m --kv-cache-dtype fp9",
+            "--kv-cache-dtype",
+        ),
+        (
+            "vllm serve m --kv-cache-dtype fp8_ds_mla",
+            "--kv-cache-dtype",
+        ),
+        (
+            "vllm serve m --kv-cache-memory-bytes 1.5G",
+            "--kv-cache-memory-bytes",
+        ),
+        (
+            "CUDA_VISIBLE_DEVICES=0,1 vllm serve m -tp 4",
+            "CUDA_VISIBLE_DEVICES",
+        ),
+        ("CUDA_VISIBLE_DEVICES= vllm serve m", "CUDA_VISIBLE_DEVICES"),
+        (
+            "python3 -m sglang.launch_server --model-path m --enable-dp-attention=1",
+            "--enable-dp-attention",
+        ),
+        ("vllm serve m --config serve.yaml", "--config"),
+        (
+            "python3 -m sglang.launch_server --model-path m --tp 8 --dp 3 --enable-dp-attention",
+            "--dp-size",
+        ),
+    ] {
+        match parse_err(line) {
+            PlanError::BadValue { flag: named, .. } => assert_eq!(named, flag, "{line}"),
+            other => panic!("{line}: {other:?}"),
+        }
+    }
+    assert!(matches!(
+        parse_err("python3 train.py --tp 8"),
+        PlanError::UnknownEngine(_)
+    ));
+    assert!(matches!(
+        parse_err("docker run sglang"),
+        PlanError::UnknownEngine(_)
+    ));
+    assert!(matches!(
+        parse_err("vllm bench m"),
+        PlanError::UnknownEngine(_)
+    ));
+    assert!(matches!(
+        parse_err("python3 -m sglang.launch_server --tp 8"),
+        PlanError::NoModel
+    ));
+    assert!(matches!(
+        parse_err("vllm serve --trust-remote-code"),
+        PlanError::NoModel
+    ));
+    // One line, naming what is missing.
+    let message =
+        parse_err("python3 -m sglang.launch_server --model-path m --tp eight").to_string();
+    assert!(
+        message.contains("--tp") && message.contains("eight") && !message.contains('\n'),
+        "{message}"
+    );
+}
+
+// ----------------------------------------------------------------- model
+
+#[test]
+fn kimi_k25_is_mla_from_its_nested_text_config() {
+    let kimi = load("kimi-k2.5");
+    assert_eq!(kimi.architecture, "KimiK25ForConditionalGeneration");
+    let mla = Attention::Mla {
+        kv_lora_rank: 512,
+        qk_rope_head_dim: 64,
+    };
+    assert_eq!(kimi.attention, mla);
+    assert_eq!(
+        kimi.attention_vllm, mla,
+        "vLLM: text model_type kimi_k2 with kv_lora_rank"
+    );
+    assert_eq!(kimi.layers, 61);
+    assert_eq!(kimi.dtype_bytes, 2);
+    assert!(kimi.multimodal);
+    // The yarn scaling has original_max_position_embeddings: factor 1.
+    assert_eq!(kimi.max_position, Some(262_144));
+    // KimiK25VisionConfig's own fields (num_hidden_layers 27, hidden 1152).
+    assert_eq!(kimi.vision, Some((27, 1152)));
+    assert!(
+        !kimi.kv_fp8_from_quant,
+        "compressed-tensors INT4 leaves the KV cache alone"
+    );
+    assert_eq!(kimi.weights_bytes, None);
+    // q_a + kv_a, replicated: 61 × 7168 × (1536 + 512 + 64) × 2 bytes.
+    assert_eq!(kimi.replicated_bytes, 61 * 7168 * (1536 + 512 + 64) * 2);
+}
+
+#[test]
+fn gqa_models_read_heads_and_head_dim() {
+    let llama = load("llama-3.1-70b");
+    assert_eq!(
+        llama.attention,
+        Attention::Mha {
+            kv_heads: 8,
+            head_dim: 8192 / 64,
+            v_head_dim: 128
+        }
+    );
+    assert_eq!(llama.layers, 80);
+    // llama3 rope scaling does not multiply the context.
+    assert_eq!(llama.max_position, Some(131_072));
+    assert!(!llama.multimodal);
+    let qwen = load("qwen3-235b-a22b");
+    // head_dim is given (128), not hidden/heads (4096/64 = 64).
+    assert_eq!(
+        qwen.attention,
+        Attention::Mha {
+            kv_heads: 4,
+            head_dim: 128,
+            v_head_dim: 128
+        }
+    );
+    let small = load("llama-3.1-8b");
+    assert_eq!(
+        small.weights_bytes,
+        Some(16_060_522_496),
+        "metadata.total_size of the index"
+    );
+}
+
+/// A Hugging Face cache tree: models--ORG--NAME/{refs/main, snapshots/REV/config.json}.
+fn hub_tree(hub: &Path, repo: &str, revisions: &[(&str, &str)], main: Option<&str>) {
+    let root = hub.join(format!("models--{}", repo.replace('/', "--")));
+    for (revision, source) in revisions {
+        let snapshot = root.join("snapshots").join(revision);
+        std::fs::create_dir_all(&snapshot).expect("mkdir");
+        std::fs::copy(
+            fixture(source).join("config.json"),
+            snapshot.join("config.json"),
+        )
+        .expect("copy");
+    }
+    if let Some(main) = main {
+        std::fs::create_dir_all(root.join("refs")).expect("mkdir");
+        std::fs::write(root.join("refs/main"), main).expect("write");
+    }
+}
+
+#[test]
+fn the_hugging_face_cache_is_found_as_huggingface_hub_finds_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hub = dir.path().join("hub-cache");
+    hub_tree(
+        &hub,
+        "meta-llama/Llama-3.1-70B",
+        &[("aaa", "llama-3.1-8b"), ("bbb", "llama-3.1-70b")],
+        Some("bbb\n"),
+    );
+    let mut env = no_env();
+    env.insert("HF_HUB_CACHE".to_string(), hub.display().to_string());
+    let found = model::locate("meta-llama/Llama-3.1-70B", None, &env).expect("found");
+    assert_eq!(found.layers, 80, "refs/main chooses the revision");
+    assert!(found.config_path.ends_with("snapshots/bbb/config.json"));
+    let pinned =
+        model::locate_at("meta-llama/Llama-3.1-70B", Some("aaa"), None, None, &env).expect("found");
+    assert_eq!(pinned.layers, 32, "--revision as a commit");
+
+    // HF_HOME/hub, then ~/.cache/huggingface/hub.
+    let home = dir.path().join("hf-home");
+    hub_tree(
+        &home.join("hub"),
+        "Qwen/Qwen3-235B-A22B",
+        &[("c1", "qwen3-235b-a22b")],
+        Some("c1"),
+    );
+    let mut env = no_env();
+    env.insert("HF_HOME".to_string(), home.display().to_string());
+    assert_eq!(
+        model::locate("Qwen/Qwen3-235B-A22B", None, &env)
+            .expect("found")
+            .layers,
+        94
+    );
+    let user = dir.path().join("user");
+    hub_tree(
+        &user.join(".cache/huggingface/hub"),
+        "moonshotai/Kimi-K2.5",
+        &[("k", "kimi-k2.5")],
+        None,
+    );
+    let mut env = no_env();
+    env.insert("HOME".to_string(), user.display().to_string());
+    assert_eq!(
+        model::locate("moonshotai/Kimi-K2.5", None, &env)
+            .expect("one snapshot, no ref")
+            .layers,
+        61
+    );
+
+    // Not found: every place looked is named.
+    let error = model::locate("org/absent", None, &env).expect_err("absent");
+    match &error {
+        PlanError::ModelNotFound { model, looked } => {
+            assert_eq!(model, "org/absent");
+            assert_eq!(
+                looked,
+                &vec![user.join(".cache/huggingface/hub/models--org--absent")]
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(error.to_string().contains("models--org--absent"));
+    // A launch's --download-dir is looked in first.
+    let launch = parse(&format!(
+        "vllm serve org/absent --download-dir {}",
+        hub.display()
+    ));
+    match model::locate_for(&launch, None).expect_err("absent") {
+        PlanError::ModelNotFound { looked, .. } => {
+            assert_eq!(looked[0], hub.join("models--org--absent"))
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A real safetensors file: the 8-byte little-endian header length, the
+/// JSON header, then the tensor bytes.
+fn write_safetensors(path: &Path, header: &serde_json::Value, data_len: usize) {
+    let mut header = serde_json::to_vec(header).expect("json");
+    while !header.len().is_multiple_of(8) {
+        header.push(b' ');
+    }
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(&header);
+    bytes.extend(std::iter::repeat_n(0u8, data_len));
+    std::fs::write(path, bytes).expect("write");
+}
+
+#[test]
+fn weights_come_from_safetensors_headers_without_reading_tensors() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::copy(
+        fixture("llama-3.1-8b").join("config.json"),
+        dir.path().join("config.json"),
+    )
+    .expect("copy");
+    // BF16 [2, 3] = 12 bytes, F32 [4] = 16 bytes, F8_E4M3 [5] = 5 bytes.
+    let header = serde_json::json!({
+        "__metadata__": {"format": "pt"},
+        "a": {"dtype": "BF16", "shape": [2, 3], "data_offsets": [0, 12]},
+        "b": {"dtype": "F32", "shape": [4], "data_offsets": [12, 28]},
+        "c": {"dtype": "F8_E4M3", "shape": [5], "data_offsets": [28, 33]},
+    });
+    write_safetensors(
+        &dir.path().join("model-00001-of-00002.safetensors"),
+        &header,
+        33,
+    );
+    // A second file whose tensor bytes are a 64 GiB hole: reading them
+    // would not finish; the header says U8 [1024, 1024] = 1 MiB.
+    let big = dir.path().join("model-00002-of-00002.safetensors");
+    write_safetensors(
+        &big,
+        &serde_json::json!({"d": {"dtype": "U8", "shape": [1024, 1024], "data_offsets": [0, 1048576]}}),
+        0,
+    );
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&big)
+        .and_then(|file| file.set_len(64 * GIB))
+        .expect("sparse");
+    let found = model::locate(dir.path().to_str().expect("utf-8"), None, &no_env()).expect("found");
+    assert_eq!(found.weights_bytes, Some(12 + 16 + 5 + 1024 * 1024));
+
+    // A header that claims more than the file holds is refused, not read.
+    let liar = dir.path().join("model-00003-of-00003.safetensors");
+    let mut bytes = (1u64 << 40).to_le_bytes().to_vec();
+    bytes.extend_from_slice(b"{}");
+    std::fs::write(&liar, bytes).expect("write");
+    assert!(matches!(
+        model::locate(dir.path().to_str().expect("utf-8"), None, &no_env()),
+        Err(PlanError::Unreadable { path, .. }) if path == liar
+    ));
+}
+
+#[test]
+fn model_bad_input_is_named() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).expect("write");
+        path
+    };
+    let no_layers = write(
+        "no-layers.json",
+        r#"{"architectures": ["LlamaForCausalLM"], "num_attention_heads": 8}"#,
+    );
+    assert!(matches!(
+        model::locate("x", Some(&no_layers), &no_env()),
+        Err(PlanError::MissingField {
+            field: "num_hidden_layers",
+            ..
+        })
+    ));
+    let no_arch = write("no-arch.json", r#"{"num_hidden_layers": 2}"#);
+    assert!(matches!(
+        model::locate("x", Some(&no_arch), &no_env()),
+        Err(PlanError::MissingField {
+            field: "architectures",
+            ..
+        })
+    ));
+    let headless = write(
+        "headless.json",
+        r#"{"architectures": ["FooForCausalLM"], "num_hidden_layers": 2}"#,
+    );
+    assert!(matches!(
+        model::locate("x", Some(&headless), &no_env()),
+        Err(PlanError::UnknownArchitecture(_))
+    ));
+    let hybrid = write(
+        "hybrid.json",
+        r#"{"architectures": ["Qwen3NextForCausalLM"], "num_hidden_layers": 48, "num_attention_heads": 16}"#,
+    );
+    assert!(matches!(
+        model::locate("x", Some(&hybrid), &no_env()),
+        Err(PlanError::UnknownArchitecture(_))
+    ));
+    let garbage = write("garbage.json", "{not json");
+    assert!(matches!(
+        model::locate("x", Some(&garbage), &no_env()),
+        Err(PlanError::Unreadable { .. })
+    ));
+    // A FIFO named as the config is refused without waiting on it.
+    let fifo = dir.path().join("fifo.json");
+    let name = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).expect("path");
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0);
+    assert!(matches!(
+        model::locate("x", Some(&fifo), &no_env()),
+        Err(PlanError::Unreadable { why, .. }) if why.contains("not a regular file")
+    ));
+    // A local directory without config.json.
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).expect("mkdir");
+    assert!(matches!(
+        model::locate(empty.to_str().expect("utf-8"), None, &no_env()),
+        Err(PlanError::ModelNotFound { looked, .. }) if looked == vec![empty.join("config.json")]
+    ));
+}
+
+#[test]
+fn a_modelopt_fp8_kv_scheme_makes_auto_fp8() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(fixture("llama-3.1-8b").join("config.json")).expect("read"),
+    )
+    .expect("json");
+    config["quantization_config"] = serde_json::json!({
+        "quant_method": "modelopt",
+        "quant_algo": "FP8",
+        "kv_cache_scheme": {"num_bits": 8, "type": "float", "dynamic": false},
+    });
+    let path = dir.path().join("config.json");
+    std::fs::write(&path, serde_json::to_vec(&config).expect("json")).expect("write");
+    let found = model::locate("x", Some(&path), &no_env()).expect("found");
+    assert!(found.kv_fp8_from_quant);
+    let launch = parse("python3 -m sglang.launch_server --model-path x");
+    assert_eq!(engine::kv_dtype(&launch, &found), KvDtype::Fp8E4m3);
+    // Llama-3.1-8B at FP8: 8 heads × 256 × 32 layers × 1 byte.
+    assert_eq!(engine::bytes_per_token(&launch, &found), 8 * 256 * 32);
+}
+
+// ---------------------------------------------------------------- engine
+
+#[test]
+fn cell_sizes_u1_to_u4() {
+    let kimi = load("kimi-k2.5");
+    let sglang = |flags: &str| {
+        parse(&format!(
+            "python3 -m sglang.launch_server --model-path m {flags}"
+        ))
+    };
+    // U1: MLA (kv_lora_rank + qk_rope_head_dim) × layers × 2 bytes, at any TP.
+    assert_eq!(
+        engine::bytes_per_token(&sglang("--tp 8"), &kimi),
+        (512 + 64) * 61 * 2
+    );
+    assert_eq!(engine::bytes_per_token(&sglang("--tp 1"), &kimi), 70_272);
+    // U2: FP8 halves it.
+    assert_eq!(
+        engine::bytes_per_token(&sglang("--tp 8 --kv-cache-dtype fp8_e4m3"), &kimi),
+        576 * 61
+    );
+    assert_eq!(35_136, 576 * 61);
+    // U3: Llama-3.1-70B at TP4: max(1, 8 // 4) heads × (128 + 128) × 80 × 2.
+    let llama = load("llama-3.1-70b");
+    assert_eq!(
+        engine::bytes_per_token(&sglang("--tp 4"), &llama),
+        2 * 256 * 80 * 2
+    );
+    assert_eq!(engine::bytes_per_token(&sglang("--tp 4"), &llama), 81_920);
+    assert_eq!(
+        engine::bytes_per_token(&sglang("--tp 8"), &llama),
+        256 * 80 * 2
+    );
+    // U4: Qwen3-235B at TP8: max(1, 4 // 8) = 1 head: the same as TP4.
+    let qwen = load("qwen3-235b-a22b");
+    assert_eq!(
+        engine::bytes_per_token(&sglang("--tp 8"), &qwen),
+        256 * 94 * 2
+    );
+    assert_eq!(engine::bytes_per_token(&sglang("--tp 4"), &qwen), 48_128);
+    // DP attention divides heads by attention-TP = tp / dp = 4: 2 heads.
+    assert_eq!(
+        engine::bytes_per_token(&sglang("--tp 8 --dp 2 --enable-dp-attention"), &llama),
+        2 * 256 * 80 * 2
+    );
+    // Pipeline parallel: the largest stage's layers, ceil(61 / 2) = 31.
+    assert_eq!(
+        engine::bytes_per_token(&sglang("--tp 4 --pp-size 2"), &kimi),
+        576 * 31 * 2
+    );
+    // FP4 (SGLang, MLA): cell // 2 + (576 // 16) × layers × 1.
+    assert_eq!(
+        engine::bytes_per_token(&sglang("--kv-cache-dtype fp4_e2m1"), &kimi),
+        576 * 61 / 2 + (576 / 16) * 61
+    );
+    // vLLM: the same for MLA (one replicated head of 576) and for GQA.
+    let vllm = parse("vllm serve m -tp 8");
+    assert_eq!(engine::bytes_per_token(&vllm, &kimi), 70_272);
+    assert_eq!(engine::bytes_per_token(&vllm, &qwen), 48_128);
+}
+
+/// SGLang's budget from the two measurements: F0 (free before load, GiB)
+/// and what is left after the weights (GiB).
+fn sglang_budget(total_mib: u64, free_gib: f64, after_load_gib: f64) -> Budget {
+    Budget {
+        gpu_total: total_mib * MIB,
+        free_at_start: gib(free_gib),
+        weights_per_gpu: gib(free_gib) - gib(after_load_gib),
+        kv_memory: None,
+    }
+}
+
+#[test]
+fn sglang_tokens_u5_to_u8() {
+    let kimi = load("kimi-k2.5");
+    let launch =
+        parse("python3 -m sglang.launch_server --model-path m --tp 8 --mem-fraction-static 0.85");
+    // U5 (the incident): rest = 21.78 − 94.58 × (1 − 0.85) = 7.593 GiB;
+    // tokens = int(7.593 × 2^30) // 70,272 = 116,019 (ENGINES.md's 115,982
+    // comes from unrounded F0 and W').
+    let device = engine::device(
+        &launch,
+        &kimi,
+        &sglang_budget(97_871, 94.58, 21.78),
+        Some((0, 4100)),
+    );
+    let rest = 21.78 - 94.58 * (1.0 - 0.85);
+    let expected = (rest * GIB as f64) as u64 / 70_272;
+    assert_eq!(expected, 116_019);
+    assert_eq!(device.tokens_per_rank, expected);
+    assert_eq!(device.start, Start::Starts);
+    assert_eq!(device.page_size, 1);
+    assert_eq!(device.ranks, 1);
+    // Concurrency at 4,100 tokens a request: 116,019 / 4,100 = 28.3.
+    let concurrency = device.concurrency.expect("averages given");
+    assert!(
+        (concurrency - 116_019.0 / 4100.0).abs() < 1e-9,
+        "{concurrency}"
+    );
+    // The request cap: min(tokens // 2, clamp(int(tokens / 262,144 × 512), 2048, 4096)) = 2048.
+    assert_eq!(device.max_running_requests, 2048);
+
+    // U6: 8×H200: rest = 66.60 − 139.40 × 0.15 = 45.69 GiB.
+    let h200 = engine::device(&launch, &kimi, &sglang_budget(143_771, 139.40, 66.60), None);
+    let rest = 66.60 - 139.40 * 0.15;
+    assert_eq!(h200.tokens_per_rank, (rest * GIB as f64) as u64 / 70_272);
+    assert!(
+        (698_000..699_000).contains(&h200.tokens_per_rank),
+        "{}",
+        h200.tokens_per_rank
+    );
+    assert_eq!(h200.concurrency, None);
+    let fp8 = parse(
+        "python3 -m sglang.launch_server --model-path m --tp 8 --mem-fraction-static 0.85 --kv-cache-dtype fp8_e4m3",
+    );
+    let h200_fp8 = engine::device(&fp8, &kimi, &sglang_budget(143_771, 139.40, 66.60), None);
+    assert_eq!(
+        h200_fp8.tokens_per_rank,
+        (rest * GIB as f64) as u64 / 35_136
+    );
+
+    // U7: H100-80GB: rest = 5.85 − 78.65 × 0.15 < 0: "Not enough memory";
+    // the fraction that gives one page: (W' + 70,272 B) / F0 = 72.80 / 78.65 → 0.93.
+    let h100 = engine::device(&launch, &kimi, &sglang_budget(81_559, 78.65, 5.85), None);
+    assert_eq!(h100.tokens_per_rank, 0);
+    let needed =
+        ((gib(78.65) - gib(5.85) + 70_272) as f64 / gib(78.65) as f64 * 100.0).ceil() / 100.0;
+    assert_eq!(needed, 0.93);
+    assert_eq!(
+        h100.start,
+        Start::NotEnoughMemory {
+            raise_fraction_to: Some(0.93)
+        }
+    );
+
+    // U8: the page floor: 115,982 tokens at page 64 (FlashMLA forces 64) → 115,968.
+    let flashmla =
+        parse("python3 -m sglang.launch_server --model-path m --tp 8 --attention-backend flashmla");
+    let budget = Budget {
+        gpu_total: 97_871 * MIB,
+        free_at_start: gib(94.58),
+        weights_per_gpu: 0,
+        kv_memory: Some(115_982 * 70_272 + 100),
+    };
+    let paged = engine::device(&flashmla, &kimi, &budget, None);
+    assert_eq!(paged.page_size, 64);
+    assert_eq!(paged.tokens_per_rank, 115_982 / 64 * 64);
+    assert_eq!(paged.tokens_per_rank, 115_968);
+    // --max-total-tokens caps before the floor.
+    let capped = parse(
+        "python3 -m sglang.launch_server --model-path m --tp 8 --max-total-tokens 100000 --page-size 64",
+    );
+    assert_eq!(
+        engine::device(&capped, &kimi, &budget, None).tokens_per_rank,
+        100_000 / 64 * 64
+    );
+    // Weights larger than the free memory.
+    let heavy = sglang_budget(81_559, 78.65, 0.0);
+    let too_large = Budget {
+        weights_per_gpu: heavy.free_at_start + GIB,
+        ..heavy
+    };
+    assert_eq!(
+        engine::device(&launch, &kimi, &too_large, None).start,
+        Start::WeightsTooLarge
+    );
+}
+
+#[test]
+fn sglang_default_mem_fraction_follows_handle_gpu_memory_settings() {
+    let kimi = load("kimi-k2.5");
+    let llama = load("llama-3.1-8b");
+    let tp8 = parse("python3 -m sglang.launch_server --model-path m --tp 8");
+    // H200, TP8: chunked 8192, cuda_graph_max_bs 512:
+    // reserved = 512 + 8192 × 1.5 + 512 × 2 + 8 × 1 / 8 × 1024 = 14,848 MiB.
+    let reserved = 512.0 + 8192.0 * 1.5 + 512.0 * 2.0 + 8.0 / 8.0 * 1024.0;
+    assert_eq!(reserved, 14_848.0);
+    let round3 = |x: f64| (x * 1000.0).round() / 1000.0;
+    let h200 = round3((143_771.0 - reserved) / 143_771.0);
+    assert_eq!(h200, 0.897);
+    // Kimi-K2.5 is multimodal: × 0.95 × (1 − 0.1 × (27 × 1152² / (24 × 1024²) − 1)).
+    let vlm = 0.95 * (1.0 - 0.1 * (27.0 * 1152.0 * 1152.0 / (24.0 * 1024.0 * 1024.0) - 1.0));
+    assert!((engine::sglang_vlm_factor(&kimi) - vlm).abs() < 1e-12);
+    assert!((vlm - 0.9097).abs() < 1e-4, "{vlm}");
+    let fraction = engine::sglang_default_fraction(&tp8, &kimi, 143_771 * MIB);
+    assert!((fraction - h200 * vlm).abs() < 1e-12, "{fraction}");
+    // H20-96GB: round((97,871 − 14,848) / 97,871, 3) = 0.848.
+    let h20 = engine::sglang_default_fraction(&tp8, &kimi, 97_871 * MIB);
+    assert!((h20 - 0.848 * vlm).abs() < 1e-12, "{h20}");
+    // Llama-3.1-8B, TP1 on an H100 (81,559 MiB): cuda_graph_max_bs 256;
+    // reserved = 512 + 12,288 + 512 + 128 = 13,440 → 0.835; no VLM factor.
+    let tp1 = parse("python3 -m sglang.launch_server --model-path m");
+    assert_eq!(
+        engine::sglang_default_fraction(&tp1, &llama, 81_559 * MIB),
+        round3((81_559.0 - 13_440.0) / 81_559.0)
+    );
+    assert_eq!(
+        engine::sglang_default_fraction(&tp1, &llama, 81_559 * MIB),
+        0.835
+    );
+    // A 24 GB GPU (< 35 GiB): chunked 2048, bs 24: reserved = 512 + 3072 + 48 + 128 = 3760, no 10 GiB floor.
+    assert_eq!(
+        engine::sglang_default_fraction(&tp1, &llama, 24_564 * MIB),
+        round3((24_564.0 - 3760.0) / 24_564.0)
+    );
+    // DP attention 8 on H200: + 512 × 8 × 3 + 512 × 8 × 1.5 (bs > 300).
+    let dpa =
+        parse("python3 -m sglang.launch_server --model-path m --tp 8 --dp 8 --enable-dp-attention");
+    let reserved_dpa = reserved + 512.0 * 8.0 * 3.0 + 512.0 * 8.0 * 1.5;
+    let expected = round3((143_771.0 - reserved_dpa) / 143_771.0) * vlm;
+    assert!((engine::sglang_default_fraction(&dpa, &kimi, 143_771 * MIB) - expected).abs() < 1e-12);
+    // EAGLE: + 2 GiB.
+    let eagle =
+        parse("python3 -m sglang.launch_server --model-path m --speculative-algorithm eagle");
+    assert_eq!(
+        engine::sglang_default_fraction(&eagle, &llama, 81_559 * MIB),
+        round3((81_559.0 - 13_440.0 - 2048.0) / 81_559.0)
+    );
+    // The device uses the default when the flag is absent.
+    let device = engine::device(&tp8, &kimi, &sglang_budget(143_771, 139.40, 66.60), None);
+    assert!((device.mem_fraction - h200 * vlm).abs() < 1e-12);
+}
+
+#[test]
+fn dp_attention_gives_each_rank_its_pool_and_costs_attention_weights() {
+    let kimi = Model {
+        weights_bytes: Some(594_000_000_000),
+        ..load("kimi-k2.5")
+    };
+    let tp8 = parse("python3 -m sglang.launch_server --model-path m --tp 8");
+    let dpa =
+        parse("python3 -m sglang.launch_server --model-path m --tp 8 --dp 8 --enable-dp-attention");
+    let replicated = (61u64 * 7168 * (1536 + 512 + 64) * 2) as f64;
+    let plain = (594e9 - replicated) / 8.0 + replicated + GIB as f64;
+    assert_eq!(engine::weights_per_gpu(&tp8, &kimi), Some(plain as u64));
+    // Attention per layer: q_a 7168·1536 + q_b 1536·64·192 + kv_a 7168·576
+    // + kv_b 512·64·256 + o 64·128·7168; with attention-TP 1 the part not
+    // already replicated is whole on every GPU: + (A − R) × (1 − 1/8).
+    let attention = (61u64
+        * (7168 * 1536 + 1536 * 64 * 192 + 7168 * 576 + 512 * 64 * 256 + 64 * 128 * 7168)
+        * 2) as f64;
+    assert_eq!(kimi.attention_bytes as f64, attention);
+    let extra = (attention - replicated) * (1.0 - 1.0 / 8.0);
+    assert!(
+        (9.0e9..9.5e9).contains(&extra),
+        "ENGINES.md §3: ≈9.2 GB, got {extra}"
+    );
+    let with_dpa = engine::weights_per_gpu(&dpa, &kimi).expect("weights") as f64;
+    assert!((with_dpa - (plain + extra)).abs() < 2.0, "{with_dpa}");
+    let device = engine::device(&dpa, &kimi, &sglang_budget(143_771, 139.40, 60.0), None);
+    assert_eq!(device.ranks, 8);
+}
+
+#[test]
+fn vllm_budget_is_utilization_of_total_and_refuses_short_free_memory() {
+    let llama = load("llama-3.1-70b");
+    let launch = parse("vllm serve m -tp 4");
+    let total = 81_559 * MIB;
+    let weights = gib(32.9);
+    let budget = Budget {
+        gpu_total: total,
+        free_at_start: total - GIB,
+        weights_per_gpu: weights,
+        kv_memory: None,
+    };
+    let device = engine::device(&launch, &llama, &budget, None);
+    // requested = ceil(total × 0.92) (the 0.26.0 default); available_kv =
+    // requested − weights − profile peak − CUDA-graph estimate.
+    let requested = (total as f64 * 0.92).ceil() as u64;
+    let kv = requested - weights - engine::VLLM_PROFILE_PEAK_BYTES - engine::VLLM_CUDAGRAPH_BYTES;
+    assert_eq!(device.mem_fraction, 0.92);
+    assert_eq!(device.kv_bytes_per_rank, kv);
+    // Blocks of 16 tokens × 81,920 bytes; tokens = blocks × 16.
+    assert_eq!(device.page_size, 16);
+    assert_eq!(device.tokens_per_rank, kv / (16 * 81_920) * 16);
+    assert_eq!(
+        device.max_running_requests, 1024,
+        "≥ 70 GiB: 1024 sequences"
+    );
+    assert_eq!(device.start, Start::Starts);
+
+    // Less free memory than utilization × total: vLLM refuses to start.
+    let short = Budget {
+        free_at_start: requested - 1,
+        ..budget
+    };
+    assert_eq!(
+        engine::device(&launch, &llama, &short, None).start,
+        Start::RefusesFree {
+            needed: requested,
+            free: requested - 1
+        }
+    );
+    // --enforce-eager: no graph estimate; --kv-cache-memory-bytes: the KV size as given.
+    let eager = parse("vllm serve m -tp 4 --enforce-eager");
+    assert_eq!(
+        engine::device(&eager, &llama, &budget, None).kv_bytes_per_rank,
+        requested - weights - engine::VLLM_PROFILE_PEAK_BYTES
+    );
+    let fixed = parse("vllm serve m -tp 4 --kv-cache-memory-bytes 10G");
+    let device = engine::device(&fixed, &llama, &budget, None);
+    assert_eq!(device.tokens_per_rank, 10 * GIB / (16 * 81_920) * 16);
+    // request_memory runs in init_device whatever the KV size: the
+    // utilization check still refuses.
+    assert!(matches!(
+        engine::device(&fixed, &llama, &short, None).start,
+        Start::RefusesFree { .. }
+    ));
+    // FlashMLA forces blocks of 64 for an MLA model.
+    let kimi = load("kimi-k2.5");
+    let mla = parse(
+        "vllm serve m -tp 8 --attention-backend FLASHMLA --kv-cache-memory-bytes 1G --max-model-len 8192",
+    );
+    let device = engine::device(&mla, &kimi, &budget, None);
+    assert_eq!(
+        (device.page_size, device.tokens_per_rank),
+        (64, GIB / (64 * 70_272) * 64)
+    );
+    // A 48 GB GPU: 256 sequences.
+    let small = Budget {
+        gpu_total: 46_068 * MIB,
+        free_at_start: 45 * GIB,
+        ..budget
+    };
+    assert_eq!(
+        engine::device(&launch, &llama, &small, None).max_running_requests,
+        256
+    );
+}
+
+#[test]
+fn vllm_refuses_a_pool_smaller_than_one_full_length_request() {
+    let llama = load("llama-3.1-8b");
+    // A 24 GB GPU: requested = ceil(24,564 MiB × 0.92); KV = requested −
+    // 14.96 GiB of weights − profile peak − graphs ≈ 4 GiB, 131,072 B a
+    // token: ~33K tokens, less than one 131,072-token request.
+    let total = 24_564 * MIB;
+    let budget = Budget {
+        gpu_total: total,
+        free_at_start: total - GIB,
+        weights_per_gpu: gib(14.96),
+        kv_memory: None,
+    };
+    let requested = (total as f64 * 0.92).ceil() as u64;
+    let overhead = engine::VLLM_PROFILE_PEAK_BYTES + engine::VLLM_CUDAGRAPH_BYTES;
+    let kv = requested - gib(14.96) - overhead;
+    let blocks = kv / (16 * 131_072);
+    assert!(blocks < 131_072 / 16);
+    let full = engine::device(&parse("vllm serve m"), &llama, &budget, None);
+    // (overhead + weights + 8,192 blocks × 16 × 131,072 B) / total > 1: no
+    // utilization helps.
+    assert_eq!(
+        full.start,
+        Start::NotEnoughMemory {
+            raise_fraction_to: None
+        }
+    );
+    assert_eq!(full.tokens_per_rank, 0);
+    // --max-model-len 8192: 512 blocks are enough.
+    let short = engine::device(
+        &parse("vllm serve m --max-model-len 8192"),
+        &llama,
+        &budget,
+        None,
+    );
+    assert_eq!(short.start, Start::Starts);
+    assert_eq!(short.tokens_per_rank, blocks * 16);
+    // --max-model-len auto: vLLM fits the length to the pool.
+    let auto = engine::device(
+        &parse("vllm serve m --max-model-len auto"),
+        &llama,
+        &budget,
+        None,
+    );
+    assert_eq!(auto.tokens_per_rank, blocks * 16);
+    // At 32,768 tokens a request the utilization that holds one is named:
+    // (overhead + weights + 2,048 blocks × 16 × 131,072 B) / total.
+    let mid = engine::device(
+        &parse("vllm serve m --max-model-len 32768 --gpu-memory-utilization 0.5"),
+        &llama,
+        &budget,
+        None,
+    );
+    let used = (overhead + gib(14.96) + 2048 * 16 * 131_072) as f64;
+    let raise = (used / total as f64 * 100.0).ceil() / 100.0;
+    assert_eq!(
+        mid.start,
+        Start::NotEnoughMemory {
+            raise_fraction_to: Some(raise)
+        }
+    );
+    assert!(raise < 1.0);
+}
+
+#[test]
+fn host_tier_u9_u10_and_vllm_offload() {
+    let kimi = load("kimi-k2.5");
+    let budget = Budget {
+        gpu_total: 97_871 * MIB,
+        free_at_start: gib(94.58),
+        weights_per_gpu: 0,
+        kv_memory: Some(115_982 * 70_272),
+    };
+    // U9: --hicache-size 37: 37e9 // 70,272 = 526,525; (size // 1 + 1) × 1 = 526,526 per rank.
+    let launch = parse(
+        "python3 -m sglang.launch_server --model-path m --tp 8 --enable-hierarchical-cache --hicache-size 37",
+    );
+    let device = engine::device(&launch, &kimi, &budget, None);
+    let tier = engine::host_tier(&launch, &kimi, &device, 1_000 * 1_000_000_000).expect("on");
+    assert_eq!(37_000_000_000u64 / 70_272, 526_525);
+    assert_eq!(tier.tokens_per_rank, 526_526);
+    assert_eq!(tier.bytes_per_rank, 526_526 * 70_272);
+    assert_eq!(
+        tier.bytes_total,
+        8 * 526_526 * 70_272,
+        "every TP rank holds its own copy"
+    );
+    assert!(tier.fits);
+    assert!(tier.larger_than_device);
+    // U10: --hicache-size 300 on 8 ranks with MemAvailable 408 GB: 2.4 TB > 408 GB − 10 GiB.
+    let big = parse(
+        "python3 -m sglang.launch_server --model-path m --tp 8 --enable-hierarchical-cache --hicache-size 300",
+    );
+    let tier = engine::host_tier(&big, &kimi, &device, 408_000_000_000).expect("on");
+    assert_eq!(tier.tokens_per_rank, 300_000_000_000 / 70_272 + 1);
+    assert_eq!(
+        tier.bytes_total,
+        8 * (300_000_000_000 / 70_272 + 1) * 70_272
+    );
+    assert_eq!(tier.budget, 408_000_000_000 - 10 * GIB);
+    assert!(!tier.fits);
+    // The default ratio 2.0: int(115,982 × 2) // 1 + 1.
+    let ratio =
+        parse("python3 -m sglang.launch_server --model-path m --tp 8 --enable-hierarchical-cache");
+    let tier = engine::host_tier(&ratio, &kimi, &device, 408_000_000_000).expect("on");
+    assert_eq!(tier.tokens_per_rank, 115_982 * 2 + 1);
+    // vLLM 0.26.0: 300 GiB in total, every block stored once per worker.
+    let vllm = parse("vllm serve m -tp 8 --kv-offloading-size 300");
+    let device = engine::device(&vllm, &kimi, &budget, None);
+    let tier = engine::host_tier(&vllm, &kimi, &device, 408_000_000_000).expect("on");
+    assert_eq!(tier.bytes_total, 300 * GIB);
+    assert_eq!(tier.tokens_per_rank, 300 * GIB / (70_272 * 8));
+    assert!(engine::host_tier(&parse("vllm serve m"), &kimi, &device, 0).is_none());
+}
+
+// ------------------------------------------------------------- calibrate
+
+const SGLANG_LOG: &str = "\
+[2026-07-01 10:00:00 TP0] Init torch distributed begin.
+[2026-07-01 10:00:01 TP0] Load weight begin. avail mem=94.60 GB
+[2026-07-01 10:00:01 TP1] Load weight begin. avail mem=94.58 GB
+[2026-07-01 10:01:00 TP1] Load weight end. elapsed=59.1 s, type=KimiK25ForConditionalGeneration, dtype=torch.bfloat16, avail mem=21.70 GB, mem usage=72.88 GB.
+[2026-07-01 10:01:00 TP0] Load weight end. elapsed=59.0 s, type=KimiK25ForConditionalGeneration, dtype=torch.bfloat16, avail mem=21.80 GB, mem usage=72.80 GB.
+[2026-07-01 10:01:02 TP0] KV Cache is allocated. #tokens: 114913, KV size: 7.52 GB
+[2026-07-01 10:01:02 TP0] Memory pool end. avail mem=13.30 GB
+[2026-07-01 10:01:30 TP0] max_total_num_tokens=114913, chunked_prefill_size=8192, max_prefill_tokens=16384, max_running_requests=2048, context_len=262144, available_gpu_mem=9.80 GB
+[2026-07-01 11:00:00 TP0] Load weight begin. avail mem=80.00 GB
+[2026-07-01 11:00:01 TP0] Load weight end. elapsed=59.0 s, type=KimiK25ForConditionalGeneration, dtype=torch.bfloat16, avail mem=7.20 GB, mem usage=72.80 GB.
+";
+
+#[test]
+fn sglang_log_gives_the_last_complete_start() {
+    // Colours as a terminal log has them.
+    let coloured = SGLANG_LOG.replace("Load weight end.", "\u{1b}[32mLoad weight end.\u{1b}[0m");
+    let logged = calibrate::read_log(&coloured);
+    assert_eq!(
+        logged,
+        Logged {
+            // The largest W' and the smallest free memory over the ranks.
+            weights_per_gpu: Some(gib(72.88)),
+            free_before_load: Some(gib(94.58)),
+            tokens: Some(114_913),
+            kv_bytes: Some(gib(7.52)),
+            engine: Some(Engine::Sglang),
+        }
+    );
+    let mut budget = Budget {
+        gpu_total: 97_871 * MIB,
+        free_at_start: 0,
+        weights_per_gpu: 0,
+        kv_memory: None,
+    };
+    logged.calibrate(Engine::Sglang, &mut budget);
+    assert_eq!(
+        (budget.free_at_start, budget.weights_per_gpu),
+        (gib(94.58), gib(72.88))
+    );
+    // A MHA pool's K and V sizes add up.
+    let mha = calibrate::read_log(
+        "KV Cache is allocated. #tokens: 442000, K size: 27.0 GB, V size: 27.0 GB",
+    );
+    assert_eq!((mha.tokens, mha.kv_bytes), (Some(442_000), Some(gib(54.0))));
+}
+
+#[test]
+fn vllm_log_reads_gib_and_thousands_separators() {
+    let log = "\
+(Worker_TP0 pid=11) INFO 07-01 10:00:00 [gpu_model_runner.py:5348] Model loading took 32.90 GiB memory and 40.123456 seconds
+(Worker_TP1 pid=12) INFO 07-01 10:00:00 [gpu_model_runner.py:5348] Model loading took 32.95 GiB memory and 40.2 seconds
+(Worker_TP0 pid=11) INFO 07-01 10:00:30 [gpu_worker.py:561] Available KV cache memory: 36.12 GiB
+(Worker_TP1 pid=12) INFO 07-01 10:00:30 [gpu_worker.py:561] Available KV cache memory: 36.07 GiB
+(EngineCore_DP0 pid=10) INFO 07-01 10:00:31 [kv_cache_utils.py:2177] GPU KV cache size: 472,768 tokens
+";
+    let logged = calibrate::read_log(log);
+    assert_eq!(
+        logged,
+        Logged {
+            weights_per_gpu: Some(gib(32.95)),
+            free_before_load: None,
+            tokens: Some(472_768),
+            kv_bytes: Some(gib(36.07)),
+            engine: Some(Engine::Vllm),
+        }
+    );
+    let mut budget = Budget {
+        gpu_total: 81_559 * MIB,
+        free_at_start: 80 * GIB,
+        weights_per_gpu: 0,
+        kv_memory: None,
+    };
+    logged.calibrate(Engine::Vllm, &mut budget);
+    assert_eq!(budget.kv_memory, Some(gib(36.07)));
+    // The new model runner's wording.
+    let new = calibrate::read_log(
+        "INFO [model_runner.py:306] Model loading took 4.5 GiB and 3.2 seconds",
+    );
+    assert_eq!(new.weights_per_gpu, Some(gib(4.5)));
+    assert_eq!(calibrate::read_log("nothing here"), Logged::default());
+}
+
+#[test]
+fn a_log_file_is_read_from_its_tail_only() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("server.log");
+    // 6 MiB of noise, then the start: only the last 4 MiB are read.
+    let mut text = "x".repeat(6 << 20);
+    text.push('\n');
+    text.push_str(SGLANG_LOG);
+    std::fs::write(&path, text).expect("write");
+    assert_eq!(
+        calibrate::read_log_file(&path).expect("read").tokens,
+        Some(114_913)
+    );
+    assert!(matches!(
+        calibrate::read_log_file(dir.path()),
+        Err(PlanError::Unreadable { .. })
+    ));
+}
