@@ -787,6 +787,7 @@ fn plan_text(out: &mut dyn Write, plan: &Outcome) -> io::Result<()> {
                 Cost::Tokens { per_rank } => format!("{per_rank} tokens"),
                 Cost::RefusesStart => "the start: alone it leaves no KV cache".to_string(),
                 Cost::Nothing => "nothing".to_string(),
+                Cost::Unknown => "unknown (no figure from the driver)".to_string(),
             },
         ]);
     }

@@ -780,8 +780,15 @@ struct PlanHolderView {
     name: Text,
     gpu: u32,
     bytes: Option<u64>,
-    /// Null when it stops the start instead.
+    /// Null when it stops the start instead, or its cost cannot be told.
     tokens_lost_per_rank: Option<u64>,
+    #[serde(default)]
+    cost: Option<PlanCostView>,
+}
+
+#[derive(Deserialize)]
+struct PlanCostView {
+    kind: Text,
 }
 
 /// `plan -H`: one section per host, from the plan each host made on its own
@@ -844,10 +851,12 @@ pub fn plan(results: &[HostResult]) -> String {
                 Some(pid) => format!("pid {pid} ({})", short(&holder.name, 50)),
                 None => holder.name.to_string(),
             };
-            let cost = match holder.tokens_lost_per_rank {
-                Some(0) => "costs nothing".to_string(),
-                Some(tokens) => format!("every rank loses {tokens} tokens"),
-                None => "alone stops the start".to_string(),
+            let kind = holder.cost.as_ref().map(|cost| &*cost.kind);
+            let cost = match (holder.tokens_lost_per_rank, kind) {
+                (Some(0), _) => "costs nothing".to_string(),
+                (Some(tokens), _) => format!("every rank loses {tokens} tokens"),
+                (None, Some("refuses_start")) => "alone stops the start".to_string(),
+                (None, _) => "costs what cannot be told (no figure from the driver)".to_string(),
             };
             let _ = writeln!(
                 out,
@@ -888,6 +897,47 @@ fn gpu_list(gpus: &[u32]) -> String {
 #[cfg(test)]
 mod tests {
     use super::GpuView;
+
+    #[test]
+    fn a_plan_section_says_each_holders_cost_by_its_kind_and_escapes_its_name() {
+        let report = r#"{"kind": "plan", "engine": "sglang",
+            "launch": {"model": "/m", "tp": 2, "gpus": [0, 1]},
+            "device": {"tokens_per_rank": 10, "starts": false},
+            "device_clean": {"tokens_per_rank": 500, "starts": true, "ranks": 1},
+            "fit": {"verdict": "fits_after_free", "free_command": "gpureap free --gpu 0-1 --pid 7 --pid 8",
+              "reset_command": "gpureap reset --gpu 1",
+              "holders": [
+                {"pid": 7, "name": "a\ngpureap: forged", "gpu": 0, "bytes": 1024,
+                 "tokens_lost_per_rank": 40, "cost": {"kind": "tokens", "per_rank": 40}},
+                {"pid": 8, "name": "big", "gpu": 1, "bytes": 2048,
+                 "tokens_lost_per_rank": null, "cost": {"kind": "refuses_start"}},
+                {"pid": 9, "name": "mig", "gpu": 1, "bytes": null,
+                 "tokens_lost_per_rank": null, "cost": {"kind": "unknown"}},
+                {"pid": null, "name": "held by no process (driver-held)", "gpu": 1, "bytes": 4096,
+                 "tokens_lost_per_rank": 0, "cost": {"kind": "nothing"}}]}}"#;
+        let result = super::HostResult {
+            host: "n1".to_string(),
+            answer: super::super::Answer {
+                exit_code: crate::exit::Exit::StillHeld,
+                report: super::super::nested_json(report),
+                error: None,
+                elapsed: std::time::Duration::ZERO,
+            },
+        };
+        let text = super::plan(&[result]);
+        assert_eq!(
+            text,
+            "n1: fits only after freeing what others hold (exit 1)\n\
+             \x20 sglang /m, TP 2 on GPUs 0,1\n\
+             \x20 now: would not start; on clean GPUs: 500 tokens per rank\n\
+             \x20 GPU 0: pid 7 (a\\ngpureap: forged) holds 1 KiB: every rank loses 40 tokens\n\
+             \x20 GPU 1: pid 8 (big) holds 2 KiB: alone stops the start\n\
+             \x20 GPU 1: pid 9 (mig) holds unknown: costs what cannot be told (no figure from the driver)\n\
+             \x20 GPU 1: held by no process (driver-held) holds 4 KiB: costs nothing\n\
+             \x20 free them: gpureap free -H n1 --gpu 0-1 --pid 7 --pid 8\n\
+             \x20 then, on n1: gpureap reset --gpu 1\n"
+        );
+    }
 
     fn view(json: &str) -> GpuView {
         serde_json::from_str(json).expect("a GPU view")

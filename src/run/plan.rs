@@ -275,6 +275,9 @@ fn held_summary(outcome: &Outcome) -> String {
                 Cost::Tokens { per_rank } => format!("costs every rank {per_rank} tokens"),
                 Cost::RefusesStart => "alone stops the start".to_string(),
                 Cost::Nothing => "costs nothing".to_string(),
+                Cost::Unknown => {
+                    "costs what cannot be told (the driver reports no figure for it)".to_string()
+                }
             };
             format!(
                 "GPU {}: {who} holds {}, {cost}",
