@@ -334,25 +334,68 @@ fn without_plan_the_logged_capacity_is_said_and_recorded_alone() {
     assert_eq!(code, 0, "{}", events.join("\n"));
 }
 
-#[test]
-fn run_plan_never_starts_vllm_while_a_holder_would_make_it_refuse_even_with_accept_shrink() {
-    let lab = Box::new();
-    // `vllm` on PATH: a stand-in that records that it started.
+/// A `vllm` on a PATH of its own: a stand-in that records that it started,
+/// logs vLLM's KV-cache line with FAKE_ENGINE_TOKENS and its ready line.
+/// Returns the PATH to give.
+fn fake_vllm(lab: &Box) -> String {
     let bin = lab.host.path().join("bin");
     std::fs::create_dir_all(&bin).expect("bin");
     let vllm = bin.join("vllm");
     std::fs::write(
         &vllm,
-        "#!/bin/sh\necho $$ >> \"$FAKE_ENGINE_STARTED\"\nexec sleep 100000\n",
+        "#!/bin/sh\necho $$ >> \"$FAKE_ENGINE_STARTED\"\n\
+         echo \"INFO 12-01 23:40:01 [kv_cache_utils.py:1087] GPU KV cache size: $FAKE_ENGINE_TOKENS tokens\"\n\
+         echo 'INFO:     Application startup complete.'\nexec sleep 100000\n",
     )
     .expect("vllm");
     std::fs::set_permissions(&vllm, std::os::unix::fs::PermissionsExt::from_mode(0o755))
         .expect("chmod");
-    let path = format!(
+    format!(
         "{}:{}",
         bin.display(),
         std::env::var("PATH").unwrap_or_default()
+    )
+}
+
+#[test]
+fn planned_against_logged_capacity_of_vllm() {
+    let lab = Box::new();
+    let path = fake_vllm(&lab);
+    let engine = ["vllm", "serve", lab.model.to_str().expect("utf-8")];
+    let mut plan = gpureap(&lab.host);
+    plan.args(["plan", "--json", "--"]).args(engine);
+    lab.with_engine_env(&mut plan, 0);
+    let plan: Run = plan.output().expect("plan").into();
+    assert_eq!(plan.code, 0, "{}{}", plan.stdout, plan.stderr);
+    let planned = plan.json()["device"]["tokens_per_rank"]
+        .as_u64()
+        .expect("tokens");
+    let logged = planned - planned / 100;
+    let mut command = gpureap(&lab.host);
+    command
+        .args(["run", "--plan", "--restart", "never"])
+        .args(["--ready-log", "Application startup complete"])
+        .args(["--state-dir", lab.state.to_str().expect("utf-8")])
+        .arg("--")
+        .args(engine);
+    lab.with_engine_env(&mut command, logged);
+    command.env("PATH", &path);
+    let supervisor = Supervisor::start(command);
+    let line = supervisor.wait_for("capacity:", 1);
+    assert!(
+        line.contains(&format!(
+            "capacity: planned {planned} tokens per rank, the engine logged {logged} (-1.0%)"
+        )),
+        "{line}"
     );
+    let (code, events, _) = supervisor.stop();
+    assert_eq!(code, 0, "{}", events.join("\n"));
+}
+
+#[test]
+fn run_plan_never_starts_vllm_while_a_holder_would_make_it_refuse_even_with_accept_shrink() {
+    let lab = Box::new();
+    let path = fake_vllm(&lab);
     let mut incident = Incident::new(&lab.host);
     // 10 GiB held: 70 GiB free, less than the 0.95 × 80 GiB vLLM asks for.
     let holder = lab.holder(&mut incident, 10 * GIB);
