@@ -445,3 +445,27 @@ fn a_stop_while_waiting_for_fit_ends_the_run_with_nothing_started() {
     assert!(text.contains("nothing was started"), "{text}");
     assert!(alive(holder));
 }
+
+#[test]
+fn the_plan_flags_need_plan_and_exclude_each_other() {
+    let lab = Box::new();
+    for flags in [
+        &["--wait-for-fit", "1m"][..],
+        &["--accept-shrink"][..],
+        &["--plan", "--wait-for-fit", "1m", "--accept-shrink"][..],
+        &["--plan", "--wait-for-fit", "soon"][..],
+    ] {
+        let mut command = gpureap(&lab.host);
+        command
+            .arg("run")
+            .args(flags)
+            .args(["--state-dir", lab.state.to_str().expect("utf-8")])
+            .arg("--")
+            .args(lab.engine());
+        lab.with_engine_env(&mut command, 1);
+        let ran: Run = command.output().expect("gpureap runs").into();
+        assert_eq!(ran.code, 2, "{flags:?}: {}", ran.stderr);
+        assert!(!lab.engine_started(), "{flags:?}");
+        assert!(!lab.state.exists(), "{flags:?}: nothing made");
+    }
+}
