@@ -534,6 +534,29 @@ mod tests {
     }
 
     #[test]
+    fn the_capacity_text_keeps_the_latest_mebibyte_until_closed() {
+        let mut input = Vec::new();
+        input.extend(b"KV Cache is allocated. #tokens: 1\n");
+        let filler = format!("{}\n", "x".repeat(1023));
+        for _ in 0..(CAPACITY_TEXT_BYTES / 1024) {
+            input.extend(filler.as_bytes());
+        }
+        input.extend(b"[TP0] KV Cache is allocated. #tokens: 2, KV size: 1.00 GB\n");
+        let mut state = pumped(input, "never");
+        let text = state.capacity.text();
+        assert!(text.len() <= CAPACITY_TEXT_BYTES, "{}", text.len());
+        assert!(!text.contains("#tokens: 1\n"), "the oldest line is gone");
+        assert_eq!(
+            crate::plan::calibrate::read_log(&text).tokens,
+            Some(2),
+            "the latest is read"
+        );
+        state.capacity.close();
+        state.capacity.push("KV Cache is allocated. #tokens: 3");
+        assert_eq!(state.capacity.text(), "", "nothing kept once closed");
+    }
+
+    #[test]
     fn a_ready_line_past_the_kept_part_of_a_long_line_is_not_matched() {
         let mut input = vec![b'y'; MAX_LINE_BYTES];
         input.extend(b"ready\n");
