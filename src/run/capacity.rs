@@ -142,7 +142,8 @@ impl CapacityWatch {
         drop(kept);
         self.done = true;
         let comparison = Comparison::new(self.start, self.planned, &logged, tokens);
-        event(&comparison.line());
+        // Recorded first, then said: whoever sees the event finds the file
+        // and the metrics up to date.
         metrics::logged_capacity(tokens);
         if let Some(state) = state {
             let written = serde_json::to_string_pretty(&comparison)
@@ -152,5 +153,6 @@ impl CapacityWatch {
                 event(&format!("cannot record the capacity: {error}"));
             }
         }
+        event(&comparison.line());
     }
 }
