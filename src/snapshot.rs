@@ -53,6 +53,8 @@ pub struct GpuState {
     pub uuid: Option<String>,
     pub memory_total: Option<u64>,
     pub memory_used: Option<u64>,
+    /// What the driver sets aside that nothing can allocate ([`GpuInfo`]'s).
+    pub memory_reserved: Option<u64>,
     /// The driver's error for this GPU (lost, NVML failure); the rest is then unknown.
     pub error: Option<DriverError>,
     pub users: Vec<GpuUser>,
@@ -659,6 +661,7 @@ fn merge(
                 uuid: info.uuid,
                 memory_total: info.memory_total,
                 memory_used: info.memory_used,
+                memory_reserved: info.memory_reserved,
                 error: None,
                 users: info
                     .processes
@@ -681,6 +684,7 @@ fn merge(
                 uuid: None,
                 memory_total: None,
                 memory_used: None,
+                memory_reserved: None,
                 error: Some(error),
                 users: Vec::new(),
             },
@@ -700,6 +704,7 @@ fn merge(
                         uuid: None,
                         memory_total: None,
                         memory_used: None,
+                        memory_reserved: None,
                         error: Some(DriverError::NoAnswer),
                         users: Vec::new(),
                     });
@@ -801,6 +806,7 @@ mod tests {
                 uuid: None,
                 memory_total: Some(80 << 30),
                 memory_used: Some(processes.len() as u64 * (1 << 30)),
+                memory_reserved: None,
                 processes,
             })
         }

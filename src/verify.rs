@@ -547,6 +547,7 @@ mod tests {
                 uuid: None,
                 memory_total: Some(80 * GIB),
                 memory_used: Some(used),
+                memory_reserved: None,
                 error: None,
                 users,
             }],

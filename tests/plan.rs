@@ -316,20 +316,29 @@ fn bad_input_is_one_line_and_exit_2() {
     ];
     for (what, command, named) in cases {
         let result = plan(&host, &["--weights", "1GiB"], &command);
-        assert_eq!(result.code, 2, "{what}: {}{}", result.stdout, result.stderr);
-        assert!(result.stdout.is_empty(), "{what}: {}", result.stdout);
-        assert_eq!(
-            result.stderr.lines().count(),
-            1,
-            "{what}: {}",
-            result.stderr
-        );
-        assert!(
-            result.stderr.starts_with("gpureap: ") && result.stderr.contains(named),
-            "{what} does not name {named}: {}",
-            result.stderr
-        );
+        assert_one_line_usage(what, &result, named);
     }
+    // Without --weights, a config with no checkpoint beside it cannot be
+    // priced: the message names the directory and the flag that fixes it.
+    let result = plan(&host, &["--gpu-memory", "80GiB"], &sglang(&good));
+    assert_one_line_usage("no weights", &result, "--weights");
+    assert!(result.stderr.contains("good"), "{}", result.stderr);
+}
+
+fn assert_one_line_usage(what: &str, result: &Run, named: &str) {
+    assert_eq!(result.code, 2, "{what}: {}{}", result.stdout, result.stderr);
+    assert!(result.stdout.is_empty(), "{what}: {}", result.stdout);
+    assert_eq!(
+        result.stderr.lines().count(),
+        1,
+        "{what}: {}",
+        result.stderr
+    );
+    assert!(
+        result.stderr.starts_with("gpureap: ") && result.stderr.contains(named),
+        "{what} does not name {named}: {}",
+        result.stderr
+    );
 }
 
 /// The plan document, with a holder, on a hypothetical box and with a

@@ -403,6 +403,7 @@ fn gpu(index: u32, users: Vec<GpuUser>) -> GpuState {
         uuid: None,
         memory_total: Some(80 << 30),
         memory_used: Some(users.iter().filter_map(|user| user.memory).sum()),
+        memory_reserved: None,
         error: None,
         users,
     }

@@ -31,6 +31,11 @@ pub struct GpuInfo {
     pub uuid: Option<String>,
     pub memory_total: Option<u64>,
     pub memory_used: Option<u64>,
+    /// Memory the driver sets aside that no program can allocate (NVML's
+    /// `reserved`; 615 MiB on an H200 with driver 580): what CUDA, and so an
+    /// engine, calls the GPU's total is `memory_total` less this. `None`
+    /// where the driver does not say (the simulated driver: nothing reserved).
+    pub memory_reserved: Option<u64>,
     /// The processes the driver lists as using this GPU, bogus PIDs removed.
     pub processes: Vec<DriverProcess>,
 }

@@ -162,6 +162,7 @@ impl Driver for NvmlDriver {
             uuid,
             memory_total: Some(memory.total),
             memory_used: Some(memory.used),
+            memory_reserved: Some(memory.reserved),
             processes,
         })
     }

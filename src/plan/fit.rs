@@ -6,7 +6,7 @@
 //! `evaluate`.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use super::PlanError;
 use super::calibrate::{self, Logged};
@@ -124,6 +124,9 @@ pub enum Source {
 pub struct GpuFit {
     pub index: u32,
     pub name: Option<String>,
+    /// What CUDA, and so the engine, calls the GPU's total: the driver's
+    /// total less what it reserves (615 MiB on an H200), the figure vLLM's
+    /// `utilization × total` multiplies.
     pub total: u64,
     pub used: u64,
     /// `total − used`: what the engine would find free now.
@@ -327,9 +330,11 @@ pub fn evaluate(config: &PlanConfig, snapshot: Option<&Snapshot>) -> Result<Outc
         _ => match engine::weights_per_gpu(&launch, &model) {
             Some(weights) => (weights, Source::Estimate),
             None => {
-                return Err(PlanError::MissingField {
-                    path: model.config_path.clone(),
-                    field: "weights: no model.safetensors.index.json or safetensors beside it (give --weights SIZE per GPU)",
+                return Err(PlanError::NoWeights {
+                    dir: model
+                        .config_path
+                        .parent()
+                        .map_or_else(|| model.config_path.clone(), Path::to_path_buf),
                 }
                 .into());
             }
@@ -505,6 +510,7 @@ fn read_gpus(launch: &Launch, snapshot: &Snapshot) -> Result<Vec<GpuFit>, FitErr
                 "GPU {index}: the driver reports no memory figures"
             )));
         };
+        let total = total.saturating_sub(state.memory_reserved.unwrap_or(0));
         let held = snapshot.held_by_no_process(state);
         // Within the driver's bookkeeping, memory held by no process stays
         // on a clean GPU too.

@@ -34,6 +34,11 @@ pub enum PlanError {
     UnknownArchitecture(String),
     #[error("{}: the config has no {field:?}", .path.display())]
     MissingField { path: PathBuf, field: &'static str },
+    #[error(
+        "{}: no model.safetensors.index.json and no *.safetensors to size the weights from; give --weights SIZE (per GPU, once loaded)",
+        .dir.display()
+    )]
+    NoWeights { dir: PathBuf },
     #[error("{flag} {value:?}: {why}")]
     BadValue {
         flag: String,

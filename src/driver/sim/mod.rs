@@ -570,6 +570,7 @@ impl SimDriver {
             uuid: Some(sim_uuid(index)),
             memory_total: Some(total),
             memory_used: Some(used),
+            memory_reserved: None,
             processes,
         })
     }
