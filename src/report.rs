@@ -959,7 +959,7 @@ impl<'a> From<&'a Reason> for ReasonJson<'a> {
                 parent_pid: *parent_pid,
                 parent_comm,
             },
-            Reason::Hidden { pid } => ReasonJson::Hidden { pid: *pid },
+            Reason::Hidden { pid, .. } => ReasonJson::Hidden { pid: *pid },
             Reason::Protected { pid, comm, why } => ReasonJson::Protected {
                 pid: *pid,
                 comm,

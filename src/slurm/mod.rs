@@ -25,7 +25,8 @@ use crate::reap::{self, Fate, Options};
 use crate::reset;
 use crate::select::{self, Guard, JobScope, Scope};
 use crate::snapshot::Snapshot;
-use crate::units::{Bytes, Elapsed};
+use crate::units::{Bytes, Elapsed, Field};
+use crate::verify::{self, Holding, Reason};
 
 use audit::Audit;
 use scontrol::{JobInfo, Scontrol};
@@ -379,98 +380,116 @@ fn job_gpus(
     Ok((driver, gpus))
 }
 
-/// What keeps a GPU from being clean.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What keeps a GPU from being clean: the verifier's value (`verify::holding`),
+/// and what a reset under `--reset` made of it. The log line and the drain
+/// reason are rendered from these values (`text`).
+#[derive(Debug, Clone, PartialEq)]
 pub struct Finding {
     pub gpu: u32,
-    pub pid: Option<u32>,
-    /// Only driver-held memory: a reset may clear it.
-    pub driver_held: bool,
-    /// One line, for the log and the drain reason (`GPU 1: ...`).
-    pub text: String,
+    pub holding: Holding,
+    /// A reset was tried and did not leave the GPU clean.
+    pub reset: Option<ResetFailed>,
 }
 
-/// Why the GPUs in `gpus` are not clean. `unexpected` says what is wrong
-/// with a process the driver lists on a GPU, or `None` when it may stay.
+/// How a reset under `--reset` failed to clean a GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResetFailed {
+    InUse,
+    StillHeld,
+    Failed,
+}
+
+impl ResetFailed {
+    fn of(outcome: &reset::Reset) -> ResetFailed {
+        match outcome {
+            reset::Reset::InUse { .. } => ResetFailed::InUse,
+            reset::Reset::StillHeld { .. } => ResetFailed::StillHeld,
+            _ => ResetFailed::Failed,
+        }
+    }
+
+    fn word(self) -> &'static str {
+        match self {
+            ResetFailed::InUse => "refused, in use",
+            ResetFailed::StillHeld => "still held after",
+            ResetFailed::Failed => "failed",
+        }
+    }
+}
+
+impl Finding {
+    pub fn pid(&self) -> Option<u32> {
+        self.holding.pid()
+    }
+
+    /// Only driver-held memory: a reset may clear it.
+    pub fn driver_held(&self) -> bool {
+        self.holding.driver_held()
+    }
+
+    /// One line, for the log and the drain reason (`GPU 1: ...`).
+    pub fn text(&self) -> String {
+        let index = self.gpu;
+        let holds = |memory: &Option<u64>| {
+            memory
+                .map(|bytes| format!(" holds {}", Bytes(bytes)))
+                .unwrap_or_else(|| " holds memory".to_string())
+        };
+        let text = match &self.holding {
+            Holding::NotReported => format!("GPU {index}: not reported by the driver"),
+            Holding::Reason(Reason::DriverError { message }) => {
+                format!("GPU {index}: driver error: {}", Field(message))
+            }
+            Holding::Reason(Reason::Hidden { pid, memory }) => format!(
+                "GPU {index}: pid {pid} in another PID namespace{}",
+                holds(memory)
+            ),
+            Holding::Reason(Reason::DriverHeld { bytes, .. }) => format!(
+                "GPU {index}: {} held by no process (driver-held)",
+                Bytes(*bytes)
+            ),
+            Holding::Reason(reason) => format!("GPU {index}: {reason}"),
+            Holding::Process {
+                pid,
+                comm,
+                user,
+                state,
+                memory,
+                why,
+            } => format!(
+                "GPU {index}: pid {pid} ({}, {}, state {}){}: {why}",
+                Field(comm),
+                user.as_deref().unwrap_or("unknown user"),
+                state.letter(),
+                holds(memory)
+            ),
+        };
+        match self.reset {
+            Some(failed) => format!("{text} (reset: {})", failed.word()),
+            None => text,
+        }
+    }
+}
+
+/// Why the GPUs in `gpus` are not clean, as the verifier names it.
+/// `unexpected` says what is wrong with a process the driver lists on a
+/// GPU, or `None` when it may stay.
 fn findings(
     snapshot: &Snapshot,
     gpus: &BTreeSet<u32>,
     unexpected: &mut dyn FnMut(u32, &ProcessRecord) -> Option<String>,
 ) -> Vec<Finding> {
-    let mut found = Vec::new();
-    for &index in gpus {
-        let Some(gpu) = snapshot.gpu(index) else {
-            found.push(Finding {
-                gpu: index,
-                pid: None,
-                driver_held: false,
-                text: format!("GPU {index}: not reported by the driver"),
-            });
-            continue;
-        };
-        if let Some(error) = &gpu.error {
-            found.push(Finding {
-                gpu: index,
-                pid: None,
-                driver_held: false,
-                text: format!("GPU {index}: driver error: {error}"),
-            });
-            continue;
-        }
-        for user in gpu.users.iter().filter(|user| user.listed) {
-            let memory = user
-                .memory
-                .map(|bytes| format!(" holds {}", Bytes(bytes)))
-                .unwrap_or_else(|| " holds memory".to_string());
-            let record = snapshot.processes.get(&user.pid).filter(|_| !user.hidden);
-            let text = match record {
-                // A zombie holds no memory: a stale entry of the driver's list.
-                Some(record) if record.state.has_exited() => continue,
-                Some(record) => match unexpected(index, record) {
-                    None => continue,
-                    Some(whose) => {
-                        let user_name = snapshot
-                            .details
-                            .get(&user.pid)
-                            .and_then(|details| details.user.clone())
-                            .or_else(|| record.uid.map(|uid| format!("uid {uid}")))
-                            .unwrap_or_else(|| "unknown user".to_string());
-                        format!(
-                            "GPU {index}: pid {} ({}, {user_name}, state {}){memory}: {whose}",
-                            user.pid,
-                            record.comm,
-                            record.state.letter()
-                        )
-                    }
-                },
-                None => format!(
-                    "GPU {index}: pid {} in another PID namespace{memory}",
-                    user.pid
-                ),
-            };
-            found.push(Finding {
-                gpu: index,
-                pid: Some(user.pid),
-                driver_held: false,
-                text,
-            });
-        }
-        if let Some(unattributed) = snapshot.held_by_no_process(gpu)
-            && unattributed.holds
-        {
-            let bytes = unattributed.bytes;
-            found.push(Finding {
-                gpu: index,
-                pid: None,
-                driver_held: true,
-                text: format!(
-                    "GPU {index}: {} held by no process (driver-held)",
-                    Bytes(bytes)
-                ),
-            });
-        }
-    }
-    found
+    gpus.iter()
+        .flat_map(|&gpu| {
+            verify::holding(snapshot, gpu, unexpected)
+                .into_iter()
+                .map(move |holding| Finding {
+                    gpu,
+                    holding,
+                    reset: None,
+                })
+        })
+        .collect()
 }
 
 /// With `--reset`: resets each GPU whose only finding is driver-held memory,
@@ -482,7 +501,7 @@ fn reset_driver_held(context: &Context, driver: &dyn Driver, found: Vec<Finding>
     }
     let mut left = Vec::new();
     for (index, gpu_findings) in by_gpu {
-        if !gpu_findings.iter().all(|finding| finding.driver_held) {
+        if !gpu_findings.iter().all(Finding::driver_held) {
             left.extend(gpu_findings);
             continue;
         }
@@ -499,29 +518,23 @@ fn reset_driver_held(context: &Context, driver: &dyn Driver, found: Vec<Finding>
         let outcome = reset::reset(driver, index);
         context.say("reset", Some(index), None, &outcome.to_string());
         if !outcome.clean() {
-            left.extend(gpu_findings.into_iter().map(|mut finding| {
-                finding.text = format!("{} (reset: {})", finding.text, reset_word(&outcome));
-                finding
+            let failed = ResetFailed::of(&outcome);
+            left.extend(gpu_findings.into_iter().map(|finding| Finding {
+                reset: Some(failed),
+                ..finding
             }));
         }
     }
     left
 }
 
-fn reset_word(outcome: &reset::Reset) -> &'static str {
-    match outcome {
-        reset::Reset::InUse { .. } => "refused, in use",
-        reset::Reset::StillHeld { .. } => "still held after",
-        _ => "failed",
-    }
-}
-
 /// Drains with every finding in the reason, logging each; exit 1.
 fn drain_for(context: &Context, found: &[Finding]) -> Exit {
-    for finding in found {
-        context.say("held", Some(finding.gpu), finding.pid, &finding.text);
+    let texts: Vec<String> = found.iter().map(Finding::text).collect();
+    for (finding, text) in found.iter().zip(&texts) {
+        context.say("held", Some(finding.gpu), finding.pid(), text);
     }
-    let reason: Vec<&str> = found.iter().map(|finding| finding.text.as_str()).collect();
+    let reason: Vec<&str> = texts.iter().map(String::as_str).collect();
     context.drain(&reason.join("; "));
     Exit::StillHeld
 }
@@ -1164,7 +1177,7 @@ fn drain_unless_drained(
 ) -> Exit {
     if state.drained() && !ours {
         for finding in found {
-            context.say("held", Some(finding.gpu), finding.pid, &finding.text);
+            context.say("held", Some(finding.gpu), finding.pid(), &finding.text());
         }
         context.say(
             "leave",
