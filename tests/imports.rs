@@ -143,6 +143,61 @@ fn the_report_the_pipeline_the_driver_and_the_base_import_nothing_above_them() {
 /// module -> imported module -> the files that import it.
 type Graph = BTreeMap<String, BTreeMap<String, Vec<String>>>;
 
+/// Files that may end the process themselves, and why: everything else
+/// returns its `Exit` to main, which ends the process through the table
+/// (`Exit::exit`). No thread (a deadline, a watcher) ends it on its own.
+const PROCESS_ENDERS: &[(&str, &str)] = &[
+    (
+        "src/main.rs",
+        "the entry: ends the process with the code it dispatched to",
+    ),
+    ("src/exit.rs", "the table: `Exit::exit`"),
+    (
+        "src/driver/sim/stand_in.rs",
+        "the stand-in process's own main (a separate process gpureap starts)",
+    ),
+    (
+        "src/demo.rs",
+        "the demo's Ctrl-C handler, after it killed what it staged",
+    ),
+];
+
+#[test]
+fn only_main_ends_the_process() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    rust_files(&root.join("src"), &mut files);
+    let mut enders = Vec::new();
+    for path in files {
+        let relative = path
+            .strip_prefix(root)
+            .expect("under the crate")
+            .to_string_lossy()
+            .into_owned();
+        if PROCESS_ENDERS.iter().any(|(file, _)| *file == relative) {
+            continue;
+        }
+        let code = code_only(&std::fs::read_to_string(&path).expect("a source file"));
+        let code: String = code.chars().filter(|c| !c.is_whitespace()).collect();
+        // `process::exit(…)`, or an `Exit` value ended on: `Exit::StillHeld.exit()`.
+        let ends = code.contains("process::exit(")
+            || code.match_indices(".exit()").any(|(at, _)| {
+                let before = &code[..at];
+                let start = before
+                    .rfind(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
+                    .map_or(0, |i| i + 1);
+                before[start..].starts_with("Exit::")
+            });
+        if ends {
+            enders.push(relative);
+        }
+    }
+    assert!(
+        enders.is_empty(),
+        "these end the process instead of returning their Exit to main: {enders:?}"
+    );
+}
+
 fn module_graph() -> Graph {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let src = root.join("src");

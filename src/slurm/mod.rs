@@ -15,7 +15,7 @@ pub mod scontrol;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use crate::driver::{self, BackendChoice, Driver};
@@ -50,19 +50,58 @@ const LIVE_JOB_STATES: [&str; 6] = [
     "SIGNALING",
 ];
 
+/// Where a hook's outcome goes: to `main`, which ends the command with the
+/// first one it gets, the hook's own or its deadline's (`Context::bound`).
+type Outcome = mpsc::Sender<Ended>;
+
+/// How a hook ended: by itself (or by panicking), or by its deadline.
+enum Ended {
+    Hook(std::thread::Result<Exit>),
+    Deadline(Exit),
+}
+
+/// Runs the hook on its own thread and returns the outcome that comes
+/// first: the hook's exit code, or its deadline's when the hook is still
+/// running then (hung in a D-state /proc read, a driver call, scontrol).
+/// No thread ends the process: the exit is `main`'s, through the table.
 pub fn main(backend: &BackendChoice, command: &Hook) -> Exit {
-    let code = match command {
-        Hook::Epilog(args) => epilog(backend, args),
-        Hook::Prolog(args) => prolog(backend, args),
-        Hook::Healthcheck(args) => healthcheck(backend, args),
+    let (outcome, first) = mpsc::channel();
+    let hook = {
+        let (backend, command, outcome) = (backend.clone(), command.clone(), outcome.clone());
+        move || {
+            let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                run(&backend, &command, &outcome)
+            }));
+            let _ = outcome.send(Ended::Hook(code));
+        }
     };
-    // Done just as the deadline passed: its drain and exit code count.
-    if scontrol::deadline_passed() {
-        loop {
-            std::thread::park();
+    if let Err(error) = std::thread::Builder::new()
+        .name("hook".to_string())
+        .spawn(hook)
+    {
+        eprintln!("gpureap: cannot start the hook's thread ({error}); running without --timeout");
+        return run(backend, command, &outcome);
+    }
+    drop(outcome);
+    loop {
+        match first.recv() {
+            // Done just as the deadline passed: its drain and exit code count.
+            Ok(Ended::Hook(_)) if scontrol::deadline_passed() => continue,
+            Ok(Ended::Hook(Ok(code)) | Ended::Deadline(code)) => return code,
+            Ok(Ended::Hook(Err(panic))) => std::panic::resume_unwind(panic),
+            // Every sender is gone without a word: cannot happen while the
+            // hook's thread holds one until it has sent.
+            Err(_) => return Exit::Incomplete,
         }
     }
-    code
+}
+
+fn run(backend: &BackendChoice, command: &Hook, outcome: &Outcome) -> Exit {
+    match command {
+        Hook::Epilog(args) => epilog(backend, args, outcome),
+        Hook::Prolog(args) => prolog(backend, args, outcome),
+        Hook::Healthcheck(args) => healthcheck(backend, args, outcome),
+    }
 }
 
 /// The Slurm hook to run and its flags, typed by config.
@@ -298,16 +337,18 @@ impl Context {
         }
     }
 
-    /// Ends the process, draining the node, if the command is still running
-    /// after `limit`: an epilog must end well inside Slurm's own timeout,
-    /// whatever hangs (a D-state /proc read, a driver call, scontrol).
-    fn bound(&self, command: &'static str, limit: Duration) {
+    /// Ends the command, draining the node, if it is still running after
+    /// `limit`: an epilog must end well inside Slurm's own timeout, whatever
+    /// hangs (a D-state /proc read, a driver call, scontrol). The outcome
+    /// goes to `main` (`outcome`), which ends the command with it.
+    fn bound(&self, command: &'static str, limit: Duration, outcome: &Outcome) {
         let context = Context {
             audit: Arc::clone(&self.audit),
             node: self.node.clone(),
             scontrol: self.scontrol.clone(),
             dry_run: self.dry_run,
         };
+        let outcome = outcome.clone();
         let spawned = std::thread::Builder::new()
             .name("deadline".to_string())
             .spawn(move || {
@@ -325,7 +366,7 @@ impl Context {
                     "{command} did not finish within {} (see slurmd's log)",
                     Elapsed(limit)
                 ));
-                Exit::StillHeld.exit()
+                let _ = outcome.send(Ended::Deadline(Exit::StillHeld));
             });
         if let Err(error) = spawned {
             self.say(
@@ -662,6 +703,7 @@ fn start(
     command: &'static str,
     common: &CommonConfig,
     backend: &BackendChoice,
+    outcome: &Outcome,
 ) -> Result<Started, Exit> {
     if let Err(error) = check_flags(common) {
         Context::new(command, common, None, None).say("error", None, None, &error);
@@ -677,7 +719,7 @@ fn start(
             if node.is_none() {
                 return Err(Exit::Usage);
             }
-            context.bound(command, common.timeout);
+            context.bound(command, common.timeout, outcome);
             context.drain(&format!("{error}; {command} checked no GPU"));
             return Err(Exit::Incomplete);
         }
@@ -687,7 +729,7 @@ fn start(
         context.say("skip", None, None, "no GPUs on this node; nothing to check");
         return Err(Exit::Success);
     }
-    context.bound(command, common.timeout);
+    context.bound(command, common.timeout, outcome);
     let (driver, gpus) = job_gpus(&context, backend, &job)?;
     Ok(Started {
         context,
@@ -713,14 +755,14 @@ fn check_flags(common: &CommonConfig) -> Result<(), String> {
     Ok(())
 }
 
-fn epilog(backend: &BackendChoice, args: &EpilogConfig) -> Exit {
+fn epilog(backend: &BackendChoice, args: &EpilogConfig, outcome: &Outcome) -> Exit {
     let started = Instant::now();
     let Started {
         context,
         job,
         driver,
         gpus,
-    } = match start("epilog", &args.common, backend) {
+    } = match start("epilog", &args.common, backend, outcome) {
         Ok(started) => started,
         Err(code) => return code,
     };
@@ -969,14 +1011,14 @@ fn epilog_findings(
     found
 }
 
-fn prolog(backend: &BackendChoice, args: &PrologConfig) -> Exit {
+fn prolog(backend: &BackendChoice, args: &PrologConfig, outcome: &Outcome) -> Exit {
     let started = Instant::now();
     let Started {
         context,
         job,
         driver,
         gpus,
-    } = match start("prolog", &args.common, backend) {
+    } = match start("prolog", &args.common, backend, outcome) {
         Ok(started) => started,
         Err(code) => return code,
     };
@@ -1034,9 +1076,9 @@ fn node_name(given: Option<&str>) -> Option<String> {
         })
 }
 
-fn healthcheck(backend: &BackendChoice, args: &HealthcheckConfig) -> Exit {
+fn healthcheck(backend: &BackendChoice, args: &HealthcheckConfig, outcome: &Outcome) -> Exit {
     let started = Instant::now();
-    let (context, node, scontrol, driver) = match open_healthcheck(backend, args) {
+    let (context, node, scontrol, driver) = match open_healthcheck(backend, args, outcome) {
         Ok(opened) => opened,
         Err(code) => return code,
     };
@@ -1103,6 +1145,7 @@ fn healthcheck(backend: &BackendChoice, args: &HealthcheckConfig) -> Exit {
 fn open_healthcheck(
     backend: &BackendChoice,
     args: &HealthcheckConfig,
+    outcome: &Outcome,
 ) -> Result<(Context, String, Scontrol, Box<dyn Driver>), Exit> {
     if let Err(error) = check_flags(&args.common) {
         Context::new("healthcheck", &args.common, None, None).say("error", None, None, &error);
@@ -1118,7 +1161,7 @@ fn open_healthcheck(
         return Err(Exit::Usage);
     };
     let context = Context::new("healthcheck", &args.common, None, Some(node.clone()));
-    context.bound("healthcheck", args.common.timeout);
+    context.bound("healthcheck", args.common.timeout, outcome);
     let scontrol = match context.scontrol() {
         Ok(scontrol) => scontrol,
         Err(error) => {

@@ -60,7 +60,7 @@ fn calls() -> std::sync::MutexGuard<'static, Calls> {
 
 /// Ends every scontrol call under way, with whatever it forked (its process
 /// group), and refuses new calls from any thread but this one: what a
-/// deadline does before its own drain and exit, so that no scontrol outlives
+/// deadline does before its own drain and outcome, so that no scontrol outlives
 /// the command.
 pub fn end_calls() {
     let groups = {
@@ -74,8 +74,8 @@ pub fn end_calls() {
 }
 
 /// Once a deadline has ended the calls, every other thread that would call
-/// scontrol, or that was waiting for one, waits for the deadline to end the
-/// process: its drain is the one that counts.
+/// scontrol, or that was waiting for one, waits for the deadline's outcome
+/// to end the command (`slurm::main`): its drain is the one that counts.
 fn yield_to_deadline() {
     let closed_by = calls().closed_by;
     if closed_by.is_some_and(|thread| thread != std::thread::current().id()) {
@@ -85,7 +85,8 @@ fn yield_to_deadline() {
     }
 }
 
-/// Whether a deadline has ended the calls (and is draining, then exiting).
+/// Whether a deadline has ended the calls (and is draining, then handing
+/// its outcome to `slurm::main`).
 pub fn deadline_passed() -> bool {
     calls().closed_by.is_some()
 }
