@@ -345,7 +345,7 @@ fn free(backend: &BackendChoice, args: &config::FreeRequest) -> Result<Exit, Fai
     );
     if let Some(runs) = &stale_runs {
         outcome.stale_runs =
-            supervision::remove_after_free(runs, &outcome, &guard, config.options.timeout);
+            supervision::remove_after_free(runs, &outcome, &guard, config.options.timeout());
     }
     if let Some(bar) = spinner {
         bar.finish_and_clear();

@@ -880,16 +880,12 @@ fn job_scope(snapshot: &Snapshot, gpus: &BTreeSet<u32>, job: &Job) -> JobScope {
 
 /// How long the epilog's free may take: three quarters of the budget left
 /// for freeing; the rest for the last look, a reset and the drain.
+/// Verification waits past VERIFY only while memory is still going down,
+/// and never past those three quarters: driver-held memory never comes
+/// back, and is judged after.
 fn free_options(args: &EpilogConfig, started: Instant) -> Options {
     let budget = (args.common.timeout * 3 / 4).saturating_sub(started.elapsed());
-    let grace = args.grace.min(budget / 2);
-    // Verification waits past VERIFY only while memory is still going
-    // down: driver-held memory never comes back, and is judged below.
-    Options {
-        grace,
-        timeout: budget.saturating_sub(grace).min(VERIFY),
-        poll: Duration::from_millis(5),
-    }
+    Options::within(args.grace, VERIFY, budget)
 }
 
 /// What the epilog's free verifies: the GPUs the leftovers use; all the
