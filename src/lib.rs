@@ -7,6 +7,7 @@
 //! around a server it started; `wait` polls the driver before a launch. The
 //! binary only parses flags (`cli`, `config`), calls these, prints and exits.
 
+pub mod child;
 pub mod cli;
 pub mod config;
 pub mod demo;

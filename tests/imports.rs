@@ -97,7 +97,9 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("driver", &["driver"]),
     (
         "base",
-        &["proc", "units", "exit", "signal", "hostlist", "file"],
+        &[
+            "proc", "units", "exit", "signal", "child", "hostlist", "file",
+        ],
     ),
 ];
 

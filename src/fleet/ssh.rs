@@ -8,18 +8,15 @@
 //! past its deadline the ssh process (ours) is killed and the host reported
 //! as not answering.
 
-use std::io::Read;
-use std::os::fd::AsFd;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Arc, mpsc};
-use std::thread;
+use std::process::ExitStatus;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use crate::child::{self, Input, Interruption, Ran};
 use crate::exit::{Exit, Remote};
-use crate::signal::kill_group;
 
 /// The JSON a host answers with is this big at most. A real 8-GPU host's
 /// `status --json`, eight tensor-parallel workers each with every GPU's
@@ -422,27 +419,6 @@ fn last_meaningful_line(stderr: &str) -> Option<String> {
         .map(|line| crate::units::short(line, 200))
 }
 
-enum Ran {
-    Exited {
-        status: ExitStatus,
-        stdout: Vec<u8>,
-        stderr: Vec<u8>,
-        truncated: bool,
-    },
-    TimedOut,
-    /// A signal came (`interrupt`): the child was killed.
-    Interrupted(i32),
-}
-
-/// What the child's stdin is.
-enum Input {
-    Null,
-    /// These bytes, then its end.
-    Data(Arc<Vec<u8>>),
-    /// Open, and nothing on it, until the child ends or is killed (WATCH).
-    Held,
-}
-
 /// Runs a local program for at most `limit`, keeping `max_stdout` bytes of
 /// its output: its exit code (`None`: killed by a signal) and its stdout.
 /// Past the limit its process group is killed and that is an error.
@@ -461,160 +437,26 @@ pub fn run_local(
     }
 }
 
-/// Runs argv, collecting its output (at most `max_stdout` bytes of it kept),
-/// for at most `limit`; past that its process group is killed (it is our
-/// child, not yet reaped, so its PID, the group's, is still its own).
+/// Runs argv as one bounded child (`child::run`), for at most `limit`;
+/// a signal the fleet watches for (`interrupt`) ends it too.
 fn run_bounded<S: AsRef<std::ffi::OsStr>>(
     argv: &[S],
     limit: Duration,
     input: Input,
     max_stdout: u64,
 ) -> Result<Ran, String> {
-    use std::os::unix::process::CommandExt;
-    let deadline = Instant::now() + limit;
-    let shown = || argv[0].as_ref().to_string_lossy().into_owned();
-    let mut child = Command::new(&argv[0])
-        .args(&argv[1..])
-        .stdin(match input {
-            Input::Null => Stdio::null(),
-            Input::Data(_) | Input::Held => Stdio::piped(),
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .spawn()
-        .map_err(|error| format!("cannot run {}: {error}", shown()))?;
-    // No thread to read or write with (RLIMIT_NPROC, memory): the child is
-    // ended, and the host reported as not run.
-    let no_thread = |child: &mut Child, error: std::io::Error| {
-        kill_group(child.id());
-        let _ = child.kill();
-        let _ = child.wait();
-        format!("cannot start a thread: {error}")
+    let interruption = Interruption {
+        signal: super::interrupt::signal,
+        descriptor: super::interrupt::descriptor(),
     };
-    // Held: dropped (closed) when this function returns, the child ended.
-    let mut _held = None;
-    if let Input::Held = input {
-        _held = child.stdin.take();
-    }
-    if let (Some(mut pipe), Input::Data(input)) = (child.stdin.take(), input) {
-        // A host that stops reading (it refused, or died) ends the write with EPIPE.
-        let writer = thread::Builder::new().spawn(move || {
-            let _ = std::io::Write::write_all(&mut pipe, &input);
-        });
-        if let Err(error) = writer {
-            return Err(no_thread(&mut child, error));
-        }
-    }
-    let stdout = match child
-        .stdout
-        .take()
-        .map(|pipe| collect(pipe, max_stdout))
-        .transpose()
-    {
-        Ok(stdout) => stdout,
-        Err(error) => return Err(no_thread(&mut child, error)),
-    };
-    let stderr = match child
-        .stderr
-        .take()
-        .map(|pipe| collect(pipe, MAX_STDERR))
-        .transpose()
-    {
-        Ok(stderr) => stderr,
-        Err(error) => return Err(no_thread(&mut child, error)),
-    };
-    let status = match wait_until(&mut child, deadline) {
-        Waited::Exited(status) => status,
-        ended => {
-            kill_group(child.id());
-            let _ = child.kill();
-            let _ = child.wait();
-            return Ok(match ended {
-                Waited::Interrupted(signal) => Ran::Interrupted(signal),
-                _ => Ran::TimedOut,
-            });
-        }
-    };
-    // ssh is gone; what it started (a ProxyCommand) may still hold the pipes: not for long.
-    let grace = deadline
-        .saturating_duration_since(Instant::now())
-        .min(Duration::from_secs(2));
-    let (stdout, truncated) = stdout
-        .and_then(|receiver| receiver.recv_timeout(grace).ok())
-        .unwrap_or_default();
-    let (stderr, _) = stderr
-        .and_then(|receiver| receiver.recv_timeout(grace).ok())
-        .unwrap_or_default();
-    Ok(Ran::Exited {
-        status,
-        stdout,
-        stderr,
-        truncated,
-    })
-}
-
-/// Reads a pipe to its end on a thread of its own, keeping `limit` bytes
-/// and draining the rest so the writer never blocks.
-fn collect(
-    pipe: impl Read + Send + 'static,
-    limit: u64,
-) -> std::io::Result<mpsc::Receiver<(Vec<u8>, bool)>> {
-    let (sender, receiver) = mpsc::channel();
-    thread::Builder::new().spawn(move || {
-        let mut kept = Vec::new();
-        let mut pipe = pipe;
-        let _ = pipe.by_ref().take(limit).read_to_end(&mut kept);
-        let more = std::io::copy(&mut pipe, &mut std::io::sink()).unwrap_or(0) > 0;
-        let _ = sender.send((kept, more));
-    })?;
-    Ok(receiver)
-}
-
-enum Waited {
-    Exited(ExitStatus),
-    TimedOut,
-    Interrupted(i32),
-}
-
-/// Waits for the child until the deadline or an interruption: on its pidfd
-/// and the interruption's descriptor where the kernel has pidfds (5.3+),
-/// else by polling every few milliseconds.
-fn wait_until(child: &mut Child, deadline: Instant) -> Waited {
-    let pidfd = rustix::process::Pid::from_raw(child.id() as i32).and_then(|pid| {
-        rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok()
-    });
-    let woken = super::interrupt::descriptor();
-    loop {
-        if let Ok(Some(status)) = child.try_wait() {
-            return Waited::Exited(status);
-        }
-        if let Some(signal) = super::interrupt::signal() {
-            return Waited::Interrupted(signal);
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Waited::TimedOut;
-        }
-        match &pidfd {
-            Some(fd) => {
-                let fd = fd.as_fd();
-                let mut fds = vec![rustix::event::PollFd::new(
-                    &fd,
-                    rustix::event::PollFlags::IN,
-                )];
-                if let Some(woken) = &woken {
-                    fds.push(rustix::event::PollFd::new(
-                        woken,
-                        rustix::event::PollFlags::IN,
-                    ));
-                }
-                let timeout = rustix::event::Timespec::try_from(left).ok();
-                let _ = rustix::event::poll(&mut fds, timeout.as_ref());
-            }
-            None => thread::sleep(left.min(Duration::from_millis(5))),
-        }
-    }
+    child::run(
+        argv,
+        input,
+        max_stdout,
+        MAX_STDERR,
+        limit,
+        Some(interruption),
+    )
 }
 
 #[cfg(test)]
