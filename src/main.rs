@@ -15,7 +15,8 @@ use gpureap::reap;
 use gpureap::report;
 use gpureap::select::Guard;
 use gpureap::snapshot::Snapshot;
-use gpureap::supervision::{self, Removal, StaleRun};
+use gpureap::supervised::Removal;
+use gpureap::supervision::{self, StaleRun};
 
 fn main() -> ! {
     // The demo's simulated processes are this binary under other command lines.

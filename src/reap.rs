@@ -15,7 +15,7 @@ use crate::exit::Exit;
 use crate::proc::{self, ProcessId, Unreadable};
 use crate::select::{Because, Guard, Scope, Selection, Spared, select};
 /// What happened to one signal (`SignalEvent::delivery`); it lives in `signal`.
-pub use crate::signal::Delivery;
+use crate::signal::Delivery;
 use crate::signal::{Sig, may_signal, send};
 use crate::snapshot::{Orphaned, Snapshot};
 use crate::verify::{self, Ledger, Reason, Trend};

@@ -145,6 +145,29 @@ fn the_report_the_pipeline_the_driver_and_the_base_import_nothing_above_them() {
 /// module -> imported module -> the files that import it.
 type Graph = BTreeMap<String, BTreeMap<String, Vec<String>>>;
 
+/// A module re-exports nothing of another module (`pub use crate::…`): an
+/// item is named by the module that owns it, never kept at an old path.
+#[test]
+fn nothing_is_re_exported_from_another_module() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    rust_files(&root.join("src"), &mut files);
+    let mut found = Vec::new();
+    for path in files {
+        let code = code_only(&std::fs::read_to_string(&path).expect("a source file"));
+        for line in code.lines() {
+            let line = line.trim_start();
+            if line.starts_with("pub use crate::") || line.starts_with("pub(crate) use crate::") {
+                found.push(format!(
+                    "{}: {line}",
+                    path.strip_prefix(root).expect("under the crate").display()
+                ));
+            }
+        }
+    }
+    assert!(found.is_empty(), "re-exported at another path: {found:#?}");
+}
+
 /// Files that may end the process themselves, and why: everything else
 /// returns its `Exit` to main, which ends the process through the table
 /// (`Exit::exit`). No thread (a deadline, a watcher) ends it on its own.

@@ -14,7 +14,7 @@ use std::fmt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-pub use crate::proc::Node;
+use crate::proc::Node;
 
 pub use none::NoDriver;
 pub use nvml::NvmlDriver;

@@ -40,7 +40,7 @@ pub struct Transport {
 }
 
 /// `--remote-bin`'s default, decided with the flags.
-pub use crate::config::DEFAULT_REMOTE_BIN;
+use crate::config::DEFAULT_REMOTE_BIN;
 
 /// Runs the first gpureap found: on the PATH, else at `push`'s default
 /// destinations (a user's ~/.local/bin is often not on a non-interactive

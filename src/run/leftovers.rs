@@ -110,7 +110,7 @@ fn made_by(path: &Path, pid: u32) -> bool {
         && path
             .file_name()
             .and_then(|name| name.to_str())
-            .and_then(supervision::run_of_cgroup)
+            .and_then(crate::supervised::run_of_cgroup)
             .is_some_and(|(_, supervisor)| supervisor == pid)
 }
 

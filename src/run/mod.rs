@@ -31,7 +31,7 @@ use crate::exit::Exit;
 use crate::reap::{self, FreeReport, Options};
 use crate::select::{Guard, Scope};
 use crate::snapshot::Snapshot;
-use crate::supervision::SUPERVISOR_ENV;
+use crate::supervised::SUPERVISOR_ENV;
 use crate::units::Elapsed;
 use baseline::{GoodStart, History};
 use bundle::{Bundle, CpuSamples};

@@ -914,7 +914,7 @@ fn say_freed(context: &Context, outcome: &reap::FreeReport, job: u64) {
         let signals: Vec<&str> = target
             .signals
             .iter()
-            .filter(|event| event.delivery == reap::Delivery::Sent)
+            .filter(|event| event.delivery == crate::signal::Delivery::Sent)
             .map(|event| event.signal.name())
             .collect();
         let fate = match (target.fate, target.exited_after_ms) {
