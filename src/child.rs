@@ -22,6 +22,23 @@ use rustix::process::{Pid, WaitId, WaitIdOptions};
 
 use crate::signal::kill_group;
 
+/// Why a child did not run to an end that can be read.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("no program to run")]
+    NoProgram,
+    #[error("cannot run {program}: {source}")]
+    Spawn {
+        program: String,
+        source: std::io::Error,
+    },
+    /// No thread to read or write with (RLIMIT_NPROC, memory).
+    #[error("cannot start a thread: {0}")]
+    Thread(std::io::Error),
+    #[error("cannot wait for it: {0}")]
+    Wait(std::io::Error),
+}
+
 /// What the child's stdin is.
 pub enum Input {
     Null,
@@ -84,9 +101,9 @@ pub fn spawn<S: AsRef<OsStr>>(
     input: Input,
     max_stdout: u64,
     max_stderr: u64,
-) -> Result<Running, String> {
+) -> Result<Running, Error> {
     let Some((program, args)) = argv.split_first() else {
-        return Err("no program to run".to_string());
+        return Err(Error::NoProgram);
     };
     let shown = || program.as_ref().to_string_lossy().into_owned();
     let mut child = Command::new(program)
@@ -99,14 +116,17 @@ pub fn spawn<S: AsRef<OsStr>>(
         .stderr(Stdio::piped())
         .process_group(0)
         .spawn()
-        .map_err(|error| format!("cannot run {}: {error}", shown()))?;
+        .map_err(|source| Error::Spawn {
+            program: shown(),
+            source,
+        })?;
     // No thread to read or write with (RLIMIT_NPROC, memory): the child is
     // ended, and the call did not run.
     let no_thread = |child: &mut std::process::Child, error: std::io::Error| {
         kill_group(child.id());
         let _ = child.kill();
         let _ = child.wait();
-        format!("cannot start a thread: {error}")
+        Error::Thread(error)
     };
     let mut held = None;
     match (child.stdin.take(), input) {
@@ -149,7 +169,7 @@ pub fn run<S: AsRef<OsStr>>(
     max_stderr: u64,
     limit: Duration,
     interruption: Option<Interruption>,
-) -> Result<Ran, String> {
+) -> Result<Ran, Error> {
     let mut running = spawn(argv, input, max_stdout, max_stderr)?;
     let waited = running.end_within(limit, interruption);
     running.reap(waited, limit)
@@ -216,14 +236,14 @@ impl Running {
     /// Reaps the child, its group ended (`end_within`), and gathers what it
     /// wrote: waited for no longer than what is left of `limit`, at least
     /// 100 ms and at most DRAIN.
-    pub fn reap(mut self, waited: Waited, limit: Duration) -> Result<Ran, String> {
+    pub fn reap(mut self, waited: Waited, limit: Duration) -> Result<Ran, Error> {
         let status = self.child.wait();
         match waited {
             Waited::TimedOut => return Ok(Ran::TimedOut),
             Waited::Interrupted(signal) => return Ok(Ran::Interrupted(signal)),
             Waited::Exited => {}
         }
-        let status = status.map_err(|error| format!("cannot wait for it: {error}"))?;
+        let status = status.map_err(Error::Wait)?;
         let drain = limit
             .saturating_sub(self.started.elapsed())
             .clamp(Duration::from_millis(100), DRAIN);

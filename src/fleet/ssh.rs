@@ -259,46 +259,16 @@ impl Transport {
         let stderr = String::from_utf8_lossy(stderr);
         let last_line = last_meaningful_line(&stderr);
         let remote = Remote::read(status.code());
-        match remote {
-            // ssh's own failure: connection, host key, authentication.
-            Remote::Ssh => {
+        let remote_exit = match remote {
+            Remote::Ended(exit) => exit,
+            failed => {
                 return (
                     Exit::Incomplete,
                     None,
-                    Some(last_line.unwrap_or_else(|| "ssh failed (exit 255)".to_string())),
+                    Some(self.not_run(failed, last_line)),
                 );
             }
-            Remote::NotFound => {
-                let name = if self.remote_bin == DEFAULT_REMOTE_BIN {
-                    "gpureap not found on the host (install it or pass --remote-bin)".to_string()
-                } else {
-                    format!(
-                        "{} not found on the host (check --remote-bin)",
-                        self.remote_bin
-                    )
-                };
-                return (Exit::Incomplete, None, Some(name));
-            }
-            Remote::CannotRun => {
-                return (
-                    Exit::Incomplete,
-                    None,
-                    Some(format!(
-                        "{} cannot be run on the host: {}",
-                        self.remote_bin,
-                        last_line.unwrap_or_else(|| "permission denied".to_string())
-                    )),
-                );
-            }
-            Remote::Killed => {
-                return (
-                    Exit::Incomplete,
-                    None,
-                    Some("ssh was killed by a signal before the host answered".to_string()),
-                );
-            }
-            Remote::Ended(_) => {}
-        }
+        };
         if truncated {
             return (
                 Exit::Incomplete,
@@ -309,14 +279,15 @@ impl Transport {
                 )),
             );
         }
-        let (remote_exit, remote_code) = match remote {
-            Remote::Ended(exit) => (exit, status.code().unwrap_or_default()),
-            _ => (Exit::Incomplete, 0),
-        };
         let text = String::from_utf8_lossy(stdout);
         if text.trim().is_empty() {
             // The remote gpureap refused (bad usage) or failed before any report.
-            let why = last_line.unwrap_or_else(|| format!("exited {remote_code} with no output"));
+            let why = last_line.unwrap_or_else(|| {
+                format!(
+                    "exited {} with no output",
+                    status.code().unwrap_or_default()
+                )
+            });
             let exit = if remote_exit == Exit::Usage {
                 Exit::Usage
             } else {
@@ -324,68 +295,75 @@ impl Transport {
             };
             return (exit, None, Some(why));
         }
-        // The header only: every other field is skipped, never built.
-        #[derive(Deserialize)]
-        struct Header {
-            schema_version: Option<serde_json::Number>,
-            kind: Option<String>,
+        match document(&text, kind) {
+            Ok(document) => (remote_exit, Some(document), None),
+            Err(why) => (Exit::Incomplete, None, Some(why)),
         }
-        let header: Header = match serde_json::from_str(&text) {
-            Ok(header) => header,
-            Err(_) => {
-                return (
-                    Exit::Incomplete,
-                    None,
-                    Some(format!(
-                        "answered something that is not gpureap's JSON (is --remote-bin gpureap?): {}",
-                        first_line(&text)
-                    )),
-                );
-            }
-        };
-        match header
-            .schema_version
-            .as_ref()
-            .and_then(serde_json::Number::as_u64)
-        {
-            Some(version) if version == u64::from(crate::report::SCHEMA_VERSION) => {}
-            Some(version) => {
-                return (
-                    Exit::Incomplete,
-                    None,
-                    Some(format!(
-                        "remote gpureap speaks schema {version}, this one {}",
-                        crate::report::SCHEMA_VERSION
-                    )),
-                );
-            }
-            None => {
-                return (
-                    Exit::Incomplete,
-                    None,
-                    Some(format!(
-                        "answered JSON without a schema_version: not a gpureap report: {}",
-                        first_line(&text)
-                    )),
-                );
-            }
-        }
-        if header.kind.as_deref() != Some(kind) {
-            return (
-                Exit::Incomplete,
-                None,
-                Some(format!("answered a document that is not a {kind} report")),
-            );
-        }
-        let Some(document) = super::nested_json(&text) else {
-            return (
-                Exit::Incomplete,
-                None,
-                Some("answered JSON that cannot be kept".to_string()),
-            );
-        };
-        (remote_exit, Some(document), None)
     }
+
+    /// Why the remote gpureap did not run, when ssh says it did not: ssh's
+    /// own failure (connection, host key, authentication), no such program,
+    /// one that cannot be run, or ssh killed.
+    fn not_run(&self, remote: Remote, last_line: Option<String>) -> String {
+        match remote {
+            Remote::NotFound if self.remote_bin == DEFAULT_REMOTE_BIN => {
+                "gpureap not found on the host (install it or pass --remote-bin)".to_string()
+            }
+            Remote::NotFound => format!(
+                "{} not found on the host (check --remote-bin)",
+                self.remote_bin
+            ),
+            Remote::CannotRun => format!(
+                "{} cannot be run on the host: {}",
+                self.remote_bin,
+                last_line.unwrap_or_else(|| "permission denied".to_string())
+            ),
+            Remote::Killed => "ssh was killed by a signal before the host answered".to_string(),
+            Remote::Ssh | Remote::Ended(_) => {
+                last_line.unwrap_or_else(|| "ssh failed (exit 255)".to_string())
+            }
+        }
+    }
+}
+
+/// The `kind` report a host answered, kept as it came; else why it is not
+/// one: not gpureap's JSON, another schema, another kind.
+fn document(text: &str, kind: &str) -> Result<Box<RawValue>, String> {
+    // The header only: every other field is skipped, never built.
+    #[derive(Deserialize)]
+    struct Header {
+        schema_version: Option<serde_json::Number>,
+        kind: Option<String>,
+    }
+    let header: Header = serde_json::from_str(text).map_err(|_| {
+        format!(
+            "answered something that is not gpureap's JSON (is --remote-bin gpureap?): {}",
+            first_line(text)
+        )
+    })?;
+    match header
+        .schema_version
+        .as_ref()
+        .and_then(serde_json::Number::as_u64)
+    {
+        Some(version) if version == u64::from(crate::report::SCHEMA_VERSION) => {}
+        Some(version) => {
+            return Err(format!(
+                "remote gpureap speaks schema {version}, this one {}",
+                crate::report::SCHEMA_VERSION
+            ));
+        }
+        None => {
+            return Err(format!(
+                "answered JSON without a schema_version: not a gpureap report: {}",
+                first_line(text)
+            ));
+        }
+    }
+    if header.kind.as_deref() != Some(kind) {
+        return Err(format!("answered a document that is not a {kind} report"));
+    }
+    super::nested_json(text).ok_or_else(|| "answered JSON that cannot be kept".to_string())
 }
 
 /// A word for a POSIX shell: bare when it is plainly safe, else single-quoted.
@@ -457,6 +435,7 @@ fn run_bounded<S: AsRef<std::ffi::OsStr>>(
         limit,
         Some(interruption),
     )
+    .map_err(|error| error.to_string())
 }
 
 #[cfg(test)]

@@ -446,8 +446,13 @@ fn run(program: &Path, args: &[&str]) -> Result<String, String> {
         .collect();
     let mut running = {
         let mut calls = calls();
-        let running = child::spawn(&argv, Input::Null, OUTPUT_LIMIT, OUTPUT_LIMIT)
-            .map_err(|error| format!("cannot run {shown}: {error}"))?;
+        let running =
+            child::spawn(&argv, Input::Null, OUTPUT_LIMIT, OUTPUT_LIMIT).map_err(|error| {
+                match error {
+                    child::Error::Spawn { source, .. } => format!("cannot run {shown}: {source}"),
+                    error => format!("{shown}: {error}"),
+                }
+            })?;
         calls.groups.insert(running.group());
         running
     };
