@@ -220,7 +220,6 @@ pub fn encode_snapshot(
 /// The scan's own families: whether the driver answered, how many scans,
 /// their errors and duration, when the snapshot was taken, what was unreadable.
 fn encode_scan(registry: &mut Registry, snapshot: &Snapshot, figures: &ScanFigures) {
-
     let driver_up = gauge_family(
         registry,
         "driver_up",

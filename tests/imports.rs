@@ -145,6 +145,102 @@ fn the_report_the_pipeline_the_driver_and_the_base_import_nothing_above_them() {
 /// module -> imported module -> the files that import it.
 type Graph = BTreeMap<String, BTreeMap<String, Vec<String>>>;
 
+/// The longest a function of `src/` may be, in lines, and the ones that may
+/// be longer, and why: orchestration is split along the pipeline's steps.
+const LONGEST_FUNCTION: usize = 100;
+const LONG_FUNCTIONS: &[(&str, &str, &str)] = &[(
+    "src/exit.rs",
+    "rows",
+    "the one exit table, data: a row per program",
+)];
+
+#[test]
+fn no_function_is_over_a_hundred_lines() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    rust_files(&root.join("src"), &mut files);
+    let mut long = Vec::new();
+    for path in files {
+        let relative = path
+            .strip_prefix(root)
+            .expect("under the crate")
+            .to_string_lossy()
+            .into_owned();
+        let code = code_only(&std::fs::read_to_string(&path).expect("a source file"));
+        // Unit tests are not orchestration.
+        let code = code.split("#[cfg(test)]").next().unwrap_or_default();
+        for (name, lines) in function_lengths(code) {
+            let allowed = LONG_FUNCTIONS
+                .iter()
+                .any(|(file, function, _)| *file == relative && *function == name);
+            if lines > LONGEST_FUNCTION && !allowed {
+                long.push(format!("{relative}: fn {name}: {lines} lines"));
+            }
+        }
+    }
+    assert!(long.is_empty(), "split these along their steps: {long:#?}");
+}
+
+/// Each function with a body in `code` (comments and literals blanked), and
+/// how many lines it spans, from `fn` to its closing brace.
+fn function_lengths(code: &str) -> Vec<(String, usize)> {
+    let bytes = code.as_bytes();
+    let is_ident = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
+    let mut found = Vec::new();
+    let mut at = 0;
+    while let Some(offset) = code[at..].find("fn ") {
+        let start = at + offset;
+        at = start + 3;
+        if start > 0 && is_ident(bytes[start - 1]) {
+            continue;
+        }
+        let name: String = code[at..]
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        if name.is_empty() {
+            continue;
+        }
+        // The body opens at the first `{` outside parentheses and brackets; a
+        // `;` first is a declaration without one.
+        let mut depth = 0i32;
+        let mut open = None;
+        for (index, &byte) in bytes.iter().enumerate().skip(at) {
+            match byte {
+                b'(' | b'[' | b'<' => depth += 1,
+                b')' | b']' => depth -= 1,
+                b'>' if index > 0 && bytes[index - 1] != b'-' => depth -= 1,
+                b';' if depth <= 0 => break,
+                b'{' if depth <= 0 => {
+                    open = Some(index);
+                    break;
+                }
+                _ => {}
+            }
+        }
+        let Some(open) = open else { continue };
+        let mut braces = 0i32;
+        let mut close = None;
+        for (index, &byte) in bytes.iter().enumerate().skip(open) {
+            match byte {
+                b'{' => braces += 1,
+                b'}' => {
+                    braces -= 1;
+                    if braces == 0 {
+                        close = Some(index);
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let Some(close) = close else { continue };
+        let lines = code[start..=close].lines().count();
+        found.push((name, lines));
+    }
+    found
+}
+
 /// A module re-exports nothing of another module (`pub use crate::…`): an
 /// item is named by the module that owns it, never kept at an old path.
 #[test]
