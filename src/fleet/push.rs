@@ -20,7 +20,8 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use super::{Answer, Fleet, HostResult, fleet_json, worst};
+use super::ssh::Answer;
+use super::{Fleet, HostResult, fleet_json, worst};
 use crate::config::UsageError;
 use crate::exit::Exit;
 use crate::report::new_table;
