@@ -1,8 +1,10 @@
 //! The command line as typed, and typed where it is parsed: durations, sizes,
 //! GPU lists, PIDs, regexes and enums are checked by clap's value parsers, so
 //! a bad value ends the run (exit 2) before the driver is opened or /proc is
-//! read. `config.rs` keeps only the rules that involve several flags or the
-//! host, so that nothing past it sees flag spelling.
+//! read. `config.rs` turns these into each command's typed config and checks
+//! the rules that involve several flags or the host; only `main` and
+//! `config` read this module (tests/imports.rs), so nothing past them sees
+//! flag spelling.
 
 use std::path::PathBuf;
 use std::time::Duration;

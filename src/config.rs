@@ -178,6 +178,13 @@ pub struct FreeRequest {
 }
 
 impl FreeRequest {
+    /// The grace and deadline of this free: the one formula
+    /// (`reap::Options`), here and on each host of `-H`, whose per-host
+    /// limit is its `longest`.
+    pub fn options(&self) -> Options {
+        Options::new(self.grace, self.timeout)
+    }
+
     /// Checks the flags of `free` that need neither the driver nor /proc.
     pub fn new(args: &FreeArgs) -> Result<FreeRequest, UsageError> {
         // Every flag, named: one added to `free` must be carried here, and
@@ -304,11 +311,7 @@ pub fn free(
             }),
             job: None,
         },
-        options: Options {
-            grace: request.grace,
-            timeout: request.timeout,
-            poll: Duration::from_millis(5),
-        },
+        options: request.options(),
     })
 }
 

@@ -227,55 +227,10 @@ pub fn run(json: bool, out: &mut dyn Write) -> io::Result<Exit> {
     let mut incident = Incident::with_stand_ins(&host, Path::new(STAND_IN_EXE))?;
     let text = !json;
 
-    // The bystanders were there first, each started the way it is in life.
-    incident.holder(
-        &Holder::new(NOTEBOOK)
-            .on(SHARED, NOTEBOOK_MEMORY)
-            .in_own_session(),
-    )?;
-    incident.holder(&Holder::new(EXPORTER).in_own_session())?;
-    let workers: Vec<Holder> = (0..GPUS)
-        .map(|rank| {
-            let worker = Holder::new(&format!("sglang::scheduler_TP{rank}"))
-                .on(rank, WORKER + u64::from(rank) * GIB / 4);
-            match rank {
-                STUBBORN => worker.ignoring_sigterm(),
-                SHARED => worker.leaving_driver_held(KEPT),
-                _ => worker,
-            }
-        })
-        .collect();
-    let launcher = incident.sglang(&workers)?;
-    incident.kill(launcher)?;
+    let launcher = stage(&mut incident)?;
 
     if text {
-        writeln!(
-            out,
-            "gpureap demo: a crashed SGLang server on a simulated 8-GPU host"
-        )?;
-        writeln!(
-            out,
-            "(every process below is real; only the GPU driver is simulated, in {})\n",
-            host.path().display()
-        )?;
-        writeln!(out, "The server `{}`", launcher_cmdline())?;
-        writeln!(
-            out,
-            "(pid {launcher}) ran 8 TP workers, one per GPU. It was just killed with SIGKILL, as the OOM killer"
-        )?;
-        writeln!(
-            out,
-            "or `pkill -9 -f launch_server` does: its workers live on, orphaned, with ~118 GiB each (TP2"
-        )?;
-        writeln!(
-            out,
-            "ignores SIGTERM), and so does its detokenizer. A colleague's notebook shares GPU 3, and a"
-        )?;
-        writeln!(
-            out,
-            "metrics exporter watches every GPU, each in a session of its own.\n"
-        )?;
-        writeln!(out, "$ gpureap status --tree")?;
+        introduce(out, host.path(), launcher)?;
     }
     let before = Snapshot::take(&driver);
     if text {
@@ -290,11 +245,7 @@ pub fn run(json: bool, out: &mut dyn Write) -> io::Result<Exit> {
         patterns: vec![regex::Regex::new("sglang").map_err(io::Error::other)?],
         ..Scope::default()
     };
-    let options = Options {
-        grace: GRACE,
-        timeout: TIMEOUT,
-        poll: Duration::from_millis(10),
-    };
+    let options = Options::new(GRACE, TIMEOUT);
     let guard = Guard::for_this_process(&[]);
     let outcome = reap::free(
         &driver,
@@ -326,58 +277,163 @@ pub fn run(json: bool, out: &mut dyn Write) -> io::Result<Exit> {
         Exit::StillHeld
     };
 
+    let played = Played {
+        plan: &plan,
+        before: &before,
+        outcome: &outcome,
+        free_code,
+        after: &after,
+        processes,
+        driver_held,
+        comparison,
+        differences,
+        code,
+    };
     if text {
-        for process in processes
-            .iter()
-            .filter(|p| p.role == Role::Detokenizer && p.alive_after_free)
-        {
-            writeln!(
-                out,
-                "Not in the tables: {} (pid {}) still runs. It holds no GPU, so no GPU scope reaches it;",
-                process.cmdline, process.pid
-            )?;
-            writeln!(
-                out,
-                "`gpureap free --pid {}` would end it. The demo ends it when it exits.\n",
-                process.pid
-            )?;
-        }
-        second_half(out, &driver_held, &processes)?;
-        comparison_text(out, &comparison, &processes)?;
-        if differences.is_empty() {
-            writeln!(
-                out,
-                "\nThe free above exited {}, as it would on the real box; the demo played out as designed.",
-                free_code.code()
-            )?;
-        } else {
-            writeln!(out, "\nThe demo did not play out as designed:")?;
-            for difference in &differences {
-                writeln!(out, "  - {difference}")?;
-            }
-        }
+        tell(out, &played)?;
     } else {
-        let parse = |text: String| serde_json::from_str(&text).map_err(io::Error::other);
-        let document = DemoJson {
-            schema_version: 1,
-            kind: "demo",
-            exit_code: code.code(),
-            as_designed: differences.is_empty(),
-            differences,
-            backend: before.backend.clone(),
-            demo_pid: std::process::id(),
-            processes,
-            plan_before: parse(crate::plan::render::json(&plan))?,
-            status_before: parse(report::status_json(&before, &None))?,
-            free: parse(report::free_json(&outcome, free_code))?,
-            status_after: parse(report::status_json(&after, &None))?,
-            driver_held,
-            comparison,
-        };
-        writeln!(out, "{}", report::to_json(&document))?;
+        writeln!(out, "{}", report::to_json(&played.json()?))?;
     }
     out.flush()?;
     Ok(code)
+}
+
+/// Stages the incident: the bystanders first, each started the way it is in
+/// life, then the server's workers, and the server killed with SIGKILL.
+/// Returns the killed launcher's PID.
+fn stage(incident: &mut Incident) -> io::Result<u32> {
+    // The bystanders were there first, each started the way it is in life.
+    incident.holder(
+        &Holder::new(NOTEBOOK)
+            .on(SHARED, NOTEBOOK_MEMORY)
+            .in_own_session(),
+    )?;
+    incident.holder(&Holder::new(EXPORTER).in_own_session())?;
+    let workers: Vec<Holder> = (0..GPUS)
+        .map(|rank| {
+            let worker = Holder::new(&format!("sglang::scheduler_TP{rank}"))
+                .on(rank, WORKER + u64::from(rank) * GIB / 4);
+            match rank {
+                STUBBORN => worker.ignoring_sigterm(),
+                SHARED => worker.leaving_driver_held(KEPT),
+                _ => worker,
+            }
+        })
+        .collect();
+    let launcher = incident.sglang(&workers)?;
+    incident.kill(launcher)?;
+    Ok(launcher)
+}
+
+/// The transcript's opening: what was staged, in `dir`, and the first command.
+fn introduce(out: &mut dyn Write, dir: &Path, launcher: u32) -> io::Result<()> {
+    writeln!(
+        out,
+        "gpureap demo: a crashed SGLang server on a simulated 8-GPU host"
+    )?;
+    writeln!(
+        out,
+        "(every process below is real; only the GPU driver is simulated, in {})\n",
+        dir.display()
+    )?;
+    writeln!(out, "The server `{}`", launcher_cmdline())?;
+    writeln!(
+        out,
+        "(pid {launcher}) ran 8 TP workers, one per GPU. It was just killed with SIGKILL, as the OOM killer"
+    )?;
+    writeln!(
+        out,
+        "or `pkill -9 -f launch_server` does: its workers live on, orphaned, with ~118 GiB each (TP2"
+    )?;
+    writeln!(
+        out,
+        "ignores SIGTERM), and so does its detokenizer. A colleague's notebook shares GPU 3, and a"
+    )?;
+    writeln!(
+        out,
+        "metrics exporter watches every GPU, each in a session of its own.\n"
+    )?;
+    writeln!(out, "$ gpureap status --tree")?;
+    Ok(())
+}
+
+/// One replay's facts, for the transcript and the JSON.
+struct Played<'a> {
+    plan: &'a Outcome,
+    before: &'a Snapshot,
+    outcome: &'a FreeReport,
+    free_code: Exit,
+    after: &'a Snapshot,
+    processes: Vec<Staged>,
+    driver_held: Vec<DriverHeld>,
+    comparison: Comparison,
+    differences: Vec<String>,
+    code: Exit,
+}
+
+/// The transcript's end: what is left, the second half, and the verdict.
+fn tell(out: &mut dyn Write, played: &Played) -> io::Result<()> {
+    let Played {
+        processes,
+        driver_held,
+        comparison,
+        differences,
+        free_code,
+        ..
+    } = played;
+    for process in processes
+        .iter()
+        .filter(|p| p.role == Role::Detokenizer && p.alive_after_free)
+    {
+        writeln!(
+            out,
+            "Not in the tables: {} (pid {}) still runs. It holds no GPU, so no GPU scope reaches it;",
+            process.cmdline, process.pid
+        )?;
+        writeln!(
+            out,
+            "`gpureap free --pid {}` would end it. The demo ends it when it exits.\n",
+            process.pid
+        )?;
+    }
+    second_half(out, driver_held, processes)?;
+    comparison_text(out, comparison, processes)?;
+    if differences.is_empty() {
+        writeln!(
+            out,
+            "\nThe free above exited {}, as it would on the real box; the demo played out as designed.",
+            free_code.code()
+        )?;
+    } else {
+        writeln!(out, "\nThe demo did not play out as designed:")?;
+        for difference in differences {
+            writeln!(out, "  - {difference}")?;
+        }
+    }
+    Ok(())
+}
+
+impl Played<'_> {
+    /// `gpureap demo --json`'s document.
+    fn json(self) -> io::Result<DemoJson> {
+        let parse = |text: String| serde_json::from_str(&text).map_err(io::Error::other);
+        Ok(DemoJson {
+            schema_version: 1,
+            kind: "demo",
+            exit_code: self.code.code(),
+            as_designed: self.differences.is_empty(),
+            differences: self.differences,
+            backend: self.before.backend.clone(),
+            demo_pid: std::process::id(),
+            processes: self.processes,
+            plan_before: parse(crate::plan::render::json(self.plan))?,
+            status_before: parse(report::status_json(self.before, &None))?,
+            free: parse(report::free_json(self.outcome, self.free_code))?,
+            status_after: parse(report::status_json(self.after, &None))?,
+            driver_held: self.driver_held,
+            comparison: self.comparison,
+        })
+    }
 }
 
 /// On Ctrl-C (or SIGTERM, SIGHUP): every process the demo staged is killed

@@ -11,7 +11,10 @@
 //! cannot fit on this hardware, even on clean GPUs; a process ended by a
 //! signal it caught exits 128 + the signal ([`Exit::Signalled`]). Nothing else in the
 //! program picks a number (`tests/exit_codes.rs` scans for one), and every
-//! `--help` prints its program's rows of [`rows`].
+//! `--help` prints its program's rows of [`rows`]. Only `main` ends the
+//! process with a code ([`Exit::exit`]); no thread does (a Slurm deadline
+//! hands its outcome back to `slurm::main`), save the demo's Ctrl-C handler
+//! and the simulator's stand-in, a process of its own (tests/imports.rs).
 
 use std::io::Write;
 

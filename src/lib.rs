@@ -1,12 +1,19 @@
 //! gpureap: see who holds each NVIDIA GPU, free exactly what was scoped, and
 //! prove through the driver that the memory came back.
 //!
-//! The library follows the data: `snapshot` (driver + /proc) → `select`
-//! (scope → targets) → `reap` (signal escalation) → `verify` (poll until freed
-//! or explained) → `report` (table or JSON). `run` composes the same stages
-//! around a server it started; `wait` polls the driver before a launch. The
-//! binary only parses flags (`cli`, `config`), calls these, prints and exits.
+//! The library follows the data: `snapshot` (driver + /proc, and the one rule
+//! for memory held by no process) → `select` (scope → targets) → `reap`
+//! (signal escalation, looking again until verified or out of time) →
+//! `verify` (from one snapshot: freed, or why not) → `report` (table or
+//! JSON). The front ends compose these stages: `run` around a server it
+//! started, `fleet` over ssh, `slurm`, `exporter` and `check`, `demo`;
+//! `wait` polls the driver before a launch. Below them all are the base's
+//! leaves (`proc`, `units`, `exit`, `signal`, `child`, `hostlist`, `file`).
+//! The binary parses flags into typed config (`cli`, `config`), dispatches,
+//! prints and exits with the code `exit` names. docs/architecture.md has
+//! the module map.
 
+pub mod child;
 pub mod cli;
 pub mod config;
 pub mod demo;

@@ -15,7 +15,8 @@ use gpureap::reap;
 use gpureap::report;
 use gpureap::select::Guard;
 use gpureap::snapshot::Snapshot;
-use gpureap::supervision::{self, Removal, StaleRun};
+use gpureap::supervised::Removal;
+use gpureap::supervision::{self, StaleRun};
 
 fn main() -> ! {
     // The demo's simulated processes are this binary under other command lines.
@@ -359,7 +360,7 @@ fn free(backend: &BackendChoice, args: &config::FreeRequest) -> Result<Exit, Fai
     );
     if let Some(runs) = &stale_runs {
         outcome.stale_runs =
-            supervision::remove_after_free(runs, &outcome, &guard, config.options.timeout);
+            supervision::remove_after_free(runs, &outcome, &guard, config.options.timeout());
     }
     if let Some(bar) = spinner {
         bar.finish_and_clear();

@@ -206,9 +206,22 @@ pub fn encode_snapshot(
     options: &Options,
 ) -> Exposition {
     let mut registry = Registry::with_prefix("gpureap");
+    encode_scan(&mut registry, snapshot, figures);
+    encode_gpus(&mut registry, snapshot, options);
+    if options.per_process {
+        encode_processes(&mut registry, snapshot, options);
+    }
+    let mut text = String::new();
+    // Writing to a String cannot fail.
+    let _ = encode(&mut text, &registry);
+    Exposition::new(text)
+}
 
+/// The scan's own families: whether the driver answered, how many scans,
+/// their errors and duration, when the snapshot was taken, what was unreadable.
+fn encode_scan(registry: &mut Registry, snapshot: &Snapshot, figures: &ScanFigures) {
     let driver_up = gauge_family(
-        &mut registry,
+        registry,
         "driver_up",
         "1 when the GPU driver answered the last scan, 0 when it failed or no driver is loaded",
         None,
@@ -238,14 +251,14 @@ pub fn encode_snapshot(
         errors,
     );
     let duration = gauge_family(
-        &mut registry,
+        registry,
         "scan_duration",
         "How long the last snapshot took",
         Some(Unit::Seconds),
     );
     set(&duration, Vec::new(), figures.last_duration.as_secs_f64());
     let taken = gauge_family(
-        &mut registry,
+        registry,
         "snapshot_timestamp",
         "When the snapshot served was taken, in seconds since the Unix epoch",
         Some(Unit::Seconds),
@@ -256,51 +269,55 @@ pub fn encode_snapshot(
         snapshot.taken_at_unix_ms as f64 / 1000.0,
     );
     let unreadable = gauge_family(
-        &mut registry,
+        registry,
         "scan_unreadable_processes",
         "Processes whose descriptors the last scan needed and could not read (the driver-listed ones where the driver answers for every GPU)",
         None,
     );
     set(&unreadable, Vec::new(), snapshot.unreadable.len() as f64);
+}
 
+/// Each GPU's families: up, memory used and in all, unattributed and held
+/// by no process (the one rule), holders, orphaned memory.
+fn encode_gpus(registry: &mut Registry, snapshot: &Snapshot, options: &Options) {
     let gpu_up = gauge_family(
-        &mut registry,
+        registry,
         "gpu_up",
         "1 when the driver answered for this GPU, 0 when it is lost or failing",
         None,
     );
     let used = gauge_family(
-        &mut registry,
+        registry,
         "gpu_memory_used",
         "GPU memory in use, as the driver reports it",
         Some(Unit::Bytes),
     );
     let total = gauge_family(
-        &mut registry,
+        registry,
         "gpu_memory_total",
         "GPU memory in all, as the driver reports it",
         Some(Unit::Bytes),
     );
     let unattributed = gauge_family(
-        &mut registry,
+        registry,
         "gpu_memory_unattributed",
         "Used GPU memory that no process the driver lists explains (status's UNATTRIBUTED): driver-held memory, and the driver's own bookkeeping",
         Some(Unit::Bytes),
     );
     let held_by_no_process = gauge_family(
-        &mut registry,
+        registry,
         "gpu_held_by_no_process",
         "1 when memory no process explains makes the GPU held (more than the driver keeps for its own bookkeeping): the verdict of free, check, Slurm and reset; 0 when it does not",
         None,
     );
     let holders_count = gauge_family(
-        &mut registry,
+        registry,
         "gpu_holders",
         "Processes holding the GPU: listed by the driver on it (where no driver answers, with its device node open)",
         None,
     );
     let orphaned_memory = gauge_family(
-        &mut registry,
+        registry,
         "gpu_orphaned_memory",
         "GPU memory held by orphaned processes, what `gpureap free --orphans` would free",
         Some(Unit::Bytes),
@@ -334,40 +351,37 @@ pub fn encode_snapshot(
             set(&orphaned_memory, labels, bytes(orphaned.bytes));
         }
     }
+}
 
-    if options.per_process {
-        let process_memory = gauge_family(
-            &mut registry,
-            "process_gpu_memory",
-            "GPU memory a process uses, as the driver reports it (only with --per-process)",
-            Some(Unit::Bytes),
-        );
-        for holder in report::holders_json(snapshot, &options.gpus) {
-            for place in holder.gpus.iter().filter(|place| place.listed_by_driver) {
-                let (Some(memory), true) = (place.memory, wanted(place.index)) else {
-                    continue;
-                };
-                let Some(gpu) = snapshot.gpu(place.index) else {
-                    continue;
-                };
-                let mut labels = gpu_labels(gpu);
-                labels.push(("pid", holder.pid.to_string()));
-                // Anyone's text, as `status` shows it (`units::one_line`): the
-                // exposition then holds no control character, and
-                // prometheus-client escapes the rest (\\ " and newline).
-                let text = |text: Option<&str>| one_line(text.unwrap_or_default()).into_owned();
-                labels.push(("comm", text(holder.comm.as_deref())));
-                labels.push(("user", text(holder.user.as_deref())));
-                labels.push(("flags", holder.flags.join(",")));
-                set(&process_memory, labels, bytes(memory));
-            }
+/// Each holder's memory on each GPU (`--per-process`).
+fn encode_processes(registry: &mut Registry, snapshot: &Snapshot, options: &Options) {
+    let wanted = |index: u32| options.gpus.as_ref().is_none_or(|set| set.contains(&index));
+    let process_memory = gauge_family(
+        registry,
+        "process_gpu_memory",
+        "GPU memory a process uses, as the driver reports it (only with --per-process)",
+        Some(Unit::Bytes),
+    );
+    for holder in report::holders_json(snapshot, &options.gpus) {
+        for place in holder.gpus.iter().filter(|place| place.listed_by_driver) {
+            let (Some(memory), true) = (place.memory, wanted(place.index)) else {
+                continue;
+            };
+            let Some(gpu) = snapshot.gpu(place.index) else {
+                continue;
+            };
+            let mut labels = gpu_labels(gpu);
+            labels.push(("pid", holder.pid.to_string()));
+            // Anyone's text, as `status` shows it (`units::one_line`): the
+            // exposition then holds no control character, and
+            // prometheus-client escapes the rest (\\ " and newline).
+            let text = |text: Option<&str>| one_line(text.unwrap_or_default()).into_owned();
+            labels.push(("comm", text(holder.comm.as_deref())));
+            labels.push(("user", text(holder.user.as_deref())));
+            labels.push(("flags", holder.flags.join(",")));
+            set(&process_memory, labels, bytes(memory));
         }
     }
-
-    let mut text = String::new();
-    // Writing to a String cannot fail.
-    let _ = encode(&mut text, &registry);
-    Exposition::new(text)
 }
 
 /// `gpu` always; `uuid` where the driver gives one.

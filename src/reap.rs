@@ -15,7 +15,7 @@ use crate::exit::Exit;
 use crate::proc::{self, ProcessId, Unreadable};
 use crate::select::{Because, Guard, Scope, Selection, Spared, select};
 /// What happened to one signal (`SignalEvent::delivery`); it lives in `signal`.
-pub use crate::signal::Delivery;
+use crate::signal::Delivery;
 use crate::signal::{Sig, may_signal, send};
 use crate::snapshot::{Orphaned, Snapshot};
 use crate::verify::{self, Ledger, Reason, Trend};
@@ -160,12 +160,60 @@ impl FreeReport {
     }
 }
 
-#[derive(Debug, Clone, Copy)]
+/// How long a `free` signals and verifies: the one grace/deadline formula.
+/// Built only by `Options::new` (a command's --grace and --timeout) or
+/// `Options::within` (a budget, as the Slurm epilog has); `longest` is how
+/// long such a free may take, which the fleet's per-host limit is made of.
+/// The fields are private: no second formula can be written beside these.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Options {
-    pub grace: Duration,
-    pub timeout: Duration,
+    grace: Duration,
+    timeout: Duration,
+    /// How long past `timeout` verification may wait while some GPU's
+    /// memory is still going down.
+    release: Duration,
+}
+
+impl Options {
     /// How often the driver and /proc are re-read while waiting.
-    pub poll: Duration,
+    pub const POLL: Duration = Duration::from_millis(5);
+
+    /// SIGTERM, `grace`, SIGSTOP+SIGKILL, then verification for `timeout`,
+    /// and past it only while memory is still going down, for `timeout` or
+    /// `RELEASE_EXTENSION` more, whichever is longer.
+    pub fn new(grace: Duration, timeout: Duration) -> Options {
+        Options {
+            grace,
+            timeout,
+            release: timeout.max(RELEASE_EXTENSION),
+        }
+    }
+
+    /// Options whose free ends within `budget`: `grace` up to half of it,
+    /// verification up to `verify`, and the release extension only in
+    /// what is left (`longest() <= budget`).
+    pub fn within(grace: Duration, verify: Duration, budget: Duration) -> Options {
+        let grace = grace.min(budget / 2);
+        let timeout = budget.saturating_sub(grace).min(verify);
+        Options {
+            grace,
+            timeout,
+            release: budget.saturating_sub(grace).saturating_sub(timeout),
+        }
+    }
+
+    pub fn grace(&self) -> Duration {
+        self.grace
+    }
+
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The longest a free with these options may take.
+    pub fn longest(&self) -> Duration {
+        self.grace + self.timeout + self.release
+    }
 }
 
 /// What the progress line shows.
@@ -454,7 +502,7 @@ impl Deadlines {
             start,
             grace_end,
             deadline,
-            release_limit: deadline + options.timeout.max(RELEASE_EXTENSION),
+            release_limit: deadline + options.release,
         }
     }
 }
@@ -509,7 +557,6 @@ struct Freeing<'a> {
     driver: &'a dyn Driver,
     scope: &'a Scope,
     guard: &'a Guard,
-    options: Options,
     deadlines: Deadlines,
     reaper: Reaper,
     named: BTreeSet<u32>,
@@ -685,7 +732,7 @@ impl Freeing<'_> {
             })
             .collect();
         self.driver
-            .wait_for_change(&last, self.options.poll, limit)
+            .wait_for_change(&last, Options::POLL, limit)
             .is_some()
     }
 
@@ -818,7 +865,6 @@ pub fn free(
         driver,
         scope,
         guard,
-        options,
         deadlines: Deadlines::new(start, &options),
         reaper: Reaper {
             start: Some(start),
@@ -837,63 +883,105 @@ pub fn free(
         // so far is mostly its cost (an upper bound).
         look_cost: cpu_time(),
     };
-    let mut next = Some(first);
-    let mut pause = options.poll;
-    let look = loop {
-        let look = freeing.look(next.take());
-        let alive = freeing.reaper.refresh();
-        let shown: Vec<(u32, Option<u64>, bool)> = look
-            .verdicts
-            .iter()
-            .map(|(&index, verdict)| (index, verdict.memory_used, verdict.freed))
-            .collect();
-        tracing::debug!(
-            look = freeing.looks,
-            elapsed_ms = start.elapsed().as_secs_f64() * 1e3,
-            alive,
-            gpus = ?shown,
-            "free look"
-        );
-        progress(&Progress {
-            phase: if freeing.escalated {
-                "verifying"
+    let look = freeing.until_done(first, progress);
+    freeing.report(look, &memory_before)
+}
+
+impl Freeing<'_> {
+    /// Looks, signals and verifies until the scope is settled or the time is
+    /// out; the look the verdict comes from (one more after the last signal).
+    fn until_done(&mut self, first: Snapshot, progress: &mut dyn FnMut(&Progress)) -> Look {
+        let start = self.deadlines.start;
+        let mut next = Some(first);
+        let mut pause = Options::POLL;
+        let look = loop {
+            let look = self.look(next.take());
+            let alive = self.reaper.refresh();
+            let shown: Vec<(u32, Option<u64>, bool)> = look
+                .verdicts
+                .iter()
+                .map(|(&index, verdict)| (index, verdict.memory_used, verdict.freed))
+                .collect();
+            tracing::debug!(
+                look = self.looks,
+                elapsed_ms = start.elapsed().as_secs_f64() * 1e3,
+                alive,
+                gpus = ?shown,
+                "free look"
+            );
+            progress(&Progress {
+                phase: if self.escalated {
+                    "verifying"
+                } else {
+                    "waiting for SIGTERM"
+                },
+                elapsed: start.elapsed(),
+                alive,
+                gpus: &shown,
+            });
+            if self.settled(&look, alive) || self.out_of_time(look.at) {
+                break look;
+            }
+            // The driver's figures are cheap to poll; a full look is not. Look
+            // again as soon as they move, else back off.
+            pause = if self.pause(&look, self.paced(pause, alive)) {
+                Options::POLL
             } else {
-                "waiting for SIGTERM"
-            },
-            elapsed: start.elapsed(),
-            alive,
-            gpus: &shown,
-        });
-        if freeing.settled(&look, alive) || freeing.out_of_time(look.at) {
-            break look;
-        }
-        // The driver's figures are cheap to poll; a full look is not. Look
-        // again as soon as they move, else back off.
-        pause = if freeing.pause(&look, freeing.paced(pause, alive)) {
-            options.poll
-        } else {
-            (pause * 2).min(LONGEST_PAUSE)
+                (pause * 2).min(LONGEST_PAUSE)
+            };
         };
-    };
-    let look = if look.signalled {
-        freeing.last_look()
-    } else {
-        look
-    };
-    let gpus = freeing
-        .gpus_in_scope
-        .iter()
-        .map(|&index| freeing.outcome(&look, index, memory_before.get(&index).copied().flatten()))
-        .collect();
-    freeing.reaper.refresh();
-    FreeReport {
-        backend: look.snapshot.backend.clone(),
-        dry_run: false,
-        elapsed_ms: start.elapsed().as_millis() as u64,
-        targets: freeing.reaper.handled.into_values().collect(),
-        spared: freeing.reaper.spared.into_values().collect(),
-        gpus,
-        unreadable: freeing.unreadable,
-        stale_runs: Vec::new(),
+        if look.signalled {
+            self.last_look()
+        } else {
+            look
+        }
+    }
+
+    /// The report of this free, from the look its verdict comes from.
+    fn report(mut self, look: Look, memory_before: &BTreeMap<u32, Option<u64>>) -> FreeReport {
+        let gpus = self
+            .gpus_in_scope
+            .iter()
+            .map(|&index| self.outcome(&look, index, memory_before.get(&index).copied().flatten()))
+            .collect();
+        self.reaper.refresh();
+        FreeReport {
+            backend: look.snapshot.backend.clone(),
+            dry_run: false,
+            elapsed_ms: self.deadlines.start.elapsed().as_millis() as u64,
+            targets: self.reaper.handled.into_values().collect(),
+            spared: self.reaper.spared.into_values().collect(),
+            gpus,
+            unreadable: self.unreadable,
+            stale_runs: Vec::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One formula: a command's free may take its grace, its timeout and
+    /// the release extension (what the fleet's per-host limit is made of),
+    /// and a free fitted to a budget (the Slurm epilog's) never takes longer
+    /// than the budget, whatever the grace asked for.
+    #[test]
+    fn the_longest_a_free_takes_is_one_formula_and_a_budget_bounds_it() {
+        let s = Duration::from_secs;
+        assert_eq!(Options::new(s(10), s(30)).longest(), s(10 + 30 + 60));
+        assert_eq!(Options::new(s(1), s(90)).longest(), s(1 + 90 + 90));
+        for budget in [0, 1, 3, 7, 22, 60, 600].map(s) {
+            for grace in [0, 1, 10, 1000].map(s) {
+                let options = Options::within(grace, s(5), budget);
+                assert!(options.longest() <= budget, "{options:?} in {budget:?}");
+                assert!(options.grace() <= grace && options.timeout() <= s(5));
+            }
+        }
+        // The deadlines a free keeps are the options' own.
+        let start = Instant::now();
+        let options = Options::within(s(10), s(5), s(22));
+        let deadlines = Deadlines::new(start, &options);
+        assert_eq!(deadlines.release_limit - start, options.longest());
     }
 }

@@ -176,7 +176,7 @@ fn holder_json(snapshot: &Snapshot, pid: u32) -> HolderJson {
                 })
             })
             .collect(),
-        control_node: record.is_some_and(|r| r.nodes.contains(&crate::driver::Node::Control)),
+        control_node: record.is_some_and(|r| r.nodes.contains(&crate::proc::Node::Control)),
         flags,
         orphan: snapshot.orphaned(pid).map(|orphan| orphan.to_string()),
         protected,
@@ -959,7 +959,7 @@ impl<'a> From<&'a Reason> for ReasonJson<'a> {
                 parent_pid: *parent_pid,
                 parent_comm,
             },
-            Reason::Hidden { pid } => ReasonJson::Hidden { pid: *pid },
+            Reason::Hidden { pid, .. } => ReasonJson::Hidden { pid: *pid },
             Reason::Protected { pid, comm, why } => ReasonJson::Protected {
                 pid: *pid,
                 comm,

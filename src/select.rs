@@ -10,6 +10,7 @@ use regex::Regex;
 
 use crate::proc::{ProcessId, ProcessRecord};
 use crate::snapshot::Snapshot;
+use crate::tree::ProcessTree;
 
 /// Names protected by default: the driver's daemons, monitoring, and displays.
 pub const DEFAULT_PROTECTED: [&str; 6] = [
@@ -289,6 +290,89 @@ pub struct Selection {
     pub spared: BTreeMap<u32, Spared>,
 }
 
+/// Without named roots: every GPU holder the scope admits (and the top of
+/// a run whose supervisor is gone, with --orphans); a monitor in scope is
+/// spared, and its children are not targets.
+fn holders_in_scope(
+    snapshot: &Snapshot,
+    scope: &Scope,
+    guard: &Guard,
+    selection: &mut Selection,
+) -> BTreeMap<u32, Because> {
+    let mut chosen: BTreeMap<u32, Because> = BTreeMap::new();
+    for pid in snapshot.holders() {
+        let Some(record) = snapshot.processes.get(&pid) else {
+            continue;
+        };
+        if !scope.admits(snapshot, record) {
+            continue;
+        }
+        if snapshot.is_gpu_user(pid) {
+            chosen.insert(pid, Because::InScope);
+            // The rest of a run whose supervisor is gone goes with it: its
+            // launcher would otherwise live on, and may start workers again.
+            if scope.orphans
+                && let Some(supervision) = snapshot.supervisor_gone(pid)
+            {
+                chosen.entry(supervision.top).or_insert(Because::InScope);
+            }
+        } else if snapshot.is_monitor(pid)
+            && let Some(reason) = guard.spare_reason(snapshot, record, false)
+        {
+            // A monitor in scope: reported as spared, and its children are not targets.
+            selection.spared.insert(pid, reason);
+        }
+    }
+    chosen
+}
+
+/// With named roots (--pid, stale runs): each root matched by identity,
+/// and its descendants the scope admits; a root the guard spares takes
+/// nothing under it.
+fn named_families(
+    snapshot: &Snapshot,
+    tree: &ProcessTree,
+    scope: &Scope,
+    guard: &Guard,
+    selection: &mut Selection,
+) -> BTreeMap<u32, Because> {
+    let mut chosen: BTreeMap<u32, Because> = BTreeMap::new();
+    let roots = scope.pids.iter().chain(scope.stale_runs.iter().flatten());
+    for id in roots {
+        // Matched by identity: a recycled PID is not the process that was named.
+        let Some(root) = snapshot
+            .processes
+            .get(&id.pid)
+            .filter(|record| record.id == *id)
+        else {
+            continue;
+        };
+        if let Some(reason) = guard.spare_reason(snapshot, root, true) {
+            // Naming PID 1 or the calling shell must not reach what runs under it.
+            selection.spared.insert(id.pid, reason);
+            continue;
+        }
+        let root_because = scope.names(root).unwrap_or(Because::Named);
+        let family = std::iter::once((id.pid, root_because)).chain(
+            tree.descendants(id.pid)
+                .into_iter()
+                .map(|pid| (pid, Because::Descendant { of: id.pid })),
+        );
+        for (pid, because) in family {
+            let record = &snapshot.processes[&pid];
+            if scope.admits(snapshot, record) {
+                // Named itself beats found under another.
+                let because = scope.names(record).unwrap_or(because);
+                let entry = chosen.entry(pid).or_insert(because);
+                if scope.names(record).is_some() {
+                    *entry = because;
+                }
+            }
+        }
+    }
+    chosen
+}
+
 /// Applies a scope to a snapshot. Pure: no I/O, so that it can be checked
 /// against random process forests.
 pub fn select(snapshot: &Snapshot, scope: &Scope, guard: &Guard) -> Selection {
@@ -298,68 +382,12 @@ pub fn select(snapshot: &Snapshot, scope: &Scope, guard: &Guard) -> Selection {
     let named = |record: &ProcessRecord| {
         scope.names(record).is_some() || scope.job.as_ref().is_some_and(|job| job.owns(record))
     };
-    let mut chosen: BTreeMap<u32, Because> = BTreeMap::new();
     let mut selection = Selection::default();
-
-    if scope.pids.is_empty() && scope.stale_runs.is_none() {
-        for pid in snapshot.holders() {
-            let Some(record) = snapshot.processes.get(&pid) else {
-                continue;
-            };
-            if !scope.admits(snapshot, record) {
-                continue;
-            }
-            if snapshot.is_gpu_user(pid) {
-                chosen.insert(pid, Because::InScope);
-                // The rest of a run whose supervisor is gone goes with it: its
-                // launcher would otherwise live on, and may start workers again.
-                if scope.orphans
-                    && let Some(supervision) = snapshot.supervisor_gone(pid)
-                {
-                    chosen.entry(supervision.top).or_insert(Because::InScope);
-                }
-            } else if snapshot.is_monitor(pid)
-                && let Some(reason) = guard.spare_reason(snapshot, record, false)
-            {
-                // A monitor in scope: reported as spared, and its children are not targets.
-                selection.spared.insert(pid, reason);
-            }
-        }
+    let chosen = if scope.pids.is_empty() && scope.stale_runs.is_none() {
+        holders_in_scope(snapshot, scope, guard, &mut selection)
     } else {
-        let roots = scope.pids.iter().chain(scope.stale_runs.iter().flatten());
-        for id in roots {
-            // Matched by identity: a recycled PID is not the process that was named.
-            let Some(root) = snapshot
-                .processes
-                .get(&id.pid)
-                .filter(|record| record.id == *id)
-            else {
-                continue;
-            };
-            if let Some(reason) = guard.spare_reason(snapshot, root, true) {
-                // Naming PID 1 or the calling shell must not reach what runs under it.
-                selection.spared.insert(id.pid, reason);
-                continue;
-            }
-            let root_because = scope.names(root).unwrap_or(Because::Named);
-            let family = std::iter::once((id.pid, root_because)).chain(
-                tree.descendants(id.pid)
-                    .into_iter()
-                    .map(|pid| (pid, Because::Descendant { of: id.pid })),
-            );
-            for (pid, because) in family {
-                let record = &snapshot.processes[&pid];
-                if scope.admits(snapshot, record) {
-                    // Named itself beats found under another.
-                    let because = scope.names(record).unwrap_or(because);
-                    let entry = chosen.entry(pid).or_insert(because);
-                    if scope.names(record).is_some() {
-                        *entry = because;
-                    }
-                }
-            }
-        }
-    }
+        named_families(snapshot, &tree, scope, guard, &mut selection)
+    };
 
     // The guard first, then descendants of what survived it: a spared
     // process's children are not targets through it.

@@ -9,8 +9,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::driver::{BackendChoice, Driver, DriverError, Node};
-use crate::proc::{self, ProcessRecord, State, Unreadable};
+use crate::driver::{BackendChoice, Driver, DriverError};
+use crate::proc::{self, Node, ProcessRecord, State, Unreadable};
 use crate::supervised::{self, Supervision};
 use crate::tree::ProcessTree;
 

@@ -20,7 +20,7 @@ use crate::select::{Guard, Scope};
 // pipeline's side (`supervised`); this side writes them and cleans up after
 // a supervisor that is gone.
 use crate::supervised::in_our_pid_namespace;
-pub use crate::supervised::{CGROUP_PREFIX, Removal, SUPERVISOR_ENV, gone, run_of_cgroup};
+use crate::supervised::{Removal, gone, run_of_cgroup};
 
 /// How deep cgroup trees are searched for run cgroups, and run cgroups for
 /// the cgroups a server made inside its own.

@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use crate::proc::{ProcessId, State};
+use crate::proc::{ProcessId, ProcessRecord, State};
 use crate::select::Selection;
 use crate::signal::Sig;
 use crate::snapshot::{GpuState, GpuUser, Snapshot};
@@ -40,7 +40,8 @@ pub enum Reason {
         parent_comm: String,
     },
     /// Listed by the driver but absent from this /proc: another PID namespace.
-    Hidden { pid: u32 },
+    /// `memory`: what the driver says it holds, where it says.
+    Hidden { pid: u32, memory: Option<u64> },
     /// In scope but never signalled: protected, an ancestor, or gpureap itself.
     Protected { pid: u32, comm: String, why: String },
     /// The kernel refused our signal.
@@ -103,7 +104,7 @@ impl std::fmt::Display for Reason {
                 "pid {pid} is a zombie: its parent {parent_pid} ({}) does not reap it; free the parent with --pid {parent_pid}",
                 Field(parent_comm)
             ),
-            Reason::Hidden { pid } => write!(
+            Reason::Hidden { pid, .. } => write!(
                 f,
                 "pid {pid} is listed by the driver but not visible in this /proc (another PID namespace, e.g. a container); run gpureap on the host or inside that container"
             ),
@@ -359,7 +360,10 @@ pub fn explain(
     for &pid in &assessment.remaining {
         let hidden = gpu.users.iter().any(|user| user.pid == pid && user.hidden);
         let Some(record) = snapshot.processes.get(&pid).filter(|_| !hidden) else {
-            reasons.push(Reason::Hidden { pid });
+            reasons.push(Reason::Hidden {
+                pid,
+                memory: listed_memory(gpu, pid),
+            });
             continue;
         };
         let comm = record.comm.clone();
@@ -414,26 +418,130 @@ pub fn explain(
     // Memory held by no process is named whatever else holds the GPU (a
     // protected holder, a survivor): the figure is the one rule's, the one
     // `check`, the exporter and Slurm's drain reason give.
-    if let Some(unattributed) = snapshot.held_by_no_process(gpu)
-        && unattributed.holds
-    {
-        let bytes = unattributed.bytes;
-        let before = (held_before > 0).then_some(held_before.min(bytes));
+    if let Some(held) = driver_held(snapshot, gpu, held_before) {
         // Only what was there before is left: it is not being released.
         let releasing = if assessment.only_held_before(held_before) {
             None
         } else {
             trend.release_rate()
         };
-        reasons.push(match releasing {
-            Some(bytes_per_second) => Reason::StillReleasing {
+        reasons.push(match (releasing, held) {
+            (Some(bytes_per_second), Reason::DriverHeld { bytes, .. }) => Reason::StillReleasing {
                 bytes,
                 bytes_per_second,
             },
-            None => Reason::DriverHeld { bytes, before },
+            (_, held) => held,
         });
     }
     reasons
+}
+
+/// What the driver says `pid` holds on `gpu`, where it says.
+fn listed_memory(gpu: &GpuState, pid: u32) -> Option<u64> {
+    gpu.users
+        .iter()
+        .find(|user| user.pid == pid && user.listed)
+        .and_then(|user| user.memory)
+}
+
+/// Memory on `gpu` held by no process as a reason, when the one rule
+/// (`Snapshot::held_by_no_process`) says it holds the GPU. `before`: how
+/// much of it was held by no process before a `free` started.
+fn driver_held(snapshot: &Snapshot, gpu: &GpuState, before: u64) -> Option<Reason> {
+    let unattributed = snapshot.held_by_no_process(gpu)?;
+    unattributed.holds.then(|| Reason::DriverHeld {
+        bytes: unattributed.bytes,
+        before: (before > 0).then_some(before.min(unattributed.bytes)),
+    })
+}
+
+/// What holds one GPU, by one snapshot and no `free`: for a caller that
+/// judges each process itself (Slurm's prolog, epilog and health check).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Holding {
+    /// What no judgement changes, as the verifier names it: the driver's
+    /// error, a holder in another PID namespace, memory held by no process.
+    Reason(Reason),
+    /// The driver does not report this GPU at all.
+    NotReported,
+    /// A live process the driver lists, and why the caller says it may not
+    /// hold the GPU.
+    Process {
+        pid: u32,
+        comm: String,
+        /// Its user's name, else `uid N`; `None` when neither is known.
+        user: Option<String>,
+        state: State,
+        memory: Option<u64>,
+        why: String,
+    },
+}
+
+impl Holding {
+    /// Only memory held by no process: a GPU reset may clear it.
+    pub fn driver_held(&self) -> bool {
+        matches!(self, Holding::Reason(Reason::DriverHeld { .. }))
+    }
+
+    /// The process it names, if any.
+    pub fn pid(&self) -> Option<u32> {
+        match self {
+            Holding::Reason(Reason::Hidden { pid, .. }) | Holding::Process { pid, .. } => {
+                Some(*pid)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Everything that holds GPU `index` in `snapshot`: the driver's error (and
+/// nothing else then), each process the driver lists that `judge` does not
+/// let stay (a zombie holds nothing: a stale entry), each holder in another
+/// PID namespace, and memory held by no process by the one rule. `judge`
+/// says why a live local process may not hold the GPU, `None` if it may.
+pub fn holding(
+    snapshot: &Snapshot,
+    index: u32,
+    judge: &mut dyn FnMut(u32, &ProcessRecord) -> Option<String>,
+) -> Vec<Holding> {
+    let Some(gpu) = snapshot.gpu(index) else {
+        return vec![Holding::NotReported];
+    };
+    if let Some(error) = &gpu.error {
+        return vec![Holding::Reason(Reason::DriverError {
+            message: error.to_string(),
+        })];
+    }
+    let mut held = Vec::new();
+    for user in gpu.users.iter().filter(|user| user.listed) {
+        let Some(record) = snapshot.processes.get(&user.pid).filter(|_| !user.hidden) else {
+            held.push(Holding::Reason(Reason::Hidden {
+                pid: user.pid,
+                memory: user.memory,
+            }));
+            continue;
+        };
+        if record.state.has_exited() {
+            continue;
+        }
+        let Some(why) = judge(index, record) else {
+            continue;
+        };
+        held.push(Holding::Process {
+            pid: user.pid,
+            comm: record.comm.clone(),
+            user: snapshot
+                .details
+                .get(&user.pid)
+                .and_then(|details| details.user.clone())
+                .or_else(|| record.uid.map(|uid| format!("uid {uid}"))),
+            state: record.state,
+            memory: user.memory,
+            why,
+        });
+    }
+    held.extend(driver_held(snapshot, gpu, 0).map(Holding::Reason));
+    held
 }
 
 /// GPUs a selection touches: used by a target or by a spared GPU user.
@@ -631,7 +739,7 @@ mod tests {
             Reason::PermissionDenied { pid: 40, .. }
         ));
         // PID 50 is listed by the driver but absent from /proc: another PID namespace.
-        assert_eq!(reasons[4], Reason::Hidden { pid: 50 });
+        assert!(matches!(reasons[4], Reason::Hidden { pid: 50, .. }));
         assert_eq!(reasons.len(), 5);
     }
 
@@ -828,5 +936,70 @@ mod tests {
             false,
         );
         assert_eq!(assessment.explained, None);
+    }
+
+    /// Slurm's findings are the verifier's values: the memory held by no
+    /// process and a holder in another namespace come out of `holding` as
+    /// the reasons `explain` gives `free`, with the same figures.
+    #[test]
+    fn holding_names_what_the_verifier_names() {
+        let snapshot = snapshot(
+            30 * GIB,
+            vec![
+                listed(10, Some(10 * GIB)),
+                listed(20, Some(10 * GIB)),
+                listed(50, Some(5 * GIB)),
+            ],
+            vec![
+                record(10, 1, 'S', "sglang::TP0"),
+                record(20, 1, 'Z', "sglang::TP1"),
+                record(11, 1, 'S', "daemon"),
+            ],
+        );
+        let selection = targets(&[10]);
+        let from_free = reasons(&snapshot, &selection, true, &Trend::default());
+        let mut judged = Vec::new();
+        let held = holding(&snapshot, 0, &mut |gpu, record| {
+            judged.push((gpu, record.id.pid));
+            Some("not the job's".to_string())
+        });
+        // The zombie holds nothing: never judged.
+        assert_eq!(judged, vec![(0, 10)]);
+        assert_eq!(
+            held,
+            vec![
+                Holding::Process {
+                    pid: 10,
+                    comm: "sglang::TP0".into(),
+                    user: Some("uid 0".into()),
+                    state: State::Sleeping,
+                    memory: Some(10 * GIB),
+                    why: "not the job's".into(),
+                },
+                Holding::Reason(Reason::Hidden {
+                    pid: 50,
+                    memory: Some(5 * GIB),
+                }),
+                Holding::Reason(Reason::DriverHeld {
+                    bytes: 5 * GIB,
+                    before: None,
+                }),
+            ]
+        );
+        for reason in [&held[1], &held[2]] {
+            let Holding::Reason(reason) = reason else {
+                unreachable!()
+            };
+            assert!(from_free.contains(reason), "{reason:?} in {from_free:?}");
+        }
+        assert!(held[2].driver_held() && !held[1].driver_held());
+        let lost = Snapshot {
+            gpus: Vec::new(),
+            ..snapshot
+        };
+        assert_eq!(
+            holding(&lost, 0, &mut |_, _| None),
+            vec![Holding::NotReported]
+        );
     }
 }

@@ -98,7 +98,9 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("driver", &["driver"]),
     (
         "base",
-        &["proc", "units", "exit", "signal", "hostlist", "file"],
+        &[
+            "proc", "units", "exit", "signal", "child", "hostlist", "file",
+        ],
     ),
 ];
 
@@ -143,6 +145,180 @@ fn the_report_the_pipeline_the_driver_and_the_base_import_nothing_above_them() {
 
 /// module -> imported module -> the files that import it.
 type Graph = BTreeMap<String, BTreeMap<String, Vec<String>>>;
+
+/// The longest a function of `src/` may be, in lines, and the ones that may
+/// be longer, and why: orchestration is split along the pipeline's steps.
+const LONGEST_FUNCTION: usize = 100;
+const LONG_FUNCTIONS: &[(&str, &str, &str)] = &[(
+    "src/exit.rs",
+    "rows",
+    "the one exit table, data: a row per program",
+)];
+
+#[test]
+fn no_function_is_over_a_hundred_lines() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    rust_files(&root.join("src"), &mut files);
+    let mut long = Vec::new();
+    for path in files {
+        let relative = path
+            .strip_prefix(root)
+            .expect("under the crate")
+            .to_string_lossy()
+            .into_owned();
+        let code = code_only(&std::fs::read_to_string(&path).expect("a source file"));
+        // Unit tests are not orchestration.
+        let code = code.split("#[cfg(test)]").next().unwrap_or_default();
+        for (name, lines) in function_lengths(code) {
+            let allowed = LONG_FUNCTIONS
+                .iter()
+                .any(|(file, function, _)| *file == relative && *function == name);
+            if lines > LONGEST_FUNCTION && !allowed {
+                long.push(format!("{relative}: fn {name}: {lines} lines"));
+            }
+        }
+    }
+    assert!(long.is_empty(), "split these along their steps: {long:#?}");
+}
+
+/// Each function with a body in `code` (comments and literals blanked), and
+/// how many lines it spans, from `fn` to its closing brace.
+fn function_lengths(code: &str) -> Vec<(String, usize)> {
+    let bytes = code.as_bytes();
+    let is_ident = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
+    let mut found = Vec::new();
+    let mut at = 0;
+    while let Some(offset) = code[at..].find("fn ") {
+        let start = at + offset;
+        at = start + 3;
+        if start > 0 && is_ident(bytes[start - 1]) {
+            continue;
+        }
+        let name: String = code[at..]
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        if name.is_empty() {
+            continue;
+        }
+        // The body opens at the first `{` outside parentheses and brackets; a
+        // `;` first is a declaration without one.
+        let mut depth = 0i32;
+        let mut open = None;
+        for (index, &byte) in bytes.iter().enumerate().skip(at) {
+            match byte {
+                b'(' | b'[' | b'<' => depth += 1,
+                b')' | b']' => depth -= 1,
+                b'>' if index > 0 && bytes[index - 1] != b'-' => depth -= 1,
+                b';' if depth <= 0 => break,
+                b'{' if depth <= 0 => {
+                    open = Some(index);
+                    break;
+                }
+                _ => {}
+            }
+        }
+        let Some(open) = open else { continue };
+        let mut braces = 0i32;
+        let mut close = None;
+        for (index, &byte) in bytes.iter().enumerate().skip(open) {
+            match byte {
+                b'{' => braces += 1,
+                b'}' => {
+                    braces -= 1;
+                    if braces == 0 {
+                        close = Some(index);
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let Some(close) = close else { continue };
+        let lines = code[start..=close].lines().count();
+        found.push((name, lines));
+    }
+    found
+}
+
+/// A module re-exports nothing of another module (`pub use crate::…`): an
+/// item is named by the module that owns it, never kept at an old path.
+#[test]
+fn nothing_is_re_exported_from_another_module() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    rust_files(&root.join("src"), &mut files);
+    let mut found = Vec::new();
+    for path in files {
+        let code = code_only(&std::fs::read_to_string(&path).expect("a source file"));
+        for line in code.lines() {
+            let line = line.trim_start();
+            if line.starts_with("pub use crate::") || line.starts_with("pub(crate) use crate::") {
+                found.push(format!(
+                    "{}: {line}",
+                    path.strip_prefix(root).expect("under the crate").display()
+                ));
+            }
+        }
+    }
+    assert!(found.is_empty(), "re-exported at another path: {found:#?}");
+}
+
+/// Files that may end the process themselves, and why: everything else
+/// returns its `Exit` to main, which ends the process through the table
+/// (`Exit::exit`). No thread (a deadline, a watcher) ends it on its own.
+const PROCESS_ENDERS: &[(&str, &str)] = &[
+    (
+        "src/main.rs",
+        "the entry: ends the process with the code it dispatched to",
+    ),
+    ("src/exit.rs", "the table: `Exit::exit`"),
+    (
+        "src/driver/sim/stand_in.rs",
+        "the stand-in process's own main (a separate process gpureap starts)",
+    ),
+    (
+        "src/demo.rs",
+        "the demo's Ctrl-C handler, after it killed what it staged",
+    ),
+];
+
+#[test]
+fn only_main_ends_the_process() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    rust_files(&root.join("src"), &mut files);
+    let mut enders = Vec::new();
+    for path in files {
+        let relative = path
+            .strip_prefix(root)
+            .expect("under the crate")
+            .to_string_lossy()
+            .into_owned();
+        if PROCESS_ENDERS.iter().any(|(file, _)| *file == relative) {
+            continue;
+        }
+        let code = code_only(&std::fs::read_to_string(&path).expect("a source file"));
+        let code: String = code.chars().filter(|c| !c.is_whitespace()).collect();
+        // `process::exit(…)`, or an `Exit` value ended on: `Exit::StillHeld.exit()`.
+        let ends = code.contains("process::exit(")
+            || code.match_indices(".exit()").any(|(at, _)| {
+                let before = &code[..at];
+                let start = before
+                    .rfind(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
+                    .map_or(0, |i| i + 1);
+                before[start..].starts_with("Exit::")
+            });
+        if ends {
+            enders.push(relative);
+        }
+    }
+    assert!(
+        enders.is_empty(),
+        "these end the process instead of returning their Exit to main: {enders:?}"
+    );
+}
 
 fn module_graph() -> Graph {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));

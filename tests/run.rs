@@ -18,6 +18,8 @@ pub(crate) struct Supervisor {
     pub(crate) child: Child,
     events: Arc<Mutex<Vec<String>>>,
     stdout: Arc<Mutex<String>>,
+    /// The threads reading gpureap's stderr and stdout, to their end.
+    readers: Vec<std::thread::JoinHandle<()>>,
 }
 
 pub(crate) fn free_port() -> u16 {
@@ -117,23 +119,24 @@ impl Supervisor {
         let stdout = Arc::new(Mutex::new(String::new()));
         let stderr = child.stderr.take().expect("stderr");
         let sink = Arc::clone(&events);
-        std::thread::spawn(move || {
+        let mut readers = vec![std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 sink.lock().expect("events").push(line);
             }
-        });
+        })];
         if let Some(mut out) = child.stdout.take() {
             let sink = Arc::clone(&stdout);
-            std::thread::spawn(move || {
+            readers.push(std::thread::spawn(move || {
                 let mut text = String::new();
                 let _ = out.read_to_string(&mut text);
                 sink.lock().expect("stdout").push_str(&text);
-            });
+            }));
         }
         Supervisor {
             child,
             events,
             stdout,
+            readers,
         }
     }
 
@@ -179,6 +182,7 @@ impl Supervisor {
         rustix::process::kill_process(pid, signal).expect("signal gpureap");
         let status = self.child.wait().expect("gpureap ends");
         nothing_supervised_left(self.child.id());
+        self.read_to_the_end();
         let stdout = self.stdout.lock().expect("stdout").clone();
         (status.code().unwrap_or(-1), self.events(), stdout)
     }
@@ -186,7 +190,16 @@ impl Supervisor {
     pub(crate) fn wait_exit(mut self) -> (i32, Vec<String>) {
         let status = self.child.wait().expect("gpureap ends");
         nothing_supervised_left(self.child.id());
+        self.read_to_the_end();
         (status.code().unwrap_or(-1), self.events())
+    }
+
+    /// Once gpureap has ended and nothing it supervised is left: everything
+    /// it wrote has been read (its pipes are at their end).
+    fn read_to_the_end(&mut self) {
+        for reader in std::mem::take(&mut self.readers) {
+            let _ = reader.join();
+        }
     }
 }
 

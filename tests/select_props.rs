@@ -16,7 +16,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use gpureap::driver::{DriverError, Node};
+use gpureap::driver::DriverError;
+use gpureap::proc::Node;
 use gpureap::proc::{ProcessId, ProcessRecord, State};
 use gpureap::select::{DEFAULT_PROTECTED, Guard, Scope, select};
 use gpureap::signal::Sig;

@@ -34,6 +34,17 @@ fn holder_script(cluster: &Cluster, name: &str, holder: &Holder) -> String {
     path.display().to_string()
 }
 
+/// Shell that waits until the holder titled `title` (no `'` in it) is
+/// recorded in `$D/pids` and runs under its title: it has claimed its GPU
+/// memory, opened the nodes and exec'd (`Holder::script`), so the job may end.
+fn running_as(title: &str) -> String {
+    format!(
+        "until grep -q ' {title}$' \"$D/pids\"; do sleep 0.05; done\n\
+         pid=$(grep ' {title}$' \"$D/pids\" | head -n1 | cut -d' ' -f1)\n\
+         until [ \"$(tr '\\0' '\\n' < /proc/$pid/cmdline | head -n1)\" = '{title}' ]; do sleep 0.05; done"
+    )
+}
+
 /// `gpureap slurm healthcheck` as HealthCheckProgram= would run it.
 fn healthcheck(cluster: &Cluster, extra: &[&str]) -> crate::harness::Run {
     Command::new(env!("CARGO_BIN_EXE_gpureap"))
@@ -84,8 +95,8 @@ fn epilog_frees_an_escaped_holder_and_spares_a_bystander() {
         &format!(
             "[ \"$SLURM_JOB_GPUS\" = 0 ] || exit 7\n\
              setsid nohup bash {worker} </dev/null >/dev/null 2>&1 &\n\
-             until grep -q ' escaped_worker$' \"$D/pids\"; do sleep 0.05; done\n\
-             sleep 0.2"
+             {}",
+            running_as("escaped_worker")
         ),
     );
     let lines = cluster.wait_for_hook(job, "epilog");
@@ -701,8 +712,8 @@ fn epilog_frees_a_jobs_leftover_under_a_protected_name() {
         &["--uid=nobody", "--gres=gpu:1"],
         &format!(
             "setsid nohup bash {worker} </dev/null >/dev/null 2>&1 &\n\
-             until grep -q ' nvidia-smi python train.py$' \"$D/pids\"; do sleep 0.05; done\n\
-             sleep 0.2"
+             {}",
+            running_as("nvidia-smi python train.py")
         ),
     );
     let lines = cluster.wait_for_hook(job, "epilog");

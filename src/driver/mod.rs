@@ -1,9 +1,13 @@
 //! The GPU driver, behind one small trait with owned return types.
 //!
-//! Everything else in gpureap asks the driver only three things: how many GPUs
-//! there are, what each one holds (memory and the processes it lists), and which
-//! device node a path from `/proc/PID/fd` is. Three backends answer: the real
-//! NVML library, the simulated driver used by tests and the demo, and `none`.
+//! Everything else in gpureap asks the driver how many GPUs there are, what
+//! each one holds (memory and the processes it lists), and which device node
+//! a path from `/proc/PID/fd` is; besides, how much memory it keeps for its
+//! own bookkeeping (the tolerance of the one rule for memory held by no
+//! process), to wait until memory figures move, and to reset a GPU. Its
+//! errors are typed (`DriverError`, with its kind). Three backends answer: the
+//! real NVML library, the simulated driver used by tests and the demo, and
+//! `none`. It imports only the base (`proc`, `signal`, `exit`).
 
 mod none;
 mod nvml;
@@ -14,7 +18,7 @@ use std::fmt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-pub use crate::proc::Node;
+use crate::proc::Node;
 
 pub use none::NoDriver;
 pub use nvml::NvmlDriver;

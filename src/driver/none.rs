@@ -5,7 +5,8 @@
 
 use std::path::Path;
 
-use super::{Driver, DriverError, GpuInfo, Node, classify_dev_node};
+use super::{Driver, DriverError, GpuInfo, classify_dev_node};
+use crate::proc::Node;
 
 pub struct NoDriver {
     /// Why no driver is used: asked for (`--backend none`), or not found.

@@ -13,7 +13,8 @@ use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::struct_wrappers::device::ProcessInfo;
 
-use super::{Driver, DriverError, DriverProcess, GpuInfo, Node, classify_dev_node};
+use super::{Driver, DriverError, DriverProcess, GpuInfo, classify_dev_node};
+use crate::proc::Node;
 
 /// PIDs some drivers put in process lists that belong to no process.
 const BOGUS_PIDS: [u32; 2] = [0, u32::MAX];

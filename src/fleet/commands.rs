@@ -143,10 +143,9 @@ pub fn free(
         run.push("--yes".to_string());
         fleet.remote_args("free", run)
     };
-    // The remote free may take its grace, its timeout, and up to the
-    // release extension past it (reap::RELEASE_EXTENSION) while memory is going down.
-    let command_time = args.grace + args.timeout + args.timeout.max(crate::reap::RELEASE_EXTENSION);
-    let limit = fleet.limit(command_time);
+    // The remote free may take as long as its options let it (the one
+    // formula, `reap::Options::longest`).
+    let limit = fleet.limit(args.options().longest());
     let mut freed = fleet
         .fan_out("free", &ready, |_| (run_args.clone(), limit))
         .into_iter();

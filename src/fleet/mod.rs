@@ -27,7 +27,7 @@ use crate::config::FleetConfig;
 use crate::exit::Exit;
 use crate::units::GpuList;
 
-pub use ssh::{Answer, Transport};
+use ssh::{Answer, Transport};
 
 /// Past the command's own time, what a host gets for ssh to connect and
 /// gpureap to start, scan and answer.

@@ -20,7 +20,8 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use super::{Answer, Fleet, HostResult, fleet_json, worst};
+use super::ssh::Answer;
+use super::{Fleet, HostResult, fleet_json, worst};
 use crate::config::UsageError;
 use crate::exit::Exit;
 use crate::report::new_table;
@@ -245,146 +246,226 @@ fn push_one(
     request: &PushRequest,
     limit: Duration,
 ) -> Answer {
-    let started = Instant::now();
-    let failed = |error: String| Answer {
-        exit_code: Exit::Incomplete,
-        report: None,
-        error: Some(error),
-        elapsed: started.elapsed(),
+    let push = Pushing {
+        fleet,
+        host,
+        binary,
+        limit,
+        started: Instant::now(),
     };
-    let script = |body: &str, args: &[&str]| -> Vec<String> {
+    let look = match push.look(request) {
+        Ok(look) => look,
+        Err(error) => return push.failed(error),
+    };
+    match decide(&look, binary, request) {
+        Decision::Refuse(reason) => push.refused(&look.path, reason),
+        Decision::Fail(error) => push.failed(error),
+        Decision::UpToDate(version) => Answer {
+            exit_code: Exit::Success,
+            report: push.report(&look.path, "up_to_date", version, None),
+            error: None,
+            elapsed: push.started.elapsed(),
+        },
+        Decision::Copy { replaces } => push.copy(&look, &replaces),
+    }
+}
+
+/// One host's push under way.
+struct Pushing<'a> {
+    fleet: &'a Fleet,
+    host: &'a str,
+    binary: &'a Binary,
+    limit: Duration,
+    started: Instant,
+}
+
+/// What the host says is at the destination.
+struct Look {
+    path: String,
+    /// `no`, `file`, `directory`, `symlink` or `special`.
+    exists: String,
+    /// The file's checksum there, if it is a file.
+    sha256: Option<String>,
+    /// Put there by gpureap push (its record says so).
+    ours: bool,
+    /// Only its owner, root, can change it.
+    safe: bool,
+    /// What `--version` says there.
+    version: Option<String>,
+}
+
+/// What to do at a host, from what is there.
+enum Decision {
+    Refuse(String),
+    Fail(String),
+    UpToDate(Option<String>),
+    /// Copy, replacing `none`, `any`, or the file with this checksum.
+    Copy {
+        replaces: String,
+    },
+}
+
+/// Whether to copy, from what is at the destination: never over a
+/// directory, a link or a special file, nor over a file gpureap push did
+/// not put there (without --force), and not at all when this build is there.
+fn decide(look: &Look, binary: &Binary, request: &PushRequest) -> Decision {
+    let path = &look.path;
+    match look.exists.as_str() {
+        "directory" => {
+            return Decision::Refuse(format!("{path} is a directory: give --to the file's path"));
+        }
+        "symlink" => {
+            return Decision::Refuse(format!(
+                "{path} is a symbolic link: give --to the file it should be (a link is never replaced)"
+            ));
+        }
+        "special" => return Decision::Refuse(format!("{path} is not a regular file: left alone")),
+        _ => {}
+    }
+    if look.sha256.as_deref() == Some(binary.sha256.as_str()) && (look.safe || !request.force) {
+        if !look.safe {
+            return Decision::Refuse(format!(
+                "{path} has this build's checksum but another user can change it (its owner or mode); pass --force to replace it"
+            ));
+        }
+        if look.version.as_deref() != Some(binary.version.as_str()) {
+            return Decision::Fail(format!(
+                "{path} has this build's checksum but --version says {:?} there",
+                look.version.clone().unwrap_or_default()
+            ));
+        }
+        return Decision::UpToDate(look.version.clone());
+    }
+    let replaces = match (look.exists.as_str(), &look.sha256) {
+        ("no", _) => "none".to_string(),
+        _ if request.force => "any".to_string(),
+        ("file", Some(sum)) if look.ours => sum.clone(),
+        _ => {
+            return Decision::Refuse(format!(
+                "a different file is at {path}, not put there by gpureap push; pass --force to replace it"
+            ));
+        }
+    };
+    Decision::Copy { replaces }
+}
+
+impl Pushing<'_> {
+    fn script(body: &str, args: &[&str]) -> Vec<String> {
         ["sh", "-c", body, "gpureap-push"]
             .iter()
             .chain(args)
             .map(|word| word.to_string())
             .collect()
-    };
-    let look = match fleet.transport.exec(
-        host,
-        &script(LOOK, &[request.to.unwrap_or(""), &binary.sha256]),
-        None,
-        limit,
-    ) {
-        Ok(look) if Exit::succeeded(look.code) => fields(&look.stdout),
-        Ok(look) => {
-            return failed(format!(
-                "cannot look at the destination: {}",
-                look.last_error.unwrap_or_else(|| "no reason given".into())
-            ));
+    }
+
+    fn failed(&self, error: String) -> Answer {
+        Answer {
+            exit_code: Exit::Incomplete,
+            report: None,
+            error: Some(error),
+            elapsed: self.started.elapsed(),
         }
-        Err(error) => return failed(error),
-    };
-    let path = look.get("dest").cloned().unwrap_or_default();
-    let exists = look.get("exists").map(String::as_str).unwrap_or("no");
-    let there = look.get("sha256").map(String::as_str);
-    let ours = look.get("ours").map(String::as_str) == Some("yes");
-    let report = |action: &'static str, version: Option<String>, reason: Option<String>| {
+    }
+
+    fn refused(&self, path: &str, reason: String) -> Answer {
+        Answer {
+            exit_code: Exit::StillHeld,
+            report: self.report(path, "refused", None, Some(reason)),
+            error: None,
+            elapsed: self.started.elapsed(),
+        }
+    }
+
+    fn report(
+        &self,
+        path: &str,
+        action: &'static str,
+        version: Option<String>,
+        reason: Option<String>,
+    ) -> Option<Box<serde_json::value::RawValue>> {
         serde_json::to_string_pretty(&PushJson {
             schema_version: crate::report::SCHEMA_VERSION,
             kind: "push",
             action,
-            path: path.clone(),
-            sha256: &binary.sha256,
+            path: path.to_string(),
+            sha256: &self.binary.sha256,
             version,
             reason,
         })
         .ok()
         .and_then(|text| super::nested_json(&text))
-    };
-    let refused = |reason: String| Answer {
-        exit_code: Exit::StillHeld,
-        report: report("refused", None, Some(reason)),
-        error: None,
-        elapsed: started.elapsed(),
-    };
-    let safe = look.get("safe").map(String::as_str) == Some("yes");
-    match exists {
-        "directory" => {
-            return refused(format!("{path} is a directory: give --to the file's path"));
-        }
-        "symlink" => {
-            return refused(format!(
-                "{path} is a symbolic link: give --to the file it should be (a link is never replaced)"
-            ));
-        }
-        "special" => {
-            return refused(format!("{path} is not a regular file: left alone"));
-        }
-        _ => {}
     }
-    if there == Some(binary.sha256.as_str()) && (safe || !request.force) {
-        if !safe {
-            return refused(format!(
-                "{path} has this build's checksum but another user can change it (its owner or mode); pass --force to replace it"
+
+    /// What is at the destination, as the host's LOOK script says.
+    fn look(&self, request: &PushRequest) -> Result<Look, String> {
+        let look = self.fleet.transport.exec(
+            self.host,
+            &Self::script(LOOK, &[request.to.unwrap_or(""), &self.binary.sha256]),
+            None,
+            self.limit,
+        )?;
+        if !Exit::succeeded(look.code) {
+            return Err(format!(
+                "cannot look at the destination: {}",
+                look.last_error.unwrap_or_else(|| "no reason given".into())
             ));
         }
-        let version = look.get("version").cloned();
-        if version.as_deref() != Some(binary.version.as_str()) {
-            return failed(format!(
-                "{path} has this build's checksum but --version says {:?} there",
-                version.unwrap_or_default()
-            ));
-        }
-        return Answer {
-            exit_code: Exit::Success,
-            report: report("up_to_date", version, None),
-            error: None,
-            elapsed: started.elapsed(),
-        };
+        let mut fields = fields(&look.stdout);
+        Ok(Look {
+            path: fields.remove("dest").unwrap_or_default(),
+            exists: fields.remove("exists").unwrap_or_else(|| "no".to_string()),
+            sha256: fields.remove("sha256"),
+            ours: fields.get("ours").map(String::as_str) == Some("yes"),
+            safe: fields.get("safe").map(String::as_str) == Some("yes"),
+            version: fields.remove("version"),
+        })
     }
-    let replaces = match (exists, there) {
-        ("no", _) => "none".to_string(),
-        _ if request.force => "any".to_string(),
-        ("file", Some(sum)) if ours => sum.to_string(),
-        _ => {
-            return refused(format!(
-                "a different file is at {path}, not put there by gpureap push; pass --force to replace it"
-            ));
-        }
-    };
-    let copy = fleet.transport.exec(
-        host,
-        &script(COPY, &[&path, &binary.sha256, &replaces]),
-        Some(binary.bytes.clone()),
-        limit,
-    );
-    match copy {
-        Ok(copied) if Exit::succeeded(copied.code) => {
-            let version = fields(&copied.stdout).get("version").cloned();
-            if version.as_deref() != Some(binary.version.as_str()) {
-                return failed(format!(
-                    "copied to {path}, but --version there says {:?}, not {:?}",
-                    version.unwrap_or_default(),
-                    binary.version
-                ));
+
+    /// Copies the binary over what `replaces` names, and checks its --version there.
+    fn copy(&self, look: &Look, replaces: &str) -> Answer {
+        let path = &look.path;
+        let copy = self.fleet.transport.exec(
+            self.host,
+            &Self::script(COPY, &[path, &self.binary.sha256, replaces]),
+            Some(self.binary.bytes.clone()),
+            self.limit,
+        );
+        match copy {
+            Ok(copied) if Exit::succeeded(copied.code) => {
+                let version = fields(&copied.stdout).get("version").cloned();
+                if version.as_deref() != Some(self.binary.version.as_str()) {
+                    return self.failed(format!(
+                        "copied to {path}, but --version there says {:?}, not {:?}",
+                        version.unwrap_or_default(),
+                        self.binary.version
+                    ));
+                }
+                let action = if look.exists == "no" {
+                    "installed"
+                } else {
+                    "updated"
+                };
+                Answer {
+                    exit_code: Exit::Success,
+                    report: self.report(path, action, version, None),
+                    error: None,
+                    elapsed: self.started.elapsed(),
+                }
             }
-            Answer {
-                exit_code: Exit::Success,
-                report: report(
-                    if exists == "no" {
-                        "installed"
-                    } else {
-                        "updated"
-                    },
-                    version,
-                    None,
-                ),
-                error: None,
-                elapsed: started.elapsed(),
-            }
+            Ok(copied) if matches!(copied.code, Some(67 | 69)) => self.refused(
+                path,
+                copied
+                    .last_error
+                    .unwrap_or_else(|| format!("{path} changed while pushing")),
+            ),
+            Ok(copied) => self.failed(format!(
+                "copy to {path} failed: {}",
+                copied
+                    .last_error
+                    .unwrap_or_else(|| format!("exit {:?}", copied.code))
+            )),
+            Err(error) => self.failed(error),
         }
-        Ok(copied) if matches!(copied.code, Some(67 | 69)) => refused(
-            copied
-                .last_error
-                .unwrap_or_else(|| format!("{path} changed while pushing")),
-        ),
-        Ok(copied) => failed(format!(
-            "copy to {path} failed: {}",
-            copied
-                .last_error
-                .unwrap_or_else(|| format!("exit {:?}", copied.code))
-        )),
-        Err(error) => failed(error),
     }
 }
 

@@ -8,18 +8,15 @@
 //! past its deadline the ssh process (ours) is killed and the host reported
 //! as not answering.
 
-use std::io::Read;
-use std::os::fd::AsFd;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Arc, mpsc};
-use std::thread;
+use std::process::ExitStatus;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use crate::child::{self, Input, Interruption, Ran};
 use crate::exit::{Exit, Remote};
-use crate::signal::kill_group;
 
 /// The JSON a host answers with is this big at most. A real 8-GPU host's
 /// `status --json`, eight tensor-parallel workers each with every GPU's
@@ -43,7 +40,7 @@ pub struct Transport {
 }
 
 /// `--remote-bin`'s default, decided with the flags.
-pub use crate::config::DEFAULT_REMOTE_BIN;
+use crate::config::DEFAULT_REMOTE_BIN;
 
 /// Runs the first gpureap found: on the PATH, else at `push`'s default
 /// destinations (a user's ~/.local/bin is often not on a non-interactive
@@ -262,46 +259,16 @@ impl Transport {
         let stderr = String::from_utf8_lossy(stderr);
         let last_line = last_meaningful_line(&stderr);
         let remote = Remote::read(status.code());
-        match remote {
-            // ssh's own failure: connection, host key, authentication.
-            Remote::Ssh => {
+        let remote_exit = match remote {
+            Remote::Ended(exit) => exit,
+            failed => {
                 return (
                     Exit::Incomplete,
                     None,
-                    Some(last_line.unwrap_or_else(|| "ssh failed (exit 255)".to_string())),
+                    Some(self.not_run(failed, last_line)),
                 );
             }
-            Remote::NotFound => {
-                let name = if self.remote_bin == DEFAULT_REMOTE_BIN {
-                    "gpureap not found on the host (install it or pass --remote-bin)".to_string()
-                } else {
-                    format!(
-                        "{} not found on the host (check --remote-bin)",
-                        self.remote_bin
-                    )
-                };
-                return (Exit::Incomplete, None, Some(name));
-            }
-            Remote::CannotRun => {
-                return (
-                    Exit::Incomplete,
-                    None,
-                    Some(format!(
-                        "{} cannot be run on the host: {}",
-                        self.remote_bin,
-                        last_line.unwrap_or_else(|| "permission denied".to_string())
-                    )),
-                );
-            }
-            Remote::Killed => {
-                return (
-                    Exit::Incomplete,
-                    None,
-                    Some("ssh was killed by a signal before the host answered".to_string()),
-                );
-            }
-            Remote::Ended(_) => {}
-        }
+        };
         if truncated {
             return (
                 Exit::Incomplete,
@@ -312,14 +279,15 @@ impl Transport {
                 )),
             );
         }
-        let (remote_exit, remote_code) = match remote {
-            Remote::Ended(exit) => (exit, status.code().unwrap_or_default()),
-            _ => (Exit::Incomplete, 0),
-        };
         let text = String::from_utf8_lossy(stdout);
         if text.trim().is_empty() {
             // The remote gpureap refused (bad usage) or failed before any report.
-            let why = last_line.unwrap_or_else(|| format!("exited {remote_code} with no output"));
+            let why = last_line.unwrap_or_else(|| {
+                format!(
+                    "exited {} with no output",
+                    status.code().unwrap_or_default()
+                )
+            });
             let exit = if remote_exit == Exit::Usage {
                 Exit::Usage
             } else {
@@ -327,68 +295,75 @@ impl Transport {
             };
             return (exit, None, Some(why));
         }
-        // The header only: every other field is skipped, never built.
-        #[derive(Deserialize)]
-        struct Header {
-            schema_version: Option<serde_json::Number>,
-            kind: Option<String>,
+        match document(&text, kind) {
+            Ok(document) => (remote_exit, Some(document), None),
+            Err(why) => (Exit::Incomplete, None, Some(why)),
         }
-        let header: Header = match serde_json::from_str(&text) {
-            Ok(header) => header,
-            Err(_) => {
-                return (
-                    Exit::Incomplete,
-                    None,
-                    Some(format!(
-                        "answered something that is not gpureap's JSON (is --remote-bin gpureap?): {}",
-                        first_line(&text)
-                    )),
-                );
-            }
-        };
-        match header
-            .schema_version
-            .as_ref()
-            .and_then(serde_json::Number::as_u64)
-        {
-            Some(version) if version == u64::from(crate::report::SCHEMA_VERSION) => {}
-            Some(version) => {
-                return (
-                    Exit::Incomplete,
-                    None,
-                    Some(format!(
-                        "remote gpureap speaks schema {version}, this one {}",
-                        crate::report::SCHEMA_VERSION
-                    )),
-                );
-            }
-            None => {
-                return (
-                    Exit::Incomplete,
-                    None,
-                    Some(format!(
-                        "answered JSON without a schema_version: not a gpureap report: {}",
-                        first_line(&text)
-                    )),
-                );
-            }
-        }
-        if header.kind.as_deref() != Some(kind) {
-            return (
-                Exit::Incomplete,
-                None,
-                Some(format!("answered a document that is not a {kind} report")),
-            );
-        }
-        let Some(document) = super::nested_json(&text) else {
-            return (
-                Exit::Incomplete,
-                None,
-                Some("answered JSON that cannot be kept".to_string()),
-            );
-        };
-        (remote_exit, Some(document), None)
     }
+
+    /// Why the remote gpureap did not run, when ssh says it did not: ssh's
+    /// own failure (connection, host key, authentication), no such program,
+    /// one that cannot be run, or ssh killed.
+    fn not_run(&self, remote: Remote, last_line: Option<String>) -> String {
+        match remote {
+            Remote::NotFound if self.remote_bin == DEFAULT_REMOTE_BIN => {
+                "gpureap not found on the host (install it or pass --remote-bin)".to_string()
+            }
+            Remote::NotFound => format!(
+                "{} not found on the host (check --remote-bin)",
+                self.remote_bin
+            ),
+            Remote::CannotRun => format!(
+                "{} cannot be run on the host: {}",
+                self.remote_bin,
+                last_line.unwrap_or_else(|| "permission denied".to_string())
+            ),
+            Remote::Killed => "ssh was killed by a signal before the host answered".to_string(),
+            Remote::Ssh | Remote::Ended(_) => {
+                last_line.unwrap_or_else(|| "ssh failed (exit 255)".to_string())
+            }
+        }
+    }
+}
+
+/// The `kind` report a host answered, kept as it came; else why it is not
+/// one: not gpureap's JSON, another schema, another kind.
+fn document(text: &str, kind: &str) -> Result<Box<RawValue>, String> {
+    // The header only: every other field is skipped, never built.
+    #[derive(Deserialize)]
+    struct Header {
+        schema_version: Option<serde_json::Number>,
+        kind: Option<String>,
+    }
+    let header: Header = serde_json::from_str(text).map_err(|_| {
+        format!(
+            "answered something that is not gpureap's JSON (is --remote-bin gpureap?): {}",
+            first_line(text)
+        )
+    })?;
+    match header
+        .schema_version
+        .as_ref()
+        .and_then(serde_json::Number::as_u64)
+    {
+        Some(version) if version == u64::from(crate::report::SCHEMA_VERSION) => {}
+        Some(version) => {
+            return Err(format!(
+                "remote gpureap speaks schema {version}, this one {}",
+                crate::report::SCHEMA_VERSION
+            ));
+        }
+        None => {
+            return Err(format!(
+                "answered JSON without a schema_version: not a gpureap report: {}",
+                first_line(text)
+            ));
+        }
+    }
+    if header.kind.as_deref() != Some(kind) {
+        return Err(format!("answered a document that is not a {kind} report"));
+    }
+    super::nested_json(text).ok_or_else(|| "answered JSON that cannot be kept".to_string())
 }
 
 /// A word for a POSIX shell: bare when it is plainly safe, else single-quoted.
@@ -422,27 +397,6 @@ fn last_meaningful_line(stderr: &str) -> Option<String> {
         .map(|line| crate::units::short(line, 200))
 }
 
-enum Ran {
-    Exited {
-        status: ExitStatus,
-        stdout: Vec<u8>,
-        stderr: Vec<u8>,
-        truncated: bool,
-    },
-    TimedOut,
-    /// A signal came (`interrupt`): the child was killed.
-    Interrupted(i32),
-}
-
-/// What the child's stdin is.
-enum Input {
-    Null,
-    /// These bytes, then its end.
-    Data(Arc<Vec<u8>>),
-    /// Open, and nothing on it, until the child ends or is killed (WATCH).
-    Held,
-}
-
 /// Runs a local program for at most `limit`, keeping `max_stdout` bytes of
 /// its output: its exit code (`None`: killed by a signal) and its stdout.
 /// Past the limit its process group is killed and that is an error.
@@ -461,160 +415,27 @@ pub fn run_local(
     }
 }
 
-/// Runs argv, collecting its output (at most `max_stdout` bytes of it kept),
-/// for at most `limit`; past that its process group is killed (it is our
-/// child, not yet reaped, so its PID, the group's, is still its own).
+/// Runs argv as one bounded child (`child::run`), for at most `limit`;
+/// a signal the fleet watches for (`interrupt`) ends it too.
 fn run_bounded<S: AsRef<std::ffi::OsStr>>(
     argv: &[S],
     limit: Duration,
     input: Input,
     max_stdout: u64,
 ) -> Result<Ran, String> {
-    use std::os::unix::process::CommandExt;
-    let deadline = Instant::now() + limit;
-    let shown = || argv[0].as_ref().to_string_lossy().into_owned();
-    let mut child = Command::new(&argv[0])
-        .args(&argv[1..])
-        .stdin(match input {
-            Input::Null => Stdio::null(),
-            Input::Data(_) | Input::Held => Stdio::piped(),
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .spawn()
-        .map_err(|error| format!("cannot run {}: {error}", shown()))?;
-    // No thread to read or write with (RLIMIT_NPROC, memory): the child is
-    // ended, and the host reported as not run.
-    let no_thread = |child: &mut Child, error: std::io::Error| {
-        kill_group(child.id());
-        let _ = child.kill();
-        let _ = child.wait();
-        format!("cannot start a thread: {error}")
+    let interruption = Interruption {
+        signal: super::interrupt::signal,
+        descriptor: super::interrupt::descriptor(),
     };
-    // Held: dropped (closed) when this function returns, the child ended.
-    let mut _held = None;
-    if let Input::Held = input {
-        _held = child.stdin.take();
-    }
-    if let (Some(mut pipe), Input::Data(input)) = (child.stdin.take(), input) {
-        // A host that stops reading (it refused, or died) ends the write with EPIPE.
-        let writer = thread::Builder::new().spawn(move || {
-            let _ = std::io::Write::write_all(&mut pipe, &input);
-        });
-        if let Err(error) = writer {
-            return Err(no_thread(&mut child, error));
-        }
-    }
-    let stdout = match child
-        .stdout
-        .take()
-        .map(|pipe| collect(pipe, max_stdout))
-        .transpose()
-    {
-        Ok(stdout) => stdout,
-        Err(error) => return Err(no_thread(&mut child, error)),
-    };
-    let stderr = match child
-        .stderr
-        .take()
-        .map(|pipe| collect(pipe, MAX_STDERR))
-        .transpose()
-    {
-        Ok(stderr) => stderr,
-        Err(error) => return Err(no_thread(&mut child, error)),
-    };
-    let status = match wait_until(&mut child, deadline) {
-        Waited::Exited(status) => status,
-        ended => {
-            kill_group(child.id());
-            let _ = child.kill();
-            let _ = child.wait();
-            return Ok(match ended {
-                Waited::Interrupted(signal) => Ran::Interrupted(signal),
-                _ => Ran::TimedOut,
-            });
-        }
-    };
-    // ssh is gone; what it started (a ProxyCommand) may still hold the pipes: not for long.
-    let grace = deadline
-        .saturating_duration_since(Instant::now())
-        .min(Duration::from_secs(2));
-    let (stdout, truncated) = stdout
-        .and_then(|receiver| receiver.recv_timeout(grace).ok())
-        .unwrap_or_default();
-    let (stderr, _) = stderr
-        .and_then(|receiver| receiver.recv_timeout(grace).ok())
-        .unwrap_or_default();
-    Ok(Ran::Exited {
-        status,
-        stdout,
-        stderr,
-        truncated,
-    })
-}
-
-/// Reads a pipe to its end on a thread of its own, keeping `limit` bytes
-/// and draining the rest so the writer never blocks.
-fn collect(
-    pipe: impl Read + Send + 'static,
-    limit: u64,
-) -> std::io::Result<mpsc::Receiver<(Vec<u8>, bool)>> {
-    let (sender, receiver) = mpsc::channel();
-    thread::Builder::new().spawn(move || {
-        let mut kept = Vec::new();
-        let mut pipe = pipe;
-        let _ = pipe.by_ref().take(limit).read_to_end(&mut kept);
-        let more = std::io::copy(&mut pipe, &mut std::io::sink()).unwrap_or(0) > 0;
-        let _ = sender.send((kept, more));
-    })?;
-    Ok(receiver)
-}
-
-enum Waited {
-    Exited(ExitStatus),
-    TimedOut,
-    Interrupted(i32),
-}
-
-/// Waits for the child until the deadline or an interruption: on its pidfd
-/// and the interruption's descriptor where the kernel has pidfds (5.3+),
-/// else by polling every few milliseconds.
-fn wait_until(child: &mut Child, deadline: Instant) -> Waited {
-    let pidfd = rustix::process::Pid::from_raw(child.id() as i32).and_then(|pid| {
-        rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok()
-    });
-    let woken = super::interrupt::descriptor();
-    loop {
-        if let Ok(Some(status)) = child.try_wait() {
-            return Waited::Exited(status);
-        }
-        if let Some(signal) = super::interrupt::signal() {
-            return Waited::Interrupted(signal);
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Waited::TimedOut;
-        }
-        match &pidfd {
-            Some(fd) => {
-                let fd = fd.as_fd();
-                let mut fds = vec![rustix::event::PollFd::new(
-                    &fd,
-                    rustix::event::PollFlags::IN,
-                )];
-                if let Some(woken) = &woken {
-                    fds.push(rustix::event::PollFd::new(
-                        woken,
-                        rustix::event::PollFlags::IN,
-                    ));
-                }
-                let timeout = rustix::event::Timespec::try_from(left).ok();
-                let _ = rustix::event::poll(&mut fds, timeout.as_ref());
-            }
-            None => thread::sleep(left.min(Duration::from_millis(5))),
-        }
-    }
+    child::run(
+        argv,
+        input,
+        max_stdout,
+        MAX_STDERR,
+        limit,
+        Some(interruption),
+    )
+    .map_err(|error| error.to_string())
 }
 
 #[cfg(test)]

@@ -17,7 +17,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::proc;
-use crate::supervision::{CGROUP_PREFIX, cgroup2_mount};
+use crate::supervised::CGROUP_PREFIX;
+use crate::supervision::cgroup2_mount;
 use crate::tree::ProcessTree;
 
 /// How the server is contained, for the events and `status`.

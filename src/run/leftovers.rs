@@ -110,7 +110,7 @@ fn made_by(path: &Path, pid: u32) -> bool {
         && path
             .file_name()
             .and_then(|name| name.to_str())
-            .and_then(supervision::run_of_cgroup)
+            .and_then(crate::supervised::run_of_cgroup)
             .is_some_and(|(_, supervisor)| supervisor == pid)
 }
 
@@ -230,7 +230,7 @@ fn free_leftover(stale: &StaleRun, driver: &dyn Driver, options: Options) -> boo
     }
     let freed = report.as_ref().is_none_or(reap::FreeReport::all_freed);
     let spared = supervision::never_ended(report.as_ref(), &guard);
-    let removal = supervision::remove(stale, &spared, options.timeout);
+    let removal = supervision::remove(stale, &spared, options.timeout());
     match &removal.error {
         None => event(&format!("removed {}", stale.cgroup.display())),
         Some(error) => event(&format!(

@@ -33,7 +33,7 @@ use crate::exit::Exit;
 use crate::reap::{self, FreeReport, Options};
 use crate::select::{Guard, Scope};
 use crate::snapshot::Snapshot;
-use crate::supervision::SUPERVISOR_ENV;
+use crate::supervised::SUPERVISOR_ENV;
 use crate::units::Elapsed;
 use baseline::{GoodStart, History};
 use bundle::{Bundle, CpuSamples};
@@ -71,6 +71,14 @@ pub struct RunConfig {
     pub metrics: Option<std::net::SocketAddr>,
     /// `--plan`: plan each start first (`plan::gate`).
     pub plan: Option<plan::PlanGate>,
+}
+
+impl RunConfig {
+    /// How a stop frees what the run started: --grace, then --stop-timeout
+    /// to verify, by the one formula (`reap::Options`).
+    pub fn stop_options(&self) -> Options {
+        Options::new(self.grace, self.stop_timeout)
+    }
 }
 
 /// Consecutive failed health checks after ready that make a hang.
@@ -235,11 +243,7 @@ fn supervise_with(
 ) -> std::io::Result<Exit> {
     let stop = prepare(config)?;
     let mut remembered = Remembered::load(state_dir);
-    let stop_options = Options {
-        grace: config.grace,
-        timeout: config.stop_timeout,
-        poll: Duration::from_millis(10),
-    };
+    let stop_options = config.stop_options();
     if let Some(dir) = &remembered.dir
         && !leftovers::clean(dir, driver, stop_options)
     {
@@ -650,107 +654,197 @@ fn watch(
     remembered: &mut Remembered,
     capacity: &mut CapacityWatch,
 ) -> (Ended, Option<Instant>) {
-    let history = |remembered: &Remembered| remembered.history.summary();
-    let started = Instant::now();
-    let mut ready_at = matches!(config.readiness, Readiness::Started).then_some(started);
-    if ready_at.is_some() {
-        metrics::became_ready(0.0);
-    }
-    let mut last_probe = started;
-    let mut last_health = started;
-    let mut last_cpu: Option<Instant> = None;
-    let mut health_failures = 0;
+    let mut watching = Watching::new(config);
     loop {
         std::thread::sleep(Duration::from_millis(20));
         if stop.load(Ordering::Relaxed) {
-            return (Ended::Stopped, ready_at);
+            return (Ended::Stopped, watching.ready_at);
         }
         main.reap();
         if let Some(status) = main.status {
-            return (Ended::Exited(status), ready_at);
+            return (Ended::Exited(status), watching.ready_at);
         }
         let now = Instant::now();
-        if last_cpu.is_none_or(|at| now.duration_since(at) >= Duration::from_millis(500)) {
-            cpu.sample(&containment.members());
-            last_cpu = Some(now);
-        }
-        if let Some(at) = ready_at {
+        watching.sample_cpu(now, cpu, containment);
+        if let Some(at) = watching.ready_at {
             capacity.look(log, at, now, remembered.dir.as_ref());
         }
-        let (lines, last_output, log_ready) = match log.lock() {
-            Ok(state) => (state.lines, state.last_output, state.ready_at_line),
-            Err(_) => (0, now, None),
+        let seen = match log.lock() {
+            Ok(state) => Seen {
+                lines: state.lines,
+                last_output: state.last_output,
+                ready_at_line: state.ready_at_line,
+            },
+            Err(_) => Seen {
+                lines: 0,
+                last_output: now,
+                ready_at_line: None,
+            },
         };
-        if ready_at.is_none() {
-            if now.duration_since(last_probe) >= PROBE_EVERY || log_ready.is_some() {
-                last_probe = now;
-                if config.readiness.probe(log_ready.is_some()) {
-                    ready_at = Some(now);
-                    let seconds = now.duration_since(started).as_secs_f64();
-                    metrics::became_ready(seconds);
-                    let at_line = log_ready.unwrap_or(lines);
-                    event(&format!(
-                        "ready after {seconds:.1}s at log line {at_line}; {}",
-                        history(remembered)
-                    ));
-                    let good = GoodStart {
-                        lines: at_line,
-                        seconds,
-                        at_unix: SystemTime::now()
-                            .duration_since(UNIX_EPOCH)
-                            .map_or(0, |d| d.as_secs()),
-                    };
-                    remembered.record(good);
-                    last_health = now;
-                    continue;
-                }
-            }
-            let silence = now.duration_since(last_output);
-            let elapsed = now.duration_since(started);
-            if silence >= config.stall_timeout {
-                metrics::hung(metrics::HangKind::Stall);
-                return (
-                    Ended::Hung(format!(
-                        "hang: no log output for {} before ready: stalled at log line {lines} after {:.1}s; {}",
-                        Elapsed(silence),
-                        elapsed.as_secs_f64(),
-                        history(remembered)
-                    )),
-                    None,
-                );
-            }
-            if elapsed >= config.startup_timeout {
-                metrics::hung(metrics::HangKind::StartupTimeout);
-                return (
-                    Ended::Hung(format!(
-                        "hang: not ready after {} (--startup-timeout): at log line {lines}; {}",
-                        Elapsed(elapsed),
-                        history(remembered)
-                    )),
-                    None,
-                );
-            }
-        } else if config.readiness.checks_health()
-            && now.duration_since(last_health) >= config.health_interval
+        let hung = if watching.ready_at.is_none() {
+            watching.before_ready(config, now, &seen, remembered)
+        } else {
+            watching.after_ready(config, now)
+        };
+        if let Some(hung) = hung {
+            return hung;
+        }
+    }
+}
+
+/// What the log has shown of one start so far.
+struct Seen {
+    lines: u64,
+    last_output: Instant,
+    ready_at_line: Option<u64>,
+}
+
+/// What `watch` keeps between its looks at one start.
+struct Watching {
+    started: Instant,
+    ready_at: Option<Instant>,
+    last_probe: Instant,
+    last_health: Instant,
+    last_cpu: Option<Instant>,
+    health_failures: u32,
+}
+
+impl Watching {
+    fn new(config: &RunConfig) -> Watching {
+        let started = Instant::now();
+        let ready_at = matches!(config.readiness, Readiness::Started).then_some(started);
+        if ready_at.is_some() {
+            metrics::became_ready(0.0);
+        }
+        Watching {
+            started,
+            ready_at,
+            last_probe: started,
+            last_health: started,
+            last_cpu: None,
+            health_failures: 0,
+        }
+    }
+
+    /// The contained processes' CPU, every half second.
+    fn sample_cpu(&mut self, now: Instant, cpu: &mut CpuSamples, containment: &Containment) {
+        if self
+            .last_cpu
+            .is_none_or(|at| now.duration_since(at) >= Duration::from_millis(500))
         {
-            last_health = now;
-            match config.readiness.health() {
-                Ok(()) => health_failures = 0,
-                Err(why) => {
-                    health_failures += 1;
-                    event(&format!(
-                        "health check failed ({health_failures}/{HEALTH_FAILURES}): {why}"
-                    ));
-                    if health_failures >= HEALTH_FAILURES {
-                        metrics::hung(metrics::HangKind::Unhealthy);
-                        return (
-                            Ended::Hung(format!(
-                                "unhealthy: {HEALTH_FAILURES} health checks failed after ready (last: {why})"
-                            )),
-                            ready_at,
-                        );
-                    }
-                }
+            cpu.sample(&containment.members());
+            self.last_cpu = Some(now);
+        }
+    }
+
+    /// Before ready: probes readiness (and records a good start), else
+    /// ends the start as hung once its log stalls or --startup-timeout passes.
+    fn before_ready(
+        &mut self,
+        config: &RunConfig,
+        now: Instant,
+        seen: &Seen,
+        remembered: &mut Remembered,
+    ) -> Option<(Ended, Option<Instant>)> {
+        let lines = seen.lines;
+        if (now.duration_since(self.last_probe) >= PROBE_EVERY || seen.ready_at_line.is_some())
+            && self.probe(config, now, seen, remembered)
+        {
+            return None;
+        }
+        let silence = now.duration_since(seen.last_output);
+        let elapsed = now.duration_since(self.started);
+        let history = || remembered.history.summary();
+        if silence >= config.stall_timeout {
+            metrics::hung(metrics::HangKind::Stall);
+            return Some((
+                Ended::Hung(format!(
+                    "hang: no log output for {} before ready: stalled at log line {lines} after {:.1}s; {}",
+                    Elapsed(silence),
+                    elapsed.as_secs_f64(),
+                    history()
+                )),
+                None,
+            ));
+        }
+        if elapsed >= config.startup_timeout {
+            metrics::hung(metrics::HangKind::StartupTimeout);
+            return Some((
+                Ended::Hung(format!(
+                    "hang: not ready after {} (--startup-timeout): at log line {lines}; {}",
+                    Elapsed(elapsed),
+                    history()
+                )),
+                None,
+            ));
+        }
+        None
+    }
+
+    /// Probes readiness; when ready, says so and remembers the good start.
+    fn probe(
+        &mut self,
+        config: &RunConfig,
+        now: Instant,
+        seen: &Seen,
+        remembered: &mut Remembered,
+    ) -> bool {
+        self.last_probe = now;
+        if !config.readiness.probe(seen.ready_at_line.is_some()) {
+            return false;
+        }
+        self.ready_at = Some(now);
+        let seconds = now.duration_since(self.started).as_secs_f64();
+        metrics::became_ready(seconds);
+        let at_line = seen.ready_at_line.unwrap_or(seen.lines);
+        event(&format!(
+            "ready after {seconds:.1}s at log line {at_line}; {}",
+            remembered.history.summary()
+        ));
+        remembered.record(GoodStart {
+            lines: at_line,
+            seconds,
+            at_unix: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+        });
+        self.last_health = now;
+        true
+    }
+
+    /// After ready: a health check every --health-interval; the start is
+    /// unhealthy (hung) after HEALTH_FAILURES failures in a row.
+    fn after_ready(
+        &mut self,
+        config: &RunConfig,
+        now: Instant,
+    ) -> Option<(Ended, Option<Instant>)> {
+        if !config.readiness.checks_health()
+            || now.duration_since(self.last_health) < config.health_interval
+        {
+            return None;
+        }
+        self.last_health = now;
+        match config.readiness.health() {
+            Ok(()) => {
+                self.health_failures = 0;
+                None
+            }
+            Err(why) => {
+                self.health_failures += 1;
+                event(&format!(
+                    "health check failed ({}/{HEALTH_FAILURES}): {why}",
+                    self.health_failures
+                ));
+                (self.health_failures >= HEALTH_FAILURES).then(|| {
+                    metrics::hung(metrics::HangKind::Unhealthy);
+                    (
+                        Ended::Hung(format!(
+                            "unhealthy: {HEALTH_FAILURES} health checks failed after ready (last: {why})"
+                        )),
+                        self.ready_at,
+                    )
+                })
             }
         }
     }
@@ -782,11 +876,7 @@ fn stop_tree(
             pids,
             ..Scope::default()
         };
-        let options = Options {
-            grace: config.grace,
-            timeout: config.stop_timeout,
-            poll: Duration::from_millis(10),
-        };
+        let options = config.stop_options();
         let report = reap::free(
             driver,
             &scope,

@@ -15,7 +15,7 @@ pub mod scontrol;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use crate::driver::{self, BackendChoice, Driver};
@@ -25,8 +25,9 @@ use crate::reap::{self, Fate, Options};
 use crate::reset;
 use crate::select::{self, Guard, JobScope, Scope};
 use crate::snapshot::Snapshot;
-use crate::units::{Bytes, Elapsed};
+use crate::units::{Bytes, Elapsed, Field};
 use crate::units::{GpuRef, parse_gpu_refs};
+use crate::verify::{self, Holding, Reason};
 
 use audit::Audit;
 use scontrol::{JobInfo, Scontrol};
@@ -50,19 +51,58 @@ const LIVE_JOB_STATES: [&str; 6] = [
     "SIGNALING",
 ];
 
+/// Where a hook's outcome goes: to `main`, which ends the command with the
+/// first one it gets, the hook's own or its deadline's (`Context::bound`).
+type Outcome = mpsc::Sender<Ended>;
+
+/// How a hook ended: by itself (or by panicking), or by its deadline.
+enum Ended {
+    Hook(std::thread::Result<Exit>),
+    Deadline(Exit),
+}
+
+/// Runs the hook on its own thread and returns the outcome that comes
+/// first: the hook's exit code, or its deadline's when the hook is still
+/// running then (hung in a D-state /proc read, a driver call, scontrol).
+/// No thread ends the process: the exit is `main`'s, through the table.
 pub fn main(backend: &BackendChoice, command: &Hook) -> Exit {
-    let code = match command {
-        Hook::Epilog(args) => epilog(backend, args),
-        Hook::Prolog(args) => prolog(backend, args),
-        Hook::Healthcheck(args) => healthcheck(backend, args),
+    let (outcome, first) = mpsc::channel();
+    let hook = {
+        let (backend, command, outcome) = (backend.clone(), command.clone(), outcome.clone());
+        move || {
+            let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                run(&backend, &command, &outcome)
+            }));
+            let _ = outcome.send(Ended::Hook(code));
+        }
     };
-    // Done just as the deadline passed: its drain and exit code count.
-    if scontrol::deadline_passed() {
-        loop {
-            std::thread::park();
+    if let Err(error) = std::thread::Builder::new()
+        .name("hook".to_string())
+        .spawn(hook)
+    {
+        eprintln!("gpureap: cannot start the hook's thread ({error}); running without --timeout");
+        return run(backend, command, &outcome);
+    }
+    drop(outcome);
+    loop {
+        match first.recv() {
+            // Done just as the deadline passed: its drain and exit code count.
+            Ok(Ended::Hook(_)) if scontrol::deadline_passed() => continue,
+            Ok(Ended::Hook(Ok(code)) | Ended::Deadline(code)) => return code,
+            Ok(Ended::Hook(Err(panic))) => std::panic::resume_unwind(panic),
+            // Every sender is gone without a word: cannot happen while the
+            // hook's thread holds one until it has sent.
+            Err(_) => return Exit::Incomplete,
         }
     }
-    code
+}
+
+fn run(backend: &BackendChoice, command: &Hook, outcome: &Outcome) -> Exit {
+    match command {
+        Hook::Epilog(args) => epilog(backend, args, outcome),
+        Hook::Prolog(args) => prolog(backend, args, outcome),
+        Hook::Healthcheck(args) => healthcheck(backend, args, outcome),
+    }
 }
 
 /// The Slurm hook to run and its flags, typed by config.
@@ -255,16 +295,18 @@ impl Context {
         }
     }
 
-    /// Ends the process, draining the node, if the command is still running
-    /// after `limit`: an epilog must end well inside Slurm's own timeout,
-    /// whatever hangs (a D-state /proc read, a driver call, scontrol).
-    fn bound(&self, command: &'static str, limit: Duration) {
+    /// Ends the command, draining the node, if it is still running after
+    /// `limit`: an epilog must end well inside Slurm's own timeout, whatever
+    /// hangs (a D-state /proc read, a driver call, scontrol). The outcome
+    /// goes to `main` (`outcome`), which ends the command with it.
+    fn bound(&self, command: &'static str, limit: Duration, outcome: &Outcome) {
         let context = Context {
             audit: Arc::clone(&self.audit),
             node: self.node.clone(),
             scontrol: self.scontrol.clone(),
             dry_run: self.dry_run,
         };
+        let outcome = outcome.clone();
         let spawned = std::thread::Builder::new()
             .name("deadline".to_string())
             .spawn(move || {
@@ -282,7 +324,7 @@ impl Context {
                     "{command} did not finish within {} (see slurmd's log)",
                     Elapsed(limit)
                 ));
-                Exit::StillHeld.exit()
+                let _ = outcome.send(Ended::Deadline(Exit::StillHeld));
             });
         if let Err(error) = spawned {
             self.say(
@@ -337,98 +379,116 @@ fn job_gpus(
     Ok((driver, gpus))
 }
 
-/// What keeps a GPU from being clean.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What keeps a GPU from being clean: the verifier's value (`verify::holding`),
+/// and what a reset under `--reset` made of it. The log line and the drain
+/// reason are rendered from these values (`text`).
+#[derive(Debug, Clone, PartialEq)]
 pub struct Finding {
     pub gpu: u32,
-    pub pid: Option<u32>,
-    /// Only driver-held memory: a reset may clear it.
-    pub driver_held: bool,
-    /// One line, for the log and the drain reason (`GPU 1: ...`).
-    pub text: String,
+    pub holding: Holding,
+    /// A reset was tried and did not leave the GPU clean.
+    pub reset: Option<ResetFailed>,
 }
 
-/// Why the GPUs in `gpus` are not clean. `unexpected` says what is wrong
-/// with a process the driver lists on a GPU, or `None` when it may stay.
+/// How a reset under `--reset` failed to clean a GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResetFailed {
+    InUse,
+    StillHeld,
+    Failed,
+}
+
+impl ResetFailed {
+    fn of(outcome: &reset::Reset) -> ResetFailed {
+        match outcome {
+            reset::Reset::InUse { .. } => ResetFailed::InUse,
+            reset::Reset::StillHeld { .. } => ResetFailed::StillHeld,
+            _ => ResetFailed::Failed,
+        }
+    }
+
+    fn word(self) -> &'static str {
+        match self {
+            ResetFailed::InUse => "refused, in use",
+            ResetFailed::StillHeld => "still held after",
+            ResetFailed::Failed => "failed",
+        }
+    }
+}
+
+impl Finding {
+    pub fn pid(&self) -> Option<u32> {
+        self.holding.pid()
+    }
+
+    /// Only driver-held memory: a reset may clear it.
+    pub fn driver_held(&self) -> bool {
+        self.holding.driver_held()
+    }
+
+    /// One line, for the log and the drain reason (`GPU 1: ...`).
+    pub fn text(&self) -> String {
+        let index = self.gpu;
+        let holds = |memory: &Option<u64>| {
+            memory
+                .map(|bytes| format!(" holds {}", Bytes(bytes)))
+                .unwrap_or_else(|| " holds memory".to_string())
+        };
+        let text = match &self.holding {
+            Holding::NotReported => format!("GPU {index}: not reported by the driver"),
+            Holding::Reason(Reason::DriverError { message }) => {
+                format!("GPU {index}: driver error: {}", Field(message))
+            }
+            Holding::Reason(Reason::Hidden { pid, memory }) => format!(
+                "GPU {index}: pid {pid} in another PID namespace{}",
+                holds(memory)
+            ),
+            Holding::Reason(Reason::DriverHeld { bytes, .. }) => format!(
+                "GPU {index}: {} held by no process (driver-held)",
+                Bytes(*bytes)
+            ),
+            Holding::Reason(reason) => format!("GPU {index}: {reason}"),
+            Holding::Process {
+                pid,
+                comm,
+                user,
+                state,
+                memory,
+                why,
+            } => format!(
+                "GPU {index}: pid {pid} ({}, {}, state {}){}: {why}",
+                Field(comm),
+                user.as_deref().unwrap_or("unknown user"),
+                state.letter(),
+                holds(memory)
+            ),
+        };
+        match self.reset {
+            Some(failed) => format!("{text} (reset: {})", failed.word()),
+            None => text,
+        }
+    }
+}
+
+/// Why the GPUs in `gpus` are not clean, as the verifier names it.
+/// `unexpected` says what is wrong with a process the driver lists on a
+/// GPU, or `None` when it may stay.
 fn findings(
     snapshot: &Snapshot,
     gpus: &BTreeSet<u32>,
     unexpected: &mut dyn FnMut(u32, &ProcessRecord) -> Option<String>,
 ) -> Vec<Finding> {
-    let mut found = Vec::new();
-    for &index in gpus {
-        let Some(gpu) = snapshot.gpu(index) else {
-            found.push(Finding {
-                gpu: index,
-                pid: None,
-                driver_held: false,
-                text: format!("GPU {index}: not reported by the driver"),
-            });
-            continue;
-        };
-        if let Some(error) = &gpu.error {
-            found.push(Finding {
-                gpu: index,
-                pid: None,
-                driver_held: false,
-                text: format!("GPU {index}: driver error: {error}"),
-            });
-            continue;
-        }
-        for user in gpu.users.iter().filter(|user| user.listed) {
-            let memory = user
-                .memory
-                .map(|bytes| format!(" holds {}", Bytes(bytes)))
-                .unwrap_or_else(|| " holds memory".to_string());
-            let record = snapshot.processes.get(&user.pid).filter(|_| !user.hidden);
-            let text = match record {
-                // A zombie holds no memory: a stale entry of the driver's list.
-                Some(record) if record.state.has_exited() => continue,
-                Some(record) => match unexpected(index, record) {
-                    None => continue,
-                    Some(whose) => {
-                        let user_name = snapshot
-                            .details
-                            .get(&user.pid)
-                            .and_then(|details| details.user.clone())
-                            .or_else(|| record.uid.map(|uid| format!("uid {uid}")))
-                            .unwrap_or_else(|| "unknown user".to_string());
-                        format!(
-                            "GPU {index}: pid {} ({}, {user_name}, state {}){memory}: {whose}",
-                            user.pid,
-                            record.comm,
-                            record.state.letter()
-                        )
-                    }
-                },
-                None => format!(
-                    "GPU {index}: pid {} in another PID namespace{memory}",
-                    user.pid
-                ),
-            };
-            found.push(Finding {
-                gpu: index,
-                pid: Some(user.pid),
-                driver_held: false,
-                text,
-            });
-        }
-        if let Some(unattributed) = snapshot.held_by_no_process(gpu)
-            && unattributed.holds
-        {
-            let bytes = unattributed.bytes;
-            found.push(Finding {
-                gpu: index,
-                pid: None,
-                driver_held: true,
-                text: format!(
-                    "GPU {index}: {} held by no process (driver-held)",
-                    Bytes(bytes)
-                ),
-            });
-        }
-    }
-    found
+    gpus.iter()
+        .flat_map(|&gpu| {
+            verify::holding(snapshot, gpu, unexpected)
+                .into_iter()
+                .map(move |holding| Finding {
+                    gpu,
+                    holding,
+                    reset: None,
+                })
+        })
+        .collect()
 }
 
 /// With `--reset`: resets each GPU whose only finding is driver-held memory,
@@ -440,7 +500,7 @@ fn reset_driver_held(context: &Context, driver: &dyn Driver, found: Vec<Finding>
     }
     let mut left = Vec::new();
     for (index, gpu_findings) in by_gpu {
-        if !gpu_findings.iter().all(|finding| finding.driver_held) {
+        if !gpu_findings.iter().all(Finding::driver_held) {
             left.extend(gpu_findings);
             continue;
         }
@@ -457,29 +517,23 @@ fn reset_driver_held(context: &Context, driver: &dyn Driver, found: Vec<Finding>
         let outcome = reset::reset(driver, index);
         context.say("reset", Some(index), None, &outcome.to_string());
         if !outcome.clean() {
-            left.extend(gpu_findings.into_iter().map(|mut finding| {
-                finding.text = format!("{} (reset: {})", finding.text, reset_word(&outcome));
-                finding
+            let failed = ResetFailed::of(&outcome);
+            left.extend(gpu_findings.into_iter().map(|finding| Finding {
+                reset: Some(failed),
+                ..finding
             }));
         }
     }
     left
 }
 
-fn reset_word(outcome: &reset::Reset) -> &'static str {
-    match outcome {
-        reset::Reset::InUse { .. } => "refused, in use",
-        reset::Reset::StillHeld { .. } => "still held after",
-        _ => "failed",
-    }
-}
-
 /// Drains with every finding in the reason, logging each; exit 1.
 fn drain_for(context: &Context, found: &[Finding]) -> Exit {
-    for finding in found {
-        context.say("held", Some(finding.gpu), finding.pid, &finding.text);
+    let texts: Vec<String> = found.iter().map(Finding::text).collect();
+    for (finding, text) in found.iter().zip(&texts) {
+        context.say("held", Some(finding.gpu), finding.pid(), text);
     }
-    let reason: Vec<&str> = found.iter().map(|finding| finding.text.as_str()).collect();
+    let reason: Vec<&str> = texts.iter().map(String::as_str).collect();
     context.drain(&reason.join("; "));
     Exit::StillHeld
 }
@@ -607,6 +661,7 @@ fn start(
     command: &'static str,
     common: &CommonConfig,
     backend: &BackendChoice,
+    outcome: &Outcome,
 ) -> Result<Started, Exit> {
     if let Err(error) = check_flags(common) {
         Context::new(command, common, None, None).say("error", None, None, &error);
@@ -622,7 +677,7 @@ fn start(
             if node.is_none() {
                 return Err(Exit::Usage);
             }
-            context.bound(command, common.timeout);
+            context.bound(command, common.timeout, outcome);
             context.drain(&format!("{error}; {command} checked no GPU"));
             return Err(Exit::Incomplete);
         }
@@ -632,7 +687,7 @@ fn start(
         context.say("skip", None, None, "no GPUs on this node; nothing to check");
         return Err(Exit::Success);
     }
-    context.bound(command, common.timeout);
+    context.bound(command, common.timeout, outcome);
     let (driver, gpus) = job_gpus(&context, backend, &job)?;
     Ok(Started {
         context,
@@ -658,14 +713,14 @@ fn check_flags(common: &CommonConfig) -> Result<(), String> {
     Ok(())
 }
 
-fn epilog(backend: &BackendChoice, args: &EpilogConfig) -> Exit {
+fn epilog(backend: &BackendChoice, args: &EpilogConfig, outcome: &Outcome) -> Exit {
     let started = Instant::now();
     let Started {
         context,
         job,
         driver,
         gpus,
-    } = match start("epilog", &args.common, backend) {
+    } = match start("epilog", &args.common, backend, outcome) {
         Ok(started) => started,
         Err(code) => return code,
     };
@@ -783,16 +838,12 @@ fn job_scope(snapshot: &Snapshot, gpus: &BTreeSet<u32>, job: &Job) -> JobScope {
 
 /// How long the epilog's free may take: three quarters of the budget left
 /// for freeing; the rest for the last look, a reset and the drain.
+/// Verification waits past VERIFY only while memory is still going down,
+/// and never past those three quarters: driver-held memory never comes
+/// back, and is judged after.
 fn free_options(args: &EpilogConfig, started: Instant) -> Options {
     let budget = (args.common.timeout * 3 / 4).saturating_sub(started.elapsed());
-    let grace = args.grace.min(budget / 2);
-    // Verification waits past VERIFY only while memory is still going
-    // down: driver-held memory never comes back, and is judged below.
-    Options {
-        grace,
-        timeout: budget.saturating_sub(grace).min(VERIFY),
-        poll: Duration::from_millis(5),
-    }
+    Options::within(args.grace, VERIFY, budget)
 }
 
 /// What the epilog's free verifies: the GPUs the leftovers use; all the
@@ -821,7 +872,7 @@ fn say_freed(context: &Context, outcome: &reap::FreeReport, job: u64) {
         let signals: Vec<&str> = target
             .signals
             .iter()
-            .filter(|event| event.delivery == reap::Delivery::Sent)
+            .filter(|event| event.delivery == crate::signal::Delivery::Sent)
             .map(|event| event.signal.name())
             .collect();
         let fate = match (target.fate, target.exited_after_ms) {
@@ -914,14 +965,14 @@ fn epilog_findings(
     found
 }
 
-fn prolog(backend: &BackendChoice, args: &PrologConfig) -> Exit {
+fn prolog(backend: &BackendChoice, args: &PrologConfig, outcome: &Outcome) -> Exit {
     let started = Instant::now();
     let Started {
         context,
         job,
         driver,
         gpus,
-    } = match start("prolog", &args.common, backend) {
+    } = match start("prolog", &args.common, backend, outcome) {
         Ok(started) => started,
         Err(code) => return code,
     };
@@ -979,9 +1030,9 @@ fn node_name(given: Option<&str>) -> Option<String> {
         })
 }
 
-fn healthcheck(backend: &BackendChoice, args: &HealthcheckConfig) -> Exit {
+fn healthcheck(backend: &BackendChoice, args: &HealthcheckConfig, outcome: &Outcome) -> Exit {
     let started = Instant::now();
-    let (context, node, scontrol, driver) = match open_healthcheck(backend, args) {
+    let (context, node, scontrol, driver) = match open_healthcheck(backend, args, outcome) {
         Ok(opened) => opened,
         Err(code) => return code,
     };
@@ -1048,6 +1099,7 @@ fn healthcheck(backend: &BackendChoice, args: &HealthcheckConfig) -> Exit {
 fn open_healthcheck(
     backend: &BackendChoice,
     args: &HealthcheckConfig,
+    outcome: &Outcome,
 ) -> Result<(Context, String, Scontrol, Box<dyn Driver>), Exit> {
     if let Err(error) = check_flags(&args.common) {
         Context::new("healthcheck", &args.common, None, None).say("error", None, None, &error);
@@ -1063,7 +1115,7 @@ fn open_healthcheck(
         return Err(Exit::Usage);
     };
     let context = Context::new("healthcheck", &args.common, None, Some(node.clone()));
-    context.bound("healthcheck", args.common.timeout);
+    context.bound("healthcheck", args.common.timeout, outcome);
     let scontrol = match context.scontrol() {
         Ok(scontrol) => scontrol,
         Err(error) => {
@@ -1122,7 +1174,7 @@ fn drain_unless_drained(
 ) -> Exit {
     if state.drained() && !ours {
         for finding in found {
-            context.say("held", Some(finding.gpu), finding.pid, &finding.text);
+            context.say("held", Some(finding.gpu), finding.pid(), &finding.text());
         }
         context.say(
             "leave",

@@ -7,17 +7,12 @@
 //! own deadline.
 
 use std::collections::BTreeSet;
-use std::io::Read;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Mutex;
-use std::sync::mpsc;
 use std::thread::ThreadId;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use rustix::process::{Pid, WaitId, WaitIdOptions};
-
+use crate::child::{self, Input, Ran};
 use crate::signal::kill_group;
 
 /// Where Slurm's client commands are installed by distributions and by hand.
@@ -60,7 +55,7 @@ fn calls() -> std::sync::MutexGuard<'static, Calls> {
 
 /// Ends every scontrol call under way, with whatever it forked (its process
 /// group), and refuses new calls from any thread but this one: what a
-/// deadline does before its own drain and exit, so that no scontrol outlives
+/// deadline does before its own drain and outcome, so that no scontrol outlives
 /// the command.
 pub fn end_calls() {
     let groups = {
@@ -74,8 +69,8 @@ pub fn end_calls() {
 }
 
 /// Once a deadline has ended the calls, every other thread that would call
-/// scontrol, or that was waiting for one, waits for the deadline to end the
-/// process: its drain is the one that counts.
+/// scontrol, or that was waiting for one, waits for the deadline's outcome
+/// to end the command (`slurm::main`): its drain is the one that counts.
 fn yield_to_deadline() {
     let closed_by = calls().closed_by;
     if closed_by.is_some_and(|thread| thread != std::thread::current().id()) {
@@ -85,7 +80,8 @@ fn yield_to_deadline() {
     }
 }
 
-/// Whether a deadline has ended the calls (and is draining, then exiting).
+/// Whether a deadline has ended the calls (and is draining, then handing
+/// its outcome to `slurm::main`).
 pub fn deadline_passed() -> bool {
     calls().closed_by.is_some()
 }
@@ -437,94 +433,50 @@ fn term_names(term: &str, node: &str) -> bool {
     })
 }
 
-/// Runs a Slurm client (scontrol, squeue) with `args`; its stdout, or why
-/// it failed. It leads a process group of its own: when it is done, or
-/// past CALL_LIMIT, the group is ended, so that nothing it forked holds its
-/// pipes (and this call) open.
+/// Runs a Slurm client (scontrol, squeue) with `args` as one bounded child
+/// (`child`); its stdout, or why it failed. It leads a process group of its
+/// own: when it is done, or past CALL_LIMIT, the group is ended, so that
+/// nothing it forked holds its pipes (and this call) open. While it runs
+/// its group is in CALLS, for a deadline to end (`end_calls`).
 fn run(program: &Path, args: &[&str]) -> Result<String, String> {
     let shown = format!("{} {}", program.display(), args.join(" "));
     yield_to_deadline();
-    let mut child = {
+    let argv: Vec<&std::ffi::OsStr> = std::iter::once(program.as_os_str())
+        .chain(args.iter().map(std::ffi::OsStr::new))
+        .collect();
+    let mut running = {
         let mut calls = calls();
-        let child = Command::new(program)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .spawn()
-            .map_err(|error| format!("cannot run {shown}: {error}"))?;
-        calls.groups.insert(child.id());
-        child
+        let running =
+            child::spawn(&argv, Input::Null, OUTPUT_LIMIT, OUTPUT_LIMIT).map_err(|error| {
+                match error {
+                    child::Error::Spawn { source, .. } => format!("cannot run {shown}: {source}"),
+                    error => format!("{shown}: {error}"),
+                }
+            })?;
+        calls.groups.insert(running.group());
+        running
     };
-    let group = child.id();
-    let started = Instant::now();
-    let stdout = read_in_background(child.stdout.take());
-    let stderr = read_in_background(child.stderr.take());
-    let ended = ended_within(&child, CALL_LIMIT);
-    kill_group(group);
+    let group = running.group();
+    let waited = running.end_within(CALL_LIMIT, None);
     calls().groups.remove(&group);
-    let status = child.wait();
+    let ran = running.reap(waited, CALL_LIMIT);
     // Ended by the deadline: what it got is not this thread's to report.
     yield_to_deadline();
-    if !ended {
-        return Err(format!(
+    match ran.map_err(|error| format!("{shown}: {error}"))? {
+        Ran::Exited { status, stdout, .. } if status.success() => {
+            Ok(String::from_utf8_lossy(&stdout).into_owned())
+        }
+        Ran::Exited { status, stderr, .. } => Err(format!(
+            "{shown} failed ({status}): {}",
+            String::from_utf8_lossy(&stderr)
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ")
+        )),
+        Ran::TimedOut | Ran::Interrupted(_) => Err(format!(
             "{shown} did not answer within {}s",
             CALL_LIMIT.as_secs()
-        ));
-    }
-    let status: ExitStatus = status.map_err(|error| format!("cannot wait for {shown}: {error}"))?;
-    // Its group is gone: the pipes close, unless something it started
-    // left the group; that is not waited for past the limit.
-    let left = CALL_LIMIT
-        .saturating_sub(started.elapsed())
-        .max(Duration::from_millis(100));
-    let stdout = stdout.recv_timeout(left).unwrap_or_default();
-    let stderr = stderr.recv_timeout(left).unwrap_or_default();
-    if status.success() {
-        Ok(stdout)
-    } else {
-        Err(format!(
-            "{shown} failed ({status}): {}",
-            stderr.split_whitespace().collect::<Vec<_>>().join(" ")
-        ))
-    }
-}
-
-/// Reads a pipe to its end (up to OUTPUT_LIMIT) in a thread of its own;
-/// the text comes on the channel.
-fn read_in_background(pipe: Option<impl Read + Send + 'static>) -> mpsc::Receiver<String> {
-    let (send, receive) = mpsc::channel();
-    if let Some(pipe) = pipe {
-        let spawned = std::thread::Builder::new()
-            .name("scontrol-output".to_string())
-            .spawn(move || {
-                let mut bytes = Vec::new();
-                let _ = pipe.take(OUTPUT_LIMIT).read_to_end(&mut bytes);
-                let _ = send.send(String::from_utf8_lossy(&bytes).into_owned());
-            });
-        // No reader (no thread could start): the call reads as empty output.
-        drop(spawned);
-    }
-    receive
-}
-
-/// Whether the child has exited within `limit`, leaving it unreaped (a
-/// zombie keeps its PID, and its group's id, from being reused).
-fn ended_within(child: &Child, limit: Duration) -> bool {
-    let Some(pid) = Pid::from_raw(child.id() as i32) else {
-        return true;
-    };
-    let deadline = Instant::now() + limit;
-    loop {
-        match rustix::process::waitid(
-            WaitId::Pid(pid),
-            WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT,
-        ) {
-            Ok(Some(_)) | Err(_) => return true,
-            Ok(None) if Instant::now() >= deadline => return false,
-            Ok(None) => std::thread::sleep(Duration::from_millis(5)),
-        }
+        )),
     }
 }
 

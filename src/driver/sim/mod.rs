@@ -31,8 +31,9 @@ use std::time::Duration;
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use rustix::io::Errno;
 
-use super::{Driver, DriverError, DriverProcess, Figures, GpuInfo, Node, changed};
+use super::{Driver, DriverError, DriverProcess, Figures, GpuInfo, changed};
 use crate::proc;
+use crate::proc::Node;
 
 const DEFAULT_TOTAL: u64 = 80 << 30;
 const DEFAULT_CLAIM: u64 = 1 << 30;
