@@ -151,22 +151,27 @@ fn rank_of(line: &str) -> String {
         let prefix = bytes.get(at..at + 2);
         let is_name = matches!(prefix, Some(b"TP" | b"DP" | b"PP" | b"EP" | b"CP"));
         let starts_word = at == 0 || !bytes[at - 1].is_ascii_alphanumeric();
-        let digits = line[at + 2..]
-            .chars()
-            .take_while(char::is_ascii_digit)
+        // `get`: a line may end in the letter, or a multi-byte character
+        // may follow it (a real vLLM log ended a line so; slicing panicked).
+        let digits = line
+            .get(at + 2..)
+            .unwrap_or("")
+            .bytes()
+            .take_while(u8::is_ascii_digit)
             .count();
         let ends_word = bytes
             .get(at + 2 + digits)
             .is_none_or(|next| !next.is_ascii_alphanumeric());
         if is_name && starts_word && digits > 0 && ends_word {
-            rank.push_str(&line[at..at + 2 + digits]);
+            rank.push_str(line.get(at..at + 2 + digits).unwrap_or(""));
             rank.push(' ');
         }
     }
     // Older vLLM workers: `(VllmWorker rank=1 pid=…)`.
     if let Some(at) = line.find("rank=") {
-        let digits: String = line[at + 5..]
+        let digits: String = line[at..]
             .chars()
+            .skip(5)
             .take_while(char::is_ascii_digit)
             .collect();
         rank.push_str(&format!("rank{digits}"));

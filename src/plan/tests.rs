@@ -1112,6 +1112,27 @@ fn vllm_log_reads_gib_and_thousands_separators() {
     assert_eq!(calibrate::read_log("nothing here"), Logged::default());
 }
 
+/// `run` reads a live server's output, whose last line may be cut
+/// anywhere: after a rank's first letter, or before a multi-byte character.
+/// Seen on the H200: vLLM's output read mid-line panicked `run`.
+#[test]
+fn a_log_cut_mid_line_or_mid_character_is_read_without_a_panic() {
+    let whole =
+        "(EngineCore pid=717) INFO [kv_cache_utils.py:2177] GPU KV cache size: 440,688 tokens\n";
+    for tail in [
+        "Using FLASH_AT",
+        "(Worker_TP",
+        "[TP0] …",
+        "PP\u{2026}",
+        "D",
+        "rank=",
+        "rank=\u{e9}",
+    ] {
+        let logged = calibrate::read_log(&format!("{whole}{tail}"));
+        assert_eq!(logged.tokens, Some(440_688), "{tail:?}");
+    }
+}
+
 #[test]
 fn a_log_file_is_read_from_its_tail_only() {
     let dir = tempfile::tempdir().expect("tempdir");
