@@ -82,7 +82,8 @@ fn concurrency_text(concurrency: Option<f64>) -> String {
     concurrency.map_or("?".to_string(), |c| format!("{c:.1}"))
 }
 
-fn verdict_text(verdict: Verdict) -> &'static str {
+/// The verdict in words, wherever a plan is told (`plan`, `plan -H`, the demo).
+pub fn verdict_text(verdict: Verdict) -> &'static str {
     match verdict {
         Verdict::Fits => "fits now",
         Verdict::FitsAfterFree => "fits only after freeing what others hold",
@@ -130,6 +131,70 @@ pub fn verdict_line(outcome: &Outcome) -> String {
         verdict_text(verdict),
         verdict.exit().code()
     )
+}
+
+/// One pool in a few words, as the short forms of a plan say it (`run
+/// --plan`, `plan -H`, the demo): `410308 tokens per rank × 2 ranks, 102.6
+/// requests at once`, or `would not start`.
+pub fn pool_summary(
+    tokens_per_rank: u64,
+    starts: bool,
+    ranks: u32,
+    concurrency: Option<f64>,
+) -> String {
+    if !starts {
+        return "would not start".to_string();
+    }
+    let mut text = format!("{tokens_per_rank} tokens per rank");
+    if ranks > 1 {
+        text.push_str(&format!(" × {ranks} ranks"));
+    }
+    if let Some(concurrency) = concurrency {
+        text.push_str(&format!(", {concurrency:.1} requests at once"));
+    }
+    text
+}
+
+/// `pool_summary` of one of the plan's pools (`now` or `clean`), with the
+/// requests at once only where averages were given, as in the JSON.
+pub fn device_summary(outcome: &Outcome, device: &Device) -> String {
+    pool_summary(
+        device.tokens_per_rank,
+        super::fit::starts(device),
+        device.ranks,
+        outcome.averages.and_then(|_| outcome.concurrency(device)),
+    )
+}
+
+/// One holder in one line, as the short forms of a plan say it:
+/// `GPU 0: pid 4242 (python3 notebook.py) holds 10.0 GiB: costs every rank
+/// 68485 tokens`.
+pub fn holder_summary(holder: &Holder) -> String {
+    let who = match holder.pid {
+        Some(pid) => format!("pid {pid} ({})", crate::units::short(&holder.name, 50)),
+        None => crate::units::one_line(&holder.name).into_owned(),
+    };
+    let bytes = holder
+        .bytes
+        .map_or("an unknown amount".to_string(), |bytes| {
+            Bytes(bytes).to_string()
+        });
+    let cost = match holder.cost {
+        Cost::Tokens { per_rank } => format!("costs every rank {per_rank} tokens"),
+        Cost::RefusesStart => "alone stops the start".to_string(),
+        Cost::Nothing => "costs nothing".to_string(),
+        Cost::Unknown => "costs what cannot be told (no figure from the driver)".to_string(),
+    };
+    format!("GPU {}: {who} holds {bytes}: {cost}", holder.gpu)
+}
+
+/// Why the engine would not start with this pool, the engine named:
+/// `SGLang does not start: "Not enough memory" (raise the fraction to 0.930)`.
+pub fn start_problem(engine: Engine, device: &Device) -> String {
+    match device.start {
+        Start::Starts => "no KV cache would be left".to_string(),
+        _ => format!("{} {}", engine_name(engine), start_text(&device.start)),
+    }
 }
 
 /// The engine, the model, what each token costs and the GPUs planned on.
