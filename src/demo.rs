@@ -814,7 +814,7 @@ fn plan_text(out: &mut dyn Write, plan: &Outcome) -> io::Result<()> {
         MODEL,
         plan.now.bytes_per_token,
         plan.launch.tp,
-        GpuRanges(&plan.gpus.iter().map(|gpu| gpu.index).collect())
+        render::gpus_text(plan)
     )?;
     writeln!(
         out,

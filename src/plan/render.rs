@@ -188,6 +188,12 @@ pub fn holder_summary(holder: &Holder) -> String {
     format!("GPU {}: {who} holds {bytes}: {cost}", holder.gpu)
 }
 
+/// The engine's GPUs as ranges: `0-3,6`.
+pub fn gpus_text(outcome: &Outcome) -> String {
+    let indexes = outcome.gpus.iter().map(|gpu| gpu.index).collect();
+    GpuRanges(&indexes).to_string()
+}
+
 /// Why the engine would not start with this pool, the engine named:
 /// `SGLang does not start: "Not enough memory" (raise the fraction to 0.930)`.
 pub fn start_problem(engine: Engine, device: &Device) -> String {
@@ -260,7 +266,6 @@ fn gpus_line(outcome: &Outcome) -> String {
             gib(box_.gpu_memory)
         ),
         None => {
-            let indexes = outcome.gpus.iter().map(|gpu| gpu.index).collect();
             let name = outcome
                 .gpus
                 .first()
@@ -268,7 +273,7 @@ fn gpus_line(outcome: &Outcome) -> String {
                 .unwrap_or_else(|| "GPU".to_string());
             format!(
                 "  GPUs      {} ({}, {} total, the smallest)",
-                GpuRanges(&indexes),
+                gpus_text(outcome),
                 Field(&name),
                 gib(outcome.budget.gpu_total)
             )

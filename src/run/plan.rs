@@ -213,13 +213,8 @@ fn device_line(outcome: &Outcome, device: &Device) -> String {
         "{} ({} of KV cache per GPU) on GPUs {}",
         render::device_summary(outcome, device),
         Bytes(device.kv_bytes_per_rank),
-        gpus_of(outcome)
+        render::gpus_text(outcome)
     )
-}
-
-fn gpus_of(outcome: &Outcome) -> String {
-    let gpus: BTreeSet<u32> = outcome.gpus.iter().map(|gpu| gpu.index).collect();
-    crate::units::GpuRanges(&gpus).to_string()
 }
 
 /// What the holders cost: the pool now against clean GPUs, each holder
