@@ -1,6 +1,9 @@
 //! The plan for people (text) and for programs (JSON, `kind: "plan"`,
-//! docs/json.md). Every piece of anyone's text in it (a holder's command
-//! line, a path, a flag not understood) is one line (`units::one_line`).
+//! docs/json.md), and the short forms of it that `run --plan`, `plan -H`
+//! and the demo say, so that a holder, a pool and a verdict read the same
+//! wherever they are told. Every piece of anyone's text in it (a holder's
+//! command line, a path, a flag not understood) is one line
+//! (`units::one_line`).
 
 use serde::Serialize;
 
