@@ -35,6 +35,7 @@ use crate::driver::SimDriver;
 use crate::driver::sim::incident::{self, DETOKENIZER, Holder, Incident, LAUNCHER, MODEL, SimHost};
 use crate::exit::Exit;
 use crate::plan::fit::{self, Cost, Outcome, Overrides, PlanConfig, Verdict};
+use crate::plan::render;
 use crate::reap::{self, FreeReport, Options};
 use crate::report;
 use crate::select::{Guard, Scope};
@@ -807,26 +808,19 @@ fn plan_text(out: &mut dyn Write, plan: &Outcome) -> io::Result<()> {
         "Before restarting it, what would the new server get here?"
     )?;
     writeln!(out, "$ {PLAN_COMMAND} {}", launcher_cmdline())?;
-    let pool = |tokens: u64, starts: bool| {
-        if starts {
-            format!("{tokens} tokens per rank")
-        } else {
-            "it would not start".to_string()
-        }
-    };
     writeln!(
         out,
         "SGLang, {} ({} bytes of KV per token per GPU), TP {} on GPUs {}:",
         MODEL,
         plan.now.bytes_per_token,
         plan.launch.tp,
-        GpuRanges(&plan.gpus.iter().map(|gpu| gpu.index).collect())
+        render::gpus_text(plan)
     )?;
     writeln!(
         out,
         "  now:              {}\n  once freed:       {}",
-        pool(plan.now.tokens_per_rank, fit::starts(&plan.now)),
-        pool(plan.clean.tokens_per_rank, fit::starts(&plan.clean))
+        render::device_summary(plan, &plan.now),
+        render::device_summary(plan, &plan.clean)
     )?;
     let mut table = Table::new();
     table.load_style(NOTHING);
@@ -848,15 +842,10 @@ fn plan_text(out: &mut dyn Write, plan: &Outcome) -> io::Result<()> {
         ]);
     }
     writeln!(out, "{}", table.trim_fmt())?;
-    let verdict = match plan.verdict() {
-        Verdict::Fits => "fits now",
-        Verdict::FitsAfterFree => "fits once what the crash left is freed",
-        Verdict::DoesNotFit => "does not fit on this hardware",
-    };
     writeln!(
         out,
-        "Verdict: {verdict} (exit {}). One GPU's leftover is every rank's loss: SGLang sizes each",
-        plan.exit().code()
+        "{}. One GPU's leftover is every rank's loss: SGLang sizes each",
+        render::verdict_line(plan)
     )?;
     writeln!(
         out,

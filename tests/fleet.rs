@@ -1037,7 +1037,7 @@ fn plan_on_each_host_reads_its_own_holders_one_section_per_host() {
         out.contains(&format!("GPU 0: pid {notebook} (python3 notebook.py")),
         "{out}"
     );
-    assert!(out.contains("every rank loses"), "{out}");
+    assert!(out.contains("costs every rank"), "{out}");
     assert!(
         out.contains(&format!(
             "free them: gpureap free -H h2 --gpu 0 --pid {notebook}"

@@ -527,3 +527,106 @@ fn the_engine_s_gpus_come_from_cuda_visible_devices_by_index_or_uuid() {
         assert!(refused.stderr.contains(said), "{}", refused.stderr);
     }
 }
+
+/// The worked examples of docs/plan.md are what `plan` prints: every line a
+/// documented command shows comes out of it, in that order (an example may
+/// show only some sections; `...` marks lines left out), and an example
+/// shown whole, from its first line to the verdict, is the output byte for
+/// byte. The examples that need a staged host or a log file of their own
+/// (`--backend sim:`, `--from-log`, or `...` in the command) are not run.
+#[test]
+fn the_worked_examples_in_docs_plan_md_are_what_plan_prints() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(root.join("docs/plan.md")).expect("docs/plan.md");
+    let examples = documented_plans(&doc);
+    assert!(
+        examples.len() >= 4,
+        "docs/plan.md lost its worked examples: {examples:?}"
+    );
+    let mut whole = 0;
+    for (args, shown) in &examples {
+        let result: Run = std::process::Command::new(env!("CARGO_BIN_EXE_gpureap"))
+            .current_dir(root)
+            .args(args)
+            .env("GPUREAP_BACKEND", "none")
+            .env_remove("CUDA_VISIBLE_DEVICES")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("gpureap runs")
+            .into();
+        let printed: Vec<&str> = result.stdout.lines().collect();
+        let is_whole = shown.first().is_some_and(|line| line.contains(" serving "))
+            && shown
+                .last()
+                .is_some_and(|line| line.starts_with("Verdict: "))
+            && !shown.iter().any(|line| line == "...");
+        if is_whole {
+            whole += 1;
+            assert_eq!(
+                printed,
+                *shown,
+                "gpureap {}: the output is not the one docs/plan.md shows",
+                args.join(" ")
+            );
+            continue;
+        }
+        let mut rest = printed.iter();
+        for line in shown.iter().filter(|line| *line != "...") {
+            assert!(
+                rest.any(|printed| printed == line),
+                "gpureap {}: docs/plan.md shows {line:?}, which does not come out where it shows it:\n{}",
+                args.join(" "),
+                result.stdout
+            );
+        }
+    }
+    assert!(whole >= 1, "no example shown whole: {examples:?}");
+}
+
+/// Each `$ gpureap plan …` in the fenced blocks of docs/plan.md (its `\`
+/// continuation lines joined), with the lines shown after it up to the next
+/// `$` or the end of the block.
+fn documented_plans(doc: &str) -> Vec<(Vec<String>, Vec<String>)> {
+    let mut examples: Vec<(String, Vec<String>)> = Vec::new();
+    let mut in_block = false;
+    let mut lines = doc.lines();
+    let mut current: Option<(String, Vec<String>)> = None;
+    while let Some(line) = lines.next() {
+        if line.starts_with("```") {
+            in_block = !in_block;
+            examples.extend(current.take());
+            continue;
+        }
+        if !in_block {
+            continue;
+        }
+        if let Some(command) = line.strip_prefix("$ ") {
+            examples.extend(current.take());
+            let mut command = command.to_string();
+            while command.ends_with('\\') {
+                command.pop();
+                command.push_str(lines.next().unwrap_or_default());
+            }
+            current = Some((command, Vec::new()));
+        } else if let Some((_, shown)) = current.as_mut() {
+            shown.push(line.to_string());
+        }
+    }
+    examples
+        .into_iter()
+        .filter(|(command, _)| {
+            command.starts_with("gpureap plan ")
+                && !command.contains("...")
+                && !command.contains("sim:")
+                && !command.contains("--from-log")
+        })
+        .map(|(command, shown)| {
+            let args = command
+                .split_whitespace()
+                .skip(1)
+                .map(str::to_string)
+                .collect();
+            (args, shown)
+        })
+        .collect()
+}

@@ -417,7 +417,7 @@ fn run_plan_never_starts_vllm_while_a_holder_would_make_it_refuse_even_with_acce
             "{flags:?}: vLLM was started:\n{text}"
         );
         assert!(
-            text.contains("vLLM would refuse to start")
+            text.contains("vLLM refuses to start")
                 && text.contains(&format!("pid {holder}"))
                 && text.contains("alone stops the start"),
             "{flags:?}: {text}"

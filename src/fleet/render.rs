@@ -16,6 +16,8 @@ use serde_json::value::RawValue;
 
 use super::HostResult;
 use crate::hostlist;
+use crate::plan::fit::{Cost, Holder, Verdict};
+use crate::plan::render;
 use crate::report::{age_text, new_table};
 use crate::units::{Bytes, Elapsed, Field, MaybeBytes, one_line, short};
 
@@ -791,6 +793,27 @@ struct PlanCostView {
     kind: Text,
 }
 
+impl PlanHolderView {
+    /// The holder as the plan that sent it has it; a cost of a kind this
+    /// gpureap does not know is told by the tokens it names, or as unknown.
+    fn holder(&self) -> Holder {
+        let kind = self.cost.as_ref().map(|cost| &*cost.kind);
+        let cost = match (self.tokens_lost_per_rank, kind) {
+            (Some(0), _) => Cost::Nothing,
+            (Some(per_rank), _) => Cost::Tokens { per_rank },
+            (None, Some("refuses_start")) => Cost::RefusesStart,
+            (None, _) => Cost::Unknown,
+        };
+        Holder {
+            pid: self.pid,
+            name: self.name.to_string(),
+            gpu: self.gpu,
+            bytes: self.bytes,
+            cost,
+        }
+    }
+}
+
 /// `plan -H`: one section per host, from the plan each host made on its own
 /// GPUs, model cache and holders; the hosts that failed last.
 pub fn plan(results: &[HostResult]) -> String {
@@ -800,10 +823,10 @@ pub fn plan(results: &[HostResult]) -> String {
             continue;
         };
         let verdict = match &*plan.fit.verdict {
-            "fits" => "fits now".to_string(),
-            "fits_after_free" => "fits only after freeing what others hold".to_string(),
-            "does_not_fit" => "cannot fit on this hardware".to_string(),
-            other => other.to_string(),
+            "fits" => render::verdict_text(Verdict::Fits),
+            "fits_after_free" => render::verdict_text(Verdict::FitsAfterFree),
+            "does_not_fit" => render::verdict_text(Verdict::DoesNotFit),
+            other => other,
         };
         if !out.is_empty() {
             out.push('\n');
@@ -827,18 +850,12 @@ pub fn plan(results: &[HostResult]) -> String {
             );
         }
         let device = |device: &PlanDeviceView| {
-            let mut text = if device.starts == Some(false) {
-                "would not start".to_string()
-            } else {
-                format!("{} tokens per rank", device.tokens_per_rank)
-            };
-            if let Some(ranks) = device.ranks.filter(|&ranks| ranks > 1) {
-                let _ = write!(text, " × {ranks} ranks");
-            }
-            if let Some(concurrency) = device.concurrency {
-                let _ = write!(text, ", {concurrency:.1} requests at once");
-            }
-            text
+            render::pool_summary(
+                device.tokens_per_rank,
+                device.starts != Some(false),
+                device.ranks.unwrap_or(1),
+                device.concurrency,
+            )
         };
         let _ = writeln!(
             out,
@@ -847,23 +864,7 @@ pub fn plan(results: &[HostResult]) -> String {
             device(&plan.device_clean)
         );
         for holder in &plan.fit.holders.items {
-            let who = match holder.pid {
-                Some(pid) => format!("pid {pid} ({})", short(&holder.name, 50)),
-                None => holder.name.to_string(),
-            };
-            let kind = holder.cost.as_ref().map(|cost| &*cost.kind);
-            let cost = match (holder.tokens_lost_per_rank, kind) {
-                (Some(0), _) => "costs nothing".to_string(),
-                (Some(tokens), _) => format!("every rank loses {tokens} tokens"),
-                (None, Some("refuses_start")) => "alone stops the start".to_string(),
-                (None, _) => "costs what cannot be told (no figure from the driver)".to_string(),
-            };
-            let _ = writeln!(
-                out,
-                "  GPU {}: {who} holds {}: {cost}",
-                holder.gpu,
-                MaybeBytes(holder.bytes)
-            );
+            let _ = writeln!(out, "  {}", render::holder_summary(&holder.holder()));
         }
         // The host's own commands: `free` runs from here through -H; a
         // reset is run on the host itself.
@@ -930,12 +931,46 @@ mod tests {
             "n1: fits only after freeing what others hold (exit 1)\n\
              \x20 sglang /m, TP 2 on GPUs 0,1\n\
              \x20 now: would not start; on clean GPUs: 500 tokens per rank\n\
-             \x20 GPU 0: pid 7 (a\\ngpureap: forged) holds 1 KiB: every rank loses 40 tokens\n\
+             \x20 GPU 0: pid 7 (a\\ngpureap: forged) holds 1 KiB: costs every rank 40 tokens\n\
              \x20 GPU 1: pid 8 (big) holds 2 KiB: alone stops the start\n\
-             \x20 GPU 1: pid 9 (mig) holds unknown: costs what cannot be told (no figure from the driver)\n\
+             \x20 GPU 1: pid 9 (mig) holds an unknown amount: costs what cannot be told (no figure from the driver)\n\
              \x20 GPU 1: held by no process (driver-held) holds 4 KiB: costs nothing\n\
              \x20 free them: gpureap free -H n1 --gpu 0-1 --pid 7 --pid 8\n\
              \x20 then, on n1: gpureap reset --gpu 1\n"
+        );
+    }
+
+    /// A host's verdict reads as `plan` says it on the host itself; one
+    /// this gpureap does not know is shown as the host sent it.
+    #[test]
+    fn a_plan_section_says_the_verdict_in_the_plan_s_own_words() {
+        let section = |verdict: &str, exit_code: crate::exit::Exit| {
+            let report = format!(
+                r#"{{"kind": "plan", "engine": "vllm",
+                "device": {{"tokens_per_rank": 0, "starts": false}},
+                "device_clean": {{"tokens_per_rank": 0, "starts": false}},
+                "fit": {{"verdict": "{verdict}", "holders": []}}}}"#
+            );
+            let result = super::HostResult {
+                host: "n2".to_string(),
+                answer: super::super::Answer {
+                    exit_code,
+                    report: super::super::nested_json(&report),
+                    error: None,
+                    elapsed: std::time::Duration::ZERO,
+                },
+            };
+            super::plan(&[result])
+        };
+        assert_eq!(
+            section("does_not_fit", crate::exit::Exit::CannotFit),
+            "n2: does not fit on this hardware, even on clean GPUs (exit 4)\n\
+             \x20 now: would not start; on clean GPUs: would not start\n"
+        );
+        assert_eq!(
+            section("fits_somewhere_else", crate::exit::Exit::Success),
+            "n2: fits_somewhere_else (exit 0)\n\
+             \x20 now: would not start; on clean GPUs: would not start\n"
         );
     }
 

@@ -1,6 +1,9 @@
 //! The plan for people (text) and for programs (JSON, `kind: "plan"`,
-//! docs/json.md). Every piece of anyone's text in it (a holder's command
-//! line, a path, a flag not understood) is one line (`units::one_line`).
+//! docs/json.md), and the short forms of it that `run --plan`, `plan -H`
+//! and the demo say, so that a holder, a pool and a verdict read the same
+//! wherever they are told. Every piece of anyone's text in it (a holder's
+//! command line, a path, a flag not understood) is one line
+//! (`units::one_line`).
 
 use serde::Serialize;
 
@@ -8,7 +11,7 @@ use super::engine::{Budget, Device, Start};
 use super::fit::{Cost, Holder, Outcome, Source, Verdict};
 use super::launch::{Engine, HostTierRequest, KvDtype};
 use super::levers::{Demand, Lever};
-use super::model::Attention;
+use super::model::{Attention, Model};
 use crate::report::{self, SCHEMA_VERSION};
 use crate::units::{Bytes, Field, GpuRanges};
 
@@ -82,7 +85,8 @@ fn concurrency_text(concurrency: Option<f64>) -> String {
     concurrency.map_or("?".to_string(), |c| format!("{c:.1}"))
 }
 
-fn verdict_text(verdict: Verdict) -> &'static str {
+/// The verdict in words, wherever a plan is told (`plan`, `plan -H`, the demo).
+pub fn verdict_text(verdict: Verdict) -> &'static str {
     match verdict {
         Verdict::Fits => "fits now",
         Verdict::FitsAfterFree => "fits only after freeing what others hold",
@@ -90,36 +94,154 @@ fn verdict_text(verdict: Verdict) -> &'static str {
     }
 }
 
-/// The plan as a report for people.
+/// The plan as a report for people: its sections, each followed by a
+/// blank line, then the verdict.
 pub fn text(outcome: &Outcome) -> String {
+    let sections = [
+        launch_section(outcome),
+        budget_section(outcome),
+        pool_section(outcome),
+        holders_section(outcome),
+        host_tier_section(outcome),
+        levers_section(outcome),
+        outcome
+            .demand
+            .as_ref()
+            .map(demand_text)
+            .into_iter()
+            .collect(),
+        calibration_section(outcome),
+        ignored_section(outcome),
+    ];
+    let mut out = String::new();
+    for section in sections.iter().filter(|lines| !lines.is_empty()) {
+        for line in section {
+            out.push_str(line);
+            out.push('\n');
+        }
+        out.push('\n');
+    }
+    out.push_str(&verdict_line(outcome));
+    out.push('\n');
+    out
+}
+
+/// `Verdict: fits now (exit 0)`.
+pub fn verdict_line(outcome: &Outcome) -> String {
+    let verdict = outcome.verdict();
+    format!(
+        "Verdict: {} (exit {})",
+        verdict_text(verdict),
+        verdict.exit().code()
+    )
+}
+
+/// One pool in a few words, as the short forms of a plan say it (`run
+/// --plan`, `plan -H`, the demo): `410308 tokens per rank × 2 ranks, 102.6
+/// requests at once`, or `would not start`.
+pub fn pool_summary(
+    tokens_per_rank: u64,
+    starts: bool,
+    ranks: u32,
+    concurrency: Option<f64>,
+) -> String {
+    if !starts {
+        return "would not start".to_string();
+    }
+    let mut text = format!("{tokens_per_rank} tokens per rank");
+    if ranks > 1 {
+        text.push_str(&format!(" × {ranks} ranks"));
+    }
+    if let Some(concurrency) = concurrency {
+        text.push_str(&format!(", {concurrency:.1} requests at once"));
+    }
+    text
+}
+
+/// `pool_summary` of one of the plan's pools (`now` or `clean`), with the
+/// requests at once only where averages were given, as in the JSON.
+pub fn device_summary(outcome: &Outcome, device: &Device) -> String {
+    pool_summary(
+        device.tokens_per_rank,
+        super::fit::starts(device),
+        device.ranks,
+        outcome.averages.and_then(|_| outcome.concurrency(device)),
+    )
+}
+
+/// One holder in one line, as the short forms of a plan say it:
+/// `GPU 0: pid 4242 (python3 notebook.py) holds 10.0 GiB: costs every rank
+/// 68485 tokens`.
+pub fn holder_summary(holder: &Holder) -> String {
+    let who = match holder.pid {
+        Some(pid) => format!("pid {pid} ({})", crate::units::short(&holder.name, 50)),
+        None => crate::units::one_line(&holder.name).into_owned(),
+    };
+    let bytes = holder
+        .bytes
+        .map_or("an unknown amount".to_string(), |bytes| {
+            Bytes(bytes).to_string()
+        });
+    let cost = match holder.cost {
+        Cost::Tokens { per_rank } => format!("costs every rank {per_rank} tokens"),
+        Cost::RefusesStart => "alone stops the start".to_string(),
+        Cost::Nothing => "costs nothing".to_string(),
+        Cost::Unknown => "costs what cannot be told (no figure from the driver)".to_string(),
+    };
+    format!("GPU {}: {who} holds {bytes}: {cost}", holder.gpu)
+}
+
+/// The engine's GPUs as ranges: `0-3,6`.
+pub fn gpus_text(outcome: &Outcome) -> String {
+    let indexes = outcome.gpus.iter().map(|gpu| gpu.index).collect();
+    GpuRanges(&indexes).to_string()
+}
+
+/// Why the engine would not start with this pool, the engine named:
+/// `SGLang does not start: "Not enough memory" (raise the fraction to 0.930)`.
+pub fn start_problem(engine: Engine, device: &Device) -> String {
+    match device.start {
+        Start::Starts => "no KV cache would be left".to_string(),
+        _ => format!("{} {}", engine_name(engine), start_text(&device.start)),
+    }
+}
+
+/// The engine, the model, what each token costs and the GPUs planned on.
+fn launch_section(outcome: &Outcome) -> Vec<String> {
     let launch = &outcome.launch;
     let model = &outcome.model;
-    let sglang = launch.engine == Engine::Sglang;
-    let mut out = String::new();
-    let line = |out: &mut String, text: String| {
-        out.push_str(&text);
-        out.push('\n');
-    };
-    line(
-        &mut out,
-        format!(
-            "{} serving {} (TP {}{}{})",
-            engine_name(launch.engine),
-            Field(&launch.model),
-            launch.tp,
-            if launch.pp > 1 {
-                format!(", PP {}", launch.pp)
-            } else {
-                String::new()
-            },
-            if launch.dp_attention {
-                format!(", DP attention {}", launch.dp)
-            } else {
-                String::new()
-            }
-        ),
-    );
-    let attention = match model.attention {
+    let mut lines = vec![format!(
+        "{} serving {} (TP {}{}{})",
+        engine_name(launch.engine),
+        Field(&launch.model),
+        launch.tp,
+        if launch.pp > 1 {
+            format!(", PP {}", launch.pp)
+        } else {
+            String::new()
+        },
+        if launch.dp_attention {
+            format!(", DP attention {}", launch.dp)
+        } else {
+            String::new()
+        }
+    )];
+    lines.push(format!(
+        "  model     {} ({})",
+        Field(&model.config_path.display().to_string()),
+        if model.architecture.is_empty() {
+            "architecture not named".to_string()
+        } else {
+            crate::units::one_line(&model.architecture).into_owned()
+        }
+    ));
+    lines.push(format!("  per token {}", attention_text(model)));
+    lines.push(gpus_line(outcome));
+    lines
+}
+
+fn attention_text(model: &Model) -> String {
+    match model.attention {
         Attention::Mla {
             kv_lora_rank,
             qk_rope_head_dim,
@@ -135,338 +257,284 @@ pub fn text(outcome: &Outcome) -> String {
             "{kv_heads} KV heads ÷ attention TP (at least 1) × ({head_dim} + {v_head_dim}) × {} layers × KV bytes",
             model.layers
         ),
-    };
-    line(
-        &mut out,
-        format!(
-            "  model     {} ({})",
-            Field(&model.config_path.display().to_string()),
-            if model.architecture.is_empty() {
-                "architecture not named".to_string()
-            } else {
-                crate::units::one_line(&model.architecture).into_owned()
-            }
-        ),
-    );
-    line(&mut out, format!("  per token {attention}"));
+    }
+}
+
+/// The hypothetical box, or this host's GPUs by the smallest of them.
+fn gpus_line(outcome: &Outcome) -> String {
     match outcome.hypothetical {
-        Some(box_) => line(
-            &mut out,
-            format!(
-                "  GPUs      {} × {} (hypothetical, clean; no GPU read)",
-                box_.gpus.unwrap_or(launch.gpu_count()),
-                gib(box_.gpu_memory)
-            ),
+        Some(box_) => format!(
+            "  GPUs      {} × {} (hypothetical, clean; no GPU read)",
+            box_.gpus.unwrap_or(outcome.launch.gpu_count()),
+            gib(box_.gpu_memory)
         ),
         None => {
-            let indexes = outcome.gpus.iter().map(|gpu| gpu.index).collect();
             let name = outcome
                 .gpus
                 .first()
                 .and_then(|gpu| gpu.name.clone())
                 .unwrap_or_else(|| "GPU".to_string());
-            line(
-                &mut out,
-                format!(
-                    "  GPUs      {} ({}, {} total, the smallest)",
-                    GpuRanges(&indexes),
-                    Field(&name),
-                    gib(outcome.budget.gpu_total)
-                ),
-            );
+            format!(
+                "  GPUs      {} ({}, {} total, the smallest)",
+                gpus_text(outcome),
+                Field(&name),
+                gib(outcome.budget.gpu_total)
+            )
         }
     }
-    out.push('\n');
+}
 
-    // The budget.
+/// The engine's budget rule per GPU, each figure with where it came from.
+fn budget_section(outcome: &Outcome) -> Vec<String> {
+    let launch = &outcome.launch;
     let budget = &outcome.budget;
-    line(
-        &mut out,
-        if sglang {
-            "Budget per GPU (SGLang: KV = fraction × free at start − weights; free is the MIN over the ranks)".to_string()
-        } else {
-            "Budget per GPU (vLLM: KV = utilization × total − weights and activations; refuses to start when free < utilization × total)".to_string()
-        },
-    );
-    line(
-        &mut out,
-        format!(
-            "  free at start   {:>10}  ({})",
-            gib(budget.free_at_start),
-            source(outcome.free_source)
-        ),
-    );
-    line(
-        &mut out,
-        format!(
-            "  weights         {:>10}  ({})",
-            gib(budget.weights_per_gpu),
-            source(outcome.weights_source)
-        ),
-    );
-    line(
-        &mut out,
-        format!(
-            "  {:<15} {:>10}  ({})",
-            if sglang {
-                "mem fraction"
-            } else {
-                "utilization"
-            },
-            format!("{:.3}", outcome.now.mem_fraction),
-            if launch.mem_fraction.is_some() {
-                "from the command"
-            } else {
-                "the engine's default"
-            }
-        ),
-    );
-    if let Some(kv) = budget.kv_memory {
-        line(
-            &mut out,
-            format!(
-                "  KV memory       {:>10}  (given: the budget rule is skipped)",
-                gib(kv)
-            ),
-        );
-    }
-    line(
-        &mut out,
-        format!("  KV dtype        {:>10}", kv_dtype(launch.kv_dtype)),
-    );
-    out.push('\n');
-
-    // The device pool, now and on clean GPUs.
-    line(&mut out, "Device pool".to_string());
-    let pool = |out: &mut String, label: &str, device: &Device| {
-        line(
-            out,
-            format!(
-                "  {label:<14} {} tokens per rank × {} rank{}, {} bytes per token, {} of KV per rank, page {}: {}",
-                count(device.tokens_per_rank),
-                device.ranks,
-                if device.ranks == 1 { "" } else { "s" },
-                count(device.bytes_per_token),
-                gib(device.kv_bytes_per_rank),
-                device.page_size,
-                start_text(&device.start)
-            ),
-        );
-    };
-    if outcome.hypothetical.is_some() {
-        pool(&mut out, "clean GPUs", &outcome.clean);
+    let sglang = launch.engine == Engine::Sglang;
+    let mut lines = vec![if sglang {
+        "Budget per GPU (SGLang: KV = fraction × free at start − weights; free is the MIN over the ranks)".to_string()
     } else {
-        pool(&mut out, "now", &outcome.now);
+        "Budget per GPU (vLLM: KV = utilization × total − weights and activations; refuses to start when free < utilization × total)".to_string()
+    }];
+    lines.push(format!(
+        "  free at start   {:>10}  ({})",
+        gib(budget.free_at_start),
+        source(outcome.free_source)
+    ));
+    lines.push(format!(
+        "  weights         {:>10}  ({})",
+        gib(budget.weights_per_gpu),
+        source(outcome.weights_source)
+    ));
+    lines.push(format!(
+        "  {:<15} {:>10}  ({})",
+        if sglang {
+            "mem fraction"
+        } else {
+            "utilization"
+        },
+        format!("{:.3}", outcome.now.mem_fraction),
+        if launch.mem_fraction.is_some() {
+            "from the command"
+        } else {
+            "the engine's default"
+        }
+    ));
+    if let Some(kv) = budget.kv_memory {
+        lines.push(format!(
+            "  KV memory       {:>10}  (given: the budget rule is skipped)",
+            gib(kv)
+        ));
+    }
+    lines.push(format!(
+        "  KV dtype        {:>10}",
+        kv_dtype(launch.kv_dtype)
+    ));
+    lines
+}
+
+/// The device pool, now and on clean GPUs, and the requests it holds.
+fn pool_section(outcome: &Outcome) -> Vec<String> {
+    let mut lines = vec!["Device pool".to_string()];
+    if outcome.hypothetical.is_some() {
+        lines.push(pool_line("clean GPUs", &outcome.clean));
+    } else {
+        lines.push(pool_line("now", &outcome.now));
         if outcome.clean != outcome.now {
-            pool(&mut out, "clean GPUs", &outcome.clean);
+            lines.push(pool_line("clean GPUs", &outcome.clean));
         }
     }
-    match (outcome.request_tokens, outcome.averages) {
-        (Some(tokens), Some((prompt, output))) => line(
-            &mut out,
-            format!(
-                "  concurrency    {} requests at once of {} tokens (prompt {} + output {}){}; at most {} running per rank",
-                concurrency_text(outcome.concurrency(&outcome.now)),
-                count(tokens),
-                count(prompt),
-                count(output),
-                if outcome.clean != outcome.now {
-                    format!(
-                        ", {} on clean GPUs",
-                        concurrency_text(outcome.concurrency(&outcome.clean))
-                    )
-                } else {
-                    String::new()
-                },
-                count(outcome.now.max_running_requests)
-            ),
-        ),
-        (Some(tokens), None) => line(
-            &mut out,
-            format!(
-                "  concurrency    {} requests at once at the full context length ({} tokens); give --avg-prompt and --avg-output for real requests",
-                concurrency_text(outcome.concurrency(&outcome.now)),
-                count(tokens)
-            ),
-        ),
-        (None, _) => line(
-            &mut out,
-            "  concurrency    unknown: give --avg-prompt and --avg-output".to_string(),
-        ),
-    }
-    line(
-        &mut out,
+    lines.push(concurrency_line(outcome));
+    lines.push(
         "  an upper bound: decode concurrency is tokens ÷ tokens per request, while requests grow"
             .to_string(),
     );
-    out.push('\n');
+    lines
+}
 
-    // What others hold.
-    if outcome.hypothetical.is_none() {
-        if outcome.holders.is_empty() {
-            line(
-                &mut out,
-                "Held by others on the engine's GPUs: nothing".to_string(),
-            );
-        } else {
-            line(&mut out, "Held by others on the engine's GPUs".to_string());
-            for holder in &outcome.holders {
-                line(&mut out, format!("  {}", holder_text(holder, sglang)));
-            }
-            if let Some(command) = &outcome.free_command {
-                line(&mut out, format!("  free them:  {command}"));
-            }
-            if let Some(command) = &outcome.reset_command {
-                line(
-                    &mut out,
-                    format!(
-                        "  reset:      {command}   (memory held by no process; only a reset or a reboot clears it)"
-                    ),
-                );
-            }
-        }
-        out.push('\n');
-    }
+fn pool_line(label: &str, device: &Device) -> String {
+    format!(
+        "  {label:<14} {} tokens per rank × {} rank{}, {} bytes per token, {} of KV per rank, page {}: {}",
+        count(device.tokens_per_rank),
+        device.ranks,
+        if device.ranks == 1 { "" } else { "s" },
+        count(device.bytes_per_token),
+        gib(device.kv_bytes_per_rank),
+        device.page_size,
+        start_text(&device.start)
+    )
+}
 
-    if let Some(tier) = &outcome.host_tier {
-        let what = match launch.host_tier {
-            Some(HostTierRequest::SglangRatio(ratio)) => {
-                format!("SGLang HiCache, --hicache-ratio {ratio}")
-            }
-            Some(HostTierRequest::SglangSizeGb(gb)) => {
-                format!("SGLang HiCache, --hicache-size {gb} (decimal GB per rank)")
-            }
-            Some(HostTierRequest::VllmOffloadGib(gib)) => {
-                format!("vLLM --kv-offloading-size {gib} (GiB, over all TP ranks)")
-            }
-            None => "host tier".to_string(),
-        };
-        line(&mut out, format!("Host tier ({what})"));
-        line(
-            &mut out,
-            format!(
-                "  {} tokens per rank, {} per rank, {} in all",
-                count(tier.tokens_per_rank),
-                Bytes(tier.bytes_per_rank),
-                Bytes(tier.bytes_total)
-            ),
-        );
-        if let Some((bytes, from)) = outcome.host_memory {
-            line(
-                &mut out,
+fn concurrency_line(outcome: &Outcome) -> String {
+    match (outcome.request_tokens, outcome.averages) {
+        (Some(tokens), Some((prompt, output))) => format!(
+            "  concurrency    {} requests at once of {} tokens (prompt {} + output {}){}; at most {} running per rank",
+            concurrency_text(outcome.concurrency(&outcome.now)),
+            count(tokens),
+            count(prompt),
+            count(output),
+            if outcome.clean != outcome.now {
                 format!(
-                    "  host memory {} ({}), budget {} after the engine's 10 GiB guard: {}",
-                    Bytes(bytes),
-                    source(from),
-                    Bytes(tier.budget),
-                    if tier.fits {
-                        "fits"
-                    } else {
-                        "DOES NOT FIT: the engine refuses, or the host runs out of memory"
-                    }
-                ),
-            );
-        }
-        line(
-            &mut out,
-            "  it raises prefix-cache capacity, not concurrency: the running requests' KV must be on the GPU".to_string(),
-        );
-        out.push('\n');
-    }
-
-    if !outcome.levers.is_empty() {
-        line(
-            &mut out,
-            if outcome.holders.is_empty() {
-                "Levers".to_string()
+                    ", {} on clean GPUs",
+                    concurrency_text(outcome.concurrency(&outcome.clean))
+                )
             } else {
-                "Levers (each after freeing the holders)".to_string()
+                String::new()
             },
-        );
-        for lever in &outcome.levers {
-            line(&mut out, format!("  {}", lever_text(lever)));
-        }
-        out.push('\n');
-    }
-
-    if let Some(demand) = &outcome.demand {
-        line(&mut out, demand_text(demand));
-        out.push('\n');
-    }
-
-    if let Some(calibration) = &outcome.calibration {
-        let logged = calibration.logged;
-        let figures = [
-            logged
-                .free_before_load
-                .map(|bytes| format!("free before load {}", gib(bytes))),
-            logged
-                .weights_per_gpu
-                .map(|bytes| format!("weights {}", gib(bytes))),
-            logged.kv_bytes.map(|bytes| format!("KV {}", gib(bytes))),
-        ];
-        let figures: Vec<String> = figures.into_iter().flatten().collect();
-        line(
-            &mut out,
-            format!(
-                "From the log: {}",
-                if figures.is_empty() {
-                    "no figure found (the lines docs/plan.md names)".to_string()
-                } else {
-                    figures.join(", ")
-                }
-            ),
-        );
-        match (logged.tokens, calibration.predicted_tokens) {
-            (Some(logged), Some(predicted)) => {
-                let difference =
-                    (predicted as f64 - logged as f64) / (logged.max(1) as f64) * 100.0;
-                line(
-                    &mut out,
-                    format!(
-                        "  predicted {} tokens from the logged figures, logged {} ({difference:+.2}%)",
-                        count(predicted),
-                        count(logged)
-                    ),
-                );
-            }
-            (Some(logged), None) => line(
-                &mut out,
-                format!(
-                    "  logged {} tokens (the log lacks the figures to predict them)",
-                    count(logged)
-                ),
-            ),
-            _ => {}
-        }
-        out.push('\n');
-    }
-
-    if !launch.ignored.is_empty() {
-        let ignored: Vec<String> = launch
-            .ignored
-            .iter()
-            .map(|flag| crate::units::one_line(flag).into_owned())
-            .collect();
-        line(
-            &mut out,
-            format!(
-                "Not understood, ignored (they do not change the pool; docs/plan.md lists what is read): {}",
-                ignored.join(" ")
-            ),
-        );
-        out.push('\n');
-    }
-    let verdict = outcome.verdict();
-    line(
-        &mut out,
-        format!(
-            "Verdict: {} (exit {})",
-            verdict_text(verdict),
-            verdict.exit().code()
+            count(outcome.now.max_running_requests)
         ),
+        (Some(tokens), None) => format!(
+            "  concurrency    {} requests at once at the full context length ({} tokens); give --avg-prompt and --avg-output for real requests",
+            concurrency_text(outcome.concurrency(&outcome.now)),
+            count(tokens)
+        ),
+        (None, _) => "  concurrency    unknown: give --avg-prompt and --avg-output".to_string(),
+    }
+}
+
+/// What others hold on the engine's GPUs, and the commands that give it
+/// back; nothing for a hypothetical box.
+fn holders_section(outcome: &Outcome) -> Vec<String> {
+    if outcome.hypothetical.is_some() {
+        return Vec::new();
+    }
+    if outcome.holders.is_empty() {
+        return vec!["Held by others on the engine's GPUs: nothing".to_string()];
+    }
+    let sglang = outcome.launch.engine == Engine::Sglang;
+    let mut lines = vec!["Held by others on the engine's GPUs".to_string()];
+    for holder in &outcome.holders {
+        lines.push(format!("  {}", holder_text(holder, sglang)));
+    }
+    if let Some(command) = &outcome.free_command {
+        lines.push(format!("  free them:  {command}"));
+    }
+    if let Some(command) = &outcome.reset_command {
+        lines.push(format!(
+            "  reset:      {command}   (memory held by no process; only a reset or a reboot clears it)"
+        ));
+    }
+    lines
+}
+
+/// The host-memory tier, when the command enables one.
+fn host_tier_section(outcome: &Outcome) -> Vec<String> {
+    let Some(tier) = &outcome.host_tier else {
+        return Vec::new();
+    };
+    let what = match outcome.launch.host_tier {
+        Some(HostTierRequest::SglangRatio(ratio)) => {
+            format!("SGLang HiCache, --hicache-ratio {ratio}")
+        }
+        Some(HostTierRequest::SglangSizeGb(gb)) => {
+            format!("SGLang HiCache, --hicache-size {gb} (decimal GB per rank)")
+        }
+        Some(HostTierRequest::VllmOffloadGib(gib)) => {
+            format!("vLLM --kv-offloading-size {gib} (GiB, over all TP ranks)")
+        }
+        None => "host tier".to_string(),
+    };
+    let mut lines = vec![
+        format!("Host tier ({what})"),
+        format!(
+            "  {} tokens per rank, {} per rank, {} in all",
+            count(tier.tokens_per_rank),
+            Bytes(tier.bytes_per_rank),
+            Bytes(tier.bytes_total)
+        ),
+    ];
+    if let Some((bytes, from)) = outcome.host_memory {
+        lines.push(format!(
+            "  host memory {} ({}), budget {} after the engine's 10 GiB guard: {}",
+            Bytes(bytes),
+            source(from),
+            Bytes(tier.budget),
+            if tier.fits {
+                "fits"
+            } else {
+                "DOES NOT FIT: the engine refuses, or the host runs out of memory"
+            }
+        ));
+    }
+    lines.push(
+        "  it raises prefix-cache capacity, not concurrency: the running requests' KV must be on the GPU".to_string(),
     );
-    out
+    lines
+}
+
+fn levers_section(outcome: &Outcome) -> Vec<String> {
+    if outcome.levers.is_empty() {
+        return Vec::new();
+    }
+    let mut lines = vec![if outcome.holders.is_empty() {
+        "Levers".to_string()
+    } else {
+        "Levers (each after freeing the holders)".to_string()
+    }];
+    lines.extend(
+        outcome
+            .levers
+            .iter()
+            .map(|lever| format!("  {}", lever_text(lever))),
+    );
+    lines
+}
+
+/// What `--from-log` measured, and the tokens the rule predicts from it
+/// against the tokens the engine logged.
+fn calibration_section(outcome: &Outcome) -> Vec<String> {
+    let Some(calibration) = &outcome.calibration else {
+        return Vec::new();
+    };
+    let logged = calibration.logged;
+    let figures = [
+        logged
+            .free_before_load
+            .map(|bytes| format!("free before load {}", gib(bytes))),
+        logged
+            .weights_per_gpu
+            .map(|bytes| format!("weights {}", gib(bytes))),
+        logged.kv_bytes.map(|bytes| format!("KV {}", gib(bytes))),
+    ];
+    let figures: Vec<String> = figures.into_iter().flatten().collect();
+    let mut lines = vec![format!(
+        "From the log: {}",
+        if figures.is_empty() {
+            "no figure found (the lines docs/plan.md names)".to_string()
+        } else {
+            figures.join(", ")
+        }
+    )];
+    match (logged.tokens, calibration.predicted_tokens) {
+        (Some(logged), Some(predicted)) => {
+            let difference = (predicted as f64 - logged as f64) / (logged.max(1) as f64) * 100.0;
+            lines.push(format!(
+                "  predicted {} tokens from the logged figures, logged {} ({difference:+.2}%)",
+                count(predicted),
+                count(logged)
+            ));
+        }
+        (Some(logged), None) => lines.push(format!(
+            "  logged {} tokens (the log lacks the figures to predict them)",
+            count(logged)
+        )),
+        _ => {}
+    }
+    lines
+}
+
+fn ignored_section(outcome: &Outcome) -> Vec<String> {
+    let launch = &outcome.launch;
+    if launch.ignored.is_empty() {
+        return Vec::new();
+    }
+    let ignored: Vec<String> = launch
+        .ignored
+        .iter()
+        .map(|flag| crate::units::one_line(flag).into_owned())
+        .collect();
+    vec![format!(
+        "Not understood, ignored (they do not change the pool; docs/plan.md lists what is read): {}",
+        ignored.join(" ")
+    )]
 }
 
 fn holder_text(holder: &Holder, sglang: bool) -> String {

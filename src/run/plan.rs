@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 use super::output::event;
 use crate::driver::Driver;
 use crate::exit::{Exit, Failure};
-use crate::plan::engine::{Device, Start};
+use crate::plan::engine::Device;
 use crate::plan::fit::{self, Cost, Outcome, PlanConfig, Verdict};
+use crate::plan::render;
 use crate::snapshot::Snapshot;
 use crate::units::{Bytes, Elapsed};
 
@@ -81,7 +82,7 @@ pub fn gate(gate: Option<&PlanGate>, driver: &dyn Driver, stop: &AtomicBool) -> 
         Verdict::DoesNotFit => {
             event(&format!(
                 "not starting: the plan says it cannot fit on this hardware, even on clean GPUs: {}",
-                start_problem(&outcome.clean)
+                render::start_problem(outcome.launch.engine, &outcome.clean)
             ));
             Gate::Refused(Exit::CannotFit)
         }
@@ -206,45 +207,14 @@ fn wait_for_fit(
     }
 }
 
-/// `412345 tokens per rank (KV 27.3 GiB per GPU)`.
+/// `412345 tokens per rank (27.3 GiB of KV cache per GPU) on GPUs 0-1`.
 fn device_line(outcome: &Outcome, device: &Device) -> String {
-    let ranks = if device.ranks > 1 {
-        format!(", {} ranks", device.ranks)
-    } else {
-        String::new()
-    };
     format!(
-        "{} tokens per rank ({} of KV cache per GPU{ranks}) on GPUs {}",
-        device.tokens_per_rank,
+        "{} ({} of KV cache per GPU) on GPUs {}",
+        render::device_summary(outcome, device),
         Bytes(device.kv_bytes_per_rank),
-        gpus_of(outcome)
+        render::gpus_text(outcome)
     )
-}
-
-fn gpus_of(outcome: &Outcome) -> String {
-    let gpus: BTreeSet<u32> = outcome.gpus.iter().map(|gpu| gpu.index).collect();
-    crate::units::GpuRanges(&gpus).to_string()
-}
-
-/// Why the engine would not start with this pool.
-fn start_problem(device: &Device) -> String {
-    match device.start {
-        Start::NotEnoughMemory {
-            raise_fraction_to: Some(fraction),
-        } => format!(
-            "SGLang would stop with \"Not enough memory\" (--mem-fraction-static would have to be at least {fraction:.3})"
-        ),
-        Start::NotEnoughMemory {
-            raise_fraction_to: None,
-        } => "SGLang would stop with \"Not enough memory\"".to_string(),
-        Start::RefusesFree { needed, free } => format!(
-            "vLLM would refuse to start: {} free at start, less than the {} its --gpu-memory-utilization asks",
-            Bytes(free),
-            Bytes(needed)
-        ),
-        Start::WeightsTooLarge => "the weights are larger than the GPU".to_string(),
-        Start::Starts => "no KV cache would be left".to_string(),
-    }
 }
 
 /// What the holders cost: the pool now against clean GPUs, each holder
@@ -258,7 +228,7 @@ fn held_summary(outcome: &Outcome) -> String {
     } else {
         format!(
             "with the memory others hold, {}; on clean GPUs it gets {} tokens per rank",
-            start_problem(&outcome.now),
+            render::start_problem(outcome.launch.engine, &outcome.now),
             outcome.clean.tokens_per_rank
         )
     };
@@ -266,28 +236,7 @@ fn held_summary(outcome: &Outcome) -> String {
         .holders
         .iter()
         .filter(|holder| holder.cost != Cost::Nothing)
-        .map(|holder| {
-            let who = match holder.pid {
-                Some(pid) => format!("pid {pid} ({})", crate::units::short(&holder.name, 60)),
-                None => holder.name.clone(),
-            };
-            let cost = match holder.cost {
-                Cost::Tokens { per_rank } => format!("costs every rank {per_rank} tokens"),
-                Cost::RefusesStart => "alone stops the start".to_string(),
-                Cost::Nothing => "costs nothing".to_string(),
-                Cost::Unknown => {
-                    "costs what cannot be told (the driver reports no figure for it)".to_string()
-                }
-            };
-            format!(
-                "GPU {}: {who} holds {}, {cost}",
-                holder.gpu,
-                holder
-                    .bytes
-                    .map_or("an unknown amount".to_string(), |bytes| Bytes(bytes)
-                        .to_string())
-            )
-        })
+        .map(render::holder_summary)
         .collect();
     if !holders.is_empty() {
         let _ = write!(text, "; {}", holders.join("; "));
