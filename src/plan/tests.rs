@@ -5,6 +5,7 @@
 use super::PlanError;
 use super::calibrate::{self, Logged};
 use super::engine::{self, Budget, Start};
+use super::fit;
 use super::launch::{self, Engine, HostTierRequest, KvDtype, Launch};
 use super::model::{self, Attention, Model};
 use std::collections::BTreeMap;
@@ -1129,4 +1130,189 @@ fn a_log_file_is_read_from_its_tail_only() {
         calibrate::read_log_file(dir.path()),
         Err(PlanError::Unreadable { .. })
     ));
+}
+
+// ------------------------------------------------------- from-log levers
+
+/// `plan --gpu-memory SIZE -- COMMAND`, as the CLI builds it.
+fn on_box(command: &str, gpu_memory: u64) -> fit::PlanConfig {
+    fit::PlanConfig {
+        command: argv(command),
+        env: no_env(),
+        averages: None,
+        concurrency: None,
+        hypothetical: Some(fit::Hypothetical {
+            gpu_memory,
+            gpus: None,
+        }),
+        overrides: fit::Overrides::default(),
+        from_log: None,
+        model_config: None,
+        json: false,
+    }
+}
+
+// ------------------------------------------------------ evaluate's steps
+
+/// Each step of the budget takes the flag first, then the log, then the
+/// estimate, and says which it took; the box must have the GPUs the
+/// command uses; without a box, GPUs must have been read.
+#[test]
+fn evaluate_takes_each_step_from_the_flag_then_the_log_then_the_estimate() {
+    let llama = fixture("llama-3.1-8b");
+    let command = format!("vllm serve {} -tp 2 --max-model-len 8192", llama.display());
+    let estimate = fit::evaluate(&on_box(&command, 80 * GIB), None).expect("plan");
+    assert_eq!(
+        (
+            estimate.free_source,
+            estimate.weights_source,
+            estimate.kv_source
+        ),
+        (fit::Source::Hypothetical, fit::Source::Estimate, None)
+    );
+    assert_eq!(
+        estimate.budget.free_at_start,
+        80 * GIB - engine::CUDA_CONTEXT_BYTES
+    );
+    assert_eq!(
+        estimate.budget.free_at_start,
+        estimate.clean_budget.free_at_start
+    );
+    assert_eq!(
+        Some(estimate.budget.weights_per_gpu),
+        engine::weights_per_gpu(&estimate.launch, &estimate.model)
+    );
+    // Without averages a request is the context length; with them, their sum.
+    assert_eq!(estimate.request_tokens, Some(8192));
+    assert!(estimate.host_tier.is_none() && estimate.host_memory.is_none());
+
+    let mut config = on_box(&format!("{command} --kv-offloading-size 64"), 80 * GIB);
+    config.averages = Some((1000, 500));
+    config.overrides = fit::Overrides {
+        gpu_free: Some(70 * GIB),
+        weights: Some(9 * GIB),
+        kv_memory: Some(40 * GIB),
+        host_memory: Some(200 * GIB),
+    };
+    let given = fit::evaluate(&config, None).expect("plan");
+    assert_eq!(
+        (given.free_source, given.weights_source, given.kv_source),
+        (
+            fit::Source::Flag,
+            fit::Source::Flag,
+            Some(fit::Source::Flag)
+        )
+    );
+    assert_eq!(
+        (
+            given.budget.free_at_start,
+            given.budget.weights_per_gpu,
+            given.budget.kv_memory
+        ),
+        (70 * GIB, 9 * GIB, Some(40 * GIB))
+    );
+    assert_eq!(given.request_tokens, Some(1500));
+    assert_eq!(given.host_memory, Some((200 * GIB, fit::Source::Flag)));
+    let tier = given.host_tier.expect("the offload tier");
+    assert_eq!(tier.budget, 200 * GIB - engine::HOST_GUARD_BYTES);
+
+    // A box with fewer GPUs than the command uses, and no GPUs read at all.
+    let mut small = on_box(&command, 80 * GIB);
+    small.hypothetical = Some(fit::Hypothetical {
+        gpu_memory: 80 * GIB,
+        gpus: Some(1),
+    });
+    assert!(matches!(
+        fit::evaluate(&small, None),
+        Err(fit::FitError::Input(PlanError::BadValue { flag, .. })) if flag == "--gpus"
+    ));
+    let unread = fit::PlanConfig {
+        hypothetical: None,
+        ..on_box(&command, 80 * GIB)
+    };
+    assert!(matches!(
+        fit::evaluate(&unread, None),
+        Err(fit::FitError::Unreadable(_))
+    ));
+    // A checkpoint with nothing to size the weights from names --weights.
+    let kimi = format!(
+        "python3 -m sglang.launch_server --model-path {} --tp 8",
+        fixture("kimi-k2.5").display()
+    );
+    let error = fit::evaluate(&on_box(&kimi, 141 * GIB), None).expect_err("no weights");
+    assert!(
+        matches!(&error, fit::FitError::Input(PlanError::NoWeights { .. }))
+            && error.to_string().contains("--weights"),
+        "{error}"
+    );
+}
+
+/// The switches plan reads and the `--no-` forms of vLLM's: the last one
+/// written wins, a `--no-` form plan does not read is listed as ignored.
+#[test]
+fn vllm_no_forms_undo_or_are_listed() {
+    let undone = parse("vllm serve m --enforce-eager --no-enforce-eager --trust-remote-code");
+    assert!(!undone.enforce_eager);
+    assert!(undone.ignored.is_empty(), "{:?}", undone.ignored);
+    let listed = parse("vllm serve m --no-async-scheduling --no-enforce-eager --enforce-eager");
+    assert!(listed.enforce_eager);
+    assert_eq!(listed.ignored, vec!["--no-async-scheduling"]);
+}
+
+/// The config's steps each name what they lack: MLA without its rope
+/// width, heads without a head size, an unknown dtype; DeepSeek-VL2 with
+/// `use_mla: false` is read as MHA by SGLang.
+#[test]
+fn config_steps_name_what_they_lack() {
+    let parse_json = |text: &str| {
+        let value: serde_json::Value = serde_json::from_str(text).expect("json");
+        model::parse_config(Path::new("config.json"), &value)
+    };
+    let missing = |text: &str| match parse_json(text) {
+        Err(PlanError::MissingField { field, .. }) => field,
+        other => panic!("{text}: {other:?}"),
+    };
+    assert_eq!(
+        missing(
+            r#"{"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+                "num_hidden_layers": 61, "kv_lora_rank": 512}"#
+        ),
+        "qk_rope_head_dim"
+    );
+    assert_eq!(
+        missing(
+            r#"{"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "num_attention_heads": 8}"#
+        ),
+        "hidden_size"
+    );
+    assert_eq!(
+        missing(
+            r#"{"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "num_attention_heads": 8, "head_dim": 0}"#
+        ),
+        "head_dim"
+    );
+    let dtype = parse_json(
+        r#"{"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "num_attention_heads": 8,
+            "hidden_size": 1024, "torch_dtype": "float8_e4m3fn"}"#,
+    );
+    assert!(
+        matches!(&dtype, Err(PlanError::UnknownArchitecture(what)) if what.contains("float8_e4m3fn")),
+        "{dtype:?}"
+    );
+    let vl2 = parse_json(
+        r#"{"architectures": ["DeepseekVL2ForCausalLM"], "num_hidden_layers": 12, "kv_lora_rank": 512,
+            "qk_rope_head_dim": 64, "use_mla": false, "num_attention_heads": 10, "hidden_size": 1280,
+            "vision_config": {"layers": 27}}"#,
+    )
+    .expect("DeepSeek-VL2");
+    assert_eq!(
+        vl2.attention,
+        Attention::Mha {
+            kv_heads: 10,
+            head_dim: 128,
+            v_head_dim: 128
+        }
+    );
+    // Its vision config names no layers or width: the class's defaults.
+    assert_eq!(vl2.vision, Some((24, 1024)));
 }
