@@ -267,12 +267,13 @@ pub fn evaluate(config: &PlanConfig, snapshot: Option<&Snapshot>) -> Result<Outc
     let (gpus, hypothetical) = engine_gpus(config, &launch, snapshot)?;
     let free = free_memory(config, &gpus, hypothetical);
     let (weights_per_gpu, weights_source) = weights(config, &launch, &model, logged)?;
-    let (kv_memory, kv_source) = kv_memory(config, &launch, logged);
+    let (kv_memory, kv_source) = kv_memory(config, &launch);
     let budget = Budget {
         gpu_total: free.gpu_total,
         free_at_start: free.now,
         weights_per_gpu,
         kv_memory,
+        non_kv: logged_non_kv(config, &launch, &model, free.gpu_total, logged),
     };
     let clean_budget = Budget {
         free_at_start: free.clean,
@@ -437,26 +438,33 @@ fn weights(
     }
 }
 
-/// The KV pool given instead of the budget rule: `--kv-memory` or
-/// `--kv-cache-memory-bytes`, else vLLM's logged `Available KV cache
-/// memory` (its whole budget rule's answer: utilization × total less what
-/// its profile run measured).
-fn kv_memory(
+/// The KV pool given instead of the budget rule: `--kv-memory`, else
+/// `--kv-cache-memory-bytes`.
+fn kv_memory(config: &PlanConfig, launch: &Launch) -> (Option<u64>, Option<Source>) {
+    match config.overrides.kv_memory.or(launch.kv_cache_memory_bytes) {
+        Some(bytes) => (Some(bytes), Some(Source::Flag)),
+        None => (None, None),
+    }
+}
+
+/// vLLM with a log (and no `--weights`): what the logged start's requested
+/// memory held besides its KV cache (`Logged::vllm_non_kv`; the requested
+/// memory at the command's utilization when the log does not state it).
+/// The logged `Available KV cache memory` is the budget rule's answer at
+/// that start's utilization only: what it fixes is the rest.
+fn logged_non_kv(
     config: &PlanConfig,
     launch: &Launch,
+    model: &Model,
+    gpu_total: u64,
     logged: Option<Logged>,
-) -> (Option<u64>, Option<Source>) {
-    let logged_kv = logged
-        .filter(|_| launch.engine == launch::Engine::Vllm)
-        .and_then(|logged| logged.kv_bytes);
-    match (
-        config.overrides.kv_memory.or(launch.kv_cache_memory_bytes),
-        logged_kv,
-    ) {
-        (Some(bytes), _) => (Some(bytes), Some(Source::Flag)),
-        (None, Some(bytes)) => (Some(bytes), Some(Source::Log)),
-        (None, None) => (None, None),
+) -> Option<u64> {
+    if launch.engine != launch::Engine::Vllm || config.overrides.weights.is_some() {
+        return None;
     }
+    let utilization = engine::mem_fraction(launch, model, gpu_total);
+    let requested = (gpu_total as f64 * utilization).ceil() as u64;
+    logged?.vllm_non_kv(requested)
 }
 
 /// The tokens one request needs: the averages' sum, else the context
@@ -497,20 +505,31 @@ fn host(
 }
 
 /// What the log measured, and the tokens the rule gives from the logged
-/// free memory and weights (`None` when the log lacks one of them).
+/// figures (`None` when the log lacks them): SGLang's from its free memory
+/// before load and W'; vLLM's from its KV budget, on a GPU it started on.
 fn calibration(launch: &Launch, model: &Model, budget: &Budget, logged: Logged) -> Calibration {
-    let predicted_tokens =
-        logged
-            .free_before_load
-            .zip(logged.weights_per_gpu)
-            .map(|(free, weights)| {
-                let budget = Budget {
-                    free_at_start: free,
-                    weights_per_gpu: weights,
-                    ..*budget
-                };
-                engine::device(launch, model, &budget, None).tokens_per_rank
-            });
+    let predict = |budget: Budget| engine::device(launch, model, &budget, None).tokens_per_rank;
+    let predicted_tokens = match launch.engine {
+        launch::Engine::Sglang => {
+            logged
+                .free_before_load
+                .zip(logged.weights_per_gpu)
+                .map(|(free, weights)| {
+                    predict(Budget {
+                        free_at_start: free,
+                        weights_per_gpu: weights,
+                        ..*budget
+                    })
+                })
+        }
+        launch::Engine::Vllm => logged.kv_bytes.map(|kv| {
+            predict(Budget {
+                free_at_start: budget.gpu_total,
+                kv_memory: Some(kv),
+                ..*budget
+            })
+        }),
+    };
     Calibration {
         logged,
         predicted_tokens,
