@@ -10,8 +10,9 @@
 //!   V size: Y GB`), `max_total_num_tokens=N, …` (the scheduler's line).
 //! - vLLM `Model loading took X GiB memory and Y seconds` (or `took X GiB
 //!   and`), `Available KV cache memory: X GiB`, `GPU KV cache size: N
-//!   tokens` (with thousands separators), and 0.26.0's `Desired GPU memory
-//!   utilization is (U, X GiB)` (the memory it requested).
+//!   tokens` (with thousands separators), 0.26.0's `Desired GPU memory
+//!   utilization is (U, X GiB)` (the memory it requested), and the
+//!   front end's `non-default args: {… 'gpu_memory_utilization': U …}`.
 //!
 //! vLLM's `Available KV cache memory` is its whole budget rule's answer at
 //! the utilization it was started with; what a log fixes is the rest of
@@ -31,7 +32,7 @@ use std::path::Path;
 /// At most this much of a log is read: its last 4 MiB.
 pub const LOG_MAX: u64 = 4 << 20;
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
 pub struct Logged {
     /// SGLang: `mem usage` of `Load weight end` (W'); vLLM: `Model loading
     /// took` (the weights). Bytes; the largest over ranks.
@@ -47,16 +48,19 @@ pub struct Logged {
     /// vLLM: the memory it requested, `ceil(utilization × total)` (`Desired
     /// GPU memory utilization is (U, X GiB)`); the largest over ranks.
     pub requested: Option<u64>,
+    /// vLLM: the utilization it was started with (`non-default args: {…
+    /// 'gpu_memory_utilization': U …}`), for logs that do not state what
+    /// it requested.
+    pub utilization: Option<f64>,
     pub engine: Option<Engine>,
 }
 
 impl Logged {
     /// Puts what was measured in place of the estimates: W' and the free
     /// memory at start for SGLang; for vLLM its weights and what its
-    /// requested memory held besides the KV cache (`vllm_non_kv`, the
-    /// requested memory at `utilization` of the budget's total when the log
-    /// does not say it), so that the KV cache still follows the
-    /// utilization.
+    /// requested memory held besides the KV cache (`vllm_non_kv`, with
+    /// `utilization` where the log does not say), so that the KV cache
+    /// still follows the utilization.
     pub fn calibrate(&self, engine: Engine, utilization: f64, budget: &mut Budget) {
         if let Some(weights) = self.weights_per_gpu {
             budget.weights_per_gpu = weights;
@@ -68,19 +72,25 @@ impl Logged {
                 }
             }
             Engine::Vllm => {
-                let requested = (budget.gpu_total as f64 * utilization).ceil() as u64;
-                budget.non_kv = self.vllm_non_kv(requested).or(budget.non_kv);
+                budget.non_kv = self
+                    .vllm_non_kv(budget.gpu_total, utilization)
+                    .or(budget.non_kv);
             }
         }
     }
 
     /// vLLM: what the logged start's requested memory held besides its KV
     /// cache (weights, activation peak, non-torch memory, CUDA graphs):
-    /// the requested memory (the logged one, else `requested`) less
-    /// `Available KV cache memory`. `None` without the KV figure.
-    pub fn vllm_non_kv(&self, requested: u64) -> Option<u64> {
+    /// the requested memory less `Available KV cache memory`. The
+    /// requested memory is the logged one, else `ceil(utilization ×
+    /// gpu_total)` at the logged utilization, else at `utilization` (the
+    /// log taken to be the command's). `None` without the KV figure.
+    pub fn vllm_non_kv(&self, gpu_total: u64, utilization: f64) -> Option<u64> {
         let kv = self.kv_bytes?;
-        Some(self.requested.unwrap_or(requested).saturating_sub(kv))
+        let requested = self.requested.unwrap_or_else(|| {
+            (gpu_total as f64 * self.utilization.unwrap_or(utilization)).ceil() as u64
+        });
+        Some(requested.saturating_sub(kv))
     }
 
     fn complete(&self) -> bool {
@@ -213,6 +223,12 @@ pub fn read_log(text: &str) -> Logged {
         let sglang_load = line.contains("Load weight end.");
         let vllm_load = line.contains("Model loading took");
         let begin = line.contains("Load weight begin.");
+        // vLLM's front end says its arguments before its engine loads: after
+        // a complete start, that is the next one.
+        if line.contains("non-default args:") && current.complete() {
+            starts.push(std::mem::take(&mut current));
+            seen.clear();
+        }
         if begin || sglang_load || vllm_load {
             let event = (rank.clone(), begin);
             if current.complete() || seen.contains(&event) {
@@ -276,6 +292,10 @@ pub fn read_log(text: &str) -> Logged {
             current.engine = Some(Engine::Vllm);
             if let Some(tokens) = number_after(&line, "GPU KV cache size:") {
                 current.tokens = Some(tokens as u64);
+            }
+        } else if line.contains("non-default args:") {
+            if let Some(utilization) = number_after(&line, "'gpu_memory_utilization':") {
+                current.utilization = Some(utilization);
             }
         } else if let Some(at) = line.find(DESIRED) {
             // `(0.5, 69.9 GiB)`: the utilization, then the requested GiB.

@@ -172,7 +172,7 @@ pub struct Holder {
 
 /// `--from-log`: what a previous start logged, and what the engine's rule
 /// predicts from the figures it logged.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Calibration {
     pub logged: Logged,
     /// Tokens the rule gives from the logged free memory and weights; `None`
@@ -448,8 +448,9 @@ fn kv_memory(config: &PlanConfig, launch: &Launch) -> (Option<u64>, Option<Sourc
 }
 
 /// vLLM with a log (and no `--weights`): what the logged start's requested
-/// memory held besides its KV cache (`Logged::vllm_non_kv`; the requested
-/// memory at the command's utilization when the log does not state it).
+/// memory held besides its KV cache (`Logged::vllm_non_kv`; at the
+/// command's utilization when the log states neither what it requested
+/// nor its utilization).
 /// The logged `Available KV cache memory` is the budget rule's answer at
 /// that start's utilization only: what it fixes is the rest.
 fn logged_non_kv(
@@ -463,8 +464,7 @@ fn logged_non_kv(
         return None;
     }
     let utilization = engine::mem_fraction(launch, model, gpu_total);
-    let requested = (gpu_total as f64 * utilization).ceil() as u64;
-    logged?.vllm_non_kv(requested)
+    logged?.vllm_non_kv(gpu_total, utilization)
 }
 
 /// The tokens one request needs: the averages' sum, else the context

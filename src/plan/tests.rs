@@ -1062,6 +1062,7 @@ fn sglang_log_gives_the_last_complete_start() {
             tokens: Some(114_913),
             kv_bytes: Some(gib(7.52)),
             requested: None,
+            utilization: None,
             engine: Some(Engine::Sglang),
         }
     );
@@ -1102,6 +1103,7 @@ fn vllm_log_reads_gib_and_thousands_separators() {
             tokens: Some(472_768),
             kv_bytes: Some(gib(36.07)),
             requested: None,
+            utilization: None,
             engine: Some(Engine::Vllm),
         }
     );
@@ -1127,7 +1129,21 @@ fn vllm_log_reads_gib_and_thousands_separators() {
     ));
     assert_eq!(stated.requested, Some(gib(71.69)));
     assert_eq!(stated.tokens, Some(472_768));
-    assert_eq!(stated.vllm_non_kv(0), Some(gib(71.69) - gib(36.07)));
+    assert_eq!(stated.vllm_non_kv(0, 0.0), Some(gib(71.69) - gib(36.07)));
+    // Where it does not say so, the utilization its front end was given
+    // (and the command's, where that is not said either).
+    let args = "(APIServer pid=9) INFO 07-01 09:59:00 [api_utils.py:273] non-default args: \
+                {'model': '/m', 'gpu_memory_utilization': 0.85, 'max_model_len': 8192}\n";
+    let given = calibrate::read_log(&format!("{args}{log}"));
+    assert_eq!(given.utilization, Some(0.85));
+    let total = 81_559 * MIB;
+    let at = |utilization: f64| (total as f64 * utilization).ceil() as u64;
+    assert_eq!(given.vllm_non_kv(total, 0.5), Some(at(0.85) - gib(36.07)));
+    assert_eq!(logged.vllm_non_kv(total, 0.5), Some(at(0.5) - gib(36.07)));
+    // A second start's arguments are its own, not the first start's (the
+    // last complete start is the one read).
+    let two = calibrate::read_log(&format!("{args}{log}{}", args.replace("0.85", "0.6")));
+    assert_eq!((two.utilization, two.tokens), (Some(0.85), Some(472_768)));
     // The new model runner's wording.
     let new = calibrate::read_log(
         "INFO [model_runner.py:306] Model loading took 4.5 GiB and 3.2 seconds",
@@ -1255,6 +1271,24 @@ fn a_vllm_log_fixes_what_is_not_kv_so_a_higher_utilization_adds_kv() {
         "planned {} against 921,696 logged",
         default.now.tokens_per_rank
     );
+
+    // A log that does not say what it requested: the utilization its
+    // front end was given (0.5) of the total.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let older = dir.path().join("vllm.log");
+    let text = std::fs::read_to_string(&log).expect("fixture");
+    let kept: Vec<&str> = text
+        .lines()
+        .filter(|line| !line.contains("Desired GPU memory utilization"))
+        .collect();
+    std::fs::write(&older, kept.join("\n")).expect("log");
+    let not_kv = requested(0.5) - gib(53.8);
+    let from_older = from_log(&command(""), total, &older);
+    assert_eq!(
+        from_older.now.tokens_per_rank,
+        (requested(0.92) - not_kv) / block_bytes * 16
+    );
+    assert!(from_older.now.tokens_per_rank.abs_diff(921_696) <= 2 * 16);
 }
 
 /// The same shape for SGLang: its log gives W' (`Load weight end … mem
