@@ -458,6 +458,62 @@ fn a_previous_start_s_log_replaces_the_estimates_and_is_checked() {
     );
 }
 
+/// `--from-log` with a real vLLM 0.26.0 start (tests/fixtures/logs: an
+/// H200 at `--gpu-memory-utilization 0.5`): its `Available KV cache
+/// memory` was the rule's answer at 0.5 only, so a higher utilization
+/// lever adds KV (0.05 of the 139.8 GiB total: 56,000-odd tokens of
+/// Llama-3.1-8B), and the log's own figures predict its count.
+#[test]
+fn a_vllm_log_leaves_the_utilization_lever_its_effect() {
+    let log = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/logs/vllm-0.26.0-llama-3.1-8b-u05.log");
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/llama-3.1-8b");
+    let result: Run = std::process::Command::new(env!("CARGO_BIN_EXE_gpureap"))
+        .args(["plan", "--gpu-memory", "143156MiB", "--json", "--from-log"])
+        .arg(&log)
+        .args(["--", "vllm", "serve"])
+        .arg(&model)
+        .args([
+            "--gpu-memory-utilization",
+            "0.5",
+            "--max-model-len",
+            "8192",
+            "--enforce-eager",
+        ])
+        .env("GPUREAP_BACKEND", "none")
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .output()
+        .expect("runs")
+        .into();
+    assert_eq!(result.code, 0, "{}{}", result.stdout, result.stderr);
+    let report = result.json();
+    crate::schema::conforms(&crate::schema::schema(), "plan --from-log vLLM", &report);
+    let now = report["device"]["tokens_per_rank"]
+        .as_u64()
+        .expect("tokens");
+    let lever = report["levers"]
+        .as_array()
+        .expect("levers")
+        .iter()
+        .find(|lever| lever["name"] == "mem_fraction")
+        .cloned()
+        .unwrap_or_else(|| panic!("no mem_fraction lever: {report:#}"));
+    let higher = lever["tokens_per_rank"].as_u64().expect("lever tokens");
+    // 0.05 × 143,156 MiB = 7,157.8 MiB: 3,578 blocks of 2 MiB, give or
+    // take one for the rounding.
+    let blocks = (higher - now) / 16;
+    assert!(
+        (3_577..=3_579).contains(&blocks),
+        "{now} -> {higher}: {report:#}"
+    );
+    assert_eq!(report["budget"]["kv_memory"], Value::Null, "{report:#}");
+    assert_eq!(report["calibration"]["logged_tokens"], 440_688);
+    let predicted = report["calibration"]["predicted_tokens"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no prediction: {report:#}"));
+    assert!(predicted.abs_diff(440_688) <= 2 * 16, "{report:#}");
+}
+
 /// CUDA_VISIBLE_DEVICES decides which GPUs are the engine's: by index, and
 /// by UUID (resolved through the snapshot, a unique prefix as CUDA allows).
 /// A holder on a GPU the engine does not use costs it nothing.

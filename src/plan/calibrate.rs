@@ -10,7 +10,14 @@
 //!   V size: Y GB`), `max_total_num_tokens=N, …` (the scheduler's line).
 //! - vLLM `Model loading took X GiB memory and Y seconds` (or `took X GiB
 //!   and`), `Available KV cache memory: X GiB`, `GPU KV cache size: N
-//!   tokens` (with thousands separators).
+//!   tokens` (with thousands separators), 0.26.0's `Desired GPU memory
+//!   utilization is (U, X GiB)` (the memory it requested), and the
+//!   front end's `non-default args: {… 'gpu_memory_utilization': U …}`.
+//!
+//! vLLM's `Available KV cache memory` is its whole budget rule's answer at
+//! the utilization it was started with; what a log fixes is the rest of
+//! the requested memory (weights, activation peak, non-torch memory, CUDA
+//! graphs): `Logged::vllm_non_kv`.
 //!
 //! ANSI colours and `[TP0]`-style prefixes are ignored. Over several
 //! ranks, W' is the largest and the free memory the smallest (the engines
@@ -25,7 +32,7 @@ use std::path::Path;
 /// At most this much of a log is read: its last 4 MiB.
 pub const LOG_MAX: u64 = 4 << 20;
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
 pub struct Logged {
     /// SGLang: `mem usage` of `Load weight end` (W'); vLLM: `Model loading
     /// took` (the weights). Bytes; the largest over ranks.
@@ -36,16 +43,25 @@ pub struct Logged {
     /// SGLang `#tokens` / `max_total_num_tokens`; vLLM `GPU KV cache size`.
     pub tokens: Option<u64>,
     /// SGLang: the pool allocated (K + V or KV size); vLLM: `Available KV
-    /// cache memory` (the budget).
+    /// cache memory` (the budget); the smallest over ranks.
     pub kv_bytes: Option<u64>,
+    /// vLLM: the memory it requested, `ceil(utilization × total)` (`Desired
+    /// GPU memory utilization is (U, X GiB)`); the largest over ranks.
+    pub requested: Option<u64>,
+    /// vLLM: the utilization it was started with (`non-default args: {…
+    /// 'gpu_memory_utilization': U …}`), for logs that do not state what
+    /// it requested.
+    pub utilization: Option<f64>,
     pub engine: Option<Engine>,
 }
 
 impl Logged {
     /// Puts what was measured in place of the estimates: W' and the free
-    /// memory at start for SGLang; vLLM's KV budget (which already has its
-    /// profile peak and graph reservation taken out) and its weights.
-    pub fn calibrate(&self, engine: Engine, budget: &mut Budget) {
+    /// memory at start for SGLang; for vLLM its weights and what its
+    /// requested memory held besides the KV cache (`vllm_non_kv`, with
+    /// `utilization` where the log does not say), so that the KV cache
+    /// still follows the utilization.
+    pub fn calibrate(&self, engine: Engine, utilization: f64, budget: &mut Budget) {
         if let Some(weights) = self.weights_per_gpu {
             budget.weights_per_gpu = weights;
         }
@@ -56,11 +72,25 @@ impl Logged {
                 }
             }
             Engine::Vllm => {
-                if budget.kv_memory.is_none() {
-                    budget.kv_memory = self.kv_bytes;
-                }
+                budget.non_kv = self
+                    .vllm_non_kv(budget.gpu_total, utilization)
+                    .or(budget.non_kv);
             }
         }
+    }
+
+    /// vLLM: what the logged start's requested memory held besides its KV
+    /// cache (weights, activation peak, non-torch memory, CUDA graphs):
+    /// the requested memory less `Available KV cache memory`. The
+    /// requested memory is the logged one, else `ceil(utilization ×
+    /// gpu_total)` at the logged utilization, else at `utilization` (the
+    /// log taken to be the command's). `None` without the KV figure.
+    pub fn vllm_non_kv(&self, gpu_total: u64, utilization: f64) -> Option<u64> {
+        let kv = self.kv_bytes?;
+        let requested = self.requested.unwrap_or_else(|| {
+            (gpu_total as f64 * self.utilization.unwrap_or(utilization)).ceil() as u64
+        });
+        Some(requested.saturating_sub(kv))
     }
 
     fn complete(&self) -> bool {
@@ -179,6 +209,11 @@ fn rank_of(line: &str) -> String {
     rank
 }
 
+/// vLLM 0.26.0 (`gpu_worker.py`), once the KV cache is allocated: `Free
+/// memory on device (F/T GiB) on startup. Desired GPU memory utilization
+/// is (U, X GiB). …`.
+const DESIRED: &str = "Desired GPU memory utilization is (";
+
 /// Reads the lines ENGINES.md §1.3 / §2 name, both engines.
 pub fn read_log(text: &str) -> Logged {
     let mut starts: Vec<Logged> = Vec::new();
@@ -193,6 +228,12 @@ pub fn read_log(text: &str) -> Logged {
         let sglang_load = line.contains("Load weight end.");
         let vllm_load = line.contains("Model loading took");
         let begin = line.contains("Load weight begin.");
+        // vLLM's front end says its arguments before its engine loads: after
+        // a complete start, that is the next one.
+        if line.contains("non-default args:") && current.complete() {
+            starts.push(std::mem::take(&mut current));
+            seen.clear();
+        }
         if begin || sglang_load || vllm_load {
             let event = (rank.clone(), begin);
             if current.complete() || seen.contains(&event) {
@@ -256,6 +297,17 @@ pub fn read_log(text: &str) -> Logged {
             current.engine = Some(Engine::Vllm);
             if let Some(tokens) = number_after(&line, "GPU KV cache size:") {
                 current.tokens = Some(tokens as u64);
+            }
+        } else if line.contains("non-default args:") {
+            if let Some(utilization) = number_after(&line, "'gpu_memory_utilization':") {
+                current.utilization = Some(utilization);
+            }
+        } else if let Some(at) = line.find(DESIRED) {
+            // `(0.5, 69.9 GiB)`: the utilization, then the requested GiB.
+            current.engine = Some(Engine::Vllm);
+            if let Some(requested) = number_after(&line[at + DESIRED.len()..], ",") {
+                let requested = gib(requested);
+                current.requested = Some(current.requested.map_or(requested, |r| r.max(requested)));
             }
         }
     }

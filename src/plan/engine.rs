@@ -62,7 +62,7 @@ pub const SGLANG_LOAD_OVERHEAD_BYTES: u64 = GIB;
 /// ESTIMATE: vLLM's `non_kv_cache_memory` beyond the weights: the
 /// activation peak of its profile run (`max_num_batched_tokens` dummy
 /// tokens) and the non-torch growth (NCCL, cuBLAS) during it.
-/// `Available KV cache memory` in a log replaces the whole budget.
+/// A log replaces it, with the weights and the graphs: `Budget::non_kv`.
 pub const VLLM_PROFILE_PEAK_BYTES: u64 = 2 * GIB;
 
 /// ESTIMATE: vLLM's CUDA-graph memory estimate, subtracted from the KV
@@ -87,11 +87,19 @@ pub struct Budget {
     /// W': SGLang, everything allocated between the two measurements
     /// (`weights_per_gpu` estimates it); vLLM, the weights as loaded
     /// (`Model loading took`), to which `device` adds vLLM's profile peak
-    /// and CUDA-graph estimates.
+    /// and CUDA-graph estimates (unless `non_kv` gives them measured).
     pub weights_per_gpu: u64,
-    /// `--kv-memory` (or vLLM's logged `Available KV cache memory`): the
-    /// KV bytes per GPU, skipping the budget rule.
+    /// `--kv-memory` (or `--kv-cache-memory-bytes`): the KV bytes per
+    /// GPU, skipping the budget rule.
     pub kv_memory: Option<u64>,
+    /// vLLM: what the requested memory holds besides the KV cache (the
+    /// weights, the profile run's activation peak, non-torch memory, CUDA
+    /// graphs) as a previous start measured it: its requested memory less
+    /// its `Available KV cache memory` (`--from-log`). It replaces the
+    /// weights and the estimates of the rest; the KV cache is what a
+    /// utilization leaves beside it, so a higher one adds its share of
+    /// the total. `None`: the weights and the estimates.
+    pub non_kv: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
@@ -494,11 +502,14 @@ fn vllm(launch: &Launch, model: &Model, budget: &Budget) -> Device {
     } else {
         VLLM_CUDAGRAPH_BYTES
     };
-    // What vLLM takes out of the requested memory besides the weights.
-    let kv_overhead = VLLM_PROFILE_PEAK_BYTES + graphs;
+    // What vLLM takes out of the requested memory besides the KV cache:
+    // measured by a previous start, else the weights and the estimates.
+    let not_kv = budget
+        .non_kv
+        .unwrap_or(budget.weights_per_gpu + VLLM_PROFILE_PEAK_BYTES + graphs);
     let kv = match (launch.kv_cache_memory_bytes, budget.kv_memory) {
         (Some(bytes), _) | (None, Some(bytes)) => bytes as i128,
-        (None, None) => requested as i128 - budget.weights_per_gpu as i128 - kv_overhead as i128,
+        (None, None) => requested as i128 - not_kv as i128,
     };
     // get_num_blocks: available // page_size // layers, page_size per
     // layer = block × per-layer bytes; MIN over ranks (the same here).
@@ -533,7 +544,7 @@ fn vllm(launch: &Launch, model: &Model, budget: &Budget) -> Device {
         // given).
         let needed = one_request_blocks.max(1) * block_bytes;
         let total = (budget.gpu_total as f64).max(1.0);
-        let used = (kv_overhead + budget.weights_per_gpu + needed) as f64;
+        let used = (not_kv + needed) as f64;
         let raise = (used / total * 100.0).ceil() / 100.0;
         let fixed = launch.kv_cache_memory_bytes.is_some() || budget.kv_memory.is_some();
         Start::NotEnoughMemory {

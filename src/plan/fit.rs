@@ -172,7 +172,7 @@ pub struct Holder {
 
 /// `--from-log`: what a previous start logged, and what the engine's rule
 /// predicts from the figures it logged.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Calibration {
     pub logged: Logged,
     /// Tokens the rule gives from the logged free memory and weights; `None`
@@ -264,111 +264,22 @@ pub fn evaluate(config: &PlanConfig, snapshot: Option<&Snapshot>) -> Result<Outc
         Some(path) => Some(calibrate::read_log_file(path)?),
         None => None,
     };
-    let needed = launch.gpu_count().max(1);
-
-    // The engine's GPUs: read now, or a clean hypothetical box.
-    let (gpus, hypothetical) = match (config.hypothetical, snapshot) {
-        (Some(box_), _) => {
-            if let Some(count) = box_.gpus
-                && count < needed
-            {
-                return Err(PlanError::BadValue {
-                    flag: "--gpus".to_string(),
-                    value: count.to_string(),
-                    why: format!(
-                        "the command uses {needed} GPUs (tp {} × pp {}); give at least that many",
-                        launch.tp, launch.pp
-                    ),
-                }
-                .into());
-            }
-            (Vec::new(), Some(box_))
-        }
-        (None, Some(snapshot)) => (read_gpus(&launch, snapshot)?, None),
-        (None, None) => {
-            return Err(FitError::Unreadable(
-                "no snapshot of this host was taken".to_string(),
-            ));
-        }
-    };
-    let (gpu_total, free_now, clean_free, free_source) = match hypothetical {
-        Some(box_) => {
-            let free = config
-                .overrides
-                .gpu_free
-                .unwrap_or(box_.gpu_memory.saturating_sub(engine::CUDA_CONTEXT_BYTES));
-            let source = if config.overrides.gpu_free.is_some() {
-                Source::Flag
-            } else {
-                Source::Hypothetical
-            };
-            (box_.gpu_memory, free, free, source)
-        }
-        None => {
-            let total = gpus.iter().map(|gpu| gpu.total).min().unwrap_or(0);
-            let clean = engine_free(gpus.iter().map(|gpu| gpu.clean_free));
-            match config.overrides.gpu_free {
-                Some(free) => (total, free, clean.max(free), Source::Flag),
-                None => (
-                    total,
-                    engine_free(gpus.iter().map(|gpu| gpu.free)),
-                    clean,
-                    Source::Snapshot,
-                ),
-            }
-        }
-    };
-    let (weights_per_gpu, weights_source) = match (config.overrides.weights, logged) {
-        (Some(weights), _) => (weights, Source::Flag),
-        (
-            None,
-            Some(Logged {
-                weights_per_gpu: Some(weights),
-                ..
-            }),
-        ) => (weights, Source::Log),
-        _ => match engine::weights_per_gpu(&launch, &model) {
-            Some(weights) => (weights, Source::Estimate),
-            None => {
-                return Err(PlanError::NoWeights {
-                    dir: model
-                        .config_path
-                        .parent()
-                        .map_or_else(|| model.config_path.clone(), Path::to_path_buf),
-                }
-                .into());
-            }
-        },
-    };
-    // vLLM's logged `Available KV cache memory` is its whole budget rule's
-    // answer (utilization × total less what its profile run measured).
-    let logged_kv = logged
-        .filter(|_| launch.engine == launch::Engine::Vllm)
-        .and_then(|logged| logged.kv_bytes);
-    let (kv_memory, kv_source) = match (
-        config.overrides.kv_memory.or(launch.kv_cache_memory_bytes),
-        logged_kv,
-    ) {
-        (Some(bytes), _) => (Some(bytes), Some(Source::Flag)),
-        (None, Some(bytes)) => (Some(bytes), Some(Source::Log)),
-        (None, None) => (None, None),
-    };
+    let (gpus, hypothetical) = engine_gpus(config, &launch, snapshot)?;
+    let free = free_memory(config, &gpus, hypothetical);
+    let (weights_per_gpu, weights_source) = weights(config, &launch, &model, logged)?;
+    let (kv_memory, kv_source) = kv_memory(config, &launch);
     let budget = Budget {
-        gpu_total,
-        free_at_start: free_now,
+        gpu_total: free.gpu_total,
+        free_at_start: free.now,
         weights_per_gpu,
         kv_memory,
+        non_kv: logged_non_kv(config, &launch, &model, free.gpu_total, logged),
     };
     let clean_budget = Budget {
-        free_at_start: clean_free,
+        free_at_start: free.clean,
         ..budget
     };
-    let request_tokens = config
-        .averages
-        .map(|(prompt, output)| prompt + output)
-        .filter(|&tokens| tokens > 0)
-        .or(launch.context_length)
-        .or(model.max_position);
+    let request_tokens = request_tokens(config, &launch, &model);
     let now = engine::device(&launch, &model, &budget, config.averages);
     let clean = engine::device(&launch, &model, &clean_budget, config.averages);
 
@@ -379,37 +290,8 @@ pub fn evaluate(config: &PlanConfig, snapshot: Option<&Snapshot>) -> Result<Outc
         _ => Vec::new(),
     };
     let (free_command, reset_command) = commands(&holders);
-
-    let host_memory = match launch.host_tier {
-        None => None,
-        Some(_) => match config.overrides.host_memory {
-            Some(bytes) => Some((bytes, Source::Flag)),
-            None => mem_available().map(|bytes| (bytes, Source::Meminfo)),
-        },
-    };
-    let host_tier = host_memory
-        .and_then(|(bytes, _)| engine::host_tier(&launch, &model, &clean, bytes))
-        .or_else(|| {
-            // MemAvailable unreadable: the tier's size is still the engine's.
-            launch
-                .host_tier
-                .and_then(|_| engine::host_tier(&launch, &model, &clean, 0))
-        });
-
-    let calibration = logged.map(|logged| Calibration {
-        logged,
-        predicted_tokens: logged.free_before_load.zip(logged.weights_per_gpu).map(
-            |(free, weights)| {
-                let budget = Budget {
-                    gpu_total,
-                    free_at_start: free,
-                    weights_per_gpu: weights,
-                    kv_memory,
-                };
-                engine::device(&launch, &model, &budget, None).tokens_per_rank
-            },
-        ),
-    });
+    let (host_memory, host_tier) = host(config, &launch, &model, &clean);
+    let calibration = logged.map(|logged| calibration(&launch, &model, &budget, logged));
 
     let context = levers::Context {
         launch: &launch,
@@ -436,7 +318,7 @@ pub fn evaluate(config: &PlanConfig, snapshot: Option<&Snapshot>) -> Result<Outc
         now,
         clean_budget,
         clean,
-        free_source,
+        free_source: free.source,
         weights_source,
         kv_source,
         host_tier,
@@ -450,6 +332,208 @@ pub fn evaluate(config: &PlanConfig, snapshot: Option<&Snapshot>) -> Result<Outc
         free_command,
         reset_command,
     })
+}
+
+/// The engine's GPUs read now (and no box), or a clean hypothetical box
+/// (and no GPUs): `--gpus` below what the command uses is bad input.
+fn engine_gpus(
+    config: &PlanConfig,
+    launch: &Launch,
+    snapshot: Option<&Snapshot>,
+) -> Result<(Vec<GpuFit>, Option<Hypothetical>), FitError> {
+    let needed = launch.gpu_count().max(1);
+    match (config.hypothetical, snapshot) {
+        (Some(box_), _) => {
+            if let Some(count) = box_.gpus
+                && count < needed
+            {
+                return Err(PlanError::BadValue {
+                    flag: "--gpus".to_string(),
+                    value: count.to_string(),
+                    why: format!(
+                        "the command uses {needed} GPUs (tp {} × pp {}); give at least that many",
+                        launch.tp, launch.pp
+                    ),
+                }
+                .into());
+            }
+            Ok((Vec::new(), Some(box_)))
+        }
+        (None, Some(snapshot)) => Ok((read_gpus(launch, snapshot)?, None)),
+        (None, None) => Err(FitError::Unreadable(
+            "no snapshot of this host was taken".to_string(),
+        )),
+    }
+}
+
+/// Free memory per GPU as the engine would measure it at start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FreeMemory {
+    /// The engine's total: the smallest of its GPUs, or the box's.
+    gpu_total: u64,
+    /// With the GPUs as they are now.
+    now: u64,
+    /// On clean GPUs (never less than a given `--gpu-free`).
+    clean: u64,
+    source: Source,
+}
+
+/// The free memory at start: `--gpu-free`, else the box's total less the
+/// engine's context, else the MIN over the engine's GPUs (`engine_free`).
+fn free_memory(
+    config: &PlanConfig,
+    gpus: &[GpuFit],
+    hypothetical: Option<Hypothetical>,
+) -> FreeMemory {
+    let given = config.overrides.gpu_free;
+    if let Some(box_) = hypothetical {
+        let free = given.unwrap_or(box_.gpu_memory.saturating_sub(engine::CUDA_CONTEXT_BYTES));
+        return FreeMemory {
+            gpu_total: box_.gpu_memory,
+            now: free,
+            clean: free,
+            source: given.map_or(Source::Hypothetical, |_| Source::Flag),
+        };
+    }
+    let gpu_total = gpus.iter().map(|gpu| gpu.total).min().unwrap_or(0);
+    let clean = engine_free(gpus.iter().map(|gpu| gpu.clean_free));
+    match given {
+        Some(free) => FreeMemory {
+            gpu_total,
+            now: free,
+            clean: clean.max(free),
+            source: Source::Flag,
+        },
+        None => FreeMemory {
+            gpu_total,
+            now: engine_free(gpus.iter().map(|gpu| gpu.free)),
+            clean,
+            source: Source::Snapshot,
+        },
+    }
+}
+
+/// The weights per GPU: `--weights`, else the log's, else the estimate
+/// from the checkpoint; none of them is bad input naming `--weights`.
+fn weights(
+    config: &PlanConfig,
+    launch: &Launch,
+    model: &Model,
+    logged: Option<Logged>,
+) -> Result<(u64, Source), PlanError> {
+    if let Some(weights) = config.overrides.weights {
+        return Ok((weights, Source::Flag));
+    }
+    if let Some(weights) = logged.and_then(|logged| logged.weights_per_gpu) {
+        return Ok((weights, Source::Log));
+    }
+    match engine::weights_per_gpu(launch, model) {
+        Some(weights) => Ok((weights, Source::Estimate)),
+        None => Err(PlanError::NoWeights {
+            dir: model
+                .config_path
+                .parent()
+                .map_or_else(|| model.config_path.clone(), Path::to_path_buf),
+        }),
+    }
+}
+
+/// The KV pool given instead of the budget rule: `--kv-memory`, else
+/// `--kv-cache-memory-bytes`.
+fn kv_memory(config: &PlanConfig, launch: &Launch) -> (Option<u64>, Option<Source>) {
+    match config.overrides.kv_memory.or(launch.kv_cache_memory_bytes) {
+        Some(bytes) => (Some(bytes), Some(Source::Flag)),
+        None => (None, None),
+    }
+}
+
+/// vLLM with a log (and no `--weights`): what the logged start's requested
+/// memory held besides its KV cache (`Logged::vllm_non_kv`; at the
+/// command's utilization when the log states neither what it requested
+/// nor its utilization).
+/// The logged `Available KV cache memory` is the budget rule's answer at
+/// that start's utilization only: what it fixes is the rest.
+fn logged_non_kv(
+    config: &PlanConfig,
+    launch: &Launch,
+    model: &Model,
+    gpu_total: u64,
+    logged: Option<Logged>,
+) -> Option<u64> {
+    if launch.engine != launch::Engine::Vllm || config.overrides.weights.is_some() {
+        return None;
+    }
+    let utilization = engine::mem_fraction(launch, model, gpu_total);
+    logged?.vllm_non_kv(gpu_total, utilization)
+}
+
+/// The tokens one request needs: the averages' sum, else the context
+/// length (the command's, else the model's).
+fn request_tokens(config: &PlanConfig, launch: &Launch, model: &Model) -> Option<u64> {
+    config
+        .averages
+        .map(|(prompt, output)| prompt + output)
+        .filter(|&tokens| tokens > 0)
+        .or(launch.context_length)
+        .or(model.max_position)
+}
+
+/// The host memory a host tier is checked against (`--host-memory`, else
+/// MemAvailable) and the tier, when the command enables one.
+fn host(
+    config: &PlanConfig,
+    launch: &Launch,
+    model: &Model,
+    clean: &Device,
+) -> (Option<(u64, Source)>, Option<HostTier>) {
+    let host_memory = match launch.host_tier {
+        None => None,
+        Some(_) => match config.overrides.host_memory {
+            Some(bytes) => Some((bytes, Source::Flag)),
+            None => mem_available().map(|bytes| (bytes, Source::Meminfo)),
+        },
+    };
+    let host_tier = host_memory
+        .and_then(|(bytes, _)| engine::host_tier(launch, model, clean, bytes))
+        .or_else(|| {
+            // MemAvailable unreadable: the tier's size is still the engine's.
+            launch
+                .host_tier
+                .and_then(|_| engine::host_tier(launch, model, clean, 0))
+        });
+    (host_memory, host_tier)
+}
+
+/// What the log measured, and the tokens the rule gives from the logged
+/// figures (`None` when the log lacks them): SGLang's from its free memory
+/// before load and W'; vLLM's from its KV budget, on a GPU it started on.
+fn calibration(launch: &Launch, model: &Model, budget: &Budget, logged: Logged) -> Calibration {
+    let predict = |budget: Budget| engine::device(launch, model, &budget, None).tokens_per_rank;
+    let predicted_tokens = match launch.engine {
+        launch::Engine::Sglang => {
+            logged
+                .free_before_load
+                .zip(logged.weights_per_gpu)
+                .map(|(free, weights)| {
+                    predict(Budget {
+                        free_at_start: free,
+                        weights_per_gpu: weights,
+                        ..*budget
+                    })
+                })
+        }
+        launch::Engine::Vllm => logged.kv_bytes.map(|kv| {
+            predict(Budget {
+                free_at_start: budget.gpu_total,
+                kv_memory: Some(kv),
+                ..*budget
+            })
+        }),
+    };
+    Calibration {
+        logged,
+        predicted_tokens,
+    }
 }
 
 /// The engine's GPUs, as the snapshot shows them: `Launch::gpus`, or where

@@ -842,58 +842,16 @@ fn read_flags(
             .find(|(alias, _)| *alias == name)
             .map(|(_, key)| *key);
         if let Some(key) = understood.filter(|key| UNDERSTOOD_SWITCHES.contains(key)) {
-            if let Some(value) = inline {
-                return Err(bad(written, &value, "this flag takes no value"));
-            }
-            match key {
-                "dp-attention" => launch.dp_attention = true,
-                "eager" => launch.enforce_eager = true,
-                _ => state.hierarchical_cache = true,
-            }
+            understood_switch(key, written, inline, launch, state)?;
             continue;
         }
         if understood.is_none() && inline.is_none() && is_switch(engine, &name) {
-            if name == "--no-enforce-eager" {
-                launch.enforce_eager = false;
-            } else if !SGLANG_SWITCHES.contains(&name.as_str())
-                && !VLLM_SWITCHES.contains(&name.as_str())
-            {
-                // A `--no-` form of a switch that is not understood.
-                launch.ignored.push(written.to_string());
-            } else if !is_harmless_switch(&name) {
-                launch.ignored.push(written.to_string());
-            }
+            other_switch(&name, written, launch);
             continue;
         }
-        // A flag with values: `--flag=value`, `--flag value`, or for a list
-        // flag every value up to the next flag.
-        let mut values = Vec::new();
-        if let Some(value) = inline {
-            values.push(value);
-        } else if is_list(engine, &name) {
-            while let Some(next) = argv.get(index).filter(|next| !is_flag(next)) {
-                values.push(next.clone());
-                index += 1;
-            }
-        } else if let Some(next) = argv.get(index).filter(|next| !is_flag(next)) {
-            values.push(next.clone());
-            index += 1;
-        }
+        let values = values_of(engine, &name, inline, argv, &mut index);
         match understood {
-            Some(key) => {
-                let Some(value) = values.last() else {
-                    return Err(bad(written, "", "the flag needs a value"));
-                };
-                if key == "graph-bs-list" {
-                    let mut largest = 0;
-                    for value in values.iter().flat_map(|value| value.split(',')) {
-                        largest = largest.max(whole(written, value)?);
-                    }
-                    launch.cuda_graph_max_bs = Some(largest);
-                } else {
-                    set(engine, key, written, value, launch, state)?;
-                }
-            }
+            Some(key) => set_values(engine, key, written, &values, launch, state)?,
             // HiCache's layout, transfer and storage options do not change
             // the host pool's size.
             None if HARMLESS.contains(&name.as_str()) || name.starts_with("--hicache-") => {}
@@ -904,6 +862,89 @@ fn read_flags(
         }
     }
     Ok(())
+}
+
+/// A switch `plan` reads (`UNDERSTOOD_SWITCHES`): one given a value is bad
+/// input.
+fn understood_switch(
+    key: &str,
+    written: &str,
+    inline: Option<String>,
+    launch: &mut Launch,
+    state: &mut Flags,
+) -> Result<(), PlanError> {
+    if let Some(value) = inline {
+        return Err(bad(written, &value, "this flag takes no value"));
+    }
+    match key {
+        "dp-attention" => launch.dp_attention = true,
+        "eager" => launch.enforce_eager = true,
+        _ => state.hierarchical_cache = true,
+    }
+    Ok(())
+}
+
+/// A switch of the engine's that `plan` does not read: `--no-enforce-eager`
+/// undoes `--enforce-eager`; any other that could change the answer is
+/// listed as ignored.
+fn other_switch(name: &str, written: &str, launch: &mut Launch) {
+    if name == "--no-enforce-eager" {
+        launch.enforce_eager = false;
+    } else if !SGLANG_SWITCHES.contains(&name) && !VLLM_SWITCHES.contains(&name) {
+        // A `--no-` form of a switch that is not understood.
+        launch.ignored.push(written.to_string());
+    } else if !is_harmless_switch(name) {
+        launch.ignored.push(written.to_string());
+    }
+}
+
+/// A flag's values: `--flag=value`, `--flag value`, or for a list flag
+/// every value up to the next flag; `index` moves past those taken.
+fn values_of(
+    engine: Engine,
+    name: &str,
+    inline: Option<String>,
+    argv: &[String],
+    index: &mut usize,
+) -> Vec<String> {
+    let mut values = Vec::new();
+    if let Some(value) = inline {
+        values.push(value);
+    } else if is_list(engine, name) {
+        while let Some(next) = argv.get(*index).filter(|next| !is_flag(next)) {
+            values.push(next.clone());
+            *index += 1;
+        }
+    } else if let Some(next) = argv.get(*index).filter(|next| !is_flag(next)) {
+        values.push(next.clone());
+        *index += 1;
+    }
+    values
+}
+
+/// An understood flag's values, read: the last one counts (argparse), and
+/// `--cuda-graph-bs` takes the largest of its list.
+fn set_values(
+    engine: Engine,
+    key: &str,
+    written: &str,
+    values: &[String],
+    launch: &mut Launch,
+    state: &mut Flags,
+) -> Result<(), PlanError> {
+    let Some(value) = values.last() else {
+        return Err(bad(written, "", "the flag needs a value"));
+    };
+    if key == "graph-bs-list" {
+        let mut largest = 0;
+        for value in values.iter().flat_map(|value| value.split(',')) {
+            largest = largest.max(whole(written, value)?);
+        }
+        launch.cuda_graph_max_bs = Some(largest);
+        Ok(())
+    } else {
+        set(engine, key, written, value, launch, state)
+    }
 }
 
 /// Switches that cannot change the answer.

@@ -112,8 +112,11 @@ fn changes(context: &Context) -> Vec<Change> {
     if !fp8_already {
         changes.push(Change::Fp8Kv);
     }
+    // A KV pool given (the command's `--kv-cache-memory-bytes`, plan's
+    // `--kv-memory`) skips the budget rule: no fraction moves it.
     let fraction = context.clean.mem_fraction;
-    if fraction < 0.95 && launch.kv_cache_memory_bytes.is_none() {
+    let kv_given = launch.kv_cache_memory_bytes.is_some() || context.budget.kv_memory.is_some();
+    if fraction < 0.95 && !kv_given {
         let to = ((fraction + 0.05).min(0.95) * 100.0).round() / 100.0;
         changes.push(Change::MemFraction { to });
     }
@@ -156,6 +159,7 @@ fn apply(context: &Context, changes: &[Change]) -> (Device, Launch, Budget, Stri
                     .zip(before)
                     .map_or(0, |(after, before)| after.saturating_sub(before));
                 budget.weights_per_gpu += extra;
+                budget.non_kv = budget.non_kv.map(|non_kv| non_kv + extra);
                 notes.push(format!(
                     "attention weights replicated: +{:.1} GiB per GPU (estimated from the config)",
                     extra as f64 / GIB
@@ -168,12 +172,16 @@ fn apply(context: &Context, changes: &[Change]) -> (Device, Launch, Budget, Stri
                 let count = launch.gpu_count() * tp / old;
                 launch.gpus = (0..count).collect();
                 launch.gpu_uuids.clear();
-                budget.weights_per_gpu = match (context.weights_from_estimate, weights_of(&launch))
-                {
+                let weights = match (context.weights_from_estimate, weights_of(&launch)) {
                     (true, Some(weights)) => weights,
                     // Weights given or logged: split over twice the GPUs.
                     _ => budget.weights_per_gpu * u64::from(old) / u64::from(tp),
                 };
+                // A measured non-KV part keeps what is not weights.
+                budget.non_kv = budget
+                    .non_kv
+                    .map(|non_kv| non_kv.saturating_sub(budget.weights_per_gpu) + weights);
+                budget.weights_per_gpu = weights;
             }
         }
     }
@@ -334,7 +342,8 @@ pub fn demand(context: &Context, levers: &[Lever], wanted: u64) -> Demand {
 /// The GPU memory each GPU would need for `wanted` requests of `request`
 /// tokens at this launch's TP, KV dtype and fraction: solved from the
 /// engine's rule, `f × free − weights = KV` (SGLang) or
-/// `util × total − weights = KV` (vLLM), the free memory taken as the total.
+/// `util × total − weights = KV` (vLLM; a logged start's whole non-KV part
+/// in place of the weights), the free memory taken as the total.
 fn gpu_memory_for(context: &Context, wanted: u64, request: u64) -> Option<u64> {
     let clean = context.clean;
     let ranks = u64::from(clean.ranks.max(1));
@@ -348,5 +357,9 @@ fn gpu_memory_for(context: &Context, wanted: u64, request: u64) -> Option<u64> {
         .budget
         .gpu_total
         .saturating_sub(context.budget.free_at_start) as f64;
-    Some(((kv + context.budget.weights_per_gpu as f64) / fraction + slack) as u64)
+    let not_kv = context
+        .budget
+        .non_kv
+        .unwrap_or(context.budget.weights_per_gpu);
+    Some(((kv + not_kv as f64) / fraction + slack) as u64)
 }

@@ -384,124 +384,26 @@ pub fn parse_config(path: &Path, config: &serde_json::Value) -> Result<Model, Pl
     if !config.is_object() {
         return Err(unreadable(path, "not a JSON object"));
     }
-    let architectures: Vec<&str> = config
-        .get("architectures")
-        .and_then(serde_json::Value::as_array)
-        .map(|list| list.iter().filter_map(serde_json::Value::as_str).collect())
-        .unwrap_or_default();
-    let Some(architecture) = architectures.first().map(|name| name.to_string()) else {
-        return Err(PlanError::MissingField {
-            path: path.to_path_buf(),
-            field: "architectures",
-        });
-    };
-    if let Some(hybrid) = architectures.iter().find(|name| HYBRID.contains(name)) {
-        return Err(PlanError::UnknownArchitecture(format!(
-            "{hybrid} (hybrid, sliding-window or sparse attention: its KV pools follow rules gpureap plan does not model)"
-        )));
-    }
+    let architectures = architectures(path, config)?;
+    let architecture = architectures[0].to_string();
     let text = config
         .get("text_config")
         .filter(|text| text.is_object())
         .unwrap_or(config);
-    let missing = |field: &'static str| PlanError::MissingField {
+    let layers = u64_field(text, "num_hidden_layers").ok_or_else(|| PlanError::MissingField {
         path: path.to_path_buf(),
-        field,
-    };
-    let need = |field: &'static str| u64_field(text, field).ok_or_else(|| missing(field));
-    let layers = need("num_hidden_layers")?;
-    let kv_lora_rank = u64_field(text, "kv_lora_rank");
-    let in_list = |list: &[&str]| architectures.iter().any(|name| list.contains(name));
-    let sglang_mla = kv_lora_rank.is_some()
-        && in_list(SGLANG_MLA)
-        && !(architectures.contains(&"DeepseekVL2ForCausalLM")
-            && text.get("use_mla").and_then(serde_json::Value::as_bool) == Some(false));
-    let text_type = text
-        .get("model_type")
-        .and_then(serde_json::Value::as_str)
-        .unwrap_or("");
-    let vllm_mla = kv_lora_rank.is_some() && VLLM_MLA.contains(&text_type);
-    let mla = match kv_lora_rank {
-        Some(kv_lora_rank) if sglang_mla || vllm_mla => Some(Attention::Mla {
-            kv_lora_rank,
-            qk_rope_head_dim: need("qk_rope_head_dim")?,
-        }),
-        _ => None,
-    };
-    // MHA/GQA: needed unless both engines read the model as MLA.
-    let mha = if sglang_mla && vllm_mla {
-        None
-    } else {
-        match (
-            u64_field(text, "num_attention_heads"),
-            u64_field(text, "hidden_size"),
-        ) {
-            (Some(heads), hidden) if heads > 0 => {
-                let head_dim = match u64_field(text, "head_dim") {
-                    Some(dim) => dim,
-                    None => hidden.ok_or_else(|| missing("hidden_size"))? / heads,
-                };
-                if head_dim == 0 {
-                    return Err(missing("head_dim"));
-                }
-                Some(Attention::Mha {
-                    kv_heads: u64_field(text, "num_key_value_heads")
-                        .unwrap_or(heads)
-                        .max(1),
-                    head_dim,
-                    v_head_dim: u64_field(text, "v_head_dim").unwrap_or(head_dim),
-                })
-            }
-            _ if mla.is_none() => {
-                return Err(PlanError::UnknownArchitecture(format!(
-                    "{architecture} (its config has neither kv_lora_rank nor num_attention_heads)"
-                )));
-            }
-            _ => None,
-        }
-    };
-    let pick = |is_mla: bool| match (is_mla, mla, mha) {
-        (true, Some(mla), _) => Ok(mla),
-        (false, _, Some(mha)) => Ok(mha),
-        _ => Err(missing("num_attention_heads")),
-    };
-    let attention = pick(sglang_mla)?;
-    let attention_vllm = pick(vllm_mla)?;
-    let dtype = text
-        .get("torch_dtype")
-        .or_else(|| text.get("dtype"))
-        .or_else(|| config.get("torch_dtype"))
-        .or_else(|| config.get("dtype"))
-        .and_then(serde_json::Value::as_str)
-        .unwrap_or("bfloat16");
-    let dtype_bytes = match dtype {
-        "bfloat16" | "float16" | "half" | "float32" | "float" => 2,
-        other => {
-            return Err(PlanError::UnknownArchitecture(format!(
-                "{architecture} (model dtype {other:?})"
-            )));
-        }
-    };
+        field: "num_hidden_layers",
+    })?;
+    let (attention, attention_vllm) = attentions(path, text, &architectures)?;
+    let dtype_bytes = dtype_bytes(config, text, &architecture)?;
     let quant = text
         .get("quantization_config")
         .or_else(|| config.get("quantization_config"));
     let kv_fp8_from_quant = quant.is_some_and(modelopt_kv_fp8);
-    let multimodal = in_list(SGLANG_MULTIMODAL);
-    let vision = config
-        .get("vision_config")
-        .filter(|vision| vision.is_object())
-        .map(|vision| {
-            // SGLang reads the config object, whose class fills absent
-            // fields: Kimi-K2.5's vision config defaults to 27 × 1152.
-            let (layers, hidden) = match architecture.as_str() {
-                "KimiK25ForConditionalGeneration" => (27, 1152),
-                _ => (24, 1024),
-            };
-            (
-                u64_field(vision, "num_hidden_layers").unwrap_or(layers),
-                u64_field(vision, "hidden_size").unwrap_or(hidden),
-            )
-        });
+    let multimodal = architectures
+        .iter()
+        .any(|name| SGLANG_MULTIMODAL.contains(name));
+    let vision = vision(config, &architecture);
     let (attention_bytes, replicated_bytes) = attention_weights(text, attention, layers);
     Ok(Model {
         config_path: path.to_path_buf(),
@@ -519,6 +421,157 @@ pub fn parse_config(path: &Path, config: &serde_json::Value) -> Result<Model, Pl
         attention_bytes,
         replicated_bytes,
     })
+}
+
+/// The config's `architectures`, at least one; a hybrid one (whose KV
+/// pools follow other rules) is refused.
+fn architectures<'a>(
+    path: &Path,
+    config: &'a serde_json::Value,
+) -> Result<Vec<&'a str>, PlanError> {
+    let architectures: Vec<&str> = config
+        .get("architectures")
+        .and_then(serde_json::Value::as_array)
+        .map(|list| list.iter().filter_map(serde_json::Value::as_str).collect())
+        .unwrap_or_default();
+    if architectures.is_empty() {
+        return Err(PlanError::MissingField {
+            path: path.to_path_buf(),
+            field: "architectures",
+        });
+    }
+    if let Some(hybrid) = architectures.iter().find(|name| HYBRID.contains(name)) {
+        return Err(PlanError::UnknownArchitecture(format!(
+            "{hybrid} (hybrid, sliding-window or sparse attention: its KV pools follow rules gpureap plan does not model)"
+        )));
+    }
+    Ok(architectures)
+}
+
+/// The attention as SGLang reads the model, and as vLLM does: MLA where
+/// the engine's list of MLA models has it and the config has
+/// `kv_lora_rank`, else MHA/GQA from the head fields.
+fn attentions(
+    path: &Path,
+    text: &serde_json::Value,
+    architectures: &[&str],
+) -> Result<(Attention, Attention), PlanError> {
+    let missing = |field: &'static str| PlanError::MissingField {
+        path: path.to_path_buf(),
+        field,
+    };
+    let kv_lora_rank = u64_field(text, "kv_lora_rank");
+    let sglang_mla = kv_lora_rank.is_some()
+        && architectures.iter().any(|name| SGLANG_MLA.contains(name))
+        && !(architectures.contains(&"DeepseekVL2ForCausalLM")
+            && text.get("use_mla").and_then(serde_json::Value::as_bool) == Some(false));
+    let text_type = text
+        .get("model_type")
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or("");
+    let vllm_mla = kv_lora_rank.is_some() && VLLM_MLA.contains(&text_type);
+    let mla = match kv_lora_rank {
+        Some(kv_lora_rank) if sglang_mla || vllm_mla => Some(Attention::Mla {
+            kv_lora_rank,
+            qk_rope_head_dim: u64_field(text, "qk_rope_head_dim")
+                .ok_or_else(|| missing("qk_rope_head_dim"))?,
+        }),
+        _ => None,
+    };
+    // MHA/GQA: needed unless both engines read the model as MLA.
+    let mha = if sglang_mla && vllm_mla {
+        None
+    } else {
+        mha(path, text, architectures[0], mla.is_some())?
+    };
+    let pick = |is_mla: bool| match (is_mla, mla, mha) {
+        (true, Some(mla), _) => Ok(mla),
+        (false, _, Some(mha)) => Ok(mha),
+        _ => Err(missing("num_attention_heads")),
+    };
+    Ok((pick(sglang_mla)?, pick(vllm_mla)?))
+}
+
+/// MHA/GQA from `num_attention_heads`, `num_key_value_heads` (else every
+/// head), `head_dim` (else hidden ÷ heads) and `v_head_dim` (else
+/// `head_dim`); `None` without heads where MLA is read instead.
+fn mha(
+    path: &Path,
+    text: &serde_json::Value,
+    architecture: &str,
+    has_mla: bool,
+) -> Result<Option<Attention>, PlanError> {
+    let missing = |field: &'static str| PlanError::MissingField {
+        path: path.to_path_buf(),
+        field,
+    };
+    match (
+        u64_field(text, "num_attention_heads"),
+        u64_field(text, "hidden_size"),
+    ) {
+        (Some(heads), hidden) if heads > 0 => {
+            let head_dim = match u64_field(text, "head_dim") {
+                Some(dim) => dim,
+                None => hidden.ok_or_else(|| missing("hidden_size"))? / heads,
+            };
+            if head_dim == 0 {
+                return Err(missing("head_dim"));
+            }
+            Ok(Some(Attention::Mha {
+                kv_heads: u64_field(text, "num_key_value_heads")
+                    .unwrap_or(heads)
+                    .max(1),
+                head_dim,
+                v_head_dim: u64_field(text, "v_head_dim").unwrap_or(head_dim),
+            }))
+        }
+        _ if !has_mla => Err(PlanError::UnknownArchitecture(format!(
+            "{architecture} (its config has neither kv_lora_rank nor num_attention_heads)"
+        ))),
+        _ => Ok(None),
+    }
+}
+
+/// The model dtype's bytes (`torch_dtype` or `dtype`, the text config's
+/// first; bfloat16 when absent).
+fn dtype_bytes(
+    config: &serde_json::Value,
+    text: &serde_json::Value,
+    architecture: &str,
+) -> Result<u64, PlanError> {
+    let dtype = text
+        .get("torch_dtype")
+        .or_else(|| text.get("dtype"))
+        .or_else(|| config.get("torch_dtype"))
+        .or_else(|| config.get("dtype"))
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or("bfloat16");
+    match dtype {
+        "bfloat16" | "float16" | "half" | "float32" | "float" => Ok(2),
+        other => Err(PlanError::UnknownArchitecture(format!(
+            "{architecture} (model dtype {other:?})"
+        ))),
+    }
+}
+
+/// The vision tower's (layers, hidden size), for SGLang's VLM fraction
+/// factor; `None` without a `vision_config`.
+fn vision(config: &serde_json::Value, architecture: &str) -> Option<(u64, u64)> {
+    config
+        .get("vision_config")
+        .filter(|vision| vision.is_object())
+        .map(|vision| {
+            // SGLang reads the config object, whose class fills absent
+            // fields: Kimi-K2.5's vision config defaults to 27 × 1152.
+            let (layers, hidden) = match architecture {
+                "KimiK25ForConditionalGeneration" => (27, 1152),
+                _ => (24, 1024),
+            };
+            (
+                u64_field(vision, "num_hidden_layers").unwrap_or(layers),
+                u64_field(vision, "hidden_size").unwrap_or(hidden),
+            )
+        })
 }
 
 /// ESTIMATE (see `Model::attention_bytes`): (attention bytes, replicated

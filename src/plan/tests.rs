@@ -5,6 +5,7 @@
 use super::PlanError;
 use super::calibrate::{self, Logged};
 use super::engine::{self, Budget, Start};
+use super::fit;
 use super::launch::{self, Engine, HostTierRequest, KvDtype, Launch};
 use super::model::{self, Attention, Model};
 use std::collections::BTreeMap;
@@ -651,6 +652,7 @@ fn sglang_budget(total_mib: u64, free_gib: f64, after_load_gib: f64) -> Budget {
         free_at_start: gib(free_gib),
         weights_per_gpu: gib(free_gib) - gib(after_load_gib),
         kv_memory: None,
+        non_kv: None,
     }
 }
 
@@ -725,6 +727,7 @@ fn sglang_tokens_u5_to_u8() {
         free_at_start: gib(94.58),
         weights_per_gpu: 0,
         kv_memory: Some(115_982 * 70_272 + 100),
+        non_kv: None,
     };
     let paged = engine::device(&flashmla, &kimi, &budget, None);
     assert_eq!(paged.page_size, 64);
@@ -846,6 +849,7 @@ fn vllm_budget_is_utilization_of_total_and_refuses_short_free_memory() {
         free_at_start: total - GIB,
         weights_per_gpu: weights,
         kv_memory: None,
+        non_kv: None,
     };
     let device = engine::device(&launch, &llama, &budget, None);
     // requested = ceil(total × 0.92) (the 0.26.0 default); available_kv =
@@ -924,6 +928,7 @@ fn vllm_refuses_a_pool_smaller_than_one_full_length_request() {
         free_at_start: total - GIB,
         weights_per_gpu: gib(14.96),
         kv_memory: None,
+        non_kv: None,
     };
     let requested = (total as f64 * 0.92).ceil() as u64;
     let overhead = engine::VLLM_PROFILE_PEAK_BYTES + engine::VLLM_CUDAGRAPH_BYTES;
@@ -984,6 +989,7 @@ fn host_tier_u9_u10_and_vllm_offload() {
         free_at_start: gib(94.58),
         weights_per_gpu: 0,
         kv_memory: Some(115_982 * 70_272),
+        non_kv: None,
     };
     // U9: --hicache-size 37: 37e9 // 70,272 = 526,525; (size // 1 + 1) × 1 = 526,526 per rank.
     let launch = parse(
@@ -1055,6 +1061,8 @@ fn sglang_log_gives_the_last_complete_start() {
             free_before_load: Some(gib(94.58)),
             tokens: Some(114_913),
             kv_bytes: Some(gib(7.52)),
+            requested: None,
+            utilization: None,
             engine: Some(Engine::Sglang),
         }
     );
@@ -1063,8 +1071,9 @@ fn sglang_log_gives_the_last_complete_start() {
         free_at_start: 0,
         weights_per_gpu: 0,
         kv_memory: None,
+        non_kv: None,
     };
-    logged.calibrate(Engine::Sglang, &mut budget);
+    logged.calibrate(Engine::Sglang, 0.85, &mut budget);
     assert_eq!(
         (budget.free_at_start, budget.weights_per_gpu),
         (gib(94.58), gib(72.88))
@@ -1093,6 +1102,8 @@ fn vllm_log_reads_gib_and_thousands_separators() {
             free_before_load: None,
             tokens: Some(472_768),
             kv_bytes: Some(gib(36.07)),
+            requested: None,
+            utilization: None,
             engine: Some(Engine::Vllm),
         }
     );
@@ -1101,9 +1112,38 @@ fn vllm_log_reads_gib_and_thousands_separators() {
         free_at_start: 80 * GIB,
         weights_per_gpu: 0,
         kv_memory: None,
+        non_kv: None,
     };
-    logged.calibrate(Engine::Vllm, &mut budget);
-    assert_eq!(budget.kv_memory, Some(gib(36.07)));
+    // The logged KV budget was the rule's answer at that start's
+    // utilization: what it measured is the rest of the requested memory
+    // (here not logged: the utilization's share of the total).
+    logged.calibrate(Engine::Vllm, 0.9, &mut budget);
+    assert_eq!(budget.kv_memory, None);
+    let requested = (0.9 * (81_559 * MIB) as f64).ceil() as u64;
+    assert_eq!(budget.non_kv, Some(requested - gib(36.07)));
+    assert_eq!(budget.weights_per_gpu, gib(32.95));
+    // vLLM 0.26.0 says what it requested; over ranks, the largest.
+    let stated = calibrate::read_log(&format!(
+        "{log}(Worker_TP0 pid=11) INFO 07-01 10:00:31 [gpu_worker.py:857] Free memory on device (79.10/79.65 GiB) on startup. Desired GPU memory utilization is (0.9, 71.68 GiB). Actual usage is 32.9 GiB for weight\n\
+         (Worker_TP1 pid=12) INFO 07-01 10:00:31 [gpu_worker.py:857] Free memory on device (79.10/79.65 GiB) on startup. Desired GPU memory utilization is (0.9, 71.69 GiB). Actual usage is 32.95 GiB for weight\n"
+    ));
+    assert_eq!(stated.requested, Some(gib(71.69)));
+    assert_eq!(stated.tokens, Some(472_768));
+    assert_eq!(stated.vllm_non_kv(0, 0.0), Some(gib(71.69) - gib(36.07)));
+    // Where it does not say so, the utilization its front end was given
+    // (and the command's, where that is not said either).
+    let args = "(APIServer pid=9) INFO 07-01 09:59:00 [api_utils.py:273] non-default args: \
+                {'model': '/m', 'gpu_memory_utilization': 0.85, 'max_model_len': 8192}\n";
+    let given = calibrate::read_log(&format!("{args}{log}"));
+    assert_eq!(given.utilization, Some(0.85));
+    let total = 81_559 * MIB;
+    let at = |utilization: f64| (total as f64 * utilization).ceil() as u64;
+    assert_eq!(given.vllm_non_kv(total, 0.5), Some(at(0.85) - gib(36.07)));
+    assert_eq!(logged.vllm_non_kv(total, 0.5), Some(at(0.5) - gib(36.07)));
+    // A second start's arguments are its own, not the first start's (the
+    // last complete start is the one read).
+    let two = calibrate::read_log(&format!("{args}{log}{}", args.replace("0.85", "0.6")));
+    assert_eq!((two.utilization, two.tokens), (Some(0.85), Some(472_768)));
     // The new model runner's wording.
     let new = calibrate::read_log(
         "INFO [model_runner.py:306] Model loading took 4.5 GiB and 3.2 seconds",
@@ -1150,4 +1190,352 @@ fn a_log_file_is_read_from_its_tail_only() {
         calibrate::read_log_file(dir.path()),
         Err(PlanError::Unreadable { .. })
     ));
+}
+
+// ------------------------------------------------------- from-log levers
+
+/// `plan --gpu-memory SIZE -- COMMAND`, as the CLI builds it.
+fn on_box(command: &str, gpu_memory: u64) -> fit::PlanConfig {
+    fit::PlanConfig {
+        command: argv(command),
+        env: no_env(),
+        averages: None,
+        concurrency: None,
+        hypothetical: Some(fit::Hypothetical {
+            gpu_memory,
+            gpus: None,
+        }),
+        overrides: fit::Overrides::default(),
+        from_log: None,
+        model_config: None,
+        json: false,
+    }
+}
+
+/// `plan --gpu-memory SIZE --from-log LOG -- COMMAND`.
+fn from_log(command: &str, gpu_memory: u64, log: &Path) -> fit::Outcome {
+    let config = fit::PlanConfig {
+        from_log: Some(log.to_path_buf()),
+        ..on_box(command, gpu_memory)
+    };
+    fit::evaluate(&config, None).expect(command)
+}
+
+fn lever<'a>(outcome: &'a fit::Outcome, name: &str) -> &'a super::levers::Lever {
+    outcome
+        .levers
+        .iter()
+        .find(|lever| lever.name == name)
+        .unwrap_or_else(|| panic!("no {name} lever: {:?}", outcome.levers))
+}
+
+/// A real vLLM 0.26.0 start on an H200 (Llama-3.1-8B, dummy weights,
+/// `--gpu-memory-utilization 0.5 --max-model-len 8192 --enforce-eager`;
+/// the lines kept in tests/fixtures/logs/) logged its whole KV budget,
+/// `Available KV cache memory: 53.8 GiB`. What that fixes is the rest of
+/// the memory it requested (`Desired GPU memory utilization is (0.5, 69.9
+/// GiB)`): 69.9 − 53.8 GiB (15.0 GiB of weights, 0.88 of activation peak,
+/// 0.22 non-torch, no graphs). A higher utilization adds its share of the
+/// total as KV; the same command at vLLM's default 0.92 logged 921,696
+/// tokens on the same GPU.
+#[test]
+fn a_vllm_log_fixes_what_is_not_kv_so_a_higher_utilization_adds_kv() {
+    let log = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/logs/vllm-0.26.0-llama-3.1-8b-u05.log");
+    // What CUDA counts on an H200 (the log's 139.8 GiB): nvidia-smi's
+    // 143,771 MiB less the 615 MiB the driver reserves.
+    let total = 143_156 * MIB;
+    let command = |utilization: &str| {
+        format!(
+            "python3 -m vllm.entrypoints.openai.api_server --model {} --load-format dummy \
+             --skip-tokenizer-init {utilization} --max-model-len 8192 --enforce-eager",
+            fixture("llama-3.1-8b").display()
+        )
+    };
+    // Llama-3.1-8B at TP1: 8 KV heads × (128 + 128) × 32 layers × 2 bytes
+    // a token, blocks of 16 (FLASH_ATTN on Hopper).
+    let block_bytes = 16 * 8 * (128 + 128) * 32 * 2;
+    let requested = |utilization: f64| (utilization * total as f64).ceil() as u64;
+    let not_kv = gib(69.9) - gib(53.8);
+    let tokens_at = |utilization: f64| (requested(utilization) - not_kv) / block_bytes * 16;
+
+    let half = from_log(&command("--gpu-memory-utilization 0.5"), total, &log);
+    assert_eq!(half.now.tokens_per_rank, tokens_at(0.5));
+    // The engine's own count at 0.5, within the log's rounding (0.01 GiB).
+    assert!(
+        tokens_at(0.5).abs_diff(440_688) <= 2 * 16,
+        "{}",
+        tokens_at(0.5)
+    );
+    // The log's own figures predict its count: 53.8 GiB in 2 MiB blocks.
+    let calibration = half.calibration.expect("calibration");
+    assert_eq!(calibration.logged.tokens, Some(440_688));
+    assert_eq!(
+        calibration.predicted_tokens,
+        Some(gib(53.8) / block_bytes * 16)
+    );
+    let higher = lever(&half, "mem_fraction");
+    assert_eq!(higher.how, "--gpu-memory-utilization 0.55");
+    assert_eq!(
+        higher.tokens_per_rank,
+        tokens_at(0.55),
+        "0.05 more of {total} bytes is KV: {higher:?}"
+    );
+
+    // The same server at the default utilization, planned from the 0.5
+    // log: the real start at 0.92 logged 921,696 tokens.
+    let default = from_log(&command(""), total, &log);
+    assert_eq!(default.now.mem_fraction, 0.92);
+    assert_eq!(default.now.tokens_per_rank, tokens_at(0.92));
+    assert!(
+        default.now.tokens_per_rank.abs_diff(921_696) <= 2 * 16,
+        "planned {} against 921,696 logged",
+        default.now.tokens_per_rank
+    );
+
+    // A log that does not say what it requested: the utilization its
+    // front end was given (0.5) of the total.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let older = dir.path().join("vllm.log");
+    let text = std::fs::read_to_string(&log).expect("fixture");
+    let kept: Vec<&str> = text
+        .lines()
+        .filter(|line| !line.contains("Desired GPU memory utilization"))
+        .collect();
+    std::fs::write(&older, kept.join("\n")).expect("log");
+    let not_kv = requested(0.5) - gib(53.8);
+    let from_older = from_log(&command(""), total, &older);
+    assert_eq!(
+        from_older.now.tokens_per_rank,
+        (requested(0.92) - not_kv) / block_bytes * 16
+    );
+    assert!(from_older.now.tokens_per_rank.abs_diff(921_696) <= 2 * 16);
+}
+
+/// The same shape for SGLang: its log gives W' (`Load weight end … mem
+/// usage`), the free memory stays the GPU's, and a higher fraction gives
+/// `f × F0 − W'` more.
+#[test]
+fn an_sglang_log_fixes_the_weights_so_a_higher_fraction_adds_kv() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("sglang.log");
+    std::fs::write(
+        &log,
+        "[2026-12-01 10:00:01 TP0] Load weight begin. avail mem=78.50 GB\n\
+         [2026-12-01 10:00:31 TP0] Load weight end. elapsed=30.1 s, type=LlamaForCausalLM, dtype=torch.bfloat16, avail mem=62.50 GB, mem usage=16.00 GB.\n\
+         [2026-12-01 10:00:32 TP0] KV Cache is allocated. #tokens: 411152, K size: 25.09 GB, V size: 25.09 GB\n",
+    )
+    .expect("log");
+    let command = format!(
+        "python3 -m sglang.launch_server --model-path {} --mem-fraction-static 0.85",
+        fixture("llama-3.1-8b").display()
+    );
+    let outcome = from_log(&command, 80 * GIB, &log);
+    assert_eq!(outcome.budget.weights_per_gpu, 16 * GIB);
+    // F0: the clean 80 GiB GPU less the engine's CUDA context.
+    let free = (80 * GIB - engine::CUDA_CONTEXT_BYTES) as f64 / GIB as f64;
+    let cell = 8 * (128 + 128) * 32 * 2;
+    let tokens_at = |fraction: f64| {
+        let rest = (free - 16.0) - free * (1.0 - fraction);
+        (rest * GIB as f64) as u64 / cell
+    };
+    assert_eq!(outcome.now.tokens_per_rank, tokens_at(0.85));
+    let higher = lever(&outcome, "mem_fraction");
+    assert_eq!(higher.how, "--mem-fraction-static 0.9");
+    assert_eq!(higher.tokens_per_rank, tokens_at(0.90), "{higher:?}");
+    assert!(higher.tokens_per_rank > outcome.now.tokens_per_rank);
+}
+
+/// A KV pool given to plan (`--kv-memory`) skips the budget rule as the
+/// command's `--kv-cache-memory-bytes` does: no fraction lever is offered
+/// that could not move it.
+#[test]
+fn a_given_kv_pool_offers_no_fraction_lever() {
+    let sglang = format!(
+        "python3 -m sglang.launch_server --model-path {} --mem-fraction-static 0.85",
+        fixture("llama-3.1-8b").display()
+    );
+    let vllm = format!(
+        "vllm serve {} --gpu-memory-utilization 0.5 --max-model-len 8192",
+        fixture("llama-3.1-8b").display()
+    );
+    for command in [&sglang, &vllm] {
+        let plain = fit::evaluate(&on_box(command, 80 * GIB), None).expect("plan");
+        assert!(lever(&plain, "mem_fraction").tokens_per_rank > plain.clean.tokens_per_rank);
+        let mut config = on_box(command, 80 * GIB);
+        config.overrides.kv_memory = Some(40 * GIB);
+        let given = fit::evaluate(&config, None).expect("plan");
+        assert_eq!(given.clean.kv_bytes_per_rank, 40 * GIB);
+        let names: Vec<&str> = given.levers.iter().map(|lever| lever.name).collect();
+        assert!(
+            !names.contains(&"mem_fraction"),
+            "{command}: {:?}",
+            given.levers
+        );
+    }
+}
+
+// ------------------------------------------------------ evaluate's steps
+
+/// Each step of the budget takes the flag first, then the log, then the
+/// estimate, and says which it took; the box must have the GPUs the
+/// command uses; without a box, GPUs must have been read.
+#[test]
+fn evaluate_takes_each_step_from_the_flag_then_the_log_then_the_estimate() {
+    let llama = fixture("llama-3.1-8b");
+    let command = format!("vllm serve {} -tp 2 --max-model-len 8192", llama.display());
+    let estimate = fit::evaluate(&on_box(&command, 80 * GIB), None).expect("plan");
+    assert_eq!(
+        (
+            estimate.free_source,
+            estimate.weights_source,
+            estimate.kv_source
+        ),
+        (fit::Source::Hypothetical, fit::Source::Estimate, None)
+    );
+    assert_eq!(
+        estimate.budget.free_at_start,
+        80 * GIB - engine::CUDA_CONTEXT_BYTES
+    );
+    assert_eq!(
+        estimate.budget.free_at_start,
+        estimate.clean_budget.free_at_start
+    );
+    assert_eq!(
+        Some(estimate.budget.weights_per_gpu),
+        engine::weights_per_gpu(&estimate.launch, &estimate.model)
+    );
+    // Without averages a request is the context length; with them, their sum.
+    assert_eq!(estimate.request_tokens, Some(8192));
+    assert!(estimate.host_tier.is_none() && estimate.host_memory.is_none());
+
+    let mut config = on_box(&format!("{command} --kv-offloading-size 64"), 80 * GIB);
+    config.averages = Some((1000, 500));
+    config.overrides = fit::Overrides {
+        gpu_free: Some(70 * GIB),
+        weights: Some(9 * GIB),
+        kv_memory: Some(40 * GIB),
+        host_memory: Some(200 * GIB),
+    };
+    let given = fit::evaluate(&config, None).expect("plan");
+    assert_eq!(
+        (given.free_source, given.weights_source, given.kv_source),
+        (
+            fit::Source::Flag,
+            fit::Source::Flag,
+            Some(fit::Source::Flag)
+        )
+    );
+    assert_eq!(
+        (
+            given.budget.free_at_start,
+            given.budget.weights_per_gpu,
+            given.budget.kv_memory
+        ),
+        (70 * GIB, 9 * GIB, Some(40 * GIB))
+    );
+    assert_eq!(given.request_tokens, Some(1500));
+    assert_eq!(given.host_memory, Some((200 * GIB, fit::Source::Flag)));
+    let tier = given.host_tier.expect("the offload tier");
+    assert_eq!(tier.budget, 200 * GIB - engine::HOST_GUARD_BYTES);
+
+    // A box with fewer GPUs than the command uses, and no GPUs read at all.
+    let mut small = on_box(&command, 80 * GIB);
+    small.hypothetical = Some(fit::Hypothetical {
+        gpu_memory: 80 * GIB,
+        gpus: Some(1),
+    });
+    assert!(matches!(
+        fit::evaluate(&small, None),
+        Err(fit::FitError::Input(PlanError::BadValue { flag, .. })) if flag == "--gpus"
+    ));
+    let unread = fit::PlanConfig {
+        hypothetical: None,
+        ..on_box(&command, 80 * GIB)
+    };
+    assert!(matches!(
+        fit::evaluate(&unread, None),
+        Err(fit::FitError::Unreadable(_))
+    ));
+    // A checkpoint with nothing to size the weights from names --weights.
+    let kimi = format!(
+        "python3 -m sglang.launch_server --model-path {} --tp 8",
+        fixture("kimi-k2.5").display()
+    );
+    let error = fit::evaluate(&on_box(&kimi, 141 * GIB), None).expect_err("no weights");
+    assert!(
+        matches!(&error, fit::FitError::Input(PlanError::NoWeights { .. }))
+            && error.to_string().contains("--weights"),
+        "{error}"
+    );
+}
+
+/// The switches plan reads and the `--no-` forms of vLLM's: the last one
+/// written wins, a `--no-` form plan does not read is listed as ignored.
+#[test]
+fn vllm_no_forms_undo_or_are_listed() {
+    let undone = parse("vllm serve m --enforce-eager --no-enforce-eager --trust-remote-code");
+    assert!(!undone.enforce_eager);
+    assert!(undone.ignored.is_empty(), "{:?}", undone.ignored);
+    let listed = parse("vllm serve m --no-async-scheduling --no-enforce-eager --enforce-eager");
+    assert!(listed.enforce_eager);
+    assert_eq!(listed.ignored, vec!["--no-async-scheduling"]);
+}
+
+/// The config's steps each name what they lack: MLA without its rope
+/// width, heads without a head size, an unknown dtype; DeepSeek-VL2 with
+/// `use_mla: false` is read as MHA by SGLang.
+#[test]
+fn config_steps_name_what_they_lack() {
+    let parse_json = |text: &str| {
+        let value: serde_json::Value = serde_json::from_str(text).expect("json");
+        model::parse_config(Path::new("config.json"), &value)
+    };
+    let missing = |text: &str| match parse_json(text) {
+        Err(PlanError::MissingField { field, .. }) => field,
+        other => panic!("{text}: {other:?}"),
+    };
+    assert_eq!(
+        missing(
+            r#"{"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+                "num_hidden_layers": 61, "kv_lora_rank": 512}"#
+        ),
+        "qk_rope_head_dim"
+    );
+    assert_eq!(
+        missing(
+            r#"{"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "num_attention_heads": 8}"#
+        ),
+        "hidden_size"
+    );
+    assert_eq!(
+        missing(
+            r#"{"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "num_attention_heads": 8, "head_dim": 0}"#
+        ),
+        "head_dim"
+    );
+    let dtype = parse_json(
+        r#"{"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "num_attention_heads": 8,
+            "hidden_size": 1024, "torch_dtype": "float8_e4m3fn"}"#,
+    );
+    assert!(
+        matches!(&dtype, Err(PlanError::UnknownArchitecture(what)) if what.contains("float8_e4m3fn")),
+        "{dtype:?}"
+    );
+    let vl2 = parse_json(
+        r#"{"architectures": ["DeepseekVL2ForCausalLM"], "num_hidden_layers": 12, "kv_lora_rank": 512,
+            "qk_rope_head_dim": 64, "use_mla": false, "num_attention_heads": 10, "hidden_size": 1280,
+            "vision_config": {"layers": 27}}"#,
+    )
+    .expect("DeepSeek-VL2");
+    assert_eq!(
+        vl2.attention,
+        Attention::Mha {
+            kv_heads: 10,
+            head_dim: 128,
+            v_head_dim: 128
+        }
+    );
+    // Its vision config names no layers or width: the class's defaults.
+    assert_eq!(vl2.vision, Some((24, 1024)));
 }
