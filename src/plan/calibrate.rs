@@ -242,74 +242,7 @@ pub fn read_log(text: &str) -> Logged {
             }
             seen.push(event);
         }
-        if line.contains("Load weight begin.") {
-            current.engine = Some(Engine::Sglang);
-            if let Some(free) = number_after(&line, "avail mem=") {
-                let free = gib(free);
-                current.free_before_load =
-                    Some(current.free_before_load.map_or(free, |f| f.min(free)));
-            }
-        } else if sglang_load {
-            current.engine = Some(Engine::Sglang);
-            let usage = number_after(&line, "mem usage=");
-            let avail = number_after(&line, "avail mem=");
-            if let Some(usage) = usage {
-                let usage = gib(usage);
-                current.weights_per_gpu =
-                    Some(current.weights_per_gpu.map_or(usage, |w| w.max(usage)));
-            }
-            if let (Some(usage), Some(avail), None) = (usage, avail, current.free_before_load) {
-                current.free_before_load = Some(gib(usage + avail));
-            }
-        } else if vllm_load {
-            current.engine = Some(Engine::Vllm);
-            if let Some(weights) = number_after(&line, "Model loading took") {
-                let weights = gib(weights);
-                current.weights_per_gpu =
-                    Some(current.weights_per_gpu.map_or(weights, |w| w.max(weights)));
-            }
-        } else if line.contains("KV Cache is allocated.") {
-            current.engine = Some(Engine::Sglang);
-            current.tokens = number_after(&line, "#tokens:")
-                .map(|n| n as u64)
-                .or(current.tokens);
-            let kv = match number_after(&line, "KV size:") {
-                Some(size) => Some(size),
-                None => number_after(&line, "K size:")
-                    .zip(number_after(&line, "V size:"))
-                    .map(|(k, v)| k + v),
-            };
-            if let Some(kv) = kv {
-                current.kv_bytes = Some(gib(kv));
-            }
-        } else if line.contains("max_total_num_tokens=") {
-            current.engine = Some(Engine::Sglang);
-            if let Some(tokens) = number_after(&line, "max_total_num_tokens=") {
-                current.tokens = Some(tokens as u64);
-            }
-        } else if line.contains("Available KV cache memory:") {
-            current.engine = Some(Engine::Vllm);
-            if let Some(kv) = number_after(&line, "Available KV cache memory:") {
-                let kv = gib(kv);
-                current.kv_bytes = Some(current.kv_bytes.map_or(kv, |k| k.min(kv)));
-            }
-        } else if line.contains("GPU KV cache size:") {
-            current.engine = Some(Engine::Vllm);
-            if let Some(tokens) = number_after(&line, "GPU KV cache size:") {
-                current.tokens = Some(tokens as u64);
-            }
-        } else if line.contains("non-default args:") {
-            if let Some(utilization) = number_after(&line, "'gpu_memory_utilization':") {
-                current.utilization = Some(utilization);
-            }
-        } else if let Some(at) = line.find(DESIRED) {
-            // `(0.5, 69.9 GiB)`: the utilization, then the requested GiB.
-            current.engine = Some(Engine::Vllm);
-            if let Some(requested) = number_after(&line[at + DESIRED.len()..], ",") {
-                let requested = gib(requested);
-                current.requested = Some(current.requested.map_or(requested, |r| r.max(requested)));
-            }
-        }
+        read_figures(&line, sglang_load, vllm_load, &mut current);
     }
     starts.push(current);
     let last = starts.last().copied().unwrap_or_default();
@@ -318,4 +251,74 @@ pub fn read_log(text: &str) -> Logged {
         .rev()
         .find(Logged::complete)
         .unwrap_or(last)
+}
+
+/// The figures one line of a start gives, into that start's record.
+fn read_figures(line: &str, sglang_load: bool, vllm_load: bool, current: &mut Logged) {
+    if line.contains("Load weight begin.") {
+        current.engine = Some(Engine::Sglang);
+        if let Some(free) = number_after(line, "avail mem=") {
+            let free = gib(free);
+            current.free_before_load = Some(current.free_before_load.map_or(free, |f| f.min(free)));
+        }
+    } else if sglang_load {
+        current.engine = Some(Engine::Sglang);
+        let usage = number_after(line, "mem usage=");
+        let avail = number_after(line, "avail mem=");
+        if let Some(usage) = usage {
+            let usage = gib(usage);
+            current.weights_per_gpu = Some(current.weights_per_gpu.map_or(usage, |w| w.max(usage)));
+        }
+        if let (Some(usage), Some(avail), None) = (usage, avail, current.free_before_load) {
+            current.free_before_load = Some(gib(usage + avail));
+        }
+    } else if vllm_load {
+        current.engine = Some(Engine::Vllm);
+        if let Some(weights) = number_after(line, "Model loading took") {
+            let weights = gib(weights);
+            current.weights_per_gpu =
+                Some(current.weights_per_gpu.map_or(weights, |w| w.max(weights)));
+        }
+    } else if line.contains("KV Cache is allocated.") {
+        current.engine = Some(Engine::Sglang);
+        current.tokens = number_after(line, "#tokens:")
+            .map(|n| n as u64)
+            .or(current.tokens);
+        let kv = match number_after(line, "KV size:") {
+            Some(size) => Some(size),
+            None => number_after(line, "K size:")
+                .zip(number_after(line, "V size:"))
+                .map(|(k, v)| k + v),
+        };
+        if let Some(kv) = kv {
+            current.kv_bytes = Some(gib(kv));
+        }
+    } else if line.contains("max_total_num_tokens=") {
+        current.engine = Some(Engine::Sglang);
+        if let Some(tokens) = number_after(line, "max_total_num_tokens=") {
+            current.tokens = Some(tokens as u64);
+        }
+    } else if line.contains("Available KV cache memory:") {
+        current.engine = Some(Engine::Vllm);
+        if let Some(kv) = number_after(line, "Available KV cache memory:") {
+            let kv = gib(kv);
+            current.kv_bytes = Some(current.kv_bytes.map_or(kv, |k| k.min(kv)));
+        }
+    } else if line.contains("GPU KV cache size:") {
+        current.engine = Some(Engine::Vllm);
+        if let Some(tokens) = number_after(line, "GPU KV cache size:") {
+            current.tokens = Some(tokens as u64);
+        }
+    } else if line.contains("non-default args:") {
+        if let Some(utilization) = number_after(line, "'gpu_memory_utilization':") {
+            current.utilization = Some(utilization);
+        }
+    } else if let Some(at) = line.find(DESIRED) {
+        // `(0.5, 69.9 GiB)`: the utilization, then the requested GiB.
+        current.engine = Some(Engine::Vllm);
+        if let Some(requested) = number_after(&line[at + DESIRED.len()..], ",") {
+            let requested = gib(requested);
+            current.requested = Some(current.requested.map_or(requested, |r| r.max(requested)));
+        }
+    }
 }
