@@ -491,13 +491,15 @@ fn slurm(backend: &BackendChoice, command: &gpureap::cli::SlurmCommand) -> Resul
     Ok(gpureap::slurm::main(backend, &config::slurm(command)))
 }
 
-/// `plan`: the snapshot `status` takes (none for a hypothetical box), the
-/// plan, its report, and the verdict's code.
+/// `plan`: the snapshot `check` and the exporter take (none for a
+/// hypothetical box): a plan weighs what the driver lists, so descriptors
+/// are read only for those processes; then the plan, its report, and the
+/// verdict's code.
 fn plan(backend: &BackendChoice, config: &gpureap::plan::fit::PlanConfig) -> Result<Exit, Failure> {
     let snapshot = match config.hypothetical {
         Some(_) => None,
         None => Some(
-            Snapshot::open_and_take(backend, false)
+            Snapshot::open_and_take(backend, true)
                 .map_err(UsageError)?
                 .1,
         ),

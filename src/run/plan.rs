@@ -115,9 +115,10 @@ pub fn gate(gate: Option<&PlanGate>, driver: &dyn Driver, stop: &AtomicBool) -> 
     }
 }
 
-/// The plan on this host as it is now.
+/// The plan on this host as it is now, from what the driver lists (as
+/// `gpureap plan` takes it).
 fn plan_here(plan: &PlanConfig, driver: &dyn Driver) -> Result<Outcome, Failure> {
-    let snapshot = Snapshot::take(driver);
+    let snapshot = Snapshot::take_listed(driver);
     Ok(fit::evaluate(plan, Some(&snapshot))?)
 }
 
