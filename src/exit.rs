@@ -165,6 +165,23 @@ impl Remote {
     }
 }
 
+/// The codes `push`'s copy script (sh, on the host) exits with when it
+/// refuses to install rather than fails: 69, the directory can be changed
+/// by another user; 67, the destination changed while pushing (or became a
+/// link or a directory). Its failures: 65 checksum mismatch, 66 the copy
+/// does not run there. The script's text (src/fleet/push.rs) spells them.
+pub const PUSH_REFUSED_UNSAFE_DIRECTORY: i32 = 69;
+/// See [`PUSH_REFUSED_UNSAFE_DIRECTORY`].
+pub const PUSH_REFUSED_CHANGED: i32 = 67;
+
+/// Whether push's copy script refused (a refusal, not a failure).
+pub fn push_refused(code: Option<i32>) -> bool {
+    matches!(
+        code,
+        Some(PUSH_REFUSED_UNSAFE_DIRECTORY | PUSH_REFUSED_CHANGED)
+    )
+}
+
 /// An error that stopped a command, with its class: the table's row it
 /// ends with. Bad usage or input (`config::UsageError`) is `Usage`; any
 /// other error is `Incomplete`; a closed stdout (a pager quit) is `Success`,

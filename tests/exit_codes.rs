@@ -208,8 +208,14 @@ fn hand_chosen_exit_numbers(source: &str) -> Vec<(usize, String)> {
             .iter()
             .any(|call| digit_after(call))
             || (about_a_code && ["== ", "!= "].iter().any(|op| digit_after(op)))
-            || line.contains("128 +")
-            || line.contains("+ 128")
+            // 128 + a signal, not sums of numbers (`128 + 128` head sizes).
+            || (line.contains("128 +") && !digit_after("128 + "))
+            || line.match_indices("+ 128").any(|(at, _)| {
+                !line[..at]
+                    .trim_end()
+                    .ends_with(|c: char| c.is_ascii_digit())
+            })
+            || line.contains("matches!(") && about_a_code && digit_after("Some(")
             || matched_on_a_code;
         if chosen {
             found.push((index + 1, raw.trim().to_string()));

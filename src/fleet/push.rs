@@ -452,7 +452,7 @@ impl Pushing<'_> {
                     elapsed: self.started.elapsed(),
                 }
             }
-            Ok(copied) if matches!(copied.code, Some(67 | 69)) => self.refused(
+            Ok(copied) if crate::exit::push_refused(copied.code) => self.refused(
                 path,
                 copied
                     .last_error
