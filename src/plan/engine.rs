@@ -502,15 +502,19 @@ fn vllm(launch: &Launch, model: &Model, budget: &Budget) -> Device {
     };
     // get_num_blocks: available // page_size // layers, page_size per
     // layer = block × per-layer bytes; MIN over ranks (the same here).
-    let block_bytes = u64::from(block) * per_token;
+    let block_bytes = u64::from(block).saturating_mul(per_token);
     let blocks = if kv > 0 { (kv as u64) / block_bytes } else { 0 };
     // DCP spreads each block over the DCP ranks.
-    let tokens = blocks * u64::from(block) * u64::from(launch.dcp.max(1));
+    let tokens = blocks
+        .saturating_mul(u64::from(block))
+        .saturating_mul(u64::from(launch.dcp.max(1)));
     // One request of max_model_len must fit (`--max-model-len auto` fits
     // the length to the pool instead).
     let context = launch.context_length.or(model.max_position);
     let one_request_blocks = match (launch.max_model_len_auto, context) {
-        (false, Some(length)) => length.div_ceil(u64::from(block) * u64::from(launch.dcp.max(1))),
+        (false, Some(length)) => {
+            length.div_ceil(u64::from(block).saturating_mul(u64::from(launch.dcp.max(1))))
+        }
         _ => 0,
     };
     // init_device calls request_memory before anything else, so the check
@@ -531,9 +535,9 @@ fn vllm(launch: &Launch, model: &Model, budget: &Budget) -> Device {
         // serve at least one request with the model's max seq len"); with
         // the utilization that would hold one (none when the KV size is
         // given).
-        let needed = one_request_blocks.max(1) * block_bytes;
+        let needed = one_request_blocks.max(1).saturating_mul(block_bytes);
         let total = (budget.gpu_total as f64).max(1.0);
-        let used = (kv_overhead + budget.weights_per_gpu + needed) as f64;
+        let used = kv_overhead as f64 + budget.weights_per_gpu as f64 + needed as f64;
         let raise = (used / total * 100.0).ceil() / 100.0;
         let fixed = launch.kv_cache_memory_bytes.is_some() || budget.kv_memory.is_some();
         Start::NotEnoughMemory {
@@ -620,15 +624,19 @@ pub fn host_tier(
                 HostTierRequest::VllmOffloadGib(_) => 0,
             };
             let page = u64::from(device.page_size.max(1));
-            let tokens = (size / page + 1) * page;
-            let bytes = tokens * per_token;
-            (tokens, bytes, bytes * ranks)
+            let tokens = (size / page).saturating_add(1).saturating_mul(page);
+            let bytes = tokens.saturating_mul(per_token);
+            (tokens, bytes, bytes.saturating_mul(ranks))
         }
         HostTierRequest::VllmOffloadGib(gib) => {
             let total = (gib * GIB as f64) as u64;
             let world = u64::from((launch.tp * launch.pp).max(1));
-            let tokens = total / (per_token * world);
-            (tokens, total / world, total * u64::from(launch.dp.max(1)))
+            let tokens = total / per_token.saturating_mul(world);
+            (
+                tokens,
+                total / world,
+                total.saturating_mul(u64::from(launch.dp.max(1))),
+            )
         }
     };
     Some(HostTier {

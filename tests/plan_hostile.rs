@@ -1,0 +1,291 @@
+//! `gpureap plan` against hostile and careless input: a command line, a
+//! config.json, a checkpoint index, a previous start's log, a Hugging Face
+//! cache and an environment that no real server has. Each answer is one
+//! line on stderr and exit 2, within seconds: no panic, no hang, no
+//! figure made from a number that overflowed. The rows of docs/security.md
+//! name these tests.
+
+use std::io::Read as _;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use wait_timeout::ChildExt as _;
+
+use crate::harness::Run;
+
+const LLAMA_8B: &str = r#"{
+  "architectures": ["LlamaForCausalLM"],
+  "model_type": "llama",
+  "hidden_size": 4096,
+  "num_attention_heads": 32,
+  "num_key_value_heads": 8,
+  "head_dim": 128,
+  "num_hidden_layers": 32,
+  "max_position_embeddings": 131072,
+  "torch_dtype": "bfloat16"
+}"#;
+
+/// A hypothetical box (no GPU read) large enough for any sane command.
+const BOX: [&str; 4] = ["--gpu-memory", "80GiB", "--weights", "1GiB"];
+
+/// A directory removed when the test ends.
+fn dir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("gpureap-hostile-{name}-"))
+        .tempdir()
+        .expect("temp dir")
+}
+
+fn model(name: &str, config: &str) -> tempfile::TempDir {
+    let dir = dir(name);
+    std::fs::write(dir.path().join("config.json"), config).expect("config.json");
+    dir
+}
+
+fn sglang(model: &Path, flags: &[&str]) -> Vec<String> {
+    let mut command: Vec<String> = ["python3", "-m", "sglang.launch_server", "--model-path"]
+        .map(String::from)
+        .to_vec();
+    command.push(model.display().to_string());
+    command.extend(flags.iter().map(|flag| flag.to_string()));
+    command
+}
+
+fn vllm(model: &Path, flags: &[&str]) -> Vec<String> {
+    let mut command: Vec<String> = vec!["vllm".into(), "serve".into()];
+    command.push(model.display().to_string());
+    command.extend(flags.iter().map(|flag| flag.to_string()));
+    command
+}
+
+/// `gpureap plan FLAGS -- COMMAND` with `env`, ended after 30 s: a hang
+/// is a failure of its own ("did not end"), not a test that never ends.
+fn plan_with(flags: &[&str], command: &[String], env: &[(&str, &str)]) -> Run {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpureap"));
+    child
+        .arg("plan")
+        .args(flags)
+        .arg("--")
+        .args(command)
+        .env_remove("GPUREAP_BACKEND")
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = child.spawn().expect("gpureap runs");
+    // The outputs are small (one report or one line): read once it ended.
+    let status = match child.wait_timeout(Duration::from_secs(30)).expect("wait") {
+        Some(status) => status,
+        None => {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("gpureap plan {flags:?} -- {command:?} did not end within 30 s");
+        }
+    };
+    let mut stdout = String::new();
+    let mut stderr = String::new();
+    if let Some(mut out) = child.stdout.take() {
+        out.read_to_string(&mut stdout).expect("stdout");
+    }
+    if let Some(mut err) = child.stderr.take() {
+        err.read_to_string(&mut stderr).expect("stderr");
+    }
+    Run {
+        code: status.code().unwrap_or(-1),
+        stdout,
+        stderr,
+    }
+}
+
+fn plan(flags: &[&str], command: &[String]) -> Run {
+    plan_with(flags, command, &[])
+}
+
+/// Exit 2, nothing on stdout, one line on stderr naming `named`.
+fn assert_refused(what: &str, result: &Run, named: &str) {
+    assert_eq!(
+        result.code, 2,
+        "{what}: exit {}\n{}{}",
+        result.code, result.stdout, result.stderr
+    );
+    assert!(result.stdout.is_empty(), "{what}: {}", result.stdout);
+    assert_eq!(
+        result.stderr.lines().count(),
+        1,
+        "{what}: not one line: {}",
+        result.stderr
+    );
+    assert!(
+        result.stderr.starts_with("gpureap: ") && result.stderr.contains(named),
+        "{what}: does not name {named}: {}",
+        result.stderr
+    );
+}
+
+/// A report (exit 0 to 4, never a panic's 101), the verdict said.
+fn assert_planned(what: &str, result: &Run) {
+    assert!(
+        (0..=4).contains(&result.code) && result.code != 2,
+        "{what}: exit {}\n{}{}",
+        result.code,
+        result.stdout,
+        result.stderr
+    );
+    assert!(
+        result.stdout.contains("Verdict:"),
+        "{what}: {}{}",
+        result.stdout,
+        result.stderr
+    );
+    assert!(
+        !result.stderr.contains("panicked"),
+        "{what}: {}",
+        result.stderr
+    );
+}
+
+/// Parallel sizes and GPU ids no host has: each refused by name at once.
+/// Before, `--tp 99999` and `-dcp`-free products overflowed (a panic in a
+/// debug build, a wrapped GPU count in a release one), `--tp 400000000`
+/// and `--dp 4000000000` built a list of that many GPU ids (no answer,
+/// gigabytes of memory), `--base-gpu-id 4294967295` overflowed, and
+/// `-dcp 4000000000` on TP 1 promised 1.8 × 10^15 tokens.
+#[test]
+fn parallel_sizes_no_host_has_are_refused_by_name() {
+    let model = model("sizes", LLAMA_8B);
+    let path = model.path();
+    let cases: Vec<(&str, Vec<String>, &str)> = vec![
+        ("tp 99999", sglang(path, &["--tp", "99999"]), "99999"),
+        ("tp 400M", sglang(path, &["--tp", "400000000"]), "400000000"),
+        ("dp 4G", sglang(path, &["--dp", "4000000000"]), "4000000000"),
+        (
+            "vllm tp × pp",
+            vllm(path, &["-tp", "65536", "-pp", "65536"]),
+            "65536",
+        ),
+        (
+            "vllm tp 2048",
+            vllm(path, &["--tensor-parallel-size", "2048"]),
+            "1024",
+        ),
+        (
+            "base gpu id",
+            sglang(path, &["--tp", "8", "--base-gpu-id", "4294967295"]),
+            "--base-gpu-id",
+        ),
+        (
+            "gpu id step",
+            sglang(path, &["--tp", "8", "--gpu-id-step", "4000000000"]),
+            "--gpu-id-step",
+        ),
+        (
+            "dcp",
+            vllm(path, &["-dcp", "4000000000"]),
+            "--decode-context-parallel-size",
+        ),
+        (
+            "dcp not dividing tp",
+            vllm(path, &["-tp", "8", "-dcp", "3"]),
+            "DCP must divide TP",
+        ),
+        (
+            "nnodes",
+            sglang(path, &["--tp", "8", "--nnodes", "4000000000"]),
+            "--nnodes",
+        ),
+    ];
+    for (what, command, named) in cases {
+        assert_refused(what, &plan(&BOX, &command), named);
+    }
+    // What real deployments ask still plans.
+    for (what, command) in [
+        ("tp 8", sglang(path, &["--tp", "8"])),
+        (
+            "tp 16 over 2 nodes",
+            sglang(path, &["--tp", "16", "--nnodes", "2"]),
+        ),
+        ("vllm dcp 8", vllm(path, &["-tp", "8", "-dcp", "8"])),
+    ] {
+        assert_planned(what, &plan(&BOX, &command));
+    }
+}
+
+/// Token and host-tier amounts beyond any host, refused by name. Before:
+/// `--max-model-len 18446744073709551615` and `--hicache-size` /
+/// `--hicache-ratio 1e308` overflowed (a panic), `--kv-offloading-size
+/// inf` was taken.
+#[test]
+fn token_and_host_tier_amounts_no_host_has_are_refused_by_name() {
+    let model = model("amounts", LLAMA_8B);
+    let path = model.path();
+    let max = u64::MAX.to_string();
+    let cases: Vec<(&str, Vec<String>, &str)> = vec![
+        (
+            "max model len",
+            vllm(path, &["--max-model-len", &max]),
+            "--max-model-len",
+        ),
+        (
+            "context length",
+            sglang(path, &["--context-length", &max]),
+            "--context-length",
+        ),
+        (
+            "block size",
+            vllm(path, &["--block-size", "4294967295"]),
+            "--block-size",
+        ),
+        (
+            "page size",
+            sglang(path, &["--page-size", "4294967295"]),
+            "--page-size",
+        ),
+        (
+            "hicache size",
+            sglang(
+                path,
+                &["--enable-hierarchical-cache", "--hicache-size", &max],
+            ),
+            "--hicache-size",
+        ),
+        (
+            "hicache ratio",
+            sglang(
+                path,
+                &["--enable-hierarchical-cache", "--hicache-ratio", "1e308"],
+            ),
+            "--hicache-ratio",
+        ),
+        (
+            "offloading inf",
+            vllm(path, &["--kv-offloading-size", "inf"]),
+            "--kv-offloading-size",
+        ),
+    ];
+    for (what, command, named) in cases {
+        assert_refused(what, &plan(&BOX, &command), named);
+    }
+    for (what, command) in [
+        (
+            "hicache 300 GB on TP 8",
+            sglang(
+                path,
+                &[
+                    "--tp",
+                    "8",
+                    "--enable-hierarchical-cache",
+                    "--hicache-size",
+                    "300",
+                ],
+            ),
+        ),
+        (
+            "offloading 100 GiB",
+            vllm(path, &["--kv-offloading-size", "100"]),
+        ),
+    ] {
+        assert_planned(what, &plan(&BOX, &command));
+    }
+}
