@@ -289,3 +289,78 @@ fn token_and_host_tier_amounts_no_host_has_are_refused_by_name() {
         assert_planned(what, &plan(&BOX, &command));
     }
 }
+
+/// A config.json whose numbers no model has: a string, a negative, a
+/// fraction, 1e308, u64::MAX, 0 layers. Each is refused naming the field.
+/// Before: `"num_key_value_heads": "8"` was read as absent (the default,
+/// all 32 heads: four times the KV per token, silently), 0 layers gave
+/// 60 billion tokens of 1 byte, and 1e15 layers or a u64::MAX head size
+/// overflowed (a panic); a `total_size` of `"5"` was "no index".
+#[test]
+fn config_numbers_no_model_has_are_refused_by_name() {
+    let with = |field: &str, value: &str| {
+        let mut config: serde_json::Value = serde_json::from_str(LLAMA_8B).expect("json");
+        config[field] = serde_json::from_str(value).expect("value");
+        config.to_string()
+    };
+    let max = u64::MAX.to_string();
+    let cases = [
+        ("num_hidden_layers", "\"32\""),
+        ("num_hidden_layers", "-32"),
+        ("num_hidden_layers", "32.5"),
+        ("num_hidden_layers", "0"),
+        ("num_hidden_layers", "1e15"),
+        ("num_hidden_layers", "1e308"),
+        ("num_hidden_layers", max.as_str()),
+        ("num_key_value_heads", "\"8\""),
+        ("num_key_value_heads", "0"),
+        ("num_attention_heads", max.as_str()),
+        ("head_dim", max.as_str()),
+        ("hidden_size", "1e19"),
+        ("max_position_embeddings", max.as_str()),
+    ];
+    for (field, value) in cases {
+        let model = model("numbers", &with(field, value));
+        let what = format!("{field}: {value}");
+        for command in [sglang(model.path(), &[]), vllm(model.path(), &[])] {
+            assert_refused(&what, &plan(&BOX, &command), field);
+        }
+    }
+    let rope = model(
+        "rope",
+        &with("rope_scaling", r#"{"rope_type": "yarn", "factor": 1e308}"#),
+    );
+    assert_refused(
+        "rope factor",
+        &plan(&BOX, &vllm(rope.path(), &[])),
+        "rope_scaling.factor",
+    );
+    // MLA (Kimi-K2.5's nested text_config) with a u64::MAX rank.
+    let kimi = std::fs::read_to_string("tests/fixtures/models/kimi-k2.5/config.json")
+        .expect("kimi config");
+    let mut config: serde_json::Value = serde_json::from_str(&kimi).expect("json");
+    config["text_config"]["kv_lora_rank"] = serde_json::json!(u64::MAX);
+    let mla = model("mla", &config.to_string());
+    assert_refused(
+        "kv_lora_rank",
+        &plan(&BOX, &sglang(mla.path(), &["--tp", "8"])),
+        "kv_lora_rank",
+    );
+    // A field written as null is absent, as the engines read it.
+    let null = model("null", &with("q_lora_rank", "null"));
+    assert_planned("q_lora_rank null", &plan(&BOX, &sglang(null.path(), &[])));
+    // The checkpoint index's total size.
+    for total in ["\"5\"", "-1", "1e308"] {
+        let model = model("total", LLAMA_8B);
+        std::fs::write(
+            model.path().join("model.safetensors.index.json"),
+            format!(r#"{{"metadata": {{"total_size": {total}}}, "weight_map": {{}}}}"#),
+        )
+        .expect("index");
+        assert_refused(
+            &format!("total_size {total}"),
+            &plan(&["--gpu-memory", "80GiB"], &sglang(model.path(), &[])),
+            "total_size",
+        );
+    }
+}

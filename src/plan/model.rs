@@ -359,6 +359,7 @@ fn read_json(path: &Path, max: u64) -> Result<serde_json::Value, PlanError> {
 fn read_model(path: &Path) -> Result<Model, PlanError> {
     let config = read_json(path, CONFIG_MAX)?;
     let dir = path.parent().unwrap_or(Path::new("."));
+    check_numbers(path, &config)?;
     let mut model = parse_config(path, &config)?;
     if !model.kv_fp8_from_quant
         && let Ok(quant) = read_json(&dir.join("hf_quant_config.json"), CONFIG_MAX)
@@ -374,9 +375,89 @@ fn u64_field(config: &serde_json::Value, name: &str) -> Option<u64> {
     value.as_u64().or_else(|| {
         value
             .as_f64()
-            .filter(|f| *f >= 0.0 && f.fract() == 0.0)
+            // 2^64 and above would saturate to u64::MAX: not the file's value.
+            .filter(|f| *f >= 0.0 && f.fract() == 0.0 && *f < 18_446_744_073_709_551_616.0)
             .map(|f| f as u64)
     })
+}
+
+/// The numeric fields of a text (or vision) config the arithmetic reads,
+/// each with the values a real model can have. A field given as a string,
+/// a negative, a fraction, `1e308` or far beyond any model is refused by
+/// name (rather than read as absent, which would put the engine's default
+/// in its place, or multiplied into an overflow); `null` is absent, as the
+/// engines read it.
+const NUMBERS: &[(&str, u64, u64)] = &[
+    ("num_hidden_layers", 1, 1 << 12),
+    ("num_attention_heads", 1, 1 << 16),
+    ("num_key_value_heads", 1, 1 << 16),
+    ("hidden_size", 1, 1 << 20),
+    ("head_dim", 1, 1 << 16),
+    ("v_head_dim", 1, 1 << 16),
+    ("qk_rope_head_dim", 1, 1 << 16),
+    ("qk_nope_head_dim", 0, 1 << 16),
+    ("kv_lora_rank", 1, 1 << 20),
+    ("q_lora_rank", 0, 1 << 20),
+    ("num_nextn_predict_layers", 0, 1 << 12),
+    ("max_sequence_length", 1, 1 << 40),
+    ("seq_length", 1, 1 << 40),
+    ("max_seq_len", 1, 1 << 40),
+    ("model_max_length", 1, 1 << 40),
+    ("max_position_embeddings", 1, 1 << 40),
+];
+
+/// The largest rope-scaling factor taken (real ones are up to a few hundred).
+const ROPE_FACTOR_MAX: f64 = 1e6;
+
+/// Refuses a config whose numbers no model has (`NUMBERS`), in the text
+/// config (top level and `text_config`) and the vision config.
+fn check_numbers(path: &Path, config: &serde_json::Value) -> Result<(), PlanError> {
+    let sections = [
+        Some(config),
+        config.get("text_config").filter(|text| text.is_object()),
+        config
+            .get("vision_config")
+            .filter(|vision| vision.is_object()),
+    ];
+    for (section, (name, low, high)) in sections
+        .into_iter()
+        .flatten()
+        .flat_map(|section| NUMBERS.iter().map(move |number| (section, number)))
+    {
+        let Some(value) = section.get(*name).filter(|value| !value.is_null()) else {
+            continue;
+        };
+        if !u64_field(section, name).is_some_and(|number| (*low..=*high).contains(&number)) {
+            return Err(unreadable(
+                path,
+                format!(
+                    "{name:?} is {}: not a whole number from {low} to {high}",
+                    crate::units::short(&value.to_string(), 40)
+                ),
+            ));
+        }
+    }
+    for section in sections.into_iter().flatten() {
+        for scaling in ["rope_scaling", "rope_parameters"] {
+            let Some(factor) = section.get(scaling).and_then(|s| s.get("factor")) else {
+                continue;
+            };
+            if !factor.is_null()
+                && !factor
+                    .as_f64()
+                    .is_some_and(|factor| factor > 0.0 && factor <= ROPE_FACTOR_MAX)
+            {
+                return Err(unreadable(
+                    path,
+                    format!(
+                        "{scaling}.factor is {}: not a number above 0 and at most {ROPE_FACTOR_MAX}",
+                        crate::units::short(&factor.to_string(), 40)
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The fields the arithmetic needs, from a parsed config.json.
@@ -525,6 +606,17 @@ pub fn parse_config(path: &Path, config: &serde_json::Value) -> Result<Model, Pl
 /// bytes) over all layers, from the projection shapes, 2 bytes a weight.
 fn attention_weights(text: &serde_json::Value, attention: Attention, layers: u64) -> (u64, u64) {
     const BYTES: u64 = 2;
+    // Saturating: an estimate, from numbers anyone may write in a config.
+    let product = |factors: &[u64]| {
+        factors
+            .iter()
+            .fold(1u64, |product, factor| product.saturating_mul(*factor))
+    };
+    let sum = |terms: &[u64]| {
+        terms
+            .iter()
+            .fold(0u64, |sum, term| sum.saturating_add(*term))
+    };
     let field = |name: &str| u64_field(text, name).unwrap_or(0);
     let hidden = field("hidden_size");
     let heads = field("num_attention_heads");
@@ -536,27 +628,36 @@ fn attention_weights(text: &serde_json::Value, attention: Attention, layers: u64
             let q_lora = field("q_lora_rank");
             let nope = field("qk_nope_head_dim");
             let v = u64_field(text, "v_head_dim").unwrap_or(nope);
+            let qk = nope.saturating_add(qk_rope_head_dim);
             let q = match q_lora {
-                0 => hidden * heads * (nope + qk_rope_head_dim),
-                q_lora => hidden * q_lora + q_lora * heads * (nope + qk_rope_head_dim),
+                0 => product(&[hidden, heads, qk]),
+                q_lora => sum(&[product(&[hidden, q_lora]), product(&[q_lora, heads, qk])]),
             };
-            let kv_a = hidden * (kv_lora_rank + qk_rope_head_dim);
-            let kv_b = kv_lora_rank * heads * (nope + v);
-            let o = heads * v * hidden;
-            (q + kv_a + kv_b + o, hidden * q_lora + kv_a)
+            let kv_a = product(&[hidden, kv_lora_rank.saturating_add(qk_rope_head_dim)]);
+            let kv_b = product(&[kv_lora_rank, heads, nope.saturating_add(v)]);
+            let o = product(&[heads, v, hidden]);
+            (
+                sum(&[q, kv_a, kv_b, o]),
+                sum(&[product(&[hidden, q_lora]), kv_a]),
+            )
         }
         Attention::Mha {
             kv_heads,
             head_dim,
             v_head_dim,
         } => (
-            hidden * heads * head_dim
-                + hidden * kv_heads * (head_dim + v_head_dim)
-                + heads * v_head_dim * hidden,
+            sum(&[
+                product(&[hidden, heads, head_dim]),
+                product(&[hidden, kv_heads, head_dim.saturating_add(v_head_dim)]),
+                product(&[heads, v_head_dim, hidden]),
+            ]),
             0,
         ),
     };
-    (per_layer * layers * BYTES, replicated * layers * BYTES)
+    (
+        product(&[per_layer, layers, BYTES]),
+        product(&[replicated, layers, BYTES]),
+    )
 }
 
 /// SGLang's `get_context_length` (vLLM reads the same keys).
@@ -637,11 +738,17 @@ fn weights(dir: &Path) -> Result<Option<u64>, PlanError> {
     let index = dir.join("model.safetensors.index.json");
     if std::fs::symlink_metadata(&index).is_ok() {
         let json = read_json(&index, INDEX_MAX)?;
-        if let Some(total) = json
-            .get("metadata")
-            .and_then(|m| u64_field(m, "total_size"))
-        {
-            return Ok(Some(total));
+        let metadata = json.get("metadata").unwrap_or(&serde_json::Value::Null);
+        if let Some(total) = metadata.get("total_size").filter(|total| !total.is_null()) {
+            return u64_field(metadata, "total_size").map(Some).ok_or_else(|| {
+                unreadable(
+                    &index,
+                    format!(
+                        "metadata.total_size is {}: not a whole number of bytes",
+                        crate::units::short(&total.to_string(), 40)
+                    ),
+                )
+            });
         }
     }
     let Ok(entries) = std::fs::read_dir(dir) else {
