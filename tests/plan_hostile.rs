@@ -364,3 +364,93 @@ fn config_numbers_no_model_has_are_refused_by_name() {
         );
     }
 }
+
+/// `--from-log` a file that is not an engine's log: a line ending in the
+/// letter a rank name starts with (`/proc/kallsyms`' `… T __pfx_disable_TSC`),
+/// binary garbage. Read, no figure found, a plan. Before: a panic (exit
+/// 101) that printed the line, garbage included, to the terminal.
+#[test]
+fn a_log_that_is_no_engine_s_is_read_without_a_panic() {
+    let model = model("log", LLAMA_8B);
+    let logs = dir("logs");
+    let rank_letters = logs.path().join("letters.log");
+    std::fs::write(
+        &rank_letters,
+        "ffffffff813119a0 T __pfx_disable_TSC\nwarmup DONE\n[TP0] ends with P\nTP\n",
+    )
+    .expect("log");
+    // Deterministic bytes of every value, newlines among them.
+    let garbage = logs.path().join("garbage.log");
+    let mut state = 0x2545_f491_4f6c_dd1d_u64;
+    let bytes: Vec<u8> = (0..3 << 20)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 24) as u8
+        })
+        .collect();
+    std::fs::write(&garbage, bytes).expect("garbage");
+    for log in [&rank_letters, &garbage] {
+        let flags = [
+            "--gpu-memory",
+            "80GiB",
+            "--weights",
+            "1GiB",
+            "--from-log",
+            log.to_str().expect("utf-8 path"),
+        ];
+        for command in [sglang(model.path(), &[]), vllm(model.path(), &[])] {
+            assert_planned(&log.display().to_string(), &plan(&flags, &command));
+        }
+    }
+}
+
+/// `--from-log` with the log of the other engine, or a log in which one
+/// start holds the lines of both (two servers writing to one file): refused,
+/// naming what the log is. Before: a vLLM start's `Model loading took 14.99
+/// GiB` became an SGLang plan's weights (exit 0), and two engines' lines
+/// were mixed into one start's figures.
+#[test]
+fn a_log_of_the_other_engine_or_of_both_is_refused() {
+    let model = model("engines", LLAMA_8B);
+    let logs = dir("engines-logs");
+    let vllm_log = logs.path().join("vllm.log");
+    std::fs::write(
+        &vllm_log,
+        "(EngineCore_DP0 pid=1) INFO Model loading took 14.99 GiB memory and 3.1 seconds\n\
+         (EngineCore_DP0 pid=1) INFO Available KV cache memory: 112.51 GiB\n\
+         (EngineCore_DP0 pid=1) INFO GPU KV cache size: 921,696 tokens\n",
+    )
+    .expect("vllm log");
+    let both = logs.path().join("both.log");
+    std::fs::write(
+        &both,
+        "[2026-01-01 00:00:00 TP0] Load weight begin. avail mem=78.50 GB\n\
+         (EngineCore_DP0 pid=1) INFO Model loading took 14.99 GiB memory and 3.1 seconds\n\
+         [2026-01-01 00:00:09 TP0] Load weight end. type=LlamaForCausalLM, dtype=torch.bfloat16, avail mem=63.42 GB, mem usage=15.08 GB.\n\
+         [2026-01-01 00:00:10 TP0] KV Cache is allocated. #tokens: 413,000, K size: 25.21 GB, V size: 25.21 GB\n\
+         (EngineCore_DP0 pid=1) INFO GPU KV cache size: 921,696 tokens\n",
+    )
+    .expect("both log");
+    let run = |log: &Path, command: &[String]| {
+        let log = log.display().to_string();
+        plan(&["--gpu-memory", "80GiB", "--from-log", &log], command)
+    };
+    assert_refused(
+        "a vLLM log for SGLang",
+        &run(&vllm_log, &sglang(model.path(), &[])),
+        "a vLLM log, and the command starts SGLang",
+    );
+    for command in [sglang(model.path(), &[]), vllm(model.path(), &[])] {
+        assert_refused(
+            "both engines",
+            &run(&both, &command),
+            "both SGLang and vLLM",
+        );
+    }
+    // The right engine's log is read.
+    let planned = run(&vllm_log, &vllm(model.path(), &[]));
+    assert_planned("a vLLM log for vLLM", &planned);
+    assert!(planned.stdout.contains("921,696"), "{}", planned.stdout);
+}

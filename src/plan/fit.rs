@@ -261,7 +261,7 @@ pub fn evaluate(config: &PlanConfig, snapshot: Option<&Snapshot>) -> Result<Outc
     let launch = launch::parse(&config.command, &config.env)?;
     let model = model::locate_for(&launch, config.model_config.as_deref())?;
     let logged = match &config.from_log {
-        Some(path) => Some(calibrate::read_log_file(path)?),
+        Some(path) => Some(calibrate::read_log_for(path, launch.engine)?),
         None => None,
     };
     let needed = launch.gpu_count().max(1);
