@@ -454,3 +454,46 @@ fn a_log_of_the_other_engine_or_of_both_is_refused() {
     assert_planned("a vLLM log for vLLM", &planned);
     assert!(planned.stdout.contains("921,696"), "{}", planned.stdout);
 }
+
+/// A path with a newline, an escape and a bidirectional override, named
+/// as the model, `--model-config` or `--from-log`: the error is one line
+/// with them written out. Before: the newline started a second line of
+/// the error (the escapes were written out, the newline was not).
+#[test]
+fn an_error_quoting_a_hostile_path_stays_on_one_line() {
+    let parent = dir("hostile-path");
+    let hostile = parent.path().join("m\nFORGED \u{1b}[2J\u{202e}");
+    std::fs::create_dir(&hostile).expect("hostile dir");
+    std::fs::write(hostile.join("config.json"), "{}").expect("config");
+    let hostile_text = hostile.display().to_string();
+    let missing_config = format!("{hostile_text}/zz");
+    let missing_log = format!("{hostile_text}/log");
+    let good = model("good-path", LLAMA_8B);
+    let cases: Vec<(&str, Vec<&str>, Vec<String>)> = vec![
+        ("model", BOX.to_vec(), sglang(&hostile, &[])),
+        (
+            "missing model",
+            BOX.to_vec(),
+            sglang(&hostile.join("x"), &[]),
+        ),
+        (
+            "--model-config",
+            [&BOX[..], &["--model-config", missing_config.as_str()]].concat(),
+            sglang(good.path(), &[]),
+        ),
+        (
+            "--from-log",
+            [&BOX[..], &["--from-log", missing_log.as_str()]].concat(),
+            sglang(good.path(), &[]),
+        ),
+    ];
+    for (what, flags, command) in cases {
+        let result = plan(&flags, &command);
+        assert_refused(what, &result, "m\\nFORGED \\u{1b}[2J\\u{202e}");
+        assert!(
+            !result.stderr.contains('\u{1b}') && !result.stderr.contains('\u{202e}'),
+            "{what}: {}",
+            result.stderr
+        );
+    }
+}
