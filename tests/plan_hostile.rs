@@ -455,6 +455,118 @@ fn a_log_of_the_other_engine_or_of_both_is_refused() {
     assert!(planned.stdout.contains("921,696"), "{}", planned.stdout);
 }
 
+/// A Hugging Face cache as the hub writes it (`refs/main` → a snapshot
+/// whose config.json links to `../../blobs/HASH`), then broken or planted:
+/// each is refused naming the file, never read in its place. Before:
+/// `refs/main` holding `../../..`, a FIFO or /dev/zero was passed over for
+/// the lone snapshot (exit 0, a config the ref did not name); a
+/// config.json or snapshot linking outside the cache was read (exit 0); a
+/// ref naming a missing snapshot said only "looked in models--org--m"; an
+/// HF_HOME that this user cannot read was "not found".
+#[test]
+fn a_hugging_face_cache_that_leads_elsewhere_is_refused_by_name() {
+    let home = dir("hf-home");
+    let repo = home.path().join("hub/models--org--m");
+    for sub in ["refs", "snapshots/abc", "blobs"] {
+        std::fs::create_dir_all(repo.join(sub)).expect("cache dirs");
+    }
+    std::fs::write(repo.join("blobs/h1"), LLAMA_8B).expect("blob");
+    let config = repo.join("snapshots/abc/config.json");
+    std::os::unix::fs::symlink("../../blobs/h1", &config).expect("link");
+    let main = repo.join("refs/main");
+    std::fs::write(&main, "abc\n").expect("ref");
+    let home_var = home.path().to_str().expect("utf-8 path").to_string();
+    let run = |flags: &[&str]| {
+        let mut command: Vec<String> = ["python3", "-m", "sglang.launch_server"]
+            .map(String::from)
+            .to_vec();
+        command.extend(["--model-path", "org/m"].map(String::from));
+        command.extend(flags.iter().map(|flag| flag.to_string()));
+        plan_with(&BOX, &command, &[("HF_HOME", &home_var)])
+    };
+    assert_planned("the hub's own layout", &run(&[]));
+
+    std::fs::write(&main, "../../..\n").expect("ref");
+    assert_refused(
+        "a ref climbing out",
+        &run(&[]),
+        "refs/main: names no commit",
+    );
+    std::fs::write(&main, "missing\n").expect("ref");
+    assert_refused(
+        "a ref to a missing snapshot",
+        &run(&[]),
+        "snapshots/missing/config.json",
+    );
+    std::fs::remove_file(&main).expect("ref");
+    std::os::unix::fs::symlink("/dev/zero", &main).expect("ref link");
+    assert_refused(
+        "a ref to /dev/zero",
+        &run(&[]),
+        "refs/main: not a regular file",
+    );
+    std::fs::remove_file(&main).expect("ref");
+    let fifo = std::ffi::CString::new(main.to_str().expect("utf-8")).expect("path");
+    // SAFETY: mkfifo on a NUL-terminated path this test owns.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0, "mkfifo");
+    assert_refused(
+        "a ref that is a FIFO",
+        &run(&[]),
+        "refs/main: not a regular file",
+    );
+    std::fs::remove_file(&main).expect("ref");
+    std::fs::write(&main, "abc\n").expect("ref");
+    assert_refused(
+        "a revision climbing out",
+        &run(&["--revision", "../../../../etc"]),
+        "--revision",
+    );
+
+    // A config.json, or a whole snapshot, that links outside the cache.
+    let elsewhere = model("elsewhere", LLAMA_8B);
+    std::fs::remove_file(&config).expect("config link");
+    std::os::unix::fs::symlink(elsewhere.path().join("config.json"), &config).expect("link");
+    assert_refused("a config linking outside", &run(&[]), "leads outside");
+    std::fs::remove_file(&config).expect("config link");
+    std::os::unix::fs::symlink("../../blobs/h1", &config).expect("link");
+    std::os::unix::fs::symlink(elsewhere.path(), repo.join("snapshots/evil")).expect("link");
+    std::fs::write(&main, "evil\n").expect("ref");
+    assert_refused("a snapshot linking outside", &run(&[]), "leads outside");
+    std::fs::write(&main, "abc\n").expect("ref");
+    assert_planned("repaired", &run(&[]));
+
+    // A cache this user cannot read (root's 0700 home, gpureap as nobody).
+    use std::os::unix::fs::PermissionsExt as _;
+    use std::os::unix::process::CommandExt as _;
+    std::fs::set_permissions(home.path(), std::fs::Permissions::from_mode(0o711)).expect("chmod");
+    std::fs::set_permissions(
+        home.path().join("hub"),
+        std::fs::Permissions::from_mode(0o700),
+    )
+    .expect("chmod");
+    let output = Command::new(env!("CARGO_BIN_EXE_gpureap"))
+        .args(["plan", "--gpu-memory", "80GiB", "--weights", "1GiB", "--"])
+        .args([
+            "python3",
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            "org/m",
+        ])
+        .env("HF_HOME", &home_var)
+        .env_remove("GPUREAP_BACKEND")
+        .uid(65534)
+        .gid(65534)
+        .stdin(Stdio::null())
+        .output()
+        .expect("gpureap runs as nobody");
+    assert_refused(
+        "a cache this user cannot read",
+        &output.into(),
+        "Permission denied",
+    );
+}
+
 /// A path with a newline, an escape and a bidirectional override, named
 /// as the model, `--model-config` or `--from-log`: the error is one line
 /// with them written out. Before: the newline started a second line of

@@ -303,9 +303,9 @@ pub fn locate_at(
     if is_repo_id {
         for cache in caches {
             let repo = cache.join(format!("models--{}", model.replace('/', "--")));
-            match snapshot_config(&repo, revision) {
-                Some(path) => return read_model(&path),
-                None => looked.push(repo),
+            match snapshot_config(&repo, revision)? {
+                Ok(path) => return read_model(&path),
+                Err(path) => looked.push(path),
             }
         }
     } else {
@@ -319,29 +319,95 @@ pub fn locate_at(
 
 /// `REPO/snapshots/<rev>/config.json`, the revision from `refs/<name>`
 /// (`main` by default) or a commit hash; with no ref and one snapshot,
-/// that one.
-fn snapshot_config(repo: &Path, revision: Option<&str>) -> Option<PathBuf> {
-    let name = revision.unwrap_or("main");
-    let commit = crate::file::read_regular(&repo.join("refs").join(name), 4096)
-        .ok()
-        .and_then(|(_, bytes)| String::from_utf8(bytes).ok())
-        .map(|text| text.trim().to_string())
-        .filter(|text| !text.is_empty() && !text.contains('/'))
-        .or_else(|| revision.map(str::to_string))
-        .or_else(|| {
-            let mut snapshots = std::fs::read_dir(repo.join("snapshots"))
-                .ok()?
-                .filter_map(Result::ok)
-                .map(|entry| entry.file_name().to_string_lossy().into_owned())
-                .take(2)
-                .collect::<Vec<_>>();
-            (snapshots.len() == 1).then(|| snapshots.remove(0))
-        })?;
-    if commit.contains('/') || commit == ".." {
-        return None;
+/// that one. `Ok(Err(path))`: not there, `path` is where it looked. A ref
+/// that cannot be read or names no commit, a revision that climbs out of
+/// the repository (`../..`), a repository that cannot be read, and a
+/// config that leads outside the repository (a link to elsewhere) are
+/// errors naming them: never read silently in its place.
+fn snapshot_config(
+    repo: &Path,
+    revision: Option<&str>,
+) -> Result<Result<PathBuf, PathBuf>, PlanError> {
+    match std::fs::symlink_metadata(repo) {
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(Err(repo.to_path_buf()));
+        }
+        Err(error) => return Err(unreadable(repo, error)),
+        Ok(_) => {}
     }
-    let path = repo.join("snapshots").join(commit).join("config.json");
-    std::fs::metadata(&path).is_ok().then_some(path)
+    let plain = |name: &str| {
+        !name.is_empty()
+            && Path::new(name)
+                .components()
+                .all(|part| matches!(part, std::path::Component::Normal(_)))
+    };
+    if let Some(revision) = revision.filter(|revision| !plain(revision)) {
+        return Err(PlanError::BadValue {
+            flag: "--revision".to_string(),
+            value: revision.to_string(),
+            why: "not a branch, tag or commit of the repository".to_string(),
+        });
+    }
+    let name = revision.unwrap_or("main");
+    let reference = repo.join("refs").join(name);
+    let commit = match std::fs::symlink_metadata(&reference) {
+        Ok(_) => {
+            let (_, bytes) = crate::file::read_regular(&reference, 4096)
+                .map_err(|why| unreadable(&reference, why))?;
+            let text = String::from_utf8_lossy(&bytes).trim().to_string();
+            // A commit hash (40 hex digits for git, 64 for some hubs).
+            if text.is_empty()
+                || text.len() > 64
+                || !text.chars().all(|c| c.is_ascii_alphanumeric())
+            {
+                return Err(unreadable(
+                    &reference,
+                    format!("names no commit ({})", crate::units::short(&text, 40)),
+                ));
+            }
+            text
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => match revision {
+            Some(revision) => revision.to_string(),
+            None => {
+                let snapshots = repo.join("snapshots");
+                let mut names = match std::fs::read_dir(&snapshots) {
+                    Ok(entries) => entries
+                        .filter_map(Result::ok)
+                        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+                        .take(2)
+                        .collect::<Vec<_>>(),
+                    Err(error) if error.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+                    Err(error) => return Err(unreadable(&snapshots, error)),
+                };
+                if names.len() != 1 {
+                    return Ok(Err(reference));
+                }
+                names.remove(0)
+            }
+        },
+        Err(error) => return Err(unreadable(&reference, error)),
+    };
+    let path = repo.join("snapshots").join(&commit).join("config.json");
+    match std::fs::metadata(&path) {
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(Err(path)),
+        Err(error) => return Err(unreadable(&path, error)),
+        Ok(_) => {}
+    }
+    // The hub's own links (snapshots/REV/config.json → ../../blobs/HASH)
+    // stay inside the repository; one that leads elsewhere is not read.
+    let real = std::fs::canonicalize(&path).map_err(|error| unreadable(&path, error))?;
+    let real_repo = std::fs::canonicalize(repo).map_err(|error| unreadable(repo, error))?;
+    if !real.starts_with(&real_repo) {
+        return Err(unreadable(
+            &path,
+            format!(
+                "leads outside the cache's repository, to {}: not read (give --model-config PATH to read that file)",
+                real.display()
+            ),
+        ));
+    }
+    Ok(Ok(path))
 }
 
 fn unreadable(path: &Path, why: impl ToString) -> PlanError {
