@@ -609,3 +609,63 @@ fn an_error_quoting_a_hostile_path_stays_on_one_line() {
         );
     }
 }
+
+/// `plan -H` where the host's gpureap is older than this one (no `plan`
+/// command; its argument parser says `error: unrecognized subcommand
+/// 'plan'`, a usage, then "For more information, try '--help'."): the
+/// host is named as having an older gpureap. Before:
+/// "h1: For more information, try '--help'.", the one line of its answer
+/// that says nothing of the host.
+#[test]
+fn plan_on_a_host_whose_gpureap_is_older_says_so() {
+    use crate::sshd_lab::{Kind, Lab};
+    let lab = Lab::new(&[Kind::Up]);
+    // The old gpureap's answer to `plan`, as clap writes it; anything else
+    // it runs as this build.
+    let staged = lab.on(
+        "h1",
+        &format!(
+            r#"cat > /usr/local/old-gpureap <<'END'
+#!/bin/sh
+if [ "$1" = plan ]; then
+  printf "error: unrecognized subcommand 'plan'\n\nUsage: gpureap [OPTIONS] <COMMAND>\n\nFor more information, try '--help'.\n" >&2
+  exit 2
+fi
+exec {} "$@"
+END
+chmod 755 /usr/local/old-gpureap"#,
+            env!("CARGO_BIN_EXE_gpureap")
+        ),
+    );
+    assert_eq!(staged.code, 0, "{}", staged.stderr);
+    let model = model("fleet", LLAMA_8B);
+    let model_path = model.path().to_str().expect("utf-8 path");
+    let mut args = vec!["plan", "-H", "h1", "--remote-bin", "/usr/local/old-gpureap"];
+    args.extend(BOX);
+    args.extend([
+        "--",
+        "python3",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+    ]);
+    args.push(model_path);
+    let old = lab.run_as_given(&args);
+    assert_eq!(old.code, 2, "{}{}", old.stdout, old.stderr);
+    assert!(
+        old.stdout
+            .contains("h1: its gpureap has no `plan` command: it is older than this one"),
+        "{}{}",
+        old.stdout,
+        old.stderr
+    );
+    // The same host with this build plans.
+    args[4] = env!("CARGO_BIN_EXE_gpureap");
+    let current = lab.run_as_given(&args);
+    assert_eq!(current.code, 0, "{}{}", current.stdout, current.stderr);
+    assert!(
+        current.stdout.contains("h1: fits now"),
+        "{}",
+        current.stdout
+    );
+}
