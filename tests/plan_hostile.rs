@@ -669,3 +669,46 @@ chmod 755 /usr/local/old-gpureap"#,
         current.stdout
     );
 }
+
+/// CUDA_VISIBLE_DEVICES that repeats a GPU (`0,0`, `01,1`, a UUID twice):
+/// CUDA stops at the repeat, so a TP-2 engine sees one GPU; the refusal
+/// quotes the variable as it was set. Before: `0,0` planned TP 2 on GPU 0
+/// twice (exit 0, one GPU's memory counted as two ranks'), and `0,,1` was
+/// quoted as "0", which is not what the user set.
+#[test]
+fn cuda_visible_devices_repeating_a_gpu_makes_it_visible_once() {
+    use gpureap::driver::sim::incident::SimHost;
+    let host = SimHost::new(4, 80 * (1 << 30), "Simulated H100").expect("sim host");
+    let model = model("visible", LLAMA_8B);
+    let run = |visible: &str| -> Run {
+        crate::harness::gpureap(&host)
+            .args(["plan", "--weights", "1GiB", "--"])
+            .args(sglang(model.path(), &["--tp", "2"]))
+            .env("CUDA_VISIBLE_DEVICES", visible)
+            .output()
+            .expect("gpureap runs")
+            .into()
+    };
+    for visible in [
+        "0,0",
+        "01,1",
+        "2,2,3",
+        "0,,1",
+        "GPU-sim-00000001,GPU-sim-00000001",
+    ] {
+        let result = run(visible);
+        assert_refused(
+            visible,
+            &result,
+            &format!("CUDA_VISIBLE_DEVICES {visible:?}"),
+        );
+        assert!(
+            result.stderr.contains("only 1 visible"),
+            "{}",
+            result.stderr
+        );
+    }
+    for visible in ["1,2", "3,2", "GPU-sim-00000003,GPU-sim-00000000"] {
+        assert_planned(visible, &run(visible));
+    }
+}

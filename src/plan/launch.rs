@@ -1309,12 +1309,24 @@ fn assign_gpus(
     let logical = logical_gpus(launch, base, step.unwrap_or(1));
     // CUDA reads CUDA_VISIBLE_DEVICES up to the first entry it cannot
     // parse; the visible devices are those entries, in that order.
+    // A repeated entry ends the list as an unparsable one does
+    // (`CUDA_VISIBLE_DEVICES=0,0` is one GPU to CUDA, not two).
     let visible: Option<Vec<String>> = env.get("CUDA_VISIBLE_DEVICES").map(|list| {
-        list.split(',')
-            .map(|id| id.trim().to_string())
-            .take_while(|id| is_uuid(id) || id.parse::<u32>().is_ok())
-            .collect()
+        let mut visible: Vec<String> = Vec::new();
+        for id in list.split(',').map(str::trim) {
+            let id = match id.parse::<u32>() {
+                Ok(index) => index.to_string(),
+                Err(_) if is_uuid(id) => id.to_string(),
+                Err(_) => break,
+            };
+            if visible.contains(&id) {
+                break;
+            }
+            visible.push(id);
+        }
+        visible
     });
+    let visible_raw = env.get("CUDA_VISIBLE_DEVICES").map_or("", String::as_str);
     if let Some(visible) = &visible
         && visible.is_empty()
     {
@@ -1365,9 +1377,9 @@ fn assign_gpus(
                 out.push(visible.get(*id as usize).cloned().ok_or_else(|| {
                     bad(
                         "CUDA_VISIBLE_DEVICES",
-                        &visible.join(","),
+                        visible_raw,
                         &format!(
-                            "the engine uses GPU #{id} of the visible ones (TP {} × PP {} × DP {}{}), only {} visible",
+                            "the engine uses GPU #{id} of the visible ones (TP {} × PP {} × DP {}{}), only {} visible (CUDA reads the list up to an entry that is neither an index nor a UUID, or repeats one)",
                             launch.tp,
                             launch.pp,
                             launch.dp,
