@@ -712,3 +712,31 @@ fn cuda_visible_devices_repeating_a_gpu_makes_it_visible_once() {
         assert_planned(visible, &run(visible));
     }
 }
+
+/// `--avg-prompt` and `--avg-output` of u64::MAX: refused (exit 2) by the
+/// flag's own check. The largest taken, with `--concurrency` as large,
+/// plans. Before: the two added up past u64::MAX (a panic, exit 101).
+#[test]
+fn request_sizes_beyond_any_server_are_refused_not_overflowed() {
+    let model = model("averages", LLAMA_8B);
+    let max = u64::MAX.to_string();
+    let flags = [&BOX[..], &["--avg-prompt", &max, "--avg-output", &max]].concat();
+    let result = plan(&flags, &sglang(model.path(), &[]));
+    assert_eq!(result.code, 2, "{}{}", result.stdout, result.stderr);
+    assert!(result.stderr.contains("--avg-prompt"), "{}", result.stderr);
+    assert!(!result.stderr.contains("panicked"), "{}", result.stderr);
+    let largest = (1u64 << 40).to_string();
+    let flags = [
+        &BOX[..],
+        &[
+            "--avg-prompt",
+            &largest,
+            "--avg-output",
+            &largest,
+            "--concurrency",
+            &largest,
+        ],
+    ]
+    .concat();
+    assert_planned("the largest", &plan(&flags, &sglang(model.path(), &[])));
+}

@@ -396,7 +396,8 @@ pub fn device(
         Engine::Sglang => sglang(launch, model, budget),
         Engine::Vllm => vllm(launch, model, budget),
     };
-    device.concurrency = averages.map(|(prompt, output)| concurrency(&device, prompt + output));
+    device.concurrency =
+        averages.map(|(prompt, output)| concurrency(&device, prompt.saturating_add(output)));
     device
 }
 

@@ -365,7 +365,7 @@ pub fn evaluate(config: &PlanConfig, snapshot: Option<&Snapshot>) -> Result<Outc
     };
     let request_tokens = config
         .averages
-        .map(|(prompt, output)| prompt + output)
+        .map(|(prompt, output)| prompt.saturating_add(output))
         .filter(|&tokens| tokens > 0)
         .or(launch.context_length)
         .or(model.max_position);
