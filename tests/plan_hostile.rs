@@ -740,3 +740,90 @@ fn request_sizes_beyond_any_server_are_refused_not_overflowed() {
     .concat();
     assert_planned("the largest", &plan(&flags, &sglang(model.path(), &[])));
 }
+
+/// A config.json, `--model-config` or safetensors file that is not a small
+/// regular file of JSON: refused by what it is, unread, at once.
+#[test]
+fn a_config_that_is_not_a_small_regular_file_is_refused_unread() {
+    // How to make the file, what the error says (a directory given to
+    // --model-config means its config.json, which is not there).
+    type Make = Box<dyn Fn(&Path)>;
+    let cases: Vec<(&str, Make, &str)> = vec![
+        (
+            "a link to /dev/zero",
+            Box::new(|path| std::os::unix::fs::symlink("/dev/zero", path).expect("link")),
+            "not a regular file",
+        ),
+        (
+            "a FIFO",
+            Box::new(|path| {
+                let fifo = std::ffi::CString::new(path.to_str().expect("utf-8")).expect("path");
+                // SAFETY: mkfifo on a NUL-terminated path this test owns.
+                assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0, "mkfifo");
+            }),
+            "not a regular file",
+        ),
+        (
+            "a directory",
+            Box::new(|path| std::fs::create_dir(path).expect("dir")),
+            "not a regular file",
+        ),
+        (
+            "2 GB",
+            Box::new(|path| {
+                std::fs::File::create(path)
+                    .and_then(|file| file.set_len(2_000_000_000))
+                    .expect("sparse file")
+            }),
+            "larger than 4 MiB",
+        ),
+        (
+            "nested 100,000 deep",
+            Box::new(|path| {
+                let text = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+                std::fs::write(path, text).expect("nested")
+            }),
+            "recursion limit",
+        ),
+    ];
+    for (what, make, said) in cases {
+        let parent = dir("config-kind");
+        let config = parent.path().join("config.json");
+        make(&config);
+        assert_refused(what, &plan(&BOX, &sglang(parent.path(), &[])), said);
+        let config_text = config.display().to_string();
+        let said = if what == "a directory" {
+            "No such file"
+        } else {
+            said
+        };
+        assert_refused(
+            what,
+            &plan(
+                &[&BOX[..], &["--model-config", &config_text]].concat(),
+                &sglang(Path::new("org/unused"), &[]),
+            ),
+            said,
+        );
+    }
+    // Safetensors headers: one claiming 2^63 bytes, one cut short.
+    for (header, said) in [
+        (
+            [&(1u64 << 63).to_le_bytes()[..], b"{}"].concat(),
+            "not plausible",
+        ),
+        (
+            [&100u64.to_le_bytes()[..], b"{\"x\":"].concat(),
+            "not plausible",
+        ),
+        (vec![1, 2, 3], "no safetensors header"),
+    ] {
+        let model = model("safetensors", LLAMA_8B);
+        std::fs::write(model.path().join("model.safetensors"), header).expect("header");
+        assert_refused(
+            said,
+            &plan(&["--gpu-memory", "80GiB"], &sglang(model.path(), &[])),
+            said,
+        );
+    }
+}
