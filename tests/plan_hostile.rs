@@ -827,3 +827,31 @@ fn a_config_that_is_not_a_small_regular_file_is_refused_unread() {
         );
     }
 }
+
+/// Sizes up to what `--gpu-memory`, `--weights` and `--kv-memory` take
+/// (16777215T, just under 2^64 bytes), on TP 1 and on the 1,024 GPUs a
+/// host may have, each lever computed: a plan, never an overflow. Before:
+/// the more-GPUs lever multiplied the weights by the old TP (a panic), and
+/// the DP-attention lever added the replicated weights past u64::MAX.
+#[test]
+fn sizes_near_the_largest_taken_plan_without_overflow() {
+    let model = model("largest", LLAMA_8B);
+    let big = "16777215T";
+    let boxes: [&[&str]; 3] = [
+        &["--gpu-memory", big, "--weights", big, "--kv-memory", big],
+        &["--gpu-memory", big, "--weights", "1", "--gpu-free", big],
+        &["--gpu-memory", "1", "--weights", big],
+    ];
+    for flags in boxes {
+        for tp in ["1", "1024"] {
+            for command in [
+                sglang(model.path(), &["--tp", tp]),
+                vllm(model.path(), &["--tp", tp]),
+            ] {
+                let what = format!("{flags:?} TP {tp} {}", command[0]);
+                let flags = [flags, &["--avg-output", "4100", "--concurrency", "150"]].concat();
+                assert_planned(&what, &plan(&flags, &command));
+            }
+        }
+    }
+}
