@@ -855,3 +855,45 @@ fn sizes_near_the_largest_taken_plan_without_overflow() {
         }
     }
 }
+
+/// A KV pool given by size larger than the GPU (vLLM's
+/// `--kv-cache-memory-bytes 1T`, or `--kv-memory 1000T` on an 80 GiB
+/// box): the engine allocates it as given and runs out of memory, so the
+/// plan does not fit (exit 4). Before: "fits now" (exit 0) with a pool of
+/// 1,000 TiB per GPU.
+#[test]
+fn a_kv_pool_given_larger_than_the_gpu_does_not_fit() {
+    let model = model("kv-given", LLAMA_8B);
+    let cases: [(&str, Vec<&str>, Vec<String>); 3] = [
+        (
+            "vLLM --kv-cache-memory-bytes 1T",
+            BOX.to_vec(),
+            vllm(model.path(), &["--kv-cache-memory-bytes", "1T"]),
+        ),
+        (
+            "SGLang --kv-memory 1000T",
+            [&BOX[..], &["--kv-memory", "1000T"]].concat(),
+            sglang(model.path(), &[]),
+        ),
+        (
+            "vLLM --kv-memory 80GiB beside the weights",
+            [&BOX[..], &["--kv-memory", "80GiB"]].concat(),
+            vllm(model.path(), &["--max-model-len", "8192"]),
+        ),
+    ];
+    for (what, flags, command) in cases {
+        let result = plan(&flags, &command);
+        assert_eq!(result.code, 4, "{what}: {}{}", result.stdout, result.stderr);
+        assert!(
+            result.stdout.contains("does not start"),
+            "{what}: {}",
+            result.stdout
+        );
+    }
+    // A pool that fits beside the weights is taken as given.
+    let fits = plan(
+        &[&BOX[..], &["--kv-memory", "10GiB"]].concat(),
+        &sglang(model.path(), &[]),
+    );
+    assert_eq!(fits.code, 0, "{}{}", fits.stdout, fits.stderr);
+}

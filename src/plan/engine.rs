@@ -409,6 +409,15 @@ pub fn concurrency(device: &Device, tokens_per_request: u64) -> f64 {
     by_tokens.min(device.max_running_requests as f64)
 }
 
+/// A KV pool given by size (`--kv-memory`, vLLM's
+/// `--kv-cache-memory-bytes`) that, with the weights, is more than the
+/// GPU holds: the engine allocates it as given, and no GPU of this kind
+/// has the room, whoever else holds memory.
+fn given_kv_too_large(budget: &Budget, kv: Option<u64>) -> bool {
+    budget.gpu_total > 0
+        && kv.is_some_and(|kv| budget.weights_per_gpu.saturating_add(kv) > budget.gpu_total)
+}
+
 fn sglang(launch: &Launch, model: &Model, budget: &Budget) -> Device {
     let cell = bytes_per_token(launch, model).max(1);
     let fraction = mem_fraction(launch, model, budget.gpu_total);
@@ -444,6 +453,10 @@ fn sglang(launch: &Launch, model: &Model, budget: &Budget) -> Device {
     let weights_fit = budget.kv_memory.is_some() || budget.weights_per_gpu < budget.free_at_start;
     let start = if !weights_fit {
         Start::WeightsTooLarge
+    } else if given_kv_too_large(budget, budget.kv_memory) {
+        Start::NotEnoughMemory {
+            raise_fraction_to: None,
+        }
     } else if tokens <= 0 {
         // The smallest f with f·F0 − W' ≥ one page of cells.
         let needed = (budget.weights_per_gpu as f64 + (u64::from(page) * cell) as f64)
@@ -530,6 +543,11 @@ fn vllm(launch: &Launch, model: &Model, budget: &Budget) -> Device {
         && budget.weights_per_gpu >= budget.free_at_start
     {
         Start::WeightsTooLarge
+    } else if given_kv_too_large(budget, launch.kv_cache_memory_bytes.or(budget.kv_memory)) {
+        // The pool is allocated at the size given: CUDA runs out of memory.
+        Start::NotEnoughMemory {
+            raise_fraction_to: None,
+        }
     } else if kv <= 0 || blocks < one_request_blocks {
         // check_enough_kv_cache_memory: "No available memory for the cache
         // blocks", or less than one request of max_model_len needs ("To
