@@ -1299,6 +1299,26 @@ fn is_uuid(id: &str) -> bool {
     id.starts_with("GPU-") || id.starts_with("MIG-")
 }
 
+/// The devices CUDA makes visible for `CUDA_VISIBLE_DEVICES=list`: the
+/// entries up to the first it cannot use, an entry that is neither an
+/// index nor a UUID, or one that repeats an earlier one (`0,0` is one GPU
+/// to CUDA, not two).
+fn cuda_visible(list: &str) -> Vec<String> {
+    let mut visible: Vec<String> = Vec::new();
+    for id in list.split(',').map(str::trim) {
+        let id = match id.parse::<u32>() {
+            Ok(index) => index.to_string(),
+            Err(_) if is_uuid(id) => id.to_string(),
+            Err(_) => break,
+        };
+        if visible.contains(&id) {
+            break;
+        }
+        visible.push(id);
+    }
+    visible
+}
+
 fn assign_gpus(
     launch: &mut Launch,
     env: &BTreeMap<String, String>,
@@ -1309,23 +1329,7 @@ fn assign_gpus(
     let logical = logical_gpus(launch, base, step.unwrap_or(1));
     // CUDA reads CUDA_VISIBLE_DEVICES up to the first entry it cannot
     // parse; the visible devices are those entries, in that order.
-    // A repeated entry ends the list as an unparsable one does
-    // (`CUDA_VISIBLE_DEVICES=0,0` is one GPU to CUDA, not two).
-    let visible: Option<Vec<String>> = env.get("CUDA_VISIBLE_DEVICES").map(|list| {
-        let mut visible: Vec<String> = Vec::new();
-        for id in list.split(',').map(str::trim) {
-            let id = match id.parse::<u32>() {
-                Ok(index) => index.to_string(),
-                Err(_) if is_uuid(id) => id.to_string(),
-                Err(_) => break,
-            };
-            if visible.contains(&id) {
-                break;
-            }
-            visible.push(id);
-        }
-        visible
-    });
+    let visible = env.get("CUDA_VISIBLE_DEVICES").map(|list| cuda_visible(list));
     let visible_raw = env.get("CUDA_VISIBLE_DEVICES").map_or("", String::as_str);
     if let Some(visible) = &visible
         && visible.is_empty()
