@@ -897,3 +897,59 @@ fn a_kv_pool_given_larger_than_the_gpu_does_not_fit() {
     );
     assert_eq!(fits.code, 0, "{}{}", fits.stdout, fits.stderr);
 }
+
+/// A checkpoint index of 60 MiB (its cap is 64) and a safetensors header
+/// of 90 MB (the format's cap is 100), both made of millions of tiny
+/// values, read in a 512 MiB address space: only the fields used are built
+/// (`total_size`; each tensor's dtype, shape and offsets, summed as the
+/// header is parsed). Before: each became a JSON tree ten times its size,
+/// and gpureap, which runs as root on whatever model directory it is
+/// given, failed to allocate (aborted).
+#[test]
+fn a_huge_index_or_header_costs_about_its_size() {
+    use std::os::unix::process::CommandExt as _;
+    let bounded = |model: &Path| -> Run {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_gpureap"));
+        command
+            .args(["plan", "--gpu-memory", "80GiB", "--"])
+            .args(sglang(model, &[]))
+            .env_remove("GPUREAP_BACKEND")
+            .stdin(Stdio::null());
+        // SAFETY: setrlimit only, between fork and exec.
+        unsafe {
+            command.pre_exec(|| {
+                let limit = libc::rlimit {
+                    rlim_cur: 512 << 20,
+                    rlim_max: 512 << 20,
+                };
+                libc::setrlimit(libc::RLIMIT_AS, &limit);
+                Ok(())
+            });
+        }
+        command.output().expect("gpureap runs").into()
+    };
+    let index = model("huge-index", LLAMA_8B);
+    let mut text = String::from(r#"{"metadata": {"total_size": 16060522496}, "x": ["#);
+    while text.len() < 60 << 20 {
+        text.push_str("[],");
+    }
+    text.push_str("[]]}");
+    std::fs::write(index.path().join("model.safetensors.index.json"), text).expect("index");
+    let result = bounded(index.path());
+    assert_planned("a 60 MiB index", &result);
+    assert!(result.stdout.contains("16.0 GiB"), "{}", result.stdout);
+
+    let header = model("huge-header", LLAMA_8B);
+    let mut json = String::from("{");
+    let mut count = 0u64;
+    while json.len() < 90_000_000 {
+        json.push_str(&format!(r#""t{count}":{{"data_offsets":[0,2]}},"#));
+        count += 1;
+    }
+    json.push_str(r#""__metadata__":{"format":"pt"}}"#);
+    let mut file = (json.len() as u64).to_le_bytes().to_vec();
+    file.extend_from_slice(json.as_bytes());
+    std::fs::write(header.path().join("model.safetensors"), file).expect("header");
+    let result = bounded(header.path());
+    assert_planned("a 90 MB header", &result);
+}

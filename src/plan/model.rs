@@ -801,10 +801,31 @@ fn modelopt_kv_fp8(quant: &serde_json::Value) -> bool {
 fn weights(dir: &Path) -> Result<Option<u64>, PlanError> {
     let index = dir.join("model.safetensors.index.json");
     if std::fs::symlink_metadata(&index).is_ok() {
-        let json = read_json(&index, INDEX_MAX)?;
-        let metadata = json.get("metadata").unwrap_or(&serde_json::Value::Null);
+        // Typed: the weight map (most of the file) and anything else is
+        // skipped unbuilt; total_size is kept as its text.
+        #[derive(serde::Deserialize)]
+        struct Metadata {
+            total_size: Option<Box<serde_json::value::RawValue>>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Index {
+            metadata: Option<Metadata>,
+        }
+        let (_, bytes) =
+            crate::file::read_regular(&index, INDEX_MAX).map_err(|why| unreadable(&index, why))?;
+        let json: Index = serde_json::from_slice(&bytes)
+            .map_err(|error| unreadable(&index, format!("not a checkpoint index: {error}")))?;
+        let total = json
+            .metadata
+            .and_then(|metadata| metadata.total_size)
+            .map(|raw| match raw.get().len() {
+                // A number is short; anything longer is not one.
+                ..=64 => serde_json::from_str(raw.get()).unwrap_or(serde_json::Value::Null),
+                _ => serde_json::Value::String("…".to_string()),
+            });
+        let metadata = serde_json::json!({ "total_size": total });
         if let Some(total) = metadata.get("total_size").filter(|total| !total.is_null()) {
-            return u64_field(metadata, "total_size").map(Some).ok_or_else(|| {
+            return u64_field(&metadata, "total_size").map(Some).ok_or_else(|| {
                 unreadable(
                     &index,
                     format!(
@@ -860,41 +881,78 @@ fn dtype_bits(dtype: &str) -> Option<u64> {
 /// span for a dtype not known here). The tensors are never read.
 pub fn safetensors_bytes(path: &Path) -> Result<u64, PlanError> {
     let header = read_header(path)?;
-    let json: serde_json::Value = serde_json::from_slice(&header)
-        .map_err(|error| unreadable(path, format!("safetensors header is not JSON: {error}")))?;
-    let Some(tensors) = json.as_object() else {
-        return Err(unreadable(path, "safetensors header is not a JSON object"));
-    };
-    let mut total = 0u64;
-    for (name, tensor) in tensors {
-        if name == "__metadata__" {
-            continue;
+    serde_json::from_slice::<HeaderBytes>(&header)
+        .map(|sum| sum.0)
+        .map_err(|error| unreadable(path, format!("not a safetensors header: {error}")))
+}
+
+/// The tensor bytes of a safetensors header, summed while it is parsed:
+/// one tensor's fields at a time, never the header as a tree (a 100 MB
+/// header of tiny entries would be gigabytes as one).
+struct HeaderBytes(u64);
+
+impl<'de> serde::Deserialize<'de> for HeaderBytes {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = HeaderBytes;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object of tensors")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<HeaderBytes, A::Error> {
+                let mut total = 0u64;
+                while let Some(name) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                    let tensor: Tensor = map.next_value()?;
+                    if name == "__metadata__" {
+                        continue;
+                    }
+                    let bytes = tensor.bytes().ok_or_else(|| {
+                        serde::de::Error::custom(format!(
+                            "tensor {:?} has no readable dtype and shape",
+                            crate::units::short(&name, 80)
+                        ))
+                    })?;
+                    total = total.saturating_add(bytes);
+                }
+                Ok(HeaderBytes(total))
+            }
         }
-        let by_shape = tensor
-            .get("dtype")
-            .and_then(serde_json::Value::as_str)
+        deserializer.deserialize_map(Visitor)
+    }
+}
+
+/// One entry of a safetensors header; other fields (and `__metadata__`'s
+/// strings) are skipped unbuilt.
+#[derive(serde::Deserialize)]
+struct Tensor {
+    dtype: Option<String>,
+    shape: Option<Vec<u64>>,
+    data_offsets: Option<(u64, u64)>,
+}
+
+impl Tensor {
+    /// Its dtype size × the product of its shape (its `data_offsets`
+    /// span for a dtype not known here).
+    fn bytes(&self) -> Option<u64> {
+        let by_shape = self
+            .dtype
+            .as_deref()
             .and_then(dtype_bits)
-            .zip(tensor.get("shape").and_then(serde_json::Value::as_array))
+            .zip(self.shape.as_ref())
             .and_then(|(bits, shape)| {
                 let elements = shape
                     .iter()
-                    .try_fold(1u64, |product, dim| product.checked_mul(dim.as_u64()?))?;
+                    .try_fold(1u64, |product, dim| product.checked_mul(*dim))?;
                 Some(elements.checked_mul(bits)?.div_ceil(8))
             });
-        let by_offsets = || {
-            let offsets = tensor.get("data_offsets")?.as_array()?;
-            let (begin, end) = (offsets.first()?.as_u64()?, offsets.get(1)?.as_u64()?);
+        by_shape.or_else(|| {
+            let (begin, end) = self.data_offsets?;
             end.checked_sub(begin)
-        };
-        let bytes = by_shape.or_else(by_offsets).ok_or_else(|| {
-            unreadable(
-                path,
-                format!("tensor {name:?} has no readable dtype and shape"),
-            )
-        })?;
-        total = total.saturating_add(bytes);
+        })
     }
-    Ok(total)
 }
 
 /// The JSON header of a safetensors file: a regular file, opened without
