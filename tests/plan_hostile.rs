@@ -75,7 +75,19 @@ fn plan_with(flags: &[&str], command: &[String], env: &[(&str, &str)]) -> Run {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut child = child.spawn().expect("gpureap runs");
-    // The outputs are small (one report or one line): read once it ended.
+    // Read while it runs: an output larger than a pipe holds must not
+    // stop it.
+    let reader = |stream: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            if let Some(mut stream) = stream {
+                let _ = stream.read_to_string(&mut text);
+            }
+            text
+        })
+    };
+    let stdout = reader(child.stdout.take().map(|out| Box::new(out) as _));
+    let stderr = reader(child.stderr.take().map(|err| Box::new(err) as _));
     let status = match child.wait_timeout(Duration::from_secs(30)).expect("wait") {
         Some(status) => status,
         None => {
@@ -84,18 +96,10 @@ fn plan_with(flags: &[&str], command: &[String], env: &[(&str, &str)]) -> Run {
             panic!("gpureap plan {flags:?} -- {command:?} did not end within 30 s");
         }
     };
-    let mut stdout = String::new();
-    let mut stderr = String::new();
-    if let Some(mut out) = child.stdout.take() {
-        out.read_to_string(&mut stdout).expect("stdout");
-    }
-    if let Some(mut err) = child.stderr.take() {
-        err.read_to_string(&mut stderr).expect("stderr");
-    }
     Run {
         code: status.code().unwrap_or(-1),
-        stdout,
-        stderr,
+        stdout: stdout.join().expect("stdout"),
+        stderr: stderr.join().expect("stderr"),
     }
 }
 
@@ -952,4 +956,33 @@ fn a_huge_index_or_header_costs_about_its_size() {
     std::fs::write(header.path().join("model.safetensors"), file).expect("header");
     let result = bounded(header.path());
     assert_planned("a 90 MB header", &result);
+}
+
+/// A 100 KB argument (the engine's program, a flag's value, the model)
+/// in an error: quoted cut to 200 characters, one line. Before: echoed
+/// whole, a 100 KB line on stderr.
+#[test]
+fn a_huge_argument_is_quoted_cut_in_the_error() {
+    let huge = "9".repeat(100_000);
+    let model = model("huge-arg", LLAMA_8B);
+    let missing = format!("/{}", "m".repeat(100_000));
+    let cases: [(&str, Vec<String>, &str); 3] = [
+        (
+            "unknown engine",
+            vec!["python3".to_string(), huge.clone()],
+            "unknown engine command",
+        ),
+        ("--tp", sglang(model.path(), &["--tp", &huge]), "--tp"),
+        ("model", sglang(Path::new(&missing), &[]), "not found"),
+    ];
+    for (what, command, named) in cases {
+        let result = plan(&BOX, &command);
+        assert_refused(what, &result, named);
+        assert!(result.stderr.contains("\"…"), "{what}: {}", result.stderr);
+        assert!(
+            result.stderr.len() < 1000,
+            "{what}: {} bytes",
+            result.stderr.len()
+        );
+    }
 }
