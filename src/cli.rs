@@ -651,13 +651,17 @@ pub struct HostsArgs {
     pub host_timeout: Option<Duration>,
 }
 
+/// The largest count taken (2^40 tokens or requests): beyond any server,
+/// and two of them add up without overflowing.
+const COUNT_MAX: u64 = 1 << 40;
+
 /// A count above zero (tokens, requests, GPUs).
 fn count(text: &str) -> Result<u64, String> {
     match text.trim().parse::<u64>() {
-        Ok(0) | Err(_) => Err(format!(
-            "invalid number '{text}': expected a whole number above 0, like 4100"
+        Ok(n) if (1..=COUNT_MAX).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "invalid number '{text}': expected a whole number from 1 to {COUNT_MAX}, like 4100"
         )),
-        Ok(n) => Ok(n),
     }
 }
 

@@ -38,7 +38,7 @@ fn main() -> ! {
             .init();
     }
     if let Err(error) = meaningless_flags(&matches, &cli) {
-        eprintln!("gpureap: {}", error.0);
+        eprintln!("gpureap: {}", gpureap::units::one_line(&error.0));
         Exit::Usage.exit();
     }
     let result = match &cli.command {
@@ -98,10 +98,12 @@ fn exit_code(result: Result<Exit, Failure>) -> Exit {
     match result {
         Ok(code) => code,
         Err(failure) => {
+            // One line, whatever the error quotes (a path, a host's
+            // answer, a file's name with a newline in it).
             if failure.class() != Exit::Success {
                 eprintln!(
                     "gpureap: {}",
-                    gpureap::units::printable(&format!("{:#}", failure.error()))
+                    gpureap::units::one_line(&format!("{:#}", failure.error()))
                 );
             }
             failure.class()
@@ -439,10 +441,13 @@ fn wait(backend: &BackendChoice, args: &config::WaitRequest) -> Result<Exit, Fai
         eprintln!(
             "gpureap: cannot wait: GPU {}: {}; the driver cannot tell when it is free",
             lost.index,
-            lost.error
-                .as_ref()
-                .map(ToString::to_string)
-                .unwrap_or_default()
+            gpureap::units::one_line(
+                &lost
+                    .error
+                    .as_ref()
+                    .map(ToString::to_string)
+                    .unwrap_or_default()
+            )
         );
         Ok(Exit::Incomplete)
     } else if outcome.ready {

@@ -14,6 +14,7 @@ mod incidents;
 mod input;
 mod old_kernel;
 mod plan;
+mod plan_hostile;
 mod portable;
 mod push;
 mod run;

@@ -282,7 +282,7 @@ impl Transport {
         let text = String::from_utf8_lossy(stdout);
         if text.trim().is_empty() {
             // The remote gpureap refused (bad usage) or failed before any report.
-            let why = last_line.unwrap_or_else(|| {
+            let why = refusal(&stderr).or(last_line).unwrap_or_else(|| {
                 format!(
                     "exited {} with no output",
                     status.code().unwrap_or_default()
@@ -389,6 +389,29 @@ fn first_line(text: &str) -> String {
 
 /// The last stderr line that says something: ssh's warnings and banners
 /// (`Warning: Permanently added …`) are not the reason.
+/// What a remote gpureap that refused its arguments said, when its
+/// argument parser said it (`error: …`, followed by a usage and a "For more
+/// information" line, which say nothing of the host): a gpureap without
+/// the command asked is named as older than this one.
+fn refusal(stderr: &str) -> Option<String> {
+    let line = stderr
+        .lines()
+        .map(str::trim)
+        .find(|line| line.starts_with("error: "))?;
+    let older = line
+        .strip_prefix("error: unrecognized subcommand '")
+        .and_then(|rest| rest.split('\'').next());
+    Some(match older {
+        Some(command) => crate::units::short(
+            &format!(
+                "its gpureap has no `{command}` command: it is older than this one (update it: gpureap push -H HOST)"
+            ),
+            200,
+        ),
+        None => crate::units::short(line, 200),
+    })
+}
+
 fn last_meaningful_line(stderr: &str) -> Option<String> {
     stderr
         .lines()

@@ -98,9 +98,50 @@ impl Logged {
     }
 }
 
+/// The line just read is `engine`'s; `both` when the start has seen the
+/// other engine's lines too (two servers' logs in one file).
+fn saw(current: &mut Logged, both: &mut bool, engine: Engine) {
+    if current.engine.is_some_and(|seen| seen != engine) {
+        *both = true;
+    }
+    current.engine = Some(engine);
+}
+
+/// `read_log_file` for a plan of `engine`: a log of the other engine, or
+/// one start holding the lines of both, is refused rather than read as
+/// this engine's figures.
+pub fn read_log_for(path: &Path, engine: Engine) -> Result<Logged, PlanError> {
+    let (logged, both_engines) = read_starts(&read_tail(path)?);
+    let name = |engine: Engine| match engine {
+        Engine::Sglang => "SGLang",
+        Engine::Vllm => "vLLM",
+    };
+    let why = if both_engines {
+        "one start in it holds the lines of both SGLang and vLLM: give the log of one server's start"
+            .to_string()
+    } else if let Some(logged_engine) = logged.engine.filter(|logged| *logged != engine) {
+        format!(
+            "a {} log, and the command starts {}: give the log of a start of this command",
+            name(logged_engine),
+            name(engine)
+        )
+    } else {
+        return Ok(logged);
+    };
+    Err(PlanError::Unreadable {
+        path: path.to_path_buf(),
+        why,
+    })
+}
+
 /// Reads the last `LOG_MAX` bytes of a log file (a regular file, opened
 /// without waiting).
 pub fn read_log_file(path: &Path) -> Result<Logged, PlanError> {
+    Ok(read_log(&read_tail(path)?))
+}
+
+/// The last `LOG_MAX` bytes of a log file, from its first whole line.
+fn read_tail(path: &Path) -> Result<String, PlanError> {
     use std::io::{Read as _, Seek as _, SeekFrom};
     use std::os::unix::fs::OpenOptionsExt as _;
     let unreadable = |why: String| PlanError::Unreadable {
@@ -131,7 +172,7 @@ pub fn read_log_file(path: &Path) -> Result<Logged, PlanError> {
         (true, Some(newline)) => &text[newline + 1..],
         _ => &text[..],
     };
-    Ok(read_log(text))
+    Ok(text.to_string())
 }
 
 /// Text without ANSI escape sequences (`ESC [ … letter`).
@@ -181,19 +222,20 @@ fn rank_of(line: &str) -> String {
         let prefix = bytes.get(at..at + 2);
         let is_name = matches!(prefix, Some(b"TP" | b"DP" | b"PP" | b"EP" | b"CP"));
         let starts_word = at == 0 || !bytes[at - 1].is_ascii_alphanumeric();
-        // `get`: a line may end in the letter, or a multi-byte character
-        // may follow it (a real vLLM log ended a line so; slicing panicked).
-        let digits = line
+        // Bytes, not a str slice: the name may end the line, and what
+        // follows it may be any character.
+        let digits = bytes
             .get(at + 2..)
-            .unwrap_or("")
-            .bytes()
-            .take_while(u8::is_ascii_digit)
+            .unwrap_or_default()
+            .iter()
+            .take_while(|byte| byte.is_ascii_digit())
             .count();
         let ends_word = bytes
             .get(at + 2 + digits)
             .is_none_or(|next| !next.is_ascii_alphanumeric());
         if is_name && starts_word && digits > 0 && ends_word {
-            rank.push_str(line.get(at..at + 2 + digits).unwrap_or(""));
+            // ASCII from `at` to the end of the digits.
+            rank.push_str(line.get(at..at + 2 + digits).unwrap_or_default());
             rank.push(' ');
         }
     }
@@ -216,8 +258,14 @@ const DESIRED: &str = "Desired GPU memory utilization is (";
 
 /// Reads the lines ENGINES.md §1.3 / §2 name, both engines.
 pub fn read_log(text: &str) -> Logged {
-    let mut starts: Vec<Logged> = Vec::new();
+    read_starts(text).0
+}
+
+/// `read_log`, and whether the start it gives holds both engines' lines.
+fn read_starts(text: &str) -> (Logged, bool) {
+    let mut starts: Vec<(Logged, bool)> = Vec::new();
     let mut current = Logged::default();
+    let mut both = false;
     // The (rank, event) pairs seen in this start: the same rank beginning
     // or ending its load again is a new start, as is any load after the
     // token count.
@@ -231,38 +279,44 @@ pub fn read_log(text: &str) -> Logged {
         // vLLM's front end says its arguments before its engine loads: after
         // a complete start, that is the next one.
         if line.contains("non-default args:") && current.complete() {
-            starts.push(std::mem::take(&mut current));
+            starts.push((std::mem::take(&mut current), std::mem::take(&mut both)));
             seen.clear();
         }
         if begin || sglang_load || vllm_load {
             let event = (rank.clone(), begin);
             if current.complete() || seen.contains(&event) {
-                starts.push(std::mem::take(&mut current));
+                starts.push((std::mem::take(&mut current), std::mem::take(&mut both)));
                 seen.clear();
             }
             seen.push(event);
         }
-        read_figures(&line, sglang_load, vllm_load, &mut current);
+        read_figures(&line, sglang_load, vllm_load, &mut current, &mut both);
     }
-    starts.push(current);
+    starts.push((current, both));
     let last = starts.last().copied().unwrap_or_default();
     starts
         .into_iter()
         .rev()
-        .find(Logged::complete)
+        .find(|(logged, _)| logged.complete())
         .unwrap_or(last)
 }
 
 /// The figures one line of a start gives, into that start's record.
-fn read_figures(line: &str, sglang_load: bool, vllm_load: bool, current: &mut Logged) {
+fn read_figures(
+    line: &str,
+    sglang_load: bool,
+    vllm_load: bool,
+    current: &mut Logged,
+    both: &mut bool,
+) {
     if line.contains("Load weight begin.") {
-        current.engine = Some(Engine::Sglang);
+        saw(current, both, Engine::Sglang);
         if let Some(free) = number_after(line, "avail mem=") {
             let free = gib(free);
             current.free_before_load = Some(current.free_before_load.map_or(free, |f| f.min(free)));
         }
     } else if sglang_load {
-        current.engine = Some(Engine::Sglang);
+        saw(current, both, Engine::Sglang);
         let usage = number_after(line, "mem usage=");
         let avail = number_after(line, "avail mem=");
         if let Some(usage) = usage {
@@ -273,14 +327,14 @@ fn read_figures(line: &str, sglang_load: bool, vllm_load: bool, current: &mut Lo
             current.free_before_load = Some(gib(usage + avail));
         }
     } else if vllm_load {
-        current.engine = Some(Engine::Vllm);
+        saw(current, both, Engine::Vllm);
         if let Some(weights) = number_after(line, "Model loading took") {
             let weights = gib(weights);
             current.weights_per_gpu =
                 Some(current.weights_per_gpu.map_or(weights, |w| w.max(weights)));
         }
     } else if line.contains("KV Cache is allocated.") {
-        current.engine = Some(Engine::Sglang);
+        saw(current, both, Engine::Sglang);
         current.tokens = number_after(line, "#tokens:")
             .map(|n| n as u64)
             .or(current.tokens);
@@ -294,18 +348,18 @@ fn read_figures(line: &str, sglang_load: bool, vllm_load: bool, current: &mut Lo
             current.kv_bytes = Some(gib(kv));
         }
     } else if line.contains("max_total_num_tokens=") {
-        current.engine = Some(Engine::Sglang);
+        saw(current, both, Engine::Sglang);
         if let Some(tokens) = number_after(line, "max_total_num_tokens=") {
             current.tokens = Some(tokens as u64);
         }
     } else if line.contains("Available KV cache memory:") {
-        current.engine = Some(Engine::Vllm);
+        saw(current, both, Engine::Vllm);
         if let Some(kv) = number_after(line, "Available KV cache memory:") {
             let kv = gib(kv);
             current.kv_bytes = Some(current.kv_bytes.map_or(kv, |k| k.min(kv)));
         }
     } else if line.contains("GPU KV cache size:") {
-        current.engine = Some(Engine::Vllm);
+        saw(current, both, Engine::Vllm);
         if let Some(tokens) = number_after(line, "GPU KV cache size:") {
             current.tokens = Some(tokens as u64);
         }
@@ -315,7 +369,7 @@ fn read_figures(line: &str, sglang_load: bool, vllm_load: bool, current: &mut Lo
         }
     } else if let Some(at) = line.find(DESIRED) {
         // `(0.5, 69.9 GiB)`: the utilization, then the requested GiB.
-        current.engine = Some(Engine::Vllm);
+        saw(current, both, Engine::Vllm);
         if let Some(requested) = number_after(&line[at + DESIRED.len()..], ",") {
             let requested = gib(requested);
             current.requested = Some(current.requested.map_or(requested, |r| r.max(requested)));

@@ -404,7 +404,8 @@ pub fn device(
         Engine::Sglang => sglang(launch, model, budget),
         Engine::Vllm => vllm(launch, model, budget),
     };
-    device.concurrency = averages.map(|(prompt, output)| concurrency(&device, prompt + output));
+    device.concurrency =
+        averages.map(|(prompt, output)| concurrency(&device, prompt.saturating_add(output)));
     device
 }
 
@@ -414,6 +415,15 @@ pub fn device(
 pub fn concurrency(device: &Device, tokens_per_request: u64) -> f64 {
     let by_tokens = device.tokens_per_rank as f64 / tokens_per_request.max(1) as f64;
     by_tokens.min(device.max_running_requests as f64)
+}
+
+/// A KV pool given by size (`--kv-memory`, vLLM's
+/// `--kv-cache-memory-bytes`) that, with the weights, is more than the
+/// GPU holds: the engine allocates it as given, and no GPU of this kind
+/// has the room, whoever else holds memory.
+fn given_kv_too_large(budget: &Budget, kv: Option<u64>) -> bool {
+    budget.gpu_total > 0
+        && kv.is_some_and(|kv| budget.weights_per_gpu.saturating_add(kv) > budget.gpu_total)
 }
 
 fn sglang(launch: &Launch, model: &Model, budget: &Budget) -> Device {
@@ -451,6 +461,10 @@ fn sglang(launch: &Launch, model: &Model, budget: &Budget) -> Device {
     let weights_fit = budget.kv_memory.is_some() || budget.weights_per_gpu < budget.free_at_start;
     let start = if !weights_fit {
         Start::WeightsTooLarge
+    } else if given_kv_too_large(budget, budget.kv_memory) {
+        Start::NotEnoughMemory {
+            raise_fraction_to: None,
+        }
     } else if tokens <= 0 {
         // The smallest f with f·F0 − W' ≥ one page of cells.
         let needed = (budget.weights_per_gpu as f64 + (u64::from(page) * cell) as f64)
@@ -504,24 +518,31 @@ fn vllm(launch: &Launch, model: &Model, budget: &Budget) -> Device {
     };
     // What vLLM takes out of the requested memory besides the KV cache:
     // measured by a previous start, else the weights and the estimates.
-    let not_kv = budget
-        .non_kv
-        .unwrap_or(budget.weights_per_gpu + VLLM_PROFILE_PEAK_BYTES + graphs);
+    let not_kv = budget.non_kv.unwrap_or(
+        budget
+            .weights_per_gpu
+            .saturating_add(VLLM_PROFILE_PEAK_BYTES)
+            .saturating_add(graphs),
+    );
     let kv = match (launch.kv_cache_memory_bytes, budget.kv_memory) {
         (Some(bytes), _) | (None, Some(bytes)) => bytes as i128,
         (None, None) => requested as i128 - not_kv as i128,
     };
     // get_num_blocks: available // page_size // layers, page_size per
     // layer = block × per-layer bytes; MIN over ranks (the same here).
-    let block_bytes = u64::from(block) * per_token;
+    let block_bytes = u64::from(block).saturating_mul(per_token);
     let blocks = if kv > 0 { (kv as u64) / block_bytes } else { 0 };
     // DCP spreads each block over the DCP ranks.
-    let tokens = blocks * u64::from(block) * u64::from(launch.dcp.max(1));
+    let tokens = blocks
+        .saturating_mul(u64::from(block))
+        .saturating_mul(u64::from(launch.dcp.max(1)));
     // One request of max_model_len must fit (`--max-model-len auto` fits
     // the length to the pool instead).
     let context = launch.context_length.or(model.max_position);
     let one_request_blocks = match (launch.max_model_len_auto, context) {
-        (false, Some(length)) => length.div_ceil(u64::from(block) * u64::from(launch.dcp.max(1))),
+        (false, Some(length)) => {
+            length.div_ceil(u64::from(block).saturating_mul(u64::from(launch.dcp.max(1))))
+        }
         _ => 0,
     };
     // init_device calls request_memory before anything else, so the check
@@ -536,15 +557,20 @@ fn vllm(launch: &Launch, model: &Model, budget: &Budget) -> Device {
         && budget.weights_per_gpu >= budget.free_at_start
     {
         Start::WeightsTooLarge
+    } else if given_kv_too_large(budget, launch.kv_cache_memory_bytes.or(budget.kv_memory)) {
+        // The pool is allocated at the size given: CUDA runs out of memory.
+        Start::NotEnoughMemory {
+            raise_fraction_to: None,
+        }
     } else if kv <= 0 || blocks < one_request_blocks {
         // check_enough_kv_cache_memory: "No available memory for the cache
         // blocks", or less than one request of max_model_len needs ("To
         // serve at least one request with the model's max seq len"); with
         // the utilization that would hold one (none when the KV size is
         // given).
-        let needed = one_request_blocks.max(1) * block_bytes;
+        let needed = one_request_blocks.max(1).saturating_mul(block_bytes);
         let total = (budget.gpu_total as f64).max(1.0);
-        let used = (not_kv + needed) as f64;
+        let used = not_kv.saturating_add(needed) as f64;
         let raise = (used / total * 100.0).ceil() / 100.0;
         let fixed = launch.kv_cache_memory_bytes.is_some() || budget.kv_memory.is_some();
         Start::NotEnoughMemory {
@@ -553,20 +579,7 @@ fn vllm(launch: &Launch, model: &Model, budget: &Budget) -> Device {
     } else {
         Start::Starts
     };
-    // arg_utils: 1024 on GPUs of 70 GiB or more (256 on A100s and smaller
-    // GPUs; the GPU's name is not known here), then at most
-    // max_num_batched_tokens (8192 for the API server on those GPUs).
-    let large = budget.gpu_total >= 70 * GIB;
-    let max_running_requests = match launch.max_running_requests {
-        Some(requests) => requests,
-        None => {
-            let default_seqs = if large { 1024 } else { 256 };
-            let batched = launch
-                .chunked_prefill_size
-                .unwrap_or(if large { 8192 } else { 2048 });
-            default_seqs.min(batched.max(1))
-        }
-    };
+    let max_running_requests = vllm_max_running_requests(launch, budget.gpu_total);
     Device {
         bytes_per_token: per_token,
         kv_bytes_per_rank: kv.max(0) as u64,
@@ -580,6 +593,24 @@ fn vllm(launch: &Launch, model: &Model, budget: &Budget) -> Device {
         kv_dtype: kv_dtype(launch, model),
         profiled_tokens: i64::try_from(tokens).unwrap_or(i64::MAX),
         context_length: launch.context_length.or(model.max_position),
+    }
+}
+
+/// vLLM's running-request cap: `--max-num-seqs`, else arg_utils' default:
+/// 1024 on GPUs of 70 GiB or more (256 on A100s and smaller GPUs; the GPU's
+/// name is not known here), then at most max_num_batched_tokens (8192 for
+/// the API server on those GPUs).
+fn vllm_max_running_requests(launch: &Launch, gpu_total: u64) -> u64 {
+    let large = gpu_total >= 70 * GIB;
+    match launch.max_running_requests {
+        Some(requests) => requests,
+        None => {
+            let default_seqs = if large { 1024 } else { 256 };
+            let batched = launch
+                .chunked_prefill_size
+                .unwrap_or(if large { 8192 } else { 2048 });
+            default_seqs.min(batched.max(1))
+        }
     }
 }
 
@@ -631,15 +662,19 @@ pub fn host_tier(
                 HostTierRequest::VllmOffloadGib(_) => 0,
             };
             let page = u64::from(device.page_size.max(1));
-            let tokens = (size / page + 1) * page;
-            let bytes = tokens * per_token;
-            (tokens, bytes, bytes * ranks)
+            let tokens = (size / page).saturating_add(1).saturating_mul(page);
+            let bytes = tokens.saturating_mul(per_token);
+            (tokens, bytes, bytes.saturating_mul(ranks))
         }
         HostTierRequest::VllmOffloadGib(gib) => {
             let total = (gib * GIB as f64) as u64;
             let world = u64::from((launch.tp * launch.pp).max(1));
-            let tokens = total / (per_token * world);
-            (tokens, total / world, total * u64::from(launch.dp.max(1)))
+            let tokens = total / per_token.saturating_mul(world);
+            (
+                tokens,
+                total / world,
+                total.saturating_mul(u64::from(launch.dp.max(1))),
+            )
         }
     };
     Some(HostTier {

@@ -261,7 +261,7 @@ pub fn evaluate(config: &PlanConfig, snapshot: Option<&Snapshot>) -> Result<Outc
     let launch = launch::parse(&config.command, &config.env)?;
     let model = model::locate_for(&launch, config.model_config.as_deref())?;
     let logged = match &config.from_log {
-        Some(path) => Some(calibrate::read_log_file(path)?),
+        Some(path) => Some(calibrate::read_log_for(path, launch.engine)?),
         None => None,
     };
     let (gpus, hypothetical) = engine_gpus(config, &launch, snapshot)?;
@@ -472,7 +472,7 @@ fn logged_non_kv(
 fn request_tokens(config: &PlanConfig, launch: &Launch, model: &Model) -> Option<u64> {
     config
         .averages
-        .map(|(prompt, output)| prompt + output)
+        .map(|(prompt, output)| prompt.saturating_add(output))
         .filter(|&tokens| tokens > 0)
         .or(launch.context_length)
         .or(model.max_position)

@@ -293,6 +293,7 @@ pub fn parse(argv: &[String], env: &BTreeMap<String, String>) -> Result<Launch, 
             ),
         });
     }
+    check_sizes(&launch, &state)?;
     assign_gpus(
         &mut launch,
         &env,
@@ -302,6 +303,123 @@ pub fn parse(argv: &[String], env: &BTreeMap<String, String>) -> Result<Launch, 
     )?;
     launch.env = env;
     Ok(launch)
+}
+
+/// The most ranks (TP × PP × DP, over every node) a command may ask for:
+/// far above any deployment, low enough that no product of them, nor a
+/// GPU id made from them, overflows.
+const MAX_RANKS: u32 = 1 << 16;
+
+/// The parallel sizes and GPU ids a command asks for, within what a host
+/// (`units::MAX_GPU_INDEX`) and a deployment can have: `--tp 99999`,
+/// `--dp 4000000000` or `--base-gpu-id 4294967295` are refused here, before
+/// any arithmetic or list is made from them.
+fn check_sizes(launch: &Launch, state: &Flags) -> Result<(), PlanError> {
+    let max_gpus = crate::units::MAX_GPU_INDEX + 1;
+    let (tp, pp, dp) = (launch.tp, launch.pp, launch.dp);
+    let sizes = || bad_sizes(format!("TP {tp} × PP {pp} × DP {dp}"));
+    let ranks = u64::from(tp) * u64::from(pp) * u64::from(dp);
+    if ranks > u64::from(MAX_RANKS) {
+        return Err(sizes()(format!(
+            "{ranks} ranks, more than the {MAX_RANKS} gpureap plans for"
+        )));
+    }
+    if launch.nnodes > MAX_RANKS {
+        return Err(bad(
+            "--nnodes",
+            &launch.nnodes.to_string(),
+            &format!("more than the {MAX_RANKS} ranks gpureap plans for"),
+        ));
+    }
+    if launch.gpu_count() > max_gpus {
+        return Err(sizes()(format!(
+            "the engine would use {} GPUs on this host; a host has at most {max_gpus}",
+            launch.gpu_count()
+        )));
+    }
+    if launch.dcp > tp || !tp.is_multiple_of(launch.dcp) {
+        return Err(bad(
+            "--decode-context-parallel-size",
+            &launch.dcp.to_string(),
+            &format!(
+                "the KV is sharded over DCP ranks inside the TP group: DCP must divide TP ({tp})"
+            ),
+        ));
+    }
+    if state.base_gpu_id > crate::units::MAX_GPU_INDEX {
+        return Err(bad(
+            "--base-gpu-id",
+            &state.base_gpu_id.to_string(),
+            &format!("not a GPU index (0 to {})", crate::units::MAX_GPU_INDEX),
+        ));
+    }
+    if let Some(step) = state.gpu_id_step.filter(|step| *step > max_gpus) {
+        return Err(bad(
+            "--gpu-id-step",
+            &step.to_string(),
+            &format!("more than the {max_gpus} GPUs a host has"),
+        ));
+    }
+    check_amounts(launch, state)
+}
+
+/// The largest page or block size taken (the engines' are at most 256).
+const MAX_PAGE: u32 = 1 << 16;
+/// The longest context taken, as in a config (model::NUMBERS).
+const MAX_CONTEXT: u64 = 1 << 40;
+/// The largest host tier taken: GB per rank (SGLang) or GiB (vLLM).
+const MAX_HOST_TIER: f64 = (1u64 << 30) as f64;
+
+/// Token and memory amounts within what any host has, so that the pool's
+/// and the host tier's arithmetic stays in range: `--page-size 4294967295`,
+/// `--max-model-len 18446744073709551615`, `--hicache-ratio 1e308`,
+/// `--kv-offloading-size inf` are refused by name.
+fn check_amounts(launch: &Launch, state: &Flags) -> Result<(), PlanError> {
+    if let Some(page) = launch.page_size.filter(|page| *page > MAX_PAGE) {
+        return Err(bad(
+            "--page-size/--block-size",
+            &page.to_string(),
+            &format!("more than {MAX_PAGE} tokens a page"),
+        ));
+    }
+    if let Some(context) = launch.context_length.filter(|length| *length > MAX_CONTEXT) {
+        return Err(bad(
+            "--context-length/--max-model-len",
+            &context.to_string(),
+            &format!("more than {MAX_CONTEXT} tokens"),
+        ));
+    }
+    let host_tier = [
+        (
+            "--hicache-ratio",
+            state.hicache_ratio.map(|ratio| (ratio, ratio.to_string())),
+        ),
+        (
+            "--hicache-size",
+            state.hicache_size.map(|gb| (gb as f64, gb.to_string())),
+        ),
+        (
+            "--kv-offloading-size",
+            state.offloading_gib.map(|gib| (gib, gib.to_string())),
+        ),
+    ];
+    for (flag, amount) in host_tier {
+        // NaN and infinity are refused too.
+        let in_range = |amount: f64| amount.is_finite() && amount <= MAX_HOST_TIER;
+        if let Some((_, text)) = amount.filter(|(amount, _)| !in_range(*amount)) {
+            return Err(bad(
+                flag,
+                &crate::units::short(&text, 40),
+                &format!("not a number up to {MAX_HOST_TIER}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The error for parallel sizes that are too large together.
+fn bad_sizes(value: String) -> impl Fn(String) -> PlanError {
+    move |why| bad("--tp-size/--pp-size/--dp-size", &value, &why)
 }
 
 /// What the flags set that `Launch` keeps in another shape.
@@ -1222,6 +1340,26 @@ fn is_uuid(id: &str) -> bool {
     id.starts_with("GPU-") || id.starts_with("MIG-")
 }
 
+/// The devices CUDA makes visible for `CUDA_VISIBLE_DEVICES=list`: the
+/// entries up to the first it cannot use, an entry that is neither an
+/// index nor a UUID, or one that repeats an earlier one (`0,0` is one GPU
+/// to CUDA, not two).
+fn cuda_visible(list: &str) -> Vec<String> {
+    let mut visible: Vec<String> = Vec::new();
+    for id in list.split(',').map(str::trim) {
+        let id = match id.parse::<u32>() {
+            Ok(index) => index.to_string(),
+            Err(_) if is_uuid(id) => id.to_string(),
+            Err(_) => break,
+        };
+        if visible.contains(&id) {
+            break;
+        }
+        visible.push(id);
+    }
+    visible
+}
+
 fn assign_gpus(
     launch: &mut Launch,
     env: &BTreeMap<String, String>,
@@ -1232,12 +1370,10 @@ fn assign_gpus(
     let logical = logical_gpus(launch, base, step.unwrap_or(1));
     // CUDA reads CUDA_VISIBLE_DEVICES up to the first entry it cannot
     // parse; the visible devices are those entries, in that order.
-    let visible: Option<Vec<String>> = env.get("CUDA_VISIBLE_DEVICES").map(|list| {
-        list.split(',')
-            .map(|id| id.trim().to_string())
-            .take_while(|id| is_uuid(id) || id.parse::<u32>().is_ok())
-            .collect()
-    });
+    let visible = env
+        .get("CUDA_VISIBLE_DEVICES")
+        .map(|list| cuda_visible(list));
+    let visible_raw = env.get("CUDA_VISIBLE_DEVICES").map_or("", String::as_str);
     if let Some(visible) = &visible
         && visible.is_empty()
     {
@@ -1288,9 +1424,9 @@ fn assign_gpus(
                 out.push(visible.get(*id as usize).cloned().ok_or_else(|| {
                     bad(
                         "CUDA_VISIBLE_DEVICES",
-                        &visible.join(","),
+                        visible_raw,
                         &format!(
-                            "the engine uses GPU #{id} of the visible ones (TP {} × PP {} × DP {}{}), only {} visible",
+                            "the engine uses GPU #{id} of the visible ones (TP {} × PP {} × DP {}{}), only {} visible (CUDA reads the list up to an entry that is neither an index nor a UUID, or repeats one)",
                             launch.tp,
                             launch.pp,
                             launch.dp,

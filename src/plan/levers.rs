@@ -158,8 +158,8 @@ fn apply(context: &Context, changes: &[Change]) -> (Device, Launch, Budget, Stri
                 let extra = after
                     .zip(before)
                     .map_or(0, |(after, before)| after.saturating_sub(before));
-                budget.weights_per_gpu += extra;
-                budget.non_kv = budget.non_kv.map(|non_kv| non_kv + extra);
+                budget.weights_per_gpu = budget.weights_per_gpu.saturating_add(extra);
+                budget.non_kv = budget.non_kv.map(|non_kv| non_kv.saturating_add(extra));
                 notes.push(format!(
                     "attention weights replicated: +{:.1} GiB per GPU (estimated from the config)",
                     extra as f64 / GIB
@@ -175,7 +175,11 @@ fn apply(context: &Context, changes: &[Change]) -> (Device, Launch, Budget, Stri
                 let weights = match (context.weights_from_estimate, weights_of(&launch)) {
                     (true, Some(weights)) => weights,
                     // Weights given or logged: split over twice the GPUs.
-                    _ => budget.weights_per_gpu * u64::from(old) / u64::from(tp),
+                    // old < tp: the quotient fits in u64 whatever the weights.
+                    _ => u64::try_from(
+                        u128::from(budget.weights_per_gpu) * u128::from(old) / u128::from(tp),
+                    )
+                    .unwrap_or(u64::MAX),
                 };
                 // A measured non-KV part keeps what is not weights.
                 budget.non_kv = budget

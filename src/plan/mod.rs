@@ -21,12 +21,14 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum PlanError {
     #[error(
-        "unknown engine command {0:?}: expected sglang (python3 -m sglang.launch_server, sglang serve) or vllm (vllm serve, python3 -m vllm.entrypoints.openai.api_server)"
+        "unknown engine command {}: expected sglang (python3 -m sglang.launch_server, sglang serve) or vllm (vllm serve, python3 -m vllm.entrypoints.openai.api_server)"
+,
+        quoted(.0)
     )]
     UnknownEngine(String),
     #[error("the engine command names no model (--model-path / --model / vllm serve MODEL)")]
     NoModel,
-    #[error("model {model:?} not found: looked for config.json in {}", display_paths(.looked))]
+    #[error("model {} not found: looked for config.json in {}", quoted(.model), display_paths(.looked))]
     ModelNotFound { model: String, looked: Vec<PathBuf> },
     #[error(
         "unknown architecture {0:?}: the config has neither MLA (kv_lora_rank) nor attention-head fields gpureap can read"
@@ -39,7 +41,7 @@ pub enum PlanError {
         .dir.display()
     )]
     NoWeights { dir: PathBuf },
-    #[error("{flag} {value:?}: {why}")]
+    #[error("{flag} {}: {why}", quoted(.value))]
     BadValue {
         flag: String,
         value: String,
@@ -49,13 +51,23 @@ pub enum PlanError {
     Unreadable { path: PathBuf, why: String },
 }
 
+/// Anyone's text in an error, quoted (`{:?}`), cut to 200 characters: a
+/// 100 KB argument is not echoed whole.
+fn quoted(text: &str) -> String {
+    const WIDTH: usize = 200;
+    match text.char_indices().nth(WIDTH) {
+        Some((cut, _)) => format!("{:?}…", &text[..cut]),
+        None => format!("{text:?}"),
+    }
+}
+
 fn display_paths(paths: &[PathBuf]) -> String {
     if paths.is_empty() {
         return "nowhere (no local directory, no Hugging Face cache)".to_string();
     }
     paths
         .iter()
-        .map(|path| path.display().to_string())
+        .map(|path| crate::units::short(&path.display().to_string(), 200))
         .collect::<Vec<_>>()
         .join(", ")
 }

@@ -303,9 +303,9 @@ pub fn locate_at(
     if is_repo_id {
         for cache in caches {
             let repo = cache.join(format!("models--{}", model.replace('/', "--")));
-            match snapshot_config(&repo, revision) {
-                Some(path) => return read_model(&path),
-                None => looked.push(repo),
+            match snapshot_config(&repo, revision)? {
+                Ok(path) => return read_model(&path),
+                Err(path) => looked.push(path),
             }
         }
     } else {
@@ -319,29 +319,93 @@ pub fn locate_at(
 
 /// `REPO/snapshots/<rev>/config.json`, the revision from `refs/<name>`
 /// (`main` by default) or a commit hash; with no ref and one snapshot,
-/// that one.
-fn snapshot_config(repo: &Path, revision: Option<&str>) -> Option<PathBuf> {
-    let name = revision.unwrap_or("main");
-    let commit = crate::file::read_regular(&repo.join("refs").join(name), 4096)
-        .ok()
-        .and_then(|(_, bytes)| String::from_utf8(bytes).ok())
-        .map(|text| text.trim().to_string())
-        .filter(|text| !text.is_empty() && !text.contains('/'))
-        .or_else(|| revision.map(str::to_string))
-        .or_else(|| {
-            let mut snapshots = std::fs::read_dir(repo.join("snapshots"))
-                .ok()?
-                .filter_map(Result::ok)
-                .map(|entry| entry.file_name().to_string_lossy().into_owned())
-                .take(2)
-                .collect::<Vec<_>>();
-            (snapshots.len() == 1).then(|| snapshots.remove(0))
-        })?;
-    if commit.contains('/') || commit == ".." {
-        return None;
+/// that one. `Ok(Err(path))`: not there, `path` is where it looked. A ref
+/// that cannot be read or names no commit, a revision that climbs out of
+/// the repository (`../..`), a repository that cannot be read, and a
+/// config that leads outside the repository (a link to elsewhere) are
+/// errors naming them: never read silently in its place.
+fn snapshot_config(
+    repo: &Path,
+    revision: Option<&str>,
+) -> Result<Result<PathBuf, PathBuf>, PlanError> {
+    match std::fs::symlink_metadata(repo) {
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(Err(repo.to_path_buf()));
+        }
+        Err(error) => return Err(unreadable(repo, error)),
+        Ok(_) => {}
     }
-    let path = repo.join("snapshots").join(commit).join("config.json");
-    std::fs::metadata(&path).is_ok().then_some(path)
+    let plain = |name: &str| {
+        !name.is_empty()
+            && Path::new(name)
+                .components()
+                .all(|part| matches!(part, std::path::Component::Normal(_)))
+    };
+    if let Some(revision) = revision.filter(|revision| !plain(revision)) {
+        return Err(PlanError::BadValue {
+            flag: "--revision".to_string(),
+            value: revision.to_string(),
+            why: "not a branch, tag or commit of the repository".to_string(),
+        });
+    }
+    let name = revision.unwrap_or("main");
+    let reference = repo.join("refs").join(name);
+    let commit = match std::fs::symlink_metadata(&reference) {
+        Ok(_) => {
+            let (_, bytes) = crate::file::read_regular(&reference, 4096)
+                .map_err(|why| unreadable(&reference, why))?;
+            let text = String::from_utf8_lossy(&bytes).trim().to_string();
+            // A commit hash (40 hex digits for git, 64 for some hubs).
+            if text.is_empty()
+                || text.len() > 64
+                || !text.chars().all(|c| c.is_ascii_alphanumeric())
+            {
+                // Not quoted: the file may be anything (a link elsewhere).
+                return Err(unreadable(&reference, "names no commit"));
+            }
+            text
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => match revision {
+            Some(revision) => revision.to_string(),
+            None => {
+                let snapshots = repo.join("snapshots");
+                let mut names = match std::fs::read_dir(&snapshots) {
+                    Ok(entries) => entries
+                        .filter_map(Result::ok)
+                        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+                        .take(2)
+                        .collect::<Vec<_>>(),
+                    Err(error) if error.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+                    Err(error) => return Err(unreadable(&snapshots, error)),
+                };
+                if names.len() != 1 {
+                    return Ok(Err(reference));
+                }
+                names.remove(0)
+            }
+        },
+        Err(error) => return Err(unreadable(&reference, error)),
+    };
+    let path = repo.join("snapshots").join(&commit).join("config.json");
+    match std::fs::metadata(&path) {
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(Err(path)),
+        Err(error) => return Err(unreadable(&path, error)),
+        Ok(_) => {}
+    }
+    // The hub's own links (snapshots/REV/config.json → ../../blobs/HASH)
+    // stay inside the repository; one that leads elsewhere is not read.
+    let real = std::fs::canonicalize(&path).map_err(|error| unreadable(&path, error))?;
+    let real_repo = std::fs::canonicalize(repo).map_err(|error| unreadable(repo, error))?;
+    if !real.starts_with(&real_repo) {
+        return Err(unreadable(
+            &path,
+            format!(
+                "leads outside the cache's repository, to {}: not read (give --model-config PATH to read that file)",
+                real.display()
+            ),
+        ));
+    }
+    Ok(Ok(path))
 }
 
 fn unreadable(path: &Path, why: impl ToString) -> PlanError {
@@ -359,6 +423,7 @@ fn read_json(path: &Path, max: u64) -> Result<serde_json::Value, PlanError> {
 fn read_model(path: &Path) -> Result<Model, PlanError> {
     let config = read_json(path, CONFIG_MAX)?;
     let dir = path.parent().unwrap_or(Path::new("."));
+    check_numbers(path, &config)?;
     let mut model = parse_config(path, &config)?;
     if !model.kv_fp8_from_quant
         && let Ok(quant) = read_json(&dir.join("hf_quant_config.json"), CONFIG_MAX)
@@ -374,9 +439,89 @@ fn u64_field(config: &serde_json::Value, name: &str) -> Option<u64> {
     value.as_u64().or_else(|| {
         value
             .as_f64()
-            .filter(|f| *f >= 0.0 && f.fract() == 0.0)
+            // 2^64 and above would saturate to u64::MAX: not the file's value.
+            .filter(|f| *f >= 0.0 && f.fract() == 0.0 && *f < 18_446_744_073_709_551_616.0)
             .map(|f| f as u64)
     })
+}
+
+/// The numeric fields of a text (or vision) config the arithmetic reads,
+/// each with the values a real model can have. A field given as a string,
+/// a negative, a fraction, `1e308` or far beyond any model is refused by
+/// name (rather than read as absent, which would put the engine's default
+/// in its place, or multiplied into an overflow); `null` is absent, as the
+/// engines read it.
+const NUMBERS: &[(&str, u64, u64)] = &[
+    ("num_hidden_layers", 1, 1 << 12),
+    ("num_attention_heads", 1, 1 << 16),
+    ("num_key_value_heads", 1, 1 << 16),
+    ("hidden_size", 1, 1 << 20),
+    ("head_dim", 1, 1 << 16),
+    ("v_head_dim", 1, 1 << 16),
+    ("qk_rope_head_dim", 1, 1 << 16),
+    ("qk_nope_head_dim", 0, 1 << 16),
+    ("kv_lora_rank", 1, 1 << 20),
+    ("q_lora_rank", 0, 1 << 20),
+    ("num_nextn_predict_layers", 0, 1 << 12),
+    ("max_sequence_length", 1, 1 << 40),
+    ("seq_length", 1, 1 << 40),
+    ("max_seq_len", 1, 1 << 40),
+    ("model_max_length", 1, 1 << 40),
+    ("max_position_embeddings", 1, 1 << 40),
+];
+
+/// The largest rope-scaling factor taken (real ones are up to a few hundred).
+const ROPE_FACTOR_MAX: f64 = 1e6;
+
+/// Refuses a config whose numbers no model has (`NUMBERS`), in the text
+/// config (top level and `text_config`) and the vision config.
+fn check_numbers(path: &Path, config: &serde_json::Value) -> Result<(), PlanError> {
+    let sections = [
+        Some(config),
+        config.get("text_config").filter(|text| text.is_object()),
+        config
+            .get("vision_config")
+            .filter(|vision| vision.is_object()),
+    ];
+    for (section, (name, low, high)) in sections
+        .into_iter()
+        .flatten()
+        .flat_map(|section| NUMBERS.iter().map(move |number| (section, number)))
+    {
+        let Some(value) = section.get(*name).filter(|value| !value.is_null()) else {
+            continue;
+        };
+        if !u64_field(section, name).is_some_and(|number| (*low..=*high).contains(&number)) {
+            return Err(unreadable(
+                path,
+                format!(
+                    "{name:?} is {}: not a whole number from {low} to {high}",
+                    crate::units::short(&value.to_string(), 40)
+                ),
+            ));
+        }
+    }
+    for section in sections.into_iter().flatten() {
+        for scaling in ["rope_scaling", "rope_parameters"] {
+            let Some(factor) = section.get(scaling).and_then(|s| s.get("factor")) else {
+                continue;
+            };
+            if !factor.is_null()
+                && !factor
+                    .as_f64()
+                    .is_some_and(|factor| factor > 0.0 && factor <= ROPE_FACTOR_MAX)
+            {
+                return Err(unreadable(
+                    path,
+                    format!(
+                        "{scaling}.factor is {}: not a number above 0 and at most {ROPE_FACTOR_MAX}",
+                        crate::units::short(&factor.to_string(), 40)
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The fields the arithmetic needs, from a parsed config.json.
@@ -578,6 +723,17 @@ fn vision(config: &serde_json::Value, architecture: &str) -> Option<(u64, u64)> 
 /// bytes) over all layers, from the projection shapes, 2 bytes a weight.
 fn attention_weights(text: &serde_json::Value, attention: Attention, layers: u64) -> (u64, u64) {
     const BYTES: u64 = 2;
+    // Saturating: an estimate, from numbers anyone may write in a config.
+    let product = |factors: &[u64]| {
+        factors
+            .iter()
+            .fold(1u64, |product, factor| product.saturating_mul(*factor))
+    };
+    let sum = |terms: &[u64]| {
+        terms
+            .iter()
+            .fold(0u64, |sum, term| sum.saturating_add(*term))
+    };
     let field = |name: &str| u64_field(text, name).unwrap_or(0);
     let hidden = field("hidden_size");
     let heads = field("num_attention_heads");
@@ -589,27 +745,36 @@ fn attention_weights(text: &serde_json::Value, attention: Attention, layers: u64
             let q_lora = field("q_lora_rank");
             let nope = field("qk_nope_head_dim");
             let v = u64_field(text, "v_head_dim").unwrap_or(nope);
+            let qk = nope.saturating_add(qk_rope_head_dim);
             let q = match q_lora {
-                0 => hidden * heads * (nope + qk_rope_head_dim),
-                q_lora => hidden * q_lora + q_lora * heads * (nope + qk_rope_head_dim),
+                0 => product(&[hidden, heads, qk]),
+                q_lora => sum(&[product(&[hidden, q_lora]), product(&[q_lora, heads, qk])]),
             };
-            let kv_a = hidden * (kv_lora_rank + qk_rope_head_dim);
-            let kv_b = kv_lora_rank * heads * (nope + v);
-            let o = heads * v * hidden;
-            (q + kv_a + kv_b + o, hidden * q_lora + kv_a)
+            let kv_a = product(&[hidden, kv_lora_rank.saturating_add(qk_rope_head_dim)]);
+            let kv_b = product(&[kv_lora_rank, heads, nope.saturating_add(v)]);
+            let o = product(&[heads, v, hidden]);
+            (
+                sum(&[q, kv_a, kv_b, o]),
+                sum(&[product(&[hidden, q_lora]), kv_a]),
+            )
         }
         Attention::Mha {
             kv_heads,
             head_dim,
             v_head_dim,
         } => (
-            hidden * heads * head_dim
-                + hidden * kv_heads * (head_dim + v_head_dim)
-                + heads * v_head_dim * hidden,
+            sum(&[
+                product(&[hidden, heads, head_dim]),
+                product(&[hidden, kv_heads, head_dim.saturating_add(v_head_dim)]),
+                product(&[heads, v_head_dim, hidden]),
+            ]),
             0,
         ),
     };
-    (per_layer * layers * BYTES, replicated * layers * BYTES)
+    (
+        product(&[per_layer, layers, BYTES]),
+        product(&[replicated, layers, BYTES]),
+    )
 }
 
 /// SGLang's `get_context_length` (vLLM reads the same keys).
@@ -689,12 +854,39 @@ fn modelopt_kv_fp8(quant: &serde_json::Value) -> bool {
 fn weights(dir: &Path) -> Result<Option<u64>, PlanError> {
     let index = dir.join("model.safetensors.index.json");
     if std::fs::symlink_metadata(&index).is_ok() {
-        let json = read_json(&index, INDEX_MAX)?;
-        if let Some(total) = json
-            .get("metadata")
-            .and_then(|m| u64_field(m, "total_size"))
-        {
-            return Ok(Some(total));
+        // Typed: the weight map (most of the file) and anything else is
+        // skipped unbuilt; total_size is kept as its text.
+        #[derive(serde::Deserialize)]
+        struct Metadata {
+            total_size: Option<Box<serde_json::value::RawValue>>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Index {
+            metadata: Option<Metadata>,
+        }
+        let (_, bytes) =
+            crate::file::read_regular(&index, INDEX_MAX).map_err(|why| unreadable(&index, why))?;
+        let json: Index = serde_json::from_slice(&bytes)
+            .map_err(|error| unreadable(&index, format!("not a checkpoint index: {error}")))?;
+        let total = json
+            .metadata
+            .and_then(|metadata| metadata.total_size)
+            .map(|raw| match raw.get().len() {
+                // A number is short; anything longer is not one.
+                ..=64 => serde_json::from_str(raw.get()).unwrap_or(serde_json::Value::Null),
+                _ => serde_json::Value::String("…".to_string()),
+            });
+        let metadata = serde_json::json!({ "total_size": total });
+        if let Some(total) = metadata.get("total_size").filter(|total| !total.is_null()) {
+            return u64_field(&metadata, "total_size").map(Some).ok_or_else(|| {
+                unreadable(
+                    &index,
+                    format!(
+                        "metadata.total_size is {}: not a whole number of bytes",
+                        crate::units::short(&total.to_string(), 40)
+                    ),
+                )
+            });
         }
     }
     let Ok(entries) = std::fs::read_dir(dir) else {
@@ -742,41 +934,78 @@ fn dtype_bits(dtype: &str) -> Option<u64> {
 /// span for a dtype not known here). The tensors are never read.
 pub fn safetensors_bytes(path: &Path) -> Result<u64, PlanError> {
     let header = read_header(path)?;
-    let json: serde_json::Value = serde_json::from_slice(&header)
-        .map_err(|error| unreadable(path, format!("safetensors header is not JSON: {error}")))?;
-    let Some(tensors) = json.as_object() else {
-        return Err(unreadable(path, "safetensors header is not a JSON object"));
-    };
-    let mut total = 0u64;
-    for (name, tensor) in tensors {
-        if name == "__metadata__" {
-            continue;
+    serde_json::from_slice::<HeaderBytes>(&header)
+        .map(|sum| sum.0)
+        .map_err(|error| unreadable(path, format!("not a safetensors header: {error}")))
+}
+
+/// The tensor bytes of a safetensors header, summed while it is parsed:
+/// one tensor's fields at a time, never the header as a tree (a 100 MB
+/// header of tiny entries would be gigabytes as one).
+struct HeaderBytes(u64);
+
+impl<'de> serde::Deserialize<'de> for HeaderBytes {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = HeaderBytes;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object of tensors")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<HeaderBytes, A::Error> {
+                let mut total = 0u64;
+                while let Some(name) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                    let tensor: Tensor = map.next_value()?;
+                    if name == "__metadata__" {
+                        continue;
+                    }
+                    let bytes = tensor.bytes().ok_or_else(|| {
+                        serde::de::Error::custom(format!(
+                            "tensor {:?} has no readable dtype and shape",
+                            crate::units::short(&name, 80)
+                        ))
+                    })?;
+                    total = total.saturating_add(bytes);
+                }
+                Ok(HeaderBytes(total))
+            }
         }
-        let by_shape = tensor
-            .get("dtype")
-            .and_then(serde_json::Value::as_str)
+        deserializer.deserialize_map(Visitor)
+    }
+}
+
+/// One entry of a safetensors header; other fields (and `__metadata__`'s
+/// strings) are skipped unbuilt.
+#[derive(serde::Deserialize)]
+struct Tensor {
+    dtype: Option<String>,
+    shape: Option<Vec<u64>>,
+    data_offsets: Option<(u64, u64)>,
+}
+
+impl Tensor {
+    /// Its dtype size × the product of its shape (its `data_offsets`
+    /// span for a dtype not known here).
+    fn bytes(&self) -> Option<u64> {
+        let by_shape = self
+            .dtype
+            .as_deref()
             .and_then(dtype_bits)
-            .zip(tensor.get("shape").and_then(serde_json::Value::as_array))
+            .zip(self.shape.as_ref())
             .and_then(|(bits, shape)| {
                 let elements = shape
                     .iter()
-                    .try_fold(1u64, |product, dim| product.checked_mul(dim.as_u64()?))?;
+                    .try_fold(1u64, |product, dim| product.checked_mul(*dim))?;
                 Some(elements.checked_mul(bits)?.div_ceil(8))
             });
-        let by_offsets = || {
-            let offsets = tensor.get("data_offsets")?.as_array()?;
-            let (begin, end) = (offsets.first()?.as_u64()?, offsets.get(1)?.as_u64()?);
+        by_shape.or_else(|| {
+            let (begin, end) = self.data_offsets?;
             end.checked_sub(begin)
-        };
-        let bytes = by_shape.or_else(by_offsets).ok_or_else(|| {
-            unreadable(
-                path,
-                format!("tensor {name:?} has no readable dtype and shape"),
-            )
-        })?;
-        total = total.saturating_add(bytes);
+        })
     }
-    Ok(total)
 }
 
 /// The JSON header of a safetensors file: a regular file, opened without
