@@ -14,16 +14,33 @@ plat=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platfo
       --platform manylinux2014_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_31_x86_64)
 get() { python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${plat[@]}" -d "$dir/dl" "$@"; }
 get vllm==0.26.0
-# What vLLM 0.26.0's API server imports that the GPU image (torch 2.11, transformers 5.17, …) lacks.
-for p in cachetools blake3 py-cpuinfo 'fastapi<0.137' starlette openai 'pydantic>=2.12' pydantic-core \
-    annotated-types typing-inspection prometheus-fastapi-instrumentator lm-format-enforcer==0.11.3 \
-    interegular 'llguidance<1.8,>=1.7' outlines-core==0.2.14 lark==1.2.2 'xgrammar<1.0' apache-tvm-ffi==0.1.10 \
-    partial-json-parser pyzmq msgspec mistral-common pycountry pydantic-extra-types jsonschema \
-    jsonschema-specifications referencing rpds-py compressed-tensors==0.17.0 depyf==0.20.0 astor dill \
-    watchfiles python-json-logger pybase64 cbor2 ijson setproctitle openai-harmony anthropic jiter \
-    docstring-parser sniffio model-hosting-container-standards mcp sse-starlette uvicorn python-multipart \
-    opentelemetry-api opentelemetry-sdk opentelemetry-semantic-conventions opentelemetry-semantic-conventions-ai \
-    nvtx==0.2.15 torch-c-dlpack-ext cuda-tile; do get "$p"; done
+# What vLLM 0.26.0's API server imports that the GPU image (torch 2.11, transformers 5.17, …)
+# lacks: resolved from vLLM's requirements against the image's package list, less the kernel
+# packages it does not need there (flashinfer, tilelang, cutlass-dsl, …). These exact versions
+# ran on the H200 on 2026-12-02.
+for p in \
+    annotated-types==0.8.0 anthropic==2.15.0 apache-tvm-ffi==0.1.11 astor==0.8.1 blake3==1.0.11  \
+    cachetools==8.0.2 cbor2==6.3.0 cffi==2.1.1 compressed-tensors==0.17.0 cryptography==50.0.2  \
+    cuda-tile==1.7.0 depyf==0.20.0 dill==0.4.1 docstring-parser==0.18.0 fastapi==0.165.0  \
+    googleapis-common-protos==1.76.0 httpcore2==2.16.2 httpx2==2.16.2 ijson==3.6.0  \
+    interegular==0.3.3 jiter==0.19.0 jmespath==1.1.0 jsonschema-specifications==2025.9.1  \
+    jsonschema==4.26.0 lark==1.2.2 llguidance==1.7.6 lm-format-enforcer==0.11.3 loguru==0.7.3  \
+    mcp-types==2.3.0 mcp==2.3.0 mistral-common==1.13.1 model-hosting-container-standards==0.1.16  \
+    msgspec==0.23.0 nvidia-cuda-crt==13.5.37 nvtx==0.2.15 openai-harmony==0.0.8 openai==3.57.0  \
+    opentelemetry-api==1.45.2 opentelemetry-exporter-http-transport==0.66b2  \
+    opentelemetry-exporter-otlp-common==0.66b2 opentelemetry-exporter-otlp-proto-common==1.45.2  \
+    opentelemetry-exporter-otlp-proto-grpc==1.45.2 opentelemetry-exporter-otlp-proto-http==1.45.2  \
+    opentelemetry-exporter-otlp==1.45.2 opentelemetry-proto==1.45.2 opentelemetry-sdk==1.45.2  \
+    opentelemetry-semantic-conventions-ai==0.5.1 opentelemetry-semantic-conventions==0.66b2  \
+    outlines-core==0.2.14 partial-json-parser==0.2.1.1.post7  \
+    prometheus-fastapi-instrumentator==8.1.0 pybase64==1.5.1 pycountry==26.2.16 pycparser==3.12  \
+    pydantic-core==2.50.5 pydantic-extra-types==2.11.1 pydantic==2.14.4 pyelftools==0.33  \
+    pyjwt==2.15.1 python-json-logger==4.2.0 python-multipart==0.0.34 pyzmq==27.3.0  \
+    referencing==0.37.0 rpds-py==2026.9.1 setproctitle==1.3.8 sniffio==1.3.1 sse-starlette==3.7.0  \
+    starlette==1.10.0 supervisor==4.3.0 torch-c-dlpack-ext==0.1.5 truststore==0.10.5  \
+    typing-inspection==0.4.5 uvicorn==0.54.0 watchfiles==1.3.0 xgrammar==0.2.9; do
+    get "$p"
+done
 mv "$dir"/dl/*.whl "$dir/deps/"
 mv "$dir"/deps/vllm-0.26.0-*.whl "$dir/dl/"
 work=$(mktemp -d); (cd "$work" && unzip -q "$dir"/dl/vllm-0.26.0-*.whl)
