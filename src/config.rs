@@ -473,17 +473,7 @@ fn run_plan(
         (None, false) => WhenHeld::Refuse,
     };
     PlanGate {
-        plan: PlanConfig {
-            command: command.to_vec(),
-            env: std::env::vars().collect(),
-            averages: None,
-            concurrency: None,
-            hypothetical: None,
-            overrides: Overrides::default(),
-            from_log: None,
-            model_config: None,
-            json: false,
-        },
+        plan: PlanConfig::of_command(command.to_vec(), std::env::vars().collect()),
         when_held,
     }
 }

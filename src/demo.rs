@@ -34,7 +34,7 @@ use serde_json::Value;
 use crate::driver::SimDriver;
 use crate::driver::sim::incident::{self, DETOKENIZER, Holder, Incident, LAUNCHER, MODEL, SimHost};
 use crate::exit::Exit;
-use crate::plan::fit::{self, Cost, Outcome, Overrides, PlanConfig, Verdict};
+use crate::plan::fit::{self, Cost, Outcome, PlanConfig, Verdict};
 use crate::plan::render;
 use crate::reap::{self, FreeReport, Options};
 use crate::report;
@@ -786,17 +786,10 @@ fn plan_restart(dir: &Path, snapshot: &Snapshot) -> io::Result<Outcome> {
         snapshot_dir.join("model.safetensors.index.json"),
         MODEL_INDEX,
     )?;
-    let config = PlanConfig {
-        command: launcher_cmdline().split(' ').map(str::to_string).collect(),
-        env: [("HF_HUB_CACHE".to_string(), hub.display().to_string())].into(),
-        averages: None,
-        concurrency: None,
-        hypothetical: None,
-        overrides: Overrides::default(),
-        from_log: None,
-        model_config: None,
-        json: false,
-    };
+    let config = PlanConfig::of_command(
+        launcher_cmdline().split(' ').map(str::to_string).collect(),
+        [("HF_HUB_CACHE".to_string(), hub.display().to_string())].into(),
+    );
     fit::evaluate(&config, Some(snapshot)).map_err(io::Error::other)
 }
 

@@ -157,17 +157,8 @@ const LONG_FUNCTIONS: &[(&str, &str, &str)] = &[(
 
 #[test]
 fn no_function_is_over_a_hundred_lines() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut files = Vec::new();
-    rust_files(&root.join("src"), &mut files);
     let mut long = Vec::new();
-    for path in files {
-        let relative = path
-            .strip_prefix(root)
-            .expect("under the crate")
-            .to_string_lossy()
-            .into_owned();
-        let code = code_only(&std::fs::read_to_string(&path).expect("a source file"));
+    for (relative, code) in sources() {
         // Unit tests are not orchestration.
         let code = code.split("#[cfg(test)]").next().unwrap_or_default();
         for (name, lines) in function_lengths(code) {
@@ -246,19 +237,12 @@ fn function_lengths(code: &str) -> Vec<(String, usize)> {
 /// item is named by the module that owns it, never kept at an old path.
 #[test]
 fn nothing_is_re_exported_from_another_module() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut files = Vec::new();
-    rust_files(&root.join("src"), &mut files);
     let mut found = Vec::new();
-    for path in files {
-        let code = code_only(&std::fs::read_to_string(&path).expect("a source file"));
+    for (relative, code) in sources() {
         for line in code.lines() {
             let line = line.trim_start();
             if line.starts_with("pub use crate::") || line.starts_with("pub(crate) use crate::") {
-                found.push(format!(
-                    "{}: {line}",
-                    path.strip_prefix(root).expect("under the crate").display()
-                ));
+                found.push(format!("{relative}: {line}"));
             }
         }
     }
@@ -286,20 +270,11 @@ const PROCESS_ENDERS: &[(&str, &str)] = &[
 
 #[test]
 fn only_main_ends_the_process() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut files = Vec::new();
-    rust_files(&root.join("src"), &mut files);
     let mut enders = Vec::new();
-    for path in files {
-        let relative = path
-            .strip_prefix(root)
-            .expect("under the crate")
-            .to_string_lossy()
-            .into_owned();
+    for (relative, code) in sources() {
         if PROCESS_ENDERS.iter().any(|(file, _)| *file == relative) {
             continue;
         }
-        let code = code_only(&std::fs::read_to_string(&path).expect("a source file"));
         let code: String = code.chars().filter(|c| !c.is_whitespace()).collect();
         // `process::exit(…)`, or an `Exit` value ended on: `Exit::StillHeld.exit()`.
         let ends = code.contains("process::exit(")
@@ -353,6 +328,26 @@ fn module_graph() -> Graph {
         }
     }
     graph
+}
+
+/// Every source file under src/, by its path from the crate's root, with
+/// its comments and literals blanked (`code_only`).
+fn sources() -> Vec<(String, String)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    rust_files(&root.join("src"), &mut files);
+    files
+        .into_iter()
+        .map(|path| {
+            let relative = path
+                .strip_prefix(root)
+                .expect("under the crate")
+                .to_string_lossy()
+                .into_owned();
+            let code = code_only(&std::fs::read_to_string(&path).expect("a source file"));
+            (relative, code)
+        })
+        .collect()
 }
 
 fn rust_files(dir: &Path, into: &mut Vec<PathBuf>) {

@@ -30,7 +30,7 @@ fn model_dir(name: &str, config: &str) -> ModelDir {
     ModelDir(dir)
 }
 
-const LLAMA_8B: &str = r#"{
+pub(crate) const LLAMA_8B: &str = r#"{
   "architectures": ["LlamaForCausalLM"],
   "model_type": "llama",
   "hidden_size": 4096,

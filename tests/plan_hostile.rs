@@ -14,17 +14,7 @@ use wait_timeout::ChildExt as _;
 
 use crate::harness::Run;
 
-const LLAMA_8B: &str = r#"{
-  "architectures": ["LlamaForCausalLM"],
-  "model_type": "llama",
-  "hidden_size": 4096,
-  "num_attention_heads": 32,
-  "num_key_value_heads": 8,
-  "head_dim": 128,
-  "num_hidden_layers": 32,
-  "max_position_embeddings": 131072,
-  "torch_dtype": "bfloat16"
-}"#;
+use crate::plan::LLAMA_8B;
 
 /// A hypothetical box (no GPU read) large enough for any sane command.
 const BOX: [&str; 4] = ["--gpu-memory", "80GiB", "--weights", "1GiB"];

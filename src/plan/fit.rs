@@ -60,6 +60,25 @@ pub struct PlanConfig {
     pub json: bool,
 }
 
+impl PlanConfig {
+    /// A plan of this command line in this environment with nothing else
+    /// asked (no averages, no overrides, this host's GPUs): what `run
+    /// --plan` and the demo plan.
+    pub fn of_command(command: Vec<String>, env: BTreeMap<String, String>) -> PlanConfig {
+        PlanConfig {
+            command,
+            env,
+            averages: None,
+            concurrency: None,
+            hypothetical: None,
+            overrides: Overrides::default(),
+            from_log: None,
+            model_config: None,
+            json: false,
+        }
+    }
+}
+
 /// Fits now, fits only once others' memory is freed, or not on this hardware.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
