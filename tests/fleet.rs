@@ -774,16 +774,8 @@ chmod 755 /usr/local/hostile"#,
 
 #[test]
 fn a_thread_that_cannot_start_is_exit_3_naming_the_hosts_not_run() {
-    use std::os::unix::fs::PermissionsExt;
     use std::os::unix::process::CommandExt;
-    // The uid below must reach the binary: the checkout may sit in a folder
-    // only root may enter (a clone under a private temporary directory).
-    let place = tempfile::tempdir().expect("tempdir");
-    std::fs::set_permissions(place.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    let binary = place.path().join("gpureap");
-    std::fs::copy(env!("CARGO_BIN_EXE_gpureap"), &binary).expect("copy");
-    std::fs::set_permissions(&binary, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    let mut command = std::process::Command::new(&binary);
+    let mut command = std::process::Command::new(crate::harness::reachable_gpureap());
     command
         .args(["status", "-H", "h1,h2", "--ssh", "false"])
         .env_remove("GPUREAP_BACKEND")

@@ -150,11 +150,30 @@ pub fn run_as_nobody(host: &SimHost, args: &[&str]) -> Run {
     run_as_nobody_unchanged(host, args)
 }
 
+/// A copy of gpureap that any uid can run: the checkout may sit in a folder
+/// only root may enter (a clone under a private temporary directory), where
+/// a test that runs gpureap as nobody would test only that exec fails.
+/// Copied once per test binary; removed when it exits.
+pub fn reachable_gpureap() -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    static PLACE: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    let place = PLACE.get_or_init(|| {
+        let place = tempfile::tempdir().expect("tempdir");
+        std::fs::set_permissions(place.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
+        let binary = place.path().join("gpureap");
+        std::fs::copy(env!("CARGO_BIN_EXE_gpureap"), &binary).expect("copy");
+        std::fs::set_permissions(&binary, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        place
+    });
+    place.path().join("gpureap")
+}
+
 /// As `run_as_nobody`, leaving the directory's mode as it is.
 pub fn run_as_nobody_unchanged(host: &SimHost, args: &[&str]) -> Run {
     std::process::Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
-        .arg(env!("CARGO_BIN_EXE_gpureap"))
+        .arg(reachable_gpureap())
         .arg("--backend")
         .arg(host.backend())
         .args(args)

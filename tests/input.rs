@@ -220,7 +220,7 @@ fn a_partial_scan_says_so_and_permission_denied_is_reported() {
     let as_nobody = |args: &[&str]| -> Run {
         std::process::Command::new("setpriv")
             .args(setpriv)
-            .arg(env!("CARGO_BIN_EXE_gpureap"))
+            .arg(crate::harness::reachable_gpureap())
             .arg("--backend")
             .arg(host.backend())
             .args(args)

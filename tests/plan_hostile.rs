@@ -538,7 +538,7 @@ fn a_hugging_face_cache_that_leads_elsewhere_is_refused_by_name() {
         std::fs::Permissions::from_mode(0o700),
     )
     .expect("chmod");
-    let output = Command::new(env!("CARGO_BIN_EXE_gpureap"))
+    let output = Command::new(crate::harness::reachable_gpureap())
         .args(["plan", "--gpu-memory", "80GiB", "--weights", "1GiB", "--"])
         .args([
             "python3",
