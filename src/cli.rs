@@ -284,6 +284,23 @@ Examples:
     )]
     Reset(ResetArgs),
 
+    /// Write a diagnostic bundle for processes gpureap did not start: where each one waits
+    /// (Python and native stacks with py-spy, kernel stacks without), its tree, the GPUs.
+    /// Read-only: nothing is signalled.
+    #[command(
+        after_help = exit::after_help(Program::Dump, "Selects as `free` does (--pid: the process and its descendants; --match, --gpu: the GPU
+users in scope and their descendants), then writes OUT/<unix ms>-dump/ (0700) with
+summary.txt, stacks.txt, processes.txt, gpu.txt and bundle.json (docs/run.md, the bundle).
+With py-spy on PATH (pip install py-spy) each process's Python and native stacks are read
+(`py-spy dump --native`, at most 10s a process, 40s in all); without it, kernel stacks.
+
+Examples:
+  gpureap dump --pid 4242
+  gpureap dump --match 'sglang::scheduler' --out /var/tmp/hang
+  gpureap dump --gpu 3")
+    )]
+    Dump(DumpArgs),
+
     /// Plan a server before starting it: the KV cache it will get on these GPUs, how many
     /// requests it holds at once, and what the memory others hold costs it.
     #[command(
@@ -429,6 +446,27 @@ pub struct SlurmHealthcheckArgs {
     /// Reset a GPU whose only holder is driver-held memory, instead of draining.
     #[arg(long)]
     pub reset: bool,
+}
+
+#[derive(Debug, Args)]
+#[command(group = clap::ArgGroup::new("which").required(true).multiple(true))]
+pub struct DumpArgs {
+    /// This process and its descendants (repeatable). Example: gpureap dump --pid 4242
+    #[arg(long, value_name = "PID", value_parser = pid, group = "which")]
+    pub pid: Vec<u32>,
+    /// GPU users whose command line matches this regex, and their descendants (repeatable).
+    /// Example: gpureap dump --match 'sglang::'
+    #[arg(long = "match", value_name = "REGEX", value_parser = match_regex, group = "which")]
+    pub patterns: Vec<Regex>,
+    /// GPU users of these GPUs and their descendants: 0,2,5 or 0-3 or all (repeatable).
+    /// Example: gpureap dump --gpu 3
+    #[arg(long, value_name = "LIST", value_parser = gpu_list, group = "which")]
+    pub gpu: Vec<GpuList>,
+    /// Make the bundle's folder here; refused if anyone but you or root could tamper with it
+    /// [default: $XDG_STATE_HOME/gpureap/dumps, or ~/.local/state/gpureap/dumps].
+    /// Example: gpureap dump --pid 4242 --out /var/tmp/hang
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

@@ -9,8 +9,8 @@ use std::time::Duration;
 use regex::Regex;
 
 use crate::cli::{
-    FreeArgs, HostsArgs, PlanArgs, PushArgs, RestartArg, RunArgs, SlurmCommand, SlurmCommonArgs,
-    StatusArgs, WaitArgs,
+    DumpArgs, FreeArgs, HostsArgs, PlanArgs, PushArgs, RestartArg, RunArgs, SlurmCommand,
+    SlurmCommonArgs, StatusArgs, WaitArgs,
 };
 use crate::hostlist;
 use crate::plan::fit::{Hypothetical, Overrides, PlanConfig};
@@ -478,15 +478,85 @@ fn run_plan(
     }
 }
 
-/// One state directory per command line, so that each server is compared
-/// with its own good starts.
-fn default_state_dir(command: &[String]) -> std::path::PathBuf {
-    let base = std::env::var_os("XDG_STATE_HOME")
+/// What `gpureap dump` was asked, typed; its scope is made against the
+/// host (`dump_scope`).
+#[derive(Debug, Clone)]
+pub struct DumpRequest {
+    pub pid: Vec<u32>,
+    pub patterns: Vec<Regex>,
+    pub gpu: Vec<GpuList>,
+    pub out: std::path::PathBuf,
+}
+
+pub fn dump(args: &DumpArgs) -> DumpRequest {
+    let DumpArgs {
+        pid,
+        patterns,
+        gpu,
+        out,
+    } = args;
+    DumpRequest {
+        pid: pid.clone(),
+        patterns: patterns.clone(),
+        gpu: gpu.clone(),
+        out: out
+            .clone()
+            .unwrap_or_else(|| state_base().join("gpureap").join("dumps")),
+    }
+}
+
+/// The scope of a dump against the host: GPU indexes must exist, named
+/// PIDs must be live processes the guard does not spare (gpureap, its
+/// ancestors, PID 1, kernel threads), as `free`'s.
+pub fn dump_scope(
+    request: &DumpRequest,
+    gpu_count: u32,
+    snapshot: &Snapshot,
+    guard: &Guard,
+) -> Result<Scope, UsageError> {
+    let gpus = gpus(&request.gpu, gpu_count)?;
+    if gpus.as_ref().is_some_and(BTreeSet::is_empty) {
+        return Err(UsageError(
+            "--gpu names no GPU: the driver reports none on this host (see `gpureap status`)"
+                .to_string(),
+        ));
+    }
+    let mut pids = BTreeSet::new();
+    for &pid in &request.pid {
+        let Some(record) = snapshot.processes.get(&pid) else {
+            return Err(UsageError(format!(
+                "no process with PID {pid} (it may have exited already); see `gpureap status`"
+            )));
+        };
+        if let Some(reason) = guard.spare_reason(snapshot, record, true) {
+            return Err(UsageError(format!(
+                "refusing --pid {pid}: it is {reason}; name the server's own processes"
+            )));
+        }
+        pids.insert(record.id);
+    }
+    Ok(Scope {
+        gpus,
+        pids,
+        patterns: request.patterns.clone(),
+        ..Scope::default()
+    })
+}
+
+/// `$XDG_STATE_HOME`, else `~/.local/state`, else `/var/lib`.
+fn state_base() -> std::path::PathBuf {
+    std::env::var_os("XDG_STATE_HOME")
         .map(std::path::PathBuf::from)
         .or_else(|| {
             std::env::var_os("HOME").map(|home| std::path::Path::new(&home).join(".local/state"))
         })
-        .unwrap_or_else(|| std::path::PathBuf::from("/var/lib"));
+        .unwrap_or_else(|| std::path::PathBuf::from("/var/lib"))
+}
+
+/// One state directory per command line, so that each server is compared
+/// with its own good starts.
+fn default_state_dir(command: &[String]) -> std::path::PathBuf {
+    let base = state_base();
     let line = command.join(" ");
     let readable: String = line
         .chars()

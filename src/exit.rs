@@ -257,10 +257,11 @@ pub enum Program {
     SlurmHealthcheck,
     Reset,
     Plan,
+    Dump,
 }
 
 impl Program {
-    pub const ALL: [Program; 15] = [
+    pub const ALL: [Program; 16] = [
         Program::Gpureap,
         Program::Status,
         Program::Free,
@@ -276,6 +277,7 @@ impl Program {
         Program::SlurmHealthcheck,
         Program::Reset,
         Program::Plan,
+        Program::Dump,
     ];
 
     /// The words after `gpureap` that name it, e.g. `["slurm", "epilog"]`.
@@ -296,6 +298,7 @@ impl Program {
             Program::SlurmHealthcheck => &["slurm", "healthcheck"],
             Program::Reset => &["reset"],
             Program::Plan => &["plan"],
+            Program::Dump => &["dump"],
         }
     }
 }
@@ -490,6 +493,17 @@ pub fn rows(program: Program) -> Vec<(Exit, &'static str)> {
                 CannotFit,
                 "cannot fit on this hardware, even on clean GPUs (the engine would refuse to start, or the weights are larger than the GPU)",
             ),
+        ],
+        Program::Dump => vec![
+            (
+                Success,
+                "the bundle is written (a process whose stacks could not be read is noted in it)",
+            ),
+            (
+                Usage,
+                "bad usage or input: no such process, nothing in scope, an output folder others could tamper with; nothing written",
+            ),
+            (Incomplete, "could not write the bundle (an I/O error)"),
         ],
     }
 }

@@ -80,6 +80,7 @@ fn main() -> ! {
         Command::Check(args) => check(&cli.backend, args),
         Command::Slurm(command) => slurm(&cli.backend, command),
         Command::Reset(args) => reset(&cli.backend, args),
+        Command::Dump(args) => dump(&cli.backend, &config::dump(args)),
         Command::Plan(args) => match fleet(&args.fleet, &remote_backend, args.json)
             .and_then(|fleet| Ok((fleet, config::plan(args)?)))
         {
@@ -516,6 +517,66 @@ fn plan(backend: &BackendChoice, config: &gpureap::plan::fit::PlanConfig) -> Res
         emit(&gpureap::plan::render::text(&outcome))?;
     }
     Ok(outcome.exit())
+}
+
+/// `dump`: the processes in scope, chosen as `free` chooses (nothing is
+/// signalled), their stacks and the bundle; the folder and where they wait
+/// are printed.
+fn dump(backend: &BackendChoice, request: &config::DumpRequest) -> Result<Exit, Failure> {
+    // gpu.txt says itself when there is no driver.
+    let driver = open_driver_quietly(backend)?;
+    let gpu_count = gpu_count(driver.as_ref());
+    config::gpus(&request.gpu, gpu_count)?;
+    let named = request.pid.iter().copied().collect();
+    let snapshot = Snapshot::take_focused(driver.as_ref(), &named);
+    let guard = Guard::for_this_process(&[]);
+    let scope = config::dump_scope(request, gpu_count, &snapshot, &guard)?;
+    let pids: std::collections::BTreeSet<u32> = gpureap::select::select(&snapshot, &scope, &guard)
+        .targets
+        .into_keys()
+        .collect();
+    let mut asked: Vec<String> = request
+        .pid
+        .iter()
+        .map(|pid| format!("--pid {pid}"))
+        .collect();
+    asked.extend(
+        request
+            .patterns
+            .iter()
+            .map(|regex| format!("--match {regex}")),
+    );
+    if let Some(gpus) = &scope.gpus {
+        let gpus: Vec<String> = gpus.iter().map(u32::to_string).collect();
+        asked.push(format!("--gpu {}", gpus.join(",")));
+    }
+    let asked = asked.join(" ");
+    if pids.is_empty() {
+        return Err(UsageError(format!(
+            "nothing to dump: no process is in scope of {}; --match and --gpu take GPU users (see `gpureap status`), --pid any process",
+            gpureap::units::one_line(&asked)
+        ))
+        .into());
+    }
+    match gpureap::dump::write(&snapshot, &pids, &request.out, &asked) {
+        Ok(dumped) => {
+            let mut text = format!(
+                "gpureap dump: {} process(es): {}\nstacks: {}\n",
+                dumped.processes,
+                dumped.folder.display(),
+                dumped.stacks.summary
+            );
+            for note in &dumped.stacks.notes {
+                text.push_str(&format!("note: {note}\n"));
+            }
+            emit(&text)?;
+            Ok(Exit::Success)
+        }
+        Err(error @ gpureap::dump::DumpError::Refused { .. }) => {
+            Err(UsageError(error.to_string()).into())
+        }
+        Err(error) => Err(Failure::new(Exit::Incomplete, error)),
+    }
 }
 
 fn reset(backend: &BackendChoice, args: &gpureap::cli::ResetArgs) -> Result<Exit, Failure> {

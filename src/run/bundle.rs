@@ -4,8 +4,10 @@
 //! One folder per event under `STATE_DIR/bundles/`: `summary.txt` (what
 //! happened and how far the start got against good starts), `processes.txt`
 //! (the contained tree with states, wchan and CPU use over the last seconds),
-//! `log-tail.txt` (the last 200 log lines), `gpu.txt` (gpureap status), and
-//! `bundle.json` with all of it for programs. The folder and its files are
+//! `stacks.txt` (where each process waits: `crate::stacks`), `log-tail.txt`
+//! (the last 200 log lines), `gpu.txt` (gpureap status), and `bundle.json`
+//! with all of it for programs. `gpureap dump` writes the same bundle for
+//! processes gpureap did not start. The folder and its files are
 //! private to their owner (0700, 0600): they hold the server's command line
 //! and log, and with them its API keys and tokens.
 
@@ -21,6 +23,7 @@ use super::state::StateDir;
 use crate::proc;
 use crate::report;
 use crate::snapshot::Snapshot;
+use crate::stacks::{self, Capture};
 use crate::tree::ProcessTree;
 use crate::units::{Field, one_line};
 
@@ -103,6 +106,8 @@ pub struct Bundle {
     pub members: Vec<Member>,
     pub log_tail: Vec<String>,
     pub gpu: serde_json::Value,
+    /// Each member's stacks, read before anything was signalled.
+    pub stacks: Capture,
 }
 
 impl Bundle {
@@ -164,8 +169,9 @@ impl Bundle {
         ordered
     }
 
-    /// Writes the bundle; returns its folder.
-    pub fn write(&self, state_dir: &StateDir, snapshot: &Snapshot) -> io::Result<PathBuf> {
+    /// Writes the bundle in a folder of its own under `parent`; returns
+    /// that folder.
+    pub fn write(&self, parent: &StateDir, snapshot: &Snapshot) -> io::Result<PathBuf> {
         let stamp = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis());
@@ -178,9 +184,12 @@ impl Bundle {
             .chars()
             .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
             .collect();
-        let dir = state_dir
-            .subdir("bundles")?
-            .new_subdir(&format!("{stamp}-start{}-{kind}", self.start))?;
+        // A dump of processes gpureap did not start has no start number.
+        let name = match self.start {
+            0 => format!("{stamp}-{kind}"),
+            start => format!("{stamp}-start{start}-{kind}"),
+        };
+        let dir = parent.new_subdir(&name)?;
 
         // Anyone's text (a command line, a log line in a reason) is written
         // out on its line, as `status` shows it: these files are read with cat.
@@ -189,7 +198,12 @@ impl Bundle {
         let _ = writeln!(summary, "{}", Field(&self.progress));
         let _ = writeln!(summary, "start {} of: {}", self.start, Field(&self.command));
         let _ = writeln!(summary, "containment: {}", self.containment);
+        let _ = writeln!(summary, "stacks: {}", Field(&self.stacks.summary));
+        for note in &self.stacks.notes {
+            let _ = writeln!(summary, "note: {}", Field(note));
+        }
         dir.create("summary.txt", summary.as_bytes())?;
+        dir.create("stacks.txt", stacks::text(&self.stacks).as_bytes())?;
 
         let mut processes = String::from(
             "PID      PPID     SID      S  CPU%    WCHAN                          COMMAND\n",

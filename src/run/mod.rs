@@ -6,7 +6,7 @@
 //! diagnostic bundle (`bundle`), then the whole contained tree is freed with
 //! the core's escalation and verification, then the server is restarted with
 //! exponential backoff. Ctrl-C or SIGTERM stops it gracefully, then by force,
-//! and verifies.
+//! and verifies. SIGUSR1 writes a bundle on demand and changes nothing else.
 
 pub mod baseline;
 pub mod bundle;
@@ -241,7 +241,7 @@ fn supervise_with(
     outputs: &Outputs,
     state_dir: Option<StateDir>,
 ) -> std::io::Result<Exit> {
-    let stop = prepare(config)?;
+    let (stop, dump) = prepare(config)?;
     let mut remembered = Remembered::load(state_dir);
     let stop_options = config.stop_options();
     if let Some(dir) = &remembered.dir
@@ -269,7 +269,7 @@ fn supervise_with(
             driver,
             &containment,
             spawned,
-            &stop,
+            (&stop, &dump),
             &mut remembered,
             (start_number, planned),
         );
@@ -286,8 +286,8 @@ fn supervise_with(
 
 /// Sets up what lasts for the whole run: the server's orphans come back
 /// to us, the stop signals are noted, the metrics are served. Returns the
-/// flag a stop signal sets.
-fn prepare(config: &RunConfig) -> std::io::Result<Arc<AtomicBool>> {
+/// flag a stop signal sets, and the one SIGUSR1 (a bundle on demand) sets.
+fn prepare(config: &RunConfig) -> std::io::Result<(Arc<AtomicBool>, Arc<AtomicBool>)> {
     // Orphans of the server come back to us rather than to PID 1.
     if let Err(error) = rustix::process::set_child_subreaper(Some(rustix::process::getpid())) {
         event(&format!("cannot become child subreaper: {error}"));
@@ -301,6 +301,8 @@ fn prepare(config: &RunConfig) -> std::io::Result<Arc<AtomicBool>> {
     ] {
         signal_hook::flag::register(signal, Arc::clone(&stop))?;
     }
+    let dump = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGUSR1, Arc::clone(&dump))?;
     if let Some(address) = config.metrics {
         metrics::serve(address)?;
     }
@@ -309,7 +311,7 @@ fn prepare(config: &RunConfig) -> std::io::Result<Arc<AtomicBool>> {
             "no readiness check given: the server counts as ready once started, so --stall-timeout and --startup-timeout do not apply",
         );
     }
-    Ok(stop)
+    Ok((stop, dump))
 }
 
 /// Starts the server in its containment, recorded; in a cgroup if it can,
@@ -370,7 +372,7 @@ fn serve(
     driver: &dyn Driver,
     containment: &Containment,
     spawned: Spawned,
-    stop: &AtomicBool,
+    (stop, dump): (&AtomicBool, &AtomicBool),
     remembered: &mut Remembered,
     (start_number, planned): (u32, Option<u64>),
 ) -> Served {
@@ -390,12 +392,28 @@ fn serve(
     let mut cpu = CpuSamples::default();
     let started = Instant::now();
     let mut capacity = CapacityWatch::new(start_number, planned);
+    // A SIGUSR1 before this start is not about it.
+    dump.store(false, Ordering::Relaxed);
+    let mut on_demand = |cpu: &mut CpuSamples, remembered: &Remembered| {
+        event("SIGUSR1: writing a diagnostic bundle; the server is left as it is");
+        write_bundle(
+            config,
+            driver,
+            containment,
+            &spawned.log,
+            cpu,
+            remembered,
+            "dump: on demand (SIGUSR1 to gpureap run)",
+            start_number,
+            started.elapsed().as_secs_f64(),
+        );
+    };
     let (ended, ready_at) = watch(
         config,
         containment,
         &mut main,
         &spawned.log,
-        stop,
+        (stop, dump, &mut on_demand),
         &mut cpu,
         remembered,
         &mut capacity,
@@ -605,6 +623,12 @@ fn write_bundle(
     seconds: f64,
 ) {
     let members = containment.members();
+    // The stacks first: nearest the moment the start was judged, and before
+    // anything is signalled.
+    let stacks = crate::stacks::capture(
+        &members.iter().copied().collect::<Vec<_>>(),
+        crate::stacks::Limits::default(),
+    );
     let snapshot = Snapshot::take_focused(driver, &members);
     let (lines, log_tail) = log
         .lock()
@@ -629,16 +653,30 @@ fn write_bundle(
         log_tail,
         gpu: serde_json::from_str(&crate::report::status_json(&snapshot, &None))
             .unwrap_or_default(),
+        stacks,
     };
     let Some(dir) = &remembered.dir else {
         event("no diagnostic bundle: the state directory is not usable (see above)");
         return;
     };
-    match bundle.write(dir, &snapshot) {
+    event(&format!(
+        "stacks: {}",
+        crate::units::Field(&bundle.stacks.summary)
+    ));
+    for note in &bundle.stacks.notes {
+        event(&format!("stacks: {}", crate::units::Field(note)));
+    }
+    match dir
+        .subdir("bundles")
+        .and_then(|bundles| bundle.write(&bundles, &snapshot))
+    {
         Ok(dir) => event(&format!("diagnostic bundle: {}", dir.display())),
         Err(error) => event(&format!("cannot write the diagnostic bundle: {error}")),
     }
 }
+
+/// Writes a bundle on demand (SIGUSR1), from the samples and history `watch` keeps.
+type OnDemand<'a> = &'a mut dyn FnMut(&mut CpuSamples, &Remembered);
 
 /// Watches one start until it exits, hangs, or gpureap is asked to stop.
 /// Also returns when it became ready, if it did. Once ready, the engine's
@@ -649,7 +687,7 @@ fn watch(
     containment: &Containment,
     main: &mut MainProcess,
     log: &SharedLog,
-    stop: &AtomicBool,
+    (stop, dump, on_demand): (&AtomicBool, &AtomicBool, OnDemand),
     cpu: &mut CpuSamples,
     remembered: &mut Remembered,
     capacity: &mut CapacityWatch,
@@ -659,6 +697,9 @@ fn watch(
         std::thread::sleep(Duration::from_millis(20));
         if stop.load(Ordering::Relaxed) {
             return (Ended::Stopped, watching.ready_at);
+        }
+        if dump.swap(false, Ordering::Relaxed) {
+            on_demand(cpu, remembered);
         }
         main.reap();
         if let Some(status) = main.status {
