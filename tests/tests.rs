@@ -28,6 +28,7 @@ mod select_props;
 mod sim;
 mod slurm;
 mod sshd_lab;
+mod stacks;
 mod status;
 
 // Monitoring: the exporter, status --prometheus, run --metrics, check, deploy/.
