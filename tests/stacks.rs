@@ -13,6 +13,7 @@ use serde_json::Value;
 
 use crate::harness::*;
 use crate::run::{read, setup};
+use crate::schema::{conforms, schema};
 
 /// A Python process blocked reading its stdin (a pipe the test holds) in
 /// `wait_in_barrier`, the way a rank waits for a peer that never comes.
@@ -82,8 +83,12 @@ fn dump(host: &SimHost, path: Option<&str>, args: &[&str]) -> (Run, Option<PathB
     (run, folder)
 }
 
+/// A bundle's `bundle.json`, checked against docs/json.schema.json.
 fn bundle_json(folder: &Path) -> Value {
-    serde_json::from_str(&read(&folder.join("bundle.json"))).expect("bundle.json is JSON")
+    let bundle =
+        serde_json::from_str(&read(&folder.join("bundle.json"))).expect("bundle.json is JSON");
+    conforms(&schema(), "bundle.json", &bundle);
+    bundle
 }
 
 fn process(bundle: &Value, pid: u32) -> &Value {
