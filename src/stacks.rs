@@ -425,23 +425,31 @@ fn function(frame: &str) -> &str {
     frame.rsplit_once(" (").map_or(frame, |(name, _)| name)
 }
 
-/// The frame most threads wait in; a tie goes to the main thread's.
+/// The frame most threads wait in; a tie goes to the main thread's. Where
+/// py-spy read the process, only the threads it listed count: a CUDA or
+/// NCCL process has native helper threads parked in the kernel whatever its
+/// Python threads do, and they would outvote them.
 fn most_common(threads: &[ThreadStack], pid: u32) -> Option<String> {
+    let listed = threads.iter().any(|thread| !thread.frames.is_empty());
+    let counted: Vec<&ThreadStack> = threads
+        .iter()
+        .filter(|thread| !listed || !thread.frames.is_empty())
+        .collect();
     let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
-    for frame in threads
+    for frame in counted
         .iter()
         .filter_map(|thread| thread.waits_in.as_deref())
     {
         *counts.entry(frame).or_default() += 1;
     }
     let best = counts.values().copied().max()?;
-    let main = threads
+    let main = counted
         .iter()
         .find(|thread| thread.tid == pid)
         .and_then(|thread| thread.waits_in.as_deref());
     match main {
         Some(main) if counts.get(main) == Some(&best) => Some(main.to_string()),
-        _ => threads
+        _ => counted
             .iter()
             .filter_map(|thread| thread.waits_in.as_deref())
             .find(|frame| counts[frame] == best)
@@ -624,6 +632,27 @@ Thread 0x7F00AA (active+gil): \"loader\"
         assert_eq!(
             most_common(&threads, 12912).as_deref(),
             Some("wait_in_barrier")
+        );
+        // Native helper threads in the kernel do not outvote the Python ones.
+        for tid in 20..25 {
+            threads.push(ThreadStack {
+                tid,
+                name: None,
+                activity: None,
+                frames: Vec::new(),
+                kernel: vec!["futex_wait_queue".to_string()],
+                wchan: None,
+                waits_in: Some("futex_wait_queue".to_string()),
+            });
+        }
+        assert_eq!(
+            most_common(&threads, 12912).as_deref(),
+            Some("wait_in_barrier")
+        );
+        // Without py-spy's threads, the kernel's count.
+        assert_eq!(
+            most_common(&threads[2..], 12912).as_deref(),
+            Some("futex_wait_queue")
         );
     }
 

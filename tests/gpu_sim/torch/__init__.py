@@ -80,3 +80,39 @@ class cuda:
     @staticmethod
     def synchronize(device=None):
         _use(_current[0] if device is None else _index(device) if isinstance(device, str) else int(device))
+
+    @staticmethod
+    def _sleep(cycles):
+        """A kernel that spins on the GPU: the next synchronize waits for it."""
+        _use(_current[0])
+        _spinning[0] = True
+
+
+_spinning = [False]
+
+
+def ones(size, device="cpu"):
+    return empty(size * 4, device=device)
+
+
+def _wait_forever():
+    read, _ = os.pipe()
+    while True:
+        os.read(read, 1)
+
+
+def cudaDeviceSynchronize():
+    """Where the real runtime waits for a kernel still running."""
+    _wait_forever()
+
+
+_synchronize = cuda.synchronize
+
+
+def _synchronize_spinning(device=None):
+    _synchronize(device)
+    if _spinning[0]:
+        cudaDeviceSynchronize()
+
+
+cuda.synchronize = staticmethod(_synchronize_spinning)
