@@ -1,5 +1,6 @@
 //! One bounded child process, for every program gpureap runs and waits on
-//! (ssh for the fleet and push, scontrol and squeue for Slurm).
+//! (ssh for the fleet and push, scontrol and squeue for Slurm, py-spy for
+//! the stacks in bundles).
 //!
 //! The child leads a process group of its own. Its stdout and stderr are read
 //! on threads of their own, each kept to a bound and drained past it, so
