@@ -200,7 +200,8 @@ Examples:
   gpureap run --ready-url http://127.0.0.1:30000/health --log sglang.log -- \\
       python3 -m sglang.launch_server --model-path meta-llama/Llama-3.1-70B-Instruct --tp 8
   gpureap run --ready-log 'Application startup complete' --stall-timeout 10m -- vllm serve ...
-  gpureap run --ready-port 8000 --restart never -- ./serve.sh")
+  gpureap run --ready-port 8000 --restart never -- ./serve.sh
+  gpureap run --dump --state-dir /var/lib/gpureap/sglang   a bundle now, from the running supervisor")
     )]
     Run(RunArgs),
 
@@ -542,8 +543,14 @@ pub struct RunArgs {
     /// With --plan: start even while others' memory shrinks the KV cache, saying what it costs.
     #[arg(long, requires = "plan")]
     pub accept_shrink: bool,
+    /// Start nothing: ask the `gpureap run` supervising with this state directory (--state-dir,
+    /// or the default one of the command after --) for a diagnostic bundle now, as SIGUSR1 to
+    /// it does, and print its folder. Nothing is stopped or restarted.
+    /// Example: gpureap run --dump --state-dir /var/lib/gpureap/sglang
+    #[arg(long, conflicts_with_all = ["plan", "log", "metrics"])]
+    pub dump: bool,
     /// The server's command line.
-    #[arg(last = true, required = true, value_name = "CMD")]
+    #[arg(last = true, required_unless_present = "dump", value_name = "CMD")]
     pub command: Vec<String>,
 }
 

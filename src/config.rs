@@ -395,7 +395,30 @@ fn find_program(program: &str) -> Result<std::path::PathBuf, UsageError> {
         })
 }
 
-pub fn run(args: &RunArgs) -> Result<RunConfig, UsageError> {
+/// What `gpureap run` was asked: to supervise a server, or (`--dump`) to
+/// ask the supervisor of a state directory for a bundle.
+pub enum RunRequest {
+    Supervise(Box<RunConfig>),
+    Dump { state_dir: std::path::PathBuf },
+}
+
+pub fn run(args: &RunArgs) -> Result<RunRequest, UsageError> {
+    if args.dump {
+        let state_dir = match (&args.state_dir, args.command.is_empty()) {
+            (Some(dir), _) => dir.clone(),
+            (None, false) => default_state_dir(&args.command),
+            (None, true) => {
+                return Err(UsageError(
+                    "run --dump needs the supervisor's state directory: --state-dir DIR, or the server's command after -- as it was started".to_string(),
+                ));
+            }
+        };
+        return Ok(RunRequest::Dump { state_dir });
+    }
+    supervise(args).map(|config| RunRequest::Supervise(Box::new(config)))
+}
+
+fn supervise(args: &RunArgs) -> Result<RunConfig, UsageError> {
     // Every flag, named: one added to `run` must be carried into its config.
     let RunArgs {
         ready_url,
@@ -416,6 +439,8 @@ pub fn run(args: &RunArgs) -> Result<RunConfig, UsageError> {
         plan,
         wait_for_fit,
         accept_shrink,
+        // `run` above: a dump supervises nothing.
+        dump: _,
         command,
     } = args;
     if let Some(program) = command.first() {

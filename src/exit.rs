@@ -377,7 +377,7 @@ pub fn rows(program: Program) -> Vec<(Exit, &'static str)> {
             (USAGE_RUN.0, USAGE_RUN.1),
             (
                 Incomplete,
-                "could not complete: the driver or a file failed",
+                "could not complete: the driver or a file failed; --dump: no bundle came in time",
             ),
             (
                 CannotFit,
@@ -510,7 +510,7 @@ pub fn rows(program: Program) -> Vec<(Exit, &'static str)> {
 
 const USAGE_RUN: (Exit, &str) = (
     Exit::Usage,
-    "bad usage, or the server could not be started (state dir or --log refused, --plan cannot read the command)",
+    "bad usage, or the server could not be started (state dir or --log refused, --plan cannot read the command); --dump: no gpureap run supervises with that state directory",
 );
 
 /// The "Exit codes:" block a `--help` ends with: the program's rows.

@@ -463,9 +463,31 @@ fn wait(backend: &BackendChoice, args: &config::WaitRequest) -> Result<Exit, Fai
 }
 
 fn run(backend: &BackendChoice, args: &RunArgs) -> Result<Exit, Failure> {
-    let config = config::run(args)?;
+    let config = match config::run(args)? {
+        config::RunRequest::Supervise(config) => config,
+        config::RunRequest::Dump { state_dir } => return run_dump(&state_dir),
+    };
     let driver = open_driver(backend)?;
     Ok(gpureap::run::supervise(&config, driver.as_ref())?)
+}
+
+/// `run --dump`: the supervisor's bundle, asked for and waited for.
+fn run_dump(state_dir: &std::path::Path) -> Result<Exit, Failure> {
+    use gpureap::run::ondemand::{self, RequestError};
+    match ondemand::request(state_dir, ondemand::WAIT) {
+        Ok(folders) => {
+            let text: String = folders
+                .iter()
+                .map(|folder| format!("gpureap run: diagnostic bundle: {}\n", folder.display()))
+                .collect();
+            emit(&text)?;
+            Ok(Exit::Success)
+        }
+        Err(error @ (RequestError::Refused(_) | RequestError::NoSupervisor(_))) => {
+            Err(UsageError(error.to_string()).into())
+        }
+        Err(error) => Err(Failure::new(Exit::Incomplete, error)),
+    }
 }
 
 // Monitoring: `exporter` and `check` (docs/monitoring.md).

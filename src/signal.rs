@@ -18,6 +18,8 @@ pub enum Sig {
     Term,
     Stop,
     Kill,
+    /// `gpureap run`'s request for a bundle (`run --dump`).
+    Usr1,
 }
 
 impl Sig {
@@ -26,6 +28,7 @@ impl Sig {
             Sig::Term => "SIGTERM",
             Sig::Stop => "SIGSTOP",
             Sig::Kill => "SIGKILL",
+            Sig::Usr1 => "SIGUSR1",
         }
     }
 
@@ -34,6 +37,7 @@ impl Sig {
             Sig::Term => Signal::TERM,
             Sig::Stop => Signal::STOP,
             Sig::Kill => Signal::KILL,
+            Sig::Usr1 => Signal::USR1,
         }
     }
 }

@@ -399,3 +399,68 @@ fn sigusr1_writes_a_bundle_and_leaves_the_server_running() {
     let (code, events, _) = supervisor.stop();
     assert_eq!(code, 0, "{}", events.join("\n"));
 }
+
+#[test]
+fn run_dump_asks_the_supervisor_for_a_bundle_and_prints_it() {
+    let setup = setup(2);
+    let state = setup.state.to_str().expect("utf-8").to_string();
+    let dump = |args: &[&str]| -> Run {
+        gpureap(&setup.host)
+            .args(["run", "--dump"])
+            .args(args)
+            .output()
+            .expect("gpureap runs")
+            .into()
+    };
+    let supervisor = setup.run(&[], &[]);
+    supervisor.wait_for("ready after", 1);
+    let asked = dump(&["--state-dir", &state]);
+    assert_eq!(asked.code, 0, "{}{}", asked.stdout, asked.stderr);
+    let folder = PathBuf::from(
+        asked
+            .stdout
+            .trim()
+            .strip_prefix("gpureap run: diagnostic bundle: ")
+            .unwrap_or_else(|| panic!("{}", asked.stdout)),
+    );
+    assert!(
+        folder.starts_with(setup.state.join("bundles")),
+        "{}",
+        folder.display()
+    );
+    let bundle = bundle_json(&folder);
+    assert!(
+        bundle["reason"]
+            .as_str()
+            .is_some_and(|reason| reason.starts_with("dump: on demand")),
+        "{bundle:#}"
+    );
+    supervisor.wait_for("SIGUSR1 (gpureap run --dump)", 1);
+    let (code, events, _) = supervisor.stop();
+    assert_eq!(code, 0, "{}", events.join("\n"));
+
+    // Gone: nothing to ask, and its registration went with it.
+    let after = dump(&["--state-dir", &state]);
+    assert_eq!(after.code, 2, "{}", after.stderr);
+    assert!(
+        after.stderr.contains("no gpureap run is supervising"),
+        "{}",
+        after.stderr
+    );
+    let registrations = setup.state.join("supervisors");
+    assert_eq!(std::fs::read_dir(&registrations).expect("dir").count(), 0);
+    // A SIGKILLed supervisor's registration names a process that is gone: removed, not signalled.
+    std::fs::write(
+        registrations.join("4194304.json"),
+        r#"{"pid":4194304,"start_time":1}"#,
+    )
+    .expect("write");
+    assert_eq!(dump(&["--state-dir", &state]).code, 2);
+    assert_eq!(std::fs::read_dir(&registrations).expect("dir").count(), 0);
+
+    let missing = dump(&["--state-dir", "/nonexistent/gpureap-state"]);
+    assert_eq!(missing.code, 2, "{}", missing.stderr);
+    let nothing = dump(&[]);
+    assert_eq!(nothing.code, 2, "{}", nothing.stderr);
+    assert!(nothing.stderr.contains("--state-dir"), "{}", nothing.stderr);
+}

@@ -14,6 +14,7 @@ pub mod capacity;
 pub mod contain;
 pub mod leftovers;
 pub mod metrics;
+pub mod ondemand;
 pub mod output;
 pub mod plan;
 pub mod ready;
@@ -253,6 +254,8 @@ fn supervise_with(
         return Ok(Exit::StillHeld);
     }
     let mut record = RunRecord::new(remembered.dir.as_ref());
+    // `run --dump` finds us here while we run.
+    let _registered = ondemand::Registered::new(remembered.dir.as_ref());
     let mut restarts = 0u32;
     let mut start_number = 0u32;
     loop {
@@ -395,7 +398,9 @@ fn serve(
     // A SIGUSR1 before this start is not about it.
     dump.store(false, Ordering::Relaxed);
     let mut on_demand = |cpu: &mut CpuSamples, remembered: &Remembered| {
-        event("SIGUSR1: writing a diagnostic bundle; the server is left as it is");
+        event(
+            "SIGUSR1 (gpureap run --dump): writing a diagnostic bundle; the server is left as it is",
+        );
         write_bundle(
             config,
             driver,
@@ -403,7 +408,7 @@ fn serve(
             &spawned.log,
             cpu,
             remembered,
-            "dump: on demand (SIGUSR1 to gpureap run)",
+            "dump: on demand (SIGUSR1 to gpureap run, or gpureap run --dump)",
             start_number,
             started.elapsed().as_secs_f64(),
         );
