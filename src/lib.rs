@@ -6,7 +6,8 @@
 //! (signal escalation, looking again until verified or out of time) →
 //! `verify` (from one snapshot: freed, or why not) → `report` (table or
 //! JSON). The front ends compose these stages: `run` around a server it
-//! started, `fleet` over ssh, `slurm`, `exporter` and `check`, `demo`;
+//! started, `dump` around one it did not, `fleet` over ssh, `slurm`, `exporter`
+//! and `check`, `demo`;
 //! `wait` polls the driver before a launch. Below them all are the base's
 //! leaves (`proc`, `units`, `exit`, `signal`, `child`, `hostlist`, `file`).
 //! The binary parses flags into typed config (`cli`, `config`), dispatches,
