@@ -382,16 +382,19 @@ fn thread_wchan(pid: u32, tid: u32) -> Option<String> {
     (!text.is_empty() && text != "0").then(|| short(text))
 }
 
-/// Where a frame says how a thread waits rather than where: the C library,
-/// the loader, the vDSO, the Python interpreter, or an address with no name.
+/// Where a frame says how a thread waits rather than where: the C and C++
+/// libraries (a condition variable's wait, inlined `std::` code), the
+/// loader, the vDSO, the Python interpreter and pybind11's glue, or an
+/// address with no name (libcuda's frames have none).
 fn is_plumbing(frame: &str) -> bool {
     let (name, place) = match frame.rsplit_once(" (") {
         Some((name, place)) => (name, place.trim_end_matches(')')),
         None => (frame, ""),
     };
     let library = place.rsplit('/').next().unwrap_or(place);
-    name.starts_with("0x")
-        || name.starts_with("_Py")
+    ["0x", "_Py", "std::", "__gnu_cxx::", "pybind11::"]
+        .iter()
+        .any(|prefix| name.starts_with(prefix))
         || [
             "libc.so",
             "libc-",
@@ -400,6 +403,8 @@ fn is_plumbing(frame: &str) -> bool {
             "linux-vdso",
             "libpython",
             "python",
+            "libstdc++",
+            "libgcc_s",
         ]
         .iter()
         .any(|prefix| library.starts_with(prefix))
@@ -666,6 +671,25 @@ Thread 0x7F00AA (active+gil): \"loader\"
         assert!(threads[0].frames.iter().all(|frame| !frame.contains('\r')));
         let long = format!("Thread 1 (idle): \"m\"\n    {}\n", "f".repeat(100_000));
         assert!(parse_py_spy(&long)[0].frames[0].chars().count() <= MAX_FRAME_CHARS);
+    }
+
+    #[test]
+    fn a_native_wait_is_named_by_the_library_that_waits_not_by_the_plumbing() {
+        let dump = "Thread 7 (idle): \"MainThread\"
+    __futex_abstimed_wait_common (libc.so.6)
+    pthread_cond_wait (libc.so.6)
+    std::condition_variable::wait (libstdc++.so.6)
+    std::__detail::__wait_impl (libtorch_cuda.so)
+    0x7f0012345678 (libcuda.so.1)
+    ncclCommInitRankConfig (libnccl.so.2)
+    pybind11::cpp_function::dispatcher (libtorch_python.so)
+    all_reduce (torch/distributed/distributed_c10d.py:2501)
+";
+        let threads = parse_py_spy(dump);
+        assert_eq!(
+            waits_in(&threads[0]).as_deref(),
+            Some("ncclCommInitRankConfig")
+        );
     }
 
     #[test]
