@@ -262,7 +262,9 @@ def nccl_under_run(r, args, work, env, gpus, with_py_spy):
     keep_bundle(r, folder, "nccl")
     bundle = json.loads((Path(folder) / "bundle.json").read_text())
     r.log(f"  summary: {bundle['stacks']['summary']}")
-    check_rank(r, "nccl", bundle, "sglang::scheduler_TP0", "hang_in_nccl_allreduce", ["nccl"], with_py_spy)
+    r.log(f"  stacks read in {bundle['stacks']['seconds']:.1f}s; notes {bundle['stacks']['notes']}")
+    # NCCL's set-up, or (where the communicator is made without blocking) the wait for its kernel.
+    check_rank(r, "nccl", bundle, "sglang::scheduler_TP0", "hang_in_nccl_allreduce", ["nccl", "synchronize"], with_py_spy)
     check_rank(r, "nccl", bundle, "sglang::scheduler_TP1", "wait_outside_the_collective", ["sleep"], with_py_spy)
     if with_py_spy:
         r.check("nccl: the summary says where TP0 waits", "sglang::scheduler_TP0 in " in bundle["stacks"]["summary"],
@@ -302,7 +304,7 @@ def cuda_with_dump(r, args, work, env, gpus, procs, with_py_spy):
     r.log(f"  {attempts} dump(s)")
     if not r.check("cuda: gpureap dump --pid writes a bundle", bundle is not None):
         return
-    r.log(f"  summary: {bundle['stacks']['summary']}")
+    r.log(f"  summary: {bundle['stacks']['summary']}; read in {bundle['stacks']['seconds']:.1f}s")
     check_rank(r, "cuda", bundle, "sglang::scheduler_TP0", "wait_for_cuda_kernel", ["synchronize", "libcuda"], with_py_spy)
     by_gpu = subprocess.run([args.binary, "--backend", gv.backend(), "dump", "--gpu", str(gpu), "--out", str(out)],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)

@@ -293,7 +293,7 @@ Examples:
 users in scope and their descendants), then writes OUT/<unix ms>-dump/ (0700) with
 summary.txt, stacks.txt, processes.txt, gpu.txt and bundle.json (docs/run.md, the bundle).
 With py-spy on PATH (pip install py-spy) each process's Python and native stacks are read
-(`py-spy dump --native`, at most 10s a process, 40s in all); without it, kernel stacks.
+(`py-spy dump --native`, at most 20s a process, 60s in all); without it, kernel stacks.
 
 Examples:
   gpureap dump --pid 4242

@@ -29,10 +29,11 @@ use serde::Serialize;
 use crate::child::{self, Input, Ran};
 use crate::units::one_line;
 
-/// How long py-spy may take for one process.
-pub const PER_PROCESS: Duration = Duration::from_secs(10);
+/// How long py-spy may take for one process: native frames need the
+/// symbols of every library mapped, and PyTorch's and NCCL's are large.
+pub const PER_PROCESS: Duration = Duration::from_secs(20);
 /// How long the whole capture may take, however many processes.
-pub const TOTAL: Duration = Duration::from_secs(40);
+pub const TOTAL: Duration = Duration::from_secs(60);
 /// py-spy runs at most this many at a time.
 const PARALLEL: usize = 4;
 /// What is kept of py-spy's output per process.

@@ -21,7 +21,7 @@ const DIR: &str = "supervisors";
 const MAX_RECORD_BYTES: u64 = 4 << 10;
 /// How long `run --dump` waits for the bundles: the stacks' own limit
 /// (`stacks::TOTAL`), and time for the snapshot and the files.
-pub const WAIT: Duration = Duration::from_secs(70);
+pub const WAIT: Duration = Duration::from_secs(crate::stacks::TOTAL.as_secs() + 30);
 
 #[derive(Debug, Serialize, Deserialize)]
 struct Registration {
