@@ -139,25 +139,31 @@ pub fn capture(pids: &[u32], limits: Limits) -> Capture {
     let mut processes = Vec::with_capacity(pids.len());
     for chunk in pids.chunks(PARALLEL) {
         let read: Vec<ProcessStacks> = std::thread::scope(|scope| {
+            let py_spy = py_spy.as_deref();
+            let read = move |pid| of_process(pid, py_spy, limits.per_process, deadline);
+            // No thread to start (RLIMIT_NPROC, memory): read it here instead.
             let handles: Vec<_> = chunk
                 .iter()
                 .map(|&pid| {
-                    let py_spy = py_spy.as_deref();
-                    scope.spawn(move || of_process(pid, py_spy, limits.per_process, deadline))
+                    std::thread::Builder::new()
+                        .name("stacks".to_string())
+                        .spawn_scoped(scope, move || read(pid))
+                        .map_err(|_| pid)
                 })
                 .collect();
             handles
                 .into_iter()
                 .zip(chunk)
-                .map(|(handle, &pid)| {
-                    handle.join().unwrap_or_else(|_| ProcessStacks {
+                .map(|(handle, &pid)| match handle {
+                    Ok(handle) => handle.join().unwrap_or_else(|_| ProcessStacks {
                         pid,
                         label: label(pid),
                         source: "kernel",
                         waits_in: None,
                         threads: Vec::new(),
                         note: Some("reading its stacks failed".to_string()),
-                    })
+                    }),
+                    Err(pid) => read(pid),
                 })
                 .collect()
         });
