@@ -39,6 +39,9 @@ const PARALLEL: usize = 4;
 /// What is kept of py-spy's output per process.
 const MAX_OUTPUT: u64 = 1 << 20;
 const MAX_ERRORS: u64 = 16 << 10;
+/// At most this many processes are read; a tree larger than a server's is
+/// cut, and said.
+const MAX_PROCESSES: usize = 256;
 /// Bounds on what one process contributes, whatever it has.
 const MAX_THREADS: usize = 512;
 const MAX_FRAMES: usize = 128;
@@ -136,6 +139,8 @@ pub fn capture(pids: &[u32], limits: Limits) -> Capture {
             "py-spy is not installed (not on PATH): kernel stacks only; for Python and native stacks: {INSTALL_HINT}"
         ));
     }
+    let (pids, cut) = at_most(pids, MAX_PROCESSES);
+    notes.extend(cut);
     let mut processes = Vec::with_capacity(pids.len());
     for chunk in pids.chunks(PARALLEL) {
         let read: Vec<ProcessStacks> = std::thread::scope(|scope| {
@@ -183,6 +188,17 @@ pub fn capture(pids: &[u32], limits: Limits) -> Capture {
         seconds: started.elapsed().as_secs_f64(),
         processes,
     }
+}
+
+/// The first `most` of `pids`, and a note when there were more.
+fn at_most(pids: &[u32], most: usize) -> (&[u32], Option<String>) {
+    let cut = (pids.len() > most).then(|| {
+        format!(
+            "{} processes: only the first {most} by PID are read",
+            pids.len()
+        )
+    });
+    (&pids[..pids.len().min(most)], cut)
 }
 
 /// One process: py-spy's stacks where it can give them, the kernel's for
@@ -697,6 +713,18 @@ Thread 0x7F00AA (active+gil): \"loader\"
             waits_in(&threads[0]).as_deref(),
             Some("ncclCommInitRankConfig")
         );
+    }
+
+    #[test]
+    fn a_tree_larger_than_a_server_is_cut_and_said() {
+        let pids: Vec<u32> = (1..=300).collect();
+        let (read, note) = at_most(&pids, MAX_PROCESSES);
+        assert_eq!(read.len(), 256);
+        assert_eq!(
+            note.as_deref(),
+            Some("300 processes: only the first 256 by PID are read")
+        );
+        assert_eq!(at_most(&pids[..3], MAX_PROCESSES), (&pids[..3], None));
     }
 
     #[test]
