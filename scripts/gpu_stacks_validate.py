@@ -12,9 +12,11 @@ SGLang's setproctitle titles them):
          store); rank 0 calls all_reduce on a CUDA tensor in
          `hang_in_nccl_allreduce`, rank 1 never joins the collective, so rank 0
          waits in NCCL's communicator set-up for a peer that never comes. Run
-         under `gpureap run` with a readiness line that never comes: the stall
-         must write a bundle whose stacks name NCCL and the Python function,
-         before the stop's first signal, and the GPUs must be freed.
+         under `gpureap run` with a readiness line that never comes: while it
+         hangs, `gpureap run --dump` must get a bundle from the supervisor;
+         then the stall must write a bundle whose stacks name NCCL and the
+         Python function, before the stop's first signal, and the GPUs must
+         be freed.
   cuda   one rank launches a kernel that spins on the GPU (torch.cuda._sleep)
          and waits for it in `wait_for_cuda_kernel` (torch.cuda.synchronize).
          Read with `gpureap dump --pid LAUNCHER` and `gpureap dump --gpu G`:
@@ -229,15 +231,26 @@ def nccl_under_run(r, args, work, env, gpus, with_py_spy):
     state = work / "state"
     devices = ",".join(str(gpu) for gpu in gpus)
     command = [
-        args.binary, "--backend", gv.backend(), "run", "--ready-log", "NEVER-READY-LINE", "--stall-timeout", "20s",
+        args.binary, "--backend", gv.backend(), "run", "--ready-log", "NEVER-READY-LINE", "--stall-timeout", "30s",
         "--startup-timeout", "5m", "--grace", "5s", "--restart", "never", "--state-dir", str(state), "--",
         sys.executable, str(SCRIPT), "server", "nccl", devices, str(free_port()),
     ]
     r.log("$ " + " ".join(command))
-    events, seen = [], threading.Event()
-    supervisor = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    events, seen, output = [], threading.Event(), []
+    supervisor = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     reader = threading.Thread(target=read_lines, args=(supervisor.stderr, events, seen), daemon=True)
     reader.start()
+    threading.Thread(target=read_lines, args=(supervisor.stdout, output, threading.Event()), daemon=True).start()
+    # While it hangs, before the stall is judged: a bundle on demand.
+    if r.check("nccl: TP0 reaches its all_reduce", wait_for_line(output, "[TP0] entering all_reduce", 150)):
+        asked = subprocess.run([args.binary, "run", "--dump", "--state-dir", str(state)], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=150)
+        r.log(f"$ gpureap run --dump --state-dir {state}: {gv.exit_text(asked.returncode)}; {asked.stdout.strip()} {asked.stderr.strip()}")
+        folder = asked.stdout.strip().rsplit(": ", 1)[-1] if asked.returncode == 0 else ""
+        if r.check("nccl: gpureap run --dump gets a bundle from the supervisor", folder.endswith("-dump"), asked.stdout.strip()):
+            on_demand = json.loads((Path(folder) / "bundle.json").read_text())
+            keep_bundle(r, folder, "nccl-on-demand")
+            r.log(f"  on demand: {on_demand['stacks']['summary']}; read in {on_demand['stacks']['seconds']:.1f}s")
     try:
         code = supervisor.wait(timeout=240)
     except subprocess.TimeoutExpired:
@@ -251,12 +264,13 @@ def nccl_under_run(r, args, work, env, gpus, with_py_spy):
             r.log("  " + line)
     lines = [line for _, line in events]
     r.check("nccl: gpureap run exits 1 (hung, not restarted)", code == 1, gv.exit_text(code))
-    stacks_at = next((i for i, line in enumerate(lines) if "gpureap run: stacks:" in line), None)
+    hang_at = next((i for i, line in enumerate(lines) if "gpureap run: hang:" in line), len(lines))
+    stacks_at = next((i for i, line in enumerate(lines) if i > hang_at and "gpureap run: stacks:" in line), None)
     stopping_at = next((i for i, line in enumerate(lines) if "gpureap run: stopping" in line), None)
-    r.check("nccl: the stacks are read before the stop's first signal",
-            stacks_at is not None and stopping_at is not None and stacks_at < stopping_at, (stacks_at, stopping_at))
-    bundle_line = next((line for line in lines if "diagnostic bundle:" in line), None)
-    if not r.check("nccl: a bundle is written", bundle_line is not None):
+    r.check("nccl: after the stall, the stacks are read before the stop's first signal",
+            stacks_at is not None and stopping_at is not None and stacks_at < stopping_at, (hang_at, stacks_at, stopping_at))
+    bundle_line = next((line for line in lines if "diagnostic bundle:" in line and line.endswith("-hang")), None)
+    if not r.check("nccl: the stall's bundle is written", bundle_line is not None):
         return
     folder = bundle_line.rsplit(": ", 1)[1]
     keep_bundle(r, folder, "nccl")
