@@ -141,15 +141,35 @@ impl ContainerJson {
     /// named the pod, then the container's name, else its runtime and
     /// short id (`docker:3f4a8e1b2c9d`).
     pub fn label(&self) -> String {
-        let container = match &self.name {
-            Some(name) => name.clone(),
-            None => format!("{}:{}", self.runtime, self.id.get(..12).unwrap_or(&self.id)),
-        };
-        match (&self.namespace, &self.pod) {
-            (Some(namespace), Some(pod)) => format!("{namespace}/{pod} {container}"),
-            (None, Some(pod)) => format!("{pod} {container}"),
-            _ => container,
-        }
+        container_label(
+            self.runtime,
+            &self.id,
+            self.pod.as_deref(),
+            self.namespace.as_deref(),
+            self.name.as_deref(),
+        )
+    }
+}
+
+/// A container as a table cell or a label: `namespace/pod` when its pod is
+/// named, then its name, else its runtime and short id
+/// (`containerd:3f4a8e1b2c9d`). `status` and `status -H` (from a host's
+/// JSON) say it alike.
+pub fn container_label(
+    runtime: &str,
+    id: &str,
+    pod: Option<&str>,
+    namespace: Option<&str>,
+    name: Option<&str>,
+) -> String {
+    let container = match name {
+        Some(name) => name.to_string(),
+        None => format!("{runtime}:{}", id.get(..12).unwrap_or(id)),
+    };
+    match (namespace, pod) {
+        (Some(namespace), Some(pod)) => format!("{namespace}/{pod} {container}"),
+        (None, Some(pod)) => format!("{pod} {container}"),
+        _ => container,
     }
 }
 
