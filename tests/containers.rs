@@ -289,7 +289,7 @@ fn a_v1_hierarchy_names_the_container_when_the_v2_path_does_not() {
     let pid = incident
         .holder(&Holder::new("v1-worker").on(0, GIB))
         .expect("holder");
-    cgroups.move_in(&format!("docker/{DOCKER_CGROUPFS}"), pid);
+    cgroups.move_in(format!("docker/{DOCKER_CGROUPFS}"), pid);
     let status = run(&host, &["status", "--json"]).json();
     let holder = holder_of(&status, pid);
     assert_eq!(holder["container"]["runtime"], "docker", "{holder:#}");
@@ -369,7 +369,7 @@ fn the_pid_a_container_sees_is_its_own_namespaces() {
         .spawn(script, 1)
         .expect("a holder in its own PID namespace");
     let pid = incident.pid_of("ns-worker").expect("its PID");
-    cgroups.move_in(&format!("system.slice/docker-{DOCKER_SYSTEMD}.scope"), pid);
+    cgroups.move_in(format!("system.slice/docker-{DOCKER_SYSTEMD}.scope"), pid);
     let status = run(&host, &["status", "--json"]).json();
     let container = &holder_of(&status, pid)["container"];
     assert_eq!(container["id"], DOCKER_SYSTEMD, "{container:#}");
@@ -389,7 +389,7 @@ fn holders_that_exit_mid_scan_never_break_attribution() {
     let churn = "exec 3<\"$D/nvidia0\"; echo \"$BASHPID churner\" >> \"$D/pids\"; \
                  exec -a churner bash -c 'while :; do sleep 0.002 & sleep 0.003 & wait; done'";
     let pid = incident.spawn(churn, 1).expect("churner");
-    cgroups.move_in(&format!("docker/{DOCKER_CGROUPFS}"), pid);
+    cgroups.move_in(format!("docker/{DOCKER_CGROUPFS}"), pid);
     let mut seen_a_child = false;
     for _ in 0..40 {
         let status = run(&host, &["status", "--json"]);
