@@ -545,7 +545,7 @@ pub fn status_table(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String
     let _ = writeln!(out);
     if holders.is_empty() {
         let _ = writeln!(out, "No process holds or watches these GPUs.");
-        notes(snapshot, &mut out);
+        notes(snapshot, gpus, &mut out);
         return out;
     }
     const HEADERS: [&str; 12] = [
@@ -630,7 +630,7 @@ pub fn status_table(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String
     let _ = writeln!(out, "{}", table.trim_fmt());
     evidence_notes(unknown_memory, nodes_only, &mut out);
     protected_note(&holders, &mut out);
-    notes(snapshot, &mut out);
+    notes(snapshot, gpus, &mut out);
     out
 }
 
@@ -687,9 +687,9 @@ fn no_gpus(snapshot: &Snapshot) -> String {
     }
 }
 
-fn notes(snapshot: &Snapshot, out: &mut String) {
+fn notes(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>, out: &mut String) {
     supervisor_gone_notes(snapshot, out);
-    if let Some(hidden) = hidden_note(snapshot, &None) {
+    if let Some(hidden) = hidden_note(snapshot, gpus) {
         note(out, &hidden);
     }
     if let Some(error) = &snapshot.driver_error
@@ -864,7 +864,7 @@ pub fn status_tree(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String 
         ..
     } = tree;
     evidence_notes(unknown_memory, nodes_only, &mut out);
-    notes(snapshot, &mut out);
+    notes(snapshot, gpus, &mut out);
     out
 }
 

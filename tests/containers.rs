@@ -509,6 +509,10 @@ fn in_a_container_without_host_pids_status_says_what_it_cannot_see() {
         text.stdout
     );
     assert!(flat.contains("docker run --pid=host"), "{}", text.stdout);
+    // Only the GPUs asked about: the holder is on GPU 1.
+    let other = in_own_pid_namespace(&host, &["status", "--gpu", "0"]);
+    assert_eq!(other.code, 0, "{}", other.stderr);
+    assert!(!other.stdout.contains("Hidden"), "{}", other.stdout);
 
     let check = in_own_pid_namespace(&host, &["check"]);
     let first = check.stdout.lines().next().unwrap_or_default();
