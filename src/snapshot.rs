@@ -808,6 +808,7 @@ mod tests {
                 memory_used: Some(processes.len() as u64 * (1 << 30)),
                 memory_reserved: None,
                 processes,
+                pci_bus_id: None,
             })
         }
         fn classify_node(&self, path: &Path) -> Option<Node> {
