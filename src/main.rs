@@ -510,7 +510,13 @@ fn check(backend: &BackendChoice, args: &gpureap::cli::CheckArgs) -> Result<Exit
     let driver = open_driver_quietly(backend)?;
     let gpus = config::gpus(&args.gpu, gpu_count(driver.as_ref()))?;
     let snapshot = Snapshot::take_listed(driver.as_ref());
-    let verdict = gpureap::check::check(&snapshot, &gpus);
+    let indexes = snapshot.gpus.iter().map(|gpu| gpu.index).collect();
+    let hardware = gpureap::driver::evidence::Hardware::gather(
+        driver.as_ref(),
+        &indexes,
+        args.xids.drain_xids.0.clone(),
+    );
+    let verdict = gpureap::check::check(&snapshot, &gpus, &hardware);
     emit(&verdict.text())?;
     Ok(verdict.verdict.exit())
 }

@@ -301,6 +301,84 @@ impl Evidence {
     }
 }
 
+/// The evidence of a snapshot's GPUs, and which Xids are a problem.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Hardware {
+    pub evidence: BTreeMap<u32, Evidence>,
+    /// What the read of the kernel log left unknown.
+    pub note: Option<String>,
+    /// The Xids that drain a node and make `check` report a problem.
+    pub drain_xids: BTreeSet<u32>,
+}
+
+impl Hardware {
+    /// Reads the evidence of these GPUs from the driver, once.
+    pub fn gather(
+        driver: &dyn super::Driver,
+        indexes: &BTreeSet<u32>,
+        drain_xids: BTreeSet<u32>,
+    ) -> Hardware {
+        let (evidence, note) = driver.evidence(indexes);
+        Hardware {
+            evidence,
+            note,
+            drain_xids,
+        }
+    }
+
+    /// The newest event of each Xid of the drain list logged for this GPU.
+    pub fn drain_events(&self, index: u32) -> Vec<&XidEvent> {
+        self.evidence
+            .get(&index)
+            .map(|evidence| evidence.listed(&self.drain_xids))
+            .unwrap_or_default()
+    }
+
+    /// The advice for this GPU, each line prefixed `GPU N: `.
+    pub fn advice(&self, index: u32) -> Vec<String> {
+        self.evidence
+            .get(&index)
+            .map(|evidence| {
+                evidence
+                    .advice(index)
+                    .into_iter()
+                    .map(|line| format!("GPU {index}: {line}"))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// Reads `--drain-xids`: numbers separated by commas, or `none`.
+pub fn parse_xid_list(text: &str) -> Result<BTreeSet<u32>, String> {
+    if text.trim() == "none" {
+        return Ok(BTreeSet::new());
+    }
+    text.split(',')
+        .map(|part| {
+            part.trim()
+                .parse::<u32>()
+                .ok()
+                .filter(|xid| (1..=9999).contains(xid))
+                .ok_or_else(|| {
+                    format!(
+                        "invalid Xid '{}' in '{text}': expected numbers from 1 to 9999 separated by commas (48,79), or none",
+                        part.trim()
+                    )
+                })
+        })
+        .collect()
+}
+
+/// The default drain list as `--drain-xids` takes it.
+pub fn default_drain_list() -> String {
+    DEFAULT_DRAIN_XIDS
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// `HH:MM` UTC of a time in seconds since the epoch, today's or not.
 pub fn clock(at: u64) -> String {
     format!("{:02}:{:02} UTC", at / 3600 % 24, at / 60 % 60)
