@@ -267,9 +267,10 @@ fn emit_encoded(text: &str) -> io::Result<()> {
 
 fn status(backend: &BackendChoice, args: &config::StatusRequest) -> Result<Exit, Failure> {
     // How long the snapshot took, for `status --prometheus`'s scan figures.
-    let (driver, snapshot, took) =
+    let (driver, mut snapshot, took) =
         Snapshot::open_and_take(backend, args.prometheus).map_err(UsageError)?;
     let gpus = config::gpus(&args.gpu, gpu_count(driver.as_ref()))?;
+    snapshot.read_evidence(driver.as_ref());
     if args.prometheus {
         let mut figures = gpureap::metrics::ScanFigures::default();
         figures.count(&snapshot, took);

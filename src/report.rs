@@ -9,6 +9,7 @@ use comfy_table::{Cell, CellAlignment, Table};
 use serde::Serialize;
 
 use crate::driver::DriverError;
+use crate::driver::evidence::Evidence;
 use crate::exit::Exit;
 use crate::proc::Unreadable;
 use crate::reap::{Fate, FreeReport, Handled};
@@ -56,6 +57,11 @@ pub struct GpuJson {
     pub held_by_no_process: Option<bool>,
     pub error: Option<DriverError>,
     pub processes: Vec<GpuProcessJson>,
+    /// The driver's hardware evidence for this GPU (Xids since boot, ECC,
+    /// row remapping, recovery action); `None` where it was not read.
+    pub evidence: Option<Evidence>,
+    /// What the evidence implies, one sentence each (`Evidence::advice`).
+    pub advice: Vec<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -228,6 +234,12 @@ pub fn status_json(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String 
                         node_open: user.node_open,
                     })
                     .collect(),
+                evidence: snapshot.evidence.get(&gpu.index).cloned(),
+                advice: snapshot
+                    .evidence
+                    .get(&gpu.index)
+                    .map(|evidence| evidence.advice(gpu.index))
+                    .unwrap_or_default(),
             })
             .collect(),
         holders: holders_json(snapshot, gpus),
@@ -585,6 +597,9 @@ fn no_gpus(snapshot: &Snapshot) -> String {
 
 fn notes(snapshot: &Snapshot, out: &mut String) {
     supervisor_gone_notes(snapshot, out);
+    for line in evidence_lines(snapshot, &None) {
+        note(out, &line);
+    }
     if let Some(error) = &snapshot.driver_error
         && !snapshot.gpus.is_empty()
     {
@@ -602,6 +617,27 @@ fn notes(snapshot: &Snapshot, out: &mut String) {
             ),
         );
     }
+}
+
+/// The advice each GPU's hardware evidence implies (`GPU 1: Xid 79 at …`),
+/// for the GPUs given (all when `None`), and what reading it left unknown.
+/// Xid details are the kernel's text: escaped.
+pub fn evidence_lines(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> Vec<String> {
+    let mut lines: Vec<String> = snapshot
+        .evidence
+        .iter()
+        .filter(|(index, _)| gpus.as_ref().is_none_or(|set| set.contains(index)))
+        .flat_map(|(index, evidence)| {
+            evidence
+                .advice(*index)
+                .into_iter()
+                .map(move |line| format!("GPU {index}: {}", Field(&line)))
+        })
+        .collect();
+    if let Some(note) = &snapshot.evidence_note {
+        lines.push(Field(note).to_string());
+    }
+    lines
 }
 
 /// One note per `gpureap run` that is gone while its server holds GPUs:

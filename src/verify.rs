@@ -666,6 +666,8 @@ mod tests {
             unreadable: Vec::new(),
             driver_error: None,
             details: BTreeMap::new(),
+            evidence: BTreeMap::new(),
+            evidence_note: None,
             uptime_ticks: None,
             bookkeeping_slack: 256 << 20,
         }

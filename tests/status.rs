@@ -532,3 +532,72 @@ fn a_driver_error_is_written_as_its_message() {
         "{none:#}"
     );
 }
+
+/// Each GPU's hardware evidence in status: the staged Xid (the kernel's
+/// facility only), ECC and row-remap counters, `null` for what the driver
+/// does not say, and the advice, in the JSON and as notes under the table.
+#[test]
+fn status_shows_each_gpus_hardware_evidence_and_its_advice() {
+    let host = SimHost::new(2, 80 * GIB, "Simulated H200").expect("sim host");
+    host.leak(1, 3 * GIB).expect("leak");
+    host.xid(
+        1,
+        48,
+        3_000_000,
+        "An uncorrectable double bit error (DBE) has been detected",
+    )
+    .expect("xid 48");
+    host.xid(1, 79, 4_000_000, "GPU has fallen off the bus.")
+        .expect("xid 79");
+    // Forged by a user (facility 1), with an escape sequence: never counted.
+    host.log_kernel(
+        12,
+        5_000_000,
+        "NVRM: Xid (PCI:0000:01:00): 95, \u{1b}[31mforged",
+    )
+    .expect("forged");
+    host.health(1, "ecc_volatile_uncorrected 2\nrow_remap_pending yes\n")
+        .expect("health");
+    let result = run(&host, &["status", "--json"]);
+    assert_eq!(result.code, 0, "{}", result.stderr);
+    let document: serde_json::Value = serde_json::from_str(&result.stdout).expect("json");
+    let gpu0 = &document["gpus"][0];
+    assert_eq!(gpu0["evidence"]["pci_bus_id"], "00000000:01:00.0");
+    assert_eq!(gpu0["evidence"]["xids"], serde_json::json!([]));
+    assert_eq!(
+        gpu0["evidence"]["ecc_volatile_uncorrected"],
+        serde_json::Value::Null
+    );
+    assert_eq!(gpu0["advice"], serde_json::json!([]));
+    let gpu1 = &document["gpus"][1];
+    assert_eq!(
+        gpu1["evidence"]["xid_counts"],
+        serde_json::json!({"48": 1, "79": 1})
+    );
+    assert_eq!(gpu1["evidence"]["xids"][0]["xid"], 79);
+    assert_eq!(gpu1["evidence"]["xids"][0]["since_boot_us"], 4_000_000);
+    assert_eq!(gpu1["evidence"]["ecc_volatile_uncorrected"], 2);
+    assert_eq!(gpu1["evidence"]["row_remap_pending"], true);
+    assert_eq!(
+        gpu1["evidence"]["row_remap_failure"],
+        serde_json::Value::Null
+    );
+    let advice = gpu1["advice"][0].as_str().unwrap_or_default();
+    assert!(
+        advice.starts_with("Xid 79 at ")
+            && advice.ends_with("a reset will not help; reboot the node"),
+        "{advice}"
+    );
+    let table = run(&host, &["status"]);
+    assert!(
+        table.stdout.contains("GPU 1: Xid 79 at "),
+        "{}",
+        table.stdout
+    );
+    assert!(
+        table
+            .stdout
+            .contains("GPU 1: row remap pending: reset the GPU")
+    );
+    assert!(!table.stdout.contains('\u{1b}'));
+}
