@@ -369,6 +369,7 @@ fn free(backend: &BackendChoice, args: &config::FreeRequest) -> Result<Exit, Fai
     if let Some(bar) = spinner {
         bar.finish_and_clear();
     }
+    outcome.attach_advice(driver.as_ref());
     let code = outcome.exit();
     emit(&if args.json {
         report::free_json(&outcome, code)

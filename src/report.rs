@@ -899,6 +899,7 @@ struct GpuOutcomeJson<'a> {
     freed_bytes: Option<u64>,
     freed_after_ms: Option<u64>,
     reasons: Vec<ReasonTextJson<'a>>,
+    advice: &'a [String],
 }
 
 /// A reason with its sentence, as `free` prints it: a client (the fleet
@@ -1137,6 +1138,7 @@ pub fn free_json(report: &FreeReport, exit_code: Exit) -> String {
                 memory_after: gpu.memory_after,
                 freed_bytes: gpu.freed_bytes,
                 freed_after_ms: gpu.freed_after_ms,
+                advice: &gpu.advice,
                 reasons: gpu
                     .reasons
                     .iter()
@@ -1346,6 +1348,7 @@ pub fn gpu_outcome_lines(report: &FreeReport) -> Vec<String> {
                     .iter()
                     .map(|reason| format!("  - {}", Field(&reason.to_string()))),
             );
+            lines.extend(gpu.advice.iter().map(|line| format!("  - {}", Field(line))));
         } else {
             lines.push(format!(
                 "GPU {}: still held, {} used after {}",
@@ -1367,6 +1370,7 @@ pub fn gpu_outcome_lines(report: &FreeReport) -> Vec<String> {
                     .iter()
                     .map(|reason| format!("  - {}", Field(&reason.to_string()))),
             );
+            lines.extend(gpu.advice.iter().map(|line| format!("  - {}", Field(line))));
         }
     }
     lines

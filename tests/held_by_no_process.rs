@@ -161,3 +161,34 @@ fn wait_until(mut ready: impl FnMut() -> bool) -> bool {
     }
     false
 }
+
+/// `free` on a GPU left held by no process gives the advice its hardware
+/// evidence implies (an Xid 48 logged for it: a reset), in text and JSON;
+/// a GPU it freed gets none.
+#[test]
+fn free_gives_the_advice_of_the_evidence_for_memory_held_by_no_process() {
+    let host = SimHost::new(2, 80 * GIB, "Simulated H200").expect("sim host");
+    host.leak(1, 2 * GIB).expect("leak");
+    host.xid(1, 48, 2_000_000, "An uncorrectable double bit error (DBE)")
+        .expect("xid");
+    host.xid(0, 48, 2_000_000, "An uncorrectable double bit error (DBE)")
+        .expect("xid");
+    let text = run(&host, &["free", "--gpu", "all", "--yes"]);
+    assert_eq!(text.code, 1, "{}{}", text.stdout, text.stderr);
+    assert!(
+        text.stdout.contains(
+            "  - Xid 48 at "
+        ) && text.stdout.contains(
+            "(double-bit (uncorrectable) ECC error): reset the GPU once nothing uses it (gpureap reset --plan --gpu 1), else reboot the node"
+        ),
+        "{}",
+        text.stdout
+    );
+    let json = run(&host, &["free", "--gpu", "all", "--yes", "--json"]);
+    let document: serde_json::Value = serde_json::from_str(&json.stdout).expect("json");
+    assert_eq!(document["gpus"][0]["advice"], serde_json::json!([]));
+    let advice = document["gpus"][1]["advice"][0]
+        .as_str()
+        .unwrap_or_default();
+    assert!(advice.starts_with("Xid 48 at "), "{advice}");
+}
