@@ -178,25 +178,12 @@ impl Finding {
     }
 }
 
-/// The node's verdict from one snapshot and its GPUs' hardware evidence,
-/// for the GPUs given (all when `None`). The evidence's advice follows the
-/// findings of a GPU held by no process, lost, or with an Xid of the list.
-pub fn check(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>, hardware: &Hardware) -> Check {
-    if let Some(error) = &snapshot.driver_error {
-        let whole = format!("GPU driver unavailable: {}", Field(&error.to_string()));
-        let message = cut(&whole, MESSAGE_LIMIT);
-        // The details say it whole only where the first line had to cut it.
-        let details = if message == whole {
-            Vec::new()
-        } else {
-            vec![whole]
-        };
-        return Check {
-            verdict: Verdict::Unknown,
-            message,
-            details,
-        };
-    }
+/// Each checked GPU's findings, and which GPUs were checked.
+fn findings_of(
+    snapshot: &Snapshot,
+    gpus: &Option<BTreeSet<u32>>,
+    hardware: &Hardware,
+) -> (Vec<Finding>, BTreeSet<u32>) {
     let orphans = metrics::orphaned(snapshot);
     let mut findings = Vec::new();
     let mut checked = BTreeSet::new();
@@ -238,6 +225,29 @@ pub fn check(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>, hardware: &Hardw
             });
         }
     }
+    (findings, checked)
+}
+
+/// The node's verdict from one snapshot and its GPUs' hardware evidence,
+/// for the GPUs given (all when `None`). The evidence's advice follows the
+/// findings of a GPU held by no process, lost, or with an Xid of the list.
+pub fn check(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>, hardware: &Hardware) -> Check {
+    if let Some(error) = &snapshot.driver_error {
+        let whole = format!("GPU driver unavailable: {}", Field(&error.to_string()));
+        let message = cut(&whole, MESSAGE_LIMIT);
+        // The details say it whole only where the first line had to cut it.
+        let details = if message == whole {
+            Vec::new()
+        } else {
+            vec![whole]
+        };
+        return Check {
+            verdict: Verdict::Unknown,
+            message,
+            details,
+        };
+    }
+    let (findings, checked) = findings_of(snapshot, gpus, hardware);
     let mut details = Vec::new();
     // The advice of each GPU a finding names (the GPU, not the finding's kind,
     // calls for it: an Xid explains memory held by no process or a lost GPU).

@@ -304,8 +304,12 @@ Examples:
 (a CUDA process, nvidia-smi, an exporter): free it first. The result is checked
 through the driver.
 
+--plan resets nothing: it names what blocks a reset and how to deal with each, and
+exits 0 only when a reset could run now.
+
 Examples:
   gpureap reset --gpu 1
+  gpureap reset --plan --gpu 3          what blocks a reset of GPU 3, read-only
   gpureap --backend sim:/tmp/gpus reset --gpu 0,1")
     )]
     Reset(ResetArgs),
@@ -504,6 +508,11 @@ pub struct ResetArgs {
     /// GPUs to reset: 0,2,5 or 0-3 or all (repeatable).
     #[arg(long, required = true, value_name = "LIST", value_parser = gpu_list)]
     pub gpu: Vec<GpuList>,
+    /// Reset nothing: name every blocker to a reset of each GPU by role (persistence daemon,
+    /// DCGM, fabric manager, display server, CUDA users), persistence mode, driver modules in
+    /// use, NVSwitch; exit 0 when a reset could run now. Example: gpureap reset --plan --gpu 3
+    #[arg(long)]
+    pub plan: bool,
 }
 
 #[derive(Debug, Args)]

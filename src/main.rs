@@ -619,6 +619,16 @@ fn reset(backend: &BackendChoice, args: &gpureap::cli::ResetArgs) -> Result<Exit
         )
         .into());
     }
+    if args.plan {
+        let snapshot = Snapshot::take(driver.as_ref());
+        let platform = driver.platform();
+        let plans: Vec<_> = gpus
+            .iter()
+            .map(|&index| gpureap::reset::plan(driver.as_ref(), &snapshot, &platform, index))
+            .collect();
+        emit(&plans.iter().map(ToString::to_string).collect::<String>())?;
+        return Ok(gpureap::reset::plan_exit(&plans));
+    }
     let outcomes: Vec<_> = gpus
         .iter()
         .map(|&index| gpureap::reset::reset(driver.as_ref(), index))

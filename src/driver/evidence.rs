@@ -379,6 +379,59 @@ pub fn default_drain_list() -> String {
         .join(",")
 }
 
+/// A kernel module of the NVIDIA driver and how many hold it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Module {
+    pub name: String,
+    /// Its reference count (`/proc/modules`' third field); `None` unread.
+    pub refcount: Option<u32>,
+}
+
+/// What the platform says about a GPU reset besides the processes: the
+/// driver's modules and whether GPUs are joined through NVSwitches (HGX).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Platform {
+    pub modules: Vec<Module>,
+    /// NVSwitches found (`/proc/driver/nvidia-nvswitch/devices`); `None`
+    /// where the platform does not tell.
+    pub nvswitch: Option<bool>,
+}
+
+/// The NVIDIA modules of a `/proc/modules` text (`name size refcount deps
+/// state address`), at most 64 KiB of it read.
+pub fn parse_modules(text: &str) -> Vec<Module> {
+    text.lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let name = fields.next()?;
+            if !name.starts_with("nvidia") {
+                return None;
+            }
+            let _size = fields.next();
+            Some(Module {
+                name: name.chars().take(64).collect(),
+                refcount: fields.next().and_then(|count| count.parse().ok()),
+            })
+        })
+        .collect()
+}
+
+/// The host's platform: `/proc/modules`, and NVSwitch devices as the
+/// nvswitch driver lists them.
+pub fn host_platform() -> Platform {
+    let modules = read_tail(Path::new("/proc/modules"))
+        .ok()
+        .flatten()
+        .map(|text| parse_modules(&text))
+        .unwrap_or_default();
+    let nvswitch = match std::fs::read_dir("/proc/driver/nvidia-nvswitch/devices") {
+        Ok(mut entries) => Some(entries.next().is_some()),
+        Err(_) if Path::new("/proc/driver/nvidia").exists() => Some(false),
+        Err(_) => None,
+    };
+    Platform { modules, nvswitch }
+}
+
 /// `HH:MM` UTC of a time in seconds since the epoch, today's or not.
 pub fn clock(at: u64) -> String {
     format!("{:02}:{:02} UTC", at / 3600 % 24, at / 60 % 60)

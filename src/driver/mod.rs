@@ -220,6 +220,17 @@ pub trait Driver: Send + Sync {
         evidence::host_kernel_log()
     }
 
+    /// Whether the GPU is in persistence mode; `None` where not known.
+    fn persistence_mode(&self, _index: u32) -> Option<bool> {
+        None
+    }
+
+    /// The driver's modules and NVSwitches, for `reset --plan`: the
+    /// host's unless the backend stands in for it.
+    fn platform(&self) -> evidence::Platform {
+        evidence::host_platform()
+    }
+
     /// Each of these GPUs' hardware evidence, from one read of the kernel
     /// log, and what that read left unknown.
     fn evidence(

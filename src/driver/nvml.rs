@@ -243,6 +243,14 @@ impl Driver for NvmlDriver {
         }
     }
 
+    fn persistence_mode(&self, index: u32) -> Option<bool> {
+        self.nvml
+            .device_by_index(index)
+            .ok()?
+            .is_in_persistent_mode()
+            .ok()
+    }
+
     fn memory_used(&self, index: u32) -> Result<Option<u64>, DriverError> {
         let device = self
             .nvml

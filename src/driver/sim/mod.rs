@@ -31,7 +31,7 @@ use std::time::Duration;
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use rustix::io::Errno;
 
-use super::evidence::{self, Health, KernelLog, Recovery};
+use super::evidence::{self, Health, KernelLog, Platform, Recovery};
 use super::{Driver, DriverError, DriverProcess, Figures, GpuInfo, changed};
 use crate::proc;
 use crate::proc::Node;
@@ -645,6 +645,47 @@ impl Driver for SimDriver {
         ) {
             Ok(Some(content)) => parse_health(&String::from_utf8_lossy(&content)),
             _ => Health::default(),
+        }
+    }
+
+    /// `persistence_mode on|off` in `DIR/health.N`.
+    fn persistence_mode(&self, index: u32) -> Option<bool> {
+        let name = format!("health.{index}");
+        let content = read_bounded(
+            &self.directory,
+            &name,
+            &self.dir.join(&name),
+            NUMBER_FILE_LIMIT * 8,
+        )
+        .ok()
+        .flatten()?;
+        String::from_utf8_lossy(&content).lines().find_map(|line| {
+            match line.split_whitespace().collect::<Vec<_>>().as_slice() {
+                ["persistence_mode", "on"] => Some(true),
+                ["persistence_mode", "off"] => Some(false),
+                _ => None,
+            }
+        })
+    }
+
+    /// `DIR/modules` (in /proc/modules' format) and `DIR/nvswitch` (a
+    /// marker) stand in for the host's: it is never read.
+    fn platform(&self) -> Platform {
+        let modules = read_bounded(
+            &self.directory,
+            "modules",
+            &self.dir.join("modules"),
+            GPUS_FILE_LIMIT,
+        )
+        .ok()
+        .flatten()
+        .map(|content| evidence::parse_modules(&String::from_utf8_lossy(&content)))
+        .unwrap_or_default();
+        let nvswitch =
+            rustix::fs::statat(&self.directory, "nvswitch", AtFlags::SYMLINK_NOFOLLOW).is_ok();
+        Platform {
+            modules,
+            nvswitch: Some(nvswitch),
         }
     }
 
