@@ -1367,6 +1367,16 @@ fn healthcheck_drains_for_an_xid_of_the_list_naming_it_and_the_gpu() {
             && reason.ends_with("(GPU has fallen off the bus)"),
         "{reason}"
     );
+    assert!(
+        drained.stderr.contains("evidence: GPU 1: Xid 79 at "),
+        "{}",
+        drained.stderr
+    );
+    assert!(
+        drained
+            .stderr
+            .contains("a reset will not help; reboot the node")
+    );
     // Still in the log: the node stays drained, not resumed.
     let again = healthcheck(cluster, &[]);
     assert_eq!(again.code, 1, "{}", again.stderr);

@@ -1051,7 +1051,15 @@ fn healthcheck(backend: &BackendChoice, args: &HealthcheckConfig, outcome: &Outc
     if args.reset {
         found = reset_driver_held(&context, driver.as_ref(), found);
     }
-    found.extend(xid_findings(&context, driver.as_ref(), &gpus, args));
+    let hardware = Hardware::gather(driver.as_ref(), &gpus, args.drain_xids.clone());
+    found.extend(xid_findings(&context, &hardware, &gpus));
+    // What the evidence says of each GPU found held, lost or with an Xid.
+    let named: BTreeSet<u32> = found.iter().map(|finding| finding.gpu).collect();
+    for gpu in named {
+        for line in hardware.advice(gpu) {
+            context.say("evidence", Some(gpu), None, &line);
+        }
+    }
     let state = match scontrol.node(&node) {
         Ok(state) => state,
         Err(error) => {
@@ -1175,16 +1183,7 @@ fn healthcheck_findings(
 
 /// A finding for the newest event of each Xid of the drain list the kernel
 /// logged for each GPU since boot; a kernel log that could not be read is said.
-fn xid_findings(
-    context: &Context,
-    driver: &dyn Driver,
-    gpus: &BTreeSet<u32>,
-    args: &HealthcheckConfig,
-) -> Vec<Finding> {
-    if args.drain_xids.is_empty() {
-        return Vec::new();
-    }
-    let hardware = Hardware::gather(driver, gpus, args.drain_xids.clone());
+fn xid_findings(context: &Context, hardware: &Hardware, gpus: &BTreeSet<u32>) -> Vec<Finding> {
     if let Some(note) = &hardware.note {
         context.say("note", None, None, note);
     }
