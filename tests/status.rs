@@ -507,6 +507,19 @@ fn a_driver_error_is_written_as_its_message() {
             "held_by_no_process": null,
             "error": LOST,
             "processes": [],
+            // A lost GPU is still named by its PCI address (its Xid 79 would be).
+            "evidence": {
+                "pci_bus_id": "00000000:02:00.0",
+                "ecc_volatile_uncorrected": null,
+                "ecc_aggregate_uncorrected": null,
+                "retired_pages_pending": null,
+                "row_remap_pending": null,
+                "row_remap_failure": null,
+                "recovery_action": null,
+                "xid_counts": {},
+                "xids": [],
+            },
+            "advice": [],
         }),
         "{}",
         status.stdout
