@@ -257,3 +257,28 @@ fn an_xid_of_the_drain_list_is_a_problem_with_its_advice() {
     assert!(first_line(&result).starts_with("GPU 0: Xid 13 at "));
     assert!(result.stdout.contains("the GPU needs nothing"));
 }
+
+/// A lost GPU's finding comes with what its Xid says: a reboot.
+#[test]
+fn a_lost_gpu_gets_the_advice_of_its_xid() {
+    let host = host(2);
+    host.lose(1).expect("lose");
+    let result = run(&host, &["check", "--drain-xids", "none"]);
+    assert_eq!(result.code, 1, "{}", result.stdout);
+    assert!(!result.stdout.contains("reboot"), "{}", result.stdout);
+    host.xid(1, 79, 8_000_000, "GPU has fallen off the bus.")
+        .expect("xid");
+    let result = run(&host, &["check", "--drain-xids", "none"]);
+    assert_eq!(result.code, 1, "{}", result.stdout);
+    assert_eq!(
+        first_line(&result),
+        "GPU 1: lost (fallen off the bus or otherwise inaccessible)"
+    );
+    assert!(
+        result
+            .stdout
+            .contains("a reset will not help; reboot the node"),
+        "{}",
+        result.stdout
+    );
+}
