@@ -15,6 +15,7 @@
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
+use crate::driver::evidence::{self, Hardware};
 use crate::driver::{DriverError, LOST};
 use crate::exit::Exit;
 use crate::metrics;
@@ -92,6 +93,12 @@ pub enum Finding {
         bytes: u64,
         processes: usize,
     },
+    /// An Xid of the drain list, logged for this GPU since boot: its newest.
+    Xid {
+        index: u32,
+        xid: u32,
+        at: Option<u64>,
+    },
 }
 
 /// What a person can do about a kind of finding; in this order in the details.
@@ -99,6 +106,7 @@ pub enum Finding {
 pub enum Hint {
     Orphans,
     HeldByNoProcess,
+    Xid,
 }
 
 impl Hint {
@@ -109,6 +117,9 @@ impl Hint {
             }
             Hint::HeldByNoProcess => {
                 "memory held by no process: only a GPU reset or a reboot clears it"
+            }
+            Hint::Xid => {
+                "Xids: `gpureap reset --plan --gpu N` says whether a reset could run; docs/evidence.md gives each Xid's meaning"
             }
         }
     }
@@ -121,6 +132,17 @@ impl Finding {
             Finding::Driver { .. } => None,
             Finding::HeldByNoProcess { .. } => Some(Hint::HeldByNoProcess),
             Finding::Orphaned { .. } => Some(Hint::Orphans),
+            Finding::Xid { .. } => Some(Hint::Xid),
+        }
+    }
+
+    /// The GPU it is about.
+    pub fn index(&self) -> u32 {
+        match self {
+            Finding::Driver { index, .. }
+            | Finding::HeldByNoProcess { index, .. }
+            | Finding::Orphaned { index, .. }
+            | Finding::Xid { index, .. } => *index,
         }
     }
 
@@ -146,27 +168,22 @@ impl Finding {
                 Bytes(*bytes),
                 if *processes == 1 { "" } else { "es" }
             ),
+            Finding::Xid { index, xid, at } => format!(
+                "GPU {index}: Xid {xid}{} ({})",
+                at.map(|at| format!(" at {}", evidence::clock(at)))
+                    .unwrap_or_default(),
+                evidence::meaning(*xid).unwrap_or("not in gpureap's list")
+            ),
         }
     }
 }
 
-/// The node's verdict from one snapshot, for the GPUs given (all when `None`).
-pub fn check(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> Check {
-    if let Some(error) = &snapshot.driver_error {
-        let whole = format!("GPU driver unavailable: {}", Field(&error.to_string()));
-        let message = cut(&whole, MESSAGE_LIMIT);
-        // The details say it whole only where the first line had to cut it.
-        let details = if message == whole {
-            Vec::new()
-        } else {
-            vec![whole]
-        };
-        return Check {
-            verdict: Verdict::Unknown,
-            message,
-            details,
-        };
-    }
+/// Each checked GPU's findings, and which GPUs were checked.
+fn findings_of(
+    snapshot: &Snapshot,
+    gpus: &Option<BTreeSet<u32>>,
+    hardware: &Hardware,
+) -> (Vec<Finding>, BTreeSet<u32>) {
     let orphans = metrics::orphaned(snapshot);
     let mut findings = Vec::new();
     let mut checked = BTreeSet::new();
@@ -177,6 +194,16 @@ pub fn check(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> Check {
     {
         checked.insert(gpu.index);
         let index = gpu.index;
+        findings.extend(
+            hardware
+                .drain_events(index)
+                .into_iter()
+                .map(|event| Finding::Xid {
+                    index,
+                    xid: event.xid,
+                    at: event.at,
+                }),
+        );
         if let Some(error) = &gpu.error {
             findings.push(Finding::Driver {
                 index,
@@ -198,7 +225,41 @@ pub fn check(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> Check {
             });
         }
     }
-    let (mut details, hidden) = what_was_not_seen(snapshot, gpus);
+    (findings, checked)
+}
+
+/// The node's verdict from one snapshot and its GPUs' hardware evidence,
+/// for the GPUs given (all when `None`). The evidence's advice follows the
+/// findings of a GPU held by no process, lost, or with an Xid of the list.
+pub fn check(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>, hardware: &Hardware) -> Check {
+    if let Some(error) = &snapshot.driver_error {
+        let whole = format!("GPU driver unavailable: {}", Field(&error.to_string()));
+        let message = cut(&whole, MESSAGE_LIMIT);
+        // The details say it whole only where the first line had to cut it.
+        let details = if message == whole {
+            Vec::new()
+        } else {
+            vec![whole]
+        };
+        return Check {
+            verdict: Verdict::Unknown,
+            message,
+            details,
+        };
+    }
+    let (findings, checked) = findings_of(snapshot, gpus, hardware);
+    let mut details = Vec::new();
+    // The advice of each GPU a finding names (the GPU, not the finding's kind,
+    // calls for it: an Xid explains memory held by no process or a lost GPU).
+    let named: BTreeSet<u32> = findings.iter().map(Finding::index).collect();
+    for index in named {
+        details.extend(hardware.advice(index));
+    }
+    if let Some(note) = &hardware.note {
+        details.push(note.clone());
+    }
+    let (not_seen, hidden) = what_was_not_seen(snapshot, gpus);
+    details.extend(not_seen);
     if findings.is_empty() {
         let message = if checked.is_empty() {
             "no GPUs to check".to_string()

@@ -25,6 +25,29 @@ fn gpu_list(text: &str) -> Result<GpuList, String> {
     units::parse_gpu_list(text)
 }
 
+/// `--drain-xids`, as typed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct XidList(pub std::collections::BTreeSet<u32>);
+
+fn xid_list(text: &str) -> Result<XidList, String> {
+    crate::driver::evidence::parse_xid_list(text).map(XidList)
+}
+
+/// The default of `--drain-xids` (`evidence::DEFAULT_DRAIN_XIDS`, a test
+/// keeps them one).
+pub const DEFAULT_DRAIN_XIDS: &str = "48,62,64,74,79,95,119,120,140";
+
+/// The Xids that make a problem, for `check` and the Slurm health check.
+#[derive(Debug, Args)]
+pub struct DrainXidArgs {
+    /// Xids that make a problem (check) or drain the node (Slurm health check) once the kernel
+    /// logged one for a GPU since boot: numbers separated by commas, or none. docs/evidence.md
+    /// gives NVIDIA's meaning of each default. Example: --drain-xids 48,79,95
+    #[arg(long, env = "GPUREAP_DRAIN_XIDS", default_value = DEFAULT_DRAIN_XIDS,
+          value_name = "LIST", value_parser = xid_list)]
+    pub drain_xids: XidList,
+}
+
 fn hosts(text: &str) -> Result<HostList, String> {
     hostlist::parse(text).map(HostList)
 }
@@ -254,13 +277,15 @@ Examples:
     /// One health verdict for the node, for node-problem-detector: exit 0 ok, 1 problem, 3 unknown.
     #[command(
         after_help = exit::after_help(Program::Check, "A problem: GPU memory held by no process, orphaned processes holding memory,
-a GPU the driver lost. Unknown: the driver is unavailable (exit 3; node-problem-detector
+a GPU the driver lost, an Xid of --drain-xids in the kernel log since boot (with the
+advice it implies: a reset, or a reboot for Xid 79). Unknown: the driver is unavailable (exit 3; node-problem-detector
 reads every code but 0 and 1 as unknown, bad usage's 2 too). The first line of
 stdout is the message (short, for a node condition); details follow.
 
 Examples:
   gpureap check                      GPU 1: 5.0 GiB held by no process
   gpureap check --gpu 0-3; echo $?
+  gpureap check --drain-xids 48,79,95  GPU 1: Xid 79 at 03:12 UTC (GPU has fallen off the bus)
   deploy/kubernetes/node-problem-detector-gpureap.yaml runs it as a custom plugin")
     )]
     Check(CheckArgs),
@@ -279,8 +304,12 @@ Examples:
 (a CUDA process, nvidia-smi, an exporter): free it first. The result is checked
 through the driver.
 
+--plan resets nothing: it names what blocks a reset and how to deal with each, and
+exits 0 only when a reset could run now.
+
 Examples:
   gpureap reset --gpu 1
+  gpureap reset --plan --gpu 3          what blocks a reset of GPU 3, read-only
   gpureap --backend sim:/tmp/gpus reset --gpu 0,1")
     )]
     Reset(ResetArgs),
@@ -354,6 +383,8 @@ pub struct CheckArgs {
     /// GPUs to check: 0,2,5 or 0-3 or all (repeatable).
     #[arg(long, value_name = "LIST", value_parser = gpu_list)]
     pub gpu: Vec<GpuList>,
+    #[command(flatten)]
+    pub xids: DrainXidArgs,
 }
 
 /// `gpureap slurm ...`: the programs slurm.conf names.
@@ -447,6 +478,8 @@ pub struct SlurmHealthcheckArgs {
     /// Reset a GPU whose only holder is driver-held memory, instead of draining.
     #[arg(long)]
     pub reset: bool,
+    #[command(flatten)]
+    pub xids: DrainXidArgs,
 }
 
 #[derive(Debug, Args)]
@@ -475,6 +508,11 @@ pub struct ResetArgs {
     /// GPUs to reset: 0,2,5 or 0-3 or all (repeatable).
     #[arg(long, required = true, value_name = "LIST", value_parser = gpu_list)]
     pub gpu: Vec<GpuList>,
+    /// Reset nothing: name every blocker to a reset of each GPU by role (persistence daemon,
+    /// DCGM, fabric manager, display server, CUDA users), persistence mode, driver modules in
+    /// use, NVSwitch; exit 0 when a reset could run now. Example: gpureap reset --plan --gpu 3
+    #[arg(long)]
+    pub plan: bool,
 }
 
 #[derive(Debug, Args)]
@@ -780,4 +818,16 @@ pub struct DemoArgs {
     /// survived, the driver-held GPU, the comparison (docs/json.md).
     #[arg(long)]
     pub json: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    /// `--drain-xids`'s default as typed is the documented list.
+    #[test]
+    fn the_default_drain_list_is_one() {
+        assert_eq!(
+            super::DEFAULT_DRAIN_XIDS,
+            crate::driver::evidence::default_drain_list()
+        );
+    }
 }

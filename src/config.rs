@@ -685,6 +685,7 @@ pub fn slurm(command: &SlurmCommand) -> slurm::Hook {
             common: common(&args.common),
             node: args.node.clone(),
             reset: args.reset,
+            drain_xids: args.xids.drain_xids.0.clone(),
         }),
     }
 }

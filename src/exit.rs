@@ -464,15 +464,18 @@ pub fn rows(program: Program) -> Vec<(Exit, &'static str)> {
             ),
         ],
         Program::Reset => vec![
-            (Success, "reset, or nothing to clear"),
+            (
+                Success,
+                "reset, or nothing to clear; --plan: a reset could run now",
+            ),
             (
                 StillHeld,
-                "refused: a process uses the GPU; or still held after the reset",
+                "refused: a process uses the GPU; or still held after the reset; --plan: something blocks a reset",
             ),
             (Usage, USAGE),
             (
                 Incomplete,
-                "not reset: the scan could not read every process; or the driver could not reset or check the GPU",
+                "not reset: the scan could not read every process; or the driver could not reset or check the GPU; --plan: cannot tell",
             ),
         ],
         Program::Plan => vec![

@@ -267,9 +267,10 @@ fn emit_encoded(text: &str) -> io::Result<()> {
 
 fn status(backend: &BackendChoice, args: &config::StatusRequest) -> Result<Exit, Failure> {
     // How long the snapshot took, for `status --prometheus`'s scan figures.
-    let (driver, snapshot, took) =
+    let (driver, mut snapshot, took) =
         Snapshot::open_and_take(backend, args.prometheus).map_err(UsageError)?;
     let gpus = config::gpus(&args.gpu, gpu_count(driver.as_ref()))?;
+    snapshot.read_evidence(driver.as_ref());
     if args.prometheus {
         let mut figures = gpureap::metrics::ScanFigures::default();
         figures.count(&snapshot, took);
@@ -368,6 +369,7 @@ fn free(backend: &BackendChoice, args: &config::FreeRequest) -> Result<Exit, Fai
     if let Some(bar) = spinner {
         bar.finish_and_clear();
     }
+    outcome.attach_advice(driver.as_ref());
     let code = outcome.exit();
     emit(&if args.json {
         report::free_json(&outcome, code)
@@ -510,7 +512,13 @@ fn check(backend: &BackendChoice, args: &gpureap::cli::CheckArgs) -> Result<Exit
     let driver = open_driver_quietly(backend)?;
     let gpus = config::gpus(&args.gpu, gpu_count(driver.as_ref()))?;
     let snapshot = Snapshot::take_listed(driver.as_ref());
-    let verdict = gpureap::check::check(&snapshot, &gpus);
+    let indexes = snapshot.gpus.iter().map(|gpu| gpu.index).collect();
+    let hardware = gpureap::driver::evidence::Hardware::gather(
+        driver.as_ref(),
+        &indexes,
+        args.xids.drain_xids.0.clone(),
+    );
+    let verdict = gpureap::check::check(&snapshot, &gpus, &hardware);
     emit(&verdict.text())?;
     Ok(verdict.verdict.exit())
 }
@@ -610,6 +618,16 @@ fn reset(backend: &BackendChoice, args: &gpureap::cli::ResetArgs) -> Result<Exit
                 .to_string(),
         )
         .into());
+    }
+    if args.plan {
+        let snapshot = Snapshot::take(driver.as_ref());
+        let platform = driver.platform();
+        let plans: Vec<_> = gpus
+            .iter()
+            .map(|&index| gpureap::reset::plan(driver.as_ref(), &snapshot, &platform, index))
+            .collect();
+        emit(&plans.iter().map(ToString::to_string).collect::<String>())?;
+        return Ok(gpureap::reset::plan_exit(&plans));
     }
     let outcomes: Vec<_> = gpus
         .iter()

@@ -18,6 +18,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::{Registry, Unit};
 
+use crate::driver::evidence::Recovery;
 use crate::report::{self, ContainerJson};
 use crate::select::{self, Guard, Scope};
 use crate::snapshot::{GpuState, Snapshot};
@@ -208,6 +209,7 @@ pub fn encode_snapshot(
     let mut registry = Registry::with_prefix("gpureap");
     encode_scan(&mut registry, snapshot, figures);
     encode_gpus(&mut registry, snapshot, options);
+    encode_evidence(&mut registry, snapshot, options);
     if options.per_process {
         encode_processes(&mut registry, snapshot, options);
     }
@@ -350,6 +352,91 @@ fn encode_gpus(registry: &mut Registry, snapshot: &Snapshot, options: &Options) 
         if let Some(orphaned) = orphans.get(&gpu.index) {
             set(&orphaned_memory, labels, bytes(orphaned.bytes));
         }
+    }
+}
+
+/// Each GPU's hardware evidence, where it was read: the Xids logged for it
+/// since boot by Xid, ECC, retired pages, row remapping, recovery action.
+/// A value the driver does not give is left out, never written as 0.
+fn encode_evidence(registry: &mut Registry, snapshot: &Snapshot, options: &Options) {
+    let xids = Family::<Labels, Counter<u64>>::default();
+    registry.register(
+        "gpu_xid_events",
+        "Xid events the kernel logged for this GPU since boot (of the newest 1024 Xids read), by Xid; docs/evidence.md gives each its meaning",
+        xids.clone(),
+    );
+    let family =
+        |registry: &mut Registry, name: &str, help: &str| gauge_family(registry, name, help, None);
+    let volatile = family(
+        registry,
+        "gpu_ecc_uncorrected_volatile",
+        "Uncorrectable ECC errors since the driver loaded (NVML volatile count)",
+    );
+    let aggregate = family(
+        registry,
+        "gpu_ecc_uncorrected_aggregate",
+        "Uncorrectable ECC errors over the GPU's life (NVML aggregate count)",
+    );
+    let retired = family(
+        registry,
+        "gpu_retired_pages_pending",
+        "1 when retired pages wait for a reset or reboot to take effect",
+    );
+    let remap_pending = family(
+        registry,
+        "gpu_row_remap_pending",
+        "1 when remapped rows wait for a GPU reset to take effect",
+    );
+    let remap_failure = family(
+        registry,
+        "gpu_row_remap_failure",
+        "1 when a row could not be remapped (the GPU needs service)",
+    );
+    let recovery = family(
+        registry,
+        "gpu_recovery_action",
+        "The recovery action NVML asks for: 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset",
+    );
+    let flag = |value: bool| if value { 1.0 } else { 0.0 };
+    let wanted = |index: u32| options.gpus.as_ref().is_none_or(|set| set.contains(&index));
+    for gpu in snapshot.gpus.iter().filter(|gpu| wanted(gpu.index)) {
+        let Some(evidence) = snapshot.evidence.get(&gpu.index) else {
+            continue;
+        };
+        let labels = gpu_labels(gpu);
+        for (xid, count) in &evidence.xid_counts {
+            let mut labels = labels.clone();
+            labels.push(("xid", xid.to_string()));
+            xids.get_or_create(&labels).inc_by(*count);
+        }
+        let health = &evidence.health;
+        let values = [
+            (&volatile, health.ecc_volatile_uncorrected.map(|v| v as f64)),
+            (
+                &aggregate,
+                health.ecc_aggregate_uncorrected.map(|v| v as f64),
+            ),
+            (&retired, health.retired_pages_pending.map(flag)),
+            (&remap_pending, health.row_remap_pending.map(flag)),
+            (&remap_failure, health.row_remap_failure.map(flag)),
+            (&recovery, health.recovery_action.map(recovery_code)),
+        ];
+        for (family, value) in values {
+            if let Some(value) = value {
+                set(family, labels.clone(), value);
+            }
+        }
+    }
+}
+
+/// NVML's number for a recovery action.
+fn recovery_code(action: Recovery) -> f64 {
+    match action {
+        Recovery::None => 0.0,
+        Recovery::GpuReset => 1.0,
+        Recovery::NodeReboot => 2.0,
+        Recovery::DrainP2p => 3.0,
+        Recovery::DrainAndReset => 4.0,
     }
 }
 

@@ -112,6 +112,10 @@ pub struct GpuOutcome {
     /// there, so that what is used adds up (the text names them; the JSON's
     /// `status` lists them).
     pub others: Vec<OutOfScope>,
+    /// What the hardware evidence implies for a GPU held by no process or
+    /// lost (`Evidence::advice`); filled by the command after the free
+    /// (`attach_advice`), empty otherwise.
+    pub advice: Vec<String>,
 }
 
 /// A process out of scope that holds memory on a GPU in scope.
@@ -138,6 +142,35 @@ pub struct FreeReport {
 }
 
 impl FreeReport {
+    /// Reads the hardware evidence of each GPU left held by no process or
+    /// that the driver could not report on, and attaches its advice.
+    pub fn attach_advice(&mut self, driver: &dyn Driver) {
+        let wanted: BTreeSet<u32> = self
+            .gpus
+            .iter()
+            .filter(|gpu| {
+                !gpu.freed
+                    && (!gpu.checked
+                        || gpu.reasons.iter().any(|reason| {
+                            matches!(
+                                reason,
+                                Reason::DriverHeld { .. } | Reason::DriverError { .. }
+                            )
+                        }))
+            })
+            .map(|gpu| gpu.index)
+            .collect();
+        if wanted.is_empty() {
+            return;
+        }
+        let (evidence, _) = driver.evidence(&wanted);
+        for gpu in self.gpus.iter_mut() {
+            if let Some(found) = evidence.get(&gpu.index) {
+                gpu.advice = found.advice(gpu.index);
+            }
+        }
+    }
+
     /// Every GPU in scope verified free, no target we were refused, and
     /// every stale run's cgroup removed.
     pub fn all_freed(&self) -> bool {
@@ -475,6 +508,7 @@ pub fn plan(snapshot: &Snapshot, scope: &Scope, guard: &Guard) -> FreeReport {
                     freed_after_ms: None,
                     reasons: Vec::new(),
                     others: Vec::new(),
+                    advice: Vec::new(),
                 }
             })
             .collect(),
@@ -827,6 +861,7 @@ impl Freeing<'_> {
             freed_after_ms,
             reasons,
             others,
+            advice: Vec::new(),
         }
     }
 }

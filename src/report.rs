@@ -10,6 +10,7 @@ use serde::Serialize;
 
 use crate::container::Container;
 use crate::driver::DriverError;
+use crate::driver::evidence::Evidence;
 use crate::exit::Exit;
 use crate::proc::Unreadable;
 use crate::reap::{Fate, FreeReport, Handled};
@@ -71,6 +72,11 @@ pub struct GpuJson {
     pub held_by_no_process: Option<bool>,
     pub error: Option<DriverError>,
     pub processes: Vec<GpuProcessJson>,
+    /// The driver's hardware evidence for this GPU (Xids since boot, ECC,
+    /// row remapping, recovery action); `None` where it was not read.
+    pub evidence: Option<Evidence>,
+    /// What the evidence implies, one sentence each (`Evidence::advice`).
+    pub advice: Vec<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -310,6 +316,12 @@ pub fn status_json(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String 
                         node_open: user.node_open,
                     })
                     .collect(),
+                evidence: snapshot.evidence.get(&gpu.index).cloned(),
+                advice: snapshot
+                    .evidence
+                    .get(&gpu.index)
+                    .map(|evidence| evidence.advice(gpu.index))
+                    .unwrap_or_default(),
             })
             .collect(),
         holders: holders_json(snapshot, gpus),
@@ -692,6 +704,9 @@ fn notes(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>, out: &mut String) {
     if let Some(hidden) = hidden_note(snapshot, gpus) {
         note(out, &hidden);
     }
+    for line in evidence_lines(snapshot, gpus) {
+        note(out, &line);
+    }
     if let Some(error) = &snapshot.driver_error
         && !snapshot.gpus.is_empty()
     {
@@ -756,6 +771,27 @@ pub fn hidden_note(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> Option<
             "Hidden: {which}: they are processes of another PID namespace whose numbers the driver gave (or have exited since it listed them). Run gpureap in the PID namespace that started them to see and free them."
         ),
     })
+}
+
+/// The advice each GPU's hardware evidence implies (`GPU 1: Xid 79 at …`),
+/// for the GPUs given (all when `None`), and what reading it left unknown.
+/// Xid details are the kernel's text: escaped.
+pub fn evidence_lines(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> Vec<String> {
+    let mut lines: Vec<String> = snapshot
+        .evidence
+        .iter()
+        .filter(|(index, _)| gpus.as_ref().is_none_or(|set| set.contains(index)))
+        .flat_map(|(index, evidence)| {
+            evidence
+                .advice(*index)
+                .into_iter()
+                .map(move |line| format!("GPU {index}: {}", Field(&line)))
+        })
+        .collect();
+    if let Some(note) = &snapshot.evidence_note {
+        lines.push(Field(note).to_string());
+    }
+    lines
 }
 
 /// One note per `gpureap run` that is gone while its server holds GPUs:
@@ -1020,6 +1056,7 @@ struct GpuOutcomeJson<'a> {
     freed_bytes: Option<u64>,
     freed_after_ms: Option<u64>,
     reasons: Vec<ReasonTextJson<'a>>,
+    advice: &'a [String],
 }
 
 /// A reason with its sentence, as `free` prints it: a client (the fleet
@@ -1258,6 +1295,7 @@ pub fn free_json(report: &FreeReport, exit_code: Exit) -> String {
                 memory_after: gpu.memory_after,
                 freed_bytes: gpu.freed_bytes,
                 freed_after_ms: gpu.freed_after_ms,
+                advice: &gpu.advice,
                 reasons: gpu
                     .reasons
                     .iter()
@@ -1467,6 +1505,7 @@ pub fn gpu_outcome_lines(report: &FreeReport) -> Vec<String> {
                     .iter()
                     .map(|reason| format!("  - {}", Field(&reason.to_string()))),
             );
+            lines.extend(gpu.advice.iter().map(|line| format!("  - {}", Field(line))));
         } else {
             lines.push(format!(
                 "GPU {}: still held, {} used after {}",
@@ -1488,6 +1527,7 @@ pub fn gpu_outcome_lines(report: &FreeReport) -> Vec<String> {
                     .iter()
                     .map(|reason| format!("  - {}", Field(&reason.to_string()))),
             );
+            lines.extend(gpu.advice.iter().map(|line| format!("  - {}", Field(line))));
         }
     }
     lines
@@ -1605,6 +1645,8 @@ mod tests {
                     ..Details::default()
                 },
             )]),
+            evidence: BTreeMap::new(),
+            evidence_note: None,
             uptime_ticks: None,
             bookkeeping_slack: 0,
         }

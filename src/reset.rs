@@ -10,7 +10,8 @@
 
 use std::fmt;
 
-use crate::driver::Driver;
+use crate::driver::evidence::Platform;
+use crate::driver::{Driver, DriverErrorKind};
 use crate::exit::Exit;
 use crate::snapshot::Snapshot;
 use crate::units::{Bytes, Field};
@@ -194,5 +195,350 @@ pub fn exit(outcomes: &[Reset]) -> Exit {
         Reset::Done { .. } | Reset::NothingHeld { .. } => Exit::Success,
         Reset::InUse { .. } | Reset::StillHeld { .. } => Exit::StillHeld,
         Reset::Unscanned { .. } | Reset::Failed { .. } => Exit::Incomplete,
+    }))
+}
+
+/// Who a process that keeps a GPU from a reset is, by what it is: the role
+/// says how the operator deals with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    PersistenceDaemon,
+    Dcgm,
+    FabricManager,
+    DisplayServer,
+    CudaUser,
+    Monitor,
+    OtherNamespace,
+}
+
+impl Role {
+    /// By its program (argv[0]'s basename) or its comm (15 characters at
+    /// most), and whether the driver lists it (a context: a CUDA user).
+    fn of(process: &crate::proc::ProcessRecord, listed: bool) -> Role {
+        [process.program(), process.comm.as_str()]
+            .into_iter()
+            .map(|name| Role::named(name, listed))
+            .find(|role| !matches!(role, Role::CudaUser | Role::Monitor))
+            .unwrap_or(if listed {
+                Role::CudaUser
+            } else {
+                Role::Monitor
+            })
+    }
+
+    fn named(comm: &str, listed: bool) -> Role {
+        const DISPLAY: [&str; 6] = [
+            "Xorg",
+            "X",
+            "Xwayland",
+            "gnome-shell",
+            "kwin_wayland",
+            "sway",
+        ];
+        if comm.starts_with("nvidia-persiste") {
+            Role::PersistenceDaemon
+        } else if comm.starts_with("nv-hostengine") || comm.starts_with("dcgm") {
+            Role::Dcgm
+        } else if comm.starts_with("nv-fabricmanage") || comm.starts_with("nvidia-fabricm") {
+            Role::FabricManager
+        } else if DISPLAY.contains(&comm) {
+            Role::DisplayServer
+        } else if listed {
+            Role::CudaUser
+        } else {
+            Role::Monitor
+        }
+    }
+
+    /// What the operator does about it, for GPU `index`.
+    fn remedy(self, index: u32) -> String {
+        match self {
+            Role::PersistenceDaemon => {
+                "stop it for the reset (systemctl stop nvidia-persistenced), start it after".to_string()
+            }
+            Role::Dcgm => {
+                "stop DCGM for the reset (systemctl stop nvidia-dcgm; scale the dcgm-exporter DaemonSet off this node)".to_string()
+            }
+            Role::FabricManager => {
+                "keep it running: on NVSwitch systems the reset goes through it; it should not hold the GPU's node: check its version".to_string()
+            }
+            Role::DisplayServer => {
+                "stop the display manager (systemctl stop display-manager) or move the display to another GPU".to_string()
+            }
+            Role::CudaUser => format!("free it first (gpureap free --gpu {index})"),
+            Role::Monitor => "stop the monitor for the reset (it holds no memory)".to_string(),
+            Role::OtherNamespace => {
+                "find its container (the driver lists a PID this /proc does not show) and stop it".to_string()
+            }
+        }
+    }
+}
+
+/// One thing that keeps a GPU from being reset now, or that the operator
+/// should know before one.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Blocker {
+    /// `process`, `module`, `gpu`, `scan`, `platform`.
+    pub kind: &'static str,
+    pub role: Option<Role>,
+    pub pid: Option<u32>,
+    /// What it is (a process's comm, a module's name): untrusted, escaped when shown.
+    pub name: String,
+    /// Whether it stops a reset now (else a note).
+    pub blocks: bool,
+    /// What the operator does about it.
+    pub remedy: String,
+    /// What `gpureap reset` does about it.
+    pub reset_does: String,
+}
+
+/// `gpureap reset --plan` for one GPU: read-only.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Plan {
+    pub index: u32,
+    pub persistence_mode: Option<bool>,
+    pub blockers: Vec<Blocker>,
+    /// `Some(true)` when nothing blocks a reset now; `None` when it cannot be told.
+    pub could_reset: Option<bool>,
+}
+
+const REFUSES: &str = "refuses the reset while it has the GPU's device node open";
+
+/// What keeps GPU `index` from a reset now, each by role, from one snapshot
+/// and what the driver and platform tell. Signals and resets nothing.
+pub fn plan(driver: &dyn Driver, snapshot: &Snapshot, platform: &Platform, index: u32) -> Plan {
+    let mut blockers = Vec::new();
+    let mut unknown = false;
+    match snapshot.gpu(index) {
+        None => {
+            unknown = true;
+            blockers.push(gpu_blocker(
+                "the driver does not report this GPU".to_string(),
+            ));
+        }
+        Some(gpu) => {
+            if let Some(error) = &gpu.error {
+                if error.kind() != DriverErrorKind::Lost {
+                    unknown = true;
+                }
+                blockers.push(gpu_blocker(Field(&error.to_string()).to_string()));
+            }
+            blockers.extend(process_blockers(snapshot, gpu, index));
+        }
+    }
+    let ancestors = crate::proc::ancestors_of_self();
+    let unreadable = snapshot
+        .unreadable
+        .iter()
+        .filter(|entry| !ancestors.contains(&entry.pid))
+        .count();
+    if unreadable > 0 {
+        unknown = true;
+        blockers.push(Blocker {
+            kind: "scan",
+            role: None,
+            pid: None,
+            name: format!("{unreadable} process(es) not inspected"),
+            blocks: true,
+            remedy: "run as root with CAP_SYS_PTRACE: any of them may have the node open"
+                .to_string(),
+            reset_does: "refuses the reset while the scan is partial".to_string(),
+        });
+    }
+    blockers.extend(platform_blockers(snapshot, platform, index));
+    let blocks = blockers.iter().any(|blocker| blocker.blocks);
+    Plan {
+        index,
+        persistence_mode: driver.persistence_mode(index),
+        blockers,
+        could_reset: if blocks {
+            Some(false)
+        } else if unknown {
+            None
+        } else {
+            Some(true)
+        },
+    }
+}
+
+fn gpu_blocker(name: String) -> Blocker {
+    Blocker {
+        kind: "gpu",
+        role: None,
+        pid: None,
+        name,
+        blocks: true,
+        remedy: "a lost GPU comes back only with a reboot of the node".to_string(),
+        reset_does: "refuses: the driver cannot reach the GPU".to_string(),
+    }
+}
+
+/// Every live process with the GPU's node open or listed on it, by role.
+fn process_blockers(
+    snapshot: &Snapshot,
+    gpu: &crate::snapshot::GpuState,
+    index: u32,
+) -> Vec<Blocker> {
+    gpu.users
+        .iter()
+        .filter(|user| user.listed || user.node_open)
+        .filter_map(|user| {
+            let process = snapshot.processes.get(&user.pid);
+            if process.is_some_and(|process| process.state.has_exited()) {
+                return None;
+            }
+            let (role, name) = match process {
+                // A CUDA process opens every GPU's node: one with a context
+                // on any GPU is a CUDA user of this one too.
+                Some(process) if !user.hidden => (
+                    Role::of(process, listed_anywhere(snapshot, user.pid)),
+                    process.program().to_string(),
+                ),
+                _ => (Role::OtherNamespace, String::new()),
+            };
+            Some(Blocker {
+                kind: "process",
+                role: Some(role),
+                pid: Some(user.pid),
+                name,
+                blocks: true,
+                remedy: role.remedy(index),
+                reset_does: REFUSES.to_string(),
+            })
+        })
+        .collect()
+}
+
+fn listed_anywhere(snapshot: &Snapshot, pid: u32) -> bool {
+    snapshot
+        .gpus
+        .iter()
+        .any(|gpu| gpu.users.iter().any(|user| user.pid == pid && user.listed))
+}
+
+/// The driver's modules in use and NVSwitch constraints.
+fn platform_blockers(snapshot: &Snapshot, platform: &Platform, index: u32) -> Vec<Blocker> {
+    let mut blockers = Vec::new();
+    for module in &platform.modules {
+        let users = module.refcount.unwrap_or(0);
+        let (blocks, remedy) = match module.name.as_str() {
+            "nvidia_drm" if users > 0 => (
+                true,
+                format!(
+                    "{users} user(s) of nvidia_drm (a display or DRM client): stop the display manager; with modeset=1 the driver refuses a reset of the GPU it drives"
+                ),
+            ),
+            "nvidia_uvm" if users > 0 => (
+                false,
+                format!(
+                    "{users} user(s) of nvidia_uvm: CUDA processes on this or another GPU; only those on this GPU block it"
+                ),
+            ),
+            _ => continue,
+        };
+        blockers.push(Blocker {
+            kind: "module",
+            role: None,
+            pid: None,
+            name: module.name.clone(),
+            blocks,
+            remedy,
+            reset_does: "does not check modules: the driver refuses the reset itself".to_string(),
+        });
+    }
+    if platform.nvswitch == Some(true) {
+        let elsewhere: Vec<String> = snapshot
+            .gpus
+            .iter()
+            .filter(|other| other.index != index)
+            .filter(|other| other.users.iter().any(|user| user.listed))
+            .map(|other| other.index.to_string())
+            .collect();
+        blockers.push(Blocker {
+            kind: "platform",
+            role: Some(Role::FabricManager),
+            pid: None,
+            name: "NVSwitch (HGX)".to_string(),
+            blocks: !elsewhere.is_empty(),
+            remedy: if elsewhere.is_empty() {
+                "GPUs joined by NVSwitches: keep nvidia-fabricmanager running; the driver may reset the GPUs of one NVLink domain together".to_string()
+            } else {
+                format!(
+                    "GPUs joined by NVSwitches: CUDA processes on GPU(s) {} share the NVLink fabric; free them or reset the whole baseboard",
+                    elsewhere.join(",")
+                )
+            },
+            reset_does: "does not check the fabric: the driver refuses what it cannot reset".to_string(),
+        });
+    }
+    blockers
+}
+
+impl fmt::Display for Plan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let verdict = match self.could_reset {
+            Some(true) => "a reset could run now",
+            Some(false) => "a reset cannot run now",
+            None => "whether a reset could run cannot be told",
+        };
+        writeln!(
+            f,
+            "GPU {}: {verdict} (read-only: nothing was reset)",
+            self.index
+        )?;
+        let persistence = match self.persistence_mode {
+            Some(true) => {
+                "on (the driver stays loaded with no client; nvidia-persistenced, if it runs, holds the GPU open)"
+            }
+            Some(false) => "off",
+            None => "unknown",
+        };
+        writeln!(f, "  persistence mode: {persistence}")?;
+        for blocker in &self.blockers {
+            let who = match (blocker.pid, &blocker.role) {
+                (Some(pid), Some(role)) => format!(
+                    "pid {pid} ({}, {})",
+                    Field(if blocker.name.is_empty() {
+                        "another PID namespace"
+                    } else {
+                        &blocker.name
+                    }),
+                    role_word(*role)
+                ),
+                _ => Field(&blocker.name).to_string(),
+            };
+            writeln!(
+                f,
+                "  {} {}: {}; gpureap reset {}",
+                if blocker.blocks { "blocker" } else { "note:" },
+                who,
+                blocker.remedy,
+                blocker.reset_does
+            )?;
+        }
+        Ok(())
+    }
+}
+
+fn role_word(role: Role) -> &'static str {
+    match role {
+        Role::PersistenceDaemon => "persistence daemon",
+        Role::Dcgm => "DCGM",
+        Role::FabricManager => "fabric manager",
+        Role::DisplayServer => "display server",
+        Role::CudaUser => "CUDA user",
+        Role::Monitor => "monitor",
+        Role::OtherNamespace => "another PID namespace",
+    }
+}
+
+/// The exit code of `reset --plan`: 0 when a reset could run now on every
+/// GPU, 1 when something blocks one, 3 when it cannot be told.
+pub fn plan_exit(plans: &[Plan]) -> Exit {
+    Exit::worst(plans.iter().map(|plan| match plan.could_reset {
+        Some(true) => Exit::Success,
+        Some(false) => Exit::StillHeld,
+        None => Exit::Incomplete,
     }))
 }

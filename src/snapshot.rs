@@ -10,6 +10,7 @@ use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::container::{self, Container};
+use crate::driver::evidence::Evidence;
 use crate::driver::{BackendChoice, Driver, DriverError};
 use crate::proc::{self, Node, ProcessRecord, State, Unreadable};
 use crate::supervised::{self, Supervision};
@@ -33,6 +34,11 @@ pub struct Snapshot {
     /// (`Driver::bookkeeping_slack`): the tolerance of the one rule for
     /// memory held by no process (`Snapshot::held_by_no_process`).
     pub bookkeeping_slack: u64,
+    /// Each GPU's hardware evidence (Xids, ECC, row remapping), read only
+    /// where a verdict is reported (`read_evidence`): empty until then.
+    pub evidence: BTreeMap<u32, Evidence>,
+    /// What reading the evidence left unknown (a kernel log not readable).
+    pub evidence_note: Option<String>,
 }
 
 /// Memory held by no process on one GPU, as the one rule judges it
@@ -159,6 +165,15 @@ impl GpuState {
 }
 
 impl Snapshot {
+    /// Reads every GPU's hardware evidence from the driver (one read of the
+    /// kernel log): for the commands that report a verdict, not every look.
+    pub fn read_evidence(&mut self, driver: &dyn Driver) {
+        let indexes = self.gpus.iter().map(|gpu| gpu.index).collect();
+        let (evidence, note) = driver.evidence(&indexes);
+        self.evidence = evidence;
+        self.evidence_note = note;
+    }
+
     /// The one rule for memory held by no process: each GPU's figure
     /// (`GpuState::unattributed`) and whether it makes the GPU held, past the
     /// tolerance the driver declares (`Driver::bookkeeping_slack`: 0 on the
@@ -374,6 +389,8 @@ impl Snapshot {
             details: BTreeMap::new(),
             uptime_ticks: proc::uptime_ticks(),
             bookkeeping_slack: driver.bookkeeping_slack(),
+            evidence: BTreeMap::new(),
+            evidence_note: None,
         };
         // A GPU that did not answer is still named by the UUID the driver knew.
         for gpu in snapshot.gpus.iter_mut().filter(|gpu| gpu.uuid.is_none()) {
@@ -819,6 +836,7 @@ mod tests {
                 memory_used: Some(processes.len() as u64 * (1 << 30)),
                 memory_reserved: None,
                 processes,
+                pci_bus_id: None,
             })
         }
         fn classify_node(&self, path: &Path) -> Option<Node> {

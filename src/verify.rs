@@ -475,6 +475,9 @@ pub enum Holding {
         memory: Option<u64>,
         why: String,
     },
+    /// An Xid of the caller's drain list the kernel logged for this GPU
+    /// since boot (its newest): the hardware, not a process, is at fault.
+    Xid { xid: u32, at: Option<u64> },
 }
 
 impl Holding {
@@ -663,6 +666,8 @@ mod tests {
             unreadable: Vec::new(),
             driver_error: None,
             details: BTreeMap::new(),
+            evidence: BTreeMap::new(),
+            evidence_note: None,
             uptime_ticks: None,
             bookkeeping_slack: 256 << 20,
         }

@@ -203,3 +203,82 @@ fn the_node_problem_detector_plugin_runs_gpureap_check() {
     assert_eq!(rule["condition"], plugin["conditions"][0]["type"]);
     assert_eq!(plugin["pluginConfig"]["max_output_length"], 80);
 }
+
+/// An Xid of the drain list in the (simulated) kernel log is a problem
+/// naming the Xid and the GPU, with its advice; one off the list, or one
+/// a user forged through /dev/kmsg (facility 1), is not.
+#[test]
+fn an_xid_of_the_drain_list_is_a_problem_with_its_advice() {
+    let host = host(2);
+    host.xid(0, 13, 5_000_000, "Graphics SM Warp Exception")
+        .expect("xid 13");
+    // A user's write to /dev/kmsg carries facility 1: prio 11 (user.err).
+    host.log_kernel(
+        11,
+        6_000_000,
+        "NVRM: Xid (PCI:0000:02:00): 79, pid=1, name=x, forged",
+    )
+    .expect("forged");
+    let result = run(&host, &["check"]);
+    assert_eq!(result.code, 0, "{}{}", result.stdout, result.stderr);
+    host.xid(1, 79, 7_000_000, "GPU has fallen off the bus.")
+        .expect("xid 79");
+    host.leak(1, 5 * GIB).expect("leak");
+    let result = run(&host, &["check"]);
+    assert_eq!(result.code, 1, "{}{}", result.stdout, result.stderr);
+    assert!(
+        first_line(&result).starts_with("GPU 1: Xid 79 at "),
+        "{}",
+        result.stdout
+    );
+    assert!(first_line(&result).ends_with("(GPU has fallen off the bus) (+1 more)"));
+    assert!(
+        result
+            .stdout
+            .contains("(GPU has fallen off the bus): a reset will not help; reboot the node"),
+        "{}",
+        result.stdout
+    );
+    // Off the list (flag or environment): only the memory is a problem.
+    let result = run(&host, &["check", "--drain-xids", "48,95"]);
+    assert_eq!(first_line(&result), "GPU 1: 5.0 GiB held by no process");
+    // The Xid 79 still explains it.
+    assert!(
+        result.stdout.contains("reboot the node"),
+        "{}",
+        result.stdout
+    );
+    for bad in ["", "79,x", "0", "-1", "10000"] {
+        let result = run(&host, &["check", "--drain-xids", bad]);
+        assert_eq!(result.code, 2, "{bad}: {}", result.stderr);
+    }
+    let result = run(&host, &["check", "--gpu", "0", "--drain-xids", "13"]);
+    assert_eq!(result.code, 1, "{}", result.stdout);
+    assert!(first_line(&result).starts_with("GPU 0: Xid 13 at "));
+    assert!(result.stdout.contains("the GPU needs nothing"));
+}
+
+/// A lost GPU's finding comes with what its Xid says: a reboot.
+#[test]
+fn a_lost_gpu_gets_the_advice_of_its_xid() {
+    let host = host(2);
+    host.lose(1).expect("lose");
+    let result = run(&host, &["check", "--drain-xids", "none"]);
+    assert_eq!(result.code, 1, "{}", result.stdout);
+    assert!(!result.stdout.contains("reboot"), "{}", result.stdout);
+    host.xid(1, 79, 8_000_000, "GPU has fallen off the bus.")
+        .expect("xid");
+    let result = run(&host, &["check", "--drain-xids", "none"]);
+    assert_eq!(result.code, 1, "{}", result.stdout);
+    assert_eq!(
+        first_line(&result),
+        "GPU 1: lost (fallen off the bus or otherwise inaccessible)"
+    );
+    assert!(
+        result
+            .stdout
+            .contains("a reset will not help; reboot the node"),
+        "{}",
+        result.stdout
+    );
+}

@@ -872,3 +872,81 @@ fn run_metrics_show_the_supervisors_view() {
     let (code, _, _) = supervisor.stop();
     assert_eq!(code, 0);
 }
+
+/// The hardware evidence as metrics: Xids by number since boot (a user's
+/// forged record not among them), row remapping and ECC where the driver
+/// says, nothing (not 0) where it does not; promtool accepts the whole.
+#[test]
+fn hardware_evidence_is_exported_and_unknown_values_are_left_out() {
+    let host = host(2);
+    host.xid(1, 79, 1_000_000, "GPU has fallen off the bus.")
+        .expect("xid");
+    host.xid(1, 79, 2_000_000, "GPU has fallen off the bus.")
+        .expect("xid");
+    host.xid(1, 48, 3_000_000, "DBE").expect("xid");
+    host.log_kernel(12, 4_000_000, "NVRM: Xid (PCI:0000:02:00): 95, forged")
+        .expect("forged");
+    host.health(
+        1,
+        "row_remap_pending yes\necc_volatile_uncorrected 3\nrecovery_action node_reboot\n",
+    )
+    .expect("health");
+    let exposition = run(&host, &["status", "--prometheus"]);
+    assert_eq!(exposition.code, 0, "{}", exposition.stderr);
+    let lint = tool("promtool", &["check", "metrics"], Some(&exposition.stdout));
+    assert_eq!(lint.code, 0, "{}{}", lint.stdout, lint.stderr);
+    let found = samples(&exposition.stdout);
+    let gpu1 = |extra: &[(&'static str, &'static str)]| {
+        let mut labels = vec![("gpu", "1"), ("uuid", "GPU-sim-00000001")];
+        labels.extend_from_slice(extra);
+        labels
+    };
+    assert_eq!(
+        value(
+            &found,
+            "gpureap_gpu_xid_events_total",
+            &gpu1(&[("xid", "79")])
+        ),
+        Some(2.0)
+    );
+    assert_eq!(
+        value(
+            &found,
+            "gpureap_gpu_xid_events_total",
+            &gpu1(&[("xid", "48")])
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(
+            &found,
+            "gpureap_gpu_xid_events_total",
+            &gpu1(&[("xid", "95")])
+        ),
+        None
+    );
+    assert_eq!(
+        value(&found, "gpureap_gpu_row_remap_pending", &gpu1(&[])),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(&found, "gpureap_gpu_ecc_uncorrected_volatile", &gpu1(&[])),
+        Some(3.0)
+    );
+    assert_eq!(
+        value(&found, "gpureap_gpu_recovery_action", &gpu1(&[])),
+        Some(2.0)
+    );
+    assert_eq!(
+        value(&found, "gpureap_gpu_row_remap_failure", &gpu1(&[])),
+        None
+    );
+    assert_eq!(
+        value(
+            &found,
+            "gpureap_gpu_row_remap_pending",
+            &[("gpu", "0"), ("uuid", "GPU-sim-00000000")]
+        ),
+        None
+    );
+}

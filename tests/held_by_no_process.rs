@@ -161,3 +161,152 @@ fn wait_until(mut ready: impl FnMut() -> bool) -> bool {
     }
     false
 }
+
+/// `free` on a GPU left held by no process gives the advice its hardware
+/// evidence implies (an Xid 48 logged for it: a reset), in text and JSON;
+/// a GPU it freed gets none.
+#[test]
+fn free_gives_the_advice_of_the_evidence_for_memory_held_by_no_process() {
+    let host = SimHost::new(2, 80 * GIB, "Simulated H200").expect("sim host");
+    host.leak(1, 2 * GIB).expect("leak");
+    host.xid(1, 48, 2_000_000, "An uncorrectable double bit error (DBE)")
+        .expect("xid");
+    host.xid(0, 48, 2_000_000, "An uncorrectable double bit error (DBE)")
+        .expect("xid");
+    let text = run(&host, &["free", "--gpu", "all", "--yes"]);
+    assert_eq!(text.code, 1, "{}{}", text.stdout, text.stderr);
+    assert!(
+        text.stdout.contains(
+            "  - Xid 48 at "
+        ) && text.stdout.contains(
+            "(double-bit (uncorrectable) ECC error): reset the GPU once nothing uses it (gpureap reset --plan --gpu 1), else reboot the node"
+        ),
+        "{}",
+        text.stdout
+    );
+    let json = run(&host, &["free", "--gpu", "all", "--yes", "--json"]);
+    let document: serde_json::Value = serde_json::from_str(&json.stdout).expect("json");
+    assert_eq!(document["gpus"][0]["advice"], serde_json::json!([]));
+    let advice = document["gpus"][1]["advice"][0]
+        .as_str()
+        .unwrap_or_default();
+    assert!(advice.starts_with("Xid 48 at "), "{advice}");
+}
+
+/// `reset --plan` names every staged blocker of a reset by role, what to do
+/// and what `reset` does about it, signals and resets nothing, and says by
+/// its exit code whether a reset could run now.
+#[test]
+fn reset_plan_names_each_blocker_by_role_and_resets_nothing() {
+    let host = SimHost::new(3, 80 * GIB, "Simulated H200").expect("sim host");
+    let mut incident = Incident::new(&host);
+    let persistenced = incident
+        .holder(&Holder::new(
+            "/usr/bin/nvidia-persistenced --user nvidia-persistenced",
+        ))
+        .expect("persistenced");
+    let dcgm = incident
+        .holder(&Holder::new("nv-hostengine -n"))
+        .expect("dcgm");
+    let xorg = incident
+        .holder(&Holder::new("Xorg :0").on(0, 100 * MIB))
+        .expect("xorg");
+    let cuda = incident
+        .holder(&Holder::new("python3 serve.py").on(0, 20 * GIB))
+        .expect("cuda");
+    host.leak(0, GIB).expect("leak");
+    host.health(0, "persistence_mode on\n").expect("health");
+    std::fs::write(
+        host.path().join("modules"),
+        "nvidia_uvm 1536000 3 - Live 0x0000000000000000\nnvidia_drm 114688 2 - Live 0x0000000000000000\nnvidia 11280384 40 nvidia_uvm,nvidia_drm, Live 0x0000000000000000\next4 1 0 - Live 0x0\n",
+    )
+    .expect("modules");
+    let plan = run(&host, &["reset", "--plan", "--gpu", "0"]);
+    assert_eq!(plan.code, 1, "{}{}", plan.stdout, plan.stderr);
+    let out = &plan.stdout;
+    assert!(
+        out.starts_with("GPU 0: a reset cannot run now (read-only: nothing was reset)"),
+        "{out}"
+    );
+    assert!(out.contains("persistence mode: on"), "{out}");
+    for expected in [
+        format!(
+            "blocker pid {persistenced} (nvidia-persistenced, persistence daemon): stop it for the reset (systemctl stop nvidia-persistenced)"
+        ),
+        format!("blocker pid {dcgm} (nv-hostengine, DCGM): stop DCGM for the reset"),
+        format!("blocker pid {xorg} (Xorg, display server): stop the display manager"),
+        format!(
+            "blocker pid {cuda} (python3, CUDA user): free it first (gpureap free --gpu 0); gpureap reset refuses the reset while it has the GPU's device node open"
+        ),
+        "blocker nvidia_drm: 2 user(s) of nvidia_drm".to_string(),
+        "note: nvidia_uvm: 3 user(s) of nvidia_uvm".to_string(),
+    ] {
+        assert!(out.contains(&expected), "{expected}\nnot in\n{out}");
+    }
+    // Read-only: everything still there.
+    for pid in [persistenced, dcgm, xorg, cuda] {
+        assert!(alive(pid), "{pid} signalled");
+    }
+    assert!(host.path().join("leak.0").exists(), "reset");
+
+    // Every CUDA process opens every GPU's node: GPU 2 is blocked by them too.
+    let plan = run(&host, &["reset", "--plan", "--gpu", "2"]);
+    assert_eq!(plan.code, 1, "{}", plan.stdout);
+    assert!(
+        plan.stdout
+            .contains(&format!("blocker pid {cuda} (python3, CUDA user)")),
+        "{}",
+        plan.stdout
+    );
+    drop(incident);
+    for pid in [persistenced, dcgm, xorg, cuda] {
+        assert!(wait_until(|| !alive(pid)), "{pid} still there");
+    }
+    // GPU 2, used by nobody now, but the display holds nvidia_drm: blocked.
+    let plan = run(&host, &["reset", "--plan", "--gpu", "2"]);
+    assert_eq!(plan.code, 1, "{}", plan.stdout);
+    std::fs::write(host.path().join("modules"), "nvidia 1 40 - Live 0x0\n").expect("modules");
+    let plan = run(&host, &["reset", "--plan", "--gpu", "2"]);
+    assert_eq!(plan.code, 0, "{}{}", plan.stdout, plan.stderr);
+    assert!(
+        plan.stdout.starts_with("GPU 2: a reset could run now"),
+        "{}",
+        plan.stdout
+    );
+    // On NVSwitches, CUDA work on another GPU of the fabric blocks it: a
+    // process with only GPU 0's node open (a 1 GiB context there).
+    std::fs::write(host.path().join("nvswitch"), "").expect("nvswitch");
+    let mut other = std::process::Command::new("bash")
+        .current_dir(host.path())
+        .args([
+            "-c",
+            "exec 3<nvidia0 4<nvidiactl; exec -a 'python3 other.py' sleep 1000",
+        ])
+        .spawn()
+        .expect("holder");
+    let listed = || {
+        run(&host, &["status", "--json"])
+            .stdout
+            .contains(&format!("\"pid\": {},", other.id()))
+    };
+    assert!(wait_until(listed), "not listed");
+    let plan = run(&host, &["reset", "--plan", "--gpu", "2"]);
+    let _ = other.kill();
+    let _ = other.wait();
+    assert_eq!(plan.code, 1, "{}", plan.stdout);
+    assert!(
+        plan.stdout
+            .contains("CUDA processes on GPU(s) 0 share the NVLink fabric"),
+        "{}",
+        plan.stdout
+    );
+    // A lost GPU: a reboot, not a reset.
+    host.lose(1).expect("lose");
+    let plan = run(&host, &["reset", "--plan", "--gpu", "1"]);
+    assert_eq!(plan.code, 1, "{}", plan.stdout);
+    assert!(
+        plan.stdout.contains("comes back only with a reboot"),
+        "{}",
+        plan.stdout
+    );
+}

@@ -57,6 +57,14 @@ fn every_document_matches_the_published_schema() {
     incident.kill(launcher).expect("kill launcher");
     host.leak(1, 3 * GIB).expect("leak");
     host.lose(2).expect("lose GPU 2");
+    // Hardware evidence: an Xid for the lost GPU, ECC and row remapping on GPU 1.
+    host.xid(2, 79, 9_000_000, "GPU has fallen off the bus.")
+        .expect("xid");
+    host.health(
+        1,
+        "ecc_volatile_uncorrected 2\necc_aggregate_uncorrected 5\nrow_remap_pending yes\nrecovery_action gpu_reset\n",
+    )
+    .expect("health");
 
     let mut documents = vec![
         ("status", run(&host, &["status", "--json"])),

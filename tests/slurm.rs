@@ -1333,3 +1333,52 @@ fn an_unknown_job_is_told_without_reading_scontrols_message() {
     );
     assert_eq!(reasons[0], reasons[1]);
 }
+
+/// An Xid of the drain list in the kernel log since boot drains the node
+/// through the real slurmd with a reason naming the Xid and the GPU, and
+/// keeps it drained on the next check (it stays in the log until a reboot);
+/// `--drain-xids none` (or a list without it) leaves the node as it is.
+#[test]
+fn healthcheck_drains_for_an_xid_of_the_list_naming_it_and_the_gpu() {
+    let (cluster, _turn) = cluster();
+    // An application's fault, off the default list: clean.
+    cluster
+        .sim
+        .xid(0, 13, 4_000_000, "Graphics SM Warp Exception")
+        .expect("xid 13");
+    let clean = healthcheck(cluster, &[]);
+    assert_eq!(clean.code, 0, "{}", clean.stderr);
+    cluster
+        .sim
+        .xid(1, 79, 5_000_000, "GPU has fallen off the bus.")
+        .expect("xid 79");
+    let off = healthcheck(cluster, &["--drain-xids", "none"]);
+    assert_eq!(off.code, 0, "{}", off.stderr);
+    let (state, _) = cluster.node_state().expect("state");
+    assert!(!state.contains("DRAIN"), "{state}");
+
+    let drained = healthcheck(cluster, &[]);
+    assert_eq!(drained.code, 1, "{}", drained.stderr);
+    let (state, reason) = cluster.node_state().expect("state");
+    assert!(state.contains("DRAIN"), "{state}");
+    let reason = reason.unwrap_or_default();
+    assert!(
+        reason.starts_with("gpureap: GPU 1: Xid 79 at ")
+            && reason.ends_with("(GPU has fallen off the bus)"),
+        "{reason}"
+    );
+    assert!(
+        drained.stderr.contains("evidence: GPU 1: Xid 79 at "),
+        "{}",
+        drained.stderr
+    );
+    assert!(
+        drained
+            .stderr
+            .contains("a reset will not help; reboot the node")
+    );
+    // Still in the log: the node stays drained, not resumed.
+    let again = healthcheck(cluster, &[]);
+    assert_eq!(again.code, 1, "{}", again.stderr);
+    assert!(!again.stderr.contains("resume"), "{}", again.stderr);
+}

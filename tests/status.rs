@@ -517,6 +517,19 @@ fn a_driver_error_is_written_as_its_message() {
             "held_by_no_process": null,
             "error": LOST,
             "processes": [],
+            // A lost GPU is still named by its PCI address (its Xid 79 would be).
+            "evidence": {
+                "pci_bus_id": "00000000:02:00.0",
+                "ecc_volatile_uncorrected": null,
+                "ecc_aggregate_uncorrected": null,
+                "retired_pages_pending": null,
+                "row_remap_pending": null,
+                "row_remap_failure": null,
+                "recovery_action": null,
+                "xid_counts": {},
+                "xids": [],
+            },
+            "advice": [],
         }),
         "{}",
         status.stdout
@@ -540,5 +553,192 @@ fn a_driver_error_is_written_as_its_message() {
     assert_eq!(
         none["driver_error"], "--backend none: only processes with /dev/nvidia* open are shown",
         "{none:#}"
+    );
+}
+
+/// Each GPU's hardware evidence in status: the staged Xid (the kernel's
+/// facility only), ECC and row-remap counters, `null` for what the driver
+/// does not say, and the advice, in the JSON and as notes under the table.
+#[test]
+fn status_shows_each_gpus_hardware_evidence_and_its_advice() {
+    let host = SimHost::new(2, 80 * GIB, "Simulated H200").expect("sim host");
+    host.leak(1, 3 * GIB).expect("leak");
+    host.xid(
+        1,
+        48,
+        3_000_000,
+        "An uncorrectable double bit error (DBE) has been detected",
+    )
+    .expect("xid 48");
+    host.xid(1, 79, 4_000_000, "GPU has fallen off the bus.")
+        .expect("xid 79");
+    // Forged by a user (facility 1), with an escape sequence: never counted.
+    host.log_kernel(
+        12,
+        5_000_000,
+        "NVRM: Xid (PCI:0000:01:00): 95, \u{1b}[31mforged",
+    )
+    .expect("forged");
+    host.health(1, "ecc_volatile_uncorrected 2\nrow_remap_pending yes\n")
+        .expect("health");
+    let result = run(&host, &["status", "--json"]);
+    assert_eq!(result.code, 0, "{}", result.stderr);
+    let document: serde_json::Value = serde_json::from_str(&result.stdout).expect("json");
+    let gpu0 = &document["gpus"][0];
+    assert_eq!(gpu0["evidence"]["pci_bus_id"], "00000000:01:00.0");
+    assert_eq!(gpu0["evidence"]["xids"], serde_json::json!([]));
+    assert_eq!(
+        gpu0["evidence"]["ecc_volatile_uncorrected"],
+        serde_json::Value::Null
+    );
+    assert_eq!(gpu0["advice"], serde_json::json!([]));
+    let gpu1 = &document["gpus"][1];
+    assert_eq!(
+        gpu1["evidence"]["xid_counts"],
+        serde_json::json!({"48": 1, "79": 1})
+    );
+    assert_eq!(gpu1["evidence"]["xids"][0]["xid"], 79);
+    assert_eq!(gpu1["evidence"]["xids"][0]["since_boot_us"], 4_000_000);
+    assert_eq!(gpu1["evidence"]["ecc_volatile_uncorrected"], 2);
+    assert_eq!(gpu1["evidence"]["row_remap_pending"], true);
+    assert_eq!(
+        gpu1["evidence"]["row_remap_failure"],
+        serde_json::Value::Null
+    );
+    let advice = gpu1["advice"][0].as_str().unwrap_or_default();
+    assert!(
+        advice.starts_with("Xid 79 at ")
+            && advice.ends_with("a reset will not help; reboot the node"),
+        "{advice}"
+    );
+    let table = run(&host, &["status"]);
+    assert!(
+        table.stdout.contains("GPU 1: Xid 79 at "),
+        "{}",
+        table.stdout
+    );
+    assert!(
+        table
+            .stdout
+            .contains("GPU 1: row remap pending: reset the GPU")
+    );
+    assert!(!table.stdout.contains('\u{1b}'));
+}
+
+/// A user's write to the real /dev/kmsg carries facility 1 whatever
+/// priority it claims: the record is in the log (read raw), and the reader
+/// does not count it.
+#[test]
+fn a_forged_xid_written_to_the_real_dev_kmsg_does_not_count() {
+    use std::io::Write as _;
+    let token = format!("gpureap-test-{}-{}", std::process::id(), past_nanos());
+    let line = format!(
+        "<3>NVRM: Xid (PCI:0000:ee:00): 79, pid=1, name={token}, GPU has fallen off the bus.\n"
+    );
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/kmsg")
+        .and_then(|mut kmsg| kmsg.write_all(line.as_bytes()));
+    if let Err(error) = written {
+        return skip(&format!("cannot write /dev/kmsg: {error}"));
+    }
+    let raw = match raw_kmsg_records() {
+        Ok(records) => records,
+        Err(error) => return skip(&format!("cannot read /dev/kmsg: {error}")),
+    };
+    let record = raw
+        .iter()
+        .find(|record| record.contains(&token))
+        .expect("the forged record is in the log");
+    let prio: u32 = record
+        .split(',')
+        .next()
+        .and_then(|prio| prio.parse().ok())
+        .expect("prio");
+    assert_eq!(prio >> 3, 1, "facility user: {record}");
+    let events =
+        gpureap::driver::evidence::read_kmsg(std::path::Path::new("/dev/kmsg")).expect("read");
+    assert!(
+        !events
+            .iter()
+            .any(|event| event.name.as_deref() == Some(token.as_str())),
+        "the forged Xid counted"
+    );
+}
+
+fn past_nanos() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_nanos())
+}
+
+/// Every record /dev/kmsg holds now, raw (one read each, to EAGAIN).
+fn raw_kmsg_records() -> std::io::Result<Vec<String>> {
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut kmsg = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc_nonblock())
+        .open("/dev/kmsg")?;
+    let mut records = Vec::new();
+    let mut buffer = vec![0u8; 16 << 10];
+    loop {
+        match kmsg.read(&mut buffer) {
+            Ok(0) => break,
+            Ok(read) => records.push(String::from_utf8_lossy(&buffer[..read]).into_owned()),
+            Err(error) if error.raw_os_error() == Some(32) => continue,
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(records)
+}
+
+/// O_NONBLOCK.
+fn libc_nonblock() -> i32 {
+    0o4000
+}
+
+/// A kernel log of 40 MiB is read from its end within a bound, its newest
+/// Xid found; one that is a FIFO is a note, never a hang.
+#[test]
+fn a_huge_or_hostile_kernel_log_is_read_bounded() {
+    use std::io::Write as _;
+    let host = SimHost::new(1, 80 * GIB, "Simulated H200").expect("sim host");
+    {
+        let mut file = std::fs::File::create(host.path().join("kmsg")).expect("kmsg");
+        let junk = "3,1,1,-;NVRM: Xid (PCI:0000:01:00): 13, \u{1b}[2J garbage\n4,2,2,-;unrelated line\n\u{0}\u{7f}\u{1b}\n";
+        let block = junk.repeat((1 << 20) / junk.len());
+        for _ in 0..40 {
+            file.write_all(block.as_bytes()).expect("write");
+        }
+    }
+    host.xid(0, 79, 99_000_000, "GPU has fallen off the bus.")
+        .expect("xid");
+    let started = std::time::Instant::now();
+    let result = run(&host, &["status", "--json"]);
+    assert_eq!(result.code, 0, "{}", result.stderr);
+    assert!(started.elapsed() < std::time::Duration::from_secs(20));
+    let document: serde_json::Value = serde_json::from_str(&result.stdout).expect("json");
+    let evidence = &document["gpus"][0]["evidence"];
+    assert_eq!(evidence["xids"][0]["xid"], 79);
+    // The newest 1024 Xids of the last 16 MiB, not the 40 MiB's.
+    let thirteen = evidence["xid_counts"]["13"].as_u64().unwrap_or_default();
+    assert_eq!(thirteen, 1023, "{evidence}");
+    let text = run(&host, &["status"]);
+    assert!(!text.stdout.contains('\u{1b}'));
+
+    std::fs::remove_file(host.path().join("kmsg")).expect("rm");
+    let fifo = std::process::Command::new("mkfifo")
+        .arg(host.path().join("kmsg"))
+        .status()
+        .expect("mkfifo");
+    assert!(fifo.success());
+    let result = run(&host, &["status"]);
+    assert_eq!(result.code, 0, "{}", result.stderr);
+    assert!(
+        result.stdout.contains("not read: not a plain file"),
+        "{}",
+        result.stdout
     );
 }

@@ -9,6 +9,7 @@
 //! real NVML library, the simulated driver used by tests and the demo, and
 //! `none`. It imports only the base (`proc`, `signal`, `exit`).
 
+pub mod evidence;
 mod none;
 mod nvml;
 pub mod sim;
@@ -42,6 +43,9 @@ pub struct GpuInfo {
     pub memory_reserved: Option<u64>,
     /// The processes the driver lists as using this GPU, bogus PIDs removed.
     pub processes: Vec<DriverProcess>,
+    /// The GPU's PCI bus id as the driver gives it (`00000000:3B:00.0`):
+    /// how the kernel log's Xid lines name it.
+    pub pci_bus_id: Option<String>,
 }
 
 /// One entry of a driver's process list.
@@ -196,6 +200,63 @@ pub trait Driver: Send + Sync {
     /// the simulated driver: `DIR/bookkeeping`).
     fn bookkeeping_slack(&self) -> u64 {
         0
+    }
+
+    /// The GPU's PCI bus id as the driver knew it when it opened (also for a
+    /// GPU lost since: its Xid 79 names that address).
+    fn pci_bus_id(&self, _index: u32) -> Option<String> {
+        None
+    }
+
+    /// What the driver counts about a GPU's health (ECC, retired pages,
+    /// remapped rows, recovery action); `None` for each it cannot say.
+    fn health(&self, _index: u32) -> evidence::Health {
+        evidence::Health::default()
+    }
+
+    /// The kernel log's Xids, newest first: the host's (`/dev/kmsg`, else
+    /// `journalctl -k`) unless the backend stands in for it.
+    fn kernel_log(&self) -> evidence::KernelLog {
+        evidence::host_kernel_log()
+    }
+
+    /// Whether the GPU is in persistence mode; `None` where not known.
+    fn persistence_mode(&self, _index: u32) -> Option<bool> {
+        None
+    }
+
+    /// The driver's modules and NVSwitches, for `reset --plan`: the
+    /// host's unless the backend stands in for it.
+    fn platform(&self) -> evidence::Platform {
+        evidence::host_platform()
+    }
+
+    /// Each of these GPUs' hardware evidence, from one read of the kernel
+    /// log, and what that read left unknown.
+    fn evidence(
+        &self,
+        indexes: &BTreeSet<u32>,
+    ) -> (BTreeMap<u32, evidence::Evidence>, Option<String>) {
+        // No GPU, no log to read (a host without a driver pays nothing).
+        if indexes.is_empty() {
+            return (BTreeMap::new(), None);
+        }
+        let log = self.kernel_log();
+        let found = indexes
+            .iter()
+            .map(|&index| {
+                let pci_bus_id = self.pci_bus_id(index);
+                let mut found = evidence::Evidence {
+                    health: self.health(index),
+                    ..evidence::Evidence::default()
+                };
+                let address = pci_bus_id.as_deref().and_then(evidence::PciAddress::parse);
+                evidence::attach(&mut found, address, &log);
+                found.pci_bus_id = pci_bus_id;
+                (index, found)
+            })
+            .collect();
+        (found, log.note)
     }
 
     /// Resets one GPU, clearing memory that no process holds (driver-held).

@@ -9,12 +9,30 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use nvml_wrapper::Nvml;
-use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError};
+use nvml_wrapper::enums::device::{SampleValue, UsedGpuMemory};
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::struct_wrappers::device::ProcessInfo;
+use nvml_wrapper::structs::device::FieldId;
 
+use super::evidence::{Health, Recovery};
 use super::{Driver, DriverError, DriverProcess, GpuInfo, classify_dev_node};
 use crate::proc::Node;
+
+// NVML's field ids (nvml.h): remapped rows pending and failed, the recovery action.
+const NVML_FI_DEV_REMAPPED_PENDING: u32 = 144;
+const NVML_FI_DEV_REMAPPED_FAILURE: u32 = 145;
+const NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: u32 = 230;
+
+/// A field's value as an unsigned number, whatever type NVML gave it.
+fn sample_u64(value: SampleValue) -> Option<u64> {
+    match value {
+        SampleValue::U32(v) => Some(u64::from(v)),
+        SampleValue::U64(v) => Some(v),
+        SampleValue::I64(v) => u64::try_from(v).ok(),
+        SampleValue::F64(_) => None,
+    }
+}
 
 /// PIDs some drivers put in process lists that belong to no process.
 const BOGUS_PIDS: [u32; 2] = [0, u32::MAX];
@@ -29,6 +47,8 @@ pub struct NvmlDriver {
     /// Name and UUID by index, read once: they do not change, and every NVML
     /// call can block for milliseconds while the driver tears a context down.
     identities: Vec<(Option<String>, Option<String>)>,
+    /// PCI bus id by index, read once (a lost GPU's Xid still names it).
+    pci_bus_ids: Vec<Option<String>>,
     /// Cleared for a GPU whose driver does not support graphics process
     /// lists (most datacenter GPUs), so that polling skips the call.
     graphics_lists: Vec<AtomicBool>,
@@ -41,11 +61,14 @@ impl NvmlDriver {
         let count = nvml.device_count()?;
         let mut index_for_minor = HashMap::new();
         let mut identities = Vec::new();
+        let mut pci_bus_ids = Vec::new();
         for index in 0..count {
             let Ok(device) = nvml.device_by_index(index) else {
                 identities.push((None, None));
+                pci_bus_ids.push(None);
                 continue;
             };
+            pci_bus_ids.push(device.pci_info().ok().map(|info| info.bus_id));
             // A device whose minor number cannot be read is still queried by
             // index; only its /proc descriptors go unattributed.
             if let Ok(minor) = device.minor_number() {
@@ -62,6 +85,7 @@ impl NvmlDriver {
             index_for_minor,
             graphics_lists: (0..count).map(|_| AtomicBool::new(true)).collect(),
             identities,
+            pci_bus_ids,
             description,
         })
     }
@@ -165,6 +189,7 @@ impl Driver for NvmlDriver {
             memory_used: Some(memory.used),
             memory_reserved: Some(memory.reserved),
             processes,
+            pci_bus_id: self.pci_bus_id(index),
         })
     }
 
@@ -172,6 +197,58 @@ impl Driver for NvmlDriver {
         self.identities
             .get(index as usize)
             .and_then(|(_, uuid)| uuid.clone())
+    }
+
+    fn pci_bus_id(&self, index: u32) -> Option<String> {
+        self.pci_bus_ids.get(index as usize).cloned().flatten()
+    }
+
+    /// ECC, retired pages, remapped rows and the recovery action; each
+    /// `None` where this GPU or driver does not support it (no ECC, a
+    /// driver before 550 for the recovery action).
+    fn health(&self, index: u32) -> Health {
+        let Ok(device) = self.nvml.device_by_index(index) else {
+            return Health::default();
+        };
+        let ecc = |counter| {
+            device
+                .total_ecc_errors(MemoryError::Uncorrected, counter)
+                .ok()
+        };
+        let fields = [
+            FieldId(NVML_FI_DEV_REMAPPED_PENDING),
+            FieldId(NVML_FI_DEV_REMAPPED_FAILURE),
+            FieldId(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION),
+        ];
+        let values: Vec<Option<u64>> = match device.field_values_for(&fields) {
+            Ok(samples) => samples
+                .into_iter()
+                .map(|sample| {
+                    sample
+                        .ok()
+                        .and_then(|sample| sample.value.ok())
+                        .and_then(sample_u64)
+                })
+                .collect(),
+            Err(_) => vec![None; fields.len()],
+        };
+        let value = |n: usize| values.get(n).copied().flatten();
+        Health {
+            ecc_volatile_uncorrected: ecc(EccCounter::Volatile),
+            ecc_aggregate_uncorrected: ecc(EccCounter::Aggregate),
+            retired_pages_pending: device.are_pages_pending_retired().ok(),
+            row_remap_pending: value(0).map(|v| v != 0),
+            row_remap_failure: value(1).map(|v| v != 0),
+            recovery_action: value(2).and_then(Recovery::from_nvml),
+        }
+    }
+
+    fn persistence_mode(&self, index: u32) -> Option<bool> {
+        self.nvml
+            .device_by_index(index)
+            .ok()?
+            .is_in_persistent_mode()
+            .ok()
     }
 
     fn memory_used(&self, index: u32) -> Result<Option<u64>, DriverError> {

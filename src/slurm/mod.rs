@@ -18,6 +18,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
+use crate::driver::evidence::{self, Hardware};
 use crate::driver::{self, BackendChoice, Driver};
 use crate::exit::Exit;
 use crate::proc::{self, ProcessRecord};
@@ -149,6 +150,8 @@ pub struct HealthcheckConfig {
     pub node: Option<String>,
     /// Reset a GPU whose only holder is driver-held memory, instead of draining.
     pub reset: bool,
+    /// The Xids that drain the node once the kernel logged one for a GPU.
+    pub drain_xids: BTreeSet<u32>,
 }
 
 /// The job slurmd describes in the prolog's and epilog's environment.
@@ -448,6 +451,12 @@ impl Finding {
                 Bytes(*bytes)
             ),
             Holding::Reason(reason) => format!("GPU {index}: {reason}"),
+            Holding::Xid { xid, at } => format!(
+                "GPU {index}: Xid {xid}{} ({})",
+                at.map(|at| format!(" at {}", evidence::clock(at)))
+                    .unwrap_or_default(),
+                evidence::meaning(*xid).unwrap_or("not in gpureap's list")
+            ),
             Holding::Process {
                 pid,
                 comm,
@@ -1042,6 +1051,15 @@ fn healthcheck(backend: &BackendChoice, args: &HealthcheckConfig, outcome: &Outc
     if args.reset {
         found = reset_driver_held(&context, driver.as_ref(), found);
     }
+    let hardware = Hardware::gather(driver.as_ref(), &gpus, args.drain_xids.clone());
+    found.extend(xid_findings(&context, &hardware, &gpus));
+    // What the evidence says of each GPU found held, lost or with an Xid.
+    let named: BTreeSet<u32> = found.iter().map(|finding| finding.gpu).collect();
+    for gpu in named {
+        for line in hardware.advice(gpu) {
+            context.say("evidence", Some(gpu), None, &line);
+        }
+    }
     let state = match scontrol.node(&node) {
         Ok(state) => state,
         Err(error) => {
@@ -1161,6 +1179,29 @@ fn healthcheck_findings(
     });
     slurm_jobs.log_errors(context, "not judged");
     found
+}
+
+/// A finding for the newest event of each Xid of the drain list the kernel
+/// logged for each GPU since boot; a kernel log that could not be read is said.
+fn xid_findings(context: &Context, hardware: &Hardware, gpus: &BTreeSet<u32>) -> Vec<Finding> {
+    if let Some(note) = &hardware.note {
+        context.say("note", None, None, note);
+    }
+    gpus.iter()
+        .flat_map(|&gpu| {
+            hardware
+                .drain_events(gpu)
+                .into_iter()
+                .map(move |event| Finding {
+                    gpu,
+                    holding: Holding::Xid {
+                        xid: event.xid,
+                        at: event.at,
+                    },
+                    reset: None,
+                })
+        })
+        .collect()
 }
 
 /// Drains the node for what holds its GPUs, unless someone else drained it

@@ -405,7 +405,10 @@ impl Cluster {
         let _ = fs::write(self.sim.path().join("pids"), "");
         for index in 0..GPUS {
             let _ = fs::remove_file(self.sim.path().join(format!("leak.{index}")));
+            let _ = fs::remove_file(self.sim.path().join(format!("health.{index}")));
         }
+        // The simulated kernel log: an earlier test's Xids would drain here.
+        let _ = fs::remove_file(self.sim.path().join("kmsg"));
         let _ = fs::remove_file(self.sim.path().join("bookkeeping"));
         let _ = self
             .client("/usr/bin/scancel")

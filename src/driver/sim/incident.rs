@@ -101,6 +101,36 @@ impl SimHost {
     pub fn lose(&self, gpu: u32) -> io::Result<()> {
         fs::write(self.path().join(format!("lost.{gpu}")), "")
     }
+
+    /// Appends a record to `DIR/kmsg`, the simulated kernel log, in
+    /// /dev/kmsg's format: `prio,seq,µs since boot,-;message`.
+    pub fn log_kernel(&self, prio: u32, since_boot_us: u64, message: &str) -> io::Result<()> {
+        use std::io::Write as _;
+        let mut file = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.path().join("kmsg"))?;
+        writeln!(file, "{prio},0,{since_boot_us},-;{message}")
+    }
+
+    /// Logs an Xid for a GPU as the kernel does (facility 0, level 3), the
+    /// line in the R535+ format, naming the GPU by its simulated PCI address.
+    pub fn xid(&self, gpu: u32, xid: u32, since_boot_us: u64, detail: &str) -> io::Result<()> {
+        let bus = super::sim_pci_bus_id(gpu);
+        let short = crate::driver::evidence::PciAddress::parse(&bus)
+            .map(|address| address.to_string())
+            .unwrap_or(bus);
+        self.log_kernel(
+            3,
+            since_boot_us,
+            &format!("NVRM: Xid (PCI:{short}): {xid}, pid='<unknown>', name=<unknown>, {detail}"),
+        )
+    }
+
+    /// Stages a GPU's health counters (`DIR/health.N`: `key value` lines).
+    pub fn health(&self, gpu: u32, lines: &str) -> io::Result<()> {
+        fs::write(self.path().join(format!("health.{gpu}")), lines)
+    }
 }
 
 /// One process to stage, the way real CUDA processes look: every GPU's

@@ -35,6 +35,7 @@ use std::time::Duration;
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use rustix::io::Errno;
 
+use super::evidence::{self, Health, KernelLog, Platform, Recovery};
 use super::{Driver, DriverError, DriverProcess, Figures, GpuInfo, changed};
 use crate::proc;
 use crate::proc::Node;
@@ -597,8 +598,42 @@ impl SimDriver {
             memory_used: Some(used),
             memory_reserved: None,
             processes,
+            pci_bus_id: Some(sim_pci_bus_id(index)),
         })
     }
+}
+
+/// A simulated GPU's PCI bus id, fixed by its index: GPU N is on bus N + 1
+/// (`00000000:01:00.0` for GPU 0), as `DIR/kmsg`'s Xid lines name it.
+pub fn sim_pci_bus_id(index: u32) -> String {
+    format!("00000000:{:02X}:00.0", (index + 1) % 256)
+}
+
+/// `DIR/health.N`: one `key value` a line (docs/simulated-driver.md); a
+/// line it does not know, or a value that does not read, is left out.
+fn parse_health(text: &str) -> Health {
+    let mut health = Health::default();
+    let flag = |value: &str| match value {
+        "yes" | "true" | "1" => Some(true),
+        "no" | "false" | "0" => Some(false),
+        _ => None,
+    };
+    for line in text.lines() {
+        let Some((key, value)) = line.trim().split_once(char::is_whitespace) else {
+            continue;
+        };
+        let value = value.trim();
+        match key {
+            "ecc_volatile_uncorrected" => health.ecc_volatile_uncorrected = value.parse().ok(),
+            "ecc_aggregate_uncorrected" => health.ecc_aggregate_uncorrected = value.parse().ok(),
+            "retired_pages_pending" => health.retired_pages_pending = flag(value),
+            "row_remap_pending" => health.row_remap_pending = flag(value),
+            "row_remap_failure" => health.row_remap_failure = flag(value),
+            "recovery_action" => health.recovery_action = Recovery::parse(value),
+            _ => {}
+        }
+    }
+    health
 }
 
 /// A simulated GPU's UUID, fixed by its index.
@@ -617,6 +652,70 @@ impl Driver for SimDriver {
 
     fn known_uuid(&self, index: u32) -> Option<String> {
         (index < SimDriver::gpu_count(self)).then(|| sim_uuid(index))
+    }
+
+    fn pci_bus_id(&self, index: u32) -> Option<String> {
+        (index < SimDriver::gpu_count(self)).then(|| sim_pci_bus_id(index))
+    }
+
+    /// `DIR/health.N`, read on each call; a bad or absent file says nothing.
+    fn health(&self, index: u32) -> Health {
+        let name = format!("health.{index}");
+        match read_bounded(
+            &self.directory,
+            &name,
+            &self.dir.join(&name),
+            NUMBER_FILE_LIMIT * 8,
+        ) {
+            Ok(Some(content)) => parse_health(&String::from_utf8_lossy(&content)),
+            _ => Health::default(),
+        }
+    }
+
+    /// `persistence_mode on|off` in `DIR/health.N`.
+    fn persistence_mode(&self, index: u32) -> Option<bool> {
+        let name = format!("health.{index}");
+        let content = read_bounded(
+            &self.directory,
+            &name,
+            &self.dir.join(&name),
+            NUMBER_FILE_LIMIT * 8,
+        )
+        .ok()
+        .flatten()?;
+        String::from_utf8_lossy(&content).lines().find_map(|line| {
+            match line.split_whitespace().collect::<Vec<_>>().as_slice() {
+                ["persistence_mode", "on"] => Some(true),
+                ["persistence_mode", "off"] => Some(false),
+                _ => None,
+            }
+        })
+    }
+
+    /// `DIR/modules` (in /proc/modules' format) and `DIR/nvswitch` (a
+    /// marker) stand in for the host's: it is never read.
+    fn platform(&self) -> Platform {
+        let modules = read_bounded(
+            &self.directory,
+            "modules",
+            &self.dir.join("modules"),
+            GPUS_FILE_LIMIT,
+        )
+        .ok()
+        .flatten()
+        .map(|content| evidence::parse_modules(&String::from_utf8_lossy(&content)))
+        .unwrap_or_default();
+        let nvswitch =
+            rustix::fs::statat(&self.directory, "nvswitch", AtFlags::SYMLINK_NOFOLLOW).is_ok();
+        Platform {
+            modules,
+            nvswitch: Some(nvswitch),
+        }
+    }
+
+    /// `DIR/kmsg` stands in for `/dev/kmsg`: the host's is never read.
+    fn kernel_log(&self) -> KernelLog {
+        evidence::file_kernel_log(&self.dir.join("kmsg"))
     }
 
     /// What `DIR/bookkeeping` declared when the driver opened; 0 without it.
