@@ -310,6 +310,9 @@ pub fn free(
                     .collect()
             }),
             job: None,
+            min_age: None,
+            supervisor_gone: false,
+            within: None,
         },
         options: request.options(),
     })
