@@ -9,8 +9,8 @@ use std::time::Duration;
 use regex::Regex;
 
 use crate::cli::{
-    FreeArgs, HostsArgs, PlanArgs, PushArgs, RestartArg, RunArgs, SlurmCommand, SlurmCommonArgs,
-    StatusArgs, WaitArgs,
+    FreeArgs, HostsArgs, PlanArgs, PushArgs, ReapArgs, RestartArg, RunArgs, SlurmCommand,
+    SlurmCommonArgs, StatusArgs, WaitArgs,
 };
 use crate::hostlist;
 use crate::plan::fit::{Hypothetical, Overrides, PlanConfig};
@@ -227,18 +227,23 @@ impl FreeRequest {
     /// The uids of `--user`, resolved on this host (a host of `-H` resolves
     /// the names itself).
     pub fn users(&self) -> Result<BTreeSet<u32>, UsageError> {
-        let mut uids = BTreeSet::new();
-        for name in &self.user {
-            let uid = match name.parse::<u32>() {
-                Ok(uid) => uid,
-                Err(_) => uzers::get_user_by_name(name)
-                    .map(|user| user.uid())
-                    .ok_or_else(|| UsageError(format!("no user named '{name}' on this host")))?,
-            };
-            uids.insert(uid);
-        }
-        Ok(uids)
+        uids_of(&self.user)
     }
+}
+
+/// The uids of `--user` names (or numbers), resolved on this host.
+fn uids_of(names: &[String]) -> Result<BTreeSet<u32>, UsageError> {
+    let mut uids = BTreeSet::new();
+    for name in names {
+        let uid = match name.parse::<u32>() {
+            Ok(uid) => uid,
+            Err(_) => uzers::get_user_by_name(name)
+                .map(|user| user.uid())
+                .ok_or_else(|| UsageError(format!("no user named '{name}' on this host")))?,
+        };
+        uids.insert(uid);
+    }
+    Ok(uids)
 }
 
 /// `free` needs a scope: here, and before a fleet asks any host.
@@ -316,6 +321,144 @@ pub fn free(
         },
         options: request.options(),
     })
+}
+
+/// `reap`'s flags as its typed config. `gpu_count` resolves `--gpu`; user
+/// names are resolved on this host; `--log` is checked (never through a
+/// link, a plain file of ours) before anything runs.
+pub fn reap(args: &ReapArgs, gpu_count: u32) -> Result<crate::watch::ReapConfig, UsageError> {
+    use crate::watch::Rule;
+    let ReapArgs {
+        watch,
+        config: _,
+        orphans,
+        supervisor_gone,
+        slurm_ended,
+        patterns,
+        user,
+        gpu,
+        older_than,
+        interval,
+        grace,
+        timeout,
+        protect,
+        max_share,
+        enforce,
+        log,
+        listen,
+        scontrol,
+    } = args;
+    let rules: Vec<Rule> = [
+        (*orphans, Rule::Orphaned),
+        (*supervisor_gone, Rule::SupervisorGone),
+        (*slurm_ended, Rule::SlurmEnded),
+    ]
+    .into_iter()
+    .filter_map(|(given, rule)| given.then_some(rule))
+    .collect();
+    if rules.is_empty() {
+        return Err(UsageError(
+            "reap needs a rule: one or more of --orphans, --supervisor-gone, --slurm-ended (or their keys in --config)"
+                .to_string(),
+        ));
+    }
+    let gpus = gpus(gpu, gpu_count)?;
+    if gpus.as_ref().is_some_and(BTreeSet::is_empty) {
+        return Err(UsageError(
+            "--gpu names no GPU: the driver reports none on this host (see `gpureap status`)"
+                .to_string(),
+        ));
+    }
+    if let Some(path) = log {
+        crate::run::state::LogFile::check(path).map_err(|error| UsageError(error.to_string()))?;
+    }
+    Ok(crate::watch::ReapConfig {
+        watch: *watch,
+        rules,
+        patterns: patterns.clone(),
+        uids: uids_of(user)?,
+        gpus,
+        older_than: *older_than,
+        interval: *interval,
+        options: Options::new(*grace, *timeout),
+        protect: protect.clone(),
+        max_share: *max_share,
+        enforce: *enforce,
+        log: log.clone(),
+        listen: *listen,
+        scontrol: scontrol.clone(),
+    })
+}
+
+/// The command line with `reap --config FILE`'s keys put in as flags, right
+/// after `reap`, so that flags typed after them win and every value goes
+/// through the same parser: `key = true` is `--key`, `key = false` is left
+/// out, a string or a number is `--key=VALUE`, an array repeats the flag.
+/// `config` is not a key.
+pub fn reap_argv(
+    argv: &[std::ffi::OsString],
+    file: &std::path::Path,
+) -> Result<Vec<std::ffi::OsString>, UsageError> {
+    let shown = file.display().to_string();
+    let (_, bytes) = crate::file::read_regular(file, 1 << 20)
+        .map_err(|error| UsageError(format!("--config {shown}: {error}")))?;
+    let text = String::from_utf8(bytes)
+        .map_err(|_| UsageError(format!("--config {shown}: not UTF-8 text")))?;
+    let table: toml::Table = text
+        .parse()
+        .map_err(|error| UsageError(format!("--config {shown}: not TOML: {error}")))?;
+    let mut flags: Vec<std::ffi::OsString> = Vec::new();
+    for (key, value) in &table {
+        if key == "config" || key.starts_with('-') {
+            return Err(UsageError(format!(
+                "--config {shown}: '{key}' is not a key of the file: give --{key} on the command line"
+            )));
+        }
+        let values = match value {
+            toml::Value::Array(items) => items.iter().collect(),
+            _ => vec![value],
+        };
+        for value in values {
+            match value {
+                toml::Value::Boolean(true) => flags.push(format!("--{key}").into()),
+                toml::Value::Boolean(false) => {}
+                toml::Value::String(text) => flags.push(format!("--{key}={text}").into()),
+                toml::Value::Integer(n) => flags.push(format!("--{key}={n}").into()),
+                toml::Value::Float(x) => flags.push(format!("--{key}={x}").into()),
+                _ => {
+                    return Err(UsageError(format!(
+                        "--config {shown}: '{key}' must be true, a string, a number, or an array of those"
+                    )));
+                }
+            }
+        }
+    }
+    // Checked alone first, so that an error names the file.
+    let alone = [
+        std::ffi::OsString::from("gpureap"),
+        "reap".into(),
+        "--watch".into(),
+    ]
+    .into_iter()
+    .chain(flags.iter().cloned());
+    if let Err(error) = <crate::cli::Cli as clap::Parser>::try_parse_from(alone) {
+        let text = error.to_string();
+        let first = text
+            .lines()
+            .next()
+            .unwrap_or("")
+            .trim_start_matches("error: ");
+        return Err(UsageError(format!("--config {shown}: {first}")));
+    }
+    let at = argv
+        .iter()
+        .enumerate()
+        .position(|(index, arg)| arg == "reap" && (index == 0 || argv[index - 1] != "--backend"))
+        .ok_or_else(|| UsageError("reap --config: no `reap` on the command line".to_string()))?;
+    let mut merged = argv[..=at].to_vec();
+    merged.extend(flags);
+    merged.extend_from_slice(&argv[at + 1..]);
+    Ok(merged)
 }
 
 /// What `wait` was asked: the one config of `wait`, here and with `-H`.

@@ -257,10 +257,11 @@ pub enum Program {
     SlurmHealthcheck,
     Reset,
     Plan,
+    Reap,
 }
 
 impl Program {
-    pub const ALL: [Program; 15] = [
+    pub const ALL: [Program; 16] = [
         Program::Gpureap,
         Program::Status,
         Program::Free,
@@ -276,6 +277,7 @@ impl Program {
         Program::SlurmHealthcheck,
         Program::Reset,
         Program::Plan,
+        Program::Reap,
     ];
 
     /// The words after `gpureap` that name it, e.g. `["slurm", "epilog"]`.
@@ -296,6 +298,7 @@ impl Program {
             Program::SlurmHealthcheck => &["slurm", "healthcheck"],
             Program::Reset => &["reset"],
             Program::Plan => &["plan"],
+            Program::Reap => &["reap"],
         }
     }
 }
@@ -398,6 +401,21 @@ pub fn rows(program: Program) -> Vec<(Exit, &'static str)> {
             (
                 Signalled(libc::SIGINT),
                 "interrupted (Ctrl-C, SIGTERM, SIGHUP): every process it started is gone",
+            ),
+        ],
+        Program::Reap => vec![
+            (
+                Success,
+                "--watch stopped by SIGTERM or Ctrl-C (between scans); once: nothing left to free, or all freed",
+            ),
+            (
+                StillHeld,
+                "once: something the policy named is still held, or a rule was refused (--max-share)",
+            ),
+            (Usage, USAGE),
+            (
+                Incomplete,
+                "could not listen, or once: the driver or /proc failed, so nothing was signalled",
             ),
         ],
         Program::Exporter => vec![

@@ -21,7 +21,24 @@ use gpureap::supervision::{self, StaleRun};
 fn main() -> ! {
     // The demo's simulated processes are this binary under other command lines.
     gpureap::driver::sim::stand_in::run_if_asked();
-    let matches = Cli::command().get_matches();
+    let mut matches = Cli::command().get_matches();
+    // `reap --config FILE`: its keys become flags, parsed as typed ones are.
+    if let Some(("reap", reap)) = matches.subcommand()
+        && let Some(file) = reap.get_one::<std::path::PathBuf>("config")
+    {
+        let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+        match config::reap_argv(&argv, file) {
+            Ok(merged) => {
+                matches = Cli::command()
+                    .try_get_matches_from(merged)
+                    .unwrap_or_else(|error| error.exit());
+            }
+            Err(error) => {
+                eprintln!("gpureap: {}", gpureap::units::one_line(&error.0));
+                Exit::Usage.exit();
+            }
+        }
+    }
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.exit());
     // An explicit --backend goes to the hosts too; GPUREAP_BACKEND is this machine's.
     let remote_backend = (matches.value_source("backend") == Some(ValueSource::CommandLine))
@@ -80,6 +97,7 @@ fn main() -> ! {
         Command::Check(args) => check(&cli.backend, args),
         Command::Slurm(command) => slurm(&cli.backend, command),
         Command::Reset(args) => reset(&cli.backend, args),
+        Command::Reap(args) => reap_watch(&cli.backend, args),
         Command::Plan(args) => match fleet(&args.fleet, &remote_backend, args.json)
             .and_then(|fleet| Ok((fleet, config::plan(args)?)))
         {
@@ -480,6 +498,13 @@ fn exporter(backend: &BackendChoice, args: &gpureap::cli::ExporterArgs) -> Resul
         },
     };
     Ok(gpureap::exporter::run(&config, driver)?)
+}
+
+/// `reap [--watch]`: the policy checked before the watch starts (exit 2).
+fn reap_watch(backend: &BackendChoice, args: &gpureap::cli::ReapArgs) -> Result<Exit, Failure> {
+    let driver = open_driver(backend)?;
+    let config = config::reap(args, gpu_count(driver.as_ref()))?;
+    Ok(gpureap::watch::run(&config, driver.as_ref())?)
 }
 
 fn check(backend: &BackendChoice, args: &gpureap::cli::CheckArgs) -> Result<Exit, Failure> {

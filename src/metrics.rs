@@ -205,12 +205,25 @@ pub fn encode_snapshot(
     figures: &ScanFigures,
     options: &Options,
 ) -> Exposition {
+    encode_snapshot_with(snapshot, figures, options, &|_| {})
+}
+
+/// The exposition of one snapshot, with the families `more` registers
+/// beside them (`reap --watch --listen`: the watch's own counters), in one
+/// registry, so that the document has one end.
+pub fn encode_snapshot_with(
+    snapshot: &Snapshot,
+    figures: &ScanFigures,
+    options: &Options,
+    more: &dyn Fn(&mut Registry),
+) -> Exposition {
     let mut registry = Registry::with_prefix("gpureap");
     encode_scan(&mut registry, snapshot, figures);
     encode_gpus(&mut registry, snapshot, options);
     if options.per_process {
         encode_processes(&mut registry, snapshot, options);
     }
+    more(&mut registry);
     let mut text = String::new();
     // Writing to a String cannot fail.
     let _ = encode(&mut text, &registry);

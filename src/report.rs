@@ -11,7 +11,7 @@ use serde::Serialize;
 use crate::driver::DriverError;
 use crate::exit::Exit;
 use crate::proc::Unreadable;
-use crate::reap::{Fate, FreeReport, Handled};
+use crate::reap::{Fate, FreeReport, GpuOutcome, Handled};
 use crate::select::Because;
 use crate::select::{DEFAULT_PROTECTED, protected_name};
 use crate::signal::Delivery;
@@ -813,7 +813,7 @@ struct StaleRunJson<'a> {
 }
 
 #[derive(Serialize)]
-struct TargetJson<'a> {
+pub struct TargetJson<'a> {
     pid: u32,
     start_time: u64,
     ppid: u32,
@@ -854,7 +854,7 @@ struct SparedJson<'a> {
 }
 
 #[derive(Serialize)]
-struct GpuOutcomeJson<'a> {
+pub struct GpuOutcomeJson<'a> {
     index: u32,
     freed: bool,
     checked: bool,
@@ -1040,7 +1040,8 @@ fn fate_code(fate: Fate) -> &'static str {
     }
 }
 
-fn target_json(target: &Handled) -> TargetJson<'_> {
+/// One target as `free --json` writes it (`targets[]`); `reap`'s decision lines carry it too.
+pub fn target_json(target: &Handled) -> TargetJson<'_> {
     TargetJson {
         pid: target.pid,
         start_time: target.start_time,
@@ -1090,27 +1091,7 @@ pub fn free_json(report: &FreeReport, exit_code: Exit) -> String {
                 why: spared.reason.to_string(),
             })
             .collect(),
-        gpus: report
-            .gpus
-            .iter()
-            .map(|gpu| GpuOutcomeJson {
-                index: gpu.index,
-                freed: gpu.freed,
-                checked: gpu.checked,
-                memory_before: gpu.memory_before,
-                memory_after: gpu.memory_after,
-                freed_bytes: gpu.freed_bytes,
-                freed_after_ms: gpu.freed_after_ms,
-                reasons: gpu
-                    .reasons
-                    .iter()
-                    .map(|reason| ReasonTextJson {
-                        reason: ReasonJson::from(reason),
-                        text: reason.to_string(),
-                    })
-                    .collect(),
-            })
-            .collect(),
+        gpus: report.gpus.iter().map(gpu_outcome_json).collect(),
         unreadable: unreadable_json(&report.unreadable),
         stale_runs: report
             .stale_runs
@@ -1124,6 +1105,27 @@ pub fn free_json(report: &FreeReport, exit_code: Exit) -> String {
             })
             .collect(),
     })
+}
+
+/// One GPU's outcome as `free --json` writes it (`gpus[]`); `reap`'s decision lines carry it too.
+pub fn gpu_outcome_json(gpu: &GpuOutcome) -> GpuOutcomeJson<'_> {
+    GpuOutcomeJson {
+        index: gpu.index,
+        freed: gpu.freed,
+        checked: gpu.checked,
+        memory_before: gpu.memory_before,
+        memory_after: gpu.memory_after,
+        freed_bytes: gpu.freed_bytes,
+        freed_after_ms: gpu.freed_after_ms,
+        reasons: gpu
+            .reasons
+            .iter()
+            .map(|reason| ReasonTextJson {
+                reason: ReasonJson::from(reason),
+                text: reason.to_string(),
+            })
+            .collect(),
+    }
 }
 
 /// The plan, for --dry-run and the confirmation prompt.

@@ -295,7 +295,10 @@ impl std::fmt::Display for Spared {
                 f,
                 "a monitor (no GPU context, no memory); name it with --pid to include it"
             ),
-            Spared::Young { age: Some(age), floor } => write!(
+            Spared::Young {
+                age: Some(age),
+                floor,
+            } => write!(
                 f,
                 "younger ({}) than the age floor ({})",
                 crate::units::Elapsed(*age),

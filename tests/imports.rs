@@ -79,6 +79,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "supervision",
             "demo",
             "plan",
+            "watch",
         ],
     ),
     ("report", &["report"]),

@@ -152,10 +152,7 @@ fn spec() -> impl Strategy<Value = Spec> {
             proptest::bool::weighted(0.15),
         ),
         (
-            proptest::option::weighted(
-                0.4,
-                (0u16..3000, proptest::bool::weighted(0.9)),
-            ),
+            proptest::option::weighted(0.4, (0u16..3000, proptest::bool::weighted(0.9))),
             proptest::option::weighted(0.3, proptest::collection::vec(0usize..64, 0..6)),
         ),
     )

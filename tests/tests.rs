@@ -17,6 +17,7 @@ mod plan;
 mod plan_hostile;
 mod portable;
 mod push;
+mod reap_watch;
 mod run;
 mod run_output;
 mod run_plan;
