@@ -3,7 +3,7 @@
 //! behaviour under faults and SIGTERM.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gpureap::driver::sim::incident::{Holder, Incident, SimHost};
@@ -699,4 +699,190 @@ fn a_rule_naming_too_large_a_share_of_a_gpu_stops_and_reports() {
     assert_eq!(allowed.code, 0, "{}", allowed.stderr);
     assert!(!alive(worker));
     assert!(alive(other));
+}
+
+fn deploy(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("deploy")
+        .join(path)
+}
+
+fn systemd_analyze(args: &[&str]) -> Run {
+    Command::new("systemd-analyze")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|error| panic!("systemd-analyze ({error}): .ci/run installs it"))
+        .into()
+}
+
+/// The unit as it would be installed, with this build's gpureap for
+/// /usr/local/bin/gpureap (systemd-analyze checks that it is executable).
+fn unit_here(dir: &Path, text: &str) -> PathBuf {
+    let unit = dir.join("gpureap-reap.service");
+    let text = text.replace("/usr/local/bin/gpureap", env!("CARGO_BIN_EXE_gpureap"));
+    std::fs::write(&unit, text).expect("unit");
+    unit
+}
+
+/// The systemd unit passes `systemd-analyze verify` without a word (it
+/// only warns on a directive it cannot read, so any output fails), scores
+/// at most 3.5 on `systemd-analyze security` offline, and keeps exactly the
+/// three capabilities it needs.
+#[test]
+fn the_systemd_unit_passes_systemd_analyze() {
+    let text = std::fs::read_to_string(deploy("systemd/gpureap-reap.service")).expect("unit");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let unit = unit_here(dir.path(), &text);
+    let unit_arg = unit.to_str().expect("path");
+    let verify = systemd_analyze(&["verify", unit_arg]);
+    assert_eq!(
+        (verify.code, verify.stdout.as_str(), verify.stderr.as_str()),
+        (0, "", ""),
+        "systemd-analyze verify"
+    );
+    let security = systemd_analyze(&[
+        "security",
+        "--offline=yes",
+        "--threshold=35",
+        "--no-pager",
+        unit_arg,
+    ]);
+    assert_eq!(security.code, 0, "{}{}", security.stdout, security.stderr);
+    assert!(
+        security.stdout.contains("Overall exposure level"),
+        "{}",
+        security.stdout
+    );
+    let capabilities: Vec<&str> = text
+        .lines()
+        .find_map(|line| line.strip_prefix("CapabilityBoundingSet="))
+        .expect("CapabilityBoundingSet")
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        capabilities,
+        ["CAP_KILL", "CAP_SYS_PTRACE", "CAP_DAC_READ_SEARCH"]
+    );
+    for needed in [
+        "NoNewPrivileges=yes",
+        "ProtectSystem=strict",
+        "KillMode=mixed",
+    ] {
+        assert!(text.lines().any(|line| line == needed), "{needed} missing");
+    }
+    assert!(
+        !text
+            .lines()
+            .any(|line| line.starts_with("ProtectProc=") || line.starts_with("PrivatePIDs=")),
+        "it must see every process"
+    );
+    // The check does fail: a directive systemd cannot read is reported.
+    let bad = unit_here(
+        dir.path(),
+        &text.replace("ProtectSystem=strict", "ProtectSystem=stricter"),
+    );
+    let verify = systemd_analyze(&["verify", bad.to_str().expect("path")]);
+    assert!(verify.stderr.contains("stricter"), "{}", verify.stderr);
+}
+
+/// Started for real where systemd runs this machine: the unit comes up,
+/// logs its start, and stops on `systemctl stop`.
+#[test]
+fn the_systemd_unit_starts_where_systemd_runs() {
+    if !Path::new("/run/systemd/system").is_dir() {
+        return skip(
+            "systemd is not this machine's init (no /run/systemd/system): the unit is only verified",
+        );
+    }
+    let host = host(1);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("reap.jsonl");
+    let name = format!("gpureap-reap-test-{}", std::process::id());
+    let started = Command::new("systemd-run")
+        .args(["--unit", &name, "--property=KillMode=mixed", "--"])
+        .arg(env!("CARGO_BIN_EXE_gpureap"))
+        .args([
+            "--backend",
+            &host.backend(),
+            "reap",
+            "--watch",
+            "--orphans",
+            "--log",
+        ])
+        .arg(&log)
+        .output()
+        .expect("systemd-run");
+    assert!(
+        started.status.success(),
+        "{}",
+        String::from_utf8_lossy(&started.stderr)
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !decisions(&log)
+        .iter()
+        .any(|line| line["action"] == "started")
+    {
+        assert!(Instant::now() < deadline, "the unit never logged its start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let stopped = Command::new("systemctl")
+        .args(["stop", &name])
+        .output()
+        .expect("systemctl stop");
+    assert!(stopped.status.success());
+    assert_eq!(decisions(&log).last().expect("lines")["action"], "stopped");
+}
+
+/// The Kubernetes variant: the exporter's DaemonSet plus exactly KILL,
+/// SYS_PTRACE and DAC_READ_SEARCH, and a policy (its ConfigMap) that `reap`
+/// reads as it is, a dry run. (Every manifest also passes
+/// kubernetes-validate --strict: tests/exporter.rs.)
+#[test]
+fn the_reap_daemonset_adds_only_what_signalling_needs_and_its_policy_parses() {
+    let text = std::fs::read_to_string(deploy("kubernetes/gpureap-reap.yaml")).expect("read");
+    for needed in [
+        "hostPID: true",
+        "readOnlyRootFilesystem: true",
+        "allowPrivilegeEscalation: false",
+        "drop: [\"ALL\"]",
+        "add: [\"KILL\", \"SYS_PTRACE\", \"DAC_READ_SEARCH\"]",
+        "nvidia.com/gpu.present: \"true\"",
+        "\"--watch\"",
+        "enforce = false",
+    ] {
+        assert!(text.contains(needed), "{needed} missing");
+    }
+    assert!(!text.contains("privileged: true"));
+    assert_eq!(text.matches("add:").count(), 1);
+    // The policy, as the ConfigMap mounts it.
+    let policy: String = text
+        .split("reap.toml: |\n")
+        .nth(1)
+        .expect("reap.toml")
+        .lines()
+        .take_while(|line| line.starts_with("    ") || line.is_empty())
+        .map(|line| format!("{}\n", line.trim_start()))
+        .collect();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("reap.toml");
+    std::fs::write(&file, &policy).expect("policy");
+    let host = host(1);
+    let result = run(
+        &host,
+        &[
+            "reap",
+            "--config",
+            file.to_str().expect("path"),
+            "--interval",
+            "100ms",
+        ],
+    );
+    assert_eq!(result.code, 0, "{policy}\n{}", result.stderr);
+    assert!(
+        result.stderr.contains("older than 15m"),
+        "{}",
+        result.stderr
+    );
+    assert!(result.stderr.contains("dry run"), "{}", result.stderr);
 }
