@@ -119,26 +119,39 @@ impl Watching {
     /// A sample of the watch's metrics (`--listen 127.0.0.1:0`: the address
     /// it says on stderr).
     fn metric(&self, name: &str) -> f64 {
-        use std::io::{Read, Write};
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let address = loop {
-            let stderr = self.stderr();
-            if let Some(rest) = stderr.split("metrics on http://").nth(1) {
-                break rest.split('/').next().expect("address").to_string();
-            }
-            assert!(Instant::now() < deadline, "no metrics address:\n{stderr}");
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        let mut stream = std::net::TcpStream::connect(&address).expect("connect");
-        stream
-            .write_all(b"GET /metrics HTTP/1.0\r\n\r\n")
-            .expect("request");
-        let mut body = String::new();
-        stream.read_to_string(&mut body).expect("response");
+        let body = self.body();
         body.lines()
             .find_map(|line| line.strip_prefix(&format!("{name} ")))
             .and_then(|value| value.trim().parse().ok())
             .unwrap_or_else(|| panic!("no {name} in:\n{body}"))
+    }
+
+    /// The whole exposition (text format).
+    fn body(&self) -> String {
+        use std::io::{Read, Write};
+        let address = self.address();
+        let mut stream = std::net::TcpStream::connect(&address).expect("connect");
+        stream
+            .write_all(b"GET /metrics HTTP/1.0\r\n\r\n")
+            .expect("request");
+        let mut response = String::new();
+        stream.read_to_string(&mut response).expect("response");
+        response
+            .split_once("\r\n\r\n")
+            .map(|(_, body)| body.to_string())
+            .expect("a body")
+    }
+
+    fn address(&self) -> String {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let stderr = self.stderr();
+            if let Some(rest) = stderr.split("metrics on http://").nth(1) {
+                return rest.split('/').next().expect("address").to_string();
+            }
+            assert!(Instant::now() < deadline, "no metrics address:\n{stderr}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     fn stderr(&self) -> String {
@@ -631,11 +644,28 @@ fn bad_policy_values_exit_2_and_the_config_file_takes_the_flags_keys() {
     let mut incident = Incident::new(&host);
     let worker = orphaned_worker(&mut incident, "sglang::scheduler_TP0", 0);
     write(
-        "orphans = true\nolder-than = \"0s\"\ninterval = \"100ms\"\ngrace = \"100ms\"\nmatch = [\"nothing-like-this\", \"nor-this\"]\nenforce = true\n",
+        "orphans = true\nolder-than = \"0s\"\ninterval = \"100ms\"\ngrace = \"100ms\"\nmatch = [\"nothing-like-this\", \"nor-this\"]\n",
     );
-    let result = run(&host, &["reap", "--config", config]);
+    let result = run(&host, &["reap", "--config", config, "--enforce"]);
     assert_eq!(result.code, 0, "{}", result.stderr);
     assert!(alive(worker), "the file's --match was not applied");
+    // A list typed on the command line adds to the file's (a dry run says so).
+    let log = dir.path().join("reap.jsonl");
+    let result = run(
+        &host,
+        &[
+            "reap",
+            "--config",
+            config,
+            "--match",
+            "scheduler",
+            "--log",
+            log.to_str().expect("path"),
+        ],
+    );
+    assert_eq!(result.code, 0, "{}", result.stderr);
+    assert!(alive(worker));
+    assert_eq!(of_pid(&decisions(&log), worker)[0]["action"], "would_free");
     write(
         "orphans = true\nolder-than = \"1h\"\ninterval = \"100ms\"\ngrace = \"100ms\"\nenforce = true\n",
     );
@@ -885,4 +915,68 @@ fn the_reap_daemonset_adds_only_what_signalling_needs_and_its_policy_parses() {
         result.stderr
     );
     assert!(result.stderr.contains("dry run"), "{}", result.stderr);
+}
+
+/// `--listen`: the watch's counters beside the exporter's GPU series, in one
+/// exposition promtool accepts.
+#[test]
+fn the_watch_serves_what_it_freed_beside_the_gpu_series() {
+    let host = host(2);
+    let mut incident = Incident::new(&host);
+    let worker = orphaned_worker(&mut incident, "sglang::scheduler_TP1", 1);
+    let mut watch = Watching::start(
+        &host,
+        &[
+            "--orphans",
+            "--older-than",
+            "0s",
+            "--interval",
+            "100ms",
+            "--grace",
+            "100ms",
+            "--enforce",
+            "--listen",
+            "127.0.0.1:0",
+        ],
+    );
+    watch.until("the orphan freed", |line| {
+        line["action"] == "freed" && line["target"]["pid"] == worker
+    });
+    let body = watch.body();
+    let lint = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map(|mut child| {
+            use std::io::Write;
+            child
+                .stdin
+                .take()
+                .expect("stdin")
+                .write_all(body.as_bytes())
+                .expect("written");
+            child.wait_with_output().expect("promtool")
+        })
+        .unwrap_or_else(|error| panic!("promtool ({error}): .ci/run installs it"));
+    assert!(
+        lint.status.success() && lint.stdout.is_empty() && lint.stderr.is_empty(),
+        "{}{}\n{body}",
+        String::from_utf8_lossy(&lint.stdout),
+        String::from_utf8_lossy(&lint.stderr)
+    );
+    assert_eq!(
+        watch.metric("gpureap_reaped_total{reason=\"orphaned\",outcome=\"freed\"}"),
+        1.0
+    );
+    assert_eq!(
+        watch.metric("gpureap_reaped_bytes_total{reason=\"orphaned\"}"),
+        (30 * GIB) as f64
+    );
+    assert_eq!(watch.metric("gpureap_driver_up{backend=\"sim\"}"), 1.0);
+    assert!(watch.metric("gpureap_reap_last_run_timestamp_seconds") > 1.7e9);
+    assert!(watch.metric("gpureap_reap_cycles_total") >= 2.0);
+    assert!(body.contains("gpureap_gpu_memory_used_bytes{"), "{body}");
+    assert_eq!(watch.terminate(Duration::from_secs(10)), 0);
 }

@@ -43,6 +43,8 @@ pub struct WatchMetrics {
     faults: Counter,
     /// The page the server hands out, re-encoded after each cycle.
     page: Arc<Mutex<Arc<Exposition>>>,
+    /// The last full look, whose GPU families the page shows.
+    last: Option<Arc<Snapshot>>,
 }
 
 impl WatchMetrics {
@@ -67,13 +69,21 @@ impl WatchMetrics {
         self.faults.inc();
     }
 
-    /// One cycle done, now.
-    pub fn ran(&self) {
+    /// Keeps a full look for the page's GPU families.
+    pub fn looked(&mut self, snapshot: &Snapshot) {
+        self.last = Some(Arc::new(snapshot.clone()));
+    }
+
+    /// One cycle done, now: the page is encoded again.
+    pub fn ran(&self, figures: &ScanFigures) {
         self.cycles.inc();
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0.0, |since| since.as_secs_f64());
         self.last_run.set(now);
+        if let Some(snapshot) = &self.last {
+            self.publish(snapshot, figures);
+        }
     }
 
     fn register(&self, registry: &mut Registry) {
@@ -107,7 +117,7 @@ impl WatchMetrics {
     }
 
     /// Re-encodes the page from the last full look and these counters.
-    pub fn publish(&self, snapshot: &Snapshot, figures: &ScanFigures) {
+    fn publish(&self, snapshot: &Snapshot, figures: &ScanFigures) {
         let page = metrics::encode_snapshot_with(snapshot, figures, &Options::default(), &|r| {
             self.register(r)
         });

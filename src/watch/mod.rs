@@ -316,7 +316,7 @@ impl Watch<'_> {
         };
         self.figures.count(&snapshot, started.elapsed());
         self.pace.looked(&snapshot);
-        self.metrics.publish(&snapshot, &self.figures);
+        self.metrics.looked(&snapshot);
         if let Some(problem) = fault(&snapshot) {
             self.on_fault(problem);
             return Looked::Nothing;
@@ -632,7 +632,7 @@ pub fn run(config: &ReapConfig, driver: &dyn Driver) -> std::io::Result<Exit> {
         if watch.pace.full_look_due(force) {
             watch.look();
         }
-        watch.metrics.ran();
+        watch.metrics.ran(&watch.figures);
         cycles += 1;
         let once_done = !config.watch && cycles >= 2;
         if once_done || !watch.wait(next) {
