@@ -307,6 +307,7 @@ fn build(spec: &Spec) -> (Snapshot, Scope, Guard) {
         details: BTreeMap::new(),
         uptime_ticks: None,
         bookkeeping_slack: 0,
+        container_notes: Vec::new(),
     };
 
     let count = spec.processes.len();
@@ -787,6 +788,7 @@ fn a_job_scope_takes_the_jobs_own_and_never_another_jobs() {
         details: BTreeMap::new(),
         uptime_ticks: None,
         bookkeeping_slack: 0,
+        container_notes: Vec::new(),
     };
     let scope = Scope {
         gpus: Some(BTreeSet::from([0])),

@@ -56,11 +56,9 @@ impl std::fmt::Display for Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Failure::Absent => write!(f, "no socket there"),
-            Failure::TimedOut(limit) => write!(
-                f,
-                "no answer within {}",
-                humantime::format_duration(*limit)
-            ),
+            Failure::TimedOut(limit) => {
+                write!(f, "no answer within {}", humantime::format_duration(*limit))
+            }
             Failure::Failed(why) => write!(f, "{why}"),
         }
     }
@@ -99,8 +97,7 @@ async fn ask(socket: PathBuf) -> Result<Vec<Pod>, Failure> {
         .connect_with_connector(connector)
         .await
         .map_err(|error| Failure::Failed(format!("cannot connect: {}", chain(&error))))?;
-    let mut client =
-        PodResourcesListerClient::new(channel).max_decoding_message_size(MAX_ANSWER);
+    let mut client = PodResourcesListerClient::new(channel).max_decoding_message_size(MAX_ANSWER);
     let answer = client
         .list(ListPodResourcesRequest {})
         .await
@@ -186,9 +183,6 @@ mod tests {
     fn absent_socket_is_absent() {
         let dir = tempfile::tempdir().expect("tempdir");
         let missing = dir.path().join("kubelet.sock");
-        assert_eq!(
-            list(&missing, Duration::from_secs(1)),
-            Err(Failure::Absent)
-        );
+        assert_eq!(list(&missing, Duration::from_secs(1)), Err(Failure::Absent));
     }
 }

@@ -48,6 +48,16 @@ struct Names {
     pod_uid: Option<String>,
 }
 
+impl Names {
+    /// Keeps what is known, adds what `found` knows besides.
+    fn merge(&mut self, found: Names) {
+        self.namespace = self.namespace.take().or(found.namespace);
+        self.pod = self.pod.take().or(found.pod);
+        self.name = self.name.take().or(found.name);
+        self.pod_uid = self.pod_uid.take().or(found.pod_uid);
+    }
+}
+
 /// What the sources said, read once for all the holders of one snapshot.
 #[derive(Debug, Default)]
 pub struct Knowledge {
@@ -122,12 +132,8 @@ pub fn consult(sources: &Sources, containers: &[&Container]) -> Knowledge {
                 sources.kubelet_socket.display()
             )),
         }
-        knowledge.log_pods = knowledge.noted(
-            knowledge.kubelet.is_none(),
-            "pods",
-            LOG_PODS,
-            log_pods,
-        );
+        knowledge.log_pods =
+            knowledge.noted(knowledge.kubelet.is_none(), "pods", LOG_PODS, log_pods);
     }
     knowledge
 }
@@ -176,33 +182,27 @@ impl Knowledge {
     fn names(&self, container: &Container) -> Names {
         let id = &container.id;
         let mut names = Names::default();
-        let mut merge = |found: Names| {
-            names.namespace = names.namespace.take().or(found.namespace);
-            names.pod = names.pod.take().or(found.pod);
-            names.name = names.name.take().or(found.name);
-            names.pod_uid = names.pod_uid.take().or(found.pod_uid);
-        };
         if let Some(config) = self.containerd.as_ref().and_then(|tasks| tasks.get(id)) {
-            merge(containerd_names(config));
+            names.merge(containerd_names(config));
         }
         if self.docker.as_ref().is_some_and(|ids| ids.contains(id)) {
-            merge(Names {
+            names.merge(Names {
                 name: docker_name(&self.host_root.join(DOCKER).join(id)),
                 ..Names::default()
             });
         }
         if let Some(found) = self.storage.as_ref().and_then(|store| store.get(id)) {
-            merge(storage_names(found));
+            names.merge(storage_names(found));
         }
         if let Some(found) = self.log_containers.as_ref().and_then(|logs| logs.get(id)) {
-            merge(found.clone());
+            names.merge(found.clone());
         }
         let uid = container.pod_uid.clone().or(names.pod_uid.clone());
         if let Some((namespace, pod)) = uid
             .as_ref()
             .and_then(|uid| self.log_pods.as_ref()?.get(uid))
         {
-            merge(Names {
+            names.merge(Names {
                 namespace: Some(namespace.clone()),
                 pod: Some(pod.clone()),
                 ..Names::default()
@@ -308,6 +308,26 @@ impl Knowledge {
     }
 }
 
+impl Container {
+    /// Why this container counts as gone, in words, when a source says it
+    /// is: `container gone: docker container web (0123456789ab) is not
+    /// listed by /var/lib/docker/containers`, and its pod where it has one.
+    pub fn gone_reason(&self) -> Option<String> {
+        let Presence::Gone { source } = &self.presence else {
+            return None;
+        };
+        let id = self.id.get(..12).unwrap_or(&self.id);
+        let mut what = match &self.name {
+            Some(name) => format!("{} container {name} ({id})", self.runtime.name()),
+            None => format!("{} container {id}", self.runtime.name()),
+        };
+        if let Some(pod) = self.pod_label().or_else(|| self.pod_uid.clone()) {
+            what.push_str(&format!(" of pod {pod}"));
+        }
+        Some(format!("container gone: {what} is not listed by {source}"))
+    }
+}
+
 /// How each source is named where it says a container is gone (`Presence::Gone`).
 pub const KUBELET_SOURCE: &str = "kubelet pod-resources";
 pub const DOCKER_SOURCE: &str = "/var/lib/docker/containers";
@@ -352,8 +372,8 @@ fn read_containerd(root: &Path) -> std::io::Result<BTreeMap<String, PathBuf>> {
 
 /// The CRI's annotations in a task's OCI config (and nerdctl's name).
 fn containerd_names(config: &Path) -> Names {
-    let Some(document) = read_bounded(config)
-        .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
+    let Some(document) =
+        read_bounded(config).and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
     else {
         return Names::default();
     };
@@ -367,8 +387,7 @@ fn containerd_names(config: &Path) -> Names {
     Names {
         namespace: annotation("io.kubernetes.cri.sandbox-namespace"),
         pod: annotation("io.kubernetes.cri.sandbox-name"),
-        name: annotation("io.kubernetes.cri.container-name")
-            .or_else(|| annotation("nerdctl/name")),
+        name: annotation("io.kubernetes.cri.container-name").or_else(|| annotation("nerdctl/name")),
         pod_uid: annotation("io.kubernetes.cri.sandbox-uid"),
     }
 }
@@ -493,8 +512,7 @@ mod tests {
 
     #[test]
     fn container_log_links() {
-        let (id, names) =
-            parse_log_container("web-0_default_server-0123abcd.log").expect("parsed");
+        let (id, names) = parse_log_container("web-0_default_server-0123abcd.log").expect("parsed");
         assert_eq!(id, "0123abcd");
         assert_eq!(names.pod.as_deref(), Some("web-0"));
         assert_eq!(names.namespace.as_deref(), Some("default"));
