@@ -34,6 +34,9 @@ pub struct StatusJson<'a> {
     pub scan: ScanJson<'a>,
     pub gpus: Vec<GpuJson>,
     pub holders: Vec<HolderJson>,
+    /// What the node's container sources could not tell (a kubelet that
+    /// did not answer, a runtime's state that could not be read).
+    pub container_notes: &'a [String],
 }
 
 #[derive(Debug, Serialize)]
@@ -231,6 +234,7 @@ pub fn status_json(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String 
             })
             .collect(),
         holders: holders_json(snapshot, gpus),
+        container_notes: &snapshot.container_notes,
     };
     to_json(&document)
 }
@@ -585,6 +589,7 @@ fn no_gpus(snapshot: &Snapshot) -> String {
 
 fn notes(snapshot: &Snapshot, out: &mut String) {
     supervisor_gone_notes(snapshot, out);
+    container_notes(snapshot, out);
     if let Some(error) = &snapshot.driver_error
         && !snapshot.gpus.is_empty()
     {
@@ -601,6 +606,42 @@ fn notes(snapshot: &Snapshot, out: &mut String) {
                 Field(&snapshot.unreadable[0].reason)
             ),
         );
+    }
+}
+
+/// What the container sources found (holders whose container is gone, GPUs
+/// a pod was never allocated) and what they could not read.
+fn container_notes(snapshot: &Snapshot, out: &mut String) {
+    for pid in snapshot.holders() {
+        let Some(container) = snapshot.container(pid) else {
+            continue;
+        };
+        if let Some(reason) = container.gone_reason() {
+            note(
+                out,
+                &format!(
+                    "Container gone: PID {pid}: {}; `gpureap free --orphans` frees it.",
+                    Field(&reason)
+                ),
+            );
+        }
+        if !container.unrequested_gpus.is_empty() {
+            let gpus: BTreeSet<u32> = container.unrequested_gpus.iter().copied().collect();
+            note(
+                out,
+                &format!(
+                    "Unrequested GPU: PID {pid} in {} uses GPU {}, which the kubelet never allocated to its pod.",
+                    Field(&match container.pod_label() {
+                        Some(pod) => format!("{pod} {}", container.short()),
+                        None => container.short(),
+                    }),
+                    GpuRanges(&gpus)
+                ),
+            );
+        }
+    }
+    for text in &snapshot.container_notes {
+        note(out, &format!("Containers: {}", Field(text)));
     }
 }
 
@@ -821,6 +862,8 @@ struct TargetJson<'a> {
     cmdline: &'a str,
     because: String,
     orphan: Option<String>,
+    /// Why its container counts as gone, where `--orphans` took it for that.
+    container_gone: Option<&'a str>,
     gpus: &'a BTreeSet<u32>,
     signals: Vec<SignalJson<'a>>,
     fate: &'static str,
@@ -1049,6 +1092,7 @@ fn target_json(target: &Handled) -> TargetJson<'_> {
         cmdline: &target.cmdline,
         because: because_code(target.because),
         orphan: target.orphan.map(|orphan| orphan.to_string()),
+        container_gone: target.container_gone.as_deref(),
         gpus: &target.gpus,
         signals: target
             .signals
@@ -1144,11 +1188,14 @@ pub fn free_plan(report: &FreeReport) -> String {
                 Cell::new(pid),
                 Cell::new(target.ppid),
                 Cell::new(gpu_list(&target.gpus)),
-                Cell::new(match &target.orphan {
-                    Some(orphan) => {
+                Cell::new(match (&target.orphan, &target.container_gone) {
+                    (Some(orphan), _) => {
                         format!("{} (orphaned: {orphan})", because_text(target.because))
                     }
-                    None => because_text(target.because),
+                    (None, Some(gone)) => {
+                        format!("{} ({})", because_text(target.because), one_line(gone))
+                    }
+                    (None, None) => because_text(target.because),
                 }),
                 Cell::new(short(&target.cmdline, 70)),
             ]);
