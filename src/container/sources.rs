@@ -321,7 +321,11 @@ impl Container {
             Some(name) => format!("{} container {name} ({id})", self.runtime.name()),
             None => format!("{} container {id}", self.runtime.name()),
         };
-        if let Some(pod) = self.pod_label().or_else(|| self.pod_uid.clone()) {
+        let pod = match (&self.namespace, &self.pod) {
+            (Some(namespace), Some(pod)) => Some(format!("{namespace}/{pod}")),
+            _ => self.pod.clone().or_else(|| self.pod_uid.clone()),
+        };
+        if let Some(pod) = pod {
             what.push_str(&format!(" of pod {pod}"));
         }
         Some(format!("container gone: {what} is not listed by {source}"))
