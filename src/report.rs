@@ -1648,6 +1648,7 @@ mod tests {
             )]),
             uptime_ticks: None,
             bookkeeping_slack: 0,
+            container_notes: Vec::new(),
         }
     }
 

@@ -11,7 +11,8 @@ code, and serves List on a unix socket from a JSON file of pods:
 
 Modes: `serve` (a real gRPC server), `hang` (accepts and never answers),
 `garbage` (accepts, writes bytes that are not HTTP/2, keeps the connection).
-Prints "ready" on stdout once the socket listens; runs until SIGTERM.
+Prints "ready" on stdout once the socket listens; runs until SIGTERM. The
+raw modes record each connection they accept in SOCKET.accepted.
 
 usage: kubelet_pod_resources.py MODE SOCKET [PODS.json]
 """
@@ -97,6 +98,9 @@ def raw(path, garbage):
     while True:
         connection, _ = listener.accept()
         held.append(connection)
+        # The test asks whether anyone connected (SOCKET.accepted).
+        with open(path + ".accepted", "a") as record:
+            record.write("accepted\n")
         if garbage:
             connection.sendall(b"\x00\xffthis is not HTTP/2\r\n\x1b[31m" * 64)
 

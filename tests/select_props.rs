@@ -353,6 +353,7 @@ fn build(spec: &Spec) -> (Snapshot, Scope, Guard) {
         all: spec.all,
         stale_runs: None,
         job: None,
+        containers_gone: Default::default(),
     };
     (snapshot, scope, guard)
 }
