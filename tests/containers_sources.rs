@@ -675,3 +675,25 @@ fn hostile_pod_and_container_names_are_escaped() {
         assert_no_forged_lines(&args.join(" "), &text, &["GPU 9 FORGED"]);
     }
 }
+
+/// A node root that is not a folder, or an empty path, is bad usage (exit 2)
+/// before anything runs, on every command that reads the sources.
+#[test]
+fn bad_source_flags_exit_2_before_anything_runs() {
+    let host = host();
+    let missing = "/nonexistent/gpureap-host-root";
+    for args in [
+        &["status", "--host-root", missing][..],
+        &["check", "--host-root", missing],
+        &["exporter", "--host-root", missing],
+        &["free", "--orphans", "--yes", "--host-root", missing],
+        &["status", "--host-root", ""],
+        &["status", "--kubelet-socket", ""],
+    ] {
+        let result = run(&host, args);
+        assert_eq!(result.code, 2, "{args:?}: {}", result.stderr);
+        assert!(result.stdout.is_empty(), "{args:?}: {}", result.stdout);
+    }
+    let named = run(&host, &["status", "--host-root", missing]);
+    assert!(named.stderr.contains("--host-root"), "{}", named.stderr);
+}
