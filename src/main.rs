@@ -283,9 +283,11 @@ fn emit_encoded(text: &str) -> io::Result<()> {
 }
 
 fn status(backend: &BackendChoice, args: &config::StatusRequest) -> Result<Exit, Failure> {
+    let sources = args.sources.sources()?;
     // How long the snapshot took, for `status --prometheus`'s scan figures.
-    let (driver, snapshot, took) =
+    let (driver, mut snapshot, took) =
         Snapshot::open_and_take(backend, args.prometheus).map_err(UsageError)?;
+    snapshot.attribute_containers(&sources);
     let gpus = config::gpus(&args.gpu, gpu_count(driver.as_ref()))?;
     if args.prometheus {
         let mut figures = gpureap::metrics::ScanFigures::default();
@@ -329,6 +331,7 @@ fn status_exit(snapshot: &Snapshot, gpus: &Option<std::collections::BTreeSet<u32
 
 fn free(backend: &BackendChoice, args: &config::FreeRequest) -> Result<Exit, Failure> {
     let uids = args.users()?;
+    let sources = args.sources.sources()?;
     let driver = open_driver(backend)?;
     let gpu_count = gpu_count(driver.as_ref());
     // GPU indexes are checked before the scan; named processes' families need command lines too.
@@ -336,7 +339,9 @@ fn free(backend: &BackendChoice, args: &config::FreeRequest) -> Result<Exit, Fai
     let named = args.pid.iter().copied().collect();
     // Found before the snapshot, so that every member found is in it.
     let stale_runs = args.stale_runs.then(supervision::stale_runs);
-    let snapshot = Snapshot::take_focused(driver.as_ref(), &named);
+    let mut snapshot = Snapshot::take_focused(driver.as_ref(), &named);
+    // Names and "container gone" (which --orphans takes), judged once here.
+    snapshot.attribute_containers(&sources);
     let guard = Guard::for_this_process(&args.protect);
     let config = config::free(
         args,
@@ -488,6 +493,7 @@ fn run(backend: &BackendChoice, args: &RunArgs) -> Result<Exit, Failure> {
 // Monitoring: `exporter` and `check` (docs/monitoring.md).
 
 fn exporter(backend: &BackendChoice, args: &gpureap::cli::ExporterArgs) -> Result<Exit, Failure> {
+    let sources = config::SourcesRequest::new(&args.sources).sources()?;
     let driver = open_driver(backend)?;
     let config = gpureap::exporter::ExporterConfig {
         listen: args.listen,
@@ -496,6 +502,7 @@ fn exporter(backend: &BackendChoice, args: &gpureap::cli::ExporterArgs) -> Resul
             gpus: None,
             per_process: args.per_process,
         },
+        sources,
     };
     Ok(gpureap::exporter::run(&config, driver)?)
 }
@@ -508,10 +515,12 @@ fn reap_watch(backend: &BackendChoice, args: &gpureap::cli::ReapArgs) -> Result<
 }
 
 fn check(backend: &BackendChoice, args: &gpureap::cli::CheckArgs) -> Result<Exit, Failure> {
+    let sources = config::SourcesRequest::new(&args.sources).sources()?;
     // Its first line says there is no driver, once.
     let driver = open_driver_quietly(backend)?;
     let gpus = config::gpus(&args.gpu, gpu_count(driver.as_ref()))?;
-    let snapshot = Snapshot::take_listed(driver.as_ref());
+    let mut snapshot = Snapshot::take_listed(driver.as_ref());
+    snapshot.attribute_containers(&sources);
     let verdict = gpureap::check::check(&snapshot, &gpus);
     emit(&verdict.text())?;
     Ok(verdict.verdict.exit())

@@ -18,7 +18,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::report;
+use crate::report::{self, ContainerJson};
 use crate::select::{self, Guard, Scope};
 use crate::snapshot::{GpuState, Snapshot};
 use crate::units::one_line;
@@ -141,6 +141,7 @@ pub struct Orphaned {
 pub fn orphaned(snapshot: &Snapshot) -> BTreeMap<u32, Orphaned> {
     let scope = Scope {
         orphans: true,
+        containers_gone: select::gone_containers(snapshot),
         ..Scope::default()
     };
     let selection = select::select(snapshot, &scope, &Guard::for_this_process(&[]));
@@ -220,6 +221,7 @@ pub fn encode_snapshot_with(
     let mut registry = Registry::with_prefix("gpureap");
     encode_scan(&mut registry, snapshot, figures);
     encode_gpus(&mut registry, snapshot, options);
+    encode_containers(&mut registry, snapshot, options);
     if options.per_process {
         encode_processes(&mut registry, snapshot, options);
     }
@@ -366,13 +368,53 @@ fn encode_gpus(registry: &mut Registry, snapshot: &Snapshot, options: &Options) 
     }
 }
 
+/// Memory held on each GPU by processes whose container or pod is gone (a
+/// node source that would list it does not: `docker rm -f`, a deleted pod),
+/// which `free --orphans` takes. Written for every GPU the driver answered
+/// for, 0 included: a gone container is a finding, its absence a fact.
+fn encode_containers(registry: &mut Registry, snapshot: &Snapshot, options: &Options) {
+    let gone = gauge_family(
+        registry,
+        "gpu_container_gone_memory",
+        "GPU memory held by processes whose container or pod no longer exists (docker rm -f, a deleted pod), as a node source says; `gpureap free --orphans` frees them",
+        Some(Unit::Bytes),
+    );
+    let wanted = |index: u32| options.gpus.as_ref().is_none_or(|set| set.contains(&index));
+    let held_by_gone = container_gone(snapshot);
+    for gpu in snapshot.gpus.iter().filter(|gpu| wanted(gpu.index)) {
+        if let Some(held) = held_by_gone.get(&gpu.index) {
+            set(&gone, gpu_labels(gpu), bytes(held.bytes));
+        }
+    }
+}
+
+/// Per GPU the driver answered for, the memory of the processes it lists
+/// whose container or pod is gone (`Snapshot::container_gone`), and how many.
+pub fn container_gone(snapshot: &Snapshot) -> BTreeMap<u32, Orphaned> {
+    snapshot
+        .gpus
+        .iter()
+        .filter(|gpu| gpu.driver_answered())
+        .map(|gpu| {
+            let mut gone = Orphaned::default();
+            for user in gpu.users.iter().filter(|user| {
+                user.listed && !user.hidden && snapshot.container_gone(user.pid).is_some()
+            }) {
+                gone.processes += 1;
+                gone.bytes = gone.bytes.saturating_add(user.memory.unwrap_or(0));
+            }
+            (gpu.index, gone)
+        })
+        .collect()
+}
+
 /// Each holder's memory on each GPU (`--per-process`).
 fn encode_processes(registry: &mut Registry, snapshot: &Snapshot, options: &Options) {
     let wanted = |index: u32| options.gpus.as_ref().is_none_or(|set| set.contains(&index));
     let process_memory = gauge_family(
         registry,
         "process_gpu_memory",
-        "GPU memory a process uses, as the driver reports it (only with --per-process)",
+        "GPU memory a process uses, as the driver reports it, with its container and pod where it runs in one (only with --per-process)",
         Some(Unit::Bytes),
     );
     for holder in report::holders_json(snapshot, &options.gpus) {
@@ -392,6 +434,15 @@ fn encode_processes(registry: &mut Registry, snapshot: &Snapshot, options: &Opti
             labels.push(("comm", text(holder.comm.as_deref())));
             labels.push(("user", text(holder.user.as_deref())));
             labels.push(("flags", holder.flags.join(",")));
+            let container = holder.container.as_ref();
+            let of_container =
+                |field: fn(&ContainerJson) -> Option<&str>| text(container.and_then(field));
+            labels.push(("runtime", of_container(|c| Some(c.runtime))));
+            labels.push(("container_id", of_container(|c| Some(&c.id))));
+            labels.push(("pod_uid", of_container(|c| c.pod_uid.as_deref())));
+            labels.push(("pod", of_container(|c| c.pod.as_deref())));
+            labels.push(("namespace", of_container(|c| c.namespace.as_deref())));
+            labels.push(("container", of_container(|c| c.name.as_deref())));
             set(&process_memory, labels, bytes(memory));
         }
     }

@@ -8,6 +8,7 @@ use comfy_table::presets::NOTHING;
 use comfy_table::{Cell, CellAlignment, Table};
 use serde::Serialize;
 
+use crate::container::Container;
 use crate::driver::DriverError;
 use crate::exit::Exit;
 use crate::proc::Unreadable;
@@ -34,6 +35,23 @@ pub struct StatusJson<'a> {
     pub scan: ScanJson<'a>,
     pub gpus: Vec<GpuJson>,
     pub holders: Vec<HolderJson>,
+    /// What the node's container sources could not tell (a kubelet that
+    /// did not answer, a runtime's state that could not be read).
+    pub container_notes: &'a [String],
+    pub visibility: VisibilityJson,
+}
+
+/// What this gpureap can see of the holders the driver lists (docs/json.md).
+#[derive(Debug, Serialize)]
+pub struct VisibilityJson {
+    /// Whether it runs in the host's PID namespace; `false` in a container
+    /// without the host's PIDs; `null` when it cannot tell.
+    pub host_pids: Option<bool>,
+    /// The PIDs the driver lists that are no process here (`hidden`).
+    pub hidden: Vec<u32>,
+    /// Why they are hidden and what to do, as `status` says it; `null` when
+    /// none is.
+    pub note: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -82,6 +100,8 @@ pub struct HolderJson {
     pub comm: Option<String>,
     pub cmdline: Option<String>,
     pub cgroup: Option<String>,
+    /// The container (and pod) it runs in; `null` when in none.
+    pub container: Option<ContainerJson>,
     pub gpus: Vec<HolderGpuJson>,
     pub control_node: bool,
     pub flags: Vec<&'static str>,
@@ -92,6 +112,65 @@ pub struct HolderJson {
     pub protected: Option<String>,
     /// Set when it was started under `gpureap run`.
     pub supervisor: Option<SupervisorJson>,
+}
+
+/// A container as the table, the tree and `check` name it
+/// (`namespace/pod name`, else `runtime:short-id`).
+pub fn container_label(container: &Container) -> String {
+    ContainerJson::of(container).label()
+}
+
+/// A holder's container (docs/json.md): what its cgroup path says, and the
+/// names the node's sources give (`null` until they do).
+#[derive(Debug, Serialize)]
+pub struct ContainerJson {
+    pub runtime: &'static str,
+    pub id: String,
+    pub pod_uid: Option<String>,
+    pub pod: Option<String>,
+    pub namespace: Option<String>,
+    pub name: Option<String>,
+    pub local_pid: Option<u32>,
+    /// The source that says the container or its pod no longer exists
+    /// (`"kubelet pod-resources"`, `"/var/lib/docker/containers"`, ...);
+    /// `null` while it exists or no source can tell.
+    pub gone: Option<String>,
+    /// GPUs it uses that the kubelet never allocated to its container.
+    pub unrequested_gpus: Vec<u32>,
+}
+
+impl ContainerJson {
+    fn of(container: &Container) -> ContainerJson {
+        ContainerJson {
+            runtime: container.runtime.name(),
+            id: container.id.clone(),
+            pod_uid: container.pod_uid.clone(),
+            pod: container.pod.clone(),
+            namespace: container.namespace.clone(),
+            name: container.name.clone(),
+            local_pid: container.local_pid,
+            gone: match &container.presence {
+                crate::container::Presence::Gone { source } => Some(source.clone()),
+                _ => None,
+            },
+            unrequested_gpus: container.unrequested_gpus.clone(),
+        }
+    }
+
+    /// The table's and the tree's label: `namespace/pod` when the sources
+    /// named the pod, then the container's name, else its runtime and
+    /// short id (`docker:3f4a8e1b2c9d`).
+    pub fn label(&self) -> String {
+        let container = match &self.name {
+            Some(name) => name.clone(),
+            None => format!("{}:{}", self.runtime, self.id.get(..12).unwrap_or(&self.id)),
+        };
+        match (&self.namespace, &self.pod) {
+            (Some(namespace), Some(pod)) => format!("{namespace}/{pod} {container}"),
+            (None, Some(pod)) => format!("{pod} {container}"),
+            _ => container,
+        }
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -160,6 +239,9 @@ fn holder_json(snapshot: &Snapshot, pid: u32) -> HolderJson {
         comm: record.map(|r| r.comm.clone()),
         cmdline: record.map(|r| r.cmdline.clone()),
         cgroup: details.and_then(|d| d.cgroup.clone()),
+        container: details
+            .and_then(|d| d.container.as_ref())
+            .map(ContainerJson::of),
         gpus: snapshot
             .gpus
             .iter()
@@ -231,6 +313,12 @@ pub fn status_json(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String 
             })
             .collect(),
         holders: holders_json(snapshot, gpus),
+        container_notes: &snapshot.container_notes,
+        visibility: VisibilityJson {
+            host_pids: crate::container::sees_host_pids(),
+            hidden: hidden_pids(snapshot, gpus),
+            note: hidden_note(snapshot, gpus),
+        },
     };
     to_json(&document)
 }
@@ -264,6 +352,7 @@ pub fn holders_json(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> Vec<Ho
             comm: None,
             cmdline: None,
             cgroup: None,
+            container: None,
             gpus: vec![HolderGpuJson {
                 index,
                 memory: user.memory,
@@ -461,11 +550,21 @@ pub fn status_table(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String
         return out;
     }
     const HEADERS: [&str; 12] = [
-        "GPU", "PID", "PPID", "PGID", "SID", "USER", "S", "AGE", "GPU MEM", "FLAGS", "CGROUP",
+        "GPU",
+        "PID",
+        "PPID",
+        "PGID",
+        "SID",
+        "USER",
+        "S",
+        "AGE",
+        "GPU MEM",
+        "FLAGS",
+        "CONTAINER",
         "COMMAND",
     ];
     const MEMORY: usize = 8;
-    const CGROUP: usize = 10;
+    const CONTAINER: usize = 10;
     const COMMAND: usize = 11;
     let mut unknown_memory = false;
     let mut nodes_only = false;
@@ -499,7 +598,13 @@ pub fn status_table(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String
                 age_text(holder.age_ms),
                 memory,
                 holder.flags.join(","),
-                short(holder.cgroup.as_deref().unwrap_or("-"), 28),
+                short(
+                    &holder
+                        .container
+                        .as_ref()
+                        .map_or("-".to_string(), ContainerJson::label),
+                    28,
+                ),
                 one_line(holder.cmdline.as_deref().unwrap_or("(not visible here)")).into_owned(),
             ];
             rows.push((place, holder.pid, row));
@@ -510,7 +615,7 @@ pub fn status_table(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String
     fit(
         &HEADERS,
         &mut cells,
-        &[(COMMAND, 24), (CGROUP, 12), (COMMAND, 12)],
+        &[(COMMAND, 24), (CONTAINER, 12), (COMMAND, 12)],
     );
     let mut table = new_table(&HEADERS);
     for row in cells {
@@ -585,6 +690,10 @@ fn no_gpus(snapshot: &Snapshot) -> String {
 
 fn notes(snapshot: &Snapshot, out: &mut String) {
     supervisor_gone_notes(snapshot, out);
+    if let Some(hidden) = hidden_note(snapshot, &None) {
+        note(out, &hidden);
+    }
+    container_notes(snapshot, out);
     if let Some(error) = &snapshot.driver_error
         && !snapshot.gpus.is_empty()
     {
@@ -602,6 +711,86 @@ fn notes(snapshot: &Snapshot, out: &mut String) {
             ),
         );
     }
+}
+
+/// What the container sources found (holders whose container is gone, GPUs
+/// a pod was never allocated) and what they could not read.
+fn container_notes(snapshot: &Snapshot, out: &mut String) {
+    for pid in snapshot.holders() {
+        let Some(container) = snapshot.container(pid) else {
+            continue;
+        };
+        if let Some(reason) = container.gone_reason() {
+            note(
+                out,
+                &format!(
+                    "Container gone: PID {pid}: {}; `gpureap free --orphans` frees it.",
+                    Field(&reason)
+                ),
+            );
+        }
+        if !container.unrequested_gpus.is_empty() {
+            let gpus: BTreeSet<u32> = container.unrequested_gpus.iter().copied().collect();
+            note(
+                out,
+                &format!(
+                    "Unrequested GPU: PID {pid} in {} uses GPU {}, which the kubelet never allocated to its pod.",
+                    Field(&container_label(container)),
+                    GpuRanges(&gpus)
+                ),
+            );
+        }
+    }
+    for text in &snapshot.container_notes {
+        note(out, &format!("Containers: {}", Field(text)));
+    }
+}
+
+/// The PIDs the driver lists on the given GPUs that are no process of this
+/// /proc (`hidden`), each once.
+fn hidden_pids(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> Vec<u32> {
+    let pids: BTreeSet<u32> = snapshot
+        .hidden_users()
+        .into_iter()
+        .filter(|(index, _)| gpus.as_ref().is_none_or(|set| set.contains(index)))
+        .map(|(_, user)| user.pid)
+        .collect();
+    pids.into_iter().collect()
+}
+
+/// Which holders are hidden, why, and the remedy, for `status` (text and
+/// JSON) and `check`; None when none is. In a PID namespace of its own (a
+/// container without the host's PIDs) gpureap cannot see, name or free
+/// what the driver lists: the remedy is the host's PIDs. In the host's, a
+/// hidden PID is another namespace's process whose number the driver gave
+/// (or one that exited since it was listed).
+pub fn hidden_note(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> Option<String> {
+    let mut listed: Vec<String> = Vec::new();
+    for (index, user) in snapshot.hidden_users() {
+        if gpus.as_ref().is_some_and(|set| !set.contains(&index)) {
+            continue;
+        }
+        listed.push(format!(
+            "{} (GPU {index}, {})",
+            user.pid,
+            MaybeBytes(user.memory)
+        ));
+    }
+    if listed.is_empty() {
+        return None;
+    }
+    let which = format!(
+        "no process here has PID {}, which the driver lists",
+        listed.join(", ")
+    );
+    Some(match crate::container::sees_host_pids() {
+        Some(false) => format!(
+            "Hidden: {which}. gpureap runs in a PID namespace of its own (a container without the host's PIDs), so it cannot see, attribute or free those holders. Run it on the host, or give its container the host's PIDs: `docker run --pid=host`, or `hostPID: true` in a Kubernetes pod spec."
+        ),
+        _ => format!(
+            "Hidden: {which}: they are processes of another PID namespace whose numbers the driver gave (or have exited since it listed them). Run gpureap in the PID namespace that started them to see and free them."
+        ),
+    })
 }
 
 /// One note per `gpureap run` that is gone while its server holds GPUs:
@@ -759,6 +948,9 @@ impl Tree<'_> {
         if !holder.flags.is_empty() {
             let _ = write!(line, "  ({})", holder.flags.join(", "));
         }
+        if let Some(container) = &holder.container {
+            let _ = write!(line, "  [container {}]", Field(&container.label()));
+        }
         let _ = writeln!(self.out, "{line}");
         let kids: Vec<u32> = self
             .processes
@@ -821,6 +1013,8 @@ pub struct TargetJson<'a> {
     cmdline: &'a str,
     because: String,
     orphan: Option<String>,
+    /// Why its container counts as gone, where `--orphans` took it for that.
+    container_gone: Option<&'a str>,
     gpus: &'a BTreeSet<u32>,
     signals: Vec<SignalJson<'a>>,
     fate: &'static str,
@@ -1050,6 +1244,7 @@ pub fn target_json(target: &Handled) -> TargetJson<'_> {
         cmdline: &target.cmdline,
         because: because_code(target.because),
         orphan: target.orphan.map(|orphan| orphan.to_string()),
+        container_gone: target.container_gone.as_deref(),
         gpus: &target.gpus,
         signals: target
             .signals
@@ -1146,11 +1341,14 @@ pub fn free_plan(report: &FreeReport) -> String {
                 Cell::new(pid),
                 Cell::new(target.ppid),
                 Cell::new(gpu_list(&target.gpus)),
-                Cell::new(match &target.orphan {
-                    Some(orphan) => {
+                Cell::new(match (&target.orphan, &target.container_gone) {
+                    (Some(orphan), _) => {
                         format!("{} (orphaned: {orphan})", because_text(target.because))
                     }
-                    None => because_text(target.because),
+                    (None, Some(gone)) => {
+                        format!("{} ({})", because_text(target.because), one_line(gone))
+                    }
+                    (None, None) => because_text(target.because),
                 }),
                 Cell::new(short(&target.cmdline, 70)),
             ]);
@@ -1392,4 +1590,106 @@ pub fn progress_text(progress: &crate::reap::Progress) -> String {
         );
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    //! Container names, pods and namespaces come from the node's sources:
+    //! anyone's text, escaped in every output as comms are.
+    use super::*;
+    use crate::container::{Container, Runtime};
+    use crate::proc::{ProcessId, ProcessRecord, State};
+    use crate::snapshot::{Details, GpuState, GpuUser};
+
+    const ID: &str = "3f4a8e1b2c9d0e7f6a5b4c3d2e1f0a9b8c7d6e5f4a3b2c1d0e9f8a7b6c5d4e3f";
+
+    fn holding(container: Container) -> Snapshot {
+        let pid = 4242;
+        let record = ProcessRecord {
+            id: ProcessId { pid, start_time: 1 },
+            ppid: 1,
+            pgid: pid,
+            sid: pid,
+            uid: Some(0),
+            state: State::Sleeping,
+            comm: "python3".to_string(),
+            cmdline: "python3 -m vllm".to_string(),
+            kernel_thread: false,
+            cpu_ticks: 0,
+            nodes: Default::default(),
+            fds_readable: true,
+        };
+        Snapshot {
+            backend: "test".to_string(),
+            taken_at_unix_ms: 0,
+            gpus: vec![GpuState {
+                index: 0,
+                name: None,
+                uuid: None,
+                memory_total: Some(80 << 30),
+                memory_used: Some(1 << 30),
+                memory_reserved: None,
+                error: None,
+                users: vec![GpuUser {
+                    pid,
+                    memory: Some(1 << 30),
+                    listed: true,
+                    node_open: true,
+                    hidden: false,
+                }],
+            }],
+            processes: BTreeMap::from([(pid, record)]),
+            unreadable: Vec::new(),
+            driver_error: None,
+            details: BTreeMap::from([(
+                pid,
+                Details {
+                    container: Some(container),
+                    ..Details::default()
+                },
+            )]),
+            uptime_ticks: None,
+            bookkeeping_slack: 0,
+            container_notes: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn names_from_the_sources_are_escaped_in_the_table_and_tree() {
+        let mut container = Container::new(Runtime::Containerd, ID.to_string(), None);
+        container.name = Some("evil\n0 1 2\u{1b}[31m".to_string());
+        container.namespace = Some("ns\"x".to_string());
+        container.pod = Some("pod\r".to_string());
+        let snapshot = holding(container);
+        for text in [
+            status_table(&snapshot, &None),
+            status_tree(&snapshot, &None),
+        ] {
+            assert!(!text.contains('\u{1b}') && !text.contains('\r'), "{text}");
+            assert!(
+                !text.lines().any(|line| line.starts_with("0 1 2")),
+                "{text}"
+            );
+        }
+        let json = status_json(&snapshot, &None);
+        assert!(!json.contains('\u{1b}'), "{json}");
+        let parsed: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+        assert_eq!(
+            parsed["holders"][0]["container"]["name"],
+            "evil\n0 1 2\u{1b}[31m"
+        );
+    }
+
+    #[test]
+    fn the_label_is_the_pod_and_name_else_runtime_and_short_id() {
+        let mut container = Container::new(Runtime::CriO, ID.to_string(), None);
+        assert_eq!(ContainerJson::of(&container).label(), "cri-o:3f4a8e1b2c9d");
+        container.name = Some("vllm".to_string());
+        assert_eq!(ContainerJson::of(&container).label(), "vllm");
+        container.pod = Some("server-0".to_string());
+        container.namespace = Some("llm".to_string());
+        assert_eq!(ContainerJson::of(&container).label(), "llm/server-0 vllm");
+        let table = status_table(&holding(container), &None);
+        assert!(table.contains("llm/server-0 vllm"), "{table}");
+    }
 }

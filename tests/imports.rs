@@ -100,7 +100,14 @@ const LAYERS: &[(&str, &[&str])] = &[
     (
         "base",
         &[
-            "proc", "units", "exit", "signal", "child", "hostlist", "file",
+            "proc",
+            "units",
+            "exit",
+            "signal",
+            "child",
+            "hostlist",
+            "file",
+            "container",
         ],
     ),
 ];

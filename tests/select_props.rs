@@ -323,6 +323,7 @@ fn build(spec: &Spec) -> (Snapshot, Scope, Guard) {
             .is_none_or(|(_, known)| known)
             .then_some((spec.processes.len() as u64 + 1) * 7),
         bookkeeping_slack: 0,
+        container_notes: Vec::new(),
     };
 
     let count = spec.processes.len();
@@ -381,6 +382,7 @@ fn build(spec: &Spec) -> (Snapshot, Scope, Guard) {
                 })
                 .collect()
         }),
+        containers_gone: Default::default(),
     };
     (snapshot, scope, guard)
 }
@@ -831,6 +833,7 @@ fn a_job_scope_takes_the_jobs_own_and_never_another_jobs() {
         details: BTreeMap::new(),
         uptime_ticks: None,
         bookkeeping_slack: 0,
+        container_notes: Vec::new(),
     };
     let scope = Scope {
         gpus: Some(BTreeSet::from([0])),

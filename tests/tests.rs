@@ -1,6 +1,7 @@
 //! One integration-test binary: real processes, real signals, the real /proc,
 //! and the simulated GPU driver.
 
+mod containers_sources;
 mod demo;
 mod docs;
 mod exit_codes;
@@ -33,4 +34,5 @@ mod status;
 
 // Monitoring: the exporter, status --prometheus, run --metrics, check, deploy/.
 mod check;
+mod containers;
 mod exporter;
