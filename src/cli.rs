@@ -309,7 +309,7 @@ Examples:
     /// reports what it would free. Every decision is a JSON line in --log. docs/watch.md.
     #[command(
         after_help = exit::after_help(Program::Reap, "Rules (combinable; each a flag and a key of --config): --orphans, --supervisor-gone,
---slurm-ended. --match, --user and --gpu narrow every rule. Nothing younger than
+--slurm-ended, --container-gone. --match, --user and --gpu narrow every rule. Nothing younger than
 --older-than is touched; protected names, monitors, gpureap and its ancestors never.
 A holder is freed only when two consecutive scans agree, never in a scan where the driver
 failed, a GPU was lost or /proc was partly unreadable. Freeing is `free`'s: SIGTERM,
@@ -358,6 +358,10 @@ pub struct ReapArgs {
     /// (Slurm no longer knows it, or knows it ended). Example: --slurm-ended --older-than 2m
     #[arg(long)]
     pub slurm_ended: bool,
+    /// Rule: holders whose container or pod a node source says is gone (`docker rm -f`, a
+    /// deleted pod); the sources are --host-root and --kubelet-socket. Example: --container-gone
+    #[arg(long)]
+    pub container_gone: bool,
     /// Narrows every rule: holders whose command line matches this regex (repeatable).
     /// Example: --match 'sglang::|vllm'
     #[arg(long = "match", value_name = "REGEX", value_parser = match_regex)]
@@ -404,6 +408,8 @@ pub struct ReapArgs {
     /// With --slurm-ended: the scontrol to ask (squeue beside it) [default: as `slurm epilog`].
     #[arg(long, value_name = "PATH", requires = "slurm_ended")]
     pub scontrol: Option<PathBuf>,
+    #[command(flatten)]
+    pub sources: SourcesArgs,
 }
 
 /// `run --restart`, as typed (`config::run` makes it the run's `Restart`).

@@ -401,18 +401,21 @@ pub fn reap(args: &ReapArgs, gpu_count: u32) -> Result<crate::watch::ReapConfig,
         log,
         listen,
         scontrol,
+        container_gone,
+        sources,
     } = args;
     let rules: Vec<Rule> = [
         (*orphans, Rule::Orphaned),
         (*supervisor_gone, Rule::SupervisorGone),
         (*slurm_ended, Rule::SlurmEnded),
+        (*container_gone, Rule::ContainerGone),
     ]
     .into_iter()
     .filter_map(|(given, rule)| given.then_some(rule))
     .collect();
     if rules.is_empty() {
         return Err(UsageError(
-            "reap needs a rule: one or more of --orphans, --supervisor-gone, --slurm-ended (or their keys in --config)"
+            "reap needs a rule: one or more of --orphans, --supervisor-gone, --slurm-ended, --container-gone (or their keys in --config)"
                 .to_string(),
         ));
     }
@@ -441,6 +444,7 @@ pub fn reap(args: &ReapArgs, gpu_count: u32) -> Result<crate::watch::ReapConfig,
         log: log.clone(),
         listen: *listen,
         scontrol: scontrol.clone(),
+        sources: SourcesRequest::new(sources).sources()?,
     })
 }
 

@@ -880,6 +880,7 @@ fn the_reap_daemonset_adds_only_what_signalling_needs_and_its_policy_parses() {
         "nvidia.com/gpu.present: \"true\"",
         "\"--watch\"",
         "enforce = false",
+        "container-gone = true",
     ] {
         assert!(text.contains(needed), "{needed} missing");
     }
@@ -898,6 +899,8 @@ fn the_reap_daemonset_adds_only_what_signalling_needs_and_its_policy_parses() {
     let file = dir.path().join("reap.toml");
     std::fs::write(&file, &policy).expect("policy");
     let host = host(1);
+    // Its --host-root (/host, the node mounted) is a staged one here: a flag wins over the file.
+    let node = tempfile::tempdir().expect("node root");
     let result = run(
         &host,
         &[
@@ -906,6 +909,8 @@ fn the_reap_daemonset_adds_only_what_signalling_needs_and_its_policy_parses() {
             file.to_str().expect("path"),
             "--interval",
             "100ms",
+            "--host-root",
+            node.path().to_str().expect("path"),
         ],
     );
     assert_eq!(result.code, 0, "{policy}\n{}", result.stderr);
@@ -979,4 +984,127 @@ fn the_watch_serves_what_it_freed_beside_the_gpu_series() {
     assert!(watch.metric("gpureap_reap_cycles_total") >= 2.0);
     assert!(body.contains("gpureap_gpu_memory_used_bytes{"), "{body}");
     assert_eq!(watch.terminate(Duration::from_secs(10)), 0);
+}
+
+/// A cgroup v2 subtree of this test's own, removed when dropped (what was
+/// moved in goes back to the test's cgroup first).
+struct Cgroups {
+    root: PathBuf,
+    home: PathBuf,
+    made: Vec<PathBuf>,
+}
+
+impl Cgroups {
+    fn new() -> Option<Cgroups> {
+        let made = (|| {
+            let mount = gpureap::supervision::cgroup2_mount()?;
+            let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+            let own = own.lines().find_map(|line| line.strip_prefix("0::"))?;
+            let root = mount.join(format!("gpureap-reap-{}", std::process::id()));
+            std::fs::create_dir(&root).ok()?;
+            Some(Cgroups {
+                home: mount.join(own.trim_start_matches('/')),
+                made: vec![root.clone()],
+                root,
+            })
+        })();
+        if made.is_none() {
+            skip("no cgroup v2 can be made here (needs root and a cgroup2 mount)");
+        }
+        made
+    }
+
+    fn move_in(&mut self, relative: &str, pid: u32) {
+        let mut path = self.root.clone();
+        for component in relative.split('/') {
+            path.push(component);
+            if !path.is_dir() {
+                std::fs::create_dir(&path).expect("mkdir cgroup");
+                self.made.push(path.clone());
+            }
+        }
+        std::fs::write(path.join("cgroup.procs"), pid.to_string()).expect("move in");
+    }
+}
+
+impl Drop for Cgroups {
+    fn drop(&mut self) {
+        for cgroup in self.made.iter().rev() {
+            let procs = std::fs::read_to_string(cgroup.join("cgroup.procs")).unwrap_or_default();
+            for pid in procs.lines() {
+                let _ = std::fs::write(self.home.join("cgroup.procs"), pid);
+            }
+            if let Err(error) = std::fs::remove_dir(cgroup) {
+                eprintln!("cannot remove {}: {error}", cgroup.display());
+            }
+        }
+    }
+}
+
+/// `--container-gone`: a holder whose Docker container was removed
+/// (`docker rm -f`: its folder under var/lib/docker/containers is gone, its
+/// process lives on in the container's cgroup) is freed, with the source as
+/// its reason; a holder of a live container is not, nor is anything when
+/// the rule is not given.
+#[test]
+fn a_holder_whose_container_is_gone_is_freed_by_the_container_rule() {
+    const GONE: &str = "4e1f0c2d9b8a7f6e5d4c3b2a1908f7e6d5c4b3a29180f7e6d5c4b3a291807f6e";
+    const LIVE: &str = "9a8b7c6d5e4f30211203f4e5d6c7b8a99a8b7c6d5e4f30211203f4e5d6c7b8a9";
+    let Some(mut cgroups) = Cgroups::new() else {
+        return;
+    };
+    let node = tempfile::tempdir().expect("node root");
+    let live_folder = node.path().join("var/lib/docker/containers").join(LIVE);
+    std::fs::create_dir_all(&live_folder).expect("docker folder");
+    std::fs::write(
+        live_folder.join("config.v2.json"),
+        serde_json::json!({"ID": LIVE, "Name": "/web"}).to_string(),
+    )
+    .expect("config");
+    let host = host(2);
+    let mut incident = Incident::new(&host);
+    let removed = incident
+        .holder(&Holder::new("removed-worker").on(0, 4 * GIB))
+        .expect("holder");
+    cgroups.move_in(&format!("system.slice/docker-{GONE}.scope"), removed);
+    let live = incident
+        .holder(&Holder::new("live-worker").on(1, 4 * GIB))
+        .expect("holder");
+    cgroups.move_in(&format!("system.slice/docker-{LIVE}.scope"), live);
+    let root = node.path().to_str().expect("path");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("reap.jsonl");
+    let policy = [
+        "reap",
+        "--older-than",
+        "0s",
+        "--interval",
+        "100ms",
+        "--grace",
+        "100ms",
+        "--enforce",
+        "--host-root",
+        root,
+        "--log",
+        log.to_str().expect("path"),
+    ];
+    // Neither is an orphan (their parent, the stager, lives): only the container rule takes one.
+    let orphans = run(&host, &[&policy[..], &["--orphans"]].concat());
+    assert_eq!(orphans.code, 0, "{}", orphans.stderr);
+    assert!(alive(removed) && alive(live));
+    let result = run(&host, &[&policy[..], &["--container-gone"]].concat());
+    assert_eq!(result.code, 0, "{}", result.stderr);
+    assert!(!alive(removed), "the gone container's holder lives");
+    assert!(alive(live), "a live container's holder was signalled");
+    let lines = decisions(&log);
+    let freed = of_pid(&lines, removed);
+    assert_eq!(freed.len(), 1, "{lines:#?}");
+    assert_eq!(freed[0]["rule"], "container_gone");
+    assert_eq!(freed[0]["verdict"], "freed");
+    assert!(
+        freed[0]["why"].as_str().expect("why").contains("docker"),
+        "{:#}",
+        freed[0]
+    );
+    assert!(of_pid(&lines, live).is_empty(), "{lines:#?}");
 }

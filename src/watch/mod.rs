@@ -58,6 +58,9 @@ pub enum Rule {
     SupervisorGone,
     /// `--slurm-ended`: the Slurm job its environment names has ended.
     SlurmEnded,
+    /// `--container-gone`: a node source says its container or pod is gone
+    /// (`select::gone_containers`, after `Snapshot::attribute_containers`).
+    ContainerGone,
 }
 
 impl Rule {
@@ -67,6 +70,7 @@ impl Rule {
             Rule::Orphaned => "orphaned",
             Rule::SupervisorGone => "supervisor_gone",
             Rule::SlurmEnded => "slurm_ended",
+            Rule::ContainerGone => "container_gone",
         }
     }
 }
@@ -89,6 +93,8 @@ pub struct ReapConfig {
     pub log: Option<PathBuf>,
     pub listen: Option<SocketAddr>,
     pub scontrol: Option<PathBuf>,
+    /// Where `--container-gone` reads the node's containers (`--host-root`, `--kubelet-socket`).
+    pub sources: crate::container::Sources,
 }
 
 impl ReapConfig {
@@ -285,6 +291,8 @@ struct Watch<'a> {
     fault: Option<String>,
     /// Memory ended jobs' ids, so that Slurm is asked about a job once after it ended.
     jobs: slurm::Jobs,
+    /// Holders whose container is gone, with why, in the last full look.
+    gone: BTreeMap<ProcessId, String>,
     stop: Arc<AtomicBool>,
     /// Of a single pass: a rule refused, something still held, a fault.
     outcome: Exit,
@@ -309,11 +317,15 @@ impl Watch<'_> {
         let started = Instant::now();
         // Before acting, every process's descriptors: monitors are told
         // apart and nothing in scope is missed; else what the driver lists.
-        let snapshot = if confirming {
+        let mut snapshot = if confirming {
             Snapshot::take_focused(self.driver, &BTreeSet::new())
         } else {
             Snapshot::take_listed(self.driver)
         };
+        if self.config.rules.contains(&Rule::ContainerGone) {
+            snapshot.attribute_containers(&self.config.sources);
+            self.gone = crate::select::gone_containers(&snapshot);
+        }
         self.figures.count(&snapshot, started.elapsed());
         self.pace.looked(&snapshot);
         self.metrics.looked(&snapshot);
@@ -340,6 +352,7 @@ impl Watch<'_> {
                         continue;
                     }
                 },
+                Rule::ContainerGone => Some(self.gone.keys().copied().collect()),
                 _ => None,
             };
             let selection = select(
@@ -501,6 +514,13 @@ impl Watch<'_> {
                 }),
             Rule::SupervisorGone => Some("its gpureap run supervisor is gone".to_string()),
             Rule::SlurmEnded => self.jobs.why(target.pid),
+            Rule::ContainerGone => self
+                .gone
+                .get(&ProcessId {
+                    pid: target.pid,
+                    start_time: target.start_time,
+                })
+                .cloned(),
         }
         .or_else(|| match target.because {
             Because::Descendant { of } => Some(format!("a descendant of {of}")),
@@ -607,6 +627,7 @@ pub fn run(config: &ReapConfig, driver: &dyn Driver) -> std::io::Result<Exit> {
         done: BTreeSet::new(),
         fault: None,
         jobs: slurm::Jobs::default(),
+        gone: BTreeMap::new(),
         stop,
         outcome: Exit::Success,
     };
