@@ -85,6 +85,9 @@ impl Jobs {
                 }
             }
         }
+        // Only jobs some holder still names are remembered: a long watch's memory stays flat.
+        let named: BTreeSet<u64> = self.of.values().copied().collect();
+        self.ended.retain(|job, _| named.contains(job));
         Ok(self
             .of
             .iter()
