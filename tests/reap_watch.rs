@@ -626,6 +626,19 @@ fn bad_policy_values_exit_2_and_the_config_file_takes_the_flags_keys() {
         assert_eq!(result.code, 2, "{args:?}: {}", result.stderr);
     }
     let dir = tempfile::tempdir().expect("tempdir");
+    // A log planted as a link is refused before anything runs.
+    let planted = dir.path().join("planted.jsonl");
+    std::os::unix::fs::symlink("/etc/passwd", &planted).expect("link");
+    let linked = run(
+        &host,
+        &[
+            "reap",
+            "--orphans",
+            "--log",
+            planted.to_str().expect("path"),
+        ],
+    );
+    assert_eq!(linked.code, 2, "{}", linked.stderr);
     let file = dir.path().join("reap.toml");
     let write = |text: &str| std::fs::write(&file, text).expect("config");
     let config = file.to_str().expect("path");
@@ -816,8 +829,10 @@ fn the_systemd_unit_passes_systemd_analyze() {
     assert!(verify.stderr.contains("stricter"), "{}", verify.stderr);
 }
 
-/// Started for real where systemd runs this machine: the unit comes up,
-/// logs its start, and stops on `systemctl stop`.
+/// Started for real where systemd runs this machine: the unit itself (its
+/// hardening, its log directory), on a simulated host, comes up, logs its
+/// start, and stops on `systemctl stop` with a `stopped` line. Not run on
+/// the development machine, whose init is not systemd.
 #[test]
 fn the_systemd_unit_starts_where_systemd_runs() {
     if !Path::new("/run/systemd/system").is_dir() {
@@ -826,42 +841,61 @@ fn the_systemd_unit_starts_where_systemd_runs() {
         );
     }
     let host = host(1);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let log = dir.path().join("reap.jsonl");
     let name = format!("gpureap-reap-test-{}", std::process::id());
-    let started = Command::new("systemd-run")
-        .args(["--unit", &name, "--property=KillMode=mixed", "--"])
-        .arg(env!("CARGO_BIN_EXE_gpureap"))
-        .args([
-            "--backend",
-            &host.backend(),
-            "reap",
-            "--watch",
-            "--orphans",
-            "--log",
-        ])
-        .arg(&log)
-        .output()
-        .expect("systemd-run");
-    assert!(
-        started.status.success(),
-        "{}",
-        String::from_utf8_lossy(&started.stderr)
-    );
+    let policy = PathBuf::from(format!("/run/{name}.toml"));
+    std::fs::write(&policy, "orphans = true\ninterval = \"1s\"\n").expect("policy");
+    let log = PathBuf::from(format!("/var/log/gpureap/{name}.jsonl"));
+    let text = std::fs::read_to_string(deploy("systemd/gpureap-reap.service")).expect("unit");
+    let text = text
+        .replace(
+            "/usr/local/bin/gpureap",
+            &format!(
+                "{} --backend {}",
+                env!("CARGO_BIN_EXE_gpureap"),
+                host.backend()
+            ),
+        )
+        .replace("/etc/gpureap/reap.toml", policy.to_str().expect("path"))
+        .replace("/var/log/gpureap/reap.jsonl", log.to_str().expect("path"))
+        // The simulated host lives in the test's /tmp, which a private one would hide.
+        .replace("PrivateTmp=yes", "PrivateTmp=no");
+    let unit = PathBuf::from(format!("/run/systemd/system/{name}.service"));
+    std::fs::write(&unit, text).expect("unit");
+    let systemctl = |args: &[&str]| {
+        Command::new("systemctl")
+            .args(args)
+            .output()
+            .expect("systemctl")
+    };
+    systemctl(&["daemon-reload"]);
+    let started = systemctl(&["start", &name]);
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !decisions(&log)
-        .iter()
-        .any(|line| line["action"] == "started")
+    let mut up = started.status.success();
+    while up
+        && !decisions(&log)
+            .iter()
+            .any(|line| line["action"] == "started")
     {
-        assert!(Instant::now() < deadline, "the unit never logged its start");
+        up = Instant::now() < deadline;
         std::thread::sleep(Duration::from_millis(50));
     }
-    let stopped = Command::new("systemctl")
-        .args(["stop", &name])
-        .output()
-        .expect("systemctl stop");
+    let stopped = systemctl(&["stop", &name]);
+    let lines = decisions(&log);
+    let _ = std::fs::remove_file(&unit);
+    let _ = std::fs::remove_file(&policy);
+    let _ = std::fs::remove_file(&log);
+    systemctl(&["daemon-reload"]);
+    assert!(
+        up,
+        "the unit never logged its start: {}",
+        String::from_utf8_lossy(&started.stderr)
+    );
     assert!(stopped.status.success());
-    assert_eq!(decisions(&log).last().expect("lines")["action"], "stopped");
+    assert_eq!(
+        lines.last().expect("lines")["action"],
+        "stopped",
+        "{lines:#?}"
+    );
 }
 
 /// The Kubernetes variant: the exporter's DaemonSet plus exactly KILL,
