@@ -10,8 +10,8 @@ them, no rule names them), bench/crowd.py's crowd of idle processes (5,000 by de
 `gpureap reap --watch --orphans --supervisor-gone --older-than 10m --interval 10s --enforce
 --log FILE --listen 127.0.0.1:0`. Every interval it samples the watch's CPU time (utime + stime,
 /proc/PID/stat) and resident memory (VmRSS), and at the end prints: the CPU share of one core
-over the whole run, the resident memory's least-squares slope (KiB per hour) and its first and
-last samples, and how many full looks the watch took (its own gpureap_scans_total) against its
+over the whole run, the resident memory's least-squares slope (KiB per hour), over the run and
+over its second half (after warm-up), its first and last samples and one a minute, and how many full looks the watch took (its own gpureap_scans_total) against its
 cycles (gpureap_reap_cycles_total). Signals only what it started. docs/performance.md quotes it.
 """
 
@@ -126,6 +126,10 @@ def main():
         cpu = cpu_seconds(watch.pid) - cpu0
         scans, cycles = metric(port, "gpureap_scans_total"), metric(port, "gpureap_reap_cycles_total")
         rss = [(t / 3600, kib) for t, _, kib in samples]
+        second_half = rss[len(rss) // 2:]
+        per_minute = {}
+        for t, _, kib in samples:
+            per_minute.setdefault(int(t // 60), kib)
         lines = [
             f"# reap --watch idle: {CROWD:,} extra processes, --interval {INTERVAL}, {wall / 60:.1f} min",
             "",
@@ -136,7 +140,9 @@ def main():
             "|---|---|",
             f"| CPU, share of one core over the run | {cpu / wall * 100:.2f}% ({cpu:.2f} s in {wall:.0f} s) |",
             f"| resident memory, first / last sample | {samples[0][2] / 1024:.1f} MiB / {samples[-1][2] / 1024:.1f} MiB |",
-            f"| resident memory, least-squares slope | {slope(rss):+.1f} KiB per hour ({len(samples)} samples) |",
+            f"| resident memory, least-squares slope | {slope(rss):+.1f} KiB per hour ({len(samples)} samples); "
+            f"second half: {slope(second_half):+.1f} KiB per hour |",
+            f"| resident memory, each minute (MiB) | {' '.join(f'{kib / 1024:.1f}' for kib in per_minute.values())} |",
             f"| full looks / cycles | {scans:.0f} / {cycles:.0f} |",
             f"| decision lines logged | {len(log.read_text().splitlines()) if log.exists() else 0} |",
         ]

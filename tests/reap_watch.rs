@@ -228,8 +228,8 @@ fn state(pid: u32) -> Option<char> {
 
 /// An orphan older than the rule is freed and logged, with its figures; a
 /// younger orphan, a nohup job whose shell exited and a monitor survive
-/// (each is staged before the watch looks, and it runs long enough to look
-/// at them twice).
+/// (each is staged before the watch looks, and the watch looks twice before
+/// it frees anything).
 #[test]
 fn an_orphan_older_than_the_rule_is_freed_and_logged_and_nothing_else_is() {
     let host = host(4);
@@ -245,7 +245,7 @@ fn an_orphan_older_than_the_rule_is_freed_and_logged_and_nothing_else_is() {
     let monitor = incident
         .holder(&Holder::new("gpu_exporter --port 9400"))
         .expect("monitor");
-    wait_until_older(old, Duration::from_secs(6));
+    wait_until_older(old, Duration::from_secs(10));
     let young = orphaned_worker(&mut incident, "vllm::worker_rank1", 1);
 
     let mut watch = Watching::start(
@@ -253,7 +253,7 @@ fn an_orphan_older_than_the_rule_is_freed_and_logged_and_nothing_else_is() {
         &[
             "--orphans",
             "--older-than",
-            "6s",
+            "10s",
             "--interval",
             "200ms",
             "--grace",
@@ -264,17 +264,28 @@ fn an_orphan_older_than_the_rule_is_freed_and_logged_and_nothing_else_is() {
     watch.until("the old orphan freed", |line| {
         line["action"] == "freed" && line["target"]["pid"] == old
     });
+    // Its age now, in ticks: the watch stops next, so it was never older while watched.
+    let young_age = uptime_ticks().saturating_sub(start_ticks(young));
     assert_eq!(watch.terminate(Duration::from_secs(10)), 0);
     let lines = decisions(&watch.log);
 
     assert!(!alive(old), "the old orphan survived");
-    assert!(
-        alive(young),
-        "an orphan younger than --older-than was signalled"
-    );
+    if young_age < 10 * rustix::param::clock_ticks_per_second() {
+        assert!(
+            alive(young),
+            "an orphan younger than --older-than was signalled"
+        );
+        assert!(of_pid(&lines, young).is_empty(), "{lines:#?}");
+    } else {
+        // A machine so loaded that the watch took longer than the floor:
+        // whatever was done to it was done once it was old enough.
+        for line in of_pid(&lines, young) {
+            assert!(line["age_ms"].as_u64().expect("age") >= 10_000, "{line:#}");
+        }
+    }
     assert!(alive(training), "the nohup job was signalled");
     assert!(alive(monitor), "the monitor was signalled");
-    for pid in [young, training, monitor] {
+    for pid in [training, monitor] {
         assert!(
             of_pid(&lines, pid).is_empty(),
             "{pid} was named: {lines:#?}"
@@ -297,8 +308,9 @@ fn an_orphan_older_than_the_rule_is_freed_and_logged_and_nothing_else_is() {
         .iter()
         .map(|event| event["signal"].as_str().expect("signal"))
         .collect();
-    assert_eq!(signals, ["SIGTERM"], "{line:#}");
-    assert!(line["age_ms"].as_u64().expect("age") >= 6000, "{line:#}");
+    // SIGTERM first (on a loaded machine the escalation may come before its exit is seen).
+    assert_eq!(signals.first(), Some(&"SIGTERM"), "{line:#}");
+    assert!(line["age_ms"].as_u64().expect("age") >= 10_000, "{line:#}");
     assert_eq!(line["gpus"][0]["index"], 0);
     assert_eq!(line["gpus"][0]["freed"], true);
     assert_eq!(line["gpus"][0]["freed_bytes"], 30 * GIB);
@@ -419,7 +431,7 @@ fn a_driver_failure_mid_watch_signals_nothing() {
     orphan(&mut incident, launcher, &[worker]);
     // Ten more full looks with the orphan in view, every one of them faulted.
     let faults = watch.metric("gpureap_reap_faults_total");
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + Duration::from_secs(120);
     while watch.metric("gpureap_reap_faults_total") < faults + 10.0 {
         assert!(alive(worker), "signalled while the driver failed");
         assert!(Instant::now() < deadline, "the watch stopped looking");
