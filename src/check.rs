@@ -87,7 +87,8 @@ pub enum Finding {
     Driver { index: u32, error: DriverError },
     /// Memory held by no process, by the one rule.
     HeldByNoProcess { index: u32, bytes: u64 },
-    /// Orphaned processes holding memory.
+    /// Orphaned processes holding memory (those whose container is gone
+    /// are `ContainerGone`'s, not counted twice).
     Orphaned {
         index: u32,
         bytes: u64,
@@ -99,12 +100,27 @@ pub enum Finding {
         xid: u32,
         at: Option<u64>,
     },
+    /// Processes whose container or pod no longer exists, holding memory.
+    ContainerGone {
+        index: u32,
+        bytes: u64,
+        processes: usize,
+    },
+    /// A process using the GPU though its pod was never allocated it.
+    UnrequestedGpu {
+        index: u32,
+        pid: u32,
+        /// Its container, as `status` names it (`namespace/pod container`).
+        container: String,
+    },
 }
 
 /// What a person can do about a kind of finding; in this order in the details.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Hint {
     Orphans,
+    ContainerGone,
+    UnrequestedGpu,
     HeldByNoProcess,
     Xid,
 }
@@ -114,6 +130,12 @@ impl Hint {
         match self {
             Hint::Orphans => {
                 "orphans: `gpureap free --orphans --dry-run` shows what freeing them would signal"
+            }
+            Hint::ContainerGone => {
+                "container gone: its container or pod was removed and the process lives on; `gpureap free --orphans --dry-run` shows what freeing them would signal"
+            }
+            Hint::UnrequestedGpu => {
+                "unrequested GPU: the kubelet never allocated it to the pod (a privileged container, NVIDIA_VISIBLE_DEVICES=all): the scheduler may give it to another pod"
             }
             Hint::HeldByNoProcess => {
                 "memory held by no process: only a GPU reset or a reboot clears it"
@@ -133,6 +155,8 @@ impl Finding {
             Finding::HeldByNoProcess { .. } => Some(Hint::HeldByNoProcess),
             Finding::Orphaned { .. } => Some(Hint::Orphans),
             Finding::Xid { .. } => Some(Hint::Xid),
+            Finding::ContainerGone { .. } => Some(Hint::ContainerGone),
+            Finding::UnrequestedGpu { .. } => Some(Hint::UnrequestedGpu),
         }
     }
 
@@ -142,7 +166,9 @@ impl Finding {
             Finding::Driver { index, .. }
             | Finding::HeldByNoProcess { index, .. }
             | Finding::Orphaned { index, .. }
-            | Finding::Xid { index, .. } => *index,
+            | Finding::Xid { index, .. }
+            | Finding::ContainerGone { index, .. }
+            | Finding::UnrequestedGpu { index, .. } => *index,
         }
     }
 
@@ -174,8 +200,44 @@ impl Finding {
                     .unwrap_or_default(),
                 evidence::meaning(*xid).unwrap_or("not in gpureap's list")
             ),
+            Finding::ContainerGone {
+                index,
+                bytes,
+                processes,
+            } => format!(
+                "GPU {index}: {} held by {processes} process{} whose container is gone",
+                Bytes(*bytes),
+                if *processes == 1 { "" } else { "es" }
+            ),
+            Finding::UnrequestedGpu {
+                index,
+                pid,
+                container,
+            } => format!(
+                "GPU {index}: used by PID {pid} in {}, never allocated to its pod",
+                Field(container)
+            ),
         }
     }
+}
+
+/// The holders using GPU `index` that their pod was never allocated.
+fn unrequested(snapshot: &Snapshot, index: u32) -> Vec<Finding> {
+    snapshot
+        .details
+        .iter()
+        .filter_map(|(&pid, details)| {
+            let container = details.container.as_ref()?;
+            container
+                .unrequested_gpus
+                .contains(&index)
+                .then(|| Finding::UnrequestedGpu {
+                    index,
+                    pid,
+                    container: crate::report::label_of(container),
+                })
+        })
+        .collect()
 }
 
 /// Each checked GPU's findings, and which GPUs were checked.
@@ -185,6 +247,7 @@ fn findings_of(
     hardware: &Hardware,
 ) -> (Vec<Finding>, BTreeSet<u32>) {
     let orphans = metrics::orphaned(snapshot);
+    let gone = metrics::container_gone(snapshot);
     let mut findings = Vec::new();
     let mut checked = BTreeSet::new();
     for gpu in snapshot
@@ -214,16 +277,25 @@ fn findings_of(
         if let Some(bytes) = metrics::held_by_no_process(snapshot, gpu) {
             findings.push(Finding::HeldByNoProcess { index, bytes });
         }
+        let gone = gone.get(&index).copied().unwrap_or_default();
         if let Some(orphaned) = orphans
             .get(&index)
-            .filter(|orphaned| orphaned.processes > 0)
+            .filter(|orphaned| orphaned.processes > gone.processes)
         {
             findings.push(Finding::Orphaned {
                 index,
-                bytes: orphaned.bytes,
-                processes: orphaned.processes,
+                bytes: orphaned.bytes.saturating_sub(gone.bytes),
+                processes: orphaned.processes - gone.processes,
             });
         }
+        if gone.processes > 0 {
+            findings.push(Finding::ContainerGone {
+                index,
+                bytes: gone.bytes,
+                processes: gone.processes,
+            });
+        }
+        findings.extend(unrequested(snapshot, index));
     }
     (findings, checked)
 }

@@ -349,6 +349,114 @@ Examples:
   gpureap plan --json -- vllm serve meta-llama/Llama-3.1-8B-Instruct | jq .fit.verdict")
     )]
     Plan(PlanArgs),
+
+    /// Free what a policy names, unattended: orphans, gone supervisors, ended Slurm jobs.
+    ///
+    /// With --watch it keeps running, re-scanning every --interval; without --enforce it only
+    /// reports what it would free. Every decision is a JSON line in --log. docs/watch.md.
+    #[command(
+        after_help = exit::after_help(Program::Reap, "Rules (combinable; each a flag and a key of --config): --orphans, --supervisor-gone,
+--slurm-ended, --container-gone. --match, --user and --gpu narrow every rule. Nothing younger than
+--older-than is touched; protected names, monitors, gpureap and its ancestors never.
+A holder is freed only when two consecutive scans agree, never in a scan where the driver
+failed, a GPU was lost or /proc was partly unreadable. Freeing is `free`'s: SIGTERM,
+--grace, SIGSTOP+SIGKILL, verified through the driver. SIGTERM ends the watch between
+scans; a free in progress is finished first, so nothing is left stopped.
+
+Examples:
+  gpureap reap --watch --orphans --older-than 10m                 dry run: what it would free
+  gpureap reap --watch --orphans --older-than 10m --enforce --log /var/log/gpureap/reap.jsonl
+  gpureap reap --watch --config /etc/gpureap/reap.toml --listen 127.0.0.1:9840
+  gpureap reap --orphans --supervisor-gone --older-than 30m --enforce   one pass (two scans), then exit")
+    )]
+    Reap(ReapArgs),
+}
+
+/// A share of a GPU's holders, above 0 and at most 1.
+fn share(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(share) if share > 0.0 && share <= 1.0 => Ok(share),
+        _ => Err(format!(
+            "invalid --max-share '{text}': expected a fraction above 0 and at most 1, like 0.5"
+        )),
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct ReapArgs {
+    /// Keep running: re-scan every --interval and free what the policy names, until SIGTERM.
+    /// Without it: one pass (two scans an --interval apart), then exit.
+    #[arg(long)]
+    pub watch: bool,
+    /// Read the policy from this TOML file; its keys are these flags' long names
+    /// (orphans = true, older-than = "10m", match = ["sglang::"]); flags given here win.
+    /// Example: gpureap reap --watch --config /etc/gpureap/reap.toml
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Rule: orphaned holders (a crashed launcher's workers, as `free --orphans`), with
+    /// their descendants. Example: --orphans --older-than 10m
+    #[arg(long)]
+    pub orphans: bool,
+    /// Rule: holders started by a `gpureap run` whose supervisor is gone.
+    /// Example: --supervisor-gone --older-than 5m
+    #[arg(long)]
+    pub supervisor_gone: bool,
+    /// Rule: holders whose environment names a Slurm job (SLURM_JOB_ID) that has ended
+    /// (Slurm no longer knows it, or knows it ended). Example: --slurm-ended --older-than 2m
+    #[arg(long)]
+    pub slurm_ended: bool,
+    /// Rule: holders whose container or pod a node source says is gone (`docker rm -f`, a
+    /// deleted pod); the sources are --host-root and --kubelet-socket. Example: --container-gone
+    #[arg(long)]
+    pub container_gone: bool,
+    /// Narrows every rule: holders whose command line matches this regex (repeatable).
+    /// Example: --match 'sglang::|vllm'
+    #[arg(long = "match", value_name = "REGEX", value_parser = match_regex)]
+    pub patterns: Vec<Regex>,
+    /// Narrows every rule: holders owned by this user name or uid (repeatable).
+    /// Example: --user 1000
+    #[arg(long, value_name = "NAME")]
+    pub user: Vec<String>,
+    /// Narrows every rule: holders of these GPUs: 0,2,5 or 0-3 (repeatable). Example: --gpu 0-3
+    #[arg(long, value_name = "LIST", value_parser = gpu_list)]
+    pub gpu: Vec<GpuList>,
+    /// The age floor: no process younger than this is touched, whatever the rule.
+    /// Example: --older-than 10m
+    #[arg(long, default_value = "10m", value_name = "DUR", value_parser = duration, allow_hyphen_values = true)]
+    pub older_than: Duration,
+    /// How often to scan. Example: --interval 30s
+    #[arg(long, default_value = "10s", value_name = "DUR", value_parser = scan_interval, allow_hyphen_values = true)]
+    pub interval: Duration,
+    /// How long a holder gets after SIGTERM before SIGSTOP+SIGKILL. Example: --grace 10s
+    #[arg(long, default_value = "5s", value_name = "DUR", value_parser = duration, allow_hyphen_values = true)]
+    pub grace: Duration,
+    /// After the grace period, how long to wait for the driver to confirm the memory is back.
+    /// Example: --timeout 1m
+    #[arg(long, default_value = "30s", value_name = "DUR", value_parser = duration, allow_hyphen_values = true)]
+    pub timeout: Duration,
+    /// Also protect processes with this name (repeatable). Example: --protect jupyter-lab
+    #[arg(long, value_name = "NAME")]
+    pub protect: Vec<String>,
+    /// A rule that names more than this share of a GPU's holders frees nothing there that
+    /// scan and reports it instead. Example: --max-share 0.5
+    #[arg(long, default_value = "1", value_name = "FRACTION", value_parser = share)]
+    pub max_share: f64,
+    /// Signal for real. Without it, only report what would be freed and why.
+    #[arg(long)]
+    pub enforce: bool,
+    /// Append every decision as a JSON line to this file (created 0600, never through a
+    /// link, reopened for each line so that logrotate may move it). Example: --log /var/log/gpureap/reap.jsonl
+    #[arg(long, value_name = "FILE")]
+    pub log: Option<PathBuf>,
+    /// With --watch: serve Prometheus metrics here, the exporter's GPU series and the watch's
+    /// own (gpureap_reaped_total{reason,outcome}, ...). Example: --listen 127.0.0.1:9840
+    #[arg(long, value_name = "IP:PORT", value_parser = listen_address, requires = "watch")]
+    pub listen: Option<std::net::SocketAddr>,
+    /// With --slurm-ended: the scontrol to ask (squeue beside it) [default: as `slurm epilog`].
+    #[arg(long, value_name = "PATH", requires = "slurm_ended")]
+    pub scontrol: Option<PathBuf>,
+    #[command(flatten)]
+    pub sources: SourcesArgs,
 }
 
 /// `run --restart`, as typed (`config::run` makes it the run's `Restart`).
@@ -376,6 +484,8 @@ pub struct ExporterArgs {
     /// (labels pid, comm, user, flags): the cardinality grows with the host.
     #[arg(long)]
     pub per_process: bool,
+    #[command(flatten)]
+    pub sources: SourcesArgs,
 }
 
 #[derive(Debug, Args)]
@@ -385,6 +495,8 @@ pub struct CheckArgs {
     pub gpu: Vec<GpuList>,
     #[command(flatten)]
     pub xids: DrainXidArgs,
+    #[command(flatten)]
+    pub sources: SourcesArgs,
 }
 
 /// `gpureap slurm ...`: the programs slurm.conf names.
@@ -630,6 +742,8 @@ pub struct StatusArgs {
     #[arg(long, requires = "prometheus")]
     pub per_process: bool,
     #[command(flatten)]
+    pub sources: SourcesArgs,
+    #[command(flatten)]
     pub fleet: HostsArgs,
 }
 
@@ -681,6 +795,8 @@ pub struct FreeArgs {
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
+    pub sources: SourcesArgs,
+    #[command(flatten)]
     pub fleet: HostsArgs,
 }
 
@@ -700,6 +816,32 @@ pub struct WaitArgs {
     pub json: bool,
     #[command(flatten)]
     pub fleet: HostsArgs,
+}
+
+/// Where the node's container sources are read (docs/containers.md): names,
+/// whether a holder's container still exists, the GPUs its pod was allocated.
+/// Each source is optional; what cannot be read is a note, never an error.
+#[derive(Debug, Args, Clone, Default, PartialEq, Eq)]
+#[command(next_help_heading = "Containers")]
+pub struct SourcesArgs {
+    /// The node's root, under which its container state is read (var/log/pods,
+    /// var/lib/docker, run/containerd, var/lib/containers): the folder a DaemonSet
+    /// mounts the node at. Example: --host-root /host [default: /]
+    #[arg(long, value_name = "DIR", value_parser = some_path)]
+    pub host_root: Option<PathBuf>,
+    /// The kubelet's pod-resources socket, asked for each pod's names and GPUs.
+    /// Example: --kubelet-socket /var/lib/kubelet/pod-resources/kubelet.sock
+    /// [default: HOST_ROOT/var/lib/kubelet/pod-resources/kubelet.sock]
+    #[arg(long, value_name = "PATH", value_parser = some_path)]
+    pub kubelet_socket: Option<PathBuf>,
+}
+
+/// A path that is not empty (an empty one would name the working directory).
+fn some_path(text: &str) -> Result<PathBuf, String> {
+    if text.is_empty() {
+        return Err("empty path: give a folder or file".to_string());
+    }
+    Ok(PathBuf::from(text))
 }
 
 /// Running on many hosts over ssh (docs/fleet.md).

@@ -3,15 +3,16 @@
 //! exist, user names). Every error here is the user's input, said plainly,
 //! and ends the run with exit code 2 before anything is signalled.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use regex::Regex;
 
 use crate::cli::{
-    DumpArgs, FreeArgs, HostsArgs, PlanArgs, PushArgs, RestartArg, RunArgs, SlurmCommand,
-    SlurmCommonArgs, StatusArgs, WaitArgs,
+    DumpArgs, FreeArgs, HostsArgs, PlanArgs, PushArgs, ReapArgs, RestartArg, RunArgs, SlurmCommand,
+    SlurmCommonArgs, SourcesArgs, StatusArgs, WaitArgs,
 };
+use crate::container;
 use crate::hostlist;
 use crate::plan::fit::{Hypothetical, Overrides, PlanConfig};
 use crate::reap::Options;
@@ -22,6 +23,48 @@ use crate::slurm;
 use crate::snapshot::Snapshot;
 use crate::supervision::StaleRun;
 use crate::units::GpuList;
+
+/// `--host-root` and `--kubelet-socket` as given: checked and made into
+/// `container::Sources` on the host that reads them (`sources`); `-H` passes
+/// them on as they are (`fleet::commands::sources_flags`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SourcesRequest {
+    pub host_root: Option<std::path::PathBuf>,
+    pub kubelet_socket: Option<std::path::PathBuf>,
+}
+
+impl SourcesRequest {
+    pub fn new(args: &SourcesArgs) -> SourcesRequest {
+        let SourcesArgs {
+            host_root,
+            kubelet_socket,
+        } = args;
+        SourcesRequest {
+            host_root: host_root.clone(),
+            kubelet_socket: kubelet_socket.clone(),
+        }
+    }
+
+    /// The node's sources: `--host-root` must be a folder (a typo would
+    /// otherwise make every source silently absent); the kubelet's socket may
+    /// be missing, which the report notes.
+    pub fn sources(&self) -> Result<container::Sources, UsageError> {
+        let host_root = self
+            .host_root
+            .clone()
+            .unwrap_or_else(|| std::path::PathBuf::from("/"));
+        if !host_root.is_dir() {
+            return Err(UsageError(format!(
+                "--host-root {}: not a folder; give where the node's root is mounted (e.g. /host)",
+                host_root.display()
+            )));
+        }
+        Ok(container::Sources::new(
+            host_root,
+            self.kubelet_socket.clone(),
+        ))
+    }
+}
 
 /// A mistake in the command line; printed as is, exit code 2.
 #[derive(Debug, thiserror::Error)]
@@ -133,6 +176,7 @@ pub struct StatusRequest {
     pub json: bool,
     pub prometheus: bool,
     pub per_process: bool,
+    pub sources: SourcesRequest,
 }
 
 impl StatusRequest {
@@ -143,6 +187,7 @@ impl StatusRequest {
             json,
             prometheus,
             per_process,
+            sources,
             fleet: _,
         } = args;
         StatusRequest {
@@ -151,6 +196,7 @@ impl StatusRequest {
             json: *json,
             prometheus: *prometheus,
             per_process: *per_process,
+            sources: SourcesRequest::new(sources),
         }
     }
 }
@@ -175,6 +221,7 @@ pub struct FreeRequest {
     pub dry_run: bool,
     pub yes: bool,
     pub json: bool,
+    pub sources: SourcesRequest,
 }
 
 impl FreeRequest {
@@ -203,6 +250,7 @@ impl FreeRequest {
             dry_run,
             yes,
             json,
+            sources,
             fleet: _,
         } = args;
         let request = FreeRequest {
@@ -219,6 +267,7 @@ impl FreeRequest {
             dry_run: *dry_run,
             yes: *yes,
             json: *json,
+            sources: SourcesRequest::new(sources),
         };
         check_scope(&request)?;
         Ok(request)
@@ -227,18 +276,23 @@ impl FreeRequest {
     /// The uids of `--user`, resolved on this host (a host of `-H` resolves
     /// the names itself).
     pub fn users(&self) -> Result<BTreeSet<u32>, UsageError> {
-        let mut uids = BTreeSet::new();
-        for name in &self.user {
-            let uid = match name.parse::<u32>() {
-                Ok(uid) => uid,
-                Err(_) => uzers::get_user_by_name(name)
-                    .map(|user| user.uid())
-                    .ok_or_else(|| UsageError(format!("no user named '{name}' on this host")))?,
-            };
-            uids.insert(uid);
-        }
-        Ok(uids)
+        uids_of(&self.user)
     }
+}
+
+/// The uids of `--user` names (or numbers), resolved on this host.
+fn uids_of(names: &[String]) -> Result<BTreeSet<u32>, UsageError> {
+    let mut uids = BTreeSet::new();
+    for name in names {
+        let uid = match name.parse::<u32>() {
+            Ok(uid) => uid,
+            Err(_) => uzers::get_user_by_name(name)
+                .map(|user| user.uid())
+                .ok_or_else(|| UsageError(format!("no user named '{name}' on this host")))?,
+        };
+        uids.insert(uid);
+    }
+    Ok(uids)
 }
 
 /// `free` needs a scope: here, and before a fleet asks any host.
@@ -310,9 +364,159 @@ pub fn free(
                     .collect()
             }),
             job: None,
+            min_age: None,
+            supervisor_gone: false,
+            within: None,
+            containers_gone: if request.orphans {
+                crate::select::gone_containers(snapshot)
+            } else {
+                BTreeMap::new()
+            },
         },
         options: request.options(),
     })
+}
+
+/// `reap`'s flags as its typed config. `gpu_count` resolves `--gpu`; user
+/// names are resolved on this host; `--log` is checked (never through a
+/// link, a plain file of ours) before anything runs.
+pub fn reap(args: &ReapArgs, gpu_count: u32) -> Result<crate::watch::ReapConfig, UsageError> {
+    use crate::watch::Rule;
+    let ReapArgs {
+        watch,
+        config: _,
+        orphans,
+        supervisor_gone,
+        slurm_ended,
+        patterns,
+        user,
+        gpu,
+        older_than,
+        interval,
+        grace,
+        timeout,
+        protect,
+        max_share,
+        enforce,
+        log,
+        listen,
+        scontrol,
+        container_gone,
+        sources,
+    } = args;
+    let rules: Vec<Rule> = [
+        (*orphans, Rule::Orphaned),
+        (*supervisor_gone, Rule::SupervisorGone),
+        (*slurm_ended, Rule::SlurmEnded),
+        (*container_gone, Rule::ContainerGone),
+    ]
+    .into_iter()
+    .filter_map(|(given, rule)| given.then_some(rule))
+    .collect();
+    if rules.is_empty() {
+        return Err(UsageError(
+            "reap needs a rule: one or more of --orphans, --supervisor-gone, --slurm-ended, --container-gone (or their keys in --config)"
+                .to_string(),
+        ));
+    }
+    let gpus = gpus(gpu, gpu_count)?;
+    if gpus.as_ref().is_some_and(BTreeSet::is_empty) {
+        return Err(UsageError(
+            "--gpu names no GPU: the driver reports none on this host (see `gpureap status`)"
+                .to_string(),
+        ));
+    }
+    if let Some(path) = log {
+        crate::run::state::LogFile::check(path).map_err(|error| UsageError(error.to_string()))?;
+    }
+    Ok(crate::watch::ReapConfig {
+        watch: *watch,
+        rules,
+        patterns: patterns.clone(),
+        uids: uids_of(user)?,
+        gpus,
+        older_than: *older_than,
+        interval: *interval,
+        options: Options::new(*grace, *timeout),
+        protect: protect.clone(),
+        max_share: *max_share,
+        enforce: *enforce,
+        log: log.clone(),
+        listen: *listen,
+        scontrol: scontrol.clone(),
+        sources: SourcesRequest::new(sources).sources()?,
+    })
+}
+
+/// The command line with `reap --config FILE`'s keys put in as flags, right
+/// after `reap`, so that flags typed after them win and every value goes
+/// through the same parser: `key = true` is `--key`, `key = false` is left
+/// out, a string or a number is `--key=VALUE`, an array repeats the flag.
+/// `config` is not a key.
+pub fn reap_argv(
+    argv: &[std::ffi::OsString],
+    file: &std::path::Path,
+) -> Result<Vec<std::ffi::OsString>, UsageError> {
+    let shown = file.display().to_string();
+    let (_, bytes) = crate::file::read_regular(file, 1 << 20)
+        .map_err(|error| UsageError(format!("--config {shown}: {error}")))?;
+    let text = String::from_utf8(bytes)
+        .map_err(|_| UsageError(format!("--config {shown}: not UTF-8 text")))?;
+    let table: toml::Table = text
+        .parse()
+        .map_err(|error| UsageError(format!("--config {shown}: not TOML: {error}")))?;
+    let mut flags: Vec<std::ffi::OsString> = Vec::new();
+    for (key, value) in &table {
+        if key == "config" || key.starts_with('-') {
+            return Err(UsageError(format!(
+                "--config {shown}: '{key}' is not a key of the file: give --{key} on the command line"
+            )));
+        }
+        let values = match value {
+            toml::Value::Array(items) => items.iter().collect(),
+            _ => vec![value],
+        };
+        for value in values {
+            match value {
+                toml::Value::Boolean(true) => flags.push(format!("--{key}").into()),
+                toml::Value::Boolean(false) => {}
+                toml::Value::String(text) => flags.push(format!("--{key}={text}").into()),
+                toml::Value::Integer(n) => flags.push(format!("--{key}={n}").into()),
+                toml::Value::Float(x) => flags.push(format!("--{key}={x}").into()),
+                _ => {
+                    return Err(UsageError(format!(
+                        "--config {shown}: '{key}' must be true, a string, a number, or an array of those"
+                    )));
+                }
+            }
+        }
+    }
+    // Checked alone first, so that an error names the file.
+    let alone = [
+        std::ffi::OsString::from("gpureap"),
+        "reap".into(),
+        "--watch".into(),
+    ]
+    .into_iter()
+    .chain(flags.iter().cloned());
+    if let Err(error) = <crate::cli::Cli as clap::Parser>::try_parse_from(alone) {
+        let text = error.to_string();
+        let first = text
+            .lines()
+            .next()
+            .unwrap_or("")
+            .trim_start_matches("error: ");
+        return Err(UsageError(format!("--config {shown}: {first}")));
+    }
+    let at = argv
+        .iter()
+        .enumerate()
+        .position(|(index, arg)| arg == "reap" && (index == 0 || argv[index - 1] != "--backend"))
+        .ok_or_else(|| UsageError("reap --config: no `reap` on the command line".to_string()))?;
+    let mut merged = argv[..=at].to_vec();
+    merged.extend(flags);
+    merged.extend_from_slice(&argv[at + 1..]);
+    Ok(merged)
 }
 
 /// What `wait` was asked: the one config of `wait`, here and with `-H`.

@@ -258,10 +258,11 @@ pub enum Program {
     Reset,
     Plan,
     Dump,
+    Reap,
 }
 
 impl Program {
-    pub const ALL: [Program; 16] = [
+    pub const ALL: [Program; 17] = [
         Program::Gpureap,
         Program::Status,
         Program::Free,
@@ -278,6 +279,7 @@ impl Program {
         Program::Reset,
         Program::Plan,
         Program::Dump,
+        Program::Reap,
     ];
 
     /// The words after `gpureap` that name it, e.g. `["slurm", "epilog"]`.
@@ -299,6 +301,7 @@ impl Program {
             Program::Reset => &["reset"],
             Program::Plan => &["plan"],
             Program::Dump => &["dump"],
+            Program::Reap => &["reap"],
         }
     }
 }
@@ -401,6 +404,21 @@ pub fn rows(program: Program) -> Vec<(Exit, &'static str)> {
             (
                 Signalled(libc::SIGINT),
                 "interrupted (Ctrl-C, SIGTERM, SIGHUP): every process it started is gone",
+            ),
+        ],
+        Program::Reap => vec![
+            (
+                Success,
+                "--watch stopped by SIGTERM or Ctrl-C (between scans); once: nothing left to free, or all freed",
+            ),
+            (
+                StillHeld,
+                "once: something the policy named is still held, or a rule was refused (--max-share)",
+            ),
+            (Usage, USAGE),
+            (
+                Incomplete,
+                "could not listen, or once: the driver or /proc failed, so nothing was signalled",
             ),
         ],
         Program::Exporter => vec![

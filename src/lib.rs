@@ -48,5 +48,8 @@ pub mod check;
 pub mod exporter;
 pub mod metrics;
 
+// `gpureap reap --watch`: unattended freeing by a policy, through `reap::free`.
+pub mod watch;
+
 // `gpureap plan`: the engines' KV-cache arithmetic on a launch command line.
 pub mod plan;

@@ -21,7 +21,24 @@ use gpureap::supervision::{self, StaleRun};
 fn main() -> ! {
     // The demo's simulated processes are this binary under other command lines.
     gpureap::driver::sim::stand_in::run_if_asked();
-    let matches = Cli::command().get_matches();
+    let mut matches = Cli::command().get_matches();
+    // `reap --config FILE`: its keys become flags, parsed as typed ones are.
+    if let Some(("reap", reap)) = matches.subcommand()
+        && let Some(file) = reap.get_one::<std::path::PathBuf>("config")
+    {
+        let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+        match config::reap_argv(&argv, file) {
+            Ok(merged) => {
+                matches = Cli::command()
+                    .try_get_matches_from(merged)
+                    .unwrap_or_else(|error| error.exit());
+            }
+            Err(error) => {
+                eprintln!("gpureap: {}", gpureap::units::one_line(&error.0));
+                Exit::Usage.exit();
+            }
+        }
+    }
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.exit());
     // An explicit --backend goes to the hosts too; GPUREAP_BACKEND is this machine's.
     let remote_backend = (matches.value_source("backend") == Some(ValueSource::CommandLine))
@@ -81,6 +98,7 @@ fn main() -> ! {
         Command::Slurm(command) => slurm(&cli.backend, command),
         Command::Reset(args) => reset(&cli.backend, args),
         Command::Dump(args) => dump(&cli.backend, &config::dump(args)),
+        Command::Reap(args) => reap_watch(&cli.backend, args),
         Command::Plan(args) => match fleet(&args.fleet, &remote_backend, args.json)
             .and_then(|fleet| Ok((fleet, config::plan(args)?)))
         {
@@ -266,9 +284,11 @@ fn emit_encoded(text: &str) -> io::Result<()> {
 }
 
 fn status(backend: &BackendChoice, args: &config::StatusRequest) -> Result<Exit, Failure> {
+    let sources = args.sources.sources()?;
     // How long the snapshot took, for `status --prometheus`'s scan figures.
     let (driver, mut snapshot, took) =
         Snapshot::open_and_take(backend, args.prometheus).map_err(UsageError)?;
+    snapshot.attribute_containers(&sources);
     let gpus = config::gpus(&args.gpu, gpu_count(driver.as_ref()))?;
     snapshot.read_evidence(driver.as_ref());
     if args.prometheus {
@@ -313,6 +333,7 @@ fn status_exit(snapshot: &Snapshot, gpus: &Option<std::collections::BTreeSet<u32
 
 fn free(backend: &BackendChoice, args: &config::FreeRequest) -> Result<Exit, Failure> {
     let uids = args.users()?;
+    let sources = args.sources.sources()?;
     let driver = open_driver(backend)?;
     let gpu_count = gpu_count(driver.as_ref());
     // GPU indexes are checked before the scan; named processes' families need command lines too.
@@ -320,7 +341,9 @@ fn free(backend: &BackendChoice, args: &config::FreeRequest) -> Result<Exit, Fai
     let named = args.pid.iter().copied().collect();
     // Found before the snapshot, so that every member found is in it.
     let stale_runs = args.stale_runs.then(supervision::stale_runs);
-    let snapshot = Snapshot::take_focused(driver.as_ref(), &named);
+    let mut snapshot = Snapshot::take_focused(driver.as_ref(), &named);
+    // Names and "container gone" (which --orphans takes), judged once here.
+    snapshot.attribute_containers(&sources);
     let guard = Guard::for_this_process(&args.protect);
     let config = config::free(
         args,
@@ -495,6 +518,7 @@ fn run_dump(state_dir: &std::path::Path) -> Result<Exit, Failure> {
 // Monitoring: `exporter` and `check` (docs/monitoring.md).
 
 fn exporter(backend: &BackendChoice, args: &gpureap::cli::ExporterArgs) -> Result<Exit, Failure> {
+    let sources = config::SourcesRequest::new(&args.sources).sources()?;
     let driver = open_driver(backend)?;
     let config = gpureap::exporter::ExporterConfig {
         listen: args.listen,
@@ -503,15 +527,25 @@ fn exporter(backend: &BackendChoice, args: &gpureap::cli::ExporterArgs) -> Resul
             gpus: None,
             per_process: args.per_process,
         },
+        sources,
     };
     Ok(gpureap::exporter::run(&config, driver)?)
 }
 
+/// `reap [--watch]`: the policy checked before the watch starts (exit 2).
+fn reap_watch(backend: &BackendChoice, args: &gpureap::cli::ReapArgs) -> Result<Exit, Failure> {
+    let driver = open_driver(backend)?;
+    let config = config::reap(args, gpu_count(driver.as_ref()))?;
+    Ok(gpureap::watch::run(&config, driver.as_ref())?)
+}
+
 fn check(backend: &BackendChoice, args: &gpureap::cli::CheckArgs) -> Result<Exit, Failure> {
+    let sources = config::SourcesRequest::new(&args.sources).sources()?;
     // Its first line says there is no driver, once.
     let driver = open_driver_quietly(backend)?;
     let gpus = config::gpus(&args.gpu, gpu_count(driver.as_ref()))?;
-    let snapshot = Snapshot::take_listed(driver.as_ref());
+    let mut snapshot = Snapshot::take_listed(driver.as_ref());
+    snapshot.attribute_containers(&sources);
     let indexes = snapshot.gpus.iter().map(|gpu| gpu.index).collect();
     let hardware = gpureap::driver::evidence::Hardware::gather(
         driver.as_ref(),

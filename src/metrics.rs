@@ -142,6 +142,7 @@ pub struct Orphaned {
 pub fn orphaned(snapshot: &Snapshot) -> BTreeMap<u32, Orphaned> {
     let scope = Scope {
         orphans: true,
+        containers_gone: select::gone_containers(snapshot),
         ..Scope::default()
     };
     let selection = select::select(snapshot, &scope, &Guard::for_this_process(&[]));
@@ -206,13 +207,27 @@ pub fn encode_snapshot(
     figures: &ScanFigures,
     options: &Options,
 ) -> Exposition {
+    encode_snapshot_with(snapshot, figures, options, &|_| {})
+}
+
+/// The exposition of one snapshot, with the families `more` registers
+/// beside them (`reap --watch --listen`: the watch's own counters), in one
+/// registry, so that the document has one end.
+pub fn encode_snapshot_with(
+    snapshot: &Snapshot,
+    figures: &ScanFigures,
+    options: &Options,
+    more: &dyn Fn(&mut Registry),
+) -> Exposition {
     let mut registry = Registry::with_prefix("gpureap");
     encode_scan(&mut registry, snapshot, figures);
     encode_gpus(&mut registry, snapshot, options);
     encode_evidence(&mut registry, snapshot, options);
+    encode_containers(&mut registry, snapshot, options);
     if options.per_process {
         encode_processes(&mut registry, snapshot, options);
     }
+    more(&mut registry);
     let mut text = String::new();
     // Writing to a String cannot fail.
     let _ = encode(&mut text, &registry);
@@ -438,6 +453,46 @@ fn recovery_code(action: Recovery) -> f64 {
         Recovery::DrainP2p => 3.0,
         Recovery::DrainAndReset => 4.0,
     }
+}
+
+/// Memory held on each GPU by processes whose container or pod is gone (a
+/// node source that would list it does not: `docker rm -f`, a deleted pod),
+/// which `free --orphans` takes. Written for every GPU the driver answered
+/// for, 0 included: a gone container is a finding, its absence a fact.
+fn encode_containers(registry: &mut Registry, snapshot: &Snapshot, options: &Options) {
+    let gone = gauge_family(
+        registry,
+        "gpu_container_gone_memory",
+        "GPU memory held by processes whose container or pod no longer exists (docker rm -f, a deleted pod), as a node source says; `gpureap free --orphans` frees them",
+        Some(Unit::Bytes),
+    );
+    let wanted = |index: u32| options.gpus.as_ref().is_none_or(|set| set.contains(&index));
+    let held_by_gone = container_gone(snapshot);
+    for gpu in snapshot.gpus.iter().filter(|gpu| wanted(gpu.index)) {
+        if let Some(held) = held_by_gone.get(&gpu.index) {
+            set(&gone, gpu_labels(gpu), bytes(held.bytes));
+        }
+    }
+}
+
+/// Per GPU the driver answered for, the memory of the processes it lists
+/// whose container or pod is gone (`Snapshot::container_gone`), and how many.
+pub fn container_gone(snapshot: &Snapshot) -> BTreeMap<u32, Orphaned> {
+    snapshot
+        .gpus
+        .iter()
+        .filter(|gpu| gpu.driver_answered())
+        .map(|gpu| {
+            let mut gone = Orphaned::default();
+            for user in gpu.users.iter().filter(|user| {
+                user.listed && !user.hidden && snapshot.container_gone(user.pid).is_some()
+            }) {
+                gone.processes += 1;
+                gone.bytes = gone.bytes.saturating_add(user.memory.unwrap_or(0));
+            }
+            (gpu.index, gone)
+        })
+        .collect()
 }
 
 /// Each holder's memory on each GPU (`--per-process`).

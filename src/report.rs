@@ -13,7 +13,7 @@ use crate::driver::DriverError;
 use crate::driver::evidence::Evidence;
 use crate::exit::Exit;
 use crate::proc::Unreadable;
-use crate::reap::{Fate, FreeReport, Handled};
+use crate::reap::{Fate, FreeReport, GpuOutcome, Handled};
 use crate::select::Because;
 use crate::select::{DEFAULT_PROTECTED, protected_name};
 use crate::signal::Delivery;
@@ -36,6 +36,9 @@ pub struct StatusJson<'a> {
     pub scan: ScanJson<'a>,
     pub gpus: Vec<GpuJson>,
     pub holders: Vec<HolderJson>,
+    /// What the node's container sources could not tell (a kubelet that
+    /// did not answer, a runtime's state that could not be read).
+    pub container_notes: &'a [String],
     pub visibility: VisibilityJson,
 }
 
@@ -117,6 +120,12 @@ pub struct HolderJson {
     pub supervisor: Option<SupervisorJson>,
 }
 
+/// A container as the table, the tree and `check` name it
+/// (`namespace/pod name`, else `runtime:short-id`).
+pub fn label_of(container: &Container) -> String {
+    ContainerJson::of(container).label()
+}
+
 /// A holder's container (docs/json.md): what its cgroup path says, and the
 /// names the node's sources give (`null` until they do).
 #[derive(Debug, Serialize)]
@@ -128,6 +137,12 @@ pub struct ContainerJson {
     pub namespace: Option<String>,
     pub name: Option<String>,
     pub local_pid: Option<u32>,
+    /// The source that says the container or its pod no longer exists
+    /// (`"kubelet pod-resources"`, `"/var/lib/docker/containers"`, ...);
+    /// `null` while it exists or no source can tell.
+    pub gone: Option<String>,
+    /// GPUs it uses that the kubelet never allocated to its container.
+    pub unrequested_gpus: Vec<u32>,
 }
 
 impl ContainerJson {
@@ -140,6 +155,11 @@ impl ContainerJson {
             namespace: container.namespace.clone(),
             name: container.name.clone(),
             local_pid: container.local_pid,
+            gone: match &container.presence {
+                crate::container::Presence::Gone { source } => Some(source.clone()),
+                _ => None,
+            },
+            unrequested_gpus: container.unrequested_gpus.clone(),
         }
     }
 
@@ -325,6 +345,7 @@ pub fn status_json(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String 
             })
             .collect(),
         holders: holders_json(snapshot, gpus),
+        container_notes: &snapshot.container_notes,
         visibility: VisibilityJson {
             host_pids: crate::container::sees_host_pids(),
             hidden: hidden_pids(snapshot, gpus),
@@ -707,6 +728,7 @@ fn notes(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>, out: &mut String) {
     for line in evidence_lines(snapshot, gpus) {
         note(out, &line);
     }
+    container_notes(snapshot, out);
     if let Some(error) = &snapshot.driver_error
         && !snapshot.gpus.is_empty()
     {
@@ -723,6 +745,39 @@ fn notes(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>, out: &mut String) {
                 Field(&snapshot.unreadable[0].reason)
             ),
         );
+    }
+}
+
+/// What the container sources found (holders whose container is gone, GPUs
+/// a pod was never allocated) and what they could not read.
+fn container_notes(snapshot: &Snapshot, out: &mut String) {
+    for pid in snapshot.holders() {
+        let Some(container) = snapshot.container(pid) else {
+            continue;
+        };
+        if let Some(reason) = container.gone_reason() {
+            note(
+                out,
+                &format!(
+                    "Container gone: PID {pid}: {}; `gpureap free --orphans` frees it.",
+                    Field(&reason)
+                ),
+            );
+        }
+        if !container.unrequested_gpus.is_empty() {
+            let gpus: BTreeSet<u32> = container.unrequested_gpus.iter().copied().collect();
+            note(
+                out,
+                &format!(
+                    "Unrequested GPU: PID {pid} in {} uses GPU {}, which the kubelet never allocated to its pod.",
+                    Field(&label_of(container)),
+                    GpuRanges(&gpus)
+                ),
+            );
+        }
+    }
+    for text in &snapshot.container_notes {
+        note(out, &format!("Containers: {}", Field(text)));
     }
 }
 
@@ -1006,7 +1061,7 @@ struct StaleRunJson<'a> {
 }
 
 #[derive(Serialize)]
-struct TargetJson<'a> {
+pub struct TargetJson<'a> {
     pid: u32,
     start_time: u64,
     ppid: u32,
@@ -1014,6 +1069,8 @@ struct TargetJson<'a> {
     cmdline: &'a str,
     because: String,
     orphan: Option<String>,
+    /// Why its container counts as gone, where `--orphans` took it for that.
+    container_gone: Option<&'a str>,
     gpus: &'a BTreeSet<u32>,
     signals: Vec<SignalJson<'a>>,
     fate: &'static str,
@@ -1047,7 +1104,7 @@ struct SparedJson<'a> {
 }
 
 #[derive(Serialize)]
-struct GpuOutcomeJson<'a> {
+pub struct GpuOutcomeJson<'a> {
     index: u32,
     freed: bool,
     checked: bool,
@@ -1234,7 +1291,8 @@ fn fate_code(fate: Fate) -> &'static str {
     }
 }
 
-fn target_json(target: &Handled) -> TargetJson<'_> {
+/// One target as `free --json` writes it (`targets[]`); `reap`'s decision lines carry it too.
+pub fn target_json(target: &Handled) -> TargetJson<'_> {
     TargetJson {
         pid: target.pid,
         start_time: target.start_time,
@@ -1243,6 +1301,7 @@ fn target_json(target: &Handled) -> TargetJson<'_> {
         cmdline: &target.cmdline,
         because: because_code(target.because),
         orphan: target.orphan.map(|orphan| orphan.to_string()),
+        container_gone: target.container_gone.as_deref(),
         gpus: &target.gpus,
         signals: target
             .signals
@@ -1284,28 +1343,7 @@ pub fn free_json(report: &FreeReport, exit_code: Exit) -> String {
                 why: spared.reason.to_string(),
             })
             .collect(),
-        gpus: report
-            .gpus
-            .iter()
-            .map(|gpu| GpuOutcomeJson {
-                index: gpu.index,
-                freed: gpu.freed,
-                checked: gpu.checked,
-                memory_before: gpu.memory_before,
-                memory_after: gpu.memory_after,
-                freed_bytes: gpu.freed_bytes,
-                freed_after_ms: gpu.freed_after_ms,
-                advice: &gpu.advice,
-                reasons: gpu
-                    .reasons
-                    .iter()
-                    .map(|reason| ReasonTextJson {
-                        reason: ReasonJson::from(reason),
-                        text: reason.to_string(),
-                    })
-                    .collect(),
-            })
-            .collect(),
+        gpus: report.gpus.iter().map(gpu_outcome_json).collect(),
         unreadable: unreadable_json(&report.unreadable),
         stale_runs: report
             .stale_runs
@@ -1319,6 +1357,28 @@ pub fn free_json(report: &FreeReport, exit_code: Exit) -> String {
             })
             .collect(),
     })
+}
+
+/// One GPU's outcome as `free --json` writes it (`gpus[]`); `reap`'s decision lines carry it too.
+pub fn gpu_outcome_json(gpu: &GpuOutcome) -> GpuOutcomeJson<'_> {
+    GpuOutcomeJson {
+        index: gpu.index,
+        freed: gpu.freed,
+        checked: gpu.checked,
+        memory_before: gpu.memory_before,
+        memory_after: gpu.memory_after,
+        freed_bytes: gpu.freed_bytes,
+        freed_after_ms: gpu.freed_after_ms,
+        advice: &gpu.advice,
+        reasons: gpu
+            .reasons
+            .iter()
+            .map(|reason| ReasonTextJson {
+                reason: ReasonJson::from(reason),
+                text: reason.to_string(),
+            })
+            .collect(),
+    }
 }
 
 /// The plan, for --dry-run and the confirmation prompt.
@@ -1339,11 +1399,14 @@ pub fn free_plan(report: &FreeReport) -> String {
                 Cell::new(pid),
                 Cell::new(target.ppid),
                 Cell::new(gpu_list(&target.gpus)),
-                Cell::new(match &target.orphan {
-                    Some(orphan) => {
+                Cell::new(match (&target.orphan, &target.container_gone) {
+                    (Some(orphan), _) => {
                         format!("{} (orphaned: {orphan})", because_text(target.because))
                     }
-                    None => because_text(target.because),
+                    (None, Some(gone)) => {
+                        format!("{} ({})", because_text(target.because), one_line(gone))
+                    }
+                    (None, None) => because_text(target.because),
                 }),
                 Cell::new(short(&target.cmdline, 70)),
             ]);
@@ -1649,6 +1712,7 @@ mod tests {
             evidence_note: None,
             uptime_ticks: None,
             bookkeeping_slack: 0,
+            container_notes: Vec::new(),
         }
     }
 

@@ -5,6 +5,7 @@
 //! guard removes what must never be signalled, and says why for each.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use regex::Regex;
 
@@ -39,6 +40,24 @@ pub struct Scope {
     pub stale_runs: Option<BTreeSet<ProcessId>>,
     /// A Slurm job's processes (`gpureap slurm epilog`): a filter like `--user`.
     pub job: Option<JobScope>,
+    /// `reap --older-than`: the age floor. A process younger than this (or
+    /// whose age cannot be read) is never a target, named, in scope or a
+    /// descendant: it is spared (`Spared::Young`), and nothing is reached
+    /// through it.
+    pub min_age: Option<Duration>,
+    /// `reap --supervisor-gone`: holders of a `gpureap run` whose
+    /// supervisor is gone (the `supervisor_gone` flag), a filter.
+    pub supervisor_gone: bool,
+    /// Only these processes, by identity, may be holders in scope (a
+    /// filter: `reap` confirms what the scan before found, and gives the
+    /// processes of ended Slurm jobs); their descendants go with them.
+    pub within: Option<BTreeSet<ProcessId>>,
+    /// Holders whose container or pod a node source says is gone
+    /// (`docker rm -f`, a deleted pod), by identity, each with why
+    /// (`gone_containers`): found once, before selection, from a snapshot the
+    /// sources named (`Snapshot::attribute_containers`); `--orphans` takes
+    /// them as it takes orphans.
+    pub containers_gone: BTreeMap<ProcessId, String>,
 }
 
 /// What belongs to one Slurm job: processes whose environment carries
@@ -89,6 +108,8 @@ impl Scope {
             && !self.all
             && self.stale_runs.is_none()
             && self.job.is_none()
+            && !self.supervisor_gone
+            && self.within.is_none()
     }
 
     /// Whether a filter narrows what `--pid` and `--stale-runs` name
@@ -99,6 +120,8 @@ impl Scope {
             || !self.uids.is_empty()
             || self.orphans
             || self.job.is_some()
+            || self.supervisor_gone
+            || self.within.is_some()
     }
 
     /// Why a process is named by this scope itself (`--pid`, `--stale-runs`), if it is.
@@ -113,6 +136,16 @@ impl Scope {
             Some(Because::StaleRun)
         } else {
             None
+        }
+    }
+
+    /// Why a process is spared by the age floor (`min_age`), if it is: younger
+    /// than it, or of an age the snapshot cannot tell.
+    fn too_young(&self, snapshot: &Snapshot, record: &ProcessRecord) -> Option<Spared> {
+        let floor = self.min_age?;
+        match snapshot.age(record.id.pid) {
+            Some(age) if age >= floor => None,
+            age => Some(Spared::Young { age, floor }),
         }
     }
 
@@ -138,16 +171,40 @@ impl Scope {
         if self.job.as_ref().is_some_and(|job| !job.admits(record)) {
             return false;
         }
+        if self
+            .within
+            .as_ref()
+            .is_some_and(|within| !within.contains(&record.id))
+        {
+            return false;
+        }
+        if self.supervisor_gone && snapshot.supervisor_gone(pid).is_none() {
+            return false;
+        }
         // A run whose supervisor died is orphaned as a whole: its top process
         // leads a session of its own, so it is never orphaned by the rule itself.
         if self.orphans
             && snapshot.orphaned(pid).is_none()
             && snapshot.supervisor_gone(pid).is_none()
+            && !self.containers_gone.contains_key(&record.id)
         {
             return false;
         }
         true
     }
+}
+
+/// The holders of `snapshot` whose container is gone, by identity, with the
+/// reason (`Scope::containers_gone`).
+pub fn gone_containers(snapshot: &Snapshot) -> BTreeMap<ProcessId, String> {
+    snapshot
+        .details
+        .keys()
+        .filter_map(|&pid| {
+            let reason = snapshot.container_gone(pid)?.gone_reason()?;
+            Some((snapshot.processes.get(&pid)?.id, reason))
+        })
+        .collect()
 }
 
 /// What may never be signalled, whatever the scope says.
@@ -232,6 +289,12 @@ pub enum Spared {
     KernelThread,
     Protected(String),
     Monitor,
+    /// Younger than the age floor (`reap --older-than`); `age` is `None`
+    /// when it could not be read.
+    Young {
+        age: Option<Duration>,
+        floor: Duration,
+    },
 }
 
 impl std::fmt::Display for Spared {
@@ -252,6 +315,20 @@ impl std::fmt::Display for Spared {
                 f,
                 "a monitor (no GPU context, no memory); name it with --pid to include it"
             ),
+            Spared::Young {
+                age: Some(age),
+                floor,
+            } => write!(
+                f,
+                "younger ({}) than the age floor ({})",
+                crate::units::Elapsed(*age),
+                crate::units::Elapsed(*floor)
+            ),
+            Spared::Young { age: None, floor } => write!(
+                f,
+                "of an age that cannot be read, so not known to be older than {}",
+                crate::units::Elapsed(*floor)
+            ),
         }
     }
 }
@@ -266,6 +343,7 @@ impl Spared {
             Spared::KernelThread => "kernel_thread",
             Spared::Protected(_) => "protected",
             Spared::Monitor => "monitor",
+            Spared::Young { .. } => "young",
         }
     }
 }
@@ -347,7 +425,10 @@ fn named_families(
         else {
             continue;
         };
-        if let Some(reason) = guard.spare_reason(snapshot, root, true) {
+        if let Some(reason) = guard
+            .spare_reason(snapshot, root, true)
+            .or_else(|| scope.too_young(snapshot, root))
+        {
             // Naming PID 1 or the calling shell must not reach what runs under it.
             selection.spared.insert(id.pid, reason);
             continue;
@@ -395,7 +476,10 @@ pub fn select(snapshot: &Snapshot, scope: &Scope, guard: &Guard) -> Selection {
         let Some(record) = snapshot.processes.get(&pid) else {
             return false;
         };
-        match guard.spare_reason(snapshot, record, named(record)) {
+        let reason = guard
+            .spare_reason(snapshot, record, named(record))
+            .or_else(|| scope.too_young(snapshot, record));
+        match reason {
             Some(reason) => {
                 selection.spared.insert(pid, reason);
                 false

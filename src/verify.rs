@@ -670,6 +670,7 @@ mod tests {
             evidence_note: None,
             uptime_ticks: None,
             bookkeeping_slack: 256 << 20,
+            container_notes: Vec::new(),
         }
     }
     fn targets(pids: &[u32]) -> Selection {

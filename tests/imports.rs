@@ -80,6 +80,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "demo",
             "plan",
             "dump",
+            "watch",
         ],
     ),
     ("report", &["report"]),

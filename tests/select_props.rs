@@ -15,9 +15,10 @@
 //! of earlier targets, some of whose PIDs now belong to other processes.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use gpureap::driver::DriverError;
-use gpureap::proc::Node;
+use gpureap::proc::{Node, ticks_per_second};
 use gpureap::proc::{ProcessId, ProcessRecord, State};
 use gpureap::select::{DEFAULT_PROTECTED, Guard, Scope, select};
 use gpureap::signal::Sig;
@@ -84,6 +85,10 @@ struct Spec {
     uids: Vec<usize>,
     orphans: bool,
     all: bool,
+    /// The age floor, in milliseconds, and whether the uptime (every age) is known.
+    min_age: Option<(u16, bool)>,
+    /// Positions of the only processes that may be holders in scope.
+    within: Option<Vec<usize>>,
 }
 
 fn spec() -> impl Strategy<Value = Spec> {
@@ -146,6 +151,10 @@ fn spec() -> impl Strategy<Value = Spec> {
             proptest::bool::weighted(0.3),
             proptest::bool::weighted(0.15),
         ),
+        (
+            proptest::option::weighted(0.4, (0u16..3000, proptest::bool::weighted(0.9))),
+            proptest::option::weighted(0.3, proptest::collection::vec(0usize..64, 0..6)),
+        ),
     )
         .prop_map(
             |(
@@ -158,6 +167,7 @@ fn spec() -> impl Strategy<Value = Spec> {
                     (driver_failed, reversed),
                 ),
                 (gpus, named, patterns, uids, orphans, all),
+                (min_age, within),
             )| Spec {
                 processes,
                 hidden_on_gpu0,
@@ -172,6 +182,8 @@ fn spec() -> impl Strategy<Value = Spec> {
                 uids,
                 orphans,
                 all,
+                min_age,
+                within,
             },
         )
 }
@@ -305,10 +317,15 @@ fn build(spec: &Spec) -> (Snapshot, Scope, Guard) {
             .driver_failed
             .then(|| DriverError::Nvml("failed".to_string())),
         details: BTreeMap::new(),
-        uptime_ticks: None,
+        // Process N started at tick 7(N + 1); PID 1 at 0.
+        uptime_ticks: spec
+            .min_age
+            .is_none_or(|(_, known)| known)
+            .then_some((spec.processes.len() as u64 + 1) * 7),
         bookkeeping_slack: 0,
         evidence: BTreeMap::new(),
         evidence_note: None,
+        container_notes: Vec::new(),
     };
 
     let count = spec.processes.len();
@@ -354,6 +371,20 @@ fn build(spec: &Spec) -> (Snapshot, Scope, Guard) {
         all: spec.all,
         stale_runs: None,
         job: None,
+        min_age: spec
+            .min_age
+            .map(|(floor, _)| Duration::from_millis(u64::from(floor))),
+        supervisor_gone: false,
+        within: spec.within.as_ref().map(|positions| {
+            positions
+                .iter()
+                .map(|&position| {
+                    let pid = pid_at(spec, position % count);
+                    snapshot.processes[&pid].id
+                })
+                .collect()
+        }),
+        containers_gone: Default::default(),
     };
     (snapshot, scope, guard)
 }
@@ -473,6 +504,20 @@ fn reference(snapshot: &Snapshot, scope: &Scope, guard: &Guard) -> (BTreeSet<u32
                 }))
             && (scope.uids.is_empty() || record.uid.is_some_and(|uid| scope.uids.contains(&uid)))
             && (!scope.orphans || orphaned(pid))
+            && scope
+                .within
+                .as_ref()
+                .is_none_or(|within| within.contains(&record.id))
+    };
+    // Younger than the floor, or of an unknown age: never signalled.
+    let young = |pid: u32| {
+        scope.min_age.is_some_and(|floor| {
+            let record = &snapshot.processes[&pid];
+            snapshot.uptime_ticks.is_none_or(|uptime| {
+                let ticks = uptime.saturating_sub(record.id.start_time);
+                Duration::from_millis(ticks * 1000 / ticks_per_second()) < floor
+            })
+        })
     };
     let is_descendant = |pid: u32, of: u32| {
         let mut current = pid;
@@ -506,6 +551,7 @@ fn reference(snapshot: &Snapshot, scope: &Scope, guard: &Guard) -> (BTreeSet<u32
             .and_then(|argv0| argv0.rsplit('/').next())
             .unwrap_or("");
         pid == guard.self_pid
+            || young(pid)
             || guard.ancestors.contains(&pid)
             || pid == 1
             || record.kernel_thread
@@ -791,6 +837,7 @@ fn a_job_scope_takes_the_jobs_own_and_never_another_jobs() {
         bookkeeping_slack: 0,
         evidence: BTreeMap::new(),
         evidence_note: None,
+        container_notes: Vec::new(),
     };
     let scope = Scope {
         gpus: Some(BTreeSet::from([0])),

@@ -1382,3 +1382,82 @@ fn healthcheck_drains_for_an_xid_of_the_list_naming_it_and_the_gpu() {
     assert_eq!(again.code, 1, "{}", again.stderr);
     assert!(!again.stderr.contains("resume"), "{}", again.stderr);
 }
+
+/// `reap --slurm-ended`, against the real slurmctld: a holder whose
+/// environment names a job Slurm has finished is freed, with the job's end
+/// as its reason; one naming a job still running is not.
+#[test]
+fn reap_slurm_ended_frees_what_a_finished_job_left_and_not_a_running_jobs() {
+    let (cluster, _turn) = cluster();
+    let finished = cluster.sbatch(&[], "true");
+    wait_for(Duration::from_secs(30), || {
+        cluster.job_state(finished) == "COMPLETED"
+    })
+    .unwrap_or_else(|_| panic!("job {finished}: {}", cluster.job_state(finished)));
+    let running = cluster.sbatch(&[], "sleep 300");
+    wait_for(Duration::from_secs(30), || {
+        cluster.job_state(running) == "RUNNING"
+    })
+    .unwrap_or_else(|_| panic!("job {running}: {}", cluster.job_state(running)));
+    let mut incident = Incident::new(&cluster.sim);
+    let stage = |incident: &mut Incident, job: u64, title: &str, gpu: u32| {
+        let holder = Holder::new(title).on(gpu, 4 * GIB);
+        incident
+            .spawn(
+                &format!("export SLURM_JOB_ID={job}; {}", holder.script()),
+                1,
+            )
+            .expect("staged");
+        incident.pid_of(title).expect("holder")
+    };
+    let left = stage(&mut incident, finished, "python train.py --left-behind", 0);
+    let live = stage(&mut incident, running, "python train.py --running", 1);
+    let dir = tempfile::tempdir().expect("dir");
+    let log = dir.path().join("reap.jsonl");
+    let reap = crate::harness::gpureap(&cluster.sim)
+        .args([
+            "reap",
+            "--slurm-ended",
+            "--older-than",
+            "0s",
+            "--interval",
+            "100ms",
+            "--grace",
+            "100ms",
+            "--enforce",
+            "--scontrol",
+            SCONTROL,
+            "--log",
+        ])
+        .arg(&log)
+        .env("SLURM_CONF", cluster.conf())
+        .output()
+        .expect("gpureap runs");
+    let stderr = String::from_utf8_lossy(&reap.stderr);
+    let _ = cluster
+        .client("/usr/bin/scancel")
+        .arg(running.to_string())
+        .output();
+    assert_eq!(reap.status.code(), Some(0), "{stderr}");
+    assert!(!alive(left), "the finished job's holder lives: {stderr}");
+    assert!(
+        alive(live),
+        "the running job's holder was signalled: {stderr}"
+    );
+    let lines: Vec<serde_json::Value> = fs::read_to_string(&log)
+        .expect("log")
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("JSON"))
+        .collect();
+    let freed: Vec<&serde_json::Value> = lines
+        .iter()
+        .filter(|line| line["action"] == "freed")
+        .collect();
+    assert_eq!(freed.len(), 1, "{lines:#?}");
+    assert_eq!(freed[0]["target"]["pid"], left);
+    assert_eq!(freed[0]["rule"], "slurm_ended");
+    assert_eq!(
+        freed[0]["why"],
+        format!("Slurm job {finished} has ended (COMPLETED)")
+    );
+}

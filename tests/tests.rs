@@ -1,6 +1,7 @@
 //! One integration-test binary: real processes, real signals, the real /proc,
 //! and the simulated GPU driver.
 
+mod containers_sources;
 mod demo;
 mod docs;
 mod exit_codes;
@@ -17,6 +18,7 @@ mod plan;
 mod plan_hostile;
 mod portable;
 mod push;
+mod reap_watch;
 mod run;
 mod run_output;
 mod run_plan;
