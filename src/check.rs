@@ -8,7 +8,10 @@
 //! by no process (the one rule, `Snapshot::held_by_no_process`: beyond the
 //! driver's bookkeeping, with `status`'s figure), orphaned processes
 //! holding memory, a GPU the driver lost. The driver being unavailable is not
-//! a problem of the GPUs but an unknown: nothing can be said about them. The
+//! a problem of the GPUs but an unknown: nothing can be said about them; so
+//! is memory no listed process explains when gpureap does not see the
+//! host's PIDs (the one rule's `Unseen`: processes of other namespaces,
+//! which a driver may omit from its lists, may hold it). The
 //! figures are the exporter's (`metrics`), from the same snapshot `status`
 //! takes, so the check, the metrics and `status` never disagree.
 
@@ -86,6 +89,10 @@ pub enum Finding {
     Driver { index: u32, error: DriverError },
     /// Memory held by no process, by the one rule.
     HeldByNoProcess { index: u32, bytes: u64 },
+    /// Memory no listed process explains, seen from a PID namespace of its
+    /// own: processes of other namespaces may hold it (the one rule's
+    /// `Unseen`). Not a problem found: what it is cannot be told here.
+    Unseen { index: u32, bytes: u64 },
     /// Orphaned processes holding memory.
     Orphaned {
         index: u32,
@@ -99,6 +106,7 @@ pub enum Finding {
 pub enum Hint {
     Orphans,
     HeldByNoProcess,
+    Unseen,
 }
 
 impl Hint {
@@ -110,6 +118,9 @@ impl Hint {
             Hint::HeldByNoProcess => {
                 "memory held by no process: only a GPU reset or a reboot clears it"
             }
+            Hint::Unseen => {
+                "memory no listed process explains, seen from a PID namespace of its own (a container without the host's PIDs): the driver may omit other namespaces' processes from its lists, so processes unseen here may hold it; it is not driver-held, do not reset. Run gpureap on the host, or give its container the host's PIDs: `docker run --pid=host`, or `hostPID: true` in a Kubernetes pod spec"
+            }
         }
     }
 }
@@ -120,6 +131,7 @@ impl Finding {
         match self {
             Finding::Driver { .. } => None,
             Finding::HeldByNoProcess { .. } => Some(Hint::HeldByNoProcess),
+            Finding::Unseen { .. } => Some(Hint::Unseen),
             Finding::Orphaned { .. } => Some(Hint::Orphans),
         }
     }
@@ -137,6 +149,10 @@ impl Finding {
             Finding::HeldByNoProcess { index, bytes } => {
                 format!("GPU {index}: {} held by no process", Bytes(*bytes))
             }
+            Finding::Unseen { index, bytes } => format!(
+                "GPU {index}: {} unexplained, may be unseen processes'",
+                Bytes(*bytes)
+            ),
             Finding::Orphaned {
                 index,
                 bytes,
@@ -167,37 +183,7 @@ pub fn check(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> Check {
             details,
         };
     }
-    let orphans = metrics::orphaned(snapshot);
-    let mut findings = Vec::new();
-    let mut checked = BTreeSet::new();
-    for gpu in snapshot
-        .gpus
-        .iter()
-        .filter(|gpu| gpus.as_ref().is_none_or(|set| set.contains(&gpu.index)))
-    {
-        checked.insert(gpu.index);
-        let index = gpu.index;
-        if let Some(error) = &gpu.error {
-            findings.push(Finding::Driver {
-                index,
-                error: error.clone(),
-            });
-            continue;
-        }
-        if let Some(bytes) = metrics::held_by_no_process(snapshot, gpu) {
-            findings.push(Finding::HeldByNoProcess { index, bytes });
-        }
-        if let Some(orphaned) = orphans
-            .get(&index)
-            .filter(|orphaned| orphaned.processes > 0)
-        {
-            findings.push(Finding::Orphaned {
-                index,
-                bytes: orphaned.bytes,
-                processes: orphaned.processes,
-            });
-        }
-    }
+    let (findings, checked) = findings(snapshot, gpus);
     let (mut details, hidden) = what_was_not_seen(snapshot, gpus);
     if findings.is_empty() {
         let message = if checked.is_empty() {
@@ -238,11 +224,60 @@ pub fn check(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> Check {
         .skip(usize::from(shown_whole))
         .collect();
     lines.extend(details);
+    // Memory that processes unseen from here may hold is no problem found
+    // but one that cannot be told: alone, it makes the verdict unknown.
+    let unknown = findings
+        .iter()
+        .all(|finding| matches!(finding, Finding::Unseen { .. }));
     Check {
-        verdict: Verdict::Problem,
+        verdict: if unknown {
+            Verdict::Unknown
+        } else {
+            Verdict::Problem
+        },
         message,
         details: lines,
     }
+}
+
+/// Each GPU's findings, by the one rule and the exporter's figures, and
+/// which GPUs were checked.
+fn findings(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> (Vec<Finding>, BTreeSet<u32>) {
+    let orphans = metrics::orphaned(snapshot);
+    let mut findings = Vec::new();
+    let mut checked = BTreeSet::new();
+    for gpu in snapshot
+        .gpus
+        .iter()
+        .filter(|gpu| gpus.as_ref().is_none_or(|set| set.contains(&gpu.index)))
+    {
+        checked.insert(gpu.index);
+        let index = gpu.index;
+        if let Some(error) = &gpu.error {
+            findings.push(Finding::Driver {
+                index,
+                error: error.clone(),
+            });
+            continue;
+        }
+        if let Some(bytes) = metrics::held_by_no_process(snapshot, gpu) {
+            findings.push(Finding::HeldByNoProcess { index, bytes });
+        }
+        if let Some(bytes) = metrics::unseen(snapshot, gpu) {
+            findings.push(Finding::Unseen { index, bytes });
+        }
+        if let Some(orphaned) = orphans
+            .get(&index)
+            .filter(|orphaned| orphaned.processes > 0)
+        {
+            findings.push(Finding::Orphaned {
+                index,
+                bytes: orphaned.bytes,
+                processes: orphaned.processes,
+            });
+        }
+    }
+    (findings, checked)
 }
 
 /// What the scan could not see, as details: processes it could not

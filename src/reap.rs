@@ -148,12 +148,27 @@ impl FreeReport {
 
     /// The exit code this outcome earns: done only when everything was
     /// verified free; a GPU the driver could not report on means the work
-    /// could not be completed, whatever else happened.
+    /// could not be completed, whatever else happened. Where all that keeps
+    /// it from done is memory unseen from a PID namespace of its own
+    /// (`Reason::Unseen`), whether it is still held cannot be told: 3 too.
     pub fn exit(&self) -> Exit {
+        let only_unseen = |gpu: &GpuOutcome| {
+            gpu.freed
+                || (!gpu.reasons.is_empty()
+                    && gpu
+                        .reasons
+                        .iter()
+                        .all(|reason| matches!(reason, Reason::Unseen { .. })))
+        };
         if self.gpus.iter().any(|gpu| !gpu.checked) {
             Exit::Incomplete
         } else if self.all_freed() {
             Exit::Success
+        } else if self.gpus.iter().all(only_unseen)
+            && !self.targets.iter().any(Handled::denied)
+            && self.stale_runs.iter().all(|run| run.removed)
+        {
+            Exit::Incomplete
         } else {
             Exit::StillHeld
         }
@@ -856,7 +871,7 @@ pub fn free(
                 gpu.index,
                 first
                     .held_by_no_process(gpu)
-                    .filter(|unattributed| unattributed.holds)
+                    .filter(|unattributed| unattributed.holds())
                     .map_or(0, |unattributed| unattributed.bytes),
             )
         })

@@ -307,6 +307,8 @@ fn build(spec: &Spec) -> (Snapshot, Scope, Guard) {
         details: BTreeMap::new(),
         uptime_ticks: None,
         bookkeeping_slack: 0,
+        host_pids: Some(true),
+        lists_may_omit: true,
     };
 
     let count = spec.processes.len();
@@ -787,6 +789,8 @@ fn a_job_scope_takes_the_jobs_own_and_never_another_jobs() {
         details: BTreeMap::new(),
         uptime_ticks: None,
         bookkeeping_slack: 0,
+        host_pids: Some(true),
+        lists_may_omit: true,
     };
     let scope = Scope {
         gpus: Some(BTreeSet::from([0])),

@@ -617,7 +617,9 @@ fn read_gpus(launch: &Launch, snapshot: &Snapshot) -> Result<Vec<GpuFit>, FitErr
         let held = snapshot.held_by_no_process(state);
         // Within the driver's bookkeeping, memory held by no process stays
         // on a clean GPU too.
-        let kept = held.filter(|held| !held.holds).map_or(0, |held| held.bytes);
+        let kept = held
+            .filter(|held| !held.holds())
+            .map_or(0, |held| held.bytes);
         if !found.iter().any(|fit: &GpuFit| fit.index == index) {
             found.push(GpuFit {
                 index,
@@ -692,7 +694,7 @@ fn holders(
                 cost: user.memory.map_or(Cost::Nothing, |bytes| cost(gpu, bytes)),
             });
         }
-        if let Some(held) = gpu.held_by_no_process.filter(|held| held.holds) {
+        if let Some(held) = gpu.held_by_no_process.filter(|held| held.holds()) {
             found.push(Holder {
                 pid: None,
                 name: "held by no process (driver-held)".to_string(),

@@ -828,7 +828,7 @@ pub fn json(outcome: &Outcome) -> String {
                     memory_used: gpu.used,
                     memory_free: gpu.free,
                     memory_unattributed: gpu.held_by_no_process.map(|held| held.bytes),
-                    held_by_no_process: gpu.held_by_no_process.map(|held| held.holds),
+                    held_by_no_process: gpu.held_by_no_process.and_then(|held| held.verdict()),
                 })
                 .collect(),
             holders: outcome
