@@ -551,7 +551,7 @@ pub fn status_table(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String
     let holders = holders_json(snapshot, gpus);
     let _ = writeln!(out);
     if holders.is_empty() {
-        let _ = writeln!(out, "No process holds or watches these GPUs.");
+        let _ = writeln!(out, "{}", no_holders(snapshot));
         notes(snapshot, gpus, &mut out);
         return out;
     }
@@ -682,6 +682,16 @@ fn evidence_notes(unknown_memory: bool, nodes_only: bool, out: &mut String) {
             out,
             "GPUs in parentheses: no driver answered for them, so all that is known is that the process has their device nodes open. That is weaker evidence than a driver's process list: the CUDA runtime opens every GPU's node, and monitors open them too.",
         );
+    }
+}
+
+/// The line of a status without holders: where the driver's lists may
+/// leave out other namespaces' processes, only none seen from here.
+fn no_holders(snapshot: &Snapshot) -> &'static str {
+    if snapshot.may_miss_holders() {
+        "No process seen from this PID namespace holds or watches these GPUs (see the note)."
+    } else {
+        "No process holds or watches these GPUs."
     }
 }
 
@@ -876,7 +886,7 @@ pub fn status_tree(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String 
         roots.insert(chain.last().copied().unwrap_or(pid));
     }
     if holders.is_empty() {
-        let _ = writeln!(out, "No process holds or watches these GPUs.");
+        let _ = writeln!(out, "{}", no_holders(snapshot));
     }
     let mut tree = Tree {
         snapshot,

@@ -583,6 +583,11 @@ fn in_a_container_whose_driver_omits_host_pids_unexplained_memory_is_unseen_not_
     let text = in_own_pid_namespace(&host, &["status"]);
     let flat = text.stdout.split_whitespace().collect::<Vec<_>>().join(" ");
     assert!(flat.contains("Unseen: GPU 1: 12.0 GiB"), "{}", text.stdout);
+    assert!(
+        flat.contains("No process seen from this PID namespace"),
+        "{}",
+        text.stdout
+    );
 
     let exposition = in_own_pid_namespace(&host, &["status", "--prometheus"]);
     let found = crate::exporter::samples(&exposition.stdout);
