@@ -307,6 +307,46 @@ fn what_was_not_seen(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> (Vec<
 mod tests {
     use super::*;
 
+    /// Memory unseen from a PID namespace of its own, alone, makes the
+    /// verdict unknown (3), never a problem with reset advice; beside a
+    /// real problem (a lost GPU) the verdict is that problem.
+    #[test]
+    fn unseen_memory_alone_is_unknown_and_beside_a_problem_the_problem() {
+        let gpu = |index: u32, error: Option<DriverError>| crate::snapshot::GpuState {
+            index,
+            name: None,
+            uuid: None,
+            memory_total: Some(80 << 30),
+            memory_used: Some(3 << 30),
+            memory_reserved: None,
+            error,
+            users: Vec::new(),
+        };
+        let snapshot = |gpus| Snapshot {
+            backend: "test".into(),
+            taken_at_unix_ms: 0,
+            gpus,
+            processes: Default::default(),
+            unreadable: Vec::new(),
+            driver_error: None,
+            details: Default::default(),
+            uptime_ticks: None,
+            bookkeeping_slack: 0,
+            host_pids: Some(false),
+            lists_may_omit: true,
+        };
+        let alone = check(&snapshot(vec![gpu(0, None)]), &None);
+        assert_eq!(alone.verdict, Verdict::Unknown, "{alone:?}");
+        assert_eq!(alone.verdict.exit(), Exit::Unknown);
+        assert!(alone.message.starts_with("GPU 0: 3.0 GiB unexplained"));
+        let text = alone.text();
+        assert!(text.contains("hostPID: true"), "{text}");
+        assert!(!text.contains("reset or a reboot"), "{text}");
+        let lost = DriverError::GpuLost { index: 1 };
+        let beside = check(&snapshot(vec![gpu(0, None), gpu(1, Some(lost))]), &None);
+        assert_eq!(beside.verdict, Verdict::Problem, "{beside:?}");
+    }
+
     #[test]
     fn cut_marks_the_cut() {
         assert_eq!(cut("short", 10), "short");

@@ -977,6 +977,52 @@ impl Freeing<'_> {
 mod tests {
     use super::*;
 
+    /// Memory unseen from a PID namespace of its own cannot be told held or
+    /// not: alone, it makes the free "could not tell" (3); beside a survivor
+    /// or driver-held memory on another GPU, the free is still held (1).
+    #[test]
+    fn a_free_left_only_with_unseen_memory_could_not_tell() {
+        let gpu = |index: u32, reasons: Vec<Reason>| GpuOutcome {
+            index,
+            freed: reasons.is_empty(),
+            checked: true,
+            memory_before: None,
+            memory_after: None,
+            freed_bytes: None,
+            freed_after_ms: None,
+            reasons,
+            others: Vec::new(),
+        };
+        let report = |gpus: Vec<GpuOutcome>| FreeReport {
+            backend: "test".into(),
+            dry_run: false,
+            elapsed_ms: 0,
+            targets: Vec::new(),
+            spared: Vec::new(),
+            gpus,
+            unreadable: Vec::new(),
+            stale_runs: Vec::new(),
+        };
+        let unseen = || Reason::Unseen { bytes: 1 << 30 };
+        let held = Reason::DriverHeld {
+            bytes: 1 << 30,
+            before: None,
+        };
+        assert_eq!(
+            report(vec![gpu(0, vec![]), gpu(1, vec![unseen()])]).exit(),
+            Exit::Incomplete
+        );
+        assert_eq!(
+            report(vec![gpu(0, vec![held.clone()]), gpu(1, vec![unseen()])]).exit(),
+            Exit::StillHeld
+        );
+        assert_eq!(
+            report(vec![gpu(0, vec![unseen(), held])]).exit(),
+            Exit::StillHeld
+        );
+        assert_eq!(report(vec![gpu(0, vec![])]).exit(), Exit::Success);
+    }
+
     /// One formula: a command's free may take its grace, its timeout and
     /// the release extension (what the fleet's per-host limit is made of),
     /// and a free fitted to a budget (the Slurm epilog's) never takes longer

@@ -948,6 +948,50 @@ mod tests {
         assert!(!assessment.freed);
     }
 
+    /// The one rule's kind: beyond the bookkeeping, memory no listed
+    /// process explains is held by no process only where gpureap sees the
+    /// host's PIDs (or cannot tell) or the driver lists every namespace's
+    /// processes; else it is unseen, and neither `free` nor Slurm calls it
+    /// driver-held.
+    #[test]
+    fn memory_unexplained_without_the_host_pids_is_unseen_not_driver_held() {
+        let held = |host_pids: Option<bool>, lists_may_omit: bool, used: u64| {
+            let snapshot = Snapshot {
+                host_pids,
+                lists_may_omit,
+                ..snapshot(used, vec![], vec![])
+            };
+            snapshot
+                .held_by_no_process(&snapshot.gpus[0])
+                .expect("a figure")
+                .kind
+        };
+        use UnattributedKind::*;
+        assert_eq!(held(Some(true), true, 20 * GIB), NoProcess);
+        assert_eq!(held(None, true, 20 * GIB), NoProcess);
+        assert_eq!(held(Some(false), false, 20 * GIB), NoProcess);
+        assert_eq!(held(Some(false), true, 20 * GIB), Unseen);
+        assert_eq!(held(Some(false), true, 100 << 20), Bookkeeping);
+
+        let unseen = Snapshot {
+            host_pids: Some(false),
+            ..snapshot(20 * GIB, vec![], vec![])
+        };
+        assert_eq!(
+            reasons(&unseen, &targets(&[]), true, &Trend::default()),
+            vec![Reason::Unseen { bytes: 20 * GIB }]
+        );
+        let found = holding(&unseen, 0, &mut |_, _| None);
+        assert_eq!(
+            found,
+            vec![Holding::Reason(Reason::Unseen { bytes: 20 * GIB })]
+        );
+        assert!(!found[0].driver_held());
+        let text = Reason::Unseen { bytes: 20 * GIB }.to_string();
+        assert!(text.contains("hostPID: true"), "{text}");
+        assert!(!text.contains("only a GPU reset"), "{text}");
+    }
+
     #[test]
     fn unknown_process_memory_is_unknown_not_zero() {
         let snapshot = snapshot(
