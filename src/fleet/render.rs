@@ -916,6 +916,7 @@ impl PlanHolderView {
             gpu: self.gpu,
             bytes: self.bytes,
             cost,
+            unseen: false,
         }
     }
 }

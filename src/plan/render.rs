@@ -540,6 +540,7 @@ fn ignored_section(outcome: &Outcome) -> Vec<String> {
 fn holder_text(holder: &Holder, sglang: bool) -> String {
     let who = match holder.pid {
         Some(pid) => format!("PID {pid} {}", crate::units::short(&holder.name, 50)),
+        None if holder.unseen => format!("memory {}", holder.name),
         None => "memory held by no process (driver-held)".to_string(),
     };
     let bytes = crate::units::MaybeBytes(holder.bytes);
