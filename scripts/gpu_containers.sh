@@ -2,8 +2,11 @@
 # A real CUDA holder in a cgroup laid out as the kubelet and containerd lay out a pod's container
 # (docs/gpu-validation.md): what status (table, --tree, JSON), the exposition and check make of
 # it through NVML; then gpureap in a PID namespace of its own, as in a container without the
-# host's PIDs (the holder hidden, the note and its remedy); then the free (by pod where this build
-# has `free --pod`, else by PID).
+# host's PIDs: a driver that lists host PIDs shows the holder hidden, with the note and its
+# remedy; one that omits them (580.159.04 does, measured) leaves its memory explained by no
+# listed process, which must read as unseen, never driver-held: status's `unattributed_kind`
+# `unseen` and the note, `check` and `free` exiting 3 (could not tell), no reset advice; then the
+# free (by pod where this build has `free --pod`, else by PID).
 #
 #   bash scripts/gpu_containers.sh GPUREAP OUTDIR   (as root, from the repository's root, on GPU 0)
 G=$1; OUT=$2; set -u
@@ -47,12 +50,42 @@ grep -c "containerd:444444444444" $OUT/c-status.txt
 grep "\[container containerd:444444444444\]" $OUT/c-tree.txt | head -1
 "$G" status --prometheus --per-process > $OUT/c-metrics.prom; echo "prometheus exit $?"
 grep "pid=\"$pid\"" $OUT/c-metrics.prom | grep -o "runtime=\"[^\"]*\"\|container_id=\"[^\"]*\"\|pod_uid=\"[^\"]*\""
-# A container without the host's PIDs: NVML lists the host PID, which names nothing there.
+# A container without the host's PIDs. A driver that lists host PIDs shows the holder hidden; one
+# that omits other namespaces' processes (580.159.04) shows its memory explained by no listed
+# process: unseen, never driver-held nor a case for a reset.
 unshare --pid --fork --mount-proc "$G" status > $OUT/c-ns-status.txt; echo "status in own PID namespace exit $?"
 unshare --pid --fork --mount-proc "$G" status --json > $OUT/c-ns-status.json
-python3 -c "import json; v = json.load(open('$OUT/c-ns-status.json'))['visibility']; print('visibility', json.dumps(v))"
 unshare --pid --fork --mount-proc "$G" check --gpu 0 > $OUT/c-ns-check.txt; echo "check in own PID namespace exit $?"
 head -1 $OUT/c-ns-check.txt
+# Only gpureap is in the namespace (its PID 1, never signalled): the free signals nothing.
+unshare --pid --fork --mount-proc "$G" free --gpu 0 --grace 1s --timeout 2s --yes --json > $OUT/c-ns-free.json; echo "free in own PID namespace exit $?"
+python3 - "$OUT" $pid <<'EOF'
+import json, sys
+out, pid = sys.argv[1], int(sys.argv[2])
+status = json.load(open(f"{out}/c-ns-status.json"))
+visibility, gpu = status["visibility"], next(g for g in status["gpus"] if g["index"] == 0)
+print("visibility", json.dumps(visibility))
+print("gpu 0", json.dumps({k: gpu.get(k) for k in ("memory_used", "memory_unattributed", "held_by_no_process", "unattributed_kind")}))
+text = open(f"{out}/c-ns-status.txt").read()
+check = open(f"{out}/c-ns-check.txt").read()
+free = json.load(open(f"{out}/c-ns-free.json"))
+reasons = [r["reason"] for g in free["gpus"] for r in g["reasons"]]
+print("free exit", free["exit_code"], "reasons", reasons)
+wrong = []
+if pid in visibility["hidden"]:
+    print("DRIVER LISTS HOST PIDS: the holder is hidden")
+    if "hostPID: true" not in (visibility["note"] or ""): wrong.append("no remedy in the note")
+else:
+    print("DRIVER OMITS HOST PIDS")
+    if gpu.get("unattributed_kind") != "unseen": wrong.append("unattributed_kind is not unseen")
+    if gpu.get("held_by_no_process") is not None: wrong.append("held_by_no_process is not null")
+    if "Unseen: GPU 0" not in " ".join(text.split()): wrong.append("status text has no Unseen note")
+    if "hostPID: true" not in (visibility["note"] or ""): wrong.append("no remedy in the note")
+    if "reset or a reboot" in check or "held by no process" in check: wrong.append("check advises a reset")
+    if "hostPID: true" not in check: wrong.append("check gives no remedy")
+    if free["exit_code"] != 3 or "unseen" not in reasons or "driver_held" in reasons: wrong.append("free's verdict")
+print("UNSEEN NOT DRIVER-HELD" if not wrong else "WRONG: " + "; ".join(wrong))
+EOF
 if "$G" free --help | grep -q -- "--pod"; then
   "$G" free --pod $uid --grace 1s --yes > $OUT/c-free.txt; echo "free --pod exit $?"
 else

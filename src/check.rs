@@ -8,7 +8,10 @@
 //! by no process (the one rule, `Snapshot::held_by_no_process`: beyond the
 //! driver's bookkeeping, with `status`'s figure), orphaned processes
 //! holding memory, a GPU the driver lost. The driver being unavailable is not
-//! a problem of the GPUs but an unknown: nothing can be said about them. The
+//! a problem of the GPUs but an unknown: nothing can be said about them; so
+//! is memory no listed process explains when gpureap does not see the
+//! host's PIDs (the one rule's `Unseen`: processes of other namespaces,
+//! which a driver may omit from its lists, may hold it). The
 //! figures are the exporter's (`metrics`), from the same snapshot `status`
 //! takes, so the check, the metrics and `status` never disagree.
 
@@ -87,6 +90,10 @@ pub enum Finding {
     Driver { index: u32, error: DriverError },
     /// Memory held by no process, by the one rule.
     HeldByNoProcess { index: u32, bytes: u64 },
+    /// Memory no listed process explains, seen from a PID namespace of its
+    /// own: processes of other namespaces may hold it (the one rule's
+    /// `Unseen`). Not a problem found: what it is cannot be told here.
+    Unseen { index: u32, bytes: u64 },
     /// Orphaned processes holding memory (those whose container is gone
     /// are `ContainerGone`'s, not counted twice).
     Orphaned {
@@ -122,6 +129,7 @@ pub enum Hint {
     ContainerGone,
     UnrequestedGpu,
     HeldByNoProcess,
+    Unseen,
     Xid,
 }
 
@@ -140,6 +148,9 @@ impl Hint {
             Hint::HeldByNoProcess => {
                 "memory held by no process: only a GPU reset or a reboot clears it"
             }
+            Hint::Unseen => {
+                "memory no listed process explains, seen from a PID namespace of its own (a container without the host's PIDs): the driver may omit other namespaces' processes from its lists, so processes unseen here may hold it; it is not driver-held, do not reset. Run gpureap on the host, or give its container the host's PIDs: `docker run --pid=host`, or `hostPID: true` in a Kubernetes pod spec"
+            }
             Hint::Xid => {
                 "Xids: `gpureap reset --plan --gpu N` says whether a reset could run; docs/evidence.md gives each Xid's meaning"
             }
@@ -153,6 +164,7 @@ impl Finding {
         match self {
             Finding::Driver { .. } => None,
             Finding::HeldByNoProcess { .. } => Some(Hint::HeldByNoProcess),
+            Finding::Unseen { .. } => Some(Hint::Unseen),
             Finding::Orphaned { .. } => Some(Hint::Orphans),
             Finding::Xid { .. } => Some(Hint::Xid),
             Finding::ContainerGone { .. } => Some(Hint::ContainerGone),
@@ -167,6 +179,7 @@ impl Finding {
             | Finding::HeldByNoProcess { index, .. }
             | Finding::Orphaned { index, .. }
             | Finding::Xid { index, .. }
+            | Finding::Unseen { index, .. }
             | Finding::ContainerGone { index, .. }
             | Finding::UnrequestedGpu { index, .. } => *index,
         }
@@ -185,6 +198,10 @@ impl Finding {
             Finding::HeldByNoProcess { index, bytes } => {
                 format!("GPU {index}: {} held by no process", Bytes(*bytes))
             }
+            Finding::Unseen { index, bytes } => format!(
+                "GPU {index}: {} unexplained, may be unseen processes'",
+                Bytes(*bytes)
+            ),
             Finding::Orphaned {
                 index,
                 bytes,
@@ -276,6 +293,9 @@ fn findings_of(
         }
         if let Some(bytes) = metrics::held_by_no_process(snapshot, gpu) {
             findings.push(Finding::HeldByNoProcess { index, bytes });
+        }
+        if let Some(bytes) = metrics::unseen(snapshot, gpu) {
+            findings.push(Finding::Unseen { index, bytes });
         }
         let gone = gone.get(&index).copied().unwrap_or_default();
         if let Some(orphaned) = orphans
@@ -371,8 +391,17 @@ pub fn check(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>, hardware: &Hardw
         .skip(usize::from(shown_whole))
         .collect();
     lines.extend(details);
+    // Memory that processes unseen from here may hold is no problem found
+    // but one that cannot be told: alone, it makes the verdict unknown.
+    let unknown = findings
+        .iter()
+        .all(|finding| matches!(finding, Finding::Unseen { .. }));
     Check {
-        verdict: Verdict::Problem,
+        verdict: if unknown {
+            Verdict::Unknown
+        } else {
+            Verdict::Problem
+        },
         message,
         details: lines,
     }
@@ -404,6 +433,53 @@ fn what_was_not_seen(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> (Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Memory unseen from a PID namespace of its own, alone, makes the
+    /// verdict unknown (3), never a problem with reset advice; beside a
+    /// real problem (a lost GPU) the verdict is that problem.
+    #[test]
+    fn unseen_memory_alone_is_unknown_and_beside_a_problem_the_problem() {
+        let gpu = |index: u32, error: Option<DriverError>| crate::snapshot::GpuState {
+            index,
+            name: None,
+            uuid: None,
+            memory_total: Some(80 << 30),
+            memory_used: Some(3 << 30),
+            memory_reserved: None,
+            error,
+            users: Vec::new(),
+        };
+        let snapshot = |gpus| Snapshot {
+            backend: "test".into(),
+            taken_at_unix_ms: 0,
+            gpus,
+            processes: Default::default(),
+            unreadable: Vec::new(),
+            driver_error: None,
+            details: Default::default(),
+            evidence: Default::default(),
+            evidence_note: None,
+            container_notes: Vec::new(),
+            uptime_ticks: None,
+            bookkeeping_slack: 0,
+            host_pids: Some(false),
+            lists_may_omit: true,
+        };
+        let alone = check(&snapshot(vec![gpu(0, None)]), &None, &Hardware::default());
+        assert_eq!(alone.verdict, Verdict::Unknown, "{alone:?}");
+        assert_eq!(alone.verdict.exit(), Exit::Unknown);
+        assert!(alone.message.starts_with("GPU 0: 3.0 GiB unexplained"));
+        let text = alone.text();
+        assert!(text.contains("hostPID: true"), "{text}");
+        assert!(!text.contains("reset or a reboot"), "{text}");
+        let lost = DriverError::GpuLost { index: 1 };
+        let beside = check(
+            &snapshot(vec![gpu(0, None), gpu(1, Some(lost))]),
+            &None,
+            &Hardware::default(),
+        );
+        assert_eq!(beside.verdict, Verdict::Problem, "{beside:?}");
+    }
 
     #[test]
     fn cut_marks_the_cut() {

@@ -356,7 +356,7 @@ pub fn rows(program: Program) -> Vec<(Exit, &'static str)> {
             (Usage, FLEET_USAGE),
             (
                 Incomplete,
-                "could not complete: the driver failed or lost a GPU in scope; or (-H) a host failed",
+                "could not complete or tell: the driver failed or lost a GPU in scope; memory left that, without the host's PIDs, unseen processes may hold; or (-H) a host failed",
             ),
         ],
         Program::Wait => vec![
@@ -432,7 +432,7 @@ pub fn rows(program: Program) -> Vec<(Exit, &'static str)> {
             (Usage, "bad usage (node-problem-detector: Unknown)"),
             (
                 Unknown,
-                "could not tell: the driver is unavailable (node-problem-detector: Unknown)",
+                "could not tell: the driver is unavailable, or memory no listed process explains is seen without the host's PIDs (node-problem-detector: Unknown)",
             ),
         ],
         Program::Slurm => vec![(
@@ -493,7 +493,7 @@ pub fn rows(program: Program) -> Vec<(Exit, &'static str)> {
             (Usage, USAGE),
             (
                 Incomplete,
-                "not reset: the scan could not read every process; or the driver could not reset or check the GPU; --plan: cannot tell",
+                "not reset: the scan could not read every process, or gpureap does not see the host's PIDs; or the driver could not reset or check the GPU; --plan: cannot tell",
             ),
         ],
         Program::Plan => vec![

@@ -175,11 +175,22 @@ pub fn holders(gpu: &GpuState) -> usize {
 
 /// Memory held by no process where it makes the GPU held: the one rule
 /// (`Snapshot::held_by_no_process`), whose figure is `status`'s
-/// UNATTRIBUTED, as `free`, Slurm and `reset` judge a GPU held.
+/// UNATTRIBUTED, as `free`, Slurm and `reset` judge a GPU held. Not what
+/// is unseen from a PID namespace of its own (`unseen`).
 pub fn held_by_no_process(snapshot: &Snapshot, gpu: &GpuState) -> Option<u64> {
     snapshot
         .held_by_no_process(gpu)
-        .filter(|unattributed| unattributed.holds)
+        .filter(|unattributed| unattributed.driver_held())
+        .map(|unattributed| unattributed.bytes)
+}
+
+/// Memory no listed process explains, beyond the bookkeeping, that
+/// processes unseen from this PID namespace may hold (the one rule's
+/// `Unseen`): whether it is held cannot be told from here.
+pub fn unseen(snapshot: &Snapshot, gpu: &GpuState) -> Option<u64> {
+    snapshot
+        .held_by_no_process(gpu)
+        .filter(|unattributed| unattributed.unseen())
         .map(|unattributed| unattributed.bytes)
 }
 
@@ -324,7 +335,7 @@ fn encode_gpus(registry: &mut Registry, snapshot: &Snapshot, options: &Options) 
     let held_by_no_process = gauge_family(
         registry,
         "gpu_held_by_no_process",
-        "1 when memory no process explains makes the GPU held (more than the driver keeps for its own bookkeeping): the verdict of free, check, Slurm and reset; 0 when it does not",
+        "1 when memory no process explains makes the GPU held (more than the driver keeps for its own bookkeeping): the verdict of free, check, Slurm and reset; 0 when it does not; absent where gpureap does not see the host's PIDs and the memory may be other namespaces' processes'",
         None,
     );
     let holders_count = gauge_family(
@@ -358,11 +369,15 @@ fn encode_gpus(registry: &mut Registry, snapshot: &Snapshot, options: &Options) 
         }
         if let Some(judged) = snapshot.held_by_no_process(gpu) {
             set(&unattributed, labels.clone(), bytes(judged.bytes));
-            set(
-                &held_by_no_process,
-                labels.clone(),
-                if judged.holds { 1.0 } else { 0.0 },
-            );
+            // Unseen from a PID namespace of its own: neither held by no
+            // process nor not, so the verdict is left out.
+            if let Some(held) = judged.verdict() {
+                set(
+                    &held_by_no_process,
+                    labels.clone(),
+                    if held { 1.0 } else { 0.0 },
+                );
+            }
         }
         if let Some(orphaned) = orphans.get(&gpu.index) {
             set(&orphaned_memory, labels, bytes(orphaned.bytes));

@@ -184,12 +184,27 @@ impl FreeReport {
 
     /// The exit code this outcome earns: done only when everything was
     /// verified free; a GPU the driver could not report on means the work
-    /// could not be completed, whatever else happened.
+    /// could not be completed, whatever else happened. Where all that keeps
+    /// it from done is memory unseen from a PID namespace of its own
+    /// (`Reason::Unseen`), whether it is still held cannot be told: 3 too.
     pub fn exit(&self) -> Exit {
+        let only_unseen = |gpu: &GpuOutcome| {
+            gpu.freed
+                || (!gpu.reasons.is_empty()
+                    && gpu
+                        .reasons
+                        .iter()
+                        .all(|reason| matches!(reason, Reason::Unseen { .. })))
+        };
         if self.gpus.iter().any(|gpu| !gpu.checked) {
             Exit::Incomplete
         } else if self.all_freed() {
             Exit::Success
+        } else if self.gpus.iter().all(only_unseen)
+            && !self.targets.iter().any(Handled::denied)
+            && self.stale_runs.iter().all(|run| run.removed)
+        {
+            Exit::Incomplete
         } else {
             Exit::StillHeld
         }
@@ -906,7 +921,7 @@ pub fn free(
                 gpu.index,
                 first
                     .held_by_no_process(gpu)
-                    .filter(|unattributed| unattributed.holds)
+                    .filter(|unattributed| unattributed.holds())
                     .map_or(0, |unattributed| unattributed.bytes),
             )
         })
@@ -1011,6 +1026,53 @@ impl Freeing<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Memory unseen from a PID namespace of its own cannot be told held or
+    /// not: alone, it makes the free "could not tell" (3); beside a survivor
+    /// or driver-held memory on another GPU, the free is still held (1).
+    #[test]
+    fn a_free_left_only_with_unseen_memory_could_not_tell() {
+        let gpu = |index: u32, reasons: Vec<Reason>| GpuOutcome {
+            index,
+            freed: reasons.is_empty(),
+            checked: true,
+            memory_before: None,
+            memory_after: None,
+            freed_bytes: None,
+            freed_after_ms: None,
+            reasons,
+            others: Vec::new(),
+            advice: Vec::new(),
+        };
+        let report = |gpus: Vec<GpuOutcome>| FreeReport {
+            backend: "test".into(),
+            dry_run: false,
+            elapsed_ms: 0,
+            targets: Vec::new(),
+            spared: Vec::new(),
+            gpus,
+            unreadable: Vec::new(),
+            stale_runs: Vec::new(),
+        };
+        let unseen = || Reason::Unseen { bytes: 1 << 30 };
+        let held = Reason::DriverHeld {
+            bytes: 1 << 30,
+            before: None,
+        };
+        assert_eq!(
+            report(vec![gpu(0, vec![]), gpu(1, vec![unseen()])]).exit(),
+            Exit::Incomplete
+        );
+        assert_eq!(
+            report(vec![gpu(0, vec![held.clone()]), gpu(1, vec![unseen()])]).exit(),
+            Exit::StillHeld
+        );
+        assert_eq!(
+            report(vec![gpu(0, vec![unseen(), held])]).exit(),
+            Exit::StillHeld
+        );
+        assert_eq!(report(vec![gpu(0, vec![])]).exit(), Exit::Success);
+    }
 
     /// One formula: a command's free may take its grace, its timeout and
     /// the release extension (what the fleet's per-host limit is made of),

@@ -72,7 +72,11 @@ pub struct GpuJson {
     pub memory_unattributed: Option<u64>,
     /// Whether `memory_unattributed` makes the GPU held: the one rule
     /// (`Snapshot::held_by_no_process`), which `status -H` reads.
+    /// `null` where it cannot be told: unseen from a PID namespace of its own.
     pub held_by_no_process: Option<bool>,
+    /// What the one rule calls `memory_unattributed`: `bookkeeping`,
+    /// `held_by_no_process` or `unseen` (`UnattributedKind`).
+    pub unattributed_kind: Option<&'static str>,
     pub error: Option<DriverError>,
     pub processes: Vec<GpuProcessJson>,
     /// The driver's hardware evidence for this GPU (Xids since boot, ECC,
@@ -324,7 +328,10 @@ pub fn status_json(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String 
                     .map(|unattributed| unattributed.bytes),
                 held_by_no_process: snapshot
                     .held_by_no_process(gpu)
-                    .map(|unattributed| unattributed.holds),
+                    .and_then(|unattributed| unattributed.verdict()),
+                unattributed_kind: snapshot
+                    .held_by_no_process(gpu)
+                    .map(|unattributed| unattributed.kind_name()),
                 error: gpu.error.clone(),
                 processes: gpu
                     .users
@@ -347,9 +354,9 @@ pub fn status_json(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String 
         holders: holders_json(snapshot, gpus),
         container_notes: &snapshot.container_notes,
         visibility: VisibilityJson {
-            host_pids: crate::container::sees_host_pids(),
+            host_pids: snapshot.host_pids,
             hidden: hidden_pids(snapshot, gpus),
-            note: hidden_note(snapshot, gpus),
+            note: visibility_note(snapshot, gpus),
         },
     };
     to_json(&document)
@@ -577,7 +584,7 @@ pub fn status_table(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String
     let holders = holders_json(snapshot, gpus);
     let _ = writeln!(out);
     if holders.is_empty() {
-        let _ = writeln!(out, "No process holds or watches these GPUs.");
+        let _ = writeln!(out, "{}", no_holders(snapshot));
         notes(snapshot, gpus, &mut out);
         return out;
     }
@@ -711,6 +718,16 @@ fn evidence_notes(unknown_memory: bool, nodes_only: bool, out: &mut String) {
     }
 }
 
+/// The line of a status without holders: where the driver's lists may
+/// leave out other namespaces' processes, only none seen from here.
+fn no_holders(snapshot: &Snapshot) -> &'static str {
+    if snapshot.may_miss_holders() {
+        "No process seen from this PID namespace holds or watches these GPUs (see the note)."
+    } else {
+        "No process holds or watches these GPUs."
+    }
+}
+
 /// The first line of a status without GPUs: without a driver, that is all
 /// there is to say of them, said once (`notes` does not repeat it).
 fn no_gpus(snapshot: &Snapshot) -> String {
@@ -722,7 +739,7 @@ fn no_gpus(snapshot: &Snapshot) -> String {
 
 fn notes(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>, out: &mut String) {
     supervisor_gone_notes(snapshot, out);
-    if let Some(hidden) = hidden_note(snapshot, gpus) {
+    if let Some(hidden) = visibility_note(snapshot, gpus) {
         note(out, &hidden);
     }
     for line in evidence_lines(snapshot, gpus) {
@@ -818,7 +835,7 @@ pub fn hidden_note(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> Option<
         "no process here has PID {}, which the driver lists",
         listed.join(", ")
     );
-    Some(match crate::container::sees_host_pids() {
+    Some(match snapshot.host_pids {
         Some(false) => format!(
             "Hidden: {which}. gpureap runs in a PID namespace of its own (a container without the host's PIDs), so it cannot see, attribute or free those holders. Run it on the host, or give its container the host's PIDs: `docker run --pid=host`, or `hostPID: true` in a Kubernetes pod spec."
         ),
@@ -847,6 +864,33 @@ pub fn evidence_lines(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> Vec<
         lines.push(Field(note).to_string());
     }
     lines
+}
+
+/// What this gpureap cannot see, for `status` (text and JSON's
+/// `visibility.note`): the hidden holders (`hidden_note`), then, seen from a
+/// PID namespace of its own, each shown GPU's memory that processes unseen
+/// from here may hold (the one rule's `Unseen`), with the remedy.
+pub fn visibility_note(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> Option<String> {
+    let unseen: Vec<String> = snapshot
+        .gpus
+        .iter()
+        .filter(|gpu| gpus.as_ref().is_none_or(|set| set.contains(&gpu.index)))
+        .filter_map(|gpu| {
+            let unattributed = snapshot.held_by_no_process(gpu)?;
+            unattributed.unseen().then(|| {
+                format!(
+                    "Unseen: GPU {}: {}.",
+                    gpu.index,
+                    crate::verify::unseen_text(unattributed.bytes)
+                )
+            })
+        })
+        .collect();
+    let notes: Vec<String> = hidden_note(snapshot, gpus)
+        .into_iter()
+        .chain(unseen)
+        .collect();
+    (!notes.is_empty()).then(|| notes.join(" "))
 }
 
 /// One note per `gpureap run` that is gone while its server holds GPUs:
@@ -933,7 +977,7 @@ pub fn status_tree(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String 
         roots.insert(chain.last().copied().unwrap_or(pid));
     }
     if holders.is_empty() {
-        let _ = writeln!(out, "No process holds or watches these GPUs.");
+        let _ = writeln!(out, "{}", no_holders(snapshot));
     }
     let mut tree = Tree {
         snapshot,
@@ -1176,6 +1220,11 @@ enum ReasonJson<'a> {
         #[serde(skip_serializing_if = "Option::is_none")]
         before_free: Option<u64>,
     },
+    /// Memory no listed process explains, seen from a PID namespace of its
+    /// own: processes gpureap cannot see may hold it (not driver-held).
+    Unseen {
+        bytes: u64,
+    },
     DriverError {
         message: &'a str,
     },
@@ -1239,6 +1288,7 @@ impl<'a> From<&'a Reason> for ReasonJson<'a> {
                 bytes: *bytes,
                 before_free: *before,
             },
+            Reason::Unseen { bytes } => ReasonJson::Unseen { bytes: *bytes },
             Reason::DriverError { message } => ReasonJson::DriverError { message },
         }
     }
@@ -1713,6 +1763,8 @@ mod tests {
             uptime_ticks: None,
             bookkeeping_slack: 0,
             container_notes: Vec::new(),
+            host_pids: Some(true),
+            lists_may_omit: true,
         }
     }
 

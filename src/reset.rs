@@ -7,6 +7,9 @@
 //! process with the GPU's device node open and none listed by the driver,
 //! must have read every process but this gpureap's own ancestors (one it
 //! could not inspect may have the node open), and the driver checks again. The result is verified through the driver.
+//! Nor from a PID namespace of its own (a container without the host's
+//! PIDs): a driver that omits other namespaces' processes from its lists
+//! (NVML 580) shows a GPU in use there as one held by no process.
 
 use std::fmt;
 
@@ -34,6 +37,14 @@ pub enum Reset {
         unreadable: usize,
         example: String,
     },
+    /// Not reset: gpureap runs in a PID namespace of its own, so the
+    /// processes of other namespaces, which the driver may omit from its
+    /// lists, may use the GPU (`UnattributedKind::Unseen`). `unattributed`:
+    /// the memory no listed process explains.
+    Unseen {
+        index: u32,
+        unattributed: Option<u64>,
+    },
     /// The driver refused or failed the reset, or could not be read.
     Failed { index: u32, message: String },
     /// Reset, but memory is still held afterwards.
@@ -47,6 +58,7 @@ impl Reset {
             | Reset::NothingHeld { index, .. }
             | Reset::InUse { index, .. }
             | Reset::Unscanned { index, .. }
+            | Reset::Unseen { index, .. }
             | Reset::Failed { index, .. }
             | Reset::StillHeld { index, .. } => *index,
         }
@@ -86,6 +98,17 @@ impl fmt::Display for Reset {
                 f,
                 "GPU {index}: not reset: {unreadable} process(es) could not be inspected (e.g. {example}), and any of them may have its device node open; run as root with CAP_SYS_PTRACE"
             ),
+            Reset::Unseen {
+                index,
+                unattributed,
+            } => write!(
+                f,
+                "GPU {index}: not reset: gpureap runs in a PID namespace of its own (a container without the host's PIDs), and the driver may omit other namespaces' processes from its lists, so {} may be held by processes it cannot see; run gpureap reset on the host, or with the host's PIDs (`docker run --pid=host`, `hostPID: true`)",
+                match unattributed {
+                    Some(bytes) => format!("the {} no listed process explains", Bytes(*bytes)),
+                    None => "the GPU".to_string(),
+                }
+            ),
             Reset::Failed { index, message } => {
                 write!(f, "GPU {index}: reset failed: {}", Field(message))
             }
@@ -111,6 +134,14 @@ pub fn reset(driver: &dyn Driver, index: u32) -> Reset {
         return Reset::Failed {
             index,
             message: error.to_string(),
+        };
+    }
+    // From a PID namespace of its own the driver's lists may leave out
+    // what uses the GPU: never reset from there.
+    if before.may_miss_holders() {
+        return Reset::Unseen {
+            index,
+            unattributed: before.held_by_no_process(gpu).map(|held| held.bytes),
         };
     }
     let users: Vec<String> = gpu
@@ -150,7 +181,7 @@ pub fn reset(driver: &dyn Driver, index: u32) -> Reset {
     // No process uses the GPU: all it uses is held by no process. Where the
     // driver gives no figure, the reset goes ahead.
     let held = before.held_by_no_process(gpu);
-    if let Some(unattributed) = held.filter(|unattributed| !unattributed.holds) {
+    if let Some(unattributed) = held.filter(|unattributed| !unattributed.holds()) {
         return Reset::NothingHeld {
             index,
             unattributed: unattributed.bytes,
@@ -176,7 +207,7 @@ pub fn reset(driver: &dyn Driver, index: u32) -> Reset {
         };
     }
     match after.held_by_no_process(gpu) {
-        Some(unattributed) if unattributed.holds => Reset::StillHeld {
+        Some(unattributed) if unattributed.holds() => Reset::StillHeld {
             index,
             bytes: unattributed.bytes,
         },
@@ -194,7 +225,7 @@ pub fn exit(outcomes: &[Reset]) -> Exit {
     Exit::worst(outcomes.iter().map(|outcome| match outcome {
         Reset::Done { .. } | Reset::NothingHeld { .. } => Exit::Success,
         Reset::InUse { .. } | Reset::StillHeld { .. } => Exit::StillHeld,
-        Reset::Unscanned { .. } | Reset::Failed { .. } => Exit::Incomplete,
+        Reset::Unscanned { .. } | Reset::Unseen { .. } | Reset::Failed { .. } => Exit::Incomplete,
     }))
 }
 

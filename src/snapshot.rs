@@ -42,6 +42,15 @@ pub struct Snapshot {
     /// What the node's container sources could not tell
     /// (`Snapshot::attribute_containers`): shown with the holders.
     pub container_notes: Vec<String>,
+    /// Whether gpureap saw the host's PIDs when the snapshot was taken
+    /// (`container::sees_host_pids`): `Some(false)` in a PID namespace of its
+    /// own, where a driver that omits other namespaces' processes from its
+    /// lists (NVML 580) leaves their memory unexplained. The one rule reads
+    /// it (`Snapshot::held_by_no_process`); `None` when it could not tell.
+    pub host_pids: Option<bool>,
+    /// Whether the driver's lists may leave out other PID namespaces'
+    /// processes (`Driver::may_omit_other_namespaces`), as it said.
+    pub lists_may_omit: bool,
 }
 
 /// Memory held by no process on one GPU, as the one rule judges it
@@ -51,9 +60,57 @@ pub struct Unattributed {
     /// Memory in use that no listed process explains: `status`'s
     /// UNATTRIBUTED, the figure every command names.
     pub bytes: u64,
-    /// Whether it makes the GPU held: more than the driver declares it keeps
-    /// for its own bookkeeping.
-    pub holds: bool,
+    /// What it is, as the one rule says.
+    pub kind: UnattributedKind,
+}
+
+/// What memory no listed process explains is, by the one rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnattributedKind {
+    /// No more than the driver declares it keeps for its own bookkeeping:
+    /// it does not make the GPU held.
+    Bookkeeping,
+    /// More, seen from the host's PID namespace: held by no process
+    /// (driver-held); only a GPU reset or a reboot clears it.
+    NoProcess,
+    /// More, seen from a PID namespace of its own (a container without the
+    /// host's PIDs): processes of other namespaces, which a driver may omit
+    /// from its lists (NVML 580 does), may hold it. Neither driver-held nor
+    /// a case for a reset: only the host's PIDs can tell.
+    Unseen,
+}
+
+impl Unattributed {
+    /// Whether it makes the GPU held, or may: more than the bookkeeping.
+    pub fn holds(&self) -> bool {
+        self.kind != UnattributedKind::Bookkeeping
+    }
+
+    /// Whether it is held by no process (driver-held): a reset may clear it.
+    pub fn driver_held(&self) -> bool {
+        self.kind == UnattributedKind::NoProcess
+    }
+
+    /// Whether processes gpureap cannot see may hold it.
+    pub fn unseen(&self) -> bool {
+        self.kind == UnattributedKind::Unseen
+    }
+
+    /// The verdict as the status JSON's `held_by_no_process` and the
+    /// exporter's gauge give it: whether it is held by no process, `None`
+    /// where that cannot be told (unseen).
+    pub fn verdict(&self) -> Option<bool> {
+        (!self.unseen()).then_some(self.driver_held())
+    }
+
+    /// The kind's name in JSON (`gpus[].unattributed_kind`).
+    pub fn kind_name(&self) -> &'static str {
+        match self.kind {
+            UnattributedKind::Bookkeeping => "bookkeeping",
+            UnattributedKind::NoProcess => "held_by_no_process",
+            UnattributedKind::Unseen => "unseen",
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -191,16 +248,33 @@ impl Snapshot {
     /// bookkeeping allowance on nvml). `None` where the driver gives no figure
     /// for the GPU or for one of its listed processes: the process list alone
     /// then decides. verify, `check`, the exporter, Slurm, `reset` and the
-    /// status JSON (which `status -H` reads) all judge through it.
+    /// status JSON (which `status -H` reads) all judge through it. Beyond
+    /// the tolerance, it is held by no process only where gpureap sees the
+    /// host's PIDs (or cannot tell whether it does, as before namespaces had
+    /// links), or where the driver lists every namespace's processes: in a
+    /// PID namespace of its own, with a driver that may omit the others'
+    /// (NVML's default), it is `Unseen`.
     pub fn held_by_no_process(&self, gpu: &GpuState) -> Option<Unattributed> {
         if !gpu.driver_answered() {
             return None;
         }
         let bytes = gpu.unattributed()?;
-        Some(Unattributed {
-            bytes,
-            holds: bytes > self.bookkeeping_slack,
-        })
+        let kind = if bytes <= self.bookkeeping_slack {
+            UnattributedKind::Bookkeeping
+        } else if self.may_miss_holders() {
+            UnattributedKind::Unseen
+        } else {
+            UnattributedKind::NoProcess
+        };
+        Some(Unattributed { bytes, kind })
+    }
+
+    /// Whether the driver's lists may leave out processes that hold GPUs:
+    /// gpureap does not see the host's PIDs, and the driver may omit other
+    /// namespaces' processes. Then memory no listed process explains is
+    /// `Unseen`, and `reset` refuses.
+    pub fn may_miss_holders(&self) -> bool {
+        self.host_pids == Some(false) && self.lists_may_omit
     }
 
     /// Opens the driver of `backend` and takes the snapshot that suits it,
@@ -402,6 +476,8 @@ impl Snapshot {
             evidence: BTreeMap::new(),
             evidence_note: None,
             container_notes: Vec::new(),
+            host_pids: container::sees_host_pids(),
+            lists_may_omit: driver.may_omit_other_namespaces(),
         };
         // A GPU that did not answer is still named by the UUID the driver knew.
         for gpu in snapshot.gpus.iter_mut().filter(|gpu| gpu.uuid.is_none()) {

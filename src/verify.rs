@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use crate::proc::{ProcessId, ProcessRecord, State};
 use crate::select::Selection;
 use crate::signal::Sig;
-use crate::snapshot::{GpuState, GpuUser, Snapshot};
+use crate::snapshot::{GpuState, GpuUser, Snapshot, UnattributedKind};
 
 /// Why memory on a GPU is still held, as a report names it.
 #[derive(Debug, Clone, PartialEq)]
@@ -58,6 +58,11 @@ pub enum Reason {
     /// `before`: how much of it was already held by no process when `free`
     /// started (what it signalled did not leave it); `None` when none was.
     DriverHeld { bytes: u64, before: Option<u64> },
+    /// No listed process explains it, but gpureap runs in a PID namespace
+    /// of its own: processes of other namespaces, which the driver may omit
+    /// from its lists, may hold it (`UnattributedKind::Unseen`). Not
+    /// driver-held: only the host's PIDs can tell, and `free` exits 3.
+    Unseen { bytes: u64 },
     /// The driver did not answer for this GPU.
     DriverError { message: String },
 }
@@ -152,9 +157,20 @@ impl std::fmt::Display for Reason {
                     Bytes(*bytes)
                 ),
             },
+            Reason::Unseen { bytes } => write!(f, "{}", unseen_text(*bytes)),
             Reason::DriverError { message } => write!(f, "driver error: {}", Field(message)),
         }
     }
+}
+
+/// Memory no listed process explains, seen from a PID namespace of its
+/// own, in words: not driver-held, and the remedy. One text for `free`,
+/// `status`, `check` and Slurm.
+pub fn unseen_text(bytes: u64) -> String {
+    format!(
+        "{} not explained by any process listed here: gpureap runs in a PID namespace of its own (a container without the host's PIDs), and the driver may omit other namespaces' processes from its lists, so processes it cannot see may hold it (not driver-held: do not reset); run gpureap on the host, or give its container the host's PIDs (`docker run --pid=host`, `hostPID: true` in a Kubernetes pod spec)",
+        crate::units::Bytes(bytes)
+    )
 }
 
 /// One GPU as seen in one snapshot against the scope.
@@ -290,7 +306,7 @@ pub fn assess(
     // it. Without per-process figures, the process list alone decides.
     let held = snapshot
         .held_by_no_process(gpu)
-        .is_some_and(|unattributed| unattributed.holds);
+        .is_some_and(|unattributed| unattributed.holds());
     Assessment {
         freed: remaining.is_empty() && !held,
         checked: true,
@@ -426,7 +442,10 @@ pub fn explain(
             trend.release_rate()
         };
         reasons.push(match (releasing, held) {
-            (Some(bytes_per_second), Reason::DriverHeld { bytes, .. }) => Reason::StillReleasing {
+            (
+                Some(bytes_per_second),
+                Reason::DriverHeld { bytes, .. } | Reason::Unseen { bytes },
+            ) => Reason::StillReleasing {
                 bytes,
                 bytes_per_second,
             },
@@ -445,14 +464,21 @@ fn listed_memory(gpu: &GpuState, pid: u32) -> Option<u64> {
 }
 
 /// Memory on `gpu` held by no process as a reason, when the one rule
-/// (`Snapshot::held_by_no_process`) says it holds the GPU. `before`: how
-/// much of it was held by no process before a `free` started.
+/// (`Snapshot::held_by_no_process`) says it holds the GPU: driver-held, or
+/// unseen from a PID namespace of its own. `before`: how much of it was
+/// held by no process before a `free` started.
 fn driver_held(snapshot: &Snapshot, gpu: &GpuState, before: u64) -> Option<Reason> {
     let unattributed = snapshot.held_by_no_process(gpu)?;
-    unattributed.holds.then(|| Reason::DriverHeld {
-        bytes: unattributed.bytes,
-        before: (before > 0).then_some(before.min(unattributed.bytes)),
-    })
+    match unattributed.kind {
+        UnattributedKind::Bookkeeping => None,
+        UnattributedKind::Unseen => Some(Reason::Unseen {
+            bytes: unattributed.bytes,
+        }),
+        UnattributedKind::NoProcess => Some(Reason::DriverHeld {
+            bytes: unattributed.bytes,
+            before: (before > 0).then_some(before.min(unattributed.bytes)),
+        }),
+    }
 }
 
 /// What holds one GPU, by one snapshot and no `free`: for a caller that
@@ -671,6 +697,8 @@ mod tests {
             uptime_ticks: None,
             bookkeeping_slack: 256 << 20,
             container_notes: Vec::new(),
+            host_pids: Some(true),
+            lists_may_omit: true,
         }
     }
     fn targets(pids: &[u32]) -> Selection {
@@ -924,6 +952,50 @@ mod tests {
         );
         let assessment = assess(&leak.gpus[0], &leak, &targets(&[]), &nothing, false);
         assert!(!assessment.freed);
+    }
+
+    /// The one rule's kind: beyond the bookkeeping, memory no listed
+    /// process explains is held by no process only where gpureap sees the
+    /// host's PIDs (or cannot tell) or the driver lists every namespace's
+    /// processes; else it is unseen, and neither `free` nor Slurm calls it
+    /// driver-held.
+    #[test]
+    fn memory_unexplained_without_the_host_pids_is_unseen_not_driver_held() {
+        let held = |host_pids: Option<bool>, lists_may_omit: bool, used: u64| {
+            let snapshot = Snapshot {
+                host_pids,
+                lists_may_omit,
+                ..snapshot(used, vec![], vec![])
+            };
+            snapshot
+                .held_by_no_process(&snapshot.gpus[0])
+                .expect("a figure")
+                .kind
+        };
+        use UnattributedKind::*;
+        assert_eq!(held(Some(true), true, 20 * GIB), NoProcess);
+        assert_eq!(held(None, true, 20 * GIB), NoProcess);
+        assert_eq!(held(Some(false), false, 20 * GIB), NoProcess);
+        assert_eq!(held(Some(false), true, 20 * GIB), Unseen);
+        assert_eq!(held(Some(false), true, 100 << 20), Bookkeeping);
+
+        let unseen = Snapshot {
+            host_pids: Some(false),
+            ..snapshot(20 * GIB, vec![], vec![])
+        };
+        assert_eq!(
+            reasons(&unseen, &targets(&[]), true, &Trend::default()),
+            vec![Reason::Unseen { bytes: 20 * GIB }]
+        );
+        let found = holding(&unseen, 0, &mut |_, _| None);
+        assert_eq!(
+            found,
+            vec![Holding::Reason(Reason::Unseen { bytes: 20 * GIB })]
+        );
+        assert!(!found[0].driver_held());
+        let text = Reason::Unseen { bytes: 20 * GIB }.to_string();
+        assert!(text.contains("hostPID: true"), "{text}");
+        assert!(!text.contains("only a GPU reset"), "{text}");
     }
 
     #[test]

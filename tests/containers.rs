@@ -108,6 +108,13 @@ fn host() -> SimHost {
     SimHost::new(2, 80 * GIB, "Simulated H200").expect("sim host")
 }
 
+fn gpu_of(status: &Value, index: u32) -> &Value {
+    status["gpus"]
+        .as_array()
+        .and_then(|gpus| gpus.iter().find(|gpu| gpu["index"] == index))
+        .unwrap_or_else(|| panic!("GPU {index} in {status:#}"))
+}
+
 fn holder_of(status: &Value, pid: u32) -> Value {
     status["holders"]
         .as_array()
@@ -430,7 +437,14 @@ fn unshare_works() -> bool {
 /// /proc made in a private mount namespace, as the real driver lists host
 /// PIDs whatever namespace asks.
 fn in_own_pid_namespace(host: &SimHost, args: &[&str]) -> Run {
+    in_own_pid_namespace_after(host, None, args)
+}
+
+/// The same, with `first` run by the namespace's shell before gpureap
+/// (`$0` is the simulated host's directory), to start processes there.
+fn in_own_pid_namespace_after(host: &SimHost, first: Option<&str>, args: &[&str]) -> Run {
     let script = r#"dir=$1; shift; mount --bind /proc "$dir/host-proc" && exec unshare --pid --fork --mount-proc "$@""#;
+    let inner = format!("{}; exec \"$@\"", first.unwrap_or(":"));
     std::process::Command::new("unshare")
         .args([
             "--mount",
@@ -442,6 +456,8 @@ fn in_own_pid_namespace(host: &SimHost, args: &[&str]) -> Run {
             script,
             "sh",
         ])
+        .arg(host.path())
+        .args(["sh", "-c", &inner])
         .arg(host.path())
         .arg(env!("CARGO_BIN_EXE_gpureap"))
         .arg("--backend")
@@ -518,5 +534,137 @@ fn in_a_container_without_host_pids_status_says_what_it_cannot_see() {
     let first = check.stdout.lines().next().unwrap_or_default();
     assert!(first.contains("holders hidden"), "{}", check.stdout);
     assert!(check.stdout.contains("hostPID: true"), "{}", check.stdout);
+    drop(incident);
+}
+
+/// A driver that omits other PID namespaces' processes from its lists
+/// (NVML 580, measured on an H200: docs/gpu-validation.md), staged with
+/// `DIR/omit-other-namespaces`: from a PID namespace of its own, gpureap
+/// sees the host's holder's memory used and no process listed for it. That
+/// memory must not be called held by no process, nor lead to a reset:
+/// status says processes unseen from here may hold it, `check` and `free`
+/// cannot tell (3), and `reset` refuses (3) and leaves the holder alone.
+#[test]
+fn in_a_container_whose_driver_omits_host_pids_unexplained_memory_is_unseen_not_driver_held() {
+    if !unshare_works() {
+        return skip("unshare cannot make PID and mount namespaces here (needs CAP_SYS_ADMIN)");
+    }
+    let host = host();
+    std::fs::create_dir(host.path().join("host-proc")).expect("the mount point");
+    std::fs::write(host.path().join("omit-other-namespaces"), "").expect("the marker");
+    let mut incident = Incident::new(&host);
+    let server = incident
+        .holder(&Holder::new("vllm-worker").on(1, 12 * GIB))
+        .expect("holder");
+
+    // From the host the marker changes nothing: the holder is listed.
+    let outside = run(&host, &["status", "--json"]).json();
+    assert_eq!(gpu_of(&outside, 1)["memory_unattributed"], 0, "{outside:#}");
+    assert_eq!(gpu_of(&outside, 1)["held_by_no_process"], false);
+    assert_eq!(holder_of(&outside, server)["pid"], server);
+
+    let status = in_own_pid_namespace(&host, &["status", "--json"]);
+    assert_eq!(status.code, 0, "{}", status.stderr);
+    let status = status.json();
+    let validator = crate::schema::schema();
+    crate::schema::conforms(&validator, "status in a PID namespace of its own", &status);
+    let gpu = gpu_of(&status, 1);
+    assert_eq!(gpu["memory_unattributed"], 12 * GIB, "{status:#}");
+    assert_eq!(gpu["held_by_no_process"], serde_json::Value::Null);
+    assert_eq!(gpu["unattributed_kind"], "unseen");
+    assert_eq!(status["visibility"]["host_pids"], false);
+    assert_eq!(status["visibility"]["hidden"], serde_json::json!([]));
+    let note = status["visibility"]["note"].as_str().expect("a note");
+    for said in ["Unseen: GPU 1: 12.0 GiB", "--pid=host", "hostPID: true"] {
+        assert!(note.contains(said), "{said:?} in {note}");
+    }
+    assert!(!note.contains("only a GPU reset"), "{note}");
+
+    let text = in_own_pid_namespace(&host, &["status"]);
+    let flat = text.stdout.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(flat.contains("Unseen: GPU 1: 12.0 GiB"), "{}", text.stdout);
+    assert!(
+        flat.contains("No process seen from this PID namespace"),
+        "{}",
+        text.stdout
+    );
+
+    let exposition = in_own_pid_namespace(&host, &["status", "--prometheus"]);
+    let found = crate::exporter::samples(&exposition.stdout);
+    let on = [("gpu", "1")];
+    let value = |name| crate::exporter::value(&found, name, &on);
+    assert_eq!(
+        value("gpureap_gpu_memory_unattributed_bytes"),
+        Some((12 * GIB) as f64)
+    );
+    assert_eq!(
+        value("gpureap_gpu_held_by_no_process"),
+        None,
+        "{}",
+        exposition.stdout
+    );
+
+    let check = in_own_pid_namespace(&host, &["check"]);
+    assert_eq!(check.code, 3, "{}", check.stdout);
+    let first = check.stdout.lines().next().unwrap_or_default();
+    assert!(
+        first.contains("GPU 1: 12.0 GiB unexplained"),
+        "{}",
+        check.stdout
+    );
+    assert!(check.stdout.contains("hostPID: true"), "{}", check.stdout);
+    assert!(
+        !check.stdout.contains("held by no process"),
+        "{}",
+        check.stdout
+    );
+    assert!(
+        !check.stdout.contains("reset or a reboot"),
+        "{}",
+        check.stdout
+    );
+
+    let free = in_own_pid_namespace(&host, &["free", "--gpu", "1", "--yes", "--json"]);
+    assert_eq!(free.code, 3, "{}\n{}", free.stdout, free.stderr);
+    let free = free.json();
+    crate::schema::conforms(&validator, "free in a PID namespace of its own", &free);
+    let reasons = free["gpus"][0]["reasons"].to_string();
+    assert!(reasons.contains("\"unseen\""), "{free:#}");
+    assert!(!reasons.contains("driver_held"), "{free:#}");
+
+    let reset = in_own_pid_namespace(&host, &["reset", "--gpu", "1"]);
+    assert_eq!(reset.code, 3, "{}\n{}", reset.stdout, reset.stderr);
+    let said = format!("{}{}", reset.stdout, reset.stderr);
+    assert!(said.contains("not reset"), "{said}");
+    assert!(said.contains("PID namespace of its own"), "{said}");
+    // The holder was neither signalled nor reset away.
+    let after = run(&host, &["status", "--json"]).json();
+    assert_eq!(holder_of(&after, server)["pid"], server, "{after:#}");
+    assert_eq!(gpu_of(&after, 1)["memory_used"], 12 * GIB);
+    assert_eq!(gpu_of(&after, 1)["unattributed_kind"], "bookkeeping");
+
+    // A holder of gpureap's own namespace is listed, by its PID there: a
+    // 1 GiB context on GPU 0 that explains all of GPU 0's use.
+    let inside = in_own_pid_namespace_after(
+        &host,
+        Some(r#"sleep 600 3<"$0/nvidia0" & echo $! >&2"#),
+        &["status", "--json", "--gpu", "0"],
+    );
+    assert_eq!(inside.code, 0, "{}", inside.stderr);
+    let local: u32 = inside
+        .stderr
+        .lines()
+        .next()
+        .and_then(|line| line.trim().parse().ok())
+        .expect("the local holder's PID");
+    let inside = inside.json();
+    assert_eq!(gpu_of(&inside, 0)["memory_used"], GIB, "{inside:#}");
+    assert_eq!(gpu_of(&inside, 0)["memory_unattributed"], 0, "{inside:#}");
+    let listed = holder_of(&inside, local);
+    assert_eq!(listed["gpus"][0]["listed_by_driver"], true, "{inside:#}");
+    assert!(
+        !listed["flags"].to_string().contains("hidden"),
+        "{inside:#}"
+    );
     drop(incident);
 }

@@ -326,6 +326,8 @@ fn build(spec: &Spec) -> (Snapshot, Scope, Guard) {
         evidence: BTreeMap::new(),
         evidence_note: None,
         container_notes: Vec::new(),
+        host_pids: Some(true),
+        lists_may_omit: true,
     };
 
     let count = spec.processes.len();
@@ -838,6 +840,8 @@ fn a_job_scope_takes_the_jobs_own_and_never_another_jobs() {
         evidence: BTreeMap::new(),
         evidence_note: None,
         container_notes: Vec::new(),
+        host_pids: Some(true),
+        lists_may_omit: true,
     };
     let scope = Scope {
         gpus: Some(BTreeSet::from([0])),

@@ -515,6 +515,7 @@ fn a_driver_error_is_written_as_its_message() {
             "memory_used": null,
             "memory_unattributed": null,
             "held_by_no_process": null,
+            "unattributed_kind": null,
             "error": LOST,
             "processes": [],
             // A lost GPU is still named by its PCI address (its Xid 79 would be).

@@ -259,6 +259,18 @@ pub trait Driver: Send + Sync {
         (found, log.note)
     }
 
+    /// Whether this driver's process lists may leave out the processes of
+    /// PID namespaces other than the caller's, while their memory still
+    /// counts as used. NVML 580 does (measured on an H200 from a PID
+    /// namespace of its own: docs/gpu-validation.md); older drivers list
+    /// host PIDs instead, and which one answers cannot be told from here, so
+    /// the default is yes. The simulated driver says what it models
+    /// (`DIR/omit-other-namespaces`). Read by the one rule, only where
+    /// gpureap does not see the host's PIDs (`Snapshot::held_by_no_process`).
+    fn may_omit_other_namespaces(&self) -> bool {
+        true
+    }
+
     /// Resets one GPU, clearing memory that no process holds (driver-held).
     /// Never implicit: only `gpureap reset` and `--reset` call it, and only
     /// after checking that no process has the GPU's device node open; a

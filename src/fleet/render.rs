@@ -6,6 +6,7 @@
 //! of the fields it shows, so that a host running a newer gpureap that adds
 //! fields still renders.
 
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::ops::Deref;
 
@@ -19,6 +20,7 @@ use crate::hostlist;
 use crate::plan::fit::{Cost, Holder, Verdict};
 use crate::plan::render;
 use crate::report::{self, age_text, new_table};
+use crate::units::GpuRanges;
 use crate::units::{Bytes, Elapsed, Field, MaybeBytes, one_line, short};
 
 /// A host's text, escaped as it is read (`units::one_line`): a view holds
@@ -80,6 +82,10 @@ struct GpuView {
     /// its driver's tolerance); absent from a host too old to give it.
     #[serde(default)]
     held_by_no_process: Option<bool>,
+    /// What the host's one rule calls that memory (`unseen` where gpureap
+    /// there does not see the host's PIDs); absent from an older host.
+    #[serde(default)]
+    unattributed_kind: Option<Text>,
     error: Option<Text>,
 }
 
@@ -373,6 +379,18 @@ fn host_notes(host: &str, status: &StatusView) -> Vec<String> {
         } else {
             format!("{host}: {count} holder(s) hidden: processes of another PID namespace")
         });
+    }
+    let unseen: BTreeSet<u32> = status
+        .gpus
+        .iter()
+        .filter(|gpu| gpu.unattributed_kind.as_deref() == Some("unseen"))
+        .map(|gpu| gpu.index)
+        .collect();
+    if !unseen.is_empty() {
+        notes.push(format!(
+            "{host}: GPU {}: memory no listed process explains, and gpureap there runs without the host's PIDs: processes it cannot see may hold it, not the driver (give it `--pid=host`, or `hostPID: true` in Kubernetes)",
+            GpuRanges(&unseen)
+        ));
     }
     if status.holders.more > 0 {
         notes.push(format!(
@@ -898,6 +916,7 @@ impl PlanHolderView {
             gpu: self.gpu,
             bytes: self.bytes,
             cost,
+            unseen: false,
         }
     }
 }
@@ -1145,5 +1164,37 @@ mod tests {
             .find(|line| line.trim_start().starts_with("n3") && line.contains("vllm"))
             .expect("n3's row");
         assert!(n3.contains(" - "), "{n3}");
+    }
+
+    /// A host whose gpureap runs without the host's PIDs, where memory no
+    /// listed process explains is `unseen`: its GPU is shown, and a note
+    /// says that processes it cannot see may hold it, with the remedy;
+    /// nothing calls it held by no process.
+    #[test]
+    fn status_says_where_a_hosts_unexplained_memory_is_unseen() {
+        let unseen = view(
+            r#"{"index": 0, "name": "H200", "memory_total": 1, "memory_used": 104857600, "error": null,
+            "memory_unattributed": 104857600, "held_by_no_process": null, "unattributed_kind": "unseen"}"#,
+        );
+        assert!(unseen.worth_reporting());
+        let report = r#"{"kind": "status", "gpus": [{"index": 0, "name": "H200", "memory_total": 2048,
+            "memory_used": 1024, "memory_unattributed": 1024, "held_by_no_process": null,
+            "unattributed_kind": "unseen", "error": null}], "holders": [],
+            "visibility": {"host_pids": false, "hidden": [], "note": "x"}}"#;
+        let text = super::status(&[super::HostResult {
+            host: "n4".to_string(),
+            answer: super::super::Answer {
+                exit_code: crate::exit::Exit::Success,
+                report: super::super::nested_json(report),
+                error: None,
+                elapsed: std::time::Duration::ZERO,
+            },
+        }]);
+        assert!(
+            text.contains("n4: GPU 0: memory no listed process explains"),
+            "{text}"
+        );
+        assert!(text.contains("--pid=host"), "{text}");
+        assert!(!text.contains("held by no process"), "{text}");
     }
 }

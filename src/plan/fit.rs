@@ -187,6 +187,10 @@ pub struct Holder {
     pub bytes: Option<u64>,
     /// What it alone costs, every other GPU clean.
     pub cost: Cost,
+    /// With `pid` `None`: memory no listed process explains seen from a PID
+    /// namespace of its own (the one rule's `Unseen`), which processes
+    /// gpureap cannot see may hold: not driver-held, and no reset is offered.
+    pub unseen: bool,
 }
 
 /// `--from-log`: what a previous start logged, and what the engine's rule
@@ -617,7 +621,9 @@ fn read_gpus(launch: &Launch, snapshot: &Snapshot) -> Result<Vec<GpuFit>, FitErr
         let held = snapshot.held_by_no_process(state);
         // Within the driver's bookkeeping, memory held by no process stays
         // on a clean GPU too.
-        let kept = held.filter(|held| !held.holds).map_or(0, |held| held.bytes);
+        let kept = held
+            .filter(|held| !held.holds())
+            .map_or(0, |held| held.bytes);
         if !found.iter().any(|fit: &GpuFit| fit.index == index) {
             found.push(GpuFit {
                 index,
@@ -690,15 +696,22 @@ fn holders(
                 // Unknown memory (MIG): it may cost anything; say the worst
                 // that is known, nothing, only when it is known.
                 cost: user.memory.map_or(Cost::Nothing, |bytes| cost(gpu, bytes)),
+                unseen: false,
             });
         }
-        if let Some(held) = gpu.held_by_no_process.filter(|held| held.holds) {
+        if let Some(held) = gpu.held_by_no_process.filter(|held| held.holds()) {
             found.push(Holder {
                 pid: None,
-                name: "held by no process (driver-held)".to_string(),
+                name: if held.unseen() {
+                    "unseen from this PID namespace (processes gpureap cannot see may hold it: run it with the host's PIDs)"
+                } else {
+                    "held by no process (driver-held)"
+                }
+                .to_string(),
                 gpu: gpu.index,
                 bytes: Some(held.bytes),
                 cost: cost(gpu, held.bytes),
+                unseen: held.unseen(),
             });
         }
     }
@@ -721,7 +734,7 @@ fn commands(holders: &[Holder]) -> (Option<String>, Option<String>) {
     let gpus = |with_pid: bool| -> std::collections::BTreeSet<u32> {
         holders
             .iter()
-            .filter(|holder| holder.pid.is_some() == with_pid)
+            .filter(|holder| holder.pid.is_some() == with_pid && !holder.unseen)
             .map(|holder| holder.gpu)
             .collect()
     };
@@ -753,4 +766,28 @@ fn mem_available() -> Option<u64> {
                 .ok()
         })
         .map(|kib| kib * 1024)
+}
+
+#[cfg(test)]
+mod unseen_tests {
+    use super::*;
+
+    /// Memory unseen from a PID namespace of its own is a holder whose GPU
+    /// gets no `gpureap reset` command; driver-held memory's does.
+    #[test]
+    fn unseen_memory_gets_no_reset_command() {
+        let holder = |gpu: u32, unseen: bool| Holder {
+            pid: None,
+            name: String::new(),
+            gpu,
+            bytes: Some(1 << 30),
+            cost: Cost::Nothing,
+            unseen,
+        };
+        assert_eq!(commands(&[holder(0, true)]), (None, None));
+        assert_eq!(
+            commands(&[holder(0, true), holder(1, false)]),
+            (None, Some("gpureap reset --gpu 1".to_string()))
+        );
+    }
 }

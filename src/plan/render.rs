@@ -540,6 +540,7 @@ fn ignored_section(outcome: &Outcome) -> Vec<String> {
 fn holder_text(holder: &Holder, sglang: bool) -> String {
     let who = match holder.pid {
         Some(pid) => format!("PID {pid} {}", crate::units::short(&holder.name, 50)),
+        None if holder.unseen => format!("memory {}", holder.name),
         None => "memory held by no process (driver-held)".to_string(),
     };
     let bytes = crate::units::MaybeBytes(holder.bytes);
@@ -828,7 +829,7 @@ pub fn json(outcome: &Outcome) -> String {
                     memory_used: gpu.used,
                     memory_free: gpu.free,
                     memory_unattributed: gpu.held_by_no_process.map(|held| held.bytes),
-                    held_by_no_process: gpu.held_by_no_process.map(|held| held.holds),
+                    held_by_no_process: gpu.held_by_no_process.and_then(|held| held.verdict()),
                 })
                 .collect(),
             holders: outcome

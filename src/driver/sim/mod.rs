@@ -16,7 +16,11 @@
 //! namespace (the host's, bind-mounted there by whoever runs gpureap in a
 //! PID namespace of its own, as a container without the host's PIDs is):
 //! the driver then lists the processes it shows, by their PIDs there, as the
-//! real driver lists host PIDs to a gpureap in a container.
+//! real driver lists host PIDs to a gpureap in a container (older drivers
+//! do). With `DIR/omit-other-namespaces` beside it, it lists only the
+//! processes of the caller's PID namespace (and those below it), by their
+//! PIDs there, and omits the others while their memory still counts in the
+//! GPU's use, as NVML 580 does to a gpureap in a container.
 //!
 //! The directory's files are input like any other (docs/simulated-driver.md):
 //! each is read relative to one handle on the directory, never through a
@@ -70,6 +74,9 @@ pub struct SimDriver {
     /// `DIR/host-proc`, when it is a directory: the proc mount whose
     /// processes this driver lists, instead of this namespace's /proc.
     host_proc: Option<PathBuf>,
+    /// `DIR/omit-other-namespaces` was there at open: with `host_proc`, the
+    /// lists leave out what is not of the caller's PID namespace.
+    omit_other_namespaces: bool,
 }
 
 fn cannot_read_proc(error: std::io::Error) -> DriverError {
@@ -312,8 +319,20 @@ impl SimDriver {
         let host_proc = Some(dir.join("host-proc")).filter(|path| {
             rustix::fs::statfs(path).is_ok_and(|fs| fs.f_type == rustix::fs::PROC_SUPER_MAGIC)
         });
+        let omit_other_namespaces = match rustix::fs::statat(
+            &directory,
+            "omit-other-namespaces",
+            AtFlags::SYMLINK_NOFOLLOW,
+        ) {
+            Ok(stat) if FileType::from_raw_mode(stat.st_mode) == FileType::Symlink => {
+                return Err(symlink_error(&dir.join("omit-other-namespaces")));
+            }
+            Ok(_) => true,
+            Err(_) => false,
+        };
         Ok(SimDriver {
             host_proc,
+            omit_other_namespaces,
             bookkeeping,
             dir,
             directory,
@@ -439,8 +458,12 @@ impl SimDriver {
     /// Every GPU, from the scan a snapshot is being taken with when there
     /// is one (`proc::during`: the same moment, one pass), else a fresh one.
     fn answer(&self) -> Result<Vec<Result<GpuInfo, DriverError>>, DriverError> {
-        if self.host_proc.is_some() {
-            return self.gpus_from(&self.scan()?);
+        if let Some(root) = &self.host_proc {
+            let gpus = self.gpus_from(&self.scan()?)?;
+            if !self.omit_other_namespaces {
+                return Ok(gpus);
+            }
+            return Ok(omit_other_namespaces(root, gpus));
         }
         proc::with_scan(&|path| self.classify_node(path), |scan| {
             self.gpus_from(scan)
@@ -636,6 +659,54 @@ fn parse_health(text: &str) -> Health {
     health
 }
 
+/// The PIDs of a /proc/PID/status's `NSpid:` line, outermost first.
+fn nspids(status: &[u8]) -> Option<Vec<u32>> {
+    let line = status
+        .split(|&byte| byte == b'\n')
+        .find_map(|line| line.strip_prefix(b"NSpid:"))?;
+    std::str::from_utf8(line)
+        .ok()?
+        .split_whitespace()
+        .map(|pid| pid.parse().ok())
+        .collect()
+}
+
+/// `DIR/omit-other-namespaces`: the lists as a driver that omits other PID
+/// namespaces' processes gives them to the caller. A process of the
+/// caller's namespace (or one below it) is listed by its PID there, the
+/// entry of its `NSpid` at the caller's depth (`host-proc/self`: the
+/// caller's own line in the host's proc); any other is left out, its
+/// memory still in the GPU's use. Two namespaces at the caller's depth are
+/// not told apart: the tests stage none. Where the caller's depth cannot
+/// be read, nothing is listed.
+fn omit_other_namespaces(
+    root: &Path,
+    gpus: Vec<Result<GpuInfo, DriverError>>,
+) -> Vec<Result<GpuInfo, DriverError>> {
+    let read = |name: &str| {
+        std::fs::read(root.join(name).join("status"))
+            .ok()
+            .and_then(|status| nspids(&status))
+    };
+    let depth = read("self").map(|pids| pids.len().saturating_sub(1));
+    gpus.into_iter()
+        .map(|gpu| {
+            gpu.map(|mut gpu| {
+                gpu.processes = gpu
+                    .processes
+                    .into_iter()
+                    .filter_map(|process| {
+                        let pids = read(&process.pid.to_string())?;
+                        let pid = *pids.get(depth?)?;
+                        Some(DriverProcess { pid, ..process })
+                    })
+                    .collect();
+                gpu
+            })
+        })
+        .collect()
+}
+
 /// A simulated GPU's UUID, fixed by its index.
 fn sim_uuid(index: u32) -> String {
     format!("GPU-sim-{index:08}")
@@ -721,6 +792,13 @@ impl Driver for SimDriver {
     /// What `DIR/bookkeeping` declared when the driver opened; 0 without it.
     fn bookkeeping_slack(&self) -> u64 {
         self.bookkeeping
+    }
+
+    /// Only where `DIR/omit-other-namespaces` was there at open: without
+    /// it, the lists hold every process of the /proc it reads (this
+    /// namespace's, or `DIR/host-proc`'s), as a driver that lists host PIDs.
+    fn may_omit_other_namespaces(&self) -> bool {
+        self.omit_other_namespaces
     }
 
     fn gpu(&self, index: u32) -> Result<GpuInfo, DriverError> {
