@@ -136,9 +136,11 @@ fn hierarchies() -> Option<&'static BTreeSet<u32>> {
 
 /// Each line of a /proc/PID/cgroup (`ID:CONTROLLERS:PATH`, cgroups(7)) as
 /// its hierarchy id and path; None when a line is not of that form or an id
-/// comes twice. The kernel writes a cgroup's name as it is, newlines
-/// included, so a name holding `\n0::/docker/<id>` would add a line that
-/// claims a container: it shows as a second line of its hierarchy.
+/// comes twice. The kernel writes a cgroup's path as it is; it refuses
+/// a newline in a cgroup's name (mkdir gives EINVAL, tried on this
+/// project's machine), but should a kernel allow one, a cgroup `x\n0::`
+/// with `docker/<id>` below it would add a line claiming a container: it
+/// would show as a second line of its hierarchy, and is refused.
 fn lines(text: &str) -> Option<Vec<(u32, &str)>> {
     let mut seen = BTreeSet::new();
     let mut out = Vec::new();
@@ -605,7 +607,7 @@ mod tests {
 
     #[test]
     fn a_file_the_kernel_could_not_have_written_is_refused() {
-        // A cgroup name with a newline adds a line: a second `0::`.
+        // A cgroup name with a newline would add a line: a second `0::`.
         let forged = format!("0::/user.slice/x\n0::/docker/{ID}\n");
         assert_eq!(from_cgroup_file(&forged, None), None);
         // A hierarchy this host does not have.

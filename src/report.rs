@@ -161,15 +161,35 @@ impl ContainerJson {
     /// named the pod, then the container's name, else its runtime and
     /// short id (`docker:3f4a8e1b2c9d`).
     pub fn label(&self) -> String {
-        let container = match &self.name {
-            Some(name) => name.clone(),
-            None => format!("{}:{}", self.runtime, self.id.get(..12).unwrap_or(&self.id)),
-        };
-        match (&self.namespace, &self.pod) {
-            (Some(namespace), Some(pod)) => format!("{namespace}/{pod} {container}"),
-            (None, Some(pod)) => format!("{pod} {container}"),
-            _ => container,
-        }
+        container_label(
+            self.runtime,
+            &self.id,
+            self.pod.as_deref(),
+            self.namespace.as_deref(),
+            self.name.as_deref(),
+        )
+    }
+}
+
+/// A container as a table cell or a label: `namespace/pod` when its pod is
+/// named, then its name, else its runtime and short id
+/// (`containerd:3f4a8e1b2c9d`). `status` and `status -H` (from a host's
+/// JSON) say it alike.
+pub fn container_label(
+    runtime: &str,
+    id: &str,
+    pod: Option<&str>,
+    namespace: Option<&str>,
+    name: Option<&str>,
+) -> String {
+    let container = match name {
+        Some(name) => name.to_string(),
+        None => format!("{runtime}:{}", id.get(..12).unwrap_or(id)),
+    };
+    match (namespace, pod) {
+        (Some(namespace), Some(pod)) => format!("{namespace}/{pod} {container}"),
+        (None, Some(pod)) => format!("{pod} {container}"),
+        _ => container,
     }
 }
 
@@ -546,7 +566,7 @@ pub fn status_table(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String
     let _ = writeln!(out);
     if holders.is_empty() {
         let _ = writeln!(out, "No process holds or watches these GPUs.");
-        notes(snapshot, &mut out);
+        notes(snapshot, gpus, &mut out);
         return out;
     }
     const HEADERS: [&str; 12] = [
@@ -631,7 +651,7 @@ pub fn status_table(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String
     let _ = writeln!(out, "{}", table.trim_fmt());
     evidence_notes(unknown_memory, nodes_only, &mut out);
     protected_note(&holders, &mut out);
-    notes(snapshot, &mut out);
+    notes(snapshot, gpus, &mut out);
     out
 }
 
@@ -688,9 +708,9 @@ fn no_gpus(snapshot: &Snapshot) -> String {
     }
 }
 
-fn notes(snapshot: &Snapshot, out: &mut String) {
+fn notes(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>, out: &mut String) {
     supervisor_gone_notes(snapshot, out);
-    if let Some(hidden) = hidden_note(snapshot, &None) {
+    if let Some(hidden) = hidden_note(snapshot, gpus) {
         note(out, &hidden);
     }
     container_notes(snapshot, out);
@@ -899,7 +919,7 @@ pub fn status_tree(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String 
         ..
     } = tree;
     evidence_notes(unknown_memory, nodes_only, &mut out);
-    notes(snapshot, &mut out);
+    notes(snapshot, gpus, &mut out);
     out
 }
 

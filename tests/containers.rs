@@ -60,9 +60,9 @@ impl Cgroups {
     }
 
     /// The path of `relative` under the root, made with its parents.
-    fn make(&mut self, relative: &str) -> PathBuf {
+    fn make(&mut self, relative: impl AsRef<Path>) -> PathBuf {
         let mut path = self.root.clone();
-        for component in relative.split('/') {
+        for component in relative.as_ref().components() {
             path.push(component);
             if !path.is_dir() {
                 std::fs::create_dir(&path)
@@ -73,9 +73,8 @@ impl Cgroups {
         path
     }
 
-    /// Moves `pid` into the cgroup `relative` (made if need be), and
-    /// returns the cgroup path as /proc shows it from the mount's root.
-    fn move_in(&mut self, relative: &str, pid: u32) {
+    /// Moves `pid` into the cgroup `relative` (made if need be).
+    fn move_in(&mut self, relative: impl AsRef<Path>, pid: u32) {
         let path = self.make(relative);
         std::fs::write(path.join("cgroup.procs"), pid.to_string())
             .unwrap_or_else(|error| panic!("moving {pid} into {}: {error}", path.display()));
@@ -290,7 +289,7 @@ fn a_v1_hierarchy_names_the_container_when_the_v2_path_does_not() {
     let pid = incident
         .holder(&Holder::new("v1-worker").on(0, GIB))
         .expect("holder");
-    cgroups.move_in(&format!("docker/{DOCKER_CGROUPFS}"), pid);
+    cgroups.move_in(format!("docker/{DOCKER_CGROUPFS}"), pid);
     let status = run(&host, &["status", "--json"]).json();
     let holder = holder_of(&status, pid);
     assert_eq!(holder["container"]["runtime"], "docker", "{holder:#}");
@@ -303,6 +302,51 @@ fn a_v1_hierarchy_names_the_container_when_the_v2_path_does_not() {
             .contains(DOCKER_CGROUPFS),
         "{holder:#}"
     );
+    drop(incident);
+}
+
+#[test]
+fn cgroup_paths_of_any_bytes_are_read_and_shown_written_out() {
+    use std::os::unix::ffi::OsStrExt;
+    let Some(mut cgroups) = Cgroups::v2() else {
+        return skip("no writable cgroup v2 mount");
+    };
+    let host = host();
+    let mut incident = Incident::new(&host);
+    let plain = incident
+        .holder(&Holder::new("bytes-worker").on(0, GIB))
+        .expect("holder");
+    let escaping = incident
+        .holder(&Holder::new("escape-worker").on(1, GIB))
+        .expect("holder");
+    // A prefix that is not UTF-8 above docker's layout: still docker's.
+    let odd = std::ffi::OsStr::from_bytes(b"a\xff\xfeb");
+    cgroups.move_in(Path::new(odd).join("docker").join(DOCKER_CGROUPFS), plain);
+    // One that holds an escape: no runtime makes such a path, none is named.
+    let escape = std::ffi::OsStr::from_bytes(b"c\x1b[2Jd");
+    cgroups.move_in(
+        Path::new(escape).join("docker").join(DOCKER_SYSTEMD),
+        escaping,
+    );
+    let status = run(&host, &["status", "--json"]);
+    assert_eq!(status.code, 0, "{}", status.stderr);
+    let status = status.json();
+    let holder = holder_of(&status, plain);
+    assert_eq!(holder["container"]["id"], DOCKER_CGROUPFS, "{holder:#}");
+    let cgroup = holder["cgroup"].as_str().expect("the raw cgroup is shown");
+    assert!(cgroup.contains("a\u{fffd}\u{fffd}b/docker/"), "{cgroup:?}");
+    let holder = holder_of(&status, escaping);
+    assert!(holder["container"].is_null(), "{holder:#}");
+    assert!(
+        holder["cgroup"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("c\u{1b}[2Jd")
+    );
+    for args in [&["status"][..], &["status", "--tree"]] {
+        let text = run(&host, args);
+        assert!(!text.stdout.contains('\u{1b}'), "{}", text.stdout);
+    }
     drop(incident);
 }
 
@@ -325,7 +369,7 @@ fn the_pid_a_container_sees_is_its_own_namespaces() {
         .spawn(script, 1)
         .expect("a holder in its own PID namespace");
     let pid = incident.pid_of("ns-worker").expect("its PID");
-    cgroups.move_in(&format!("system.slice/docker-{DOCKER_SYSTEMD}.scope"), pid);
+    cgroups.move_in(format!("system.slice/docker-{DOCKER_SYSTEMD}.scope"), pid);
     let status = run(&host, &["status", "--json"]).json();
     let container = &holder_of(&status, pid)["container"];
     assert_eq!(container["id"], DOCKER_SYSTEMD, "{container:#}");
@@ -345,7 +389,7 @@ fn holders_that_exit_mid_scan_never_break_attribution() {
     let churn = "exec 3<\"$D/nvidia0\"; echo \"$BASHPID churner\" >> \"$D/pids\"; \
                  exec -a churner bash -c 'while :; do sleep 0.002 & sleep 0.003 & wait; done'";
     let pid = incident.spawn(churn, 1).expect("churner");
-    cgroups.move_in(&format!("docker/{DOCKER_CGROUPFS}"), pid);
+    cgroups.move_in(format!("docker/{DOCKER_CGROUPFS}"), pid);
     let mut seen_a_child = false;
     for _ in 0..40 {
         let status = run(&host, &["status", "--json"]);
@@ -465,6 +509,10 @@ fn in_a_container_without_host_pids_status_says_what_it_cannot_see() {
         text.stdout
     );
     assert!(flat.contains("docker run --pid=host"), "{}", text.stdout);
+    // Only the GPUs asked about: the holder is on GPU 1.
+    let other = in_own_pid_namespace(&host, &["status", "--gpu", "0"]);
+    assert_eq!(other.code, 0, "{}", other.stderr);
+    assert!(!other.stdout.contains("Hidden"), "{}", other.stdout);
 
     let check = in_own_pid_namespace(&host, &["check"]);
     let first = check.stdout.lines().next().unwrap_or_default();

@@ -18,7 +18,7 @@ use super::HostResult;
 use crate::hostlist;
 use crate::plan::fit::{Cost, Holder, Verdict};
 use crate::plan::render;
-use crate::report::{age_text, new_table};
+use crate::report::{self, age_text, new_table};
 use crate::units::{Bytes, Elapsed, Field, MaybeBytes, one_line, short};
 
 /// A host's text, escaped as it is read (`units::one_line`): a view holds
@@ -57,6 +57,8 @@ struct StatusView {
     gpus: Bounded<GpuView, MAX_ENTRIES>,
     #[serde(default)]
     holders: Bounded<HolderView, MAX_ENTRIES>,
+    #[serde(default)]
+    visibility: Option<VisibilityView>,
 }
 
 #[derive(Deserialize)]
@@ -92,6 +94,39 @@ struct HolderView {
     flags: Bounded<Text, MAX_NESTED>,
     #[serde(default)]
     gpus: Bounded<HolderGpuView, MAX_NESTED>,
+    /// Absent from hosts older than containers (#24).
+    #[serde(default)]
+    container: Option<ContainerView>,
+}
+
+#[derive(Deserialize)]
+struct ContainerView {
+    runtime: Text,
+    id: Text,
+    pod: Option<Text>,
+    namespace: Option<Text>,
+    name: Option<Text>,
+}
+
+impl ContainerView {
+    fn label(&self) -> String {
+        report::container_label(
+            &self.runtime,
+            &self.id,
+            self.pod.as_deref(),
+            self.namespace.as_deref(),
+            self.name.as_deref(),
+        )
+    }
+}
+
+/// What a host's gpureap could see of its holders (`visibility`); absent
+/// from hosts older than #24.
+#[derive(Deserialize)]
+struct VisibilityView {
+    host_pids: Option<bool>,
+    #[serde(default)]
+    hidden: Bounded<u32, MAX_ENTRIES>,
 }
 
 #[derive(Deserialize)]
@@ -262,23 +297,7 @@ pub fn status(results: &[HostResult]) -> String {
                     })
             })
             .collect();
-        if let Some(error) = &status.driver_error {
-            notes.push(format!("{host}: driver error: {error}"));
-        }
-        if let Some(scan) = &status.scan
-            && !scan.complete
-        {
-            notes.push(format!(
-                "{host}: partial scan, {} process(es) could not be inspected",
-                scan.unreadable
-            ));
-        }
-        if status.holders.more > 0 {
-            notes.push(format!(
-                "{host}: {} more holders listed than are shown here ({MAX_ENTRIES})",
-                status.holders.more
-            ));
-        }
+        notes.extend(host_notes(host, &status));
         if busy.is_empty() && holders.is_empty() && status.driver_error.is_none() {
             quiet.push(host);
             quiet_gpus += status.gpus.len();
@@ -327,6 +346,43 @@ pub fn status(results: &[HostResult]) -> String {
     out
 }
 
+/// What a person must know of one host's answer beside its rows: its
+/// driver's error, a partial scan, holders it could not see, holders past
+/// what is shown.
+fn host_notes(host: &str, status: &StatusView) -> Vec<String> {
+    let mut notes = Vec::new();
+    if let Some(error) = &status.driver_error {
+        notes.push(format!("{host}: driver error: {error}"));
+    }
+    if let Some(scan) = &status.scan
+        && !scan.complete
+    {
+        notes.push(format!(
+            "{host}: partial scan, {} process(es) could not be inspected",
+            scan.unreadable
+        ));
+    }
+    if let Some(visibility) = &status.visibility
+        && visibility.hidden.len() + visibility.hidden.more > 0
+    {
+        let count = visibility.hidden.len() + visibility.hidden.more;
+        notes.push(if visibility.host_pids == Some(false) {
+            format!(
+                "{host}: {count} holder(s) hidden: gpureap there runs without the host's PIDs (give it `--pid=host`, or `hostPID: true` in Kubernetes)"
+            )
+        } else {
+            format!("{host}: {count} holder(s) hidden: processes of another PID namespace")
+        });
+    }
+    if status.holders.more > 0 {
+        notes.push(format!(
+            "{host}: {} more holders listed than are shown here ({MAX_ENTRIES})",
+            status.holders.more
+        ));
+    }
+    notes
+}
+
 /// One row per holder and GPU the driver lists it on, sorted by GPU then PID;
 /// a holder listed nowhere (no driver answered) gets one row with GPU `-`.
 fn host_holder_rows(host: &str, holders: &[&HolderView]) -> Vec<Vec<String>> {
@@ -353,6 +409,13 @@ fn host_holder_rows(host: &str, holders: &[&HolderView]) -> Vec<Vec<String>> {
                     .collect::<Vec<_>>()
                     .join(","),
                 short(
+                    &holder
+                        .container
+                        .as_ref()
+                        .map_or("-".to_string(), ContainerView::label),
+                    22,
+                ),
+                short(
                     holder.cmdline.as_deref().unwrap_or("(not visible there)"),
                     48,
                 ),
@@ -377,13 +440,38 @@ fn host_holder_rows(host: &str, holders: &[&HolderView]) -> Vec<Vec<String>> {
     rows.into_iter().map(|(_, _, row)| row).collect()
 }
 
-fn holder_table(rows: Vec<Vec<String>>, out: &mut String) {
+fn holder_table(mut rows: Vec<Vec<String>>, out: &mut String) {
     if rows.is_empty() {
         return;
     }
-    let mut table = new_table(&[
-        "HOST", "GPU", "PID", "USER", "S", "AGE", "GPU MEM", "FLAGS", "COMMAND",
-    ]);
+    const CONTAINER: usize = 8;
+    let mut headers = vec![
+        "HOST",
+        "GPU",
+        "PID",
+        "USER",
+        "S",
+        "AGE",
+        "GPU MEM",
+        "FLAGS",
+        "CONTAINER",
+        "COMMAND",
+    ];
+    // The column only where some holder runs in a container: the command
+    // then gives it room, so that the table stays within 120 columns.
+    if rows.iter().all(|row| row[CONTAINER] == "-") {
+        headers.remove(CONTAINER);
+        for row in &mut rows {
+            row.remove(CONTAINER);
+        }
+    } else {
+        for row in &mut rows {
+            if let Some(command) = row.last_mut() {
+                *command = short(command, 28);
+            }
+        }
+    }
+    let mut table = new_table(&headers);
     for row in rows {
         table.add_row(right_aligned(row, &[6]));
     }
@@ -995,5 +1083,67 @@ mod tests {
         assert!(gpu(mib100).worth_reporting());
         assert!(!gpu(r#""memory_unattributed": 0"#).worth_reporting());
         assert!(gpu(r#""memory_unattributed": null"#).worth_reporting());
+    }
+
+    /// Each host's holders carry their container, escaped as a host's text
+    /// is; a host that sees no host PIDs says so, with the remedy; a host
+    /// older than containers still renders.
+    #[test]
+    fn status_says_each_hosts_containers_and_hidden_holders() {
+        let id = "4444444444444444444444444444444444444444444444444444444444444444";
+        let holder = |container: &str| {
+            format!(
+                r#"{{"pid": 42, "user": "root", "state": "S", "age_ms": 1000, "cmdline": "vllm",
+                "flags": [], "gpus": [{{"index": 0, "memory": 1024, "listed_by_driver": true}}]{container}}}"#
+            )
+        };
+        let report = |holder: String, visibility: &str| {
+            format!(
+                r#"{{"kind": "status", "gpus": [{{"index": 0, "name": "H200", "memory_total": 2048,
+                "memory_used": 1024, "memory_unattributed": 0, "held_by_no_process": false, "error": null}}],
+                "holders": [{holder}]{visibility}}}"#
+            )
+        };
+        let host = |name: &str, report: String| super::HostResult {
+            host: name.to_string(),
+            answer: super::super::Answer {
+                exit_code: crate::exit::Exit::Success,
+                report: super::super::nested_json(&report),
+                error: None,
+                elapsed: std::time::Duration::ZERO,
+            },
+        };
+        let named = format!(
+            r#", "container": {{"runtime": "containerd", "id": "{id}", "pod_uid": null,
+            "pod": "server-0", "namespace": "llm", "name": "vl\u001b[2J\nFORGED", "local_pid": 1}}"#
+        );
+        let unnamed = format!(
+            r#", "container": {{"runtime": "docker", "id": "{id}", "pod_uid": null,
+            "pod": null, "namespace": null, "name": null, "local_pid": null}}"#
+        );
+        let hidden = r#", "visibility": {"host_pids": false, "hidden": [7, 8], "note": "x"}"#;
+        let text = super::status(&[
+            host("n1", report(holder(&named), "")),
+            host("n2", report(holder(&unnamed), hidden)),
+            host("n3", report(holder(""), "")),
+        ]);
+        assert!(text.contains("CONTAINER"), "{text}");
+        assert!(text.contains("llm/server-0 vl\\u{1b}"), "{text}");
+        assert!(!text.contains('\u{1b}'), "{text}");
+        assert!(
+            !text.lines().any(|line| line.starts_with("FORGED")),
+            "{text}"
+        );
+        assert!(text.contains("docker:444444444444"), "{text}");
+        assert!(
+            text.contains("n2: 2 holder(s) hidden: gpureap there runs without the host's PIDs"),
+            "{text}"
+        );
+        assert!(text.contains("hostPID: true"), "{text}");
+        let n3 = text
+            .lines()
+            .find(|line| line.trim_start().starts_with("n3") && line.contains("vllm"))
+            .expect("n3's row");
+        assert!(n3.contains(" - "), "{n3}");
     }
 }
