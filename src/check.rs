@@ -204,7 +204,7 @@ fn unrequested(snapshot: &Snapshot, index: u32) -> Vec<Finding> {
                 .then(|| Finding::UnrequestedGpu {
                     index,
                     pid,
-                    container: crate::report::container_label(container),
+                    container: crate::report::label_of(container),
                 })
         })
         .collect()

@@ -114,9 +114,8 @@ pub struct HolderJson {
     pub supervisor: Option<SupervisorJson>,
 }
 
-/// A container as the table, the tree and `check` name it
-/// (`namespace/pod name`, else `runtime:short-id`).
-pub fn container_label(container: &Container) -> String {
+/// `container_label` of a holder's container (the notes, `check`).
+pub fn label_of(container: &Container) -> String {
     ContainerJson::of(container).label()
 }
 
@@ -755,7 +754,7 @@ fn container_notes(snapshot: &Snapshot, out: &mut String) {
                 out,
                 &format!(
                     "Unrequested GPU: PID {pid} in {} uses GPU {}, which the kubelet never allocated to its pod.",
-                    Field(&container_label(container)),
+                    Field(&label_of(container)),
                     GpuRanges(&gpus)
                 ),
             );
