@@ -124,8 +124,7 @@ pub struct HolderJson {
     pub supervisor: Option<SupervisorJson>,
 }
 
-/// A container as the table, the tree and `check` name it
-/// (`namespace/pod name`, else `runtime:short-id`).
+/// `container_label` of a holder's container (the notes, `check`).
 pub fn label_of(container: &Container) -> String {
     ContainerJson::of(container).label()
 }

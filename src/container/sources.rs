@@ -251,39 +251,50 @@ impl Knowledge {
     }
 
     /// Whether the container's pod still exists, where it is in one: the
-    /// kubelet's word when it answered (by the pod's names), else the pod
-    /// log folders' (by UID).
+    /// kubelet's word when it answered (it lists pods by name, so a pod of
+    /// that name under another UID in the log folders is a newer pod of the
+    /// same name, as a StatefulSet makes), else the pod log folders' (by
+    /// UID). The log folders speak only when they hold some pod: a node
+    /// whose kubelet writes its logs elsewhere leaves /var/log/pods empty.
     fn pod_presence(&self, container: &Container) -> Option<Presence> {
         let uid = container.pod_uid.as_ref()?;
-        let gone = |source: &str| Presence::Gone {
-            source: source.to_string(),
+        let gone = |source: &str| {
+            Some(Presence::Gone {
+                source: source.to_string(),
+            })
         };
-        match (&self.kubelet, &self.log_pods) {
-            (Some(pods), _) => match (&container.namespace, &container.pod) {
-                (Some(namespace), Some(name)) => Some(
-                    if pods
-                        .iter()
-                        .any(|pod| &pod.namespace == namespace && &pod.name == name)
-                    {
-                        Presence::Present
-                    } else {
-                        gone(KUBELET_SOURCE)
-                    },
-                ),
-                // The kubelet lists pods by name only: without a name for
-                // this UID (no log folder has it), it is gone if the log
-                // folders could be read at all.
-                _ => self
-                    .log_pods
-                    .as_ref()
-                    .map(|_| gone("kubelet pod-resources and /var/log/pods")),
-            },
-            (None, Some(folders)) => Some(if folders.contains_key(uid) {
-                Presence::Present
-            } else {
-                gone("/var/log/pods")
-            }),
-            (None, None) => None,
+        let folders = self.log_pods.as_ref().filter(|folders| !folders.is_empty());
+        let in_folders = folders.map(|folders| folders.contains_key(uid));
+        let Some(pods) = &self.kubelet else {
+            return match in_folders? {
+                true => Some(Presence::Present),
+                false => gone(LOG_PODS_SOURCE),
+            };
+        };
+        let (Some(namespace), Some(name)) = (&container.namespace, &container.pod) else {
+            // No name for this UID (no folder has it): the kubelet cannot
+            // be asked about it, the folders say it is gone.
+            return match in_folders? {
+                true => None,
+                false => gone(LOG_PODS_SOURCE),
+            };
+        };
+        if !pods
+            .iter()
+            .any(|pod| &pod.namespace == namespace && &pod.name == name)
+        {
+            return gone(KUBELET_SOURCE);
+        }
+        let renewed = in_folders == Some(false)
+            && folders.is_some_and(|folders| {
+                folders
+                    .values()
+                    .any(|(in_namespace, pod)| in_namespace == namespace && pod == name)
+            });
+        if renewed {
+            gone(LOG_PODS_SOURCE)
+        } else {
+            Some(Presence::Present)
         }
     }
 
@@ -291,6 +302,10 @@ impl Knowledge {
     /// when it answered and lists the container with GPUs it can name.
     pub fn allocated(&self, container: &Container) -> Option<&BTreeSet<String>> {
         container.pod_uid.as_ref()?;
+        // A gone pod's name may be a newer pod's, allocated other GPUs.
+        if matches!(container.presence, Presence::Gone { .. }) {
+            return None;
+        }
         let (namespace, pod, name) = (
             container.namespace.as_ref()?,
             container.pod.as_ref()?,
@@ -337,6 +352,7 @@ pub const KUBELET_SOURCE: &str = "kubelet pod-resources";
 pub const DOCKER_SOURCE: &str = "/var/lib/docker/containers";
 pub const CONTAINERD_SOURCE: &str = "containerd state";
 pub const STORAGE_SOURCE: &str = "/var/lib/containers/storage";
+pub const LOG_PODS_SOURCE: &str = "/var/log/pods";
 
 /// A file's text, if it is no larger than `MAX_STATE_FILE`.
 fn read_bounded(path: &Path) -> Option<String> {
@@ -500,6 +516,120 @@ fn parse_log_pod(name: &str) -> Option<(String, (String, String))> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const UID: &str = "0f1e2d3c-aaaa-bbbb-cccc-000000000001";
+    const NEWER: &str = "0f1e2d3c-aaaa-bbbb-cccc-000000000002";
+
+    fn in_pod(runtime: Runtime) -> Container {
+        let mut container = Container::new(runtime, "ab".repeat(32), Some(UID.to_string()));
+        container.namespace = Some("llm".to_string());
+        container.pod = Some("web-0".to_string());
+        container.name = Some("server".to_string());
+        container
+    }
+
+    fn listed(pods: &[(&str, &str, &[&str], bool)]) -> Option<Vec<kubelet::Pod>> {
+        Some(
+            pods.iter()
+                .map(|&(namespace, name, gpus, opaque)| kubelet::Pod {
+                    namespace: namespace.to_string(),
+                    name: name.to_string(),
+                    containers: vec![kubelet::Container {
+                        name: "server".to_string(),
+                        gpus: gpus.iter().map(|gpu| gpu.to_string()).collect(),
+                        opaque,
+                    }],
+                })
+                .collect(),
+        )
+    }
+
+    fn folders(uids: &[(&str, &str)]) -> Option<BTreeMap<String, (String, String)>> {
+        Some(
+            uids.iter()
+                .map(|&(uid, pod)| (uid.to_string(), ("llm".to_string(), pod.to_string())))
+                .collect(),
+        )
+    }
+
+    fn gone(source: &str) -> Presence {
+        Presence::Gone {
+            source: source.to_string(),
+        }
+    }
+
+    #[test]
+    fn a_pod_is_gone_only_where_a_source_read_says_so() {
+        let container = in_pod(Runtime::Kubernetes);
+        let judge = |knowledge: Knowledge| knowledge.presence(&container);
+        let with = |kubelet, log_pods| Knowledge {
+            kubelet,
+            log_pods,
+            ..Knowledge::default()
+        };
+        assert_eq!(judge(with(None, None)), Presence::Unknown);
+        // An empty log folder says nothing (another podLogsDir).
+        assert_eq!(judge(with(None, folders(&[]))), Presence::Unknown);
+        assert_eq!(
+            judge(with(None, folders(&[(NEWER, "other-0")]))),
+            gone(LOG_PODS_SOURCE)
+        );
+        assert_eq!(
+            judge(with(None, folders(&[(UID, "web-0")]))),
+            Presence::Present
+        );
+        let web = listed(&[("llm", "web-0", &["GPU-1"], false)]);
+        assert_eq!(judge(with(web.clone(), None)), Presence::Present);
+        assert_eq!(
+            judge(with(listed(&[("llm", "other-0", &[], false)]), None)),
+            gone(KUBELET_SOURCE)
+        );
+        // A StatefulSet's new web-0: the kubelet lists the name, the log
+        // folders have it under another UID only.
+        assert_eq!(
+            judge(with(web, folders(&[(NEWER, "web-0")]))),
+            gone(LOG_PODS_SOURCE)
+        );
+    }
+
+    #[test]
+    fn runtimes_state_says_gone_only_for_its_own_containers() {
+        let docker = Container::new(Runtime::Docker, "cd".repeat(32), None);
+        let empty = Knowledge {
+            docker: Some(BTreeSet::new()),
+            containerd: Some(BTreeMap::new()),
+            storage: Some(BTreeMap::new()),
+            ..Knowledge::default()
+        };
+        assert_eq!(empty.presence(&docker), gone(DOCKER_SOURCE));
+        assert_eq!(Knowledge::default().presence(&docker), Presence::Unknown);
+        let crio = Container::new(Runtime::CriO, "cd".repeat(32), None);
+        assert_eq!(empty.presence(&crio), gone(STORAGE_SOURCE));
+        // Rootless podman keeps its state in the user's home: never gone.
+        let podman = Container::new(Runtime::Podman, "cd".repeat(32), None);
+        assert_eq!(empty.presence(&podman), Presence::Unknown);
+        // A kubepods id whose runtime the path does not tell.
+        let bare = Container::new(Runtime::Kubernetes, "cd".repeat(32), None);
+        assert_eq!(empty.presence(&bare), Presence::Unknown);
+    }
+
+    #[test]
+    fn allocated_gpus_only_where_the_kubelet_can_name_them() {
+        let mut container = in_pod(Runtime::Containerd);
+        let knowledge = |opaque| Knowledge {
+            kubelet: listed(&[("llm", "web-0", &["GPU-1"], opaque)]),
+            ..Knowledge::default()
+        };
+        let expected: BTreeSet<String> = ["GPU-1".to_string()].into();
+        assert_eq!(knowledge(false).allocated(&container), Some(&expected));
+        assert_eq!(knowledge(true).allocated(&container), None);
+        assert_eq!(Knowledge::default().allocated(&container), None);
+        container.presence = gone(KUBELET_SOURCE);
+        assert_eq!(knowledge(false).allocated(&container), None);
+        container.presence = Presence::Present;
+        container.name = Some("sidecar".to_string());
+        assert_eq!(knowledge(false).allocated(&container), None);
+    }
 
     #[test]
     fn pod_log_folders() {
