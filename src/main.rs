@@ -11,6 +11,7 @@ use gpureap::config::{self, UsageError};
 use gpureap::driver::{self, BackendChoice, Driver};
 use gpureap::exit::{Exit, Failure};
 use gpureap::fleet;
+use gpureap::members::{self, Found, Wanted};
 use gpureap::reap;
 use gpureap::report;
 use gpureap::select::Guard;
@@ -318,6 +319,7 @@ fn free(backend: &BackendChoice, args: &config::FreeRequest) -> Result<Exit, Fai
     let named = args.pid.iter().copied().collect();
     // Found before the snapshot, so that every member found is in it.
     let stale_runs = args.stale_runs.then(supervision::stale_runs);
+    let cgroup_scopes = cgroup_scopes(&args.cgroups)?;
     let snapshot = Snapshot::take_focused(driver.as_ref(), &named);
     let guard = Guard::for_this_process(&args.protect);
     let config = config::free(
@@ -327,11 +329,13 @@ fn free(backend: &BackendChoice, args: &config::FreeRequest) -> Result<Exit, Fai
         &snapshot,
         &guard,
         stale_runs.as_deref(),
+        cgroup_scopes.as_deref(),
     )?;
     let mut plan = reap::plan(&snapshot, &config.scope, &guard);
     let stale_runs: Option<Vec<StaleRun>> =
         stale_runs.map(|runs| supervision::in_scope(runs, &plan, &config.scope));
     plan.stale_runs = stale_runs.iter().flatten().map(Removal::planned).collect();
+    plan.cgroup_scopes = cgroup_scopes.clone().unwrap_or_default();
 
     if args.dry_run {
         emit(&if args.json {
@@ -364,6 +368,7 @@ fn free(backend: &BackendChoice, args: &config::FreeRequest) -> Result<Exit, Fai
         outcome.stale_runs =
             supervision::remove_after_free(runs, &outcome, &guard, config.options.timeout());
     }
+    outcome.cgroup_scopes = cgroup_scopes.unwrap_or_default();
     if let Some(bar) = spinner {
         bar.finish_and_clear();
     }
@@ -374,6 +379,20 @@ fn free(backend: &BackendChoice, args: &config::FreeRequest) -> Result<Exit, Fai
         report::free_outcome(&outcome)
     })?;
     Ok(code)
+}
+
+/// The members of `--container`, `--pod` and `--cgroup` on this host, from
+/// every process's cgroups, before the snapshot; `None` without them. A
+/// value that names nothing here, or more than one thing, is bad input.
+fn cgroup_scopes(wanted: &[Wanted]) -> Result<Option<Vec<Found>>, UsageError> {
+    if wanted.is_empty() {
+        return Ok(None);
+    }
+    let placed = members::scan();
+    let known = members::Known::default();
+    members::find(wanted, &placed, &known)
+        .map(Some)
+        .map_err(UsageError)
 }
 
 /// Asks on the terminal; refuses to go on without one unless --yes was given.

@@ -135,6 +135,9 @@ pub struct FreeReport {
     pub unreadable: Vec<Unreadable>,
     /// With `--stale-runs`: each stale run's cgroup, and whether it was removed.
     pub stale_runs: Vec<crate::supervised::Removal>,
+    /// With `--container`, `--pod`, `--cgroup`: what each resolved to on
+    /// this host (its members and cgroups), filled by the command.
+    pub cgroup_scopes: Vec<crate::members::Found>,
 }
 
 impl FreeReport {
@@ -480,6 +483,7 @@ pub fn plan(snapshot: &Snapshot, scope: &Scope, guard: &Guard) -> FreeReport {
             .collect(),
         unreadable: snapshot.unreadable.clone(),
         stale_runs: Vec::new(),
+        cgroup_scopes: Vec::new(),
     }
 }
 
@@ -954,6 +958,7 @@ impl Freeing<'_> {
             gpus,
             unreadable: self.unreadable,
             stale_runs: Vec::new(),
+            cgroup_scopes: Vec::new(),
         }
     }
 }

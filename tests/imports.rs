@@ -99,7 +99,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     (
         "base",
         &[
-            "proc", "units", "exit", "signal", "child", "hostlist", "file",
+            "proc", "units", "exit", "signal", "child", "hostlist", "file", "members",
         ],
     ),
 ];

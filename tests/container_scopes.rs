@@ -1,0 +1,442 @@
+//! `free --container`, `--pod` and `--cgroup`: real processes moved into
+//! real cgroup v2 directories laid out as docker, containerd/CRI and the
+//! kubelet lay them out (under a root of this test's own in the v2 mount),
+//! holding simulated GPUs. A scope takes its container's (pod's, cgroup's)
+//! processes and nothing else: a neighbour container's holder survives;
+//! `--dry-run` signals nothing; a value that names nothing, or two things,
+//! exits 2 with nothing signalled. `-H` is in tests/fleet.rs.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use gpureap::driver::sim::incident::{Holder, Incident, SimHost};
+use serde_json::Value;
+
+use crate::harness::*;
+
+static ROOTS: AtomicU32 = AtomicU32::new(0);
+
+/// A cgroup tree of this test's own under the v2 mount; removed on drop
+/// (after the processes in it are gone: drop the `Incident` first, by
+/// declaring this before it).
+pub struct CgroupRoot {
+    pub mount: PathBuf,
+    /// Its path as /proc/PID/cgroup spells it (`/gpureap-scopes-...`).
+    pub path: String,
+}
+
+impl CgroupRoot {
+    /// None (and the caller skips) where cgroups cannot be made here.
+    pub fn new(what: &str) -> Option<CgroupRoot> {
+        let mount = gpureap::supervision::cgroup2_mount()?;
+        let name = format!(
+            "gpureap-{what}-{}-{}",
+            std::process::id(),
+            ROOTS.fetch_add(1, Ordering::Relaxed)
+        );
+        fs::create_dir(mount.join(&name)).ok()?;
+        Some(CgroupRoot {
+            mount,
+            path: format!("/{name}"),
+        })
+    }
+
+    /// Makes `relative` (and the folders above it) under the root; returns
+    /// its path as /proc/PID/cgroup spells it.
+    pub fn make(&self, relative: &str) -> String {
+        let path = format!("{}/{relative}", self.path);
+        fs::create_dir_all(self.dir(&path)).expect("cgroup made");
+        path
+    }
+
+    /// A cgroup's directory under the mount.
+    pub fn dir(&self, path: &str) -> PathBuf {
+        self.mount.join(path.trim_start_matches('/'))
+    }
+
+    /// A bash fragment that moves the shell running it into the cgroup.
+    pub fn enter(&self, path: &str) -> String {
+        format!(
+            "echo $$ > '{}'; ",
+            self.dir(path).join("cgroup.procs").display()
+        )
+    }
+}
+
+impl Drop for CgroupRoot {
+    fn drop(&mut self) {
+        let root = self.mount.join(self.path.trim_start_matches('/'));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        // A killed process keeps its cgroup busy until it is reaped.
+        while remove_tree(&root).is_err() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+fn remove_tree(path: &Path) -> std::io::Result<()> {
+    for entry in fs::read_dir(path)?.flatten() {
+        if entry.file_type().is_ok_and(|kind| kind.is_dir()) {
+            remove_tree(&entry.path())?;
+        }
+    }
+    match fs::remove_dir(path) {
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
+}
+
+/// Starts a holder (or a plain process, with no GPUs) inside a cgroup;
+/// it is in there before it is recorded.
+pub fn hold_in(incident: &mut Incident, root: &CgroupRoot, cgroup: &str, holder: &Holder) -> u32 {
+    let script = format!("{}{}", root.enter(cgroup), holder.script());
+    incident.spawn(&script, 1).expect("holder starts");
+    incident.pid_of(&holder.title).expect("holder recorded")
+}
+
+/// A 64-hex container id of this test process's own: its PID in hex, then
+/// `tag` (4 hex digits), so that the first 12 digits name it alone, even
+/// beside other tests' containers; then `fill`.
+fn container_id(tag: &str, fill: char) -> String {
+    let mut id = format!("{:08x}{tag}", std::process::id());
+    while id.len() < 64 {
+        id.push(fill);
+    }
+    id
+}
+
+/// A pod UID of this test process's own.
+fn pod_uid(tag: &str) -> String {
+    format!("{:08x}-{tag}-4000-8000-000000000000", std::process::id())
+}
+
+/// A process with no GPU node open, recorded under its title.
+fn plain(incident: &mut Incident, root: &CgroupRoot, cgroup: &str, title: &str) -> u32 {
+    let script = format!(
+        "{}echo \"$BASHPID {title}\" >> \"$D/pids\"; exec -a '{title}' sleep 100000",
+        root.enter(cgroup)
+    );
+    incident.spawn(&script, 1).expect("process starts");
+    incident.pid_of(title).expect("process recorded")
+}
+
+fn targets(report: &Value) -> Vec<(u32, String)> {
+    let mut found: Vec<(u32, String)> = report["targets"]
+        .as_array()
+        .expect("targets")
+        .iter()
+        .map(|target| {
+            (
+                target["pid"].as_u64().expect("pid") as u32,
+                target["because"].as_str().expect("because").to_string(),
+            )
+        })
+        .collect();
+    found.sort();
+    found
+}
+
+fn sorted(mut pids: Vec<(u32, &str)>) -> Vec<(u32, String)> {
+    pids.sort();
+    pids.into_iter()
+        .map(|(pid, because)| (pid, because.to_string()))
+        .collect()
+}
+
+/// Two docker containers (systemd driver layout) on GPU 0, and a holder in
+/// no container.
+struct Docker {
+    a: String,
+    b: String,
+    a_holder: u32,
+    a_idle: u32,
+    a_monitor: u32,
+    b_holder: u32,
+    outside: u32,
+}
+
+/// `tag` is 3 hex digits; the two ids differ in the 12th.
+fn two_containers(incident: &mut Incident, root: &CgroupRoot, tag: &str) -> Docker {
+    let a = container_id(&format!("{tag}7"), 'a');
+    let b = container_id(&format!("{tag}8"), 'b');
+    let a_cgroup = root.make(&format!("system.slice/docker-{a}.scope"));
+    let b_cgroup = root.make(&format!("system.slice/docker-{b}.scope"));
+    Docker {
+        a_holder: hold_in(
+            incident,
+            root,
+            &a_cgroup,
+            &Holder::new("python3 -m vllm.entrypoints.openai.api_server").on(0, 20 * GIB),
+        ),
+        a_idle: plain(incident, root, &a_cgroup, "tini -- serve"),
+        // Nodes open, no context: a monitor, which a container scope spares.
+        a_monitor: hold_in(incident, root, &a_cgroup, &Holder::new("dcgm-exporter")),
+        b_holder: hold_in(
+            incident,
+            root,
+            &b_cgroup,
+            &Holder::new("python3 neighbour.py").on(0, 10 * GIB),
+        ),
+        outside: incident
+            .holder(&Holder::new("python3 outside.py").on(1, 5 * GIB))
+            .expect("holder"),
+        a,
+        b,
+    }
+}
+
+#[test]
+fn free_container_takes_that_container_s_processes_and_spares_its_neighbour() {
+    let Some(root) = CgroupRoot::new("scopes") else {
+        return skip("cannot make a cgroup under the cgroup v2 mount (needs root or delegation)");
+    };
+    let host = SimHost::new(2, 80 * GIB, "NVIDIA H100 80GB HBM3").expect("sim host");
+    let mut incident = Incident::new(&host);
+    let docker = two_containers(&mut incident, &root, "a01");
+    let prefix = &docker.a[..12];
+
+    // --dry-run: the plan names the container's processes, and signals nothing.
+    let plan = run(
+        &host,
+        &["free", "--container", prefix, "--dry-run", "--json"],
+    );
+    assert_eq!(plan.code, 0, "{}{}", plan.stdout, plan.stderr);
+    let plan = plan.json();
+    assert_eq!(
+        targets(&plan),
+        sorted(vec![(docker.a_holder, "member"), (docker.a_idle, "member")]),
+        "{plan:#}"
+    );
+    assert_eq!(spared(&plan, docker.a_monitor).as_deref(), Some("protected"));
+    let scope = &plan["cgroup_scopes"][0];
+    assert_eq!(scope["kind"], "container");
+    assert_eq!(scope["given"], prefix);
+    assert_eq!(scope["runtime"], "docker");
+    assert_eq!(scope["id"], docker.a.as_str());
+    assert_eq!(scope["members"].as_array().map(Vec::len), Some(3));
+    for pid in [docker.a_holder, docker.a_idle, docker.a_monitor, docker.b_holder] {
+        assert!(alive(pid), "a dry run signalled {pid}");
+    }
+    let text = run(&host, &["free", "--container", prefix, "--dry-run"]);
+    assert!(
+        text.stdout.contains(&format!(
+            "--container {prefix}: docker container {prefix}, 3 process(es) in {}/system.slice/docker-{}.scope",
+            root.path, docker.a
+        )),
+        "{}",
+        text.stdout
+    );
+
+    // The free: the container's two, verified on GPU 0, where the neighbour's
+    // memory is what is left.
+    let free = run(
+        &host,
+        &["free", "--container", prefix, "--grace", "0", "--yes", "--json"],
+    );
+    let report = free.json();
+    assert_eq!(free.code, 0, "{report:#}\n{}", free.stderr);
+    assert_eq!(
+        targets(&report),
+        sorted(vec![(docker.a_holder, "member"), (docker.a_idle, "member")])
+    );
+    assert_eq!(gpu(&report, 0)["freed"], true, "{report:#}");
+    assert!(!alive(docker.a_holder) && !alive(docker.a_idle));
+    for pid in [docker.a_monitor, docker.b_holder, docker.outside] {
+        assert!(alive(pid), "{pid} was out of scope: {report:#}");
+    }
+
+    // By full id, narrowed by --gpu: the neighbour's holder on GPU 0 only.
+    let narrowed = run(
+        &host,
+        &["free", "--container", &docker.b, "--gpu", "1", "--dry-run", "--json"],
+    );
+    assert_eq!(narrowed.code, 0, "{}", narrowed.stderr);
+    assert_eq!(targets(&narrowed.json()), []);
+}
+
+#[test]
+fn an_unknown_or_ambiguous_container_is_bad_input_and_nothing_is_signalled() {
+    let Some(root) = CgroupRoot::new("scopes") else {
+        return skip("cannot make a cgroup under the cgroup v2 mount (needs root or delegation)");
+    };
+    let host = SimHost::new(2, 80 * GIB, "NVIDIA H100 80GB HBM3").expect("sim host");
+    let mut incident = Incident::new(&host);
+    let docker = two_containers(&mut incident, &root, "b01");
+    let everyone = [docker.a_holder, docker.a_idle, docker.b_holder, docker.outside];
+
+    // Both ids share 11 digits: too few to be an id, and as a name nothing
+    // has them.
+    let short = run(&host, &["free", "--container", &docker.a[..11], "--yes"]);
+    assert_eq!(short.code, 2, "{}", short.stderr);
+    assert!(short.stderr.contains("at least 12 hex digits"), "{}", short.stderr);
+    // A 12-digit prefix both share cannot exist (they differ at the 12th),
+    // so an ambiguous one needs a third container.
+    let c = container_id("b017", 'c');
+    let c_cgroup = root.make(&format!("system.slice/docker-{c}.scope"));
+    let c_holder = hold_in(
+        &mut incident,
+        &root,
+        &c_cgroup,
+        &Holder::new("python3 third.py").on(1, GIB),
+    );
+    let ambiguous = run(&host, &["free", "--container", &docker.a[..12], "--yes", "--json"]);
+    assert_eq!(ambiguous.code, 2, "{}", ambiguous.stderr);
+    assert!(ambiguous.stderr.contains("ambiguous"), "{}", ambiguous.stderr);
+    assert!(ambiguous.stderr.contains(&docker.a) && ambiguous.stderr.contains(&c));
+    let unknown = run(&host, &["free", "--container", &container_id("b019", '1'), "--yes"]);
+    assert_eq!(unknown.code, 2, "{}", unknown.stderr);
+    assert!(unknown.stderr.contains("no process is in a container"), "{}", unknown.stderr);
+    let named = run(&host, &["free", "--container", "no-such-name", "--yes"]);
+    assert_eq!(named.code, 2, "{}", named.stderr);
+    for bad in [
+        vec!["--container", ""],
+        vec!["--container", &"f".repeat(65)],
+        vec!["--pod", "not-a-uid"],
+        vec!["--pod", "ns/"],
+        vec!["--pod", &pod_uid("b019")],
+        vec!["--cgroup", "relative/path"],
+        vec!["--cgroup", "/"],
+        vec!["--cgroup", "/a/../b"],
+        vec!["--cgroup", "/no-such-cgroup/anywhere"],
+        vec!["--cgroup", &root.mount.display().to_string()],
+        vec!["--container", &docker.a, "--all"],
+    ] {
+        let mut args = vec!["free", "--yes"];
+        args.extend(bad.iter().copied());
+        let refused = run(&host, &args);
+        assert_eq!(refused.code, 2, "{bad:?}: {}{}", refused.stdout, refused.stderr);
+    }
+    for pid in everyone.into_iter().chain([c_holder]) {
+        assert!(alive(pid), "bad input signalled {pid}");
+    }
+}
+
+/// A kubepods layout (systemd driver, burstable QoS, the UID's `_`
+/// spelling): a pod of two containers, one on GPU 0, and a neighbour pod.
+struct Pods {
+    uid: String,
+    worker: u32,
+    sidecar: u32,
+    neighbour: u32,
+}
+
+fn two_pods(incident: &mut Incident, root: &CgroupRoot) -> Pods {
+    let uid = pod_uid("c001");
+    let other = &pod_uid("c002");
+    let slice = |uid: &str| {
+        format!(
+            "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice",
+            uid.replace('-', "_")
+        )
+    };
+    let worker_cgroup = root.make(&format!(
+        "{}/cri-containerd-{}.scope",
+        slice(&uid),
+        container_id("c001", 'a')
+    ));
+    let sidecar_cgroup = root.make(&format!(
+        "{}/cri-containerd-{}.scope",
+        slice(&uid),
+        container_id("c002", 'b')
+    ));
+    let neighbour_cgroup = root.make(&format!(
+        "{}/cri-containerd-{}.scope",
+        slice(other),
+        container_id("c003", 'c')
+    ));
+    Pods {
+        worker: hold_in(
+            incident,
+            root,
+            &worker_cgroup,
+            &Holder::new("python3 -m sglang.launch_server").on(0, 30 * GIB),
+        ),
+        sidecar: plain(incident, root, &sidecar_cgroup, "envoy --config sidecar.yaml"),
+        neighbour: hold_in(
+            incident,
+            root,
+            &neighbour_cgroup,
+            &Holder::new("python3 neighbour_pod.py").on(0, 8 * GIB),
+        ),
+        uid,
+    }
+}
+
+#[test]
+fn free_pod_by_uid_takes_every_container_of_the_pod_and_no_other_pod() {
+    let Some(root) = CgroupRoot::new("scopes") else {
+        return skip("cannot make a cgroup under the cgroup v2 mount (needs root or delegation)");
+    };
+    let host = SimHost::new(1, 80 * GIB, "NVIDIA H100 80GB HBM3").expect("sim host");
+    let mut incident = Incident::new(&host);
+    let pods = two_pods(&mut incident, &root);
+
+    // Either spelling of the UID; the plan first.
+    let underscored = pods.uid.replace('-', "_").to_uppercase();
+    let plan = run(&host, &["free", "--pod", &underscored, "--dry-run", "--json"]);
+    assert_eq!(plan.code, 0, "{}", plan.stderr);
+    let plan = plan.json();
+    assert_eq!(
+        targets(&plan),
+        sorted(vec![(pods.worker, "member"), (pods.sidecar, "member")])
+    );
+    assert_eq!(plan["cgroup_scopes"][0]["pod_uid"], pods.uid.as_str());
+    assert_eq!(plan["cgroup_scopes"][0]["cgroups"].as_array().map(Vec::len), Some(2));
+    assert!(alive(pods.worker) && alive(pods.sidecar));
+
+    let free = run(
+        &host,
+        &["free", "--pod", &pods.uid, "--grace", "0", "--yes", "--json"],
+    );
+    let report = free.json();
+    assert_eq!(free.code, 0, "{report:#}\n{}", free.stderr);
+    assert_eq!(
+        targets(&report),
+        sorted(vec![(pods.worker, "member"), (pods.sidecar, "member")])
+    );
+    assert_eq!(gpu(&report, 0)["freed"], true, "{report:#}");
+    assert!(!alive(pods.worker) && !alive(pods.sidecar));
+    assert!(alive(pods.neighbour), "the neighbour pod was out of scope");
+}
+
+#[test]
+fn free_cgroup_takes_the_cgroup_and_below_by_either_spelling_never_a_sibling() {
+    let Some(root) = CgroupRoot::new("scopes") else {
+        return skip("cannot make a cgroup under the cgroup v2 mount (needs root or delegation)");
+    };
+    let host = SimHost::new(1, 80 * GIB, "NVIDIA H100 80GB HBM3").expect("sim host");
+    let mut incident = Incident::new(&host);
+    let job = root.make("jobs/a");
+    let below = root.make("jobs/a/ranks");
+    let sibling = root.make("jobs/ab");
+    let empty = root.make("jobs/empty");
+    let top = hold_in(&mut incident, &root, &job, &Holder::new("torchrun").on(0, GIB));
+    let rank = hold_in(&mut incident, &root, &below, &Holder::new("rank0").on(0, GIB));
+    let other = hold_in(&mut incident, &root, &sibling, &Holder::new("other").on(0, GIB));
+
+    let as_proc_spells_it = run(&host, &["free", "--cgroup", &job, "--dry-run", "--json"]);
+    assert_eq!(as_proc_spells_it.code, 0, "{}", as_proc_spells_it.stderr);
+    let expected = sorted(vec![(top, "member"), (rank, "member")]);
+    assert_eq!(targets(&as_proc_spells_it.json()), expected);
+    let directory = root.dir(&job).display().to_string();
+    let free = run(
+        &host,
+        &["free", "--cgroup", &format!("{directory}/"), "--grace", "0", "--yes", "--json"],
+    );
+    let report = free.json();
+    assert_eq!(free.code, 0, "{report:#}\n{}", free.stderr);
+    assert_eq!(targets(&report), expected);
+    assert!(!alive(top) && !alive(rank));
+    assert!(alive(other), "a sibling whose name starts the same is another cgroup");
+
+    // A cgroup that holds no process: nothing to free, and it says so.
+    let nothing = run(&host, &["free", "--cgroup", &empty, "--yes", "--json"]);
+    assert_eq!(nothing.code, 0, "{}", nothing.stderr);
+    let nothing = nothing.json();
+    assert_eq!(targets(&nothing), []);
+    let note = nothing["cgroup_scopes"][0]["note"].as_str().unwrap_or_default();
+    assert!(note.contains("holds no process"), "{nothing:#}");
+    assert!(alive(other));
+}
