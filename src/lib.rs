@@ -16,6 +16,7 @@
 pub mod child;
 pub mod cli;
 pub mod config;
+pub mod container;
 pub mod demo;
 pub mod driver;
 pub mod exit;

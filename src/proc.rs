@@ -538,7 +538,26 @@ pub fn wchan(pid: u32) -> Option<String> {
 
 /// The process's cgroup v2 path (or the first v1 hierarchy's), for the container column.
 pub fn cgroup(pid: u32) -> Option<String> {
-    let text = fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    cgroup_shown(&cgroup_file(pid)?)
+}
+
+/// The most of /proc/PID/cgroup read: one line per hierarchy, a path each.
+const CGROUP_FILE_LIMIT: u64 = 64 * 1024;
+
+/// /proc/PID/cgroup as text (bytes that are not UTF-8 replaced: a cgroup
+/// name is any bytes its creator chose), bounded; None when unreadable
+/// (the process is gone).
+pub fn cgroup_file(pid: u32) -> Option<String> {
+    use std::io::Read;
+    let file = fs::File::open(format!("/proc/{pid}/cgroup")).ok()?;
+    let mut bytes = Vec::new();
+    file.take(CGROUP_FILE_LIMIT).read_to_end(&mut bytes).ok()?;
+    Some(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// The path `cgroup` shows from a /proc/PID/cgroup's text: the v2 line's
+/// (`0::PATH`), else the first hierarchy's.
+pub fn cgroup_shown(text: &str) -> Option<String> {
     let mut fallback = None;
     for line in text.lines() {
         let mut parts = line.splitn(3, ':');

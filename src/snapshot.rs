@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::container::{self, Container};
 use crate::driver::{BackendChoice, Driver, DriverError};
 use crate::proc::{self, Node, ProcessRecord, State, Unreadable};
 use crate::supervised::{self, Supervision};
@@ -80,6 +81,11 @@ pub struct Details {
     pub user: Option<String>,
     pub wchan: Option<String>,
     pub cgroup: Option<String>,
+    /// The container (and pod) the process runs in, from the first line of
+    /// its /proc/PID/cgroup that names one (`container::from_cgroup_file`:
+    /// on a hybrid host a v1 hierarchy's, while `cgroup` shows the v2
+    /// path), and its PID as the container sees it.
+    pub container: Option<Container>,
     /// Started under `gpureap run` (its cgroup is one of a run's, or its
     /// environment names the supervising gpureap), and whether that
     /// supervisor is still there.
@@ -743,7 +749,11 @@ fn is_foreign(pid: u32, processes: &BTreeMap<u32, ProcessRecord>) -> bool {
 
 fn read_details(record: &ProcessRecord, processes: &BTreeMap<u32, ProcessRecord>) -> Details {
     let pid = record.id.pid;
-    let cgroup = proc::cgroup(pid);
+    let cgroup_file = proc::cgroup_file(pid);
+    let cgroup = cgroup_file.as_deref().and_then(proc::cgroup_shown);
+    let container = cgroup_file
+        .as_deref()
+        .and_then(|text| container::of_process(pid, text));
     let supervision = supervised::supervision_of(record, cgroup.as_deref(), processes);
     Details {
         user: record
@@ -757,6 +767,7 @@ fn read_details(record: &ProcessRecord, processes: &BTreeMap<u32, ProcessRecord>
             None
         },
         cgroup,
+        container,
         supervision,
     }
 }

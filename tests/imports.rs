@@ -99,7 +99,15 @@ const LAYERS: &[(&str, &[&str])] = &[
     (
         "base",
         &[
-            "proc", "units", "exit", "signal", "child", "hostlist", "file", "members",
+            "proc",
+            "units",
+            "exit",
+            "signal",
+            "child",
+            "hostlist",
+            "file",
+            "container",
+            "members",
         ],
     ),
 ];
