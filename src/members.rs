@@ -21,7 +21,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::fs;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use crate::container::{self, Runtime};
 use crate::proc::{self, ProcessId};
@@ -89,7 +89,7 @@ impl PodRef {
         }
         canonical_uid(text).map(PodRef::Uid).ok_or_else(|| {
             format!(
-                "'{text}' is neither NAMESPACE/NAME nor a pod UID (8-4-4-4-12 hex digits, e.g. 0f6b7c1e-2d7a-4b8e-9c3d-5a1f2e3d4c5b)"
+                "'{text}' is neither NAMESPACE/NAME nor a pod UID (8-4-4-4-12 hex digits, e.g. 0f6b7c1e-2d7a-4b8e-9c3d-5a1f2e3d4c5b, or a static pod's 32)"
             )
         })
     }
@@ -104,7 +104,8 @@ impl fmt::Display for PodRef {
     }
 }
 
-/// A pod UID, lowercase and dashed, from either kubepods spelling.
+/// A pod UID, lowercase and dashed, from either kubepods spelling; or the
+/// 32 hex digits of a static pod's UID (a hash of its manifest).
 pub fn canonical_uid(text: &str) -> Option<String> {
     let uid = text.to_ascii_lowercase().replace('_', "-");
     let groups: Vec<&str> = uid.split('-').collect();
@@ -112,7 +113,7 @@ pub fn canonical_uid(text: &str) -> Option<String> {
     let hex = groups
         .iter()
         .all(|group| group.chars().all(|c| c.is_ascii_hexdigit()));
-    (hex && lengths == [8, 4, 4, 4, 12]).then_some(uid)
+    (hex && (lengths == [8, 4, 4, 4, 12] || lengths == [32])).then_some(uid)
 }
 
 /// `--cgroup PATH` as typed: absolute, without `.` or `..`, without a
@@ -129,9 +130,7 @@ impl CgroupRef {
                 "'{text}' is not absolute: give the path as /proc/PID/cgroup spells it (e.g. /system.slice/docker-ID.scope) or its directory under the cgroup mount"
             ));
         }
-        let dotted = Path::new(text)
-            .components()
-            .any(|part| matches!(part, Component::CurDir | Component::ParentDir));
+        let dotted = text.split('/').any(|part| part == "." || part == "..");
         if dotted {
             return Err(format!("'{text}' has . or .. in it"));
         }
@@ -153,7 +152,8 @@ impl fmt::Display for CgroupRef {
     }
 }
 
-const ROOT_REFUSED: &str = "refusing the root cgroup: every process on the host is in it (use --all for every GPU user)";
+const ROOT_REFUSED: &str =
+    "refusing the root cgroup: every process on the host is in it (use --all for every GPU user)";
 
 fn check_printable(text: &str, what: &str) -> Result<(), String> {
     if text.is_empty() {
@@ -707,7 +707,19 @@ mod tests {
                 name: "llama-0".to_string()
             })
         );
-        for bad in ["llama-0", "/x", "ml/", "a/b/c", "0f6b7c1e-2d7a-4b8e-9c3d", ""] {
+        let static_pod = "5f1c0a3e9b8d7c6a5f4e3d2c1b0a9f8e";
+        assert_eq!(
+            PodRef::parse(static_pod),
+            Ok(PodRef::Uid(static_pod.to_string()))
+        );
+        for bad in [
+            "llama-0",
+            "/x",
+            "ml/",
+            "a/b/c",
+            "0f6b7c1e-2d7a-4b8e-9c3d",
+            "",
+        ] {
             assert!(PodRef::parse(bad).is_err(), "{bad}");
         }
     }
@@ -725,7 +737,9 @@ mod tests {
 
     #[test]
     fn malformed_cgroup_lines_are_skipped() {
-        let lines = parse_lines("0::/a\ngarbage\n4:memory:/b\n:x:/c\n5:pids:relative\n12:cpu,cpuacct:/d:e\n");
+        let lines = parse_lines(
+            "0::/a\ngarbage\n4:memory:/b\n:x:/c\n5:pids:relative\n12:cpu,cpuacct:/d:e\n",
+        );
         let paths: Vec<&str> = lines.iter().map(|line| line.path.as_str()).collect();
         assert_eq!(paths, ["/a", "/b", "/d:e"]);
         assert!(lines[0].is_v2());
@@ -742,12 +756,12 @@ mod tests {
         );
         assert_eq!(mounts.len(), 3);
         let (path, mount) = cgroup_path(
-            &CgroupRef::parse("/sys/fs/cgroup/unified/kubepods/pod1").unwrap(),
+            &CgroupRef::parse("/sys/fs/cgroup/unified/kubepods/pod1").expect("as written"),
             &mounts,
         )
-        .unwrap();
+        .expect("as written");
         assert_eq!(path, "/kubepods/pod1");
-        assert!(mount.as_ref().unwrap().controllers.is_none());
+        assert!(mount.as_ref().expect("as written").controllers.is_none());
         let v2 = CgroupLine {
             hierarchy: "0".into(),
             controllers: String::new(),
@@ -758,14 +772,25 @@ mod tests {
             controllers: "cpu,cpuacct".into(),
             path: "/kubepods/pod1/c".into(),
         };
-        assert!(mount.as_ref().unwrap().shows(&v2));
-        assert!(!mount.as_ref().unwrap().shows(&cpu));
-        let (path, mount) =
-            cgroup_path(&CgroupRef::parse("/sys/fs/cgroup/pids/x").unwrap(), &mounts).unwrap();
+        assert!(mount.as_ref().expect("as written").shows(&v2));
+        assert!(!mount.as_ref().expect("as written").shows(&cpu));
+        let (path, mount) = cgroup_path(
+            &CgroupRef::parse("/sys/fs/cgroup/pids/x").expect("as written"),
+            &mounts,
+        )
+        .expect("as written");
         assert_eq!(path, "/docker/abc/x");
-        assert!(!mount.unwrap().shows(&v2));
-        assert!(cgroup_path(&CgroupRef::parse("/sys/fs/cgroup/unified").unwrap(), &mounts).is_err());
-        let (path, mount) = cgroup_path(&CgroupRef::parse("/kubepods").unwrap(), &mounts).unwrap();
+        assert!(!mount.expect("as written").shows(&v2));
+        assert!(
+            cgroup_path(
+                &CgroupRef::parse("/sys/fs/cgroup/unified").expect("as written"),
+                &mounts
+            )
+            .is_err()
+        );
+        let (path, mount) =
+            cgroup_path(&CgroupRef::parse("/kubepods").expect("as written"), &mounts)
+                .expect("as written");
         assert_eq!((path.as_str(), mount), ("/kubepods", None));
     }
 

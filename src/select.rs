@@ -407,8 +407,7 @@ pub fn select(snapshot: &Snapshot, scope: &Scope, guard: &Guard) -> Selection {
         scope.overrides_guard(record) || scope.job.as_ref().is_some_and(|job| job.owns(record))
     };
     let mut selection = Selection::default();
-    let chosen = if scope.pids.is_empty() && scope.stale_runs.is_none() && scope.members.is_none()
-    {
+    let chosen = if scope.pids.is_empty() && scope.stale_runs.is_none() && scope.members.is_none() {
         holders_in_scope(snapshot, scope, guard, &mut selection)
     } else {
         named_families(snapshot, &tree, scope, guard, &mut selection)

@@ -209,14 +209,22 @@ fn free_container_takes_that_container_s_processes_and_spares_its_neighbour() {
         sorted(vec![(docker.a_holder, "member"), (docker.a_idle, "member")]),
         "{plan:#}"
     );
-    assert_eq!(spared(&plan, docker.a_monitor).as_deref(), Some("protected"));
+    assert_eq!(
+        spared(&plan, docker.a_monitor).as_deref(),
+        Some("protected")
+    );
     let scope = &plan["cgroup_scopes"][0];
     assert_eq!(scope["kind"], "container");
     assert_eq!(scope["given"], prefix);
     assert_eq!(scope["runtime"], "docker");
     assert_eq!(scope["id"], docker.a.as_str());
     assert_eq!(scope["members"].as_array().map(Vec::len), Some(3));
-    for pid in [docker.a_holder, docker.a_idle, docker.a_monitor, docker.b_holder] {
+    for pid in [
+        docker.a_holder,
+        docker.a_idle,
+        docker.a_monitor,
+        docker.b_holder,
+    ] {
         assert!(alive(pid), "a dry run signalled {pid}");
     }
     let text = run(&host, &["free", "--container", prefix, "--dry-run"]);
@@ -233,7 +241,15 @@ fn free_container_takes_that_container_s_processes_and_spares_its_neighbour() {
     // memory is what is left.
     let free = run(
         &host,
-        &["free", "--container", prefix, "--grace", "0", "--yes", "--json"],
+        &[
+            "free",
+            "--container",
+            prefix,
+            "--grace",
+            "0",
+            "--yes",
+            "--json",
+        ],
     );
     let report = free.json();
     assert_eq!(free.code, 0, "{report:#}\n{}", free.stderr);
@@ -250,7 +266,15 @@ fn free_container_takes_that_container_s_processes_and_spares_its_neighbour() {
     // By full id, narrowed by --gpu: the neighbour's holder on GPU 0 only.
     let narrowed = run(
         &host,
-        &["free", "--container", &docker.b, "--gpu", "1", "--dry-run", "--json"],
+        &[
+            "free",
+            "--container",
+            &docker.b,
+            "--gpu",
+            "1",
+            "--dry-run",
+            "--json",
+        ],
     );
     assert_eq!(narrowed.code, 0, "{}", narrowed.stderr);
     assert_eq!(targets(&narrowed.json()), []);
@@ -264,13 +288,22 @@ fn an_unknown_or_ambiguous_container_is_bad_input_and_nothing_is_signalled() {
     let host = SimHost::new(2, 80 * GIB, "NVIDIA H100 80GB HBM3").expect("sim host");
     let mut incident = Incident::new(&host);
     let docker = two_containers(&mut incident, &root, "b01");
-    let everyone = [docker.a_holder, docker.a_idle, docker.b_holder, docker.outside];
+    let everyone = [
+        docker.a_holder,
+        docker.a_idle,
+        docker.b_holder,
+        docker.outside,
+    ];
 
     // Both ids share 11 digits: too few to be an id, and as a name nothing
     // has them.
     let short = run(&host, &["free", "--container", &docker.a[..11], "--yes"]);
     assert_eq!(short.code, 2, "{}", short.stderr);
-    assert!(short.stderr.contains("at least 12 hex digits"), "{}", short.stderr);
+    assert!(
+        short.stderr.contains("at least 12 hex digits"),
+        "{}",
+        short.stderr
+    );
     // A 12-digit prefix both share cannot exist (they differ at the 12th),
     // so an ambiguous one needs a third container.
     let c = container_id("b017", 'c');
@@ -281,13 +314,27 @@ fn an_unknown_or_ambiguous_container_is_bad_input_and_nothing_is_signalled() {
         &c_cgroup,
         &Holder::new("python3 third.py").on(1, GIB),
     );
-    let ambiguous = run(&host, &["free", "--container", &docker.a[..12], "--yes", "--json"]);
+    let ambiguous = run(
+        &host,
+        &["free", "--container", &docker.a[..12], "--yes", "--json"],
+    );
     assert_eq!(ambiguous.code, 2, "{}", ambiguous.stderr);
-    assert!(ambiguous.stderr.contains("ambiguous"), "{}", ambiguous.stderr);
+    assert!(
+        ambiguous.stderr.contains("ambiguous"),
+        "{}",
+        ambiguous.stderr
+    );
     assert!(ambiguous.stderr.contains(&docker.a) && ambiguous.stderr.contains(&c));
-    let unknown = run(&host, &["free", "--container", &container_id("b019", '1'), "--yes"]);
+    let unknown = run(
+        &host,
+        &["free", "--container", &container_id("b019", '1'), "--yes"],
+    );
     assert_eq!(unknown.code, 2, "{}", unknown.stderr);
-    assert!(unknown.stderr.contains("no process is in a container"), "{}", unknown.stderr);
+    assert!(
+        unknown.stderr.contains("no process is in a container"),
+        "{}",
+        unknown.stderr
+    );
     let named = run(&host, &["free", "--container", "no-such-name", "--yes"]);
     assert_eq!(named.code, 2, "{}", named.stderr);
     for bad in [
@@ -306,7 +353,11 @@ fn an_unknown_or_ambiguous_container_is_bad_input_and_nothing_is_signalled() {
         let mut args = vec!["free", "--yes"];
         args.extend(bad.iter().copied());
         let refused = run(&host, &args);
-        assert_eq!(refused.code, 2, "{bad:?}: {}{}", refused.stdout, refused.stderr);
+        assert_eq!(
+            refused.code, 2,
+            "{bad:?}: {}{}",
+            refused.stdout, refused.stderr
+        );
     }
     for pid in everyone.into_iter().chain([c_holder]) {
         assert!(alive(pid), "bad input signalled {pid}");
@@ -353,7 +404,12 @@ fn two_pods(incident: &mut Incident, root: &CgroupRoot) -> Pods {
             &worker_cgroup,
             &Holder::new("python3 -m sglang.launch_server").on(0, 30 * GIB),
         ),
-        sidecar: plain(incident, root, &sidecar_cgroup, "envoy --config sidecar.yaml"),
+        sidecar: plain(
+            incident,
+            root,
+            &sidecar_cgroup,
+            "envoy --config sidecar.yaml",
+        ),
         neighbour: hold_in(
             incident,
             root,
@@ -375,7 +431,10 @@ fn free_pod_by_uid_takes_every_container_of_the_pod_and_no_other_pod() {
 
     // Either spelling of the UID; the plan first.
     let underscored = pods.uid.replace('-', "_").to_uppercase();
-    let plan = run(&host, &["free", "--pod", &underscored, "--dry-run", "--json"]);
+    let plan = run(
+        &host,
+        &["free", "--pod", &underscored, "--dry-run", "--json"],
+    );
     assert_eq!(plan.code, 0, "{}", plan.stderr);
     let plan = plan.json();
     assert_eq!(
@@ -383,12 +442,17 @@ fn free_pod_by_uid_takes_every_container_of_the_pod_and_no_other_pod() {
         sorted(vec![(pods.worker, "member"), (pods.sidecar, "member")])
     );
     assert_eq!(plan["cgroup_scopes"][0]["pod_uid"], pods.uid.as_str());
-    assert_eq!(plan["cgroup_scopes"][0]["cgroups"].as_array().map(Vec::len), Some(2));
+    assert_eq!(
+        plan["cgroup_scopes"][0]["cgroups"].as_array().map(Vec::len),
+        Some(2)
+    );
     assert!(alive(pods.worker) && alive(pods.sidecar));
 
     let free = run(
         &host,
-        &["free", "--pod", &pods.uid, "--grace", "0", "--yes", "--json"],
+        &[
+            "free", "--pod", &pods.uid, "--grace", "0", "--yes", "--json",
+        ],
     );
     let report = free.json();
     assert_eq!(free.code, 0, "{report:#}\n{}", free.stderr);
@@ -412,9 +476,24 @@ fn free_cgroup_takes_the_cgroup_and_below_by_either_spelling_never_a_sibling() {
     let below = root.make("jobs/a/ranks");
     let sibling = root.make("jobs/ab");
     let empty = root.make("jobs/empty");
-    let top = hold_in(&mut incident, &root, &job, &Holder::new("torchrun").on(0, GIB));
-    let rank = hold_in(&mut incident, &root, &below, &Holder::new("rank0").on(0, GIB));
-    let other = hold_in(&mut incident, &root, &sibling, &Holder::new("other").on(0, GIB));
+    let top = hold_in(
+        &mut incident,
+        &root,
+        &job,
+        &Holder::new("torchrun").on(0, GIB),
+    );
+    let rank = hold_in(
+        &mut incident,
+        &root,
+        &below,
+        &Holder::new("rank0").on(0, GIB),
+    );
+    let other = hold_in(
+        &mut incident,
+        &root,
+        &sibling,
+        &Holder::new("other").on(0, GIB),
+    );
 
     let as_proc_spells_it = run(&host, &["free", "--cgroup", &job, "--dry-run", "--json"]);
     assert_eq!(as_proc_spells_it.code, 0, "{}", as_proc_spells_it.stderr);
@@ -423,20 +502,33 @@ fn free_cgroup_takes_the_cgroup_and_below_by_either_spelling_never_a_sibling() {
     let directory = root.dir(&job).display().to_string();
     let free = run(
         &host,
-        &["free", "--cgroup", &format!("{directory}/"), "--grace", "0", "--yes", "--json"],
+        &[
+            "free",
+            "--cgroup",
+            &format!("{directory}/"),
+            "--grace",
+            "0",
+            "--yes",
+            "--json",
+        ],
     );
     let report = free.json();
     assert_eq!(free.code, 0, "{report:#}\n{}", free.stderr);
     assert_eq!(targets(&report), expected);
     assert!(!alive(top) && !alive(rank));
-    assert!(alive(other), "a sibling whose name starts the same is another cgroup");
+    assert!(
+        alive(other),
+        "a sibling whose name starts the same is another cgroup"
+    );
 
     // A cgroup that holds no process: nothing to free, and it says so.
     let nothing = run(&host, &["free", "--cgroup", &empty, "--yes", "--json"]);
     assert_eq!(nothing.code, 0, "{}", nothing.stderr);
     let nothing = nothing.json();
     assert_eq!(targets(&nothing), []);
-    let note = nothing["cgroup_scopes"][0]["note"].as_str().unwrap_or_default();
+    let note = nothing["cgroup_scopes"][0]["note"]
+        .as_str()
+        .unwrap_or_default();
     assert!(note.contains("holds no process"), "{nothing:#}");
     assert!(alive(other));
 }
