@@ -568,24 +568,22 @@ fn unknown_container(reference: &ContainerRef, known: &Known) -> String {
         ContainerRef::Name(name)
             if name.chars().all(|c| c.is_ascii_hexdigit()) && name.len() < MIN_ID_PREFIX =>
         {
-            format!(
-                " (an id prefix needs at least {MIN_ID_PREFIX} hex digits; as a name, nothing has it)"
-            )
+            format!("; an id prefix needs at least {MIN_ID_PREFIX} hex digits")
         }
         _ => String::new(),
     };
     format!(
-        "--container {reference}: no process is in a container with that id{}{short}",
-        names_from(known, "or name")
+        "--container {reference}: no process is in a container with that id, and no container has that name{}{short}",
+        sources_read(known)
     )
 }
 
-/// How a name lookup went, for messages: which sources named things.
-fn names_from(known: &Known, what: &str) -> String {
+/// Which sources of names were read, for messages.
+fn sources_read(known: &Known) -> String {
     if known.read.is_empty() {
-        format!(" (no source of names could be read, so none {what} could be looked up)")
+        " (no source of names could be read here; see docs/containers.md)".to_string()
     } else {
-        format!(" {what} in {}", known.read.join(", "))
+        format!(" (names read from {})", known.read.join(", "))
     }
 }
 
@@ -599,8 +597,8 @@ fn find_pod(reference: &PodRef, placed: &[Placed], known: &Known) -> Result<Foun
             match uids.len() {
                 0 => {
                     return Err(format!(
-                        "--pod {reference}: no pod of that name{}; give its UID instead",
-                        names_from(known, "pod").replace(" pod in", " is in")
+                        "--pod {reference}: no pod has that name{}; give its UID instead",
+                        sources_read(known)
                     ));
                 }
                 1 => {
@@ -639,8 +637,8 @@ fn find_pod(reference: &PodRef, placed: &[Placed], known: &Known) -> Result<Foun
     if found.members.is_empty() {
         if !known.pod_uids.contains(&uid) && !matches!(reference, PodRef::Name { .. }) {
             return Err(format!(
-                "--pod {reference}: no process is in a pod with that UID{}",
-                names_from(known, "and no pod has it").replace(" in ", " listed by ")
+                "--pod {reference}: no process is in a pod with that UID, and no source lists it{}",
+                sources_read(known)
             ));
         }
         found.note = Some(format!("pod {uid} holds no process: nothing to free"));

@@ -204,6 +204,8 @@ fn free_container_takes_that_container_s_processes_and_spares_its_neighbour() {
     );
     assert_eq!(plan.code, 0, "{}{}", plan.stdout, plan.stderr);
     let plan = plan.json();
+    let schema = crate::schema::schema();
+    crate::schema::conforms(&schema, "free --container --dry-run", &plan);
     assert_eq!(
         targets(&plan),
         sorted(vec![(docker.a_holder, "member"), (docker.a_idle, "member")]),
@@ -253,6 +255,7 @@ fn free_container_takes_that_container_s_processes_and_spares_its_neighbour() {
     );
     let report = free.json();
     assert_eq!(free.code, 0, "{report:#}\n{}", free.stderr);
+    crate::schema::conforms(&schema, "free --container", &report);
     assert_eq!(
         targets(&report),
         sorted(vec![(docker.a_holder, "member"), (docker.a_idle, "member")])
@@ -525,10 +528,97 @@ fn free_cgroup_takes_the_cgroup_and_below_by_either_spelling_never_a_sibling() {
     let nothing = run(&host, &["free", "--cgroup", &empty, "--yes", "--json"]);
     assert_eq!(nothing.code, 0, "{}", nothing.stderr);
     let nothing = nothing.json();
+    crate::schema::conforms(&crate::schema::schema(), "free --cgroup (empty)", &nothing);
     assert_eq!(targets(&nothing), []);
     let note = nothing["cgroup_scopes"][0]["note"]
         .as_str()
         .unwrap_or_default();
     assert!(note.contains("holds no process"), "{nothing:#}");
     assert!(alive(other));
+}
+
+/// Alive (not a zombie) on a lab host, as that host's /proc says.
+fn alive_on(lab: &crate::sshd_lab::Lab, host: &str, pid: u32) -> bool {
+    let state = lab.on(host, &format!("cut -d' ' -f3 /proc/{pid}/stat 2>/dev/null"));
+    !state.stdout.trim().is_empty() && state.stdout.trim() != "Z"
+}
+
+#[test]
+fn free_h_resolves_the_container_on_each_host_and_takes_only_its_processes() {
+    use crate::sshd_lab::{Kind, Lab, host_entry};
+    let Some(root) = CgroupRoot::new("scopes-fleet") else {
+        return skip("cannot make a cgroup under the cgroup v2 mount (needs root or delegation)");
+    };
+    let lab = Lab::new(&[Kind::Up, Kind::Up]);
+    let a = container_id("d017", 'a');
+    let b = container_id("d018", 'b');
+    let a_cgroup = root.make(&format!("system.slice/docker-{a}.scope"));
+    let b_cgroup = root.make(&format!("system.slice/docker-{b}.scope"));
+    // `ip netns exec` gives each host a /sys of its own, without the cgroup
+    // mounts: the host mounts cgroup v2 (the same hierarchy) in its private
+    // /var/lib, and its processes enter their cgroups through it.
+    let mounted = lab.on(
+        "h1",
+        "mkdir -p /var/lib/cgroup && mount -t cgroup2 none /var/lib/cgroup",
+    );
+    assert_eq!(mounted.code, 0, "{}", mounted.stderr);
+    let in_cgroup = |host: &str, cgroup: &str, holder: &Holder| {
+        let procs = format!("/var/lib/cgroup{cgroup}/cgroup.procs");
+        let script = format!("echo $$ > {procs} && {}", holder.script());
+        lab.hold_script(host, &holder.title, &script)
+    };
+    let a_holder = in_cgroup(
+        "h1",
+        &a_cgroup,
+        &Holder::new("python3 a.py").on(0, 20 * GIB),
+    );
+    let b_holder = in_cgroup(
+        "h1",
+        &b_cgroup,
+        &Holder::new("python3 b.py").on(0, 10 * GIB),
+    );
+    let h2_holder = lab.hold("h2", &Holder::new("python3 h2.py").on(0, 10 * GIB));
+    let prefix = &a[..12];
+
+    // The plan on both hosts: h1 finds the container; on h2 it names
+    // nothing, which is bad input there (2), and nothing is signalled.
+    let plan = lab.run(&[
+        "free",
+        "-H",
+        "h1,h2",
+        "--container",
+        prefix,
+        "--dry-run",
+        "--json",
+    ]);
+    let document = plan.json();
+    let h1 = host_entry(&document, "h1");
+    assert_eq!(h1["exit_code"], 0, "{document:#}");
+    assert_eq!(targets(&h1["report"]), sorted(vec![(a_holder, "member")]));
+    assert_eq!(h1["report"]["cgroup_scopes"][0]["id"], a.as_str());
+    assert_eq!(host_entry(&document, "h2")["exit_code"], 2, "{document:#}");
+    assert!(alive_on(&lab, "h1", a_holder) && alive_on(&lab, "h2", h2_holder));
+
+    let free = lab.run(&[
+        "free",
+        "-H",
+        "h1",
+        "--container",
+        prefix,
+        "--grace",
+        "0",
+        "--yes",
+        "--json",
+    ]);
+    let document = free.json();
+    assert_eq!(free.code, 0, "{document:#}\n{}", free.stderr);
+    let h1 = &host_entry(&document, "h1")["report"];
+    assert_eq!(targets(h1), sorted(vec![(a_holder, "member")]));
+    assert_eq!(gpu(h1, 0)["freed"], true, "{document:#}");
+    assert!(!alive_on(&lab, "h1", a_holder));
+    assert!(
+        alive_on(&lab, "h1", b_holder),
+        "the neighbour container was out of scope"
+    );
+    assert!(alive_on(&lab, "h2", h2_holder));
 }
