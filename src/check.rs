@@ -198,26 +198,20 @@ pub fn check(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> Check {
             });
         }
     }
-    let mut details = Vec::new();
-    if snapshot.is_partial() {
-        details.push(format!(
-            "partial scan: {} process(es) could not be inspected{}",
-            snapshot.unreadable.len(),
-            if rustix::process::geteuid().is_root() {
-                " (root without CAP_SYS_PTRACE, or under a security module's policy, may not read them)"
-            } else {
-                "; run as root to see them all"
-            }
-        ));
-    }
+    let (mut details, hidden) = what_was_not_seen(snapshot, gpus);
     if findings.is_empty() {
         let message = if checked.is_empty() {
             "no GPUs to check".to_string()
         } else {
             format!(
-                "{} {}: no memory held by no process, no orphans",
+                "{} {}: no memory held by no process, {}",
                 if checked.len() == 1 { "GPU" } else { "GPUs" },
-                GpuRanges(&checked)
+                GpuRanges(&checked),
+                if hidden {
+                    "holders hidden (see details)"
+                } else {
+                    "no orphans"
+                }
             )
         };
         return Check {
@@ -249,6 +243,29 @@ pub fn check(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> Check {
         message,
         details: lines,
     }
+}
+
+/// What the scan could not see, as details: processes it could not
+/// inspect, and holders of another PID namespace (whether they are orphans
+/// cannot be told from here: the healthy message does not claim it; the
+/// second value says there are some).
+fn what_was_not_seen(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> (Vec<String>, bool) {
+    let mut details = Vec::new();
+    if snapshot.is_partial() {
+        details.push(format!(
+            "partial scan: {} process(es) could not be inspected{}",
+            snapshot.unreadable.len(),
+            if rustix::process::geteuid().is_root() {
+                " (root without CAP_SYS_PTRACE, or under a security module's policy, may not read them)"
+            } else {
+                "; run as root to see them all"
+            }
+        ));
+    }
+    let hidden = crate::report::hidden_note(snapshot, gpus);
+    let any_hidden = hidden.is_some();
+    details.extend(hidden);
+    (details, any_hidden)
 }
 
 #[cfg(test)]

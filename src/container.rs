@@ -107,28 +107,6 @@ impl Container {
             unrequested_gpus: Vec::new(),
         }
     }
-
-    /// The short form for a table cell: the name when known, else
-    /// `runtime:` and the id's first 12 characters (docker's short id).
-    pub fn short(&self) -> String {
-        match &self.name {
-            Some(name) => name.clone(),
-            None => format!(
-                "{}:{}",
-                self.runtime.name(),
-                self.id.get(..12).unwrap_or(&self.id)
-            ),
-        }
-    }
-
-    /// The pod as `namespace/pod` when the sources named it.
-    pub fn pod_label(&self) -> Option<String> {
-        match (&self.namespace, &self.pod) {
-            (Some(namespace), Some(pod)) => Some(format!("{namespace}/{pod}")),
-            (None, Some(pod)) => Some(pod.clone()),
-            _ => None,
-        }
-    }
 }
 
 /// The container `pid` runs in, from its /proc/PID/cgroup (`cgroup_file`,
@@ -336,6 +314,19 @@ fn container_component(
         Previous::Pod => Some((Runtime::Kubernetes, id, None)),
         Previous::Other => None,
     }
+}
+
+/// The inode of the initial PID namespace, the host's (`PROC_PID_INIT_INO`
+/// in the kernel: the same on every kernel since namespaces have inodes).
+const HOST_PID_NAMESPACE: &str = "pid:[4026531836]";
+
+/// Whether gpureap sees the host's PIDs: its PID namespace is the initial
+/// one. `Some(false)` in a container without the host's PIDs (no
+/// `--pid=host`, no `hostPID: true`), where the driver's PIDs name no
+/// process here; None when /proc/self/ns/pid cannot be read.
+pub fn sees_host_pids() -> Option<bool> {
+    let link = fs::read_link("/proc/self/ns/pid").ok()?;
+    Some(link.to_str() == Some(HOST_PID_NAMESPACE))
 }
 
 /// The PID in the innermost PID namespace, from a /proc/PID/status's
@@ -605,17 +596,5 @@ mod tests {
         assert_eq!(local_pid(b"Name:\t\xff\xfe\nNSpid:\t4242\t9\n"), Some(9));
         assert_eq!(local_pid(b"NSpid:\t4242\tnine\n"), None);
         assert_eq!(local_pid(b"NSpid:"), None);
-    }
-
-    #[test]
-    fn the_short_form_is_the_name_or_runtime_and_short_id() {
-        let mut container = Container::new(Runtime::CriO, ID.to_string(), None);
-        assert_eq!(container.short(), "cri-o:3f4a8e1b2c9d");
-        container.name = Some("vllm".to_string());
-        assert_eq!(container.short(), "vllm");
-        assert_eq!(container.pod_label(), None);
-        container.pod = Some("server-0".to_string());
-        container.namespace = Some("llm".to_string());
-        assert_eq!(container.pod_label().as_deref(), Some("llm/server-0"));
     }
 }

@@ -18,7 +18,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::report;
+use crate::report::{self, ContainerJson};
 use crate::select::{self, Guard, Scope};
 use crate::snapshot::{GpuState, Snapshot};
 use crate::units::one_line;
@@ -359,7 +359,7 @@ fn encode_processes(registry: &mut Registry, snapshot: &Snapshot, options: &Opti
     let process_memory = gauge_family(
         registry,
         "process_gpu_memory",
-        "GPU memory a process uses, as the driver reports it (only with --per-process)",
+        "GPU memory a process uses, as the driver reports it, with its container and pod where it runs in one (only with --per-process)",
         Some(Unit::Bytes),
     );
     for holder in report::holders_json(snapshot, &options.gpus) {
@@ -379,6 +379,15 @@ fn encode_processes(registry: &mut Registry, snapshot: &Snapshot, options: &Opti
             labels.push(("comm", text(holder.comm.as_deref())));
             labels.push(("user", text(holder.user.as_deref())));
             labels.push(("flags", holder.flags.join(",")));
+            let container = holder.container.as_ref();
+            let of_container =
+                |field: fn(&ContainerJson) -> Option<&str>| text(container.and_then(field));
+            labels.push(("runtime", of_container(|c| Some(c.runtime))));
+            labels.push(("container_id", of_container(|c| Some(&c.id))));
+            labels.push(("pod_uid", of_container(|c| c.pod_uid.as_deref())));
+            labels.push(("pod", of_container(|c| c.pod.as_deref())));
+            labels.push(("namespace", of_container(|c| c.namespace.as_deref())));
+            labels.push(("container", of_container(|c| c.name.as_deref())));
             set(&process_memory, labels, bytes(memory));
         }
     }

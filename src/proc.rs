@@ -157,13 +157,23 @@ pub type Classify<'a> = &'a (dyn Fn(&Path) -> Option<Node> + Sync);
 /// those we may not inspect are listed in `unreadable`. The work is split
 /// over the machine's cores: it is almost all system calls.
 pub fn scan(classify: Classify) -> io::Result<ProcScan> {
-    scan_with(Some(classify))
+    scan_with(PROC, Some(classify))
+}
+
+/// As `scan`, of the proc filesystem mounted at `root` rather than /proc:
+/// another PID namespace's view (the simulated driver's, standing for a
+/// driver that sees the host's PIDs while gpureap runs in a container).
+pub fn scan_at(root: &Path, classify: Classify) -> io::Result<ProcScan> {
+    let root = root
+        .to_str()
+        .ok_or_else(|| io::Error::other("a proc mount path that is not UTF-8"))?;
+    scan_with(root, Some(classify))
 }
 
 /// The GPU nodes one process has open, read as a scan reads them; `None`
 /// when it has gone (or its PID now names another process), or exited.
 pub fn nodes_of(id: ProcessId, classify: Classify) -> Option<BTreeSet<Node>> {
-    let (record, _) = read_process(id.pid, Some(classify), &mut Buffers::default())?;
+    let (record, _) = read_process(PROC, id.pid, Some(classify), &mut Buffers::default())?;
     (record.id == id && !record.state.has_exited()).then_some(record.nodes)
 }
 
@@ -178,7 +188,7 @@ pub fn read_nodes_of(scan: &mut ProcScan, pids: &BTreeSet<u32>, classify: Classi
         if !pids.contains(&record.id.pid) {
             return true;
         }
-        match read_process(record.id.pid, Some(classify), &mut buffers) {
+        match read_process(PROC, record.id.pid, Some(classify), &mut buffers) {
             Some((fresh, fd_error)) if fresh.id == record.id => {
                 if let Some(reason) = fd_error {
                     unreadable.push(Unreadable {
@@ -246,11 +256,14 @@ pub fn with_scan<T>(classify: Classify, f: impl FnOnce(&ProcScan) -> T) -> io::R
 /// Identity, tree and state of every process, without reading descriptors:
 /// for walks of the process tree.
 pub fn scan_tree() -> io::Result<ProcScan> {
-    scan_with(None)
+    scan_with(PROC, None)
 }
 
-fn scan_with(classify: Option<Classify>) -> io::Result<ProcScan> {
-    let mut pids: Vec<u32> = fs::read_dir("/proc")?
+/// Where this PID namespace's processes are.
+const PROC: &str = "/proc";
+
+fn scan_with(root: &str, classify: Option<Classify>) -> io::Result<ProcScan> {
+    let mut pids: Vec<u32> = fs::read_dir(root)?
         .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
         .collect();
     pids.sort_unstable();
@@ -263,7 +276,7 @@ fn scan_with(classify: Option<Classify>) -> io::Result<ProcScan> {
     let parts: Vec<std::thread::Result<ProcScan>> = std::thread::scope(|scope| {
         let workers: Vec<_> = pids
             .chunks(chunk)
-            .map(|pids| scope.spawn(move || scan_some(pids, classify)))
+            .map(|pids| scope.spawn(move || scan_some(root, pids, classify)))
             .collect();
         workers.into_iter().map(|worker| worker.join()).collect()
     });
@@ -281,11 +294,11 @@ fn scan_with(classify: Option<Classify>) -> io::Result<ProcScan> {
 const MAX_SCAN_THREADS: usize = 8;
 const MIN_PIDS_PER_THREAD: usize = 256;
 
-fn scan_some(pids: &[u32], classify: Option<Classify>) -> ProcScan {
+fn scan_some(root: &str, pids: &[u32], classify: Option<Classify>) -> ProcScan {
     let mut result = ProcScan::default();
     let mut buffers = Buffers::default();
     for &pid in pids {
-        if let Some((record, fd_error)) = read_process(pid, classify, &mut buffers) {
+        if let Some((record, fd_error)) = read_process(root, pid, classify, &mut buffers) {
             if let Some(reason) = fd_error {
                 result.unreadable.push(Unreadable {
                     pid,
@@ -311,6 +324,7 @@ struct Buffers {
 /// meanwhile. `None` when it has gone. The second value is why its
 /// descriptors could not be read, if they could not.
 fn read_process(
+    root: &str,
     pid: u32,
     classify: Option<Classify>,
     buffers: &mut Buffers,
@@ -318,10 +332,10 @@ fn read_process(
     let Some(classify) = classify else {
         // Without descriptors to read, the stat file alone: two fewer system
         // calls than through a handle on the directory.
-        let stat = read_stat(&open_in_proc(pid, "stat")?, &mut buffers.stat)?;
+        let stat = read_stat(&open_in_proc(root, pid, "stat")?, &mut buffers.stat)?;
         return Some((record_of(pid, stat, BTreeSet::new(), true), None));
     };
-    let directory = open_process(pid)?;
+    let directory = open_process(root, pid)?;
     let stat = read_stat(&open_file(&directory, "stat")?, &mut buffers.stat)?;
     let mut nodes = BTreeSet::new();
     let mut fd_error = None;
@@ -372,11 +386,11 @@ struct Stat {
 
 /// A handle on /proc/PID: what is read through it belongs to one process,
 /// even if the PID is reused meanwhile. `None` when the process has gone.
-fn open_process(pid: u32) -> Option<std::os::fd::OwnedFd> {
+fn open_process(root: &str, pid: u32) -> Option<std::os::fd::OwnedFd> {
     use rustix::fs::{Mode, OFlags};
     rustix::fs::openat(
         rustix::fs::CWD,
-        format!("/proc/{pid}"),
+        format!("{root}/{pid}"),
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
         Mode::empty(),
     )
@@ -384,8 +398,8 @@ fn open_process(pid: u32) -> Option<std::os::fd::OwnedFd> {
 }
 
 /// `/proc/PID/NAME`, opened for reading; `None` when the process has gone.
-fn open_in_proc(pid: u32, name: &str) -> Option<std::os::fd::OwnedFd> {
-    open_file(rustix::fs::CWD, &format!("/proc/{pid}/{name}"))
+fn open_in_proc(root: &str, pid: u32, name: &str) -> Option<std::os::fd::OwnedFd> {
+    open_file(rustix::fs::CWD, &format!("{root}/{pid}/{name}"))
 }
 
 fn open_file(directory: impl std::os::fd::AsFd, path: &str) -> Option<std::os::fd::OwnedFd> {
@@ -401,7 +415,7 @@ fn open_file(directory: impl std::os::fd::AsFd, path: &str) -> Option<std::os::f
 
 /// One process's stat, for the few lookups outside a scan.
 fn stat_of(pid: u32) -> Option<Stat> {
-    read_stat(&open_in_proc(pid, "stat")?, &mut Vec::new())
+    read_stat(&open_in_proc(PROC, pid, "stat")?, &mut Vec::new())
 }
 
 /// Parses a stat file opened by the caller.

@@ -8,6 +8,7 @@ use comfy_table::presets::NOTHING;
 use comfy_table::{Cell, CellAlignment, Table};
 use serde::Serialize;
 
+use crate::container::Container;
 use crate::driver::DriverError;
 use crate::exit::Exit;
 use crate::members::{Found, short_id};
@@ -35,6 +36,20 @@ pub struct StatusJson<'a> {
     pub scan: ScanJson<'a>,
     pub gpus: Vec<GpuJson>,
     pub holders: Vec<HolderJson>,
+    pub visibility: VisibilityJson,
+}
+
+/// What this gpureap can see of the holders the driver lists (docs/json.md).
+#[derive(Debug, Serialize)]
+pub struct VisibilityJson {
+    /// Whether it runs in the host's PID namespace; `false` in a container
+    /// without the host's PIDs; `null` when it cannot tell.
+    pub host_pids: Option<bool>,
+    /// The PIDs the driver lists that are no process here (`hidden`).
+    pub hidden: Vec<u32>,
+    /// Why they are hidden and what to do, as `status` says it; `null` when
+    /// none is.
+    pub note: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -83,6 +98,8 @@ pub struct HolderJson {
     pub comm: Option<String>,
     pub cmdline: Option<String>,
     pub cgroup: Option<String>,
+    /// The container (and pod) it runs in; `null` when in none.
+    pub container: Option<ContainerJson>,
     pub gpus: Vec<HolderGpuJson>,
     pub control_node: bool,
     pub flags: Vec<&'static str>,
@@ -93,6 +110,48 @@ pub struct HolderJson {
     pub protected: Option<String>,
     /// Set when it was started under `gpureap run`.
     pub supervisor: Option<SupervisorJson>,
+}
+
+/// A holder's container (docs/json.md): what its cgroup path says, and the
+/// names the node's sources give (`null` until they do).
+#[derive(Debug, Serialize)]
+pub struct ContainerJson {
+    pub runtime: &'static str,
+    pub id: String,
+    pub pod_uid: Option<String>,
+    pub pod: Option<String>,
+    pub namespace: Option<String>,
+    pub name: Option<String>,
+    pub local_pid: Option<u32>,
+}
+
+impl ContainerJson {
+    fn of(container: &Container) -> ContainerJson {
+        ContainerJson {
+            runtime: container.runtime.name(),
+            id: container.id.clone(),
+            pod_uid: container.pod_uid.clone(),
+            pod: container.pod.clone(),
+            namespace: container.namespace.clone(),
+            name: container.name.clone(),
+            local_pid: container.local_pid,
+        }
+    }
+
+    /// The table's and the tree's label: `namespace/pod` when the sources
+    /// named the pod, then the container's name, else its runtime and
+    /// short id (`docker:3f4a8e1b2c9d`).
+    pub fn label(&self) -> String {
+        let container = match &self.name {
+            Some(name) => name.clone(),
+            None => format!("{}:{}", self.runtime, self.id.get(..12).unwrap_or(&self.id)),
+        };
+        match (&self.namespace, &self.pod) {
+            (Some(namespace), Some(pod)) => format!("{namespace}/{pod} {container}"),
+            (None, Some(pod)) => format!("{pod} {container}"),
+            _ => container,
+        }
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -161,6 +220,9 @@ fn holder_json(snapshot: &Snapshot, pid: u32) -> HolderJson {
         comm: record.map(|r| r.comm.clone()),
         cmdline: record.map(|r| r.cmdline.clone()),
         cgroup: details.and_then(|d| d.cgroup.clone()),
+        container: details
+            .and_then(|d| d.container.as_ref())
+            .map(ContainerJson::of),
         gpus: snapshot
             .gpus
             .iter()
@@ -232,6 +294,11 @@ pub fn status_json(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String 
             })
             .collect(),
         holders: holders_json(snapshot, gpus),
+        visibility: VisibilityJson {
+            host_pids: crate::container::sees_host_pids(),
+            hidden: hidden_pids(snapshot, gpus),
+            note: hidden_note(snapshot, gpus),
+        },
     };
     to_json(&document)
 }
@@ -265,6 +332,7 @@ pub fn holders_json(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> Vec<Ho
             comm: None,
             cmdline: None,
             cgroup: None,
+            container: None,
             gpus: vec![HolderGpuJson {
                 index,
                 memory: user.memory,
@@ -462,11 +530,21 @@ pub fn status_table(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String
         return out;
     }
     const HEADERS: [&str; 12] = [
-        "GPU", "PID", "PPID", "PGID", "SID", "USER", "S", "AGE", "GPU MEM", "FLAGS", "CGROUP",
+        "GPU",
+        "PID",
+        "PPID",
+        "PGID",
+        "SID",
+        "USER",
+        "S",
+        "AGE",
+        "GPU MEM",
+        "FLAGS",
+        "CONTAINER",
         "COMMAND",
     ];
     const MEMORY: usize = 8;
-    const CGROUP: usize = 10;
+    const CONTAINER: usize = 10;
     const COMMAND: usize = 11;
     let mut unknown_memory = false;
     let mut nodes_only = false;
@@ -500,7 +578,13 @@ pub fn status_table(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String
                 age_text(holder.age_ms),
                 memory,
                 holder.flags.join(","),
-                short(holder.cgroup.as_deref().unwrap_or("-"), 28),
+                short(
+                    &holder
+                        .container
+                        .as_ref()
+                        .map_or("-".to_string(), ContainerJson::label),
+                    28,
+                ),
                 one_line(holder.cmdline.as_deref().unwrap_or("(not visible here)")).into_owned(),
             ];
             rows.push((place, holder.pid, row));
@@ -511,7 +595,7 @@ pub fn status_table(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String
     fit(
         &HEADERS,
         &mut cells,
-        &[(COMMAND, 24), (CGROUP, 12), (COMMAND, 12)],
+        &[(COMMAND, 24), (CONTAINER, 12), (COMMAND, 12)],
     );
     let mut table = new_table(&HEADERS);
     for row in cells {
@@ -586,6 +670,9 @@ fn no_gpus(snapshot: &Snapshot) -> String {
 
 fn notes(snapshot: &Snapshot, out: &mut String) {
     supervisor_gone_notes(snapshot, out);
+    if let Some(hidden) = hidden_note(snapshot, &None) {
+        note(out, &hidden);
+    }
     if let Some(error) = &snapshot.driver_error
         && !snapshot.gpus.is_empty()
     {
@@ -603,6 +690,53 @@ fn notes(snapshot: &Snapshot, out: &mut String) {
             ),
         );
     }
+}
+
+/// The PIDs the driver lists on the given GPUs that are no process of this
+/// /proc (`hidden`), each once.
+fn hidden_pids(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> Vec<u32> {
+    let pids: BTreeSet<u32> = snapshot
+        .hidden_users()
+        .into_iter()
+        .filter(|(index, _)| gpus.as_ref().is_none_or(|set| set.contains(index)))
+        .map(|(_, user)| user.pid)
+        .collect();
+    pids.into_iter().collect()
+}
+
+/// Which holders are hidden, why, and the remedy, for `status` (text and
+/// JSON) and `check`; None when none is. In a PID namespace of its own (a
+/// container without the host's PIDs) gpureap cannot see, name or free
+/// what the driver lists: the remedy is the host's PIDs. In the host's, a
+/// hidden PID is another namespace's process whose number the driver gave
+/// (or one that exited since it was listed).
+pub fn hidden_note(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> Option<String> {
+    let mut listed: Vec<String> = Vec::new();
+    for (index, user) in snapshot.hidden_users() {
+        if gpus.as_ref().is_some_and(|set| !set.contains(&index)) {
+            continue;
+        }
+        listed.push(format!(
+            "{} (GPU {index}, {})",
+            user.pid,
+            MaybeBytes(user.memory)
+        ));
+    }
+    if listed.is_empty() {
+        return None;
+    }
+    let which = format!(
+        "no process here has PID {}, which the driver lists",
+        listed.join(", ")
+    );
+    Some(match crate::container::sees_host_pids() {
+        Some(false) => format!(
+            "Hidden: {which}. gpureap runs in a PID namespace of its own (a container without the host's PIDs), so it cannot see, attribute or free those holders. Run it on the host, or give its container the host's PIDs: `docker run --pid=host`, or `hostPID: true` in a Kubernetes pod spec."
+        ),
+        _ => format!(
+            "Hidden: {which}: they are processes of another PID namespace whose numbers the driver gave (or have exited since it listed them). Run gpureap in the PID namespace that started them to see and free them."
+        ),
+    })
 }
 
 /// One note per `gpureap run` that is gone while its server holds GPUs:
@@ -759,6 +893,9 @@ impl Tree<'_> {
         }
         if !holder.flags.is_empty() {
             let _ = write!(line, "  ({})", holder.flags.join(", "));
+        }
+        if let Some(container) = &holder.container {
+            let _ = write!(line, "  [container {}]", Field(&container.label()));
         }
         let _ = writeln!(self.out, "{line}");
         let kids: Vec<u32> = self

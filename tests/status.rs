@@ -21,7 +21,17 @@ struct Row {
 }
 
 const COLUMNS: [&str; 12] = [
-    "GPU", "PID", "PPID", "PGID", "SID", "USER", "S", "AGE", "GPU MEM", "FLAGS", "CGROUP",
+    "GPU",
+    "PID",
+    "PPID",
+    "PGID",
+    "SID",
+    "USER",
+    "S",
+    "AGE",
+    "GPU MEM",
+    "FLAGS",
+    "CONTAINER",
     "COMMAND",
 ];
 

@@ -33,4 +33,5 @@ mod status;
 
 // Monitoring: the exporter, status --prometheus, run --metrics, check, deploy/.
 mod check;
+mod containers;
 mod exporter;

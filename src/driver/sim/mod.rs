@@ -12,7 +12,11 @@
 //! `DIR/lost.N` makes GPU N answer as fallen off the bus, to test a driver
 //! failing mid-run. A process whose descriptors the caller may not read holds
 //! GPU N if it has a claim on it: the real driver sees every process, whoever
-//! asks.
+//! asks. `DIR/host-proc`, where it is a proc mount, is one of another PID
+//! namespace (the host's, bind-mounted there by whoever runs gpureap in a
+//! PID namespace of its own, as a container without the host's PIDs is):
+//! the driver then lists the processes it shows, by their PIDs there, as the
+//! real driver lists host PIDs to a gpureap in a container.
 //!
 //! The directory's files are input like any other (docs/simulated-driver.md):
 //! each is read relative to one handle on the directory, never through a
@@ -62,6 +66,9 @@ pub struct SimDriver {
     bookkeeping: u64,
     /// The last answer and what stood behind it, for `wait_for_change`.
     known: std::sync::Mutex<watch::Known>,
+    /// `DIR/host-proc`, when it is a directory: the proc mount whose
+    /// processes this driver lists, instead of this namespace's /proc.
+    host_proc: Option<PathBuf>,
 }
 
 fn cannot_read_proc(error: std::io::Error) -> DriverError {
@@ -299,7 +306,13 @@ impl SimDriver {
         .transpose()?
         .unwrap_or(0);
         let node_prefix = format!("{}/nvidia", dir.display());
+        // Only a proc mount: the empty directory beneath one, as the host
+        // sees it, changes nothing.
+        let host_proc = Some(dir.join("host-proc")).filter(|path| {
+            rustix::fs::statfs(path).is_ok_and(|fs| fs.f_type == rustix::fs::PROC_SUPER_MAGIC)
+        });
         Ok(SimDriver {
+            host_proc,
             bookkeeping,
             dir,
             directory,
@@ -414,12 +427,20 @@ impl SimDriver {
 
     /// A fresh /proc scan, classified by this driver.
     fn scan(&self) -> Result<proc::ProcScan, DriverError> {
-        proc::scan(&|path| self.classify_node(path)).map_err(cannot_read_proc)
+        let classify = |path: &Path| self.classify_node(path);
+        match &self.host_proc {
+            Some(root) => proc::scan_at(root, &classify),
+            None => proc::scan(&classify),
+        }
+        .map_err(cannot_read_proc)
     }
 
     /// Every GPU, from the scan a snapshot is being taken with when there
     /// is one (`proc::during`: the same moment, one pass), else a fresh one.
     fn answer(&self) -> Result<Vec<Result<GpuInfo, DriverError>>, DriverError> {
+        if self.host_proc.is_some() {
+            return self.gpus_from(&self.scan()?);
+        }
         proc::with_scan(&|path| self.classify_node(path), |scan| {
             self.gpus_from(scan)
         })
@@ -471,7 +492,10 @@ impl SimDriver {
             files,
             claims: claims_state,
         };
-        if let Ok(mut slot) = self.known.lock() {
+        // Holders of another PID namespace cannot be watched from this one
+        // (their PIDs name other processes here): `wait_for_change` then
+        // watches the directory's files alone, until its limit.
+        if let (Ok(mut slot), None) = (self.known.lock(), &self.host_proc) {
             *slot = known;
         }
         Ok(gpus)

@@ -1,0 +1,474 @@
+//! Which container and pod holds a GPU: real cgroups laid out the way
+//! docker, podman, containerd, cri-o and the kubelet lay them out (under a
+//! root of the test's own on this host's cgroup v2 mount, and on a cgroup v1
+//! hierarchy), real processes moved into them that hold the simulated GPU,
+//! and what `status` (JSON, table, `--tree`), the per-process metrics and
+//! `check` say of them. Then gpureap itself in a PID namespace of its own,
+//! as in a container without the host's PIDs: which holders it cannot see,
+//! why, and the remedy.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use gpureap::driver::sim::incident::{Holder, Incident, SimHost};
+use serde_json::Value;
+
+use crate::harness::*;
+
+const DOCKER_SYSTEMD: &str = "1111111111111111111111111111111111111111111111111111111111111111";
+const DOCKER_CGROUPFS: &str = "2222222222222222222222222222222222222222222222222222222222222222";
+const PODMAN: &str = "3333333333333333333333333333333333333333333333333333333333333333";
+const CONTAINERD: &str = "4444444444444444444444444444444444444444444444444444444444444444";
+const KUBELET_CGROUPFS: &str = "5555555555555555555555555555555555555555555555555555555555555555";
+const CRIO: &str = "66666666666666666666666666666666666666666666666666666666666666aa";
+const CONMON: &str = "7777777777777777777777777777777777777777777777777777777777777777";
+const POD: &str = "8c1f2a3b-4d5e-6f70-8192-a3b4c5d6e7f8";
+const OTHER_POD: &str = "0a1b2c3d-0000-4111-8222-333344445555";
+
+/// Cgroups this test made under `root`, on one hierarchy: processes moved
+/// in are moved back to `home` (the test's own cgroup there) and every
+/// cgroup made is removed when dropped, deepest first.
+struct Cgroups {
+    root: PathBuf,
+    home: PathBuf,
+    made: Vec<PathBuf>,
+}
+
+impl Cgroups {
+    /// A root of this test's own under the hierarchy mounted at `mount`
+    /// whose /proc/self/cgroup line is `line` (`0::` for v2, `8:pids:` ...).
+    /// None when cgroups cannot be made here.
+    fn new(mount: &Path, own: &str) -> Option<Cgroups> {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let root = mount.join(format!(
+            "gpureap-test-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir(&root).ok()?;
+        Some(Cgroups {
+            home: mount.join(own.trim_start_matches('/')),
+            made: vec![root.clone()],
+            root,
+        })
+    }
+
+    /// The cgroup v2 mount, with this test's own v2 cgroup.
+    fn v2() -> Option<Cgroups> {
+        let mount = gpureap::supervision::cgroup2_mount()?;
+        Cgroups::new(&mount, &own_cgroup(|line| line.strip_prefix("0::"))?)
+    }
+
+    /// The path of `relative` under the root, made with its parents.
+    fn make(&mut self, relative: &str) -> PathBuf {
+        let mut path = self.root.clone();
+        for component in relative.split('/') {
+            path.push(component);
+            if !path.is_dir() {
+                std::fs::create_dir(&path)
+                    .unwrap_or_else(|error| panic!("mkdir {}: {error}", path.display()));
+                self.made.push(path.clone());
+            }
+        }
+        path
+    }
+
+    /// Moves `pid` into the cgroup `relative` (made if need be), and
+    /// returns the cgroup path as /proc shows it from the mount's root.
+    fn move_in(&mut self, relative: &str, pid: u32) {
+        let path = self.make(relative);
+        std::fs::write(path.join("cgroup.procs"), pid.to_string())
+            .unwrap_or_else(|error| panic!("moving {pid} into {}: {error}", path.display()));
+    }
+}
+
+impl Drop for Cgroups {
+    fn drop(&mut self) {
+        for cgroup in self.made.iter().rev() {
+            let procs = std::fs::read_to_string(cgroup.join("cgroup.procs")).unwrap_or_default();
+            for pid in procs.lines() {
+                let _ = std::fs::write(self.home.join("cgroup.procs"), pid);
+            }
+            if let Err(error) = std::fs::remove_dir(cgroup) {
+                eprintln!("cannot remove {}: {error}", cgroup.display());
+            }
+        }
+    }
+}
+
+/// This process's path on the hierarchy whose /proc/self/cgroup line `pick` takes.
+fn own_cgroup(pick: impl Fn(&str) -> Option<&str>) -> Option<String> {
+    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    text.lines().find_map(|line| pick(line).map(str::to_string))
+}
+
+/// What a holder's `container` must say: runtime, id, pod UID.
+type Expected = (&'static str, &'static str, Option<&'static str>);
+
+fn host() -> SimHost {
+    SimHost::new(2, 80 * GIB, "Simulated H200").expect("sim host")
+}
+
+fn holder_of(status: &Value, pid: u32) -> Value {
+    status["holders"]
+        .as_array()
+        .expect("holders")
+        .iter()
+        .find(|holder| holder["pid"] == pid)
+        .unwrap_or_else(|| panic!("no holder {pid} in {status:#}"))
+        .clone()
+}
+
+/// The lines of `text` that show `pid` as a holder.
+fn lines_of(text: &str, pid: u32) -> Vec<String> {
+    text.lines()
+        .filter(|line| line.split_whitespace().any(|word| word == pid.to_string()))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn every_runtime_layout_is_attributed_in_every_output() {
+    let Some(mut cgroups) = Cgroups::v2() else {
+        return skip("no writable cgroup v2 mount: cannot make the runtimes' cgroups");
+    };
+    let host = host();
+    let mut incident = Incident::new(&host);
+    let pod_systemd = POD.replace('-', "_");
+    // (cgroup under the test's root, runtime, id, pod UID), as each lays it out.
+    let layouts: Vec<(String, Option<Expected>)> = vec![
+        (
+            format!("system.slice/docker-{DOCKER_SYSTEMD}.scope"),
+            Some(("docker", DOCKER_SYSTEMD, None)),
+        ),
+        (
+            format!("docker/{DOCKER_CGROUPFS}"),
+            Some(("docker", DOCKER_CGROUPFS, None)),
+        ),
+        (
+            format!("machine.slice/libpod-{PODMAN}.scope/container"),
+            Some(("podman", PODMAN, None)),
+        ),
+        (
+            format!(
+                "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{pod_systemd}.slice/cri-containerd-{CONTAINERD}.scope"
+            ),
+            Some(("containerd", CONTAINERD, Some(POD))),
+        ),
+        (
+            format!("kubepods/besteffort/pod{OTHER_POD}/{KUBELET_CGROUPFS}"),
+            Some(("kubernetes", KUBELET_CGROUPFS, Some(OTHER_POD))),
+        ),
+        (
+            format!("system.slice/crio-{CRIO}.scope"),
+            Some(("cri-o", CRIO, None)),
+        ),
+        // The monitor beside a podman container is no container.
+        (format!("machine.slice/libpod-conmon-{CONMON}.scope"), None),
+    ];
+    let mut staged = Vec::new();
+    for (at, (cgroup, expected)) in layouts.into_iter().enumerate() {
+        let title = format!("ctr-worker-{at}");
+        let pid = incident
+            .holder(&Holder::new(&title).on(at as u32 % 2, GIB))
+            .expect("holder");
+        cgroups.move_in(&cgroup, pid);
+        staged.push((pid, cgroup, expected));
+    }
+    let bare = incident
+        .holder(&Holder::new("host-worker").on(0, GIB))
+        .expect("holder");
+
+    let status = run(&host, &["status", "--json"]);
+    assert_eq!(status.code, 0, "{}", status.stderr);
+    let status = status.json();
+    for (pid, cgroup, expected) in &staged {
+        let holder = holder_of(&status, *pid);
+        assert!(
+            holder["cgroup"]
+                .as_str()
+                .unwrap_or_default()
+                .ends_with(cgroup.as_str()),
+            "{pid}: the raw cgroup stays as it was: {holder:#}"
+        );
+        let container = &holder["container"];
+        match expected {
+            None => assert!(container.is_null(), "{cgroup}: {container:#}"),
+            Some((runtime, id, pod_uid)) => {
+                assert_eq!(container["runtime"], *runtime, "{cgroup}");
+                assert_eq!(container["id"], *id, "{cgroup}");
+                assert_eq!(container["pod_uid"].as_str(), *pod_uid, "{cgroup}");
+                // Same PID namespace as gpureap; no source named them.
+                for field in ["local_pid", "pod", "namespace", "name"] {
+                    assert!(container[field].is_null(), "{cgroup}: {field}");
+                }
+            }
+        }
+    }
+    assert!(holder_of(&status, bare)["container"].is_null());
+
+    // The table's CONTAINER column, the tree's label.
+    let table = run(&host, &["status"]);
+    let tree = run(&host, &["status", "--tree"]);
+    for (pid, _, expected) in &staged {
+        let label = expected.map(|(runtime, id, _)| format!("{runtime}:{}", &id[..12]));
+        let rows = lines_of(&table.stdout, *pid);
+        let trees = lines_of(&tree.stdout, *pid);
+        assert!(
+            !rows.is_empty() && !trees.is_empty(),
+            "{pid}:\n{}\n{}",
+            table.stdout,
+            tree.stdout
+        );
+        match &label {
+            Some(label) => {
+                assert!(
+                    rows.iter().all(|row| row.contains(label.as_str())),
+                    "{label}: {rows:?}"
+                );
+                let tagged = format!("[container {label}]");
+                assert!(
+                    trees.iter().any(|line| line.contains(&tagged)),
+                    "{tagged}: {trees:?}"
+                );
+            }
+            None => assert!(
+                trees.iter().all(|line| !line.contains("[container")),
+                "{trees:?}"
+            ),
+        }
+    }
+    assert!(table.stdout.contains("CONTAINER"), "{}", table.stdout);
+
+    // The exporter's per-process series carry the labels.
+    let metrics = run(&host, &["status", "--prometheus", "--per-process"]);
+    assert_eq!(metrics.code, 0, "{}", metrics.stderr);
+    let containerd = metrics
+        .stdout
+        .lines()
+        .find(|line| {
+            line.starts_with("gpureap_process_gpu_memory_bytes{")
+                && line.contains(&format!("pid=\"{}\"", staged[3].0))
+        })
+        .unwrap_or_else(|| panic!("no series for the containerd holder:\n{}", metrics.stdout));
+    for label in [
+        "runtime=\"containerd\"".to_string(),
+        format!("container_id=\"{CONTAINERD}\""),
+        format!("pod_uid=\"{POD}\""),
+        "pod=\"\"".to_string(),
+        "namespace=\"\"".to_string(),
+        "container=\"\"".to_string(),
+    ] {
+        assert!(containerd.contains(&label), "{label} in {containerd}");
+    }
+    let outside = metrics
+        .stdout
+        .lines()
+        .find(|line| line.contains(&format!("pid=\"{bare}\"")))
+        .expect("a series for the holder in no container");
+    assert!(
+        outside.contains("runtime=\"\"") && outside.contains("container_id=\"\""),
+        "{outside}"
+    );
+    drop(incident);
+}
+
+#[test]
+fn a_v1_hierarchy_names_the_container_when_the_v2_path_does_not() {
+    let pids_mount = Path::new("/sys/fs/cgroup/pids");
+    let Some(own) = own_cgroup(|line| {
+        let (_, rest) = line.split_once(':')?;
+        rest.strip_prefix("pids:")
+    }) else {
+        return skip("no cgroup v1 pids hierarchy here");
+    };
+    let Some(mut cgroups) = Cgroups::new(pids_mount, &own) else {
+        return skip("the cgroup v1 pids hierarchy is not writable here");
+    };
+    let host = host();
+    let mut incident = Incident::new(&host);
+    let pid = incident
+        .holder(&Holder::new("v1-worker").on(0, GIB))
+        .expect("holder");
+    cgroups.move_in(&format!("docker/{DOCKER_CGROUPFS}"), pid);
+    let status = run(&host, &["status", "--json"]).json();
+    let holder = holder_of(&status, pid);
+    assert_eq!(holder["container"]["runtime"], "docker", "{holder:#}");
+    assert_eq!(holder["container"]["id"], DOCKER_CGROUPFS);
+    // The shown cgroup is still the v2 path, which names no container.
+    assert!(
+        !holder["cgroup"]
+            .as_str()
+            .unwrap_or_default()
+            .contains(DOCKER_CGROUPFS),
+        "{holder:#}"
+    );
+    drop(incident);
+}
+
+#[test]
+fn the_pid_a_container_sees_is_its_own_namespaces() {
+    if !unshare_works() {
+        return skip("unshare cannot make a PID namespace here (needs CAP_SYS_ADMIN)");
+    }
+    let Some(mut cgroups) = Cgroups::v2() else {
+        return skip("no writable cgroup v2 mount");
+    };
+    let host = host();
+    let mut incident = Incident::new(&host);
+    // PID 1 of its own namespace, as a container's first process is; its
+    // host PID (from the host's /proc/self) is what it records.
+    let script = "exec unshare --pid --fork bash -c 'read -r me _ < /proc/self/stat; \
+                  exec 3<\"$D/nvidia0\"; echo \"$me ns-worker\" >> \"$D/pids\"; \
+                  exec -a ns-worker sleep 100000'";
+    incident
+        .spawn(script, 1)
+        .expect("a holder in its own PID namespace");
+    let pid = incident.pid_of("ns-worker").expect("its PID");
+    cgroups.move_in(&format!("system.slice/docker-{DOCKER_SYSTEMD}.scope"), pid);
+    let status = run(&host, &["status", "--json"]).json();
+    let container = &holder_of(&status, pid)["container"];
+    assert_eq!(container["id"], DOCKER_SYSTEMD, "{container:#}");
+    assert_eq!(container["local_pid"], 1, "{container:#}");
+    drop(incident);
+}
+
+#[test]
+fn holders_that_exit_mid_scan_never_break_attribution() {
+    let Some(mut cgroups) = Cgroups::v2() else {
+        return skip("no writable cgroup v2 mount");
+    };
+    let host = host();
+    let mut incident = Incident::new(&host);
+    // Every child of this loop holds GPU 0's node for the moment it lives:
+    // holders that appear and exit while gpureap scans and reads their cgroups.
+    let churn = "exec 3<\"$D/nvidia0\"; echo \"$BASHPID churner\" >> \"$D/pids\"; \
+                 exec -a churner bash -c 'while :; do sleep 0.002 & sleep 0.003 & wait; done'";
+    let pid = incident.spawn(churn, 1).expect("churner");
+    cgroups.move_in(&format!("docker/{DOCKER_CGROUPFS}"), pid);
+    let mut seen_a_child = false;
+    for _ in 0..40 {
+        let status = run(&host, &["status", "--json"]);
+        assert_eq!(status.code, 0, "{}", status.stderr);
+        let status = status.json();
+        for holder in status["holders"].as_array().expect("holders") {
+            if holder["ppid"] == pid {
+                seen_a_child = true;
+                // A child read before it exited is its parent's container's.
+                if !holder["container"].is_null() {
+                    assert_eq!(holder["container"]["id"], DOCKER_CGROUPFS);
+                }
+            }
+        }
+        assert_eq!(holder_of(&status, pid)["container"]["id"], DOCKER_CGROUPFS);
+    }
+    // Not a condition of the test (a scheduler may starve the loop), but
+    // said, so that a run that never raced is known.
+    if !seen_a_child {
+        eprintln!("no short-lived holder was caught mid-life in 40 scans");
+    }
+    drop(incident);
+}
+
+/// Whether this machine lets us make PID (and mount) namespaces.
+fn unshare_works() -> bool {
+    std::process::Command::new("unshare")
+        .args(["--mount", "--pid", "--fork", "--mount-proc", "true"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success())
+}
+
+/// gpureap in a PID namespace of its own (`unshare --pid --mount-proc`), as
+/// in a container without the host's PIDs; the simulated driver reads the
+/// host's processes through `DIR/host-proc`, a bind mount of the host's
+/// /proc made in a private mount namespace, as the real driver lists host
+/// PIDs whatever namespace asks.
+fn in_own_pid_namespace(host: &SimHost, args: &[&str]) -> Run {
+    let script = r#"dir=$1; shift; mount --bind /proc "$dir/host-proc" && exec unshare --pid --fork --mount-proc "$@""#;
+    std::process::Command::new("unshare")
+        .args([
+            "--mount",
+            "--propagation",
+            "private",
+            "--",
+            "sh",
+            "-c",
+            script,
+            "sh",
+        ])
+        .arg(host.path())
+        .arg(env!("CARGO_BIN_EXE_gpureap"))
+        .arg("--backend")
+        .arg(host.backend())
+        .args(args)
+        .env_remove("GPUREAP_BACKEND")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("unshare runs")
+        .into()
+}
+
+#[test]
+fn in_a_container_without_host_pids_status_says_what_it_cannot_see() {
+    if !unshare_works() {
+        return skip("unshare cannot make PID and mount namespaces here (needs CAP_SYS_ADMIN)");
+    }
+    let host = host();
+    std::fs::create_dir(host.path().join("host-proc")).expect("the mount point");
+    let mut incident = Incident::new(&host);
+    let server = incident
+        .holder(&Holder::new("vllm-worker").on(1, 12 * GIB))
+        .expect("holder");
+
+    // From the host, the empty mount point changes nothing: the holder is seen.
+    let outside = run(&host, &["status", "--json"]).json();
+    assert!(
+        !holder_of(&outside, server)["flags"]
+            .to_string()
+            .contains("hidden")
+    );
+    assert_eq!(outside["visibility"]["host_pids"], true, "{outside:#}");
+    assert!(outside["visibility"]["note"].is_null());
+
+    let status = in_own_pid_namespace(&host, &["status", "--json"]);
+    assert_eq!(status.code, 0, "{}", status.stderr);
+    let status = status.json();
+    let visibility = &status["visibility"];
+    assert_eq!(visibility["host_pids"], false, "{status:#}");
+    assert_eq!(
+        visibility["hidden"],
+        serde_json::json!([server]),
+        "{status:#}"
+    );
+    let note = visibility["note"].as_str().expect("a note");
+    for said in [
+        &format!("PID {server} (GPU 1, 12.0 GiB)"),
+        "PID namespace of its own",
+        "--pid=host",
+        "hostPID: true",
+    ] {
+        assert!(note.contains(said), "{said:?} in {note}");
+    }
+    assert!(
+        holder_of(&status, server)["flags"]
+            .to_string()
+            .contains("hidden")
+    );
+
+    let text = in_own_pid_namespace(&host, &["status"]);
+    let flat = text.stdout.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        flat.contains("Hidden: no process here has PID"),
+        "{}",
+        text.stdout
+    );
+    assert!(flat.contains("docker run --pid=host"), "{}", text.stdout);
+
+    let check = in_own_pid_namespace(&host, &["check"]);
+    let first = check.stdout.lines().next().unwrap_or_default();
+    assert!(first.contains("holders hidden"), "{}", check.stdout);
+    assert!(check.stdout.contains("hostPID: true"), "{}", check.stdout);
+    drop(incident);
+}
