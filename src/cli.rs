@@ -344,6 +344,8 @@ pub struct ExporterArgs {
     /// (labels pid, comm, user, flags): the cardinality grows with the host.
     #[arg(long)]
     pub per_process: bool,
+    #[command(flatten)]
+    pub sources: SourcesArgs,
 }
 
 #[derive(Debug, Args)]
@@ -351,6 +353,8 @@ pub struct CheckArgs {
     /// GPUs to check: 0,2,5 or 0-3 or all (repeatable).
     #[arg(long, value_name = "LIST", value_parser = gpu_list)]
     pub gpu: Vec<GpuList>,
+    #[command(flatten)]
+    pub sources: SourcesArgs,
 }
 
 /// `gpureap slurm ...`: the programs slurm.conf names.
@@ -562,6 +566,8 @@ pub struct StatusArgs {
     #[arg(long, requires = "prometheus")]
     pub per_process: bool,
     #[command(flatten)]
+    pub sources: SourcesArgs,
+    #[command(flatten)]
     pub fleet: HostsArgs,
 }
 
@@ -629,6 +635,8 @@ pub struct FreeArgs {
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
+    pub sources: SourcesArgs,
+    #[command(flatten)]
     pub fleet: HostsArgs,
 }
 
@@ -648,6 +656,32 @@ pub struct WaitArgs {
     pub json: bool,
     #[command(flatten)]
     pub fleet: HostsArgs,
+}
+
+/// Where the node's container sources are read (docs/containers.md): names,
+/// whether a holder's container still exists, the GPUs its pod was allocated.
+/// Each source is optional; what cannot be read is a note, never an error.
+#[derive(Debug, Args, Clone, Default, PartialEq, Eq)]
+#[command(next_help_heading = "Containers")]
+pub struct SourcesArgs {
+    /// The node's root, under which its container state is read (var/log/pods,
+    /// var/lib/docker, run/containerd, var/lib/containers): the folder a DaemonSet
+    /// mounts the node at. Example: --host-root /host [default: /]
+    #[arg(long, value_name = "DIR", value_parser = some_path)]
+    pub host_root: Option<PathBuf>,
+    /// The kubelet's pod-resources socket, asked for each pod's names and GPUs.
+    /// Example: --kubelet-socket /var/lib/kubelet/pod-resources/kubelet.sock
+    /// [default: HOST_ROOT/var/lib/kubelet/pod-resources/kubelet.sock]
+    #[arg(long, value_name = "PATH", value_parser = some_path)]
+    pub kubelet_socket: Option<PathBuf>,
+}
+
+/// A path that is not empty (an empty one would name the working directory).
+fn some_path(text: &str) -> Result<PathBuf, String> {
+    if text.is_empty() {
+        return Err("empty path: give a folder or file".to_string());
+    }
+    Ok(PathBuf::from(text))
 }
 
 /// Running on many hosts over ssh (docs/fleet.md).

@@ -3,15 +3,16 @@
 //! exist, user names). Every error here is the user's input, said plainly,
 //! and ends the run with exit code 2 before anything is signalled.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use regex::Regex;
 
 use crate::cli::{
     FreeArgs, HostsArgs, PlanArgs, PushArgs, RestartArg, RunArgs, SlurmCommand, SlurmCommonArgs,
-    StatusArgs, WaitArgs,
+    SourcesArgs, StatusArgs, WaitArgs,
 };
+use crate::container;
 use crate::hostlist;
 use crate::members::{self, Found, Wanted};
 use crate::plan::fit::{Hypothetical, Overrides, PlanConfig};
@@ -23,6 +24,48 @@ use crate::slurm;
 use crate::snapshot::Snapshot;
 use crate::supervision::StaleRun;
 use crate::units::GpuList;
+
+/// `--host-root` and `--kubelet-socket` as given: checked and made into
+/// `container::Sources` on the host that reads them (`sources`); `-H` passes
+/// them on as they are (`fleet::commands::sources_flags`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SourcesRequest {
+    pub host_root: Option<std::path::PathBuf>,
+    pub kubelet_socket: Option<std::path::PathBuf>,
+}
+
+impl SourcesRequest {
+    pub fn new(args: &SourcesArgs) -> SourcesRequest {
+        let SourcesArgs {
+            host_root,
+            kubelet_socket,
+        } = args;
+        SourcesRequest {
+            host_root: host_root.clone(),
+            kubelet_socket: kubelet_socket.clone(),
+        }
+    }
+
+    /// The node's sources: `--host-root` must be a folder (a typo would
+    /// otherwise make every source silently absent); the kubelet's socket may
+    /// be missing, which the report notes.
+    pub fn sources(&self) -> Result<container::Sources, UsageError> {
+        let host_root = self
+            .host_root
+            .clone()
+            .unwrap_or_else(|| std::path::PathBuf::from("/"));
+        if !host_root.is_dir() {
+            return Err(UsageError(format!(
+                "--host-root {}: not a folder; give where the node's root is mounted (e.g. /host)",
+                host_root.display()
+            )));
+        }
+        Ok(container::Sources::new(
+            host_root,
+            self.kubelet_socket.clone(),
+        ))
+    }
+}
 
 /// A mistake in the command line; printed as is, exit code 2.
 #[derive(Debug, thiserror::Error)]
@@ -134,6 +177,7 @@ pub struct StatusRequest {
     pub json: bool,
     pub prometheus: bool,
     pub per_process: bool,
+    pub sources: SourcesRequest,
 }
 
 impl StatusRequest {
@@ -144,6 +188,7 @@ impl StatusRequest {
             json,
             prometheus,
             per_process,
+            sources,
             fleet: _,
         } = args;
         StatusRequest {
@@ -152,6 +197,7 @@ impl StatusRequest {
             json: *json,
             prometheus: *prometheus,
             per_process: *per_process,
+            sources: SourcesRequest::new(sources),
         }
     }
 }
@@ -179,6 +225,7 @@ pub struct FreeRequest {
     pub dry_run: bool,
     pub yes: bool,
     pub json: bool,
+    pub sources: SourcesRequest,
 }
 
 impl FreeRequest {
@@ -210,6 +257,7 @@ impl FreeRequest {
             dry_run,
             yes,
             json,
+            sources,
             fleet: _,
         } = args;
         let cgroups = container
@@ -234,6 +282,7 @@ impl FreeRequest {
             dry_run: *dry_run,
             yes: *yes,
             json: *json,
+            sources: SourcesRequest::new(sources),
         };
         check_scope(&request)?;
         Ok(request)
@@ -329,6 +378,11 @@ pub fn free(
             }),
             members: members.map(members::all_members),
             job: None,
+            containers_gone: if request.orphans {
+                crate::select::gone_containers(snapshot)
+            } else {
+                BTreeMap::new()
+            },
         },
         options: request.options(),
     })

@@ -346,6 +346,48 @@ pub fn local_pid(status: &[u8]) -> Option<u32> {
     (pids.len() > 1).then(|| pids.last().copied()).flatten()
 }
 
+// Names, presence and allocated GPUs from the node's sources (`Sources`).
+pub mod kubelet;
+// Generated from the vendored proto (proto/README.md): not ours to lint.
+#[allow(clippy::all, clippy::pedantic)]
+#[rustfmt::skip]
+pub mod pod_resources;
+pub mod sources;
+
+/// Where the node's container sources are read (`--host-root`,
+/// `--kubelet-socket`), built in `config`; `sources::consult` reads them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sources {
+    /// The node's root: `/`, or where a DaemonSet mounts the node (`/host`).
+    pub host_root: std::path::PathBuf,
+    /// The kubelet's pod-resources socket.
+    pub kubelet_socket: std::path::PathBuf,
+}
+
+impl Sources {
+    /// The most one consultation takes, all sources together: the kubelet
+    /// gets what the node's files left of it (at least 200 ms). A source that
+    /// has not answered by then is a note, and the command goes on.
+    pub const BUDGET: std::time::Duration = std::time::Duration::from_secs(2);
+
+    /// The kubelet's socket under a node root (`--kubelet-socket`'s default).
+    pub const KUBELET_SOCKET: &str = "var/lib/kubelet/pod-resources/kubelet.sock";
+
+    /// The sources of the node at `host_root`, the kubelet's socket at
+    /// `kubelet_socket` or, by default, where the kubelet puts it under that root.
+    pub fn new(
+        host_root: std::path::PathBuf,
+        kubelet_socket: Option<std::path::PathBuf>,
+    ) -> Sources {
+        let kubelet_socket =
+            kubelet_socket.unwrap_or_else(|| host_root.join(Sources::KUBELET_SOCKET));
+        Sources {
+            host_root,
+            kubelet_socket,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     //! The layouts are the runtimes' own (docker's cgroupfs and systemd

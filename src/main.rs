@@ -8,6 +8,7 @@ use clap::{CommandFactory, FromArgMatches};
 
 use gpureap::cli::{Cli, Command, RunArgs};
 use gpureap::config::{self, UsageError};
+use gpureap::container::Sources;
 use gpureap::driver::{self, BackendChoice, Driver};
 use gpureap::exit::{Exit, Failure};
 use gpureap::fleet;
@@ -266,9 +267,11 @@ fn emit_encoded(text: &str) -> io::Result<()> {
 }
 
 fn status(backend: &BackendChoice, args: &config::StatusRequest) -> Result<Exit, Failure> {
+    let sources = args.sources.sources()?;
     // How long the snapshot took, for `status --prometheus`'s scan figures.
-    let (driver, snapshot, took) =
+    let (driver, mut snapshot, took) =
         Snapshot::open_and_take(backend, args.prometheus).map_err(UsageError)?;
+    snapshot.attribute_containers(&sources);
     let gpus = config::gpus(&args.gpu, gpu_count(driver.as_ref()))?;
     if args.prometheus {
         let mut figures = gpureap::metrics::ScanFigures::default();
@@ -312,6 +315,7 @@ fn status_exit(snapshot: &Snapshot, gpus: &Option<std::collections::BTreeSet<u32
 
 fn free(backend: &BackendChoice, args: &config::FreeRequest) -> Result<Exit, Failure> {
     let uids = args.users()?;
+    let sources = args.sources.sources()?;
     let driver = open_driver(backend)?;
     let gpu_count = gpu_count(driver.as_ref());
     // GPU indexes are checked before the scan; named processes' families need command lines too.
@@ -319,8 +323,10 @@ fn free(backend: &BackendChoice, args: &config::FreeRequest) -> Result<Exit, Fai
     let named = args.pid.iter().copied().collect();
     // Found before the snapshot, so that every member found is in it.
     let stale_runs = args.stale_runs.then(supervision::stale_runs);
-    let cgroup_scopes = cgroup_scopes(&args.cgroups)?;
-    let snapshot = Snapshot::take_focused(driver.as_ref(), &named);
+    let cgroup_scopes = cgroup_scopes(&args.cgroups, &sources)?;
+    let mut snapshot = Snapshot::take_focused(driver.as_ref(), &named);
+    // Names and "container gone" (which --orphans takes), judged once here.
+    snapshot.attribute_containers(&sources);
     let guard = Guard::for_this_process(&args.protect);
     let config = config::free(
         args,
@@ -384,12 +390,12 @@ fn free(backend: &BackendChoice, args: &config::FreeRequest) -> Result<Exit, Fai
 /// The members of `--container`, `--pod` and `--cgroup` on this host, from
 /// every process's cgroups, before the snapshot; `None` without them. A
 /// value that names nothing here, or more than one thing, is bad input.
-fn cgroup_scopes(wanted: &[Wanted]) -> Result<Option<Vec<Found>>, UsageError> {
+fn cgroup_scopes(wanted: &[Wanted], sources: &Sources) -> Result<Option<Vec<Found>>, UsageError> {
     if wanted.is_empty() {
         return Ok(None);
     }
     let placed = members::scan();
-    let known = members::Known::default();
+    let known = members::known(sources, wanted, &placed);
     members::find(wanted, &placed, &known)
         .map(Some)
         .map_err(UsageError)
@@ -489,6 +495,7 @@ fn run(backend: &BackendChoice, args: &RunArgs) -> Result<Exit, Failure> {
 // Monitoring: `exporter` and `check` (docs/monitoring.md).
 
 fn exporter(backend: &BackendChoice, args: &gpureap::cli::ExporterArgs) -> Result<Exit, Failure> {
+    let sources = config::SourcesRequest::new(&args.sources).sources()?;
     let driver = open_driver(backend)?;
     let config = gpureap::exporter::ExporterConfig {
         listen: args.listen,
@@ -497,15 +504,18 @@ fn exporter(backend: &BackendChoice, args: &gpureap::cli::ExporterArgs) -> Resul
             gpus: None,
             per_process: args.per_process,
         },
+        sources,
     };
     Ok(gpureap::exporter::run(&config, driver)?)
 }
 
 fn check(backend: &BackendChoice, args: &gpureap::cli::CheckArgs) -> Result<Exit, Failure> {
+    let sources = config::SourcesRequest::new(&args.sources).sources()?;
     // Its first line says there is no driver, once.
     let driver = open_driver_quietly(backend)?;
     let gpus = config::gpus(&args.gpu, gpu_count(driver.as_ref()))?;
-    let snapshot = Snapshot::take_listed(driver.as_ref());
+    let mut snapshot = Snapshot::take_listed(driver.as_ref());
+    snapshot.attribute_containers(&sources);
     let verdict = gpureap::check::check(&snapshot, &gpus);
     emit(&verdict.text())?;
     Ok(verdict.verdict.exit())

@@ -23,7 +23,7 @@ use std::fmt;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use crate::container::{self, Runtime};
+use crate::container::{self, Container, Presence, Runtime, Sources, sources};
 use crate::proc::{self, ProcessId};
 
 /// The shortest id prefix `--container` takes, as `docker ps` shows ids.
@@ -218,9 +218,10 @@ pub struct Found {
     pub note: Option<String>,
 }
 
-/// A name a source resolved: `--container NAME` to ids, `--pod
-/// NAMESPACE/NAME` to UIDs; and ids or UIDs a source knows of whether or not
-/// a process is in them now.
+/// What the node's sources (`container::sources`) say that the values
+/// need: names resolved (`--container NAME` to ids, `--pod NAMESPACE/NAME`
+/// to UIDs), and ids or UIDs a source lists whether or not a process is in
+/// them now (a container or pod with nothing in it, rather than unknown).
 #[derive(Debug, Clone, Default)]
 pub struct Known {
     /// Container name → full ids with that name.
@@ -231,9 +232,107 @@ pub struct Known {
     pub pod_names: BTreeMap<(String, String), BTreeSet<String>>,
     /// Pod UIDs a source lists.
     pub pod_uids: BTreeSet<String>,
-    /// Which sources were read, for messages ("kubelet pod-resources", ...);
-    /// empty when none could be.
-    pub read: Vec<String>,
+    /// Whether the sources were consulted at all.
+    pub consulted: bool,
+    /// What could not be read, in the sources' own words.
+    pub notes: Vec<String>,
+}
+
+/// Runtimes a bare id may be of, for asking the sources whether they list it.
+const RUNTIMES: [Runtime; 4] = [
+    Runtime::Docker,
+    Runtime::Containerd,
+    Runtime::CriO,
+    Runtime::Podman,
+];
+
+/// Consults the node's sources, once and bounded (`Sources::BUDGET`), when a
+/// value needs them: a name, or an id or UID no process is in now (to tell
+/// a container or pod with nothing in it from an unknown one). Names come
+/// from the containers processes are in (a container with no process has
+/// nothing to free, whatever its name).
+pub fn known(sources: &Sources, wanted: &[Wanted], placed: &[Placed]) -> Known {
+    let seen: BTreeMap<String, (Runtime, Option<String>)> = placed
+        .iter()
+        .flat_map(containers_of)
+        .map(|(runtime, id, pod_uid)| (id, (runtime, pod_uid)))
+        .collect();
+    let seen_uids: BTreeSet<&String> = seen.values().filter_map(|(_, uid)| uid.as_ref()).collect();
+    let mut asked: Vec<Container> = Vec::new();
+    let mut names_needed = false;
+    for value in wanted {
+        match value {
+            Wanted::Container(ContainerRef::Name(_)) | Wanted::Pod(PodRef::Name { .. }) => {
+                names_needed = true;
+            }
+            Wanted::Container(ContainerRef::Id(prefix))
+                if prefix.len() == 64 && !seen.contains_key(prefix) =>
+            {
+                asked.extend(
+                    RUNTIMES
+                        .iter()
+                        .map(|runtime| Container::new(*runtime, prefix.clone(), None)),
+                );
+            }
+            Wanted::Container(ContainerRef::Id(prefix))
+                if !seen.keys().any(|id| id.starts_with(prefix.as_str())) =>
+            {
+                names_needed = true;
+            }
+            Wanted::Pod(PodRef::Uid(uid)) if !seen_uids.contains(uid) => {
+                asked.push(Container::new(
+                    Runtime::Kubernetes,
+                    String::new(),
+                    Some(uid.clone()),
+                ));
+            }
+            _ => {}
+        }
+    }
+    if names_needed {
+        asked.extend(
+            seen.iter()
+                .map(|(id, (runtime, uid))| Container::new(*runtime, id.clone(), uid.clone())),
+        );
+    }
+    if asked.is_empty() {
+        return Known::default();
+    }
+    let knowledge = sources::consult(sources, &asked.iter().collect::<Vec<_>>());
+    let mut known = Known {
+        consulted: true,
+        notes: knowledge.notes.clone(),
+        ..Known::default()
+    };
+    for mut container in asked {
+        knowledge.apply(&mut container);
+        let present = container.presence == Presence::Present;
+        if let Some(name) = &container.name
+            && !container.id.is_empty()
+        {
+            known
+                .container_names
+                .entry(name.clone())
+                .or_default()
+                .insert(container.id.clone());
+        }
+        if let (Some(namespace), Some(pod), Some(uid)) =
+            (&container.namespace, &container.pod, &container.pod_uid)
+        {
+            known
+                .pod_names
+                .entry((namespace.clone(), pod.clone()))
+                .or_default()
+                .insert(uid.clone());
+        }
+        if present && !container.id.is_empty() {
+            known.container_ids.insert(container.id.clone());
+        }
+        if present && let Some(uid) = &container.pod_uid {
+            known.pod_uids.insert(uid.clone());
+        }
+    }
+    known
 }
 
 /// One line of /proc/PID/cgroup: its hierarchy (`0` is cgroup v2), the
@@ -578,12 +677,12 @@ fn unknown_container(reference: &ContainerRef, known: &Known) -> String {
     )
 }
 
-/// Which sources of names were read, for messages.
+/// What the sources could not say, for messages.
 fn sources_read(known: &Known) -> String {
-    if known.read.is_empty() {
-        " (no source of names could be read here; see docs/containers.md)".to_string()
+    if known.notes.is_empty() {
+        String::new()
     } else {
-        format!(" (names read from {})", known.read.join(", "))
+        format!(" ({})", known.notes.join("; "))
     }
 }
 

@@ -141,6 +141,7 @@ pub struct Orphaned {
 pub fn orphaned(snapshot: &Snapshot) -> BTreeMap<u32, Orphaned> {
     let scope = Scope {
         orphans: true,
+        containers_gone: select::gone_containers(snapshot),
         ..Scope::default()
     };
     let selection = select::select(snapshot, &scope, &Guard::for_this_process(&[]));

@@ -51,6 +51,9 @@ pub struct Handled {
     pub because: Because,
     /// Why it counts as orphaned, where it does (`--orphans` takes only these).
     pub orphan: Option<Orphaned>,
+    /// Why its container counts as gone, where `--orphans` took it for that
+    /// (`Scope::containers_gone`).
+    pub container_gone: Option<String>,
     pub gpus: BTreeSet<u32>,
     pub signals: Vec<SignalEvent>,
     pub fate: Fate,
@@ -272,7 +275,13 @@ impl Reaper {
 
     /// Records the targets and spared processes of a selection; returns the
     /// identities that are new.
-    fn adopt(&mut self, snapshot: &Snapshot, selection: &Selection, late: bool) -> Vec<ProcessId> {
+    fn adopt(
+        &mut self,
+        snapshot: &Snapshot,
+        scope: &Scope,
+        selection: &Selection,
+        late: bool,
+    ) -> Vec<ProcessId> {
         let mut new = Vec::new();
         for (&pid, because) in &selection.targets {
             let Some(record) = snapshot.processes.get(&pid) else {
@@ -292,6 +301,10 @@ impl Reaper {
                     cmdline: record.cmdline.clone(),
                     because: *because,
                     orphan: snapshot.orphaned(pid),
+                    container_gone: scope
+                        .orphans
+                        .then(|| scope.containers_gone.get(&record.id).cloned())
+                        .flatten(),
                     gpus: snapshot.gpus_used_by(pid),
                     signals: Vec::new(),
                     fate: if zombie { Fate::Zombie } else { Fate::Alive },
@@ -446,7 +459,7 @@ const SETTLE: Duration = Duration::from_millis(300);
 pub fn plan(snapshot: &Snapshot, scope: &Scope, guard: &Guard) -> FreeReport {
     let selection = select(snapshot, scope, guard);
     let mut reaper = Reaper::default();
-    reaper.adopt(snapshot, &selection, false);
+    reaper.adopt(snapshot, scope, &selection, false);
     // Say now what the kernel would refuse (another user's process, when
     // not root), rather than list it as if it would be signalled.
     for handled in reaper.handled.values_mut() {
@@ -589,7 +602,9 @@ impl Freeing<'_> {
             snapshot
         });
         let selection = select(&snapshot, self.scope, self.guard);
-        let new = self.reaper.adopt(&snapshot, &selection, self.looks > 0);
+        let new = self
+            .reaper
+            .adopt(&snapshot, self.scope, &selection, self.looks > 0);
         self.looks += 1;
         self.reaper.note_respawns(&snapshot, &new);
         self.gpus_in_scope

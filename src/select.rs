@@ -45,6 +45,12 @@ pub struct Scope {
     pub members: Option<BTreeSet<ProcessId>>,
     /// A Slurm job's processes (`gpureap slurm epilog`): a filter like `--user`.
     pub job: Option<JobScope>,
+    /// Holders whose container or pod a node source says is gone
+    /// (`docker rm -f`, a deleted pod), by identity, each with why
+    /// (`gone_containers`): found once, before selection, from a snapshot the
+    /// sources named (`Snapshot::attribute_containers`); `--orphans` takes
+    /// them as it takes orphans.
+    pub containers_gone: BTreeMap<ProcessId, String>,
 }
 
 /// What belongs to one Slurm job: processes whose environment carries
@@ -161,11 +167,25 @@ impl Scope {
         if self.orphans
             && snapshot.orphaned(pid).is_none()
             && snapshot.supervisor_gone(pid).is_none()
+            && !self.containers_gone.contains_key(&record.id)
         {
             return false;
         }
         true
     }
+}
+
+/// The holders of `snapshot` whose container is gone, by identity, with the
+/// reason (`Scope::containers_gone`).
+pub fn gone_containers(snapshot: &Snapshot) -> BTreeMap<ProcessId, String> {
+    snapshot
+        .details
+        .keys()
+        .filter_map(|&pid| {
+            let reason = snapshot.container_gone(pid)?.gone_reason()?;
+            Some((snapshot.processes.get(&pid)?.id, reason))
+        })
+        .collect()
 }
 
 /// What may never be signalled, whatever the scope says.

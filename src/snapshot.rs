@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::container::{self, Container};
+use crate::container::{self, Container, Presence};
 use crate::driver::{BackendChoice, Driver, DriverError};
 use crate::proc::{self, Node, ProcessRecord, State, Unreadable};
 use crate::supervised::{self, Supervision};
@@ -33,6 +33,9 @@ pub struct Snapshot {
     /// (`Driver::bookkeeping_slack`): the tolerance of the one rule for
     /// memory held by no process (`Snapshot::held_by_no_process`).
     pub bookkeeping_slack: u64,
+    /// What the node's container sources could not tell
+    /// (`Snapshot::attribute_containers`): shown with the holders.
+    pub container_notes: Vec<String>,
 }
 
 /// Memory held by no process on one GPU, as the one rule judges it
@@ -104,6 +107,11 @@ pub struct Flags {
     pub supervised: bool,
     /// Started under a `gpureap run` that is gone (SIGKILLed, OOM-killed).
     pub supervisor_gone: bool,
+    /// Its container or pod no longer exists, as a source that would list
+    /// it says (`docker rm -f`, a deleted pod): `Presence::Gone`.
+    pub container_gone: bool,
+    /// It uses a GPU its Kubernetes container was never allocated.
+    pub unrequested_gpu: bool,
 }
 
 impl Flags {
@@ -116,6 +124,8 @@ impl Flags {
             (self.monitor, "monitor"),
             (self.supervised, "supervised"),
             (self.supervisor_gone, "supervisor_gone"),
+            (self.container_gone, "container_gone"),
+            (self.unrequested_gpu, "unrequested_gpu"),
         ]
         .into_iter()
         .filter_map(|(on, name)| on.then_some(name))
@@ -374,6 +384,7 @@ impl Snapshot {
             details: BTreeMap::new(),
             uptime_ticks: proc::uptime_ticks(),
             bookkeeping_slack: driver.bookkeeping_slack(),
+            container_notes: Vec::new(),
         };
         // A GPU that did not answer is still named by the UUID the driver knew.
         for gpu in snapshot.gpus.iter_mut().filter(|gpu| gpu.uuid.is_none()) {
@@ -523,6 +534,10 @@ impl Snapshot {
                     .and_then(|details| details.supervision.as_ref())
                     .is_some_and(|supervision| supervision.gone.is_none()),
                 supervisor_gone: self.supervisor_gone(pid).is_some(),
+                container_gone: self.container_gone(pid).is_some(),
+                unrequested_gpu: self
+                    .container(pid)
+                    .is_some_and(|container| !container.unrequested_gpus.is_empty()),
             },
         }
     }
@@ -535,6 +550,71 @@ impl Snapshot {
             .supervision
             .as_ref()
             .filter(|supervision| supervision.gone.is_some())
+    }
+
+    /// The container a process runs in, as far as its cgroup path and the
+    /// node's sources tell. Known for holders.
+    pub fn container(&self, pid: u32) -> Option<&Container> {
+        self.details.get(&pid)?.container.as_ref()
+    }
+
+    /// The container `pid` runs in, when a source says it is gone (its
+    /// `Presence::Gone` source names which): the holder lives on after
+    /// `docker rm -f` or its pod's deletion.
+    pub fn container_gone(&self, pid: u32) -> Option<&Container> {
+        self.container(pid)
+            .filter(|container| matches!(container.presence, Presence::Gone { .. }))
+    }
+
+    /// Names the holders' containers, judges whether they still exist and
+    /// which GPUs their pods were allocated, from the node's sources
+    /// (`container::sources`): what every front end that shows or acts on
+    /// containers calls after taking its snapshot. Asks nothing when no
+    /// holder is in a container. What could not be read becomes
+    /// `container_notes` (also returned), never an error; it takes at most
+    /// `Sources::BUDGET`.
+    pub fn attribute_containers(&mut self, sources: &container::Sources) -> Vec<String> {
+        let wanted: Vec<&Container> = self
+            .details
+            .values()
+            .filter_map(|details| details.container.as_ref())
+            .collect();
+        if wanted.is_empty() {
+            return Vec::new();
+        }
+        let knowledge = container::sources::consult(sources, &wanted);
+        // Each holder's GPUs, with the UUID the kubelet's device ids name.
+        let used: BTreeMap<u32, Vec<(u32, Option<String>)>> = self
+            .details
+            .keys()
+            .map(|&pid| {
+                let gpus = self
+                    .gpus_used_by(pid)
+                    .into_iter()
+                    .map(|index| (index, self.gpu(index).and_then(|gpu| gpu.uuid.clone())))
+                    .collect();
+                (pid, gpus)
+            })
+            .collect();
+        for (pid, details) in &mut self.details {
+            let Some(container) = details.container.as_mut() else {
+                continue;
+            };
+            knowledge.apply(container);
+            if let Some(allocated) = knowledge.allocated(container) {
+                container.unrequested_gpus = used
+                    .get(pid)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|(index, uuid)| {
+                        let uuid = uuid.as_ref()?;
+                        (!allocated.contains(uuid)).then_some(*index)
+                    })
+                    .collect();
+            }
+        }
+        self.container_notes = knowledge.notes;
+        self.container_notes.clone()
     }
 
     /// Whether, and why, a process is orphaned (see `Orphaned`).

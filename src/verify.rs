@@ -665,6 +665,7 @@ mod tests {
             details: BTreeMap::new(),
             uptime_ticks: None,
             bookkeeping_slack: 256 << 20,
+            container_notes: Vec::new(),
         }
     }
     fn targets(pids: &[u32]) -> Selection {

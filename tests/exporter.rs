@@ -825,7 +825,7 @@ fn the_daemonset_is_read_only_and_on_gpu_nodes_only() {
 
 /// The DaemonSet's pod spec and the exporter's container, as JSON (PyYAML,
 /// kubernetes-validate's own dependency).
-fn exporter_daemonset() -> Value {
+fn exporter_daemonset() -> serde_json::Value {
     let output = std::process::Command::new("python3")
         .args([
             "-c",

@@ -319,6 +319,7 @@ fn build(spec: &Spec) -> (Snapshot, Scope, Guard) {
         details: BTreeMap::new(),
         uptime_ticks: None,
         bookkeeping_slack: 0,
+        container_notes: Vec::new(),
     };
 
     let count = spec.processes.len();
@@ -374,6 +375,7 @@ fn build(spec: &Spec) -> (Snapshot, Scope, Guard) {
                 .collect()
         }),
         job: None,
+        containers_gone: BTreeMap::new(),
     };
     (snapshot, scope, guard)
 }
@@ -821,6 +823,7 @@ fn a_job_scope_takes_the_jobs_own_and_never_another_jobs() {
         details: BTreeMap::new(),
         uptime_ticks: None,
         bookkeeping_slack: 0,
+        container_notes: Vec::new(),
     };
     let scope = Scope {
         gpus: Some(BTreeSet::from([0])),

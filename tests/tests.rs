@@ -2,6 +2,7 @@
 //! and the simulated GPU driver.
 
 mod container_scopes;
+mod containers_sources;
 mod demo;
 mod docs;
 mod exit_codes;

@@ -16,6 +16,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::container::Sources;
 use crate::driver::Driver;
 use crate::exit::Exit;
 use crate::metrics::{self, Exposition, Options, ScanFigures};
@@ -27,6 +28,9 @@ pub struct ExporterConfig {
     pub listen: SocketAddr,
     pub interval: Duration,
     pub options: Options,
+    /// The node's container sources, consulted after each snapshot (a scan
+    /// then takes up to `Sources::BUDGET` longer while the kubelet hangs).
+    pub sources: Sources,
 }
 
 /// Binds `address`, saying which address could not be bound and why.
@@ -37,10 +41,16 @@ pub fn bind(address: SocketAddr) -> io::Result<TcpListener> {
 }
 
 /// Takes one snapshot and encodes it, counting it in `figures`.
-fn scan(driver: &dyn Driver, figures: &mut ScanFigures, options: &Options) -> Exposition {
+fn scan(
+    driver: &dyn Driver,
+    figures: &mut ScanFigures,
+    options: &Options,
+    sources: &Sources,
+) -> Exposition {
     let started = Instant::now();
-    let snapshot = Snapshot::take_listed(driver);
+    let mut snapshot = Snapshot::take_listed(driver);
     figures.count(&snapshot, started.elapsed());
+    snapshot.attribute_containers(sources);
     metrics::encode_snapshot(&snapshot, figures, options)
 }
 
@@ -53,7 +63,12 @@ pub fn run(config: &ExporterConfig, driver: Box<dyn Driver>) -> io::Result<Exit>
     }
     // The first scrape already finds a snapshot.
     let mut figures = ScanFigures::default();
-    let first = scan(driver.as_ref(), &mut figures, &config.options);
+    let first = scan(
+        driver.as_ref(),
+        &mut figures,
+        &config.options,
+        &config.sources,
+    );
     let latest = Arc::new(Mutex::new(Arc::new(first)));
     // A closed or broken stderr must not stop a daemon: these lines are best effort.
     let _ = writeln!(
@@ -67,6 +82,7 @@ pub fn run(config: &ExporterConfig, driver: Box<dyn Driver>) -> io::Result<Exit>
         let latest = Arc::clone(&latest);
         let interval = config.interval;
         let options = config.options.clone();
+        let sources = config.sources.clone();
         std::thread::Builder::new()
             .name("gpureap-scan".to_string())
             .spawn(move || {
@@ -75,7 +91,7 @@ pub fn run(config: &ExporterConfig, driver: Box<dyn Driver>) -> io::Result<Exit>
                     std::thread::sleep(next.saturating_duration_since(Instant::now()));
                     // A scan longer than the interval is followed by the next at once, not by a backlog.
                     next = (next + interval).max(Instant::now());
-                    let body = Arc::new(scan(driver.as_ref(), &mut figures, &options));
+                    let body = Arc::new(scan(driver.as_ref(), &mut figures, &options, &sources));
                     if let Ok(mut slot) = latest.lock() {
                         *slot = body;
                     }

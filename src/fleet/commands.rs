@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use super::{Fleet, HostResult, duration_arg, fleet_json, gpu_args, remaining, render, worst};
-use crate::config::{FreeRequest, StatusRequest, UsageError, WaitRequest};
+use crate::config::{FreeRequest, SourcesRequest, StatusRequest, UsageError, WaitRequest};
 use crate::exit::Exit;
 use crate::plan::fit::{Hypothetical, Overrides, PlanConfig};
 
@@ -23,6 +23,7 @@ pub fn status(fleet: &Fleet, request: &StatusRequest) -> Result<Output, UsageErr
         prometheus,
         // Only with --prometheus, which is refused here.
         per_process: _,
+        sources,
     } = request;
     if *tree {
         return Err(UsageError(
@@ -36,7 +37,9 @@ pub fn status(fleet: &Fleet, request: &StatusRequest) -> Result<Output, UsageErr
                 .to_string(),
         ));
     }
-    let remote = fleet.remote_args("status", gpu_args(gpu));
+    let mut flags = gpu_args(gpu);
+    flags.extend(sources_flags(sources));
+    let remote = fleet.remote_args("status", flags);
     let limit = fleet.limit(Duration::ZERO);
     let results = fleet.fan_out("status", &fleet.hosts, |_| (remote.clone(), limit));
     Ok(finish(&results, *json, "status", render::status))
@@ -185,8 +188,10 @@ pub fn free_flags(request: &FreeRequest) -> Vec<String> {
         yes: _,
         // Each host answers in JSON (`Fleet::remote_args`); this side renders.
         json: _,
+        sources,
     } = request;
     let mut flags = gpu_args(gpu);
+    flags.extend(sources_flags(sources));
     // `--match=-x`: joined, so that a value starting with '-' stays a value.
     let repeated = |flag: &str, values: Vec<String>| -> Vec<String> {
         values
@@ -226,6 +231,26 @@ pub fn free_flags(request: &FreeRequest) -> Vec<String> {
         duration_arg(*timeout),
     ]);
     flags
+}
+
+/// `--host-root` and `--kubelet-socket` as given: each host checks and reads
+/// its own (they name the host's paths, not this one's).
+pub fn sources_flags(sources: &SourcesRequest) -> Vec<String> {
+    let SourcesRequest {
+        host_root,
+        kubelet_socket,
+    } = sources;
+    [
+        ("--host-root", host_root),
+        ("--kubelet-socket", kubelet_socket),
+    ]
+    .into_iter()
+    .filter_map(|(flag, path)| {
+        // Joined: a path starting with '-' stays a value.
+        path.as_ref()
+            .map(|path| format!("{flag}={}", path.display()))
+    })
+    .collect()
 }
 
 /// `plan -H`: each host plans the command on its own GPUs, model cache and
