@@ -622,3 +622,112 @@ fn free_h_resolves_the_container_on_each_host_and_takes_only_its_processes() {
     );
     assert!(alive_on(&lab, "h2", h2_holder));
 }
+
+#[test]
+fn names_and_empty_containers_and_pods_come_from_the_nodes_sources() {
+    let Some(root) = CgroupRoot::new("scopes") else {
+        return skip("cannot make a cgroup under the cgroup v2 mount (needs root or delegation)");
+    };
+    let host = SimHost::new(2, 80 * GIB, "NVIDIA H100 80GB HBM3").expect("sim host");
+    let mut incident = Incident::new(&host);
+    let docker = two_containers(&mut incident, &root, "e01");
+    let pods = {
+        let uid = pod_uid("e002");
+        let cgroup = root.make(&format!(
+            "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice/cri-containerd-{}.scope",
+            uid.replace('-', "_"),
+            container_id("e002", 'd')
+        ));
+        let worker = hold_in(
+            &mut incident,
+            &root,
+            &cgroup,
+            &Holder::new("python3 -m sglang.launch_server --tp 1").on(1, 12 * GIB),
+        );
+        (uid, worker)
+    };
+    // The node's state, staged: docker knows A by name and a stopped
+    // container with nothing in it; /var/log/pods names the pod, and one
+    // more pod with nothing in it.
+    let node = tempfile::Builder::new()
+        .prefix("gpureap-node-")
+        .tempdir()
+        .expect("node root");
+    let stopped = container_id("e01f", 'f');
+    for (id, name) in [(&docker.a, "vllm-llama"), (&stopped, "stopped")] {
+        let folder = node.path().join("var/lib/docker/containers").join(id);
+        fs::create_dir_all(&folder).expect("docker folder");
+        fs::write(
+            folder.join("config.v2.json"),
+            format!("{{\"ID\": \"{id}\", \"Name\": \"/{name}\"}}"),
+        )
+        .expect("config.v2.json");
+    }
+    let empty_pod = pod_uid("e003");
+    for (uid, pod) in [(&pods.0, "llama-0"), (&empty_pod, "idle-0")] {
+        fs::create_dir_all(
+            node.path()
+                .join(format!("var/log/pods/ml_{pod}_{uid}/server")),
+        )
+        .expect("pod log folder");
+    }
+    let host_root = node.path().display().to_string();
+    let with_root = |args: &[&str]| {
+        let mut all = vec!["free", "--host-root", host_root.as_str()];
+        all.extend(args);
+        run(&host, &all)
+    };
+
+    // A docker name, a pod's NAMESPACE/NAME: the plan, then the free.
+    let by_name = with_root(&["--container", "vllm-llama", "--dry-run", "--json"]);
+    assert_eq!(by_name.code, 0, "{}", by_name.stderr);
+    let plan = by_name.json();
+    assert_eq!(
+        targets(&plan),
+        sorted(vec![(docker.a_holder, "member"), (docker.a_idle, "member")]),
+        "{plan:#}"
+    );
+    assert_eq!(plan["cgroup_scopes"][0]["id"], docker.a.as_str());
+    let by_pod = with_root(&["--pod", "ml/llama-0", "--grace", "0", "--yes", "--json"]);
+    let report = by_pod.json();
+    assert_eq!(by_pod.code, 0, "{report:#}\n{}", by_pod.stderr);
+    assert_eq!(targets(&report), sorted(vec![(pods.1, "member")]));
+    assert_eq!(report["cgroup_scopes"][0]["pod_uid"], pods.0.as_str());
+    assert!(!alive(pods.1));
+
+    // Known to a source, nothing in it: nothing to free, exit 0.
+    for (args, what) in [
+        (vec!["--container", stopped.as_str()], "container"),
+        (vec!["--pod", empty_pod.as_str()], "pod"),
+    ] {
+        let mut args = args.clone();
+        args.extend(["--yes", "--json"]);
+        let nothing = with_root(&args);
+        assert_eq!(nothing.code, 0, "{args:?}: {}", nothing.stderr);
+        let nothing = nothing.json();
+        assert_eq!(targets(&nothing), []);
+        let note = nothing["cgroup_scopes"][0]["note"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(note.contains("holds no process"), "{what}: {nothing:#}");
+    }
+    // A name no source has, and the same stopped container without the
+    // node's state: unknown, exit 2.
+    let unknown = with_root(&["--pod", "ml/llama-9", "--yes"]);
+    assert_eq!(unknown.code, 2, "{}", unknown.stderr);
+    assert!(
+        unknown.stderr.contains("no pod has that name"),
+        "{}",
+        unknown.stderr
+    );
+    let unknown = run(&host, &["free", "--container", &stopped, "--yes"]);
+    assert_eq!(unknown.code, 2, "{}", unknown.stderr);
+    for pid in [
+        docker.a_holder,
+        docker.a_idle,
+        docker.b_holder,
+        docker.outside,
+    ] {
+        assert!(alive(pid), "{pid} was out of every scope that freed");
+    }
+}
