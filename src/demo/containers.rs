@@ -26,7 +26,7 @@ use crate::container::{Presence, Sources};
 use crate::driver::SimDriver;
 use crate::driver::sim::incident::{Holder, Incident};
 use crate::members::{self, ContainerRef, Wanted};
-use crate::reap::{self, Options};
+use crate::reap::{self, FreeReport, Options};
 use crate::report;
 use crate::select::{Guard, Scope};
 use crate::snapshot::Snapshot;
@@ -204,20 +204,7 @@ pub fn play(
             members::short_id(&removed_id)
         )?;
     }
-    let wanted = [Wanted::Container(ContainerRef::Id(
-        members::short_id(&removed_id).to_string(),
-    ))];
-    let placed = members::scan();
-    let known = members::known(&sources, &wanted, &placed);
-    let found = members::find(&wanted, &placed, &known).map_err(io::Error::other)?;
-    let scope = Scope {
-        members: Some(members::all_members(&found)),
-        ..Scope::default()
-    };
-    let guard = Guard::for_this_process(&[]);
-    let options = Options::new(Duration::from_secs(2), Duration::from_secs(2));
-    let mut outcome = reap::free(driver, &scope, &guard, snapshot, options, &mut |_| {});
-    outcome.cgroup_scopes = found;
+    let outcome = free_container(driver, &sources, &removed_id, snapshot)?;
     if text {
         writeln!(out, "{}", report::free_outcome(&outcome))?;
     }
@@ -238,6 +225,31 @@ pub fn play(
     incident.kill(removed)?;
     drop(cgroups);
     Ok(facts)
+}
+
+/// `free --container <id prefix> --yes`, as `free` does it: the members
+/// found from every process's cgroups, then the one free.
+fn free_container(
+    driver: &SimDriver,
+    sources: &Sources,
+    id: &str,
+    snapshot: Snapshot,
+) -> io::Result<FreeReport> {
+    let wanted = [Wanted::Container(ContainerRef::Id(
+        members::short_id(id).to_string(),
+    ))];
+    let placed = members::scan();
+    let known = members::known(sources, &wanted, &placed);
+    let found = members::find(&wanted, &placed, &known).map_err(io::Error::other)?;
+    let scope = Scope {
+        members: Some(members::all_members(&found)),
+        ..Scope::default()
+    };
+    let guard = Guard::for_this_process(&[]);
+    let options = Options::new(Duration::from_secs(2), Duration::from_secs(2));
+    let mut outcome = reap::free(driver, &scope, &guard, snapshot, options, &mut |_| {});
+    outcome.cgroup_scopes = found;
+    Ok(outcome)
 }
 
 /// The act's cgroups, or why none can be made here.
