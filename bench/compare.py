@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Two builds of gpureap side by side in one run, and `plan`'s answer time.
 
-    python3 bench/compare.py OLD_BIN NEW_BIN [--crowd 5000] [--runs 10] [--out FILE]
+    python3 bench/compare.py OLD_BIN NEW_BIN [--crowd 5000] [--runs 10] [--out FILE] [--containers]
 
 On a simulated 8-GPU host (a temporary directory, eight SGLang-like TP workers holding 40 GiB
 each) with CROWD extra idle processes (bench/crowd.py), it times, alternating OLD and NEW run by
@@ -13,6 +13,11 @@ run so that both see the same machine:
 - `plan` for Kimi-K2.5 TP8 (tests/fixtures/models/kimi-k2.5) on a hypothetical box
   (`--gpu-memory`, no GPU read: what `plan` costs on a machine without a GPU) and on the staged
   host (a snapshot as `check` takes it).
+
+With --containers, the eight workers are first moved into cgroups laid out as the kubelet and
+containerd lay them out (`kubepods.slice/…/kubepods-burstable-pod<uid>.slice/
+cri-containerd-<id>.scope`, under a root of this run's own on the cgroup v2 mount, removed at the
+end): what attributing each holder to its container and pod costs `status`.
 
 Each figure is the median of RUNS wall times (and CPU, from wait4), and the ratio NEW/OLD is taken
 pair by pair (its median quoted). Prints a markdown table; with --out, writes it there too.
@@ -63,6 +68,45 @@ def stage(directory):
     return workers
 
 
+def cgroup2_mount():
+    for line in open("/proc/self/mountinfo"):
+        left, _, right = line.partition(" - ")
+        if right.split()[0] == "cgroup2":
+            return left.split()[4]
+    sys.exit("--containers needs a cgroup v2 mount")
+
+
+def into_containers(workers):
+    """Moves each worker into a kubepods/containerd cgroup of its own; returns the cgroups made,
+    deepest first, and where to move the workers back."""
+    mount = cgroup2_mount()
+    own = next(line[3:].strip() for line in open("/proc/self/cgroup") if line.startswith("0::"))
+    root = os.path.join(mount, f"gpureap-compare-{os.getpid()}")
+    made = [root]
+    os.mkdir(root)
+    for rank, worker in enumerate(workers):
+        uid = f"8c1f2a3b_4d5e_6f70_8192_a3b4c5d6e7f{rank}"
+        path = root
+        for component in ["kubepods.slice", "kubepods-burstable.slice",
+                          f"kubepods-burstable-pod{uid}.slice",
+                          f"cri-containerd-{rank:x}{'0' * 63}.scope"]:
+            path = os.path.join(path, component)
+            if not os.path.isdir(path):
+                os.mkdir(path)
+                made.append(path)
+        with open(os.path.join(path, "cgroup.procs"), "w") as procs:
+            procs.write(str(worker.pid))
+    return list(reversed(made)), os.path.join(mount, own.lstrip("/"))
+
+
+def out_of_containers(made, home):
+    for path in made:
+        for pid in open(os.path.join(path, "cgroup.procs")).read().split():
+            with open(os.path.join(home, "cgroup.procs"), "w") as procs:
+                procs.write(pid)
+        os.rmdir(path)
+
+
 def timed(argv):
     started = time.perf_counter()
     child = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -91,11 +135,15 @@ def main():
     parser.add_argument("--crowd", type=int, default=5000)
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--out")
+    parser.add_argument("--containers", action="store_true")
     args = parser.parse_args()
     crowd = None
     host = tempfile.mkdtemp(prefix="gpureap-compare-")
     workers = stage(host)
+    cgroups = None
     try:
+        if args.containers:
+            cgroups = into_containers(workers)
         if args.crowd:
             ready = os.path.join(host, "crowd.ready")
             crowd = subprocess.Popen([sys.executable, os.path.join(ROOT, "bench/crowd.py"),
@@ -134,12 +182,15 @@ def main():
         if crowd is not None:
             crowd.send_signal(signal.SIGTERM)
             crowd.wait()
+        if cgroups is not None:
+            out_of_containers(*cgroups)
         for worker in workers:
             worker.kill()
             worker.wait()
         subprocess.run(["rm", "-rf", host], check=False)
     report = "\n".join([
-        f"{args.crowd} extra processes, {args.runs} runs each, OLD and NEW alternating.",
+        f"{args.crowd} extra processes, {args.runs} runs each, OLD and NEW alternating"
+        f"{', the workers in kubepods/containerd cgroups' if args.containers else ''}.",
         "",
         "| command | OLD median | NEW median | NEW/OLD wall (median of pairs) | NEW/OLD CPU | exit codes |",
         "|---|---|---|---|---|---|",

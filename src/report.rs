@@ -1590,3 +1590,104 @@ pub fn progress_text(progress: &crate::reap::Progress) -> String {
     }
     text
 }
+
+#[cfg(test)]
+mod tests {
+    //! Container names, pods and namespaces come from the node's sources:
+    //! anyone's text, escaped in every output as comms are.
+    use super::*;
+    use crate::container::{Container, Runtime};
+    use crate::proc::{ProcessId, ProcessRecord, State};
+    use crate::snapshot::{Details, GpuState, GpuUser};
+
+    const ID: &str = "3f4a8e1b2c9d0e7f6a5b4c3d2e1f0a9b8c7d6e5f4a3b2c1d0e9f8a7b6c5d4e3f";
+
+    fn holding(container: Container) -> Snapshot {
+        let pid = 4242;
+        let record = ProcessRecord {
+            id: ProcessId { pid, start_time: 1 },
+            ppid: 1,
+            pgid: pid,
+            sid: pid,
+            uid: Some(0),
+            state: State::Sleeping,
+            comm: "python3".to_string(),
+            cmdline: "python3 -m vllm".to_string(),
+            kernel_thread: false,
+            cpu_ticks: 0,
+            nodes: Default::default(),
+            fds_readable: true,
+        };
+        Snapshot {
+            backend: "test".to_string(),
+            taken_at_unix_ms: 0,
+            gpus: vec![GpuState {
+                index: 0,
+                name: None,
+                uuid: None,
+                memory_total: Some(80 << 30),
+                memory_used: Some(1 << 30),
+                memory_reserved: None,
+                error: None,
+                users: vec![GpuUser {
+                    pid,
+                    memory: Some(1 << 30),
+                    listed: true,
+                    node_open: true,
+                    hidden: false,
+                }],
+            }],
+            processes: BTreeMap::from([(pid, record)]),
+            unreadable: Vec::new(),
+            driver_error: None,
+            details: BTreeMap::from([(
+                pid,
+                Details {
+                    container: Some(container),
+                    ..Details::default()
+                },
+            )]),
+            uptime_ticks: None,
+            bookkeeping_slack: 0,
+        }
+    }
+
+    #[test]
+    fn names_from_the_sources_are_escaped_in_the_table_and_tree() {
+        let mut container = Container::new(Runtime::Containerd, ID.to_string(), None);
+        container.name = Some("evil\n0 1 2\u{1b}[31m".to_string());
+        container.namespace = Some("ns\"x".to_string());
+        container.pod = Some("pod\r".to_string());
+        let snapshot = holding(container);
+        for text in [
+            status_table(&snapshot, &None),
+            status_tree(&snapshot, &None),
+        ] {
+            assert!(!text.contains('\u{1b}') && !text.contains('\r'), "{text}");
+            assert!(
+                !text.lines().any(|line| line.starts_with("0 1 2")),
+                "{text}"
+            );
+        }
+        let json = status_json(&snapshot, &None);
+        assert!(!json.contains('\u{1b}'), "{json}");
+        let parsed: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+        assert_eq!(
+            parsed["holders"][0]["container"]["name"],
+            "evil\n0 1 2\u{1b}[31m"
+        );
+    }
+
+    #[test]
+    fn the_label_is_the_pod_and_name_else_runtime_and_short_id() {
+        let mut container = Container::new(Runtime::CriO, ID.to_string(), None);
+        assert_eq!(ContainerJson::of(&container).label(), "cri-o:3f4a8e1b2c9d");
+        container.name = Some("vllm".to_string());
+        assert_eq!(ContainerJson::of(&container).label(), "vllm");
+        container.pod = Some("server-0".to_string());
+        container.namespace = Some("llm".to_string());
+        assert_eq!(ContainerJson::of(&container).label(), "llm/server-0 vllm");
+        let table = status_table(&holding(container), &None);
+        assert!(table.contains("llm/server-0 vllm"), "{table}");
+    }
+}
