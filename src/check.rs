@@ -86,11 +86,25 @@ pub enum Finding {
     Driver { index: u32, error: DriverError },
     /// Memory held by no process, by the one rule.
     HeldByNoProcess { index: u32, bytes: u64 },
-    /// Orphaned processes holding memory.
+    /// Orphaned processes holding memory (those whose container is gone
+    /// are `ContainerGone`'s, not counted twice).
     Orphaned {
         index: u32,
         bytes: u64,
         processes: usize,
+    },
+    /// Processes whose container or pod no longer exists, holding memory.
+    ContainerGone {
+        index: u32,
+        bytes: u64,
+        processes: usize,
+    },
+    /// A process using the GPU though its pod was never allocated it.
+    UnrequestedGpu {
+        index: u32,
+        pid: u32,
+        /// Its container, as `status` names it (`namespace/pod container`).
+        container: String,
     },
 }
 
@@ -98,6 +112,8 @@ pub enum Finding {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Hint {
     Orphans,
+    ContainerGone,
+    UnrequestedGpu,
     HeldByNoProcess,
 }
 
@@ -106,6 +122,12 @@ impl Hint {
         match self {
             Hint::Orphans => {
                 "orphans: `gpureap free --orphans --dry-run` shows what freeing them would signal"
+            }
+            Hint::ContainerGone => {
+                "container gone: its container or pod was removed and the process lives on; `gpureap free --orphans --dry-run` shows what freeing them would signal"
+            }
+            Hint::UnrequestedGpu => {
+                "unrequested GPU: the kubelet never allocated it to the pod (a privileged container, NVIDIA_VISIBLE_DEVICES=all): the scheduler may give it to another pod"
             }
             Hint::HeldByNoProcess => {
                 "memory held by no process: only a GPU reset or a reboot clears it"
@@ -121,6 +143,8 @@ impl Finding {
             Finding::Driver { .. } => None,
             Finding::HeldByNoProcess { .. } => Some(Hint::HeldByNoProcess),
             Finding::Orphaned { .. } => Some(Hint::Orphans),
+            Finding::ContainerGone { .. } => Some(Hint::ContainerGone),
+            Finding::UnrequestedGpu { .. } => Some(Hint::UnrequestedGpu),
         }
     }
 
@@ -146,28 +170,50 @@ impl Finding {
                 Bytes(*bytes),
                 if *processes == 1 { "" } else { "es" }
             ),
+            Finding::ContainerGone {
+                index,
+                bytes,
+                processes,
+            } => format!(
+                "GPU {index}: {} held by {processes} process{} whose container is gone",
+                Bytes(*bytes),
+                if *processes == 1 { "" } else { "es" }
+            ),
+            Finding::UnrequestedGpu {
+                index,
+                pid,
+                container,
+            } => format!(
+                "GPU {index}: used by PID {pid} in {}, never allocated to its pod",
+                Field(container)
+            ),
         }
     }
 }
 
-/// The node's verdict from one snapshot, for the GPUs given (all when `None`).
-pub fn check(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> Check {
-    if let Some(error) = &snapshot.driver_error {
-        let whole = format!("GPU driver unavailable: {}", Field(&error.to_string()));
-        let message = cut(&whole, MESSAGE_LIMIT);
-        // The details say it whole only where the first line had to cut it.
-        let details = if message == whole {
-            Vec::new()
-        } else {
-            vec![whole]
-        };
-        return Check {
-            verdict: Verdict::Unknown,
-            message,
-            details,
-        };
-    }
+/// The holders using GPU `index` that their pod was never allocated.
+fn unrequested(snapshot: &Snapshot, index: u32) -> Vec<Finding> {
+    snapshot
+        .details
+        .iter()
+        .filter_map(|(&pid, details)| {
+            let container = details.container.as_ref()?;
+            container
+                .unrequested_gpus
+                .contains(&index)
+                .then(|| Finding::UnrequestedGpu {
+                    index,
+                    pid,
+                    container: crate::report::container_label(container),
+                })
+        })
+        .collect()
+}
+
+/// Each GPU's findings, and the GPUs checked.
+fn findings(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> (Vec<Finding>, BTreeSet<u32>) {
     let orphans = metrics::orphaned(snapshot);
+    let gone = metrics::container_gone(snapshot);
     let mut findings = Vec::new();
     let mut checked = BTreeSet::new();
     for gpu in snapshot
@@ -187,17 +233,47 @@ pub fn check(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> Check {
         if let Some(bytes) = metrics::held_by_no_process(snapshot, gpu) {
             findings.push(Finding::HeldByNoProcess { index, bytes });
         }
+        let gone = gone.get(&index).copied().unwrap_or_default();
         if let Some(orphaned) = orphans
             .get(&index)
-            .filter(|orphaned| orphaned.processes > 0)
+            .filter(|orphaned| orphaned.processes > gone.processes)
         {
             findings.push(Finding::Orphaned {
                 index,
-                bytes: orphaned.bytes,
-                processes: orphaned.processes,
+                bytes: orphaned.bytes.saturating_sub(gone.bytes),
+                processes: orphaned.processes - gone.processes,
             });
         }
+        if gone.processes > 0 {
+            findings.push(Finding::ContainerGone {
+                index,
+                bytes: gone.bytes,
+                processes: gone.processes,
+            });
+        }
+        findings.extend(unrequested(snapshot, index));
     }
+    (findings, checked)
+}
+
+/// The node's verdict from one snapshot, for the GPUs given (all when `None`).
+pub fn check(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> Check {
+    if let Some(error) = &snapshot.driver_error {
+        let whole = format!("GPU driver unavailable: {}", Field(&error.to_string()));
+        let message = cut(&whole, MESSAGE_LIMIT);
+        // The details say it whole only where the first line had to cut it.
+        let details = if message == whole {
+            Vec::new()
+        } else {
+            vec![whole]
+        };
+        return Check {
+            verdict: Verdict::Unknown,
+            message,
+            details,
+        };
+    }
+    let (findings, checked) = findings(snapshot, gpus);
     let (mut details, hidden) = what_was_not_seen(snapshot, gpus);
     if findings.is_empty() {
         let message = if checked.is_empty() {

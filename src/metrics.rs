@@ -209,6 +209,7 @@ pub fn encode_snapshot(
     let mut registry = Registry::with_prefix("gpureap");
     encode_scan(&mut registry, snapshot, figures);
     encode_gpus(&mut registry, snapshot, options);
+    encode_containers(&mut registry, snapshot, options);
     if options.per_process {
         encode_processes(&mut registry, snapshot, options);
     }
@@ -352,6 +353,46 @@ fn encode_gpus(registry: &mut Registry, snapshot: &Snapshot, options: &Options) 
             set(&orphaned_memory, labels, bytes(orphaned.bytes));
         }
     }
+}
+
+/// Memory held on each GPU by processes whose container or pod is gone (a
+/// node source that would list it does not: `docker rm -f`, a deleted pod),
+/// which `free --orphans` takes. Written for every GPU the driver answered
+/// for, 0 included: a gone container is a finding, its absence a fact.
+fn encode_containers(registry: &mut Registry, snapshot: &Snapshot, options: &Options) {
+    let gone = gauge_family(
+        registry,
+        "gpu_container_gone_memory",
+        "GPU memory held by processes whose container or pod no longer exists (docker rm -f, a deleted pod), as a node source says; `gpureap free --orphans` frees them",
+        Some(Unit::Bytes),
+    );
+    let wanted = |index: u32| options.gpus.as_ref().is_none_or(|set| set.contains(&index));
+    let held_by_gone = container_gone(snapshot);
+    for gpu in snapshot.gpus.iter().filter(|gpu| wanted(gpu.index)) {
+        if let Some(held) = held_by_gone.get(&gpu.index) {
+            set(&gone, gpu_labels(gpu), bytes(held.bytes));
+        }
+    }
+}
+
+/// Per GPU the driver answered for, the memory of the processes it lists
+/// whose container or pod is gone (`Snapshot::container_gone`), and how many.
+pub fn container_gone(snapshot: &Snapshot) -> BTreeMap<u32, Orphaned> {
+    snapshot
+        .gpus
+        .iter()
+        .filter(|gpu| gpu.driver_answered())
+        .map(|gpu| {
+            let mut gone = Orphaned::default();
+            for user in gpu.users.iter().filter(|user| {
+                user.listed && !user.hidden && snapshot.container_gone(user.pid).is_some()
+            }) {
+                gone.processes += 1;
+                gone.bytes = gone.bytes.saturating_add(user.memory.unwrap_or(0));
+            }
+            (gpu.index, gone)
+        })
+        .collect()
 }
 
 /// Each holder's memory on each GPU (`--per-process`).

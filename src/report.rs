@@ -36,6 +36,9 @@ pub struct StatusJson<'a> {
     pub scan: ScanJson<'a>,
     pub gpus: Vec<GpuJson>,
     pub holders: Vec<HolderJson>,
+    /// What the node's container sources could not tell (a kubelet that
+    /// did not answer, a runtime's state that could not be read).
+    pub container_notes: &'a [String],
     pub visibility: VisibilityJson,
 }
 
@@ -112,6 +115,12 @@ pub struct HolderJson {
     pub supervisor: Option<SupervisorJson>,
 }
 
+/// A container as the table, the tree and `check` name it
+/// (`namespace/pod name`, else `runtime:short-id`).
+pub fn container_label(container: &Container) -> String {
+    ContainerJson::of(container).label()
+}
+
 /// A holder's container (docs/json.md): what its cgroup path says, and the
 /// names the node's sources give (`null` until they do).
 #[derive(Debug, Serialize)]
@@ -123,6 +132,12 @@ pub struct ContainerJson {
     pub namespace: Option<String>,
     pub name: Option<String>,
     pub local_pid: Option<u32>,
+    /// The source that says the container or its pod no longer exists
+    /// (`"kubelet pod-resources"`, `"/var/lib/docker/containers"`, ...);
+    /// `null` while it exists or no source can tell.
+    pub gone: Option<String>,
+    /// GPUs it uses that the kubelet never allocated to its container.
+    pub unrequested_gpus: Vec<u32>,
 }
 
 impl ContainerJson {
@@ -135,6 +150,11 @@ impl ContainerJson {
             namespace: container.namespace.clone(),
             name: container.name.clone(),
             local_pid: container.local_pid,
+            gone: match &container.presence {
+                crate::container::Presence::Gone { source } => Some(source.clone()),
+                _ => None,
+            },
+            unrequested_gpus: container.unrequested_gpus.clone(),
         }
     }
 
@@ -294,6 +314,7 @@ pub fn status_json(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String 
             })
             .collect(),
         holders: holders_json(snapshot, gpus),
+        container_notes: &snapshot.container_notes,
         visibility: VisibilityJson {
             host_pids: crate::container::sees_host_pids(),
             hidden: hidden_pids(snapshot, gpus),
@@ -673,6 +694,7 @@ fn notes(snapshot: &Snapshot, out: &mut String) {
     if let Some(hidden) = hidden_note(snapshot, &None) {
         note(out, &hidden);
     }
+    container_notes(snapshot, out);
     if let Some(error) = &snapshot.driver_error
         && !snapshot.gpus.is_empty()
     {
@@ -689,6 +711,39 @@ fn notes(snapshot: &Snapshot, out: &mut String) {
                 Field(&snapshot.unreadable[0].reason)
             ),
         );
+    }
+}
+
+/// What the container sources found (holders whose container is gone, GPUs
+/// a pod was never allocated) and what they could not read.
+fn container_notes(snapshot: &Snapshot, out: &mut String) {
+    for pid in snapshot.holders() {
+        let Some(container) = snapshot.container(pid) else {
+            continue;
+        };
+        if let Some(reason) = container.gone_reason() {
+            note(
+                out,
+                &format!(
+                    "Container gone: PID {pid}: {}; `gpureap free --orphans` frees it.",
+                    Field(&reason)
+                ),
+            );
+        }
+        if !container.unrequested_gpus.is_empty() {
+            let gpus: BTreeSet<u32> = container.unrequested_gpus.iter().copied().collect();
+            note(
+                out,
+                &format!(
+                    "Unrequested GPU: PID {pid} in {} uses GPU {}, which the kubelet never allocated to its pod.",
+                    Field(&container_label(container)),
+                    GpuRanges(&gpus)
+                ),
+            );
+        }
+    }
+    for text in &snapshot.container_notes {
+        note(out, &format!("Containers: {}", Field(text)));
     }
 }
 
@@ -986,6 +1041,8 @@ struct TargetJson<'a> {
     cmdline: &'a str,
     because: String,
     orphan: Option<String>,
+    /// Why its container counts as gone, where `--orphans` took it for that.
+    container_gone: Option<&'a str>,
     gpus: &'a BTreeSet<u32>,
     signals: Vec<SignalJson<'a>>,
     fate: &'static str,
@@ -1216,6 +1273,7 @@ fn target_json(target: &Handled) -> TargetJson<'_> {
         cmdline: &target.cmdline,
         because: because_code(target.because),
         orphan: target.orphan.map(|orphan| orphan.to_string()),
+        container_gone: target.container_gone.as_deref(),
         gpus: &target.gpus,
         signals: target
             .signals
@@ -1312,11 +1370,14 @@ pub fn free_plan(report: &FreeReport) -> String {
                 Cell::new(pid),
                 Cell::new(target.ppid),
                 Cell::new(gpu_list(&target.gpus)),
-                Cell::new(match &target.orphan {
-                    Some(orphan) => {
+                Cell::new(match (&target.orphan, &target.container_gone) {
+                    (Some(orphan), _) => {
                         format!("{} (orphaned: {orphan})", because_text(target.because))
                     }
-                    None => because_text(target.because),
+                    (None, Some(gone)) => {
+                        format!("{} ({})", because_text(target.because), one_line(gone))
+                    }
+                    (None, None) => because_text(target.because),
                 }),
                 Cell::new(short(&target.cmdline, 70)),
             ]);
@@ -1649,6 +1710,7 @@ mod tests {
             )]),
             uptime_ticks: None,
             bookkeeping_slack: 0,
+            container_notes: Vec::new(),
         }
     }
 

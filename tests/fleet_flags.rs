@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use clap::Parser;
 use gpureap::cli::{Cli, Command};
-use gpureap::config::{FreeRequest, WaitRequest};
-use gpureap::fleet::commands::{free_flags, plan_flags, wait_flags};
+use gpureap::config::{FreeRequest, StatusRequest, WaitRequest};
+use gpureap::fleet::commands::{free_flags, plan_flags, status_flags, wait_flags};
 
 fn parse(argv: &[String]) -> Command {
     match Cli::try_parse_from(argv) {
@@ -41,6 +41,7 @@ fn free_on_the_hosts_is_the_free_asked_here() {
         "gpureap free --container 3F2A9C81D4E7 --container=-odd-name --pod ml/llama-0 \
          --pod 0F6B7C1E_2D7A_4B8E_9C3D_5A1F2E3D4C5B --cgroup /system.slice/x.scope/ \
          --cgroup /sys/fs/cgroup/unified/kubepods --gpu 1 -H a",
+        "gpureap free --orphans --host-root /host --kubelet-socket=-k.sock -H a",
     ] {
         let here = free_request(&words(line));
         // What the fleet sends: the flags, then `--dry-run` to plan or
@@ -62,6 +63,33 @@ fn free_on_the_hosts_is_the_free_asked_here() {
                 "`{line}` reaches the hosts as {remote:?}"
             );
         }
+    }
+}
+
+/// `status -H` passes the GPUs and the container sources as given: each
+/// host reads its own node root and kubelet socket.
+#[test]
+fn status_on_the_hosts_reads_the_sources_asked_here() {
+    for line in [
+        "gpureap status --gpu 1 --host-root /host --kubelet-socket /k/kubelet.sock -H a",
+        "gpureap status --kubelet-socket=-odd.sock -H a",
+        "gpureap status -H a",
+    ] {
+        let here = match parse(&words(line)) {
+            Command::Status(args) => StatusRequest::new(&args),
+            other => panic!("not status: {other:?}"),
+        };
+        let mut remote = words("gpureap status");
+        remote.extend(status_flags(&here.gpu, &here.sources));
+        let there = match parse(&remote) {
+            Command::Status(args) => StatusRequest::new(&args),
+            other => panic!("not status: {other:?}"),
+        };
+        assert_eq!(
+            format!("{there:?}"),
+            format!("{here:?}"),
+            "`{line}` reaches the hosts as {remote:?}"
+        );
     }
 }
 

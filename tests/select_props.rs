@@ -375,7 +375,7 @@ fn build(spec: &Spec) -> (Snapshot, Scope, Guard) {
                 .collect()
         }),
         job: None,
-        containers_gone: BTreeMap::new(),
+        containers_gone: Default::default(),
     };
     (snapshot, scope, guard)
 }

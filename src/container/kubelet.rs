@@ -57,7 +57,7 @@ impl std::fmt::Display for Failure {
         match self {
             Failure::Absent => write!(f, "no socket there"),
             Failure::TimedOut(limit) => {
-                write!(f, "no answer within {}", humantime::format_duration(*limit))
+                write!(f, "no answer within {:.1} s", limit.as_secs_f64())
             }
             Failure::Failed(why) => write!(f, "{why}"),
         }

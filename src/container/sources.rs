@@ -321,12 +321,11 @@ impl Container {
             Some(name) => format!("{} container {name} ({id})", self.runtime.name()),
             None => format!("{} container {id}", self.runtime.name()),
         };
-        let label = match (&self.namespace, &self.pod) {
+        let pod = match (&self.namespace, &self.pod) {
             (Some(namespace), Some(pod)) => Some(format!("{namespace}/{pod}")),
-            (None, Some(pod)) => Some(pod.clone()),
-            _ => None,
+            _ => self.pod.clone().or_else(|| self.pod_uid.clone()),
         };
-        if let Some(pod) = label.or_else(|| self.pod_uid.clone()) {
+        if let Some(pod) = pod {
             what.push_str(&format!(" of pod {pod}"));
         }
         Some(format!("container gone: {what} is not listed by {source}"))

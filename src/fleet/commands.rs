@@ -37,9 +37,7 @@ pub fn status(fleet: &Fleet, request: &StatusRequest) -> Result<Output, UsageErr
                 .to_string(),
         ));
     }
-    let mut flags = gpu_args(gpu);
-    flags.extend(sources_flags(sources));
-    let remote = fleet.remote_args("status", flags);
+    let remote = fleet.remote_args("status", status_flags(gpu, sources));
     let limit = fleet.limit(Duration::ZERO);
     let results = fleet.fan_out("status", &fleet.hosts, |_| (remote.clone(), limit));
     Ok(finish(&results, *json, "status", render::status))
@@ -230,6 +228,15 @@ pub fn free_flags(request: &FreeRequest) -> Vec<String> {
         "--timeout".to_string(),
         duration_arg(*timeout),
     ]);
+    flags
+}
+
+/// The flags of `status` each host gets: the GPUs and the container sources
+/// (`--tree` and `--prometheus` are refused with `-H`; JSON is added by
+/// `Fleet::remote_args`).
+pub fn status_flags(gpu: &[crate::units::GpuList], sources: &SourcesRequest) -> Vec<String> {
+    let mut flags = gpu_args(gpu);
+    flags.extend(sources_flags(sources));
     flags
 }
 
