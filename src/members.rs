@@ -351,6 +351,12 @@ impl CgroupLine {
 }
 
 /// Every line of a /proc/PID/cgroup text; malformed lines are skipped.
+/// A cgroup name holding a newline adds lines (the kernel writes names as
+/// they are): they are kept, so that such a process is still a member of
+/// every cgroup above its real one (it cannot leave a scope that way), and
+/// may also show in the one its forged line names, where a free would end
+/// only that process, the forger's own. Attribution (`container`) refuses
+/// such a file instead: it names nothing there.
 pub fn parse_lines(text: &str) -> Vec<CgroupLine> {
     text.lines()
         .filter_map(|line| {
@@ -841,6 +847,13 @@ mod tests {
         assert_eq!(paths, ["/a", "/b", "/d:e"]);
         assert!(lines[0].is_v2());
         assert!(!lines[1].is_v2());
+    }
+
+    #[test]
+    fn a_newline_in_a_cgroup_name_never_takes_a_process_out_of_its_real_ancestors() {
+        // The cgroup /jobs/a holds one named "x\n0::/elsewhere".
+        let lines = parse_lines("0::/jobs/a/x\n0::/elsewhere\n");
+        assert!(lines.iter().any(|line| within(&line.path, "/jobs/a")));
     }
 
     #[test]

@@ -731,3 +731,29 @@ fn names_and_empty_containers_and_pods_come_from_the_nodes_sources() {
         assert!(alive(pid), "{pid} was out of every scope that freed");
     }
 }
+
+#[test]
+fn a_cgroup_named_with_an_escape_sequence_is_escaped_in_the_plan() {
+    let Some(root) = CgroupRoot::new("scopes") else {
+        return skip("cannot make a cgroup under the cgroup v2 mount (needs root or delegation)");
+    };
+    let host = SimHost::new(1, 80 * GIB, "NVIDIA H100 80GB HBM3").expect("sim host");
+    let mut incident = Incident::new(&host);
+    // A cgroup name with an escape sequence and a carriage return (this
+    // kernel refuses a newline in a cgroup name: EINVAL).
+    let evil = root.make("jobs/x\u{1b}[31m\r0::/FORGED");
+    let holder = hold_in(&mut incident, &root, &evil, &Holder::new("evil").on(0, GIB));
+    let jobs = format!("{}/jobs", root.path);
+    let plan = run(&host, &["free", "--cgroup", &jobs, "--dry-run"]);
+    assert_eq!(plan.code, 0, "{}", plan.stderr);
+    assert_no_forged_lines("free --cgroup --dry-run", &plan.stdout, &["0::", "FORGED"]);
+    assert!(plan.stdout.contains(&holder.to_string()), "{}", plan.stdout);
+    let json = run(&host, &["free", "--cgroup", &jobs, "--dry-run", "--json"]);
+    assert!(
+        !json.stdout.contains('\u{1b}'),
+        "raw escape in JSON: {}",
+        json.stdout
+    );
+    assert_eq!(targets(&json.json()), sorted(vec![(holder, "member")]));
+    assert!(alive(holder));
+}
