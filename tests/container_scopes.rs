@@ -30,7 +30,11 @@ pub struct CgroupRoot {
 impl CgroupRoot {
     /// None (and the caller skips) where cgroups cannot be made here.
     pub fn new(what: &str) -> Option<CgroupRoot> {
-        let mount = gpureap::supervision::cgroup2_mount()?;
+        CgroupRoot::under(gpureap::supervision::cgroup2_mount()?, what)
+    }
+
+    /// The same under another cgroup mount (a v1 hierarchy's).
+    pub fn under(mount: PathBuf, what: &str) -> Option<CgroupRoot> {
         let name = format!(
             "gpureap-{what}-{}-{}",
             std::process::id(),
@@ -756,4 +760,84 @@ fn a_cgroup_named_with_an_escape_sequence_is_escaped_in_the_plan() {
     );
     assert_eq!(targets(&json.json()), sorted(vec![(holder, "member")]));
     assert!(alive(holder));
+}
+
+#[test]
+fn a_v1_hierarchy_s_lines_count_and_a_path_under_its_mount_is_that_hierarchy_s() {
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    let pids = gpureap::members::parse_mounts(&mountinfo)
+        .into_iter()
+        .find(|mount| {
+            mount
+                .controllers
+                .as_ref()
+                .is_some_and(|controllers| controllers.contains("pids"))
+        });
+    let Some(root) = pids.and_then(|mount| CgroupRoot::under(mount.point, "scopes-v1")) else {
+        return skip("no writable cgroup v1 pids hierarchy here (a pure cgroup v2 host)");
+    };
+    let host = SimHost::new(1, 80 * GIB, "NVIDIA H100 80GB HBM3").expect("sim host");
+    let mut incident = Incident::new(&host);
+    // docker's cgroupfs layout, in the v1 pids hierarchy only.
+    let id = container_id("f001", 'e');
+    let cgroup = root.make(&format!("docker/{id}"));
+    let holder = hold_in(
+        &mut incident,
+        &root,
+        &cgroup,
+        &Holder::new("v1 holder").on(0, GIB),
+    );
+
+    let by_id = run(
+        &host,
+        &["free", "--container", &id[..12], "--dry-run", "--json"],
+    );
+    assert_eq!(by_id.code, 0, "{}", by_id.stderr);
+    let by_id = by_id.json();
+    assert_eq!(targets(&by_id), sorted(vec![(holder, "member")]));
+    assert_eq!(by_id["cgroup_scopes"][0]["cgroups"][0], cgroup.as_str());
+    let under_mount = root.dir(&format!("{}/docker", root.path));
+    let by_dir = run(
+        &host,
+        &[
+            "free",
+            "--cgroup",
+            &under_mount.display().to_string(),
+            "--dry-run",
+            "--json",
+        ],
+    );
+    assert_eq!(by_dir.code, 0, "{}", by_dir.stderr);
+    assert_eq!(targets(&by_dir.json()), sorted(vec![(holder, "member")]));
+    // The same path under the v2 mount is another hierarchy, where it does not exist.
+    let v2 = gpureap::supervision::cgroup2_mount().expect("v2 mount");
+    let elsewhere = v2.join(format!("{}/docker", root.path.trim_start_matches('/')));
+    let refused = run(
+        &host,
+        &[
+            "free",
+            "--cgroup",
+            &elsewhere.display().to_string(),
+            "--yes",
+        ],
+    );
+    assert_eq!(refused.code, 2, "{}", refused.stderr);
+    assert!(alive(holder));
+    // Spelled as /proc/PID/cgroup spells it: every hierarchy's lines count.
+    let free = run(
+        &host,
+        &[
+            "free",
+            "--cgroup",
+            &format!("{}/docker", root.path),
+            "--grace",
+            "0",
+            "--yes",
+            "--json",
+        ],
+    );
+    let report = free.json();
+    assert_eq!(free.code, 0, "{report:#}\n{}", free.stderr);
+    assert_eq!(targets(&report), sorted(vec![(holder, "member")]));
+    assert!(!alive(holder));
 }
