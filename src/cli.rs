@@ -609,7 +609,7 @@ pub struct FreeArgs {
     pub pod: Vec<PodRef>,
     /// Every process in this cgroup and the cgroups below it: the path as /proc/PID/cgroup
     /// spells it, or its directory under a cgroup mount; repeatable.
-    /// Example: gpureap free --cgroup /system.slice/docker-3f2a9c81d4e7.scope --dry-run
+    /// Example: gpureap free --cgroup /kubepods.slice/kubepods-besteffort.slice --dry-run
     #[arg(long, value_name = "PATH", value_parser = cgroup_ref)]
     pub cgroup: Vec<CgroupRef>,
     /// Every GPU user on the host (still never the protected set or monitors).
