@@ -547,10 +547,23 @@ fn the_demo_names_a_container_frees_a_removed_ones_leftover_and_leaves_no_cgroup
     assert_eq!(act["running_alive_after"], true);
     let demo_pid = facts["demo_pid"].as_u64().expect("demo pid");
     let mount = gpureap::supervision::cgroup2_mount().expect("a cgroup v2 mount");
+    // In its own cgroup, which it shares with this test.
+    let own = std::fs::read_to_string("/proc/self/cgroup").expect("cgroup");
+    let own = own
+        .lines()
+        .find_map(|line| line.strip_prefix("0::"))
+        .expect("a v2 line");
+    let root = mount
+        .join(own.trim_start_matches('/'))
+        .join(format!("gpureap-demo-{demo_pid}"));
+    let cgroup = &free["cgroup_scopes"][0]["cgroups"][0];
     assert!(
-        !mount.join(format!("gpureap-demo-{demo_pid}")).exists(),
-        "the demo left its cgroups"
+        cgroup
+            .as_str()
+            .is_some_and(|path| path.contains(&format!("/gpureap-demo-{demo_pid}/"))),
+        "{free:#}"
     );
+    assert!(!root.exists(), "the demo left its cgroups");
 
     // Without a writable cgroup mount (a read-only one in a mount namespace
     // of its own): one line, and the rest of the demo as designed.

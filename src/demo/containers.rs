@@ -131,10 +131,20 @@ fn scope_of(root: &Path, id: &str) -> PathBuf {
     root.join("system.slice").join(format!("docker-{id}.scope"))
 }
 
-/// The act's cgroup root for this process, under the v2 mount.
+/// The act's cgroup root for this process: in its own cgroup v2 (the
+/// mount's top as root; a delegated subtree otherwise), as `gpureap run`
+/// makes its own.
 pub fn root_of_this_process() -> Option<PathBuf> {
-    supervision::cgroup2_mount()
-        .map(|mount| mount.join(format!("{ROOT_PREFIX}{}", std::process::id())))
+    let mount = supervision::cgroup2_mount()?;
+    let own = fs::read_to_string("/proc/self/cgroup")
+        .ok()?
+        .lines()
+        .find_map(|line| line.strip_prefix("0::").map(str::to_string))?;
+    Some(
+        mount
+            .join(own.trim_start_matches('/'))
+            .join(format!("{ROOT_PREFIX}{}", std::process::id())),
+    )
 }
 
 /// Plays the act on the demo's host; writes its transcript when `text`.
