@@ -395,11 +395,14 @@ pub fn scan() -> Vec<Placed> {
         .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
         .filter_map(|pid| {
             let before = proc::identity(pid)?;
-            let text = fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+            // A cgroup's name may be any bytes: read lossily, so that a
+            // process in a cgroup whose name is not UTF-8 is still a member
+            // of the cgroups above it.
+            let bytes = fs::read(format!("/proc/{pid}/cgroup")).ok()?;
             let after = proc::identity(pid)?;
             (before == after).then(|| Placed {
                 id: before,
-                lines: parse_lines(&text),
+                lines: parse_lines(&String::from_utf8_lossy(&bytes)),
             })
         })
         .collect()

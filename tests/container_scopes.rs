@@ -7,6 +7,7 @@
 //! exits 2 with nothing signalled. `-H` is in tests/fleet.rs.
 
 use std::fs;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -737,7 +738,7 @@ fn names_and_empty_containers_and_pods_come_from_the_nodes_sources() {
 }
 
 #[test]
-fn a_cgroup_named_with_an_escape_sequence_is_escaped_in_the_plan() {
+fn hostile_cgroup_names_are_escaped_and_a_non_utf8_one_keeps_its_process_a_member() {
     let Some(root) = CgroupRoot::new("scopes") else {
         return skip("cannot make a cgroup under the cgroup v2 mount (needs root or delegation)");
     };
@@ -752,14 +753,35 @@ fn a_cgroup_named_with_an_escape_sequence_is_escaped_in_the_plan() {
     assert_eq!(plan.code, 0, "{}", plan.stderr);
     assert_no_forged_lines("free --cgroup --dry-run", &plan.stdout, &["0::", "FORGED"]);
     assert!(plan.stdout.contains(&holder.to_string()), "{}", plan.stdout);
+    // A cgroup whose name is not UTF-8: its process is still in /jobs.
+    let bytes = root
+        .dir(&jobs)
+        .join(std::ffi::OsStr::from_bytes(b"caf\xe9"));
+    fs::create_dir(&bytes).expect("a cgroup named with a Latin-1 byte");
+    let latin = plain_in(&mut incident, &bytes, "latin1 holder");
     let json = run(&host, &["free", "--cgroup", &jobs, "--dry-run", "--json"]);
     assert!(
         !json.stdout.contains('\u{1b}'),
         "raw escape in JSON: {}",
         json.stdout
     );
-    assert_eq!(targets(&json.json()), sorted(vec![(holder, "member")]));
-    assert!(alive(holder));
+    assert_eq!(
+        targets(&json.json()),
+        sorted(vec![(holder, "member"), (latin, "member")])
+    );
+    assert!(alive(holder) && alive(latin));
+}
+
+/// A process with no GPU node open, started in the cgroup directory `dir`
+/// (any bytes in its name).
+fn plain_in(incident: &mut Incident, dir: &Path, title: &str) -> u32 {
+    let procs = dir.join("cgroup.procs");
+    let script = format!(
+        "echo $$ > {}; echo \"$BASHPID {title}\" >> \"$D/pids\"; exec -a '{title}' sleep 100000",
+        ansi_c(procs.as_os_str().as_bytes())
+    );
+    incident.spawn(&script, 1).expect("process starts");
+    incident.pid_of(title).expect("process recorded")
 }
 
 #[test]
