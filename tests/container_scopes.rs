@@ -603,6 +603,15 @@ fn free_h_resolves_the_container_on_each_host_and_takes_only_its_processes() {
     assert_eq!(h1["report"]["cgroup_scopes"][0]["id"], a.as_str());
     assert_eq!(host_entry(&document, "h2")["exit_code"], 2, "{document:#}");
     assert!(alive_on(&lab, "h1", a_holder) && alive_on(&lab, "h2", h2_holder));
+    // The text plan says what the value found on each host.
+    let text = lab.run(&["free", "-H", "h1", "--container", prefix, "--dry-run"]);
+    assert_eq!(text.code, 0, "{}", text.stderr);
+    assert!(
+        text.stdout
+            .contains(&format!("h1: --container {prefix}: 1 process(es)")),
+        "{}",
+        text.stdout
+    );
 
     let free = lab.run(&[
         "free",
