@@ -320,10 +320,22 @@ fn free(backend: &BackendChoice, args: &config::FreeRequest) -> Result<Exit, Fai
     let gpu_count = gpu_count(driver.as_ref());
     // GPU indexes are checked before the scan; named processes' families need command lines too.
     config::gpus(&args.gpu, gpu_count)?;
-    let named = args.pid.iter().copied().collect();
     // Found before the snapshot, so that every member found is in it.
     let stale_runs = args.stale_runs.then(supervision::stale_runs);
     let cgroup_scopes = cgroup_scopes(&args.cgroups, &sources)?;
+    // Named processes and the members of a container, pod or cgroup, GPU
+    // users or not: their command lines and uids are read too.
+    let named = args
+        .pid
+        .iter()
+        .copied()
+        .chain(
+            cgroup_scopes
+                .iter()
+                .flatten()
+                .flat_map(|found| found.members.iter().map(|id| id.pid)),
+        )
+        .collect();
     let mut snapshot = Snapshot::take_focused(driver.as_ref(), &named);
     // Names and "container gone" (which --orphans takes), judged once here.
     snapshot.attribute_containers(&sources);

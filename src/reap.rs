@@ -889,7 +889,12 @@ pub fn free(
             start: Some(start),
             ..Reaper::default()
         },
-        named: scope.pids.iter().map(|id| id.pid).collect(),
+        named: scope
+            .pids
+            .iter()
+            .chain(scope.members.iter().flatten())
+            .map(|id| id.pid)
+            .collect(),
         gpus_in_scope: scope.gpus.clone().unwrap_or_default(),
         unreadable: Vec::new(),
         trends: BTreeMap::new(),

@@ -220,6 +220,12 @@ fn free_container_takes_that_container_s_processes_and_spares_its_neighbour() {
         spared(&plan, docker.a_monitor).as_deref(),
         Some("protected")
     );
+    // A member that holds no GPU is shown by its command line too.
+    assert_eq!(
+        target(&plan, docker.a_idle).map(|idle| idle["cmdline"].clone()),
+        Some("tini -- serve 100000".into()),
+        "{plan:#}"
+    );
     let scope = &plan["cgroup_scopes"][0];
     assert_eq!(scope["kind"], "container");
     assert_eq!(scope["given"], prefix);
