@@ -697,3 +697,192 @@ fn bad_source_flags_exit_2_before_anything_runs() {
     let named = run(&host, &["status", "--host-root", missing]);
     assert!(named.stderr.contains("--host-root"), "{}", named.stderr);
 }
+
+/// One real OCI container (crun, busybox-static's shell in a rootfs of its
+/// own, its own PID, mount, IPC, UTS and network namespaces) holding the
+/// simulated GPU 0 through the host's node file bind-mounted at the same
+/// path, killed and deleted by its id when dropped.
+struct CrunContainer {
+    state: tempfile::TempDir,
+    _bundle: tempfile::TempDir,
+    id: String,
+    pid: u32,
+}
+
+impl CrunContainer {
+    /// Why a real container cannot be started here, if it cannot.
+    fn unavailable() -> Option<&'static str> {
+        let runs = |program: &str, args: &[&str]| {
+            Command::new(program)
+                .args(args)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|status| status.success())
+        };
+        if !runs("crun", &["--version"]) {
+            return Some("crun is not installed (.ci/run installs it)");
+        }
+        let busybox = Command::new("readelf")
+            .args(["-l", "/bin/busybox"])
+            .output();
+        match busybox {
+            Ok(output) if output.status.success() => {
+                if String::from_utf8_lossy(&output.stdout).contains("program interpreter") {
+                    return Some("/bin/busybox is not static (busybox-static, .ci/run)");
+                }
+            }
+            _ => return Some("no /bin/busybox to make a rootfs of (busybox-static, .ci/run)"),
+        }
+        if !rustix::process::geteuid().is_root() {
+            return Some("starting a container needs root");
+        }
+        None
+    }
+
+    /// Starts the container; its init opens `gpus/nvidia0` and `nvidiactl`.
+    fn start(id: &str, gpus: &Path) -> CrunContainer {
+        let bundle = tempfile::tempdir().expect("bundle");
+        let bin = bundle.path().join("rootfs/bin");
+        std::fs::create_dir_all(&bin).expect("rootfs");
+        std::fs::copy("/bin/busybox", bin.join("busybox")).expect("busybox");
+        for applet in ["sh", "sleep"] {
+            std::os::unix::fs::symlink("busybox", bin.join(applet)).expect("applet");
+        }
+        let spec = Command::new("crun")
+            .arg("spec")
+            .current_dir(bundle.path())
+            .status()
+            .expect("crun spec");
+        assert!(spec.success(), "crun spec failed");
+        let config_path = bundle.path().join("config.json");
+        let mut config: Value =
+            serde_json::from_str(&std::fs::read_to_string(&config_path).expect("config"))
+                .expect("config.json");
+        let gpus = gpus.display().to_string();
+        config["process"]["terminal"] = json!(false);
+        // Its rlimits cannot be set without CAP_SYS_RESOURCE, which this host withholds.
+        config["process"]
+            .as_object_mut()
+            .expect("process")
+            .remove("rlimits");
+        config["process"]["args"] = json!([
+            "sh",
+            "-c",
+            format!("exec 3<{gpus}/nvidia0 4<{gpus}/nvidiactl; exec sleep 100000")
+        ]);
+        config["mounts"]
+            .as_array_mut()
+            .expect("mounts")
+            .push(json!({"destination": gpus, "type": "bind", "source": gpus, "options": ["rbind", "ro"]}));
+        std::fs::write(&config_path, config.to_string()).expect("config written");
+        let state = tempfile::tempdir().expect("state");
+        // crun refuses a hybrid cgroup layout whose v2 side has a controller
+        // (hugetlb here) and cannot load its device filter without raising
+        // RLIMIT_MEMLOCK: it runs with its cgroup manager disabled, seeing
+        // the v2 mount at /sys/fs/cgroup in a mount namespace of its own.
+        // Its output goes to a file: the container inherits it and lives on.
+        let log_path = state.path().join("crun.log");
+        let log = std::fs::File::create(&log_path).expect("crun log");
+        let started = Command::new("unshare")
+            .args(["-m", "sh", "-c"])
+            .arg(
+                "mount --make-rprivate / && mount -t cgroup2 none /sys/fs/cgroup && \
+                 exec crun --root \"$1\" --cgroup-manager=disabled run -d --bundle \"$2\" \"$3\"",
+            )
+            .arg("sh")
+            .arg(state.path())
+            .arg(bundle.path())
+            .arg(id)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .status()
+            .expect("unshare runs");
+        assert!(
+            started.success(),
+            "crun run failed: {}",
+            std::fs::read_to_string(&log_path).unwrap_or_default()
+        );
+        let crun_state = Command::new("crun")
+            .arg("--root")
+            .arg(state.path())
+            .args(["state", id])
+            .output()
+            .expect("crun state");
+        let answer: Value = serde_json::from_slice(&crun_state.stdout).expect("crun state JSON");
+        let pid = answer["pid"].as_u64().expect("pid") as u32;
+        let container = CrunContainer {
+            state,
+            _bundle: bundle,
+            id: id.to_string(),
+            pid,
+        };
+        // Ready once its init has the node open.
+        let node = PathBuf::from(format!("{gpus}/nvidia0"));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|link| link == node))
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the container never opened {node:?}"
+            );
+            std::thread::yield_now();
+        }
+        container
+    }
+
+    fn crun(&self, args: &[&str]) {
+        let _ = Command::new("crun")
+            .arg("--root")
+            .arg(self.state.path())
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+impl Drop for CrunContainer {
+    fn drop(&mut self) {
+        self.crun(&["kill", &self.id, "KILL"]);
+        self.crun(&["delete", "--force", &self.id]);
+    }
+}
+
+#[test]
+fn a_real_crun_container_holding_a_gpu_is_attributed_and_named() {
+    if let Some(why) = CrunContainer::unavailable() {
+        return skip(why);
+    }
+    let Some(mut cgroups) = Cgroups::new() else {
+        return;
+    };
+    let host = host();
+    let container = CrunContainer::start(ID, host.path());
+    // With its cgroup manager off, crun leaves the container in its
+    // caller's cgroup: it is moved into podman's (whose runtime is crun).
+    cgroups.move_in(&format!("machine.slice/libpod-{ID}.scope"), container.pid);
+    let node = Node::new();
+    node.dir("var/lib/containers/storage/overlay-containers");
+    std::fs::write(
+        node.path("var/lib/containers/storage/overlay-containers/containers.json"),
+        json!([{"id": ID, "names": ["vllm-crun"]}]).to_string(),
+    )
+    .expect("containers.json");
+
+    let json = run_on(&host, &node, None, &["status", "--json"]).json();
+    let attributed = container_of(&json, container.pid);
+    assert_eq!(attributed["runtime"], "podman", "{attributed:#}");
+    assert_eq!(attributed["id"], ID);
+    assert_eq!(attributed["name"], "vllm-crun");
+    // Its own PID namespace: it is PID 1 there.
+    assert_eq!(attributed["local_pid"], 1);
+    assert_eq!(attributed["gone"], Value::Null);
+    let table = run_on(&host, &node, None, &["status"]).stdout;
+    assert!(table.contains("vllm-crun"), "{table}");
+}
