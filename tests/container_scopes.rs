@@ -878,3 +878,178 @@ fn a_v1_hierarchy_s_lines_count_and_a_path_under_its_mount_is_that_hierarchy_s()
     assert_eq!(targets(&report), sorted(vec![(holder, "member")]));
     assert!(!alive(holder));
 }
+
+/// A real OCI container (crun, a static busybox rootfs; started as
+/// tests/containers_sources.rs starts one: crun's cgroup manager off, as
+/// this host's hybrid layout needs) whose init holds the simulated GPU 0
+/// through the node file bind-mounted at the same path. Killed and deleted
+/// when dropped.
+struct Crun {
+    state: tempfile::TempDir,
+    _bundle: tempfile::TempDir,
+    id: String,
+    pid: u32,
+}
+
+impl Crun {
+    fn unavailable() -> Option<&'static str> {
+        let static_busybox = std::process::Command::new("readelf")
+            .args(["-l", "/bin/busybox"])
+            .output()
+            .is_ok_and(|out| {
+                out.status.success()
+                    && !String::from_utf8_lossy(&out.stdout).contains("program interpreter")
+            });
+        let crun = std::process::Command::new("crun")
+            .arg("--version")
+            .output()
+            .is_ok_and(|out| out.status.success());
+        (!crun || !static_busybox).then_some("crun and a static /bin/busybox are needed (.ci/run)")
+    }
+
+    fn start(id: &str, gpus: &Path) -> Crun {
+        let bundle = tempfile::tempdir().expect("bundle");
+        let bin = bundle.path().join("rootfs/bin");
+        fs::create_dir_all(&bin).expect("rootfs");
+        fs::copy("/bin/busybox", bin.join("busybox")).expect("busybox");
+        for applet in ["sh", "sleep"] {
+            std::os::unix::fs::symlink("busybox", bin.join(applet)).expect("applet");
+        }
+        let spec = std::process::Command::new("crun")
+            .arg("spec")
+            .current_dir(bundle.path())
+            .status()
+            .expect("crun spec");
+        assert!(spec.success());
+        let path = bundle.path().join("config.json");
+        let mut config: Value =
+            serde_json::from_str(&fs::read_to_string(&path).expect("config")).expect("JSON");
+        let gpus = gpus.display().to_string();
+        config["process"]["terminal"] = false.into();
+        config["process"]
+            .as_object_mut()
+            .expect("process")
+            .remove("rlimits");
+        config["process"]["args"] = serde_json::json!([
+            "sh",
+            "-c",
+            format!("exec 3<{gpus}/nvidia0 4<{gpus}/nvidiactl; exec sleep 100000")
+        ]);
+        config["mounts"]
+            .as_array_mut()
+            .expect("mounts")
+            .push(serde_json::json!({"destination": gpus, "type": "bind", "source": gpus, "options": ["rbind", "ro"]}));
+        fs::write(&path, config.to_string()).expect("config written");
+        let state = tempfile::tempdir().expect("state");
+        let started = std::process::Command::new("unshare")
+            .args(["-m", "sh", "-c"])
+            .arg(
+                "mount --make-rprivate / && mount -t cgroup2 none /sys/fs/cgroup && \
+                 exec crun --root \"$1\" --cgroup-manager=disabled run -d --bundle \"$2\" \"$3\" >/dev/null 2>&1",
+            )
+            .arg("sh")
+            .arg(state.path())
+            .arg(bundle.path())
+            .arg(id)
+            .stdin(std::process::Stdio::null())
+            .status()
+            .expect("unshare runs");
+        assert!(started.success(), "crun run failed");
+        let answer = std::process::Command::new("crun")
+            .arg("--root")
+            .arg(state.path())
+            .args(["state", id])
+            .output()
+            .expect("crun state");
+        let answer: Value = serde_json::from_slice(&answer.stdout).expect("crun state JSON");
+        let pid = answer["pid"].as_u64().expect("pid") as u32;
+        let node = PathBuf::from(format!("{gpus}/nvidia0"));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !fs::read_dir(format!("/proc/{pid}/fd"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|fd| fs::read_link(fd.path()).is_ok_and(|link| link == node))
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the container never opened {node:?}"
+            );
+            std::thread::yield_now();
+        }
+        Crun {
+            state,
+            _bundle: bundle,
+            id: id.to_string(),
+            pid,
+        }
+    }
+}
+
+impl Drop for Crun {
+    fn drop(&mut self) {
+        for args in [
+            vec!["kill", &self.id, "KILL"],
+            vec!["delete", "--force", &self.id],
+        ] {
+            let _ = std::process::Command::new("crun")
+                .arg("--root")
+                .arg(self.state.path())
+                .args(args)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status();
+        }
+    }
+}
+
+#[test]
+fn free_container_ends_a_real_crun_container_and_only_it() {
+    if let Some(why) = Crun::unavailable() {
+        return skip(why);
+    }
+    let Some(root) = CgroupRoot::new("scopes-crun") else {
+        return skip("cannot make a cgroup under the cgroup v2 mount (needs root or delegation)");
+    };
+    let host = SimHost::new(1, 80 * GIB, "NVIDIA H100 80GB HBM3").expect("sim host");
+    let mut incident = Incident::new(&host);
+    let id = container_id("f0c0", '7');
+    let neighbour_id = container_id("f0c1", '8');
+    let container = Crun::start(&id, host.path());
+    // crun's cgroup manager is off: the container is moved into the cgroup
+    // docker's systemd driver would have made for it.
+    let cgroup = root.make(&format!("system.slice/docker-{id}.scope"));
+    fs::write(
+        root.dir(&cgroup).join("cgroup.procs"),
+        container.pid.to_string(),
+    )
+    .expect("moved in");
+    let neighbour_cgroup = root.make(&format!("system.slice/docker-{neighbour_id}.scope"));
+    let neighbour = hold_in(
+        &mut incident,
+        &root,
+        &neighbour_cgroup,
+        &Holder::new("python3 neighbour.py").on(0, GIB),
+    );
+
+    let free = run(
+        &host,
+        &[
+            "free",
+            "--container",
+            &id[..12],
+            "--grace",
+            "0",
+            "--timeout",
+            "5s",
+            "--yes",
+            "--json",
+        ],
+    );
+    let report = free.json();
+    assert_eq!(free.code, 0, "{report:#}\n{}", free.stderr);
+    assert_eq!(targets(&report), sorted(vec![(container.pid, "member")]));
+    assert_eq!(gpu(&report, 0)["freed"], true, "{report:#}");
+    assert!(!alive(container.pid), "the container's init survived");
+    assert!(alive(neighbour), "the neighbour container was out of scope");
+}
