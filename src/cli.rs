@@ -15,10 +15,23 @@ use regex::Regex;
 use crate::driver::BackendChoice;
 use crate::exit::{self, Program};
 use crate::hostlist::{self, HostList};
+use crate::members::{CgroupRef, ContainerRef, PodRef};
 use crate::units::{self, GpuList};
 
 fn duration(text: &str) -> Result<Duration, String> {
     units::parse_duration(text)
+}
+
+fn container_ref(text: &str) -> Result<ContainerRef, String> {
+    ContainerRef::parse(text)
+}
+
+fn pod_ref(text: &str) -> Result<PodRef, String> {
+    PodRef::parse(text)
+}
+
+fn cgroup_ref(text: &str) -> Result<CgroupRef, String> {
+    CgroupRef::parse(text)
 }
 
 fn gpu_list(text: &str) -> Result<GpuList, String> {
@@ -200,6 +213,8 @@ Examples:
   gpureap free --gpu 3 --grace 0 --timeout 1m --yes
   gpureap free --pid 4242 --yes --json
   gpureap free --stale-runs --yes      what a SIGKILLed `gpureap run` left, and its cgroups
+  gpureap free --container 3f2a9c81d4e7 --yes   a container's processes (id prefix or name)
+  gpureap free --pod ml/llama-0 --gpu 2 --dry-run   the pod's processes that use GPU 2
   gpureap free -H 'node[1-4]' --match 'sglang::|vllm' --dry-run   the plan on every host
   gpureap free -H 'node[1-4]' --orphans          shows the plan, asks once, frees each host")
     )]
@@ -772,8 +787,24 @@ pub struct FreeArgs {
     /// Example: gpureap free --stale-runs --dry-run
     #[arg(long)]
     pub stale_runs: bool,
+    /// Every process of this container, GPU user or not: its full id, a unique prefix of at
+    /// least 12 hex digits, or its name (docker/podman name or Kubernetes container name, from
+    /// the node's sources); repeatable. Protected names and monitors in it are still spared.
+    /// Example: gpureap free --container 3f2a9c81d4e7 --dry-run
+    #[arg(long, value_name = "ID|NAME", value_parser = container_ref)]
+    pub container: Vec<ContainerRef>,
+    /// Every process of this Kubernetes pod (all its containers, GPU users or not): NAMESPACE/NAME
+    /// (names from the kubelet or /var/log/pods) or its UID; repeatable.
+    /// Example: gpureap free --pod ml/llama-0 --dry-run
+    #[arg(long, value_name = "NAMESPACE/NAME|UID", value_parser = pod_ref)]
+    pub pod: Vec<PodRef>,
+    /// Every process in this cgroup and the cgroups below it: the path as /proc/PID/cgroup
+    /// spells it, or its directory under a cgroup mount; repeatable.
+    /// Example: gpureap free --cgroup /kubepods.slice/kubepods-besteffort.slice --dry-run
+    #[arg(long, value_name = "PATH", value_parser = cgroup_ref)]
+    pub cgroup: Vec<CgroupRef>,
     /// Every GPU user on the host (still never the protected set or monitors).
-    #[arg(long, conflicts_with_all = ["gpu", "pid", "patterns", "user", "orphans", "stale_runs"])]
+    #[arg(long, conflicts_with_all = ["gpu", "pid", "patterns", "user", "orphans", "stale_runs", "container", "pod", "cgroup"])]
     pub all: bool,
     /// How long to wait after SIGTERM before SIGSTOP+SIGKILL.
     #[arg(long, default_value = "5s", value_name = "DUR", value_parser = duration, allow_hyphen_values = true)]

@@ -14,6 +14,7 @@ use crate::cli::{
 };
 use crate::container;
 use crate::hostlist;
+use crate::members::{self, Found, Wanted};
 use crate::plan::fit::{Hypothetical, Overrides, PlanConfig};
 use crate::reap::Options;
 use crate::run::ready::Readiness;
@@ -214,6 +215,9 @@ pub struct FreeRequest {
     pub user: Vec<String>,
     pub orphans: bool,
     pub stale_runs: bool,
+    /// `--container`, `--pod`, `--cgroup`, in that order (`members::find`
+    /// resolves them on the host that frees).
+    pub cgroups: Vec<Wanted>,
     pub all: bool,
     pub grace: Duration,
     pub timeout: Duration,
@@ -243,6 +247,9 @@ impl FreeRequest {
             user,
             orphans,
             stale_runs,
+            container,
+            pod,
+            cgroup,
             all,
             grace,
             timeout,
@@ -253,6 +260,13 @@ impl FreeRequest {
             sources,
             fleet: _,
         } = args;
+        let cgroups = container
+            .iter()
+            .cloned()
+            .map(Wanted::Container)
+            .chain(pod.iter().cloned().map(Wanted::Pod))
+            .chain(cgroup.iter().cloned().map(Wanted::Cgroup))
+            .collect();
         let request = FreeRequest {
             gpu: gpu.clone(),
             pid: pid.clone(),
@@ -260,6 +274,7 @@ impl FreeRequest {
             user: user.clone(),
             orphans: *orphans,
             stale_runs: *stale_runs,
+            cgroups,
             all: *all,
             grace: *grace,
             timeout: *timeout,
@@ -303,10 +318,11 @@ fn check_scope(request: &FreeRequest) -> Result<(), UsageError> {
         && request.user.is_empty()
         && !request.orphans
         && !request.stale_runs
+        && request.cgroups.is_empty()
         && !request.all;
     if no_scope {
         return Err(UsageError(
-                "refusing to free without a scope: give one or more of --gpu LIST, --pid PID, --match REGEX, --user NAME, --orphans, --stale-runs, --all (try --dry-run first)"
+                "refusing to free without a scope: give one or more of --gpu LIST, --pid PID, --match REGEX, --user NAME, --orphans, --stale-runs, --container ID, --pod NAMESPACE/NAME, --cgroup PATH, --all (try --dry-run first)"
                     .to_string(),
             ));
     }
@@ -320,7 +336,8 @@ pub struct FreeConfig {
 
 /// Builds the scope for `free` against the host: GPU indexes must exist,
 /// named PIDs must be live processes that may be signalled. `stale_runs` are
-/// the runs found for `--stale-runs`, `uids` those of `--user` on this host.
+/// the runs found for `--stale-runs`, `uids` those of `--user` on this host,
+/// `members` what `--container`, `--pod` and `--cgroup` resolved to here.
 pub fn free(
     request: &FreeRequest,
     uids: BTreeSet<u32>,
@@ -328,6 +345,7 @@ pub fn free(
     snapshot: &Snapshot,
     guard: &Guard,
     stale_runs: Option<&[StaleRun]>,
+    members: Option<&[Found]>,
 ) -> Result<FreeConfig, UsageError> {
     let gpus = gpus(&request.gpu, gpu_count)?;
     if gpus.as_ref().is_some_and(BTreeSet::is_empty) {
@@ -363,6 +381,7 @@ pub fn free(
                     .flat_map(|run| run.members.iter().copied())
                     .collect()
             }),
+            members: members.map(members::all_members),
             job: None,
             min_age: None,
             supervisor_gone: false,

@@ -44,6 +44,8 @@ use crate::snapshot::Snapshot;
 use crate::units::{Bytes, Elapsed, GpuRanges};
 use crate::verify::Reason;
 
+mod containers;
+
 const GIB: u64 = 1 << 30;
 const GPUS: u32 = 8;
 const GPU_NAME: &str = "NVIDIA H200 (simulated)";
@@ -209,6 +211,9 @@ struct DemoJson {
     status_after: Value,
     driver_held: Vec<DriverHeld>,
     comparison: Comparison,
+    /// The containers act: a running container named, a removed one's
+    /// leftover flagged "container gone" and freed by `free --container`.
+    containers: containers::ContainersJson,
 }
 
 /// Runs the demo; `json` prints its facts as JSON instead of its transcript.
@@ -267,11 +272,16 @@ pub fn run(json: bool, out: &mut dyn Write) -> io::Result<Exit> {
         writeln!(out, "{}", report::status_table(&after, &None))?;
     }
 
+    // The third act, told before the verdict: containers.
+    let mut act = Vec::new();
+    let containers = containers::play(&mut act, text, host.path(), &driver, &mut incident)?;
+
     let processes = staged(&incident, &before, &after, &outcome)?;
     let driver_held = driver_held(&outcome);
     let comparison = compare(&processes, &outcome, &driver_held);
     let mut differences = differences(&processes, &outcome, &driver_held);
     differences.extend(plan_differences(&plan, &processes));
+    differences.extend(containers.differences());
     let code = if differences.is_empty() {
         Exit::Success
     } else {
@@ -287,6 +297,8 @@ pub fn run(json: bool, out: &mut dyn Write) -> io::Result<Exit> {
         processes,
         driver_held,
         comparison,
+        containers,
+        act: String::from_utf8_lossy(&act).into_owned(),
         differences,
         code,
     };
@@ -368,6 +380,9 @@ struct Played<'a> {
     processes: Vec<Staged>,
     driver_held: Vec<DriverHeld>,
     comparison: Comparison,
+    containers: containers::ContainersJson,
+    /// The containers act's transcript, told before the verdict.
+    act: String,
     differences: Vec<String>,
     code: Exit,
 }
@@ -399,10 +414,11 @@ fn tell(out: &mut dyn Write, played: &Played) -> io::Result<()> {
     }
     second_half(out, driver_held, processes)?;
     comparison_text(out, comparison, processes)?;
+    write!(out, "{}", played.act)?;
     if differences.is_empty() {
         writeln!(
             out,
-            "\nThe free above exited {}, as it would on the real box; the demo played out as designed.",
+            "\nThe server's free exited {}, as it would on the real box; the demo played out as designed.",
             free_code.code()
         )?;
     } else {
@@ -433,6 +449,7 @@ impl Played<'_> {
             status_after: parse(report::status_json(self.after, &None))?,
             driver_held: self.driver_held,
             comparison: self.comparison,
+            containers: self.containers,
         })
     }
 }
@@ -452,6 +469,19 @@ fn clean_up_on_signals() -> io::Result<Arc<Mutex<Option<PathBuf>>>> {
             if let Some(dir) = dir {
                 incident::kill_recorded(&dir);
                 let _ = std::fs::remove_dir_all(&dir);
+            }
+            // The containers act's cgroups, once its killed stand-ins (our
+            // children) are reaped.
+            if let Some(root) = containers::root_of_this_process().filter(|root| root.exists()) {
+                let deadline = std::time::Instant::now() + Duration::from_secs(1);
+                while root.exists() && std::time::Instant::now() < deadline {
+                    while let Ok(Some(_)) =
+                        rustix::process::wait(rustix::process::WaitOptions::NOHANG)
+                    {
+                    }
+                    containers::remove_tree(&root, Duration::ZERO);
+                    std::thread::sleep(Duration::from_millis(5));
+                }
             }
             eprintln!("gpureap demo: interrupted; every process it started is gone");
             std::process::exit(Exit::Signalled(signal).into());

@@ -25,6 +25,7 @@ pub mod exit;
 pub mod file;
 pub mod fleet;
 pub mod hostlist;
+pub mod members;
 pub mod proc;
 pub mod reap;
 pub mod report;

@@ -8,9 +8,11 @@ use clap::{CommandFactory, FromArgMatches};
 
 use gpureap::cli::{Cli, Command, RunArgs};
 use gpureap::config::{self, UsageError};
+use gpureap::container::Sources;
 use gpureap::driver::{self, BackendChoice, Driver};
 use gpureap::exit::{Exit, Failure};
 use gpureap::fleet;
+use gpureap::members::{self, Found, Wanted};
 use gpureap::reap;
 use gpureap::report;
 use gpureap::select::Guard;
@@ -338,9 +340,22 @@ fn free(backend: &BackendChoice, args: &config::FreeRequest) -> Result<Exit, Fai
     let gpu_count = gpu_count(driver.as_ref());
     // GPU indexes are checked before the scan; named processes' families need command lines too.
     config::gpus(&args.gpu, gpu_count)?;
-    let named = args.pid.iter().copied().collect();
     // Found before the snapshot, so that every member found is in it.
     let stale_runs = args.stale_runs.then(supervision::stale_runs);
+    let cgroup_scopes = cgroup_scopes(&args.cgroups, &sources)?;
+    // Named processes and the members of a container, pod or cgroup, GPU
+    // users or not: their command lines and uids are read too.
+    let named = args
+        .pid
+        .iter()
+        .copied()
+        .chain(
+            cgroup_scopes
+                .iter()
+                .flatten()
+                .flat_map(|found| found.members.iter().map(|id| id.pid)),
+        )
+        .collect();
     let mut snapshot = Snapshot::take_focused(driver.as_ref(), &named);
     // Names and "container gone" (which --orphans takes), judged once here.
     snapshot.attribute_containers(&sources);
@@ -352,11 +367,13 @@ fn free(backend: &BackendChoice, args: &config::FreeRequest) -> Result<Exit, Fai
         &snapshot,
         &guard,
         stale_runs.as_deref(),
+        cgroup_scopes.as_deref(),
     )?;
     let mut plan = reap::plan(&snapshot, &config.scope, &guard);
     let stale_runs: Option<Vec<StaleRun>> =
         stale_runs.map(|runs| supervision::in_scope(runs, &plan, &config.scope));
     plan.stale_runs = stale_runs.iter().flatten().map(Removal::planned).collect();
+    plan.cgroup_scopes = cgroup_scopes.clone().unwrap_or_default();
 
     if args.dry_run {
         emit(&if args.json {
@@ -389,6 +406,7 @@ fn free(backend: &BackendChoice, args: &config::FreeRequest) -> Result<Exit, Fai
         outcome.stale_runs =
             supervision::remove_after_free(runs, &outcome, &guard, config.options.timeout());
     }
+    outcome.cgroup_scopes = cgroup_scopes.unwrap_or_default();
     if let Some(bar) = spinner {
         bar.finish_and_clear();
     }
@@ -400,6 +418,20 @@ fn free(backend: &BackendChoice, args: &config::FreeRequest) -> Result<Exit, Fai
         report::free_outcome(&outcome)
     })?;
     Ok(code)
+}
+
+/// The members of `--container`, `--pod` and `--cgroup` on this host, from
+/// every process's cgroups, before the snapshot; `None` without them. A
+/// value that names nothing here, or more than one thing, is bad input.
+fn cgroup_scopes(wanted: &[Wanted], sources: &Sources) -> Result<Option<Vec<Found>>, UsageError> {
+    if wanted.is_empty() {
+        return Ok(None);
+    }
+    let placed = members::scan();
+    let known = members::known(sources, wanted, &placed);
+    members::find(wanted, &placed, &known)
+        .map(Some)
+        .map_err(UsageError)
 }
 
 /// Asks on the terminal; refuses to go on without one unless --yes was given.

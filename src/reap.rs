@@ -142,6 +142,9 @@ pub struct FreeReport {
     pub unreadable: Vec<Unreadable>,
     /// With `--stale-runs`: each stale run's cgroup, and whether it was removed.
     pub stale_runs: Vec<crate::supervised::Removal>,
+    /// With `--container`, `--pod`, `--cgroup`: what each resolved to on
+    /// this host (its members and cgroups), filled by the command.
+    pub cgroup_scopes: Vec<crate::members::Found>,
 }
 
 impl FreeReport {
@@ -542,6 +545,7 @@ pub fn plan(snapshot: &Snapshot, scope: &Scope, guard: &Guard) -> FreeReport {
             .collect(),
         unreadable: snapshot.unreadable.clone(),
         stale_runs: Vec::new(),
+        cgroup_scopes: Vec::new(),
     }
 }
 
@@ -935,7 +939,12 @@ pub fn free(
             start: Some(start),
             ..Reaper::default()
         },
-        named: scope.pids.iter().map(|id| id.pid).collect(),
+        named: scope
+            .pids
+            .iter()
+            .chain(scope.members.iter().flatten())
+            .map(|id| id.pid)
+            .collect(),
         gpus_in_scope: scope.gpus.clone().unwrap_or_default(),
         unreadable: Vec::new(),
         trends: BTreeMap::new(),
@@ -1019,6 +1028,7 @@ impl Freeing<'_> {
             gpus,
             unreadable: self.unreadable,
             stale_runs: Vec::new(),
+            cgroup_scopes: Vec::new(),
         }
     }
 }
@@ -1053,6 +1063,7 @@ mod tests {
             gpus,
             unreadable: Vec::new(),
             stale_runs: Vec::new(),
+            cgroup_scopes: Vec::new(),
         };
         let unseen = || Reason::Unseen { bytes: 1 << 30 };
         let held = Reason::DriverHeld {

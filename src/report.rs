@@ -12,6 +12,7 @@ use crate::container::Container;
 use crate::driver::DriverError;
 use crate::driver::evidence::Evidence;
 use crate::exit::Exit;
+use crate::members::{Found, short_id};
 use crate::proc::Unreadable;
 use crate::reap::{Fate, FreeReport, GpuOutcome, Handled};
 use crate::select::Because;
@@ -1092,6 +1093,33 @@ struct FreeJson<'a> {
     gpus: Vec<GpuOutcomeJson<'a>>,
     unreadable: Vec<UnreadableJson<'a>>,
     stale_runs: Vec<StaleRunJson<'a>>,
+    cgroup_scopes: Vec<CgroupScopeJson<'a>>,
+}
+
+/// What one `--container`, `--pod` or `--cgroup` resolved to.
+#[derive(Serialize)]
+struct CgroupScopeJson<'a> {
+    kind: &'static str,
+    given: String,
+    runtime: Option<&'static str>,
+    id: Option<&'a str>,
+    pod_uid: Option<&'a str>,
+    cgroups: &'a BTreeSet<String>,
+    members: Vec<u32>,
+    note: Option<&'a str>,
+}
+
+fn cgroup_scope_json(found: &Found) -> CgroupScopeJson<'_> {
+    CgroupScopeJson {
+        kind: found.wanted.kind(),
+        given: found.wanted.given(),
+        runtime: found.container.as_ref().map(|(runtime, _)| runtime.name()),
+        id: found.container.as_ref().map(|(_, id)| id.as_str()),
+        pod_uid: found.pod_uid.as_deref(),
+        cgroups: &found.cgroups,
+        members: found.members.iter().map(|id| id.pid).collect(),
+        note: found.note.as_deref(),
+    }
 }
 
 #[derive(Serialize)]
@@ -1316,6 +1344,7 @@ fn because_code(because: Because) -> String {
     match because {
         Because::Named => "named".to_string(),
         Because::StaleRun => "stale_run".to_string(),
+        Because::Member => "member".to_string(),
         Because::InScope => "in_scope".to_string(),
         Because::Descendant { of } => format!("descendant of {of}"),
     }
@@ -1326,6 +1355,7 @@ fn because_text(because: Because) -> String {
     match because {
         Because::Named => "named".to_string(),
         Because::StaleRun => "a stale run's".to_string(),
+        Because::Member => "in the container/pod/cgroup".to_string(),
         Because::InScope => "in scope".to_string(),
         Because::Descendant { of } => format!("descendant of {of}"),
     }
@@ -1405,6 +1435,7 @@ pub fn free_json(report: &FreeReport, exit_code: Exit) -> String {
                 error: run.error.as_deref(),
             })
             .collect(),
+        cgroup_scopes: report.cgroup_scopes.iter().map(cgroup_scope_json).collect(),
     })
 }
 
@@ -1488,6 +1519,7 @@ pub fn free_plan(report: &FreeReport) -> String {
         );
     }
     stale_run_lines(report, &mut out);
+    cgroup_scope_lines(report, &mut out);
     if !report.gpus.is_empty() {
         let summary: Vec<String> = report
             .gpus
@@ -1518,6 +1550,35 @@ fn spared_lines(report: &FreeReport, out: &mut String) {
             spared.pid,
             short(&spared.cmdline, 50),
             Field(&spared.reason.to_string())
+        );
+    }
+}
+
+/// One line per `--container`, `--pod`, `--cgroup`: what it resolved to.
+fn cgroup_scope_lines(report: &FreeReport, out: &mut String) {
+    for found in &report.cgroup_scopes {
+        let what = match (&found.container, &found.pod_uid) {
+            (Some((runtime, id)), _) => format!("{} container {}", runtime.name(), short_id(id)),
+            (None, Some(uid)) if found.wanted.kind() == "pod" => format!("pod {uid}"),
+            _ => found.wanted.kind().to_string(),
+        };
+        let cgroups: Vec<&str> = found.cgroups.iter().map(String::as_str).collect();
+        let place = match cgroups.as_slice() {
+            [] => String::new(),
+            [one] => format!(" in {}", Field(one)),
+            [first, rest @ ..] => format!(" in {} and {} more cgroup(s)", Field(first), rest.len()),
+        };
+        let note = found
+            .note
+            .as_deref()
+            .map(|note| format!(" ({})", Field(note)))
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "{} {}: {what}, {} process(es){place}{note}",
+            found.wanted.flag(),
+            Field(&found.wanted.given()),
+            found.members.len(),
         );
     }
 }
@@ -1579,6 +1640,7 @@ pub fn free_outcome(report: &FreeReport) -> String {
     }
     spared_lines(report, &mut out);
     stale_run_lines(report, &mut out);
+    cgroup_scope_lines(report, &mut out);
     for line in gpu_outcome_lines(report) {
         let _ = writeln!(out, "{line}");
     }

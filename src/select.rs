@@ -38,6 +38,12 @@ pub struct Scope {
     /// gone, found before the snapshot (`supervision::stale_runs`), by
     /// identity. Like `pids`, these are taken whether or not they use a GPU.
     pub stale_runs: Option<BTreeSet<ProcessId>>,
+    /// `--container`, `--pod`, `--cgroup`: every process found in them (and
+    /// the cgroups below) before the snapshot (`members::find`), by
+    /// identity. Taken GPU user or not, like `stale_runs`, but the guard
+    /// still spares a protected name or a monitor among them: being in a
+    /// container is not being named.
+    pub members: Option<BTreeSet<ProcessId>>,
     /// A Slurm job's processes (`gpureap slurm epilog`): a filter like `--user`.
     pub job: Option<JobScope>,
     /// `reap --older-than`: the age floor. A process younger than this (or
@@ -107,6 +113,7 @@ impl Scope {
             && !self.orphans
             && !self.all
             && self.stale_runs.is_none()
+            && self.members.is_none()
             && self.job.is_none()
             && !self.supervisor_gone
             && self.within.is_none()
@@ -124,16 +131,19 @@ impl Scope {
             || self.within.is_some()
     }
 
-    /// Why a process is named by this scope itself (`--pid`, `--stale-runs`), if it is.
+    /// Why a process is named by this scope itself (`--pid`, `--stale-runs`,
+    /// a member of `--container`, `--pod` or `--cgroup`), if it is.
     fn names(&self, record: &ProcessRecord) -> Option<Because> {
+        let holds = |set: &Option<BTreeSet<ProcessId>>| {
+            set.as_ref()
+                .is_some_and(|members| members.contains(&record.id))
+        };
         if self.pids.contains(&record.id) {
             Some(Because::Named)
-        } else if self
-            .stale_runs
-            .as_ref()
-            .is_some_and(|members| members.contains(&record.id))
-        {
+        } else if holds(&self.stale_runs) {
             Some(Because::StaleRun)
+        } else if holds(&self.members) {
+            Some(Because::Member)
         } else {
             None
         }
@@ -147,6 +157,14 @@ impl Scope {
             Some(age) if age >= floor => None,
             age => Some(Spared::Young { age, floor }),
         }
+    }
+
+    /// Whether the scope names this process in a way that overrides the
+    /// guard's guesses (protected names, monitors): `--pid` and a stale
+    /// run's own members do; a container's, pod's or cgroup's do not.
+    fn overrides_guard(&self, record: &ProcessRecord) -> bool {
+        self.names(record)
+            .is_some_and(|because| because != Because::Member)
     }
 
     /// Whether a process passes every filter other than `--pid`.
@@ -355,6 +373,8 @@ pub enum Because {
     Named,
     /// In a run cgroup whose supervisor is gone (`--stale-runs`).
     StaleRun,
+    /// In the container, pod or cgroup of `--container`, `--pod`, `--cgroup`.
+    Member,
     /// A GPU user matching the scope; with `--orphans`, also the top of a
     /// run whose supervisor is gone, above such a GPU user.
     InScope,
@@ -404,9 +424,9 @@ fn holders_in_scope(
     chosen
 }
 
-/// With named roots (--pid, stale runs): each root matched by identity,
-/// and its descendants the scope admits; a root the guard spares takes
-/// nothing under it.
+/// With named roots (--pid, stale runs, members of a container, pod or
+/// cgroup): each root matched by identity, and its descendants the scope
+/// admits; a root the guard spares takes nothing under it.
 fn named_families(
     snapshot: &Snapshot,
     tree: &ProcessTree,
@@ -415,7 +435,11 @@ fn named_families(
     selection: &mut Selection,
 ) -> BTreeMap<u32, Because> {
     let mut chosen: BTreeMap<u32, Because> = BTreeMap::new();
-    let roots = scope.pids.iter().chain(scope.stale_runs.iter().flatten());
+    let roots = scope
+        .pids
+        .iter()
+        .chain(scope.stale_runs.iter().flatten())
+        .chain(scope.members.iter().flatten());
     for id in roots {
         // Matched by identity: a recycled PID is not the process that was named.
         let Some(root) = snapshot
@@ -426,7 +450,7 @@ fn named_families(
             continue;
         };
         if let Some(reason) = guard
-            .spare_reason(snapshot, root, true)
+            .spare_reason(snapshot, root, scope.overrides_guard(root))
             .or_else(|| scope.too_young(snapshot, root))
         {
             // Naming PID 1 or the calling shell must not reach what runs under it.
@@ -461,10 +485,10 @@ pub fn select(snapshot: &Snapshot, scope: &Scope, guard: &Guard) -> Selection {
     // Named, or carrying the Slurm job's own context: either overrides a
     // protected name (`exec -a nvidia-smi python train.py` is the job's).
     let named = |record: &ProcessRecord| {
-        scope.names(record).is_some() || scope.job.as_ref().is_some_and(|job| job.owns(record))
+        scope.overrides_guard(record) || scope.job.as_ref().is_some_and(|job| job.owns(record))
     };
     let mut selection = Selection::default();
-    let chosen = if scope.pids.is_empty() && scope.stale_runs.is_none() {
+    let chosen = if scope.pids.is_empty() && scope.stale_runs.is_none() && scope.members.is_none() {
         holders_in_scope(snapshot, scope, guard, &mut selection)
     } else {
         named_families(snapshot, &tree, scope, guard, &mut selection)

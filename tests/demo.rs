@@ -514,3 +514,85 @@ fn a_sigkilled_demo_leaves_nothing_running() {
         assert!(!still_running(*pid, *started), "{pid} {cmdline} survived");
     }
 }
+
+/// The containers act: a running container named from the staged docker
+/// state, a removed one's engine flagged "container gone" by that same
+/// reading and freed by `free --container`, the running one untouched, and
+/// no cgroup left. Where no cgroup can be made, one line says why.
+#[test]
+fn the_demo_names_a_container_frees_a_removed_ones_leftover_and_leaves_no_cgroup() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let _leftovers = KillLeftovers(tmp.path());
+    let output = demo(tmp.path(), &["--json"]).output().expect("demo runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{stdout}");
+    let facts: Value = serde_json::from_str(&stdout).expect("JSON");
+    let act = &facts["containers"];
+    if let Some(why) = act["skipped"].as_str() {
+        return crate::harness::skip(&format!("the demo could not make cgroups: {why}"));
+    }
+    assert_eq!(act["running_name"], "vllm-llama", "{act:#}");
+    assert_eq!(act["gone_source"], "/var/lib/docker/containers", "{act:#}");
+    let free = &act["free"];
+    crate::schema::conforms(
+        &crate::schema::schema(),
+        "the demo's free --container",
+        free,
+    );
+    let removed = act["removed_pid"].as_u64().expect("removed pid") as u32;
+    assert_eq!(target_pids(free), [removed]);
+    assert_eq!(free["targets"][0]["because"], "member");
+    assert_eq!(gpu(free, 6)["freed"], true, "{free:#}");
+    assert_eq!(act["removed_alive_after"], false);
+    assert_eq!(act["running_alive_after"], true);
+    let demo_pid = facts["demo_pid"].as_u64().expect("demo pid");
+    let mount = gpureap::supervision::cgroup2_mount().expect("a cgroup v2 mount");
+    // In its own cgroup, which it shares with this test.
+    let own = std::fs::read_to_string("/proc/self/cgroup").expect("cgroup");
+    let own = own
+        .lines()
+        .find_map(|line| line.strip_prefix("0::"))
+        .expect("a v2 line");
+    let root = mount
+        .join(own.trim_start_matches('/'))
+        .join(format!("gpureap-demo-{demo_pid}"));
+    let cgroup = &free["cgroup_scopes"][0]["cgroups"][0];
+    assert!(
+        cgroup
+            .as_str()
+            .is_some_and(|path| path.contains(&format!("/gpureap-demo-{demo_pid}/"))),
+        "{free:#}"
+    );
+    assert!(!root.exists(), "the demo left its cgroups");
+
+    // Without a writable cgroup mount (a read-only one in a mount namespace
+    // of its own): one line, and the rest of the demo as designed.
+    let script = format!(
+        "mount -o remount,ro,bind {} && exec \"$0\" demo",
+        mount.display()
+    );
+    let skipped = Command::new("unshare")
+        .args([
+            "--mount",
+            "sh",
+            "-c",
+            &script,
+            env!("CARGO_BIN_EXE_gpureap"),
+        ])
+        .env_remove("GPUREAP_BACKEND")
+        .env("TMPDIR", tmp.path())
+        .stdin(Stdio::null())
+        .output()
+        .expect("unshare runs");
+    let text = String::from_utf8_lossy(&skipped.stdout);
+    assert_eq!(skipped.status.code(), Some(0), "{text}");
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|line| line.starts_with("Containers"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{text}");
+    assert!(
+        lines[0].contains("skipped") && lines[0].contains("Read-only"),
+        "{text}"
+    );
+}

@@ -823,6 +823,87 @@ fn the_daemonset_is_read_only_and_on_gpu_nodes_only() {
     assert!(!text.contains("privileged: true"));
 }
 
+/// The DaemonSet's pod spec and the exporter's container, as JSON (PyYAML,
+/// kubernetes-validate's own dependency).
+fn exporter_daemonset() -> serde_json::Value {
+    let output = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import sys, json, yaml; print(json.dumps([d for d in yaml.safe_load_all(open(sys.argv[1])) if d['kind'] == 'DaemonSet'][0]))",
+        ])
+        .arg(deploy("kubernetes/gpureap-exporter.yaml"))
+        .output()
+        .expect("python3 runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("JSON")
+}
+
+#[test]
+fn the_daemonset_reads_the_nodes_container_sources_read_only_with_flags_gpureap_takes() {
+    let daemonset = exporter_daemonset();
+    let pod = &daemonset["spec"]["template"]["spec"];
+    assert_eq!(pod["hostPID"], true);
+    let container = &pod["containers"][0];
+    let args: Vec<String> = container["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .map(|arg| arg.as_str().expect("a string").to_string())
+        .collect();
+    // The arguments are the real command line's.
+    let mut argv = vec!["gpureap".to_string()];
+    argv.extend(args.iter().cloned());
+    if let Err(error) = <gpureap::cli::Cli as clap::Parser>::try_parse_from(&argv) {
+        panic!("{argv:?}: {error}");
+    }
+    let value_of = |flag: &str| {
+        let at = args.iter().position(|arg| arg == flag);
+        at.and_then(|at| args.get(at + 1))
+            .unwrap_or_else(|| panic!("{flag} missing: {args:?}"))
+            .clone()
+    };
+    let host_root = value_of("--host-root");
+    let socket = value_of("--kubelet-socket");
+    let mounts = container["volumeMounts"].as_array().expect("volumeMounts");
+    let volumes = pod["volumes"].as_array().expect("volumes");
+    for mount in mounts {
+        assert_eq!(mount["readOnly"], true, "{mount}");
+        let path = mount["mountPath"].as_str().expect("mountPath");
+        let volume = volumes
+            .iter()
+            .find(|volume| volume["name"] == mount["name"])
+            .unwrap_or_else(|| panic!("no volume for {mount}"));
+        // Mounted under the host root at the node's own path.
+        let node_path = volume["hostPath"]["path"].as_str().expect("a hostPath");
+        assert_eq!(path, format!("{host_root}{node_path}"), "{volume}");
+    }
+    for needed in [
+        "/var/lib/kubelet/pod-resources",
+        "/var/log/pods",
+        "/run/containerd/io.containerd.runtime.v2.task",
+        "/var/lib/docker/containers",
+    ] {
+        assert!(
+            volumes
+                .iter()
+                .any(|volume| volume["hostPath"]["path"] == needed),
+            "{needed} is not mounted"
+        );
+    }
+    let socket_dir = std::path::Path::new(&socket).parent().expect("a folder");
+    assert!(
+        mounts.iter().any(
+            |mount| std::path::Path::new(mount["mountPath"].as_str().unwrap_or("")) == socket_dir
+        ),
+        "the socket's folder {} is not mounted",
+        socket_dir.display()
+    );
+}
+
 #[test]
 fn run_metrics_show_the_supervisors_view() {
     let setup = crate::run::setup(2);

@@ -110,6 +110,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "hostlist",
             "file",
             "container",
+            "members",
         ],
     ),
 ];

@@ -9,7 +9,9 @@
 //! dead group leader (under PID 1 or a subreaper), a driver that failed
 //! altogether, command lines that are paths, children listed before their
 //! parents (PIDs wrapped around), and `--pid` naming PID 1, an ancestor, or
-//! a PID since reused.
+//! a PID since reused, and the members of a container, pod or cgroup
+//! (`--container`, `--pod`, `--cgroup`: roots like `--pid`, but spared by
+//! the guard's name and monitor rules, which naming overrides).
 //! The reference below is written out plainly, from the definition. A second
 //! property checks verification's notion of "still ours" against a ledger
 //! of earlier targets, some of whose PIDs now belong to other processes.
@@ -81,6 +83,9 @@ struct Spec {
     gpus: Option<BTreeSet<u32>>,
     /// Named positions (`usize::MAX` names PID 1), and whether the start time is stale.
     named: Vec<(usize, bool)>,
+    /// Members of a container, pod or cgroup (positions, and whether the
+    /// start time is stale), or none when no such scope was given.
+    members: Option<Vec<(usize, bool)>>,
     patterns: Vec<usize>,
     uids: Vec<usize>,
     orphans: bool,
@@ -134,6 +139,10 @@ fn spec() -> impl Strategy<Value = Spec> {
         ),
         0..3,
     );
+    let members = proptest::option::weighted(
+        0.3,
+        proptest::collection::vec((0usize..64, proptest::bool::weighted(0.1)), 0..6),
+    );
     (
         (
             proptest::collection::vec(process, 1..40),
@@ -154,6 +163,7 @@ fn spec() -> impl Strategy<Value = Spec> {
         (
             proptest::option::weighted(0.4, (0u16..3000, proptest::bool::weighted(0.9))),
             proptest::option::weighted(0.3, proptest::collection::vec(0usize..64, 0..6)),
+            members,
         ),
     )
         .prop_map(
@@ -167,7 +177,7 @@ fn spec() -> impl Strategy<Value = Spec> {
                     (driver_failed, reversed),
                 ),
                 (gpus, named, patterns, uids, orphans, all),
-                (min_age, within),
+                (min_age, within, members),
             )| Spec {
                 processes,
                 hidden_on_gpu0,
@@ -178,6 +188,7 @@ fn spec() -> impl Strategy<Value = Spec> {
                 self_position,
                 gpus,
                 named,
+                members,
                 patterns,
                 uids,
                 orphans,
@@ -372,6 +383,16 @@ fn build(spec: &Spec) -> (Snapshot, Scope, Guard) {
         orphans: spec.orphans,
         all: spec.all,
         stale_runs: None,
+        members: spec.members.as_ref().map(|members| {
+            members
+                .iter()
+                .map(|&(position, stale)| {
+                    let pid = pid_at(spec, position % count);
+                    let start_time = snapshot.processes[&pid].id.start_time + u64::from(stale);
+                    ProcessId { pid, start_time }
+                })
+                .collect()
+        }),
         job: None,
         min_age: spec
             .min_age
@@ -543,6 +564,14 @@ fn reference(snapshot: &Snapshot, scope: &Scope, guard: &Guard) -> (BTreeSet<u32
             .iter()
             .any(|id| id.pid == pid && snapshot.processes[&pid].id == *id)
     };
+    // A member of a container, pod or cgroup, by identity too.
+    let member = |pid: u32| {
+        scope
+            .members
+            .iter()
+            .flatten()
+            .any(|id| id.pid == pid && snapshot.processes[&pid].id == *id)
+    };
     let forbidden = |pid: u32| {
         let record = &snapshot.processes[&pid];
         // argv[0]'s file name: a path names the same program.
@@ -565,7 +594,7 @@ fn reference(snapshot: &Snapshot, scope: &Scope, guard: &Guard) -> (BTreeSet<u32
     };
     let all_pids: Vec<u32> = snapshot.processes.keys().copied().collect();
     let mut spared = BTreeSet::new();
-    let chosen: BTreeSet<u32> = if scope.pids.is_empty() {
+    let chosen: BTreeSet<u32> = if scope.pids.is_empty() && scope.members.is_none() {
         for &pid in &all_pids {
             if is_monitor(pid) && passes(pid) {
                 spared.insert(pid);
@@ -579,7 +608,11 @@ fn reference(snapshot: &Snapshot, scope: &Scope, guard: &Guard) -> (BTreeSet<u32
     } else {
         // A forbidden named root is spared, and nothing is reached through it.
         let mut open_roots = Vec::new();
-        for pid in all_pids.iter().copied().filter(|&pid| named(pid)) {
+        for pid in all_pids
+            .iter()
+            .copied()
+            .filter(|&pid| named(pid) || member(pid))
+        {
             if forbidden(pid) {
                 spared.insert(pid);
             } else {

@@ -1,6 +1,7 @@
 //! One integration-test binary: real processes, real signals, the real /proc,
 //! and the simulated GPU driver.
 
+mod container_scopes;
 mod containers_sources;
 mod demo;
 mod docs;

@@ -175,6 +175,7 @@ pub fn free_flags(request: &FreeRequest) -> Vec<String> {
         user,
         orphans,
         stale_runs,
+        cgroups,
         all,
         grace,
         timeout,
@@ -206,6 +207,12 @@ pub fn free_flags(request: &FreeRequest) -> Vec<String> {
     ));
     flags.extend(repeated("--user", user.clone()));
     flags.extend(repeated("--protect", protect.clone()));
+    // Each host resolves ids, names and paths against its own processes.
+    flags.extend(
+        cgroups
+            .iter()
+            .map(|wanted| format!("{}={}", wanted.flag(), wanted.given())),
+    );
     for (set, flag) in [
         (orphans, "--orphans"),
         (stale_runs, "--stale-runs"),

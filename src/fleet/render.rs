@@ -563,6 +563,18 @@ struct FreeView {
     spared: Bounded<SparedView, MAX_ENTRIES>,
     #[serde(default)]
     gpus: Bounded<OutcomeView, MAX_ENTRIES>,
+    #[serde(default)]
+    cgroup_scopes: Bounded<CgroupScopeView, MAX_ENTRIES>,
+}
+
+/// What a host's `--container`, `--pod` or `--cgroup` resolved to there.
+#[derive(Deserialize)]
+struct CgroupScopeView {
+    kind: Text,
+    given: Text,
+    #[serde(default)]
+    members: Bounded<u32, MAX_NESTED>,
+    note: Option<Text>,
 }
 
 #[derive(Deserialize)]
@@ -625,6 +637,7 @@ pub fn free_plan(results: &[HostResult]) -> String {
     let mut rows = Vec::new();
     let mut nothing = Vec::new();
     let mut spared = Vec::new();
+    let mut scopes = Vec::new();
     for result in results {
         let Some(plan) = view::<FreeView>(&result.answer.report) else {
             continue;
@@ -647,6 +660,20 @@ pub fn free_plan(results: &[HostResult]) -> String {
                 result.host, entry.pid, entry.comm, entry.why
             ));
         }
+        for scope in &plan.cgroup_scopes {
+            let note = scope
+                .note
+                .as_ref()
+                .map(|note| format!(" ({note})"))
+                .unwrap_or_default();
+            scopes.push(format!(
+                "  {}: --{} {}: {} process(es){note}",
+                result.host,
+                scope.kind,
+                scope.given,
+                scope.members.len() + scope.members.more,
+            ));
+        }
     }
     if !rows.is_empty() {
         let mut table = new_table(&["HOST", "PID", "GPUS", "BECAUSE", "COMMAND"]);
@@ -659,6 +686,13 @@ pub fn free_plan(results: &[HostResult]) -> String {
     if !spared.is_empty() {
         let _ = writeln!(out, "Spared:");
         for line in spared {
+            let _ = writeln!(out, "{line}");
+        }
+        let _ = writeln!(out);
+    }
+    if !scopes.is_empty() {
+        let _ = writeln!(out, "Found in their cgroups:");
+        for line in scopes {
             let _ = writeln!(out, "{line}");
         }
         let _ = writeln!(out);
