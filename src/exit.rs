@@ -258,10 +258,11 @@ pub enum Program {
     Reset,
     Plan,
     Dump,
+    Top,
 }
 
 impl Program {
-    pub const ALL: [Program; 16] = [
+    pub const ALL: [Program; 17] = [
         Program::Gpureap,
         Program::Status,
         Program::Free,
@@ -278,6 +279,7 @@ impl Program {
         Program::Reset,
         Program::Plan,
         Program::Dump,
+        Program::Top,
     ];
 
     /// The words after `gpureap` that name it, e.g. `["slurm", "epilog"]`.
@@ -299,6 +301,7 @@ impl Program {
             Program::Reset => &["reset"],
             Program::Plan => &["plan"],
             Program::Dump => &["dump"],
+            Program::Top => &["top"],
         }
     }
 }
@@ -504,6 +507,17 @@ pub fn rows(program: Program) -> Vec<(Exit, &'static str)> {
                 "bad usage or input: no such process, nothing in scope, an output folder others could tamper with; nothing written",
             ),
             (Incomplete, "could not write the bundle (an I/O error)"),
+        ],
+        Program::Top => vec![
+            (Success, "the view was closed (q, Esc, Ctrl-C)"),
+            (
+                Usage,
+                "bad usage: a bad flag, or no terminal to draw on; nothing signalled",
+            ),
+            (
+                Incomplete,
+                "the terminal failed while drawing (an I/O error)",
+            ),
         ],
     }
 }

@@ -76,6 +76,7 @@ fn main() -> ! {
         Command::Demo(args) => {
             gpureap::demo::run(args.json, &mut io::stdout().lock()).map_err(Failure::from)
         }
+        Command::Top(args) => top(&cli.backend, &config::TopRequest::new(args)),
         Command::Exporter(args) => exporter(&cli.backend, args),
         Command::Check(args) => check(&cli.backend, args),
         Command::Slurm(command) => slurm(&cli.backend, command),
@@ -375,6 +376,19 @@ fn free(backend: &BackendChoice, args: &config::FreeRequest) -> Result<Exit, Fai
         report::free_outcome(&outcome)
     })?;
     Ok(code)
+}
+
+/// The live view: it needs a terminal on both ends, and a driver to watch.
+fn top(backend: &BackendChoice, request: &config::TopRequest) -> Result<Exit, Failure> {
+    if !io::stdin().is_terminal() || !io::stdout().is_terminal() {
+        return Err(UsageError(
+            "top needs a terminal (stdin and stdout); for a script use `gpureap status --json`"
+                .to_string(),
+        )
+        .into());
+    }
+    let driver = open_driver_quietly(backend)?;
+    Ok(gpureap::top::run(std::sync::Arc::from(driver), request)?)
 }
 
 /// Asks on the terminal; refuses to go on without one unless --yes was given.

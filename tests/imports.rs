@@ -80,6 +80,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "demo",
             "plan",
             "dump",
+            "top",
         ],
     ),
     ("report", &["report"]),
