@@ -317,3 +317,51 @@ fn top_without_a_terminal_is_bad_usage() {
     let result = run(&host, &["top", "--interval", "10ms"]);
     assert_eq!(result.code, 2, "{}", result.stderr);
 }
+
+/// Names that anyone chooses (argv[0], comm) reach the view written out: an
+/// argv[0] that would move the cursor and erase lines, and a comm with a
+/// newline, neither moves anything nor starts a line, in the list or in the plan.
+#[test]
+fn top_writes_hostile_names_out() {
+    const ERASER: &str = "\x1b[1A\x1b[2K\x1b[1A\x1b[2KNothing in scope to signal.x";
+    let host = host();
+    let mut incident = Incident::new(&host);
+    incident
+        .spawn(&named_holder(ERASER, ERASER.as_bytes(), b"sleep", 0), 1)
+        .expect("eraser");
+    incident
+        .spawn(
+            &named_holder(
+                "liar",
+                b"liar\nFORGED-LINE\r\x1b[2K",
+                b"c\r\nFORGED-COMM",
+                1,
+            ),
+            1,
+        )
+        .expect("liar");
+    let Some(tmux) = Tmux::start(&host, "") else {
+        return;
+    };
+    let screen = tmux.shows("liar\\nFORGED-LINE");
+    assert!(screen.contains("\\u{1b}[1A\\u{1b}[2K"), "{screen}");
+    tmux.keys(&["x"]);
+    let plan = tmux.shows("plan: free these?");
+    tmux.keys(&["n"]);
+    tmux.shows("Cancelled: nothing was signalled.");
+    for text in [&screen, &plan] {
+        for line in text.lines() {
+            for forged in ["Nothing in scope", "FORGED-LINE", "FORGED-COMM"] {
+                assert!(
+                    !line
+                        .trim_start()
+                        .trim_start_matches('│')
+                        .trim_start()
+                        .starts_with(forged),
+                    "a name started a line:\n{text}"
+                );
+            }
+        }
+    }
+    ends_restored(&tmux, &["q"], "0");
+}
