@@ -219,7 +219,7 @@ fn top_frees_an_orphaned_sglang_tree_and_shows_the_verified_result() {
     let Some(tmux) = Tmux::start(&host, "--grace 1s --timeout 10s") else {
         return;
     };
-    tmux.shows("sglang::scheduler_TP1");
+    let before = tmux.shows("sglang::scheduler_TP1");
     tmux.keys(&["o"]);
     // The plan, free's own: who is signalled.
     let plan = tmux.shows("plan: free these?");
@@ -231,6 +231,11 @@ fn top_frees_an_orphaned_sglang_tree_and_shows_the_verified_result() {
     let screen = tmux.shows("GPU 1: freed");
     assert!(screen.contains("Freed after"), "{screen}");
     assert!(screen.contains("GPU 0: freed 30.0 GiB"), "{screen}");
+    // The screens docs/top.md shows.
+    for (name, text) in [("before", &before), ("plan", &plan), ("freed", &screen)] {
+        let path = format!("{}/top-{name}.txt", env!("CARGO_TARGET_TMPDIR"));
+        std::fs::write(path, text).expect("capture written");
+    }
     assert!(workers.iter().all(|&pid| !alive(pid)));
     // The bars follow: nothing used any more.
     tmux.wait_for("the empty GPUs", |screen| {

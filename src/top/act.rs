@@ -72,13 +72,23 @@ pub fn scope(snapshot: &Snapshot, target: &Target, guard: &Guard) -> Result<Scop
 }
 
 /// The plan `free --dry-run` would show for this target on this snapshot.
-pub fn plan(snapshot: &Snapshot, target: &Target, guard: &Guard) -> Result<Planned, String> {
+pub fn plan(
+    snapshot: &Snapshot,
+    target: &Target,
+    guard: &Guard,
+    options: Options,
+) -> Result<Planned, String> {
     let scope = scope(snapshot, target, guard)?;
     let report = reap::plan(snapshot, &scope, guard);
-    let mut text: Vec<String> = printable(&report::free_plan(&report))
-        .lines()
-        .map(str::to_string)
+    let mut text: Vec<String> = report::free_plan_entries(&report)
+        .iter()
+        .map(|line| printable(line).into_owned())
         .collect();
+    text.push(format!(
+        "Then: SIGTERM, {} later SIGSTOP+SIGKILL, and the driver checked for up to {}.",
+        Elapsed(options.grace()),
+        Elapsed(options.timeout())
+    ));
     if euid() != 0 {
         text.push(format!(
             "Not root: only processes of uid {} can be signalled; others are left out.",

@@ -461,7 +461,7 @@ fn ask(app: &mut App, target: Target, guard: &Guard) {
         app.message = Some("No snapshot yet.".to_string());
         return;
     };
-    match act::plan(snapshot, &target, guard) {
+    match act::plan(snapshot, &target, guard, app.request.options) {
         Ok(planned) => {
             app.popup_scroll = 0;
             app.mode = Mode::Confirm(Box::new(planned));

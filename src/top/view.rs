@@ -230,11 +230,17 @@ fn bottom_lines(app: &App) -> Vec<Line<'static>> {
 
 fn popup(frame: &mut Frame, area: Rect, lines: Vec<String>, app: &App) {
     let width = area.width.saturating_sub(4).max(10);
-    let height = (lines.len() as u16 + 2)
+    // Each line as wrapped at the inner width.
+    let inner = width.saturating_sub(2).max(1) as usize;
+    let wrapped: usize = lines
+        .iter()
+        .map(|line| line.chars().count().div_ceil(inner).max(1))
+        .sum();
+    let height = (wrapped as u16 + 2)
         .min(area.height.saturating_sub(2))
         .max(3);
     let rect = Rect {
-        x: area.x + (area.width - width) / 2,
+        x: area.x + area.width.saturating_sub(width) / 2,
         y: area.y + (area.height.saturating_sub(height)) / 2,
         width,
         height,
