@@ -824,4 +824,8 @@ pub struct DemoArgs {
     /// survived, the driver-held GPU, the comparison (docs/json.md).
     #[arg(long)]
     pub json: bool,
+    /// Stage the same crashed host and open `gpureap top` on it instead of the transcript;
+    /// everything staged is gone when the view closes. Example: gpureap demo --top
+    #[arg(long, conflicts_with = "json")]
+    pub top: bool,
 }

@@ -326,6 +326,16 @@ pub struct TopRequest {
 }
 
 impl TopRequest {
+    /// `gpureap demo --top`: top's defaults.
+    pub fn demo() -> TopRequest {
+        TopRequest {
+            readonly: false,
+            interval: Duration::from_secs(1),
+            protect: Vec::new(),
+            options: Options::new(Duration::from_secs(5), Duration::from_secs(30)),
+        }
+    }
+
     pub fn new(args: &crate::cli::TopArgs) -> TopRequest {
         TopRequest {
             readonly: args.readonly,

@@ -73,6 +73,12 @@ fn main() -> ! {
         }
         Command::Run(args) => run(&cli.backend, args),
         Command::Push(args) => push(args),
+        Command::Demo(args) if args.top => terminal_for_top().and_then(|()| {
+            gpureap::demo::staged_for(|driver| {
+                gpureap::top::run(driver, &config::TopRequest::demo())
+            })
+            .map_err(Failure::from)
+        }),
         Command::Demo(args) => {
             gpureap::demo::run(args.json, &mut io::stdout().lock()).map_err(Failure::from)
         }
@@ -378,15 +384,21 @@ fn free(backend: &BackendChoice, args: &config::FreeRequest) -> Result<Exit, Fai
     Ok(code)
 }
 
+/// `top` draws on a terminal and reads keys from it.
+fn terminal_for_top() -> Result<(), Failure> {
+    if io::stdin().is_terminal() && io::stdout().is_terminal() {
+        return Ok(());
+    }
+    Err(UsageError(
+        "top needs a terminal (stdin and stdout); for a script use `gpureap status --json`"
+            .to_string(),
+    )
+    .into())
+}
+
 /// The live view: it needs a terminal on both ends, and a driver to watch.
 fn top(backend: &BackendChoice, request: &config::TopRequest) -> Result<Exit, Failure> {
-    if !io::stdin().is_terminal() || !io::stdout().is_terminal() {
-        return Err(UsageError(
-            "top needs a terminal (stdin and stdout); for a script use `gpureap status --json`"
-                .to_string(),
-        )
-        .into());
-    }
+    terminal_for_top()?;
     let driver = open_driver_quietly(backend)?;
     Ok(gpureap::top::run(std::sync::Arc::from(driver), request)?)
 }

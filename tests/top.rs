@@ -16,9 +16,14 @@ struct Tmux {
 }
 
 impl Tmux {
-    /// Starts `gpureap top ARGS` on `host` in an 80x24 pane, inside a shell
-    /// that records `stty -a` before and after, and the exit code.
+    /// Starts `gpureap top ARGS` on `host` in an 80x24 pane.
     fn start(host: &SimHost, args: &str) -> Option<Tmux> {
+        Tmux::run(&format!("--backend {} top {args}", host.backend()))
+    }
+
+    /// Runs `gpureap ARGS` in an 80x24 pane, inside a shell that records
+    /// `stty -a` before and after, and the exit code.
+    fn run(args: &str) -> Option<Tmux> {
         if Command::new("tmux").arg("-V").output().is_err() {
             skip("tmux is not installed (.ci/run installs it)");
             return None;
@@ -26,10 +31,9 @@ impl Tmux {
         let dir = tempfile::tempdir().expect("temp dir");
         let socket = format!("gpureap-top-{}-{}", std::process::id(), unique());
         let script = format!(
-            "stty -a > {d}/before; {bin} --backend {backend} top {args}; echo $? > {d}/rc; stty -a > {d}/after; echo TOP-ENDED; exec cat",
+            "stty -a > {d}/before; {bin} {args}; echo $? > {d}/rc; stty -a > {d}/after; echo TOP-ENDED; exec cat",
             d = dir.path().display(),
             bin = env!("CARGO_BIN_EXE_gpureap"),
-            backend = host.backend(),
         );
         let tmux = Tmux { socket, dir };
         let started = tmux
@@ -369,4 +373,32 @@ fn top_writes_hostile_names_out() {
         }
     }
     ends_restored(&tmux, &["q"], "0");
+}
+
+/// `gpureap demo --top`: the demo's crashed host in the view; everything it
+/// staged is gone once the view is closed.
+#[test]
+fn demo_top_opens_the_view_on_the_staged_host_and_cleans_up() {
+    let Some(tmux) = Tmux::run("demo --top") else {
+        return;
+    };
+    let screen = tmux.shows("sglang::scheduler_TP");
+    assert!(screen.contains("GPU7"), "{screen}");
+    let pids: Vec<u32> = screen
+        .lines()
+        .filter(|line| line.contains("sglang::scheduler_TP"))
+        .filter_map(|line| {
+            line.trim_start_matches(['>', ' '])
+                .split_whitespace()
+                .next()
+        })
+        .filter_map(|pid| pid.parse().ok())
+        .collect();
+    assert!(!pids.is_empty(), "{screen}");
+    assert!(pids.iter().all(|&pid| alive(pid)));
+    ends_restored(&tmux, &["q"], "0");
+    assert!(
+        pids.iter().all(|&pid| !alive(pid)),
+        "the staged host outlived the view"
+    );
 }
