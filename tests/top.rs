@@ -21,8 +21,19 @@ impl Tmux {
         Tmux::run(&format!("--backend {} top {args}", host.backend()))
     }
 
+    /// The screen with its colours and attributes, as escape sequences.
+    fn screen_with_attributes(&self) -> String {
+        let output = self
+            .command()
+            .args(["capture-pane", "-p", "-e", "-t", "0"])
+            .output()
+            .expect("capture-pane");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
     /// Runs `gpureap ARGS` in an 80x24 pane, inside a shell that records
-    /// `stty -a` before and after, and the exit code.
+    /// `stty -a` before and after, and the exit code; ARGS may place the
+    /// binary itself with `{bin}` (after `env VAR=...`).
     fn run(args: &str) -> Option<Tmux> {
         if Command::new("tmux").arg("-V").output().is_err() {
             skip("tmux is not installed (.ci/run installs it)");
@@ -30,10 +41,15 @@ impl Tmux {
         }
         let dir = tempfile::tempdir().expect("temp dir");
         let socket = format!("gpureap-top-{}-{}", std::process::id(), unique());
+        let bin = env!("CARGO_BIN_EXE_gpureap");
+        let command = if args.contains("{bin}") {
+            args.replace("{bin}", bin)
+        } else {
+            format!("{bin} {args}")
+        };
         let script = format!(
-            "stty -a > {d}/before; {bin} {args}; echo $? > {d}/rc; stty -a > {d}/after; echo TOP-ENDED; exec cat",
+            "stty -a > {d}/before; {command}; echo $? > {d}/rc; stty -a > {d}/after; echo TOP-ENDED; exec cat",
             d = dir.path().display(),
-            bin = env!("CARGO_BIN_EXE_gpureap"),
         );
         let tmux = Tmux { socket, dir };
         let started = tmux
@@ -401,4 +417,31 @@ fn demo_top_opens_the_view_on_the_staged_host_and_cleans_up() {
         pids.iter().all(|&pid| !alive(pid)),
         "the staged host outlived the view"
     );
+}
+
+/// Colours by default (an orphan's row, the bars); none with NO_COLOR or
+/// TERM=dumb, where the marks (`#`, `!`, `>`) still carry the meaning.
+#[test]
+fn top_has_no_colour_with_no_color_or_a_dumb_terminal() {
+    let host = host();
+    host.leak(1, 8 * GIB).expect("leak");
+    let mut incident = Incident::new(&host);
+    orphaned_sglang(&mut incident);
+    let colour =
+        regex::Regex::new(r"\x1b\[[0-9;]*(3[0-7]|38;[25];[0-9;]+|9[0-7])m").expect("regex");
+    for (env, coloured) in [("", true), ("NO_COLOR=1", false), ("TERM=dumb", false)] {
+        let args = format!("--backend {} top --readonly", host.backend());
+        let Some(tmux) = Tmux::run(&format!("env {env} {{bin}} {args}")) else {
+            return;
+        };
+        let screen = tmux.shows("sglang::scheduler_TP1");
+        assert!(screen.contains('!') && screen.contains('#') && screen.contains('>'));
+        let attributes = tmux.screen_with_attributes();
+        assert_eq!(
+            colour.is_match(&attributes),
+            coloured,
+            "{env}: {attributes:?}"
+        );
+        ends_restored(&tmux, &["q"], "0");
+    }
 }
