@@ -34,6 +34,16 @@ fn cgroup_ref(text: &str) -> Result<CgroupRef, String> {
     CgroupRef::parse(text)
 }
 
+/// A refresh interval: at least 100ms, so that the view never spins.
+fn positive_duration(text: &str) -> Result<Duration, String> {
+    match units::parse_duration(text)? {
+        interval if interval < Duration::from_millis(100) => Err(format!(
+            "invalid interval '{text}': refresh at most every 100ms, like 1s"
+        )),
+        interval => Ok(interval),
+    }
+}
+
 fn gpu_list(text: &str) -> Result<GpuList, String> {
     units::parse_gpu_list(text)
 }
@@ -272,6 +282,21 @@ Examples:
   gpureap demo --json | jq '.comparison'")
     )]
     Demo(DemoArgs),
+
+    /// A live view of every GPU and its holders; free a holder, a tree, a GPU or all orphans
+    /// from it, and watch the driver verify that the memory came back.
+    #[command(
+        after_help = exit::after_help(Program::Top, "Keys: arrows or j/k move, / filter, t tree, s sort, space tag, x free the tagged
+(or the selected process and its descendants), g free the selected GPU, o free all orphans,
+? help, q quit. Every free shows the plan first (who is signalled, who is protected and why)
+and asks; it is `gpureap free`'s own escalation and verification.
+
+Examples:
+  gpureap top
+  gpureap top --readonly --interval 2s
+  gpureap --backend sim:/tmp/gpus top --grace 1s")
+    )]
+    Top(TopArgs),
 
     /// Serve GPU memory, holders, orphans and driver health as Prometheus metrics (read-only).
     #[command(
@@ -986,11 +1011,34 @@ pub struct PlanArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct TopArgs {
+    /// Show only: no key signals anything.
+    #[arg(long)]
+    pub readonly: bool,
+    /// How often a new snapshot is taken. Example: --interval 2s
+    #[arg(long, default_value = "1s", value_name = "DUR", value_parser = positive_duration)]
+    pub interval: Duration,
+    /// A free's wait after SIGTERM before SIGSTOP+SIGKILL. Example: --grace 2s
+    #[arg(long, default_value = "5s", value_name = "DUR", value_parser = duration, allow_hyphen_values = true)]
+    pub grace: Duration,
+    /// How long a free waits for the driver to confirm the memory is back. Example: --timeout 1m
+    #[arg(long, default_value = "30s", value_name = "DUR", value_parser = duration, allow_hyphen_values = true)]
+    pub timeout: Duration,
+    /// Also protect processes with this name (repeatable). Example: --protect my-server
+    #[arg(long, value_name = "NAME")]
+    pub protect: Vec<String>,
+}
+
+#[derive(Debug, Args)]
 pub struct DemoArgs {
     /// Print the demo's facts as JSON instead of its transcript: who was signalled, who
     /// survived, the driver-held GPU, the comparison (docs/json.md).
     #[arg(long)]
     pub json: bool,
+    /// Stage the same crashed host and open `gpureap top` on it instead of the transcript;
+    /// everything staged is gone when the view closes. Example: gpureap demo --top
+    #[arg(long, conflicts_with = "json")]
+    pub top: bool,
 }
 
 #[cfg(test)]

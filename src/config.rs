@@ -538,6 +538,37 @@ pub fn reap_argv(
     Ok(merged)
 }
 
+/// What `top` was asked: the view's refresh and the options of the frees it starts.
+#[derive(Debug, Clone)]
+pub struct TopRequest {
+    pub readonly: bool,
+    pub interval: Duration,
+    pub protect: Vec<String>,
+    /// The frees started from the view: `free`'s own formula.
+    pub options: Options,
+}
+
+impl TopRequest {
+    /// `gpureap demo --top`: top's defaults.
+    pub fn demo() -> TopRequest {
+        TopRequest {
+            readonly: false,
+            interval: Duration::from_secs(1),
+            protect: Vec::new(),
+            options: Options::new(Duration::from_secs(5), Duration::from_secs(30)),
+        }
+    }
+
+    pub fn new(args: &crate::cli::TopArgs) -> TopRequest {
+        TopRequest {
+            readonly: args.readonly,
+            interval: args.interval,
+            protect: args.protect.clone(),
+            options: Options::new(args.grace, args.timeout),
+        }
+    }
+}
+
 /// What `wait` was asked: the one config of `wait`, here and with `-H`.
 #[derive(Debug, Clone)]
 pub struct WaitRequest {

@@ -31,8 +31,8 @@ use comfy_table::{Table, presets::NOTHING};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::driver::SimDriver;
 use crate::driver::sim::incident::{self, DETOKENIZER, Holder, Incident, LAUNCHER, MODEL, SimHost};
+use crate::driver::{Driver, SimDriver};
 use crate::exit::Exit;
 use crate::plan::fit::{self, Cost, Outcome, PlanConfig, Verdict};
 use crate::plan::render;
@@ -427,7 +427,25 @@ fn tell(out: &mut dyn Write, played: &Played) -> io::Result<()> {
             writeln!(out, "  - {difference}")?;
         }
     }
+    writeln!(
+        out,
+        "\nTry it live: `gpureap demo --top` stages the same host and opens `gpureap top` on it."
+    )?;
     Ok(())
+}
+
+/// `gpureap demo --top`: the demo's host as it is right after the crash,
+/// handed to `view` (the binary opens `gpureap top` on it). Everything
+/// staged is gone when the view returns, as it does on q, Ctrl-C, SIGTERM
+/// or a panic (dropped while unwinding).
+pub fn staged_for(view: impl FnOnce(Arc<dyn Driver>) -> io::Result<Exit>) -> io::Result<Exit> {
+    let host = SimHost::new(GPUS, GPU_TOTAL, GPU_NAME)?;
+    let driver = SimDriver::open(host.path()).map_err(io::Error::other)?;
+    let mut incident = Incident::with_stand_ins(&host, Path::new(STAND_IN_EXE))?;
+    stage(&mut incident)?;
+    let code = view(Arc::new(driver));
+    drop(incident);
+    code
 }
 
 impl Played<'_> {

@@ -259,10 +259,11 @@ pub enum Program {
     Plan,
     Dump,
     Reap,
+    Top,
 }
 
 impl Program {
-    pub const ALL: [Program; 17] = [
+    pub const ALL: [Program; 18] = [
         Program::Gpureap,
         Program::Status,
         Program::Free,
@@ -280,6 +281,7 @@ impl Program {
         Program::Plan,
         Program::Dump,
         Program::Reap,
+        Program::Top,
     ];
 
     /// The words after `gpureap` that name it, e.g. `["slurm", "epilog"]`.
@@ -302,6 +304,7 @@ impl Program {
             Program::Plan => &["plan"],
             Program::Dump => &["dump"],
             Program::Reap => &["reap"],
+            Program::Top => &["top"],
         }
     }
 }
@@ -525,6 +528,17 @@ pub fn rows(program: Program) -> Vec<(Exit, &'static str)> {
                 "bad usage or input: no such process, nothing in scope, an output folder others could tamper with; nothing written",
             ),
             (Incomplete, "could not write the bundle (an I/O error)"),
+        ],
+        Program::Top => vec![
+            (Success, "the view was closed (q, Esc, Ctrl-C)"),
+            (
+                Usage,
+                "bad usage: a bad flag, or no terminal to draw on; nothing signalled",
+            ),
+            (
+                Incomplete,
+                "the terminal failed while drawing (an I/O error)",
+            ),
         ],
     }
 }

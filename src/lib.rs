@@ -38,6 +38,8 @@ pub mod snapshot;
 pub mod stacks;
 pub mod supervised;
 pub mod supervision;
+// `gpureap top`: the live view over the same pipeline.
+pub mod top;
 pub mod tree;
 pub mod units;
 pub mod verify;

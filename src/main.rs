@@ -92,9 +92,16 @@ fn main() -> ! {
         }
         Command::Run(args) => run(&cli.backend, args),
         Command::Push(args) => push(args),
+        Command::Demo(args) if args.top => terminal_for_top().and_then(|()| {
+            gpureap::demo::staged_for(|driver| {
+                gpureap::top::run(driver, &config::TopRequest::demo())
+            })
+            .map_err(Failure::from)
+        }),
         Command::Demo(args) => {
             gpureap::demo::run(args.json, &mut io::stdout().lock()).map_err(Failure::from)
         }
+        Command::Top(args) => top(&cli.backend, &config::TopRequest::new(args)),
         Command::Exporter(args) => exporter(&cli.backend, args),
         Command::Check(args) => check(&cli.backend, args),
         Command::Slurm(command) => slurm(&cli.backend, command),
@@ -432,6 +439,25 @@ fn cgroup_scopes(wanted: &[Wanted], sources: &Sources) -> Result<Option<Vec<Foun
     members::find(wanted, &placed, &known)
         .map(Some)
         .map_err(UsageError)
+}
+
+/// `top` draws on a terminal and reads keys from it.
+fn terminal_for_top() -> Result<(), Failure> {
+    if io::stdin().is_terminal() && io::stdout().is_terminal() {
+        return Ok(());
+    }
+    Err(UsageError(
+        "top needs a terminal (stdin and stdout); for a script use `gpureap status --json`"
+            .to_string(),
+    )
+    .into())
+}
+
+/// The live view: it needs a terminal on both ends, and a driver to watch.
+fn top(backend: &BackendChoice, request: &config::TopRequest) -> Result<Exit, Failure> {
+    terminal_for_top()?;
+    let driver = open_driver_quietly(backend)?;
+    Ok(gpureap::top::run(std::sync::Arc::from(driver), request)?)
 }
 
 /// Asks on the terminal; refuses to go on without one unless --yes was given.

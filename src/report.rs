@@ -1542,6 +1542,43 @@ fn gpu_list(gpus: &BTreeSet<u32>) -> String {
     }
 }
 
+/// The plan as `free_plan` gives it, one entry a line and narrow enough for
+/// an 80-column view (`top`): each target's PID, GPUs, command and why, then
+/// who is left alone and why, then the same notes.
+pub fn free_plan_entries(report: &FreeReport) -> Vec<String> {
+    let mut lines = Vec::new();
+    if report.targets.is_empty() {
+        lines.push("Nothing in scope to signal.".to_string());
+    } else {
+        lines.push(format!(
+            "Would signal {} process(es):",
+            report.targets.len()
+        ));
+    }
+    for target in &report.targets {
+        let why = match &target.orphan {
+            Some(orphan) => format!("{} (orphaned: {orphan})", because_text(target.because)),
+            None => because_text(target.because),
+        };
+        lines.push(format!(
+            "  {}{} GPU {} {}: {}",
+            target.pid,
+            if target.fate == Fate::PermissionDenied {
+                " (not permitted)"
+            } else {
+                ""
+            },
+            gpu_list(&target.gpus),
+            short(&target.cmdline, 40),
+            Field(&why)
+        ));
+    }
+    let mut rest = String::new();
+    spared_lines(report, &mut rest);
+    lines.extend(rest.lines().map(str::to_string));
+    lines
+}
+
 fn spared_lines(report: &FreeReport, out: &mut String) {
     for spared in &report.spared {
         let _ = writeln!(

@@ -81,6 +81,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "plan",
             "dump",
             "watch",
+            "top",
         ],
     ),
     ("report", &["report"]),

@@ -33,6 +33,7 @@ mod slurm;
 mod sshd_lab;
 mod stacks;
 mod status;
+mod top;
 
 // Monitoring: the exporter, status --prometheus, run --metrics, check, deploy/.
 mod check;

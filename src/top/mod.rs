@@ -1,0 +1,471 @@
+//! `gpureap top`: a live view over the same pipeline as `status` and `free`.
+//! Snapshots are taken on a thread of their own (a slow driver never
+//! freezes the keys; the header shows how old the data is), frees run on a
+//! thread of their own through `reap::free` (`act`), and the terminal is
+//! given back on every way out: `q`, Ctrl-C, SIGTERM/SIGHUP/SIGINT, an error,
+//! a panic.
+
+mod act;
+mod model;
+mod view;
+
+use std::collections::BTreeSet;
+use std::io::{self, Stdout};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use ratatui::Terminal;
+use ratatui::backend::CrosstermBackend;
+use ratatui::crossterm::event::{self, Event, KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
+use ratatui::crossterm::{cursor, execute, terminal};
+
+use crate::config::TopRequest;
+use crate::driver::Driver;
+use crate::exit::Exit;
+use crate::select::Guard;
+use crate::snapshot::Snapshot;
+use crate::units::{Elapsed, one_line};
+
+use act::{Planned, Target};
+
+use model::{GpuBar, History, Row, Sort};
+
+/// What the view is doing besides showing.
+enum Mode {
+    Browse,
+    Filter,
+    Help,
+    Confirm(Box<Planned>),
+    Freeing,
+}
+
+/// The view's state, drawn by `view::draw`.
+pub struct App {
+    backend: String,
+    request: TopRequest,
+    snapshot: Option<Snapshot>,
+    received: Option<Instant>,
+    history: History,
+    bars: Vec<GpuBar>,
+    rows: Vec<Row>,
+    cursor: usize,
+    tagged: BTreeSet<u32>,
+    filter: String,
+    sort: Sort,
+    tree: bool,
+    mode: Mode,
+    message: Option<String>,
+    progress: Option<String>,
+    result: Vec<String>,
+    popup_scroll: u16,
+    color: bool,
+    ascii: bool,
+}
+
+impl App {
+    fn new(backend: String, request: TopRequest) -> App {
+        let term = std::env::var("TERM").unwrap_or_default();
+        let dumb = term == "dumb" || term.is_empty();
+        App {
+            backend: one_line(&backend).into_owned(),
+            request,
+            snapshot: None,
+            received: None,
+            history: History::default(),
+            bars: Vec::new(),
+            rows: Vec::new(),
+            cursor: 0,
+            tagged: BTreeSet::new(),
+            filter: String::new(),
+            sort: Sort::Memory,
+            tree: false,
+            mode: Mode::Browse,
+            message: None,
+            progress: None,
+            result: Vec::new(),
+            popup_scroll: 0,
+            color: std::env::var_os("NO_COLOR").is_none_or(|value| value.is_empty()) && !dumb,
+            ascii: dumb,
+        }
+    }
+
+    fn take(&mut self, snapshot: Snapshot) {
+        self.history.record(&snapshot);
+        self.bars = model::bars(&snapshot);
+        self.snapshot = Some(snapshot);
+        self.received = Some(Instant::now());
+        self.arrange();
+    }
+
+    /// Rebuilds the rows from the snapshot, keeping the cursor on its PID.
+    fn arrange(&mut self) {
+        let Some(snapshot) = &self.snapshot else {
+            return;
+        };
+        let selected = self.selected().map(|row| row.pid);
+        self.rows = model::arrange(
+            snapshot,
+            model::rows(snapshot),
+            &self.filter,
+            self.sort,
+            self.tree,
+        );
+        let live: BTreeSet<u32> = snapshot.processes.keys().copied().collect();
+        self.tagged.retain(|pid| live.contains(pid));
+        self.cursor = selected
+            .and_then(|pid| self.rows.iter().position(|row| row.pid == pid))
+            .unwrap_or(self.cursor)
+            .min(self.rows.len().saturating_sub(1));
+    }
+
+    fn selected(&self) -> Option<&Row> {
+        self.rows.get(self.cursor)
+    }
+
+    fn header(&self) -> String {
+        let age = match self.received {
+            Some(at) => format!("data {} old", Elapsed(at.elapsed())),
+            None => "taking the first snapshot…".to_string(),
+        };
+        let mut text = format!(
+            "gpureap top · {age} · {} holders · sort {}{}",
+            self.rows.len(),
+            self.sort.name(),
+            if self.tree { " · tree" } else { "" }
+        );
+        if !self.filter.is_empty() || matches!(self.mode, Mode::Filter) {
+            text.push_str(&format!(" · filter /{}", self.filter));
+        }
+        if self.request.readonly {
+            text.push_str(" · read-only");
+        } else if act::euid() != 0 {
+            text.push_str(&format!(
+                " · not root: only uid {}'s processes",
+                act::euid()
+            ));
+        }
+        text.push_str(&format!(" · {}", self.backend));
+        text
+    }
+
+    fn footer_lines(&self) -> Vec<String> {
+        let mut lines = Vec::new();
+        lines.extend(self.message.clone());
+        lines.extend(self.progress.clone());
+        lines.extend(self.result.iter().cloned());
+        lines
+    }
+
+    fn keys_line(&self) -> String {
+        match self.mode {
+            Mode::Filter => "type to filter · Enter keep · Esc clear".to_string(),
+            Mode::Confirm(_) => "y: free as planned · n/Esc: cancel · ↑↓ scroll".to_string(),
+            Mode::Freeing => "freeing… (q quits the view; the free goes on until verified)".to_string(),
+            _ if self.request.readonly => "↑↓/jk move · / filter · t tree · s sort · ? help · q quit".to_string(),
+            _ => "↑↓/jk · / filter · t tree · s sort · space tag · x free · g GPU · o orphans · ? · q"
+                .to_string(),
+        }
+    }
+
+    fn popup_title(&self) -> &'static str {
+        match self.mode {
+            Mode::Confirm(_) => " plan: free these? [y/N] ",
+            _ => " gpureap top: keys ",
+        }
+    }
+
+    fn popup(&self) -> Option<Vec<String>> {
+        match &self.mode {
+            Mode::Confirm(planned) => Some(planned.text.clone()),
+            Mode::Help => Some(HELP.lines().map(str::to_string).collect()),
+            _ => None,
+        }
+    }
+}
+
+const HELP: &str = "↑/↓ or j/k   move            PgUp/PgDn, Home/End
+/            filter (PID, user, flags, container, command)
+t            tree: each holder under its nearest holder ancestor
+s            sort: memory, pid, command
+space        tag the selected holder
+x            free the tagged holders (or the selected one) and their descendants
+g            free every holder of the selected holder's GPU
+o            free all orphans (a crashed launcher's workers)
+             each free shows the plan and asks; y goes, n cancels
+q, Esc       quit (Ctrl-C too)
+
+Bars: # used by a process (a colour each), ! held by no process, . free.
+Flags and reasons are status's; `gpureap status --help` explains them.";
+
+/// Gives the terminal back when dropped, and from the panic hook.
+struct Screen;
+
+impl Screen {
+    fn enter() -> io::Result<(Screen, Terminal<CrosstermBackend<Stdout>>)> {
+        terminal::enable_raw_mode()?;
+        let screen = Screen;
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            restore();
+            previous(info);
+        }));
+        execute!(io::stdout(), terminal::EnterAlternateScreen, cursor::Hide)?;
+        let terminal = Terminal::new(CrosstermBackend::new(io::stdout()))?;
+        Ok((screen, terminal))
+    }
+}
+
+impl Drop for Screen {
+    fn drop(&mut self) {
+        restore();
+    }
+}
+
+fn restore() {
+    let _ = execute!(io::stdout(), terminal::LeaveAlternateScreen, cursor::Show);
+    let _ = terminal::disable_raw_mode();
+}
+
+/// Takes snapshots every `interval` on a thread of its own until the view is gone.
+fn sampler(driver: Arc<dyn Driver>, interval: Duration) -> (Receiver<Snapshot>, Sender<()>) {
+    let (snapshots, received) = mpsc::sync_channel::<Snapshot>(1);
+    let (wake, woken) = mpsc::channel::<()>();
+    thread::spawn(move || {
+        loop {
+            if snapshots.send(Snapshot::take(driver.as_ref())).is_err() {
+                return;
+            }
+            match woken.recv_timeout(interval) {
+                Ok(()) | Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+        }
+    });
+    (received, wake)
+}
+
+/// Runs the view until the user quits or a signal ends it.
+pub fn run(driver: Arc<dyn Driver>, request: &TopRequest) -> io::Result<Exit> {
+    let mut stops = Vec::new();
+    for signal in [libc::SIGTERM, libc::SIGHUP, libc::SIGINT] {
+        let flag = Arc::new(AtomicBool::new(false));
+        signal_hook::flag::register(signal, Arc::clone(&flag))?;
+        stops.push((signal, flag));
+    }
+    let guard = Guard::for_this_process(&request.protect);
+    let (snapshots, wake) = sampler(Arc::clone(&driver), request.interval);
+    let (events_to, events) = mpsc::channel::<act::Event>();
+    let mut app = App::new(driver.describe(), request.clone());
+    let (screen, mut terminal) = Screen::enter()?;
+    let mut drawn = Instant::now();
+    let mut dirty = true;
+    let caught = loop {
+        let caught = stops
+            .iter()
+            .find(|(_, flag)| flag.load(Ordering::Relaxed))
+            .map(|(signal, _)| *signal);
+        if caught.is_some() {
+            break caught;
+        }
+        while let Ok(snapshot) = snapshots.try_recv() {
+            app.take(snapshot);
+            dirty = true;
+        }
+        while let Ok(event) = events.try_recv() {
+            on_free_event(&mut app, event, &wake);
+            dirty = true;
+        }
+        if dirty || drawn.elapsed() >= Duration::from_secs(1) {
+            terminal.draw(|frame| view::draw(frame, &app))?;
+            drawn = Instant::now();
+            dirty = false;
+        }
+        if !event::poll(Duration::from_millis(100))? {
+            continue;
+        }
+        dirty = true;
+        if let Event::Key(key) = event::read()?
+            && key.kind != KeyEventKind::Release
+            && on_key(&mut app, key, &guard, &driver, &events_to)
+        {
+            break None;
+        }
+    };
+    drop(screen);
+    Ok(match caught {
+        Some(signal) => Exit::Signalled(signal),
+        None => Exit::Success,
+    })
+}
+
+fn on_free_event(app: &mut App, event: act::Event, wake: &Sender<()>) {
+    match event {
+        act::Event::Progress(text) => app.progress = Some(one_line(&text).into_owned()),
+        act::Event::Done(outcome) => {
+            app.progress = None;
+            app.result = act::result_lines(&outcome);
+            app.mode = Mode::Browse;
+            app.tagged.clear();
+            let _ = wake.send(());
+        }
+    }
+}
+
+/// Handles one key; true when the view should close.
+fn on_key(
+    app: &mut App,
+    key: KeyEvent,
+    guard: &Guard,
+    driver: &Arc<dyn Driver>,
+    events: &Sender<act::Event>,
+) -> bool {
+    if key.modifiers.contains(KeyModifiers::CONTROL) && key.code == KeyCode::Char('c') {
+        return true;
+    }
+    match std::mem::replace(&mut app.mode, Mode::Browse) {
+        Mode::Filter => {
+            filter_key(app, key);
+            false
+        }
+        Mode::Help => false,
+        Mode::Confirm(planned) => {
+            confirm_key(app, key, planned, guard, driver, events);
+            false
+        }
+        Mode::Freeing => {
+            app.mode = Mode::Freeing;
+            matches!(key.code, KeyCode::Char('q'))
+        }
+        Mode::Browse => browse_key(app, key, guard),
+    }
+}
+
+fn filter_key(app: &mut App, key: KeyEvent) {
+    match key.code {
+        KeyCode::Enter => return,
+        KeyCode::Esc => app.filter.clear(),
+        KeyCode::Backspace => {
+            app.filter.pop();
+        }
+        KeyCode::Char(c) if !c.is_control() => app.filter.push(c),
+        _ => {}
+    }
+    app.mode = Mode::Filter;
+    app.arrange();
+    if key.code == KeyCode::Esc {
+        app.mode = Mode::Browse;
+    }
+}
+
+fn confirm_key(
+    app: &mut App,
+    key: KeyEvent,
+    planned: Box<Planned>,
+    guard: &Guard,
+    driver: &Arc<dyn Driver>,
+    events: &Sender<act::Event>,
+) {
+    match key.code {
+        KeyCode::Char('y') | KeyCode::Char('Y') => {
+            app.result.clear();
+            app.message = None;
+            app.progress = Some("starting…".to_string());
+            act::start(
+                Arc::clone(driver),
+                *planned,
+                guard.clone(),
+                app.request.options,
+                events.clone(),
+            );
+            app.mode = Mode::Freeing;
+        }
+        KeyCode::Down | KeyCode::Char('j') => {
+            app.popup_scroll = app.popup_scroll.saturating_add(1);
+            app.mode = Mode::Confirm(planned);
+        }
+        KeyCode::Up | KeyCode::Char('k') => {
+            app.popup_scroll = app.popup_scroll.saturating_sub(1);
+            app.mode = Mode::Confirm(planned);
+        }
+        _ => app.message = Some("Cancelled: nothing was signalled.".to_string()),
+    }
+}
+
+fn browse_key(app: &mut App, key: KeyEvent, guard: &Guard) -> bool {
+    let last = app.rows.len().saturating_sub(1);
+    match key.code {
+        KeyCode::Char('q') | KeyCode::Esc => return true,
+        KeyCode::Down | KeyCode::Char('j') => app.cursor = (app.cursor + 1).min(last),
+        KeyCode::Up | KeyCode::Char('k') => app.cursor = app.cursor.saturating_sub(1),
+        KeyCode::PageDown => app.cursor = (app.cursor + 10).min(last),
+        KeyCode::PageUp => app.cursor = app.cursor.saturating_sub(10),
+        KeyCode::Home => app.cursor = 0,
+        KeyCode::End => app.cursor = last,
+        KeyCode::Char('/') => app.mode = Mode::Filter,
+        KeyCode::Char('?') => app.mode = Mode::Help,
+        KeyCode::Char('t') => {
+            app.tree = !app.tree;
+            app.arrange();
+        }
+        KeyCode::Char('s') => {
+            app.sort = app.sort.next();
+            app.arrange();
+        }
+        KeyCode::Char(' ') => {
+            if let Some(pid) = app.selected().map(|row| row.pid)
+                && !app.tagged.remove(&pid)
+            {
+                app.tagged.insert(pid);
+            }
+        }
+        KeyCode::Char('x') => {
+            let pids = if app.tagged.is_empty() {
+                app.selected().map(|row| row.pid).into_iter().collect()
+            } else {
+                app.tagged.clone()
+            };
+            ask(app, Target::Pids(pids), guard);
+        }
+        KeyCode::Char('g') => {
+            let gpu = app.selected().and_then(|row| {
+                app.snapshot
+                    .as_ref()
+                    .and_then(|snapshot| snapshot.gpus_used_by(row.pid).first().copied())
+            });
+            match gpu {
+                Some(gpu) => ask(app, Target::Gpu(gpu), guard),
+                None => app.message = Some("The selected process uses no GPU.".to_string()),
+            }
+        }
+        KeyCode::Char('o') => ask(app, Target::Orphans, guard),
+        _ => {}
+    }
+    false
+}
+
+/// Shows the plan for a target and asks, or says why not.
+fn ask(app: &mut App, target: Target, guard: &Guard) {
+    if app.request.readonly {
+        app.message =
+            Some("Read-only (--readonly): nothing can be signalled from this view.".to_string());
+        return;
+    }
+    if matches!(&target, Target::Pids(pids) if pids.is_empty()) {
+        app.message = Some("Nothing selected.".to_string());
+        return;
+    }
+    let Some(snapshot) = &app.snapshot else {
+        app.message = Some("No snapshot yet.".to_string());
+        return;
+    };
+    match act::plan(snapshot, &target, guard, app.request.options) {
+        Ok(planned) => {
+            app.popup_scroll = 0;
+            app.mode = Mode::Confirm(Box::new(planned));
+        }
+        Err(why) => app.message = Some(one_line(&why).into_owned()),
+    }
+}

@@ -1,0 +1,254 @@
+//! What the view shows, from one snapshot: the holders as `status` lists
+//! them (`report::holders_json`: the same flags, reasons and containers),
+//! as a list or a tree, filtered and sorted; and each GPU's memory, by
+//! whom, with its short history. Every string from a process or a cgroup
+//! is escaped here (`units::one_line`), before it reaches the terminal.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use crate::report;
+use crate::snapshot::Snapshot;
+use crate::units::one_line;
+
+/// How many samples each GPU's history keeps.
+pub const HISTORY: usize = 40;
+
+/// One holder's row.
+#[derive(Debug, Clone)]
+pub struct Row {
+    pub pid: u32,
+    pub depth: usize,
+    pub user: String,
+    pub state: String,
+    pub gpus: String,
+    /// What the driver reports it uses, over all GPUs.
+    pub memory: Option<u64>,
+    pub flags: String,
+    pub container: String,
+    pub command: String,
+    /// Why it is flagged: the orphan's reason, the protected name, the gone supervisor.
+    pub reason: Option<String>,
+}
+
+/// One GPU's bar: used memory split by holder, and what no process explains.
+#[derive(Debug, Clone)]
+pub struct GpuBar {
+    pub index: u32,
+    pub total: Option<u64>,
+    pub used: Option<u64>,
+    pub by_pid: Vec<(u32, u64)>,
+    /// Held by no process (`Snapshot::held_by_no_process`), and whether it holds the GPU.
+    pub no_process: Option<(u64, bool)>,
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sort {
+    Memory,
+    Pid,
+    Command,
+}
+
+impl Sort {
+    pub fn next(self) -> Sort {
+        match self {
+            Sort::Memory => Sort::Pid,
+            Sort::Pid => Sort::Command,
+            Sort::Command => Sort::Memory,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Sort::Memory => "memory",
+            Sort::Pid => "pid",
+            Sort::Command => "command",
+        }
+    }
+}
+
+/// Each GPU's used memory over the last snapshots, oldest first.
+#[derive(Debug, Default)]
+pub struct History {
+    pub used: BTreeMap<u32, VecDeque<Option<u64>>>,
+}
+
+impl History {
+    pub fn record(&mut self, snapshot: &Snapshot) {
+        for gpu in &snapshot.gpus {
+            let samples = self.used.entry(gpu.index).or_default();
+            if samples.len() == HISTORY {
+                samples.pop_front();
+            }
+            samples.push_back(gpu.memory_used);
+        }
+    }
+}
+
+pub fn bars(snapshot: &Snapshot) -> Vec<GpuBar> {
+    snapshot
+        .gpus
+        .iter()
+        .map(|gpu| GpuBar {
+            index: gpu.index,
+            total: gpu.memory_total,
+            used: gpu.memory_used,
+            by_pid: gpu
+                .users
+                .iter()
+                .filter_map(|user| user.memory.map(|memory| (user.pid, memory)))
+                .collect(),
+            no_process: snapshot
+                .held_by_no_process(gpu)
+                .map(|held| (held.bytes, held.holds())),
+            error: gpu
+                .error
+                .as_ref()
+                .map(|error| one_line(&error.to_string()).into_owned()),
+        })
+        .collect()
+}
+
+/// The holders `status` lists, as rows.
+pub fn rows(snapshot: &Snapshot) -> Vec<Row> {
+    report::holders_json(snapshot, &None)
+        .into_iter()
+        .map(|holder| {
+            // Where the driver lists it; only where it lists it nowhere, the
+            // nodes it has open, in parentheses, as `status` shows them.
+            let mut listed: Vec<String> = holder
+                .gpus
+                .iter()
+                .filter(|gpu| gpu.listed_by_driver)
+                .map(|gpu| gpu.index.to_string())
+                .collect();
+            if listed.is_empty() {
+                listed = holder
+                    .gpus
+                    .iter()
+                    .map(|gpu| format!("({})", gpu.index))
+                    .collect();
+            }
+            let memory: Option<u64> = holder
+                .gpus
+                .iter()
+                .filter_map(|gpu| gpu.memory)
+                .reduce(|a, b| a + b);
+            let mut reasons: Vec<String> = Vec::new();
+            reasons.extend(holder.orphan.map(|why| format!("orphaned: {why}")));
+            reasons.extend(
+                holder
+                    .protected
+                    .map(|name| format!("protected name {name}")),
+            );
+            reasons.extend(
+                holder
+                    .supervisor
+                    .and_then(|supervisor| supervisor.gone)
+                    .map(|gone| format!("supervisor gone: {gone}")),
+            );
+            let command = holder
+                .cmdline
+                .filter(|cmdline| !cmdline.is_empty())
+                .or(holder.comm)
+                .unwrap_or_else(|| "?".to_string());
+            Row {
+                pid: holder.pid,
+                depth: 0,
+                user: one_line(holder.user.as_deref().unwrap_or("?")).into_owned(),
+                state: one_line(holder.state.as_deref().unwrap_or("?")).into_owned(),
+                gpus: if listed.is_empty() {
+                    "-".to_string()
+                } else {
+                    listed.join(",")
+                },
+                memory,
+                flags: holder.flags.join(","),
+                container: holder
+                    .container
+                    .map(|container| one_line(&container.label()).into_owned())
+                    .unwrap_or_default(),
+                command: one_line(&command).into_owned(),
+                reason: (!reasons.is_empty()).then(|| one_line(&reasons.join("; ")).into_owned()),
+            }
+        })
+        .collect()
+}
+
+/// Whether a row answers the filter: a substring of its PID, user, flags,
+/// container or command, case-insensitive.
+pub fn matches(row: &Row, filter: &str) -> bool {
+    if filter.is_empty() {
+        return true;
+    }
+    let needle = filter.to_lowercase();
+    [
+        row.pid.to_string(),
+        row.user.clone(),
+        row.flags.clone(),
+        row.container.clone(),
+        row.command.clone(),
+    ]
+    .iter()
+    .any(|field| field.to_lowercase().contains(&needle))
+}
+
+fn sort_rows(rows: &mut [Row], sort: Sort) {
+    match sort {
+        Sort::Memory => rows.sort_by(|a, b| b.memory.cmp(&a.memory).then(a.pid.cmp(&b.pid))),
+        Sort::Pid => rows.sort_by_key(|row| row.pid),
+        Sort::Command => rows.sort_by(|a, b| a.command.cmp(&b.command).then(a.pid.cmp(&b.pid))),
+    }
+}
+
+/// The rows shown: filtered, sorted, and in tree mode each holder under its
+/// nearest holder ancestor (`ProcessTree`, the one tree every walk uses).
+pub fn arrange(
+    snapshot: &Snapshot,
+    all: Vec<Row>,
+    filter: &str,
+    sort: Sort,
+    tree: bool,
+) -> Vec<Row> {
+    let mut shown: Vec<Row> = all.into_iter().filter(|row| matches(row, filter)).collect();
+    sort_rows(&mut shown, sort);
+    if !tree {
+        return shown;
+    }
+    let processes = snapshot.tree();
+    let present: BTreeSet<u32> = shown.iter().map(|row| row.pid).collect();
+    let parent_of = |pid: u32| {
+        processes
+            .ancestors(pid)
+            .into_iter()
+            .find(|ancestor| present.contains(ancestor))
+    };
+    let mut children: BTreeMap<Option<u32>, Vec<Row>> = BTreeMap::new();
+    for row in shown {
+        children.entry(parent_of(row.pid)).or_default().push(row);
+    }
+    let mut out = Vec::new();
+    let mut stack: Vec<(Row, usize)> = children
+        .remove(&None)
+        .unwrap_or_default()
+        .into_iter()
+        .rev()
+        .map(|row| (row, 0))
+        .collect();
+    while let Some((mut row, depth)) = stack.pop() {
+        let pid = row.pid;
+        row.depth = depth;
+        out.push(row);
+        for child in children
+            .remove(&Some(pid))
+            .unwrap_or_default()
+            .into_iter()
+            .rev()
+        {
+            stack.push((child, depth + 1));
+        }
+    }
+    // A cycle of links (never expected) leaves rows unplaced: shown flat.
+    out.extend(children.into_values().flatten());
+    out
+}

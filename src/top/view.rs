@@ -1,0 +1,257 @@
+//! Drawing one frame: a header (backend, age of the data, mode), a bar and a
+//! history per GPU, the holders, the selected holder's reasons, and the
+//! footer (a message, a free's progress or result, the keys). Plain marks
+//! carry the meaning too (`#` used by a process, `!` held by no process), so
+//! that it reads without colour (NO_COLOR, TERM=dumb).
+
+use ratatui::Frame;
+use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::style::{Color, Modifier, Style};
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Block, Clear, Paragraph, Wrap};
+
+use super::App;
+use super::model::{GpuBar, Row};
+use crate::units::{Bytes, MaybeBytes};
+
+const PALETTE: [Color; 5] = [
+    Color::Cyan,
+    Color::Green,
+    Color::Yellow,
+    Color::Blue,
+    Color::Magenta,
+];
+const SPARK: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
+const SPARK_ASCII: [char; 8] = ['_', '.', ':', '-', '=', '+', '*', '#'];
+
+pub fn draw(frame: &mut Frame, app: &App) {
+    let area = frame.area();
+    let gpus = app.bars.len().max(1) as u16;
+    let footer = 2 + app.footer_lines().len() as u16;
+    let [header, bars, table, bottom] = Layout::vertical([
+        Constraint::Length(1),
+        Constraint::Length(gpus.min(area.height / 3).max(1)),
+        Constraint::Min(3),
+        Constraint::Length(footer.min(area.height / 2)),
+    ])
+    .areas(area);
+    frame.render_widget(Paragraph::new(app.header()), header);
+    frame.render_widget(Paragraph::new(bar_lines(app, bars.width)), bars);
+    frame.render_widget(Paragraph::new(table_lines(app, table)), table);
+    frame.render_widget(
+        Paragraph::new(bottom_lines(app)).wrap(Wrap { trim: false }),
+        bottom,
+    );
+    if let Some(lines) = app.popup() {
+        popup(frame, area, lines, app);
+    }
+}
+
+fn style(app: &App, style: Style) -> Style {
+    if app.color { style } else { Style::default() }
+}
+
+fn bar_lines(app: &App, width: u16) -> Vec<Line<'static>> {
+    let spark_width = 12usize;
+    let bar_width = (width as usize)
+        .saturating_sub(6 + 22 + spark_width + 2)
+        .max(8);
+    app.bars
+        .iter()
+        .map(|bar| {
+            let mut spans = vec![Span::raw(format!("GPU{:<2} ", bar.index))];
+            if let Some(error) = &bar.error {
+                spans.push(Span::styled(
+                    format!("({error})"),
+                    style(app, Style::default().fg(Color::Red)),
+                ));
+                return Line::from(spans);
+            }
+            spans.extend(bar_spans(app, bar, bar_width));
+            spans.push(Span::raw(format!(
+                " {:>9}/{:<9}",
+                MaybeBytes(bar.used).to_string(),
+                MaybeBytes(bar.total).to_string()
+            )));
+            spans.push(Span::raw(format!(
+                " {}",
+                spark(app, bar.index, bar.total, spark_width)
+            )));
+            Line::from(spans)
+        })
+        .collect()
+}
+
+fn bar_spans(app: &App, bar: &GpuBar, width: usize) -> Vec<Span<'static>> {
+    let total = bar.total.unwrap_or(0).max(1);
+    let cells = |bytes: u64| -> usize {
+        ((bytes as u128 * width as u128).div_ceil(total as u128) as usize).min(width)
+    };
+    let mut spans = vec![Span::raw("[")];
+    let mut used = 0;
+    for (pid, memory) in &bar.by_pid {
+        let count = cells(*memory).min(width - used);
+        used += count;
+        let color = PALETTE[*pid as usize % PALETTE.len()];
+        spans.push(Span::styled(
+            "#".repeat(count),
+            style(app, Style::default().fg(color)),
+        ));
+    }
+    if let Some((bytes, _)) = bar.no_process.filter(|(bytes, _)| *bytes > 0) {
+        let count = cells(bytes).min(width - used);
+        used += count;
+        spans.push(Span::styled(
+            "!".repeat(count),
+            style(
+                app,
+                Style::default().fg(Color::Red).add_modifier(Modifier::BOLD),
+            ),
+        ));
+    }
+    spans.push(Span::raw(".".repeat(width - used)));
+    spans.push(Span::raw("]"));
+    // Said in words too: the figure that no process explains.
+    if let Some((bytes, _)) = bar.no_process.filter(|(bytes, _)| *bytes > 0) {
+        spans.push(Span::styled(
+            format!(" !{}", Bytes(bytes)),
+            style(app, Style::default().fg(Color::Red)),
+        ));
+    }
+    spans
+}
+
+fn spark(app: &App, gpu: u32, total: Option<u64>, width: usize) -> String {
+    let marks = if app.ascii { SPARK_ASCII } else { SPARK };
+    let Some(samples) = app.history.used.get(&gpu) else {
+        return String::new();
+    };
+    let total = total.unwrap_or(0).max(1);
+    samples
+        .iter()
+        .skip(samples.len().saturating_sub(width))
+        .map(|sample| match sample {
+            Some(used) => marks[((*used as u128 * 7) / total as u128).min(7) as usize],
+            None => '?',
+        })
+        .collect()
+}
+
+fn row_text(row: &Row, tagged: bool, containers: bool, width: usize) -> String {
+    let indent = "  ".repeat(row.depth.min(6));
+    let mut text = format!(
+        "{}{:>7} {:<8.8} {:<1.1} {:<5.5} {:>9} {:<20.20} ",
+        if tagged { '*' } else { ' ' },
+        row.pid,
+        row.user,
+        row.state,
+        row.gpus,
+        MaybeBytes(row.memory).to_string(),
+        row.flags,
+    );
+    if containers {
+        text.push_str(&format!("{:<14.14} ", row.container));
+    }
+    text.push_str(&indent);
+    text.push_str(&row.command);
+    text.chars().take(width).collect()
+}
+
+fn table_lines(app: &App, area: Rect) -> Vec<Line<'static>> {
+    let containers = app.rows.iter().any(|row| !row.container.is_empty());
+    let mut header = format!(
+        " {:>7} {:<8} {:<1} {:<5} {:>9} {:<20} ",
+        "PID", "USER", "S", "GPU", "GPU MEM", "FLAGS"
+    );
+    if containers {
+        header.push_str(&format!("{:<14} ", "CONTAINER"));
+    }
+    header.push_str("COMMAND");
+    let mut lines = vec![Line::styled(
+        header.chars().take(area.width as usize).collect::<String>(),
+        style(app, Style::default().add_modifier(Modifier::REVERSED)),
+    )];
+    if app.rows.is_empty() {
+        lines.push(Line::raw(if app.filter.is_empty() {
+            " No process holds or watches these GPUs."
+        } else {
+            " No holder matches the filter."
+        }));
+        return lines;
+    }
+    let visible = (area.height as usize).saturating_sub(1).max(1);
+    let first = app.cursor.saturating_sub(visible - 1);
+    for (n, row) in app.rows.iter().enumerate().skip(first).take(visible) {
+        let text = row_text(
+            row,
+            app.tagged.contains(&row.pid),
+            containers,
+            area.width as usize,
+        );
+        let mut line_style = Style::default();
+        if row.flags.contains("orphaned") || row.flags.contains("supervisor_gone") {
+            line_style = line_style.fg(Color::Yellow);
+        }
+        if n == app.cursor {
+            // Reversed, with a mark that reads without colour too.
+            line_style = Style::default().add_modifier(Modifier::REVERSED);
+            let marked: String = std::iter::once('>').chain(text.chars().skip(1)).collect();
+            lines.push(Line::styled(marked, line_style));
+            continue;
+        }
+        lines.push(Line::styled(text, style(app, line_style)));
+    }
+    lines
+}
+
+fn bottom_lines(app: &App) -> Vec<Line<'static>> {
+    let mut lines = Vec::new();
+    let detail = app
+        .selected()
+        .and_then(|row| {
+            row.reason
+                .clone()
+                .map(|reason| format!("{}: {reason}", row.pid))
+        })
+        .unwrap_or_default();
+    lines.push(Line::styled(
+        detail,
+        style(app, Style::default().fg(Color::Yellow)),
+    ));
+    for line in app.footer_lines() {
+        lines.push(Line::raw(line));
+    }
+    lines.push(Line::styled(
+        app.keys_line(),
+        style(app, Style::default().add_modifier(Modifier::DIM)),
+    ));
+    lines
+}
+
+fn popup(frame: &mut Frame, area: Rect, lines: Vec<String>, app: &App) {
+    let width = area.width.saturating_sub(4).max(10);
+    // Each line as wrapped at the inner width.
+    let inner = width.saturating_sub(2).max(1) as usize;
+    let wrapped: usize = lines
+        .iter()
+        .map(|line| line.chars().count().div_ceil(inner).max(1))
+        .sum();
+    let height = (wrapped as u16 + 2)
+        .min(area.height.saturating_sub(2))
+        .max(3);
+    let rect = Rect {
+        x: area.x + area.width.saturating_sub(width) / 2,
+        y: area.y + (area.height.saturating_sub(height)) / 2,
+        width,
+        height,
+    };
+    let text: Vec<Line> = lines.into_iter().map(Line::raw).collect();
+    frame.render_widget(Clear, rect);
+    frame.render_widget(
+        Paragraph::new(text)
+            .wrap(Wrap { trim: false })
+            .block(Block::bordered().title(app.popup_title()))
+            .scroll((app.popup_scroll, 0)),
+        rect,
+    );
+}
