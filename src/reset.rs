@@ -411,9 +411,12 @@ fn process_blockers(
     gpu: &crate::snapshot::GpuState,
     index: u32,
 ) -> Vec<Blocker> {
+    // This gpureap opens the node to ask the driver: it is no blocker (a
+    // reset it ran would be done by it), as seen on an H200 through NVML.
+    let this = std::process::id();
     gpu.users
         .iter()
-        .filter(|user| user.listed || user.node_open)
+        .filter(|user| (user.listed || user.node_open) && user.pid != this)
         .filter_map(|user| {
             let process = snapshot.processes.get(&user.pid);
             if process.is_some_and(|process| process.state.has_exited()) {
@@ -572,4 +575,72 @@ pub fn plan_exit(plans: &[Plan]) -> Exit {
         Some(false) => Exit::StillHeld,
         None => Exit::Incomplete,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proc::{ProcessId, ProcessRecord, State};
+    use crate::snapshot::{GpuState, GpuUser};
+    use std::collections::BTreeMap;
+
+    /// The gpureap that plans has the GPU's node open (NVML opened it): on
+    /// an idle H200 `reset --plan` named itself a monitor blocking the reset.
+    #[test]
+    fn the_planning_gpureap_is_no_blocker_of_its_own_plan() {
+        let this = std::process::id();
+        let record = |pid: u32, comm: &str| ProcessRecord {
+            id: ProcessId { pid, start_time: 1 },
+            ppid: 1,
+            pgid: pid,
+            sid: pid,
+            uid: Some(0),
+            state: State::Sleeping,
+            comm: comm.to_string(),
+            cmdline: comm.to_string(),
+            kernel_thread: false,
+            cpu_ticks: 0,
+            nodes: Default::default(),
+            fds_readable: true,
+        };
+        let user = |pid: u32, listed: bool| GpuUser {
+            pid,
+            memory: listed.then_some(1 << 30),
+            listed,
+            node_open: true,
+            hidden: false,
+        };
+        let gpu = GpuState {
+            index: 0,
+            name: None,
+            uuid: None,
+            memory_total: Some(80 << 30),
+            memory_used: Some(1 << 30),
+            memory_reserved: None,
+            error: None,
+            users: vec![user(this, false), user(4242, true)],
+        };
+        let snapshot = Snapshot {
+            backend: "test".into(),
+            taken_at_unix_ms: 0,
+            gpus: vec![gpu.clone()],
+            processes: BTreeMap::from([
+                (this, record(this, "gpureap")),
+                (4242, record(4242, "python3")),
+            ]),
+            unreadable: Vec::new(),
+            driver_error: None,
+            details: Default::default(),
+            evidence: Default::default(),
+            evidence_note: None,
+            container_notes: Vec::new(),
+            uptime_ticks: None,
+            bookkeeping_slack: 0,
+            host_pids: Some(true),
+            lists_may_omit: true,
+        };
+        let blockers = process_blockers(&snapshot, &gpu, 0);
+        let pids: Vec<Option<u32>> = blockers.iter().map(|blocker| blocker.pid).collect();
+        assert_eq!(pids, vec![Some(4242)], "{blockers:?}");
+    }
 }
