@@ -85,6 +85,46 @@ impl From<UsageError> for crate::exit::Failure {
     }
 }
 
+/// `--gpu` against the driver's count, refusing a list that names no GPU
+/// here (`None`: every GPU).
+fn named_gpus(lists: &[GpuList], gpu_count: u32) -> Result<Option<BTreeSet<u32>>, UsageError> {
+    let gpus = gpus(lists, gpu_count)?;
+    if gpus.as_ref().is_some_and(BTreeSet::is_empty) {
+        return Err(UsageError(
+            "--gpu names no GPU: the driver reports none on this host (see `gpureap status`)"
+                .to_string(),
+        ));
+    }
+    Ok(gpus)
+}
+
+/// `--pid`s by identity: each a live process the guard does not spare
+/// (gpureap, its ancestors, PID 1, kernel threads); a refusal ends with
+/// `what_then`, after `joint`.
+fn named_pids(
+    pids: &[u32],
+    snapshot: &Snapshot,
+    guard: &Guard,
+    what_then: &str,
+    joint: &str,
+) -> Result<BTreeSet<crate::proc::ProcessId>, UsageError> {
+    let mut named = BTreeSet::new();
+    for &pid in pids {
+        let Some(record) = snapshot.processes.get(&pid) else {
+            return Err(UsageError(format!(
+                "no process with PID {pid} (it may have exited already); see `gpureap status`"
+            )));
+        };
+        if let Some(reason) = guard.spare_reason(snapshot, record, true) {
+            return Err(UsageError(format!(
+                "refusing --pid {pid}: it is {reason}{joint}{what_then}"
+            )));
+        }
+        named.insert(record.id);
+    }
+    Ok(named)
+}
+
 /// Resolves the `--gpu` lists (their union) against the GPUs the driver
 /// reports; `None` when no list was given.
 pub fn gpus(lists: &[GpuList], gpu_count: u32) -> Result<Option<BTreeSet<u32>>, UsageError> {
@@ -347,27 +387,14 @@ pub fn free(
     stale_runs: Option<&[StaleRun]>,
     members: Option<&[Found]>,
 ) -> Result<FreeConfig, UsageError> {
-    let gpus = gpus(&request.gpu, gpu_count)?;
-    if gpus.as_ref().is_some_and(BTreeSet::is_empty) {
-        return Err(UsageError(
-            "--gpu names no GPU: the driver reports none on this host (see `gpureap status`)"
-                .to_string(),
-        ));
-    }
-    let mut pids = BTreeSet::new();
-    for &pid in &request.pid {
-        let Some(record) = snapshot.processes.get(&pid) else {
-            return Err(UsageError(format!(
-                "no process with PID {pid} (it may have exited already); see `gpureap status`"
-            )));
-        };
-        if let Some(reason) = guard.spare_reason(snapshot, record, true) {
-            return Err(UsageError(format!(
-                "refusing --pid {pid}: it is {reason}, and neither it nor what runs under it may be signalled"
-            )));
-        }
-        pids.insert(record.id);
-    }
+    let gpus = named_gpus(&request.gpu, gpu_count)?;
+    let pids = named_pids(
+        &request.pid,
+        snapshot,
+        guard,
+        "and neither it nor what runs under it may be signalled",
+        ", ",
+    )?;
     Ok(FreeConfig {
         scope: Scope {
             gpus,
@@ -438,13 +465,7 @@ pub fn reap(args: &ReapArgs, gpu_count: u32) -> Result<crate::watch::ReapConfig,
                 .to_string(),
         ));
     }
-    let gpus = gpus(gpu, gpu_count)?;
-    if gpus.as_ref().is_some_and(BTreeSet::is_empty) {
-        return Err(UsageError(
-            "--gpu names no GPU: the driver reports none on this host (see `gpureap status`)"
-                .to_string(),
-        ));
-    }
+    let gpus = named_gpus(gpu, gpu_count)?;
     if let Some(path) = log {
         crate::run::state::LogFile::check(path).map_err(|error| UsageError(error.to_string()))?;
     }
@@ -793,27 +814,14 @@ pub fn dump_scope(
     snapshot: &Snapshot,
     guard: &Guard,
 ) -> Result<Scope, UsageError> {
-    let gpus = gpus(&request.gpu, gpu_count)?;
-    if gpus.as_ref().is_some_and(BTreeSet::is_empty) {
-        return Err(UsageError(
-            "--gpu names no GPU: the driver reports none on this host (see `gpureap status`)"
-                .to_string(),
-        ));
-    }
-    let mut pids = BTreeSet::new();
-    for &pid in &request.pid {
-        let Some(record) = snapshot.processes.get(&pid) else {
-            return Err(UsageError(format!(
-                "no process with PID {pid} (it may have exited already); see `gpureap status`"
-            )));
-        };
-        if let Some(reason) = guard.spare_reason(snapshot, record, true) {
-            return Err(UsageError(format!(
-                "refusing --pid {pid}: it is {reason}; name the server's own processes"
-            )));
-        }
-        pids.insert(record.id);
-    }
+    let gpus = named_gpus(&request.gpu, gpu_count)?;
+    let pids = named_pids(
+        &request.pid,
+        snapshot,
+        guard,
+        "name the server's own processes",
+        "; ",
+    )?;
     Ok(Scope {
         gpus,
         pids,
