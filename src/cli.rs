@@ -350,6 +350,7 @@ exits 0 only when a reset could run now.
 Examples:
   gpureap reset --gpu 1
   gpureap reset --plan --gpu 3          what blocks a reset of GPU 3, read-only
+  gpureap reset --plan --gpu all --json the same for every GPU, as one JSON document
   gpureap --backend sim:/tmp/gpus reset --gpu 0,1")
     )]
     Reset(ResetArgs),
@@ -665,6 +666,10 @@ pub struct ResetArgs {
     /// use, NVSwitch; exit 0 when a reset could run now. Example: gpureap reset --plan --gpu 3
     #[arg(long)]
     pub plan: bool,
+    /// With --plan: print the plan as one JSON document (kind `reset_plan`, docs/json.md).
+    /// Example: gpureap reset --plan --gpu 3 --json
+    #[arg(long, requires = "plan")]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

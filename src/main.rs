@@ -718,8 +718,16 @@ fn reset(backend: &BackendChoice, args: &gpureap::cli::ResetArgs) -> Result<Exit
             .iter()
             .map(|&index| gpureap::reset::plan(driver.as_ref(), &snapshot, &platform, index))
             .collect();
-        emit(&plans.iter().map(ToString::to_string).collect::<String>())?;
-        return Ok(gpureap::reset::plan_exit(&plans));
+        let code = gpureap::reset::plan_exit(&plans);
+        if args.json {
+            emit(&format!(
+                "{}\n",
+                gpureap::report::reset_plan_json(&plans, code)
+            ))?;
+        } else {
+            emit(&plans.iter().map(ToString::to_string).collect::<String>())?;
+        }
+        return Ok(code);
     }
     let outcomes: Vec<_> = gpus
         .iter()

@@ -1402,6 +1402,25 @@ pub fn target_json(target: &Handled) -> TargetJson<'_> {
     }
 }
 
+#[derive(Debug, Serialize)]
+struct ResetPlanJson<'a> {
+    schema_version: u32,
+    kind: &'static str,
+    exit_code: Exit,
+    plans: &'a [crate::reset::Plan],
+}
+
+/// `gpureap reset --plan --json`: every GPU's plan (docs/json.md, kind
+/// `reset_plan`); names the driver or /proc gave are escaped by `to_json`.
+pub fn reset_plan_json(plans: &[crate::reset::Plan], exit_code: Exit) -> String {
+    to_json(&ResetPlanJson {
+        schema_version: SCHEMA_VERSION,
+        kind: "reset_plan",
+        exit_code,
+        plans,
+    })
+}
+
 pub fn free_json(report: &FreeReport, exit_code: Exit) -> String {
     to_json(&FreeJson {
         schema_version: SCHEMA_VERSION,

@@ -243,6 +243,36 @@ fn reset_plan_names_each_blocker_by_role_and_resets_nothing() {
     ] {
         assert!(out.contains(&expected), "{expected}\nnot in\n{out}");
     }
+    // The same plan for programs: one document, the same blockers and exit.
+    let json = run(&host, &["reset", "--plan", "--gpu", "0", "--json"]);
+    assert_eq!(json.code, 1, "{}{}", json.stdout, json.stderr);
+    let document = json.json();
+    assert_eq!(document["kind"], "reset_plan", "{document:#}");
+    assert_eq!(document["exit_code"], 1, "{document:#}");
+    let plan = &document["plans"][0];
+    assert_eq!(plan["index"], 0, "{document:#}");
+    assert_eq!(plan["could_reset"], false, "{document:#}");
+    assert_eq!(plan["persistence_mode"], true, "{document:#}");
+    let blockers = plan["blockers"].as_array().expect("blockers");
+    for (pid, role) in [
+        (persistenced, "persistence_daemon"),
+        (dcgm, "dcgm"),
+        (xorg, "display_server"),
+        (cuda, "cuda_user"),
+    ] {
+        assert!(
+            blockers
+                .iter()
+                .any(|b| b["pid"] == pid && b["role"] == role && b["blocks"] == true),
+            "pid {pid} as {role} not in {document:#}"
+        );
+    }
+    assert!(
+        blockers
+            .iter()
+            .any(|b| b["kind"] == "module" && b["name"] == "nvidia_uvm" && b["blocks"] == false),
+        "{document:#}"
+    );
     // Read-only: everything still there.
     for pid in [persistenced, dcgm, xorg, cuda] {
         assert!(alive(pid), "{pid} signalled");

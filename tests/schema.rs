@@ -69,6 +69,10 @@ fn every_document_matches_the_published_schema() {
     let mut documents = vec![
         ("status", run(&host, &["status", "--json"])),
         (
+            "reset --plan",
+            run(&host, &["reset", "--plan", "--gpu", "all", "--json"]),
+        ),
+        (
             "status --gpu 1",
             run(&host, &["status", "--gpu", "1", "--json"]),
         ),
