@@ -48,8 +48,21 @@ else:
     print("FAIL pci_bus_id", ev["pci_bus_id"], "nvidia-smi", bus and bus.group(1))
 def smi_after(section, key):
     # The value of `key` in the first block after the line `section`.
-    m = re.search(re.escape(section) + r".*?^\s*" + re.escape(key) + r"\s*:\s*(.+)$", smi, re.M | re.S)
-    return m.group(1).strip() if m else None
+    # Within that block only (until the next line indented no deeper than the
+    # section's), and the value up to the end of its own line.
+    m = re.search(r"^([ \t]*)" + re.escape(section) + r"[ \t]*$", smi, re.M)
+    if not m:
+        return None
+    block = []
+    for line in smi[m.end():].splitlines()[1:]:
+        if line.strip() and len(line) - len(line.lstrip()) <= len(m.group(1)):
+            break
+        block.append(line)
+    for line in block:
+        k = re.match(r"^\s*" + re.escape(key) + r"\s*:\s*([^\n]*?)\s*$", line)
+        if k:
+            return k.group(1)
+    return None
 checks = [
     ("ecc_volatile_uncorrected", smi_after("Volatile", "DRAM Uncorrectable") or smi_after("Volatile", "Total")),
     ("ecc_aggregate_uncorrected", smi_after("Aggregate", "DRAM Uncorrectable") or smi_after("Aggregate", "Total")),

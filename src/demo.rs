@@ -60,6 +60,20 @@ const SHARED: u32 = 3;
 const NOTEBOOK_MEMORY: u64 = 6 * GIB;
 /// What the driver kept on GPU 3 in the incident: 92 (GiB, here).
 const KEPT: u64 = 92 * GIB;
+/// What the driver says about GPU 3 (docs/evidence.md): the kernel logged
+/// an uncorrectable ECC error on it a minute and a half ago, and its
+/// counters say the row was marked for remapping, which takes effect at the
+/// next reset.
+const XIDS: [(u32, u64, &str); 1] = [(
+    48,
+    95,
+    "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 6, subpartition 0.",
+)];
+const HEALTH: &str = "ecc_volatile_uncorrected 1\necc_aggregate_uncorrected 1\nretired_pages_pending no\nrow_remap_pending yes\nrow_remap_failure no\npersistence_mode on\n";
+/// The driver's modules as /proc/modules lists them on a headless box:
+/// nvidia_uvm used by the CUDA processes, no display on nvidia_drm.
+const MODULES: &str = "nvidia_uvm 1892352 12 - Live 0x0000000000000000\nnvidia_drm 135168 0 - Live 0x0000000000000000\nnvidia_modeset 1638400 1 nvidia_drm, Live 0x0000000000000000\nnvidia 104329216 58 nvidia_uvm,nvidia_modeset, Live 0x0000000000000000\n";
+const RESET_PLAN_COMMAND: &str = "gpureap reset --plan --gpu 3";
 const NOTEBOOK: &str = "python3 -m ipykernel_launcher -f /home/colleague/.local/share/jupyter/runtime/kernel-7d3e.json";
 const EXPORTER: &str = "nvidia_gpu_exporter --web.listen-address=:9835";
 const GRACE: Duration = Duration::from_secs(2);
@@ -214,6 +228,16 @@ struct DemoJson {
     /// The containers act: a running container named, a removed one's
     /// leftover flagged "container gone" and freed by `free --container`.
     containers: containers::ContainersJson,
+    /// What the driver said about GPU 3 and what blocks its reset.
+    evidence: EvidenceJson,
+}
+
+#[derive(Debug, Serialize)]
+struct EvidenceJson {
+    /// The Xids staged in the simulated kernel log, oldest first.
+    xids_staged: Vec<u32>,
+    /// `reset --plan --json` for GPU 3 after the free (docs/json.md, kind `reset_plan`).
+    reset_plan: Value,
 }
 
 /// Runs the demo; `json` prints its facts as JSON instead of its transcript.
@@ -234,11 +258,13 @@ pub fn run(json: bool, out: &mut dyn Write) -> io::Result<Exit> {
     let text = !json;
 
     let launcher = stage(&mut incident)?;
+    stage_evidence(&host)?;
 
     if text {
         introduce(out, host.path(), launcher)?;
     }
-    let before = Snapshot::take(&driver);
+    let mut before = Snapshot::take(&driver);
+    before.read_evidence(&driver);
     if text {
         writeln!(out, "{}", report::status_tree(&before, &None))?;
     }
@@ -253,7 +279,7 @@ pub fn run(json: bool, out: &mut dyn Write) -> io::Result<Exit> {
     };
     let options = Options::new(GRACE, TIMEOUT);
     let guard = Guard::for_this_process(&[]);
-    let outcome = reap::free(
+    let mut outcome = reap::free(
         &driver,
         &scope,
         &guard,
@@ -261,6 +287,7 @@ pub fn run(json: bool, out: &mut dyn Write) -> io::Result<Exit> {
         options,
         &mut |_| {},
     );
+    outcome.attach_advice(&driver);
     let free_code = outcome.exit();
     if text {
         writeln!(out, "{}", report::free_outcome(&outcome))?;
@@ -271,6 +298,8 @@ pub fn run(json: bool, out: &mut dyn Write) -> io::Result<Exit> {
     if text {
         writeln!(out, "{}", report::status_table(&after, &None))?;
     }
+    // Read-only, after the free: what keeps GPU 3 from the reset it needs.
+    let reset_plan = crate::reset::plan(&driver, &after, &driver.platform(), SHARED);
 
     // The third act, told before the verdict: containers.
     let mut act = Vec::new();
@@ -282,6 +311,12 @@ pub fn run(json: bool, out: &mut dyn Write) -> io::Result<Exit> {
     let mut differences = differences(&processes, &outcome, &driver_held);
     differences.extend(plan_differences(&plan, &processes));
     differences.extend(containers.differences());
+    differences.extend(evidence_differences(
+        &before,
+        &outcome,
+        &reset_plan,
+        &processes,
+    ));
     let code = if differences.is_empty() {
         Exit::Success
     } else {
@@ -298,6 +333,7 @@ pub fn run(json: bool, out: &mut dyn Write) -> io::Result<Exit> {
         driver_held,
         comparison,
         containers,
+        reset_plan,
         act: String::from_utf8_lossy(&act).into_owned(),
         differences,
         code,
@@ -381,6 +417,8 @@ struct Played<'a> {
     driver_held: Vec<DriverHeld>,
     comparison: Comparison,
     containers: containers::ContainersJson,
+    /// `reset --plan --gpu 3` after the free.
+    reset_plan: crate::reset::Plan,
     /// The containers act's transcript, told before the verdict.
     act: String,
     differences: Vec<String>,
@@ -413,6 +451,7 @@ fn tell(out: &mut dyn Write, played: &Played) -> io::Result<()> {
         )?;
     }
     second_half(out, driver_held, processes)?;
+    evidence_text(out, played)?;
     comparison_text(out, comparison, processes)?;
     write!(out, "{}", played.act)?;
     if differences.is_empty() {
@@ -443,6 +482,7 @@ pub fn staged_for(view: impl FnOnce(Arc<dyn Driver>) -> io::Result<Exit>) -> io:
     let driver = SimDriver::open(host.path()).map_err(io::Error::other)?;
     let mut incident = Incident::with_stand_ins(&host, Path::new(STAND_IN_EXE))?;
     stage(&mut incident)?;
+    stage_evidence(&host)?;
     let code = view(Arc::new(driver));
     drop(incident);
     code
@@ -468,6 +508,13 @@ impl Played<'_> {
             driver_held: self.driver_held,
             comparison: self.comparison,
             containers: self.containers,
+            evidence: EvidenceJson {
+                xids_staged: XIDS.iter().map(|(xid, _, _)| *xid).collect(),
+                reset_plan: parse(report::reset_plan_json(
+                    std::slice::from_ref(&self.reset_plan),
+                    crate::reset::plan_exit(std::slice::from_ref(&self.reset_plan)),
+                ))?,
+            },
         })
     }
 }
@@ -693,6 +740,98 @@ fn differences(processes: &[Staged], outcome: &FreeReport, held: &[DriverHeld]) 
             outcome.exit().code(),
             Exit::StillHeld.code()
         ));
+    }
+    differences
+}
+
+/// Stages what the driver says about GPU 3 (`XIDS`, `HEALTH`) and the host's
+/// driver modules: the kernel log's records a minute and a half old.
+fn stage_evidence(host: &SimHost) -> io::Result<()> {
+    let uptime_us = crate::proc::uptime_ticks()
+        .map(|ticks| ticks.saturating_mul(1_000_000) / crate::proc::ticks_per_second().max(1))
+        .unwrap_or(0);
+    for (xid, seconds_ago, detail) in XIDS {
+        let at = uptime_us.saturating_sub(seconds_ago * 1_000_000).max(1);
+        host.xid(SHARED, xid, at, detail)?;
+    }
+    host.health(SHARED, HEALTH)?;
+    std::fs::write(host.path().join("modules"), MODULES)
+}
+
+/// What the driver said about GPU 3, and what keeps it from the reset.
+fn evidence_text(out: &mut dyn Write, played: &Played) -> io::Result<()> {
+    let advice = played
+        .before
+        .evidence
+        .get(&SHARED)
+        .map(|evidence| evidence.advice(SHARED))
+        .unwrap_or_default();
+    if !advice.is_empty() {
+        writeln!(
+            out,
+            "\nThe driver says what else happened there, and gpureap reads it (the kernel log's Xids, the ECC"
+        )?;
+        writeln!(
+            out,
+            "and row-remap counters: in `status`, `free`, `check`, the JSON and the exporter; docs/evidence.md):"
+        )?;
+        for line in &advice {
+            writeln!(out, "  - GPU {SHARED}: {}", crate::units::Field(line))?;
+        }
+    }
+    writeln!(
+        out,
+        "\nBefore a reset, what stands in its way (read-only: nothing is signalled or reset):"
+    )?;
+    writeln!(out, "$ {RESET_PLAN_COMMAND}")?;
+    write!(out, "{}", played.reset_plan)
+}
+
+/// What the evidence part did not show as staged.
+fn evidence_differences(
+    before: &Snapshot,
+    outcome: &FreeReport,
+    plan: &crate::reset::Plan,
+    processes: &[Staged],
+) -> Vec<String> {
+    let mut differences = Vec::new();
+    let counts = before.evidence.get(&SHARED).map(|e| &e.xid_counts);
+    for (xid, _, _) in XIDS {
+        if counts.is_none_or(|counts| !counts.contains_key(&xid)) {
+            differences.push(format!(
+                "status did not read Xid {xid} for GPU {SHARED} from the kernel log"
+            ));
+        }
+    }
+    let advised = outcome
+        .gpus
+        .iter()
+        .find(|gpu| gpu.index == SHARED)
+        .is_some_and(|gpu| gpu.advice.iter().any(|line| line.starts_with("Xid 48")));
+    if !advised {
+        differences.push(format!(
+            "free's result for GPU {SHARED} gave no advice from the Xids"
+        ));
+    }
+    if plan.could_reset != Some(false) {
+        differences.push(format!(
+            "reset --plan said a reset of GPU {SHARED} could run (or could not tell) while the notebook uses it"
+        ));
+    }
+    for role in [Role::Notebook, Role::Exporter] {
+        for process in processes.iter().filter(|p| p.role == role) {
+            if !plan
+                .blockers
+                .iter()
+                .any(|blocker| blocker.pid == Some(process.pid) && blocker.blocks)
+            {
+                differences.push(format!(
+                    "reset --plan did not name {} (pid {}) as a blocker",
+                    role.described(),
+                    process.pid
+                ));
+            }
+        }
     }
     differences
 }

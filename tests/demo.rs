@@ -277,6 +277,45 @@ fn the_demo_reports_both_halves_of_the_incident_as_facts() {
     assert_eq!(gpu(after, 3)["memory_unattributed"], 92 * GIB);
     assert_eq!(facts["driver_held"][0]["gpu"], 3);
     assert_eq!(facts["driver_held"][0]["bytes"], 92 * GIB);
+    // What the driver says about GPU 3: the staged Xid 48 and pending row
+    // remap, read by status and attached to free's result; and what keeps
+    // GPU 3 from the reset it needs: the notebook and the exporter.
+    assert_eq!(facts["evidence"]["xids_staged"], serde_json::json!([48]));
+    let evidence = &gpu(status, 3)["evidence"];
+    assert_eq!(evidence["xid_counts"]["48"], 1, "{evidence:#}");
+    assert_eq!(evidence["row_remap_pending"], true, "{evidence:#}");
+    assert_eq!(evidence["ecc_volatile_uncorrected"], 1, "{evidence:#}");
+    let advice: Vec<&str> = gpu(free, 3)["advice"]
+        .as_array()
+        .expect("advice")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(
+        advice.iter().any(|line| line.starts_with("Xid 48 at "))
+            && advice
+                .iter()
+                .any(|line| line.starts_with("row remap pending")),
+        "{advice:?}"
+    );
+    let reset_plan = &facts["evidence"]["reset_plan"];
+    assert!(validator.is_valid(reset_plan), "{reset_plan:#}");
+    assert_eq!(reset_plan["exit_code"], 1, "{reset_plan:#}");
+    let plan3 = &reset_plan["plans"][0];
+    assert_eq!(
+        (&plan3["index"], &plan3["could_reset"]),
+        (&serde_json::json!(3), &serde_json::json!(false))
+    );
+    for (bystander, role) in [(notebook, "cuda_user"), (exporter, "monitor")] {
+        assert!(
+            plan3["blockers"]
+                .as_array()
+                .expect("blockers")
+                .iter()
+                .any(|b| b["pid"] == bystander["pid"] && b["role"] == role),
+            "{role} {bystander:#} not a blocker in {plan3:#}"
+        );
+    }
 
     // The comparison, from the same host: fuser would have killed every
     // process with a node open, bystanders included, then slept 5 s blind.
@@ -346,6 +385,24 @@ fn the_transcript_shows_the_gpu_trees_and_the_free_exit_code() {
     let output = child.wait_with_output().expect("demo ends");
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert_eq!(output.status.code(), Some(0), "{stdout}");
+    // Read-only, after the second half: what blocks GPU 3's reset.
+    let reset_plan = stdout
+        .split("$ gpureap reset --plan --gpu 3\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\nInstead of").next())
+        .expect("a reset --plan section");
+    assert!(
+        reset_plan.starts_with("GPU 3: a reset cannot run now (read-only: nothing was reset)")
+            && reset_plan.contains("(python3, CUDA user): free it first (gpureap free --gpu 3)")
+            && reset_plan.contains("(nvidia_gpu_exporter, monitor)")
+            && reset_plan.contains("persistence mode: on"),
+        "{reset_plan}"
+    );
+    assert!(
+        stdout.contains("GPU 3: Xid 48 at ")
+            && stdout.contains("GPU 3: row remap pending: reset the GPU"),
+        "{stdout}"
+    );
     // The tree holds the GPU users' trees only: not the demo, nor what started it.
     let tree = stdout
         .split("$ gpureap status --tree")
