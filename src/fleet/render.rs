@@ -87,6 +87,10 @@ struct GpuView {
     #[serde(default)]
     unattributed_kind: Option<Text>,
     error: Option<Text>,
+    /// What the host's hardware evidence implies (Xids, ECC, row remapping:
+    /// `gpus[].advice`); absent from a host older than #26.
+    #[serde(default)]
+    advice: Bounded<Text, MAX_NESTED>,
 }
 
 #[derive(Deserialize)]
@@ -391,6 +395,13 @@ fn host_notes(host: &str, status: &StatusView) -> Vec<String> {
             "{host}: GPU {}: memory no listed process explains, and gpureap there runs without the host's PIDs: processes it cannot see may hold it, not the driver (give it `--pid=host`, or `hostPID: true` in Kubernetes)",
             GpuRanges(&unseen)
         ));
+    }
+    for gpu in status.gpus.iter() {
+        notes.extend(
+            gpu.advice
+                .iter()
+                .map(|line| format!("{host}: GPU {}: {line}", gpu.index)),
+        );
     }
     if status.holders.more > 0 {
         notes.push(format!(
@@ -1230,5 +1241,32 @@ mod tests {
         );
         assert!(text.contains("--pid=host"), "{text}");
         assert!(!text.contains("held by no process"), "{text}");
+    }
+
+    /// A host's hardware advice (an Xid, a pending row remap) is a note
+    /// under the table, escaped as everything a host sends.
+    #[test]
+    fn status_gives_each_hosts_hardware_advice() {
+        let report = r#"{"kind": "status", "gpus": [{"index": 3, "name": "H200", "memory_total": 2048,
+            "memory_used": 0, "memory_unattributed": 0, "held_by_no_process": false,
+            "unattributed_kind": "bookkeeping", "error": null,
+            "advice": ["Xid 79 at 03:12 UTC (GPU has fallen off the bus): a reset will not help; reboot the node",
+                       "forged\u001b[2J\nline"]}], "holders": []}"#;
+        let text = super::status(&[super::HostResult {
+            host: "n7".to_string(),
+            answer: super::super::Answer {
+                exit_code: crate::exit::Exit::Success,
+                report: super::super::nested_json(report),
+                error: None,
+                elapsed: std::time::Duration::ZERO,
+            },
+        }]);
+        assert!(
+            text.contains("n7: GPU 3: Xid 79 at 03:12 UTC (GPU has fallen off the bus): a reset will not help; reboot the node"),
+            "{text}"
+        );
+        assert!(!text.contains('\u{1b}'), "{text:?}");
+        assert!(text.contains("n7: GPU 3: forged"), "{text}");
+        assert!(!text.contains("\nline"), "{text:?}");
     }
 }
