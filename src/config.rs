@@ -87,7 +87,7 @@ impl From<UsageError> for crate::exit::Failure {
 
 /// `--gpu` against the driver's count, refusing a list that names no GPU
 /// here (`None`: every GPU).
-fn named_gpus(lists: &[GpuList], gpu_count: u32) -> Result<Option<BTreeSet<u32>>, UsageError> {
+pub fn named_gpus(lists: &[GpuList], gpu_count: u32) -> Result<Option<BTreeSet<u32>>, UsageError> {
     let gpus = gpus(lists, gpu_count)?;
     if gpus.as_ref().is_some_and(BTreeSet::is_empty) {
         return Err(UsageError(

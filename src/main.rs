@@ -703,14 +703,9 @@ fn dump(backend: &BackendChoice, request: &config::DumpRequest) -> Result<Exit, 
 
 fn reset(backend: &BackendChoice, args: &gpureap::cli::ResetArgs) -> Result<Exit, Failure> {
     let driver = open_driver(backend)?;
-    let gpus = config::gpus(&args.gpu, gpu_count(driver.as_ref()))?.unwrap_or_default();
-    if gpus.is_empty() {
-        return Err(UsageError(
-            "--gpu names no GPU: the driver reports none on this host (see `gpureap status`)"
-                .to_string(),
-        )
-        .into());
-    }
+    // --gpu is required (clap): `None` cannot come back.
+    let gpus = config::named_gpus(&args.gpu, gpu_count(driver.as_ref()))?
+        .ok_or_else(|| UsageError("--gpu is required".to_string()))?;
     if args.plan {
         let snapshot = Snapshot::take(driver.as_ref());
         let platform = driver.platform();

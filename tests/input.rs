@@ -303,15 +303,22 @@ fn no_driver_is_said_in_the_json_too() {
 
 #[test]
 fn a_gpu_scope_on_a_host_without_gpus_is_refused() {
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_gpureap"))
-        .args(["--backend", "none", "free", "--gpu", "all", "--yes"])
-        .stdin(std::process::Stdio::null())
-        .output()
-        .expect("runs");
-    assert_eq!(output.status.code(), Some(2));
-    assert!(
-        String::from_utf8_lossy(&output.stderr).contains("--gpu names no GPU"),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    for args in [
+        &["free", "--gpu", "all", "--yes"][..],
+        &["reset", "--gpu", "all"],
+        &["reset", "--plan", "--gpu", "all", "--json"],
+    ] {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_gpureap"))
+            .args(["--backend", "none"])
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("runs");
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+        assert!(
+            String::from_utf8_lossy(&output.stderr).contains("--gpu names no GPU"),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
 }
