@@ -358,6 +358,7 @@ fn build(spec: &Spec) -> (Snapshot, Scope, Guard) {
             .iter()
             .map(|name| name.to_string())
             .collect(),
+        mps_servers: BTreeSet::new(),
     };
     let scope = Scope {
         gpus: spec.gpus.clone(),
@@ -398,6 +399,7 @@ fn build(spec: &Spec) -> (Snapshot, Scope, Guard) {
             .min_age
             .map(|(floor, _)| Duration::from_millis(u64::from(floor))),
         supervisor_gone: false,
+        mps_servers: BTreeSet::new(),
         within: spec.within.as_ref().map(|positions| {
             positions
                 .iter()
@@ -893,6 +895,7 @@ fn a_job_scope_takes_the_jobs_own_and_never_another_jobs() {
             .iter()
             .map(|name| name.to_string())
             .collect(),
+        mps_servers: BTreeSet::new(),
     };
     let selection = select(&snapshot, &scope, &guard);
     let targets: BTreeSet<u32> = selection.targets.keys().copied().collect();

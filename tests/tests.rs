@@ -12,6 +12,7 @@ mod harness;
 mod held_by_no_process;
 mod hostile;
 mod imports;
+mod mps;
 mod incidents;
 mod input;
 mod old_kernel;
