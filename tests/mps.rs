@@ -35,9 +35,8 @@ fn prepare(host: &SimHost, gpu: u32, exits: bool) -> String {
     } else {
         "exec -a nvidia-cuda-mps-control \"$D/bin/nvidia-cuda-mps-control-daemon\" 100000"
     };
-    let script = format!(
-        "( {server} ) &\necho \"$$ nvidia-cuda-mps-control\" >> \"$D/pids\"\n{end}\n"
-    );
+    let script =
+        format!("( {server} ) &\necho \"$$ nvidia-cuda-mps-control\" >> \"$D/pids\"\n{end}\n");
     let bin = host.path().join("bin");
     std::fs::create_dir_all(&bin).expect("bin");
     std::fs::create_dir_all(host.path().join("mps")).expect("mps");
@@ -51,9 +50,8 @@ fn prepare(host: &SimHost, gpu: u32, exits: bool) -> String {
     link("bash", "nvidia-cuda-mps-control");
     link("sleep", "nvidia-cuda-mps-server");
     link("sleep", "nvidia-cuda-mps-control-daemon");
-    format!(
-        "export CUDA_MPS_PIPE_DIRECTORY=\"$D/pipe\"; exec -a nvidia-cuda-mps-control \"$D/bin/nvidia-cuda-mps-control\" \"$D/bin/control.sh\""
-    )
+    "export CUDA_MPS_PIPE_DIRECTORY=\"$D/pipe\"; exec -a nvidia-cuda-mps-control \"$D/bin/nvidia-cuda-mps-control\" \"$D/bin/control.sh\""
+        .to_string()
 }
 
 fn which(program: &str) -> std::path::PathBuf {
@@ -72,7 +70,11 @@ fn mps(incident: &mut Incident, host: &SimHost, gpu: u32) -> (u32, u32) {
     let server = incident
         .pid_of(gpureap::snapshot::mps::SERVER)
         .expect("server");
-    assert_eq!(ppid(server), Some(daemon), "the server is the daemon's child");
+    assert_eq!(
+        ppid(server),
+        Some(daemon),
+        "the server is the daemon's child"
+    );
     (daemon, server)
 }
 
@@ -87,7 +89,7 @@ fn client(incident: &mut Incident, title: &str, gpu: u32, bytes: u64, pipe: &str
     incident.pid_of(title).expect("client pid")
 }
 
-fn holder<'a>(status: &'a Value, pid: u32) -> &'a Value {
+fn holder(status: &Value, pid: u32) -> &Value {
     status["holders"]
         .as_array()
         .expect("holders")
@@ -142,9 +144,9 @@ fn status_lists_each_client_with_its_server() {
 
     let table = run(&host, &["status"]);
     assert!(
-        table.stdout.contains(&format!(
-            "MPS server {server} serves clients: {a}, {b}."
-        )),
+        table
+            .stdout
+            .contains(&format!("MPS server {server} serves clients: {a}, {b}.")),
         "{}",
         table.stdout
     );
@@ -204,7 +206,10 @@ fn every_broad_selector_spares_the_server_and_the_daemon() {
         assert!(named.stderr.contains("MPS"), "{}", named.stderr);
     }
     // Freeing everything for real leaves both running.
-    let freed = run(&host, &["free", "--gpu", "0", "--yes", "--grace", "1s", "--json"]);
+    let freed = run(
+        &host,
+        &["free", "--gpu", "0", "--yes", "--grace", "1s", "--json"],
+    );
     assert!(!alive(a), "{}", freed.stdout);
     assert!(alive(server) && alive(daemon), "{}", freed.stdout);
 }
@@ -233,7 +238,11 @@ fn an_orphaned_server_is_spared_by_orphans_and_by_the_watch() {
     );
     let plan = run(&host, &["free", "--orphans", "--dry-run", "--json"]).json();
     assert!(!target_pids(&plan).contains(&server), "{plan:#}");
-    assert_eq!(spared_reason(&plan, server).as_deref(), Some("mps"), "{plan:#}");
+    assert_eq!(
+        spared_reason(&plan, server).as_deref(),
+        Some("mps"),
+        "{plan:#}"
+    );
 
     let dir = tempfile::tempdir().expect("tempdir");
     let log = dir.path().join("reap.jsonl");
@@ -259,7 +268,11 @@ fn an_orphaned_server_is_spared_by_orphans_and_by_the_watch() {
         !text.contains(&format!("\"pid\":{server},")) || !text.contains("\"action\":\"freed\""),
         "{text}"
     );
-    assert!(alive(server), "the watch took the server:\n{text}\n{}", reap.stderr);
+    assert!(
+        alive(server),
+        "the watch took the server:\n{text}\n{}",
+        reap.stderr
+    );
 }
 
 #[test]
@@ -271,7 +284,15 @@ fn freeing_one_client_leaves_the_other_client_the_server_and_the_daemon() {
     let b = client(&mut incident, "client-b", 0, 3 * GIB, "pipe");
     let freed = run(
         &host,
-        &["free", "--pid", &a.to_string(), "--yes", "--grace", "1s", "--json"],
+        &[
+            "free",
+            "--pid",
+            &a.to_string(),
+            "--yes",
+            "--grace",
+            "1s",
+            "--json",
+        ],
     );
     assert_eq!(freed.code, 0, "{}\n{}", freed.stdout, freed.stderr);
     assert_eq!(target_pids(&freed.json()), vec![a]);
@@ -295,7 +316,10 @@ fn the_deliberate_stop_names_the_clients_it_takes_down() {
         .holder(&Holder::new("plain-cuda").on(1, GIB))
         .expect("plain");
 
-    let plan = run(&host, &["free", "--mps-server", &server.to_string(), "--dry-run"]);
+    let plan = run(
+        &host,
+        &["free", "--mps-server", &server.to_string(), "--dry-run"],
+    );
     assert_eq!(plan.code, 0, "{}", plan.stderr);
     for pid in [a, b] {
         let line = plan
@@ -309,13 +333,20 @@ fn the_deliberate_stop_names_the_clients_it_takes_down() {
             plan.stdout
         );
     }
-    let by_gpu = run(&host, &["free", "--mps-server", "gpu:0", "--dry-run", "--json"]).json();
+    let by_gpu = run(
+        &host,
+        &["free", "--mps-server", "gpu:0", "--dry-run", "--json"],
+    )
+    .json();
     let mut targets = target_pids(&by_gpu);
     targets.sort();
     let mut expected = vec![server, a, b];
     expected.sort();
     assert_eq!(targets, expected, "{by_gpu:#}");
-    assert_eq!(target(&by_gpu, server).expect("server")["because"], "mps_server");
+    assert_eq!(
+        target(&by_gpu, server).expect("server")["because"],
+        "mps_server"
+    );
     assert_eq!(
         target(&by_gpu, a).expect("a")["because"],
         format!("mps_client of {server}")
@@ -323,13 +354,25 @@ fn the_deliberate_stop_names_the_clients_it_takes_down() {
 
     let stopped = run(
         &host,
-        &["free", "--mps-server", &server.to_string(), "--yes", "--grace", "1s", "--json"],
+        &[
+            "free",
+            "--mps-server",
+            &server.to_string(),
+            "--yes",
+            "--grace",
+            "1s",
+            "--json",
+        ],
     );
     assert_eq!(stopped.code, 0, "{}\n{}", stopped.stdout, stopped.stderr);
     for pid in [server, a, b] {
         assert!(!alive(pid), "{pid} survived: {}", stopped.stdout);
     }
-    assert!(alive(daemon), "the daemon is never taken: {}", stopped.stdout);
+    assert!(
+        alive(daemon),
+        "the daemon is never taken: {}",
+        stopped.stdout
+    );
     assert!(alive(other));
 }
 

@@ -944,7 +944,18 @@ fn a_jobs_own_mps_daemon_and_server_are_never_targets() {
             false,
             gpu0.clone(),
         ),
-        record(70, 50, 8, 50, 50, "python3 train.py", 1000, 'S', false, gpu0),
+        record(
+            70,
+            50,
+            8,
+            50,
+            50,
+            "python3 train.py",
+            1000,
+            'S',
+            false,
+            gpu0,
+        ),
     ]
     .into_iter()
     .map(|record| (record.id.pid, record))

@@ -160,7 +160,10 @@ impl Driver for NvmlDriver {
         let mut processes = Vec::new();
         merge(&mut processes, compute);
         // MPS clients: listed here too where the compute list leaves them out.
-        merge(&mut processes, device.mps_running_compute_processes().unwrap_or_default());
+        merge(
+            &mut processes,
+            device.mps_running_compute_processes().unwrap_or_default(),
+        );
         let graphics_list = self.graphics_lists.get(index as usize);
         if graphics_list.is_some_and(|supported| supported.load(Ordering::Relaxed)) {
             let graphics = match device.running_graphics_processes() {

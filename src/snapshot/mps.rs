@@ -133,7 +133,9 @@ pub struct MpsLink {
 fn pipe_directory(pid: u32) -> Option<String> {
     let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
     let found = environ.split(|&byte| byte == 0).find_map(|entry| {
-        let value = entry.strip_prefix(PIPE_VARIABLE.as_bytes())?.strip_prefix(b"=")?;
+        let value = entry
+            .strip_prefix(PIPE_VARIABLE.as_bytes())?
+            .strip_prefix(b"=")?;
         Some(String::from_utf8_lossy(value).into_owned())
     });
     Some(normalise(
@@ -333,9 +335,10 @@ impl Snapshot {
         self.details
             .iter()
             .filter(|(_, details)| {
-                details.mps.as_ref().is_some_and(|link| {
-                    link.role == Role::Client && link.server == Some(server)
-                })
+                details
+                    .mps
+                    .as_ref()
+                    .is_some_and(|link| link.role == Role::Client && link.server == Some(server))
             })
             .map(|(&pid, _)| pid)
             .collect()
