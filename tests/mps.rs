@@ -398,3 +398,42 @@ fn an_mps_server_that_is_not_one_is_bad_input() {
         assert!(alive(pid));
     }
 }
+
+/// The real-GPU check (scripts/gpu_mps_validate.py) in its `--sim` mode: its
+/// own logic (start, find the daemon and server, the checks, the cleanup
+/// by identity) run here, so that what the lead runs on the H200 is not
+/// untested code.
+#[test]
+fn the_gpu_script_passes_on_the_simulated_driver() {
+    let out = tempfile::tempdir().expect("tempdir");
+    let output = std::process::Command::new("python3")
+        .arg("-B")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/scripts/gpu_mps_validate.py"
+        ))
+        .arg(env!("CARGO_BIN_EXE_gpureap"))
+        .arg("--sim")
+        .arg("--out")
+        .arg(out.path())
+        .env_remove("GPUREAP_VALIDATE_SIM")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("python3 runs");
+    let said = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{said}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    for check in [
+        "PASS status lists the server with its daemon",
+        "PASS the deliberate stop's plan names client 2",
+        "PASS the daemon survives",
+        "PASS the MPS daemon stops on quit",
+    ] {
+        assert!(said.contains(check), "{check}:\n{said}");
+    }
+    assert!(!said.contains("FAIL"), "{said}");
+    assert!(out.path().join("mps.log").exists());
+}
