@@ -102,6 +102,10 @@ def mps_processes(pipe):
     return daemons, servers
 
 
+class Busy(Exception):
+    """The GPU is someone else's now: nothing was started."""
+
+
 class MpsValidation:
     def __init__(self, args):
         self.bin = args.binary
@@ -261,6 +265,10 @@ class MpsValidation:
     def run(self):
         self.r.log(f"gpureap MPS validation: GPU {self.gpu}, pipe directory {self.pipe}, backend {self.backend}")
         self.nvidia_smi("before")
+        busy = self.nvidia_smi("before-apps", "--query-compute-apps=pid,used_memory", "--format=csv,noheader",
+                               "-i", str(self.gpu))
+        if busy and busy.strip():
+            raise Busy(f"GPU {self.gpu} has compute processes this run did not start:\n{busy.strip()}")
         self.start_daemon()
         self.r.log(f"daemon {self.daemon[0]}")
         titles = [self.client(index, gib) for index, gib in zip((1, 2), CLIENT_GIB)]
@@ -360,6 +368,10 @@ def main(argv):
     validation = MpsValidation(args)
     try:
         validation.run()
+    except Busy as error:
+        validation.r.log(str(error))
+        validation.r.close()
+        return 2
     except Exception as error:  # noqa: BLE001 - any failure is reported, then cleaned up
         validation.check("the validation ran to its end", False, f"{type(error).__name__}: {error}")
     finally:

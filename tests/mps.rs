@@ -150,6 +150,23 @@ fn status_lists_each_client_with_its_server() {
         "{}",
         table.stdout
     );
+    let metrics = run(&host, &["status", "--prometheus", "--per-process"]);
+    assert_eq!(metrics.code, 0, "{}", metrics.stderr);
+    for pid in [a, b] {
+        let series = metrics
+            .stdout
+            .lines()
+            .find(|line| {
+                line.starts_with("gpureap_process_gpu_memory_bytes{")
+                    && line.contains(&format!("pid=\"{pid}\""))
+            })
+            .unwrap_or_else(|| panic!("no series for {pid}:\n{}", metrics.stdout));
+        assert!(
+            series.contains(&format!("mps_server=\"{server}\""))
+                && series.contains("flags=\"mps_client\""),
+            "{series}"
+        );
+    }
     let tree = run(&host, &["status", "--tree"]);
     for pid in [a, b] {
         let line = tree

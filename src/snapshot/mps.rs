@@ -344,3 +344,24 @@ impl Snapshot {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_refs() {
+        assert_eq!(ServerRef::parse("5120"), Ok(ServerRef::Pid(5120)));
+        assert_eq!(ServerRef::parse("gpu:3"), Ok(ServerRef::Gpu(3)));
+        for bad in ["0", "-1", "gpu:", "gpu:x", "server", ""] {
+            assert!(ServerRef::parse(bad).is_err(), "{bad}");
+        }
+        assert_eq!(ServerRef::Gpu(3).to_string(), "gpu:3");
+    }
+
+    #[test]
+    fn pipe_directories_compare_without_trailing_slashes() {
+        assert_eq!(normalise("/tmp/nvidia-mps/"), "/tmp/nvidia-mps");
+        assert_eq!(normalise("/"), "/");
+    }
+}
