@@ -182,6 +182,28 @@ fn status_lists_each_client_with_its_server() {
     }
 }
 
+/// Where the driver's MPS list names only the server (or no client), a
+/// process in the daemon's pipe directory is still its client: the list
+/// settles who is a client only through the clients it names.
+#[test]
+fn a_server_in_the_drivers_mps_list_does_not_hide_the_clients() {
+    let host = host(1);
+    let mut incident = Incident::new(&host);
+    let (_, server) = mps(&mut incident, &host, 0);
+    std::fs::write(host.path().join("mps").join(format!("{server}.0")), "").expect("marker");
+    let script = format!(
+        "export CUDA_MPS_PIPE_DIRECTORY=\"$D/pipe/\"; {}",
+        Holder::new("unmarked-client").on(0, GIB).script()
+    );
+    incident.spawn(&script, 1).expect("client");
+    let client = incident.pid_of("unmarked-client").expect("client pid");
+    let status = run(&host, &["status", "--json"]).json();
+    let mps = &holder(&status, client)["mps"];
+    assert_eq!(mps["role"], "client", "{status:#}");
+    assert_eq!(mps["server"], server, "{status:#}");
+    assert_eq!(mps["listed_by_driver"], false, "{status:#}");
+}
+
 fn spared_reason(plan: &Value, pid: u32) -> Option<String> {
     spared(plan, pid)
 }

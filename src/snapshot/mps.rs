@@ -205,6 +205,19 @@ pub(super) fn attach(snapshot: &mut Snapshot, driver: &dyn Driver) {
         .filter(|(_, pids)| !pids.is_empty())
         .collect();
     let found = find(snapshot);
+    // Only clients count as the driver's MPS list: a driver that listed a
+    // server there too must not make "listed" mean "everyone".
+    let listed: BTreeMap<u32, BTreeSet<u32>> = listed
+        .into_iter()
+        .map(|(gpu, pids)| {
+            let clients = pids
+                .into_iter()
+                .filter(|pid| !found.servers.contains_key(pid) && !found.daemons.contains_key(pid))
+                .collect::<BTreeSet<u32>>();
+            (gpu, clients)
+        })
+        .filter(|(_, pids)| !pids.is_empty())
+        .collect();
     if found.daemons.is_empty() && found.servers.is_empty() && listed.is_empty() {
         return;
     }
