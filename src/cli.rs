@@ -26,6 +26,10 @@ fn container_ref(text: &str) -> Result<ContainerRef, String> {
     ContainerRef::parse(text)
 }
 
+fn mps_server(text: &str) -> Result<crate::snapshot::mps::ServerRef, String> {
+    crate::snapshot::mps::ServerRef::parse(text.trim())
+}
+
 fn pod_ref(text: &str) -> Result<PodRef, String> {
     PodRef::parse(text)
 }
@@ -833,8 +837,14 @@ pub struct FreeArgs {
     /// Example: gpureap free --cgroup /kubepods.slice/kubepods-besteffort.slice --dry-run
     #[arg(long, value_name = "PATH", value_parser = cgroup_ref)]
     pub cgroup: Vec<CgroupRef>,
+    /// Stop an MPS server on purpose, with every client that goes through it (the plan names
+    /// them): its PID, or gpu:N for every MPS server on GPU N; repeatable. Servers and the MPS
+    /// control daemon are otherwise never signalled, not even with --pid (docs/mps.md).
+    /// Example: gpureap free --mps-server 5120 --dry-run
+    #[arg(long, value_name = "PID|gpu:N", value_parser = mps_server)]
+    pub mps_server: Vec<crate::snapshot::mps::ServerRef>,
     /// Every GPU user on the host (still never the protected set or monitors).
-    #[arg(long, conflicts_with_all = ["gpu", "pid", "patterns", "user", "orphans", "stale_runs", "container", "pod", "cgroup"])]
+    #[arg(long, conflicts_with_all = ["gpu", "pid", "patterns", "user", "orphans", "stale_runs", "container", "pod", "cgroup", "mps_server"])]
     pub all: bool,
     /// How long to wait after SIGTERM before SIGSTOP+SIGKILL.
     #[arg(long, default_value = "5s", value_name = "DUR", value_parser = duration, allow_hyphen_values = true)]

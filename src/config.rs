@@ -22,6 +22,7 @@ use crate::run::{Restart, RunConfig};
 use crate::select::{Guard, Scope};
 use crate::slurm;
 use crate::snapshot::Snapshot;
+use crate::snapshot::mps::{self, ServerRef};
 use crate::supervision::StaleRun;
 use crate::units::GpuList;
 
@@ -258,6 +259,9 @@ pub struct FreeRequest {
     /// `--container`, `--pod`, `--cgroup`, in that order (`members::find`
     /// resolves them on the host that frees).
     pub cgroups: Vec<Wanted>,
+    /// `--mps-server`: servers to stop on purpose (resolved on the host
+    /// that frees: `mps_servers`).
+    pub mps_server: Vec<ServerRef>,
     pub all: bool,
     pub grace: Duration,
     pub timeout: Duration,
@@ -290,6 +294,7 @@ impl FreeRequest {
             container,
             pod,
             cgroup,
+            mps_server,
             all,
             grace,
             timeout,
@@ -315,6 +320,7 @@ impl FreeRequest {
             orphans: *orphans,
             stale_runs: *stale_runs,
             cgroups,
+            mps_server: mps_server.clone(),
             all: *all,
             grace: *grace,
             timeout: *timeout,
@@ -359,10 +365,11 @@ fn check_scope(request: &FreeRequest) -> Result<(), UsageError> {
         && !request.orphans
         && !request.stale_runs
         && request.cgroups.is_empty()
+        && request.mps_server.is_empty()
         && !request.all;
     if no_scope {
         return Err(UsageError(
-                "refusing to free without a scope: give one or more of --gpu LIST, --pid PID, --match REGEX, --user NAME, --orphans, --stale-runs, --container ID, --pod NAMESPACE/NAME, --cgroup PATH, --all (try --dry-run first)"
+                "refusing to free without a scope: give one or more of --gpu LIST, --pid PID, --match REGEX, --user NAME, --orphans, --stale-runs, --container ID, --pod NAMESPACE/NAME, --cgroup PATH, --mps-server PID, --all (try --dry-run first)"
                     .to_string(),
             ));
     }
@@ -418,9 +425,58 @@ pub fn free(
             } else {
                 BTreeMap::new()
             },
+            mps_servers: mps_servers(&request.mps_server, gpu_count, snapshot)?,
         },
         options: request.options(),
     })
+}
+
+/// `--mps-server` against this host, by identity: a PID must be a live MPS
+/// server (`nvidia-cuda-mps-server`), and a GPU must exist and have one.
+fn mps_servers(
+    named: &[ServerRef],
+    gpu_count: u32,
+    snapshot: &Snapshot,
+) -> Result<BTreeSet<crate::proc::ProcessId>, UsageError> {
+    let mut servers = BTreeSet::new();
+    for &wanted in named {
+        let pids = match wanted {
+            ServerRef::Pid(pid) => {
+                let Some(record) = snapshot.processes.get(&pid) else {
+                    return Err(UsageError(format!(
+                        "--mps-server {pid}: no process with PID {pid} (it may have exited already); see `gpureap status`"
+                    )));
+                };
+                if mps::role_by_name(record) != Some(mps::Role::Server) {
+                    return Err(UsageError(format!(
+                        "--mps-server {pid}: PID {pid} ({}) is not an MPS server (nvidia-cuda-mps-server); `gpureap status` flags servers mps_server",
+                        crate::units::Field(record.program())
+                    )));
+                }
+                vec![pid]
+            }
+            ServerRef::Gpu(index) => {
+                if index >= gpu_count {
+                    return Err(UsageError(format!(
+                        "--mps-server gpu:{index}: there is no GPU {index} (this host has {gpu_count})"
+                    )));
+                }
+                let found = snapshot.mps_servers_on(index);
+                if found.is_empty() {
+                    return Err(UsageError(format!(
+                        "--mps-server gpu:{index}: GPU {index} has no MPS server"
+                    )));
+                }
+                found
+            }
+        };
+        servers.extend(
+            pids.iter()
+                .filter_map(|pid| snapshot.processes.get(pid))
+                .map(|record| record.id),
+        );
+    }
+    Ok(servers)
 }
 
 /// `reap`'s flags as its typed config. `gpu_count` resolves `--gpu`; user

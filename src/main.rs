@@ -366,7 +366,7 @@ fn free(backend: &BackendChoice, args: &config::FreeRequest) -> Result<Exit, Fai
     let mut snapshot = Snapshot::take_focused(driver.as_ref(), &named);
     // Names and "container gone" (which --orphans takes), judged once here.
     snapshot.attribute_containers(&sources);
-    let guard = Guard::for_this_process(&args.protect);
+    let mut guard = Guard::for_this_process(&args.protect);
     let config = config::free(
         args,
         uids,
@@ -376,6 +376,8 @@ fn free(backend: &BackendChoice, args: &config::FreeRequest) -> Result<Exit, Fai
         stale_runs.as_deref(),
         cgroup_scopes.as_deref(),
     )?;
+    // `--mps-server`: the one way past the MPS protection.
+    guard.mps_servers = config.scope.mps_servers.clone();
     let mut plan = reap::plan(&snapshot, &config.scope, &guard);
     let stale_runs: Option<Vec<StaleRun>> =
         stale_runs.map(|runs| supervision::in_scope(runs, &plan, &config.scope));

@@ -545,6 +545,12 @@ fn encode_processes(registry: &mut Registry, snapshot: &Snapshot, options: &Opti
             labels.push(("pod", of_container(|c| c.pod.as_deref())));
             labels.push(("namespace", of_container(|c| c.namespace.as_deref())));
             labels.push(("container", of_container(|c| c.name.as_deref())));
+            // The server an MPS client goes through (docs/mps.md), else empty.
+            let server = holder.mps.as_ref().and_then(|mps| mps.server);
+            labels.push((
+                "mps_server",
+                server.map_or(String::new(), |pid| pid.to_string()),
+            ));
             set(&process_memory, labels, bytes(memory));
         }
     }

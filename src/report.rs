@@ -19,6 +19,7 @@ use crate::select::Because;
 use crate::select::{DEFAULT_PROTECTED, protected_name};
 use crate::signal::Delivery;
 use crate::snapshot::Snapshot;
+use crate::snapshot::mps::Role as MpsRole;
 use crate::tree::ProcessTree;
 use crate::units::{Age, Bytes, Elapsed, Field, GpuRanges, MaybeBytes, one_line, short};
 use crate::verify::Reason;
@@ -123,6 +124,23 @@ pub struct HolderJson {
     pub protected: Option<String>,
     /// Set when it was started under `gpureap run`.
     pub supervisor: Option<SupervisorJson>,
+    /// Its part in MPS (docs/mps.md); `null` when it has none.
+    pub mps: Option<MpsJson>,
+}
+
+/// A holder's part in MPS (`holders[].mps`, docs/json.md).
+#[derive(Debug, Serialize)]
+pub struct MpsJson {
+    /// `control`, `server` or `client`.
+    pub role: &'static str,
+    /// The server a client goes through; `null` for a server, or where it
+    /// cannot be told.
+    pub server: Option<u32>,
+    /// The control daemon: a server's parent, a client's by pipe directory.
+    pub daemon: Option<u32>,
+    pub pipe_directory: Option<String>,
+    /// Whether the driver lists it as an MPS client.
+    pub listed_by_driver: bool,
 }
 
 /// `container_label` of a holder's container (the notes, `check`).
@@ -254,6 +272,14 @@ fn holder_json(snapshot: &Snapshot, pid: u32) -> HolderJson {
     if protected.is_some() {
         flags.push("protected");
     }
+    let mps = snapshot.mps(pid);
+    if let Some(link) = mps {
+        flags.push(match link.role {
+            MpsRole::Control => "mps_control",
+            MpsRole::Server => "mps_server",
+            MpsRole::Client => "mps_client",
+        });
+    }
     HolderJson {
         pid,
         ppid: record.map(|r| r.ppid),
@@ -298,6 +324,13 @@ fn holder_json(snapshot: &Snapshot, pid: u32) -> HolderJson {
                 pid: supervision.supervisor,
                 gone: supervision.gone.clone(),
             }),
+        mps: mps.map(|link| MpsJson {
+            role: link.role.code(),
+            server: link.server,
+            daemon: link.daemon,
+            pipe_directory: link.pipe_directory.clone(),
+            listed_by_driver: link.listed_by_driver,
+        }),
     }
 }
 
@@ -403,6 +436,7 @@ pub fn holders_json(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> Vec<Ho
             orphan: None,
             protected: None,
             supervisor: None,
+            mps: None,
         });
     }
     holders
@@ -670,8 +704,44 @@ pub fn status_table(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String
     let _ = writeln!(out, "{}", table.trim_fmt());
     evidence_notes(unknown_memory, nodes_only, &mut out);
     protected_note(&holders, &mut out);
+    mps_note(&holders, &mut out);
     notes(snapshot, gpus, &mut out);
     out
+}
+
+/// Which server each MPS client goes through, and that `free` spares the
+/// servers and daemons.
+fn mps_note(holders: &[HolderJson], out: &mut String) {
+    let mut servers: BTreeMap<Option<u32>, Vec<u32>> = BTreeMap::new();
+    for holder in holders {
+        match holder.mps.as_ref() {
+            Some(link) if link.role == "client" => {
+                servers.entry(link.server).or_default().push(holder.pid)
+            }
+            Some(link) if link.role == "server" => {
+                servers.entry(Some(holder.pid)).or_default();
+            }
+            _ => {}
+        }
+    }
+    for (server, clients) in servers {
+        let clients = if clients.is_empty() {
+            "no client".to_string()
+        } else {
+            clients
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let text = match server {
+            Some(server) => format!(
+                "MPS server {server} serves clients: {clients}. `free` spares MPS servers and control daemons; `free --mps-server {server}` stops this one and its clients."
+            ),
+            None => format!("MPS clients whose server cannot be told: {clients}."),
+        };
+        note(out, &text);
+    }
 }
 
 /// Says why holders flagged `protected` are left alone by `free`.
@@ -1051,6 +1121,15 @@ impl Tree<'_> {
         if let Some(container) = &holder.container {
             let _ = write!(line, "  [container {}]", Field(&container.label()));
         }
+        match holder.mps.as_ref().map(|link| (link.role, link.server)) {
+            Some(("client", Some(server))) => {
+                let _ = write!(line, "  [MPS client of server {server}]");
+            }
+            Some(("client", None)) => {
+                let _ = write!(line, "  [MPS client, server unknown]");
+            }
+            _ => {}
+        }
         let _ = writeln!(self.out, "{line}");
         let kids: Vec<u32> = self
             .processes
@@ -1342,6 +1421,8 @@ fn unreadable_json(unreadable: &[Unreadable]) -> Vec<UnreadableJson<'_>> {
 /// How a target's reason to be one reads in JSON.
 fn because_code(because: Because) -> String {
     match because {
+        Because::MpsServer => "mps_server".to_string(),
+        Because::MpsClient { server } => format!("mps_client of {server}"),
         Because::Named => "named".to_string(),
         Because::StaleRun => "stale_run".to_string(),
         Because::Member => "member".to_string(),
@@ -1353,6 +1434,10 @@ fn because_code(because: Because) -> String {
 /// How a target's reason to be one reads in a table.
 fn because_text(because: Because) -> String {
     match because {
+        Because::MpsServer => "the MPS server named by --mps-server".to_string(),
+        Because::MpsClient { server } => {
+            format!("a client of MPS server {server}: it goes down with its server")
+        }
         Because::Named => "named".to_string(),
         Because::StaleRun => "a stale run's".to_string(),
         Because::Member => "in the container/pod/cgroup".to_string(),

@@ -11,6 +11,7 @@ use regex::Regex;
 
 use crate::proc::{ProcessId, ProcessRecord};
 use crate::snapshot::Snapshot;
+use crate::snapshot::mps::Role as MpsRole;
 use crate::tree::ProcessTree;
 
 /// Names protected by default: the driver's daemons, monitoring, and displays.
@@ -64,6 +65,11 @@ pub struct Scope {
     /// sources named (`Snapshot::attribute_containers`); `--orphans` takes
     /// them as it takes orphans.
     pub containers_gone: BTreeMap<ProcessId, String>,
+    /// `free --mps-server`: MPS servers to stop deliberately, by identity,
+    /// each with the clients that go through it (`Snapshot::mps_clients_of`,
+    /// looked up in every look). The guard lets only these servers through
+    /// (`Guard::mps_servers`); the control daemon never.
+    pub mps_servers: BTreeSet<ProcessId>,
 }
 
 /// What belongs to one Slurm job: processes whose environment carries
@@ -117,6 +123,7 @@ impl Scope {
             && self.job.is_none()
             && !self.supervisor_gone
             && self.within.is_none()
+            && self.mps_servers.is_empty()
     }
 
     /// Whether a filter narrows what `--pid` and `--stale-runs` name
@@ -232,6 +239,9 @@ pub struct Guard {
     /// The shells and scripts that ran gpureap, up to PID 1.
     pub ancestors: BTreeSet<u32>,
     pub protected_names: BTreeSet<String>,
+    /// The MPS servers `free --mps-server` stops on purpose: the one way
+    /// past the MPS protection, which no `--pid` overrides.
+    pub mps_servers: BTreeSet<ProcessId>,
 }
 
 impl Guard {
@@ -246,6 +256,7 @@ impl Guard {
             self_pid: std::process::id(),
             ancestors: crate::proc::ancestors_of_self(),
             protected_names,
+            mps_servers: BTreeSet::new(),
         }
     }
 
@@ -268,6 +279,14 @@ impl Guard {
         }
         if record.kernel_thread {
             return Some(Spared::KernelThread);
+        }
+        // The MPS daemon and server carry every client: neither a name
+        // (`--pid`) nor a job's context overrides that; only `--mps-server`
+        // stops a server, deliberately.
+        if let Some(role) = crate::snapshot::mps::role_by_name(record)
+            && !(role == MpsRole::Server && self.mps_servers.contains(&record.id))
+        {
+            return Some(Spared::Mps(role));
         }
         // Naming a process overrides what is only a guess from its name or
         // its descriptors; nothing overrides the rules above.
@@ -307,6 +326,8 @@ pub enum Spared {
     KernelThread,
     Protected(String),
     Monitor,
+    /// The MPS control daemon or server (docs/mps.md).
+    Mps(MpsRole),
     /// Younger than the age floor (`reap --older-than`); `age` is `None`
     /// when it could not be read.
     Young {
@@ -332,6 +353,14 @@ impl std::fmt::Display for Spared {
             Spared::Monitor => write!(
                 f,
                 "a monitor (no GPU context, no memory); name it with --pid to include it"
+            ),
+            Spared::Mps(MpsRole::Server) => write!(
+                f,
+                "an MPS server (nvidia-cuda-mps-server): every client of it would fail; stop it deliberately with --mps-server PID"
+            ),
+            Spared::Mps(_) => write!(
+                f,
+                "the MPS control daemon (nvidia-cuda-mps-control): stop it with `echo quit | nvidia-cuda-mps-control` in its CUDA_MPS_PIPE_DIRECTORY"
             ),
             Spared::Young {
                 age: Some(age),
@@ -361,6 +390,7 @@ impl Spared {
             Spared::KernelThread => "kernel_thread",
             Spared::Protected(_) => "protected",
             Spared::Monitor => "monitor",
+            Spared::Mps(_) => "mps",
             Spared::Young { .. } => "young",
         }
     }
@@ -380,6 +410,11 @@ pub enum Because {
     InScope,
     /// A descendant of a target (its parent chain leads to `of`).
     Descendant { of: u32 },
+    /// Named with `--mps-server`: an MPS server stopped deliberately.
+    MpsServer,
+    /// A client of an MPS server named with `--mps-server`: it goes down
+    /// with its server.
+    MpsClient { server: u32 },
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -435,11 +470,13 @@ fn named_families(
     selection: &mut Selection,
 ) -> BTreeMap<u32, Because> {
     let mut chosen: BTreeMap<u32, Because> = BTreeMap::new();
+    let mps = mps_roots(snapshot, scope);
     let roots = scope
         .pids
         .iter()
         .chain(scope.stale_runs.iter().flatten())
-        .chain(scope.members.iter().flatten());
+        .chain(scope.members.iter().flatten())
+        .chain(mps.keys());
     for id in roots {
         // Matched by identity: a recycled PID is not the process that was named.
         let Some(root) = snapshot
@@ -457,7 +494,10 @@ fn named_families(
             selection.spared.insert(id.pid, reason);
             continue;
         }
-        let root_because = scope.names(root).unwrap_or(Because::Named);
+        let root_because = scope
+            .names(root)
+            .or_else(|| mps.get(id).copied())
+            .unwrap_or(Because::Named);
         let family = std::iter::once((id.pid, root_because)).chain(
             tree.descendants(id.pid)
                 .into_iter()
@@ -478,6 +518,30 @@ fn named_families(
     chosen
 }
 
+/// The servers of `--mps-server` (matched by identity) and their clients,
+/// each with why it is a root.
+fn mps_roots(snapshot: &Snapshot, scope: &Scope) -> BTreeMap<ProcessId, Because> {
+    let mut roots = BTreeMap::new();
+    for server in &scope.mps_servers {
+        if snapshot
+            .processes
+            .get(&server.pid)
+            .is_none_or(|record| record.id != *server)
+        {
+            continue;
+        }
+        roots.insert(*server, Because::MpsServer);
+        for client in snapshot.mps_clients_of(server.pid) {
+            if let Some(record) = snapshot.processes.get(&client) {
+                roots
+                    .entry(record.id)
+                    .or_insert(Because::MpsClient { server: server.pid });
+            }
+        }
+    }
+    roots
+}
+
 /// Applies a scope to a snapshot. Pure: no I/O, so that it can be checked
 /// against random process forests.
 pub fn select(snapshot: &Snapshot, scope: &Scope, guard: &Guard) -> Selection {
@@ -488,7 +552,11 @@ pub fn select(snapshot: &Snapshot, scope: &Scope, guard: &Guard) -> Selection {
         scope.overrides_guard(record) || scope.job.as_ref().is_some_and(|job| job.owns(record))
     };
     let mut selection = Selection::default();
-    let chosen = if scope.pids.is_empty() && scope.stale_runs.is_none() && scope.members.is_none() {
+    let chosen = if scope.pids.is_empty()
+        && scope.stale_runs.is_none()
+        && scope.members.is_none()
+        && scope.mps_servers.is_empty()
+    {
         holders_in_scope(snapshot, scope, guard, &mut selection)
     } else {
         named_families(snapshot, &tree, scope, guard, &mut selection)

@@ -9,6 +9,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+pub mod mps;
+
 use crate::container::{self, Container, Presence};
 use crate::driver::evidence::Evidence;
 use crate::driver::{BackendChoice, Driver, DriverError};
@@ -156,6 +158,9 @@ pub struct Details {
     /// environment names the supervising gpureap), and whether that
     /// supervisor is still there.
     pub supervision: Option<Supervision>,
+    /// Its part in MPS (a client and the server it goes through, a server
+    /// and its daemon), where it has one (`mps::attach`, docs/mps.md).
+    pub mps: Option<mps::MpsLink>,
 }
 
 /// The flags a holder can carry (docs/json.md names them).
@@ -505,6 +510,7 @@ impl Snapshot {
                 snapshot.details.insert(pid, details);
             }
         }
+        mps::attach(&mut snapshot, driver);
         tracing::debug!(
             processes = snapshot.processes.len(),
             scan_ms = timing.scanned.as_secs_f64() * 1e3,
@@ -942,6 +948,7 @@ fn read_details(record: &ProcessRecord, processes: &BTreeMap<u32, ProcessRecord>
         cgroup,
         container,
         supervision,
+        mps: None,
     }
 }
 

@@ -38,6 +38,7 @@ fn free_on_the_hosts_is_the_free_asked_here() {
         "gpureap free --all --grace 0s --timeout 1s --protect keep -H a,b",
         "gpureap free --gpu all --dry-run --json -H a",
         "gpureap free --orphans --yes -H a",
+        "gpureap free --mps-server 5120 --mps-server gpu:1 --dry-run -H a",
         "gpureap free --container 3F2A9C81D4E7 --container=-odd-name --pod ml/llama-0 \
          --pod 0F6B7C1E_2D7A_4B8E_9C3D_5A1F2E3D4C5B --cgroup /system.slice/x.scope/ \
          --cgroup /sys/fs/cgroup/unified/kubepods --gpu 1 -H a",

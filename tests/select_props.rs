@@ -358,6 +358,7 @@ fn build(spec: &Spec) -> (Snapshot, Scope, Guard) {
             .iter()
             .map(|name| name.to_string())
             .collect(),
+        mps_servers: BTreeSet::new(),
     };
     let scope = Scope {
         gpus: spec.gpus.clone(),
@@ -398,6 +399,7 @@ fn build(spec: &Spec) -> (Snapshot, Scope, Guard) {
             .min_age
             .map(|(floor, _)| Duration::from_millis(u64::from(floor))),
         supervisor_gone: false,
+        mps_servers: BTreeSet::new(),
         within: spec.within.as_ref().map(|positions| {
             positions
                 .iter()
@@ -893,6 +895,7 @@ fn a_job_scope_takes_the_jobs_own_and_never_another_jobs() {
             .iter()
             .map(|name| name.to_string())
             .collect(),
+        mps_servers: BTreeSet::new(),
     };
     let selection = select(&snapshot, &scope, &guard);
     let targets: BTreeSet<u32> = selection.targets.keys().copied().collect();
@@ -902,4 +905,124 @@ fn a_job_scope_takes_the_jobs_own_and_never_another_jobs() {
         [400, 500],
         "{selection:?}"
     );
+}
+
+/// A job that started its own MPS (`nvidia-cuda-mps-control -d` in the batch
+/// script, as per-job MPS setups do): the daemon and the server carry the
+/// job's SLURM_JOB_ID and uid, and still neither is a target, in the job's
+/// scope nor as a descendant of its named batch script; the job's client is.
+#[test]
+fn a_jobs_own_mps_daemon_and_server_are_never_targets() {
+    use gpureap::select::{JobScope, Spared};
+    use gpureap::snapshot::mps::Role;
+    let gpu0: BTreeSet<Node> = [Node::Gpu(0), Node::Control].into_iter().collect();
+    let none = BTreeSet::new;
+    let processes: BTreeMap<u32, ProcessRecord> = [
+        record(1, 0, 1, 1, 1, "init", 0, 'S', false, none()),
+        record(50, 1, 5, 50, 50, "bash job.sh", 1000, 'S', false, none()),
+        record(
+            60,
+            50,
+            6,
+            50,
+            50,
+            "/usr/bin/nvidia-cuda-mps-control -d",
+            1000,
+            'S',
+            false,
+            none(),
+        ),
+        record(
+            61,
+            60,
+            7,
+            50,
+            50,
+            "nvidia-cuda-mps-server",
+            1000,
+            'S',
+            false,
+            gpu0.clone(),
+        ),
+        record(
+            70,
+            50,
+            8,
+            50,
+            50,
+            "python3 train.py",
+            1000,
+            'S',
+            false,
+            gpu0,
+        ),
+    ]
+    .into_iter()
+    .map(|record| (record.id.pid, record))
+    .collect();
+    let id = |pid: u32| processes[&pid].id;
+    let users = [61, 70]
+        .into_iter()
+        .map(|pid| user(pid, true, true, false))
+        .collect();
+    let snapshot = Snapshot {
+        backend: "test".to_string(),
+        taken_at_unix_ms: 0,
+        gpus: vec![gpu(0, users)],
+        processes: processes.clone(),
+        unreadable: Vec::new(),
+        driver_error: None,
+        details: BTreeMap::new(),
+        uptime_ticks: None,
+        bookkeeping_slack: 0,
+        evidence: BTreeMap::new(),
+        evidence_note: None,
+        container_notes: Vec::new(),
+        host_pids: Some(true),
+        lists_may_omit: true,
+    };
+    let job = JobScope {
+        uid: Some(1000),
+        members: [50, 60, 61, 70].into_iter().map(id).collect(),
+        others: BTreeSet::new(),
+        owner: Some(1000),
+    };
+    let guard = Guard {
+        self_pid: 999,
+        ancestors: BTreeSet::new(),
+        protected_names: DEFAULT_PROTECTED
+            .iter()
+            .map(|name| name.to_string())
+            .collect(),
+        mps_servers: BTreeSet::new(),
+    };
+    for scope in [
+        Scope {
+            gpus: Some(BTreeSet::from([0])),
+            job: Some(job.clone()),
+            ..Scope::default()
+        },
+        Scope {
+            pids: BTreeSet::from([id(50)]),
+            job: Some(job.clone()),
+            ..Scope::default()
+        },
+        Scope {
+            all: true,
+            ..Scope::default()
+        },
+    ] {
+        let selection = select(&snapshot, &scope, &guard);
+        let targets: BTreeSet<u32> = selection.targets.keys().copied().collect();
+        assert!(targets.contains(&70), "{selection:?}");
+        assert!(
+            !targets.contains(&60) && !targets.contains(&61),
+            "{selection:?}"
+        );
+        assert_eq!(
+            selection.spared.get(&61),
+            Some(&Spared::Mps(Role::Server)),
+            "{selection:?}"
+        );
+    }
 }

@@ -271,6 +271,15 @@ pub trait Driver: Send + Sync {
         true
     }
 
+    /// The PIDs the driver lists on this GPU as MPS clients
+    /// (`nvmlDeviceGetMPSComputeRunningProcesses_v3`; the simulated driver:
+    /// `DIR/mps/PID.N`). Their memory is in `gpu`'s process list already:
+    /// this says only which of its processes reach the GPU through an MPS
+    /// server (docs/mps.md). Empty where the driver cannot say.
+    fn mps_clients(&self, _index: u32) -> BTreeSet<u32> {
+        BTreeSet::new()
+    }
+
     /// Resets one GPU, clearing memory that no process holds (driver-held).
     /// Never implicit: only `gpureap reset` and `--reset` call it, and only
     /// after checking that no process has the GPU's device node open; a

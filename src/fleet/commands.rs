@@ -176,6 +176,7 @@ pub fn free_flags(request: &FreeRequest) -> Vec<String> {
         orphans,
         stale_runs,
         cgroups,
+        mps_server,
         all,
         grace,
         timeout,
@@ -207,6 +208,10 @@ pub fn free_flags(request: &FreeRequest) -> Vec<String> {
     ));
     flags.extend(repeated("--user", user.clone()));
     flags.extend(repeated("--protect", protect.clone()));
+    flags.extend(repeated(
+        "--mps-server",
+        mps_server.iter().map(ToString::to_string).collect(),
+    ));
     // Each host resolves ids, names and paths against its own processes.
     flags.extend(
         cgroups

@@ -1156,7 +1156,8 @@ fn healthcheck_findings(
 ) -> Vec<Finding> {
     let mut slurm_jobs = SlurmJobs::default();
     let found = findings(snapshot, gpus, &mut |gpu, record| {
-        let protected = select::protected_name(record, select::DEFAULT_PROTECTED).is_some();
+        let protected = select::protected_name(record, select::DEFAULT_PROTECTED).is_some()
+            || crate::snapshot::mps::role_by_name(record).is_some();
         // A protected name spares what looks like the daemon: no job in its
         // environment, or not the job's uid (a daemon a prolog started
         // carries the job's id, as root). Not a job's leftover that took the

@@ -28,6 +28,7 @@
 //! that is not what it should be is an error naming it, never a default.
 
 pub mod incident;
+mod mps;
 pub mod stand_in;
 mod watch;
 
@@ -799,6 +800,10 @@ impl Driver for SimDriver {
     /// namespace's, or `DIR/host-proc`'s), as a driver that lists host PIDs.
     fn may_omit_other_namespaces(&self) -> bool {
         self.omit_other_namespaces
+    }
+
+    fn mps_clients(&self, index: u32) -> BTreeSet<u32> {
+        mps::clients(self, index)
     }
 
     fn gpu(&self, index: u32) -> Result<GpuInfo, DriverError> {
