@@ -465,7 +465,7 @@ fn top(
     if request.json {
         let driver = open_driver_quietly(backend)?;
         return Ok(gpureap::top::stream::emit(
-            driver.as_ref(),
+            std::sync::Arc::from(driver),
             request.interval,
         )?);
     }

@@ -384,6 +384,35 @@ fn top_h_readonly_refuses_and_writes_the_hosts_hostile_names_out() {
 }
 
 #[test]
+fn top_h_without_gpureap_on_the_host_says_so_and_gives_up_at_once() {
+    let lab = Lab::new(&[Kind::Up]);
+    let Some(tmux) = Tmux::run(&format!(
+        "top -H h1 --ssh '{}' --remote-bin /nonexistent/gpureap",
+        lab.ssh()
+    )) else {
+        return;
+    };
+    let screen = tmux.shows("gave up");
+    assert!(
+        screen.contains("/nonexistent/gpureap not found on the host"),
+        "{screen}"
+    );
+    assert!(
+        screen
+            .lines()
+            .next()
+            .unwrap_or("")
+            .contains("CONNECTION LOST"),
+        "{screen}"
+    );
+    // Nothing runs while it waits for r: no ssh left.
+    assert!(ssh_children(tmux.top_pid()).is_empty());
+    tmux.keys(&["q"]);
+    tmux.shows("TOP-ENDED");
+    assert_eq!(tmux.rc(), "0");
+}
+
+#[test]
 fn top_h_takes_one_host_only_and_not_with_json() {
     for hosts in [
         &["-H", "a,b"][..],

@@ -361,7 +361,7 @@ impl LinkState {
                 attempt + 1
             )),
             LinkState::GaveUp { why } => Some(format!(
-                "Connection to {host} lost: {why}; gave up after {ATTEMPTS} attempts (r: try again, q: quit)"
+                "Connection to {host} lost: {why}; gave up (r: try again, q: quit)"
             )),
         };
         line.map(|line| one_line(&line).into_owned())
@@ -439,7 +439,7 @@ enum Ended {
         why: String,
         /// Documents came before it ended: the next try starts afresh.
         answered: bool,
-        /// Trying again cannot help (the host's gpureap refused the arguments).
+        /// Trying again cannot help: no gpureap there, or it refused the arguments.
         final_: bool,
     },
 }
@@ -560,7 +560,13 @@ fn connect(link: &Link, samples: &SyncSender<Sample>, woken: &Receiver<()>) -> E
     let (remote, said) = link
         .stream
         .ended(status.and_then(|status| status.code()), &stderr);
-    let final_ = status.is_some() && remote == Remote::Ended(Exit::Usage);
+    // No gpureap there, one that cannot run, or one that refuses the
+    // arguments (older than this one): trying again cannot help.
+    let final_ = status.is_some()
+        && matches!(
+            remote,
+            Remote::Ended(Exit::Usage) | Remote::NotFound | Remote::CannotRun
+        );
     Ended::Lost {
         why: why.filter(|_| !final_).unwrap_or(said),
         answered,

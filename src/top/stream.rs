@@ -11,6 +11,8 @@ use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::driver::Driver;
@@ -56,8 +58,10 @@ fn stdin_watchable() -> bool {
 }
 
 /// Writes a document every `interval` until stdout or stdin closes (exit
-/// 0) or SIGTERM, SIGHUP or SIGINT comes (128 + N).
-pub fn emit(driver: &dyn Driver, interval: Duration) -> io::Result<Exit> {
+/// 0) or SIGTERM, SIGHUP or SIGINT comes (128 + N). Snapshots are taken on
+/// a thread of their own, so that a slow driver or /proc never delays the
+/// end: the signal or stdin's end is answered at once.
+pub fn emit(driver: Arc<dyn Driver>, interval: Duration) -> io::Result<Exit> {
     let (woken, waker) = UnixStream::pair()?;
     waker.set_nonblocking(true)?;
     woken.set_nonblocking(true)?;
@@ -66,27 +70,36 @@ pub fn emit(driver: &dyn Driver, interval: Duration) -> io::Result<Exit> {
         signal_hook::flag::register_usize(signal, Arc::clone(&caught), signal as usize)?;
         signal_hook::low_level::pipe::register(signal, waker.try_clone()?)?;
     }
+    let (lines_to, lines) = mpsc::sync_channel::<String>(1);
+    let wake = waker.try_clone()?;
+    thread::Builder::new()
+        .name("top-json".to_string())
+        .spawn(move || {
+            loop {
+                let started = Instant::now();
+                let snapshot = Snapshot::take(driver.as_ref());
+                let line = one_line(&report::status_json(&snapshot, &None));
+                drop(snapshot);
+                if lines_to.send(line).is_err() {
+                    return;
+                }
+                let _ = (&wake).write(&[1]);
+                thread::sleep(interval.saturating_sub(started.elapsed()));
+            }
+        })?;
     let watch_stdin = stdin_watchable();
     let mut out = io::stdout().lock();
     loop {
-        let snapshot = Snapshot::take(driver);
-        let line = one_line(&report::status_json(&snapshot, &None));
-        drop(snapshot);
-        out.write_all(line.as_bytes())?;
-        out.write_all(b"\n")?;
-        out.flush()?;
-        let next = Instant::now() + interval;
-        loop {
-            if let Some(signal) = caught_signal(&caught) {
-                return Ok(Exit::Signalled(signal));
-            }
-            let left = next.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            if wait(&woken, watch_stdin, left)? == Woken::StdinEnded {
-                return Ok(Exit::Success);
-            }
+        if let Some(signal) = caught_signal(&caught) {
+            return Ok(Exit::Signalled(signal));
+        }
+        while let Ok(line) = lines.try_recv() {
+            out.write_all(line.as_bytes())?;
+            out.write_all(b"\n")?;
+            out.flush()?;
+        }
+        if wait(&woken, watch_stdin, Duration::from_secs(1))? == Woken::StdinEnded {
+            return Ok(Exit::Success);
         }
     }
 }
@@ -104,7 +117,7 @@ enum Woken {
     StdinEnded,
 }
 
-/// Waits up to `left` for a signal's wake-up or stdin's end.
+/// Waits up to `left` for a wake-up (a signal, a new line) or stdin's end.
 fn wait(woken: &UnixStream, watch_stdin: bool, left: Duration) -> io::Result<Woken> {
     use rustix::event::{PollFd, PollFlags, Timespec, poll};
     let stdin = io::stdin();
