@@ -176,6 +176,21 @@ fn remote_streams(lab: &Lab, host: &str) -> Vec<u32> {
         .collect()
 }
 
+/// utime + stime of a process, in clock ticks (100 a second).
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    [11, 12]
+        .iter()
+        .filter_map(|&at| fields.get(at)?.parse::<u64>().ok())
+        .sum()
+}
+
 /// How many connections the host's sshd has accepted so far.
 fn accepted(lab: &Lab, host: &str) -> usize {
     std::fs::read_to_string(lab.path().join(host).join("sshd.log"))
@@ -272,6 +287,7 @@ fn top_h_shows_one_host_over_one_ssh_frees_there_survives_a_lost_stream_and_leav
     assert!(screen.contains("GPU0"), "{screen}");
     assert!(screen.contains("orphaned"), "{screen}");
     let top = tmux.top_pid();
+    let (cpu_before, started) = (cpu_ticks(top), Instant::now());
     let ssh = ssh_children(top);
     assert_eq!(ssh.len(), 1, "one ssh serves the view: {ssh:?}");
 
@@ -345,6 +361,12 @@ fn top_h_shows_one_host_over_one_ssh_frees_there_survives_a_lost_stream_and_leav
     assert_eq!(again.len(), 1, "{again:?}\n{back}");
     assert_ne!(again, ssh, "a new connection after the loss");
 
+    // What the view cost here, for the report (not a bound: the machine is shared).
+    eprintln!(
+        "top -H: {} ms of CPU in {:.1} s (a 300 ms refresh, a free, a reconnection)",
+        (cpu_ticks(top) - cpu_before) * 1000 / 100,
+        started.elapsed().as_secs_f64()
+    );
     // Quitting ends the ssh, and with it everything of ours on the host.
     tmux.keys(&["q"]);
     tmux.shows("TOP-ENDED");
