@@ -277,3 +277,123 @@ fn collect(
         })?;
     Ok(receiver)
 }
+
+/// A child whose stdout is read as it comes, for as long as it runs (`top
+/// -H`'s one ssh): started in a process group of its own, its stdin held
+/// open (its end tells the child this side is gone), its stderr kept to a
+/// bound. Dropping it ends its whole group and reaps it.
+pub struct Streaming {
+    child: std::process::Child,
+    stdout: Option<std::process::ChildStdout>,
+    stderr: mpsc::Receiver<(Vec<u8>, bool)>,
+    _held: Option<ChildStdin>,
+    /// Reaped (`end`): its PID may be another process's now.
+    reaped: bool,
+}
+
+/// Starts argv in a process group of its own, its stdout a pipe to read.
+pub fn stream<S: AsRef<OsStr>>(argv: &[S], max_stderr: u64) -> Result<Streaming, Error> {
+    let Some((program, args)) = argv.split_first() else {
+        return Err(Error::NoProgram);
+    };
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .map_err(|source| Error::Spawn {
+            program: program.as_ref().to_string_lossy().into_owned(),
+            source,
+        })?;
+    let stderr = match child.stderr.take().map(|pipe| collect(pipe, max_stderr)) {
+        Some(Ok(stderr)) => stderr,
+        Some(Err(error)) => {
+            kill_group(child.id());
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(Error::Thread(error));
+        }
+        None => mpsc::channel().1,
+    };
+    Ok(Streaming {
+        stdout: child.stdout.take(),
+        _held: child.stdin.take(),
+        child,
+        stderr,
+        reaped: false,
+    })
+}
+
+impl Streaming {
+    /// Its PID, its process group's id while it is unreaped.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Its stdout, once.
+    pub fn take_stdout(&mut self) -> Option<std::process::ChildStdout> {
+        self.stdout.take()
+    }
+
+    /// Gives it up to `patience` to exit on its own (it closed its stdout:
+    /// it is ending), then ends its group and reaps it: its exit status
+    /// (`None` if it had to be killed or cannot be waited for) and the end of
+    /// its stderr.
+    pub fn end(mut self, patience: Duration) -> (Option<ExitStatus>, Vec<u8>) {
+        let exited = self.exits_within(patience);
+        kill_group(self.pid());
+        let status = self.child.wait().ok().filter(|_| exited);
+        self.reaped = true;
+        let (stderr, _) = self
+            .stderr
+            .recv_timeout(Duration::from_millis(200))
+            .unwrap_or_default();
+        (status, stderr)
+    }
+
+    /// Whether it exits, unreaped, within `limit`.
+    fn exits_within(&self, limit: Duration) -> bool {
+        let Some(pid) = Pid::from_raw(self.child.id() as i32) else {
+            return true;
+        };
+        let deadline = Instant::now() + limit;
+        let pidfd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok();
+        loop {
+            match rustix::process::waitid(
+                WaitId::Pid(pid),
+                WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT,
+            ) {
+                Ok(Some(_)) | Err(_) => return true,
+                Ok(None) => {}
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            match &pidfd {
+                Some(fd) => {
+                    let fd = fd.as_fd();
+                    let mut fds = [rustix::event::PollFd::new(
+                        &fd,
+                        rustix::event::PollFlags::IN,
+                    )];
+                    let timeout = rustix::event::Timespec::try_from(left).ok();
+                    let _ = rustix::event::poll(&mut fds, timeout.as_ref());
+                }
+                None => thread::sleep(left.min(Duration::from_millis(5))),
+            }
+        }
+    }
+}
+
+impl Drop for Streaming {
+    fn drop(&mut self) {
+        if self.reaped {
+            return;
+        }
+        kill_group(self.child.id());
+        let _ = self.child.wait();
+    }
+}

@@ -295,10 +295,14 @@ Examples:
 ? help, q quit. Every free shows the plan first (who is signalled, who is protected and why)
 and asks; it is `gpureap free`'s own escalation and verification.
 
+With -H HOST it shows that one host over one ssh (its gpureap top --json), and frees there
+through the host's own gpureap free; r reconnects at once when the connection is lost.
+
 Examples:
   gpureap top
   gpureap top --readonly --interval 2s
-  gpureap --backend sim:/tmp/gpus top --grace 1s")
+  gpureap --backend sim:/tmp/gpus top --grace 1s
+  gpureap top -H gpu07 --ssh 'ssh -F ~/.ssh/lab.conf'")
     )]
     Top(TopArgs),
 
@@ -1042,6 +1046,13 @@ pub struct TopArgs {
     /// Also protect processes with this name (repeatable). Example: --protect my-server
     #[arg(long, value_name = "NAME")]
     pub protect: Vec<String>,
+    /// No view: one `status` document (docs/json.md) a line on stdout every --interval, until
+    /// stdout or stdin closes or a signal comes; what `top -H` reads from the host.
+    /// Example: gpureap top --json --interval 2s | jq -c '[.gpus[].memory_used]'
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub fleet: HostsArgs,
 }
 
 #[derive(Debug, Args)]

@@ -623,6 +623,8 @@ pub struct TopRequest {
     pub protect: Vec<String>,
     /// The frees started from the view: `free`'s own formula.
     pub options: Options,
+    /// `--json`: no view, a document a line (`top::stream`).
+    pub json: bool,
 }
 
 impl TopRequest {
@@ -633,6 +635,7 @@ impl TopRequest {
             interval: Duration::from_secs(1),
             protect: Vec::new(),
             options: Options::new(Duration::from_secs(5), Duration::from_secs(30)),
+            json: false,
         }
     }
 
@@ -642,7 +645,25 @@ impl TopRequest {
             interval: args.interval,
             protect: args.protect.clone(),
             options: Options::new(args.grace, args.timeout),
+            json: args.json,
         }
+    }
+}
+
+/// `top -H`'s host: one, never a list (the view shows one host); and not
+/// with `--json`, which is the host's side of it.
+pub fn top_host(args: &crate::cli::TopArgs) -> Result<Option<FleetConfig>, UsageError> {
+    let hosts = fleet(&args.fleet)?;
+    match hosts.hosts.len() {
+        0 => Ok(None),
+        _ if args.json => Err(UsageError(
+            "top --json writes this host's documents: run it on the host (ssh HOST gpureap top --json)"
+                .to_string(),
+        )),
+        1 => Ok(Some(hosts)),
+        count => Err(UsageError(format!(
+            "top -H shows one host, and this names {count}: give one host (for many, use gpureap status -H LIST)"
+        ))),
     }
 }
 

@@ -101,7 +101,7 @@ fn main() -> ! {
         Command::Demo(args) => {
             gpureap::demo::run(args.json, &mut io::stdout().lock()).map_err(Failure::from)
         }
-        Command::Top(args) => top(&cli.backend, &config::TopRequest::new(args)),
+        Command::Top(args) => top(&cli.backend, args, &remote_backend),
         Command::Exporter(args) => exporter(&cli.backend, args),
         Command::Check(args) => check(&cli.backend, args),
         Command::Slurm(command) => slurm(&cli.backend, command),
@@ -455,11 +455,31 @@ fn terminal_for_top() -> Result<(), Failure> {
     .into())
 }
 
-/// The live view: it needs a terminal on both ends, and a driver to watch.
-fn top(backend: &BackendChoice, request: &config::TopRequest) -> Result<Exit, Failure> {
+/// The live view: it needs a terminal on both ends, and a driver to watch,
+/// here or (-H) on the one host named. `--json` needs neither terminal.
+fn top(
+    backend: &BackendChoice,
+    args: &gpureap::cli::TopArgs,
+    remote_backend: &Option<String>,
+) -> Result<Exit, Failure> {
+    let request = config::TopRequest::new(args);
+    let host = config::top_host(args)?;
+    if request.json {
+        let driver = open_driver_quietly(backend)?;
+        return Ok(gpureap::top::stream::emit(
+            std::sync::Arc::from(driver),
+            request.interval,
+        )?);
+    }
     terminal_for_top()?;
+    if let Some(host) = host {
+        let fleet = fleet::Fleet::new(&host, remote_backend.clone(), false)
+            .map_err(UsageError)?
+            .ok_or_else(|| UsageError("top -H: no host".to_string()))?;
+        return Ok(gpureap::top::run_remote(fleet, &request)?);
+    }
     let driver = open_driver_quietly(backend)?;
-    Ok(gpureap::top::run(std::sync::Arc::from(driver), request)?)
+    Ok(gpureap::top::run(std::sync::Arc::from(driver), &request)?)
 }
 
 /// Asks on the terminal; refuses to go on without one unless --yes was given.

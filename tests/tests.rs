@@ -35,6 +35,7 @@ mod sshd_lab;
 mod stacks;
 mod status;
 mod top;
+mod top_remote;
 
 // Monitoring: the exporter, status --prometheus, run --metrics, check, deploy/.
 mod check;

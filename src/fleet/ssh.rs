@@ -301,6 +301,26 @@ impl Transport {
         }
     }
 
+    /// Why a long-running remote command (`top -H`'s stream) ended, from its
+    /// ssh's exit code (`None`: killed) and stderr: ssh's own failure, no
+    /// gpureap there, an argument refused (a gpureap older than this one),
+    /// or the command's own end. With it, what the code means.
+    pub fn ended(&self, code: Option<i32>, stderr: &[u8]) -> (Remote, String) {
+        let stderr = String::from_utf8_lossy(stderr);
+        let last_line = last_meaningful_line(&stderr);
+        let remote = Remote::read(code);
+        let why = match remote {
+            Remote::Ended(_) => refusal(&stderr).or(last_line).unwrap_or_else(|| {
+                format!(
+                    "its gpureap ended (exit {})",
+                    code.map_or("?".to_string(), |code| code.to_string())
+                )
+            }),
+            failed => self.not_run(failed, last_line),
+        };
+        (remote, why)
+    }
+
     /// Why the remote gpureap did not run, when ssh says it did not: ssh's
     /// own failure (connection, host key, authentication), no such program,
     /// one that cannot be run, or ssh killed.

@@ -37,6 +37,10 @@ pub struct Planned {
 pub enum Event {
     Progress(String),
     Done(Box<FreeReport>),
+    /// With -H: the host's plan (`free --dry-run` there), or why there is none.
+    Planned(Result<Box<super::remote::Planned>, String>),
+    /// With -H: the host's free, done: its verified outcome, as lines.
+    Finished(Vec<String>),
 }
 
 /// The euid this view runs as; a user other than root may signal only its own processes.

@@ -3,10 +3,13 @@
 //! freezes the keys; the header shows how old the data is), frees run on a
 //! thread of their own through `reap::free` (`act`), and the terminal is
 //! given back on every way out: `q`, Ctrl-C, SIGTERM/SIGHUP/SIGINT, an error,
-//! a panic.
+//! a panic. `top -H HOST` shows one remote host through one ssh
+//! (`remote`), whose `gpureap top --json` (`stream`) is the sampler there.
 
 mod act;
 mod model;
+mod remote;
+pub mod stream;
 mod view;
 
 use std::collections::BTreeSet;
@@ -25,6 +28,7 @@ use ratatui::crossterm::{cursor, execute, terminal};
 use crate::config::TopRequest;
 use crate::driver::Driver;
 use crate::exit::Exit;
+use crate::fleet::Fleet;
 use crate::select::Guard;
 use crate::snapshot::Snapshot;
 use crate::units::{Elapsed, one_line};
@@ -38,8 +42,40 @@ enum Mode {
     Browse,
     Filter,
     Help,
-    Confirm(Box<Planned>),
+    /// Waiting for the remote host's plan (`top -H`).
+    Asking,
+    Confirm(Plan),
     Freeing,
+}
+
+/// A plan shown for confirmation: made here, or by the remote host.
+enum Plan {
+    Local(Box<Planned>),
+    Remote(remote::Planned),
+}
+
+impl Plan {
+    fn text(&self) -> &[String] {
+        match self {
+            Plan::Local(planned) => &planned.text,
+            Plan::Remote(planned) => &planned.text,
+        }
+    }
+}
+
+/// What the sampler's thread sends the view.
+pub enum Sample {
+    Local(Box<Snapshot>),
+    /// A document from the remote host (`top -H`).
+    Remote(Box<remote::Status>),
+    /// The remote connection's state.
+    Link(remote::LinkState),
+}
+
+/// Where the data comes from and the frees go.
+enum Source {
+    Local(Arc<dyn Driver>),
+    Remote(Arc<remote::Link>),
 }
 
 /// The view's state, drawn by `view::draw`.
@@ -47,6 +83,10 @@ pub struct App {
     backend: String,
     request: TopRequest,
     snapshot: Option<Snapshot>,
+    /// `top -H`: the host's last document, its name, its connection.
+    remote: Option<Box<remote::Status>>,
+    host: Option<String>,
+    link: Option<remote::LinkState>,
     received: Option<Instant>,
     history: History,
     bars: Vec<GpuBar>,
@@ -73,6 +113,9 @@ impl App {
             backend: one_line(&backend).into_owned(),
             request,
             snapshot: None,
+            remote: None,
+            host: None,
+            link: None,
             received: None,
             history: History::default(),
             bars: Vec::new(),
@@ -92,28 +135,52 @@ impl App {
         }
     }
 
-    fn take(&mut self, snapshot: Snapshot) {
-        self.history.record(&snapshot);
-        self.bars = model::bars(&snapshot);
-        self.snapshot = Some(snapshot);
+    fn take(&mut self, sample: Sample) {
+        match sample {
+            Sample::Local(snapshot) => {
+                self.history.record(&snapshot);
+                self.bars = model::bars(&snapshot);
+                self.snapshot = Some(*snapshot);
+            }
+            Sample::Remote(status) => {
+                self.history.record_used(status.used());
+                self.bars = status.bars.clone();
+                self.backend = status.backend.clone();
+                self.remote = Some(status);
+            }
+            Sample::Link(state) => {
+                self.link = Some(state);
+                return;
+            }
+        }
         self.received = Some(Instant::now());
         self.arrange();
     }
 
     /// Rebuilds the rows from the snapshot, keeping the cursor on its PID.
     fn arrange(&mut self) {
-        let Some(snapshot) = &self.snapshot else {
+        let selected = self.selected().map(|row| row.pid);
+        let live: BTreeSet<u32> = if let Some(remote) = &self.remote {
+            self.rows = model::arrange_by(
+                |pid| remote.ancestors(pid),
+                remote.rows.clone(),
+                &self.filter,
+                self.sort,
+                self.tree,
+            );
+            remote.pids()
+        } else if let Some(snapshot) = &self.snapshot {
+            self.rows = model::arrange(
+                snapshot,
+                model::rows(snapshot),
+                &self.filter,
+                self.sort,
+                self.tree,
+            );
+            snapshot.processes.keys().copied().collect()
+        } else {
             return;
         };
-        let selected = self.selected().map(|row| row.pid);
-        self.rows = model::arrange(
-            snapshot,
-            model::rows(snapshot),
-            &self.filter,
-            self.sort,
-            self.tree,
-        );
-        let live: BTreeSet<u32> = snapshot.processes.keys().copied().collect();
         self.tagged.retain(|pid| live.contains(pid));
         self.cursor = selected
             .and_then(|pid| self.rows.iter().position(|row| row.pid == pid))
@@ -130,8 +197,19 @@ impl App {
             Some(at) => format!("data {} old", Elapsed(at.elapsed())),
             None => "taking the first snapshot…".to_string(),
         };
+        let host = self
+            .host
+            .as_ref()
+            .map(|host| format!(" {host}"))
+            .unwrap_or_default();
+        let lost = self
+            .link
+            .as_ref()
+            .and_then(remote::LinkState::word)
+            .map(|word| format!(" · {word}"))
+            .unwrap_or_default();
         let mut text = format!(
-            "gpureap top · {age} · {} holders · sort {}{}",
+            "gpureap top{host}{lost} · {age} · {} holders · sort {}{}",
             self.rows.len(),
             self.sort.name(),
             if self.tree { " · tree" } else { "" }
@@ -141,7 +219,7 @@ impl App {
         }
         if self.request.readonly {
             text.push_str(" · read-only");
-        } else if act::euid() != 0 {
+        } else if act::euid() != 0 && self.host.is_none() {
             text.push_str(&format!(
                 " · not root: only uid {}'s processes",
                 act::euid()
@@ -153,6 +231,9 @@ impl App {
 
     fn footer_lines(&self) -> Vec<String> {
         let mut lines = Vec::new();
+        if let (Some(host), Some(link)) = (&self.host, &self.link) {
+            lines.extend(link.line(host));
+        }
         lines.extend(self.message.clone());
         lines.extend(self.progress.clone());
         lines.extend(self.result.iter().cloned());
@@ -163,6 +244,7 @@ impl App {
         match self.mode {
             Mode::Filter => "type to filter · Enter keep · Esc clear".to_string(),
             Mode::Confirm(_) => "y: free as planned · n/Esc: cancel · ↑↓ scroll".to_string(),
+            Mode::Asking => "asking the host for the plan… (q quits the view)".to_string(),
             Mode::Freeing => "freeing… (q quits the view; the free goes on until verified)".to_string(),
             _ if self.request.readonly => "↑↓/jk move · / filter · t tree · s sort · ? help · q quit".to_string(),
             _ => "↑↓/jk · / filter · t tree · s sort · space tag · x free · g GPU · o orphans · ? · q"
@@ -179,7 +261,7 @@ impl App {
 
     fn popup(&self) -> Option<Vec<String>> {
         match &self.mode {
-            Mode::Confirm(planned) => Some(planned.text.clone()),
+            Mode::Confirm(plan) => Some(plan.text().to_vec()),
             Mode::Help => Some(HELP.lines().map(str::to_string).collect()),
             _ => None,
         }
@@ -195,6 +277,7 @@ x            free the tagged holders (or the selected one) and their descendants
 g            free every holder of the selected holder's GPU
 o            free all orphans (a crashed launcher's workers)
              each free shows the plan and asks; y goes, n cancels
+r            with -H: reconnect now
 q, Esc       quit (Ctrl-C too)
 
 Bars: # used by a process (a colour each), ! held by no process, . free.
@@ -229,26 +312,58 @@ fn restore() {
     let _ = terminal::disable_raw_mode();
 }
 
-/// Takes snapshots every `interval` on a thread of its own until the view is gone.
-fn sampler(driver: Arc<dyn Driver>, interval: Duration) -> (Receiver<Snapshot>, Sender<()>) {
-    let (snapshots, received) = mpsc::sync_channel::<Snapshot>(1);
+/// Takes samples on a thread of its own until the view is gone: local
+/// snapshots every `interval`, or the remote host's documents as they come.
+/// A message on the returned sender asks for one at once (after a free;
+/// with -H, a reconnection).
+fn sampler(
+    source: &Source,
+    interval: Duration,
+) -> (Receiver<Sample>, Sender<()>, thread::JoinHandle<()>) {
+    let (samples, received) = mpsc::sync_channel::<Sample>(1);
     let (wake, woken) = mpsc::channel::<()>();
-    thread::spawn(move || {
-        loop {
-            if snapshots.send(Snapshot::take(driver.as_ref())).is_err() {
-                return;
-            }
-            match woken.recv_timeout(interval) {
-                Ok(()) | Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => return,
-            }
+    let handle = match source {
+        Source::Local(driver) => {
+            let driver = Arc::clone(driver);
+            thread::spawn(move || {
+                loop {
+                    let snapshot = Snapshot::take(driver.as_ref());
+                    if samples.send(Sample::Local(Box::new(snapshot))).is_err() {
+                        return;
+                    }
+                    match woken.recv_timeout(interval) {
+                        Ok(()) | Err(RecvTimeoutError::Timeout) => {}
+                        Err(RecvTimeoutError::Disconnected) => return,
+                    }
+                }
+            })
         }
-    });
-    (received, wake)
+        Source::Remote(link) => {
+            let link = Arc::clone(link);
+            thread::spawn(move || remote::sample(link, samples, woken))
+        }
+    };
+    (received, wake, handle)
 }
 
 /// Runs the view until the user quits or a signal ends it.
 pub fn run(driver: Arc<dyn Driver>, request: &TopRequest) -> io::Result<Exit> {
+    let (exit, _sampler) = show(Source::Local(driver), request)?;
+    Ok(exit)
+}
+
+/// `top -H HOST`: the view of one remote host (`remote`). When it closes,
+/// its ssh is ended (and with it, the host's `gpureap top --json`) before
+/// this returns.
+pub fn run_remote(fleet: Fleet, request: &TopRequest) -> io::Result<Exit> {
+    let link = Arc::new(remote::Link::new(fleet, request));
+    let (exit, sampler) = show(Source::Remote(link), request)?;
+    let _ = sampler.join();
+    Ok(exit)
+}
+
+/// The view on a source, until it closes; its sampler, told to stop.
+fn show(source: Source, request: &TopRequest) -> io::Result<(Exit, thread::JoinHandle<()>)> {
     let mut stops = Vec::new();
     for signal in [libc::SIGTERM, libc::SIGHUP, libc::SIGINT] {
         let flag = Arc::new(AtomicBool::new(false));
@@ -256,9 +371,16 @@ pub fn run(driver: Arc<dyn Driver>, request: &TopRequest) -> io::Result<Exit> {
         stops.push((signal, flag));
     }
     let guard = Guard::for_this_process(&request.protect);
-    let (snapshots, wake) = sampler(Arc::clone(&driver), request.interval);
+    let (snapshots, wake, handle) = sampler(&source, request.interval);
     let (events_to, events) = mpsc::channel::<act::Event>();
-    let mut app = App::new(driver.describe(), request.clone());
+    let mut app = match &source {
+        Source::Local(driver) => App::new(driver.describe(), request.clone()),
+        Source::Remote(link) => {
+            let mut app = App::new(String::new(), request.clone());
+            app.host = Some(link.host.clone());
+            app
+        }
+    };
     let (screen, mut terminal) = Screen::enter()?;
     let mut drawn = Instant::now();
     let mut dirty = true;
@@ -270,10 +392,11 @@ pub fn run(driver: Arc<dyn Driver>, request: &TopRequest) -> io::Result<Exit> {
         if caught.is_some() {
             break caught;
         }
-        while let Ok(snapshot) = snapshots.try_recv() {
-            app.take(snapshot);
+        while let Ok(sample) = snapshots.try_recv() {
+            app.take(sample);
             dirty = true;
         }
+        // The age of the data, and a retry's count-down, move on their own.
         while let Ok(event) = events.try_recv() {
             on_free_event(&mut app, event, &wake);
             dirty = true;
@@ -289,16 +412,28 @@ pub fn run(driver: Arc<dyn Driver>, request: &TopRequest) -> io::Result<Exit> {
         dirty = true;
         if let Event::Key(key) = event::read()?
             && key.kind != KeyEventKind::Release
-            && on_key(&mut app, key, &guard, &driver, &events_to)
         {
-            break None;
+            if app.host.is_some()
+                && matches!(app.mode, Mode::Browse)
+                && key.code == KeyCode::Char('r')
+            {
+                let _ = wake.send(());
+                continue;
+            }
+            if on_key(&mut app, key, &guard, &source, &events_to) {
+                break None;
+            }
         }
     };
     drop(screen);
-    Ok(match caught {
+    // The sampler sees its channels closed and ends (with -H, its ssh).
+    drop(wake);
+    drop(snapshots);
+    let exit = match caught {
         Some(signal) => Exit::Signalled(signal),
         None => Exit::Success,
-    })
+    };
+    Ok((exit, handle))
 }
 
 fn on_free_event(app: &mut App, event: act::Event, wake: &Sender<()>) {
@@ -311,6 +446,29 @@ fn on_free_event(app: &mut App, event: act::Event, wake: &Sender<()>) {
             app.tagged.clear();
             let _ = wake.send(());
         }
+        act::Event::Planned(planned) => {
+            app.progress = None;
+            match planned {
+                Ok(planned) if matches!(app.mode, Mode::Asking) => {
+                    app.popup_scroll = 0;
+                    app.mode = Mode::Confirm(Plan::Remote(*planned));
+                }
+                Ok(_) => {}
+                Err(why) => {
+                    app.message = Some(one_line(&why).into_owned());
+                    app.mode = Mode::Browse;
+                }
+            }
+        }
+        act::Event::Finished(lines) => {
+            app.progress = None;
+            app.result = lines
+                .iter()
+                .map(|line| one_line(line).into_owned())
+                .collect();
+            app.mode = Mode::Browse;
+            app.tagged.clear();
+        }
     }
 }
 
@@ -319,7 +477,7 @@ fn on_key(
     app: &mut App,
     key: KeyEvent,
     guard: &Guard,
-    driver: &Arc<dyn Driver>,
+    source: &Source,
     events: &Sender<act::Event>,
 ) -> bool {
     if key.modifiers.contains(KeyModifiers::CONTROL) && key.code == KeyCode::Char('c') {
@@ -331,15 +489,19 @@ fn on_key(
             false
         }
         Mode::Help => false,
-        Mode::Confirm(planned) => {
-            confirm_key(app, key, planned, guard, driver, events);
+        Mode::Confirm(plan) => {
+            confirm_key(app, key, plan, guard, source, events);
             false
         }
         Mode::Freeing => {
             app.mode = Mode::Freeing;
             matches!(key.code, KeyCode::Char('q'))
         }
-        Mode::Browse => browse_key(app, key, guard),
+        Mode::Asking => {
+            app.mode = Mode::Asking;
+            matches!(key.code, KeyCode::Char('q'))
+        }
+        Mode::Browse => browse_key(app, key, guard, source, events),
     }
 }
 
@@ -363,9 +525,9 @@ fn filter_key(app: &mut App, key: KeyEvent) {
 fn confirm_key(
     app: &mut App,
     key: KeyEvent,
-    planned: Box<Planned>,
+    planned: Plan,
     guard: &Guard,
-    driver: &Arc<dyn Driver>,
+    source: &Source,
     events: &Sender<act::Event>,
 ) {
     match key.code {
@@ -373,13 +535,20 @@ fn confirm_key(
             app.result.clear();
             app.message = None;
             app.progress = Some("starting…".to_string());
-            act::start(
-                Arc::clone(driver),
-                *planned,
-                guard.clone(),
-                app.request.options,
-                events.clone(),
-            );
+            match (planned, source) {
+                (Plan::Local(planned), Source::Local(driver)) => act::start(
+                    Arc::clone(driver),
+                    *planned,
+                    guard.clone(),
+                    app.request.options,
+                    events.clone(),
+                ),
+                (Plan::Remote(planned), Source::Remote(link)) => {
+                    remote::free(Arc::clone(link), planned, &app.request, events.clone())
+                }
+                // A plan is made by its own source: never another's.
+                _ => app.progress = None,
+            }
             app.mode = Mode::Freeing;
         }
         KeyCode::Down | KeyCode::Char('j') => {
@@ -394,7 +563,13 @@ fn confirm_key(
     }
 }
 
-fn browse_key(app: &mut App, key: KeyEvent, guard: &Guard) -> bool {
+fn browse_key(
+    app: &mut App,
+    key: KeyEvent,
+    guard: &Guard,
+    source: &Source,
+    events: &Sender<act::Event>,
+) -> bool {
     let last = app.rows.len().saturating_sub(1);
     match key.code {
         KeyCode::Char('q') | KeyCode::Esc => return true,
@@ -427,27 +602,33 @@ fn browse_key(app: &mut App, key: KeyEvent, guard: &Guard) -> bool {
             } else {
                 app.tagged.clone()
             };
-            ask(app, Target::Pids(pids), guard);
+            ask(app, Target::Pids(pids), guard, source, events);
         }
         KeyCode::Char('g') => {
-            let gpu = app.selected().and_then(|row| {
-                app.snapshot
+            let gpu = app.selected().and_then(|row| match &app.remote {
+                Some(remote) => remote
+                    .gpus_of
+                    .get(&row.pid)
+                    .and_then(|gpus| gpus.first().copied()),
+                None => app
+                    .snapshot
                     .as_ref()
-                    .and_then(|snapshot| snapshot.gpus_used_by(row.pid).first().copied())
+                    .and_then(|snapshot| snapshot.gpus_used_by(row.pid).first().copied()),
             });
             match gpu {
-                Some(gpu) => ask(app, Target::Gpu(gpu), guard),
+                Some(gpu) => ask(app, Target::Gpu(gpu), guard, source, events),
                 None => app.message = Some("The selected process uses no GPU.".to_string()),
             }
         }
-        KeyCode::Char('o') => ask(app, Target::Orphans, guard),
+        KeyCode::Char('o') => ask(app, Target::Orphans, guard, source, events),
         _ => {}
     }
     false
 }
 
-/// Shows the plan for a target and asks, or says why not.
-fn ask(app: &mut App, target: Target, guard: &Guard) {
+/// Shows the plan for a target and asks, or says why not. With -H the
+/// host plans (its `free --dry-run`), and the view waits for it.
+fn ask(app: &mut App, target: Target, guard: &Guard, source: &Source, events: &Sender<act::Event>) {
     if app.request.readonly {
         app.message =
             Some("Read-only (--readonly): nothing can be signalled from this view.".to_string());
@@ -457,6 +638,16 @@ fn ask(app: &mut App, target: Target, guard: &Guard) {
         app.message = Some("Nothing selected.".to_string());
         return;
     }
+    if let Source::Remote(link) = source {
+        app.message = None;
+        app.progress = Some(format!(
+            "asking {} for the plan (its gpureap free --dry-run)…",
+            link.host
+        ));
+        app.mode = Mode::Asking;
+        remote::ask(Arc::clone(link), target, &app.request, events.clone());
+        return;
+    }
     let Some(snapshot) = &app.snapshot else {
         app.message = Some("No snapshot yet.".to_string());
         return;
@@ -464,7 +655,7 @@ fn ask(app: &mut App, target: Target, guard: &Guard) {
     match act::plan(snapshot, &target, guard, app.request.options) {
         Ok(planned) => {
             app.popup_scroll = 0;
-            app.mode = Mode::Confirm(Box::new(planned));
+            app.mode = Mode::Confirm(Plan::Local(Box::new(planned)));
         }
         Err(why) => app.message = Some(one_line(&why).into_owned()),
     }

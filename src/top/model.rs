@@ -75,12 +75,17 @@ pub struct History {
 
 impl History {
     pub fn record(&mut self, snapshot: &Snapshot) {
-        for gpu in &snapshot.gpus {
-            let samples = self.used.entry(gpu.index).or_default();
+        self.record_used(snapshot.gpus.iter().map(|gpu| (gpu.index, gpu.memory_used)));
+    }
+
+    /// Records each GPU's used memory (index, bytes).
+    pub fn record_used(&mut self, used: impl IntoIterator<Item = (u32, Option<u64>)>) {
+        for (index, memory_used) in used {
+            let samples = self.used.entry(index).or_default();
             if samples.len() == HISTORY {
                 samples.pop_front();
             }
-            samples.push_back(gpu.memory_used);
+            samples.push_back(memory_used);
         }
     }
 }
@@ -210,16 +215,30 @@ pub fn arrange(
     sort: Sort,
     tree: bool,
 ) -> Vec<Row> {
+    if !tree {
+        return arrange_by(|_| Vec::new(), all, filter, sort, false);
+    }
+    let processes = snapshot.tree();
+    arrange_by(|pid| processes.ancestors(pid), all, filter, sort, tree)
+}
+
+/// `arrange`, with each process's ancestors, nearest first, from `ancestors`
+/// (a remote host's, from its document).
+pub fn arrange_by(
+    ancestors: impl Fn(u32) -> Vec<u32>,
+    all: Vec<Row>,
+    filter: &str,
+    sort: Sort,
+    tree: bool,
+) -> Vec<Row> {
     let mut shown: Vec<Row> = all.into_iter().filter(|row| matches(row, filter)).collect();
     sort_rows(&mut shown, sort);
     if !tree {
         return shown;
     }
-    let processes = snapshot.tree();
     let present: BTreeSet<u32> = shown.iter().map(|row| row.pid).collect();
     let parent_of = |pid: u32| {
-        processes
-            .ancestors(pid)
+        ancestors(pid)
             .into_iter()
             .find(|ancestor| present.contains(ancestor))
     };
