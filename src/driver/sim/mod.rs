@@ -28,6 +28,7 @@
 //! that is not what it should be is an error naming it, never a default.
 
 pub mod incident;
+mod mig;
 pub mod stand_in;
 mod watch;
 
@@ -40,7 +41,7 @@ use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use rustix::io::Errno;
 
 use super::evidence::{self, Health, KernelLog, Platform, Recovery};
-use super::{Driver, DriverError, DriverProcess, Figures, GpuInfo, changed};
+use super::{Driver, DriverError, DriverProcess, Figures, GpuInfo, MigInstance, changed};
 use crate::proc;
 use crate::proc::Node;
 
@@ -77,6 +78,8 @@ pub struct SimDriver {
     /// `DIR/omit-other-namespaces` was there at open: with `host_proc`, the
     /// lists leave out what is not of the caller's PID namespace.
     omit_other_namespaces: bool,
+    /// Each GPU's MIG instances, from `DIR/mig.N` at open (`None`: MIG off).
+    mig: Vec<Option<Vec<mig::Staged>>>,
 }
 
 fn cannot_read_proc(error: std::io::Error) -> DriverError {
@@ -330,7 +333,9 @@ impl SimDriver {
             Ok(_) => true,
             Err(_) => false,
         };
+        let mig = mig::read_all(&directory, &dir, gpu_count)?;
         Ok(SimDriver {
+            mig,
             host_proc,
             omit_other_namespaces,
             bookkeeping,
@@ -435,10 +440,16 @@ impl SimDriver {
             .map(|index| {
                 (
                     index,
-                    vec![
+                    [
                         state(&format!("leak.{index}")),
                         state(&format!("lost.{index}")),
-                    ],
+                    ]
+                    .into_iter()
+                    .chain(
+                        (0..self.instance_count(index))
+                            .map(|instance| state(&format!("leak.{index}.{instance}"))),
+                    )
+                    .collect(),
                 )
             })
             .collect();
@@ -585,6 +596,9 @@ impl SimDriver {
         if self.is_lost(index)? {
             return Err(DriverError::GpuLost { index });
         }
+        if let Some(Some(staged)) = self.mig.get(index as usize) {
+            return self.build_mig(index, staged, pids, claims);
+        }
         let mut processes = Vec::with_capacity(pids.len());
         for &pid in pids {
             let name = format!("{pid}.{index}");
@@ -607,6 +621,7 @@ impl SimDriver {
         let leak = self
             .read_bytes(&self.directory, &leak_name, &self.dir.join(&leak_name))?
             .unwrap_or(0);
+
         // Saturating: a staged claim near u64::MAX must not wrap to a few bytes.
         let used = processes
             .iter()
@@ -622,6 +637,114 @@ impl SimDriver {
             memory_reserved: None,
             processes,
             pci_bus_id: Some(sim_pci_bus_id(index)),
+            mig_mode: Some(false),
+            instances: Vec::new(),
+        })
+    }
+
+    /// How many MIG instances GPU N has (0 where MIG is off).
+    fn instance_count(&self, index: u32) -> usize {
+        self.mig
+            .get(index as usize)
+            .and_then(Option::as_ref)
+            .map_or(0, Vec::len)
+    }
+
+    /// A GPU in MIG mode: each holder's claim names its instance
+    /// (`I:BYTES`; without a claim file, 1 GiB on instance 0); the parent
+    /// lists every holder with its memory unknown, as NVML does, and each
+    /// instance its own with their memory, plus `DIR/leak.N.I`.
+    fn build_mig(
+        &self,
+        index: u32,
+        staged: &[mig::Staged],
+        pids: &[u32],
+        claims: Option<&OwnedFd>,
+    ) -> Result<GpuInfo, DriverError> {
+        let mut instances: Vec<MigInstance> = staged
+            .iter()
+            .enumerate()
+            .map(|(at, staged)| MigInstance {
+                index: at as u32,
+                gpu_instance_id: Some(staged.gpu_instance_id),
+                compute_instance_id: Some(staged.compute_instance_id),
+                profile: Some(staged.profile.clone()),
+                uuid: Some(staged.uuid.clone()),
+                memory_total: Some(staged.total),
+                memory_used: None,
+                processes: Vec::new(),
+            })
+            .collect();
+        let mut processes = Vec::with_capacity(pids.len());
+        for &pid in pids {
+            let name = format!("{pid}.{index}");
+            let shown_as = self.dir.join("claims").join(&name);
+            let content = match claims {
+                Some(claims) => read_bounded(claims, &name, &shown_as, NUMBER_FILE_LIMIT)?,
+                None => None,
+            };
+            let (instance, claim) = match &content {
+                None => (0, Claim::Context(DEFAULT_CLAIM)),
+                Some(content) if parse_claim(content, &shown_as) == Ok(Claim::NodeOnly) => continue,
+                Some(content) => match mig::split_claim(content) {
+                    Some((instance, rest)) => (instance, parse_claim(rest, &shown_as)?),
+                    None => {
+                        return Err(DriverError::Sim(format!(
+                            "{}: GPU {index} is in MIG mode: a claim names its instance, \
+                             like 0:1073741824, found {}",
+                            shown_as.display(),
+                            describe(content)
+                        )));
+                    }
+                },
+            };
+            let Some(on) = instances.get_mut(instance as usize) else {
+                return Err(DriverError::Sim(format!(
+                    "{}: GPU {index} has no MIG instance {instance} ({} staged in {})",
+                    shown_as.display(),
+                    staged.len(),
+                    self.dir.join(format!("mig.{index}")).display()
+                )));
+            };
+            let used_memory = match claim {
+                Claim::Context(bytes) => Some(bytes),
+                Claim::Unreported | Claim::NodeOnly => None,
+            };
+            on.processes.push(DriverProcess { pid, used_memory });
+            processes.push(DriverProcess {
+                pid,
+                used_memory: None,
+            });
+        }
+        let leak_name = format!("leak.{index}");
+        let mut used = self
+            .read_bytes(&self.directory, &leak_name, &self.dir.join(&leak_name))?
+            .unwrap_or(0);
+        for instance in &mut instances {
+            let leak_name = format!("leak.{index}.{}", instance.index);
+            let leak = self
+                .read_bytes(&self.directory, &leak_name, &self.dir.join(&leak_name))?
+                .unwrap_or(0);
+            let on = instance
+                .processes
+                .iter()
+                .filter_map(|p| p.used_memory)
+                .fold(leak, u64::saturating_add);
+            instance.memory_used = Some(on);
+            used = used.saturating_add(on);
+        }
+        let (total, name) = self.gpus[index as usize].clone();
+        Ok(GpuInfo {
+            index,
+            name: Some(name),
+            uuid: Some(sim_uuid(index)),
+            memory_total: Some(total),
+            memory_used: Some(used),
+            memory_reserved: None,
+            processes,
+            pci_bus_id: Some(sim_pci_bus_id(index)),
+            mig_mode: Some(true),
+            instances,
         })
     }
 }
@@ -881,15 +1004,23 @@ impl Driver for SimDriver {
                 pids.join(", ")
             )));
         }
-        let name = format!("leak.{index}");
-        match rustix::fs::unlinkat(&self.directory, name.as_str(), AtFlags::empty()) {
-            Ok(()) | Err(Errno::NOENT) => Ok(()),
-            Err(error) => Err(DriverError::Sim(format!(
-                "cannot reset GPU {index}: cannot remove {}: {}",
-                self.dir.join(name).display(),
-                std::io::Error::from(error)
-            ))),
+        // A reset is of the whole GPU: every instance's leak goes with it.
+        let names = std::iter::once(format!("leak.{index}")).chain(
+            (0..self.instance_count(index)).map(|instance| format!("leak.{index}.{instance}")),
+        );
+        for name in names {
+            match rustix::fs::unlinkat(&self.directory, name.as_str(), AtFlags::empty()) {
+                Ok(()) | Err(Errno::NOENT) => {}
+                Err(error) => {
+                    return Err(DriverError::Sim(format!(
+                        "cannot reset GPU {index}: cannot remove {}: {}",
+                        self.dir.join(name).display(),
+                        std::io::Error::from(error)
+                    )));
+                }
+            }
         }
+        Ok(())
     }
 
     fn classify_node(&self, path: &Path) -> Option<Node> {
