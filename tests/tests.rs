@@ -14,6 +14,7 @@ mod hostile;
 mod imports;
 mod incidents;
 mod input;
+mod mig;
 mod old_kernel;
 mod plan;
 mod plan_hostile;

@@ -56,7 +56,7 @@ pub fn resolve(driver: &dyn Driver, refs: &[GpuRef]) -> Result<Resolved, NotHere
     let needs_driver = refs.iter().any(|gpu| !matches!(gpu, GpuRef::Index(_)));
     let infos: Vec<Result<GpuInfo, DriverError>> = if needs_driver {
         driver
-            .gpus()
+            .layout()
             .map_err(|error| NotHere(format!("cannot list GPUs: {error}")))?
     } else {
         Vec::new()
@@ -143,6 +143,10 @@ pub struct InstanceView {
     inner: Box<dyn Driver>,
     /// By GPU, the instances named (MIG device indexes).
     named: BTreeMap<u32, BTreeSet<u32>>,
+    /// The whole GPUs' memory used as `inner` last answered it: what
+    /// `wait_for_change` hands `inner` to watch (any instance's change
+    /// changes its GPU's figure), so that waiting costs what it costs there.
+    parent_figures: std::sync::Mutex<BTreeMap<u32, Option<u64>>>,
 }
 
 impl InstanceView {
@@ -151,7 +155,11 @@ impl InstanceView {
         if named.is_empty() {
             return inner;
         }
-        Box::new(InstanceView { inner, named })
+        Box::new(InstanceView {
+            inner,
+            named,
+            parent_figures: std::sync::Mutex::default(),
+        })
     }
 
     /// One GPU's answer as the view gives it.
@@ -159,6 +167,9 @@ impl InstanceView {
         let Some(named) = self.named.get(&info.index) else {
             return info;
         };
+        if let Ok(mut figures) = self.parent_figures.lock() {
+            figures.insert(info.index, info.memory_used);
+        }
         let instances: Vec<_> = info
             .instances
             .into_iter()
@@ -232,6 +243,10 @@ impl Driver for InstanceView {
             .into_iter()
             .map(|info| info.map(|info| self.project(info)))
             .collect())
+    }
+
+    fn layout(&self) -> Result<Vec<Result<GpuInfo, DriverError>>, DriverError> {
+        self.inner.layout()
     }
 
     fn memory_used(&self, index: u32) -> Result<Option<u64>, DriverError> {
@@ -330,18 +345,22 @@ impl Driver for InstanceView {
         if last.keys().all(|index| !self.named.contains_key(index)) {
             return self.inner.wait_for_change(last, poll, limit);
         }
-        let deadline = std::time::Instant::now() + limit;
+        // The GPUs' own figures behind `last`, where the view last read them;
+        // without them, one reading catches up first.
+        let known = self.parent_figures.lock().ok().and_then(|figures| {
+            last.keys()
+                .map(|index| figures.get(index).map(|used| (*index, *used)))
+                .collect::<Option<BTreeMap<u32, Option<u64>>>>()
+        });
         let gpus: BTreeSet<u32> = last.keys().copied().collect();
-        loop {
+        let Some(parents) = known else {
             let now = self.memory_used_of(&gpus);
-            if super::changed(&now, last) {
-                return Some(now);
-            }
-            let at = std::time::Instant::now();
-            if at >= deadline {
-                return None;
-            }
-            std::thread::sleep(poll.min(deadline - at));
-        }
+            return super::changed(&now, last).then_some(now);
+        };
+        // A change of a whole GPU's figure may be of another instance: the
+        // view's figures are read again, and said as a change (it may be).
+        self.inner
+            .wait_for_change(&parents, poll, limit)
+            .map(|_| self.memory_used_of(&gpus))
     }
 }

@@ -185,6 +185,15 @@ pub trait Driver: Send + Sync {
             .collect())
     }
 
+    /// Every GPU's identity and MIG layout (UUID, MIG mode, instances with
+    /// their UUIDs), for resolving names (`mig::resolve`): process lists
+    /// and figures may be left out. The default asks `gpus`; a backend for
+    /// which that costs a /proc scan (the simulated driver) answers from
+    /// what it read at open.
+    fn layout(&self) -> Result<Vec<Result<GpuInfo, DriverError>>, DriverError> {
+        self.gpus()
+    }
+
     /// Memory used on one GPU, for polling. `Ok(None)` when the driver cannot say.
     fn memory_used(&self, index: u32) -> Result<Option<u64>, DriverError> {
         Ok(self.gpu(index)?.memory_used)

@@ -11,6 +11,7 @@ use std::os::fd::OwnedFd;
 use std::path::Path;
 
 use super::{DriverError, describe, parse_bytes, read_bounded};
+use crate::driver::MigInstance;
 
 /// Largest `DIR/mig.N`: a line per instance, at most a few dozen.
 const MIG_FILE_LIMIT: usize = 8 << 10;
@@ -92,6 +93,25 @@ pub(super) fn parse(content: &[u8], shown_as: &Path, gpu: u32) -> Result<Vec<Sta
         }
     }
     Ok(staged)
+}
+
+/// The staged instances as the driver gives them, before their holders
+/// and figures are filled in.
+pub(super) fn instances(staged: &[Staged]) -> Vec<MigInstance> {
+    staged
+        .iter()
+        .enumerate()
+        .map(|(at, staged)| MigInstance {
+            index: at as u32,
+            gpu_instance_id: Some(staged.gpu_instance_id),
+            compute_instance_id: Some(staged.compute_instance_id),
+            profile: Some(staged.profile.clone()),
+            uuid: Some(staged.uuid.clone()),
+            memory_total: Some(staged.total),
+            memory_used: None,
+            processes: Vec::new(),
+        })
+        .collect()
 }
 
 /// Splits a claim on a MIG GPU into its instance and the rest: `2:4096`

@@ -41,7 +41,7 @@ use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use rustix::io::Errno;
 
 use super::evidence::{self, Health, KernelLog, Platform, Recovery};
-use super::{Driver, DriverError, DriverProcess, Figures, GpuInfo, MigInstance, changed};
+use super::{Driver, DriverError, DriverProcess, Figures, GpuInfo, changed};
 use crate::proc;
 use crate::proc::Node;
 
@@ -661,20 +661,7 @@ impl SimDriver {
         pids: &[u32],
         claims: Option<&OwnedFd>,
     ) -> Result<GpuInfo, DriverError> {
-        let mut instances: Vec<MigInstance> = staged
-            .iter()
-            .enumerate()
-            .map(|(at, staged)| MigInstance {
-                index: at as u32,
-                gpu_instance_id: Some(staged.gpu_instance_id),
-                compute_instance_id: Some(staged.compute_instance_id),
-                profile: Some(staged.profile.clone()),
-                uuid: Some(staged.uuid.clone()),
-                memory_total: Some(staged.total),
-                memory_used: None,
-                processes: Vec::new(),
-            })
-            .collect();
+        let mut instances = mig::instances(staged);
         let mut processes = Vec::with_capacity(pids.len());
         for &pid in pids {
             let name = format!("{pid}.{index}");
@@ -933,6 +920,31 @@ impl Driver for SimDriver {
 
     fn gpus(&self) -> Result<Vec<Result<GpuInfo, DriverError>>, DriverError> {
         self.answer()
+    }
+
+    /// From `DIR/gpus` and `DIR/mig.N` as read at open, and the lost
+    /// markers: no /proc scan, no process list, no figures.
+    fn layout(&self) -> Result<Vec<Result<GpuInfo, DriverError>>, DriverError> {
+        Ok((0..SimDriver::gpu_count(self))
+            .map(|index| {
+                if self.is_lost(index)? {
+                    return Err(DriverError::GpuLost { index });
+                }
+                let staged = self.mig.get(index as usize).and_then(Option::as_ref);
+                Ok(GpuInfo {
+                    index,
+                    name: Some(self.gpus[index as usize].1.clone()),
+                    uuid: Some(sim_uuid(index)),
+                    memory_total: Some(self.gpus[index as usize].0),
+                    memory_used: None,
+                    memory_reserved: None,
+                    processes: Vec::new(),
+                    pci_bus_id: Some(sim_pci_bus_id(index)),
+                    mig_mode: Some(staged.is_some()),
+                    instances: staged.map_or_else(Vec::new, |staged| mig::instances(staged)),
+                })
+            })
+            .collect())
     }
 
     /// One /proc pass for all of them, not one per GPU.
