@@ -7,7 +7,9 @@ use std::fs;
 
 use gpureap::driver::sim::incident::{Holder, Incident, SimHost};
 
+use crate::exporter::{samples, value};
 use crate::harness::*;
+use crate::schema::{conforms, schema};
 
 /// Two GPUs; GPU 0 in MIG mode with instances 0:0 (1g.18gb) and 0:1 (3g.71gb).
 fn mig_host() -> SimHost {
@@ -56,6 +58,7 @@ fn instances_are_listed_under_their_gpu_with_their_holders_and_memory() {
     fs::write(host.path().join("leak.0.1"), GIB.to_string()).expect("leak");
 
     let status = run(&host, &["status", "--json"]).json();
+    conforms(&schema(), "status with MIG", &status);
     let gpu = &status["gpus"][0];
     assert_eq!(gpu["mig_mode"], true, "{gpu:#}");
     assert_eq!(status["gpus"][1]["mig_mode"], false);
@@ -104,6 +107,46 @@ fn instances_are_listed_under_their_gpu_with_their_holders_and_memory() {
     );
     let tree = run(&host, &["status", "--tree"]);
     assert!(tree.stdout.contains("GPU 0:0: 2.0 GiB"), "{}", tree.stdout);
+
+    // The exporter: one series per instance, labelled with its ids and profile.
+    let exposition = run(&host, &["status", "--prometheus"]);
+    let found = samples(&exposition.stdout);
+    let on = [
+        ("gpu", "0"),
+        ("instance", "0:1"),
+        ("gpu_instance", "2"),
+        ("compute_instance", "0"),
+        ("profile", "3g.71gb"),
+    ];
+    let figure = |name: &str| value(&found, name, &on);
+    assert_eq!(
+        figure("gpureap_mig_instance_memory_used_bytes"),
+        Some((6 * GIB) as f64),
+        "{}",
+        exposition.stdout
+    );
+    assert_eq!(
+        figure("gpureap_mig_instance_memory_unattributed_bytes"),
+        Some(GIB as f64)
+    );
+    assert_eq!(figure("gpureap_mig_instance_held_by_no_process"), Some(1.0));
+    assert_eq!(figure("gpureap_mig_instance_holders"), Some(1.0));
+    assert_eq!(
+        value(&found, "gpureap_gpu_mig_mode", &[("gpu", "0")]),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(&found, "gpureap_gpu_mig_mode", &[("gpu", "1")]),
+        Some(0.0)
+    );
+    assert_eq!(
+        value(
+            &found,
+            "gpureap_mig_instance_held_by_no_process",
+            &[("instance", "0:0")]
+        ),
+        Some(0.0)
+    );
 }
 
 #[test]
@@ -117,6 +160,7 @@ fn free_of_an_instance_signals_only_its_holders_and_verifies_its_memory() {
 
     let freed = free(&host, "0:1");
     let report = freed.json();
+    conforms(&schema(), "free --gpu 0:1", &report);
     assert_eq!(freed.code, 0, "{}{}", freed.stdout, freed.stderr);
     assert_eq!(target_pids(&report), vec![target], "{report:#}");
     assert!(!signals(&report, target).is_empty(), "{report:#}");

@@ -1017,8 +1017,8 @@ fn a_job_variable_gpureap_cannot_read_drains_with_its_name_and_the_healthcheck_l
     assert_eq!(
         cluster.drain_reason().as_deref(),
         Some(
-            "gpureap: CUDA_VISIBLE_DEVICES: 'MIG-GPU-1/2/3' is not a GPU index, range or GPU-UUID \
-             (expected like 0,1,3); epilog checked no GPU"
+            "gpureap: CUDA_VISIBLE_DEVICES: 'MIG-GPU-1/2/3' is not a GPU index, range, GPU-UUID, \
+             MIG instance (0:1) or MIG-UUID (expected like 0,1,3); epilog checked no GPU"
         ),
         "job {job}"
     );
