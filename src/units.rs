@@ -525,6 +525,53 @@ mod tests {
     }
 
     #[test]
+    fn gpu_lists_with_mig_instances_and_uuids() {
+        assert_eq!(
+            parse_gpu_list("0:1,MIG-3f0e2b1c-aaaa,GPU-0f3c,2"),
+            Ok(GpuList::Refs(vec![
+                GpuRef::Instance(0, 1),
+                GpuRef::MigUuid("MIG-3f0e2b1c-aaaa".to_string()),
+                GpuRef::Uuid("GPU-0f3c".to_string()),
+                GpuRef::Index(2),
+            ]))
+        );
+        for bad in [
+            "0:",
+            ":1",
+            "0:1:2",
+            "0:x",
+            "MIG-",
+            "MIG-GPU-1/2/3",
+            "1024:0",
+        ] {
+            assert!(parse_gpu_list(bad).is_err(), "{bad} should be refused");
+        }
+        let union = GpuList::union(&[
+            parse_gpu_list("3").expect("valid"),
+            parse_gpu_list("0:1").expect("valid"),
+        ]);
+        assert_eq!(
+            union,
+            Some(GpuList::Refs(vec![
+                GpuRef::Instance(0, 1),
+                GpuRef::Index(3)
+            ]))
+        );
+        let refs = [GpuRef::Instance(0, 1), GpuRef::Index(2)];
+        assert_eq!(GpuRefs(&refs).to_string(), "0:1,2");
+        // A command that takes indexes only says so, never drops a name.
+        assert!(
+            GpuList::Refs(vec![GpuRef::Instance(0, 1)])
+                .resolve(2)
+                .is_err()
+        );
+        assert_eq!(
+            GpuList::Refs(vec![GpuRef::Index(1)]).resolve(2),
+            Ok(BTreeSet::from([1]))
+        );
+    }
+
+    #[test]
     fn gpu_lists() {
         assert_eq!(parse_gpu_list("all"), Ok(GpuList::All));
         assert_eq!(
