@@ -36,12 +36,16 @@ FAKE_MIG = "MIG-00000000-0000-0000-0000-000000000000"
 
 def run(argv, timeout=120):
     started = time.monotonic()
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        code, stdout, stderr = done.returncode, done.stdout, done.stderr
+    except (OSError, subprocess.TimeoutExpired) as error:
+        code, stdout, stderr = 127, "", f"{argv[0]}: {error}"
     return {
         "argv": argv,
-        "code": done.returncode,
-        "stdout": done.stdout,
-        "stderr": done.stderr,
+        "code": code,
+        "stdout": stdout,
+        "stderr": stderr,
         "seconds": round(time.monotonic() - started, 3),
     }
 
@@ -113,6 +117,7 @@ def main(argv):
         check("status --json exits 0", status["code"] == 0, status["stderr"][-300:])
         document = json.loads(status["stdout"]) if status["stdout"].strip() else {"gpus": []}
         record["status_seconds"] = status["seconds"]
+        check("status lists every GPU nvidia-smi lists", modes and len(document.get("gpus", [])) == len(modes))
         for gpu in document.get("gpus", []):
             index = gpu["index"]
             smi_gpu = modes.get(index, {})
