@@ -440,6 +440,8 @@ mod tests {
     #[test]
     fn unseen_memory_alone_is_unknown_and_beside_a_problem_the_problem() {
         let gpu = |index: u32, error: Option<DriverError>| crate::snapshot::GpuState {
+            mig_mode: None,
+            instances: Vec::new(),
             index,
             name: None,
             uuid: None,

@@ -539,7 +539,8 @@ pub struct ExporterArgs {
 
 #[derive(Debug, Args)]
 pub struct CheckArgs {
-    /// GPUs to check: 0,2,5 or 0-3 or all (repeatable).
+    /// GPUs to check: 0,2,5 or 0-3 or all, GPU-<uuid>, a MIG instance 0:1 or MIG-<uuid>
+    /// (repeatable). Example: --gpu 0:1
     #[arg(long, value_name = "LIST", value_parser = gpu_list)]
     pub gpu: Vec<GpuList>,
     #[command(flatten)]
@@ -666,7 +667,8 @@ pub struct DumpArgs {
 
 #[derive(Debug, Args)]
 pub struct ResetArgs {
-    /// GPUs to reset: 0,2,5 or 0-3 or all (repeatable).
+    /// GPUs to reset: 0,2,5 or 0-3 or all, or GPU-<uuid> (repeatable); whole GPUs only, a MIG
+    /// instance (0:1) is refused. Example: --gpu 0
     #[arg(long, required = true, value_name = "LIST", value_parser = gpu_list)]
     pub gpu: Vec<GpuList>,
     /// Reset nothing: name every blocker to a reset of each GPU by role (persistence daemon,
@@ -778,7 +780,8 @@ pub struct PushArgs {
 
 #[derive(Debug, Args)]
 pub struct StatusArgs {
-    /// GPUs to show: 0,2,5 or 0-3 or all (repeatable).
+    /// GPUs to show: 0,2,5 or 0-3 or all, GPU-<uuid>, a MIG instance 0:1 or MIG-<uuid>
+    /// (repeatable). Example: --gpu 0:1
     #[arg(long, value_name = "LIST", value_parser = gpu_list)]
     pub gpu: Vec<GpuList>,
     /// Show holders inside their process trees.
@@ -802,7 +805,8 @@ pub struct StatusArgs {
 
 #[derive(Debug, Args)]
 pub struct FreeArgs {
-    /// Holders of these GPUs: 0,2,5 or 0-3 or all (repeatable).
+    /// Holders of these GPUs: 0,2,5 or 0-3 or all, GPU-<uuid>, or of a MIG instance only: 0:1
+    /// or MIG-<uuid> (repeatable). Example: --gpu 0:1
     #[arg(long, value_name = "LIST", value_parser = gpu_list)]
     pub gpu: Vec<GpuList>,
     /// This process and its descendants (repeatable). Naming a process overrides
@@ -877,7 +881,8 @@ pub struct FreeArgs {
 
 #[derive(Debug, Args)]
 pub struct WaitArgs {
-    /// GPUs to wait for: 0,2,5 or 0-3 or all (repeatable).
+    /// GPUs to wait for: 0,2,5 or 0-3 or all, GPU-<uuid>, a MIG instance 0:1 or MIG-<uuid>
+    /// (repeatable). Example: --gpu 0:1
     #[arg(long, default_value = "all", value_name = "LIST", value_parser = gpu_list)]
     pub gpu: Vec<GpuList>,
     /// Free enough means memory used below this size.

@@ -126,6 +126,52 @@ fn named_pids(
     Ok(named)
 }
 
+/// `--gpu` lists that name GPUs by UUID (`GPU-…`) or MIG instances (`0:1`,
+/// `MIG-…`), resolved against the driver (`driver::mig::resolve`): the
+/// driver the command then works through (the instances' view where some
+/// are named, docs/mig.md) and the lists as GPU indexes, which every rule
+/// below (`gpus`, `named_gpus`) takes as before. Lists of indexes pass
+/// unchanged; a name not on this host is bad input.
+pub fn gpu_names(
+    driver: Box<dyn crate::driver::Driver>,
+    lists: &[GpuList],
+) -> Result<(Box<dyn crate::driver::Driver>, Vec<GpuList>), UsageError> {
+    let Some(GpuList::Refs(refs)) = GpuList::union(lists) else {
+        return Ok((driver, lists.to_vec()));
+    };
+    let resolved = crate::driver::mig::resolve(driver.as_ref(), &refs)
+        .map_err(|error| UsageError(format!("--gpu {}: {error}", crate::units::GpuRefs(&refs))))?;
+    let indexes = GpuList::Some(resolved.indexes());
+    Ok((
+        crate::driver::mig::InstanceView::wrap(driver, resolved.instances),
+        vec![indexes],
+    ))
+}
+
+/// Whether the `--gpu` lists name a GPU only the driver can resolve (a
+/// UUID, a MIG instance).
+pub fn names_by_driver(lists: &[GpuList]) -> bool {
+    lists.iter().any(|list| matches!(list, GpuList::Refs(_)))
+}
+
+/// Whether the `--gpu` lists name a MIG instance (`reset` refuses them: a
+/// reset is of the whole GPU).
+pub fn names_instances(lists: &[GpuList]) -> Option<String> {
+    let Some(GpuList::Refs(refs)) = GpuList::union(lists) else {
+        return None;
+    };
+    let instances: Vec<crate::units::GpuRef> = refs
+        .into_iter()
+        .filter(|gpu| {
+            matches!(
+                gpu,
+                crate::units::GpuRef::Instance(..) | crate::units::GpuRef::MigUuid(_)
+            )
+        })
+        .collect();
+    (!instances.is_empty()).then(|| crate::units::GpuRefs(&instances).to_string())
+}
+
 /// Resolves the `--gpu` lists (their union) against the GPUs the driver
 /// reports; `None` when no list was given.
 pub fn gpus(lists: &[GpuList], gpu_count: u32) -> Result<Option<BTreeSet<u32>>, UsageError> {

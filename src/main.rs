@@ -295,10 +295,19 @@ fn emit_encoded(text: &str) -> io::Result<()> {
 fn status(backend: &BackendChoice, args: &config::StatusRequest) -> Result<Exit, Failure> {
     let sources = args.sources.sources()?;
     // How long the snapshot took, for `status --prometheus`'s scan figures.
-    let (driver, mut snapshot, took) =
-        Snapshot::open_and_take(backend, args.prometheus).map_err(UsageError)?;
+    let (driver, mut snapshot, took, gpu) = if config::names_by_driver(&args.gpu) {
+        // Names only the driver resolves (docs/mig.md): the view first.
+        let (driver, gpu) = config::gpu_names(open_driver_quietly(backend)?, &args.gpu)?;
+        let started = std::time::Instant::now();
+        let snapshot = Snapshot::take(driver.as_ref());
+        (driver, snapshot, started.elapsed(), gpu)
+    } else {
+        let (driver, snapshot, took) =
+            Snapshot::open_and_take(backend, args.prometheus).map_err(UsageError)?;
+        (driver, snapshot, took, args.gpu.clone())
+    };
     snapshot.attribute_containers(&sources);
-    let gpus = config::gpus(&args.gpu, gpu_count(driver.as_ref()))?;
+    let gpus = config::gpus(&gpu, gpu_count(driver.as_ref()))?;
     snapshot.read_evidence(driver.as_ref());
     if args.prometheus {
         let mut figures = gpureap::metrics::ScanFigures::default();
@@ -343,7 +352,11 @@ fn status_exit(snapshot: &Snapshot, gpus: &Option<std::collections::BTreeSet<u32
 fn free(backend: &BackendChoice, args: &config::FreeRequest) -> Result<Exit, Failure> {
     let uids = args.users()?;
     let sources = args.sources.sources()?;
-    let driver = open_driver(backend)?;
+    let (driver, gpu) = config::gpu_names(open_driver(backend)?, &args.gpu)?;
+    let args = &config::FreeRequest {
+        gpu,
+        ..args.clone()
+    };
     let gpu_count = gpu_count(driver.as_ref());
     // GPU indexes are checked before the scan; named processes' families need command lines too.
     config::gpus(&args.gpu, gpu_count)?;
@@ -509,7 +522,11 @@ fn progress_bar(json: bool) -> Option<indicatif::ProgressBar> {
 }
 
 fn wait(backend: &BackendChoice, args: &config::WaitRequest) -> Result<Exit, Failure> {
-    let driver = open_driver(backend)?;
+    let (driver, gpu) = config::gpu_names(open_driver(backend)?, &args.gpu)?;
+    let args = &config::WaitRequest {
+        gpu,
+        ..args.clone()
+    };
     let config = config::wait(args, gpu_count(driver.as_ref()))?;
     // Without a driver there is no memory figure to wait for: say so at once
     // rather than time out as if the GPUs were held.
@@ -622,8 +639,8 @@ fn reap_watch(backend: &BackendChoice, args: &gpureap::cli::ReapArgs) -> Result<
 fn check(backend: &BackendChoice, args: &gpureap::cli::CheckArgs) -> Result<Exit, Failure> {
     let sources = config::SourcesRequest::new(&args.sources).sources()?;
     // Its first line says there is no driver, once.
-    let driver = open_driver_quietly(backend)?;
-    let gpus = config::gpus(&args.gpu, gpu_count(driver.as_ref()))?;
+    let (driver, gpu) = config::gpu_names(open_driver_quietly(backend)?, &args.gpu)?;
+    let gpus = config::gpus(&gpu, gpu_count(driver.as_ref()))?;
     let mut snapshot = Snapshot::take_listed(driver.as_ref());
     snapshot.attribute_containers(&sources);
     let indexes = snapshot.gpus.iter().map(|gpu| gpu.index).collect();
@@ -668,7 +685,11 @@ fn plan(backend: &BackendChoice, config: &gpureap::plan::fit::PlanConfig) -> Res
 /// are printed.
 fn dump(backend: &BackendChoice, request: &config::DumpRequest) -> Result<Exit, Failure> {
     // gpu.txt says itself when there is no driver.
-    let driver = open_driver_quietly(backend)?;
+    let (driver, gpu) = config::gpu_names(open_driver_quietly(backend)?, &request.gpu)?;
+    let request = &config::DumpRequest {
+        gpu,
+        ..request.clone()
+    };
     let gpu_count = gpu_count(driver.as_ref());
     config::gpus(&request.gpu, gpu_count)?;
     let named = request.pid.iter().copied().collect();
@@ -724,9 +745,15 @@ fn dump(backend: &BackendChoice, request: &config::DumpRequest) -> Result<Exit, 
 }
 
 fn reset(backend: &BackendChoice, args: &gpureap::cli::ResetArgs) -> Result<Exit, Failure> {
-    let driver = open_driver(backend)?;
+    if let Some(instances) = config::names_instances(&args.gpu) {
+        return Err(UsageError(format!(
+            "reset resets whole GPUs, every MIG instance on them: name the GPU, not the instance {instances} (docs/mig.md)"
+        ))
+        .into());
+    }
+    let (driver, gpu) = config::gpu_names(open_driver(backend)?, &args.gpu)?;
     // --gpu is required (clap): `None` cannot come back.
-    let gpus = config::named_gpus(&args.gpu, gpu_count(driver.as_ref()))?
+    let gpus = config::named_gpus(&gpu, gpu_count(driver.as_ref()))?
         .ok_or_else(|| UsageError("--gpu is required".to_string()))?;
     if args.plan {
         let snapshot = Snapshot::take(driver.as_ref());

@@ -85,6 +85,8 @@ pub fn text_format(openmetrics: &str) -> String {
     text
 }
 
+mod mig;
+
 /// Labels of one sample, in the order they are written.
 type Labels = Vec<(&'static str, String)>;
 type Gauges = Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>;
@@ -233,6 +235,7 @@ pub fn encode_snapshot_with(
     let mut registry = Registry::with_prefix("gpureap");
     encode_scan(&mut registry, snapshot, figures);
     encode_gpus(&mut registry, snapshot, options);
+    mig::encode_instances(&mut registry, snapshot, options);
     encode_evidence(&mut registry, snapshot, options);
     encode_containers(&mut registry, snapshot, options);
     if options.per_process {

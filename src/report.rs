@@ -13,6 +13,8 @@ use crate::driver::DriverError;
 use crate::driver::evidence::Evidence;
 use crate::exit::Exit;
 use crate::members::{Found, short_id};
+
+pub mod mig;
 use crate::proc::Unreadable;
 use crate::reap::{Fate, FreeReport, GpuOutcome, Handled};
 use crate::select::Because;
@@ -86,6 +88,10 @@ pub struct GpuJson {
     pub evidence: Option<Evidence>,
     /// What the evidence implies, one sentence each (`Evidence::advice`).
     pub advice: Vec<String>,
+    /// Whether the GPU is in MIG mode; `null` where the driver does not say.
+    pub mig_mode: Option<bool>,
+    /// Its MIG instances, each judged on its own (docs/mig.md).
+    pub instances: Vec<mig::InstanceJson>,
 }
 
 #[derive(Debug, Serialize)]
@@ -237,6 +243,9 @@ pub struct HolderGpuJson {
     pub listed_by_driver: bool,
     /// Has this GPU's device node open, as every CUDA process has every GPU's.
     pub node_open: bool,
+    /// The MIG instances of this GPU whose lists have it (their device
+    /// indexes: `0:1` is `index` 0, instance 1); empty where MIG is off.
+    pub mig_instances: Vec<u32>,
 }
 
 /// Whether a holder belongs in a report on `gpus`: the driver lists it on
@@ -311,6 +320,7 @@ fn holder_json(snapshot: &Snapshot, pid: u32) -> HolderJson {
                     memory: user.memory,
                     listed_by_driver: user.listed,
                     node_open: user.node_open,
+                    mig_instances: mig::instances_of(gpu, pid),
                 })
             })
             .collect(),
@@ -382,6 +392,8 @@ pub fn status_json(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String 
                     .get(&gpu.index)
                     .map(|evidence| evidence.advice(gpu.index))
                     .unwrap_or_default(),
+                mig_mode: gpu.mig_mode,
+                instances: mig::instances_json(snapshot, gpu),
             })
             .collect(),
         holders: holders_json(snapshot, gpus),
@@ -430,6 +442,7 @@ pub fn holders_json(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> Vec<Ho
                 memory: user.memory,
                 listed_by_driver: true,
                 node_open: false,
+                mig_instances: Vec::new(),
             }],
             control_node: false,
             flags: vec!["hidden"],
@@ -495,6 +508,7 @@ fn gpu_table(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String {
                 Cell::new(users),
             ]),
         };
+        mig::add_instance_rows(&mut table, snapshot, gpu);
     }
     let mut out = table.trim_fmt();
     for gpu in snapshot
@@ -513,6 +527,9 @@ fn gpu_table(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String {
                 ))
             );
         }
+        if let Some(note) = mig::notes(gpu) {
+            let _ = write!(out, "\n{}", wrap(&note));
+        }
     }
     out
 }
@@ -520,8 +537,13 @@ fn gpu_table(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String {
 /// Where the holders table puts a process, by the strongest evidence there is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Place {
-    /// The driver lists it on this GPU: it has a context there.
-    Listed { index: u32, memory: Option<u64> },
+    /// The driver lists it on this GPU: it has a context there (`name`:
+    /// the GPU's index, or its MIG instances', `0:1`).
+    Listed {
+        index: u32,
+        name: String,
+        memory: Option<u64>,
+    },
     /// It has these GPUs' nodes open, and no driver answered for them.
     NodesOnly(BTreeSet<u32>),
     /// Listed nowhere: a monitor, or a process with only control nodes open.
@@ -551,6 +573,7 @@ fn places(snapshot: &Snapshot, holder: &HolderJson, gpus: &Option<BTreeSet<u32>>
         .filter(|gpu| gpu.listed_by_driver && wanted(gpu.index))
         .map(|gpu| Place::Listed {
             index: gpu.index,
+            name: mig::place_name(gpu.index, &gpu.mig_instances),
             memory: gpu.memory,
         })
         .collect();
@@ -646,9 +669,9 @@ pub fn status_table(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String
         let number = |value: Option<u32>| value.map_or("?".to_string(), |v| v.to_string());
         for place in places(snapshot, holder, gpus) {
             let (gpu, memory) = match &place {
-                Place::Listed { index, memory } => {
+                Place::Listed { name, memory, .. } => {
                     unknown_memory |= memory.is_none();
-                    (index.to_string(), MaybeBytes(*memory).to_string())
+                    (name.clone(), MaybeBytes(*memory).to_string())
                 }
                 Place::NodesOnly(indexes) => {
                     nodes_only = true;
@@ -1103,9 +1126,9 @@ impl Tree<'_> {
         if self.holders.contains(&pid) {
             for place in places(self.snapshot, &holder, self.gpus) {
                 match place {
-                    Place::Listed { index, memory } => {
+                    Place::Listed { name, memory, .. } => {
                         self.unknown_memory |= memory.is_none();
-                        let _ = write!(line, "  GPU {index}: {}", MaybeBytes(memory));
+                        let _ = write!(line, "  GPU {name}: {}", MaybeBytes(memory));
                     }
                     Place::NodesOnly(indexes) => {
                         self.nodes_only = true;
@@ -1935,6 +1958,8 @@ mod tests {
             backend: "test".to_string(),
             taken_at_unix_ms: 0,
             gpus: vec![GpuState {
+                mig_mode: None,
+                instances: Vec::new(),
                 index: 0,
                 name: None,
                 uuid: None,

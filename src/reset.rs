@@ -611,6 +611,8 @@ mod tests {
             hidden: false,
         };
         let gpu = GpuState {
+            mig_mode: None,
+            instances: Vec::new(),
             index: 0,
             name: None,
             uuid: None,

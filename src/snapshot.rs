@@ -13,7 +13,7 @@ pub mod mps;
 
 use crate::container::{self, Container, Presence};
 use crate::driver::evidence::Evidence;
-use crate::driver::{BackendChoice, Driver, DriverError};
+use crate::driver::{BackendChoice, Driver, DriverError, MigInstance};
 use crate::proc::{self, Node, ProcessRecord, State, Unreadable};
 use crate::supervised::{self, Supervision};
 use crate::tree::ProcessTree;
@@ -127,6 +127,11 @@ pub struct GpuState {
     /// The driver's error for this GPU (lost, NVML failure); the rest is then unknown.
     pub error: Option<DriverError>,
     pub users: Vec<GpuUser>,
+    /// Whether the GPU is in MIG mode, as the driver says (docs/mig.md).
+    pub mig_mode: Option<bool>,
+    /// Its MIG instances, each with its own process list and memory: a
+    /// user's `memory` on a MIG GPU is the sum of its memory on them.
+    pub instances: Vec<MigInstance>,
 }
 
 /// A process the driver lists on a GPU, or that has the GPU's node open.
@@ -263,7 +268,24 @@ impl Snapshot {
         if !gpu.driver_answered() {
             return None;
         }
-        let bytes = gpu.unattributed()?;
+        self.judge_unattributed(gpu.unattributed()?)
+    }
+
+    /// The one rule for one MIG instance of an answered GPU: its memory
+    /// used less what its listed holders explain, with the same tolerance
+    /// and kinds as a whole GPU's (docs/mig.md).
+    pub fn held_by_no_process_in(
+        &self,
+        gpu: &GpuState,
+        instance: &MigInstance,
+    ) -> Option<Unattributed> {
+        if !gpu.driver_answered() {
+            return None;
+        }
+        self.judge_unattributed(instance.unattributed()?)
+    }
+
+    fn judge_unattributed(&self, bytes: u64) -> Option<Unattributed> {
         let kind = if bytes <= self.bookkeeping_slack {
             UnattributedKind::Bookkeeping
         } else if self.may_miss_holders() {
@@ -832,6 +854,21 @@ struct Timing {
     queried: std::time::Duration,
 }
 
+/// A holder of a MIG GPU, whose memory the parent cannot say: the sum of
+/// its memory on the instances that list it (`None` where one cannot say).
+fn from_instances(mut user: GpuUser, instances: &[MigInstance]) -> GpuUser {
+    if user.memory.is_none() && !instances.is_empty() {
+        user.memory = instances
+            .iter()
+            .flat_map(|instance| &instance.processes)
+            .filter(|process| process.pid == user.pid)
+            .try_fold(0u64, |sum, process| {
+                process.used_memory.map(|bytes| sum.saturating_add(bytes))
+            });
+    }
+    user
+}
+
 fn merge(
     infos: Vec<Result<crate::driver::GpuInfo, DriverError>>,
     processes: &BTreeMap<u32, ProcessRecord>,
@@ -841,6 +878,7 @@ fn merge(
         .enumerate()
         .map(|(position, info)| match info {
             Ok(info) => GpuState {
+                mig_mode: info.mig_mode,
                 index: info.index,
                 name: info.name,
                 uuid: info.uuid,
@@ -858,9 +896,13 @@ fn merge(
                         node_open: false,
                         hidden: is_foreign(process.pid, processes),
                     })
+                    .map(|user| from_instances(user, &info.instances))
                     .collect(),
+                instances: info.instances,
             },
             Err(error) => GpuState {
+                mig_mode: None,
+                instances: Vec::new(),
                 index: match error {
                     DriverError::GpuLost { index } => index,
                     _ => position as u32,
@@ -884,6 +926,8 @@ fn merge(
                 None => {
                     // A node the driver did not report (backend `none`): show it, memory unknown.
                     gpus.push(GpuState {
+                        mig_mode: None,
+                        instances: Vec::new(),
                         index,
                         name: None,
                         uuid: None,
@@ -1000,6 +1044,8 @@ mod tests {
                 memory_reserved: None,
                 processes,
                 pci_bus_id: None,
+                mig_mode: None,
+                instances: Vec::new(),
             })
         }
         fn classify_node(&self, path: &Path) -> Option<Node> {

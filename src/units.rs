@@ -7,11 +7,15 @@ use std::collections::BTreeSet;
 use std::fmt;
 use std::time::Duration;
 
-/// A set of GPU indexes as typed by the user: `0,2,5`, `0-3`, or `all`.
+/// A set of GPU indexes as typed by the user: `0,2,5`, `0-3`, or `all`;
+/// or a list that also names GPUs by UUID (`GPU-…`) or MIG instances
+/// (`0:1`, `MIG-…`), which only the driver can resolve (`Refs`: see
+/// `driver::mig::resolve`, docs/mig.md).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GpuList {
     All,
     Some(BTreeSet<u32>),
+    Refs(Vec<GpuRef>),
 }
 
 impl GpuList {
@@ -20,6 +24,22 @@ impl GpuList {
     pub fn resolve(&self, gpu_count: u32) -> Result<BTreeSet<u32>, String> {
         match self {
             GpuList::All => Ok((0..gpu_count).collect()),
+            GpuList::Refs(refs) => {
+                let indexes: Option<BTreeSet<u32>> = refs
+                    .iter()
+                    .map(|gpu| match gpu {
+                        GpuRef::Index(index) => Some(*index),
+                        _ => None,
+                    })
+                    .collect();
+                match indexes {
+                    Some(set) => GpuList::Some(set).resolve(gpu_count),
+                    None => Err(format!(
+                        "this command takes GPU indexes only, not {}",
+                        GpuRefs(refs)
+                    )),
+                }
+            }
             GpuList::Some(set) => {
                 let missing: Vec<String> = set
                     .iter()
@@ -67,6 +87,13 @@ pub fn parse_gpu_list(text: &str) -> Result<GpuList, String> {
         }
         Ok(index)
     };
+    if text.split(',').any(|part| {
+        part.contains(':') || part.trim().starts_with("GPU-") || part.trim().starts_with("MIG-")
+    }) {
+        return parse_gpu_refs(text)
+            .map(GpuList::Refs)
+            .map_err(|error| format!("invalid GPU list '{text}': {error}"));
+    }
     let mut set = BTreeSet::new();
     for part in text.split(',') {
         let part = part.trim();
@@ -90,22 +117,69 @@ impl GpuList {
     /// Several `--gpu` flags name the union of their GPUs.
     pub fn union(lists: &[GpuList]) -> Option<GpuList> {
         let mut set = BTreeSet::new();
+        let mut refs = Vec::new();
         for list in lists {
             match list {
                 GpuList::All => return Some(GpuList::All),
                 GpuList::Some(some) => set.extend(some),
+                GpuList::Refs(some) => refs.extend(some.iter().cloned()),
             }
+        }
+        if !refs.is_empty() {
+            refs.extend(set.into_iter().map(GpuRef::Index));
+            return Some(GpuList::Refs(refs));
         }
         (!lists.is_empty()).then_some(GpuList::Some(set))
     }
 }
 
 /// One GPU as `SLURM_JOB_GPUS` or `CUDA_VISIBLE_DEVICES` names it: the one
-/// rule for naming a GPU by index or by UUID (the Slurm hooks, `plan`).
+/// rule for naming a GPU by index or by UUID (the Slurm hooks, `plan`,
+/// `--gpu`), or a MIG instance by `G:I` or its `MIG-` UUID (docs/mig.md).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GpuRef {
     Index(u32),
     Uuid(String),
+    /// GPU `G`'s MIG device `I`, typed `G:I`.
+    Instance(u32, u32),
+    /// A MIG instance's UUID, `MIG-…`.
+    MigUuid(String),
+}
+
+impl fmt::Display for GpuRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            GpuRef::Index(index) => write!(f, "{index}"),
+            GpuRef::Uuid(uuid) | GpuRef::MigUuid(uuid) => write!(f, "{uuid}"),
+            GpuRef::Instance(gpu, index) => write!(f, "{gpu}:{index}"),
+        }
+    }
+}
+
+/// A list of `GpuRef`s as `--gpu` reads them back: `0:1,GPU-…,2`.
+pub struct GpuRefs<'a>(pub &'a [GpuRef]);
+
+impl fmt::Display for GpuRefs<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (at, gpu) in self.0.iter().enumerate() {
+            if at > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{gpu}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Whether a UUID as typed is one: its prefix, then at most 96 printable
+/// characters, none of them a separator of the lists it comes in.
+fn uuid_like(token: &str, prefix: &str) -> bool {
+    token.len() > prefix.len()
+        && token.len() <= 96
+        && token.starts_with(prefix)
+        && token
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
 /// A comma-separated list of GPU indexes (ranges allowed) or UUIDs, as
@@ -117,8 +191,12 @@ pub fn parse_gpu_refs(list: &str) -> Result<Vec<GpuRef>, String> {
     }
     let mut gpus = Vec::new();
     for token in list.split(',').map(str::trim) {
-        if token.starts_with("GPU-") && token.len() <= 64 {
+        if uuid_like(token, "GPU-") {
             gpus.push(GpuRef::Uuid(token.to_string()));
+            continue;
+        }
+        if uuid_like(token, "MIG-") {
+            gpus.push(GpuRef::MigUuid(token.to_string()));
             continue;
         }
         let number = |text: &str| {
@@ -126,6 +204,20 @@ pub fn parse_gpu_refs(list: &str) -> Result<Vec<GpuRef>, String> {
                 .ok()
                 .filter(|_| text.bytes().all(|b| b.is_ascii_digit()))
         };
+        if let Some((gpu, index)) = token.split_once(':') {
+            match number(gpu).zip(number(index)) {
+                Some((gpu, index)) if gpu <= MAX_GPU_INDEX => {
+                    gpus.push(GpuRef::Instance(gpu, index));
+                    continue;
+                }
+                _ => {
+                    let shown: String = token.chars().take(40).collect();
+                    return Err(format!(
+                        "'{shown}' is not a MIG instance (expected GPU:INSTANCE like 0:1)"
+                    ));
+                }
+            }
+        }
         let range = match token.split_once('-') {
             Some((first, last)) => number(first).zip(number(last)),
             None => number(token).map(|index| (index, index)),
@@ -137,7 +229,7 @@ pub fn parse_gpu_refs(list: &str) -> Result<Vec<GpuRef>, String> {
             _ => {
                 let shown: String = token.chars().take(40).collect();
                 return Err(format!(
-                    "'{shown}' is not a GPU index, range or GPU-UUID (expected like 0,1,3)"
+                    "'{shown}' is not a GPU index, range, GPU-UUID, MIG instance (0:1) or MIG-UUID (expected like 0,1,3)"
                 ));
             }
         }
@@ -430,6 +522,53 @@ mod tests {
         assert!(error.contains("cannot be negative"), "{error}");
         let error = parse_duration("--yes").expect_err("a flag, not a value");
         assert!(error.contains("expected a number with a unit"), "{error}");
+    }
+
+    #[test]
+    fn gpu_lists_with_mig_instances_and_uuids() {
+        assert_eq!(
+            parse_gpu_list("0:1,MIG-3f0e2b1c-aaaa,GPU-0f3c,2"),
+            Ok(GpuList::Refs(vec![
+                GpuRef::Instance(0, 1),
+                GpuRef::MigUuid("MIG-3f0e2b1c-aaaa".to_string()),
+                GpuRef::Uuid("GPU-0f3c".to_string()),
+                GpuRef::Index(2),
+            ]))
+        );
+        for bad in [
+            "0:",
+            ":1",
+            "0:1:2",
+            "0:x",
+            "MIG-",
+            "MIG-GPU-1/2/3",
+            "1024:0",
+        ] {
+            assert!(parse_gpu_list(bad).is_err(), "{bad} should be refused");
+        }
+        let union = GpuList::union(&[
+            parse_gpu_list("3").expect("valid"),
+            parse_gpu_list("0:1").expect("valid"),
+        ]);
+        assert_eq!(
+            union,
+            Some(GpuList::Refs(vec![
+                GpuRef::Instance(0, 1),
+                GpuRef::Index(3)
+            ]))
+        );
+        let refs = [GpuRef::Instance(0, 1), GpuRef::Index(2)];
+        assert_eq!(GpuRefs(&refs).to_string(), "0:1,2");
+        // A command that takes indexes only says so, never drops a name.
+        assert!(
+            GpuList::Refs(vec![GpuRef::Instance(0, 1)])
+                .resolve(2)
+                .is_err()
+        );
+        assert_eq!(
+            GpuList::Refs(vec![GpuRef::Index(1)]).resolve(2),
+            Ok(BTreeSet::from([1]))
+        );
     }
 
     #[test]

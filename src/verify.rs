@@ -679,6 +679,8 @@ mod tests {
             backend: "test".into(),
             taken_at_unix_ms: 0,
             gpus: vec![GpuState {
+                mig_mode: None,
+                instances: Vec::new(),
                 index: 0,
                 name: None,
                 uuid: None,

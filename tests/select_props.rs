@@ -457,6 +457,8 @@ fn record(
 
 fn gpu(index: u32, users: Vec<GpuUser>) -> GpuState {
     GpuState {
+        mig_mode: None,
+        instances: Vec::new(),
         index,
         name: Some("Simulated".to_string()),
         uuid: None,

@@ -1017,8 +1017,8 @@ fn a_job_variable_gpureap_cannot_read_drains_with_its_name_and_the_healthcheck_l
     assert_eq!(
         cluster.drain_reason().as_deref(),
         Some(
-            "gpureap: CUDA_VISIBLE_DEVICES: 'MIG-GPU-1/2/3' is not a GPU index, range or GPU-UUID \
-             (expected like 0,1,3); epilog checked no GPU"
+            "gpureap: CUDA_VISIBLE_DEVICES: 'MIG-GPU-1/2/3' is not a GPU index, range, GPU-UUID, \
+             MIG instance (0:1) or MIG-UUID (expected like 0,1,3); epilog checked no GPU"
         ),
         "job {job}"
     );
@@ -1460,4 +1460,159 @@ fn reap_slurm_ended_frees_what_a_finished_job_left_and_not_a_running_jobs() {
         freed[0]["why"],
         format!("Slurm job {finished} has ended (COMPLETED)")
     );
+}
+
+/// A holder's script with its context on MIG instance `instance` of `gpu`
+/// (the claim `I:BYTES` of docs/simulated-driver.md) instead of the GPU.
+fn on_instance(holder: &Holder, gpu: u32, instance: u32, bytes: u64) -> String {
+    holder.script().replace(
+        &format!("echo {bytes} > \"$D/claims/$BASHPID.{gpu}\""),
+        &format!("echo {instance}:{bytes} > \"$D/claims/$BASHPID.{gpu}\""),
+    )
+}
+
+/// A job given a MIG instance (slurmd sets `MIG-<uuid>` in SLURM_JOB_GPUS and
+/// CUDA_VISIBLE_DEVICES with MIG gres): its epilog judges that instance.
+/// Its escaped worker there is freed; the neighbour on another instance of
+/// the same GPU is never signalled, and the memory held by no process on
+/// that other instance does not drain the node for this job's end. (Before
+/// MIG was understood, the epilog exited 2 on the UUID: a drain for a
+/// normal job end.)
+#[test]
+fn epilog_with_mig_uuids_judges_the_jobs_instance_and_spares_its_neighbours() {
+    let (cluster, _turn) = cluster();
+    let sim = cluster.sim.path();
+    fs::write(
+        sim.join("mig.0"),
+        "1 0 1g.18gb 19327352832\n2 0 3g.71gb 76235669504\n",
+    )
+    .expect("mig.0");
+    fs::write(sim.join("leak.0.0"), (GIB / 2).to_string()).expect("leak.0.0");
+    let mut incident = Incident::new(&cluster.sim);
+    let neighbour = Holder::new("neighbour_on_mig_0_0").on(0, 3 * GIB);
+    let neighbour = incident
+        .spawn(&on_instance(&neighbour, 0, 0, 3 * GIB), 1)
+        .and_then(|_| incident.pid_of("neighbour_on_mig_0_0"))
+        .expect("neighbour");
+    let uuid = "MIG-sim-00000000-0001";
+    // The prolog too: the neighbour's instance is not clean, the job's is.
+    for hook in ["prolog", "epilog"] {
+        fs::write(
+            cluster.dir.join(format!("{hook}.env")),
+            format!("export SLURM_JOB_GPUS={uuid} CUDA_VISIBLE_DEVICES={uuid}\n"),
+        )
+        .expect("hook env");
+    }
+    let worker = cluster.dir.join("escaped_mig.sh");
+    let holder = Holder::new("escaped_mig_worker").on(0, 2 * GIB);
+    fs::write(&worker, on_instance(&holder, 0, 1, 2 * GIB)).expect("worker");
+    let job = cluster.sbatch(
+        &["--uid=nobody", "--gres=gpu:1"],
+        &format!(
+            "setsid nohup bash {} </dev/null >/dev/null 2>&1 &\n{}",
+            worker.display(),
+            running_as("escaped_mig_worker")
+        ),
+    );
+    let lines = cluster.wait_for_hook(job, "epilog");
+    let escaped = recorded(&cluster.sim, "escaped_mig_worker").expect("the job staged its worker");
+    let (state, _) = cluster.node_state().expect("node state");
+    assert!(!state.contains("DRAIN"), "{state}: {lines:#?}");
+    assert!(actions(&lines).contains(&"clean".to_string()), "{lines:#?}");
+    assert!(
+        lines
+            .iter()
+            .any(|line| line["action"] == "signal" && line["pid"] == escaped),
+        "the escaped worker {escaped} on 0:1 was freed: {lines:#?}"
+    );
+    assert!(
+        !lines
+            .iter()
+            .any(|line| line["action"] == "signal" && line["pid"] == neighbour),
+        "the neighbour {neighbour} on 0:0 was signalled: {lines:#?}"
+    );
+    assert!(
+        wait_for(Duration::from_secs(5), || !alive(escaped)).is_ok(),
+        "escaped worker {escaped} still alive"
+    );
+    assert!(alive(neighbour), "the neighbour on 0:0 survives");
+}
+
+/// The epilog as slurmd runs it for a job given MIG instance 0:1 (its
+/// `MIG-<uuid>` in SLURM_JOB_GPUS or CUDA_VISIBLE_DEVICES), with a neighbour
+/// on instance 0:0 and memory held by no process there: the job's instance
+/// is clean, so the epilog exits 0 and drains nothing, signalling no one.
+/// (It exited 2, a drain for a normal job end, before MIG was understood.)
+/// A UUID that is not this host's is still a drain naming it.
+#[test]
+fn epilog_with_a_mig_uuid_judges_only_the_jobs_instance() {
+    let (cluster, _turn) = cluster();
+    let sim = cluster.sim.path();
+    fs::write(
+        sim.join("mig.0"),
+        "1 0 1g.18gb 19327352832\n2 0 3g.71gb 76235669504\n",
+    )
+    .expect("mig.0");
+    fs::write(sim.join("leak.0.0"), (GIB / 2).to_string()).expect("leak.0.0");
+    let mut incident = Incident::new(&cluster.sim);
+    let neighbour = Holder::new("neighbour_on_mig_0_0").on(0, 3 * GIB);
+    incident
+        .spawn(&on_instance(&neighbour, 0, 0, 3 * GIB), 1)
+        .expect("neighbour");
+    let neighbour = incident.pid_of("neighbour_on_mig_0_0").expect("neighbour");
+    let epilog = |variable: &str, value: &str| -> crate::harness::Run {
+        Command::new(env!("CARGO_BIN_EXE_gpureap"))
+            .args(["--backend", &cluster.sim.backend()])
+            .args(["slurm", "epilog", "--scontrol", SCONTROL, "--timeout", "5m"])
+            .arg("--log")
+            .arg(cluster.dir.join("audit.jsonl"))
+            .env("SLURM_CONF", cluster.conf())
+            .env("SLURM_JOB_ID", "4747")
+            .env("SLURM_JOB_UID", "65534")
+            .env("SLURMD_NODENAME", &cluster.node)
+            .env_remove("SLURM_JOB_GPUS")
+            .env_remove("CUDA_VISIBLE_DEVICES")
+            .env(variable, value)
+            .env_remove("GPUREAP_BACKEND")
+            .stdin(Stdio::null())
+            .output()
+            .expect("gpureap runs")
+            .into()
+    };
+    for variable in ["SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES"] {
+        let ran = epilog(variable, "MIG-sim-00000000-0001");
+        assert_eq!(ran.code, 0, "{variable}: {}{}", ran.stdout, ran.stderr);
+        let (state, _) = cluster.node_state().expect("node state");
+        assert!(
+            !state.contains("DRAIN"),
+            "{variable}: {state} {}",
+            ran.stderr
+        );
+        assert!(alive(neighbour), "the neighbour on 0:0 was not signalled");
+    }
+    // The same GPU named whole is not clean: the neighbour and the leak.
+    let whole = epilog("SLURM_JOB_GPUS", "0");
+    assert_ne!(whole.code, 0, "{}{}", whole.stdout, whole.stderr);
+    let _ = cluster.scontrol(&[
+        "update",
+        &format!("nodename={}", cluster.node),
+        "state=resume",
+    ]);
+    // Another host's instance: a drain that names it, nothing signalled.
+    let elsewhere = epilog(
+        "CUDA_VISIBLE_DEVICES",
+        "MIG-4b1e5c2a-7d0e-5f3b-9a1c-2e8d6f4a0b9c",
+    );
+    assert_eq!(
+        elsewhere.code, 3,
+        "{}{}",
+        elsewhere.stdout, elsewhere.stderr
+    );
+    assert!(
+        cluster.drain_reason().is_some_and(|reason| reason
+            .contains("MIG instance MIG-4b1e5c2a-7d0e-5f3b-9a1c-2e8d6f4a0b9c is not on this host")),
+        "{:?}",
+        cluster.drain_reason()
+    );
+    assert!(alive(neighbour), "the neighbour on 0:0 was not signalled");
 }

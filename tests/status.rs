@@ -531,6 +531,9 @@ fn a_driver_error_is_written_as_its_message() {
                 "xids": [],
             },
             "advice": [],
+            // What the driver could not say of a lost GPU: its MIG mode.
+            "mig_mode": null,
+            "instances": [],
         }),
         "{}",
         status.stdout

@@ -14,6 +14,7 @@ mod hostile;
 mod imports;
 mod incidents;
 mod input;
+mod mig;
 mod mps;
 mod old_kernel;
 mod plan;

@@ -10,6 +10,7 @@
 //! `none`. It imports only the base (`proc`, `signal`, `exit`).
 
 pub mod evidence;
+pub mod mig;
 mod none;
 mod nvml;
 pub mod sim;
@@ -46,6 +47,49 @@ pub struct GpuInfo {
     /// The GPU's PCI bus id as the driver gives it (`00000000:3B:00.0`):
     /// how the kernel log's Xid lines name it.
     pub pci_bus_id: Option<String>,
+    /// Whether the GPU is in MIG mode: `Some(false)` off, `None` where the
+    /// driver does not say (docs/mig.md).
+    pub mig_mode: Option<bool>,
+    /// Its MIG instances, in MIG device index order (none where MIG is off).
+    /// With MIG on, `processes` lists each holder with its memory `None`:
+    /// the parent cannot say it; each instance's own list does.
+    pub instances: Vec<MigInstance>,
+}
+
+/// One MIG instance of a GPU (docs/mig.md): named `G:I` by its parent's
+/// index and `index`, its MIG device index as NVML numbers them
+/// (`nvmlDeviceGetMigDeviceHandleByIndex`), or by its `MIG-` UUID.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct MigInstance {
+    pub index: u32,
+    pub gpu_instance_id: Option<u32>,
+    pub compute_instance_id: Option<u32>,
+    /// The profile's name, as nvidia-smi prints it: `1g.18gb`, `3g.71gb`.
+    pub profile: Option<String>,
+    pub uuid: Option<String>,
+    pub memory_total: Option<u64>,
+    pub memory_used: Option<u64>,
+    /// The processes with a context on this instance, each with its memory.
+    #[serde(skip)]
+    pub processes: Vec<DriverProcess>,
+}
+
+impl MigInstance {
+    /// Memory in use that no listed process explains: `None` when the
+    /// figure or a listed process's share is unknown.
+    pub fn unattributed(&self) -> Option<u64> {
+        let used = self.memory_used?;
+        let mut explained = 0u64;
+        for process in &self.processes {
+            explained = explained.saturating_add(process.used_memory?);
+        }
+        Some(used.saturating_sub(explained))
+    }
+
+    /// Whether the instance lists this process.
+    pub fn lists(&self, pid: u32) -> bool {
+        self.processes.iter().any(|process| process.pid == pid)
+    }
 }
 
 /// One entry of a driver's process list.
@@ -139,6 +183,15 @@ pub trait Driver: Send + Sync {
         Ok((0..self.gpu_count()?)
             .map(|index| self.gpu(index))
             .collect())
+    }
+
+    /// Every GPU's identity and MIG layout (UUID, MIG mode, instances with
+    /// their UUIDs), for resolving names (`mig::resolve`): process lists
+    /// and figures may be left out. The default asks `gpus`; a backend for
+    /// which that costs a /proc scan (the simulated driver) answers from
+    /// what it read at open.
+    fn layout(&self) -> Result<Vec<Result<GpuInfo, DriverError>>, DriverError> {
+        self.gpus()
     }
 
     /// Memory used on one GPU, for polling. `Ok(None)` when the driver cannot say.

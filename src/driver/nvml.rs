@@ -16,7 +16,7 @@ use nvml_wrapper::struct_wrappers::device::ProcessInfo;
 use nvml_wrapper::structs::device::FieldId;
 
 use super::evidence::{Health, Recovery};
-use super::{Driver, DriverError, DriverProcess, GpuInfo, classify_dev_node};
+use super::{Driver, DriverError, DriverProcess, GpuInfo, MigInstance, classify_dev_node};
 use crate::proc::Node;
 
 // NVML's field ids (nvml.h): remapped rows pending and failed, the recovery action.
@@ -131,6 +131,94 @@ fn merge(into: &mut Vec<DriverProcess>, list: Vec<ProcessInfo>) {
     }
 }
 
+/// Whether the GPU is in MIG mode (`None` where the GPU does not support
+/// MIG or the driver does not say), and its instances: each MIG device
+/// handle up to the maximum count, those that exist, with their ids,
+/// profile, UUID, memory and process list (docs/mig.md). Read-only: no
+/// MIG setting is ever changed.
+fn mig_instances(
+    device: &nvml_wrapper::Device,
+    index: u32,
+) -> Result<(Option<bool>, Vec<MigInstance>), DriverError> {
+    let mode = match device.mig_mode() {
+        Ok(mode) => mode.current == nvml_wrapper_sys::bindings::NVML_DEVICE_MIG_ENABLE,
+        Err(NvmlError::GpuLost) => return Err(DriverError::GpuLost { index }),
+        Err(_) => return Ok((None, Vec::new())),
+    };
+    if !mode {
+        return Ok((Some(false), Vec::new()));
+    }
+    let most = device
+        .mig_device_count()
+        .map_err(|error| convert(index, error))?;
+    let mut instances = Vec::new();
+    for mig_index in 0..most {
+        let mig = match device.mig_device_by_index(mig_index) {
+            Ok(mig) => mig,
+            // No instance at this index (NotFound): the indexes in use come first.
+            Err(NvmlError::NotFound | NvmlError::InvalidArg) => continue,
+            Err(error) => return Err(convert(index, error)),
+        };
+        instances.push(mig_instance(&mig, mig_index, index)?);
+    }
+    Ok((Some(true), instances))
+}
+
+/// One MIG device's figures and process list.
+fn mig_instance(
+    mig: &nvml_wrapper::Device,
+    mig_index: u32,
+    index: u32,
+) -> Result<MigInstance, DriverError> {
+    let memory = mig.memory_info().ok();
+    let compute = match mig.running_compute_processes() {
+        Err(error) if is_missing_symbol(&error) => mig.running_compute_processes_v2(),
+        other => other,
+    }
+    .map_err(|error| convert(index, error))?;
+    let mut processes = Vec::new();
+    merge(&mut processes, compute);
+    let name = mig.name().ok();
+    Ok(MigInstance {
+        index: mig_index,
+        gpu_instance_id: mig_id(mig, MigId::Gpu),
+        compute_instance_id: mig_id(mig, MigId::Compute),
+        profile: name.as_deref().and_then(profile_of).map(str::to_string),
+        uuid: mig.uuid().ok(),
+        memory_total: memory.as_ref().map(|memory| memory.total),
+        memory_used: memory.as_ref().map(|memory| memory.used),
+        processes,
+    })
+}
+
+/// The profile in a MIG device's name: `NVIDIA H200 MIG 1g.18gb` gives `1g.18gb`.
+fn profile_of(name: &str) -> Option<&str> {
+    name.rsplit_once(" MIG ")
+        .map(|(_, profile)| profile.trim())
+        .filter(|profile| !profile.is_empty())
+}
+
+enum MigId {
+    Gpu,
+    Compute,
+}
+
+/// A MIG device's GPU-instance or compute-instance id; `None` where the
+/// driver lacks the call or does not say.
+fn mig_id(mig: &nvml_wrapper::Device, which: MigId) -> Option<u32> {
+    let lib = mig.nvml().lib();
+    let call = match which {
+        MigId::Gpu => lib.nvmlDeviceGetGpuInstanceId.as_ref().ok()?,
+        MigId::Compute => lib.nvmlDeviceGetComputeInstanceId.as_ref().ok()?,
+    };
+    let mut id: std::os::raw::c_uint = 0;
+    // SAFETY: the handle is a live MIG device handle of this NVML instance,
+    // the symbol was resolved from it, and `id` outlives the call, which
+    // writes one unsigned int.
+    let status = unsafe { call(mig.handle(), &mut id) };
+    (status == nvml_wrapper_sys::bindings::nvmlReturn_enum_NVML_SUCCESS).then_some(id)
+}
+
 impl Driver for NvmlDriver {
     fn describe(&self) -> String {
         self.description.clone()
@@ -186,6 +274,7 @@ impl Driver for NvmlDriver {
             .get(index as usize)
             .cloned()
             .unwrap_or_default();
+        let (mig_mode, instances) = mig_instances(&device, index)?;
         Ok(GpuInfo {
             index,
             name,
@@ -195,6 +284,8 @@ impl Driver for NvmlDriver {
             memory_reserved: Some(memory.reserved),
             processes,
             pci_bus_id: self.pci_bus_id(index),
+            mig_mode,
+            instances,
         })
     }
 

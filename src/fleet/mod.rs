@@ -231,6 +231,7 @@ pub fn gpu_args(lists: &[GpuList]) -> Vec<String> {
             let text = match list {
                 GpuList::All => "all".to_string(),
                 GpuList::Some(set) => crate::units::GpuRanges(set).to_string(),
+                GpuList::Refs(refs) => crate::units::GpuRefs(refs).to_string(),
             };
             ["--gpu".to_string(), text]
         })

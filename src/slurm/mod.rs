@@ -347,38 +347,24 @@ fn job_gpus(
     job: &Job,
 ) -> Result<(Box<dyn Driver>, BTreeSet<u32>), Exit> {
     let driver = context.open_driver(backend)?;
-    let count = driver.gpu_count().unwrap_or(0);
-    let mut gpus = BTreeSet::new();
-    for gpu in &job.gpus {
-        let index = match gpu {
-            GpuRef::Index(index) if *index < count => Some(*index),
-            GpuRef::Index(_) => None,
-            GpuRef::Uuid(uuid) => (0..count).find(|&index| {
-                driver
-                    .gpu(index)
-                    .is_ok_and(|info| info.uuid.as_deref() == Some(uuid.as_str()))
-            }),
-        };
-        match index {
-            Some(index) => {
-                gpus.insert(index);
-            }
-            None => {
-                let shown = match gpu {
-                    GpuRef::Index(index) => index.to_string(),
-                    GpuRef::Uuid(uuid) => uuid.clone(),
-                };
-                let reason = format!(
-                    "job {}'s GPU {shown} is not on this host ({} reports {count} GPUs); check gres.conf",
-                    job.id,
-                    driver.describe()
-                );
-                context.say("error", None, None, &reason);
-                context.drain(&reason);
-                return Err(Exit::Incomplete);
-            }
+    // MIG instances (`MIG-<uuid>`) are judged on their own: the hooks see
+    // the GPU through the job's instances (docs/mig.md).
+    let resolved = match driver::mig::resolve(driver.as_ref(), &job.gpus) {
+        Ok(resolved) => resolved,
+        Err(error) => {
+            let count = driver.gpu_count().unwrap_or(0);
+            let reason = format!(
+                "job {}'s {error} ({} reports {count} GPUs); check gres.conf",
+                job.id,
+                driver.describe()
+            );
+            context.say("error", None, None, &reason);
+            context.drain(&reason);
+            return Err(Exit::Incomplete);
         }
-    }
+    };
+    let gpus = resolved.indexes();
+    let driver = driver::mig::InstanceView::wrap(driver, resolved.instances);
     Ok((driver, gpus))
 }
 

@@ -406,6 +406,11 @@ impl Cluster {
         for index in 0..GPUS {
             let _ = fs::remove_file(self.sim.path().join(format!("leak.{index}")));
             let _ = fs::remove_file(self.sim.path().join(format!("health.{index}")));
+            // MIG staged by a test (docs/mig.md), and memory on its instances.
+            let _ = fs::remove_file(self.sim.path().join(format!("mig.{index}")));
+            for instance in 0..8 {
+                let _ = fs::remove_file(self.sim.path().join(format!("leak.{index}.{instance}")));
+            }
         }
         // The simulated kernel log: an earlier test's Xids would drain here.
         let _ = fs::remove_file(self.sim.path().join("kmsg"));

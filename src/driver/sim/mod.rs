@@ -28,6 +28,7 @@
 //! that is not what it should be is an error naming it, never a default.
 
 pub mod incident;
+mod mig;
 mod mps;
 pub mod stand_in;
 mod watch;
@@ -78,6 +79,8 @@ pub struct SimDriver {
     /// `DIR/omit-other-namespaces` was there at open: with `host_proc`, the
     /// lists leave out what is not of the caller's PID namespace.
     omit_other_namespaces: bool,
+    /// Each GPU's MIG instances, from `DIR/mig.N` at open (`None`: MIG off).
+    mig: Vec<Option<Vec<mig::Staged>>>,
 }
 
 fn cannot_read_proc(error: std::io::Error) -> DriverError {
@@ -331,7 +334,9 @@ impl SimDriver {
             Ok(_) => true,
             Err(_) => false,
         };
+        let mig = mig::read_all(&directory, &dir, gpu_count)?;
         Ok(SimDriver {
+            mig,
             host_proc,
             omit_other_namespaces,
             bookkeeping,
@@ -436,10 +441,16 @@ impl SimDriver {
             .map(|index| {
                 (
                     index,
-                    vec![
+                    [
                         state(&format!("leak.{index}")),
                         state(&format!("lost.{index}")),
-                    ],
+                    ]
+                    .into_iter()
+                    .chain(
+                        (0..self.instance_count(index))
+                            .map(|instance| state(&format!("leak.{index}.{instance}"))),
+                    )
+                    .collect(),
                 )
             })
             .collect();
@@ -586,6 +597,9 @@ impl SimDriver {
         if self.is_lost(index)? {
             return Err(DriverError::GpuLost { index });
         }
+        if let Some(Some(staged)) = self.mig.get(index as usize) {
+            return self.build_mig(index, staged, pids, claims);
+        }
         let mut processes = Vec::with_capacity(pids.len());
         for &pid in pids {
             let name = format!("{pid}.{index}");
@@ -608,6 +622,7 @@ impl SimDriver {
         let leak = self
             .read_bytes(&self.directory, &leak_name, &self.dir.join(&leak_name))?
             .unwrap_or(0);
+
         // Saturating: a staged claim near u64::MAX must not wrap to a few bytes.
         let used = processes
             .iter()
@@ -623,6 +638,101 @@ impl SimDriver {
             memory_reserved: None,
             processes,
             pci_bus_id: Some(sim_pci_bus_id(index)),
+            mig_mode: Some(false),
+            instances: Vec::new(),
+        })
+    }
+
+    /// How many MIG instances GPU N has (0 where MIG is off).
+    fn instance_count(&self, index: u32) -> usize {
+        self.mig
+            .get(index as usize)
+            .and_then(Option::as_ref)
+            .map_or(0, Vec::len)
+    }
+
+    /// A GPU in MIG mode: each holder's claim names its instance
+    /// (`I:BYTES`; without a claim file, 1 GiB on instance 0); the parent
+    /// lists every holder with its memory unknown, as NVML does, and each
+    /// instance its own with their memory, plus `DIR/leak.N.I`.
+    fn build_mig(
+        &self,
+        index: u32,
+        staged: &[mig::Staged],
+        pids: &[u32],
+        claims: Option<&OwnedFd>,
+    ) -> Result<GpuInfo, DriverError> {
+        let mut instances = mig::instances(staged);
+        let mut processes = Vec::with_capacity(pids.len());
+        for &pid in pids {
+            let name = format!("{pid}.{index}");
+            let shown_as = self.dir.join("claims").join(&name);
+            let content = match claims {
+                Some(claims) => read_bounded(claims, &name, &shown_as, NUMBER_FILE_LIMIT)?,
+                None => None,
+            };
+            let (instance, claim) = match &content {
+                None => (0, Claim::Context(DEFAULT_CLAIM)),
+                Some(content) if parse_claim(content, &shown_as) == Ok(Claim::NodeOnly) => continue,
+                Some(content) => match mig::split_claim(content) {
+                    Some((instance, rest)) => (instance, parse_claim(rest, &shown_as)?),
+                    None => {
+                        return Err(DriverError::Sim(format!(
+                            "{}: GPU {index} is in MIG mode: a claim names its instance, \
+                             like 0:1073741824, found {}",
+                            shown_as.display(),
+                            describe(content)
+                        )));
+                    }
+                },
+            };
+            let Some(on) = instances.get_mut(instance as usize) else {
+                return Err(DriverError::Sim(format!(
+                    "{}: GPU {index} has no MIG instance {instance} ({} staged in {})",
+                    shown_as.display(),
+                    staged.len(),
+                    self.dir.join(format!("mig.{index}")).display()
+                )));
+            };
+            let used_memory = match claim {
+                Claim::Context(bytes) => Some(bytes),
+                Claim::Unreported | Claim::NodeOnly => None,
+            };
+            on.processes.push(DriverProcess { pid, used_memory });
+            processes.push(DriverProcess {
+                pid,
+                used_memory: None,
+            });
+        }
+        let leak_name = format!("leak.{index}");
+        let mut used = self
+            .read_bytes(&self.directory, &leak_name, &self.dir.join(&leak_name))?
+            .unwrap_or(0);
+        for instance in &mut instances {
+            let leak_name = format!("leak.{index}.{}", instance.index);
+            let leak = self
+                .read_bytes(&self.directory, &leak_name, &self.dir.join(&leak_name))?
+                .unwrap_or(0);
+            let on = instance
+                .processes
+                .iter()
+                .filter_map(|p| p.used_memory)
+                .fold(leak, u64::saturating_add);
+            instance.memory_used = Some(on);
+            used = used.saturating_add(on);
+        }
+        let (total, name) = self.gpus[index as usize].clone();
+        Ok(GpuInfo {
+            index,
+            name: Some(name),
+            uuid: Some(sim_uuid(index)),
+            memory_total: Some(total),
+            memory_used: Some(used),
+            memory_reserved: None,
+            processes,
+            pci_bus_id: Some(sim_pci_bus_id(index)),
+            mig_mode: Some(true),
+            instances,
         })
     }
 }
@@ -817,6 +927,31 @@ impl Driver for SimDriver {
         self.answer()
     }
 
+    /// From `DIR/gpus` and `DIR/mig.N` as read at open, and the lost
+    /// markers: no /proc scan, no process list, no figures.
+    fn layout(&self) -> Result<Vec<Result<GpuInfo, DriverError>>, DriverError> {
+        Ok((0..SimDriver::gpu_count(self))
+            .map(|index| {
+                if self.is_lost(index)? {
+                    return Err(DriverError::GpuLost { index });
+                }
+                let staged = self.mig.get(index as usize).and_then(Option::as_ref);
+                Ok(GpuInfo {
+                    index,
+                    name: Some(self.gpus[index as usize].1.clone()),
+                    uuid: Some(sim_uuid(index)),
+                    memory_total: Some(self.gpus[index as usize].0),
+                    memory_used: None,
+                    memory_reserved: None,
+                    processes: Vec::new(),
+                    pci_bus_id: Some(sim_pci_bus_id(index)),
+                    mig_mode: Some(staged.is_some()),
+                    instances: staged.map_or_else(Vec::new, |staged| mig::instances(staged)),
+                })
+            })
+            .collect())
+    }
+
     /// One /proc pass for all of them, not one per GPU.
     fn memory_used_of(&self, indexes: &BTreeSet<u32>) -> Figures {
         self.figures(self.gpus(), indexes)
@@ -886,15 +1021,23 @@ impl Driver for SimDriver {
                 pids.join(", ")
             )));
         }
-        let name = format!("leak.{index}");
-        match rustix::fs::unlinkat(&self.directory, name.as_str(), AtFlags::empty()) {
-            Ok(()) | Err(Errno::NOENT) => Ok(()),
-            Err(error) => Err(DriverError::Sim(format!(
-                "cannot reset GPU {index}: cannot remove {}: {}",
-                self.dir.join(name).display(),
-                std::io::Error::from(error)
-            ))),
+        // A reset is of the whole GPU: every instance's leak goes with it.
+        let names = std::iter::once(format!("leak.{index}")).chain(
+            (0..self.instance_count(index)).map(|instance| format!("leak.{index}.{instance}")),
+        );
+        for name in names {
+            match rustix::fs::unlinkat(&self.directory, name.as_str(), AtFlags::empty()) {
+                Ok(()) | Err(Errno::NOENT) => {}
+                Err(error) => {
+                    return Err(DriverError::Sim(format!(
+                        "cannot reset GPU {index}: cannot remove {}: {}",
+                        self.dir.join(name).display(),
+                        std::io::Error::from(error)
+                    )));
+                }
+            }
         }
+        Ok(())
     }
 
     fn classify_node(&self, path: &Path) -> Option<Node> {
