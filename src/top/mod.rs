@@ -3,24 +3,26 @@
 //! freezes the keys; the header shows how old the data is), frees run on a
 //! thread of their own through `reap::free` (`act`), and the terminal is
 //! given back on every way out: `q`, Ctrl-C, SIGTERM/SIGHUP/SIGINT, an error,
-//! a panic.
+//! a panic; the view ends when its terminal goes and answers its signals
+//! while nobody reads it (`term`).
 
 mod act;
 mod model;
+mod term;
 mod view;
 
 use std::collections::BTreeSet;
-use std::io::{self, Stdout};
+use std::io;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use ratatui::Terminal;
 use ratatui::backend::CrosstermBackend;
-use ratatui::crossterm::event::{self, Event, KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
-use ratatui::crossterm::{cursor, execute, terminal};
+use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
+use ratatui::crossterm::terminal;
 
 use crate::config::TopRequest;
 use crate::driver::Driver;
@@ -200,41 +202,49 @@ q, Esc       quit (Ctrl-C too)
 Bars: # used by a process (a colour each), ! held by no process, . free.
 Flags and reasons are status's; `gpureap status --help` explains them.";
 
-/// Gives the terminal back when dropped, and from the panic hook.
-struct Screen;
+/// The terminal in raw mode on the alternate screen, given back when
+/// dropped (the last frame and the way out written within a bound) and,
+/// without waiting, from the panic hook.
+struct Screen {
+    output: term::Output,
+}
 
 impl Screen {
-    fn enter() -> io::Result<(Screen, Terminal<CrosstermBackend<Stdout>>)> {
+    fn enter(
+        saved: Option<libc::termios>,
+    ) -> io::Result<(Screen, Terminal<CrosstermBackend<term::Frames>>)> {
+        let output = term::Output::start()?;
         terminal::enable_raw_mode()?;
-        let screen = Screen;
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
-            restore();
+            term::restore_now(saved.as_ref());
             previous(info);
         }));
-        execute!(io::stdout(), terminal::EnterAlternateScreen, cursor::Hide)?;
-        let terminal = Terminal::new(CrosstermBackend::new(io::stdout()))?;
-        Ok((screen, terminal))
+        output.enter();
+        let terminal = Terminal::new(CrosstermBackend::new(output.frames()))?;
+        Ok((Screen { output }, terminal))
     }
 }
 
 impl Drop for Screen {
     fn drop(&mut self) {
-        restore();
+        self.output.leave();
     }
 }
 
-fn restore() {
-    let _ = execute!(io::stdout(), terminal::LeaveAlternateScreen, cursor::Show);
-    let _ = terminal::disable_raw_mode();
-}
-
-/// Takes snapshots every `interval` on a thread of its own until the view is gone.
-fn sampler(driver: Arc<dyn Driver>, interval: Duration) -> (Receiver<Snapshot>, Sender<()>) {
+/// Takes snapshots every `interval` on a thread of its own until the view
+/// is gone: its receiver dropped, `open` cleared, or an ending signal caught.
+fn sampler(
+    driver: Arc<dyn Driver>,
+    interval: Duration,
+    open: Arc<AtomicBool>,
+    ending: Arc<AtomicI32>,
+) -> (Receiver<Snapshot>, Sender<()>) {
     let (snapshots, received) = mpsc::sync_channel::<Snapshot>(1);
     let (wake, woken) = mpsc::channel::<()>();
+    let going = move || open.load(Ordering::SeqCst) && ending.load(Ordering::SeqCst) == 0;
     thread::spawn(move || {
-        loop {
+        while going() {
             if snapshots.send(Snapshot::take(driver.as_ref())).is_err() {
                 return;
             }
@@ -247,28 +257,37 @@ fn sampler(driver: Arc<dyn Driver>, interval: Duration) -> (Receiver<Snapshot>, 
     (received, wake)
 }
 
-/// Runs the view until the user quits or a signal ends it.
+/// How the view ended.
+enum End {
+    Quit,
+    Signal(i32),
+    Gone(term::Gone),
+}
+
+/// Runs the view until the user quits, a signal ends it or its terminal goes.
 pub fn run(driver: Arc<dyn Driver>, request: &TopRequest) -> io::Result<Exit> {
-    let mut stops = Vec::new();
-    for signal in [libc::SIGTERM, libc::SIGHUP, libc::SIGINT] {
-        let flag = Arc::new(AtomicBool::new(false));
-        signal_hook::flag::register(signal, Arc::clone(&flag))?;
-        stops.push((signal, flag));
-    }
+    let saved = term::modes();
+    let stops = term::Stops::register(saved)?;
     let guard = Guard::for_this_process(&request.protect);
-    let (snapshots, wake) = sampler(Arc::clone(&driver), request.interval);
+    let open = Arc::new(AtomicBool::new(true));
+    let (snapshots, wake) = sampler(
+        Arc::clone(&driver),
+        request.interval,
+        Arc::clone(&open),
+        stops.ending(),
+    );
     let (events_to, events) = mpsc::channel::<act::Event>();
     let mut app = App::new(driver.describe(), request.clone());
-    let (screen, mut terminal) = Screen::enter()?;
+    let (screen, mut terminal) = Screen::enter(saved)?;
+    let mut input = term::Input::new();
     let mut drawn = Instant::now();
     let mut dirty = true;
-    let caught = loop {
-        let caught = stops
-            .iter()
-            .find(|(_, flag)| flag.load(Ordering::Relaxed))
-            .map(|(signal, _)| *signal);
-        if caught.is_some() {
-            break caught;
+    let end = loop {
+        if let Some(signal) = stops.caught() {
+            break End::Signal(signal);
+        }
+        if let Some(gone) = screen.output.gone() {
+            break End::Gone(gone);
         }
         while let Ok(snapshot) = snapshots.try_recv() {
             app.take(snapshot);
@@ -278,26 +297,39 @@ pub fn run(driver: Arc<dyn Driver>, request: &TopRequest) -> io::Result<Exit> {
             on_free_event(&mut app, event, &wake);
             dirty = true;
         }
-        if dirty || drawn.elapsed() >= Duration::from_secs(1) {
+        dirty |= stops.resized();
+        // A frame only once the last is through: a pane nobody reads holds
+        // the writer, never this loop.
+        if (dirty || drawn.elapsed() >= Duration::from_secs(1)) && screen.output.idle() {
             terminal.draw(|frame| view::draw(frame, &app))?;
             drawn = Instant::now();
             dirty = false;
         }
-        if !event::poll(Duration::from_millis(100))? {
-            continue;
-        }
-        dirty = true;
-        if let Event::Key(key) = event::read()?
-            && key.kind != KeyEventKind::Release
-            && on_key(&mut app, key, &guard, &driver, &events_to)
-        {
-            break None;
+        match input.wait(Duration::from_millis(100)) {
+            term::Keys::None => {}
+            term::Keys::Gone(gone) => break End::Gone(gone),
+            term::Keys::Pressed(keys) => {
+                dirty = true;
+                let quit = keys.into_iter().any(|key| {
+                    key.kind != KeyEventKind::Release
+                        && on_key(&mut app, key, &guard, &driver, &events_to)
+                });
+                if quit {
+                    break End::Quit;
+                }
+            }
         }
     };
+    open.store(false, Ordering::SeqCst);
     drop(screen);
-    Ok(match caught {
-        Some(signal) => Exit::Signalled(signal),
-        None => Exit::Success,
+    Ok(match end {
+        End::Quit => Exit::Success,
+        End::Signal(signal) => Exit::Signalled(signal),
+        // As a hangup would end it: nobody is left to read a message.
+        End::Gone(gone) => {
+            tracing::debug!(why = gone.0, "the terminal is gone");
+            Exit::Signalled(libc::SIGHUP)
+        }
     })
 }
 
