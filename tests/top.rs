@@ -731,3 +731,44 @@ fn termios(file: &std::fs::File) -> (u32, u32, u32) {
         (modes.c_lflag, modes.c_iflag, modes.c_oflag)
     }
 }
+
+/// Seen from a PID namespace of its own, on a driver that omits other
+/// namespaces' processes (`DIR/omit-other-namespaces`, as NVML 580 does),
+/// memory no listed process explains is unseen, as `status` says: its own
+/// mark (`?`, not `!`), the word, the reason with the remedy, and a plan
+/// for that GPU that says no free from here can give it back.
+#[test]
+fn top_shows_memory_unseen_from_its_pid_namespace_as_unseen_not_held_by_no_process() {
+    if !crate::containers::unshare_works() {
+        return skip("unshare cannot make PID and mount namespaces here (needs CAP_SYS_ADMIN)");
+    }
+    let host = host();
+    std::fs::create_dir(host.path().join("host-proc")).expect("the mount point");
+    std::fs::write(host.path().join("omit-other-namespaces"), "").expect("the marker");
+    let mut incident = Incident::new(&host);
+    incident
+        .holder(&Holder::new("vllm-worker").on(1, 12 * GIB))
+        .expect("holder");
+    let dir = host.path().display();
+    let Some(tmux) = Tmux::run(&format!(
+        "unshare --mount --propagation private -- sh -c 'mount --bind /proc {dir}/host-proc && exec unshare --pid --fork --mount-proc {{bin}} --backend sim:{dir} top --readonly'"
+    )) else {
+        return;
+    };
+    let screen = tmux.shows("unseen");
+    let gpu1 = line_with(&screen, "GPU1").expect("GPU1 bar");
+    assert!(
+        gpu1.contains("?12.0 GiB unseen") && gpu1.contains('?') && !gpu1.contains('!'),
+        "{screen}"
+    );
+    let flat = screen.split_whitespace().collect::<Vec<_>>().join(" ");
+    for said in [
+        "?: GPU 1: 12.0 GiB unseen",
+        "not driver-held: do not reset",
+        "No process seen from this PID namespace",
+    ] {
+        assert!(flat.contains(said), "{said:?} in\n{screen}");
+    }
+    assert!(!flat.contains("held by no process"), "{screen}");
+    ends_restored(&tmux, &["q"], "0");
+}

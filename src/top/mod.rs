@@ -52,6 +52,8 @@ pub struct App {
     received: Option<Instant>,
     history: History,
     bars: Vec<GpuBar>,
+    /// What no process seen from here explains, per GPU, and why.
+    unseen: Vec<String>,
     rows: Vec<Row>,
     cursor: usize,
     tagged: BTreeSet<u32>,
@@ -78,6 +80,7 @@ impl App {
             received: None,
             history: History::default(),
             bars: Vec::new(),
+            unseen: Vec::new(),
             rows: Vec::new(),
             cursor: 0,
             tagged: BTreeSet::new(),
@@ -97,6 +100,7 @@ impl App {
     fn take(&mut self, snapshot: Snapshot) {
         self.history.record(&snapshot);
         self.bars = model::bars(&snapshot);
+        self.unseen = model::unseen_lines(&snapshot);
         self.snapshot = Some(snapshot);
         self.received = Some(Instant::now());
         self.arrange();
@@ -154,7 +158,7 @@ impl App {
     }
 
     fn footer_lines(&self) -> Vec<String> {
-        let mut lines = Vec::new();
+        let mut lines = self.unseen.clone();
         lines.extend(self.message.clone());
         lines.extend(self.progress.clone());
         lines.extend(self.result.iter().cloned());
@@ -199,7 +203,9 @@ o            free all orphans (a crashed launcher's workers)
              each free shows the plan and asks; y goes, n cancels
 q, Esc       quit (Ctrl-C too)
 
-Bars: # used by a process (a colour each), ! held by no process, . free.
+Bars: # used by a process (a colour each), ! held by no process, . free,
+? unseen: from a PID namespace of its own, processes the driver leaves
+out may hold it (never driver-held; run gpureap on the host to tell).
 Flags and reasons are status's; `gpureap status --help` explains them.";
 
 /// The terminal in raw mode on the alternate screen, given back when
