@@ -97,6 +97,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "reset",
             "tree",
             "stacks",
+            "pace",
         ],
     ),
     ("driver", &["driver"]),

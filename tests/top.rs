@@ -772,3 +772,42 @@ fn top_shows_memory_unseen_from_its_pid_namespace_as_unseen_not_held_by_no_proce
     assert!(!flat.contains("held by no process"), "{screen}");
     ends_restored(&tmux, &["q"], "0");
 }
+
+/// Between full looks the view watches the driver's figures and the
+/// holders (`pace::Pace`): a holder that appears or dies shows at once, not
+/// at the next interval (120 s here, so that only the watch can explain it;
+/// the bound is generous for a loaded machine, whose scans take seconds).
+#[test]
+fn top_shows_a_holder_appear_and_die_before_its_interval() {
+    let host = host();
+    let mut incident = Incident::new(&host);
+    let Some(tmux) = Tmux::start(&host, "--readonly --interval 120s") else {
+        return;
+    };
+    tmux.shows("GPU0");
+    let holder = incident
+        .holder(&Holder::new("late-worker").on(0, 5 * GIB))
+        .expect("holder");
+    let within = |what: &str, ready: &dyn Fn(&str) -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(45);
+        loop {
+            let screen = tmux.screen();
+            if ready(&screen) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what} not shown within 45s:\n{screen}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    within("the new holder", &|screen| {
+        screen.contains("late-worker") && screen.contains("5.0 GiB")
+    });
+    incident.kill(holder).expect("holder killed");
+    within("the holder gone", &|screen| {
+        screen.contains("0 holders") && !screen.contains("late-worker")
+    });
+    ends_restored(&tmux, &["q"], "0");
+}

@@ -15,7 +15,7 @@ use std::collections::BTreeSet;
 use std::io;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -27,6 +27,7 @@ use ratatui::crossterm::terminal;
 use crate::config::TopRequest;
 use crate::driver::Driver;
 use crate::exit::Exit;
+use crate::pace::Pace;
 use crate::select::Guard;
 use crate::snapshot::Snapshot;
 use crate::units::{Elapsed, one_line};
@@ -50,6 +51,8 @@ pub struct App {
     request: TopRequest,
     snapshot: Option<Snapshot>,
     received: Option<Instant>,
+    /// When the sampler last found the data still true (no full look).
+    checked: Option<Instant>,
     history: History,
     bars: Vec<GpuBar>,
     /// What no process seen from here explains, per GPU, and why.
@@ -78,6 +81,7 @@ impl App {
             request,
             snapshot: None,
             received: None,
+            checked: None,
             history: History::default(),
             bars: Vec::new(),
             unseen: Vec::new(),
@@ -103,6 +107,7 @@ impl App {
         self.unseen = model::unseen_lines(&snapshot);
         self.snapshot = Some(snapshot);
         self.received = Some(Instant::now());
+        self.checked = None;
         self.arrange();
     }
 
@@ -132,9 +137,16 @@ impl App {
     }
 
     fn header(&self) -> String {
-        let age = match self.received {
-            Some(at) => format!("data {} old", Elapsed(at.elapsed())),
-            None => "taking the first snapshot…".to_string(),
+        // The age of the last full look, and of the last check that found
+        // it still true (the driver's figures and the holders unchanged).
+        let age = match (self.received, self.checked) {
+            (Some(at), Some(checked)) => format!(
+                "data {} old, checked {} ago",
+                Elapsed(at.elapsed()),
+                Elapsed(checked.elapsed())
+            ),
+            (Some(at), None) => format!("data {} old", Elapsed(at.elapsed())),
+            (None, _) => "taking the first snapshot…".to_string(),
         };
         let mut text = format!(
             "gpureap top · {age} · {} holders · sort {}{}",
@@ -238,30 +250,75 @@ impl Drop for Screen {
     }
 }
 
-/// Takes snapshots every `interval` on a thread of its own until the view
-/// is gone: its receiver dropped, `open` cleared, or an ending signal caught.
+/// What the sampler sends the view.
+enum Sample {
+    /// A full look.
+    Full(Box<Snapshot>),
+    /// The last full look checked and still true: the driver's figures and
+    /// the holders' context (`pace::Pace`) unchanged.
+    Checked,
+}
+
+/// Samples the host every `interval` on a thread of its own until the view
+/// is gone (its receiver dropped, `open` cleared, or an ending signal
+/// caught): a full look only when `Pace` says one is due (the figures moved,
+/// a holder or its context died, every `FULL_LOOK_EVERY` cycles, or a wake
+/// after a free), and a check otherwise. A change of the driver's figures
+/// ends the wait at once.
 fn sampler(
     driver: Arc<dyn Driver>,
     interval: Duration,
     open: Arc<AtomicBool>,
     ending: Arc<AtomicI32>,
-) -> (Receiver<Snapshot>, Sender<()>) {
-    let (snapshots, received) = mpsc::sync_channel::<Snapshot>(1);
+) -> (Receiver<Sample>, Sender<()>) {
+    let (samples, received) = mpsc::sync_channel::<Sample>(1);
     let (wake, woken) = mpsc::channel::<()>();
     let going = move || open.load(Ordering::SeqCst) && ending.load(Ordering::SeqCst) == 0;
     thread::spawn(move || {
+        let mut pace = Pace::default();
+        let mut force = true;
         while going() {
-            if snapshots.send(Snapshot::take(driver.as_ref())).is_err() {
+            // A change is looked at again a moment later: a process caught
+            // between its first step and its context (the figures moved,
+            // its node not yet open) is seen whole by then.
+            let settle = pace.changed();
+            let sample = if pace.full_look_due(force) {
+                let snapshot = Snapshot::take(driver.as_ref());
+                pace.looked(&snapshot);
+                Sample::Full(Box::new(snapshot))
+            } else {
+                Sample::Checked
+            };
+            if samples.send(sample).is_err() {
                 return;
             }
-            match woken.recv_timeout(interval) {
-                Ok(()) | Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => return,
+            force = settle;
+            let deadline = Instant::now() + if settle { SETTLE } else { interval };
+            while going() && !pace.changed() {
+                match woken.try_recv() {
+                    Ok(()) => {
+                        force = true;
+                        break;
+                    }
+                    Err(TryRecvError::Disconnected) => return,
+                    Err(TryRecvError::Empty) => {}
+                }
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                pace.wait(driver.as_ref(), left.min(WAKE_CHECK));
             }
         }
     });
     (received, wake)
 }
+
+/// How long after a look that a change caused the next look follows.
+const SETTLE: Duration = Duration::from_millis(250);
+
+/// How often the sampler's wait looks for a wake or the view's end.
+const WAKE_CHECK: Duration = Duration::from_millis(200);
 
 /// How the view ended.
 enum End {
@@ -295,8 +352,11 @@ pub fn run(driver: Arc<dyn Driver>, request: &TopRequest) -> io::Result<Exit> {
         if let Some(gone) = screen.output.gone() {
             break End::Gone(gone);
         }
-        while let Ok(snapshot) = snapshots.try_recv() {
-            app.take(snapshot);
+        while let Ok(sample) = snapshots.try_recv() {
+            match sample {
+                Sample::Full(snapshot) => app.take(*snapshot),
+                Sample::Checked => app.checked = Some(Instant::now()),
+            }
             dirty = true;
         }
         while let Ok(event) = events.try_recv() {
