@@ -4,6 +4,10 @@ and its resident memory over time, with a crowd of processes on the host.
 
     python3 bench/top_refresh.py [--bin target/release/gpureap] [--procs 5000]
                                  [--seconds 60] [--interval 1s]
+    python3 bench/top_refresh.py --bin /tmp/gpureap-old --bin target/release/gpureap
+
+With --bin twice or more, every build runs at once (the same crowd and load),
+and the CPU ratios to the first are printed.
 
 Tops the host up to --procs processes with bench/crowd.py (at least half of
 them its own, as others' processes come and go; the crowd is ended on exit), stages a
@@ -56,7 +60,8 @@ def sim_host(directory, gpus=8, total=80 << 30):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--bin", default="target/release/gpureap")
+    parser.add_argument("--bin", action="append",
+                        help="a gpureap binary; give it twice (old, new) to run both side by side")
     parser.add_argument("--procs", type=int, default=5000)
     parser.add_argument("--seconds", type=int, default=60)
     parser.add_argument("--interval", default="1s")
@@ -74,37 +79,48 @@ def main():
         crowd = subprocess.Popen([sys.executable, os.path.join(HERE, "crowd.py"), str(missing), ready])
         while not os.path.exists(ready):
             time.sleep(0.1)
-    socket = f"gpureap-top-bench-{os.getpid()}"
-    tmux = ["tmux", "-L", socket, "-f", "/dev/null"]
-    binary = os.path.abspath(args.bin)
-    pid_file = os.path.join(work, "pid")
-    command = f"echo $$ > {pid_file}; exec {binary} --backend sim:{sim} top --readonly --interval {args.interval}"
+    bins = args.bin or ["target/release/gpureap"]
+    views = []
     try:
-        subprocess.run(tmux + ["new-session", "-d", "-x", "80", "-y", "24", "sh", "-c", command], check=True)
-        while "gpureap top · data" not in subprocess.run(
-            tmux + ["capture-pane", "-p", "-t", "0"], capture_output=True, text=True
-        ).stdout:
-            time.sleep(0.1)
-        pid = int(open(pid_file).read())
-        start_cpu, start = cpu_seconds(pid), time.monotonic()
-        samples = []
+        # Every build at once, each in a tmux server of its own: the same
+        # crowd and the same load for all, so their ratio is fair.
+        for n, binary in enumerate(os.path.abspath(b) for b in bins):
+            socket = f"gpureap-top-bench-{os.getpid()}-{n}"
+            tmux = ["tmux", "-L", socket, "-f", "/dev/null"]
+            pid_file = os.path.join(work, f"pid{n}")
+            command = f"echo $$ > {pid_file}; exec {binary} --backend sim:{sim} top --readonly --interval {args.interval}"
+            subprocess.run(tmux + ["new-session", "-d", "-x", "80", "-y", "24", "sh", "-c", command], check=True)
+            views.append((binary, tmux, pid_file))
+        pids = []
+        for binary, tmux, pid_file in views:
+            while "gpureap top · data" not in subprocess.run(
+                tmux + ["capture-pane", "-p", "-t", "0"], capture_output=True, text=True
+            ).stdout:
+                time.sleep(0.1)
+            pids.append(int(open(pid_file).read()))
+        start = time.monotonic()
+        start_cpu = [cpu_seconds(pid) for pid in pids]
+        samples = [[] for _ in pids]
         fewest = processes()
         while time.monotonic() - start < args.seconds:
             time.sleep(5)
-            samples.append((round(time.monotonic() - start), rss_kib(pid)))
+            for n, pid in enumerate(pids):
+                samples[n].append((round(time.monotonic() - start), rss_kib(pid)))
             fewest = min(fewest, processes())
         wall = time.monotonic() - start
-        used = cpu_seconds(pid) - start_cpu
-        print(f"processes on the host: at least {fewest} throughout")
-        print(f"binary: {binary}; interval {args.interval}; {wall:.0f} s of wall time")
-        print(f"CPU: {used:.2f} s = {100 * used / wall:.1f}% of one core")
-        print("RSS (s, MiB): " + ", ".join(f"{t}:{kib / 1024:.1f}" for t, kib in samples))
+        print(f"processes on the host: at least {fewest} throughout; interval {args.interval}; {wall:.0f} s of wall time")
+        used = [cpu_seconds(pid) - cpu for pid, cpu in zip(pids, start_cpu)]
+        for n, (binary, _, _) in enumerate(views):
+            print(f"{binary}: CPU {used[n]:.2f} s = {100 * used[n] / wall:.1f}% of one core")
+            print("  RSS (s, MiB): " + ", ".join(f"{t}:{kib / 1024:.1f}" for t, kib in samples[n]))
+        if len(views) > 1 and used[0] > 0:
+            print("CPU ratios to the first: " + ", ".join(f"{u / used[0]:.2f}" for u in used))
     finally:
-        subprocess.run(tmux + ["kill-server"], capture_output=True)
+        for _, tmux, _ in views:
+            subprocess.run(tmux + ["kill-server"], capture_output=True)
         if crowd is not None:
             crowd.send_signal(signal.SIGTERM)
             crowd.wait()
-
 
 if __name__ == "__main__":
     main()

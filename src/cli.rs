@@ -1039,7 +1039,9 @@ pub struct TopArgs {
     /// Show only: no key signals anything.
     #[arg(long)]
     pub readonly: bool,
-    /// How often a new snapshot is taken. Example: --interval 2s
+    /// How often the view is brought up to date: a full look when the driver's
+    /// figures or the holders changed (at once), or every sixth time; a cheap
+    /// check otherwise. Example: --interval 2s
     #[arg(long, default_value = "1s", value_name = "DUR", value_parser = positive_duration)]
     pub interval: Duration,
     /// A free's wait after SIGTERM before SIGSTOP+SIGKILL. Example: --grace 2s

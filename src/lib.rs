@@ -26,6 +26,7 @@ pub mod file;
 pub mod fleet;
 pub mod hostlist;
 pub mod members;
+pub mod pace;
 pub mod proc;
 pub mod reap;
 pub mod report;

@@ -116,7 +116,7 @@ impl ScanFigures {
 /// A scan counts as an error when the driver could not list GPUs, or when
 /// /proc itself could not be read (a partial scan, some processes unreadable,
 /// is normal in containers and shown by `gpureap_scan_unreadable_processes`).
-fn scan_failed(snapshot: &Snapshot) -> bool {
+pub fn scan_failed(snapshot: &Snapshot) -> bool {
     snapshot.driver_error.is_some() || snapshot.unreadable.iter().any(|entry| entry.pid == 0)
 }
 

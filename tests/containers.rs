@@ -422,7 +422,7 @@ fn holders_that_exit_mid_scan_never_break_attribution() {
 }
 
 /// Whether this machine lets us make PID (and mount) namespaces.
-fn unshare_works() -> bool {
+pub fn unshare_works() -> bool {
     std::process::Command::new("unshare")
         .args(["--mount", "--pid", "--fork", "--mount-proc", "true"])
         .stdout(std::process::Stdio::null())

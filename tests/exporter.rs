@@ -1031,3 +1031,25 @@ fn hardware_evidence_is_exported_and_unknown_values_are_left_out() {
         None
     );
 }
+
+/// Between full looks the exporter watches the driver's figures
+/// (`pace::Pace`): a holder that appears is served at once, not at the next
+/// interval (an hour here), and no scan is taken while nothing changes.
+#[test]
+fn a_new_holder_is_served_before_the_interval_and_an_idle_host_is_not_rescanned() {
+    let host = host(1);
+    let exporter = Exporter::start(&host, &["--interval", "1h"]);
+    let first = samples(&exporter.scrape());
+    assert_eq!(value(&first, "gpureap_scans_total", &[]), Some(1.0));
+    let mut incident = Incident::new(&host);
+    incident
+        .holder(&Holder::new("late-worker").on(0, 3 * GIB))
+        .expect("holder");
+    let found = exporter.scrape_until("the new holder's memory", |found| {
+        value(found, "gpureap_gpu_memory_used_bytes", &[("gpu", "0")]) == Some((3 * GIB) as f64)
+    });
+    // One look for the change, and one a moment later at most (a holder
+    // caught between its claim and its node): not one per scrape.
+    let scans = value(&found, "gpureap_scans_total", &[]).expect("scans");
+    assert!((2.0..=3.0).contains(&scans), "{scans} scans");
+}

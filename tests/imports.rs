@@ -97,6 +97,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "reset",
             "tree",
             "stacks",
+            "pace",
         ],
     ),
     ("driver", &["driver"]),
@@ -277,6 +278,10 @@ const PROCESS_ENDERS: &[(&str, &str)] = &[
     (
         "src/demo.rs",
         "the demo's Ctrl-C handler, after it killed what it staged",
+    ),
+    (
+        "src/top/term.rs",
+        "top's handler of a second SIGTERM/SIGHUP/SIGINT, for a view that did not end on the first",
     ),
 ];
 

@@ -445,3 +445,369 @@ fn top_has_no_colour_with_no_color_or_a_dumb_terminal() {
         ends_restored(&tmux, &["q"], "0");
     }
 }
+
+/// Start time (ticks) of `pid` while it lives, for an identity check.
+fn started(pid: u32) -> Option<u64> {
+    alive(pid).then(|| start_ticks(pid))
+}
+
+/// Waits up to `limit` for the process `pid` (started at `ticks`) to be
+/// gone; if it is not, kills it (it is this test's) and fails with where it is.
+fn gone_within(pid: u32, ticks: u64, limit: Duration, what: &str) {
+    let deadline = Instant::now() + limit;
+    while started(pid) == Some(ticks) {
+        if Instant::now() >= deadline {
+            let wchans: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+                .map(|tasks| {
+                    tasks
+                        .flatten()
+                        .map(|task| {
+                            std::fs::read_to_string(task.path().join("wchan")).unwrap_or_default()
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            if started(pid) == Some(ticks) {
+                let _ = Command::new("kill")
+                    .args(["-KILL", &pid.to_string()])
+                    .status();
+            }
+            panic!(
+                "{what}: top {pid} still ran after {limit:?} (killed); threads in {wchans:?}; stat {stat}"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Killing the terminal (the tmux server, as `tmux kill-server` or a killed
+/// session does) ends top: it neither spins on the dead terminal nor waits
+/// for a signal that may never come.
+#[test]
+fn top_ends_when_its_terminal_is_killed() {
+    let host = host();
+    let mut incident = Incident::new(&host);
+    orphaned_sglang(&mut incident);
+    let Some(tmux) = Tmux::start(&host, "--readonly") else {
+        return;
+    };
+    tmux.shows("sglang::scheduler_TP1");
+    let pid = tmux.top_pid();
+    let ticks = start_ticks(pid);
+    let killed = tmux
+        .command()
+        .arg("kill-server")
+        .status()
+        .expect("kill-server");
+    assert!(killed.success());
+    gone_within(pid, ticks, Duration::from_secs(10), "after kill-server");
+}
+
+/// A pseudo-terminal of the test's own: the master, and the slave's path.
+struct Pty {
+    master: std::fs::File,
+    slave: std::path::PathBuf,
+}
+
+impl Pty {
+    fn open() -> Pty {
+        use std::os::fd::FromRawFd;
+        // Safety: posix_openpt returns a new descriptor, owned by the File;
+        // grantpt, unlockpt and ptsname_r act on it and a buffer of ours.
+        unsafe {
+            let fd = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC);
+            assert!(fd >= 0, "posix_openpt");
+            let master = std::fs::File::from_raw_fd(fd);
+            assert_eq!(libc::grantpt(fd), 0);
+            assert_eq!(libc::unlockpt(fd), 0);
+            let mut name = [0 as libc::c_char; 128];
+            assert_eq!(libc::ptsname_r(fd, name.as_mut_ptr(), name.len()), 0);
+            let slave = std::ffi::CStr::from_ptr(name.as_ptr())
+                .to_string_lossy()
+                .into_owned();
+            Pty {
+                master,
+                slave: slave.into(),
+            }
+        }
+    }
+
+    fn resize(&self, columns: u16, rows: u16) {
+        use std::os::fd::AsRawFd;
+        let size = libc::winsize {
+            ws_row: rows,
+            ws_col: columns,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
+        // Safety: TIOCSWINSZ reads a winsize of ours.
+        let done = unsafe { libc::ioctl(self.master.as_raw_fd(), libc::TIOCSWINSZ, &size) };
+        assert_eq!(done, 0, "TIOCSWINSZ");
+    }
+
+    /// `gpureap top` on the slave, in a session of its own; `controlling`:
+    /// the slave is its controlling terminal (SIGHUP and SIGWINCH reach it).
+    fn top(
+        &self,
+        host: &SimHost,
+        stderr: &std::path::Path,
+        controlling: bool,
+    ) -> std::process::Child {
+        use std::os::unix::process::CommandExt;
+        let open = || {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&self.slave)
+                .expect("the slave")
+        };
+        let mut command = gpureap(host);
+        command
+            .args(["top", "--readonly"])
+            .env("TERM", "xterm-256color")
+            .stdin(open())
+            .stdout(open())
+            .stderr(std::fs::File::create(stderr).expect("stderr file"));
+        // Safety: setsid and ioctl are async-signal-safe, as pre_exec needs.
+        unsafe {
+            command.pre_exec(move || {
+                if libc::setsid() < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if controlling && libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        command.spawn().expect("gpureap top starts")
+    }
+}
+
+/// Waits for `child` to end within `limit`, else kills it and fails.
+fn ends(
+    child: &mut std::process::Child,
+    limit: Duration,
+    what: &str,
+    stderr: &std::path::Path,
+) -> i32 {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            use std::os::unix::process::ExitStatusExt;
+            return status
+                .code()
+                .unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
+        }
+        if Instant::now() >= deadline {
+            let pid = child.id();
+            let wchans: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+                .map(|tasks| {
+                    tasks
+                        .flatten()
+                        .map(|task| {
+                            std::fs::read_to_string(task.path().join("wchan")).unwrap_or_default()
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "{what}: top still ran after {limit:?} (killed); threads in {wchans:?}; stderr: {}",
+                std::fs::read_to_string(stderr).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether a thread of `pid` sleeps in a write to a terminal nobody reads.
+fn blocked_writing(pid: u32) -> bool {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|tasks| {
+            tasks.flatten().any(|task| {
+                let wchan = std::fs::read_to_string(task.path().join("wchan")).unwrap_or_default();
+                let syscall =
+                    std::fs::read_to_string(task.path().join("syscall")).unwrap_or_default();
+                // write(2): 1 on x86-64, 64 on arm64.
+                let writing = syscall.starts_with("1 ") || syscall.starts_with("64 ");
+                writing && wchan != "0"
+            })
+        })
+        .unwrap_or(false)
+}
+
+/// Its terminal's master closed (the emulator gone) without a signal to
+/// top (the pty is not its controlling terminal): it reads the end of the
+/// terminal and ends, with the modes it found given back where possible.
+#[test]
+fn top_ends_when_its_terminal_closes_without_a_signal() {
+    let host = host();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let stderr = dir.path().join("stderr");
+    let pty = Pty::open();
+    pty.resize(80, 24);
+    let mut top = pty.top(&host, &stderr, false);
+    // Its first frame, read from the master.
+    let mut seen = Vec::new();
+    let mut buffer = [0u8; 4096];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !String::from_utf8_lossy(&seen).contains("holders") {
+        assert!(
+            Instant::now() < deadline,
+            "no frame: {}",
+            String::from_utf8_lossy(&seen)
+        );
+        let count = std::io::Read::read(&mut &pty.master, &mut buffer).expect("read the master");
+        seen.extend_from_slice(&buffer[..count]);
+    }
+    drop(pty);
+    let code = ends(
+        &mut top,
+        Duration::from_secs(10),
+        "after the master closed",
+        &stderr,
+    );
+    assert_eq!(code, 129, "ends as a hangup would end it");
+}
+
+/// A pane nobody reads (the master never read, so top's writes block): a
+/// SIGTERM still ends it, and its terminal gets its modes back.
+#[test]
+fn top_ends_on_sigterm_while_nobody_reads_its_terminal() {
+    let host = host();
+    let mut incident = Incident::new(&host);
+    orphaned_sglang(&mut incident);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let stderr = dir.path().join("stderr");
+    let pty = Pty::open();
+    pty.resize(250, 80);
+    let slave = std::fs::File::open(&pty.slave).expect("the slave");
+    let before = termios(&slave);
+    let mut top = pty.top(&host, &stderr, true);
+    let pid = top.id();
+    // Each resize redraws the whole screen; nothing reads it, so the
+    // terminal's buffer fills until a write blocks.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut wide = true;
+    while !blocked_writing(pid) {
+        assert!(
+            Instant::now() < deadline,
+            "top never blocked writing: {}",
+            std::fs::read_to_string(&stderr).unwrap_or_default()
+        );
+        assert!(
+            top.try_wait().expect("try_wait").is_none(),
+            "top ended early"
+        );
+        pty.resize(if wide { 251 } else { 250 }, 80);
+        wide = !wide;
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let killed = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    let code = ends(&mut top, Duration::from_secs(10), "after SIGTERM", &stderr);
+    assert_eq!(code, 143);
+    let after = termios(&slave);
+    assert_eq!(
+        before, after,
+        "the terminal's modes (lflag, iflag, oflag) given back"
+    );
+    drop(pty);
+}
+
+/// The modes top changes in raw mode.
+fn termios(file: &std::fs::File) -> (u32, u32, u32) {
+    use std::os::fd::AsRawFd;
+    // Safety: tcgetattr fills a zeroed termios of ours.
+    unsafe {
+        let mut modes: libc::termios = std::mem::zeroed();
+        assert_eq!(libc::tcgetattr(file.as_raw_fd(), &mut modes), 0);
+        (modes.c_lflag, modes.c_iflag, modes.c_oflag)
+    }
+}
+
+/// Seen from a PID namespace of its own, on a driver that omits other
+/// namespaces' processes (`DIR/omit-other-namespaces`, as NVML 580 does),
+/// memory no listed process explains is unseen, as `status` says: its own
+/// mark (`?`, not `!`), the word, the reason with the remedy, and a plan
+/// for that GPU that says no free from here can give it back.
+#[test]
+fn top_shows_memory_unseen_from_its_pid_namespace_as_unseen_not_held_by_no_process() {
+    if !crate::containers::unshare_works() {
+        return skip("unshare cannot make PID and mount namespaces here (needs CAP_SYS_ADMIN)");
+    }
+    let host = host();
+    std::fs::create_dir(host.path().join("host-proc")).expect("the mount point");
+    std::fs::write(host.path().join("omit-other-namespaces"), "").expect("the marker");
+    let mut incident = Incident::new(&host);
+    incident
+        .holder(&Holder::new("vllm-worker").on(1, 12 * GIB))
+        .expect("holder");
+    let dir = host.path().display();
+    let Some(tmux) = Tmux::run(&format!(
+        "unshare --mount --propagation private -- sh -c 'mount --bind /proc {dir}/host-proc && exec unshare --pid --fork --mount-proc {{bin}} --backend sim:{dir} top --readonly'"
+    )) else {
+        return;
+    };
+    let screen = tmux.shows("unseen");
+    let gpu1 = line_with(&screen, "GPU1").expect("GPU1 bar");
+    assert!(
+        gpu1.contains("?12.0 GiB unseen") && gpu1.contains('?') && !gpu1.contains('!'),
+        "{screen}"
+    );
+    let flat = screen.split_whitespace().collect::<Vec<_>>().join(" ");
+    for said in [
+        "?: GPU 1: 12.0 GiB unseen",
+        "not driver-held: do not reset",
+        "No process seen from this PID namespace",
+    ] {
+        assert!(flat.contains(said), "{said:?} in\n{screen}");
+    }
+    assert!(!flat.contains("held by no process"), "{screen}");
+    ends_restored(&tmux, &["q"], "0");
+}
+
+/// Between full looks the view watches the driver's figures and the
+/// holders (`pace::Pace`): a holder that appears or dies shows at once, not
+/// at the next interval (120 s here, so that only the watch can explain it;
+/// the bound is generous for a loaded machine, whose scans take seconds).
+#[test]
+fn top_shows_a_holder_appear_and_die_before_its_interval() {
+    let host = host();
+    let mut incident = Incident::new(&host);
+    let Some(tmux) = Tmux::start(&host, "--readonly --interval 120s") else {
+        return;
+    };
+    tmux.shows("GPU0");
+    let holder = incident
+        .holder(&Holder::new("late-worker").on(0, 5 * GIB))
+        .expect("holder");
+    let within = |what: &str, ready: &dyn Fn(&str) -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(45);
+        loop {
+            let screen = tmux.screen();
+            if ready(&screen) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what} not shown within 45s:\n{screen}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    within("the new holder", &|screen| {
+        screen.contains("late-worker") && screen.contains("5.0 GiB")
+    });
+    incident.kill(holder).expect("holder killed");
+    within("the holder gone", &|screen| {
+        screen.contains("0 holders") && !screen.contains("late-worker")
+    });
+    ends_restored(&tmux, &["q"], "0");
+}

@@ -1,9 +1,13 @@
 //! `gpureap exporter`: the snapshot `status` shows, as Prometheus metrics,
 //! read-only.
 //!
-//! A background thread takes a snapshot every `--interval` and encodes it
-//! (`metrics`); a scrape is served the last encoding and never scans, so any
-//! number of scrapers cost one scan per interval. The server (`http`) is
+//! A background thread looks at the host every `--interval` through
+//! `pace::Pace`: a full look (a snapshot, encoded by `metrics`) when the
+//! driver's figures moved (at once, not at the interval), a process of the
+//! holders' context died, the last look found a fault, or every
+//! `FULL_LOOK_EVERY` intervals; otherwise the last encoding stays, still
+//! true. A scrape is served the last encoding and never scans, so any number
+//! of scrapers cost at most one scan per interval. The server (`http`) is
 //! bounded and times out idle clients. A driver that fails shows as
 //! `gpureap_driver_up 0` and the exporter keeps serving. SIGTERM or SIGINT
 //! ends it cleanly (exit 0).
@@ -20,6 +24,7 @@ use crate::container::Sources;
 use crate::driver::Driver;
 use crate::exit::Exit;
 use crate::metrics::{self, Exposition, Options, ScanFigures};
+use crate::pace::Pace;
 use crate::snapshot::Snapshot;
 use http::Page;
 
@@ -40,21 +45,34 @@ pub fn bind(address: SocketAddr) -> io::Result<TcpListener> {
     })
 }
 
-/// Takes one snapshot and encodes it, counting it in `figures`.
+/// Takes one snapshot and encodes it, counting it in `figures`; `pace`
+/// remembers what it saw, and whether it found a fault.
 fn scan(
     driver: &dyn Driver,
     figures: &mut ScanFigures,
     options: &Options,
     sources: &Sources,
-) -> Exposition {
+    pace: &mut Pace,
+) -> (Exposition, bool) {
     let started = Instant::now();
     let mut snapshot = Snapshot::take_listed(driver);
     figures.count(&snapshot, started.elapsed());
+    pace.looked(&snapshot);
+    let failed = metrics::scan_failed(&snapshot);
     // Not in the scan's duration: the kernel log is the driver's evidence.
     snapshot.read_evidence(driver);
+    // The container sources are asked only on a full look: at most once
+    // per interval, and no more often than the holders change or
+    // `FULL_LOOK_EVERY` intervals pass.
     snapshot.attribute_containers(sources);
-    metrics::encode_snapshot(&snapshot, figures, options)
+    (
+        metrics::encode_snapshot(&snapshot, figures, options),
+        failed,
+    )
 }
+
+/// How soon after a look that a change caused the next look follows.
+const SETTLE: Duration = Duration::from_millis(250);
 
 /// Runs the exporter until SIGTERM or SIGINT.
 pub fn run(config: &ExporterConfig, driver: Box<dyn Driver>) -> io::Result<Exit> {
@@ -65,11 +83,13 @@ pub fn run(config: &ExporterConfig, driver: Box<dyn Driver>) -> io::Result<Exit>
     }
     // The first scrape already finds a snapshot.
     let mut figures = ScanFigures::default();
-    let first = scan(
+    let mut pace = Pace::default();
+    let (first, mut failed) = scan(
         driver.as_ref(),
         &mut figures,
         &config.options,
         &config.sources,
+        &mut pace,
     );
     let latest = Arc::new(Mutex::new(Arc::new(first)));
     // A closed or broken stderr must not stop a daemon: these lines are best effort.
@@ -90,12 +110,35 @@ pub fn run(config: &ExporterConfig, driver: Box<dyn Driver>) -> io::Result<Exit>
             .spawn(move || {
                 let mut next = Instant::now() + interval;
                 loop {
-                    std::thread::sleep(next.saturating_duration_since(Instant::now()));
+                    // Until the next interval, the driver's figures are
+                    // watched: a change does not wait for it.
+                    while !pace.changed() {
+                        let left = next.saturating_duration_since(Instant::now());
+                        if left.is_zero() {
+                            break;
+                        }
+                        pace.wait(driver.as_ref(), left);
+                    }
+                    // A change is looked at again a moment later (a holder
+                    // caught between its first step and its context).
+                    let settle = pace.changed();
                     // A scan longer than the interval is followed by the next at once, not by a backlog.
                     next = (next + interval).max(Instant::now());
-                    let body = Arc::new(scan(driver.as_ref(), &mut figures, &options, &sources));
+                    // Between full looks the last encoding stays served: it
+                    // is still true (the figures and the holders' context
+                    // unchanged), and never older than FULL_LOOK_EVERY intervals.
+                    if !pace.full_look_due(failed) {
+                        continue;
+                    }
+                    let (body, fault) =
+                        scan(driver.as_ref(), &mut figures, &options, &sources, &mut pace);
+                    failed = fault;
                     if let Ok(mut slot) = latest.lock() {
-                        *slot = body;
+                        *slot = Arc::new(body);
+                    }
+                    if settle {
+                        next = next.min(Instant::now() + SETTLE);
+                        failed = true;
                     }
                 }
             })?;

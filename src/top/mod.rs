@@ -3,32 +3,36 @@
 //! freezes the keys; the header shows how old the data is), frees run on a
 //! thread of their own through `reap::free` (`act`), and the terminal is
 //! given back on every way out: `q`, Ctrl-C, SIGTERM/SIGHUP/SIGINT, an error,
-//! a panic. `top -H HOST` shows one remote host through one ssh
-//! (`remote`), whose `gpureap top --json` (`stream`) is the sampler there.
+//! a panic; the view ends when its terminal goes and answers its signals
+//! while nobody reads it (`term`). `top -H HOST` shows one remote host
+//! through one ssh (`remote`), whose `gpureap top --json` (`stream`) is the
+//! sampler there.
 
 mod act;
 mod model;
 mod remote;
 pub mod stream;
+mod term;
 mod view;
 
 use std::collections::BTreeSet;
-use std::io::{self, Stdout};
+use std::io;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use ratatui::Terminal;
 use ratatui::backend::CrosstermBackend;
-use ratatui::crossterm::event::{self, Event, KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
-use ratatui::crossterm::{cursor, execute, terminal};
+use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
+use ratatui::crossterm::terminal;
 
 use crate::config::TopRequest;
 use crate::driver::Driver;
 use crate::exit::Exit;
 use crate::fleet::Fleet;
+use crate::pace::Pace;
 use crate::select::Guard;
 use crate::snapshot::Snapshot;
 use crate::units::{Elapsed, one_line};
@@ -65,7 +69,11 @@ impl Plan {
 
 /// What the sampler's thread sends the view.
 pub enum Sample {
+    /// A full look.
     Local(Box<Snapshot>),
+    /// The last full look checked and still true: the driver's figures and
+    /// the holders' context (`pace::Pace`) unchanged.
+    Checked,
     /// A document from the remote host (`top -H`).
     Remote(Box<remote::Status>),
     /// The remote connection's state.
@@ -88,8 +96,12 @@ pub struct App {
     host: Option<String>,
     link: Option<remote::LinkState>,
     received: Option<Instant>,
+    /// When the sampler last found the data still true (no full look).
+    checked: Option<Instant>,
     history: History,
     bars: Vec<GpuBar>,
+    /// What no process seen from here explains, per GPU, and why.
+    unseen: Vec<String>,
     rows: Vec<Row>,
     cursor: usize,
     tagged: BTreeSet<u32>,
@@ -117,8 +129,10 @@ impl App {
             host: None,
             link: None,
             received: None,
+            checked: None,
             history: History::default(),
             bars: Vec::new(),
+            unseen: Vec::new(),
             rows: Vec::new(),
             cursor: 0,
             tagged: BTreeSet::new(),
@@ -140,7 +154,12 @@ impl App {
             Sample::Local(snapshot) => {
                 self.history.record(&snapshot);
                 self.bars = model::bars(&snapshot);
+                self.unseen = model::unseen_lines(&snapshot);
                 self.snapshot = Some(*snapshot);
+            }
+            Sample::Checked => {
+                self.checked = Some(Instant::now());
+                return;
             }
             Sample::Remote(status) => {
                 self.history.record_used(status.used());
@@ -154,6 +173,7 @@ impl App {
             }
         }
         self.received = Some(Instant::now());
+        self.checked = None;
         self.arrange();
     }
 
@@ -193,9 +213,16 @@ impl App {
     }
 
     fn header(&self) -> String {
-        let age = match self.received {
-            Some(at) => format!("data {} old", Elapsed(at.elapsed())),
-            None => "taking the first snapshot…".to_string(),
+        // The age of the last full look, and of the last check that found
+        // it still true (the driver's figures and the holders unchanged).
+        let age = match (self.received, self.checked) {
+            (Some(at), Some(checked)) => format!(
+                "data {} old, checked {} ago",
+                Elapsed(at.elapsed()),
+                Elapsed(checked.elapsed())
+            ),
+            (Some(at), None) => format!("data {} old", Elapsed(at.elapsed())),
+            (None, _) => "taking the first snapshot…".to_string(),
         };
         let host = self
             .host
@@ -230,7 +257,7 @@ impl App {
     }
 
     fn footer_lines(&self) -> Vec<String> {
-        let mut lines = Vec::new();
+        let mut lines = self.unseen.clone();
         if let (Some(host), Some(link)) = (&self.host, &self.link) {
             lines.extend(link.line(host));
         }
@@ -280,63 +307,61 @@ o            free all orphans (a crashed launcher's workers)
 r            with -H: reconnect now
 q, Esc       quit (Ctrl-C too)
 
-Bars: # used by a process (a colour each), ! held by no process, . free.
+Bars: # used by a process (a colour each), ! held by no process, . free,
+? unseen: from a PID namespace of its own, processes the driver leaves
+out may hold it (never driver-held; run gpureap on the host to tell).
 Flags and reasons are status's; `gpureap status --help` explains them.";
 
-/// Gives the terminal back when dropped, and from the panic hook.
-struct Screen;
+/// The terminal in raw mode on the alternate screen, given back when
+/// dropped (the last frame and the way out written within a bound) and,
+/// without waiting, from the panic hook.
+struct Screen {
+    output: term::Output,
+}
 
 impl Screen {
-    fn enter() -> io::Result<(Screen, Terminal<CrosstermBackend<Stdout>>)> {
+    fn enter(
+        saved: Option<libc::termios>,
+    ) -> io::Result<(Screen, Terminal<CrosstermBackend<term::Frames>>)> {
+        let output = term::Output::start()?;
         terminal::enable_raw_mode()?;
-        let screen = Screen;
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
-            restore();
+            term::restore_now(saved.as_ref());
             previous(info);
         }));
-        execute!(io::stdout(), terminal::EnterAlternateScreen, cursor::Hide)?;
-        let terminal = Terminal::new(CrosstermBackend::new(io::stdout()))?;
-        Ok((screen, terminal))
+        output.enter();
+        let terminal = Terminal::new(CrosstermBackend::new(output.frames()))?;
+        Ok((Screen { output }, terminal))
     }
 }
 
 impl Drop for Screen {
     fn drop(&mut self) {
-        restore();
+        self.output.leave();
     }
 }
 
-fn restore() {
-    let _ = execute!(io::stdout(), terminal::LeaveAlternateScreen, cursor::Show);
-    let _ = terminal::disable_raw_mode();
-}
-
-/// Takes samples on a thread of its own until the view is gone: local
-/// snapshots every `interval`, or the remote host's documents as they come.
-/// A message on the returned sender asks for one at once (after a free;
-/// with -H, a reconnection).
+/// Takes samples on a thread of its own until the view is gone (its
+/// receiver dropped, `open` cleared, or an ending signal caught): locally,
+/// a full look only when `Pace` says one is due (the figures moved, a holder
+/// or its context died, every `FULL_LOOK_EVERY` cycles, or a wake after a
+/// free), and a check otherwise, a change of the driver's figures ending the
+/// wait at once; with -H, the remote host's documents as they come. A
+/// message on the returned sender asks for one at once (after a free; with
+/// -H, a reconnection).
 fn sampler(
     source: &Source,
     interval: Duration,
+    open: Arc<AtomicBool>,
+    ending: Arc<AtomicI32>,
 ) -> (Receiver<Sample>, Sender<()>, thread::JoinHandle<()>) {
     let (samples, received) = mpsc::sync_channel::<Sample>(1);
     let (wake, woken) = mpsc::channel::<()>();
     let handle = match source {
         Source::Local(driver) => {
             let driver = Arc::clone(driver);
-            thread::spawn(move || {
-                loop {
-                    let snapshot = Snapshot::take(driver.as_ref());
-                    if samples.send(Sample::Local(Box::new(snapshot))).is_err() {
-                        return;
-                    }
-                    match woken.recv_timeout(interval) {
-                        Ok(()) | Err(RecvTimeoutError::Timeout) => {}
-                        Err(RecvTimeoutError::Disconnected) => return,
-                    }
-                }
-            })
+            thread::spawn(move || local_samples(driver, interval, open, ending, samples, woken))
         }
         Source::Remote(link) => {
             let link = Arc::clone(link);
@@ -346,7 +371,68 @@ fn sampler(
     (received, wake, handle)
 }
 
-/// Runs the view until the user quits or a signal ends it.
+/// The local sampler's loop (`sampler`): full looks as `Pace` says, checks
+/// between them, until the view is gone.
+fn local_samples(
+    driver: Arc<dyn Driver>,
+    interval: Duration,
+    open: Arc<AtomicBool>,
+    ending: Arc<AtomicI32>,
+    samples: mpsc::SyncSender<Sample>,
+    woken: Receiver<()>,
+) {
+    let going = move || open.load(Ordering::SeqCst) && ending.load(Ordering::SeqCst) == 0;
+    let mut pace = Pace::default();
+    let mut force = true;
+    while going() {
+        // A change is looked at again a moment later: a process caught
+        // between its first step and its context (the figures moved, its
+        // node not yet open) is seen whole by then.
+        let settle = pace.changed();
+        let sample = if pace.full_look_due(force) {
+            let snapshot = Snapshot::take(driver.as_ref());
+            pace.looked(&snapshot);
+            Sample::Local(Box::new(snapshot))
+        } else {
+            Sample::Checked
+        };
+        if samples.send(sample).is_err() {
+            return;
+        }
+        force = settle;
+        let deadline = Instant::now() + if settle { SETTLE } else { interval };
+        while going() && !pace.changed() {
+            match woken.try_recv() {
+                Ok(()) => {
+                    force = true;
+                    break;
+                }
+                Err(TryRecvError::Disconnected) => return,
+                Err(TryRecvError::Empty) => {}
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            pace.wait(driver.as_ref(), left.min(WAKE_CHECK));
+        }
+    }
+}
+
+/// How long after a look that a change caused the next look follows.
+const SETTLE: Duration = Duration::from_millis(250);
+
+/// How often the sampler's wait looks for a wake or the view's end.
+const WAKE_CHECK: Duration = Duration::from_millis(200);
+
+/// How the view ended.
+enum End {
+    Quit,
+    Signal(i32),
+    Gone(term::Gone),
+}
+
+/// Runs the view until the user quits, a signal ends it or its terminal goes.
 pub fn run(driver: Arc<dyn Driver>, request: &TopRequest) -> io::Result<Exit> {
     let (exit, _sampler) = show(Source::Local(driver), request)?;
     Ok(exit)
@@ -364,14 +450,12 @@ pub fn run_remote(fleet: Fleet, request: &TopRequest) -> io::Result<Exit> {
 
 /// The view on a source, until it closes; its sampler, told to stop.
 fn show(source: Source, request: &TopRequest) -> io::Result<(Exit, thread::JoinHandle<()>)> {
-    let mut stops = Vec::new();
-    for signal in [libc::SIGTERM, libc::SIGHUP, libc::SIGINT] {
-        let flag = Arc::new(AtomicBool::new(false));
-        signal_hook::flag::register(signal, Arc::clone(&flag))?;
-        stops.push((signal, flag));
-    }
+    let saved = term::modes();
+    let stops = term::Stops::register(saved)?;
     let guard = Guard::for_this_process(&request.protect);
-    let (snapshots, wake, handle) = sampler(&source, request.interval);
+    let open = Arc::new(AtomicBool::new(true));
+    let (snapshots, wake, handle) =
+        sampler(&source, request.interval, Arc::clone(&open), stops.ending());
     let (events_to, events) = mpsc::channel::<act::Event>();
     let mut app = match &source {
         Source::Local(driver) => App::new(driver.describe(), request.clone()),
@@ -381,16 +465,16 @@ fn show(source: Source, request: &TopRequest) -> io::Result<(Exit, thread::JoinH
             app
         }
     };
-    let (screen, mut terminal) = Screen::enter()?;
+    let (screen, mut terminal) = Screen::enter(saved)?;
+    let mut input = term::Input::new();
     let mut drawn = Instant::now();
     let mut dirty = true;
-    let caught = loop {
-        let caught = stops
-            .iter()
-            .find(|(_, flag)| flag.load(Ordering::Relaxed))
-            .map(|(signal, _)| *signal);
-        if caught.is_some() {
-            break caught;
+    let end = loop {
+        if let Some(signal) = stops.caught() {
+            break End::Signal(signal);
+        }
+        if let Some(gone) = screen.output.gone() {
+            break End::Gone(gone);
         }
         while let Ok(sample) = snapshots.try_recv() {
             app.take(sample);
@@ -401,37 +485,51 @@ fn show(source: Source, request: &TopRequest) -> io::Result<(Exit, thread::JoinH
             on_free_event(&mut app, event, &wake);
             dirty = true;
         }
-        if dirty || drawn.elapsed() >= Duration::from_secs(1) {
+        dirty |= stops.resized();
+        // A frame only once the last is through: a pane nobody reads holds
+        // the writer, never this loop.
+        if (dirty || drawn.elapsed() >= Duration::from_secs(1)) && screen.output.idle() {
             terminal.draw(|frame| view::draw(frame, &app))?;
             drawn = Instant::now();
             dirty = false;
         }
-        if !event::poll(Duration::from_millis(100))? {
-            continue;
-        }
-        dirty = true;
-        if let Event::Key(key) = event::read()?
-            && key.kind != KeyEventKind::Release
-        {
-            if app.host.is_some()
-                && matches!(app.mode, Mode::Browse)
-                && key.code == KeyCode::Char('r')
-            {
-                let _ = wake.send(());
-                continue;
-            }
-            if on_key(&mut app, key, &guard, &source, &events_to) {
-                break None;
+        match input.wait(Duration::from_millis(100)) {
+            term::Keys::None => {}
+            term::Keys::Gone(gone) => break End::Gone(gone),
+            term::Keys::Pressed(keys) => {
+                dirty = true;
+                let quit = keys.into_iter().any(|key| {
+                    if key.kind == KeyEventKind::Release {
+                        return false;
+                    }
+                    if app.host.is_some()
+                        && matches!(app.mode, Mode::Browse)
+                        && key.code == KeyCode::Char('r')
+                    {
+                        let _ = wake.send(());
+                        return false;
+                    }
+                    on_key(&mut app, key, &guard, &source, &events_to)
+                });
+                if quit {
+                    break End::Quit;
+                }
             }
         }
     };
+    open.store(false, Ordering::SeqCst);
     drop(screen);
     // The sampler sees its channels closed and ends (with -H, its ssh).
     drop(wake);
     drop(snapshots);
-    let exit = match caught {
-        Some(signal) => Exit::Signalled(signal),
-        None => Exit::Success,
+    let exit = match end {
+        End::Quit => Exit::Success,
+        End::Signal(signal) => Exit::Signalled(signal),
+        // As a hangup would end it: nobody is left to read a message.
+        End::Gone(gone) => {
+            tracing::debug!(why = gone.0, "the terminal is gone");
+            Exit::Signalled(libc::SIGHUP)
+        }
     };
     Ok((exit, handle))
 }

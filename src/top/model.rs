@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use crate::report;
-use crate::snapshot::Snapshot;
+use crate::snapshot::{Snapshot, UnattributedKind};
 use crate::units::one_line;
 
 /// How many samples each GPU's history keeps.
@@ -37,8 +37,9 @@ pub struct GpuBar {
     pub total: Option<u64>,
     pub used: Option<u64>,
     pub by_pid: Vec<(u32, u64)>,
-    /// Held by no process (`Snapshot::held_by_no_process`), and whether it holds the GPU.
-    pub no_process: Option<(u64, bool)>,
+    /// Memory no listed process explains (`Snapshot::held_by_no_process`),
+    /// and its kind: bookkeeping, held by no process, or unseen from here.
+    pub no_process: Option<(u64, UnattributedKind)>,
     pub error: Option<String>,
 }
 
@@ -90,6 +91,25 @@ impl History {
     }
 }
 
+/// What the view says of memory unseen from its PID namespace, per GPU
+/// (the one rule's `Unseen`): never driver-held, never a case for a reset.
+pub fn unseen_lines(snapshot: &Snapshot) -> Vec<String> {
+    snapshot
+        .gpus
+        .iter()
+        .filter_map(|gpu| {
+            let unattributed = snapshot.held_by_no_process(gpu)?;
+            unattributed.unseen().then(|| {
+                format!(
+                    "?: GPU {}: {} unseen: gpureap runs in a PID namespace of its own and the driver may omit other namespaces' processes, which may hold it (not driver-held: do not reset); run it on the host, or with --pid=host / hostPID: true",
+                    gpu.index,
+                    crate::units::Bytes(unattributed.bytes)
+                )
+            })
+        })
+        .collect()
+}
+
 pub fn bars(snapshot: &Snapshot) -> Vec<GpuBar> {
     snapshot
         .gpus
@@ -105,7 +125,7 @@ pub fn bars(snapshot: &Snapshot) -> Vec<GpuBar> {
                 .collect(),
             no_process: snapshot
                 .held_by_no_process(gpu)
-                .map(|held| (held.bytes, held.holds())),
+                .map(|held| (held.bytes, held.kind)),
             error: gpu
                 .error
                 .as_ref()

@@ -38,6 +38,7 @@ use crate::exit::{Exit, Remote};
 use crate::fleet::render;
 use crate::fleet::ssh::{MAX_ANSWER, Transport};
 use crate::fleet::{Fleet, HostResult, duration_arg};
+use crate::snapshot::UnattributedKind;
 use crate::units::{Elapsed, one_line};
 
 /// How many connections in a row are tried before giving up.
@@ -90,6 +91,10 @@ struct GpuView {
     memory_unattributed: Option<u64>,
     #[serde(default)]
     held_by_no_process: Option<bool>,
+    /// The host's one rule's name for that memory (`unseen` where gpureap
+    /// there does not see the host's PIDs); absent from an older host.
+    #[serde(default)]
+    unattributed_kind: Option<Text>,
     error: Option<Text>,
     #[serde(default)]
     processes: Vec<GpuProcessView>,
@@ -235,9 +240,18 @@ fn bar(gpu: &GpuView) -> GpuBar {
             .iter()
             .filter_map(|process| process.memory.map(|memory| (process.pid, memory)))
             .collect(),
-        no_process: gpu
-            .memory_unattributed
-            .map(|bytes| (bytes, gpu.held_by_no_process == Some(true))),
+        no_process: gpu.memory_unattributed.map(|bytes| {
+            // The host's own verdict: only it knows its driver's tolerance
+            // and whether it sees the host's PIDs.
+            let kind = if gpu.unattributed_kind.as_deref() == Some("unseen") {
+                UnattributedKind::Unseen
+            } else if gpu.held_by_no_process == Some(true) {
+                UnattributedKind::NoProcess
+            } else {
+                UnattributedKind::Bookkeeping
+            };
+            (bytes, kind)
+        }),
         error: gpu.error.as_ref().map(|error| error.0.clone()),
     }
 }

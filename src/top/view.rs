@@ -12,6 +12,7 @@ use ratatui::widgets::{Block, Clear, Paragraph, Wrap};
 
 use super::App;
 use super::model::{GpuBar, Row};
+use crate::snapshot::UnattributedKind;
 use crate::units::{Bytes, MaybeBytes};
 
 const PALETTE: [Color; 5] = [
@@ -27,7 +28,13 @@ const SPARK_ASCII: [char; 8] = ['_', '.', ':', '-', '=', '+', '*', '#'];
 pub fn draw(frame: &mut Frame, app: &App) {
     let area = frame.area();
     let gpus = app.bars.len().max(1) as u16;
-    let footer = 2 + app.footer_lines().len() as u16;
+    let wrapped = |line: &String| {
+        line.chars()
+            .count()
+            .div_ceil(area.width.max(1) as usize)
+            .max(1)
+    };
+    let footer = 2 + app.footer_lines().iter().map(wrapped).sum::<usize>() as u16;
     let [header, bars, table, bottom] = Layout::vertical([
         Constraint::Length(1),
         Constraint::Length(gpus.min(area.height / 3).max(1)),
@@ -98,24 +105,30 @@ fn bar_spans(app: &App, bar: &GpuBar, width: usize) -> Vec<Span<'static>> {
             style(app, Style::default().fg(color)),
         ));
     }
-    if let Some((bytes, _)) = bar.no_process.filter(|(bytes, _)| *bytes > 0) {
+    // Unseen from this PID namespace is not held by no process: its own
+    // mark and colour, and the word.
+    let unexplained =
+        bar.no_process
+            .filter(|(bytes, _)| *bytes > 0)
+            .map(|(bytes, kind)| match kind {
+                UnattributedKind::Unseen => (bytes, '?', Color::Magenta, " unseen"),
+                _ => (bytes, '!', Color::Red, ""),
+            });
+    if let Some((bytes, mark, color, _)) = unexplained {
         let count = cells(bytes).min(width - used);
         used += count;
         spans.push(Span::styled(
-            "!".repeat(count),
-            style(
-                app,
-                Style::default().fg(Color::Red).add_modifier(Modifier::BOLD),
-            ),
+            mark.to_string().repeat(count),
+            style(app, Style::default().fg(color).add_modifier(Modifier::BOLD)),
         ));
     }
     spans.push(Span::raw(".".repeat(width - used)));
     spans.push(Span::raw("]"));
-    // Said in words too: the figure that no process explains.
-    if let Some((bytes, _)) = bar.no_process.filter(|(bytes, _)| *bytes > 0) {
+    // Said in words too: the figure that no listed process explains.
+    if let Some((bytes, mark, color, word)) = unexplained {
         spans.push(Span::styled(
-            format!(" !{}", Bytes(bytes)),
-            style(app, Style::default().fg(Color::Red)),
+            format!(" {mark}{}{word}", Bytes(bytes)),
+            style(app, Style::default().fg(color)),
         ));
     }
     spans
@@ -172,10 +185,12 @@ fn table_lines(app: &App, area: Rect) -> Vec<Line<'static>> {
         style(app, Style::default().add_modifier(Modifier::REVERSED)),
     )];
     if app.rows.is_empty() {
-        lines.push(Line::raw(if app.filter.is_empty() {
-            " No process holds or watches these GPUs."
-        } else {
+        lines.push(Line::raw(if !app.filter.is_empty() {
             " No holder matches the filter."
+        } else if app.snapshot.as_ref().is_some_and(|s| s.may_miss_holders()) {
+            " No process seen from this PID namespace holds or watches these GPUs (see ? below)."
+        } else {
+            " No process holds or watches these GPUs."
         }));
         return lines;
     }

@@ -25,7 +25,6 @@
 
 pub mod log;
 pub mod metrics;
-mod pace;
 mod slurm;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -39,6 +38,7 @@ use regex::Regex;
 
 use crate::driver::Driver;
 use crate::exit::Exit;
+use crate::pace::Pace;
 use crate::proc::ProcessId;
 use crate::reap::{self, FreeReport, Handled};
 use crate::select::{Because, Guard, Scope, Selection, Spared, select};
@@ -46,7 +46,6 @@ use crate::snapshot::Snapshot;
 use crate::units::{Bytes, Elapsed, one_line};
 use log::{Action, Decision, DecisionLog};
 use metrics::WatchMetrics;
-use pace::Pace;
 
 /// One rule of a policy: what makes a holder the watch's to free.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

@@ -1,9 +1,10 @@
-//! When the watch looks at the host in full, and what it watches between.
+//! When a mode left running looks at the host in full, and what it watches
+//! between: the one policy of `reap --watch`, `top` and the exporter.
 //!
 //! A full look (a snapshot) costs a pass over /proc; at 5,000 processes
-//! and a 10 s interval, one every cycle would be some 2% of a core. Nothing a
-//! rule names can appear without one of these, which cost next to nothing
-//! to watch, changing first:
+//! one a second (`top`) was 11% of a core, one every 10 s (the watch) some
+//! 2%. Nothing these modes show or act on can appear without one of these,
+//! which cost next to nothing to watch, changing first:
 //!
 //! - the driver's memory figures (a process that gains or loses a context):
 //!   watched with `Driver::wait_for_change` between cycles (NVML polls its
@@ -15,9 +16,10 @@
 //!   time in /proc, a `stat` each;
 //! - a holder reaching the age floor (`of_age`).
 //!
-//! A full look is also taken while a rule's holders wait for their second
-//! look, after a fault, and at least every `FULL_LOOK_EVERY` cycles, for
-//! what the above misses (a changed command line or owner).
+//! A full look is also taken when the caller forces one (the watch: while a
+//! rule's holders wait for their second look, after a fault; `top`: after a
+//! free), and at least every `FULL_LOOK_EVERY` cycles, for what the above
+//! misses (a changed command line or owner, a monitor opening a node).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -87,6 +89,11 @@ impl Pace {
                 .context
                 .iter()
                 .any(|id| proc::start_time(id.pid) != Some(id.start_time))
+    }
+
+    /// Whether the driver's figures moved since the last full look.
+    pub fn changed(&self) -> bool {
+        self.changed
     }
 
     /// Waits up to `limit`, noting whether the driver's figures moved.
