@@ -273,21 +273,7 @@ pub fn run(json: bool, out: &mut dyn Write) -> io::Result<Exit> {
         plan_text(out, &plan)?;
         writeln!(out, "$ {FREE_COMMAND}")?;
     }
-    let scope = Scope {
-        patterns: vec![regex::Regex::new("sglang").map_err(io::Error::other)?],
-        ..Scope::default()
-    };
-    let options = Options::new(GRACE, TIMEOUT);
-    let guard = Guard::for_this_process(&[]);
-    let mut outcome = reap::free(
-        &driver,
-        &scope,
-        &guard,
-        before.clone(),
-        options,
-        &mut |_| {},
-    );
-    outcome.attach_advice(&driver);
+    let outcome = free_the_server(&driver, &before)?;
     let free_code = outcome.exit();
     if text {
         writeln!(out, "{}", report::free_outcome(&outcome))?;
@@ -345,6 +331,20 @@ pub fn run(json: bool, out: &mut dyn Write) -> io::Result<Exit> {
     }
     out.flush()?;
     Ok(code)
+}
+
+/// `gpureap free --match sglang` on the staged host, with the advice the
+/// evidence of what it leaves implies, as the command attaches it.
+fn free_the_server(driver: &SimDriver, before: &Snapshot) -> io::Result<FreeReport> {
+    let scope = Scope {
+        patterns: vec![regex::Regex::new("sglang").map_err(io::Error::other)?],
+        ..Scope::default()
+    };
+    let options = Options::new(GRACE, TIMEOUT);
+    let guard = Guard::for_this_process(&[]);
+    let mut outcome = reap::free(driver, &scope, &guard, before.clone(), options, &mut |_| {});
+    outcome.attach_advice(driver);
+    Ok(outcome)
 }
 
 /// Stages the incident: the bystanders first, each started the way it is in
