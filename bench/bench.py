@@ -20,14 +20,28 @@ It builds gpureap (cargo build --release) unless --bin is given. Three parts:
    (`kill -9 <pids>`): the device machines forbid unscoped kills, and the timings are the
    recipe's all the same. With --gpu it also measures the driver's own release time: SIGKILL
    to memory back, as NVML sees it, polled every millisecond.
-3. Waiting: how long after the memory is back `gpureap wait` returns.
+3. Waiting: how long after the memory is back `gpureap wait` returns, with 5,000 extra
+   processes (`--wait-crowd N`; 1,000 with --quick); with `--compare B`, both builds
+   interleaved in one run.
 5. Idle cost ("idle"): CPU time (GNU time) of `gpureap wait` and of free's verification
    while the GPU stays held, with 5,000 extra processes (1,000 with --quick).
 4. Fleet (not with --gpu): `status -H` over 8 real sshd hosts in network namespaces against 8
    parallel ssh calls and the sequential loop (bench/fleet_bench.py; needs root).
 
+6. Fleet at scale ("fleet-scale", not with --gpu): `status -H` over 8, 64 and 256 hosts
+   (`--hosts 8,64`), each a stand-in (bench/lagged_ssh.sh: ssh to this machine plus the
+   latency of a real sshd host of bench/sshd_lab.py, measured first; `--ssh-latency S` gives
+   it), against the parallel floors: all at once, and 32 at once (the default --parallel);
+   peak RSS per host (bench/fleet_bench.py, run_scale).
+
+Growth plots (bench/growth.py): every run draws, from the figures of the parts that ran, one
+SVG per measure with the targets dashed: wall time, CPU time and peak memory of `status`
+against extra processes (plus `wait`'s CPU per 5 s on a held GPU), and `status -H`'s wall
+time and memory against hosts: docs/bench/growth-{time,cpu,memory}-sim.svg and
+fleet-{time,memory}-sim.svg (-h200 with --gpu, beside the --out file).
+
     python3 bench/bench.py --exporter      # only the exporter's part (below); its own section of the doc
-    python3 bench/bench.py --parts seeing  # only some of parts 1-4 (seeing, freeing, waiting, fleet)
+    python3 bench/bench.py --parts seeing  # only some parts (seeing, freeing, waiting, idle, fleet, fleet-scale)
 
 4. Exporter (`--exporter`): `gpureap exporter --interval 15s` on the simulated host with the
    orphaned tree and 5,000 extra processes (1,000 with --quick): scrape latency p50/p99 over
@@ -68,7 +82,13 @@ REPEAT = 3 if QUICK else 5
 CROWDS = ([int(n) for n in args[args.index("--crowds") + 1].split(",")] if "--crowds" in args
           else [100, 1000] if QUICK else [100, 1000, 5000, 20000])
 PARTS = (args[args.index("--parts") + 1].split(",") if "--parts" in args
-         else ["seeing", "freeing", "waiting", "idle"] + ([] if GPU else ["fleet"]))
+         else ["seeing", "freeing", "waiting", "idle"] + ([] if GPU else ["fleet", "fleet-scale"]))
+# Extra processes while `wait` waits for the release (part 3): issue 28 asks for 5,000.
+WAIT_CROWD = int(args[args.index("--wait-crowd") + 1]) if "--wait-crowd" in args else 1000 if QUICK else 5000
+# Hosts of the fleet-scale part; the SSH latency its stand-in adds (default: measured on a real sshd host).
+FLEET_HOSTS = ([int(n) for n in args[args.index("--hosts") + 1].split(",")] if "--hosts" in args
+               else [8, 64] if QUICK else [8, 64, 256])
+SSH_LATENCY = float(args[args.index("--ssh-latency") + 1]) if "--ssh-latency" in args else None
 WORKERS = 8
 LINES = []
 
@@ -78,18 +98,22 @@ def say(text=""):
     print(text, flush=True)
 
 
-def timed(command, env=None):
+def timed(command, env=None, cpu=None):
     """Runs a command; returns (seconds, peak RSS in KiB, stdout). The peak RSS
     comes from GNU time, which forks from a small process: wait4 here would
-    count this Python process's pages that the child had before its exec."""
+    count this Python process's pages that the child had before its exec.
+    With a list as `cpu`, its user + system seconds are appended to it."""
     record = tempfile.mktemp(prefix="gpureap-rss-")
-    wrapper = ["/usr/bin/time", "-o", record, "-f", "%M"] if Path("/usr/bin/time").exists() else []
+    wrapper = ["/usr/bin/time", "-o", record, "-f", "%U %S %M"] if Path("/usr/bin/time").exists() else []
     started = time.perf_counter()
     output = subprocess.run([*wrapper, *command], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env).stdout
     seconds = time.perf_counter() - started
     try:
-        peak = int(Path(record).read_text().split()[-1])
+        user, system, peak = Path(record).read_text().split()[-3:]
+        peak = int(peak)
         os.unlink(record)
+        if cpu is not None:
+            cpu.append(float(user) + float(system))
     except (OSError, ValueError, IndexError):
         peak = 0
     return seconds, peak, output
@@ -314,11 +338,13 @@ def seeing(host):
                     time.sleep(0.05)
                 times = {name: [] for name, _, _ in tools}
                 rss = {name: [] for name, _, _ in tools}
+                cpu = {name: [] for name, _, _ in tools}
                 for _ in range(REPEAT):
                     for name, _, command in tools:
-                        seconds, peak, _ = timed(command)
+                        seconds, peak, _ = timed(command, cpu=cpu[name])
                         times[name].append(seconds)
                         rss[name].append(peak)
+                wait_cost(host, crowd_size)
                 load = os.getloadavg()[0]
             finally:
                 crowd.send_signal(signal.SIGTERM)
@@ -326,6 +352,7 @@ def seeing(host):
                 ready.unlink(missing_ok=True)
             for name, label, _ in tools:
                 series[label].append((crowd_size, median(times[name]) * 1000))
+            grow(crowd_size, tools, times, cpu, rss)
             g = median(times["gpureap"])
             row = f"| {crowd_size:,} | {g * 1000:.0f} ms, {rss_text(rss['gpureap'])} |"
             if fuser:
@@ -352,6 +379,42 @@ def seeing(host):
         svg.write_text(plot(series, f"Seeing: median wall time against extra processes ({where})"))
         say(f"![time against extra processes, one line per tool](bench/{name})\n")
         say(f"(The plot: `docs/bench/{name}`, drawn by this script from the table above.)\n")
+
+
+def grow(crowd_size, tools, times, cpu, rss):
+    """Feeds the growth plots (bench/growth.py) with one crowd's figures and
+    draws the targets as anchors: at most half of fuser's time, at most
+    nvidia-smi's time and peak memory (with --gpu), under 8 MiB without a driver."""
+    import growth
+
+    for name, label, _ in tools:
+        growth.add("time", label, crowd_size, median(times[name]) * 1000)
+        if cpu[name]:
+            growth.add("cpu", label, crowd_size, median(cpu[name]) * 1000)
+        if max(rss[name], default=0):
+            growth.add("memory", label, crowd_size, max(rss[name]) / 1024)
+    if "fuser" in times:
+        growth.anchor("time", "target: half of fuser's time", crowd_size, median(times["fuser"]) * 500)
+    if "smi" in times:
+        growth.anchor("time", "target: at most nvidia-smi's time", crowd_size, median(times["smi"]) * 1000)
+        growth.anchor("memory", "target: at most nvidia-smi's peak", crowd_size, max(rss["smi"]) / 1024)
+    else:
+        growth.anchor("memory", "target without a driver: 8 MiB", crowd_size, 8.0)
+
+
+def wait_cost(host, crowd_size, seconds=5):
+    """CPU (user + system, GNU time) of one `gpureap wait` that runs to a
+    `seconds` timeout on a held GPU, start-up and the final holder table
+    included: the issue's "CPU per 5 s". For the growth plot of CPU."""
+    import growth
+
+    cpu = []
+    timed(host.gpureap("wait", "--gpu", "0", "--below", "1MiB", "--timeout", f"{seconds}s"), cpu=cpu)
+    if cpu:
+        growth.add("cpu", f"gpureap wait, {seconds} s on a held GPU", crowd_size, cpu[0] * 1000)
+        growth.anchor("cpu", f"target: wait under 5% of a core ({seconds * 50} ms per {seconds} s)",
+                      crowd_size, seconds * 50)
+    return cpu[0] if cpu else None
 
 
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"]
@@ -503,37 +566,83 @@ def poll_free(host, baseline):
 def waiting(host):
     say("## 3. Waiting: how soon `gpureap wait` returns once the memory is back\n")
     baseline = settled_baseline(host)
-    lags = []
-    for attempt in range(3 if GPU else REPEAT):
-        tree = Tree(host, f"wait{attempt}")
-        below = f"{(baseline >> 20) + 1024}MiB" if GPU else "1GiB"
-        waiter = subprocess.Popen(host.gpureap("wait", "--gpu", "0", "--below", below, "--timeout", "60s"),
-                                  stdout=subprocess.DEVNULL)
-        time.sleep(0.5)
-        try:
-            killed = time.perf_counter()
-            for pid in tree.pids:
-                os.kill(pid, signal.SIGKILL)
-            if GPU:
-                pynvml, handle = nvml()
-                while pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2).used > baseline + GIB:
-                    time.sleep(0.001)
-                back = time.perf_counter()
-            else:
-                # The simulated driver frees the memory as the killed processes close
-                # their descriptors, within a millisecond or so: the time from the kill
-                # is an upper bound of gpureap's lag.
-                back = killed
-            waiter.wait(timeout=60)
-            lags.append(time.perf_counter() - back)
-        finally:
-            tree.cleanup()
-            wait_until_free(host, baseline)
+    lags = {label: [] for label, _ in BINS}
+    crowd_size = WAIT_CROWD
+    ready = Path(tempfile.mktemp(prefix="gpureap-crowd-"))
+    crowd = (subprocess.Popen([sys.executable, str(ROOT / "bench/crowd.py"), str(crowd_size), str(ready)])
+             if crowd_size else None)
+    try:
+        while crowd is not None and not ready.exists():
+            if crowd.poll() is not None:
+                raise SystemExit(f"bench/crowd.py could not start {crowd_size} processes")
+            time.sleep(0.05)
+        # Interleaved: each attempt runs every build, so that a slow moment hits all alike.
+        for attempt in range(3 if GPU else REPEAT):
+            for label, binary in BINS:
+                lags[label].append(wait_lag(host, baseline, f"wait{attempt}{len(lags[label])}{BINS.index((label, binary))}",
+                                            binary))
+        load = os.getloadavg()[0]
+    finally:
+        if crowd is not None:
+            crowd.send_signal(signal.SIGTERM)
+            crowd.wait()
+        ready.unlink(missing_ok=True)
     since = ("the memory being back, seen by NVML polled every millisecond" if GPU
              else "the SIGKILL of the holders (an upper bound: the simulated driver frees at their exit)")
-    say(f"Median {median(lags) * 1000:.1f} ms, max {max(lags) * 1000:.1f} ms over {len(lags)} runs, "
-        f"from {since} to `gpureap wait` having exited.\n")
-    return median(lags)
+    say(f"{crowd_size:,} extra processes (bench/crowd.py); from {since} to `gpureap wait` having exited. "
+        f"Target (issue 28): within 100 ms. Load average (1 min) at the end: {load:.1f}.\n")
+    say("| build | median | max | runs |")
+    say("|---|---|---|---|")
+    for label, values in lags.items():
+        say(f"| {label} | {median(values) * 1000:.1f} ms | {max(values) * 1000:.1f} ms | {len(values)} |")
+    say()
+    return median(lags[BINS[0][0]])
+
+
+def wait_lag(host, baseline, tag, binary):
+    """One run: a tree holds GPU 0, `gpureap wait` waits on it, the tree is
+    killed; seconds from the release (or the kill) to the wait's exit."""
+    tree = Tree(host, tag)
+    below = f"{(baseline >> 20) + 1024}MiB" if GPU else "1GiB"
+    waiter = subprocess.Popen(host.gpureap("wait", "--gpu", "0", "--below", below, "--timeout", "60s", binary=binary),
+                              stdout=subprocess.DEVNULL)
+    try:
+        # Until it waits on the driver: its first reading (a scan of every
+        # process on the simulated driver) is done and it sleeps.
+        deadline = time.time() + 30
+        while time.time() < deadline and not sleeping(waiter.pid):
+            time.sleep(0.05)
+        time.sleep(0.3)
+        killed = time.perf_counter()
+        for pid in tree.pids:
+            os.kill(pid, signal.SIGKILL)
+        if GPU:
+            pynvml, handle = nvml()
+            while pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2).used > baseline + GIB:
+                time.sleep(0.001)
+            back = time.perf_counter()
+        else:
+            # The simulated driver frees the memory as the killed processes close
+            # their descriptors, within a millisecond or so: the time from the kill
+            # is an upper bound of gpureap's lag.
+            back = killed
+        waiter.wait(timeout=60)
+        return time.perf_counter() - back
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+            waiter.wait()
+        tree.cleanup()
+        wait_until_free(host, baseline)
+
+
+def sleeping(pid):
+    """Whether every thread of `pid` is asleep (state S): a waiting gpureap."""
+    try:
+        return all(Path(f"/proc/{pid}/task/{task}/stat").read_text().rsplit(")", 1)[1].split()[0] == "S"
+                   for task in os.listdir(f"/proc/{pid}/task"))
+    except (FileNotFoundError, IndexError, ProcessLookupError):
+        return False
 
 
 def idle(host):
@@ -723,6 +832,43 @@ def exporter(host):
 BINS = []
 
 
+def fleet_scale():
+    """`status -H` over 8 to 256 stand-in hosts (bench/fleet_bench.py, run_scale),
+    fed to the growth plots: wall time against hosts with 1.25x the floor as the
+    anchor, and gpureap's peak memory against hosts."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import fleet_bench
+    import growth
+
+    results, _ = fleet_bench.run_scale(say, BIN, QUICK, FLEET_HOSTS, SSH_LATENCY)
+    for count, figures in results.items():
+        for name, (wall, rss, _) in figures.items():
+            short = name.replace(f" h[1-{count}]", "").replace(f"--parallel {count}", "--parallel N")
+            growth.add("fleet-time", short, count, wall * 1000)
+            if name.startswith("gpureap"):
+                growth.add("fleet-memory", short, count, rss / 1024)
+        growth.anchor("fleet-time", "target: 1.25x the all-at-once floor", count,
+                      figures["floor: all at once (shell &, wait)"][0] * 1250)
+        growth.anchor("fleet-time", "target: 1.25x the 32-at-once floor", count,
+                      figures["floor: 32 at once (xargs -P 32)"][0] * 1250)
+
+
+def plots():
+    """The growth plots (bench/growth.py) of whatever parts ran: into docs/bench/,
+    or beside the --out file."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import growth
+
+    folder = OUT.parent if OUT else ROOT / "docs/bench"
+    suffix, where = ("h200", "the H200 host") if GPU else ("sim", "this machine, simulated driver")
+    written = growth.draw(folder, suffix, where)
+    if written:
+        say("## Growth plots\n")
+        say("Drawn by bench/growth.py from the figures above; targets dashed.\n")
+        for name in written:
+            say(f"![{name}](bench/{name})\n")
+
+
 def shown_arguments():
     """This run's flags, less the paths of --bin and --out."""
     shown, skip = [], False
@@ -775,8 +921,11 @@ def main():
                 sys.path.insert(0, str(ROOT / "bench"))
                 import fleet_bench
                 fleet_bench.run(say, BIN, QUICK)
+            if "fleet-scale" in PARTS:
+                fleet_scale()
     finally:
         host.cleanup()
+    plots()
     report = "\n".join(LINES) + "\n"
     if OUT:
         OUT.parent.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,9 @@ them, no rule names them), bench/crowd.py's crowd of idle processes (5,000 by de
 /proc/PID/stat) and resident memory (VmRSS), and at the end prints: the CPU share of one core
 over the whole run, the resident memory's least-squares slope (KiB per hour), over the run and
 over its second half (after warm-up), its first and last samples and one a minute, and how many full looks the watch took (its own gpureap_scans_total) against its
-cycles (gpureap_reap_cycles_total). Signals only what it started. docs/performance.md quotes it.
+cycles (gpureap_reap_cycles_total). With --out FILE, each sample is also appended to
+FILE.samples as it is taken (seconds, CPU seconds, KiB), so that a run cut short still shows
+its trend. Signals only what it started. docs/performance.md quotes it.
 """
 
 import os
@@ -122,6 +124,9 @@ def main():
         while time.monotonic() < end:
             time.sleep(min(step, max(0.0, end - time.monotonic())))
             samples.append((time.monotonic() - started, cpu_seconds(watch.pid) - cpu0, rss_kib(watch.pid)))
+            if OUT:
+                with open(f"{OUT}.samples", "a") as trace:
+                    trace.write(f"{samples[-1][0]:.1f} {samples[-1][1]:.2f} {samples[-1][2]}\n")
         wall = time.monotonic() - started
         cpu = cpu_seconds(watch.pid) - cpu0
         scans, cycles = metric(port, "gpureap_scans_total"), metric(port, "gpureap_reap_cycles_total")

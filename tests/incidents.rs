@@ -712,6 +712,116 @@ fn wait_returns_when_the_memory_comes_back_and_lists_holders_on_timeout() {
     assert_eq!(report["gpus"][0]["memory_used"], 0);
 }
 
+/// `wait` reads a release without scanning every process again: once the
+/// only holder of GPU 0 exits and the simulated driver has seen its node's
+/// description released (inotify), with no open of the node since its scan,
+/// the figure is the leak alone (docs/architecture.md, "Between looks").
+#[test]
+fn wait_reads_a_release_without_another_scan() {
+    let host = host(2);
+    let mut incident = Incident::new(&host);
+    let holder = incident
+        .holder(&Holder::new("sglang::scheduler_TP0").on(0, 30 * GIB))
+        .expect("holder");
+    host.leak(0, 256 << 20).expect("leak");
+    let waiter = gpureap(&host)
+        .env("GPUREAP_LOG", "gpureap=debug")
+        .args([
+            "wait",
+            "--gpu",
+            "0",
+            "--below",
+            "1GiB",
+            "--timeout",
+            "20s",
+            "--json",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("wait runs");
+    blocked_in(
+        waiter.id(),
+        WAITING_ON_THE_DRIVER,
+        "wait never waited on the driver",
+    );
+    incident.kill(holder).expect("kill holder");
+    let result: Run = waiter.wait_with_output().expect("wait ends").into();
+    assert_eq!(result.code, 0, "{}{}", result.stdout, result.stderr);
+    assert_eq!(result.json()["gpus"][0]["memory_used"], 256u64 << 20);
+    assert!(
+        result.stderr.contains("read without a scan"),
+        "the release was read by a scan: {}",
+        result.stderr
+    );
+}
+
+/// A holder that forks after `wait` has read the GPU busy leaves its child
+/// the node (the description is shared, as a CUDA process's dataloader
+/// workers share it): its exit releases nothing, so `wait` must not call
+/// the GPU free. The child, with no claim of its own, holds 1 GiB here.
+#[test]
+fn wait_does_not_call_free_while_a_forked_child_keeps_the_node() {
+    let host = host(1);
+    let mut incident = Incident::new(&host);
+    let go = host.path().join("go");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&go)
+        .status()
+        .expect("mkfifo");
+    assert!(made.success());
+    // The parent (recorded as the bash it is until then) holds 30 GiB; on a
+    // line from `go` it forks a child that inherits its descriptor on GPU
+    // 0's node, then sleeps on.
+    let parent = incident
+        .spawn(
+            &format!(
+                "echo {} > \"$D/claims/$BASHPID.0\"; exec 3<\"$D/nvidia0\"; \
+                 echo \"$BASHPID bash\" >> \"$D/pids\"; read -r _ < \"$D/go\"; \
+                 ( echo \"$BASHPID forked-child\" >> \"$D/pids\"; exec -a forked-child sleep 100000 ) & \
+                 exec -a forking-holder sleep 100000",
+                30 * GIB
+            ),
+            1,
+        )
+        .expect("parent");
+    let waiter = gpureap(&host)
+        .args([
+            "wait",
+            "--gpu",
+            "0",
+            "--below",
+            "512MiB",
+            "--timeout",
+            "15s",
+            "--json",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("wait runs");
+    blocked_in(
+        waiter.id(),
+        WAITING_ON_THE_DRIVER,
+        "wait never waited on the driver",
+    );
+    std::fs::write(&go, "go\n").expect("the parent forks");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let child = loop {
+        if let Ok(child) = incident.pid_of("forked-child") {
+            break child;
+        }
+        assert!(Instant::now() < deadline, "the parent never forked");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    incident.kill(parent).expect("kill the parent");
+    let result: Run = waiter.wait_with_output().expect("wait ends").into();
+    assert_eq!(result.code, 1, "{}", result.stdout);
+    let report = result.json();
+    assert_eq!(report["ready"], false, "{report:#}");
+    assert_eq!(report["gpus"][0]["memory_used"], GIB, "{report:#}");
+    assert_eq!(report["holders"][0]["pid"], child, "{report:#}");
+}
+
 #[test]
 fn dry_run_signals_nothing_and_shows_the_plan() {
     let host = host(1);

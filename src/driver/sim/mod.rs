@@ -27,6 +27,7 @@
 //! symbolic link, and only up to a size that fits what it may hold; a file
 //! that is not what it should be is an error naming it, never a default.
 
+mod events;
 pub mod incident;
 mod mig;
 mod mps;
@@ -50,11 +51,18 @@ const DEFAULT_TOTAL: u64 = 80 << 30;
 const DEFAULT_CLAIM: u64 = 1 << 30;
 const DEFAULT_NAME: &str = "Simulated GPU";
 /// How often `wait_for_change` looks at the known holders' descriptors and
-/// the directory's files. A holder's exit, the usual release, is seen at
-/// once through its pidfd; a node closed by a living holder or a file
-/// changed is seen within this. Each look costs ~0.2 ms of CPU on a loaded
-/// 2-core machine: every 20 ms, that is 1% of a core.
-const HOLDER_POLL: Duration = Duration::from_millis(20);
+/// the directory's files when nothing wakes it. A holder's exit, the usual
+/// release, is seen at once through its pidfd; with inotify (`events`) a
+/// node's release and a file changed wake it at once too, and this is the
+/// backstop (a descriptor closed while a forked child still shares it sends
+/// no event). Each look costs ~0.2 ms of CPU on a loaded 2-core machine:
+/// every 100 ms, 0.2% of a core.
+const HOLDER_POLL: Duration = Duration::from_millis(100);
+/// The same without inotify: every 20 ms, 1% of a core.
+const HOLDER_POLL_BLIND: Duration = Duration::from_millis(20);
+/// How long a wait gives the kernel to queue the releases of the nodes a
+/// holder let go before it reads the figures by a scan instead.
+const RELEASE_SETTLE: Duration = Duration::from_millis(50);
 /// Largest claim or leak file: a byte count and a newline fit many times over.
 const NUMBER_FILE_LIMIT: usize = 64;
 /// Largest `DIR/gpus`: a line per GPU, a few hundred GPUs.
@@ -73,6 +81,9 @@ pub struct SimDriver {
     bookkeeping: u64,
     /// The last answer and what stood behind it, for `wait_for_change`.
     known: std::sync::Mutex<watch::Known>,
+    /// The nodes' opens and releases since the last fresh scan, and the
+    /// directory's changes (`events`); `None` without inotify.
+    events: Option<events::Events>,
     /// `DIR/host-proc`, when it is a directory: the proc mount whose
     /// processes this driver lists, instead of this namespace's /proc.
     host_proc: Option<PathBuf>,
@@ -335,6 +346,7 @@ impl SimDriver {
             Err(_) => false,
         };
         let mig = mig::read_all(&directory, &dir, gpu_count)?;
+        let events = events::Events::open(&dir, gpus.len() as u32);
         Ok(SimDriver {
             mig,
             host_proc,
@@ -345,6 +357,7 @@ impl SimDriver {
             node_prefix,
             gpus,
             known: std::sync::Mutex::default(),
+            events,
         })
     }
 
@@ -477,10 +490,86 @@ impl SimDriver {
             }
             return Ok(omit_other_namespaces(root, gpus));
         }
-        proc::with_scan(&|path| self.classify_node(path), |scan| {
-            self.gpus_from(scan)
-        })
-        .map_err(cannot_read_proc)?
+        // A scan of our own starts a baseline for `events`: the queue is
+        // emptied just before it, under the lock, so that no other answer's
+        // scan interleaves. A scan lent by a snapshot (`proc::during`, made
+        // before) classifies nothing here and spoils the baseline.
+        let mut events = self.events.as_ref().and_then(events::Events::lock);
+        if let Some(events) = events.as_mut() {
+            events.rebase();
+        }
+        let fresh = std::sync::atomic::AtomicBool::new(false);
+        let classify = |path: &Path| {
+            fresh.store(true, std::sync::atomic::Ordering::Relaxed);
+            self.classify_node(path)
+        };
+        let answer =
+            proc::with_scan(&classify, |scan| self.gpus_from(scan)).map_err(cannot_read_proc)?;
+        if let (Some(events), false) = (
+            events.as_mut(),
+            fresh.load(std::sync::atomic::Ordering::Relaxed),
+        ) {
+            events.spoil();
+            if let Ok(mut known) = self.known.lock() {
+                known.complete = false;
+            }
+        }
+        answer
+    }
+
+    /// The figures of `gpus` without a scan, where every one's node is
+    /// proved unheld since the last fresh scan (`events`: no open since, and
+    /// every description the known holders had released): each is then its
+    /// leak alone, as a scan would find it. `None` (scan instead) wherever
+    /// that is not proved: a known holder still holds, a node was opened,
+    /// a descriptor is still shared, the scan could not read every process.
+    fn released(&self, gpus: &BTreeSet<u32>) -> Option<Figures> {
+        let mut events = self.events.as_ref()?.lock()?;
+        let mut known = self.known.lock().ok()?;
+        if !known.complete || !known.hidden.is_empty() {
+            tracing::debug!(complete = known.complete, "sim: a scan is needed");
+            return None;
+        }
+        let classify = |path: &Path| self.classify_node(path);
+        let on_these = |node: &Node| matches!(node, Node::Gpu(index) if gpus.contains(index));
+        let still_held = known.holders.iter().any(|&(id, node)| {
+            on_these(&node)
+                && proc::nodes_of(id, &classify).is_some_and(|nodes| nodes.contains(&node))
+        });
+        let indexes: Vec<u32> = gpus.iter().copied().collect();
+        let still_held = still_held || !known.unreadable_pass_nothing_on(&indexes, &classify);
+        // A release is queued by the kernel as the holder's last reference
+        // goes, which for an exiting holder may come a moment after its
+        // descriptors are gone from /proc: give the counts a little while.
+        let settle = std::time::Instant::now() + RELEASE_SETTLE;
+        while !still_held && !gpus.iter().all(|&index| events.unheld(index)) {
+            if events.state().0 || std::time::Instant::now() >= settle {
+                tracing::debug!(state = ?events.state(), "sim: a scan is needed");
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        if still_held {
+            return None;
+        }
+        let figures: Figures = gpus
+            .iter()
+            .map(|&index| {
+                (
+                    index,
+                    self.build(index, &[], None).map(|gpu| gpu.memory_used),
+                )
+            })
+            .collect();
+        known.holders.retain(|(_, node)| !on_these(node));
+        for (&index, used) in &figures {
+            match used {
+                Ok(used) => known.figures.insert(index, *used),
+                Err(_) => known.figures.remove(&index),
+            };
+        }
+        tracing::debug!(?gpus, "sim: every node let go, read without a scan");
+        Some(figures)
     }
 
     /// Every GPU, from a scan classified by this driver.
@@ -527,6 +616,23 @@ impl SimDriver {
                 .collect(),
             files,
             claims: claims_state,
+            complete: true,
+            unreadable: scan
+                .unreadable
+                .iter()
+                .filter_map(|entry| {
+                    scan.processes
+                        .iter()
+                        .find(|process| process.id.pid == entry.pid)
+                        .map(|process| process.id)
+                })
+                .collect(),
+            newest: scan
+                .processes
+                .iter()
+                .map(|process| process.id.start_time)
+                .max()
+                .unwrap_or(0),
         };
         // Holders of another PID namespace cannot be watched from this one
         // (their PIDs name other processes here): `wait_for_change` then
@@ -991,14 +1097,25 @@ impl Driver for SimDriver {
             }
         };
         let classify = |path: &Path| self.classify_node(path);
+        let backstop = match self.events {
+            Some(_) => HOLDER_POLL,
+            None => HOLDER_POLL_BLIND,
+        };
         let changed = watch::changed_within(
             &watched,
             &classify,
             || self.file_states(gpus.iter().copied()),
-            poll.max(HOLDER_POLL),
+            poll.max(backstop),
             limit,
+            self.events.as_ref(),
         );
-        changed.then(|| self.memory_used_of(&gpus))
+        if !changed {
+            return None;
+        }
+        Some(
+            self.released(&gpus)
+                .unwrap_or_else(|| self.memory_used_of(&gpus)),
+        )
     }
 
     /// A reset as the real driver does it: refused while any process holds

@@ -18,6 +18,7 @@ use rustix::event::{PollFd, PollFlags, Timespec, poll};
 use rustix::process::{Pid, PidfdFlags, pidfd_open};
 
 use super::Node;
+use super::events::Events;
 use crate::proc::{self, Classify, ProcessId};
 
 /// A file's identity for change detection: modification time and size.
@@ -37,6 +38,14 @@ pub(super) struct Known {
     pub files: BTreeMap<u32, Vec<FileState>>,
     /// The claims directory: a new holder writes its claim there.
     pub claims: FileState,
+    /// The scan behind this answer was this driver's own (not lent).
+    pub complete: bool,
+    /// Processes whose descriptors that scan could not read (PID 1 of a
+    /// sandbox, to root): what they hold is not known.
+    pub unreadable: Vec<ProcessId>,
+    /// The latest start time among the processes scanned: one that started
+    /// at or after it may be new since the scan.
+    pub newest: u64,
 }
 
 impl Known {
@@ -64,8 +73,65 @@ impl Known {
                 .map(|(index, states)| (*index, states.clone()))
                 .collect(),
             claims: self.claims,
+            complete: self.complete,
+            unreadable: self.unreadable.clone(),
+            newest: self.newest,
         }
     }
+
+    /// Whether no process that may be new since the scan has a GPU node of
+    /// `gpus` open, among the descendants of the processes the scan could not
+    /// read: a node they held, unseen, could have passed to a child forked
+    /// since (which no release count would reveal). Each must still be
+    /// there; a new descendant whose descriptors cannot be read either
+    /// proves nothing.
+    pub fn unreadable_pass_nothing_on(&self, gpus: &[u32], classify: Classify) -> bool {
+        let mut stack: Vec<ProcessId> = Vec::new();
+        for &id in &self.unreadable {
+            if proc::state_of(id).is_none_or(|state| state.has_exited()) {
+                return false;
+            }
+            stack.push(id);
+        }
+        let mut visited = 0usize;
+        while let Some(parent) = stack.pop() {
+            for child in children_of(parent.pid) {
+                let Some(child) = proc::identity(child).filter(|id| id.start_time >= self.newest)
+                else {
+                    continue;
+                };
+                visited += 1;
+                let nodes = proc::nodes_of(child, classify);
+                let holds = nodes.as_ref().is_none_or(|nodes| {
+                    nodes
+                        .iter()
+                        .any(|node| matches!(node, Node::Gpu(index) if gpus.contains(index)))
+                });
+                // Gone since (`None` for an exited one too) holds nothing; a bound on the walk.
+                if (holds && proc::state_of(child).is_some()) || visited > 10_000 {
+                    return false;
+                }
+                stack.push(child);
+            }
+        }
+        true
+    }
+}
+
+/// The children of every thread of `pid` (`/proc/PID/task/TID/children`).
+fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|task| std::fs::read_to_string(task.path().join("children")).ok())
+        .flat_map(|text| {
+            text.split_whitespace()
+                .filter_map(|pid| pid.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect()
 }
 
 /// A pidfd on the process `id` names, or `None` when that process has gone
@@ -132,15 +198,40 @@ impl Watched {
     }
 }
 
+/// The first watch after a baseline counts the descriptors each known
+/// holder has on each watched GPU's node, while all are alive and hold
+/// (`Events::count`); `None` when one has already let go.
+fn count_descriptors(
+    known: &Known,
+    holders: &[Watched],
+    classify: Classify,
+) -> Option<BTreeMap<u32, u64>> {
+    let mut counted: BTreeMap<u32, u64> = known.files.keys().map(|&index| (index, 0)).collect();
+    for holder in holders {
+        let Node::Gpu(index) = holder.node else {
+            continue;
+        };
+        let fds = node_fds(holder.id.pid, holder.node, classify);
+        if fds.is_empty() || proc::start_time(holder.id.pid) != Some(holder.id.start_time) {
+            return None;
+        }
+        *counted.entry(index).or_default() += fds.len() as u64;
+    }
+    Some(counted)
+}
+
 /// Watches until a holder closes its node or exits, one of the files
 /// changes (`files_now` reads them again), or `limit` passes. Returns
-/// whether something changed.
+/// whether something changed. With `events`, a node's release or a file's
+/// change wakes it at once, and the first watch after a scan counts the
+/// holders' descriptors (`count_descriptors`).
 pub(super) fn changed_within(
     known: &Known,
     classify: Classify,
     files_now: impl Fn() -> (BTreeMap<u32, Vec<FileState>>, FileState),
     poll_every: Duration,
     limit: Duration,
+    events: Option<&Events>,
 ) -> bool {
     let deadline = Instant::now() + limit;
     let mut holders = Vec::new();
@@ -162,6 +253,12 @@ pub(super) fn changed_within(
             Err(()) => return true,
         }
     }
+    if let Some(mut events) = events.and_then(Events::lock)
+        && !events.counting()
+    {
+        let counted = count_descriptors(known, &holders, classify);
+        events.count(counted);
+    }
     let gone = |id: &ProcessId| proc::state_of(*id).is_none_or(|state| state.has_exited());
     let files = (known.files.clone(), known.claims);
     loop {
@@ -176,7 +273,9 @@ pub(super) fn changed_within(
             return false;
         }
         // An exit makes its pidfd readable: the wait ends at once. A node
-        // closed by a living holder is seen at the next poll.
+        // released or a file changed makes the inotify descriptor readable:
+        // what it queued is read (releases counted) and the holders and
+        // files looked at again. Anything else is seen at the next poll.
         let pause = poll_every.min(remaining);
         let mut fds: Vec<PollFd> = holders
             .iter()
@@ -184,9 +283,15 @@ pub(super) fn changed_within(
             .chain(hidden.iter().filter_map(|(_, pidfd)| pidfd.as_ref()))
             .map(|fd| PollFd::new(fd, PollFlags::IN))
             .collect();
+        if let Some(events) = events {
+            fds.push(PollFd::from_borrowed_fd(events.as_fd(), PollFlags::IN));
+        }
         let timeout = Timespec::try_from(pause).ok();
         if fds.is_empty() || poll(&mut fds, timeout.as_ref()).is_err() {
             std::thread::sleep(pause);
+        }
+        if let Some(mut events) = events.and_then(Events::lock) {
+            events.drain();
         }
     }
 }
