@@ -902,6 +902,54 @@ mod tests {
         }
     }
 
+    /// The real /proc, read by every scanning thread at once: each process
+    /// once, in PID order, its stat and its descriptors its own (a child
+    /// with a node open as its stdin is found holding it, with its comm).
+    #[test]
+    fn a_scan_lists_each_process_once_in_pid_order_with_its_own_nodes() {
+        let dir = std::env::temp_dir().join(format!("gpureap-scan-{}", std::process::id()));
+        std::fs::write(&dir, b"").expect("node");
+        let mut children: Vec<_> = (0..3)
+            .map(|_| {
+                Command::new("sleep")
+                    .arg("30")
+                    .stdin(std::fs::File::open(&dir).expect("node"))
+                    .spawn()
+                    .expect("sleep")
+            })
+            .collect();
+        let node = dir.clone();
+        let classify: Classify = &move |path: &Path| (path == node).then_some(Node::Gpu(0));
+        let scan = scan(classify).expect("scan");
+        let pids: Vec<u32> = scan.processes.iter().map(|record| record.id.pid).collect();
+        assert!(
+            pids.windows(2).all(|pair| pair[0] < pair[1]),
+            "in PID order, once each"
+        );
+        for child in &children {
+            let record = scan
+                .processes
+                .iter()
+                .find(|record| record.id.pid == child.id());
+            let record = record.expect("child scanned");
+            assert_eq!(record.nodes, BTreeSet::from([Node::Gpu(0)]));
+            assert_eq!(record.comm, "sleep");
+            assert_eq!(Some(record.id), identity(child.id()));
+        }
+        assert!(
+            scan.processes
+                .iter()
+                .all(|record| record.id.pid == std::process::id()
+                    || children.iter().any(|child| child.id() == record.id.pid)
+                    || !record.nodes.contains(&Node::Gpu(0)))
+        );
+        for child in &mut children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_file(&dir);
+    }
+
     /// The real /proc: a process that renamed itself to a hostile comm, a
     /// zombie, and one that exits, as a scan sees them.
     #[test]
