@@ -8,6 +8,7 @@
 use std::collections::BTreeSet;
 use std::fs;
 use std::io;
+use std::os::fd::AsFd;
 use std::path::Path;
 
 /// What a path found in `/proc/PID/fd` is, as far as the GPU is concerned.
@@ -173,7 +174,14 @@ pub fn scan_at(root: &Path, classify: Classify) -> io::Result<ProcScan> {
 /// The GPU nodes one process has open, read as a scan reads them; `None`
 /// when it has gone (or its PID now names another process), or exited.
 pub fn nodes_of(id: ProcessId, classify: Classify) -> Option<BTreeSet<Node>> {
-    let (record, _) = read_process(PROC, id.pid, Some(classify), &mut Buffers::default())?;
+    let base = open_proc().ok()?;
+    let found = read_process(
+        base.as_fd(),
+        id.pid,
+        Some(classify),
+        &mut Buffers::default(),
+    );
+    let (record, _) = found?;
     (record.id == id && !record.state.has_exited()).then_some(record.nodes)
 }
 
@@ -182,13 +190,19 @@ pub fn nodes_of(id: ProcessId, classify: Classify) -> Option<BTreeSet<Node>> {
 /// has gone meanwhile, or whose PID now names another process, is dropped;
 /// one whose descriptors may not be read is listed in `unreadable`.
 pub fn read_nodes_of(scan: &mut ProcScan, pids: &BTreeSet<u32>, classify: Classify) {
+    let Ok(base) = open_proc() else {
+        // No /proc to read: none of them can be told to be there still.
+        scan.processes
+            .retain(|record| !pids.contains(&record.id.pid));
+        return;
+    };
     let mut buffers = Buffers::default();
     let mut unreadable = Vec::new();
     scan.processes.retain_mut(|record| {
         if !pids.contains(&record.id.pid) {
             return true;
         }
-        match read_process(PROC, record.id.pid, Some(classify), &mut buffers) {
+        match read_process(base.as_fd(), record.id.pid, Some(classify), &mut buffers) {
             Some((fresh, fd_error)) if fresh.id == record.id => {
                 if let Some(reason) = fd_error {
                     unreadable.push(Unreadable {
@@ -262,7 +276,23 @@ pub fn scan_tree() -> io::Result<ProcScan> {
 /// Where this PID namespace's processes are.
 const PROC: &str = "/proc";
 
+/// A handle on a proc mount, which a scan reads everything through.
+fn open_directory(root: &str) -> io::Result<std::os::fd::OwnedFd> {
+    use rustix::fs::{Mode, OFlags};
+    Ok(rustix::fs::openat(
+        rustix::fs::CWD,
+        root,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?)
+}
+
+fn open_proc() -> io::Result<std::os::fd::OwnedFd> {
+    open_directory(PROC)
+}
+
 fn scan_with(root: &str, classify: Option<Classify>) -> io::Result<ProcScan> {
+    let base = open_directory(root)?;
     let mut pids: Vec<u32> = fs::read_dir(root)?
         .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
         .collect();
@@ -272,75 +302,217 @@ fn scan_with(root: &str, classify: Option<Classify>) -> io::Result<ProcScan> {
         .min(MAX_SCAN_THREADS)
         .min(pids.len().div_ceil(MIN_PIDS_PER_THREAD))
         .max(1);
-    let chunk = pids.len().div_ceil(threads).max(1);
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let work = Work {
+        base: base.as_fd(),
+        pids: &pids,
+        next: &next,
+        classify,
+    };
     let parts: Vec<std::thread::Result<ProcScan>> = std::thread::scope(|scope| {
-        let workers: Vec<_> = pids
-            .chunks(chunk)
-            .map(|pids| scope.spawn(move || scan_some(root, pids, classify)))
+        // A thread that cannot be started leaves its share to the others:
+        // this thread takes batches too, until none is left.
+        let workers: Vec<_> = (1..threads)
+            .filter_map(|_| {
+                std::thread::Builder::new()
+                    .stack_size(SCAN_STACK)
+                    .spawn_scoped(scope, || work.run())
+                    .ok()
+            })
             .collect();
-        workers.into_iter().map(|worker| worker.join()).collect()
+        let mine = work.run();
+        std::iter::once(Ok(mine))
+            .chain(workers.into_iter().map(|worker| worker.join()))
+            .collect()
     });
-    let mut result = ProcScan::default();
+    let mut scanned = Vec::with_capacity(parts.len());
     for part in parts {
         // A lost range of PIDs would be a silently partial scan: fail instead.
-        let part = part.map_err(|_| io::Error::other("a /proc scanning thread panicked"))?;
+        scanned.push(part.map_err(|_| io::Error::other("a /proc scanning thread panicked"))?);
+    }
+    // The largest part becomes the whole, grown in place, and each other
+    // part is freed as soon as it is moved in: the records are never all
+    // held twice.
+    scanned.sort_unstable_by_key(|part| std::cmp::Reverse(part.processes.len()));
+    let rest: usize = scanned
+        .iter()
+        .skip(1)
+        .map(|part| part.processes.len())
+        .sum();
+    let mut parts = scanned.into_iter();
+    let mut result = parts.next().unwrap_or_default();
+    result.processes.reserve_exact(rest);
+    for part in parts {
         result.processes.extend(part.processes);
         result.unreadable.extend(part.unreadable);
     }
+    // Batches end up in any order across threads; a scan lists by PID.
+    result
+        .processes
+        .sort_unstable_by_key(|record| record.id.pid);
+    result.unreadable.sort_by_key(|entry| entry.pid);
     Ok(result)
 }
 
 /// Most threads a scan uses, and fewest processes worth a thread of their own.
-const MAX_SCAN_THREADS: usize = 8;
+const MAX_SCAN_THREADS: usize = 32;
 const MIN_PIDS_PER_THREAD: usize = 256;
+/// PIDs a thread takes at a time: small enough to even out the threads'
+/// shares (a crowd of processes with many descriptors sits in one range of
+/// PIDs), large enough that taking one costs nothing.
+const BATCH: usize = 64;
+/// A scanning thread's stack: it reads into buffers on the heap, so it needs
+/// little (the default is 2 MiB).
+const SCAN_STACK: usize = 256 * 1024;
 
-fn scan_some(root: &str, pids: &[u32], classify: Option<Classify>) -> ProcScan {
-    let mut result = ProcScan::default();
-    let mut buffers = Buffers::default();
-    for &pid in pids {
-        if let Some((record, fd_error)) = read_process(root, pid, classify, &mut buffers) {
-            if let Some(reason) = fd_error {
-                result.unreadable.push(Unreadable {
-                    pid,
-                    comm: record.comm.clone(),
-                    reason,
-                });
-            }
-            result.processes.push(record);
-        }
-    }
-    result
+/// One scan's PIDs, shared by its threads, each taking the next batch.
+struct Work<'a> {
+    /// The proc mount, opened once.
+    base: std::os::fd::BorrowedFd<'a>,
+    pids: &'a [u32],
+    next: &'a std::sync::atomic::AtomicUsize,
+    classify: Option<Classify<'a>>,
 }
 
-/// Buffers reused across processes, so a scan does not allocate per descriptor.
-#[derive(Default)]
+impl Work<'_> {
+    fn run(&self) -> ProcScan {
+        use std::sync::atomic::Ordering;
+        let mut result = ProcScan::default();
+        let mut buffers = Buffers::default();
+        loop {
+            let start = self.next.fetch_add(BATCH, Ordering::Relaxed);
+            let Some(batch) = self.pids.get(start..(start + BATCH).min(self.pids.len())) else {
+                return result;
+            };
+            if batch.is_empty() {
+                return result;
+            }
+            for &pid in batch {
+                let found = read_process(self.base, pid, self.classify, &mut buffers);
+                if let Some((record, fd_error)) = found {
+                    if let Some(reason) = fd_error {
+                        result.unreadable.push(Unreadable {
+                            pid,
+                            comm: record.comm.clone(),
+                            reason,
+                        });
+                    }
+                    result.processes.push(record);
+                }
+            }
+        }
+    }
+}
+
+/// Buffers reused across processes, so a scan does not allocate per process
+/// or per descriptor.
 struct Buffers {
     stat: Vec<u8>,
     link: Vec<u8>,
+    /// `PID/fd`, `PID/stat`: a path under the proc mount.
+    path: String,
+    /// What `getdents64` fills.
+    entries: Vec<std::mem::MaybeUninit<u8>>,
 }
 
-/// Reads one process through one handle on its /proc directory, so that its
-/// stat and its descriptors are the same process's even if the PID is reused
-/// meanwhile. `None` when it has gone. The second value is why its
-/// descriptors could not be read, if they could not.
+impl Default for Buffers {
+    fn default() -> Self {
+        Buffers {
+            stat: Vec::new(),
+            link: Vec::new(),
+            path: String::new(),
+            entries: vec![std::mem::MaybeUninit::uninit(); DIRENT_BUFFER],
+        }
+    }
+}
+
+/// One `getdents64` call's worth of descriptor names: about 170 of them.
+const DIRENT_BUFFER: usize = 4096;
+
+/// `PID/NAME` in `buffers.path`, relative to the proc mount.
+fn under(buffers: &mut Buffers, pid: u32, name: &str) {
+    use std::fmt::Write;
+    buffers.path.clear();
+    let _ = write!(buffers.path, "{pid}/{name}");
+}
+
+/// Reads one process, relative to the proc mount `base`: its stat and its
+/// descriptors are the same process's even if the PID is reused meanwhile,
+/// because both are read through one handle (the descriptor directory, whose
+/// parent is that process's directory). `None` when it has gone. The second
+/// value is why its descriptors could not be read, if they could not.
 fn read_process(
-    root: &str,
+    base: std::os::fd::BorrowedFd,
     pid: u32,
     classify: Option<Classify>,
     buffers: &mut Buffers,
 ) -> Option<(ProcessRecord, Option<String>)> {
+    use rustix::fs::{Mode, OFlags};
     let Some(classify) = classify else {
-        // Without descriptors to read, the stat file alone: two fewer system
-        // calls than through a handle on the directory.
-        let stat = read_stat(&open_in_proc(root, pid, "stat")?, &mut buffers.stat)?;
+        // Without descriptors to read, the stat file alone: one open, one
+        // read, one close.
+        under(buffers, pid, "stat");
+        let stat = read_stat(&open_file(base, &buffers.path)?, &mut buffers.stat)?;
         return Some((record_of(pid, stat, BTreeSet::new(), true), None));
     };
-    let directory = open_process(root, pid)?;
+    under(buffers, pid, "fd");
+    let descriptors = match rustix::fs::openat(
+        base,
+        buffers.path.as_str(),
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(descriptors) => descriptors,
+        Err(rustix::io::Errno::NOENT | rustix::io::Errno::SRCH) => return None,
+        // Not ours to read (EACCES): the stat alone, through a handle on the
+        // process's directory, and why the descriptors could not be read.
+        Err(_) => return read_process_slowly(base, pid, classify, buffers),
+    };
+    let stat = read_stat(&open_file(&descriptors, "../stat")?, &mut buffers.stat)?;
+    let mut nodes = BTreeSet::new();
+    let mut fd_error = None;
+    if stat.flags & PF_KTHREAD == 0 {
+        match scan_fds(descriptors, classify, buffers, &mut nodes) {
+            Ok(()) => {}
+            Err(error) if error == rustix::io::Errno::NOENT || error == rustix::io::Errno::SRCH => {
+                return None;
+            }
+            Err(error) => fd_error = Some(io::Error::from(error).to_string()),
+        }
+    }
+    let readable = fd_error.is_none();
+    Some((record_of(pid, stat, nodes, readable), fd_error))
+}
+
+/// `read_process` for a process whose descriptor directory could not be
+/// opened: its stat through a handle on its directory, then the descriptors
+/// through the same handle, which fail as they failed (the reason is
+/// recorded), or are read should they have become readable meanwhile.
+fn read_process_slowly(
+    base: std::os::fd::BorrowedFd,
+    pid: u32,
+    classify: Classify,
+    buffers: &mut Buffers,
+) -> Option<(ProcessRecord, Option<String>)> {
+    use rustix::fs::{Mode, OFlags};
+    let directory = rustix::fs::openat(
+        base,
+        pid.to_string(),
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()?;
     let stat = read_stat(&open_file(&directory, "stat")?, &mut buffers.stat)?;
     let mut nodes = BTreeSet::new();
     let mut fd_error = None;
     if stat.flags & PF_KTHREAD == 0 {
-        match scan_fds(&directory, classify, &mut buffers.link, &mut nodes) {
+        let opened = rustix::fs::openat(
+            &directory,
+            "fd",
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        );
+        match opened.and_then(|descriptors| scan_fds(descriptors, classify, buffers, &mut nodes)) {
             Ok(()) => {}
             Err(error) if error == rustix::io::Errno::NOENT || error == rustix::io::Errno::SRCH => {
                 return None;
@@ -382,19 +554,6 @@ struct Stat {
     flags: u32,
     cpu_ticks: u64,
     start_time: u64,
-}
-
-/// A handle on /proc/PID: what is read through it belongs to one process,
-/// even if the PID is reused meanwhile. `None` when the process has gone.
-fn open_process(root: &str, pid: u32) -> Option<std::os::fd::OwnedFd> {
-    use rustix::fs::{Mode, OFlags};
-    rustix::fs::openat(
-        rustix::fs::CWD,
-        format!("{root}/{pid}"),
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .ok()
 }
 
 /// `/proc/PID/NAME`, opened for reading; `None` when the process has gone.
@@ -457,33 +616,25 @@ fn parse_stat(text: &[u8]) -> Option<Stat> {
     })
 }
 
-/// Adds the GPU nodes among a process's descriptors to `nodes`.
+/// Adds the GPU nodes among the descriptors listed in `directory` (a
+/// process's `fd` directory) to `nodes`.
 fn scan_fds(
-    process: &std::os::fd::OwnedFd,
+    directory: std::os::fd::OwnedFd,
     classify: Classify,
-    link: &mut Vec<u8>,
+    buffers: &mut Buffers,
     nodes: &mut BTreeSet<Node>,
 ) -> Result<(), rustix::io::Errno> {
-    use rustix::fs::{Mode, OFlags};
     use std::os::unix::ffi::OsStrExt;
 
-    let directory = rustix::fs::openat(
-        process,
-        "fd",
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?;
-    let raw = std::os::fd::AsRawFd::as_raw_fd(&directory);
-    let mut entries = rustix::fs::Dir::new(directory)?;
-    // Safety: `entries` owns the descriptor and outlives every use of this borrow.
-    let directory = unsafe { std::os::fd::BorrowedFd::borrow_raw(raw) };
-    while let Some(entry) = entries.read() {
+    let Buffers { link, entries, .. } = buffers;
+    let mut listing = rustix::fs::RawDir::new(&directory, entries.as_mut_slice());
+    while let Some(entry) = listing.next() {
         let entry = entry?;
         let name = entry.file_name();
         if name.to_bytes().first() == Some(&b'.') {
             continue;
         }
-        match rustix::fs::readlinkat(directory, name, std::mem::take(link)) {
+        match rustix::fs::readlinkat(&directory, name, std::mem::take(link)) {
             Ok(target) => {
                 *link = target.into_bytes();
                 if let Some(node) = classify(Path::new(std::ffi::OsStr::from_bytes(link))) {
@@ -749,6 +900,54 @@ mod tests {
         ] {
             assert!(parse_stat(broken).is_none(), "{broken:?}");
         }
+    }
+
+    /// The real /proc, read by every scanning thread at once: each process
+    /// once, in PID order, its stat and its descriptors its own (a child
+    /// with a node open as its stdin is found holding it, with its comm).
+    #[test]
+    fn a_scan_lists_each_process_once_in_pid_order_with_its_own_nodes() {
+        let dir = std::env::temp_dir().join(format!("gpureap-scan-{}", std::process::id()));
+        std::fs::write(&dir, b"").expect("node");
+        let mut children: Vec<_> = (0..3)
+            .map(|_| {
+                Command::new("sleep")
+                    .arg("30")
+                    .stdin(std::fs::File::open(&dir).expect("node"))
+                    .spawn()
+                    .expect("sleep")
+            })
+            .collect();
+        let node = dir.clone();
+        let classify: Classify = &move |path: &Path| (path == node).then_some(Node::Gpu(0));
+        let scan = scan(classify).expect("scan");
+        let pids: Vec<u32> = scan.processes.iter().map(|record| record.id.pid).collect();
+        assert!(
+            pids.windows(2).all(|pair| pair[0] < pair[1]),
+            "in PID order, once each"
+        );
+        for child in &children {
+            let record = scan
+                .processes
+                .iter()
+                .find(|record| record.id.pid == child.id());
+            let record = record.expect("child scanned");
+            assert_eq!(record.nodes, BTreeSet::from([Node::Gpu(0)]));
+            assert_eq!(record.comm, "sleep");
+            assert_eq!(Some(record.id), identity(child.id()));
+        }
+        assert!(
+            scan.processes
+                .iter()
+                .all(|record| record.id.pid == std::process::id()
+                    || children.iter().any(|child| child.id() == record.id.pid)
+                    || !record.nodes.contains(&Node::Gpu(0)))
+        );
+        for child in &mut children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_file(&dir);
     }
 
     /// The real /proc: a process that renamed itself to a hostile comm, a
