@@ -528,7 +528,13 @@ fn mps_servers(
 /// `reap`'s flags as its typed config. `gpu_count` resolves `--gpu`; user
 /// names are resolved on this host; `--log` is checked (never through a
 /// link, a plain file of ours) before anything runs.
-pub fn reap(args: &ReapArgs, gpu_count: u32) -> Result<crate::watch::ReapConfig, UsageError> {
+/// `gpu`: `--gpu` as `gpu_names` resolved it against the driver (indexes,
+/// the watch then looking through the instances' view where some are named).
+pub fn reap(
+    args: &ReapArgs,
+    gpu: &[GpuList],
+    gpu_count: u32,
+) -> Result<crate::watch::ReapConfig, UsageError> {
     use crate::watch::Rule;
     let ReapArgs {
         watch,
@@ -538,7 +544,7 @@ pub fn reap(args: &ReapArgs, gpu_count: u32) -> Result<crate::watch::ReapConfig,
         slurm_ended,
         patterns,
         user,
-        gpu,
+        gpu: _,
         older_than,
         interval,
         grace,

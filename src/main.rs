@@ -631,8 +631,8 @@ fn exporter(backend: &BackendChoice, args: &gpureap::cli::ExporterArgs) -> Resul
 
 /// `reap [--watch]`: the policy checked before the watch starts (exit 2).
 fn reap_watch(backend: &BackendChoice, args: &gpureap::cli::ReapArgs) -> Result<Exit, Failure> {
-    let driver = open_driver(backend)?;
-    let config = config::reap(args, gpu_count(driver.as_ref()))?;
+    let (driver, gpu) = config::gpu_names(open_driver(backend)?, &args.gpu)?;
+    let config = config::reap(args, &gpu, gpu_count(driver.as_ref()))?;
     Ok(gpureap::watch::run(&config, driver.as_ref())?)
 }
 

@@ -151,7 +151,7 @@ fn memory_held_by_no_process_gets_one_figure_and_one_verdict_everywhere() {
 }
 
 /// Polls `ready` until it holds (true) or 10 s pass (false).
-fn wait_until(mut ready: impl FnMut() -> bool) -> bool {
+pub(crate) fn wait_until(mut ready: impl FnMut() -> bool) -> bool {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while std::time::Instant::now() < deadline {
         if ready() {

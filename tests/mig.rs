@@ -9,6 +9,7 @@ use gpureap::driver::sim::incident::{Holder, Incident, SimHost};
 
 use crate::exporter::{samples, value};
 use crate::harness::*;
+use crate::held_by_no_process::wait_until;
 use crate::schema::{conforms, schema};
 
 /// Two GPUs; GPU 0 in MIG mode with instances 0:0 (1g.18gb) and 0:1 (3g.71gb).
@@ -256,4 +257,76 @@ fn bad_mig_names_are_refused_before_anything_is_signalled() {
         reset.stderr
     );
     assert!(alive(holder));
+}
+
+/// `reap --gpu 0:1` (the watch's rules, one pass) looks through the
+/// instance it names: of two orphans, one on each instance of GPU 0, only
+/// 0:1's is freed.
+#[test]
+fn the_watch_scoped_to_an_instance_frees_only_its_orphan() {
+    let host = mig_host();
+    let mut incident = Incident::new(&host);
+    // Each holder in a subshell of a bash that is then SIGKILLed: an orphan.
+    let orphan_on = |incident: &mut Incident, title: &str, instance: u32| -> u32 {
+        let script = Holder::new(title).on(0, 2 * GIB).script().replace(
+            &format!("echo {} > \"$D/claims/$BASHPID.0\"", 2 * GIB),
+            &format!("echo {instance}:{} > \"$D/claims/$BASHPID.0\"", 2 * GIB),
+        );
+        // Job control puts the launcher (a subshell) in a group of its own,
+        // the holder in it; the launcher's death leaves the holder orphaned.
+        incident
+            .spawn(
+                &format!(
+                    "set -m; ( echo $BASHPID > \"$D/launcher.{instance}\"; ( {script} ) & wait ) & wait"
+                ),
+                1,
+            )
+            .expect("holder");
+        let pid = incident.pid_of(title).expect("recorded");
+        let launcher = fs::read_to_string(host.path().join(format!("launcher.{instance}")))
+            .expect("the launcher's pid");
+        let killed = std::process::Command::new("kill")
+            .args(["-9", launcher.trim()])
+            .status()
+            .expect("kill");
+        assert!(killed.success());
+        assert!(
+            wait_until(|| ppid(pid) == Some(1)),
+            "{title} was not re-parented to PID 1"
+        );
+        pid
+    };
+    let neighbour = orphan_on(&mut incident, "mig_orphan_0", 0);
+    let target = orphan_on(&mut incident, "mig_orphan_1", 1);
+    let reaped = run(
+        &host,
+        &[
+            "reap",
+            "--orphans",
+            "--older-than",
+            "0s",
+            "--interval",
+            "100ms",
+            "--grace",
+            "100ms",
+            "--gpu",
+            "0:1",
+            "--enforce",
+        ],
+    );
+    assert_eq!(reaped.code, 0, "{}", reaped.stderr);
+    assert!(
+        wait_until(|| !alive(target)),
+        "0:1 orphan still there: {}",
+        reaped.stderr
+    );
+    assert!(
+        alive(neighbour),
+        "0:0's orphan was signalled: {}",
+        reaped.stderr
+    );
+    // A name of no instance is bad input before anything runs.
+    let bad = run(&host, &["reap", "--orphans", "--gpu", "0:7", "--enforce"]);
+    assert_eq!(bad.code, 2, "{}", bad.stderr);
+    assert!(alive(neighbour));
 }
