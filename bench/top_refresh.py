@@ -118,6 +118,18 @@ def main():
     finally:
         for _, tmux, _ in views:
             subprocess.run(tmux + ["kill-server"], capture_output=True)
+        # A build older than the fix of top's exit (c370437) outlives its
+        # terminal: end each view by the PID it wrote, once its pane is gone.
+        for _, _, pid_file in views:
+            try:
+                pid = int(open(pid_file).read())
+                deadline = time.monotonic() + 5
+                while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                if os.path.exists(f"/proc/{pid}"):
+                    os.kill(pid, signal.SIGKILL)
+            except (OSError, ValueError):
+                pass
         if crowd is not None:
             crowd.send_signal(signal.SIGTERM)
             crowd.wait()
