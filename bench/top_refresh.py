@@ -126,8 +126,10 @@ def main():
                 deadline = time.monotonic() + 5
                 while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
                     time.sleep(0.1)
-                if os.path.exists(f"/proc/{pid}"):
-                    os.kill(pid, signal.SIGKILL)
+                # Still ours: the same program, running `top` on this run's host.
+                with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                    if f"sim:{sim}".encode() in cmdline.read():
+                        os.kill(pid, signal.SIGKILL)
             except (OSError, ValueError):
                 pass
         if crowd is not None:
