@@ -918,7 +918,11 @@ fn merge(
         })
         .collect();
 
-    for record in processes.values() {
+    // This gpureap has the nodes open when its driver is NVML (it asks the
+    // driver through them): it watches nothing, and is no one's holder or
+    // monitor. Seen on an H200: `status` listed itself as a monitor.
+    let this = std::process::id();
+    for record in processes.values().filter(|record| record.id.pid != this) {
         for node in &record.nodes {
             let Node::Gpu(index) = *node else { continue };
             let gpu = match gpus.iter_mut().find(|gpu| gpu.index == index) {
@@ -1136,6 +1140,33 @@ mod tests {
         assert_eq!(nodes(0), vec![Node::Gpu(0), Node::Gpu(1), Node::Control]);
         assert_eq!(nodes(1), Vec::<Node>::new());
         assert_eq!(nodes(2), Vec::<Node>::new());
+    }
+
+    /// The gpureap that looks has the GPU nodes open (NVML opens them in its
+    /// process): it is not among the GPU's users; another process is.
+    #[test]
+    fn the_looking_gpureap_is_no_user_of_the_gpus_it_asks_about() {
+        let record = |pid: u32| crate::proc::ProcessRecord {
+            id: crate::proc::ProcessId { pid, start_time: 1 },
+            ppid: 1,
+            pgid: pid,
+            sid: pid,
+            uid: None,
+            state: State::Sleeping,
+            comm: "gpureap".to_string(),
+            cmdline: String::new(),
+            kernel_thread: false,
+            cpu_ticks: 0,
+            nodes: [Node::Control, Node::Gpu(0)].into_iter().collect(),
+            fds_readable: true,
+        };
+        let this = std::process::id();
+        let other = if this == 4242 { 4243 } else { 4242 };
+        let processes: BTreeMap<u32, ProcessRecord> =
+            [(this, record(this)), (other, record(other))].into();
+        let gpus = merge(vec![Err(DriverError::GpuLost { index: 0 })], &processes);
+        let users: Vec<u32> = gpus[0].users.iter().map(|user| user.pid).collect();
+        assert_eq!(users, vec![other]);
     }
 
     /// What the watching snapshot reads: descriptors of the listed processes
