@@ -483,11 +483,7 @@ impl Snapshot {
                 reason: error.to_string(),
             });
         }
-        let processes: BTreeMap<u32, ProcessRecord> = scan
-            .processes
-            .into_iter()
-            .map(|record| (record.id.pid, record))
-            .collect();
+        let processes = keyed(scan.processes);
         let mut snapshot = Snapshot {
             backend: driver.describe(),
             taken_at_unix_ms: SystemTime::now()
@@ -869,6 +865,23 @@ fn from_instances(mut user: GpuUser, instances: &[MigInstance]) -> GpuUser {
     user
 }
 
+/// The scan's records by PID, with this gpureap's device nodes left out: it
+/// has them open when its driver is NVML (it asks the driver through them),
+/// and is no one's holder or monitor. Seen on an H200: `status` listed
+/// itself as a monitor.
+fn keyed(records: Vec<ProcessRecord>) -> BTreeMap<u32, ProcessRecord> {
+    let this = std::process::id();
+    records
+        .into_iter()
+        .map(|mut record| {
+            if record.id.pid == this {
+                record.nodes.clear();
+            }
+            (record.id.pid, record)
+        })
+        .collect()
+}
+
 fn merge(
     infos: Vec<Result<crate::driver::GpuInfo, DriverError>>,
     processes: &BTreeMap<u32, ProcessRecord>,
@@ -918,11 +931,7 @@ fn merge(
         })
         .collect();
 
-    // This gpureap has the nodes open when its driver is NVML (it asks the
-    // driver through them): it watches nothing, and is no one's holder or
-    // monitor. Seen on an H200: `status` listed itself as a monitor.
-    let this = std::process::id();
-    for record in processes.values().filter(|record| record.id.pid != this) {
+    for record in processes.values() {
         for node in &record.nodes {
             let Node::Gpu(index) = *node else { continue };
             let gpu = match gpus.iter_mut().find(|gpu| gpu.index == index) {
@@ -1162,11 +1171,13 @@ mod tests {
         };
         let this = std::process::id();
         let other = if this == 4242 { 4243 } else { 4242 };
-        let processes: BTreeMap<u32, ProcessRecord> =
-            [(this, record(this)), (other, record(other))].into();
+        let processes = keyed(vec![record(this), record(other)]);
         let gpus = merge(vec![Err(DriverError::GpuLost { index: 0 })], &processes);
         let users: Vec<u32> = gpus[0].users.iter().map(|user| user.pid).collect();
         assert_eq!(users, vec![other]);
+        // Nor a monitor, nor in the holders' table: it has no node at all.
+        assert!(processes[&this].nodes.is_empty());
+        assert_eq!(processes[&other].nodes.len(), 2);
     }
 
     /// What the watching snapshot reads: descriptors of the listed processes
