@@ -240,10 +240,26 @@ struct EvidenceJson {
     reset_plan: Value,
 }
 
+/// Set by the clean-up on a signal: the demo's main thread then leaves the
+/// exit to it, whatever it was doing.
+static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Runs the demo; `json` prints its facts as JSON instead of its transcript.
 pub fn run(json: bool, out: &mut dyn Write) -> io::Result<Exit> {
     // Before anything is made, so that an interrupt never leaves anything behind.
     let made = clean_up_on_signals()?;
+    let played = play(json, out, made);
+    // Interrupted: the clean-up removes what was made and exits with the
+    // signal's code; what the acts did meanwhile (an error, as their host
+    // went away) is not the demo's result.
+    while INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst) {
+        std::thread::park();
+    }
+    played
+}
+
+/// The demo's acts, on a host whose path goes into `made` for the clean-up.
+fn play(json: bool, out: &mut dyn Write, made: Arc<Mutex<Option<PathBuf>>>) -> io::Result<Exit> {
     let host = SimHost::new(GPUS, GPU_TOTAL, GPU_NAME).map_err(|error| {
         io::Error::other(format!(
             "cannot make the simulated host under {}: {error}",
@@ -530,10 +546,10 @@ fn clean_up_on_signals() -> io::Result<Arc<Mutex<Option<PathBuf>>>> {
     let dir = Arc::clone(&made);
     std::thread::spawn(move || {
         if let Some(signal) = signals.forever().next() {
+            INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
             let dir = dir.lock().ok().and_then(|dir| dir.clone());
-            if let Some(dir) = dir {
-                incident::kill_recorded(&dir);
-                let _ = std::fs::remove_dir_all(&dir);
+            if let Some(dir) = &dir {
+                incident::kill_recorded(dir);
             }
             // The containers act's cgroups, once its killed stand-ins (our
             // children) are reaped.
@@ -546,6 +562,29 @@ fn clean_up_on_signals() -> io::Result<Arc<Mutex<Option<PathBuf>>>> {
                     }
                     containers::remove_tree(&root, Duration::ZERO);
                     std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+            // The simulated host last, right before the exit: the demo's
+            // main thread goes on meanwhile (its next act writes under the
+            // host, and a stand-in signalled by the free may still write its
+            // leak until its SIGKILL lands), so try until it is gone.
+            // It is gone once it stayed gone for a while (the main thread's
+            // writes then fail), or after a second.
+            if let Some(dir) = &dir {
+                let deadline = std::time::Instant::now() + Duration::from_secs(1);
+                let mut gone_since: Option<std::time::Instant> = None;
+                while std::time::Instant::now() < deadline {
+                    if dir.exists() {
+                        gone_since = None;
+                        let _ = std::fs::remove_dir_all(dir);
+                    } else if gone_since
+                        .get_or_insert_with(std::time::Instant::now)
+                        .elapsed()
+                        >= Duration::from_millis(100)
+                    {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
                 }
             }
             eprintln!("gpureap demo: interrupted; every process it started is gone");
