@@ -375,8 +375,11 @@ def seeing(host):
     svg = OUT.parent / name if OUT else ROOT / "docs/bench" / name
     where = "the H200 host" if GPU else "this machine, simulated driver"
     if any(len(points) >= 2 for points in series.values()):
+        import growth
+
         svg.parent.mkdir(parents=True, exist_ok=True)
-        svg.write_text(plot(series, f"Seeing: median wall time against extra processes ({where})"))
+        svg.write_text(growth.chart(f"Seeing: median wall time against extra processes ({where})",
+                                     "extra processes", "median wall time", " ms", series, {}))
         say(f"![time against extra processes, one line per tool](bench/{name})\n")
         say(f"(The plot: `docs/bench/{name}`, drawn by this script from the table above.)\n")
 
@@ -415,73 +418,6 @@ def wait_cost(host, crowd_size, seconds=5):
         growth.anchor("cpu", f"target: wait under 5% of a core ({seconds * 50} ms per {seconds} s)",
                       crowd_size, seconds * 50)
     return cpu[0] if cpu else None
-
-
-PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"]
-
-
-def plot(series, title):
-    """An SVG line chart of milliseconds against process count, log-log
-    axes (each tool's growth reads as a slope), one line per tool."""
-    import math
-
-    width, height = 760, 420
-    left, right, top, bottom = 90, 240, 40, 55
-    xs = [x for points in series.values() for x, _ in points]
-    ys = [y for points in series.values() for _, y in points if y > 0]
-    x_lo, x_hi = min(xs) / 1.5, max(xs) * 1.5
-    y_lo, y_hi = 10 ** math.floor(math.log10(min(ys))), 10 ** math.ceil(math.log10(max(ys)))
-
-    def px(x):
-        return left + (math.log10(x) - math.log10(x_lo)) / (math.log10(x_hi) - math.log10(x_lo)) * (width - left - right)
-
-    def py(y):
-        return height - bottom - (math.log10(y) - math.log10(y_lo)) / (math.log10(y_hi) - math.log10(y_lo)) * (height - top - bottom)
-
-    def label(value, unit=""):
-        return f"{value:,.0f}{unit}" if value >= 1 else f"{value:g}{unit}"
-
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-           f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
-           f'<rect width="{width}" height="{height}" fill="white"/>',
-           f'<text x="{width / 2:.0f}" y="22" text-anchor="middle" font-size="14">{escape(title)}</text>']
-    for value in sorted(set(xs)):
-        x = px(value)
-        out.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{height - bottom}" stroke="#ddd"/>')
-        out.append(f'<text x="{x:.1f}" y="{height - bottom + 16}" text-anchor="middle">{label(value)}</text>')
-    decade = y_lo
-    while decade <= y_hi:
-        for step in (1, 2, 5):
-            value = decade * step
-            if value > y_hi:
-                break
-            y = py(value)
-            out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{width - right}" y2="{y:.1f}" stroke="#ddd"/>')
-            out.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{label(value, " ms")}</text>')
-        decade *= 10
-    out.append(f'<rect x="{left}" y="{top}" width="{width - left - right}" height="{height - top - bottom}" '
-               'fill="none" stroke="#333"/>')
-    out.append(f'<text x="{(left + width - right) / 2:.0f}" y="{height - 14}" text-anchor="middle">'
-               'extra processes (log scale)</text>')
-    out.append(f'<text transform="translate(18 {(top + height - bottom) / 2:.0f}) rotate(-90)" '
-               'text-anchor="middle">median wall time (log scale)</text>')
-    for number, (name, points) in enumerate(series.items()):
-        colour = PALETTE[number % len(PALETTE)]
-        path = " ".join(f"{px(x):.1f},{py(max(y, y_lo)):.1f}" for x, y in points)
-        out.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="2"/>')
-        for x, y in points:
-            out.append(f'<circle cx="{px(x):.1f}" cy="{py(max(y, y_lo)):.1f}" r="3.5" fill="{colour}">'
-                       f'<title>{escape(name)}: {y:,.0f} ms at {x:,} processes</title></circle>')
-        legend_y = top + 16 + 20 * number
-        out.append(f'<line x1="{width - right + 12}" y1="{legend_y - 4}" x2="{width - right + 32}" y2="{legend_y - 4}" '
-                   f'stroke="{colour}" stroke-width="2"/>')
-        out.append(f'<text x="{width - right + 38}" y="{legend_y}">{escape(name)}</text>')
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
-
-
-def escape(text):
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def freeing(host):
