@@ -466,6 +466,7 @@ mod tests {
             bookkeeping_slack: 0,
             host_pids: Some(false),
             lists_may_omit: true,
+            descriptors: crate::snapshot::Descriptors::All,
         };
         let alone = check(&snapshot(vec![gpu(0, None)]), &None, &Hardware::default());
         assert_eq!(alone.verdict, Verdict::Unknown, "{alone:?}");

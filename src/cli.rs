@@ -797,6 +797,12 @@ pub struct StatusArgs {
     /// With --prometheus: also one series per process and GPU.
     #[arg(long, requires = "prometheus")]
     pub per_process: bool,
+    /// Also list monitors and processes with a GPU node open that the driver does not list,
+    /// by reading every process's descriptors. Without it that is done only where some GPU's
+    /// memory is not explained by the driver's list (then always); it costs time on a host
+    /// with many processes. Example: gpureap status --monitors
+    #[arg(long, conflicts_with = "prometheus")]
+    pub monitors: bool,
     #[command(flatten)]
     pub sources: SourcesArgs,
     #[command(flatten)]

@@ -264,6 +264,8 @@ pub struct StatusRequest {
     pub json: bool,
     pub prometheus: bool,
     pub per_process: bool,
+    /// Every process's descriptors read (`status --monitors`).
+    pub monitors: bool,
     pub sources: SourcesRequest,
 }
 
@@ -275,6 +277,7 @@ impl StatusRequest {
             json,
             prometheus,
             per_process,
+            monitors,
             sources,
             fleet: _,
         } = args;
@@ -284,6 +287,7 @@ impl StatusRequest {
             json: *json,
             prometheus: *prometheus,
             per_process: *per_process,
+            monitors: *monitors,
             sources: SourcesRequest::new(sources),
         }
     }

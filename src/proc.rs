@@ -273,6 +273,135 @@ pub fn scan_tree() -> io::Result<ProcScan> {
     scan_with(PROC, None)
 }
 
+/// The processes `pids`, their descendants, their ancestors, and the
+/// leaders of every such process's group and session, each read as
+/// `scan_tree` reads it (its stat, no descriptors): the part of the process
+/// tree by which those processes are judged (parents, orphans, their trees),
+/// at a cost that grows with that part instead of with the host's processes
+/// (`Snapshot::see`). Descendants are found through each thread's
+/// `/proc/PID/task/TID/children`. `None` where the kernel keeps no such
+/// file (built without CONFIG_PROC_CHILDREN): the caller then reads the
+/// whole tree. A PID that names no process is left out.
+pub fn scan_family(pids: &BTreeSet<u32>) -> Option<io::Result<ProcScan>> {
+    let base = match open_proc() {
+        Ok(base) => base,
+        Err(error) => return Some(Err(error)),
+    };
+    let mut buffers = Buffers::default();
+    let mut records: std::collections::BTreeMap<u32, ProcessRecord> =
+        std::collections::BTreeMap::new();
+    let mut absent: BTreeSet<u32> = BTreeSet::new();
+    let mut read = |pid: u32,
+                    records: &mut std::collections::BTreeMap<u32, ProcessRecord>,
+                    buffers: &mut Buffers| {
+        if records.contains_key(&pid) || absent.contains(&pid) {
+            return records.contains_key(&pid);
+        }
+        match read_process(base.as_fd(), pid, None, buffers) {
+            Some((record, _)) => {
+                records.insert(pid, record);
+                true
+            }
+            None => {
+                absent.insert(pid);
+                false
+            }
+        }
+    };
+    // Down: the processes asked for and everything below them.
+    let mut below: Vec<u32> = pids.iter().copied().collect();
+    let mut expanded: BTreeSet<u32> = BTreeSet::new();
+    while let Some(pid) = below.pop() {
+        if !expanded.insert(pid) || !read(pid, &mut records, &mut buffers) {
+            continue;
+        }
+        below.extend(children_of(base.as_fd(), pid)?);
+    }
+    // Up: their ancestors, to PID 1.
+    for &pid in pids {
+        let mut parent = records.get(&pid).map(|record| record.ppid);
+        let mut steps = 0;
+        while let Some(at) = parent.filter(|&at| at > 0) {
+            // A loop in the parents (PIDs reused under a racing read) ends here.
+            steps += 1;
+            if steps > MAX_ANCESTORS || !read(at, &mut records, &mut buffers) {
+                break;
+            }
+            parent = records.get(&at).map(|record| record.ppid);
+        }
+    }
+    // The leaders of their groups and sessions: whether those are alive
+    // decides who is orphaned.
+    let leaders: BTreeSet<u32> = records
+        .values()
+        .flat_map(|record| [record.pgid, record.sid])
+        .filter(|&leader| leader > 0)
+        .collect();
+    for leader in leaders {
+        read(leader, &mut records, &mut buffers);
+    }
+    Some(Ok(ProcScan {
+        processes: records.into_values().collect(),
+        unreadable: Vec::new(),
+    }))
+}
+
+/// Deepest chain of parents `scan_family` follows.
+const MAX_ANCESTORS: usize = 4096;
+
+/// The children of every thread of `pid`; empty when it has gone; `None`
+/// when the kernel keeps no `children` file (its own thread's is missing
+/// while the process is there).
+fn children_of(base: std::os::fd::BorrowedFd, pid: u32) -> Option<Vec<u32>> {
+    use rustix::fs::{Mode, OFlags};
+    let tasks = match rustix::fs::openat(
+        base,
+        format!("{pid}/task"),
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(tasks) => tasks,
+        Err(_) => return Some(Vec::new()),
+    };
+    let mut children = Vec::new();
+    let entries = rustix::fs::Dir::read_from(&tasks).ok()?;
+    for entry in entries.flatten() {
+        let Some(tid) = entry
+            .file_name()
+            .to_str()
+            .ok()
+            .and_then(|name| name.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let path = format!("{tid}/children");
+        let Some(file) = open_file(&tasks, &path) else {
+            // The main thread's own file missing while the process is
+            // there: no children files on this kernel.
+            if tid == pid
+                && rustix::fs::accessat(
+                    &tasks,
+                    format!("{tid}"),
+                    rustix::fs::Access::EXISTS,
+                    rustix::fs::AtFlags::empty(),
+                )
+                .is_ok()
+            {
+                return None;
+            }
+            continue;
+        };
+        let mut text = String::new();
+        if io::Read::read_to_string(&mut fs::File::from(file), &mut text).is_ok() {
+            children.extend(
+                text.split_ascii_whitespace()
+                    .filter_map(|child| child.parse::<u32>().ok()),
+            );
+        }
+    }
+    Some(children)
+}
+
 /// Where this PID namespace's processes are.
 const PROC: &str = "/proc";
 
@@ -948,6 +1077,90 @@ mod tests {
             let _ = child.wait();
         }
         let _ = std::fs::remove_file(&dir);
+    }
+
+    /// The real /proc: a family is the process asked for, what it started
+    /// (also from a thread other than its main one, and below that), its
+    /// ancestors and its group's leader, and nothing else: not a process
+    /// re-parented away from it, nor the rest of the host. A PID that names
+    /// no process is left out.
+    #[test]
+    fn a_family_is_the_processes_below_and_above_and_their_leaders_only() {
+        let shell = Command::new("sh")
+            .args(["-c", "sleep 30 & sleep 30 & wait"])
+            .spawn()
+            .expect("sh");
+        let shell_pid = shell.id();
+        let from_a_thread = std::thread::spawn(|| {
+            Command::new("sleep")
+                .arg("30")
+                .spawn()
+                .expect("sleep from a thread")
+        })
+        .join()
+        .expect("thread");
+        // A process that left: its parent exits at once, so it is re-parented.
+        let output = Command::new("sh")
+            .args(["-c", "sleep 30 </dev/null >/dev/null 2>&1 & echo $!"])
+            .output()
+            .expect("sh");
+        let stray: u32 = String::from_utf8_lossy(&output.stdout)
+            .trim()
+            .parse()
+            .expect("stray pid");
+        let grandchildren = |family: &ProcScan| {
+            family
+                .processes
+                .iter()
+                .filter(|record| record.ppid == shell_pid)
+                .count()
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let this = std::process::id();
+        let gone = u32::MAX - 1;
+        let family = loop {
+            let family = scan_family(&BTreeSet::from([this, gone]))
+                .expect("children files on this kernel")
+                .expect("family");
+            if grandchildren(&family) == 2 || Instant::now() > deadline {
+                break family;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let pids: BTreeSet<u32> = family
+            .processes
+            .iter()
+            .map(|record| record.id.pid)
+            .collect();
+        assert_eq!(grandchildren(&family), 2, "{pids:?}");
+        for pid in [this, shell_pid, from_a_thread.id(), 1] {
+            assert!(pids.contains(&pid), "{pid} not in {pids:?}");
+        }
+        let this_record = family
+            .processes
+            .iter()
+            .find(|record| record.id.pid == this)
+            .expect("this process");
+        assert!(pids.contains(&this_record.ppid) && pids.contains(&this_record.pgid));
+        assert!(!pids.contains(&stray), "{stray} re-parented away: {pids:?}");
+        assert!(!pids.contains(&gone));
+        let everyone = scan_tree().expect("tree").processes.len();
+        assert!(pids.len() < everyone, "{} of {everyone}", pids.len());
+        let started_here = family
+            .processes
+            .iter()
+            .filter(|record| record.ppid == shell_pid)
+            .map(|record| record.id.pid)
+            .chain([stray]);
+        for pid in started_here {
+            if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
+        }
+        for mut child in [shell, from_a_thread] {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 
     /// The real /proc: a process that renamed itself to a hostile comm, a

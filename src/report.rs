@@ -20,8 +20,8 @@ use crate::reap::{Fate, FreeReport, GpuOutcome, Handled};
 use crate::select::Because;
 use crate::select::{DEFAULT_PROTECTED, protected_name};
 use crate::signal::Delivery;
-use crate::snapshot::Snapshot;
 use crate::snapshot::mps::Role as MpsRole;
+use crate::snapshot::{Descriptors, Snapshot};
 use crate::tree::ProcessTree;
 use crate::units::{Age, Bytes, Elapsed, Field, GpuRanges, MaybeBytes, one_line, short};
 use crate::verify::Reason;
@@ -64,6 +64,8 @@ pub struct ScanJson<'a> {
     pub processes: usize,
     pub complete: bool,
     pub unreadable: Vec<UnreadableJson<'a>>,
+    /// Whose descriptors were read: `all`, or `listed` (`Descriptors`).
+    pub descriptors: &'static str,
 }
 
 #[derive(Debug, Serialize)]
@@ -355,6 +357,7 @@ pub fn status_json(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String 
             processes: snapshot.processes.len(),
             complete: !snapshot.is_partial(),
             unreadable: unreadable_json(&snapshot.unreadable),
+            descriptors: snapshot.descriptors.name(),
         },
         gpus: snapshot
             .gpus
@@ -814,7 +817,9 @@ fn evidence_notes(unknown_memory: bool, nodes_only: bool, out: &mut String) {
 /// The line of a status without holders: where the driver's lists may
 /// leave out other namespaces' processes, only none seen from here.
 fn no_holders(snapshot: &Snapshot) -> &'static str {
-    if snapshot.may_miss_holders() {
+    if snapshot.descriptors == Descriptors::Listed {
+        "No process holds these GPUs."
+    } else if snapshot.may_miss_holders() {
         "No process seen from this PID namespace holds or watches these GPUs (see the note)."
     } else {
         "No process holds or watches these GPUs."
@@ -839,6 +844,12 @@ fn notes(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>, out: &mut String) {
         note(out, &line);
     }
     container_notes(snapshot, out);
+    if snapshot.descriptors == Descriptors::Listed {
+        note(
+            out,
+            "Monitors not looked for: the driver's list explains every GPU's memory, so only the processes it lists were inspected. `gpureap status --monitors` lists monitors too.",
+        );
+    }
     if let Some(error) = &snapshot.driver_error
         && !snapshot.gpus.is_empty()
     {
@@ -1992,6 +2003,7 @@ mod tests {
             container_notes: Vec::new(),
             host_pids: Some(true),
             lists_may_omit: true,
+            descriptors: crate::snapshot::Descriptors::All,
         }
     }
 

@@ -640,6 +640,7 @@ mod tests {
             bookkeeping_slack: 0,
             host_pids: Some(true),
             lists_may_omit: true,
+            descriptors: crate::snapshot::Descriptors::All,
         };
         let blockers = process_blockers(&snapshot, &gpu, 0);
         let pids: Vec<Option<u32>> = blockers.iter().map(|blocker| blocker.pid).collect();

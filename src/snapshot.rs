@@ -53,6 +53,31 @@ pub struct Snapshot {
     /// Whether the driver's lists may leave out other PID namespaces'
     /// processes (`Driver::may_omit_other_namespaces`), as it said.
     pub lists_may_omit: bool,
+    /// Whose descriptors were read: every process's, or only those of the
+    /// processes the driver lists (`Snapshot::see`, `take_listed`).
+    pub descriptors: Descriptors,
+}
+
+/// Whose descriptors a snapshot read (status JSON `scan.descriptors`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Descriptors {
+    /// Every process's: monitors, and processes with a node open that the
+    /// driver does not list, are seen.
+    All,
+    /// Only those of the processes the driver lists, whose lists explained
+    /// every GPU's memory (`Snapshot::lists_explain_all`): a process it does
+    /// not list holds no memory; monitors were not looked for.
+    Listed,
+}
+
+impl Descriptors {
+    /// The name in JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Descriptors::All => "all",
+            Descriptors::Listed => "listed",
+        }
+    }
 }
 
 /// Memory held by no process on one GPU, as the one rule judges it
@@ -296,6 +321,27 @@ impl Snapshot {
         Some(Unattributed { bytes, kind })
     }
 
+    /// Whether the driver's lists explain every GPU's memory: the driver
+    /// answered for each GPU (and there is one), and what its listed
+    /// processes leave unexplained is within its bookkeeping by the one rule
+    /// (`held_by_no_process`), on each GPU and each of its MIG instances.
+    /// Then a process it does not list holds no GPU memory, and reading every
+    /// process's descriptors could only add monitors (`Snapshot::see`).
+    pub fn lists_explain_all(&self) -> bool {
+        let within = |unattributed: Option<Unattributed>| {
+            unattributed.is_some_and(|unattributed| !unattributed.holds())
+        };
+        self.driver_error.is_none()
+            && !self.gpus.is_empty()
+            && self.gpus.iter().all(|gpu| {
+                within(self.held_by_no_process(gpu))
+                    && gpu
+                        .instances
+                        .iter()
+                        .all(|instance| within(self.held_by_no_process_in(gpu, instance)))
+            })
+    }
+
     /// Whether the driver's lists may leave out processes that hold GPUs:
     /// gpureap does not see the host's PIDs, and the driver may omit other
     /// namespaces' processes. Then memory no listed process explains is
@@ -430,16 +476,7 @@ impl Snapshot {
         // so the scan finds it unless it has exited meanwhile.
         let answer = driver.gpus();
         let queried = started.elapsed();
-        let listed: Option<BTreeSet<u32>> = match &answer {
-            Ok(infos) if !infos.is_empty() => infos.iter().map(|info| info.as_ref().ok()).try_fold(
-                BTreeSet::new(),
-                |mut pids, info| {
-                    pids.extend(info?.processes.iter().map(|process| process.pid));
-                    Some(pids)
-                },
-            ),
-            _ => None,
-        };
+        let listed = listed_pids(&answer);
         let classify = |path: &Path| driver.classify_node(path);
         let scan = match &listed {
             Some(pids) => proc::scan_tree().map(|mut scan| {
@@ -453,6 +490,100 @@ impl Snapshot {
             started,
             scanned: done - queried,
             queried: done,
+        };
+        let mut snapshot = Snapshot::assemble(driver, scan, answer, &BTreeSet::new(), timing);
+        if listed.is_some() {
+            snapshot.descriptors = Descriptors::Listed;
+        }
+        snapshot
+    }
+
+    /// `status`'s snapshot, with the driver opened by `open` on a thread of
+    /// its own (NVML's start-up, most of `status`'s time on a GPU host, and
+    /// this thread's start overlap): once it has answered for every GPU,
+    /// `see` decides whose descriptors to read.
+    pub fn open_and_see<E: Send>(
+        open: impl FnOnce() -> Result<Box<dyn Driver>, E> + Send,
+    ) -> Result<(Box<dyn Driver>, Snapshot), E> {
+        let started = std::time::Instant::now();
+        let (driver, answer) = std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    open().map(|driver| {
+                        let answer = driver.gpus();
+                        (driver, answer)
+                    })
+                })
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        })?;
+        let snapshot = Snapshot::see(driver.as_ref(), answer, started);
+        Ok((driver, snapshot))
+    }
+
+    /// As `open_and_see`, with a driver already open (`status` naming GPUs
+    /// only the driver resolves).
+    pub fn take_seen(driver: &dyn Driver) -> Snapshot {
+        let started = std::time::Instant::now();
+        Snapshot::see(driver, driver.gpus(), started)
+    }
+
+    /// From the driver's answer: where it answered for every GPU and each
+    /// PID it lists is a process here, the listed processes' descriptors
+    /// alone, and of the process tree only their families
+    /// (`proc::scan_family`: ancestors, descendants, group and session
+    /// leaders); kept where its lists then explain every GPU's memory
+    /// (`lists_explain_all`), since a process it does not list holds none,
+    /// whatever it has open. Otherwise (memory held by no listed process, a
+    /// GPU or the driver not answering, a listed PID not in this namespace)
+    /// every process's, as `take` reads them: that is how holders the driver
+    /// does not list are found, and none is ever missed for speed.
+    fn see(
+        driver: &dyn Driver,
+        answer: crate::driver::Answer,
+        started: std::time::Instant,
+    ) -> Snapshot {
+        let classify = |path: &Path| driver.classify_node(path);
+        let queried = started.elapsed();
+        if let Some(pids) = listed_pids(&answer) {
+            let family = proc::scan_family(&pids).unwrap_or_else(proc::scan_tree);
+            if let Ok(mut scan) = family {
+                let found = scan
+                    .processes
+                    .iter()
+                    .filter(|record| pids.contains(&record.id.pid))
+                    .count();
+                if found == pids.len() {
+                    proc::read_nodes_of(&mut scan, &pids, &classify);
+                    let timing = Timing {
+                        started,
+                        scanned: started.elapsed() - queried,
+                        queried: started.elapsed(),
+                    };
+                    let snapshot = Snapshot::assemble(
+                        driver,
+                        Ok(scan),
+                        answer.clone(),
+                        &BTreeSet::new(),
+                        timing,
+                    );
+                    if snapshot.lists_explain_all() {
+                        tracing::debug!(listed = pids.len(), "descriptors read: the listed only");
+                        return Snapshot {
+                            descriptors: Descriptors::Listed,
+                            ..snapshot
+                        };
+                    }
+                }
+            }
+        }
+        tracing::debug!("descriptors read: every process's");
+        let scanning = std::time::Instant::now();
+        let scan = proc::scan(&classify);
+        let timing = Timing {
+            started,
+            scanned: scanning.elapsed(),
+            queried: started.elapsed(),
         };
         Snapshot::assemble(driver, scan, answer, &BTreeSet::new(), timing)
     }
@@ -501,6 +632,7 @@ impl Snapshot {
             container_notes: Vec::new(),
             host_pids: container::sees_host_pids(),
             lists_may_omit: driver.may_omit_other_namespaces(),
+            descriptors: Descriptors::All,
         };
         // A GPU that did not answer is still named by the UUID the driver knew.
         for gpu in snapshot.gpus.iter_mut().filter(|gpu| gpu.uuid.is_none()) {
@@ -841,7 +973,23 @@ fn renumber(scan: &mut proc::ProcScan, driver: &dyn Driver) {
     }
 }
 
+/// Every PID the driver lists on some GPU, where it answered for every GPU
+/// (and there is one); `None` otherwise.
+fn listed_pids(answer: &crate::driver::Answer) -> Option<BTreeSet<u32>> {
+    match answer {
+        Ok(infos) if !infos.is_empty() => infos.iter().map(|info| info.as_ref().ok()).try_fold(
+            BTreeSet::new(),
+            |mut pids, info| {
+                pids.extend(info?.processes.iter().map(|process| process.pid));
+                Some(pids)
+            },
+        ),
+        _ => None,
+    }
+}
+
 /// When a snapshot's parts were done, for the debug log.
+#[derive(Clone, Copy)]
 struct Timing {
     started: std::time::Instant,
     /// How long the /proc scan took.

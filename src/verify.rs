@@ -701,6 +701,7 @@ mod tests {
             container_notes: Vec::new(),
             host_pids: Some(true),
             lists_may_omit: true,
+            descriptors: crate::snapshot::Descriptors::All,
         }
     }
     fn targets(pids: &[u32]) -> Selection {

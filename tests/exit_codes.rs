@@ -162,6 +162,14 @@ fn a_flag_that_means_nothing_for_the_subcommand_is_refused_with_2() {
         // Refused before anything ran: no demo transcript, no ssh.
         assert!(output.stdout.is_empty(), "{args:?}");
     }
+    // --prometheus counts what the driver lists; monitors are not in it.
+    let both = Command::new(env!("CARGO_BIN_EXE_gpureap"))
+        .args(["--backend", "none", "status", "--monitors", "--prometheus"])
+        .output()
+        .expect("runs");
+    assert_eq!(both.status.code(), Some(2));
+    assert!(both.stdout.is_empty());
+    assert!(String::from_utf8_lossy(&both.stderr).contains("cannot be used with"));
     // GPUREAP_SSH in the environment is a default, not a flag given.
     let host = host(1);
     let status = gpureap(&host)

@@ -67,21 +67,22 @@ fn free_on_the_hosts_is_the_free_asked_here() {
     }
 }
 
-/// `status -H` passes the GPUs and the container sources as given: each
-/// host reads its own node root and kubelet socket.
+/// `status -H` passes the GPUs, the container sources and `--monitors` as
+/// given: each host reads its own node root and kubelet socket.
 #[test]
 fn status_on_the_hosts_reads_the_sources_asked_here() {
     for line in [
         "gpureap status --gpu 1 --host-root /host --kubelet-socket /k/kubelet.sock -H a",
         "gpureap status --kubelet-socket=-odd.sock -H a",
         "gpureap status -H a",
+        "gpureap status --monitors -H a",
     ] {
         let here = match parse(&words(line)) {
             Command::Status(args) => StatusRequest::new(&args),
             other => panic!("not status: {other:?}"),
         };
         let mut remote = words("gpureap status");
-        remote.extend(status_flags(&here.gpu, &here.sources));
+        remote.extend(status_flags(&here.gpu, &here.sources, here.monitors));
         let there = match parse(&remote) {
             Command::Status(args) => StatusRequest::new(&args),
             other => panic!("not status: {other:?}"),

@@ -54,7 +54,8 @@ fn sglang_orphans_are_freed_and_only_they_are_signalled() {
         .expect("monitor");
     orphan(&mut incident, launcher, &workers);
 
-    let status = run(&host, &["status", "--json"]).json();
+    // --monitors: the monitor is shown although the lists explain every byte.
+    let status = run(&host, &["status", "--json", "--monitors"]).json();
     let holder = |pid: u32| {
         status["holders"]
             .as_array()

@@ -339,6 +339,7 @@ fn build(spec: &Spec) -> (Snapshot, Scope, Guard) {
         container_notes: Vec::new(),
         host_pids: Some(true),
         lists_may_omit: true,
+        descriptors: gpureap::snapshot::Descriptors::All,
     };
 
     let count = spec.processes.len();
@@ -879,6 +880,7 @@ fn a_job_scope_takes_the_jobs_own_and_never_another_jobs() {
         container_notes: Vec::new(),
         host_pids: Some(true),
         lists_may_omit: true,
+        descriptors: gpureap::snapshot::Descriptors::All,
     };
     let scope = Scope {
         gpus: Some(BTreeSet::from([0])),
@@ -982,6 +984,7 @@ fn a_jobs_own_mps_daemon_and_server_are_never_targets() {
         container_notes: Vec::new(),
         host_pids: Some(true),
         lists_may_omit: true,
+        descriptors: gpureap::snapshot::Descriptors::All,
     };
     let job = JobScope {
         uid: Some(1000),

@@ -113,7 +113,8 @@ fn eight_gpus_by_eight_workers_each_on_its_own_gpu() {
         .holder(&Holder::new("gpu_exporter --port 9400"))
         .expect("exporter");
 
-    let table = run(&host, &["status"]);
+    // --monitors: every process's descriptors, the exporter among them.
+    let table = run(&host, &["status", "--monitors"]);
     assert_eq!(table.code, 0, "{}", table.stderr);
     fits_120_columns(&table.stdout);
     let rows = holder_rows(&table.stdout);
@@ -161,6 +162,11 @@ fn eight_gpus_by_eight_workers_each_on_its_own_gpu() {
     assert_eq!(order, ["0", "1", "2", "3", "3", "4", "5", "6", "7", "-"]);
 
     let tree = run(&host, &["status", "--tree"]);
+    assert!(
+        tree.stdout.contains("python3 -m sglang.launch_server"),
+        "the launcher is read though only the listed were inspected:\n{}",
+        tree.stdout
+    );
     for (rank, &pid) in tp.iter().enumerate() {
         let line = tree
             .stdout
@@ -200,8 +206,40 @@ fn eight_gpus_by_eight_workers_each_on_its_own_gpu() {
         assert_eq!(listed[0]["memory"], memory(rank as u32));
     }
 
+    // Every byte is explained by the driver's lists: only the listed were
+    // inspected, and the status says the monitors were not looked for.
+    assert_eq!(status["scan"]["descriptors"], "listed", "{status:#}");
+    assert!(
+        status["holders"]
+            .as_array()
+            .expect("holders")
+            .iter()
+            .all(|holder| holder["pid"] != exporter),
+        "{status:#}"
+    );
+    let plain = run(&host, &["status"]);
+    assert_eq!(plain.code, 0, "{}", plain.stderr);
+    let plain_rows: Vec<u32> = holder_rows(&plain.stdout)
+        .iter()
+        .map(|row| row.pid)
+        .collect();
+    assert_eq!(plain_rows.len(), 9, "{}", plain.stdout);
+    assert!(!plain_rows.contains(&exporter), "{}", plain.stdout);
+    let words = plain
+        .stdout
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(
+        words.contains("`gpureap status --monitors` lists monitors too."),
+        "{}",
+        plain.stdout
+    );
+    let everything = run(&host, &["status", "--json", "--monitors"]).json();
+    assert_eq!(everything["scan"]["descriptors"], "all");
+
     // GPU 3's users are the ones the driver lists there; the exporter watches it.
-    let only_3 = run(&host, &["status", "--gpu", "3"]);
+    let only_3 = run(&host, &["status", "--gpu", "3", "--monitors"]);
     let shown: Vec<u32> = holder_rows(&only_3.stdout)
         .iter()
         .map(|row| row.pid)
@@ -557,6 +595,56 @@ fn a_driver_error_is_written_as_its_message() {
     assert_eq!(
         none["driver_error"], "--backend none: only processes with /dev/nvidia* open are shown",
         "{none:#}"
+    );
+}
+
+/// Where the driver's lists leave memory unexplained (memory the driver
+/// keeps for no listed process), `status` reads every process's descriptors
+/// by itself, as `--monitors` does: the monitor is shown again. Where the
+/// lists explain every byte, only the listed processes are inspected.
+#[test]
+fn memory_the_lists_do_not_explain_makes_status_read_every_process() {
+    let host = SimHost::new(2, 80 * GIB, "Simulated H200").expect("sim host");
+    let mut incident = Incident::new(&host);
+    let server = incident
+        .holder(&Holder::new("python3 -m vllm.entrypoints.openai.api_server").on(0, 20 * GIB))
+        .expect("server");
+    let exporter = incident
+        .holder(&Holder::new("gpu_exporter --port 9400"))
+        .expect("exporter");
+    let pids = |status: &serde_json::Value| -> Vec<u64> {
+        status["holders"]
+            .as_array()
+            .expect("holders")
+            .iter()
+            .map(|holder| holder["pid"].as_u64().expect("pid"))
+            .collect()
+    };
+    let explained = run(&host, &["status", "--json"]);
+    assert_eq!(explained.code, 0, "{}", explained.stderr);
+    let explained = explained.json();
+    assert_eq!(explained["scan"]["descriptors"], "listed", "{explained:#}");
+    assert_eq!(pids(&explained), [u64::from(server)], "{explained:#}");
+
+    host.leak(1, 2 * GIB).expect("leak");
+    let unexplained = run(&host, &["status", "--json"]).json();
+    assert_eq!(unexplained["scan"]["descriptors"], "all", "{unexplained:#}");
+    assert_eq!(unexplained["gpus"][1]["held_by_no_process"], true);
+    let mut expected = vec![u64::from(server), u64::from(exporter)];
+    expected.sort_unstable();
+    assert_eq!(pids(&unexplained), expected, "{unexplained:#}");
+    let table = run(&host, &["status"]);
+    assert!(
+        !table.stdout.contains("Monitors not looked for"),
+        "{}",
+        table.stdout
+    );
+    assert!(
+        holder_rows(&table.stdout)
+            .iter()
+            .any(|row| row.pid == exporter && row.flags == "monitor"),
+        "{}",
+        table.stdout
     );
 }
 

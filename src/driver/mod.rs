@@ -149,6 +149,9 @@ impl DriverError {
     }
 }
 
+/// The driver's answer for every GPU (`Driver::gpus`).
+pub type Answer = Result<Vec<Result<GpuInfo, DriverError>>, DriverError>;
+
 /// Memory used per GPU, as one reading of several GPUs answers it.
 pub type Figures = BTreeMap<u32, Result<Option<u64>, DriverError>>;
 

@@ -23,6 +23,7 @@ pub fn status(fleet: &Fleet, request: &StatusRequest) -> Result<Output, UsageErr
         prometheus,
         // Only with --prometheus, which is refused here.
         per_process: _,
+        monitors,
         sources,
     } = request;
     if *tree {
@@ -37,7 +38,7 @@ pub fn status(fleet: &Fleet, request: &StatusRequest) -> Result<Output, UsageErr
                 .to_string(),
         ));
     }
-    let remote = fleet.remote_args("status", status_flags(gpu, sources));
+    let remote = fleet.remote_args("status", status_flags(gpu, sources, *monitors));
     let limit = fleet.limit(Duration::ZERO);
     let results = fleet.fan_out("status", &fleet.hosts, |_| (remote.clone(), limit));
     Ok(finish(&results, *json, "status", render::status))
@@ -239,9 +240,16 @@ pub fn free_flags(request: &FreeRequest) -> Vec<String> {
 /// The flags of `status` each host gets: the GPUs and the container sources
 /// (`--tree` and `--prometheus` are refused with `-H`; JSON is added by
 /// `Fleet::remote_args`).
-pub fn status_flags(gpu: &[crate::units::GpuList], sources: &SourcesRequest) -> Vec<String> {
+pub fn status_flags(
+    gpu: &[crate::units::GpuList],
+    sources: &SourcesRequest,
+    monitors: bool,
+) -> Vec<String> {
     let mut flags = gpu_args(gpu);
     flags.extend(sources_flags(sources));
+    if monitors {
+        flags.push("--monitors".to_string());
+    }
     flags
 }
 
