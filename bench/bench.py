@@ -7,7 +7,8 @@
 
 It builds gpureap (cargo build --release) unless --bin is given. Three parts:
 
-1. Seeing: `gpureap status --json` against `fuser` on the same device nodes (and, with --gpu,
+1. Seeing: `gpureap status --json` (and `status --json --monitors`, which reads every process's
+   descriptors) against `fuser` on the same device nodes (and, with --gpu,
    `nvidia-smi --query-compute-apps`), with 100, 1,000, 5,000 and 20,000 extra idle processes
    of about ten open files each (bench/crowd.py starts and ends them; --quick: 100 and 1,000;
    `--crowds 100,1000` picks others). Wall time (median) and peak RSS, and a plot of time against
@@ -301,7 +302,8 @@ def seeing(host):
         "Load average (1 min) when each crowd's runs ended in the last column: the runs of a row share it.\n")
     tree = Tree(host, "see")
     fuser = shutil.which("fuser")
-    tools = [("gpureap", "gpureap status --json", host.gpureap("status", "--json"))]
+    tools = [("gpureap", "gpureap status --json", host.gpureap("status", "--json")),
+             ("monitors", "status --json --monitors", host.gpureap("status", "--json", "--monitors"))]
     if fuser:
         tools.append(("fuser", "fuser (list only)", ["fuser", *host.nodes]))
     if GPU:
@@ -309,8 +311,8 @@ def seeing(host):
                       ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv"]))
     if COMPARE:
         tools.append(("compare", "--compare build status --json", host.gpureap("status", "--json", binary=COMPARE)))
-    header = "| extra processes | gpureap status --json |"
-    rule = "|---|---|"
+    header = "| extra processes | gpureap status --json | status --json --monitors (every process's descriptors) |"
+    rule = "|---|---|---|"
     if fuser:
         header += " fuser (list only) | fuser / gpureap |"
         rule += "---|---|"
@@ -355,6 +357,7 @@ def seeing(host):
             grow(crowd_size, tools, times, cpu, rss)
             g = median(times["gpureap"])
             row = f"| {crowd_size:,} | {g * 1000:.0f} ms, {rss_text(rss['gpureap'])} |"
+            row += f" {median(times['monitors']) * 1000:.0f} ms, {rss_text(rss['monitors'])} |"
             if fuser:
                 f = median(times["fuser"])
                 row += f" {f * 1000:.0f} ms, {rss_text(rss['fuser'])} | {f / g:.1f}x |"

@@ -13,7 +13,7 @@ time (utime + stime, /proc/PID/stat); at the end it prints the CPU share of one 
 least-squares slope of resident memory (KiB per hour) over the whole run and over its second
 half (after warm-up), one sample a minute, the scrape latencies (p50, p99, max) and the
 exporter's own gpureap_scans_total. With --out FILE, each sample is also appended to
-FILE.samples as it is taken (seconds, KiB, scrape ms), so that a run cut short still shows
+FILE.samples as it is taken (seconds, KiB, scrape ms, processes on the host), so that a run cut short still shows
 its trend. Signals only what it started. docs/performance.md quotes it.
 """
 
@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from watch_idle import cpu_seconds, rss_kib, seconds, slope  # noqa: E402
+from watch_idle import cpu_seconds, host_processes, rss_kib, seconds, slope  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 GIB = 1 << 30
@@ -149,7 +149,7 @@ def main():
             samples.append((time.monotonic() - started, rss_kib(exporter.pid)))
             if OUT:
                 with open(f"{OUT}.samples", "a") as trace:
-                    trace.write(f"{samples[-1][0]:.1f} {samples[-1][1]} {took * 1000:.2f}\n")
+                    trace.write(f"{samples[-1][0]:.1f} {samples[-1][1]} {took * 1000:.2f} {host_processes()}\n")
             time.sleep(min(step, max(0.0, end - time.monotonic())))
         wall = time.monotonic() - started
         text = report(samples, latencies, wall, cpu_seconds(exporter.pid) - cpu0, body)

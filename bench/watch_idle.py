@@ -13,7 +13,7 @@ them, no rule names them), bench/crowd.py's crowd of idle processes (5,000 by de
 over the whole run, the resident memory's least-squares slope (KiB per hour), over the run and
 over its second half (after warm-up), its first and last samples and one a minute, and how many full looks the watch took (its own gpureap_scans_total) against its
 cycles (gpureap_reap_cycles_total). With --out FILE, each sample is also appended to
-FILE.samples as it is taken (seconds, CPU seconds, KiB), so that a run cut short still shows
+FILE.samples as it is taken (seconds, CPU seconds, KiB, processes on the host), so that a run cut short still shows
 its trend. Signals only what it started. docs/performance.md quotes it.
 """
 
@@ -54,6 +54,12 @@ def seconds(text):
 def cpu_seconds(pid):
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def host_processes():
+    """Processes on the host now: each scan's buffers grow with them, so a
+    memory trend is read beside this count."""
+    return sum(1 for name in os.listdir("/proc") if name.isdigit())
 
 
 def rss_kib(pid):
@@ -126,7 +132,7 @@ def main():
             samples.append((time.monotonic() - started, cpu_seconds(watch.pid) - cpu0, rss_kib(watch.pid)))
             if OUT:
                 with open(f"{OUT}.samples", "a") as trace:
-                    trace.write(f"{samples[-1][0]:.1f} {samples[-1][1]:.2f} {samples[-1][2]}\n")
+                    trace.write(f"{samples[-1][0]:.1f} {samples[-1][1]:.2f} {samples[-1][2]} {host_processes()}\n")
         wall = time.monotonic() - started
         cpu = cpu_seconds(watch.pid) - cpu0
         scans, cycles = metric(port, "gpureap_scans_total"), metric(port, "gpureap_reap_cycles_total")
