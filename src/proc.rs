@@ -281,7 +281,8 @@ pub fn scan_tree() -> io::Result<ProcScan> {
 /// (`Snapshot::see`). Descendants are found through each thread's
 /// `/proc/PID/task/TID/children`. `None` where the kernel keeps no such
 /// file (built without CONFIG_PROC_CHILDREN): the caller then reads the
-/// whole tree. A PID that names no process is left out.
+/// whole tree. A PID that names no process is left out. Beyond
+/// `FAMILY_LIMIT` descendants, the whole tree (`scan_tree`) is returned.
 pub fn scan_family(pids: &BTreeSet<u32>) -> Option<io::Result<ProcScan>> {
     let base = match open_proc() {
         Ok(base) => base,
@@ -314,6 +315,12 @@ pub fn scan_family(pids: &BTreeSet<u32>) -> Option<io::Result<ProcScan>> {
     while let Some(pid) = below.pop() {
         if !expanded.insert(pid) || !read(pid, &mut records, &mut buffers) {
             continue;
+        }
+        // A family as large as a host (PID 1 listed, as in a container
+        // whose CUDA program is its init) is read faster by the threads of
+        // a whole tree's scan.
+        if records.len() > FAMILY_LIMIT {
+            return Some(scan_tree());
         }
         below.extend(children_of(base.as_fd(), pid)?);
     }
@@ -348,6 +355,9 @@ pub fn scan_family(pids: &BTreeSet<u32>) -> Option<io::Result<ProcScan>> {
 
 /// Deepest chain of parents `scan_family` follows.
 const MAX_ANCESTORS: usize = 4096;
+/// Most descendants `scan_family` reads one by one before reading the whole
+/// tree instead.
+const FAMILY_LIMIT: usize = 2048;
 
 /// The children of every thread of `pid`; empty when it has gone; `None`
 /// when the kernel keeps no `children` file (its own thread's is missing
@@ -1161,6 +1171,30 @@ mod tests {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+
+    /// PID 1's family is every process of the namespace but the kernel's
+    /// threads, read one by one or, past the limit, as a whole tree.
+    #[test]
+    fn the_family_of_pid_1_is_every_process_of_the_namespace() {
+        let tree = scan_tree().expect("tree");
+        let family = scan_family(&BTreeSet::from([1]))
+            .expect("children files on this kernel")
+            .expect("family");
+        let in_family: BTreeSet<u32> = family
+            .processes
+            .iter()
+            .map(|record| record.id.pid)
+            .collect();
+        let missing: Vec<u32> = tree
+            .processes
+            .iter()
+            .filter(|record| !record.kernel_thread && record.id.pid != 2)
+            .filter(|record| !in_family.contains(&record.id.pid))
+            .filter(|record| identity(record.id.pid) == Some(record.id))
+            .map(|record| record.id.pid)
+            .collect();
+        assert!(missing.is_empty(), "not in PID 1's family: {missing:?}");
     }
 
     /// The real /proc: a process that renamed itself to a hostile comm, a
