@@ -746,3 +746,45 @@ fn a_huge_or_hostile_kernel_log_is_read_bounded() {
         result.stdout
     );
 }
+
+/// With `GPUREAP_LOG=debug`, the process's memory at exit is logged last
+/// (peak and current resident memory, anonymous, file-backed, shared), with
+/// figures that agree with each other; without it, nothing of it is said.
+#[test]
+fn debug_logs_the_memory_at_exit() {
+    let host = host(1);
+    let run: Run = gpureap(&host)
+        .env("GPUREAP_LOG", "gpureap=debug")
+        .args(["status", "--json"])
+        .output()
+        .expect("status runs")
+        .into();
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    // The log's colours (ANSI escapes, `ESC [ ... m`) taken out.
+    let last = run.stderr.lines().last().unwrap_or_default();
+    let line: String = last
+        .split('\x1b')
+        .map(|part| {
+            part.strip_prefix('[')
+                .map_or(part, |p| p.split_once('m').map_or(p, |(_, rest)| rest))
+        })
+        .collect();
+    assert!(line.contains("memory at exit"), "{}", run.stderr);
+    let figure = |name: &str| -> u64 {
+        let at = line.find(&format!("{name}=")).expect(name) + name.len() + 1;
+        let digits: String = line[at..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        digits.parse().expect(name)
+    };
+    let (hwm, rss) = (figure("vm_hwm_kib"), figure("vm_rss_kib"));
+    let parts = figure("rss_anon_kib") + figure("rss_file_kib") + figure("rss_shmem_kib");
+    assert!(hwm >= rss && rss > 1024 && parts == rss, "{line}");
+    let quiet: Run = gpureap(&host)
+        .args(["status", "--json"])
+        .output()
+        .expect("status runs")
+        .into();
+    assert!(!quiet.stderr.contains("memory at exit"), "{}", quiet.stderr);
+}
