@@ -143,6 +143,7 @@ impl Exit {
                 rss_anon_kib = anon,
                 rss_file_kib = file,
                 rss_shmem_kib = shmem,
+                malloc_arenas = malloc_arenas(),
                 "memory at exit"
             );
         }
@@ -164,6 +165,36 @@ fn memory_figures(status: &str) -> [Option<u64>; 5] {
             value.trim().strip_suffix("kB")?.trim_end().parse().ok()
         })
     })
+}
+
+/// How many arenas glibc's malloc has made (each `<heap nr=` of
+/// `malloc_info`'s report); `None` with another C library or where the
+/// report cannot be written.
+fn malloc_arenas() -> Option<usize> {
+    #[cfg(target_env = "gnu")]
+    {
+        let (mut text, mut size) = (std::ptr::null_mut::<libc::c_char>(), 0);
+        // Safety: the stream writes into a buffer it allocates and points
+        // `text` at; it is closed (which NUL-terminates it) before it is read,
+        // and freed once.
+        unsafe {
+            let stream = libc::open_memstream(&mut text, &mut size);
+            if stream.is_null() {
+                return None;
+            }
+            let written = libc::malloc_info(0, stream);
+            libc::fclose(stream);
+            if text.is_null() {
+                return None;
+            }
+            let report = std::ffi::CStr::from_ptr(text).to_bytes();
+            let arenas = report.windows(9).filter(|at| at == b"<heap nr=").count();
+            libc::free(text.cast());
+            (written == 0).then_some(arenas)
+        }
+    }
+    #[cfg(not(target_env = "gnu"))]
+    None
 }
 
 /// What the exit status of `ssh HOST COMMAND` says of the command.
