@@ -2,12 +2,12 @@
 """Whether `gpureap exporter`'s memory stays flat over a long run.
 
     python3 bench/exporter_memory.py [--bin target/release/gpureap] [--minutes 65] [--crowd 5000]
-                                     [--scrape 15s] [--out FILE]
+                                     [--scrape 15s] [--interval 15s] [--out FILE]
 
 On a simulated 8-GPU host (a directory, docs/simulated-driver.md) it starts a healthy
 SGLang-like server (a launcher and 8 workers, each holding 70 GiB of its GPU), bench/crowd.py's
 crowd of idle processes (5,000 by default) and `gpureap exporter --interval 15s --per-process`
-(per-process series: the label set that could grow), then scrapes GET /metrics every --scrape,
+(per-process series: the label set that could grow; --interval sets its scan interval), then scrapes GET /metrics every --scrape,
 as Prometheus would. Every scrape it samples the exporter's resident memory (VmRSS) and CPU
 time (utime + stime, /proc/PID/stat); at the end it prints the CPU share of one core, the
 least-squares slope of resident memory (KiB per hour) over the whole run and over its second
@@ -44,6 +44,7 @@ BIN = str(Path(option("--bin", ROOT / "target/release/gpureap")).resolve())
 MINUTES = float(option("--minutes", "65"))
 CROWD = int(option("--crowd", "5000"))
 SCRAPE = option("--scrape", "15s")
+INTERVAL = option("--interval", "15s")
 OUT = option("--out", None)
 
 
@@ -99,10 +100,11 @@ def report(samples, latencies, wall, cpu, body):
     for t, kib in samples:
         per_minute.setdefault(int(t // 60), kib)
     lines = [
-        f"# exporter --interval 15s --per-process: {CROWD:,} extra processes, scraped every {SCRAPE}, "
+        f"# exporter --interval {INTERVAL} --per-process: {CROWD:,} extra processes, scraped every {SCRAPE}, "
         f"{wall / 60:.1f} min",
         "",
         f"Machine: {os.cpu_count()} cores, {os.uname().release}; binary {BIN}; "
+        f"MALLOC_ARENA_MAX={os.environ.get('MALLOC_ARENA_MAX', 'unset')}; "
         f"load average at the end {' / '.join(f'{v:.1f}' for v in os.getloadavg())} (1 / 5 / 15 min).",
         "",
         "| figure | value |",
@@ -134,7 +136,7 @@ def main():
                 raise SystemExit(f"bench/crowd.py could not start {CROWD} processes")
             time.sleep(0.05)
         exporter = subprocess.Popen([BIN, "--backend", f"sim:{host}", "exporter", "--listen", "127.0.0.1:0",
-                                     "--interval", "15s", "--per-process"],
+                                     "--interval", INTERVAL, "--per-process"],
                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         found = re.search(r"127\.0\.0\.1:(\d+)", exporter.stderr.readline())
         if not found:

@@ -129,12 +129,72 @@ impl Exit {
     }
 
     /// Flushes stdout and ends the process at once, without running the exit
-    /// handlers that libnvidia-ml registers (they only add time).
+    /// handlers that libnvidia-ml registers (they only add time). With
+    /// `GPUREAP_LOG=debug` it first logs the process's memory figures (peak
+    /// and current resident memory, and what that is made of), read only then.
     pub fn exit(self) -> ! {
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            let [hwm, rss, anon, file, shmem] = std::fs::read_to_string("/proc/self/status")
+                .map(|status| memory_figures(&status))
+                .unwrap_or_default();
+            tracing::debug!(
+                vm_hwm_kib = hwm,
+                vm_rss_kib = rss,
+                rss_anon_kib = anon,
+                rss_file_kib = file,
+                rss_shmem_kib = shmem,
+                malloc_arenas = malloc_arenas(),
+                "memory at exit"
+            );
+        }
         let _ = std::io::stdout().flush();
         // Safety: _exit ends the process at once; no Rust code runs after it.
         unsafe { libc::_exit(self.code().into()) }
     }
+}
+
+/// The lines of `/proc/PID/status` that [`Exit::exit`] logs, in its order.
+const MEMORY_LINES: [&str; 5] = ["VmHWM", "VmRSS", "RssAnon", "RssFile", "RssShmem"];
+
+/// The [`MEMORY_LINES`] figures (KiB) out of a `/proc/PID/status` text;
+/// `None` for a line that is missing or not `NAME:   N kB`.
+fn memory_figures(status: &str) -> [Option<u64>; 5] {
+    MEMORY_LINES.map(|name| {
+        status.lines().find_map(|line| {
+            let value = line.strip_prefix(name)?.strip_prefix(':')?;
+            value.trim().strip_suffix("kB")?.trim_end().parse().ok()
+        })
+    })
+}
+
+/// How many arenas glibc's malloc has made (each `<heap nr=` of
+/// `malloc_info`'s report); `None` with another C library or where the
+/// report cannot be written.
+fn malloc_arenas() -> Option<usize> {
+    #[cfg(target_env = "gnu")]
+    {
+        let (mut text, mut size) = (std::ptr::null_mut::<libc::c_char>(), 0);
+        // Safety: the stream writes into a buffer it allocates and points
+        // `text` at; it is closed (which NUL-terminates it) before it is read,
+        // and freed once.
+        unsafe {
+            let stream = libc::open_memstream(&mut text, &mut size);
+            if stream.is_null() {
+                return None;
+            }
+            let written = libc::malloc_info(0, stream);
+            libc::fclose(stream);
+            if text.is_null() {
+                return None;
+            }
+            let report = std::ffi::CStr::from_ptr(text).to_bytes();
+            let arenas = report.windows(9).filter(|at| at == b"<heap nr=").count();
+            libc::free(text.cast());
+            (written == 0).then_some(arenas)
+        }
+    }
+    #[cfg(not(target_env = "gnu"))]
+    None
 }
 
 /// What the exit status of `ssh HOST COMMAND` says of the command.
@@ -570,6 +630,26 @@ pub fn after_help(program: Program, before: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn memory_figures_are_read_from_proc_status() {
+        let status = "Name:\tgpureap\nVmPeak:\t   20000 kB\nVmHWM:\t    9300 kB\n\
+                      VmRSS:\t    9100 kB\nRssAnon:\t     868 kB\nRssFile:\t    8232 kB\n\
+                      RssShmem:\t       0 kB\nThreads:\t1\n";
+        assert_eq!(
+            memory_figures(status),
+            [Some(9300), Some(9100), Some(868), Some(8232), Some(0)]
+        );
+        // A line missing, malformed, or only starting with a wanted name.
+        let odd = "VmHWMx:\t1 kB\nVmHWM:\t12 MB\nVmRSS:\tmany kB\nRssAnon: 7 kB\n";
+        assert_eq!(memory_figures(odd), [None, None, Some(7), None, None]);
+        // This process's own: every figure present, the peak at least the current.
+        let own = memory_figures(&std::fs::read_to_string("/proc/self/status").expect("status"));
+        let [Some(hwm), Some(rss), Some(anon), Some(file), Some(_)] = own else {
+            panic!("a figure missing: {own:?}");
+        };
+        assert!(hwm >= rss && rss > 0 && anon + file <= rss, "{own:?}");
+    }
 
     #[test]
     fn codes_are_the_documented_ones() {

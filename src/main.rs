@@ -21,6 +21,7 @@ use gpureap::supervised::Removal;
 use gpureap::supervision::{self, StaleRun};
 
 fn main() -> ! {
+    few_malloc_arenas();
     // The demo's simulated processes are this binary under other command lines.
     gpureap::driver::sim::stand_in::run_if_asked();
     let mut matches = Cli::command().get_matches();
@@ -118,6 +119,28 @@ fn main() -> ! {
     };
     tracing::debug!("command done");
     exit_code(result).exit()
+}
+
+/// How many arenas glibc's malloc may make. By default it gives each thread
+/// that allocates an arena of its own, up to eight per core, and each keeps
+/// what was freed in it: the /proc scan's threads (up to 32) and NVML's each
+/// left one, holding memory in a long run (docs/performance.md, "Round 7").
+#[cfg(target_env = "gnu")]
+const MALLOC_ARENAS: libc::c_int = 1;
+
+/// Caps glibc's arenas at [`MALLOC_ARENAS`], first thing, before any thread
+/// starts; unless the environment already sets the cap (`MALLOC_ARENA_MAX`,
+/// or `arena_max` in `GLIBC_TUNABLES`), which stands.
+fn few_malloc_arenas() {
+    #[cfg(target_env = "gnu")]
+    {
+        let tunables = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
+        if std::env::var_os("MALLOC_ARENA_MAX").is_none() && !tunables.contains("arena_max") {
+            // Safety: mallopt only sets a parameter of the allocator; no
+            // other thread runs yet.
+            unsafe { libc::mallopt(libc::M_ARENA_MAX, MALLOC_ARENAS) };
+        }
+    }
 }
 
 /// The one place an error becomes an exit code: the user's input is 2,

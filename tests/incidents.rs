@@ -1258,12 +1258,12 @@ fn a_process_that_takes_a_killed_targets_pid_is_not_blamed() {
 
 /// Sleeping processes that crowd /proc, as on a busy host; all in one
 /// process group of their own, ended together when dropped.
-struct Crowd {
+pub(crate) struct Crowd {
     leader: std::process::Child,
 }
 
 impl Crowd {
-    fn new(count: usize) -> Crowd {
+    pub(crate) fn new(count: usize) -> Crowd {
         let mut command = std::process::Command::new("bash");
         std::os::unix::process::CommandExt::process_group(&mut command, 0);
         let leader = command

@@ -834,3 +834,87 @@ fn a_huge_or_hostile_kernel_log_is_read_bounded() {
         result.stdout
     );
 }
+
+/// The figures of the last line of `status --json` with `GPUREAP_LOG=debug`
+/// ("memory at exit"), by name, the log's colours taken out.
+fn memory_at_exit(host: &SimHost, env: &[(&str, &str)]) -> (String, Vec<(String, u64)>) {
+    let run: Run = gpureap(host)
+        .env("GPUREAP_LOG", "gpureap=debug")
+        .envs(env.iter().copied())
+        .args(["status", "--json"])
+        .output()
+        .expect("status runs")
+        .into();
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    // ANSI escapes: `ESC [ ... m`.
+    let last = run.stderr.lines().last().unwrap_or_default();
+    let line: String = last
+        .split('\x1b')
+        .map(|part| {
+            part.strip_prefix('[')
+                .map_or(part, |p| p.split_once('m').map_or(p, |(_, rest)| rest))
+        })
+        .collect();
+    assert!(line.contains("memory at exit"), "{}", run.stderr);
+    let figures = line
+        .split_whitespace()
+        .filter_map(|word| {
+            let (name, value) = word.split_once('=')?;
+            Some((name.to_string(), value.parse().ok()?))
+        })
+        .collect();
+    (line, figures)
+}
+
+fn figure(figures: &[(String, u64)], name: &str) -> u64 {
+    figures
+        .iter()
+        .find(|(named, _)| named == name)
+        .map(|(_, value)| *value)
+        .unwrap_or_else(|| panic!("no {name} in {figures:?}"))
+}
+
+/// With `GPUREAP_LOG=debug`, the process's memory at exit is logged last
+/// (peak and current resident memory, anonymous, file-backed, shared), with
+/// figures that agree with each other; without it, nothing of it is said.
+#[test]
+fn debug_logs_the_memory_at_exit() {
+    let host = host(1);
+    let (line, figures) = memory_at_exit(&host, &[]);
+    let at = |name| figure(&figures, name);
+    let parts = at("rss_anon_kib") + at("rss_file_kib") + at("rss_shmem_kib");
+    let (hwm, rss) = (at("vm_hwm_kib"), at("vm_rss_kib"));
+    assert!(hwm >= rss && rss > 1024 && parts == rss, "{line}");
+    let quiet: Run = gpureap(&host)
+        .args(["status", "--json"])
+        .output()
+        .expect("status runs")
+        .into();
+    assert!(!quiet.stderr.contains("memory at exit"), "{}", quiet.stderr);
+}
+
+/// glibc's malloc is held to one arena, though `status` scans /proc on
+/// several threads once there are enough processes (each would get an arena
+/// of its own, and keep it); a cap the environment sets (MALLOC_ARENA_MAX,
+/// GLIBC_TUNABLES) stands.
+#[test]
+fn status_allocates_from_one_malloc_arena_unless_told_otherwise() {
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        return skip("one core: the /proc scan runs on one thread");
+    }
+    let host = host(1);
+    // More than 256 processes: the scan takes a second thread.
+    let _crowd = crate::incidents::Crowd::new(300);
+    let (line, figures) = memory_at_exit(&host, &[]);
+    if !figures.iter().any(|(name, _)| name == "malloc_arenas") {
+        return skip("not glibc: no malloc arenas to count");
+    }
+    assert_eq!(figure(&figures, "malloc_arenas"), 1, "{line}");
+    for told in [
+        ("MALLOC_ARENA_MAX", "8"),
+        ("GLIBC_TUNABLES", "glibc.malloc.arena_max=8"),
+    ] {
+        let (line, figures) = memory_at_exit(&host, &[told]);
+        assert!(figure(&figures, "malloc_arenas") > 1, "{told:?}: {line}");
+    }
+}
