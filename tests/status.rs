@@ -837,17 +837,26 @@ fn a_huge_or_hostile_kernel_log_is_read_bounded() {
 
 /// The figures of the last line of `status --json` with `GPUREAP_LOG=debug`
 /// ("memory at exit"), by name, the log's colours taken out.
-fn memory_at_exit(host: &SimHost, env: &[(&str, &str)]) -> (String, Vec<(String, u64)>) {
+fn memory_at_exit(
+    host: &SimHost,
+    env: &[(&str, &str)],
+    args: &[&str],
+) -> (String, Vec<(String, u64)>) {
     let run: Run = gpureap(host)
         .env("GPUREAP_LOG", "gpureap=debug")
         .envs(env.iter().copied())
-        .args(["status", "--json"])
+        .args(args)
         .output()
         .expect("status runs")
         .into();
     assert_eq!(run.code, 0, "{}", run.stderr);
+    exit_figures(&run.stderr)
+}
+
+/// The last line of a debug log, the memory at exit, and its figures.
+fn exit_figures(stderr: &str) -> (String, Vec<(String, u64)>) {
     // ANSI escapes: `ESC [ ... m`.
-    let last = run.stderr.lines().last().unwrap_or_default();
+    let last = stderr.lines().last().unwrap_or_default();
     let line: String = last
         .split('\x1b')
         .map(|part| {
@@ -855,7 +864,7 @@ fn memory_at_exit(host: &SimHost, env: &[(&str, &str)]) -> (String, Vec<(String,
                 .map_or(part, |p| p.split_once('m').map_or(p, |(_, rest)| rest))
         })
         .collect();
-    assert!(line.contains("memory at exit"), "{}", run.stderr);
+    assert!(line.contains("memory at exit"), "{stderr}");
     let figures = line
         .split_whitespace()
         .filter_map(|word| {
@@ -880,7 +889,7 @@ fn figure(figures: &[(String, u64)], name: &str) -> u64 {
 #[test]
 fn debug_logs_the_memory_at_exit() {
     let host = host(1);
-    let (line, figures) = memory_at_exit(&host, &[]);
+    let (line, figures) = memory_at_exit(&host, &[], &["status", "--json"]);
     let at = |name| figure(&figures, name);
     let parts = at("rss_anon_kib") + at("rss_file_kib") + at("rss_shmem_kib");
     let (hwm, rss) = (at("vm_hwm_kib"), at("vm_rss_kib"));
@@ -893,28 +902,69 @@ fn debug_logs_the_memory_at_exit() {
     assert!(!quiet.stderr.contains("memory at exit"), "{}", quiet.stderr);
 }
 
-/// glibc's malloc is held to one arena, though `status` scans /proc on
-/// several threads once there are enough processes (each would get an arena
-/// of its own, and keep it); a cap the environment sets (MALLOC_ARENA_MAX,
-/// GLIBC_TUNABLES) stands.
+/// glibc's malloc is held to one arena in the modes left running (here the
+/// exporter, whose scans of /proc run on several threads once there are
+/// enough processes: each would get an arena of its own, and keep it); a cap
+/// the environment sets (MALLOC_ARENA_MAX, GLIBC_TUNABLES) stands. A
+/// one-shot command keeps glibc's arenas: its scanning threads would queue
+/// on one arena's lock (`status --monitors` below).
 #[test]
-fn status_allocates_from_one_malloc_arena_unless_told_otherwise() {
+fn modes_left_running_allocate_from_one_malloc_arena_unless_told_otherwise() {
     if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
         return skip("one core: the /proc scan runs on one thread");
     }
     let host = host(1);
     // More than 256 processes: the scan takes a second thread.
     let _crowd = crate::incidents::Crowd::new(300);
-    let (line, figures) = memory_at_exit(&host, &[]);
+    let (line, figures) = memory_at_exit(&host, &[], &["status", "--json", "--monitors"]);
     if !figures.iter().any(|(name, _)| name == "malloc_arenas") {
         return skip("not glibc: no malloc arenas to count");
     }
+    assert!(
+        figure(&figures, "malloc_arenas") > 1,
+        "a one-shot status: {line}"
+    );
+    let (line, figures) = exporter_memory_at_exit(&host, &[]);
     assert_eq!(figure(&figures, "malloc_arenas"), 1, "{line}");
     for told in [
         ("MALLOC_ARENA_MAX", "8"),
         ("GLIBC_TUNABLES", "glibc.malloc.arena_max=8"),
     ] {
-        let (line, figures) = memory_at_exit(&host, &[told]);
+        let (line, figures) = exporter_memory_at_exit(&host, &[told]);
         assert!(figure(&figures, "malloc_arenas") > 1, "{told:?}: {line}");
     }
+}
+
+/// The exporter's memory at exit, once it has scanned twice (SIGTERM ends it
+/// through the same exit as every command).
+fn exporter_memory_at_exit(host: &SimHost, env: &[(&str, &str)]) -> (String, Vec<(String, u64)>) {
+    use std::io::BufRead;
+    let mut child = gpureap(host)
+        .env("GPUREAP_LOG", "gpureap=debug")
+        .envs(env.iter().copied())
+        .args(["exporter", "--listen", "127.0.0.1:0", "--interval", "100ms"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("exporter starts");
+    let mut stderr = std::io::BufReader::new(child.stderr.take().expect("stderr"));
+    let mut text = String::new();
+    let mut line = String::new();
+    while text.matches(" snapshot ").count() < 2 {
+        line.clear();
+        if stderr.read_line(&mut line).expect("stderr") == 0 {
+            panic!("the exporter ended: {text}");
+        }
+        text.push_str(&line);
+    }
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&child),
+        rustix::process::Signal::TERM,
+    )
+    .expect("SIGTERM");
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stderr, &mut rest).expect("stderr");
+    let _ = child.wait();
+    text.push_str(&rest);
+    exit_figures(&text)
 }
