@@ -56,14 +56,7 @@ fn main() -> ! {
             .with_timer(tracing_subscriber::fmt::time::uptime())
             .init();
     }
-    // The modes left running keep one arena; a one-shot command keeps
-    // glibc's, whose threads would otherwise queue on one arena's lock.
-    if matches!(
-        cli.command,
-        Command::Exporter(_) | Command::Reap(_) | Command::Top(_) | Command::Run(_)
-    ) {
-        few_malloc_arenas();
-    }
+    few_malloc_arenas(&cli.command);
     if let Err(error) = meaningless_flags(&matches, &cli) {
         eprintln!("gpureap: {}", gpureap::units::one_line(&error.0));
         Exit::Usage.exit();
@@ -139,12 +132,18 @@ fn main() -> ! {
 #[cfg(target_env = "gnu")]
 const MALLOC_ARENAS: libc::c_int = 1;
 
-/// Caps glibc's arenas at [`MALLOC_ARENAS`], before any thread starts;
-/// unless the environment already sets the cap (`MALLOC_ARENA_MAX`,
+/// Caps glibc's arenas at [`MALLOC_ARENAS`] for the modes left running,
+/// before any thread starts; unless the environment already sets the cap (`MALLOC_ARENA_MAX`,
 /// or `arena_max` in `GLIBC_TUNABLES`), which stands.
-fn few_malloc_arenas() {
+fn few_malloc_arenas(command: &Command) {
+    // A one-shot command keeps glibc's arenas: its threads would otherwise
+    // queue on one arena's lock.
+    let left_running = matches!(
+        command,
+        Command::Exporter(_) | Command::Reap(_) | Command::Top(_) | Command::Run(_)
+    );
     #[cfg(target_env = "gnu")]
-    {
+    if left_running {
         let tunables = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
         if std::env::var_os("MALLOC_ARENA_MAX").is_none() && !tunables.contains("arena_max") {
             // Safety: mallopt only sets a parameter of the allocator; no
@@ -152,6 +151,8 @@ fn few_malloc_arenas() {
             unsafe { libc::mallopt(libc::M_ARENA_MAX, MALLOC_ARENAS) };
         }
     }
+    #[cfg(not(target_env = "gnu"))]
+    let _ = left_running;
 }
 
 /// The one place an error becomes an exit code: the user's input is 2,
