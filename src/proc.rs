@@ -1151,7 +1151,15 @@ mod tests {
             .iter()
             .find(|record| record.id.pid == this)
             .expect("this process");
-        assert!(pids.contains(&this_record.ppid) && pids.contains(&this_record.pgid));
+        assert!(pids.contains(&this_record.ppid), "{pids:?}");
+        // The group's leader, where it still runs (a leader may exit before
+        // its group: then its absence is what the orphan rule reads).
+        let leader = this_record.pgid;
+        assert_eq!(
+            pids.contains(&leader),
+            identity(leader).is_some(),
+            "leader {leader}: {pids:?}"
+        );
         assert!(!pids.contains(&stray), "{stray} re-parented away: {pids:?}");
         assert!(!pids.contains(&gone));
         let everyone = scan_tree().expect("tree").processes.len();
