@@ -332,31 +332,25 @@ fn status(backend: &BackendChoice, args: &config::StatusRequest) -> Result<Exit,
     // How long the snapshot took, for `status --prometheus`'s scan figures.
     // Every process's descriptors are read where asked (--monitors) or
     // where the driver's lists do not explain every GPU's memory
-    // (`Snapshot::see`); --prometheus counts what the driver lists.
-    let (driver, mut snapshot, took, gpu) = if config::names_by_driver(&args.gpu) {
-        // Names only the driver resolves (docs/mig.md): the view first.
-        let (driver, gpu) = config::gpu_names(open_driver_quietly(backend)?, &args.gpu)?;
-        let started = std::time::Instant::now();
-        let snapshot = match (args.prometheus, args.monitors) {
-            (true, _) => Snapshot::take_listed(driver.as_ref()),
-            (false, true) => Snapshot::take(driver.as_ref()),
-            (false, false) => Snapshot::take_seen(driver.as_ref()),
+    // (`Snapshot::take_seen`); --prometheus counts what the driver lists.
+    let (driver, mut snapshot, took, gpu) =
+        if (args.prometheus || args.monitors) && !config::names_by_driver(&args.gpu) {
+            // NVML starts while /proc is read (`Snapshot::open_and_take`).
+            let (driver, snapshot, took) =
+                Snapshot::open_and_take(backend, args.prometheus).map_err(UsageError)?;
+            (driver, snapshot, took, args.gpu.clone())
+        } else {
+            // The driver first: its lists decide what is read, and it
+            // resolves the names only it knows (docs/mig.md).
+            let (driver, gpu) = config::gpu_names(open_driver_quietly(backend)?, &args.gpu)?;
+            let started = std::time::Instant::now();
+            let snapshot = match (args.prometheus, args.monitors) {
+                (true, _) => Snapshot::take_listed(driver.as_ref()),
+                (false, true) => Snapshot::take(driver.as_ref()),
+                (false, false) => Snapshot::take_seen(driver.as_ref()),
+            };
+            (driver, snapshot, started.elapsed(), gpu)
         };
-        (driver, snapshot, started.elapsed(), gpu)
-    } else if args.prometheus || args.monitors {
-        let (driver, snapshot, took) =
-            Snapshot::open_and_take(backend, args.prometheus).map_err(UsageError)?;
-        (driver, snapshot, took, args.gpu.clone())
-    } else {
-        let (driver, snapshot) = Snapshot::open_and_see(|| gpureap::driver::open_quietly(backend))
-            .map_err(UsageError)?;
-        (
-            driver,
-            snapshot,
-            std::time::Duration::ZERO,
-            args.gpu.clone(),
-        )
-    };
     snapshot.attribute_containers(&sources);
     tracing::debug!("containers attributed");
     let gpus = config::gpus(&gpu, gpu_count(driver.as_ref()))?;

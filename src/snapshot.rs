@@ -498,31 +498,8 @@ impl Snapshot {
         snapshot
     }
 
-    /// `status`'s snapshot, with the driver opened by `open` on a thread of
-    /// its own (NVML's start-up, most of `status`'s time on a GPU host, and
-    /// this thread's start overlap): once it has answered for every GPU,
-    /// `see` decides whose descriptors to read.
-    pub fn open_and_see<E: Send>(
-        open: impl FnOnce() -> Result<Box<dyn Driver>, E> + Send,
-    ) -> Result<(Box<dyn Driver>, Snapshot), E> {
-        let started = std::time::Instant::now();
-        let (driver, answer) = std::thread::scope(|scope| {
-            scope
-                .spawn(|| {
-                    open().map(|driver| {
-                        let answer = driver.gpus();
-                        (driver, answer)
-                    })
-                })
-                .join()
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-        })?;
-        let snapshot = Snapshot::see(driver.as_ref(), answer, started);
-        Ok((driver, snapshot))
-    }
-
-    /// As `open_and_see`, with a driver already open (`status` naming GPUs
-    /// only the driver resolves).
+    /// `status`'s snapshot: the driver's answer first, then `see` decides
+    /// whose descriptors to read.
     pub fn take_seen(driver: &dyn Driver) -> Snapshot {
         let started = std::time::Instant::now();
         Snapshot::see(driver, driver.gpus(), started)
