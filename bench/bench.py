@@ -68,6 +68,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import crowd  # bench/crowd.py, beside this script
+
 ROOT = Path(__file__).resolve().parent.parent
 GIB = 1 << 30
 
@@ -331,13 +333,7 @@ def seeing(host):
             if not room_for(crowd_size):
                 skipped.append(crowd_size)
                 continue
-            ready = Path(tempfile.mktemp(prefix="gpureap-crowd-"))
-            crowd = subprocess.Popen([sys.executable, str(ROOT / "bench/crowd.py"), str(crowd_size), str(ready)])
-            try:
-                while not ready.exists():
-                    if crowd.poll() is not None:
-                        raise SystemExit(f"bench/crowd.py could not start {crowd_size} processes")
-                    time.sleep(0.05)
+            with crowd.running(crowd_size):
                 times = {name: [] for name, _, _ in tools}
                 rss = {name: [] for name, _, _ in tools}
                 cpu = {name: [] for name, _, _ in tools}
@@ -348,10 +344,6 @@ def seeing(host):
                         rss[name].append(peak)
                 wait_cost(host, crowd_size)
                 load = os.getloadavg()[0]
-            finally:
-                crowd.send_signal(signal.SIGTERM)
-                crowd.wait()
-                ready.unlink(missing_ok=True)
             for name, label, _ in tools:
                 series[label].append((crowd_size, median(times[name]) * 1000))
             grow(crowd_size, tools, times, cpu, rss)
@@ -507,25 +499,13 @@ def waiting(host):
     baseline = settled_baseline(host)
     lags = {label: [] for label, _ in BINS}
     crowd_size = WAIT_CROWD
-    ready = Path(tempfile.mktemp(prefix="gpureap-crowd-"))
-    crowd = (subprocess.Popen([sys.executable, str(ROOT / "bench/crowd.py"), str(crowd_size), str(ready)])
-             if crowd_size else None)
-    try:
-        while crowd is not None and not ready.exists():
-            if crowd.poll() is not None:
-                raise SystemExit(f"bench/crowd.py could not start {crowd_size} processes")
-            time.sleep(0.05)
+    with crowd.running(crowd_size):
         # Interleaved: each attempt runs every build, so that a slow moment hits all alike.
         for attempt in range(3 if GPU else REPEAT):
             for label, binary in BINS:
                 lags[label].append(wait_lag(host, baseline, f"wait{attempt}{len(lags[label])}{BINS.index((label, binary))}",
                                             binary))
         load = os.getloadavg()[0]
-    finally:
-        if crowd is not None:
-            crowd.send_signal(signal.SIGTERM)
-            crowd.wait()
-        ready.unlink(missing_ok=True)
     since = ("the memory being back, seen by NVML polled every millisecond" if GPU
              else "the SIGKILL of the holders (an upper bound: the simulated driver frees at their exit)")
     say(f"{crowd_size:,} extra processes (bench/crowd.py); from {since} to `gpureap wait` having exited. "
@@ -600,8 +580,6 @@ def idle(host):
         # Memory that no process explains, so that free's verification
         # cannot call GPU 0 freed and runs to its timeout.
         host.dir.joinpath("leak.0").write_text(f"{5 * GIB}\n")
-    ready = Path(tempfile.mktemp(prefix="gpureap-crowd-"))
-    crowd = subprocess.Popen([sys.executable, str(ROOT / "bench/crowd.py"), str(crowd_size), str(ready)])
     commands = [
         ("gpureap wait --gpu 0 (below 1 MiB)",
          host.gpureap("wait", "--gpu", "0", "--below", "1MiB", "--timeout", f"{seconds}s")),
@@ -617,23 +595,17 @@ def idle(host):
                     for label, binary in BINS]
     shares = {name: [] for name, _ in commands}
     try:
-        while not ready.exists():
-            if crowd.poll() is not None:
-                raise SystemExit(f"bench/crowd.py could not start {crowd_size} processes")
-            time.sleep(0.05)
-        for _ in range(repeat):
-            for name, command in commands:
-                record = tempfile.mktemp(prefix="gpureap-cpu-")
-                subprocess.run(["/usr/bin/time", "-o", record, "-f", "%U %S %e", *command],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                user, system, wall = (float(v) for v in Path(record).read_text().split()[-3:])
-                os.unlink(record)
-                shares[name].append((user + system) / wall * 100)
-        load = os.getloadavg()[0]
+        with crowd.running(crowd_size):
+            for _ in range(repeat):
+                for name, command in commands:
+                    record = tempfile.mktemp(prefix="gpureap-cpu-")
+                    subprocess.run(["/usr/bin/time", "-o", record, "-f", "%U %S %e", *command],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    user, system, wall = (float(v) for v in Path(record).read_text().split()[-3:])
+                    os.unlink(record)
+                    shares[name].append((user + system) / wall * 100)
+            load = os.getloadavg()[0]
     finally:
-        crowd.send_signal(signal.SIGTERM)
-        crowd.wait()
-        ready.unlink(missing_ok=True)
         tree.cleanup()
         if not GPU:
             host.dir.joinpath("leak.0").unlink(missing_ok=True)

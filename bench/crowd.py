@@ -12,10 +12,36 @@ behind by a killed benchmark ends by itself after two hours. Used by
 bench/bench.py.
 """
 
+import contextlib
 import os
 import signal
+import subprocess
 import sys
+import tempfile
 import time
+
+
+@contextlib.contextmanager
+def running(count):
+    """This script's crowd of COUNT processes, started in a child of the
+    caller and up when the block begins; ended (SIGTERM) when it ends,
+    however it ends. COUNT 0 starts nothing (the block gets None)."""
+    if not count:
+        yield None
+        return
+    ready = tempfile.mktemp(prefix="gpureap-crowd-")
+    crowd = subprocess.Popen([sys.executable, os.path.abspath(__file__), str(count), ready])
+    try:
+        while not os.path.exists(ready):
+            if crowd.poll() is not None:
+                raise SystemExit(f"bench/crowd.py could not start {count} processes")
+            time.sleep(0.05)
+        yield crowd
+    finally:
+        crowd.send_signal(signal.SIGTERM)
+        crowd.wait()
+        if os.path.exists(ready):
+            os.unlink(ready)
 
 
 def main():

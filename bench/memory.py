@@ -34,6 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from exporter_memory import simulated_host, start_server  # noqa: E402
+import crowd  # noqa: E402  bench/crowd.py, beside this script
 
 ROOT = Path(__file__).resolve().parent.parent
 GPUS = 8
@@ -151,18 +152,9 @@ def main():
         while server is not None and not all((work / f"ready{r}").exists() for r in range(GPUS)):
             time.sleep(0.05)
         for crowd_size in CROWDS:
-            ready = work / f"crowd-ready-{crowd_size}"
-            crowd = subprocess.Popen([sys.executable, str(ROOT / "bench/crowd.py"), str(crowd_size), str(ready)])
-            try:
-                while not ready.exists():
-                    if crowd.poll() is not None:
-                        raise SystemExit(f"bench/crowd.py could not start {crowd_size} processes")
-                    time.sleep(0.05)
+            with crowd.running(crowd_size):
                 table, raw[crowd_size] = measure(configs, crowd_size, host, work)
                 lines += table
-            finally:
-                crowd.send_signal(signal.SIGTERM)
-                crowd.wait()
     finally:
         if server is not None:
             os.killpg(server.pid, signal.SIGKILL)
