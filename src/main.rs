@@ -336,26 +336,32 @@ fn status(backend: &BackendChoice, args: &config::StatusRequest) -> Result<Exit,
     let (driver, mut snapshot, took, gpu) =
         if (args.prometheus || args.monitors) && !config::names_by_driver(&args.gpu) {
             // NVML starts while /proc is read (`Snapshot::open_and_take`).
-            let (driver, snapshot, took) =
+            let (driver, mut snapshot, took) =
                 Snapshot::open_and_take(backend, args.prometheus).map_err(UsageError)?;
+            snapshot.read_evidence(driver.as_ref());
             (driver, snapshot, took, args.gpu.clone())
         } else {
             // The driver first: its lists decide what is read, and it
             // resolves the names only it knows (docs/mig.md).
             let (driver, gpu) = config::gpu_names(open_driver_quietly(backend)?, &args.gpu)?;
-            let started = std::time::Instant::now();
-            let snapshot = match (args.prometheus, args.monitors) {
-                (true, _) => Snapshot::take_listed(driver.as_ref()),
-                (false, true) => Snapshot::take(driver.as_ref()),
-                (false, false) => Snapshot::take_seen(driver.as_ref()),
-            };
-            (driver, snapshot, started.elapsed(), gpu)
+            // The hardware evidence is read beside it (`take_with_evidence`).
+            let mut took = std::time::Duration::ZERO;
+            let snapshot = Snapshot::take_with_evidence(driver.as_ref(), |driver| {
+                let started = std::time::Instant::now();
+                let snapshot = match (args.prometheus, args.monitors) {
+                    (true, _) => Snapshot::take_listed(driver),
+                    (false, true) => Snapshot::take(driver),
+                    (false, false) => Snapshot::take_seen(driver),
+                };
+                took = started.elapsed();
+                snapshot
+            });
+            (driver, snapshot, took, gpu)
         };
+    tracing::debug!("evidence read");
     snapshot.attribute_containers(&sources);
     tracing::debug!("containers attributed");
     let gpus = config::gpus(&gpu, gpu_count(driver.as_ref()))?;
-    snapshot.read_evidence(driver.as_ref());
-    tracing::debug!("evidence read");
     if args.prometheus {
         let mut figures = gpureap::metrics::ScanFigures::default();
         figures.count(&snapshot, took);

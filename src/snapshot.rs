@@ -276,6 +276,35 @@ impl Snapshot {
         self.evidence_note = note;
     }
 
+    /// A snapshot `take` gives, with every GPU's hardware evidence read
+    /// beside it on a thread of its own (the kernel log and NVML's health
+    /// queries overlap the process lists and the /proc reads): what
+    /// `read_evidence` after `take` would give, sooner. Read again after
+    /// `take` where the GPUs it found are not those the driver counted.
+    pub fn take_with_evidence(
+        driver: &dyn Driver,
+        take: impl FnOnce(&dyn Driver) -> Snapshot,
+    ) -> Snapshot {
+        std::thread::scope(|scope| {
+            let reading = scope.spawn(|| {
+                let indexes: BTreeSet<u32> = (0..driver.gpu_count().unwrap_or(0)).collect();
+                let (evidence, note) = driver.evidence(&indexes);
+                (indexes, evidence, note)
+            });
+            let mut snapshot = take(driver);
+            let found: BTreeSet<u32> = snapshot.gpus.iter().map(|gpu| gpu.index).collect();
+            match reading.join() {
+                Ok((indexes, evidence, note)) if indexes == found => {
+                    tracing::debug!("evidence read beside the snapshot");
+                    snapshot.evidence = evidence;
+                    snapshot.evidence_note = note;
+                }
+                _ => snapshot.read_evidence(driver),
+            }
+            snapshot
+        })
+    }
+
     /// The one rule for memory held by no process: each GPU's figure
     /// (`GpuState::unattributed`) and whether it makes the GPU held, past the
     /// tolerance the driver declares (`Driver::bookkeeping_slack`: 0 on the
@@ -583,6 +612,12 @@ impl Snapshot {
             Ok(infos) => (infos, None),
             Err(error) => (Vec::new(), Some(error)),
         };
+        let mps_listed: BTreeMap<u32, BTreeSet<u32>> = infos
+            .iter()
+            .flatten()
+            .filter(|info| !info.mps_clients.is_empty())
+            .map(|info| (info.index, info.mps_clients.clone()))
+            .collect();
         let mut unreadable = scan.unreadable;
         if let Some(error) = scan_error {
             unreadable.push(Unreadable {
@@ -637,7 +672,7 @@ impl Snapshot {
                 snapshot.details.insert(pid, details);
             }
         }
-        mps::attach(&mut snapshot, driver);
+        mps::attach(&mut snapshot, mps_listed);
         tracing::debug!(
             processes = snapshot.processes.len(),
             scan_ms = timing.scanned.as_secs_f64() * 1e3,
@@ -1184,6 +1219,7 @@ mod tests {
                 pci_bus_id: None,
                 mig_mode: None,
                 instances: Vec::new(),
+                mps_clients: BTreeSet::new(),
             })
         }
         fn classify_node(&self, path: &Path) -> Option<Node> {
@@ -1365,5 +1401,87 @@ mod tests {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+
+    /// A driver whose GPU count can drop between two asks (a GPU gone
+    /// between them), and that counts the evidence reads.
+    struct Evidencing {
+        counted: AtomicUsize,
+        shrinks: bool,
+        evidence_reads: AtomicUsize,
+    }
+
+    impl Driver for Evidencing {
+        fn describe(&self) -> String {
+            "evidencing".to_string()
+        }
+        fn gpu_count(&self) -> Result<u32, DriverError> {
+            let asked = self.counted.fetch_add(1, Ordering::SeqCst);
+            Ok(if self.shrinks && asked > 0 { 1 } else { 2 })
+        }
+        fn gpu(&self, index: u32) -> Result<GpuInfo, DriverError> {
+            Ok(GpuInfo {
+                index,
+                name: None,
+                uuid: None,
+                memory_total: Some(80 << 30),
+                memory_used: Some(0),
+                memory_reserved: None,
+                processes: Vec::new(),
+                pci_bus_id: None,
+                mig_mode: None,
+                instances: Vec::new(),
+                mps_clients: BTreeSet::new(),
+            })
+        }
+        fn classify_node(&self, _path: &Path) -> Option<Node> {
+            None
+        }
+        fn evidence(&self, indexes: &BTreeSet<u32>) -> (BTreeMap<u32, Evidence>, Option<String>) {
+            self.evidence_reads.fetch_add(1, Ordering::SeqCst);
+            let found = indexes
+                .iter()
+                .map(|&index| (index, Evidence::default()))
+                .collect();
+            (found, Some(format!("read for {indexes:?}")))
+        }
+    }
+
+    /// The evidence read beside the snapshot is the snapshot's GPUs', read
+    /// once; where the GPUs the snapshot found are not those counted when
+    /// the read began, it is read again for those found.
+    #[test]
+    fn evidence_read_beside_a_snapshot_is_of_the_gpus_it_found() {
+        let steady = Evidencing {
+            counted: AtomicUsize::new(0),
+            shrinks: false,
+            evidence_reads: AtomicUsize::new(0),
+        };
+        let snapshot =
+            Snapshot::take_with_evidence(&steady, |driver| Snapshot::take_listed(driver));
+        assert_eq!(
+            snapshot.evidence.keys().copied().collect::<Vec<_>>(),
+            [0, 1]
+        );
+        assert_eq!(steady.evidence_reads.load(Ordering::SeqCst), 1);
+        assert_eq!(snapshot.evidence_note.as_deref(), Some("read for {0, 1}"));
+
+        let shrinking = Evidencing {
+            counted: AtomicUsize::new(0),
+            shrinks: true,
+            evidence_reads: AtomicUsize::new(0),
+        };
+        // The thread counts first (2 GPUs), the snapshot after (1).
+        let snapshot = Snapshot::take_with_evidence(&shrinking, |driver| {
+            while shrinking.counted.load(Ordering::SeqCst) == 0 {
+                std::thread::yield_now();
+            }
+            Snapshot::take_listed(driver)
+        });
+        let found: Vec<u32> = snapshot.gpus.iter().map(|gpu| gpu.index).collect();
+        assert_eq!(found, [0]);
+        assert_eq!(snapshot.evidence.keys().copied().collect::<Vec<_>>(), found);
+        assert_eq!(shrinking.evidence_reads.load(Ordering::SeqCst), 2);
+        assert_eq!(snapshot.evidence_note.as_deref(), Some("read for {0}"));
     }
 }

@@ -323,10 +323,6 @@ impl Driver for InstanceView {
         self.inner.may_omit_other_namespaces()
     }
 
-    fn mps_clients(&self, index: u32) -> BTreeSet<u32> {
-        self.inner.mps_clients(index)
-    }
-
     /// A reset takes the whole GPU, every instance with it: never through a
     /// scope that names instances.
     fn reset(&self, index: u32) -> Result<(), DriverError> {

@@ -54,6 +54,12 @@ pub struct GpuInfo {
     /// With MIG on, `processes` lists each holder with its memory `None`:
     /// the parent cannot say it; each instance's own list does.
     pub instances: Vec<MigInstance>,
+    /// The PIDs of `processes` the driver lists as MPS clients, from the
+    /// same answer (`nvmlDeviceGetMPSComputeRunningProcesses_v3`; the
+    /// simulated driver: `DIR/mps/PID.N`): which of its processes reach the
+    /// GPU through an MPS server (docs/mps.md). Empty where the driver
+    /// cannot say.
+    pub mps_clients: BTreeSet<u32>,
 }
 
 /// One MIG instance of a GPU (docs/mig.md): named `G:I` by its parent's
@@ -325,15 +331,6 @@ pub trait Driver: Send + Sync {
     /// gpureap does not see the host's PIDs (`Snapshot::held_by_no_process`).
     fn may_omit_other_namespaces(&self) -> bool {
         true
-    }
-
-    /// The PIDs the driver lists on this GPU as MPS clients
-    /// (`nvmlDeviceGetMPSComputeRunningProcesses_v3`; the simulated driver:
-    /// `DIR/mps/PID.N`). Their memory is in `gpu`'s process list already:
-    /// this says only which of its processes reach the GPU through an MPS
-    /// server (docs/mps.md). Empty where the driver cannot say.
-    fn mps_clients(&self, _index: u32) -> BTreeSet<u32> {
-        BTreeSet::new()
     }
 
     /// Resets one GPU, clearing memory that no process holds (driver-held).

@@ -248,10 +248,13 @@ impl Driver for NvmlDriver {
         let mut processes = Vec::new();
         merge(&mut processes, compute);
         // MPS clients: listed here too where the compute list leaves them out.
-        merge(
-            &mut processes,
-            device.mps_running_compute_processes().unwrap_or_default(),
-        );
+        let mps = device.mps_running_compute_processes().unwrap_or_default();
+        let mps_clients = mps
+            .iter()
+            .map(|info| info.pid)
+            .filter(|pid| !BOGUS_PIDS.contains(pid))
+            .collect();
+        merge(&mut processes, mps);
         let graphics_list = self.graphics_lists.get(index as usize);
         if graphics_list.is_some_and(|supported| supported.load(Ordering::Relaxed)) {
             let graphics = match device.running_graphics_processes() {
@@ -286,22 +289,8 @@ impl Driver for NvmlDriver {
             pci_bus_id: self.pci_bus_id(index),
             mig_mode,
             instances,
+            mps_clients,
         })
-    }
-
-    /// The MPS list, read again on its own: which of `gpu`'s processes are
-    /// MPS clients. A driver without the call, or a failure, says nothing.
-    fn mps_clients(&self, index: u32) -> std::collections::BTreeSet<u32> {
-        let Ok(device) = self.nvml.device_by_index(index) else {
-            return Default::default();
-        };
-        device
-            .mps_running_compute_processes()
-            .unwrap_or_default()
-            .into_iter()
-            .map(|info| info.pid)
-            .filter(|pid| !BOGUS_PIDS.contains(pid))
-            .collect()
     }
 
     fn known_uuid(&self, index: u32) -> Option<String> {

@@ -16,7 +16,7 @@
 //! - a daemon's pipe directory is the one in its environment; a server's is
 //!   its parent daemon's;
 //! - a GPU user is a client when the driver lists it as an MPS process
-//!   (`Driver::mps_clients`), or, where the driver lists none on its GPUs,
+//!   (`GpuInfo::mps_clients`), or, where the driver lists none on its GPUs,
 //!   when its own pipe directory is a live daemon's;
 //! - its server is the one of that daemon (a server with its uid first, as
 //!   the daemon starts one server per user, then one on a GPU it uses); a
@@ -29,7 +29,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::driver::Driver;
 use crate::proc::{self, ProcessRecord};
 
 use super::Snapshot;
@@ -195,15 +194,9 @@ fn find(snapshot: &mut Snapshot) -> Found {
 }
 
 /// Fills `Details::mps` for the holders that are part of MPS (the rule in
-/// the module's comment). Called once a snapshot's details are read.
-pub(super) fn attach(snapshot: &mut Snapshot, driver: &dyn Driver) {
-    let listed: BTreeMap<u32, BTreeSet<u32>> = snapshot
-        .gpus
-        .iter()
-        .filter(|gpu| gpu.driver_answered())
-        .map(|gpu| (gpu.index, driver.mps_clients(gpu.index)))
-        .filter(|(_, pids)| !pids.is_empty())
-        .collect();
+/// the module's comment), from the MPS clients each answered GPU's answer
+/// listed (`GpuInfo::mps_clients`). Called once a snapshot's details are read.
+pub(super) fn attach(snapshot: &mut Snapshot, listed: BTreeMap<u32, BTreeSet<u32>>) {
     let found = find(snapshot);
     // Only clients count as the driver's MPS list: a driver that listed a
     // server there too must not make "listed" mean "everyone".

@@ -746,6 +746,7 @@ impl SimDriver {
             pci_bus_id: Some(sim_pci_bus_id(index)),
             mig_mode: Some(false),
             instances: Vec::new(),
+            mps_clients: mps::clients(self, index),
         })
     }
 
@@ -839,6 +840,7 @@ impl SimDriver {
             pci_bus_id: Some(sim_pci_bus_id(index)),
             mig_mode: Some(true),
             instances,
+            mps_clients: mps::clients(self, index),
         })
     }
 }
@@ -1018,10 +1020,6 @@ impl Driver for SimDriver {
         self.omit_other_namespaces
     }
 
-    fn mps_clients(&self, index: u32) -> BTreeSet<u32> {
-        mps::clients(self, index)
-    }
-
     fn gpu(&self, index: u32) -> Result<GpuInfo, DriverError> {
         if index >= SimDriver::gpu_count(self) {
             return Err(DriverError::Sim(format!("no GPU {index}")));
@@ -1053,6 +1051,7 @@ impl Driver for SimDriver {
                     pci_bus_id: Some(sim_pci_bus_id(index)),
                     mig_mode: Some(staged.is_some()),
                     instances: staged.map_or_else(Vec::new, |staged| mig::instances(staged)),
+                    mps_clients: BTreeSet::new(),
                 })
             })
             .collect())
