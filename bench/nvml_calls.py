@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""What each NVML call that `status` makes costs on this GPU host, in the order `status` makes
+them (src/driver/nvml.rs: `NvmlDriver::open`, `gpu`, `health`; src/snapshot/mps.rs), each in a
+fresh process so that first calls pay what they pay in `status`. Median of N runs (default 11).
+With --fields-first, the health figures are first asked in one nvmlDeviceGetFieldValues call
+(ECC, retired pages, row remapping, recovery action), then one by one as before, and the values of
+both are printed (of the last run) to compare.
+
+    python3 bench/nvml_calls.py [N] [--fields-first]
+
+Needs pynvml (nvidia-ml-py). With a process holding memory on GPU 0 the lists are not empty:
+start one first (bench/bench.py's worker, or any CUDA program).
+"""
+import json, statistics, subprocess, sys, time
+
+ONE_RUN = r'''
+import json, time, pynvml as n
+t = {}
+def timed(name, call, *args):
+    s = time.perf_counter()
+    try:
+        r = call(*args)
+    except n.NVMLError as e:
+        r = e
+    t[name] = t.get(name, 0) + (time.perf_counter() - s) * 1e3
+    return r
+timed("nvmlInit", n.nvmlInit)
+count = timed("DeviceGetCount", n.nvmlDeviceGetCount)
+for i in range(count):
+    h = timed("GetHandleByIndex (open)", n.nvmlDeviceGetHandleByIndex, i)
+    timed("GetPciInfo (open)", n.nvmlDeviceGetPciInfo, h)
+    timed("GetMinorNumber (open)", n.nvmlDeviceGetMinorNumber, h)
+    timed("GetName (open)", n.nvmlDeviceGetName, h)
+    timed("GetUUID (open)", n.nvmlDeviceGetUUID, h)
+timed("SystemGetDriverVersion (open)", n.nvmlSystemGetDriverVersion)
+for i in range(count):
+    h = timed("GetHandleByIndex (gpu)", n.nvmlDeviceGetHandleByIndex, i)
+    timed("GetMemoryInfo v2 (gpu)", n.nvmlDeviceGetMemoryInfo, h, n.nvmlMemory_v2)
+    timed("GetComputeRunningProcesses (gpu)", n.nvmlDeviceGetComputeRunningProcesses, h)
+    timed("GetMPSComputeRunningProcesses (gpu)", n.nvmlDeviceGetMPSComputeRunningProcesses, h)
+    timed("GetGraphicsRunningProcesses (gpu)", n.nvmlDeviceGetGraphicsRunningProcesses, h)
+    timed("GetMigMode (gpu)", n.nvmlDeviceGetMigMode, h)
+for i in range(count):
+    h = timed("GetHandleByIndex (mps)", n.nvmlDeviceGetHandleByIndex, i)
+    timed("GetMPSComputeRunningProcesses again (mps)", n.nvmlDeviceGetMPSComputeRunningProcesses, h)
+values = {}
+if FIELDS_FIRST:
+    for i in range(count):
+        h = n.nvmlDeviceGetHandleByIndex(i)
+        got = timed("GetFieldValues x6: ECC DBE vol/agg, retired pending, remap pending/failure, recovery (fields)",
+                    n.nvmlDeviceGetFieldValues, h,
+                    [n.NVML_FI_DEV_ECC_DBE_VOL_TOTAL, n.NVML_FI_DEV_ECC_DBE_AGG_TOTAL, n.NVML_FI_DEV_RETIRED_PENDING,
+                     n.NVML_FI_DEV_REMAPPED_PENDING, n.NVML_FI_DEV_REMAPPED_FAILURE,
+                     getattr(n, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", 264)])
+        if not isinstance(got, Exception):
+            values[f"fields gpu{i}"] = [(f.nvmlReturn, f.value.ullVal) for f in got]
+for i in range(count):
+    h = timed("GetHandleByIndex (health)", n.nvmlDeviceGetHandleByIndex, i)
+    values[f"calls gpu{i}"] = [
+        str(timed("GetTotalEccErrors volatile (health)", n.nvmlDeviceGetTotalEccErrors, h,
+                  n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC)),
+        str(timed("GetTotalEccErrors aggregate (health)", n.nvmlDeviceGetTotalEccErrors, h,
+                  n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_AGGREGATE_ECC))]
+    timed("GetFieldValues x3 (health)", n.nvmlDeviceGetFieldValues, h,
+          [n.NVML_FI_DEV_REMAPPED_PENDING, n.NVML_FI_DEV_REMAPPED_FAILURE,
+           getattr(n, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", 264)])
+    values[f"calls gpu{i}"].append(str(timed("GetRetiredPagesPendingStatus (health)",
+                                             n.nvmlDeviceGetRetiredPagesPendingStatus, h)))
+def kmsg():
+    import os
+    fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+    records = 0
+    while True:
+        try:
+            if not os.read(fd, 16384):
+                break
+            records += 1
+        except BlockingIOError:
+            break
+        except BrokenPipeError:
+            continue
+    os.close(fd)
+    return records
+t["kmsg records"] = 0
+try:
+    s = time.perf_counter(); t["kmsg records"] = kmsg(); t["read /dev/kmsg (evidence)"] = (time.perf_counter() - s) * 1e3
+except OSError:
+    pass
+s = time.perf_counter(); n.nvmlShutdown(); t["nvmlShutdown"] = (time.perf_counter() - s) * 1e3
+print(json.dumps(t))
+print(json.dumps(values))
+'''
+
+args = [a for a in sys.argv[1:] if a != "--fields-first"]
+fields_first = "--fields-first" in sys.argv[1:]
+runs = int(args[0]) if args else 11
+outputs = [subprocess.run([sys.executable, "-c", f"FIELDS_FIRST = {fields_first}\n" + ONE_RUN], check=True,
+                          stdout=subprocess.PIPE, text=True).stdout.splitlines() for _ in range(runs)]
+rows = [json.loads(out[0]) for out in outputs]
+print("values (last run):", outputs[-1][1])
+print("| call | median ms | min | max |")
+print("|---|---|---|---|")
+for name in rows[0]:
+    values = sorted(row.get(name, 0) for row in rows)
+    print(f"| {name} | {statistics.median(values):.3f} | {values[0]:.3f} | {values[-1]:.3f} |")
