@@ -591,7 +591,9 @@ fn wait(backend: &BackendChoice, args: &config::WaitRequest) -> Result<Exit, Fai
     let outcome = gpureap::wait::wait(driver.as_ref(), &config.gpus, config.below, config.timeout);
     let waited_ms = outcome.waited.as_millis() as u64;
     let busy = Some(outcome.busy());
-    let holders = (!outcome.ready).then(|| Snapshot::take(driver.as_ref()));
+    // The holders, read as `status` reads them: from the driver's lists where they explain
+    // every GPU's memory, else from every process (`Snapshot::take_seen`).
+    let holders = (!outcome.ready).then(|| Snapshot::take_seen(driver.as_ref()));
     if args.json {
         emit(&report::to_json(&report::WaitJson {
             schema_version: report::SCHEMA_VERSION,
