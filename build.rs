@@ -37,6 +37,41 @@ fn main() {
         commit.as_deref().unwrap_or("unknown")
     );
     println!("cargo:rustc-env=GPUREAP_BUILD_DATE={}", build_date());
+    text_order(&root);
+}
+
+/// The release binary's functions that the one-shot commands run, laid out
+/// first and together (`text-order.txt`, written by `scripts/order-text`):
+/// the kernel maps a binary's text 64 KiB around each page a process
+/// touches, so code spread over the whole text becomes resident almost
+/// whole (docs/performance.md, "the program's own pages"). Only where the
+/// linker is the one that reads such a file: rust-lld, the default for
+/// x86_64 Linux since Rust 1.90 (an older rustc links with the system's ld,
+/// which does not), not a linker set apart (cargo-zigbuild's zig cc for the
+/// portable build, `-C linker=`, `-fuse-ld=`). A name the binary lacks (a
+/// file older than the code) is passed over.
+fn text_order(root: &Path) {
+    const ORDER: &str = "text-order.txt";
+    println!("cargo:rerun-if-changed={ORDER}");
+    let var = |name: &str| std::env::var(name).unwrap_or_default();
+    let flags = var("CARGO_ENCODED_RUSTFLAGS");
+    let own_linker = std::env::var_os("RUSTC_LINKER").is_some()
+        || ["linker", "fuse-ld"]
+            .iter()
+            .any(|flag| flags.contains(flag));
+    let order = root.join(ORDER);
+    if var("PROFILE") == "release"
+        && var("TARGET") == "x86_64-unknown-linux-gnu"
+        && !own_linker
+        && links_with_rust_lld()
+        && order.is_file()
+    {
+        println!(
+            "cargo:rustc-link-arg-bins=-Wl,--symbol-ordering-file={}",
+            order.display()
+        );
+        println!("cargo:rustc-link-arg-bins=-Wl,--no-warn-symbol-ordering");
+    }
 }
 
 /// Runs git in the crate's folder; its trimmed output, if it succeeded.
@@ -108,4 +143,22 @@ fn build_date() -> String {
     };
     let stamp = humantime::format_rfc3339_seconds(when).to_string();
     stamp.split('T').next().unwrap_or(&stamp).to_string()
+}
+
+/// Whether this rustc links x86_64 Linux programs with its rust-lld by
+/// default: from 1.90 on.
+fn links_with_rust_lld() -> bool {
+    let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    let Ok(output) = Command::new(rustc).arg("--version").output() else {
+        return false;
+    };
+    let text = String::from_utf8_lossy(&output.stdout);
+    let mut numbers = text
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or_default()
+        .split(['.', '-'])
+        .map(|part| part.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
+    (major, minor) >= (1, 90)
 }
