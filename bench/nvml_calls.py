@@ -51,7 +51,7 @@ if FIELDS_FIRST:
                     n.nvmlDeviceGetFieldValues, h,
                     [n.NVML_FI_DEV_ECC_DBE_VOL_TOTAL, n.NVML_FI_DEV_ECC_DBE_AGG_TOTAL, n.NVML_FI_DEV_RETIRED_PENDING,
                      n.NVML_FI_DEV_REMAPPED_PENDING, n.NVML_FI_DEV_REMAPPED_FAILURE,
-                     getattr(n, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", 264)])
+                     getattr(n, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", 230)])
         if not isinstance(got, Exception):
             values[f"fields gpu{i}"] = [(f.nvmlReturn, f.value.ullVal) for f in got]
 for i in range(count):
@@ -63,7 +63,7 @@ for i in range(count):
                   n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_AGGREGATE_ECC))]
     timed("GetFieldValues x3 (health)", n.nvmlDeviceGetFieldValues, h,
           [n.NVML_FI_DEV_REMAPPED_PENDING, n.NVML_FI_DEV_REMAPPED_FAILURE,
-           getattr(n, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", 264)])
+           getattr(n, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", 230)])
     values[f"calls gpu{i}"].append(str(timed("GetRetiredPagesPendingStatus (health)",
                                              n.nvmlDeviceGetRetiredPagesPendingStatus, h)))
 def kmsg():
