@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, FromArgMatches, Parser, Subcommand};
 use regex::Regex;
 
 use crate::driver::BackendChoice;
@@ -204,6 +204,59 @@ pub struct Cli {
     pub command: Command,
 }
 
+/// A subcommand's arguments, defined only when that subcommand is the one
+/// given (clap's `Command::defer`): without it every invocation builds every
+/// subcommand's arguments, some 330 KiB of code run and their strings
+/// touched before anything else happens, 40% of `--version`'s instructions
+/// (docs/performance.md, "Round 9"). Reads as the arguments it holds.
+#[derive(Debug)]
+pub struct Lazy<T>(pub T);
+
+impl<T> std::ops::Deref for Lazy<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<T: FromArgMatches> FromArgMatches for Lazy<T> {
+    fn from_arg_matches(matches: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        T::from_arg_matches(matches).map(Lazy)
+    }
+    fn update_from_arg_matches(&mut self, matches: &clap::ArgMatches) -> Result<(), clap::Error> {
+        self.0.update_from_arg_matches(matches)
+    }
+}
+
+impl<T: Args> Args for Lazy<T> {
+    fn augment_args(command: clap::Command) -> clap::Command {
+        command.defer(|command| keep_about(command, T::augment_args))
+    }
+    fn augment_args_for_update(command: clap::Command) -> clap::Command {
+        command.defer(|command| keep_about(command, T::augment_args_for_update))
+    }
+}
+
+/// `augment` with the subcommand's own about kept: its variant's doc
+/// comment, which the derive sets after the arguments and a deferred
+/// argument group's doc comment would otherwise replace.
+fn keep_about(
+    command: clap::Command,
+    augment: fn(clap::Command) -> clap::Command,
+) -> clap::Command {
+    let about = command.get_about().cloned();
+    let long_about = command.get_long_about().cloned();
+    let command = augment(command);
+    let command = match about {
+        Some(about) => command.about(about),
+        None => command.about(None::<&'static str>),
+    };
+    match long_about {
+        Some(long_about) => command.long_about(long_about),
+        None => command.long_about(None::<&'static str>),
+    }
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Show each GPU, its memory, and every process that holds or watches it.
@@ -213,7 +266,7 @@ pub enum Command {
   gpureap status --json | jq '.gpus[] | {index, memory_used}'
   gpureap status -H 'gpu[01-16]'      every host's GPUs in one table, over your ssh
   gpureap status -H @hosts.txt --ssh 'ssh -F ~/.ssh/lab.conf' --json"))]
-    Status(StatusArgs),
+    Status(Lazy<StatusArgs>),
 
     /// Free GPUs: signal the holders in scope and their descendants, then verify through the driver.
     #[command(
@@ -232,14 +285,14 @@ Examples:
   gpureap free -H 'node[1-4]' --match 'sglang::|vllm' --dry-run   the plan on every host
   gpureap free -H 'node[1-4]' --orphans          shows the plan, asks once, frees each host")
     )]
-    Free(FreeArgs),
+    Free(Lazy<FreeArgs>),
 
     /// Wait until GPUs are free enough to launch on; exit 1 listing the holders on timeout.
     #[command(after_help = exit::after_help(Program::Wait, "Examples:
   gpureap wait --gpu 0-3 --timeout 2m && ./launch.sh
   gpureap wait --below 2GiB
   gpureap wait -H 'node[1-4]' --timeout 5m && srun ...   every host below the limit"))]
-    Wait(WaitArgs),
+    Wait(Lazy<WaitArgs>),
 
     /// Supervise a server: contain it, watch readiness and hangs, diagnose, free, restart.
     #[command(
@@ -255,7 +308,7 @@ Examples:
   gpureap run --ready-port 8000 --restart never -- ./serve.sh
   gpureap run --dump --state-dir /var/lib/gpureap/sglang   a bundle now, from the running supervisor")
     )]
-    Run(RunArgs),
+    Run(Lazy<RunArgs>),
 
     /// Copy this gpureap to hosts over ssh, atomically, and check it runs there.
     #[command(
@@ -269,7 +322,7 @@ Examples:
   gpureap push -H @hosts.txt --bin ./gpureap-x86_64-glibc2.17 --to /opt/gpureap/bin/gpureap
   gpureap push -H 'gpu[01-16]' && gpureap status -H 'gpu[01-16]'")
     )]
-    Push(PushArgs),
+    Push(Lazy<PushArgs>),
 
     /// Replay a crashed SGLang server on a simulated 8-GPU host: status, free, verify, and what
     /// `fuser -k /dev/nvidia*; sleep 5` would have done instead. No GPU, no root needed.
@@ -285,7 +338,7 @@ Examples:
   gpureap demo
   gpureap demo --json | jq '.comparison'")
     )]
-    Demo(DemoArgs),
+    Demo(Lazy<DemoArgs>),
 
     /// A live view of every GPU and its holders; free a holder, a tree, a GPU or all orphans
     /// from it, and watch the driver verify that the memory came back.
@@ -304,7 +357,7 @@ Examples:
   gpureap --backend sim:/tmp/gpus top --grace 1s
   gpureap top -H gpu07 --ssh 'ssh -F ~/.ssh/lab.conf'")
     )]
-    Top(TopArgs),
+    Top(Lazy<TopArgs>),
 
     /// Serve GPU memory, holders, orphans and driver health as Prometheus metrics (read-only).
     #[command(
@@ -320,7 +373,7 @@ Examples:
   gpureap exporter --per-process                     also one series per process and GPU
   curl -s 127.0.0.1:9839/metrics | grep gpureap_gpu_memory_unattributed_bytes")
     )]
-    Exporter(ExporterArgs),
+    Exporter(Lazy<ExporterArgs>),
 
     /// One health verdict for the node, for node-problem-detector: exit 0 ok, 1 problem, 3 unknown.
     #[command(
@@ -336,7 +389,7 @@ Examples:
   gpureap check --drain-xids 48,79,95  GPU 1: Xid 79 at 03:12 UTC (GPU has fallen off the bus)
   deploy/kubernetes/node-problem-detector-gpureap.yaml runs it as a custom plugin")
     )]
-    Check(CheckArgs),
+    Check(Lazy<CheckArgs>),
 
     /// Slurm's Epilog, Prolog and HealthCheckProgram: free a job's GPUs, refuse dirty ones, drain.
     ///
@@ -361,7 +414,7 @@ Examples:
   gpureap reset --plan --gpu all --json the same for every GPU, as one JSON document
   gpureap --backend sim:/tmp/gpus reset --gpu 0,1")
     )]
-    Reset(ResetArgs),
+    Reset(Lazy<ResetArgs>),
 
     /// Write a diagnostic bundle for processes gpureap did not start: where each one waits
     /// (Python and native stacks with py-spy, kernel stacks without), its tree, the GPUs.
@@ -378,7 +431,7 @@ Examples:
   gpureap dump --match 'sglang::scheduler' --out /var/tmp/hang
   gpureap dump --gpu 3")
     )]
-    Dump(DumpArgs),
+    Dump(Lazy<DumpArgs>),
 
     /// Plan a server before starting it: the KV cache it will get on these GPUs, how many
     /// requests it holds at once, and what the memory others hold costs it.
@@ -397,7 +450,7 @@ Examples:
   gpureap plan --from-log sglang.log -- python3 -m sglang.launch_server ...
   gpureap plan --json -- vllm serve meta-llama/Llama-3.1-8B-Instruct | jq .fit.verdict")
     )]
-    Plan(PlanArgs),
+    Plan(Lazy<PlanArgs>),
 
     /// Free what a policy names, unattended: orphans, gone supervisors, ended Slurm jobs.
     ///
@@ -418,7 +471,7 @@ Examples:
   gpureap reap --watch --config /etc/gpureap/reap.toml --listen 127.0.0.1:9840
   gpureap reap --orphans --supervisor-gone --older-than 30m --enforce   one pass (two scans), then exit")
     )]
-    Reap(ReapArgs),
+    Reap(Lazy<ReapArgs>),
 }
 
 /// A share of a GPU's holders, above 0 and at most 1.
@@ -1082,6 +1135,40 @@ pub struct DemoArgs {
 
 #[cfg(test)]
 mod tests {
+    use clap::CommandFactory;
+
+    /// A subcommand's arguments are defined when it is built, not before,
+    /// and keep its own about (not a flattened group's doc comment).
+    #[test]
+    fn a_subcommands_arguments_are_defined_only_when_it_is_built() {
+        let unbuilt = super::Cli::command();
+        let status = unbuilt.find_subcommand("status").expect("status");
+        assert_eq!(status.get_arguments().count(), 0);
+        let mut built = super::Cli::command();
+        built.build();
+        for (name, about) in [
+            (
+                "status",
+                "Show each GPU, its memory, and every process that holds or watches it",
+            ),
+            (
+                "free",
+                "Free GPUs: signal the holders in scope and their descendants, then verify through the driver",
+            ),
+            (
+                "check",
+                "One health verdict for the node, for node-problem-detector: exit 0 ok, 1 problem, 3 unknown",
+            ),
+        ] {
+            let command = built.find_subcommand(name).expect(name);
+            assert!(command.get_arguments().any(|arg| arg.get_id() == "backend"));
+            assert_eq!(
+                command.get_about().map(ToString::to_string).as_deref(),
+                Some(about)
+            );
+        }
+    }
+
     /// `--drain-xids`'s default as typed is the documented list.
     #[test]
     fn the_default_drain_list_is_one() {
