@@ -3,7 +3,7 @@
 //! not say which build a host runs, and `push` compares builds.
 //!
 //! The commit is `git rev-parse --short HEAD`, with `-dirty` when the files
-//! that make the binary (src/, build.rs, Cargo.toml, Cargo.lock) differ from
+//! that make the binary (src/, build.rs, Cargo.toml, Cargo.lock, text-order.txt) differ from
 //! it; "unknown" without git (a tarball) or when the crate is not the top of
 //! its repository. The date is today's in UTC, or SOURCE_DATE_EPOCH's for a
 //! reproducible build. The script reruns only when HEAD, the branch it points
@@ -14,7 +14,13 @@ use std::process::Command;
 use std::time::{Duration, SystemTime};
 
 /// The files whose changes make the binary differ from the commit.
-const SOURCES: [&str; 4] = ["src", "build.rs", "Cargo.toml", "Cargo.lock"];
+const SOURCES: [&str; 5] = [
+    "src",
+    "build.rs",
+    "Cargo.toml",
+    "Cargo.lock",
+    "text-order.txt",
+];
 
 fn main() {
     let root = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_default());
@@ -51,8 +57,8 @@ fn main() {
 /// portable build, `-C linker=`, `-fuse-ld=`). A name the binary lacks (a
 /// file older than the code) is passed over.
 fn text_order(root: &Path) {
+    // Rerun on its changes: it is one of SOURCES.
     const ORDER: &str = "text-order.txt";
-    println!("cargo:rerun-if-changed={ORDER}");
     let var = |name: &str| std::env::var(name).unwrap_or_default();
     let flags = var("CARGO_ENCODED_RUSTFLAGS");
     let own_linker = std::env::var_os("RUSTC_LINKER").is_some()
@@ -66,11 +72,12 @@ fn text_order(root: &Path) {
         && links_with_rust_lld()
         && order.is_file()
     {
-        println!(
-            "cargo:rustc-link-arg-bins=-Wl,--symbol-ordering-file={}",
-            order.display()
-        );
-        println!("cargo:rustc-link-arg-bins=-Wl,--no-warn-symbol-ordering");
+        // -Xlinker passes the path whole: -Wl, would split it at a comma.
+        if let Some(order) = order.to_str() {
+            println!("cargo:rustc-link-arg-bins=-Xlinker");
+            println!("cargo:rustc-link-arg-bins=--symbol-ordering-file={order}");
+            println!("cargo:rustc-link-arg-bins=-Wl,--no-warn-symbol-ordering");
+        }
     }
 }
 
