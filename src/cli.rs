@@ -620,7 +620,7 @@ Examples (slurm.conf: Epilog=/etc/slurm/gpureap-epilog.sh, see contrib/slurm/):
   SLURM_JOB_ID=42 SLURM_JOB_UID=1000 SLURM_JOB_GPUS=0,1 SLURMD_NODENAME=$(hostname -s) \\
       gpureap slurm epilog --dry-run")
     )]
-    Epilog(SlurmEpilogArgs),
+    Epilog(Lazy<SlurmEpilogArgs>),
 
     /// Prolog=: the job's GPUs must be clean before it starts, else drain (Slurm requeues the job).
     #[command(
@@ -631,7 +631,7 @@ Examples (slurm.conf: Prolog=/etc/slurm/gpureap-prolog.sh):
   gpureap slurm prolog
   gpureap slurm prolog --wait 5s --log /var/log/gpureap/slurm.jsonl")
     )]
-    Prolog(SlurmPrologArgs),
+    Prolog(Lazy<SlurmPrologArgs>),
 
     /// HealthCheckProgram=: drain the node when memory is held by no running job's process or by
     /// no process; resume a node gpureap drained once it is clean (never an admin's drain).
@@ -641,7 +641,7 @@ Examples (slurm.conf: Prolog=/etc/slurm/gpureap-prolog.sh):
   gpureap slurm healthcheck --reset --node gpu-node-07
   gpureap slurm healthcheck --dry-run")
     )]
-    Healthcheck(SlurmHealthcheckArgs),
+    Healthcheck(Lazy<SlurmHealthcheckArgs>),
 }
 
 /// What every `gpureap slurm` command takes.
@@ -1144,6 +1144,9 @@ mod tests {
         let unbuilt = super::Cli::command();
         let status = unbuilt.find_subcommand("status").expect("status");
         assert_eq!(status.get_arguments().count(), 0);
+        let slurm = unbuilt.find_subcommand("slurm").expect("slurm");
+        let epilog = slurm.find_subcommand("epilog").expect("slurm epilog");
+        assert_eq!(epilog.get_arguments().count(), 0);
         let mut built = super::Cli::command();
         built.build();
         for (name, about) in [
