@@ -82,8 +82,12 @@ pub struct SimDriver {
     /// The last answer and what stood behind it, for `wait_for_change`.
     known: std::sync::Mutex<watch::Known>,
     /// The nodes' opens and releases since the last fresh scan, and the
-    /// directory's changes (`events`); `None` without inotify.
-    events: Option<events::Events>,
+    /// directory's changes (`events`); `None` inside without inotify.
+    /// Made by the first `wait_for_change`, not at open: a command that
+    /// only looks never needs it, and the kernel takes 6-20 ms to tear down
+    /// an inotify instance with watches (measured, docs/performance.md,
+    /// round 10), which every such command would pay as it exits.
+    events: std::sync::OnceLock<Option<events::Events>>,
     /// `DIR/host-proc`, when it is a directory: the proc mount whose
     /// processes this driver lists, instead of this namespace's /proc.
     host_proc: Option<PathBuf>,
@@ -346,7 +350,6 @@ impl SimDriver {
             Err(_) => false,
         };
         let mig = mig::read_all(&directory, &dir, gpu_count)?;
-        let events = events::Events::open(&dir, gpus.len() as u32);
         Ok(SimDriver {
             mig,
             host_proc,
@@ -357,7 +360,7 @@ impl SimDriver {
             node_prefix,
             gpus,
             known: std::sync::Mutex::default(),
-            events,
+            events: std::sync::OnceLock::new(),
         })
     }
 
@@ -482,6 +485,23 @@ impl SimDriver {
 
     /// Every GPU, from the scan a snapshot is being taken with when there
     /// is one (`proc::during`: the same moment, one pass), else a fresh one.
+    /// The events, once a wait has started them (`start_events`).
+    fn events(&self) -> Option<&events::Events> {
+        self.events.get().and_then(Option::as_ref)
+    }
+
+    /// Starts watching the nodes and files (`events`), once; returns
+    /// whether it did so now (and inotify was to be had).
+    fn start_events(&self) -> bool {
+        let mut started = false;
+        self.events.get_or_init(|| {
+            let events = events::Events::open(&self.dir, self.gpus.len() as u32);
+            started = events.is_some();
+            events
+        });
+        started
+    }
+
     fn answer(&self) -> Result<Vec<Result<GpuInfo, DriverError>>, DriverError> {
         if let Some(root) = &self.host_proc {
             let gpus = self.gpus_from(&self.scan()?)?;
@@ -494,7 +514,7 @@ impl SimDriver {
         // emptied just before it, under the lock, so that no other answer's
         // scan interleaves. A scan lent by a snapshot (`proc::during`, made
         // before) classifies nothing here and spoils the baseline.
-        let mut events = self.events.as_ref().and_then(events::Events::lock);
+        let mut events = self.events().and_then(events::Events::lock);
         if let Some(events) = events.as_mut() {
             events.rebase();
         }
@@ -524,7 +544,7 @@ impl SimDriver {
     /// that is not proved: a known holder still holds, a node was opened,
     /// a descriptor is still shared, the scan could not read every process.
     fn released(&self, gpus: &BTreeSet<u32>) -> Option<Figures> {
-        let mut events = self.events.as_ref()?.lock()?;
+        let mut events = self.events()?.lock()?;
         let mut known = self.known.lock().ok()?;
         if !known.complete || !known.hidden.is_empty() {
             tracing::debug!(complete = known.complete, "sim: a scan is needed");
@@ -1076,11 +1096,15 @@ impl Driver for SimDriver {
         limit: Duration,
     ) -> Option<Figures> {
         let gpus: BTreeSet<u32> = last.keys().copied().collect();
+        // The first wait starts watching, and reads once more so that its
+        // scan is the baseline the events count from (`events`): opens
+        // before the watches were there would go unseen.
+        let started = self.start_events();
         let known = self
             .known
             .lock()
             .ok()
-            .filter(|known| known.matches(last))
+            .filter(|known| !started && known.matches(last))
             .map(|known| known.narrowed(last));
         let watched = match known {
             Some(known) => known,
@@ -1096,7 +1120,7 @@ impl Driver for SimDriver {
             }
         };
         let classify = |path: &Path| self.classify_node(path);
-        let backstop = match self.events {
+        let backstop = match self.events() {
             Some(_) => HOLDER_POLL,
             None => HOLDER_POLL_BLIND,
         };
@@ -1106,7 +1130,7 @@ impl Driver for SimDriver {
             || self.file_states(gpus.iter().copied()),
             poll.max(backstop),
             limit,
-            self.events.as_ref(),
+            self.events(),
         );
         if !changed {
             return None;
@@ -1171,6 +1195,41 @@ impl Driver for SimDriver {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A look opens no inotify instance (its teardown as the command exits
+    /// costs 6-20 ms); the first wait starts one and sees the release.
+    /// (That the release is then read without another scan:
+    /// `incidents::wait_reads_a_release_without_another_scan`.)
+    #[test]
+    fn only_a_wait_starts_watching_the_nodes() {
+        use super::incident::{Holder, Incident, SimHost};
+        let host = SimHost::new(2, 80 << 30, "Simulated H200").expect("host");
+        let mut incident = Incident::new(&host);
+        let holder = incident
+            .holder(&Holder::new("sglang::scheduler_TP0").on(0, 30 << 30))
+            .expect("holder");
+        let driver = SimDriver::open(host.path()).expect("driver opens");
+        let gpus: BTreeSet<u32> = [0].into();
+        let last: BTreeMap<u32, Option<u64>> = driver
+            .memory_used_of(&gpus)
+            .into_iter()
+            .map(|(index, used)| (index, used.expect("read")))
+            .collect();
+        assert_eq!(last[&0], Some(30 << 30));
+        assert!(driver.events.get().is_none(), "a look started watching");
+        assert!(
+            driver
+                .wait_for_change(&last, Duration::from_millis(5), Duration::from_millis(50))
+                .is_none(),
+            "nothing changed"
+        );
+        assert!(driver.events().is_some(), "the wait did not start watching");
+        incident.kill(holder).expect("kill");
+        let now = driver
+            .wait_for_change(&last, Duration::from_millis(5), Duration::from_secs(10))
+            .expect("the release is seen");
+        assert_eq!(now[&0].as_ref().ok().copied().flatten(), Some(0));
+    }
 
     #[test]
     fn bad_content_is_described_not_dumped() {
