@@ -493,9 +493,12 @@ fn scan_with(root: &str, classify: Option<Classify>) -> io::Result<ProcScan> {
     Ok(result)
 }
 
-/// Most threads a scan uses, and fewest processes worth a thread of their own.
+/// Most threads a scan uses, and fewest processes worth a thread of their own:
+/// a thread costs ~0.1 ms to start, 64 processes' descriptors 3-6 ms to read
+/// on a 2-core VM (the simulated host's 185 processes: 13 ms with two
+/// threads against 19 with one; docs/performance.md, round 10).
 const MAX_SCAN_THREADS: usize = 32;
-const MIN_PIDS_PER_THREAD: usize = 256;
+const MIN_PIDS_PER_THREAD: usize = 64;
 /// PIDs a thread takes at a time: small enough to even out the threads'
 /// shares (a crowd of processes with many descriptors sits in one range of
 /// PIDs), large enough that taking one costs nothing.
@@ -791,12 +794,23 @@ fn scan_fds(
 /// A process's command line, arguments joined by spaces; empty for kernel
 /// threads, zombies, and processes that have gone.
 pub fn cmdline(pid: u32) -> String {
-    let Ok(bytes) = fs::read(format!("/proc/{pid}/cmdline")) else {
+    let Ok(bytes) = read_small(&format!("/proc/{pid}/cmdline"), u64::MAX) else {
         return String::new();
     };
     let text = String::from_utf8_lossy(&bytes);
     text.trim_end_matches('\0').replace('\0', " ")
 }
+/// A /proc file whole, up to `limit` bytes. /proc says its files are 0
+/// bytes long, so `fs::read` starts from a 32-byte probe and doubles: an
+/// environment of a few KiB took eight reads. One page first, then as
+/// `read_to_end` grows it.
+pub fn read_small(path: &str, limit: u64) -> io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut bytes = Vec::with_capacity(4096);
+    fs::File::open(path)?.take(limit).read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
 /// The identity (PID and start time) of the process with this PID now.
 pub fn identity(pid: u32) -> Option<ProcessId> {
     start_time(pid).map(|start_time| ProcessId { pid, start_time })
@@ -835,8 +849,8 @@ pub fn state_of(id: ProcessId) -> Option<State> {
 
 /// What the kernel says the process is blocked in, for D-state reports.
 pub fn wchan(pid: u32) -> Option<String> {
-    let text = fs::read_to_string(format!("/proc/{pid}/wchan")).ok()?;
-    let text = text.trim();
+    let bytes = read_small(&format!("/proc/{pid}/wchan"), 4096).ok()?;
+    let text = std::str::from_utf8(&bytes).ok()?.trim();
     (!text.is_empty() && text != "0").then(|| text.to_string())
 }
 
@@ -852,10 +866,7 @@ const CGROUP_FILE_LIMIT: u64 = 64 * 1024;
 /// name is any bytes its creator chose), bounded; None when unreadable
 /// (the process is gone).
 pub fn cgroup_file(pid: u32) -> Option<String> {
-    use std::io::Read;
-    let file = fs::File::open(format!("/proc/{pid}/cgroup")).ok()?;
-    let mut bytes = Vec::new();
-    file.take(CGROUP_FILE_LIMIT).read_to_end(&mut bytes).ok()?;
+    let bytes = read_small(&format!("/proc/{pid}/cgroup"), CGROUP_FILE_LIMIT).ok()?;
     Some(String::from_utf8_lossy(&bytes).into_owned())
 }
 
@@ -909,7 +920,7 @@ pub fn cpu_ticks(pid: u32) -> Option<u64> {
 
 /// The value of `name` in a process's environment (as it started).
 pub fn env_value(pid: u32, name: &str) -> Option<String> {
-    let environ = fs::read(format!("/proc/{pid}/environ")).ok()?;
+    let environ = read_small(&format!("/proc/{pid}/environ"), u64::MAX).ok()?;
     environ.split(|&byte| byte == 0).find_map(|entry| {
         let value = entry.strip_prefix(name.as_bytes())?.strip_prefix(b"=")?;
         Some(String::from_utf8_lossy(value).into_owned())
@@ -919,7 +930,7 @@ pub fn env_value(pid: u32, name: &str) -> Option<String> {
 /// The real uid from /proc/PID/status (the owner of /proc/PID is root for
 /// non-dumpable processes).
 pub fn real_uid(pid: u32) -> Option<u32> {
-    status_uid(&fs::read(format!("/proc/{pid}/status")).ok()?)
+    status_uid(&read_small(&format!("/proc/{pid}/status"), u64::MAX).ok()?)
 }
 
 /// The real uid on the `Uid:` line of a /proc/PID/status, read as bytes:

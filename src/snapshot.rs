@@ -666,9 +666,11 @@ impl Snapshot {
             // The real uid: /proc/PID is owned by root for non-dumpable processes.
             record.uid = proc::real_uid(pid);
         }
+        // A user's name is looked up once: each lookup reads /etc/passwd.
+        let mut users = BTreeMap::new();
         for pid in holders {
             if let Some(record) = snapshot.processes.get(&pid) {
-                let details = read_details(record, &snapshot.processes);
+                let details = read_details(record, &snapshot.processes, &mut users);
                 snapshot.details.insert(pid, details);
             }
         }
@@ -1143,7 +1145,11 @@ fn is_foreign(pid: u32, processes: &BTreeMap<u32, ProcessRecord>) -> bool {
     }
 }
 
-fn read_details(record: &ProcessRecord, processes: &BTreeMap<u32, ProcessRecord>) -> Details {
+fn read_details(
+    record: &ProcessRecord,
+    processes: &BTreeMap<u32, ProcessRecord>,
+    users: &mut BTreeMap<u32, String>,
+) -> Details {
     let pid = record.id.pid;
     let cgroup_file = proc::cgroup_file(pid);
     let cgroup = cgroup_file.as_deref().and_then(proc::cgroup_shown);
@@ -1152,11 +1158,17 @@ fn read_details(record: &ProcessRecord, processes: &BTreeMap<u32, ProcessRecord>
         .and_then(|text| container::of_process(pid, text));
     let supervision = supervised::supervision_of(record, cgroup.as_deref(), processes);
     Details {
-        user: record
-            .uid
-            .and_then(uzers::get_user_by_uid)
-            .map(|user| user.name().to_string_lossy().into_owned())
-            .or_else(|| record.uid.map(|uid| uid.to_string())),
+        user: record.uid.map(|uid| {
+            users
+                .entry(uid)
+                .or_insert_with(|| {
+                    uzers::get_user_by_uid(uid).map_or_else(
+                        || uid.to_string(),
+                        |user| user.name().to_string_lossy().into_owned(),
+                    )
+                })
+                .clone()
+        }),
         wchan: if matches!(record.state, State::Uninterruptible | State::Sleeping) {
             proc::wchan(pid)
         } else {

@@ -130,7 +130,7 @@ pub struct MpsLink {
 /// A process's pipe directory: its `CUDA_MPS_PIPE_DIRECTORY`, the default
 /// where it sets none, `None` where its environment cannot be read.
 fn pipe_directory(pid: u32) -> Option<String> {
-    let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    let environ = proc::read_small(&format!("/proc/{pid}/environ"), u64::MAX).ok()?;
     let found = environ.split(|&byte| byte == 0).find_map(|entry| {
         let value = entry
             .strip_prefix(PIPE_VARIABLE.as_bytes())?
