@@ -912,6 +912,7 @@ pub fn free(
     progress: &mut dyn FnMut(&Progress),
 ) -> FreeReport {
     let start = Instant::now();
+    driver.will_wait();
     let memory_before: BTreeMap<u32, Option<u64>> = first
         .gpus
         .iter()

@@ -105,6 +105,7 @@ pub fn wait_until(
         let failed = readings.iter().any(|gpu| gpu.error.is_some());
         (failed, !failed && done(readings))
     };
+    driver.will_wait();
     let mut readings = states(driver.memory_used_of(gpus), below);
     let (mut failed, mut ready) = judge(&readings, &mut done);
     loop {

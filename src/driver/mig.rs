@@ -336,6 +336,10 @@ impl Driver for InstanceView {
         self.inner.reset(index)
     }
 
+    fn will_wait(&self) {
+        self.inner.will_wait();
+    }
+
     fn wait_for_change(
         &self,
         last: &BTreeMap<u32, Option<u64>>,

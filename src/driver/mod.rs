@@ -221,6 +221,13 @@ pub trait Driver: Send + Sync {
     /// Called once per open descriptor on the host, so it must be cheap.
     fn classify_node(&self, path: &Path) -> Option<Node>;
 
+    /// Says that `wait_for_change` will follow: a backend that watches for
+    /// changes starts watching now, so that its next reading is the one its
+    /// watching counts from (the simulated driver's inotify, which a command
+    /// that only looks never pays for). Callers that wait call it before
+    /// their first reading; a wait without it reads once more first.
+    fn will_wait(&self) {}
+
     /// Blocks until the memory used on any of these GPUs differs from `last`
     /// (or may have: a backend that cannot tell cheaply says so), or until
     /// `limit` passes. Returns the figures it saw change (`memory_used_of`'s

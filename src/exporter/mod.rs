@@ -84,6 +84,7 @@ pub fn run(config: &ExporterConfig, driver: Box<dyn Driver>) -> io::Result<Exit>
     // The first scrape already finds a snapshot.
     let mut figures = ScanFigures::default();
     let mut pace = Pace::default();
+    driver.will_wait();
     let (first, mut failed) = scan(
         driver.as_ref(),
         &mut figures,

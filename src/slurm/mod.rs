@@ -972,6 +972,7 @@ fn prolog(backend: &BackendChoice, args: &PrologConfig, outcome: &Outcome) -> Ex
         Err(code) => return code,
     };
     let wait_until = started + args.wait;
+    driver.will_wait();
     loop {
         let snapshot = Snapshot::take(driver.as_ref());
         let found = findings(&snapshot, &gpus, &mut |_, record| {

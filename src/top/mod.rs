@@ -383,6 +383,7 @@ fn local_samples(
 ) {
     let going = move || open.load(Ordering::SeqCst) && ending.load(Ordering::SeqCst) == 0;
     let mut pace = Pace::default();
+    driver.will_wait();
     let mut force = true;
     while going() {
         // A change is looked at again a moment later: a process caught

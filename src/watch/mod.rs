@@ -614,6 +614,7 @@ fn catch_signals() -> std::io::Result<Arc<AtomicBool>> {
 /// interval apart) until SIGTERM or SIGINT.
 pub fn run(config: &ReapConfig, driver: &dyn Driver) -> std::io::Result<Exit> {
     let stop = catch_signals()?;
+    driver.will_wait();
     let mut watch = Watch {
         config,
         driver,

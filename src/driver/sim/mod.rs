@@ -83,7 +83,7 @@ pub struct SimDriver {
     known: std::sync::Mutex<watch::Known>,
     /// The nodes' opens and releases since the last fresh scan, and the
     /// directory's changes (`events`); `None` inside without inotify.
-    /// Made by the first `wait_for_change`, not at open: a command that
+    /// Made by `will_wait` (or the first `wait_for_change`), not at open: a command that
     /// only looks never needs it, and the kernel takes 6-20 ms to tear down
     /// an inotify instance with watches (measured, docs/performance.md,
     /// round 10), which every such command would pay as it exits.
@@ -1089,6 +1089,10 @@ impl Driver for SimDriver {
     /// those files are watched (`watch`), with no /proc scan; otherwise one
     /// reading catches up with what changed since `last` first. A new
     /// holder that writes no claim is left to the caller's next full look.
+    fn will_wait(&self) {
+        self.start_events();
+    }
+
     fn wait_for_change(
         &self,
         last: &BTreeMap<u32, Option<u64>>,
@@ -1096,9 +1100,9 @@ impl Driver for SimDriver {
         limit: Duration,
     ) -> Option<Figures> {
         let gpus: BTreeSet<u32> = last.keys().copied().collect();
-        // The first wait starts watching, and reads once more so that its
-        // scan is the baseline the events count from (`events`): opens
-        // before the watches were there would go unseen.
+        // A wait not announced (`will_wait`) starts watching here, and reads
+        // once more so that its scan is the baseline the events count from
+        // (`events`): opens before the watches were there would go unseen.
         let started = self.start_events();
         let known = self
             .known
@@ -1197,7 +1201,8 @@ mod tests {
     use super::*;
 
     /// A look opens no inotify instance (its teardown as the command exits
-    /// costs 6-20 ms); the first wait starts one and sees the release.
+    /// costs 6-20 ms); `will_wait`, or else the first wait, starts one, and
+    /// the wait sees the release.
     /// (That the release is then read without another scan:
     /// `incidents::wait_reads_a_release_without_another_scan`.)
     #[test]
@@ -1229,6 +1234,13 @@ mod tests {
             .wait_for_change(&last, Duration::from_millis(5), Duration::from_secs(10))
             .expect("the release is seen");
         assert_eq!(now[&0].as_ref().ok().copied().flatten(), Some(0));
+        // A caller that says it will wait has the watch before its reading.
+        let announced = SimDriver::open(host.path()).expect("driver opens");
+        announced.will_wait();
+        assert!(
+            announced.events().is_some(),
+            "will_wait did not start watching"
+        );
     }
 
     #[test]
