@@ -800,6 +800,7 @@ pub fn cmdline(pid: u32) -> String {
     let text = String::from_utf8_lossy(&bytes);
     text.trim_end_matches('\0').replace('\0', " ")
 }
+
 /// A /proc file whole, up to `limit` bytes. /proc says its files are 0
 /// bytes long, so `fs::read` starts from a 32-byte probe and doubles: an
 /// environment of a few KiB took eight reads. One page first, then as

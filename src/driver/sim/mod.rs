@@ -483,8 +483,6 @@ impl SimDriver {
         .map_err(cannot_read_proc)
     }
 
-    /// Every GPU, from the scan a snapshot is being taken with when there
-    /// is one (`proc::during`: the same moment, one pass), else a fresh one.
     /// The events, once a wait has started them (`start_events`).
     fn events(&self) -> Option<&events::Events> {
         self.events.get().and_then(Option::as_ref)
@@ -502,6 +500,8 @@ impl SimDriver {
         started
     }
 
+    /// Every GPU, from the scan a snapshot is being taken with when there
+    /// is one (`proc::during`: the same moment, one pass), else a fresh one.
     fn answer(&self) -> Result<Vec<Result<GpuInfo, DriverError>>, DriverError> {
         if let Some(root) = &self.host_proc {
             let gpus = self.gpus_from(&self.scan()?)?;
@@ -1082,6 +1082,11 @@ impl Driver for SimDriver {
         self.figures(self.gpus(), indexes)
     }
 
+    /// The watch (`events`) starts here, before the caller's first reading.
+    fn will_wait(&self) {
+        self.start_events();
+    }
+
     /// Memory on the simulated driver changes only when a holder closes
     /// its node or exits, or a file of the directory changes (a leak, a lost
     /// GPU, a new claim): so when `last` is what this driver answered last
@@ -1089,10 +1094,6 @@ impl Driver for SimDriver {
     /// those files are watched (`watch`), with no /proc scan; otherwise one
     /// reading catches up with what changed since `last` first. A new
     /// holder that writes no claim is left to the caller's next full look.
-    fn will_wait(&self) {
-        self.start_events();
-    }
-
     fn wait_for_change(
         &self,
         last: &BTreeMap<u32, Option<u64>>,
