@@ -601,12 +601,9 @@ def idle(host):
     alone = {name: [] for name, command in commands if command[3] == "wait"}
 
     def cpu_of(command):
-        record = tempfile.mktemp(prefix="gpureap-cpu-")
-        subprocess.run(["/usr/bin/time", "-o", record, "-f", "%U %S %e", *command],
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        user, system, wall = (float(v) for v in Path(record).read_text().split()[-3:])
-        os.unlink(record)
-        return user + system, wall
+        cpu = []
+        wall, _, _ = timed(command, cpu=cpu)
+        return cpu[0], wall
 
     try:
         with crowd.running(crowd_size):
