@@ -9,7 +9,9 @@ It builds gpureap (cargo build --release) unless --bin is given. Three parts:
 
 1. Seeing: `gpureap status --json` (and `status --json --monitors`, which reads every process's
    descriptors) against `fuser` on the same device nodes (and, with --gpu,
-   `nvidia-smi --query-compute-apps`), with 100, 1,000, 5,000 and 20,000 extra idle processes
+   `nvidia-smi --query-compute-apps`; for reference, plain `nvidia-smi` and
+   `nvidia-smi --query-gpu` of the health figures `status` shows, which read the ECC counters
+   as `status` does), with 100, 1,000, 5,000 and 20,000 extra idle processes
    of about ten open files each (bench/crowd.py starts and ends them; --quick: 100 and 1,000;
    `--crowds 100,1000` picks others). Wall time (median) and peak RSS, and a plot of time against
    process count, one line per tool (an SVG written by this script: docs/bench/seeing-sim.svg,
@@ -42,7 +44,13 @@ time and memory against hosts: docs/bench/growth-{time,cpu,memory}-sim.svg and
 fleet-{time,memory}-sim.svg (-h200 with --gpu, beside the --out file).
 
     python3 bench/bench.py --exporter      # only the exporter's part (below); its own section of the doc
-    python3 bench/bench.py --parts seeing  # only some parts (seeing, freeing, waiting, idle, fleet, fleet-scale)
+    python3 bench/bench.py --parts seeing  # only some parts (seeing, freeing, waiting, idle, fleet, fleet-scale, hour)
+    python3 bench/bench.py --parts hour --minutes 62   # the exporter and the watch left running (not by default)
+
+7. Left running ("hour", only when asked, not with --gpu): bench/exporter_memory.py and
+   bench/watch_idle.py side by side for --minutes (62 by default), with one crowd of 5,000 extra
+   processes that both see (1,000 with --quick): resident memory's slope (KiB per hour), CPU share of a core,
+   the exporter's scrape latency; with `--compare B`, a watch of B beside them.
 
 4. Exporter (`--exporter`): `gpureap exporter --interval 15s` on the simulated host with the
    orphaned tree and 5,000 extra processes (1,000 with --quick): scrape latency p50/p99 over
@@ -79,7 +87,7 @@ GPU = "--gpu" in args
 OUT = Path(args[args.index("--out") + 1]) if "--out" in args else None
 BIN = str(Path(args[args.index("--bin") + 1]).resolve()) if "--bin" in args else None
 EXPORTER = "--exporter" in args
-# --compare OTHER: parts that support it (idle) run this build and OTHER side by side, interleaved.
+# --compare OTHER: parts that support it (seeing, waiting, idle, hour) run this build and OTHER side by side.
 COMPARE = str(Path(args[args.index("--compare") + 1]).resolve()) if "--compare" in args else None
 REPEAT = 3 if QUICK else 5
 CROWDS = ([int(n) for n in args[args.index("--crowds") + 1].split(",")] if "--crowds" in args
@@ -92,7 +100,13 @@ WAIT_CROWD = int(args[args.index("--wait-crowd") + 1]) if "--wait-crowd" in args
 FLEET_HOSTS = ([int(n) for n in args[args.index("--hosts") + 1].split(",")] if "--hosts" in args
                else [8, 64] if QUICK else [8, 64, 256])
 SSH_LATENCY = float(args[args.index("--ssh-latency") + 1]) if "--ssh-latency" in args else None
+# Part "hour": how long the exporter and the watch are left running, and their crowd.
+HOUR_MINUTES = float(args[args.index("--minutes") + 1]) if "--minutes" in args else 62
+HOUR_CROWD = 1000 if QUICK else 5000
 WORKERS = 8
+# The health figures `status` reads for each GPU (docs/evidence.md), as nvidia-smi names them.
+SMI_HEALTH = ("index,memory.used,ecc.errors.uncorrected.volatile.total,ecc.errors.uncorrected.aggregate.total,"
+              "retired_pages.pending,remapped_rows.pending,remapped_rows.failure")
 LINES = []
 
 
@@ -311,6 +325,10 @@ def seeing(host):
     if GPU:
         tools.append(("smi", "nvidia-smi --query-compute-apps",
                       ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv"]))
+        # What the user types, and the GPU health status shows: both read the ECC counters.
+        tools.append(("smi-plain", "nvidia-smi", ["nvidia-smi"]))
+        tools.append(("smi-health", "nvidia-smi --query-gpu (health)", ["nvidia-smi", f"--query-gpu={SMI_HEALTH}",
+                                                                         "--format=csv"]))
     if COMPARE:
         tools.append(("compare", "--compare build status --json", host.gpureap("status", "--json", binary=COMPARE)))
     header = "| extra processes | gpureap status --json | status --json --monitors (every process's descriptors) |"
@@ -319,8 +337,9 @@ def seeing(host):
         header += " fuser (list only) | fuser / gpureap |"
         rule += "---|---|"
     if GPU:
-        header += " nvidia-smi --query-compute-apps | nvidia-smi / gpureap |"
-        rule += "---|---|"
+        header += (" nvidia-smi --query-compute-apps | nvidia-smi / gpureap | nvidia-smi (plain) | plain / gpureap |"
+                   " --query-compute-apps + --query-gpu health (two calls) | both / gpureap |")
+        rule += "---|---|---|---|---|---|"
     if COMPARE:
         header += " --compare build | --compare / this build |"
         rule += "---|---|"
@@ -356,6 +375,11 @@ def seeing(host):
             if GPU:
                 s = median(times["smi"])
                 row += f" {s * 1000:.0f} ms, {rss_text(rss['smi'])} | {s / g:.2f}x |"
+                p = median(times["smi-plain"])
+                row += f" {p * 1000:.0f} ms, {rss_text(rss['smi-plain'])} | {p / g:.2f}x |"
+                # Each run's two calls, added run by run, then the median.
+                both = median([a + b for a, b in zip(times["smi"], times["smi-health"])])
+                row += f" {both * 1000:.0f} ms | {both / g:.2f}x |"
             if COMPARE:
                 c = median(times["compare"])
                 row += f" {c * 1000:.0f} ms, {rss_text(rss['compare'])} | {c / g:.2f}x |"
@@ -809,8 +833,54 @@ def shown_arguments():
     return "".join(f" {argument}" for argument in shown)
 
 
+def left_running():
+    """Part "hour": the exporter (bench/exporter_memory.py) and the watch's idle loop
+    (bench/watch_idle.py) left running side by side for --minutes (62 by default), with one crowd
+    of idle processes: their resident memory's slope, CPU share and scrape latency."""
+    say(f"## 7. Left running: memory and CPU over {HOUR_MINUTES:g} minutes\n")
+    say("The exporter (`bench/exporter_memory.py`: scraped every 15 s, `--per-process`) and the watch "
+        "(`bench/watch_idle.py`: `reap --watch`, a look every 10 s) ran side by side, each on a simulated 8-GPU "
+        f"host of its own, with one crowd of {HOUR_CROWD:,} extra processes that both see "
+        "(each also sees the other's server); each script's report as it printed it.\n")
+    work = Path(tempfile.mkdtemp(prefix="gpureap-bench-hour-"))
+    scripts = {"exporter": ("exporter_memory.py", BIN), "watch": ("watch_idle.py", BIN)}
+    if COMPARE:
+        say("With `--compare`, a second watch of the other build ran beside them, on a host of its own.\n")
+        scripts["compare"] = ("watch_idle.py", COMPARE)
+    running = {}
+    try:
+        left_running_in(work, scripts, running)
+    finally:
+        for child in running.values():
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+                child.wait()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def left_running_in(work, scripts, running):
+    """The hour part's runs (each child in `running` as it starts) and their reports."""
+    with crowd.running(HOUR_CROWD):
+        for name, (script, binary) in scripts.items():
+            running[name] = subprocess.Popen([sys.executable, str(ROOT / "bench" / script), "--bin", binary,
+                                              "--minutes", str(HOUR_MINUTES), "--crowd", "0",
+                                              "--out", str(work / f"{name}.md")],
+                                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        outputs = {name: child.communicate()[0] for name, child in running.items()}
+    for name, child in running.items():
+        report = work / f"{name}.md"
+        title = {"exporter": "The exporter", "watch": "The watch", "compare": "The watch, --compare build"}[name]
+        say(f"### {title}\n")
+        if child.returncode == 0 and report.exists():
+            say(report.read_text())
+        else:
+            say(f"bench/{scripts[name][0]} exited {child.returncode}:\n\n```\n{outputs[name][-2000:]}\n```\n")
+
+
 def main():
     global BIN
+    # SIGTERM unwinds as an exit does, so that what this run started is ended (finally).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if BIN is None:
         subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=ROOT, check=True)
         BIN = str(ROOT / "target/release/gpureap")
@@ -847,6 +917,8 @@ def main():
                 fleet_bench.run(say, BIN, QUICK)
             if "fleet-scale" in PARTS:
                 fleet_scale()
+            if "hour" in PARTS and not GPU:
+                left_running()
     finally:
         host.cleanup()
     plots()

@@ -100,7 +100,8 @@ def report(samples, latencies, wall, cpu, body):
     for t, kib in samples:
         per_minute.setdefault(int(t // 60), kib)
     lines = [
-        f"# exporter --interval {INTERVAL} --per-process: {CROWD:,} extra processes, scraped every {SCRAPE}, "
+        f"# exporter --interval {INTERVAL} --per-process: {CROWD:,} extra processes started, {host_processes():,} on the host, "
+        f"scraped every {SCRAPE}, "
         f"{wall / 60:.1f} min",
         "",
         f"Machine: {os.cpu_count()} cores, {os.uname().release}; binary {BIN}; "
@@ -125,6 +126,8 @@ def report(samples, latencies, wall, cpu, body):
 
 
 def main():
+    # SIGTERM unwinds as an exit does, so that what this run started is ended (finally).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     host, work = simulated_host(), Path(tempfile.mkdtemp(prefix="gpureap-exporter-mem-work-"))
     server = start_server(host, work)
     ready = work / "crowd-ready"

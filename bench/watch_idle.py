@@ -88,6 +88,8 @@ def slope(points):
 
 
 def main():
+    # SIGTERM unwinds as an exit does, so that what this run started is ended (finally).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     host = Path(tempfile.mkdtemp(prefix="gpureap-watch-bench-"))
     for index in range(GPUS):
         (host / f"nvidia{index}").touch()
@@ -142,7 +144,8 @@ def main():
         for t, _, kib in samples:
             per_minute.setdefault(int(t // 60), kib)
         lines = [
-            f"# reap --watch idle: {CROWD:,} extra processes, --interval {INTERVAL}, {wall / 60:.1f} min",
+            f"# reap --watch idle: {CROWD:,} extra processes started, {host_processes():,} on the host, --interval {INTERVAL}, "
+            f"{wall / 60:.1f} min",
             "",
             f"Machine: {os.cpu_count()} cores, {os.uname().release}; binary {BIN}; "
             f"load average at the end {os.getloadavg()[0]:.1f}.",
