@@ -81,6 +81,8 @@ pub struct SimDriver {
     bookkeeping: u64,
     /// The last answer and what stood behind it, for `wait_for_change`.
     known: std::sync::Mutex<watch::Known>,
+    /// The holders the last wait watched, for the next (`watch::Kept`).
+    kept: std::sync::Mutex<watch::Kept>,
     /// The nodes' opens and releases since the last fresh scan, and the
     /// directory's changes (`events`); `None` inside without inotify.
     /// Made by `will_wait` (or the first `wait_for_change`), not at open: a command that
@@ -360,6 +362,7 @@ impl SimDriver {
             node_prefix,
             gpus,
             known: std::sync::Mutex::default(),
+            kept: std::sync::Mutex::default(),
             events: std::sync::OnceLock::new(),
         })
     }
@@ -1136,6 +1139,7 @@ impl Driver for SimDriver {
             poll.max(backstop),
             limit,
             self.events(),
+            &self.kept,
         );
         if !changed {
             return None;
@@ -1242,6 +1246,49 @@ mod tests {
             announced.events().is_some(),
             "will_wait did not start watching"
         );
+    }
+
+    /// A wait that ends with nothing changed keeps its holders' pidfds for
+    /// the next wait on them (the watch waits in 200 ms pieces), and an exit
+    /// between two waits is still seen by the next one.
+    #[test]
+    fn a_wait_keeps_its_holders_for_the_next_and_sees_an_exit_between() {
+        use super::incident::{Holder, Incident, SimHost};
+        let host = SimHost::new(2, 80 << 30, "Simulated H200").expect("host");
+        let mut incident = Incident::new(&host);
+        let first = incident
+            .holder(&Holder::new("sglang::scheduler_TP0").on(0, 30 << 30))
+            .expect("holder");
+        incident
+            .holder(&Holder::new("sglang::scheduler_TP1").on(1, 20 << 30))
+            .expect("holder");
+        let driver = SimDriver::open(host.path()).expect("driver opens");
+        driver.will_wait();
+        let gpus: BTreeSet<u32> = [0, 1].into();
+        let last: BTreeMap<u32, Option<u64>> = driver
+            .memory_used_of(&gpus)
+            .into_iter()
+            .map(|(index, used)| (index, used.expect("read")))
+            .collect();
+        assert_eq!(last[&0], Some(30 << 30));
+        let wait =
+            || driver.wait_for_change(&last, Duration::from_millis(5), Duration::from_millis(30));
+        assert!(wait().is_none(), "nothing changed");
+        let kept = driver.kept.lock().expect("kept").pidfds();
+        let pids: BTreeSet<u32> = kept.iter().map(|&(pid, _)| pid).collect();
+        assert_eq!(pids.len(), 2, "the holders were not kept: {kept:?}");
+        assert!(wait().is_none(), "nothing changed");
+        assert_eq!(
+            driver.kept.lock().expect("kept").pidfds(),
+            kept,
+            "the second wait opened its holders again"
+        );
+        incident.kill(first).expect("kill");
+        let now = driver
+            .wait_for_change(&last, Duration::from_millis(5), Duration::from_secs(10))
+            .expect("the exit between the waits is seen");
+        assert_eq!(now[&0].as_ref().ok().copied().flatten(), Some(0));
+        assert_eq!(now[&1].as_ref().ok().copied().flatten(), Some(20 << 30));
     }
 
     #[test]

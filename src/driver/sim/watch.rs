@@ -165,6 +165,26 @@ fn node_fds(pid: u32, node: Node, classify: Classify) -> Vec<String> {
         .collect()
 }
 
+/// The holders the last wait watched to its end with nothing changed, kept
+/// for the next wait on the same holders: their pidfds and the descriptors
+/// they hold the node by. A mode left running waits in short pieces (the
+/// watch looks at its stop flag every 200 ms), and opening and reading every
+/// holder again for each piece cost more than the waiting.
+#[derive(Default)]
+pub(super) struct Kept(Vec<Watched>);
+
+#[cfg(test)]
+impl Kept {
+    /// The kept holders' PIDs and pidfds (as numbers), for the tests.
+    pub(super) fn pidfds(&self) -> Vec<(u32, i32)> {
+        use std::os::fd::AsRawFd;
+        self.0
+            .iter()
+            .filter_map(|held| Some((held.id.pid, held.pidfd.as_ref()?.as_raw_fd())))
+            .collect()
+    }
+}
+
 /// One holder being watched: its pidfd, when the kernel has them, and the
 /// descriptors it had on the node.
 struct Watched {
@@ -232,10 +252,23 @@ pub(super) fn changed_within(
     poll_every: Duration,
     limit: Duration,
     events: Option<&Events>,
+    kept: &std::sync::Mutex<Kept>,
 ) -> bool {
     let deadline = Instant::now() + limit;
+    let mut earlier = kept
+        .lock()
+        .map(|mut kept| std::mem::take(&mut kept.0))
+        .unwrap_or_default();
     let mut holders = Vec::new();
     for &(id, node) in &known.holders {
+        // Kept only with its pidfd, which pins the process it was opened on.
+        if let Some(at) = earlier
+            .iter()
+            .position(|held| held.id == id && held.node == node && held.pidfd.is_some())
+        {
+            holders.push(earlier.swap_remove(at));
+            continue;
+        }
         match pidfd(id) {
             Ok(pidfd) => holders.push(Watched {
                 id,
@@ -259,6 +292,11 @@ pub(super) fn changed_within(
         let counted = count_descriptors(known, &holders, classify);
         events.count(counted);
     }
+    // A kept holder that exited since the last wait (its pidfd readable):
+    // its PID may name another process by now, so nothing of it is read.
+    if exited(&holders) {
+        return true;
+    }
     let gone = |id: &ProcessId| proc::state_of(*id).is_none_or(|state| state.has_exited());
     let files = (known.files.clone(), known.claims);
     loop {
@@ -270,6 +308,9 @@ pub(super) fn changed_within(
         }
         let remaining = deadline.saturating_duration_since(Instant::now());
         if remaining.is_zero() {
+            if let Ok(mut kept) = kept.lock() {
+                kept.0 = holders;
+            }
             return false;
         }
         // An exit makes its pidfd readable: the wait ends at once. A node
@@ -294,4 +335,18 @@ pub(super) fn changed_within(
             events.drain();
         }
     }
+}
+
+/// Whether any of these holders' pidfds is readable: its process exited.
+fn exited(holders: &[Watched]) -> bool {
+    let mut fds: Vec<PollFd> = holders
+        .iter()
+        .filter_map(|holder| holder.pidfd.as_ref())
+        .map(|fd| PollFd::new(fd, PollFlags::IN))
+        .collect();
+    if fds.is_empty() {
+        return false;
+    }
+    let now = Timespec::try_from(Duration::ZERO).ok();
+    poll(&mut fds, now.as_ref()).map_or(true, |ready| ready > 0)
 }
