@@ -195,18 +195,19 @@ struct Watched {
 }
 
 impl Watched {
-    /// Whether it still has its node open. With a pidfd (which ends the
-    /// wait when the process exits, so its PID cannot have been reused
-    /// unseen) one `readlink` of a descriptor known to point there is
-    /// enough; else, or when that descriptor has gone, all are read again.
+    /// Whether it still has its node open. With a pidfd, one `readlink` of
+    /// a descriptor known to point there is enough, when the pidfd is not
+    /// readable after it: the process had not exited when the link was
+    /// read, so its PID was still its own. Else, or when that descriptor
+    /// has gone, all are read again, by identity (`proc::nodes_of`).
     fn holds(&mut self, classify: Classify) -> bool {
-        if self.pidfd.is_some() {
+        if let Some(pidfd) = &self.pidfd {
             let still = self.fds.iter().any(|fd| {
                 std::fs::read_link(format!("/proc/{}/fd/{fd}", self.id.pid))
                     .is_ok_and(|target| classify(&target) == Some(self.node))
             });
             if still {
-                return true;
+                return !readable(pidfd);
             }
         }
         let holds =
@@ -286,16 +287,22 @@ pub(super) fn changed_within(
             Err(()) => return true,
         }
     }
+    // A kept holder that exited since the last wait (its pidfd readable):
+    // its PID may name another process by now, so nothing of it is read,
+    // and no count can be taken for this baseline.
+    if exited(&holders) {
+        if let Some(mut events) = events.and_then(Events::lock)
+            && !events.counting()
+        {
+            events.count(None);
+        }
+        return true;
+    }
     if let Some(mut events) = events.and_then(Events::lock)
         && !events.counting()
     {
         let counted = count_descriptors(known, &holders, classify);
         events.count(counted);
-    }
-    // A kept holder that exited since the last wait (its pidfd readable):
-    // its PID may name another process by now, so nothing of it is read.
-    if exited(&holders) {
-        return true;
     }
     let gone = |id: &ProcessId| proc::state_of(*id).is_none_or(|state| state.has_exited());
     let files = (known.files.clone(), known.claims);
@@ -309,6 +316,7 @@ pub(super) fn changed_within(
         let remaining = deadline.saturating_duration_since(Instant::now());
         if remaining.is_zero() {
             if let Ok(mut kept) = kept.lock() {
+                holders.retain(|holder| holder.pidfd.is_some());
                 kept.0 = holders;
             }
             return false;
@@ -337,6 +345,13 @@ pub(super) fn changed_within(
     }
 }
 
+/// Whether this pidfd is readable: its process exited.
+fn readable(pidfd: &OwnedFd) -> bool {
+    let mut fds = [PollFd::new(pidfd, PollFlags::IN)];
+    let now = Timespec::try_from(Duration::ZERO).ok();
+    poll(&mut fds, now.as_ref()).map_or(true, |ready| ready > 0)
+}
+
 /// Whether any of these holders' pidfds is readable: its process exited.
 fn exited(holders: &[Watched]) -> bool {
     let mut fds: Vec<PollFd> = holders
@@ -349,4 +364,72 @@ fn exited(holders: &[Watched]) -> bool {
     }
     let now = Timespec::try_from(Duration::ZERO).ok();
     poll(&mut fds, now.as_ref()).map_or(true, |ready| ready > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+    use std::process::{Command, Stdio};
+
+    /// A kept holder whose process exited since the last wait ends the next
+    /// one at once, even where its PID now names a process that holds the
+    /// node by the same descriptor (faked here: the kept pidfd is a reaped
+    /// child's, the PID and descriptor a live holder's). Without the check
+    /// the wait would read the live process's link and run to its limit.
+    #[test]
+    fn a_kept_holder_that_exited_ends_the_wait_though_its_pid_holds_the_node() {
+        let dir = tempfile::tempdir().expect("dir");
+        let node_path = dir.path().join("nvidia0");
+        std::fs::write(&node_path, b"").expect("node");
+        let mut live = Command::new("sleep")
+            .arg("30")
+            .stdin(std::fs::File::open(&node_path).expect("open node"))
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("holder");
+        let live_id = proc::identity(live.id()).expect("holder identity");
+        let mut dead = Command::new("true").spawn().expect("child");
+        let dead_pid = Pid::from_raw(dead.id() as i32).expect("pid");
+        let dead_pidfd = pidfd_open(dead_pid, PidfdFlags::empty()).expect("pidfd");
+        dead.wait().expect("reaped");
+        let node = Node::Gpu(0);
+        let kept = std::sync::Mutex::new(Kept(vec![Watched {
+            id: live_id,
+            node,
+            pidfd: Some(dead_pidfd),
+            fds: vec!["0".to_owned()],
+        }]));
+        let known = Known {
+            holders: vec![(live_id, node)],
+            complete: true,
+            ..Known::default()
+        };
+        let canonical = node_path.canonicalize().expect("node path");
+        let classify = move |path: &Path| (path == canonical).then_some(Node::Gpu(0));
+        let changed = changed_within(
+            &known,
+            &classify,
+            || (BTreeMap::new(), None),
+            Duration::from_millis(10),
+            Duration::from_secs(5),
+            None,
+            &kept,
+        );
+        // The live holder still holds: a wait that opens its own pidfd sees nothing change.
+        let fresh = std::sync::Mutex::new(Kept::default());
+        let unchanged = changed_within(
+            &known,
+            &classify,
+            || (BTreeMap::new(), None),
+            Duration::from_millis(10),
+            Duration::from_millis(50),
+            None,
+            &fresh,
+        );
+        let _ = live.kill();
+        let _ = live.wait();
+        assert!(changed, "the exited holder's wait ran to its limit");
+        assert!(!unchanged, "a live holder was taken for a change");
+    }
 }
