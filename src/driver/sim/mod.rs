@@ -1205,6 +1205,15 @@ impl Driver for SimDriver {
 mod tests {
     use super::*;
 
+    /// These GPUs' memory as the driver reads it now: the `last` a wait starts from.
+    fn figures<const N: usize>(driver: &SimDriver, gpus: [u32; N]) -> BTreeMap<u32, Option<u64>> {
+        driver
+            .memory_used_of(&gpus.into())
+            .into_iter()
+            .map(|(index, used)| (index, used.expect("read")))
+            .collect()
+    }
+
     /// A look opens no inotify instance (its teardown as the command exits
     /// costs 6-20 ms); `will_wait`, or else the first wait, starts one, and
     /// the wait sees the release.
@@ -1219,12 +1228,7 @@ mod tests {
             .holder(&Holder::new("sglang::scheduler_TP0").on(0, 30 << 30))
             .expect("holder");
         let driver = SimDriver::open(host.path()).expect("driver opens");
-        let gpus: BTreeSet<u32> = [0].into();
-        let last: BTreeMap<u32, Option<u64>> = driver
-            .memory_used_of(&gpus)
-            .into_iter()
-            .map(|(index, used)| (index, used.expect("read")))
-            .collect();
+        let last = figures(&driver, [0]);
         assert_eq!(last[&0], Some(30 << 30));
         assert!(driver.events.get().is_none(), "a look started watching");
         assert!(
@@ -1264,12 +1268,7 @@ mod tests {
             .expect("holder");
         let driver = SimDriver::open(host.path()).expect("driver opens");
         driver.will_wait();
-        let gpus: BTreeSet<u32> = [0, 1].into();
-        let last: BTreeMap<u32, Option<u64>> = driver
-            .memory_used_of(&gpus)
-            .into_iter()
-            .map(|(index, used)| (index, used.expect("read")))
-            .collect();
+        let last = figures(&driver, [0, 1]);
         assert_eq!(last[&0], Some(30 << 30));
         let wait =
             || driver.wait_for_change(&last, Duration::from_millis(5), Duration::from_millis(30));

@@ -207,7 +207,7 @@ impl Watched {
                     .is_ok_and(|target| classify(&target) == Some(self.node))
             });
             if still {
-                return !readable(pidfd);
+                return !any_readable([pidfd]);
             }
         }
         let holds =
@@ -290,7 +290,7 @@ pub(super) fn changed_within(
     // A kept holder that exited since the last wait (its pidfd readable):
     // its PID may name another process by now, so nothing of it is read,
     // and no count can be taken for this baseline.
-    if exited(&holders) {
+    if any_readable(holders.iter().filter_map(|holder| holder.pidfd.as_ref())) {
         if let Some(mut events) = events.and_then(Events::lock)
             && !events.counting()
         {
@@ -345,18 +345,11 @@ pub(super) fn changed_within(
     }
 }
 
-/// Whether this pidfd is readable: its process exited.
-fn readable(pidfd: &OwnedFd) -> bool {
-    let mut fds = [PollFd::new(pidfd, PollFlags::IN)];
-    let now = Timespec::try_from(Duration::ZERO).ok();
-    poll(&mut fds, now.as_ref()).map_or(true, |ready| ready > 0)
-}
-
-/// Whether any of these holders' pidfds is readable: its process exited.
-fn exited(holders: &[Watched]) -> bool {
-    let mut fds: Vec<PollFd> = holders
-        .iter()
-        .filter_map(|holder| holder.pidfd.as_ref())
+/// Whether any of these pidfds is readable: its process exited. One poll
+/// for all, without waiting.
+fn any_readable<'a>(pidfds: impl IntoIterator<Item = &'a OwnedFd>) -> bool {
+    let mut fds: Vec<PollFd> = pidfds
+        .into_iter()
         .map(|fd| PollFd::new(fd, PollFlags::IN))
         .collect();
     if fds.is_empty() {
@@ -407,26 +400,21 @@ mod tests {
         };
         let canonical = node_path.canonicalize().expect("node path");
         let classify = move |path: &Path| (path == canonical).then_some(Node::Gpu(0));
-        let changed = changed_within(
-            &known,
-            &classify,
-            || (BTreeMap::new(), None),
-            Duration::from_millis(10),
-            Duration::from_secs(5),
-            None,
-            &kept,
-        );
+        let wait = |kept: &std::sync::Mutex<Kept>, limit: Duration| {
+            let files = || (BTreeMap::new(), None);
+            changed_within(
+                &known,
+                &classify,
+                files,
+                Duration::from_millis(10),
+                limit,
+                None,
+                kept,
+            )
+        };
+        let changed = wait(&kept, Duration::from_secs(5));
         // The live holder still holds: a wait that opens its own pidfd sees nothing change.
-        let fresh = std::sync::Mutex::new(Kept::default());
-        let unchanged = changed_within(
-            &known,
-            &classify,
-            || (BTreeMap::new(), None),
-            Duration::from_millis(10),
-            Duration::from_millis(50),
-            None,
-            &fresh,
-        );
+        let unchanged = wait(&std::sync::Mutex::default(), Duration::from_millis(50));
         let _ = live.kill();
         let _ = live.wait();
         assert!(changed, "the exited holder's wait ran to its limit");
