@@ -1290,6 +1290,76 @@ mod tests {
         assert_eq!(now[&1].as_ref().ok().copied().flatten(), Some(20 << 30));
     }
 
+    /// A kept holder that, alive, puts another file on the descriptor it
+    /// held the node by (dup2) has let go: the next wait sees the release,
+    /// though the process and its descriptor number are both still there.
+    #[test]
+    fn a_kept_holder_that_swaps_its_descriptor_between_waits_has_let_go() {
+        use super::incident::SimHost;
+        let host = SimHost::new(2, 80 << 30, "Simulated H200").expect("host");
+        let script = r#"
+import os, signal, sys
+d = sys.argv[1]
+for gpu, claim in (("1", "none"), ("0", str(30 << 30))):
+    with open(f"{d}/claims/{os.getpid()}.{gpu}", "w") as f:
+        f.write(claim + "\n")
+fd = os.open(f"{d}/nvidia0", os.O_RDONLY)
+def swap(*_):
+    other = os.open("/dev/null", os.O_RDONLY)
+    os.dup2(other, fd)
+    os.close(other)
+    print("swapped", flush=True)
+signal.signal(signal.SIGUSR1, swap)
+print(fd, flush=True)
+while True:
+    signal.pause()
+"#;
+        let mut child = std::process::Command::new("python3")
+            .args(["-c", script])
+            .arg(host.path())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3");
+        struct Killed(std::process::Child);
+        impl Drop for Killed {
+            fn drop(&mut self) {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
+        }
+        let mut lines =
+            std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().expect("out")));
+        let holder = Killed(child);
+        let fd: u32 = lines
+            .next()
+            .expect("ready")
+            .expect("line")
+            .parse()
+            .expect("fd");
+        let driver = SimDriver::open(host.path()).expect("driver opens");
+        driver.will_wait();
+        let last = figures(&driver, [0]);
+        assert_eq!(last[&0], Some(30 << 30));
+        let wait = |limit| driver.wait_for_change(&last, Duration::from_millis(5), limit);
+        assert!(wait(Duration::from_millis(30)).is_none(), "nothing changed");
+        assert_eq!(
+            driver.kept.lock().expect("kept").pidfds().len(),
+            1,
+            "the holder was not kept"
+        );
+        let pid = rustix::process::Pid::from_raw(holder.0.id() as i32).expect("pid");
+        rustix::process::kill_process(pid, rustix::process::Signal::USR1).expect("signal");
+        assert_eq!(lines.next().expect("swapped").expect("line"), "swapped");
+        let link = std::fs::read_link(format!("/proc/{}/fd/{fd}", holder.0.id())).expect("link");
+        assert_eq!(
+            link,
+            Path::new("/dev/null"),
+            "the descriptor is still there"
+        );
+        let now = wait(Duration::from_secs(10)).expect("the swap is seen as a release");
+        assert_eq!(now[&0].as_ref().ok().copied().flatten(), Some(0));
+    }
+
     #[test]
     fn bad_content_is_described_not_dumped() {
         assert_eq!(describe(b" 12x \n"), "'12x'");
