@@ -5,7 +5,8 @@
     python3 bench/bench.py --quick         # smaller and fewer runs (a smoke test)
     python3 bench/bench.py --gpu --out F   # on an NVIDIA machine: real driver, results to F
 
-It builds gpureap (cargo build --release) unless --bin is given. Three parts:
+It builds gpureap (cargo build --release) unless --bin is given. The parts, numbered as their
+sections in the report (fleet and fleet-scale have no number there):
 
 1. Seeing: `gpureap status --json` (and `status --json --monitors`, which reads every process's
    descriptors) against `fuser` on the same device nodes (and, with --gpu,
@@ -27,11 +28,13 @@ It builds gpureap (cargo build --release) unless --bin is given. Three parts:
    processes (`--wait-crowd N`; 1,000 with --quick); with `--compare B`, both builds
    interleaved in one run.
 5. Idle cost ("idle"): CPU time (GNU time) of `gpureap wait` and of free's verification
-   while the GPU stays held, with 5,000 extra processes (1,000 with --quick).
-4. Fleet (not with --gpu): `status -H` over 8 real sshd hosts in network namespaces against 8
+   (its GPU held by a worker in scope but protected by name) while the GPU stays held, with
+   5,000 extra processes (1,000 with --quick); each also run to a 1 s timeout, for the
+   waiting alone.
+Fleet ("fleet", not with --gpu): `status -H` over 8 real sshd hosts in network namespaces against 8
    parallel ssh calls and the sequential loop (bench/fleet_bench.py; needs root).
 
-6. Fleet at scale ("fleet-scale", not with --gpu): `status -H` over 8, 64 and 256 hosts
+Fleet at scale ("fleet-scale", not with --gpu): `status -H` over 8, 64 and 256 hosts
    (`--hosts 8,64`), each a stand-in (bench/lagged_ssh.sh: ssh to this machine plus the
    latency of a real sshd host of bench/sshd_lab.py, measured first; `--ssh-latency S` gives
    it), against the parallel floors: all at once, and 32 at once (the default --parallel);
@@ -46,6 +49,7 @@ fleet-{time,memory}-sim.svg (-h200 with --gpu, beside the --out file).
     python3 bench/bench.py --exporter      # only the exporter's part (below); its own section of the doc
     python3 bench/bench.py --parts seeing  # only some parts (seeing, freeing, waiting, idle, fleet, fleet-scale, hour)
     python3 bench/bench.py --parts hour --minutes 62   # the exporter and the watch left running (not by default)
+    python3 bench/bench.py --parts waiting --runs 15 --compare B   # more runs per figure (default 5; 3 with --quick)
 
 7. Left running ("hour", only when asked, not with --gpu): bench/exporter_memory.py and
    bench/watch_idle.py side by side for --minutes (62 by default), with one crowd of 5,000 extra
@@ -88,7 +92,7 @@ KNOWN_PARTS = ("seeing", "freeing", "waiting", "idle", "fleet", "fleet-scale", "
 NOT_ON_GPU = ("fleet", "fleet-scale", "hour")
 FLAGS = ("--quick", "--gpu", "--exporter")
 OPTIONS = ("--out", "--bin", "--compare", "--crowds", "--parts", "--wait-crowd", "--hosts", "--ssh-latency",
-           "--minutes")
+           "--minutes", "--runs")
 
 
 def usage(message):
@@ -158,7 +162,8 @@ BIN = option("--bin", executable, None)
 EXPORTER = "--exporter" in args
 # --compare OTHER: parts that support it (seeing, waiting, idle, hour) run this build and OTHER side by side.
 COMPARE = option("--compare", executable, None)
-REPEAT = 3 if QUICK else 5
+# Runs per figure (--runs N): seeing, freeing (simulated driver) and waiting.
+REPEAT = option("--runs", above(int), 3 if QUICK else 5)
 CROWDS = option("--crowds", counts, [100, 1000] if QUICK else [100, 1000, 5000, 20000])
 PARTS = option("--parts", parts,
                ["seeing", "freeing", "waiting", "idle"] + ([] if GPU else ["fleet", "fleet-scale"]))
@@ -595,7 +600,7 @@ def waiting(host):
     crowd_size = WAIT_CROWD
     with crowd.running(crowd_size):
         # Interleaved: each attempt runs every build, so that a slow moment hits all alike.
-        for attempt in range(3 if GPU else REPEAT):
+        for attempt in range(REPEAT if "--runs" in args or not GPU else 3):
             for label, binary in BINS:
                 lags[label].append(wait_lag(host, baseline, f"wait{attempt}{len(lags[label])}{BINS.index((label, binary))}",
                                             binary))
