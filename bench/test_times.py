@@ -68,7 +68,7 @@ def commit(tree):
 
 
 def compare(old_path, new_path):
-    old, new = (json.loads(Path(path).read_text()) for path in (old_path, new_path))
+    old, new = results(old_path), results(new_path)
     both = sorted(set(old["tests"]) & set(new["tests"]))
 
     def seconds(runs):
@@ -111,13 +111,32 @@ def compare(old_path, new_path):
         for name, before, runs_before, after, runs_after in failed:
             print(f"| `{name}` | {before} of {runs_before} | {after} of {runs_after} |")
 
+def usage(message):
+    """Bad usage: one line, exit 2 (nothing was run)."""
+    print(f"test_times.py: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def results(path):
+    """A `run`'s OUT file, or exit 2 saying why it is not one."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as error:
+        usage(f"{path}: {error}")
+    if not isinstance(data, dict) or not {"commit", "walls", "tests"} <= data.keys():
+        usage(f"{path}: not a file written by `test_times.py run`")
+    return data
+
+
 def main():
     args = sys.argv[1:]
     if len(args) in (3, 5) and args[0] == "run" and (len(args) == 3 or args[3] == "--repeat"):
         if len(args) == 5 and (not args[4].isdigit() or int(args[4]) < 1):
-            raise SystemExit("test_times.py: --repeat takes a whole number, at least 1")
+            usage("--repeat takes a whole number, at least 1")
         if not (Path(args[1]) / "Cargo.toml").is_file():
-            raise SystemExit(f"test_times.py: {args[1]} is not a cargo tree")
+            usage(f"{args[1]} is not a cargo tree")
+        if not Path(args[2]).resolve().parent.is_dir() or Path(args[2]).is_dir():
+            usage(f"{args[2]}: cannot be written (no such folder, or a folder)")
         run(args[1], args[2], int(args[4]) if len(args) == 5 else 1)
     elif len(args) == 3 and args[0] == "compare":
         compare(args[1], args[2])

@@ -85,14 +85,16 @@ def main():
     builds = [str(Path(binary).resolve()) for binary in args[:2]]
     for binary in builds:
         if not os.access(binary, os.X_OK) or not Path(binary).is_file():
-            raise SystemExit(f"wait_exit.py: {binary} is not an executable file")
+            print(f"wait_exit.py: {binary} is not an executable file", file=sys.stderr)
+            raise SystemExit(2)
 
     def count(flag, default, least):
         if flag not in args:
             return default
         at = args.index(flag) + 1
         if at >= len(args) or not args[at].isdigit() or int(args[at]) < least:
-            raise SystemExit(f"wait_exit.py: {flag} takes a whole number, at least {least}")
+            print(f"wait_exit.py: {flag} takes a whole number, at least {least}", file=sys.stderr)
+            raise SystemExit(2)
         return int(args[at])
 
     runs = count("--runs", 30, 1)
