@@ -82,6 +82,7 @@ import time
 from pathlib import Path
 
 import crowd  # bench/crowd.py, beside this script
+from simhost import simulated_host, sleeping  # bench/simhost.py
 
 ROOT = Path(__file__).resolve().parent.parent
 GIB = 1 << 30
@@ -228,12 +229,7 @@ class Host:
             self.nodes = sorted(str(p) for p in Path("/dev").glob("nvidia*") if re.fullmatch(r"nvidia(\d+|ctl)", p.name))
             self.backend = "nvml"
         else:
-            self.dir = Path(tempfile.mkdtemp(prefix="gpureap-bench-"))
-            for index in range(WORKERS):
-                (self.dir / f"nvidia{index}").touch()
-            (self.dir / "nvidiactl").touch()
-            (self.dir / "claims").mkdir()
-            (self.dir / "gpus").write_text("".join(f"{150 * GIB} Simulated H200\n" for _ in range(WORKERS)))
+            self.dir = simulated_host("gpureap-bench-", WORKERS)
             self.nodes = [str(self.dir / f"nvidia{i}") for i in range(WORKERS)] + [str(self.dir / "nvidiactl")]
             self.backend = f"sim:{self.dir}"
 
@@ -652,15 +648,6 @@ def wait_lag(host, baseline, tag, binary):
             waiter.wait()
         tree.cleanup()
         wait_until_free(host, baseline)
-
-
-def sleeping(pid):
-    """Whether every thread of `pid` is asleep (state S): a waiting gpureap."""
-    try:
-        return all(Path(f"/proc/{pid}/task/{task}/stat").read_text().rsplit(")", 1)[1].split()[0] == "S"
-                   for task in os.listdir(f"/proc/{pid}/task"))
-    except (FileNotFoundError, IndexError, ProcessLookupError):
-        return False
 
 
 def idle(host):

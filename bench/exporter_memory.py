@@ -29,6 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from watch_idle import cpu_seconds, host_processes, rss_kib, seconds, slope  # noqa: E402
+from simhost import simulated_host  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 GIB = 1 << 30
@@ -70,16 +71,6 @@ def metric(body, name):
 def percentile(values, fraction):
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
-
-
-def simulated_host():
-    host = Path(tempfile.mkdtemp(prefix="gpureap-exporter-mem-"))
-    for index in range(GPUS):
-        (host / f"nvidia{index}").touch()
-    (host / "nvidiactl").touch()
-    (host / "claims").mkdir()
-    (host / "gpus").write_text("".join(f"{150 * GIB} Simulated H200\n" for _ in range(GPUS)))
-    return host
 
 
 def start_server(host, work):
@@ -128,7 +119,7 @@ def report(samples, latencies, wall, cpu, body):
 def main():
     # SIGTERM unwinds as an exit does, so that what this run started is ended (finally).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    host, work = simulated_host(), Path(tempfile.mkdtemp(prefix="gpureap-exporter-mem-work-"))
+    host, work = simulated_host("gpureap-exporter-mem-", GPUS), Path(tempfile.mkdtemp(prefix="gpureap-exporter-mem-work-"))
     server = start_server(host, work)
     ready = work / "crowd-ready"
     crowd = subprocess.Popen([sys.executable, str(ROOT / "bench/crowd.py"), str(CROWD), str(ready)])

@@ -33,7 +33,8 @@ from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from exporter_memory import simulated_host, start_server  # noqa: E402
+from exporter_memory import start_server  # noqa: E402
+from simhost import simulated_host  # noqa: E402
 import crowd  # noqa: E402  bench/crowd.py, beside this script
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -143,7 +144,7 @@ def at_exit(binary, variables, host, work):
 
 def main():
     configs = configurations()
-    host, work = simulated_host(), Path(tempfile.mkdtemp(prefix="gpureap-memory-work-"))
+    host, work = simulated_host("gpureap-exporter-mem-", GPUS), Path(tempfile.mkdtemp(prefix="gpureap-memory-work-"))
     server = None if GPU else start_server(host, work)
     raw = {}
     lines = [f"# gpureap status --json: {RUNS} runs each, interleaved; {os.cpu_count()} cores, "

@@ -18,23 +18,14 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import crowd  # noqa: E402  bench/crowd.py
+from simhost import simulated_host, sleeping  # noqa: E402  bench/simhost.py
 
 GIB = 1 << 30
-
-
-def sleeping(pid):
-    """Whether every thread of `pid` is asleep: a waiting gpureap."""
-    try:
-        return all(Path(f"/proc/{pid}/task/{task}/stat").read_text().rsplit(")", 1)[1].split()[0] == "S"
-                   for task in os.listdir(f"/proc/{pid}/task"))
-    except (FileNotFoundError, IndexError, ProcessLookupError):
-        return False
 
 
 def seconds_at(trace, text):
@@ -99,14 +90,9 @@ def main():
 
     runs = count("--runs", 30, 1)
     crowd_size = count("--crowd", 0, 0)
-    host = Path(tempfile.mkdtemp(prefix="gpureap-wait-exit-"))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    host = simulated_host("gpureap-wait-exit-")
     try:
-        for index in range(8):
-            (host / f"nvidia{index}").touch()
-        (host / "nvidiactl").touch()
-        (host / "claims").mkdir()
-        (host / "gpus").write_text(f"{150 * GIB} Simulated H200\n" * 8)
         results = {binary: [] for binary in builds}
         with crowd.running(crowd_size):
             for _ in range(runs):

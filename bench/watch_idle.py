@@ -28,6 +28,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from simhost import simulated_host  # bench/simhost.py, beside this script
+
 ROOT = Path(__file__).resolve().parent.parent
 GIB = 1 << 30
 GPUS = 8
@@ -90,12 +92,7 @@ def slope(points):
 def main():
     # SIGTERM unwinds as an exit does, so that what this run started is ended (finally).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    host = Path(tempfile.mkdtemp(prefix="gpureap-watch-bench-"))
-    for index in range(GPUS):
-        (host / f"nvidia{index}").touch()
-    (host / "nvidiactl").touch()
-    (host / "claims").mkdir()
-    (host / "gpus").write_text("".join(f"{150 * GIB} Simulated H200\n" for _ in range(GPUS)))
+    host = simulated_host("gpureap-watch-bench-", GPUS)
     work = Path(tempfile.mkdtemp(prefix="gpureap-watch-bench-work-"))
     parts = []
     for rank in range(GPUS):
