@@ -36,14 +36,15 @@ def executables(tree):
 
 def run(tree, out, repeat):
     tree = Path(tree).resolve()
-    results, walls = {}, []
+    head, tests, walls = commit(tree), {}, []
     if Path(out).exists():
-        earlier = json.loads(Path(out).read_text())
-        if earlier.get("commit") == commit(tree):
-            results, walls = earlier["tests"], earlier["walls"]
+        earlier = results(out)
+        if earlier["commit"] == head:
+            tests, walls = earlier["tests"], earlier["walls"]
+    found = executables(tree)
     for attempt in range(repeat):
         started = time.perf_counter()
-        for executable in executables(tree):
+        for executable in found:
             child = subprocess.run([executable, "-Z", "unstable-options", "--format", "json", "--report-time"],
                                    cwd=tree, env={**os.environ, "RUSTC_BOOTSTRAP": "1"},
                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -55,11 +56,10 @@ def run(tree, out, repeat):
                 if event.get("type") != "test" or event.get("event") not in ("ok", "failed"):
                     continue
                 name = f"{Path(executable).name.rsplit('-', 1)[0]}::{event['name']}"
-                results.setdefault(name, []).append((event["event"], event.get("exec_time")))
+                tests.setdefault(name, []).append((event["event"], event.get("exec_time")))
         walls.append(time.perf_counter() - started)
-        print(f"run {len(walls)}: {len(results)} tests, {walls[-1]:.0f} s", file=sys.stderr)
-    Path(out).write_text(json.dumps({"tree": str(tree), "commit": commit(tree), "walls": walls,
-                                     "tests": results}, indent=0))
+        print(f"run {len(walls)}: {len(tests)} tests, {walls[-1]:.0f} s", file=sys.stderr)
+    Path(out).write_text(json.dumps({"tree": str(tree), "commit": head, "walls": walls, "tests": tests}, indent=0))
 
 
 def commit(tree):
