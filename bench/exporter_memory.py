@@ -29,10 +29,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from watch_idle import cpu_seconds, host_processes, rss_kib, seconds, slope  # noqa: E402
-from simhost import simulated_host  # noqa: E402
+from simhost import simulated_host, start_server  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-GIB = 1 << 30
 GPUS = 8
 
 
@@ -71,17 +70,6 @@ def metric(body, name):
 def percentile(values, fraction):
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
-
-
-def start_server(host, work):
-    parts = []
-    for rank in range(GPUS):
-        parts.append(f'( exec 3<"{host}/nvidia{rank}" 9<"{host}/nvidiactl"; '
-                     f'echo {70 * GIB} > "{host}/claims/$BASHPID.{rank}"; touch {work}/ready{rank}; '
-                     f'exec -a sglang::scheduler_TP{rank} sleep 100000 ) & ')
-    script = "".join(parts) + "exec -a 'python3 -m sglang.launch_server --tp 8' sleep 100000"
-    return subprocess.Popen(["bash", "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            process_group=0)
 
 
 def report(samples, latencies, wall, cpu, body):

@@ -33,8 +33,7 @@ from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from exporter_memory import start_server  # noqa: E402
-from simhost import simulated_host  # noqa: E402
+from simhost import simulated_host, start_server  # noqa: E402
 import crowd  # noqa: E402  bench/crowd.py, beside this script
 
 ROOT = Path(__file__).resolve().parent.parent

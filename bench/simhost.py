@@ -4,6 +4,7 @@ watch_idle.py and wait_exit.py; nothing here reads the command line.
 """
 
 import os
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -21,6 +22,21 @@ def simulated_host(prefix, gpus=8, total=150 * GIB):
     (host / "claims").mkdir()
     (host / "gpus").write_text("".join(f"{total} Simulated H200\n" for _ in range(gpus)))
     return host
+
+
+def start_server(host, work, gpus=8):
+    """A healthy SGLang-like server on `host`: a launcher and `gpus` workers
+    (`sglang::scheduler_TP<rank>`), each holding 70 GiB of its GPU through
+    its node, in a process group of their own; each worker touches
+    `work`/ready<rank> once its claim is written."""
+    parts = []
+    for rank in range(gpus):
+        parts.append(f'( exec 3<"{host}/nvidia{rank}" 9<"{host}/nvidiactl"; '
+                     f'echo {70 * GIB} > "{host}/claims/$BASHPID.{rank}"; touch {work}/ready{rank}; '
+                     f'exec -a sglang::scheduler_TP{rank} sleep 100000 ) & ')
+    script = "".join(parts) + f"exec -a 'python3 -m sglang.launch_server --tp {gpus}' sleep 100000"
+    return subprocess.Popen(["bash", "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            process_group=0)
 
 
 def sleeping(pid):

@@ -28,10 +28,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-from simhost import simulated_host  # bench/simhost.py, beside this script
+from simhost import simulated_host, start_server  # bench/simhost.py, beside this script
 
 ROOT = Path(__file__).resolve().parent.parent
-GIB = 1 << 30
 GPUS = 8
 
 
@@ -94,14 +93,7 @@ def main():
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     host = simulated_host("gpureap-watch-bench-", GPUS)
     work = Path(tempfile.mkdtemp(prefix="gpureap-watch-bench-work-"))
-    parts = []
-    for rank in range(GPUS):
-        parts.append(f'( exec 3<"{host}/nvidia{rank}" 9<"{host}/nvidiactl"; '
-                     f'echo {70 * GIB} > "{host}/claims/$BASHPID.{rank}"; touch {work}/ready{rank}; '
-                     f'exec -a sglang::scheduler_TP{rank} sleep 100000 ) & ')
-    script = "".join(parts) + "exec -a 'python3 -m sglang.launch_server --tp 8' sleep 100000"
-    server = subprocess.Popen(["bash", "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              process_group=0)
+    server = start_server(host, work, GPUS)
     ready = work / "crowd-ready"
     crowd = subprocess.Popen([sys.executable, str(ROOT / "bench/crowd.py"), str(CROWD), str(ready)])
     watch = None
