@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """gpureap against what users run today, side by side in one run.
 
-    python3 bench/bench.py                 # simulated driver, this machine; updates docs/performance.md
+    python3 bench/bench.py                 # simulated driver, this machine; report to docs/bench/
     python3 bench/bench.py --quick         # smaller and fewer runs (a smoke test)
     python3 bench/bench.py --gpu --out F   # on an NVIDIA machine: real driver, results to F
 
@@ -63,8 +63,9 @@ fleet-{time,memory}-sim.svg (-h200 with --gpu, beside the --out file).
    as Prometheus would; with `--compare B`, both builds' exporters run at once over the same
    window, for a side-by-side ratio.
 
-Signals only processes it started. Prints a markdown report; writes it to --out, or into
-docs/performance.md between the markers for its section.
+Signals only processes it started. Prints a markdown report; writes it to --out, or to
+docs/bench/DATE-HHMM-PART.md (PART: sim, h200 or exporter; UTC), whose figures
+docs/performance.md quotes by hand with the report's name.
 """
 
 import json
@@ -1006,15 +1007,11 @@ def main():
         OUT.parent.mkdir(parents=True, exist_ok=True)
         OUT.write_text(report)
     else:
-        doc = ROOT / "docs/performance.md"
         section = "exporter" if EXPORTER else "h200" if GPU else "sim"
-        text = doc.read_text()
-        start, end = f"<!-- results:{section} -->", f"<!-- /results:{section} -->"
-        if start in text and end in text:
-            before, rest = text.split(start, 1)
-            _, after = rest.split(end, 1)
-            doc.write_text(f"{before}{start}\n{report}{end}{after}")
-            print(f"updated {doc}")
+        stamp = time.strftime("%Y-%m-%d-%H%M", time.gmtime())
+        written = ROOT / "docs/bench" / f"{stamp}-{section}.md"
+        written.write_text(report)
+        print(f"wrote {written}")
 
 
 if __name__ == "__main__":
