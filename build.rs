@@ -50,7 +50,7 @@ fn main() {
 /// first and together (`text-order.txt`, written by `scripts/order-text`):
 /// the kernel maps a binary's text 64 KiB around each page a process
 /// touches, so code spread over the whole text becomes resident almost
-/// whole (docs/performance.md, "Issue 28, round 9"). Only where the
+/// whole (docs/bench/history.md, "Issue 28, round 9"). Only where the
 /// linker is the one that reads such a file: rust-lld, the default for
 /// x86_64 Linux since Rust 1.90 (an older rustc links with the system's ld,
 /// which does not), not a linker set apart (cargo-zigbuild's zig cc for the

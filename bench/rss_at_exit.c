@@ -1,6 +1,6 @@
 /* Where a short-lived process's resident memory is when it ends, for
  * comparing gpureap's peak memory with nvidia-smi's on a GPU host (issue 28,
- * docs/performance.md): loaded with LD_PRELOAD, it appends one line per
+ * docs/performance.md, "Memory of one command"): loaded with LD_PRELOAD, it appends one line per
  * process to the file named by $RSS_AT_EXIT_FILE at exit (a destructor, for
  * nvidia-smi) or at _exit (which gpureap ends with, and which runs no
  * destructor): VmHWM, VmRSS, RssAnon, RssFile from /proc/self/status, then the

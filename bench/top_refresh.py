@@ -16,7 +16,7 @@ opens `gpureap --backend sim:DIR top --readonly --interval I` in a tmux pane
 of its own (80x24), waits for its first frame, then samples the process's
 utime+stime and VmRSS from /proc every 5 s for --seconds. Prints the CPU
 share (CPU seconds / wall seconds, of one core) and the RSS samples; the
-figures go to docs/performance.md ("gpureap top").
+figures go to docs/performance.md ("top").
 """
 
 import argparse

@@ -208,7 +208,7 @@ pub struct Cli {
 /// given (clap's `Command::defer`): without it every invocation builds every
 /// subcommand's arguments, some 330 KiB of code run and their strings
 /// touched before anything else happens, 40% of `--version`'s instructions
-/// (docs/performance.md, "Issue 28, round 9"). Reads as the arguments it holds.
+/// (docs/bench/history.md, "Issue 28, round 9"). Reads as the arguments it holds.
 #[derive(Debug)]
 pub struct Lazy<T>(pub T);
 

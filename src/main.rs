@@ -125,7 +125,7 @@ fn main() -> ! {
 /// (exporter, reap, top, run). By default it gives each thread that
 /// allocates an arena of its own, up to eight per core, and each keeps what
 /// was freed in it: the /proc scan's threads (up to 32) and NVML's each left
-/// one, holding memory in a long run (docs/performance.md, "Round 7"). Not in
+/// one, holding memory in a long run (docs/bench/history.md, "Round 7"). Not in
 /// one-shot commands: on the H200's 16 cores, sixteen scanning threads queued
 /// on one arena's lock made `status --monitors` at 20,000 processes 542 ms
 /// instead of 109 (Round 8), for some 100 KiB saved.

@@ -495,7 +495,7 @@ fn scan_with(root: &str, classify: Option<Classify>) -> io::Result<ProcScan> {
 
 /// Most threads a scan uses, and fewest processes worth a thread of their own:
 /// on a 2-core VM two threads read the simulated host's ~185 processes in
-/// 13 ms against 19 with one (docs/performance.md, round 10).
+/// 13 ms against 19 with one (docs/bench/history.md, round 10).
 const MAX_SCAN_THREADS: usize = 32;
 const MIN_PIDS_PER_THREAD: usize = 64;
 /// PIDs a thread takes at a time: small enough to even out the threads'

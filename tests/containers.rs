@@ -538,7 +538,8 @@ fn in_a_container_without_host_pids_status_says_what_it_cannot_see() {
 }
 
 /// A driver that omits other PID namespaces' processes from its lists
-/// (NVML 580, measured on an H200: docs/gpu-validation.md), staged with
+/// (NVML 580, measured on an H200: docs/gpu-validation.md, "What the real
+/// driver does"), staged with
 /// `DIR/omit-other-namespaces`: from a PID namespace of its own, gpureap
 /// sees the host's holder's memory used and no process listed for it. That
 /// memory must not be called held by no process, nor lead to a reset:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `gpureap plan` and `gpureap run --plan` beside real vLLM 0.26.0 starts on one GPU (GPU 0):
-# the figures of docs/gpu-validation.md, "`plan` against real vLLM 0.26.0". Needs vLLM under
+# the figures of docs/gpu-validation/history.md, "`plan` against real vLLM 0.26.0". Needs vLLM under
 # /tmp/site (setup.sh) and PyTorch. Starts PyTorch holders of 60 and 80 GiB and vLLM servers,
 # and signals only those, by PID or their own process group.
 #

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Starts one vLLM server (our own child, in its own process group), waits for its KV cache lines
 # or its exit, keeps its log ($OUT/vllm-NAME.log) and nvidia-smi's figures, then ends exactly
-# that group. The ground truth of docs/gpu-validation.md's vLLM table came from these runs.
+# that group. The ground truth of docs/gpu-validation/history.md's vLLM table came from these runs.
 #
 #   OUT=DIR scripts/gpu_plan_vllm/serve_once.sh NAME TIMEOUT_S -- <api_server arguments>
 OUT=${OUT:-$(mktemp -d)}; mkdir -p "$OUT"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds, on a machine that reaches PyPI, the vLLM 0.26.0 set carried to a GPU machine that
-# reaches nothing (docs/gpu-validation.md, "`plan` against real vLLM 0.26.0"), in pieces of at
+# reaches nothing (docs/gpu-validation/history.md, "`plan` against real vLLM 0.26.0"), in pieces of at
 # most 64 MiB under DIR/part1, DIR/part2 (vLLM itself, slimmed and xz-compressed) and DIR/deps
 # (the wheels of what it imports that the GPU image lacks: the image's list is in the device
 # notes). Slimmed: FlashAttention 2's kernels (the H200 runs FlashAttention 3), the JIT headers

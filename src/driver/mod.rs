@@ -331,7 +331,8 @@ pub trait Driver: Send + Sync {
     /// Whether this driver's process lists may leave out the processes of
     /// PID namespaces other than the caller's, while their memory still
     /// counts as used. NVML 580 does (measured on an H200 from a PID
-    /// namespace of its own: docs/gpu-validation.md); older drivers list
+    /// namespace of its own: docs/gpu-validation.md, "What the real
+    /// driver does"); older drivers list
     /// host PIDs instead, and which one answers cannot be told from here, so
     /// the default is yes. The simulated driver says what it models
     /// (`DIR/omit-other-namespaces`). Read by the one rule, only where

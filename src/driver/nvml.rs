@@ -367,8 +367,9 @@ impl Driver for NvmlDriver {
     }
 
     /// Measured on an H200, driver 580: 9 MiB with one context, 27 MiB with
-    /// four (docs/gpu-validation.md); 256 MiB leaves room for eight GPUs' worth
-    /// of contexts without hiding a real leak.
+    /// four (docs/gpu-validation.md, "What the real driver does"); 256 MiB
+    /// leaves room for eight GPUs' worth of contexts without hiding a real
+    /// leak.
     fn bookkeeping_slack(&self) -> u64 {
         256 << 20
     }

@@ -87,7 +87,7 @@ pub struct SimDriver {
     /// directory's changes (`events`); `None` inside without inotify.
     /// Made by `will_wait` (or the first `wait_for_change`), not at open: a command that
     /// only looks never needs it, and the kernel takes 6-20 ms to tear down
-    /// an inotify instance with watches (measured, docs/performance.md,
+    /// an inotify instance with watches (measured, docs/bench/history.md,
     /// round 10), which every such command would pay as it exits.
     events: std::sync::OnceLock<Option<events::Events>>,
     /// `DIR/host-proc`, when it is a directory: the proc mount whose
