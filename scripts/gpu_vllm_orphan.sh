@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The real-engine incident of issue 41 on a real GPU (docs/gpu-validation.md, "A real vLLM
-# EngineCore orphaned"):
+# The real-engine incident of issue 41 on a real GPU (docs/gpu-validation.md; the runs in
+# docs/gpu-validation/history.md, "A real vLLM EngineCore orphaned"):
 #
 #   scripts/gpu_vllm_orphan.sh GPUREAP [OUT]
 #
