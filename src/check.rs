@@ -461,6 +461,7 @@ mod tests {
             details: Default::default(),
             evidence: Default::default(),
             evidence_note: None,
+            activity: std::collections::BTreeMap::new(),
             container_notes: Vec::new(),
             uptime_ticks: None,
             bookkeeping_slack: 0,

@@ -339,12 +339,14 @@ fn status(backend: &BackendChoice, args: &config::StatusRequest) -> Result<Exit,
             let (driver, mut snapshot, took) =
                 Snapshot::open_and_take(backend, args.prometheus).map_err(UsageError)?;
             snapshot.read_evidence(driver.as_ref());
+            snapshot.read_activity(driver.as_ref());
             (driver, snapshot, took, args.gpu.clone())
         } else {
             // The driver first: its lists decide what is read, and it
             // resolves the names only it knows (docs/mig.md).
             let (driver, gpu) = config::gpu_names(open_driver_quietly(backend)?, &args.gpu)?;
-            // The hardware evidence is read beside it (`take_with_evidence`).
+            // The hardware evidence and the activity are read beside it
+            // (`take_with_evidence`).
             let mut took = std::time::Duration::ZERO;
             let snapshot = Snapshot::take_with_evidence(driver.as_ref(), |driver| {
                 let started = std::time::Instant::now();

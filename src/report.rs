@@ -9,8 +9,8 @@ use comfy_table::{Cell, CellAlignment, Table};
 use serde::Serialize;
 
 use crate::container::Container;
-use crate::driver::DriverError;
 use crate::driver::evidence::Evidence;
+use crate::driver::{Activity, DriverError};
 use crate::exit::Exit;
 use crate::members::{Found, short_id};
 
@@ -75,7 +75,16 @@ pub struct GpuJson {
     pub uuid: Option<String>,
     pub memory_total: Option<u64>,
     pub memory_used: Option<u64>,
+    /// What the driver sets aside, in none of the figures above (NVML's v2
+    /// `reserved`; its v1 `used` counts it as used).
+    pub memory_reserved: Option<u64>,
     pub memory_unattributed: Option<u64>,
+    /// What the GPU is doing (`Activity`); each `null` where the driver
+    /// does not say, or it was not read.
+    pub utilization_percent: Option<u32>,
+    pub temperature_celsius: Option<u32>,
+    pub power_draw_watts: Option<f64>,
+    pub power_limit_watts: Option<f64>,
     /// Whether `memory_unattributed` makes the GPU held: the one rule
     /// (`Snapshot::held_by_no_process`), which `status -H` reads.
     /// `null` where it cannot be told: unseen from a PID namespace of its own.
@@ -102,6 +111,9 @@ pub struct GpuProcessJson {
     pub memory: Option<u64>,
     pub listed_by_driver: bool,
     pub node_open: bool,
+    /// Its SM utilization on this GPU over the last second
+    /// (`Snapshot::sm_percent`); `null` where the driver gives none.
+    pub sm_utilization_percent: Option<u32>,
 }
 
 #[derive(Debug, Serialize)]
@@ -248,6 +260,8 @@ pub struct HolderGpuJson {
     /// The MIG instances of this GPU whose lists have it (their device
     /// indexes: `0:1` is `index` 0, instance 1); empty where MIG is off.
     pub mig_instances: Vec<u32>,
+    /// Its SM utilization on this GPU (`Snapshot::sm_percent`).
+    pub sm_utilization_percent: Option<u32>,
 }
 
 /// Whether a holder belongs in a report on `gpus`: the driver lists it on
@@ -323,6 +337,7 @@ fn holder_json(snapshot: &Snapshot, pid: u32) -> HolderJson {
                     listed_by_driver: user.listed,
                     node_open: user.node_open,
                     mig_instances: mig::instances_of(gpu, pid),
+                    sm_utilization_percent: snapshot.sm_percent(gpu.index, user),
                 })
             })
             .collect(),
@@ -363,40 +378,50 @@ pub fn status_json(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String 
             .gpus
             .iter()
             .filter(|gpu| gpus.as_ref().is_none_or(|set| set.contains(&gpu.index)))
-            .map(|gpu| GpuJson {
-                index: gpu.index,
-                name: gpu.name.clone(),
-                uuid: gpu.uuid.clone(),
-                memory_total: gpu.memory_total,
-                memory_used: gpu.memory_used,
-                memory_unattributed: snapshot
-                    .held_by_no_process(gpu)
-                    .map(|unattributed| unattributed.bytes),
-                held_by_no_process: snapshot
-                    .held_by_no_process(gpu)
-                    .and_then(|unattributed| unattributed.verdict()),
-                unattributed_kind: snapshot
-                    .held_by_no_process(gpu)
-                    .map(|unattributed| unattributed.kind_name()),
-                error: gpu.error.clone(),
-                processes: gpu
-                    .users
-                    .iter()
-                    .map(|user| GpuProcessJson {
-                        pid: user.pid,
-                        memory: user.memory,
-                        listed_by_driver: user.listed,
-                        node_open: user.node_open,
-                    })
-                    .collect(),
-                evidence: snapshot.evidence.get(&gpu.index).cloned(),
-                advice: snapshot
-                    .evidence
-                    .get(&gpu.index)
-                    .map(|evidence| evidence.advice(gpu.index))
-                    .unwrap_or_default(),
-                mig_mode: gpu.mig_mode,
-                instances: mig::instances_json(snapshot, gpu),
+            .map(|gpu| {
+                let activity = snapshot.activity.get(&gpu.index);
+                let watts = |milliwatts: Option<u32>| milliwatts.map(|mw| f64::from(mw) / 1000.0);
+                GpuJson {
+                    index: gpu.index,
+                    name: gpu.name.clone(),
+                    uuid: gpu.uuid.clone(),
+                    memory_total: gpu.memory_total,
+                    memory_used: gpu.memory_used,
+                    memory_reserved: gpu.memory_reserved,
+                    utilization_percent: activity.and_then(|a| a.utilization_percent),
+                    temperature_celsius: activity.and_then(|a| a.temperature_celsius),
+                    power_draw_watts: watts(activity.and_then(|a| a.power_draw_milliwatts)),
+                    power_limit_watts: watts(activity.and_then(|a| a.power_limit_milliwatts)),
+                    memory_unattributed: snapshot
+                        .held_by_no_process(gpu)
+                        .map(|unattributed| unattributed.bytes),
+                    held_by_no_process: snapshot
+                        .held_by_no_process(gpu)
+                        .and_then(|unattributed| unattributed.verdict()),
+                    unattributed_kind: snapshot
+                        .held_by_no_process(gpu)
+                        .map(|unattributed| unattributed.kind_name()),
+                    error: gpu.error.clone(),
+                    processes: gpu
+                        .users
+                        .iter()
+                        .map(|user| GpuProcessJson {
+                            pid: user.pid,
+                            memory: user.memory,
+                            listed_by_driver: user.listed,
+                            node_open: user.node_open,
+                            sm_utilization_percent: snapshot.sm_percent(gpu.index, user),
+                        })
+                        .collect(),
+                    evidence: snapshot.evidence.get(&gpu.index).cloned(),
+                    advice: snapshot
+                        .evidence
+                        .get(&gpu.index)
+                        .map(|evidence| evidence.advice(gpu.index))
+                        .unwrap_or_default(),
+                    mig_mode: gpu.mig_mode,
+                    instances: mig::instances_json(snapshot, gpu),
+                }
             })
             .collect(),
         holders: holders_json(snapshot, gpus),
@@ -446,6 +471,7 @@ pub fn holders_json(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> Vec<Ho
                 listed_by_driver: true,
                 node_open: false,
                 mig_instances: Vec::new(),
+                sm_utilization_percent: snapshot.sm_percent(index, &user),
             }],
             control_node: false,
             flags: vec!["hidden"],
@@ -480,24 +506,57 @@ pub(crate) fn age_text(millis: Option<u64>) -> String {
     })
 }
 
+/// A GPU's activity as the table shows it: utilization, temperature and
+/// power draw of its limit (`87%`, `64°C`, `312/700 W`), `?` for each the
+/// driver did not say.
+fn activity_cells(activity: Option<&Activity>) -> [String; 3] {
+    let known =
+        |value: Option<u32>, unit: &str| value.map_or("?".to_string(), |v| format!("{v}{unit}"));
+    let watts = |milliwatts: Option<u32>| {
+        milliwatts.map_or("?".to_string(), |mw| {
+            format!("{}", (f64::from(mw) / 1000.0).round())
+        })
+    };
+    let activity = activity.cloned().unwrap_or_default();
+    [
+        known(activity.utilization_percent, "%"),
+        known(activity.temperature_celsius, "°C"),
+        format!(
+            "{}/{} W",
+            watts(activity.power_draw_milliwatts),
+            watts(activity.power_limit_milliwatts)
+        ),
+    ]
+}
+
 fn gpu_table(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String {
-    let mut table = new_table(&["GPU", "NAME", "USED", "TOTAL", "UNATTRIBUTED", "HOLDERS"]);
-    for gpu in snapshot
-        .gpus
-        .iter()
-        .filter(|gpu| gpus.as_ref().is_none_or(|set| set.contains(&gpu.index)))
-    {
+    let wanted = |index: &u32| gpus.as_ref().is_none_or(|set| set.contains(index));
+    // The activity's columns where the driver said any of it (a backend that
+    // says nothing, as the simulated driver without `activity.N`, keeps the table as it was).
+    let active = snapshot.activity.iter().any(|(index, activity)| {
+        wanted(index)
+            && (activity.utilization_percent.is_some()
+                || activity.temperature_celsius.is_some()
+                || activity.power_draw_milliwatts.is_some()
+                || activity.power_limit_milliwatts.is_some())
+    });
+    let mut headers = vec!["GPU", "NAME", "USED", "TOTAL", "UNATTRIBUTED", "HOLDERS"];
+    if active {
+        headers.extend(["UTIL", "TEMP", "POWER"]);
+    }
+    let mut table = new_table(&headers);
+    for gpu in snapshot.gpus.iter().filter(|gpu| wanted(&gpu.index)) {
         let users = gpu.users.iter().filter(|user| user.listed).count();
-        match &gpu.error {
-            Some(_) => table.add_row(vec![
+        let mut row = match &gpu.error {
+            Some(_) => vec![
                 Cell::new(gpu.index),
                 Cell::new("error (below)"),
                 Cell::new("?"),
                 Cell::new("?"),
                 Cell::new("?"),
                 Cell::new(gpu.users.len()),
-            ]),
-            None => table.add_row(vec![
+            ],
+            None => vec![
                 Cell::new(gpu.index),
                 Cell::new(short(gpu.name.as_deref().unwrap_or("?"), 40)),
                 Cell::new(MaybeBytes(gpu.memory_used)).set_alignment(CellAlignment::Right),
@@ -509,8 +568,16 @@ fn gpu_table(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String {
                 ))
                 .set_alignment(CellAlignment::Right),
                 Cell::new(users),
-            ]),
+            ],
         };
+        if active {
+            row.extend(
+                activity_cells(snapshot.activity.get(&gpu.index))
+                    .into_iter()
+                    .map(|text| Cell::new(text).set_alignment(CellAlignment::Right)),
+            );
+        }
+        table.add_row(row);
         mig::add_instance_rows(&mut table, snapshot, gpu);
     }
     let mut out = table.trim_fmt();
@@ -1998,6 +2065,7 @@ mod tests {
             )]),
             evidence: BTreeMap::new(),
             evidence_note: None,
+            activity: BTreeMap::new(),
             uptime_ticks: None,
             bookkeeping_slack: 0,
             container_notes: Vec::new(),

@@ -696,6 +696,7 @@ mod tests {
             details: BTreeMap::new(),
             evidence: BTreeMap::new(),
             evidence_note: None,
+            activity: BTreeMap::new(),
             uptime_ticks: None,
             bookkeeping_slack: 256 << 20,
             container_notes: Vec::new(),

@@ -330,3 +330,33 @@ fn the_watch_scoped_to_an_instance_frees_only_its_orphan() {
     assert_eq!(bad.code, 2, "{}", bad.stderr);
     assert!(alive(neighbour));
 }
+
+/// A scope that names an instance sees its GPU through the instance view
+/// (`mig::InstanceView`), which forwards every driver question by hand:
+/// the GPU's activity (one sensor, one power limit for all its instances)
+/// must come through it, not the trait's nothing.
+#[test]
+fn an_instance_scope_shows_its_gpus_temperature_and_power() {
+    let host = mig_host();
+    let mut incident = Incident::new(&host);
+    on_instance(&mut incident, "mig_big", 0, 1, 5 * GIB);
+    host.activity(0, "temperature 51\npower 250\npower_limit 700\n")
+        .expect("activity");
+    let whole = run(&host, &["status", "--gpu", "0", "--json"]).json();
+    assert_eq!(gpu(&whole, 0)["temperature_celsius"], 51, "{whole:#}");
+    let scoped = run(&host, &["status", "--gpu", "0:1", "--json"]);
+    assert_eq!(scoped.code, 0, "{}", scoped.stderr);
+    let document = scoped.json();
+    conforms(&schema(), "status --gpu 0:1", &document);
+    let gpu0 = gpu(&document, 0);
+    assert!(
+        gpu0["name"]
+            .as_str()
+            .is_some_and(|name| name.contains("MIG 0:1")),
+        "not the instance view: {gpu0:#}"
+    );
+    assert_eq!(gpu0["temperature_celsius"], 51, "{gpu0:#}");
+    assert_eq!(gpu0["power_draw_watts"], 250.0);
+    assert_eq!(gpu0["power_limit_watts"], 700.0);
+    assert!(gpu0["utilization_percent"].is_null());
+}

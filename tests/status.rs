@@ -551,7 +551,13 @@ fn a_driver_error_is_written_as_its_message() {
             "uuid": json["gpus"][1]["uuid"].clone(),
             "memory_total": null,
             "memory_used": null,
+            "memory_reserved": null,
             "memory_unattributed": null,
+            // Nor what it is doing: unknown, never 0.
+            "utilization_percent": null,
+            "temperature_celsius": null,
+            "power_draw_watts": null,
+            "power_limit_watts": null,
             "held_by_no_process": null,
             "unattributed_kind": null,
             "error": LOST,
@@ -967,4 +973,129 @@ fn exporter_memory_at_exit(host: &SimHost, env: &[(&str, &str)]) -> (String, Vec
     let _ = child.wait();
     text.push_str(&rest);
     exit_figures(&text)
+}
+
+/// What nvitop and nvtop show first: each GPU's utilization, temperature
+/// and power (of its limit), and each process's SM utilization, where the
+/// driver says; `null` (never 0) and `?` where it does not. The memory the
+/// driver reserves is beside the used figure, which leaves it out.
+#[test]
+fn status_shows_each_gpus_activity_and_reserved_memory_where_the_driver_says() {
+    use gpureap::driver::sim::incident::H100_RESERVED;
+    let host = SimHost::new(2, 80 * GIB, "NVIDIA H100 80GB HBM3").expect("sim host");
+    host.reserve(H100_RESERVED).expect("reserved");
+    let mut incident = Incident::new(&host);
+    let busy = incident
+        .holder(&Holder::new("sglang::scheduler_TP0").on(0, 30 * GIB))
+        .expect("busy worker");
+    let idle = incident
+        .holder(&Holder::new("sglang::scheduler_TP1").on(0, 10 * GIB))
+        .expect("idle worker");
+    host.activity(
+        0,
+        &format!(
+            "utilization 87\ntemperature 64\npower 312.4\npower_limit 700\nprocess_sm {busy} 41\n"
+        ),
+    )
+    .expect("activity");
+    host.activity(1, "temperature 33\n").expect("activity");
+
+    let status = run(&host, &["status", "--json"]);
+    assert_eq!(status.code, 0, "{}", status.stderr);
+    let document = status.json();
+    crate::schema::conforms(&crate::schema::schema(), "status", &document);
+    let gpu0 = gpu(&document, 0);
+    assert_eq!(gpu0["utilization_percent"], 87, "{gpu0:#}");
+    assert_eq!(gpu0["temperature_celsius"], 64);
+    assert_eq!(gpu0["power_draw_watts"], 312.4);
+    assert_eq!(gpu0["power_limit_watts"], 700.0);
+    assert_eq!(gpu0["memory_reserved"], H100_RESERVED);
+    assert_eq!(
+        gpu0["memory_used"],
+        40 * GIB,
+        "reserved memory is not used memory"
+    );
+    let sm = |pid: u32| {
+        gpu0["processes"]
+            .as_array()
+            .expect("processes")
+            .iter()
+            .find(|process| process["pid"] == pid)
+            .map(|process| process["sm_utilization_percent"].clone())
+            .expect("listed")
+    };
+    assert_eq!(sm(busy), 41);
+    // Listed, and left out of the driver's samples: it used no SM.
+    assert_eq!(sm(idle), 0);
+    let holder = document["holders"]
+        .as_array()
+        .expect("holders")
+        .iter()
+        .find(|holder| holder["pid"] == busy)
+        .expect("busy holder");
+    assert_eq!(holder["gpus"][0]["sm_utilization_percent"], 41);
+    // GPU 1: only its temperature is said; nothing else becomes 0.
+    let gpu1 = gpu(&document, 1);
+    assert_eq!(gpu1["temperature_celsius"], 33);
+    for unknown in [
+        "utilization_percent",
+        "power_draw_watts",
+        "power_limit_watts",
+    ] {
+        assert!(gpu1[unknown].is_null(), "{unknown}: {gpu1:#}");
+    }
+
+    let table = run(&host, &["status"]);
+    let header = table.stdout.lines().next().expect("GPU header");
+    assert!(
+        header.contains("UTIL") && header.contains("TEMP") && header.contains("POWER"),
+        "{}",
+        table.stdout
+    );
+    let line = |index: &str| {
+        table
+            .stdout
+            .lines()
+            .find(|line| line.split_whitespace().next() == Some(index))
+            .unwrap_or_else(|| panic!("GPU {index}:\n{}", table.stdout))
+            .to_string()
+    };
+    let gpu0 = line("0");
+    assert!(
+        gpu0.contains("87%") && gpu0.contains("64°C") && gpu0.contains("312/700 W"),
+        "{}",
+        table.stdout
+    );
+    let gpu1 = line("1");
+    assert!(
+        gpu1.contains("33°C") && gpu1.contains("?/? W"),
+        "{}",
+        table.stdout
+    );
+    assert!(!gpu1.contains("0%"), "{}", table.stdout);
+}
+
+/// A driver that says nothing of activity: `null` in JSON, and the table
+/// as it was (no columns of question marks).
+#[test]
+fn status_without_activity_says_null_and_keeps_its_table() {
+    let host = host(1);
+    let mut incident = Incident::new(&host);
+    incident
+        .holder(&Holder::new("python3 train.py").on(0, 2 * GIB))
+        .expect("holder");
+    let document = run(&host, &["status", "--json"]).json();
+    let gpu0 = gpu(&document, 0);
+    for unknown in [
+        "utilization_percent",
+        "temperature_celsius",
+        "power_draw_watts",
+        "power_limit_watts",
+        "memory_reserved",
+    ] {
+        assert!(gpu0[unknown].is_null(), "{unknown}: {gpu0:#}");
+    }
+    assert!(gpu0["processes"][0]["sm_utilization_percent"].is_null());
+    let table = run(&host, &["status"]).stdout;
+    assert!(!table.contains("UTIL"), "{table}");
 }

@@ -16,7 +16,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use super::evidence::{self, Health, KernelLog, Platform};
-use super::{Driver, DriverError, DriverProcess, Figures, GpuInfo};
+use super::{Activity, Driver, DriverError, DriverProcess, Figures, GpuInfo};
 use crate::proc::Node;
 use crate::units::GpuRef;
 
@@ -302,6 +302,12 @@ impl Driver for InstanceView {
 
     fn kernel_log(&self) -> KernelLog {
         self.inner.kernel_log()
+    }
+
+    /// The whole GPU's, as the driver gives them: one sensor, one power
+    /// limit; NVML gives no utilization in MIG mode.
+    fn activity(&self, index: u32) -> Activity {
+        self.inner.activity(index)
     }
 
     fn persistence_mode(&self, index: u32) -> Option<bool> {

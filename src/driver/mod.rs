@@ -4,7 +4,8 @@
 //! each one holds (memory and the processes it lists), and which device node
 //! a path from `/proc/PID/fd` is; besides, how much memory it keeps for its
 //! own bookkeeping (the tolerance of the one rule for memory held by no
-//! process), to wait until memory figures move, and to reset a GPU. Its
+//! process), what each GPU is doing (`Activity`: utilization, temperature,
+//! power), to wait until memory figures move, and to reset a GPU. Its
 //! errors are typed (`DriverError`, with its kind). Three backends answer: the
 //! real NVML library, the simulated driver used by tests and the demo, and
 //! `none`. It imports only the base (`proc`, `signal`, `exit`).
@@ -38,9 +39,12 @@ pub struct GpuInfo {
     pub memory_total: Option<u64>,
     pub memory_used: Option<u64>,
     /// Memory the driver sets aside that no program can allocate (NVML's
-    /// `reserved`; 615 MiB on an H200 with driver 580): what CUDA, and so an
-    /// engine, calls the GPU's total is `memory_total` less this. `None`
-    /// where the driver does not say (the simulated driver: nothing reserved).
+    /// `reserved`: 480 MiB on an H100, 616 MiB on an H200): what CUDA, and
+    /// so an engine, calls the GPU's total is `memory_total` less this. Not
+    /// in `memory_used` (NVML's v2 memory query, as nvidia-smi shows it;
+    /// the v1 query's `used`, which older tools read, includes it). `None`
+    /// where the driver does not say (the simulated driver without
+    /// `DIR/reserved`).
     pub memory_reserved: Option<u64>,
     /// The processes the driver lists as using this GPU, bogus PIDs removed.
     pub processes: Vec<DriverProcess>,
@@ -103,6 +107,39 @@ impl MigInstance {
 pub struct DriverProcess {
     pub pid: u32,
     pub used_memory: Option<u64>,
+}
+
+/// What a GPU is doing now: the figures nvidia-smi's first lines, nvitop
+/// and nvtop show. Each is `None` where the driver does not say, never 0
+/// (an idle GPU's 0 % is `Some(0)`). Read beside a snapshot, never on its
+/// path (`Snapshot::take_with_evidence`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Activity {
+    /// The share of the last sample period in which a kernel ran, in
+    /// percent (NVML's `gpu` utilization, nvidia-smi's `utilization.gpu`).
+    pub utilization_percent: Option<u32>,
+    /// The GPU's temperature in °C (nvidia-smi's `temperature.gpu`).
+    pub temperature_celsius: Option<u32>,
+    /// The power drawn, in milliwatts as NVML gives it (`power.draw`).
+    pub power_draw_milliwatts: Option<u32>,
+    /// The power limit the GPU is held to, in milliwatts (`power.limit`).
+    pub power_limit_milliwatts: Option<u32>,
+    /// Each process's SM utilization over the last second, in percent, by
+    /// PID (NVML's per-process samples). `None` where the driver gives
+    /// none (MIG mode, GPUs before Maxwell). Where it gives them, a process
+    /// it lists on the GPU and leaves out here used no SM in that second:
+    /// NVML returns only samples that are not 0.
+    pub process_sm_percent: Option<BTreeMap<u32, u32>>,
+}
+
+impl Activity {
+    /// The SM utilization of a process the driver lists on this GPU;
+    /// `None` where the driver gives no per-process figures.
+    pub fn sm_percent(&self, pid: u32) -> Option<u32> {
+        self.process_sm_percent
+            .as_ref()
+            .map(|samples| samples.get(&pid).copied().unwrap_or(0))
+    }
 }
 
 /// What the driver could not do. It travels typed through the snapshot
@@ -288,6 +325,12 @@ pub trait Driver: Send + Sync {
     fn kernel_log(&self) -> evidence::KernelLog {
         evidence::host_kernel_log()
     }
+
+    /// What the GPU is doing now (`Activity`): every backend says what it
+    /// knows, and `Activity::default()` (all unknown) where it knows
+    /// nothing. No default here, so that a backend or a view of one
+    /// (`mig::InstanceView`) cannot leave it out unnoticed.
+    fn activity(&self, index: u32) -> Activity;
 
     /// Whether the GPU is in persistence mode; `None` where not known.
     fn persistence_mode(&self, _index: u32) -> Option<bool> {

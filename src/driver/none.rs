@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use super::{Driver, DriverError, GpuInfo, classify_dev_node};
+use super::{Activity, Driver, DriverError, GpuInfo, classify_dev_node};
 use crate::proc::Node;
 
 pub struct NoDriver {
@@ -56,6 +56,11 @@ impl Driver for NoDriver {
 
     fn unavailable(&self) -> Option<String> {
         Some(self.why.clone())
+    }
+
+    /// No driver, no figures: all unknown.
+    fn activity(&self, _index: u32) -> Activity {
+        Activity::default()
     }
 
     fn classify_node(&self, path: &Path) -> Option<Node> {

@@ -3,20 +3,22 @@
 //! nvml-wrapper opens libnvidia-ml with dlopen, so the binary starts on hosts
 //! without the driver; `open` failing is how we learn there is none.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::mem::ManuallyDrop;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use nvml_wrapper::Nvml;
-use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError};
+use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError, TemperatureSensor};
 use nvml_wrapper::enums::device::{SampleValue, UsedGpuMemory};
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::struct_wrappers::device::ProcessInfo;
 use nvml_wrapper::structs::device::FieldId;
 
 use super::evidence::{Health, Recovery};
-use super::{Driver, DriverError, DriverProcess, GpuInfo, MigInstance, classify_dev_node};
+use super::{
+    Activity, Driver, DriverError, DriverProcess, GpuInfo, MigInstance, classify_dev_node,
+};
 use crate::proc::Node;
 
 // NVML's field ids (nvml.h): remapped rows pending and failed, the recovery action.
@@ -32,6 +34,43 @@ fn sample_u64(value: SampleValue) -> Option<u64> {
         SampleValue::I64(v) => u64::try_from(v).ok(),
         SampleValue::F64(_) => None,
     }
+}
+
+/// How far back the per-process samples are taken: about six of NVML's
+/// sample periods, as nvitop looks back.
+const PROCESS_SAMPLES_SINCE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Each process's SM utilization over `PROCESS_SAMPLES_SINCE`, the newest
+/// sample of each PID; `None` where the driver does not give them (MIG
+/// mode, an older GPU). NVML answers "not found" where no process had a
+/// sample that is not 0: an answer too, with nobody in it.
+fn process_sm(device: &nvml_wrapper::Device) -> Option<BTreeMap<u32, u32>> {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?
+        .saturating_sub(PROCESS_SAMPLES_SINCE)
+        .as_micros();
+    let samples = match device.process_utilization_stats(u64::try_from(since).ok()?) {
+        Ok(samples) => samples,
+        Err(NvmlError::NotFound) => Vec::new(),
+        Err(_) => return None,
+    };
+    let mut newest: BTreeMap<u32, (u64, u32)> = BTreeMap::new();
+    for sample in samples {
+        if BOGUS_PIDS.contains(&sample.pid) {
+            continue;
+        }
+        let entry = newest.entry(sample.pid).or_insert((0, 0));
+        if sample.timestamp >= entry.0 {
+            *entry = (sample.timestamp, sample.sm_util.min(100));
+        }
+    }
+    Some(
+        newest
+            .into_iter()
+            .map(|(pid, (_, percent))| (pid, percent))
+            .collect(),
+    )
 }
 
 /// PIDs some drivers put in process lists that belong to no process.
@@ -340,6 +379,23 @@ impl Driver for NvmlDriver {
             row_remap_pending: value(0).map(|v| v != 0),
             row_remap_failure: value(1).map(|v| v != 0),
             recovery_action: value(2).and_then(Recovery::from_nvml),
+        }
+    }
+
+    /// `nvmlDeviceGetUtilizationRates`, `GetTemperature` (the GPU
+    /// sensor), `GetPowerUsage`, `GetPowerManagementLimit` (nvidia-smi's
+    /// `power.limit`) and `GetProcessUtilization`; each `None` where this
+    /// GPU or driver does not support it (utilization in MIG mode).
+    fn activity(&self, index: u32) -> Activity {
+        let Ok(device) = self.nvml.device_by_index(index) else {
+            return Activity::default();
+        };
+        Activity {
+            utilization_percent: device.utilization_rates().ok().map(|rates| rates.gpu),
+            temperature_celsius: device.temperature(TemperatureSensor::Gpu).ok(),
+            power_draw_milliwatts: device.power_usage().ok(),
+            power_limit_milliwatts: device.power_management_limit().ok(),
+            process_sm_percent: process_sm(&device),
         }
     }
 

@@ -24,6 +24,12 @@ use super::stand_in::{OnTerm, Spec};
 use crate::proc::{self, ProcessId};
 use crate::signal::{Sig, send};
 
+/// What NVML reserves on an H100 80GB (its v2 memory query's `reserved`,
+/// counted as used by the v1 query).
+pub const H100_RESERVED: u64 = 480 << 20;
+/// The same on an H200 (measured with driver 580, docs/gpu-validation.md).
+pub const H200_RESERVED: u64 = 616 << 20;
+
 /// A simulated GPU host in a temporary directory, laid out as the simulated
 /// driver expects (docs/simulated-driver.md).
 pub struct SimHost {
@@ -125,6 +131,25 @@ impl SimHost {
             since_boot_us,
             &format!("NVRM: Xid (PCI:{short}): {xid}, pid='<unknown>', name=<unknown>, {detail}"),
         )
+    }
+
+    /// Declares the memory each GPU sets aside (`DIR/reserved`, a line per
+    /// GPU): `H100_RESERVED` or `H200_RESERVED` for a host of those. Read
+    /// when the driver opens.
+    pub fn reserve(&self, bytes: u64) -> io::Result<()> {
+        let count = (0..)
+            .take_while(|index| self.path().join(format!("nvidia{index}")).exists())
+            .count();
+        fs::write(
+            self.path().join("reserved"),
+            format!("{bytes}\n").repeat(count),
+        )
+    }
+
+    /// Stages what a GPU is doing (`DIR/activity.N`: `utilization 87`,
+    /// `temperature 64`, `power 312.5`, `power_limit 700`, `process_sm PID 41`).
+    pub fn activity(&self, gpu: u32, lines: &str) -> io::Result<()> {
+        fs::write(self.path().join(format!("activity.{gpu}")), lines)
     }
 
     /// Stages a GPU's health counters (`DIR/health.N`: `key value` lines).

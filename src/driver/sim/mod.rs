@@ -43,7 +43,7 @@ use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use rustix::io::Errno;
 
 use super::evidence::{self, Health, KernelLog, Platform, Recovery};
-use super::{Driver, DriverError, DriverProcess, Figures, GpuInfo, changed};
+use super::{Activity, Driver, DriverError, DriverProcess, Figures, GpuInfo, changed};
 use crate::proc;
 use crate::proc::Node;
 
@@ -65,8 +65,10 @@ const HOLDER_POLL_BLIND: Duration = Duration::from_millis(20);
 const RELEASE_SETTLE: Duration = Duration::from_millis(50);
 /// Largest claim or leak file: a byte count and a newline fit many times over.
 const NUMBER_FILE_LIMIT: usize = 64;
-/// Largest `DIR/gpus`: a line per GPU, a few hundred GPUs.
+/// Largest `DIR/gpus` or `DIR/reserved`: a line per GPU, a few hundred GPUs.
 const GPUS_FILE_LIMIT: usize = 64 << 10;
+/// Largest `DIR/activity.N`: its four figures and a few hundred processes.
+const ACTIVITY_FILE_LIMIT: usize = 8 << 10;
 
 pub struct SimDriver {
     dir: PathBuf,
@@ -76,6 +78,8 @@ pub struct SimDriver {
     node_prefix: String,
     /// Total and name of each GPU, from `DIR/gpus` as it was at open.
     gpus: Vec<(u64, String)>,
+    /// Memory each GPU sets aside (`DIR/reserved` at open; `None`: not said).
+    reserved: Vec<Option<u64>>,
     /// The bookkeeping this driver declares (`DIR/bookkeeping` at open, else
     /// 0): the tolerance of the rule for memory held by no process.
     bookkeeping: u64,
@@ -269,6 +273,75 @@ fn parse_gpus(
     Ok(gpus)
 }
 
+/// Parses `DIR/reserved`: line N is GPU N's reserved bytes; a line that is
+/// empty or missing says nothing (`None`).
+fn parse_reserved(
+    content: &[u8],
+    shown_as: &Path,
+    count: u32,
+) -> Result<Vec<Option<u64>>, DriverError> {
+    let text = std::str::from_utf8(content).map_err(|_| {
+        DriverError::Sim(format!(
+            "{}: expected a byte count a line, found {}",
+            shown_as.display(),
+            describe(content)
+        ))
+    })?;
+    let mut lines = text.lines();
+    (1..=count as usize)
+        .map(|number| match lines.next().map(str::trim).unwrap_or("") {
+            "" => Ok(None),
+            line => parse_bytes(line.as_bytes(), shown_as)
+                .map(Some)
+                .map_err(|_| {
+                    DriverError::Sim(format!(
+                        "{} line {number}: expected a byte count, found {}",
+                        shown_as.display(),
+                        describe(line.as_bytes())
+                    ))
+                }),
+        })
+        .collect()
+}
+
+/// `DIR/activity.N`: one `key value` a line (docs/simulated-driver.md); a
+/// line it does not know, or a value that does not read, says nothing.
+fn parse_activity(text: &str) -> Activity {
+    let mut activity = Activity::default();
+    let percent = |value: &str| value.parse::<u32>().ok().filter(|&v| v <= 100);
+    let milliwatts = |value: &str| {
+        value
+            .parse::<f64>()
+            .ok()
+            .filter(|watts| watts.is_finite() && *watts >= 0.0 && *watts < 4e6)
+            .map(|watts| (watts * 1000.0).round() as u32)
+    };
+    for line in text.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        match fields.as_slice() {
+            ["utilization", value] => activity.utilization_percent = percent(value),
+            ["temperature", value] => activity.temperature_celsius = value.parse().ok(),
+            ["power", value] => activity.power_draw_milliwatts = milliwatts(value),
+            ["power_limit", value] => activity.power_limit_milliwatts = milliwatts(value),
+            ["process_sm", pid, value] => {
+                if let (Ok(pid), Some(value)) = (pid.parse(), percent(value)) {
+                    activity
+                        .process_sm_percent
+                        .get_or_insert_with(BTreeMap::new)
+                        .insert(pid, value);
+                }
+            }
+            ["process_sm", "none"] => {
+                activity
+                    .process_sm_percent
+                    .get_or_insert_with(BTreeMap::new);
+            }
+            _ => {}
+        }
+    }
+    activity
+}
+
 impl SimDriver {
     pub fn open(dir: &Path) -> Result<SimDriver, DriverError> {
         let dir = dir
@@ -324,6 +397,12 @@ impl SimDriver {
             Some(content) => parse_gpus(&content, &gpus_path, gpu_count)?,
             None => vec![(DEFAULT_TOTAL, DEFAULT_NAME.to_string()); gpu_count as usize],
         };
+        let reserved_path = dir.join("reserved");
+        let reserved = match read_bounded(&directory, "reserved", &reserved_path, GPUS_FILE_LIMIT)?
+        {
+            Some(content) => parse_reserved(&content, &reserved_path, gpu_count)?,
+            None => vec![None; gpu_count as usize],
+        };
         let bookkeeping_path = dir.join("bookkeeping");
         let bookkeeping = read_bounded(
             &directory,
@@ -361,6 +440,7 @@ impl SimDriver {
             directory,
             node_prefix,
             gpus,
+            reserved,
             known: std::sync::Mutex::default(),
             kept: std::sync::Mutex::default(),
             events: std::sync::OnceLock::new(),
@@ -764,7 +844,7 @@ impl SimDriver {
             uuid: Some(sim_uuid(index)),
             memory_total: Some(total),
             memory_used: Some(used),
-            memory_reserved: None,
+            memory_reserved: self.reserved[index as usize],
             processes,
             pci_bus_id: Some(sim_pci_bus_id(index)),
             mig_mode: Some(false),
@@ -858,7 +938,7 @@ impl SimDriver {
             uuid: Some(sim_uuid(index)),
             memory_total: Some(total),
             memory_used: Some(used),
-            memory_reserved: None,
+            memory_reserved: self.reserved[index as usize],
             processes,
             pci_bus_id: Some(sim_pci_bus_id(index)),
             mig_mode: Some(true),
@@ -985,6 +1065,20 @@ impl Driver for SimDriver {
         }
     }
 
+    /// `DIR/activity.N`, read on each call; a bad or absent file says nothing.
+    fn activity(&self, index: u32) -> Activity {
+        let name = format!("activity.{index}");
+        match read_bounded(
+            &self.directory,
+            &name,
+            &self.dir.join(&name),
+            ACTIVITY_FILE_LIMIT,
+        ) {
+            Ok(Some(content)) => parse_activity(&String::from_utf8_lossy(&content)),
+            _ => Activity::default(),
+        }
+    }
+
     /// `persistence_mode on|off` in `DIR/health.N`.
     fn persistence_mode(&self, index: u32) -> Option<bool> {
         let name = format!("health.{index}");
@@ -1069,7 +1163,7 @@ impl Driver for SimDriver {
                     uuid: Some(sim_uuid(index)),
                     memory_total: Some(self.gpus[index as usize].0),
                     memory_used: None,
-                    memory_reserved: None,
+                    memory_reserved: self.reserved[index as usize],
                     processes: Vec::new(),
                     pci_bus_id: Some(sim_pci_bus_id(index)),
                     mig_mode: Some(staged.is_some()),
