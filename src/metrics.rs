@@ -236,6 +236,7 @@ pub fn encode_snapshot_with(
     encode_scan(&mut registry, snapshot, figures);
     encode_gpus(&mut registry, snapshot, options);
     mig::encode_instances(&mut registry, snapshot, options);
+    encode_activity(&mut registry, snapshot, options);
     encode_evidence(&mut registry, snapshot, options);
     encode_containers(&mut registry, snapshot, options);
     if options.per_process {
@@ -320,7 +321,13 @@ fn encode_gpus(registry: &mut Registry, snapshot: &Snapshot, options: &Options) 
     let used = gauge_family(
         registry,
         "gpu_memory_used",
-        "GPU memory in use, as the driver reports it",
+        "GPU memory in use, as the driver reports it: NVML's v2 figure, as nvidia-smi shows it, without the reserved memory (gpureap_gpu_memory_reserved_bytes) that NVML's v1 figure counts as used",
+        Some(Unit::Bytes),
+    );
+    let reserved = gauge_family(
+        registry,
+        "gpu_memory_reserved",
+        "GPU memory the driver sets aside that no program can allocate (NVML's reserved figure), not in gpureap_gpu_memory_used_bytes; NVML's v1 used figure is the sum of the two",
         Some(Unit::Bytes),
     );
     let total = gauge_family(
@@ -370,6 +377,9 @@ fn encode_gpus(registry: &mut Registry, snapshot: &Snapshot, options: &Options) 
         if let Some(value) = gpu.memory_total {
             set(&total, labels.clone(), bytes(value));
         }
+        if let Some(value) = gpu.memory_reserved {
+            set(&reserved, labels.clone(), bytes(value));
+        }
         if let Some(judged) = snapshot.held_by_no_process(gpu) {
             set(&unattributed, labels.clone(), bytes(judged.bytes));
             // Unseen from a PID namespace of its own: neither held by no
@@ -384,6 +394,59 @@ fn encode_gpus(registry: &mut Registry, snapshot: &Snapshot, options: &Options) 
         }
         if let Some(orphaned) = orphans.get(&gpu.index) {
             set(&orphaned_memory, labels, bytes(orphaned.bytes));
+        }
+    }
+}
+
+/// What each GPU is doing, where it was read (`Snapshot::read_activity`):
+/// utilization, temperature, power and its limit. A value the driver does
+/// not give is left out, never written as 0.
+fn encode_activity(registry: &mut Registry, snapshot: &Snapshot, options: &Options) {
+    let utilization = gauge_family(
+        registry,
+        "gpu_utilization",
+        "Share of the last sample period in which a kernel ran on the GPU, 0 to 1 (NVML's GPU utilization, nvidia-smi's utilization.gpu / 100)",
+        Some(Unit::Other("ratio".to_string())),
+    );
+    let temperature = gauge_family(
+        registry,
+        "gpu_temperature",
+        "GPU temperature (nvidia-smi's temperature.gpu)",
+        Some(Unit::Celsius),
+    );
+    let power = gauge_family(
+        registry,
+        "gpu_power",
+        "Power the GPU draws (nvidia-smi's power.draw)",
+        Some(Unit::Other("watts".to_string())),
+    );
+    let power_limit = gauge_family(
+        registry,
+        "gpu_power_limit",
+        "Power limit the GPU is held to (nvidia-smi's power.limit)",
+        Some(Unit::Other("watts".to_string())),
+    );
+    let wanted = |index: u32| options.gpus.as_ref().is_none_or(|set| set.contains(&index));
+    let watts = |milliwatts: u32| f64::from(milliwatts) / 1000.0;
+    for gpu in snapshot.gpus.iter().filter(|gpu| wanted(gpu.index)) {
+        let Some(activity) = snapshot.activity.get(&gpu.index) else {
+            continue;
+        };
+        let values = [
+            (
+                &utilization,
+                activity
+                    .utilization_percent
+                    .map(|percent| f64::from(percent) / 100.0),
+            ),
+            (&temperature, activity.temperature_celsius.map(f64::from)),
+            (&power, activity.power_draw_milliwatts.map(watts)),
+            (&power_limit, activity.power_limit_milliwatts.map(watts)),
+        ];
+        for (family, value) in values {
+            if let Some(value) = value {
+                set(family, gpu_labels(gpu), value);
+            }
         }
     }
 }

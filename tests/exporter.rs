@@ -1053,3 +1053,87 @@ fn a_new_holder_is_served_before_the_interval_and_an_idle_host_is_not_rescanned(
     let scans = value(&found, "gpureap_scans_total", &[]).expect("scans");
     assert!((2.0..=3.0).contains(&scans), "{scans} scans");
 }
+
+/// What each GPU is doing, beside its memory: utilization as a ratio,
+/// temperature, power and its limit, and the memory the driver reserves
+/// (not in gpureap_gpu_memory_used_bytes), in base units; nothing (not 0)
+/// where the driver does not say; promtool accepts the whole, and the
+/// running exporter serves a new reading.
+#[test]
+fn activity_and_reserved_memory_are_exported_in_base_units_and_unknown_values_left_out() {
+    use gpureap::driver::sim::incident::H200_RESERVED;
+    let host = host(2);
+    host.reserve(H200_RESERVED).expect("reserved");
+    let mut incident = Incident::new(&host);
+    incident
+        .holder(&Holder::new("sglang::scheduler_TP0").on(0, 30 * GIB))
+        .expect("worker");
+    host.activity(
+        0,
+        "utilization 87\ntemperature 64\npower 312.4\npower_limit 700\n",
+    )
+    .expect("activity");
+    host.activity(1, "temperature 33\n").expect("activity");
+    let exposition = run(&host, &["status", "--prometheus"]);
+    assert_eq!(exposition.code, 0, "{}", exposition.stderr);
+    let lint = tool("promtool", &["check", "metrics"], Some(&exposition.stdout));
+    assert_eq!(
+        (lint.code, lint.stdout.as_str(), lint.stderr.as_str()),
+        (0, "", ""),
+        "{}",
+        exposition.stdout
+    );
+    let found = samples(&exposition.stdout);
+    let gpu0 = [("gpu", "0"), ("uuid", "GPU-sim-00000000")];
+    let gpu1 = [("gpu", "1"), ("uuid", "GPU-sim-00000001")];
+    assert_eq!(
+        value(&found, "gpureap_gpu_utilization_ratio", &gpu0),
+        Some(0.87)
+    );
+    assert_eq!(
+        value(&found, "gpureap_gpu_temperature_celsius", &gpu0),
+        Some(64.0)
+    );
+    assert_eq!(value(&found, "gpureap_gpu_power_watts", &gpu0), Some(312.4));
+    assert_eq!(
+        value(&found, "gpureap_gpu_power_limit_watts", &gpu0),
+        Some(700.0)
+    );
+    assert_eq!(
+        value(&found, "gpureap_gpu_memory_reserved_bytes", &gpu0),
+        Some(H200_RESERVED as f64)
+    );
+    assert_eq!(
+        value(&found, "gpureap_gpu_memory_used_bytes", &gpu0),
+        Some((30 * GIB) as f64)
+    );
+    assert_eq!(
+        value(&found, "gpureap_gpu_temperature_celsius", &gpu1),
+        Some(33.0)
+    );
+    for unknown in [
+        "gpureap_gpu_utilization_ratio",
+        "gpureap_gpu_power_watts",
+        "gpureap_gpu_power_limit_watts",
+    ] {
+        assert_eq!(value(&found, unknown, &gpu1), None, "{unknown}");
+    }
+    assert!(
+        exposition
+            .stdout
+            .contains("# HELP gpureap_gpu_memory_used_bytes GPU memory in use, as the driver reports it: NVML's v2 figure"),
+        "{}",
+        exposition.stdout
+    );
+
+    let exporter = Exporter::start(&host, &["--interval", "200ms"]);
+    exporter.scrape_until("GPU 0 at 87%", |found| {
+        value(found, "gpureap_gpu_utilization_ratio", &gpu0) == Some(0.87)
+    });
+    host.activity(0, "utilization 12\ntemperature 64\n")
+        .expect("activity");
+    exporter.scrape_until("GPU 0 at 12%, its power unknown now", |found| {
+        value(found, "gpureap_gpu_utilization_ratio", &gpu0) == Some(0.12)
+            && value(found, "gpureap_gpu_power_watts", &gpu0).is_none()
+    });
+}

@@ -5,8 +5,9 @@
 //! `pace::Pace`: a full look (a snapshot, encoded by `metrics`) when the
 //! driver's figures moved (at once, not at the interval), a process of the
 //! holders' context died, the last look found a fault, or every
-//! `FULL_LOOK_EVERY` intervals; otherwise the last encoding stays, still
-//! true. A scrape is served the last encoding and never scans, so any number
+//! `FULL_LOOK_EVERY` intervals; otherwise the last snapshot stays, still
+//! true, encoded again with each GPU's activity (utilization, temperature,
+//! power) read afresh, since that moves when nothing else does. A scrape is served the last encoding and never scans, so any number
 //! of scrapers cost at most one scan per interval. The server (`http`) is
 //! bounded and times out idle clients. A driver that fails shows as
 //! `gpureap_driver_up 0` and the exporter keeps serving. SIGTERM or SIGINT
@@ -53,7 +54,7 @@ fn scan(
     options: &Options,
     sources: &Sources,
     pace: &mut Pace,
-) -> (Exposition, bool) {
+) -> (Snapshot, Exposition, bool) {
     let started = Instant::now();
     let mut snapshot = Snapshot::take_listed(driver);
     figures.count(&snapshot, started.elapsed());
@@ -61,14 +62,13 @@ fn scan(
     let failed = metrics::scan_failed(&snapshot);
     // Not in the scan's duration: the kernel log is the driver's evidence.
     snapshot.read_evidence(driver);
+    snapshot.read_activity(driver);
     // The container sources are asked only on a full look: at most once
     // per interval, and no more often than the holders change or
     // `FULL_LOOK_EVERY` intervals pass.
     snapshot.attribute_containers(sources);
-    (
-        metrics::encode_snapshot(&snapshot, figures, options),
-        failed,
-    )
+    let exposition = metrics::encode_snapshot(&snapshot, figures, options);
+    (snapshot, exposition, failed)
 }
 
 /// How soon after a look that a change caused the next look follows.
@@ -85,7 +85,7 @@ pub fn run(config: &ExporterConfig, driver: Box<dyn Driver>) -> io::Result<Exit>
     let mut figures = ScanFigures::default();
     let mut pace = Pace::default();
     driver.will_wait();
-    let (first, mut failed) = scan(
+    let (mut last, first, mut failed) = scan(
         driver.as_ref(),
         &mut figures,
         &config.options,
@@ -125,15 +125,20 @@ pub fn run(config: &ExporterConfig, driver: Box<dyn Driver>) -> io::Result<Exit>
                     let settle = pace.changed();
                     // A scan longer than the interval is followed by the next at once, not by a backlog.
                     next = (next + interval).max(Instant::now());
-                    // Between full looks the last encoding stays served: it
-                    // is still true (the figures and the holders' context
-                    // unchanged), and never older than FULL_LOOK_EVERY intervals.
-                    if !pace.full_look_due(failed) {
-                        continue;
-                    }
-                    let (body, fault) =
-                        scan(driver.as_ref(), &mut figures, &options, &sources, &mut pace);
-                    failed = fault;
+                    // Between full looks the last snapshot stays: it is still
+                    // true (the figures and the holders' context unchanged),
+                    // and never older than FULL_LOOK_EVERY intervals; only
+                    // the activity is read again, at most once an interval.
+                    let body = if pace.full_look_due(failed) {
+                        let (snapshot, body, fault) =
+                            scan(driver.as_ref(), &mut figures, &options, &sources, &mut pace);
+                        last = snapshot;
+                        failed = fault;
+                        body
+                    } else {
+                        last.read_activity(driver.as_ref());
+                        metrics::encode_snapshot(&last, &figures, &options)
+                    };
                     if let Ok(mut slot) = latest.lock() {
                         *slot = Arc::new(body);
                     }
