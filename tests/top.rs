@@ -811,3 +811,69 @@ fn top_shows_a_holder_appear_and_die_before_its_interval() {
     });
     ends_restored(&tmux, &["q"], "0");
 }
+
+/// What nvitop and nvtop users look at first: each GPU's utilization,
+/// temperature and power of its limit on its bar's line, and an SM% column
+/// where the driver gives each process's (a listed process it leaves out
+/// used none: 0%); a new reading shows between full looks.
+#[test]
+fn top_shows_each_gpus_activity_and_each_processes_sm_utilization() {
+    let host = host();
+    let mut incident = Incident::new(&host);
+    let busy = incident
+        .holder(&Holder::new("sglang::scheduler_TP0").on(0, 30 * GIB))
+        .expect("busy worker");
+    let idle = incident
+        .holder(&Holder::new("sglang::scheduler_TP1").on(1, 20 * GIB))
+        .expect("idle worker");
+    host.activity(
+        0,
+        &format!(
+            "utilization 87\ntemperature 64\npower 312\npower_limit 700\nprocess_sm {busy} 41\n"
+        ),
+    )
+    .expect("activity");
+    host.activity(1, "temperature 33\nprocess_sm none\n")
+        .expect("activity");
+    let Some(tmux) = Tmux::start(&host, "--readonly --interval 200ms") else {
+        return;
+    };
+    let screen = tmux.wait_for("GPU 0's activity", |screen| {
+        line_with(screen, "GPU0").is_some_and(|line| line.contains("87%"))
+    });
+    let gpu0 = line_with(&screen, "GPU0").expect("GPU0 bar");
+    assert!(
+        gpu0.contains("64°C") && gpu0.contains("312/700W"),
+        "{screen}"
+    );
+    let gpu1 = line_with(&screen, "GPU1").expect("GPU1 bar");
+    assert!(
+        gpu1.contains("33°C") && gpu1.contains("?/?W") && gpu1.contains("   ?"),
+        "{screen}"
+    );
+    assert!(line_with(&screen, "SM%").is_some(), "{screen}");
+    let row = |pid: u32| {
+        let pid = pid.to_string();
+        screen
+            .lines()
+            .find(|line| {
+                line.trim_start_matches(['>', '*'])
+                    .split_whitespace()
+                    .next()
+                    == Some(pid.as_str())
+            })
+            .unwrap_or_else(|| panic!("no row for {pid}:\n{screen}"))
+            .to_string()
+    };
+    assert!(row(busy).contains(" 41% "), "{screen}");
+    assert!(row(idle).contains(" 0% "), "{screen}");
+    host.activity(
+        0,
+        "utilization 12\ntemperature 64\npower 312\npower_limit 700\n",
+    )
+    .expect("activity");
+    tmux.wait_for("GPU 0's new reading", |screen| {
+        line_with(screen, "GPU0").is_some_and(|line| line.contains("12%"))
+    });
+    ends_restored(&tmux, &["q"], "0");
+}

@@ -15,7 +15,7 @@ pub mod stream;
 mod term;
 mod view;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
@@ -29,7 +29,7 @@ use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 use ratatui::crossterm::terminal;
 
 use crate::config::TopRequest;
-use crate::driver::Driver;
+use crate::driver::{Activity, Driver};
 use crate::exit::Exit;
 use crate::fleet::Fleet;
 use crate::pace::Pace;
@@ -72,8 +72,9 @@ pub enum Sample {
     /// A full look.
     Local(Box<Snapshot>),
     /// The last full look checked and still true: the driver's figures and
-    /// the holders' context (`pace::Pace`) unchanged.
-    Checked,
+    /// the holders' context (`pace::Pace`) unchanged; what each GPU is
+    /// doing, read afresh (it moves when nothing else does).
+    Checked(BTreeMap<u32, Activity>),
     /// A document from the remote host (`top -H`).
     Remote(Box<remote::Status>),
     /// The remote connection's state.
@@ -157,8 +158,13 @@ impl App {
                 self.unseen = model::unseen_lines(&snapshot);
                 self.snapshot = Some(*snapshot);
             }
-            Sample::Checked => {
+            Sample::Checked(activity) => {
                 self.checked = Some(Instant::now());
+                if let Some(snapshot) = self.snapshot.as_mut() {
+                    snapshot.activity = activity;
+                    self.bars = model::bars(snapshot);
+                    self.arrange();
+                }
                 return;
             }
             Sample::Remote(status) => {
@@ -391,11 +397,13 @@ fn local_samples(
         // node not yet open) is seen whole by then.
         let settle = pace.changed();
         let sample = if pace.full_look_due(force) {
-            let snapshot = Snapshot::take(driver.as_ref());
+            let mut snapshot = Snapshot::take(driver.as_ref());
             pace.looked(&snapshot);
+            snapshot.read_activity(driver.as_ref());
             Sample::Local(Box::new(snapshot))
         } else {
-            Sample::Checked
+            let gpus = 0..driver.gpu_count().unwrap_or(0);
+            Sample::Checked(gpus.map(|index| (index, driver.activity(index))).collect())
         };
         if samples.send(sample).is_err() {
             return;

@@ -23,6 +23,9 @@ pub struct Row {
     pub gpus: String,
     /// What the driver reports it uses, over all GPUs.
     pub memory: Option<u64>,
+    /// Its SM utilization, in percent: on the GPU where it is highest,
+    /// where it is listed on several; `None` where the driver gives none.
+    pub sm: Option<u32>,
     pub flags: String,
     pub container: String,
     pub command: String,
@@ -41,6 +44,11 @@ pub struct GpuBar {
     /// and its kind: bookkeeping, held by no process, or unseen from here.
     pub no_process: Option<(u64, UnattributedKind)>,
     pub error: Option<String>,
+    /// What the GPU is doing (`Activity`), each `None` where unknown.
+    pub utilization: Option<u32>,
+    pub temperature: Option<u32>,
+    pub power_watts: Option<f64>,
+    pub power_limit_watts: Option<f64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,10 +119,12 @@ pub fn unseen_lines(snapshot: &Snapshot) -> Vec<String> {
 }
 
 pub fn bars(snapshot: &Snapshot) -> Vec<GpuBar> {
+    let watts = |milliwatts: Option<u32>| milliwatts.map(|mw| f64::from(mw) / 1000.0);
     snapshot
         .gpus
         .iter()
-        .map(|gpu| GpuBar {
+        .map(|gpu| (gpu, snapshot.activity.get(&gpu.index)))
+        .map(|(gpu, activity)| GpuBar {
             index: gpu.index,
             total: gpu.memory_total,
             used: gpu.memory_used,
@@ -130,6 +140,10 @@ pub fn bars(snapshot: &Snapshot) -> Vec<GpuBar> {
                 .error
                 .as_ref()
                 .map(|error| one_line(&error.to_string()).into_owned()),
+            utilization: activity.and_then(|a| a.utilization_percent),
+            temperature: activity.and_then(|a| a.temperature_celsius),
+            power_watts: watts(activity.and_then(|a| a.power_draw_milliwatts)),
+            power_limit_watts: watts(activity.and_then(|a| a.power_limit_milliwatts)),
         })
         .collect()
 }
@@ -159,6 +173,11 @@ pub fn rows(snapshot: &Snapshot) -> Vec<Row> {
                 .iter()
                 .filter_map(|gpu| gpu.memory)
                 .reduce(|a, b| a + b);
+            let sm = holder
+                .gpus
+                .iter()
+                .filter_map(|gpu| gpu.sm_utilization_percent)
+                .max();
             let mut reasons: Vec<String> = Vec::new();
             reasons.extend(holder.orphan.map(|why| format!("orphaned: {why}")));
             reasons.extend(
@@ -188,6 +207,7 @@ pub fn rows(snapshot: &Snapshot) -> Vec<Row> {
                     listed.join(",")
                 },
                 memory,
+                sm,
                 flags: holder.flags.join(","),
                 container: holder
                     .container

@@ -98,6 +98,15 @@ struct GpuView {
     error: Option<Text>,
     #[serde(default)]
     processes: Vec<GpuProcessView>,
+    /// What the GPU is doing; absent from an older host.
+    #[serde(default)]
+    utilization_percent: Option<u32>,
+    #[serde(default)]
+    temperature_celsius: Option<u32>,
+    #[serde(default)]
+    power_draw_watts: Option<f64>,
+    #[serde(default)]
+    power_limit_watts: Option<f64>,
 }
 
 #[derive(Deserialize)]
@@ -130,6 +139,8 @@ struct HolderGpuView {
     index: u32,
     memory: Option<u64>,
     listed_by_driver: bool,
+    #[serde(default)]
+    sm_utilization_percent: Option<u32>,
 }
 
 #[derive(Deserialize)]
@@ -253,6 +264,10 @@ fn bar(gpu: &GpuView) -> GpuBar {
             (bytes, kind)
         }),
         error: gpu.error.as_ref().map(|error| error.0.clone()),
+        utilization: gpu.utilization_percent,
+        temperature: gpu.temperature_celsius,
+        power_watts: gpu.power_draw_watts,
+        power_limit_watts: gpu.power_limit_watts,
     }
 }
 
@@ -304,6 +319,11 @@ fn row(holder: HolderView) -> Row {
             .iter()
             .filter_map(|gpu| gpu.memory)
             .reduce(|a, b| a + b),
+        sm: holder
+            .gpus
+            .iter()
+            .filter_map(|gpu| gpu.sm_utilization_percent)
+            .max(),
         flags: holder
             .flags
             .iter()

@@ -77,7 +77,8 @@ pub fn emit(driver: Arc<dyn Driver>, interval: Duration) -> io::Result<Exit> {
         .spawn(move || {
             loop {
                 let started = Instant::now();
-                let snapshot = Snapshot::take(driver.as_ref());
+                let mut snapshot = Snapshot::take(driver.as_ref());
+                snapshot.read_activity(driver.as_ref());
                 let line = one_line(&report::status_json(&snapshot, &None));
                 drop(snapshot);
                 if lines_to.send(line).is_err() {

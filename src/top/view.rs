@@ -58,14 +58,47 @@ fn style(app: &App, style: Style) -> Style {
     if app.color { style } else { Style::default() }
 }
 
+/// What a GPU is doing, after its memory: ` 87%  64°C  312/700W`, `?` for
+/// a figure the driver did not say; empty where it said none of them.
+fn activity_text(bar: &GpuBar, ascii: bool) -> String {
+    if bar.utilization.is_none()
+        && bar.temperature.is_none()
+        && bar.power_watts.is_none()
+        && bar.power_limit_watts.is_none()
+    {
+        return String::new();
+    }
+    let known =
+        |value: Option<u32>, unit: &str| value.map_or("?".to_string(), |v| format!("{v}{unit}"));
+    let watts = |value: Option<f64>| value.map_or("?".to_string(), |w| format!("{}", w.round()));
+    format!(
+        " {:>4} {:>5} {}/{}W",
+        known(bar.utilization, "%"),
+        known(bar.temperature, if ascii { "C" } else { "°C" }),
+        watts(bar.power_watts),
+        watts(bar.power_limit_watts)
+    )
+}
+
 fn bar_lines(app: &App, width: u16) -> Vec<Line<'static>> {
     let spark_width = 12usize;
+    let activity: Vec<String> = app
+        .bars
+        .iter()
+        .map(|bar| activity_text(bar, app.ascii))
+        .collect();
+    let activity_width = activity
+        .iter()
+        .map(|text| text.chars().count())
+        .max()
+        .unwrap_or(0);
     let bar_width = (width as usize)
-        .saturating_sub(6 + 22 + spark_width + 2)
+        .saturating_sub(6 + 22 + spark_width + 2 + activity_width)
         .max(8);
     app.bars
         .iter()
-        .map(|bar| {
+        .zip(activity)
+        .map(|(bar, activity)| {
             let mut spans = vec![Span::raw(format!("GPU{:<2} ", bar.index))];
             if let Some(error) = &bar.error {
                 spans.push(Span::styled(
@@ -76,7 +109,7 @@ fn bar_lines(app: &App, width: u16) -> Vec<Line<'static>> {
             }
             spans.extend(bar_spans(app, bar, bar_width));
             spans.push(Span::raw(format!(
-                " {:>9}/{:<9}",
+                " {:>9}/{:<9}{activity:<activity_width$}",
                 MaybeBytes(bar.used).to_string(),
                 MaybeBytes(bar.total).to_string()
             )));
@@ -150,19 +183,33 @@ fn spark(app: &App, gpu: u32, total: Option<u64>, width: usize) -> String {
         .collect()
 }
 
-fn row_text(row: &Row, tagged: bool, containers: bool, width: usize) -> String {
+/// Which columns the holders' table has besides the fixed ones: CONTAINER
+/// where some holder runs in one, SM% where the driver gives some holder's.
+#[derive(Clone, Copy)]
+struct Columns {
+    containers: bool,
+    sm: bool,
+}
+
+fn row_text(row: &Row, tagged: bool, columns: Columns, width: usize) -> String {
     let indent = "  ".repeat(row.depth.min(6));
     let mut text = format!(
-        "{}{:>7} {:<8.8} {:<1.1} {:<5.5} {:>9} {:<20.20} ",
+        "{}{:>7} {:<8.8} {:<1.1} {:<5.5} {:>9} ",
         if tagged { '*' } else { ' ' },
         row.pid,
         row.user,
         row.state,
         row.gpus,
         MaybeBytes(row.memory).to_string(),
-        row.flags,
     );
-    if containers {
+    if columns.sm {
+        let sm = row
+            .sm
+            .map_or("-".to_string(), |percent| format!("{percent}%"));
+        text.push_str(&format!("{sm:>4} "));
+    }
+    text.push_str(&format!("{:<20.20} ", row.flags));
+    if columns.containers {
         text.push_str(&format!("{:<14.14} ", row.container));
     }
     text.push_str(&indent);
@@ -171,12 +218,19 @@ fn row_text(row: &Row, tagged: bool, containers: bool, width: usize) -> String {
 }
 
 fn table_lines(app: &App, area: Rect) -> Vec<Line<'static>> {
-    let containers = app.rows.iter().any(|row| !row.container.is_empty());
+    let columns = Columns {
+        containers: app.rows.iter().any(|row| !row.container.is_empty()),
+        sm: app.rows.iter().any(|row| row.sm.is_some()),
+    };
     let mut header = format!(
-        " {:>7} {:<8} {:<1} {:<5} {:>9} {:<20} ",
-        "PID", "USER", "S", "GPU", "GPU MEM", "FLAGS"
+        " {:>7} {:<8} {:<1} {:<5} {:>9} ",
+        "PID", "USER", "S", "GPU", "GPU MEM"
     );
-    if containers {
+    if columns.sm {
+        header.push_str(&format!("{:>4} ", "SM%"));
+    }
+    header.push_str(&format!("{:<20} ", "FLAGS"));
+    if columns.containers {
         header.push_str(&format!("{:<14} ", "CONTAINER"));
     }
     header.push_str("COMMAND");
@@ -200,7 +254,7 @@ fn table_lines(app: &App, area: Rect) -> Vec<Line<'static>> {
         let text = row_text(
             row,
             app.tagged.contains(&row.pid),
-            containers,
+            columns,
             area.width as usize,
         );
         let mut line_style = Style::default();
