@@ -1299,6 +1299,45 @@ impl Driver for SimDriver {
 mod tests {
     use super::*;
 
+    /// `DIR/activity.N`: what does not read says nothing (never 0), and
+    /// `process_sm none` is per-process figures with nobody above 0.
+    #[test]
+    fn activity_files_say_only_what_reads() {
+        let activity = parse_activity(
+            "utilization 101\ntemperature 64\npower 312.5\npower_limit -1\nprocess_sm 42 41\nprocess_sm 43 x\nfan 80\n",
+        );
+        assert_eq!(activity.utilization_percent, None);
+        assert_eq!(activity.temperature_celsius, Some(64));
+        assert_eq!(activity.power_draw_milliwatts, Some(312_500));
+        assert_eq!(activity.power_limit_milliwatts, None);
+        assert_eq!(
+            activity.process_sm_percent,
+            Some(BTreeMap::from([(42, 41)]))
+        );
+        assert_eq!(
+            (activity.sm_percent(42), activity.sm_percent(7)),
+            (Some(41), Some(0))
+        );
+        assert_eq!(parse_activity("").sm_percent(42), None);
+        assert_eq!(
+            parse_activity("process_sm none\n").process_sm_percent,
+            Some(BTreeMap::new())
+        );
+    }
+
+    /// `DIR/reserved`: a byte count a line, an empty or missing line unsaid,
+    /// anything else an error naming the line.
+    #[test]
+    fn reserved_lines_are_byte_counts_or_unsaid() {
+        let path = Path::new("/sim/reserved");
+        assert_eq!(
+            parse_reserved(b"503316480\n\n", path, 3),
+            Ok(vec![Some(503_316_480), None, None])
+        );
+        let error = parse_reserved(b"480MiB\n", path, 1).expect_err("not a byte count");
+        assert!(error.to_string().contains("line 1"), "{error}");
+    }
+
     /// These GPUs' memory as the driver reads it now: the `last` a wait starts from.
     fn figures<const N: usize>(driver: &SimDriver, gpus: [u32; N]) -> BTreeMap<u32, Option<u64>> {
         driver
