@@ -491,7 +491,8 @@ pub struct ReapArgs {
     #[arg(long)]
     pub watch: bool,
     /// Read the policy from this TOML file; its keys are these flags' long names
-    /// (orphans = true, older-than = "10m", match = ["sglang::"]); flags given here win.
+    /// (orphans = true, older-than = "10m", match = ["sglang::"]); flags given here win. It
+    /// must be root's or yours, writable and replaceable by no one else (docs/watch.md).
     /// Example: gpureap reap --watch --config /etc/gpureap/reap.toml
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -772,8 +773,8 @@ pub struct RunArgs {
     /// On stop, how long to wait for the driver to confirm the GPUs are free.
     #[arg(long, default_value = "60s", value_name = "DUR", value_parser = duration, allow_hyphen_values = true)]
     pub stop_timeout: Duration,
-    /// Also append the server's output to this file (created 0600; never through a link others
-    /// could have made, nor into another user's file or a hard link: docs/run.md).
+    /// Also append the server's output to this file (created 0600; never through a link, nor
+    /// into another user's file, a hard link or a directory others may write: docs/run.md).
     #[arg(long, value_name = "FILE")]
     pub log: Option<PathBuf>,
     /// Where good starts are remembered and bundles written, private to you; refused if anyone

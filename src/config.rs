@@ -13,6 +13,7 @@ use crate::cli::{
     SlurmCommonArgs, SourcesArgs, StatusArgs, WaitArgs,
 };
 use crate::container;
+use crate::file::NotRead;
 use crate::hostlist;
 use crate::members::{self, Found, Wanted};
 use crate::plan::fit::{Hypothetical, Overrides, PlanConfig};
@@ -579,7 +580,7 @@ pub fn reap(
     }
     let gpus = named_gpus(gpu, gpu_count)?;
     if let Some(path) = log {
-        crate::run::state::LogFile::check(path).map_err(|error| UsageError(error.to_string()))?;
+        crate::file::LogFile::check(path).map_err(|error| UsageError(error.to_string()))?;
     }
     Ok(crate::watch::ReapConfig {
         watch: *watch,
@@ -600,23 +601,41 @@ pub fn reap(
     })
 }
 
+/// How much of a `reap --config` file is read: a policy is a few lines.
+const CONFIG_MAX: u64 = 1 << 20;
+
 /// The command line with `reap --config FILE`'s keys put in as flags, right
 /// after `reap`, so that flags typed after them win and every value goes
 /// through the same parser: `key = true` is `--key`, `key = false` is left
 /// out, a string or a number is `--key=VALUE`, an array repeats the flag.
 /// `config` is not a key.
+///
+/// The file is root's policy: read by the one rule of a path root may trust
+/// (`file::read_trusted`, at most `CONFIG_MAX` bytes). A file that is not
+/// TOML is named with the line where it stops being TOML and nothing of
+/// its text: it may be any file root can read (`/etc/shadow`,
+/// `/proc/self/environ`), as a host file's bad line is not shown either.
 pub fn reap_argv(
     argv: &[std::ffi::OsString],
     file: &std::path::Path,
 ) -> Result<Vec<std::ffi::OsString>, UsageError> {
     let shown = file.display().to_string();
-    let (_, bytes) = crate::file::read_regular(file, 1 << 20)
-        .map_err(|error| UsageError(format!("--config {shown}: {error}")))?;
+    let (_, bytes) = crate::file::read_trusted(file, CONFIG_MAX).map_err(|error| match error {
+        NotRead::Untrusted(why) => UsageError(format!(
+            "refusing --config {shown}: {why}; give --config a file only you or root can write, in directories only you or root can write"
+        )),
+        NotRead::Unreadable(why) => UsageError(format!("--config {shown}: {why}")),
+    })?;
     let text = String::from_utf8(bytes)
         .map_err(|_| UsageError(format!("--config {shown}: not UTF-8 text")))?;
-    let table: toml::Table = text
-        .parse()
-        .map_err(|error| UsageError(format!("--config {shown}: not TOML: {error}")))?;
+    let table: toml::Table = text.parse().map_err(|error: toml::de::Error| {
+        let line = error.span().map_or(1, |span| {
+            text[..span.start.min(text.len())].matches('\n').count() + 1
+        });
+        UsageError(format!(
+            "--config {shown}: not TOML at line {line} (the file is not shown)"
+        ))
+    })?;
     let mut flags: Vec<std::ffi::OsString> = Vec::new();
     for (key, value) in &table {
         if key == "config" || key.starts_with('-') {

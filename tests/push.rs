@@ -248,6 +248,23 @@ fn push_runs_no_file_it_did_not_put_there_and_replaces_no_link() {
     );
     let left = lab.on("h1", "ls -A /usr/local/open");
     assert_eq!(left.stdout, "", "left behind: {}", left.stdout);
+    // Root's own directory below that one (or through it): the one rule
+    // judges every directory on the way, as it does for a --log.
+    lab.on("h1", "mkdir -m 755 /usr/local/open/bin");
+    for to in [
+        "/usr/local/open/bin/gpureap",
+        "/usr/local/open/../bin/gpureap",
+    ] {
+        let run = push(&lab, &["-H", "h1", "--to", to, "--json"]);
+        assert_eq!(run.code, 1, "{to}: {}{}", run.stdout, run.stderr);
+        let reason = host_entry(&run.json(), "h1")["report"]["reason"].to_string();
+        assert!(
+            reason.contains("others than its owner may write to /usr/local/open (mode 0777, without the sticky bit)"),
+            "{to}: {reason}"
+        );
+    }
+    let left = lab.on("h1", "ls -A /usr/local/open/bin");
+    assert_eq!(left.stdout, "", "left behind: {}", left.stdout);
 
     // --force onto a link to a directory: never "updated" with the binary
     // hidden inside the directory.

@@ -705,6 +705,229 @@ fn bad_policy_values_exit_2_and_the_config_file_takes_the_flags_keys() {
     );
 }
 
+/// The uid of `nobody`, the other user of these tests.
+const NOBODY: u32 = 65534;
+
+fn chmod(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+}
+
+/// A policy that would free every orphan at once, where another user could
+/// have written it: the file writable by all, the file another user's, in a
+/// directory anyone may write to without the sticky bit, below another
+/// user's directory, through `..` out of an open directory, or a symbolic
+/// link. Each is refused with exit 2, naming the path and what is unsafe,
+/// before anything is looked at: the orphan lives. The same file where only
+/// root can change it (in a sticky directory) frees it.
+#[test]
+fn a_policy_others_could_write_is_refused_and_frees_nothing() {
+    let host = host(1);
+    let mut incident = Incident::new(&host);
+    let worker = orphaned_worker(&mut incident, "sglang::scheduler_TP0", 0);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let base = dir.path();
+    let policy = "orphans = true\nenforce = true\nolder-than = \"0s\"\ngrace = \"100ms\"\ninterval = \"100ms\"\n";
+    let write = |path: &Path, mode: u32| {
+        std::fs::write(path, policy).expect("policy");
+        chmod(path, mode);
+    };
+    write(&base.join("writable.toml"), 0o666);
+    write(&base.join("theirs.toml"), 0o644);
+    std::os::unix::fs::chown(base.join("theirs.toml"), Some(NOBODY), Some(NOBODY)).expect("chown");
+    write(&base.join("reap.toml"), 0o644);
+    let open = base.join("open");
+    std::fs::create_dir(&open).expect("mkdir");
+    write(&open.join("reap.toml"), 0o644);
+    chmod(&open, 0o777);
+    let home = base.join("home");
+    std::fs::create_dir(&home).expect("mkdir");
+    write(&home.join("reap.toml"), 0o644);
+    std::os::unix::fs::chown(&home, Some(NOBODY), Some(NOBODY)).expect("chown");
+    std::os::unix::fs::symlink("reap.toml", base.join("link.toml")).expect("symlink");
+    for (config, why) in [
+        (
+            base.join("writable.toml"),
+            format!(
+                "others than its owner may write to {} (mode 0666)",
+                base.join("writable.toml").display()
+            ),
+        ),
+        (
+            base.join("theirs.toml"),
+            "belongs to uid 65534 (nobody), not to you or root".to_string(),
+        ),
+        (
+            open.join("reap.toml"),
+            format!(
+                "others than its owner may write to {} (mode 0777, without the sticky bit)",
+                open.display()
+            ),
+        ),
+        (
+            home.join("reap.toml"),
+            format!("{} belongs to uid 65534 (nobody)", home.display()),
+        ),
+        (
+            open.join("..").join("reap.toml"),
+            "(mode 0777, without the sticky bit)".to_string(),
+        ),
+        (base.join("link.toml"), "it is a symbolic link".to_string()),
+    ] {
+        let result = run(&host, &["reap", "--config", config.to_str().expect("path")]);
+        assert_eq!(result.code, 2, "{}: {}", config.display(), result.stderr);
+        assert!(
+            result
+                .stderr
+                .contains(&format!("refusing --config {}: ", config.display()))
+                && result.stderr.contains(&why),
+            "{}: {}",
+            config.display(),
+            result.stderr
+        );
+        assert!(
+            alive(worker),
+            "{}: the policy was applied",
+            config.display()
+        );
+    }
+    let sticky = base.join("sticky");
+    std::fs::create_dir(&sticky).expect("mkdir");
+    chmod(&sticky, 0o1777);
+    write(&sticky.join("reap.toml"), 0o644);
+    let result = run(
+        &host,
+        &[
+            "reap",
+            "--config",
+            sticky.join("reap.toml").to_str().expect("path"),
+        ],
+    );
+    assert_eq!(result.code, 0, "{}", result.stderr);
+    assert!(!alive(worker), "a policy root may trust was not applied");
+}
+
+/// `reap --log` where another user could rename the log away and plant
+/// another: in a directory anyone may write to without the sticky bit (as
+/// `dump --out` refuses), or named by the policy file. Refused with exit 2
+/// before anything is looked at, in words of the log's own (not `run`'s
+/// "server's output"), and nothing made there.
+#[test]
+fn a_log_others_could_redirect_is_refused_in_words_of_its_own() {
+    let host = host(1);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let open = dir.path().join("open");
+    std::fs::create_dir(&open).expect("mkdir");
+    chmod(&open, 0o777);
+    let theirs = dir.path().join("theirs.jsonl");
+    std::fs::write(&theirs, "").expect("log");
+    std::os::unix::fs::chown(&theirs, Some(NOBODY), Some(NOBODY)).expect("chown");
+    let in_open = open.join("reap.jsonl");
+    let config = dir.path().join("reap.toml");
+    std::fs::write(
+        &config,
+        format!("orphans = true\nlog = \"{}\"\n", in_open.display()),
+    )
+    .expect("policy");
+    for (args, why) in [
+        (
+            vec!["reap", "--orphans", "--log", in_open.to_str().expect("path")],
+            format!(
+                "refusing --log {}: others than its owner may write to {} (mode 0777, without the sticky bit); give --log a file in directories only you or root can write",
+                in_open.display(),
+                open.display()
+            ),
+        ),
+        (
+            vec!["reap", "--config", config.to_str().expect("path")],
+            format!("refusing --log {}: ", in_open.display()),
+        ),
+        (
+            vec!["reap", "--orphans", "--log", theirs.to_str().expect("path")],
+            "belongs to uid 65534 (nobody), not to you or root; gpureap appends only to a file of your own".to_string(),
+        ),
+    ] {
+        let result = run(&host, &args);
+        assert_eq!(result.code, 2, "{args:?}: {}", result.stderr);
+        assert!(result.stderr.contains(&why), "{args:?}: {}", result.stderr);
+        assert!(
+            !result.stderr.contains("server"),
+            "{args:?}: {}",
+            result.stderr
+        );
+        assert!(!result.stderr.contains("started"), "{}", result.stderr);
+    }
+    assert_eq!(std::fs::read_dir(&open).expect("dir").count(), 0);
+}
+
+/// `reap --config` on what is not a policy: root can read any file, and
+/// the error must not show it (a shadow line, an environment with its
+/// tokens); what would hang or fill memory (a FIFO, /dev/zero, a file of
+/// 4 GiB) is refused at once, unread.
+#[test]
+fn a_config_that_is_not_a_policy_is_neither_quoted_nor_read_whole() {
+    let host = host(1);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let shadow = dir.path().join("shadow");
+    std::fs::write(
+        &shadow,
+        "root:$y$j9T$SHADOWSECRET:20228:0:99999:7:::\ndaemon:*:20228:0:99999:7:::\n",
+    )
+    .expect("shadow");
+    chmod(&shadow, 0o640);
+    let fifo = dir.path().join("fifo.toml");
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        &fifo,
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o600),
+        0,
+    )
+    .expect("mkfifo");
+    let huge = dir.path().join("huge.toml");
+    std::fs::File::create(&huge)
+        .and_then(|file| file.set_len(4 << 30))
+        .expect("sparse file");
+    for (config, why) in [
+        (shadow.clone(), "not TOML at line 1 (the file is not shown)"),
+        (
+            PathBuf::from("/proc/self/environ"),
+            "not TOML at line 1 (the file is not shown)",
+        ),
+        (fifo.clone(), "not a regular file"),
+        (PathBuf::from("/dev/zero"), "not a regular file"),
+        (huge.clone(), "larger than 1 MiB"),
+    ] {
+        let started = Instant::now();
+        let result: Run = gpureap(&host)
+            .args(["reap", "--config", config.to_str().expect("path")])
+            .env("GPUREAP_TEST_TOKEN", "hf_ENVIRONSECRET")
+            .output()
+            .expect("gpureap runs")
+            .into();
+        assert_eq!(result.code, 2, "{}: {}", config.display(), result.stderr);
+        assert!(
+            result.stderr.contains(why),
+            "{}: {}",
+            config.display(),
+            result.stderr
+        );
+        for secret in ["SHADOWSECRET", "daemon", "ENVIRONSECRET", "PATH="] {
+            assert!(
+                !result.stderr.contains(secret),
+                "{}: quoted: {}",
+                config.display(),
+                result.stderr
+            );
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{}",
+            config.display()
+        );
+    }
+}
+
 /// A rule that names more than --max-share of a GPU's holders frees nothing
 /// there and says so.
 #[test]
@@ -927,6 +1150,8 @@ fn the_reap_daemonset_adds_only_what_signalling_needs_and_its_policy_parses() {
         "\"--watch\"",
         "enforce = false",
         "container-gone = true",
+        // The policy file alone: a ConfigMap volume's 0777 directory of links is refused.
+        "mountPath: /etc/gpureap/reap.toml\n              subPath: reap.toml",
     ] {
         assert!(text.contains(needed), "{needed} missing");
     }

@@ -165,6 +165,79 @@ fn run_refuses_a_state_dir_another_user_seeded_with_symlinks_and_touches_nothing
     assert!(!started.exists(), "the server was never started");
 }
 
+/// A state directory of root's own, below a directory anyone may write to
+/// without the sticky bit or below another user's: either could rename it
+/// away and put another in its place, one with links of their choosing.
+/// Refused with exit 2, the server never started, nothing written; below a
+/// sticky directory it is fine.
+#[test]
+fn a_state_dir_below_a_directory_others_may_write_is_refused() {
+    let host = host();
+    let started = host.path().join("server-started");
+    let state_run = |state: &Path| {
+        run(
+            &host,
+            &[
+                "run",
+                "--restart",
+                "never",
+                "--state-dir",
+                state.to_str().expect("path"),
+                "--",
+                "touch",
+                started.to_str().expect("path"),
+            ],
+        )
+    };
+    let shared = host.path().join("shared");
+    fs::create_dir(&shared).expect("mkdir");
+    fs::set_permissions(&shared, fs::Permissions::from_mode(0o777)).expect("chmod");
+    let theirs = host.path().join("theirs");
+    foreign_dir(&theirs);
+    let sticky = host.path().join("sticky");
+    fs::create_dir(&sticky).expect("mkdir");
+    fs::set_permissions(&sticky, fs::Permissions::from_mode(0o1777)).expect("chmod");
+    for dir in [&shared, &theirs, &sticky] {
+        fs::create_dir(dir.join("state")).expect("mkdir");
+        fs::set_permissions(dir.join("state"), fs::Permissions::from_mode(0o700)).expect("chmod");
+    }
+    for (state, why) in [
+        (
+            shared.join("state"),
+            format!(
+                "others than its owner may write to {} (mode 0777, without the sticky bit)",
+                shared.display()
+            ),
+        ),
+        (
+            theirs.join("state"),
+            format!("{} belongs to uid 65534 (nobody)", theirs.display()),
+        ),
+        // `..` does not step around the directory it passes through.
+        (
+            shared.join("..").join("sticky").join("state"),
+            "(mode 0777, without the sticky bit)".to_string(),
+        ),
+    ] {
+        let result = state_run(&state);
+        assert_eq!(result.code, 2, "{}: {}", state.display(), result.stderr);
+        assert!(
+            result.stderr.contains(&format!(
+                "refusing the state directory {}: ",
+                state.display()
+            )) && result.stderr.contains(&why),
+            "{}: {}",
+            state.display(),
+            result.stderr
+        );
+        assert!(!started.exists(), "the server was started");
+        assert!(entries(&state).is_empty(), "written: {:?}", entries(&state));
+    }
+    let result = state_run(&sticky.join("state"));
+    assert_eq!(result.code, 0, "{}", result.stderr);
+    assert!(started.exists());
+}
+
 #[test]
 fn a_symlink_inside_a_trusted_state_dir_is_neither_read_nor_written_through() {
     let host = host();
@@ -310,10 +383,12 @@ fn a_huge_starts_json_is_not_read_whole() {
 
 /// `--log` where someone else could have prepared the path: a link to a
 /// file of root's, a hard link, another user's file, a FIFO, a link on the
-/// way that another user planted, a directory. Each is refused with exit 2
-/// before the server starts, and the file it would have reached is
-/// untouched. A new file in a sticky, a world-writable or another user's
-/// directory, and one's own file, are fine.
+/// way that another user planted, a directory, a directory anyone may write
+/// to without the sticky bit or another user's directory (where the log
+/// could be renamed away and another put in its place). Each is refused
+/// with exit 2 before the server starts, and the file it would have
+/// reached is untouched. A new file in a sticky directory, and one's own
+/// file, are fine.
 #[test]
 fn run_refuses_a_log_others_could_redirect_and_touches_nothing() {
     let host = host();
@@ -349,7 +424,7 @@ fn run_refuses_a_log_others_could_redirect_and_touches_nothing() {
     make_fifo(&fifo, 0o666);
     let home = base.join("home");
     foreign_dir(&home);
-    foreign_link(host.path(), &home.join("planted"));
+    foreign_link(host.path(), &base.join("planted"));
     let open = base.join("open");
     fs::create_dir(&open).expect("mkdir");
     fs::set_permissions(&open, fs::Permissions::from_mode(0o777)).expect("chmod");
@@ -360,10 +435,16 @@ fn run_refuses_a_log_others_could_redirect_and_touches_nothing() {
         (theirs.clone(), "belongs to uid 65534"),
         (fifo.clone(), "not a regular file"),
         (
-            home.join("planted").join("victim"),
+            base.join("planted").join("victim"),
             "symbolic link others could have made",
         ),
         (base.clone(), "it names a directory"),
+        (
+            open.join("server.log"),
+            "(mode 0777, without the sticky bit); give --log a file in directories only you or root can write",
+        ),
+        (home.join("server.log"), "belongs to uid 65534 (nobody)"),
+        (open.join("..").join("own.log"), "mode 0777"),
     ] {
         let started = Instant::now();
         let result = log_run(&log);
@@ -379,26 +460,19 @@ fn run_refuses_a_log_others_could_redirect_and_touches_nothing() {
             started.elapsed() < Duration::from_secs(10),
             "a FIFO blocked"
         );
+        assert!(
+            !result.stderr.contains("server's output"),
+            "{}",
+            result.stderr
+        );
     }
     assert_eq!(read(&victim), "precious\n");
     assert_eq!(mode(&victim), 0o644);
     assert_eq!(read(&theirs), "");
+    assert!(entries(&open).is_empty() && entries(&home).is_empty());
 
-    // Where it is fine: a new file, created private, in a sticky directory,
-    // in a directory anyone may write to, or in another user's directory
-    // (what is there is checked, not who may write beside it); and one's own
-    // file, appended to with its mode kept.
-    for dir in [&open, &home] {
-        let log = dir.join("server.log");
-        let result = log_run(&log);
-        assert_eq!(result.code, 0, "{}: {}", log.display(), result.stderr);
-        assert_eq!(read(&log), "api_key=sk-secret\n");
-        assert_eq!(mode(&log), 0o600);
-        assert_eq!(
-            fs::metadata(&log).expect("log").uid(),
-            rustix::process::geteuid().as_raw()
-        );
-    }
+    // Where it is fine: a new file, created private, in a sticky directory;
+    // and one's own file, appended to with its mode kept.
     let sticky = base.join("tmp");
     fs::create_dir(&sticky).expect("mkdir");
     fs::set_permissions(&sticky, fs::Permissions::from_mode(0o1777)).expect("chmod");
@@ -407,6 +481,10 @@ fn run_refuses_a_log_others_could_redirect_and_touches_nothing() {
     assert_eq!(result.code, 0, "{}", result.stderr);
     assert_eq!(read(&fresh), "api_key=sk-secret\n");
     assert_eq!(mode(&fresh), 0o600);
+    assert_eq!(
+        fs::metadata(&fresh).expect("log").uid(),
+        rustix::process::geteuid().as_raw()
+    );
     // A link on the way that only root could have made is followed.
     symlink(&sticky, base.join("linked")).expect("symlink");
     let result = log_run(&base.join("linked").join("second.log"));

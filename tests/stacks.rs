@@ -321,6 +321,69 @@ fn dump_selects_as_free_does_and_refuses_what_it_cannot_take() {
     assert_eq!(std::fs::read_dir(&open).expect("dir").count(), 0);
 }
 
+/// `--out` is a folder of root's own below a directory anyone may write to
+/// without the sticky bit, or below another user's, or a link to one of
+/// root's: the folder could be swapped for another before the bundle (with
+/// its command lines, and their tokens) lands in it. Refused with exit 2,
+/// naming the directory and why; nothing written.
+#[test]
+fn dump_refuses_an_out_below_a_directory_others_may_write() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let host = host();
+    let mut incident = Incident::new(&host);
+    let holder = incident
+        .holder(&Holder::new("sglang::scheduler_TP0").on(1, 10 * GIB))
+        .expect("holder");
+    let chmod = |path: &Path, mode: u32| {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod")
+    };
+    let open = host.path().join("open");
+    let theirs = host.path().join("theirs");
+    for dir in [&open, &theirs] {
+        std::fs::create_dir_all(dir.join("out")).expect("dir");
+        chmod(&dir.join("out"), 0o700);
+    }
+    chmod(&open, 0o777);
+    std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).expect("chown to nobody");
+    let linked = host.path().join("linked");
+    std::os::unix::fs::symlink(open.join("out"), &linked).expect("symlink");
+    for (out, why) in [
+        (
+            open.join("out"),
+            format!(
+                "others than its owner may write to {} (mode 0777, without the sticky bit)",
+                open.display()
+            ),
+        ),
+        (
+            theirs.join("out"),
+            format!("{} belongs to uid 65534 (nobody)", theirs.display()),
+        ),
+        (
+            linked.clone(),
+            format!("{} is a symbolic link", linked.display()),
+        ),
+    ] {
+        let refused: Run = gpureap(&host)
+            .args(["dump", "--gpu", "1", "--out", out.to_str().expect("utf-8")])
+            .output()
+            .expect("runs")
+            .into();
+        assert_eq!(refused.code, 2, "{}: {}", out.display(), refused.stderr);
+        assert!(
+            refused
+                .stderr
+                .contains(&format!("refusing --out {}: ", out.display()))
+                && refused.stderr.contains(&why),
+            "{}: {}",
+            out.display(),
+            refused.stderr
+        );
+        assert_eq!(std::fs::read_dir(&out).expect("dir").count(), 0);
+    }
+    assert!(alive(holder));
+}
+
 #[test]
 fn a_stalled_start_gets_its_stacks_in_the_bundle_before_it_is_signalled() {
     let setup = setup(2);

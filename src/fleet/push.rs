@@ -24,6 +24,7 @@ use super::ssh::Answer;
 use super::{Fleet, HostResult, fleet_json, worst};
 use crate::config::UsageError;
 use crate::exit::Exit;
+use crate::file::NotRead;
 use crate::report::new_table;
 use crate::units::short;
 
@@ -64,10 +65,12 @@ fi
 
 /// Copies stdin to the destination atomically. Arguments: destination,
 /// expected checksum, the checksum of what may be replaced (`none` for
-/// nothing, `any` with --force). Only into a directory that no one but
-/// root and the remote user can change (or a sticky one, as /tmp): there,
-/// the temporary file is ours alone; it is checksummed and run through one
-/// descriptor. The ledger is updated under a lock, through a temporary
+/// nothing, `any` with --force). Run after `file::TRUSTED_SH`, and only
+/// into a directory that the one rule of a path root may trust: every
+/// directory from `/` down no one's but root's and the remote user's to
+/// change (or a sticky one, as /tmp), no link of anyone else's on the way.
+/// There, the temporary file is ours alone; it is checksummed and run
+/// through one descriptor. The ledger is updated under a lock, through a temporary
 /// name of its own, so that concurrent pushes lose no record.
 const COPY: &str = r#"
 set -eu
@@ -76,9 +79,9 @@ me=$(id -u)
 if [ "$me" = 0 ]; then state=/var/lib/gpureap; else state=${XDG_STATE_HOME:-$HOME/.local/state}/gpureap; fi
 dir=$(dirname -- "$dest")
 mkdir -p -- "$dir"
-downer=$(stat -L -c %u -- "$dir") dmode=$(stat -L -c %a -- "$dir")
-if { [ "$downer" != 0 ] && [ "$downer" != "$me" ]; } || { [ $((0$dmode & 022)) -ne 0 ] && [ $((0$dmode & 01000)) -eq 0 ]; }; then
-  echo "$dir can be changed by another user (owner uid $downer, mode $dmode): not installing there" >&2; exit 69
+case $dir in /*) ;; *) dir=$(pwd -P)/$dir ;; esac
+if ! why=$(trusted_dir "$dir" 2>&1); then
+  echo "$dir can be changed by another user ($why): not installing there" >&2; exit 69
 fi
 tmp=$(mktemp "$dir/.gpureap-push.XXXXXX")
 trap 'rm -f -- "$tmp"' EXIT
@@ -143,8 +146,14 @@ struct Binary {
 
 fn load(path: &Path) -> Result<Binary, UsageError> {
     let shown = path.display();
-    let (file, bytes) = crate::file::read_regular(path, 512 << 20)
-        .map_err(|error| UsageError(format!("cannot read --bin {shown}: {error}")))?;
+    // Run here and installed as root on every host: read by the one rule.
+    let (file, bytes) =
+        crate::file::read_trusted(path, 512 << 20).map_err(|error| match error {
+            NotRead::Untrusted(why) => UsageError(format!(
+                "refusing --bin {shown}: {why}; copy it where only you or root can write"
+            )),
+            NotRead::Unreadable(why) => UsageError(format!("cannot read --bin {shown}: {why}")),
+        })?;
     if !bytes.starts_with(b"\x7fELF") {
         return Err(UsageError(format!(
             "--bin {shown} is not an ELF executable"
@@ -426,7 +435,10 @@ impl Pushing<'_> {
         let path = &look.path;
         let copy = self.fleet.transport.exec(
             self.host,
-            &Self::script(COPY, &[path, &self.binary.sha256, replaces]),
+            &Self::script(
+                &format!("{}{COPY}", crate::file::TRUSTED_SH),
+                &[path, &self.binary.sha256, replaces],
+            ),
             Some(self.binary.bytes.clone()),
             self.limit,
         );

@@ -31,6 +31,7 @@ use rustix::process::WaitStatus;
 
 use crate::driver::Driver;
 use crate::exit::Exit;
+use crate::file::{LogError, LogFile};
 use crate::reap::{self, FreeReport, Options};
 use crate::select::{Guard, Scope};
 use crate::snapshot::Snapshot;
@@ -200,16 +201,16 @@ const OUTPUT_DRAIN: Duration = Duration::from_secs(2);
 
 /// Supervises the server until it ends for good, or gpureap is stopped.
 pub fn supervise(config: &RunConfig, driver: &dyn Driver) -> std::io::Result<Exit> {
-    let refused = |error: state::LogError| {
+    let refused = |error: LogError| {
         event(&error.to_string());
         match error {
-            state::LogError::Refused(_) => Exit::Usage,
-            state::LogError::Failed(_) => Exit::Incomplete,
+            LogError::Refused(_) => Exit::Usage,
+            LogError::Failed(_) => Exit::Incomplete,
         }
     };
     // The log is checked first, and made last: a refused log leaves no
     // state directory behind, and a refused state directory no empty log.
-    let checked = match config.log.as_deref().map(state::LogFile::check).transpose() {
+    let checked = match config.log.as_deref().map(LogFile::check).transpose() {
         Ok(checked) => checked,
         Err(error) => return Ok(refused(error)),
     };

@@ -2,10 +2,12 @@
 //! `--log FILE` as JSON lines for auditing.
 //!
 //! The log file is opened as `gpureap run --log` opens its log
-//! (`run::state::open_log`): for appending, created private (0600), never
-//! through a symbolic link others could have made, and an existing file only
-//! if it is a plain file of the user gpureap runs as with no other name: the epilog runs as root, and a link planted by anyone else
-//! must not make it write elsewhere. A log that cannot be opened is said on
+//! (`file::open_log`, by the one rule of a path root may trust): for
+//! appending, created private (0600), in directories only root or the user
+//! gpureap runs as may write, never through a symbolic link others could
+//! have made, and an existing file only if it is a plain file of that user
+//! with no other name: the epilog runs as root, and a link planted by
+//! anyone else must not make it write elsewhere. A log that cannot be opened is said on
 //! stderr and does not stop the epilog: the GPUs matter more.
 
 use std::fs::File;
@@ -51,7 +53,7 @@ impl Audit {
         node: Option<String>,
     ) -> Audit {
         let file = log.and_then(|path| {
-            crate::run::state::open_log(path)
+            crate::file::open_log(path)
                 .map_err(|error| {
                     eprintln!("gpureap slurm {command}: {error}; logging to stderr only");
                 })

@@ -3,8 +3,9 @@
 //! stderr.
 //!
 //! The file is opened for each line, as `slurm --log` opens its log
-//! (`run::state::open_log`: appended to, created 0600, never through a link,
-//! an existing file only when it is a plain file of ours with one name), and
+//! (`file::open_log`: by the one rule of a path root may trust, appended
+//! to, created 0600, never through a link, an existing file only when it is
+//! a plain file of ours that only we may write, with one name), and
 //! closed after it: logrotate may move or truncate it at any time, and the
 //! next line goes to whatever is at the path then. One `write` per line, so
 //! that lines never interleave. A line that cannot be written is said on
@@ -135,7 +136,7 @@ impl DecisionLog {
         let mut line = crate::units::json_safe(text);
         line.push('\n');
         // Opened for each line: a rotated log is followed at once.
-        let written = crate::run::state::open_log(path)
+        let written = crate::file::open_log(path)
             .map_err(|error| error.to_string())
             .and_then(|mut file| {
                 file.write_all(line.as_bytes())
