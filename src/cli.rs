@@ -441,6 +441,8 @@ Examples:
 python3 -m vllm.entrypoints.openai.api_server), the model's config.json (a local
 directory or the Hugging Face cache), and this host's GPUs through the same snapshot as
 `status`. No GPU work, no network. docs/plan.md lists the flags it understands.
+A holder that costs every rank at most 1% of the clean pool's tokens (and does not stop
+the start) is reported but does not change the verdict; nor do several within 1% together.
 
 Examples:
   gpureap plan -- python3 -m sglang.launch_server --model-path moonshotai/Kimi-K2.5 --tp 8 \\

@@ -1044,15 +1044,6 @@ pub fn plan(args: &PlanArgs) -> Result<PlanConfig, UsageError> {
                 .to_string(),
         ));
     }
-    if let (Some(free), Some(total)) = (gpu_free, gpu_memory)
-        && free > total
-    {
-        return Err(UsageError(format!(
-            "--gpu-free {} is more than --gpu-memory {}: a GPU cannot have more free than it has",
-            crate::units::Bytes(*free),
-            crate::units::Bytes(*total)
-        )));
-    }
     // Either average alone still counts: the incident's 4,100 was the answer alone.
     let averages = (avg_prompt.is_some() || avg_output.is_some())
         .then(|| (avg_prompt.unwrap_or(0), avg_output.unwrap_or(0)));

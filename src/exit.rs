@@ -37,9 +37,11 @@ pub enum Exit {
     /// "unknown" for node-problem-detector, which reads every code but 0
     /// and 1 as unknown). The same number as `Incomplete`.
     Unknown,
-    /// `plan`: the server cannot fit on this hardware even on clean GPUs
-    /// (SGLang's "Not enough memory", vLLM refusing its utilization, weights
-    /// larger than the GPU). Freeing anything would not help.
+    /// `plan`: nothing on this host makes the server start as asked: even
+    /// on clean GPUs the engine refuses (SGLang's "Not enough memory", vLLM
+    /// refusing its utilization, weights larger than the free memory) or
+    /// does not hold `--concurrency N`, or its host tier is more than the
+    /// host memory. Freeing anything would not help.
     CannotFit,
     /// Ended by a signal it caught (`demo` cleaning up after Ctrl-C, a
     /// simulated server after SIGTERM): 128 + the signal, as a shell says.
@@ -393,7 +395,7 @@ pub fn rows(program: Program) -> Vec<(Exit, &'static str)> {
             ),
             (
                 CannotFit,
-                "plan: the server cannot fit on this hardware, even on clean GPUs",
+                "plan: nothing on this host makes the server fit as asked, even on clean GPUs",
             ),
         ],
         Program::Status => vec![
@@ -560,14 +562,17 @@ pub fn rows(program: Program) -> Vec<(Exit, &'static str)> {
             ),
         ],
         Program::Plan => vec![
-            (Success, "fits now: the engine's GPUs have what it needs"),
+            (
+                Success,
+                "fits now: the engine starts as asked (and holds --concurrency N); what others hold costs it at most 1% of the pool",
+            ),
             (
                 StillHeld,
-                "fits only after freeing what others hold (the holders and the command that frees them are shown)",
+                "fits only after freeing what others hold, or a reset of memory held by no process (the holders and the commands are shown)",
             ),
             (
                 Usage,
-                "bad input: unknown engine, no model, model or config not found, unknown architecture, a missing field",
+                "bad input: unknown engine, no model, model or config not found, unknown architecture, a missing field, a flag the engine refuses, a log whose figures contradict each other",
             ),
             (
                 Unknown,
@@ -575,7 +580,7 @@ pub fn rows(program: Program) -> Vec<(Exit, &'static str)> {
             ),
             (
                 CannotFit,
-                "cannot fit on this hardware, even on clean GPUs (the engine would refuse to start, or the weights are larger than the GPU)",
+                "nothing on this host makes it fit: even on clean GPUs the engine refuses to start or does not hold --concurrency N, or the host tier cannot be allocated",
             ),
         ],
         Program::Dump => vec![

@@ -686,3 +686,157 @@ fn documented_plans(doc: &str) -> Vec<(Vec<String>, Vec<String>)> {
         })
         .collect()
 }
+
+/// The verdict is decided in one place (`fit::Outcome::decision`): 1 only
+/// where freeing the holders, or a reset of driver-held memory, makes the
+/// server start as asked; 4 where nothing on this host does. Before:
+/// `--gpu-free` with nothing held said "fits only after freeing what
+/// others hold" (exit 1) naming no holder; a `--gpu-free` above the GPU's
+/// total was taken (exit 0); driver-held memory got "free the holders";
+/// a `--concurrency` the server cannot hold even on clean GPUs was "fits
+/// now" (exit 0).
+#[test]
+fn the_verdict_is_1_only_where_freeing_or_a_reset_helps() {
+    let host = SimHost::new(2, 80 * GIB, "Simulated H100").expect("sim host");
+    let model = model_dir("verdict", LLAMA_8B);
+    let command = sglang(&model);
+    let weights = ["--weights", "16GiB"];
+
+    let little = plan(
+        &host,
+        &[&weights[..], &["--gpu-free", "10GiB"]].concat(),
+        &command,
+    );
+    assert_eq!(little.code, 4, "{}{}", little.stdout, little.stderr);
+    assert!(
+        !little.stdout.contains("fits only after freeing")
+            && little.stdout.contains("not looked at (--gpu-free"),
+        "{}",
+        little.stdout
+    );
+    let above = plan(
+        &host,
+        &[&weights[..], &["--gpu-free", "200GiB"]].concat(),
+        &command,
+    );
+    assert_one_line_usage("--gpu-free above the GPU", &above, "--gpu-free");
+    assert!(above.stderr.contains("80.0 GiB"), "{}", above.stderr);
+
+    // More GPUs than the host has is said as such. Before: "the engine's
+    // GPUs \"2\": this host has 2 GPUs".
+    let mut four = command.clone();
+    four.extend(["--tp".to_string(), "4".to_string()]);
+    let more = plan(&host, &weights, &four);
+    assert_one_line_usage(
+        "--tp 4 on 2 GPUs",
+        &more,
+        "the command uses 4 GPUs (TP 4 × PP 1 × DP 1) and this host has 2",
+    );
+
+    // Requests of 2,000 tokens: the clean pool holds a few hundred at once.
+    let averages = ["--avg-prompt", "1000", "--avg-output", "1000"];
+    let held = |wanted: &str| {
+        plan(
+            &host,
+            &[&weights[..], &averages[..], &["--concurrency", wanted]].concat(),
+            &command,
+        )
+    };
+    let some = held("100");
+    assert_eq!(some.code, 0, "{}{}", some.stdout, some.stderr);
+    let too_many = held("100000");
+    assert_eq!(too_many.code, 4, "{}{}", too_many.stdout, too_many.stderr);
+    assert!(
+        too_many
+            .stdout
+            .contains("Verdict: does not hold --concurrency 100,000 at once on this hardware, even on clean GPUs (exit 4)"),
+        "{}",
+        too_many.stdout
+    );
+
+    // A stray context of 1 MiB: reported, within the tolerance.
+    let mut incident = Incident::new(&host);
+    let stray = incident
+        .holder(&Holder::new("python3 stray_context.py").on(0, 1 << 20))
+        .expect("stray");
+    let tiny = plan(&host, &weights, &command);
+    assert_eq!(tiny.code, 0, "{}{}", tiny.stdout, tiny.stderr);
+    for said in [
+        &format!("GPU 0: PID {stray} "),
+        "(at most 1% of the pool: reported, it does not change the verdict)",
+        "Verdict: fits now: what others hold costs it at most 1% of the pool (exit 0)",
+    ] {
+        assert!(tiny.stdout.contains(said), "{said}: {}", tiny.stdout);
+    }
+    incident.kill(stray).expect("the stray ends");
+
+    // Memory held by no process on GPU 1: only a reset gives it back.
+    host.leak(1, 10 * GIB).expect("leak");
+    let reset = plan(&host, &weights, &command);
+    assert_eq!(reset.code, 1, "{}{}", reset.stdout, reset.stderr);
+    for said in [
+        "fits only after a reset of the memory held by no process",
+        "reset the GPUs (the command above)",
+        "Levers (each after the reset)",
+        "gpureap reset --gpu 1",
+    ] {
+        assert!(reset.stdout.contains(said), "{said}: {}", reset.stdout);
+    }
+    assert!(
+        !reset.stdout.contains("free the holders"),
+        "{}",
+        reset.stdout
+    );
+}
+
+/// A host tier the host cannot allocate is exit 4: no holder freed on the
+/// GPUs gives the host memory. The incident's 300 GB of HiCache per rank,
+/// 2.4 TB over TP 8, against 512 GiB. Before: exit 0 on a box (1 on a
+/// host with a holder), the tier's "DOES NOT FIT" a line of the report.
+#[test]
+fn a_host_tier_the_host_cannot_allocate_does_not_fit() {
+    let host = SimHost::new(1, 80 * GIB, "Simulated H100").expect("sim host");
+    let kimi = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/kimi-k2.5");
+    let command = |size: &str| -> Vec<String> {
+        [
+            "python3",
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            kimi.to_str().expect("utf-8"),
+            "--tp",
+            "8",
+            "--mem-fraction-static",
+            "0.85",
+            "--enable-hierarchical-cache",
+            "--hicache-size",
+            size,
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let flags = [
+        "--gpu-memory",
+        "97871MiB",
+        "--weights",
+        "72.8GiB",
+        "--host-memory",
+        "512GiB",
+    ];
+    let too_large = plan(&host, &flags, &command("300"));
+    assert_eq!(
+        too_large.code, 4,
+        "{}{}",
+        too_large.stdout, too_large.stderr
+    );
+    assert!(
+        too_large.stdout.contains("DOES NOT FIT")
+            && too_large
+                .stdout
+                .contains("Verdict: the host tier does not fit this host's memory"),
+        "{}",
+        too_large.stdout
+    );
+    let fits = plan(&host, &flags, &command("37"));
+    assert_eq!(fits.code, 0, "{}{}", fits.stdout, fits.stderr);
+}

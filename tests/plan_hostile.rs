@@ -427,9 +427,10 @@ fn a_log_of_the_other_engine_or_of_both_is_refused() {
          (EngineCore_DP0 pid=1) INFO GPU KV cache size: 921,696 tokens\n",
     )
     .expect("both log");
+    // The vLLM start was an H200's (112.51 GiB of KV cache at 0.92).
     let run = |log: &Path, command: &[String]| {
         let log = log.display().to_string();
-        plan(&["--gpu-memory", "80GiB", "--from-log", &log], command)
+        plan(&["--gpu-memory", "143771MiB", "--from-log", &log], command)
     };
     assert_refused(
         "a vLLM log for SGLang",
@@ -975,4 +976,331 @@ fn a_huge_argument_is_quoted_cut_in_the_error() {
             result.stderr.len()
         );
     }
+}
+
+/// The pool in the JSON of a plan on the box, and its weights.
+fn planned_pool(flags: &[&str], command: &[String]) -> (u64, u64, serde_json::Value) {
+    let result = plan(&[flags, &["--json"]].concat(), command);
+    assert_planned_json(&result);
+    let report: serde_json::Value = serde_json::from_str(&result.stdout).expect("json");
+    let tokens = report["device_clean"]["tokens_per_rank"]
+        .as_u64()
+        .expect("tokens");
+    let weights = report["budget"]["weights_per_gpu"]
+        .as_u64()
+        .expect("weights");
+    (tokens, weights, report)
+}
+
+fn assert_planned_json(result: &Run) {
+    assert!(
+        (0..=4).contains(&result.code) && result.code != 2,
+        "exit {}\n{}{}",
+        result.code,
+        result.stdout,
+        result.stderr
+    );
+}
+
+/// Flags that change the pool are modelled, or said to be able to; what
+/// the engine's parser refuses is refused. Before: vLLM
+/// `--num-gpu-blocks-override 100` (1,600 tokens) was planned as 455,808;
+/// `--cpu-offload-gb` was ignored; `--quantization` and `--torchao-config`
+/// were "not understood, they do not change the pool"; `--tp-size` to
+/// vLLM and `--gpu-memory-utilization` to SGLang, which their parsers
+/// refuse, got "fits now".
+#[test]
+fn flags_that_change_the_pool_are_modelled_or_said_and_foreign_ones_refused() {
+    let model = model("pool-flags", LLAMA_8B);
+    let gpu = ["--gpu-memory", "80GiB"];
+    let index = r#"{"metadata": {"total_size": 16060522496}, "weight_map": {}}"#;
+    std::fs::write(model.path().join("model.safetensors.index.json"), index).expect("index");
+
+    let (tokens, _, _) = planned_pool(
+        &gpu,
+        &vllm(model.path(), &["--num-gpu-blocks-override", "100"]),
+    );
+    assert_eq!(tokens, 1_600, "100 blocks of 16");
+
+    for (what, command) in [
+        ("vLLM", vllm(model.path(), &[])),
+        ("SGLang", sglang(model.path(), &[])),
+    ] {
+        let (_, weights, _) = planned_pool(&gpu, &command);
+        let offload = |gib: &str| {
+            let mut command = command.clone();
+            command.extend(["--cpu-offload-gb".to_string(), gib.to_string()]);
+            planned_pool(&gpu, &command).1
+        };
+        assert_eq!(weights - offload("4"), 4 << 30, "{what}");
+        assert_eq!(offload("4000"), 0, "{what}: all of it offloaded");
+    }
+
+    for (what, command, flag) in [
+        (
+            "vLLM --quantization",
+            vllm(model.path(), &["--quantization", "fp8"]),
+            "--quantization fp8",
+        ),
+        (
+            "SGLang --torchao-config",
+            sglang(model.path(), &["--torchao-config", "int4wo-128"]),
+            "--torchao-config int4wo-128",
+        ),
+    ] {
+        let result = plan(&gpu, &command);
+        assert_planned(what, &result);
+        assert!(
+            result.stdout.contains(&format!(
+                "Not modelled (they may change the pool: the plan is as without them; docs/plan.md lists what is read): {flag}"
+            )),
+            "{what}: {}",
+            result.stdout
+        );
+        assert!(!result.stdout.contains("do not change the pool"), "{what}");
+    }
+
+    let refused = [
+        (
+            "--tp-size to vLLM",
+            vllm(model.path(), &["--tp-size", "2"]),
+            "--tp-size",
+        ),
+        (
+            "--gpu-memory-utilization to SGLang",
+            sglang(model.path(), &["--gpu-memory-utilization", "0.9"]),
+            "not a flag of SGLang 0.5.9 (it is vLLM's)",
+        ),
+        (
+            "--num-gpu-blocks-override abc",
+            vllm(model.path(), &["--num-gpu-blocks-override", "abc"]),
+            "--num-gpu-blocks-override",
+        ),
+        (
+            "--cpu-offload-gb -1",
+            vllm(model.path(), &["--cpu-offload-gb=-1"]),
+            "--cpu-offload-gb",
+        ),
+        (
+            "SGLang --cpu-offload-gb 1.5 (an int there)",
+            sglang(model.path(), &["--cpu-offload-gb", "1.5"]),
+            "--cpu-offload-gb",
+        ),
+    ];
+    for (what, command, named) in refused {
+        assert_refused(what, &plan(&gpu, &command), named);
+    }
+}
+
+/// A log whose figures no start logs together is refused naming its line.
+/// Before: a vLLM log whose `Available KV cache memory` is more than its
+/// start requested (a log of another GPU, or forged) clamped the non-KV
+/// memory to 0 ("fits now" with the whole GPU as KV); SGLang's `mem
+/// usage=-16.00 GB` became 0 GiB of weights, `#tokens` of 10^17 was taken.
+#[test]
+fn a_log_whose_figures_contradict_each_other_is_refused_naming_the_line() {
+    let model = model("bad-logs", LLAMA_8B);
+    let logs = dir("bad-logs-files");
+    let write = |name: &str, text: &str| {
+        let path = logs.path().join(name);
+        std::fs::write(&path, text).expect("log");
+        path.display().to_string()
+    };
+    let begin = "[2026-01-01 00:00:00 TP0] Load weight begin. avail mem=78.00 GB\n";
+    let end = |usage: &str| {
+        format!(
+            "[2026-01-01 00:00:09 TP0] Load weight end. type=LlamaForCausalLM, avail mem=62.00 GB, mem usage={usage} GB.\n"
+        )
+    };
+    let kv = |tokens: &str, size: &str| {
+        format!(
+            "[2026-01-01 00:00:10 TP0] KV Cache is allocated. #tokens: {tokens}, KV size: {size} GB\n"
+        )
+    };
+    let cases = [
+        (
+            "vLLM: more KV than its start requested",
+            write(
+                "vllm.log",
+                "(EngineCore_DP0 pid=1) INFO Model loading took 14.99 GiB memory and 3.1 seconds\n\
+                 (EngineCore_DP0 pid=1) INFO Available KV cache memory: 120.00 GiB\n\
+                 (EngineCore_DP0 pid=1) INFO GPU KV cache size: 982,768 tokens\n",
+            ),
+            vllm(model.path(), &[]),
+            "line 2 (\"(EngineCore_DP0 pid=1) INFO Available KV cache memory: 120.00 GiB\"): 120.00 GiB of KV cache",
+        ),
+        (
+            "SGLang: a negative mem usage",
+            write(
+                "negative.log",
+                &format!("{begin}{}{}", end("-16.00"), kv("400000", "50.00")),
+            ),
+            sglang(model.path(), &[]),
+            "line 2 (",
+        ),
+        (
+            "SGLang: 10^17 tokens",
+            write(
+                "tokens.log",
+                &format!(
+                    "{begin}{}{}",
+                    end("16.00"),
+                    kv("99999999999999999", "50.00")
+                ),
+            ),
+            sglang(model.path(), &[]),
+            "line 3 (",
+        ),
+        (
+            "SGLang: more KV than was left after the weights",
+            write(
+                "kv.log",
+                &format!("{begin}{}{}", end("16.00"), kv("400000", "70.00")),
+            ),
+            sglang(model.path(), &[]),
+            "more than the 62.00 GiB left after the weights",
+        ),
+    ];
+    for (what, log, command, named) in cases {
+        let result = plan(&["--gpu-memory", "80GiB", "--from-log", &log], &command);
+        assert_refused(what, &result, named);
+    }
+    // A log missing figures says which, and what the plan takes instead.
+    let partial = write(
+        "partial.log",
+        "(EngineCore_DP0 pid=1) INFO Available KV cache memory: 50.00 GiB\n",
+    );
+    let result = plan(
+        &[&BOX[..], &["--from-log", &partial]].concat(),
+        &vllm(model.path(), &[]),
+    );
+    assert_planned("a partial log", &result);
+    for said in [
+        "missing: \"Model loading took\": the weights are not the start's",
+        "missing: \"Desired GPU memory utilization\"",
+        "missing: \"GPU KV cache size\": nothing to check the prediction against",
+    ] {
+        assert!(result.stdout.contains(said), "{said}: {}", result.stdout);
+    }
+}
+
+/// What a plan says where it said something else. Before: "the weights
+/// are larger than the GPU" for `--gpu-free 0`; "raise the fraction" with
+/// `--kv-memory`; "0 tokens … 55.6 GiB of KV" for a pool that does not
+/// start; "× 1 rank" at TP 8; the DP-attention lever cutting Llama-70B's
+/// pool 40-fold listed as any other; a 100 KB flag repeated whole in the
+/// "Not understood" line; a model directory without an index refused
+/// where its config gives the weights' shapes.
+#[test]
+fn a_plan_says_what_it_means() {
+    let llama = model("messages", LLAMA_8B);
+    let free_none = plan(
+        &[
+            "--gpu-memory",
+            "80GiB",
+            "--gpu-free",
+            "0",
+            "--weights",
+            "16GiB",
+        ],
+        &vllm(llama.path(), &[]),
+    );
+    assert_eq!(free_none.code, 4, "{}", free_none.stdout);
+    assert!(
+        !free_none.stdout.contains("larger than the GPU") && free_none.stdout.contains("no pool: "),
+        "{}",
+        free_none.stdout
+    );
+    assert!(
+        !free_none
+            .stdout
+            .contains("GiB of KV per rank, page 16: refuses"),
+        "{}",
+        free_none.stdout
+    );
+    let sglang_none = plan(
+        &[
+            "--gpu-memory",
+            "80GiB",
+            "--gpu-free",
+            "0",
+            "--weights",
+            "16GiB",
+        ],
+        &sglang(llama.path(), &[]),
+    );
+    assert_eq!(sglang_none.code, 4, "{}", sglang_none.stdout);
+    assert!(
+        sglang_none
+            .stdout
+            .contains("does not start: the weights are larger than the free memory at start"),
+        "{}",
+        sglang_none.stdout
+    );
+
+    let given = plan(
+        &[
+            "--gpu-memory",
+            "80GiB",
+            "--weights",
+            "16GiB",
+            "--kv-memory",
+            "1KiB",
+        ],
+        &sglang(llama.path(), &[]),
+    );
+    assert_eq!(given.code, 4, "{}", given.stdout);
+    assert!(
+        !given.stdout.contains("raise the fraction"),
+        "{}",
+        given.stdout
+    );
+
+    let seventy = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/llama-3.1-70b");
+    let tp8 = plan(
+        &["--gpu-memory", "81559MiB"],
+        &sglang(&seventy, &["--tp", "8"]),
+    );
+    assert_planned("Llama-70B TP 8", &tp8);
+    assert!(
+        tp8.stdout.contains(
+            "tokens per rank × 1 pool of 8 TP ranks (each holds every token of its pool)"
+        ),
+        "{}",
+        tp8.stdout
+    );
+    let lever = tp8
+        .stdout
+        .lines()
+        .find(|line| line.trim_start().starts_with("dp_attention"))
+        .unwrap_or_else(|| panic!("no DP-attention lever: {}", tp8.stdout));
+    assert!(lever.contains("WORSE than without it"), "{lever}");
+
+    let huge = format!("--some-future-flag={}", "9".repeat(100_000));
+    let long = plan(&BOX, &sglang(llama.path(), &[&huge]));
+    assert_planned("a 100 KB flag", &long);
+    let line = long
+        .stdout
+        .lines()
+        .find(|line| line.starts_with("Not modelled"))
+        .expect("the flag listed");
+    assert!(line.len() < 600, "{} bytes", line.len());
+
+    // Config shapes without an index: the weights estimated, and said so.
+    let shaped = model(
+        "no-index",
+        r#"{"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
+            "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32,
+            "vocab_size": 128256, "max_position_embeddings": 131072, "torch_dtype": "bfloat16"}"#,
+    );
+    let estimated = plan(&["--gpu-memory", "80GiB"], &vllm(shaped.path(), &[]));
+    assert_planned("no index", &estimated);
+    // Llama-3.1-8B has 8.03 × 10^9 weights: 14.96 GiB in bf16.
+    assert!(
+        estimated
+            .stdout
+            .contains("weights           15.0 GiB  (ESTIMATED from config.json's shapes: no checkpoint index; give --weights)"),
+        "{}",
+        estimated.stdout
+    );
 }

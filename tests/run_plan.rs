@@ -469,3 +469,30 @@ fn the_plan_flags_need_plan_and_exclude_each_other() {
         assert!(!lab.state.exists(), "{flags:?}: nothing made");
     }
 }
+
+/// A holder of 1 MiB (a stray context: 7 of the pool's 410,000 tokens)
+/// is within `plan`'s tolerance (1% of the pool): the plan fits, and `run
+/// --plan` starts the server, naming it. Before: exit 1, and `run --plan`
+/// refused to start for 7 tokens.
+#[test]
+fn run_plan_starts_beside_a_holder_within_the_tolerance() {
+    let lab = Box::new();
+    let mut incident = Incident::new(&lab.host);
+    let holder = lab.holder(&mut incident, 1 << 20);
+    let (code, plan) = lab.plan();
+    assert_eq!(code, 0, "plan: fits: {plan:#}");
+    assert_eq!(plan["fit"]["verdict"], "fits");
+    assert_eq!(plan["fit"]["holders"][0]["pid"], holder, "{plan:#}");
+    let lost = plan["fit"]["holders"][0]["tokens_lost_per_rank"]
+        .as_u64()
+        .expect("tokens lost");
+    assert!(lost > 0 && lost < 100, "{plan:#}");
+
+    let supervisor = lab.run(&[], 100_000);
+    supervisor.wait_for("plan: fits:", 1);
+    supervisor.wait_for("ready after", 1);
+    assert!(lab.engine_started(), "the engine was not started");
+    let (code, events, _) = supervisor.stop();
+    assert_eq!(code, 0, "{}", events.join("\n"));
+    assert!(alive(holder));
+}

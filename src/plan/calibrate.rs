@@ -87,9 +87,9 @@ impl Logged {
     /// log taken to be the command's). `None` without the KV figure.
     pub fn vllm_non_kv(&self, gpu_total: u64, utilization: f64) -> Option<u64> {
         let kv = self.kv_bytes?;
-        let requested = self.requested.unwrap_or_else(|| {
-            (gpu_total as f64 * self.utilization.unwrap_or(utilization)).ceil() as u64
-        });
+        let requested = self
+            .requested
+            .unwrap_or_else(|| requested_at(gpu_total, self.utilization.unwrap_or(utilization)));
         Some(requested.saturating_sub(kv))
     }
 
@@ -100,23 +100,45 @@ impl Logged {
 
 /// The line just read is `engine`'s; `both` when the start has seen the
 /// other engine's lines too (two servers' logs in one file).
-fn saw(current: &mut Logged, both: &mut bool, engine: Engine) {
-    if current.engine.is_some_and(|seen| seen != engine) {
-        *both = true;
+fn saw(current: &mut Start, engine: Engine) {
+    if current.logged.engine.is_some_and(|seen| seen != engine) {
+        current.both = true;
     }
-    current.engine = Some(engine);
+    current.logged.engine = Some(engine);
+}
+
+/// The largest size a log's figure may have: no GPU holds 4 TiB.
+const MAX_LOGGED_GIB: f64 = 4096.0;
+/// The largest token count a log's figure may have (as a context, 2^40).
+const MAX_LOGGED_TOKENS: f64 = (1u64 << 40) as f64;
+/// How far two figures the engine logged with two decimals of GiB may be
+/// off from each other by that rounding alone.
+const ROUNDING: u64 = 1 << 25;
+
+/// What is checked against the figures of a log: the GPU the plan is
+/// for, and the command's utilization (vLLM), for a log that does not
+/// say what its start requested.
+#[derive(Debug, Clone, Copy)]
+pub struct Against {
+    pub gpu_total: u64,
+    pub utilization: f64,
 }
 
 /// `read_log_file` for a plan of `engine`: a log of the other engine, or
 /// one start holding the lines of both, is refused rather than read as
-/// this engine's figures.
-pub fn read_log_for(path: &Path, engine: Engine) -> Result<Logged, PlanError> {
-    let (logged, both_engines) = read_starts(&read_tail(path)?);
+/// this engine's figures, and so is a figure no start could have logged
+/// (negative, beyond any GPU) or figures that contradict each other (a
+/// KV cache larger than the memory its start requested or had free), each
+/// naming its line.
+pub fn read_log_for(path: &Path, engine: Engine, against: Against) -> Result<Logged, PlanError> {
+    let (text, whole) = read_tail(path)?;
+    let start = read_starts(&text);
+    let logged = start.logged;
     let name = |engine: Engine| match engine {
         Engine::Sglang => "SGLang",
         Engine::Vllm => "vLLM",
     };
-    let why = if both_engines {
+    let why = if start.both {
         "one start in it holds the lines of both SGLang and vLLM: give the log of one server's start"
             .to_string()
     } else if let Some(logged_engine) = logged.engine.filter(|logged| *logged != engine) {
@@ -126,7 +148,23 @@ pub fn read_log_for(path: &Path, engine: Engine) -> Result<Logged, PlanError> {
             name(engine)
         )
     } else {
-        return Ok(logged);
+        let problem = start
+            .problem
+            .clone()
+            .or_else(|| contradiction(&start, engine, against));
+        let Some((at, why)) = problem else {
+            return Ok(logged);
+        };
+        return Err(PlanError::BadLog {
+            path: path.to_path_buf(),
+            line: if whole {
+                format!("line {}", at + 1)
+            } else {
+                format!("line {} of its last 4 MiB", at + 1)
+            },
+            text: text.lines().nth(at).map(strip_ansi).unwrap_or_default(),
+            why,
+        });
     };
     Err(PlanError::Unreadable {
         path: path.to_path_buf(),
@@ -134,14 +172,88 @@ pub fn read_log_for(path: &Path, engine: Engine) -> Result<Logged, PlanError> {
     })
 }
 
+/// Figures of one start that no engine logs together: the line to name
+/// and why.
+fn contradiction(start: &Start, engine: Engine, against: Against) -> Option<(usize, String)> {
+    let logged = &start.logged;
+    let lines = &start.lines;
+    let gib = |bytes: u64| format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64);
+    match engine {
+        Engine::Sglang => {
+            let free = logged.free_before_load?;
+            if let (Some(weights), Some(at)) = (logged.weights_per_gpu, lines.weights)
+                && weights > free.saturating_add(ROUNDING)
+            {
+                return Some((
+                    at,
+                    format!(
+                        "its mem usage {} is more than the {} free before the load: not one start's figures",
+                        gib(weights),
+                        gib(free)
+                    ),
+                ));
+            }
+            let left = free.saturating_sub(logged.weights_per_gpu.unwrap_or(0));
+            match (logged.kv_bytes, lines.kv) {
+                (Some(kv), Some(at)) if kv > left.saturating_add(ROUNDING) => Some((
+                    at,
+                    format!(
+                        "a KV cache of {} is more than the {} left after the weights: not one start's figures",
+                        gib(kv),
+                        gib(left)
+                    ),
+                )),
+                _ => None,
+            }
+        }
+        Engine::Vllm => {
+            let (kv, at) = logged.kv_bytes.zip(lines.kv)?;
+            let (requested, of) = match logged.requested {
+                Some(requested) => (requested, "the memory its start requested".to_string()),
+                None => {
+                    let utilization = logged.utilization.unwrap_or(against.utilization);
+                    (
+                        requested_at(against.gpu_total, utilization),
+                        format!(
+                            "what a start at utilization {utilization} may take of this GPU ({})",
+                            gib(against.gpu_total)
+                        ),
+                    )
+                }
+            };
+            let with_weights = kv.saturating_add(logged.weights_per_gpu.unwrap_or(0));
+            (with_weights > requested.saturating_add(ROUNDING)).then(|| {
+                (
+                    at,
+                    format!(
+                        "{} of KV cache{} is more than {of}, {}: a log of another GPU, or altered (give the log of a start on this GPU)",
+                        gib(kv),
+                        match logged.weights_per_gpu {
+                            Some(weights) => format!(" beside {} of weights", gib(weights)),
+                            None => String::new(),
+                        },
+                        gib(requested)
+                    ),
+                )
+            })
+        }
+    }
+}
+
+/// vLLM's `request_memory`: `ceil(utilization × total)`.
+fn requested_at(gpu_total: u64, utilization: f64) -> u64 {
+    (gpu_total as f64 * utilization).ceil() as u64
+}
+
 /// Reads the last `LOG_MAX` bytes of a log file (a regular file, opened
 /// without waiting).
 pub fn read_log_file(path: &Path) -> Result<Logged, PlanError> {
-    Ok(read_log(&read_tail(path)?))
+    Ok(read_log(&read_tail(path)?.0))
 }
 
-/// The last `LOG_MAX` bytes of a log file, from its first whole line.
-fn read_tail(path: &Path) -> Result<String, PlanError> {
+/// The last `LOG_MAX` bytes of a log file, from its first whole line, and
+/// whether that is the whole file.
+fn read_tail(path: &Path) -> Result<(String, bool), PlanError> {
     use std::io::{Read as _, Seek as _, SeekFrom};
     use std::os::unix::fs::OpenOptionsExt as _;
     let unreadable = |why: String| PlanError::Unreadable {
@@ -172,7 +284,7 @@ fn read_tail(path: &Path) -> Result<String, PlanError> {
         (true, Some(newline)) => &text[newline + 1..],
         _ => &text[..],
     };
-    Ok(text.to_string())
+    Ok((text.to_string(), start == 0))
 }
 
 /// Text without ANSI escape sequences (`ESC [ … letter`).
@@ -258,19 +370,38 @@ const DESIRED: &str = "Desired GPU memory utilization is (";
 
 /// Reads the lines ENGINES.md §1.3 / §2 name, both engines.
 pub fn read_log(text: &str) -> Logged {
-    read_starts(text).0
+    read_starts(text).logged
 }
 
-/// `read_log`, and whether the start it gives holds both engines' lines.
-fn read_starts(text: &str) -> (Logged, bool) {
-    let mut starts: Vec<(Logged, bool)> = Vec::new();
-    let mut current = Logged::default();
-    let mut both = false;
+/// One start of the engine as a log holds it: its figures, whether it
+/// holds both engines' lines, the line each figure was read from, and the
+/// first figure no start could have logged.
+#[derive(Debug, Clone, Default)]
+struct Start {
+    logged: Logged,
+    both: bool,
+    lines: Lines,
+    /// The line (its index in the text read) and why.
+    problem: Option<(usize, String)>,
+}
+
+/// The index of the line each figure of a start was read from (the one
+/// that gave the figure kept, over the ranks).
+#[derive(Debug, Clone, Copy, Default)]
+struct Lines {
+    weights: Option<usize>,
+    kv: Option<usize>,
+}
+
+/// The start `read_log` gives: the last complete one, else the last.
+fn read_starts(text: &str) -> Start {
+    let mut starts: Vec<Start> = Vec::new();
+    let mut current = Start::default();
     // The (rank, event) pairs seen in this start: the same rank beginning
     // or ending its load again is a new start, as is any load after the
     // token count.
     let mut seen: Vec<(String, bool)> = Vec::new();
-    for raw in text.lines() {
+    for (at, raw) in text.lines().enumerate() {
         let line = strip_ansi(raw);
         let rank = rank_of(&line);
         let sglang_load = line.contains("Load weight end.");
@@ -278,101 +409,161 @@ fn read_starts(text: &str) -> (Logged, bool) {
         let begin = line.contains("Load weight begin.");
         // vLLM's front end says its arguments before its engine loads: after
         // a complete start, that is the next one.
-        if line.contains("non-default args:") && current.complete() {
-            starts.push((std::mem::take(&mut current), std::mem::take(&mut both)));
+        if line.contains("non-default args:") && current.logged.complete() {
+            starts.push(std::mem::take(&mut current));
             seen.clear();
         }
         if begin || sglang_load || vllm_load {
             let event = (rank.clone(), begin);
-            if current.complete() || seen.contains(&event) {
-                starts.push((std::mem::take(&mut current), std::mem::take(&mut both)));
+            if current.logged.complete() || seen.contains(&event) {
+                starts.push(std::mem::take(&mut current));
                 seen.clear();
             }
             seen.push(event);
         }
-        read_figures(&line, sglang_load, vllm_load, &mut current, &mut both);
+        let mut line_read = Line {
+            text: &line,
+            at,
+            start: &mut current,
+        };
+        line_read.figures(sglang_load, vllm_load);
     }
-    starts.push((current, both));
-    let last = starts.last().copied().unwrap_or_default();
-    starts
-        .into_iter()
-        .rev()
-        .find(|(logged, _)| logged.complete())
-        .unwrap_or(last)
+    starts.push(current);
+    let last = starts.len() - 1;
+    let complete = starts.iter().rposition(|start| start.logged.complete());
+    starts.swap_remove(complete.unwrap_or(last))
 }
 
-/// The figures one line of a start gives, into that start's record.
-fn read_figures(
-    line: &str,
-    sglang_load: bool,
-    vllm_load: bool,
-    current: &mut Logged,
-    both: &mut bool,
-) {
-    if line.contains("Load weight begin.") {
-        saw(current, both, Engine::Sglang);
-        if let Some(free) = number_after(line, "avail mem=") {
-            let free = gib(free);
-            current.free_before_load = Some(current.free_before_load.map_or(free, |f| f.min(free)));
+/// One line of a log, read into its start.
+struct Line<'a> {
+    text: &'a str,
+    at: usize,
+    start: &'a mut Start,
+}
+
+impl Line<'_> {
+    /// The number after `key`, when it is one a start could log: a size
+    /// (GiB) from 0 to `MAX_LOGGED_GIB`, or a count from 0 to
+    /// `MAX_LOGGED_TOKENS`; anything else is the start's problem.
+    fn figure(&mut self, key: &str, what: &str, largest: f64) -> Option<f64> {
+        let value = number_after(self.text, key)?;
+        if (0.0..=largest).contains(&value) {
+            return Some(value);
         }
-    } else if sglang_load {
-        saw(current, both, Engine::Sglang);
-        let usage = number_after(line, "mem usage=");
-        let avail = number_after(line, "avail mem=");
-        if let Some(usage) = usage {
-            let usage = gib(usage);
-            current.weights_per_gpu = Some(current.weights_per_gpu.map_or(usage, |w| w.max(usage)));
+        if self.start.problem.is_none() {
+            self.start.problem = Some((
+                self.at,
+                format!("{what} {value} is not one a start logs (from 0 to {largest})"),
+            ));
         }
-        if let (Some(usage), Some(avail), None) = (usage, avail, current.free_before_load) {
-            current.free_before_load = Some(gib(usage + avail));
-        }
-    } else if vllm_load {
-        saw(current, both, Engine::Vllm);
-        if let Some(weights) = number_after(line, "Model loading took") {
-            let weights = gib(weights);
-            current.weights_per_gpu =
-                Some(current.weights_per_gpu.map_or(weights, |w| w.max(weights)));
-        }
-    } else if line.contains("KV Cache is allocated.") {
-        saw(current, both, Engine::Sglang);
-        current.tokens = number_after(line, "#tokens:")
-            .map(|n| n as u64)
-            .or(current.tokens);
-        let kv = match number_after(line, "KV size:") {
-            Some(size) => Some(size),
-            None => number_after(line, "K size:")
-                .zip(number_after(line, "V size:"))
-                .map(|(k, v)| k + v),
-        };
-        if let Some(kv) = kv {
-            current.kv_bytes = Some(gib(kv));
-        }
-    } else if line.contains("max_total_num_tokens=") {
-        saw(current, both, Engine::Sglang);
-        if let Some(tokens) = number_after(line, "max_total_num_tokens=") {
-            current.tokens = Some(tokens as u64);
-        }
-    } else if line.contains("Available KV cache memory:") {
-        saw(current, both, Engine::Vllm);
-        if let Some(kv) = number_after(line, "Available KV cache memory:") {
-            let kv = gib(kv);
-            current.kv_bytes = Some(current.kv_bytes.map_or(kv, |k| k.min(kv)));
-        }
-    } else if line.contains("GPU KV cache size:") {
-        saw(current, both, Engine::Vllm);
-        if let Some(tokens) = number_after(line, "GPU KV cache size:") {
-            current.tokens = Some(tokens as u64);
-        }
-    } else if line.contains("non-default args:") {
-        if let Some(utilization) = number_after(line, "'gpu_memory_utilization':") {
-            current.utilization = Some(utilization);
-        }
-    } else if let Some(at) = line.find(DESIRED) {
-        // `(0.5, 69.9 GiB)`: the utilization, then the requested GiB.
-        saw(current, both, Engine::Vllm);
-        if let Some(requested) = number_after(&line[at + DESIRED.len()..], ",") {
-            let requested = gib(requested);
-            current.requested = Some(current.requested.map_or(requested, |r| r.max(requested)));
+        None
+    }
+
+    fn size(&mut self, key: &str, what: &str) -> Option<u64> {
+        self.figure(key, what, MAX_LOGGED_GIB).map(gib)
+    }
+
+    fn tokens(&mut self, key: &str) -> Option<u64> {
+        self.figure(key, "a token count", MAX_LOGGED_TOKENS)
+            .map(|tokens| tokens as u64)
+    }
+
+    /// The figures this line gives, into its start's record.
+    fn figures(&mut self, sglang_load: bool, vllm_load: bool) {
+        let line = self.text;
+        if line.contains("Load weight begin.") {
+            saw(self.start, Engine::Sglang);
+            if let Some(free) = self.size("avail mem=", "avail mem") {
+                let logged = &mut self.start.logged;
+                logged.free_before_load =
+                    Some(logged.free_before_load.map_or(free, |f| f.min(free)));
+            }
+        } else if sglang_load {
+            saw(self.start, Engine::Sglang);
+            let usage = self.size("mem usage=", "mem usage");
+            let avail = self.size("avail mem=", "avail mem");
+            let logged = &mut self.start.logged;
+            if let Some(usage) = usage
+                && logged.weights_per_gpu.is_none_or(|weights| usage > weights)
+            {
+                logged.weights_per_gpu = Some(usage);
+                self.start.lines.weights = Some(self.at);
+            }
+            let logged = &mut self.start.logged;
+            if let (Some(usage), Some(avail), None) = (usage, avail, logged.free_before_load) {
+                logged.free_before_load = Some(usage.saturating_add(avail));
+            }
+        } else if vllm_load {
+            saw(self.start, Engine::Vllm);
+            if let Some(weights) = self.size("Model loading took", "the weights")
+                && self
+                    .start
+                    .logged
+                    .weights_per_gpu
+                    .is_none_or(|known| weights > known)
+            {
+                self.start.logged.weights_per_gpu = Some(weights);
+                self.start.lines.weights = Some(self.at);
+            }
+        } else if line.contains("KV Cache is allocated.") {
+            saw(self.start, Engine::Sglang);
+            if let Some(tokens) = self.tokens("#tokens:") {
+                self.start.logged.tokens = Some(tokens);
+            }
+            let kv = match number_after(line, "KV size:") {
+                Some(_) => self.size("KV size:", "KV size"),
+                None => self
+                    .size("K size:", "K size")
+                    .zip(self.size("V size:", "V size"))
+                    .map(|(k, v)| k.saturating_add(v)),
+            };
+            if let Some(kv) = kv {
+                self.start.logged.kv_bytes = Some(kv);
+                self.start.lines.kv = Some(self.at);
+            }
+        } else if line.contains("max_total_num_tokens=") {
+            saw(self.start, Engine::Sglang);
+            if let Some(tokens) = self.tokens("max_total_num_tokens=") {
+                self.start.logged.tokens = Some(tokens);
+            }
+        } else if line.contains("Available KV cache memory:") {
+            saw(self.start, Engine::Vllm);
+            if let Some(kv) = self.size("Available KV cache memory:", "the KV cache memory")
+                && self.start.logged.kv_bytes.is_none_or(|known| kv < known)
+            {
+                self.start.logged.kv_bytes = Some(kv);
+                self.start.lines.kv = Some(self.at);
+            }
+        } else if line.contains("GPU KV cache size:") {
+            saw(self.start, Engine::Vllm);
+            if let Some(tokens) = self.tokens("GPU KV cache size:") {
+                self.start.logged.tokens = Some(tokens);
+            }
+        } else if line.contains("non-default args:") {
+            if let Some(utilization) =
+                self.figure("'gpu_memory_utilization':", "a utilization", 1.0)
+            {
+                self.start.logged.utilization = Some(utilization);
+            }
+        } else if let Some(at) = line.find(DESIRED) {
+            // `(0.5, 69.9 GiB)`: the utilization, then the requested GiB.
+            saw(self.start, Engine::Vllm);
+            let rest = &line[at + DESIRED.len()..];
+            if let Some(requested) = number_after(rest, ",") {
+                if (0.0..=MAX_LOGGED_GIB).contains(&requested) {
+                    let requested = gib(requested);
+                    let logged = &mut self.start.logged;
+                    logged.requested =
+                        Some(logged.requested.map_or(requested, |r| r.max(requested)));
+                } else if self.start.problem.is_none() {
+                    self.start.problem = Some((
+                        self.at,
+                        format!(
+                            "a requested memory of {requested} GiB is not one a start logs (from 0 to {MAX_LOGGED_GIB})"
+                        ),
+                    ));
+                }
+            }
         }
     }
 }

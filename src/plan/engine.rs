@@ -470,8 +470,10 @@ fn sglang(launch: &Launch, model: &Model, budget: &Budget) -> Device {
         let needed = (budget.weights_per_gpu as f64 + (u64::from(page) * cell) as f64)
             / budget.free_at_start.max(1) as f64;
         let hundredths = (needed * 100.0).ceil() / 100.0;
+        // A KV pool given by size skips the fraction: none raises it.
         Start::NotEnoughMemory {
-            raise_fraction_to: (hundredths < 1.0).then_some(hundredths),
+            raise_fraction_to: (budget.kv_memory.is_none() && hundredths < 1.0)
+                .then_some(hundredths),
         }
     } else {
         Start::Starts
@@ -531,7 +533,10 @@ fn vllm(launch: &Launch, model: &Model, budget: &Budget) -> Device {
     // get_num_blocks: available // page_size // layers, page_size per
     // layer = block × per-layer bytes; MIN over ranks (the same here).
     let block_bytes = u64::from(block).saturating_mul(per_token);
-    let blocks = if kv > 0 { (kv as u64) / block_bytes } else { 0 };
+    let memory_blocks = if kv > 0 { (kv as u64) / block_bytes } else { 0 };
+    // `--num-gpu-blocks-override` replaces the count the memory gives
+    // (`may_override_num_blocks`); the memory checks stay the memory's.
+    let blocks = launch.num_gpu_blocks_override.unwrap_or(memory_blocks);
     // DCP spreads each block over the DCP ranks.
     let tokens = blocks
         .saturating_mul(u64::from(block))
@@ -562,7 +567,17 @@ fn vllm(launch: &Launch, model: &Model, budget: &Budget) -> Device {
         Start::NotEnoughMemory {
             raise_fraction_to: None,
         }
-    } else if kv <= 0 || blocks < one_request_blocks {
+    } else if given_kv_too_large(
+        budget,
+        launch
+            .num_gpu_blocks_override
+            .map(|blocks| blocks.saturating_mul(block_bytes)),
+    ) {
+        // The blocks asked are allocated as asked: CUDA runs out of memory.
+        Start::NotEnoughMemory {
+            raise_fraction_to: None,
+        }
+    } else if kv <= 0 || memory_blocks < one_request_blocks {
         // check_enough_kv_cache_memory: "No available memory for the cache
         // blocks", or less than one request of max_model_len needs ("To
         // serve at least one request with the model's max seq len"); with
@@ -580,9 +595,14 @@ fn vllm(launch: &Launch, model: &Model, budget: &Budget) -> Device {
         Start::Starts
     };
     let max_running_requests = vllm_max_running_requests(launch, budget.gpu_total);
+    // The pool is what is allocated: the override's blocks where given.
+    let kv_bytes = match launch.num_gpu_blocks_override {
+        Some(blocks) => blocks.saturating_mul(block_bytes),
+        None => kv.max(0) as u64,
+    };
     Device {
         bytes_per_token: per_token,
-        kv_bytes_per_rank: kv.max(0) as u64,
+        kv_bytes_per_rank: kv_bytes,
         tokens_per_rank: if start == Start::Starts { tokens } else { 0 },
         ranks: launch.dp,
         page_size: block,

@@ -134,6 +134,8 @@ pub enum Source {
     Log,
     /// Estimated from the checkpoint (docs/plan.md).
     Estimate,
+    /// Estimated from the config's shapes: no checkpoint index beside it.
+    ConfigEstimate,
     /// `/proc/meminfo`'s MemAvailable.
     Meminfo,
 }
@@ -236,31 +238,139 @@ pub struct Outcome {
     pub reset_command: Option<String>,
 }
 
+/// A holder that costs every rank at most this share of the clean pool's
+/// tokens (and does not stop the start) is reported but does not change the
+/// verdict; neither do several such together, while what they cost in all
+/// stays within it. 1 %: below the plan's own error against the engines'
+/// logs (docs/plan.md), and far above a stray CUDA context's few tokens.
+pub const NEGLIGIBLE_SHARE: f64 = 0.01;
+
+/// Why the verdict is what it is (`Outcome::decision`, the one place it is
+/// decided).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// The engine starts as asked (and holds `--concurrency N`), whatever
+    /// others hold costing it at most `NEGLIGIBLE_SHARE`.
+    StartsAsAsked,
+    /// Freeing what is listed under the holders makes it so.
+    Freeing(Freeing),
+    /// Even on clean GPUs the engine does not start.
+    EngineRefuses,
+    /// It starts on clean GPUs but does not hold `--concurrency N` there.
+    TooFewAtOnce,
+    /// The host tier asked for is more than the host memory it may take.
+    HostTier,
+}
+
+/// What would have to be given back for the server to start as asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Freeing {
+    /// Processes, named (and driver-held memory, if any, reset).
+    Processes { and_reset: bool },
+    /// Only memory held by no process: a reset, not a `free`.
+    Reset,
+    /// Only memory unseen from this PID namespace: its holders are named
+    /// only by a gpureap that sees the host's PIDs.
+    Unseen,
+}
+
 impl Outcome {
-    pub fn verdict(&self) -> Verdict {
-        if !starts(&self.clean) {
-            Verdict::DoesNotFit
-        } else if starts(&self.now) && self.costs_nothing() {
-            Verdict::Fits
-        } else {
-            Verdict::FitsAfterFree
+    /// The verdict, and why: 0 when the engine starts as asked (and holds
+    /// `--concurrency N`), others' memory costing it at most
+    /// `NEGLIGIBLE_SHARE`; 1 only when freeing the listed holders, or a
+    /// reset of driver-held memory, makes it so; 4 when nothing on this
+    /// host does (the engine refuses even on clean GPUs, does not hold N
+    /// there, or the host tier cannot be allocated).
+    pub fn decision(&self) -> (Verdict, Reason) {
+        if self.host_tier_refused() {
+            return (Verdict::DoesNotFit, Reason::HostTier);
         }
+        if !starts(&self.clean) {
+            return (Verdict::DoesNotFit, Reason::EngineRefuses);
+        }
+        if !self.holds_wanted(&self.clean) {
+            return (Verdict::DoesNotFit, Reason::TooFewAtOnce);
+        }
+        if starts(&self.now) && self.holds_wanted(&self.now) && self.loss_negligible() {
+            return (Verdict::Fits, Reason::StartsAsAsked);
+        }
+        match self.freeing() {
+            Some(freeing) => (Verdict::FitsAfterFree, Reason::Freeing(freeing)),
+            // Nothing listed to give back: the pool now is all there is.
+            None if !starts(&self.now) => (Verdict::DoesNotFit, Reason::EngineRefuses),
+            None => (Verdict::DoesNotFit, Reason::TooFewAtOnce),
+        }
+    }
+
+    pub fn verdict(&self) -> Verdict {
+        self.decision().0
     }
 
     pub fn exit(&self) -> Exit {
         self.verdict().exit()
     }
 
-    /// Whether what others hold costs the server nothing: the same pool as
-    /// on clean GPUs.
-    fn costs_nothing(&self) -> bool {
-        self.now.tokens_per_rank >= self.clean.tokens_per_rank
+    /// What freeing the listed holders means here; `None` when none is listed.
+    pub fn freeing(&self) -> Option<Freeing> {
+        freeing_of(&self.holders)
+    }
+
+    /// Whether the pool now is within `NEGLIGIBLE_SHARE` of the clean one.
+    fn loss_negligible(&self) -> bool {
+        let lost = self
+            .clean
+            .tokens_per_rank
+            .saturating_sub(self.now.tokens_per_rank);
+        lost as f64 <= self.clean.tokens_per_rank as f64 * NEGLIGIBLE_SHARE
+    }
+
+    /// Whether one holder alone costs at most `NEGLIGIBLE_SHARE` of the
+    /// clean pool (reported, not counted against the verdict).
+    pub fn negligible(&self, holder: &Holder) -> bool {
+        match holder.cost {
+            Cost::Nothing => true,
+            Cost::Tokens { per_rank } => {
+                per_rank as f64 <= self.clean.tokens_per_rank as f64 * NEGLIGIBLE_SHARE
+            }
+            Cost::RefusesStart | Cost::Unknown => false,
+        }
+    }
+
+    /// Whether `device` holds the `--concurrency N` asked (true when none
+    /// was, or without a request size to tell).
+    fn holds_wanted(&self, device: &Device) -> bool {
+        match (self.demand.as_ref(), self.concurrency(device)) {
+            (Some(demand), Some(at_once)) => at_once.floor() >= demand.wanted as f64,
+            _ => true,
+        }
+    }
+
+    /// Whether the host tier asked for cannot be allocated: more than the
+    /// host memory it may take (known only with that memory read or given).
+    fn host_tier_refused(&self) -> bool {
+        self.host_memory.is_some() && self.host_tier.is_some_and(|tier| !tier.fits)
     }
 
     /// Concurrency at the request size: `tokens ÷ request tokens`, capped by
     /// the engine's running-request limit; `None` without a request size.
     pub fn concurrency(&self, device: &Device) -> Option<f64> {
         concurrency(device, self.request_tokens)
+    }
+}
+
+/// What giving the holders' memory back takes: a `free` of processes, a
+/// reset, or a look with the host's PIDs; `None` when none is listed.
+pub fn freeing_of(holders: &[Holder]) -> Option<Freeing> {
+    let processes = holders.iter().any(|holder| holder.pid.is_some());
+    let reset = holders
+        .iter()
+        .any(|holder| holder.pid.is_none() && !holder.unseen);
+    let unseen = holders.iter().any(|holder| holder.unseen);
+    match (processes, reset, unseen) {
+        (true, and_reset, _) => Some(Freeing::Processes { and_reset }),
+        (false, true, _) => Some(Freeing::Reset),
+        (false, false, true) => Some(Freeing::Unseen),
+        (false, false, false) => None,
     }
 }
 
@@ -283,12 +393,18 @@ pub fn concurrency(device: &Device, request_tokens: Option<u64>) -> Option<f64> 
 pub fn evaluate(config: &PlanConfig, snapshot: Option<&Snapshot>) -> Result<Outcome, FitError> {
     let launch = launch::parse(&config.command, &config.env)?;
     let model = model::locate_for(&launch, config.model_config.as_deref())?;
+    let (gpus, hypothetical) = engine_gpus(config, &launch, snapshot)?;
+    let free = free_memory(config, &gpus, hypothetical)?;
     let logged = match &config.from_log {
-        Some(path) => Some(calibrate::read_log_for(path, launch.engine)?),
+        Some(path) => {
+            let against = calibrate::Against {
+                gpu_total: free.gpu_total,
+                utilization: engine::mem_fraction(&launch, &model, free.gpu_total),
+            };
+            Some(calibrate::read_log_for(path, launch.engine, against)?)
+        }
         None => None,
     };
-    let (gpus, hypothetical) = engine_gpus(config, &launch, snapshot)?;
-    let free = free_memory(config, &gpus, hypothetical);
     let (weights_per_gpu, weights_source) = weights(config, &launch, &model, logged)?;
     let (kv_memory, kv_source) = kv_memory(config, &launch);
     let budget = Budget {
@@ -324,8 +440,8 @@ pub fn evaluate(config: &PlanConfig, snapshot: Option<&Snapshot>) -> Result<Outc
         now: &now,
         averages: config.averages,
         request_tokens,
-        weights_from_estimate: weights_source == Source::Estimate,
-        freed: !holders.is_empty(),
+        weights_from_estimate: matches!(weights_source, Source::Estimate | Source::ConfigEstimate),
+        freeing: freeing_of(&holders),
     };
     let levers = levers::levers(&context);
     let demand = config
@@ -396,44 +512,64 @@ struct FreeMemory {
     gpu_total: u64,
     /// With the GPUs as they are now.
     now: u64,
-    /// On clean GPUs (never less than a given `--gpu-free`).
+    /// On clean GPUs (a given `--gpu-free` stands for both).
     clean: u64,
     source: Source,
 }
 
 /// The free memory at start: `--gpu-free`, else the box's total less the
 /// engine's context, else the MIN over the engine's GPUs (`engine_free`).
+/// A `--gpu-free` stands for the GPUs now and clean alike (it is what the
+/// user says the engine finds: nothing of it is anyone's to free), and one
+/// above the GPU's total, the box's or this host's, is bad input.
 fn free_memory(
     config: &PlanConfig,
     gpus: &[GpuFit],
     hypothetical: Option<Hypothetical>,
-) -> FreeMemory {
+) -> Result<FreeMemory, PlanError> {
     let given = config.overrides.gpu_free;
-    if let Some(box_) = hypothetical {
-        let free = given.unwrap_or(box_.gpu_memory.saturating_sub(engine::CUDA_CONTEXT_BYTES));
-        return FreeMemory {
-            gpu_total: box_.gpu_memory,
-            now: free,
-            clean: free,
-            source: given.map_or(Source::Hypothetical, |_| Source::Flag),
-        };
+    let (gpu_total, total_of) = match hypothetical {
+        Some(box_) => (box_.gpu_memory, "--gpu-memory"),
+        None => (
+            gpus.iter().map(|gpu| gpu.total).min().unwrap_or(0),
+            "the engine's smallest GPU",
+        ),
+    };
+    if let Some(free) = given.filter(|free| *free > gpu_total) {
+        return Err(PlanError::BadValue {
+            flag: "--gpu-free".to_string(),
+            value: units::Bytes(free).to_string(),
+            why: format!(
+                "more than {total_of} has in all ({}): a GPU cannot have more free than it has",
+                units::Bytes(gpu_total)
+            ),
+        });
     }
-    let gpu_total = gpus.iter().map(|gpu| gpu.total).min().unwrap_or(0);
-    let clean = engine_free(gpus.iter().map(|gpu| gpu.clean_free));
-    match given {
-        Some(free) => FreeMemory {
+    if let Some(free) = given {
+        return Ok(FreeMemory {
             gpu_total,
             now: free,
-            clean: clean.max(free),
+            clean: free,
             source: Source::Flag,
-        },
+        });
+    }
+    Ok(match hypothetical {
+        Some(box_) => {
+            let free = box_.gpu_memory.saturating_sub(engine::CUDA_CONTEXT_BYTES);
+            FreeMemory {
+                gpu_total,
+                now: free,
+                clean: free,
+                source: Source::Hypothetical,
+            }
+        }
         None => FreeMemory {
             gpu_total,
             now: engine_free(gpus.iter().map(|gpu| gpu.free)),
-            clean,
+            clean: engine_free(gpus.iter().map(|gpu| gpu.clean_free)),
             source: Source::Snapshot,
         },
-    }
+    })
 }
 
 /// The weights per GPU: `--weights`, else the log's, else the estimate
@@ -450,7 +586,8 @@ fn weights(
     if let Some(weights) = logged.and_then(|logged| logged.weights_per_gpu) {
         return Ok((weights, Source::Log));
     }
-    match engine::weights_per_gpu(launch, model) {
+    match weights_estimate(launch, model) {
+        Some(weights) if model.weights_from_config => Ok((weights, Source::ConfigEstimate)),
         Some(weights) => Ok((weights, Source::Estimate)),
         None => Err(PlanError::NoWeights {
             dir: model
@@ -459,6 +596,15 @@ fn weights(
                 .map_or_else(|| model.config_path.clone(), Path::to_path_buf),
         }),
     }
+}
+
+/// ESTIMATE: the weights one GPU holds once loaded (`engine::weights_per_gpu`),
+/// less what `--cpu-offload-gb` keeps in host memory: the loaders move
+/// parameters until at least that much is moved (one parameter more at
+/// most). `None` without a checkpoint size.
+pub fn weights_estimate(launch: &Launch, model: &Model) -> Option<u64> {
+    engine::weights_per_gpu(launch, model)
+        .map(|weights| weights.saturating_sub(launch.cpu_offload_bytes))
 }
 
 /// The KV pool given instead of the budget rule: `--kv-memory`, else
@@ -599,15 +745,7 @@ fn read_gpus(launch: &Launch, snapshot: &Snapshot) -> Result<Vec<GpuFit>, FitErr
     let mut found = Vec::new();
     for index in indexes {
         let Some(state) = snapshot.gpu(index) else {
-            return Err(PlanError::BadValue {
-                flag: "the engine's GPUs".to_string(),
-                value: index.to_string(),
-                why: format!(
-                    "this host has {} GPUs (check CUDA_VISIBLE_DEVICES and --base-gpu-id)",
-                    snapshot.gpus.len()
-                ),
-            }
-            .into());
+            return Err(missing_gpu(launch, index, snapshot.gpus.len()).into());
         };
         if let Some(error) = &state.error {
             return Err(FitError::Unreadable(format!("GPU {index}: {error}")));
@@ -637,6 +775,34 @@ fn read_gpus(launch: &Launch, snapshot: &Snapshot) -> Result<Vec<GpuFit>, FitErr
         }
     }
     Ok(found)
+}
+
+/// The engine would use GPU `index`, which this host (of `count` GPUs)
+/// lacks: more GPUs than the host has, or ids moved past its last.
+fn missing_gpu(launch: &Launch, index: u32, count: usize) -> PlanError {
+    let needed = launch.gpu_count();
+    let sizes = format!("TP {} × PP {} × DP {}", launch.tp, launch.pp, launch.dp);
+    if needed as usize > count {
+        return PlanError::BadValue {
+            flag: "--tp-size/--pp-size/--dp-size".to_string(),
+            value: sizes.clone(),
+            why: format!(
+                "the command uses {needed} GPUs ({sizes}) and this host has {count}: plan for a box of such GPUs with --gpu-memory SIZE --gpus {needed}"
+            ),
+        };
+    }
+    let moved_by = match launch.engine {
+        launch::Engine::Sglang => "CUDA_VISIBLE_DEVICES, --base-gpu-id or --gpu-id-step",
+        launch::Engine::Vllm => "CUDA_VISIBLE_DEVICES or --device-ids",
+    };
+    PlanError::BadValue {
+        flag: "the engine's GPUs".to_string(),
+        value: index.to_string(),
+        why: format!(
+            "the command's {needed} GPUs reach GPU {index}, and this host has GPUs 0 to {} (check {moved_by})",
+            count.saturating_sub(1)
+        ),
+    }
 }
 
 /// Every process holding memory on one of the engine's GPUs, and memory

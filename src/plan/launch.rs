@@ -37,6 +37,8 @@
 //! | `--enforce-eager` | vLLM | no CUDA-graph reservation |
 //! | `--enable-hierarchical-cache`, `--hicache-ratio`, `--hicache-size` | SGLang | host tier |
 //! | `--kv-offloading-size` | vLLM | host tier |
+//! | `--num-gpu-blocks-override` | vLLM | the pool's blocks, exactly |
+//! | `--cpu-offload-gb` | both | weights per GPU (that much kept in host memory) |
 //! | `--base-gpu-id`, `--gpu-id-step` | SGLang | which GPUs |
 //! | `--nnodes` | SGLang | how many of the ranks are on this host |
 //! | `--device-ids` | vLLM | which GPUs |
@@ -44,7 +46,10 @@
 //!
 //! Flags that cannot change the answer (`--host`, `--port`,
 //! `--served-model-name`, `--trust-remote-code`, logging, …) are accepted
-//! silently; any other flag is listed in `Launch::ignored`. The engines'
+//! silently; an understood flag of the other engine only (`SGLANG_ONLY`,
+//! `VLLM_ONLY`) is refused as the engine's parser refuses it; any other
+//! flag is listed in `Launch::ignored`: it may change the pool, and the
+//! plan is as without it. The engines'
 //! switches (flags that take no value) are known from their parsers, so a
 //! switch never swallows the next token; an unknown flag takes the next
 //! token as its value unless that token is itself a flag.
@@ -178,6 +183,14 @@ pub struct Launch {
     pub revision: Option<String>,
     /// vLLM `--download-dir`: the cache directory the model is read from.
     pub download_dir: Option<String>,
+    /// vLLM `--num-gpu-blocks-override`: the pool's blocks, whatever the
+    /// memory would give (`kv_cache_utils.may_override_num_blocks`).
+    pub num_gpu_blocks_override: Option<u64>,
+    /// `--cpu-offload-gb` in bytes (GiB per GPU, both engines): weights
+    /// the loader keeps in host memory, parameter by parameter until that
+    /// much is moved (vLLM 0.26.0 `UVAOffloadConfig.cpu_offload_gb`,
+    /// SGLang 0.5.9 `OffloaderV1`); 0 when absent.
+    pub cpu_offload_bytes: u64,
     /// When CUDA_VISIBLE_DEVICES (or `--device-ids`) names GPUs by UUID
     /// (`GPU-…`, `MIG-…`, possibly a unique prefix as CUDA allows): the
     /// engine's GPUs in rank order, as written; the front resolves them
@@ -262,6 +275,8 @@ pub fn parse(argv: &[String], env: &BTreeMap<String, String>) -> Result<Launch, 
         revision: None,
         download_dir: None,
         gpu_uuids: Vec::new(),
+        num_gpu_blocks_override: None,
+        cpu_offload_bytes: 0,
         env: BTreeMap::new(),
     };
     let mut state = Flags::default();
@@ -860,7 +875,54 @@ const ALIASES: &[(&str, &str)] = &[
     ("--gpu-id-step", "gpu-id-step"),
     ("--device-ids", "device-ids"),
     ("--nnodes", "nnodes"),
+    ("--num-gpu-blocks-override", "gpu-blocks"),
+    ("--cpu-offload-gb", "cpu-offload"),
 ];
+
+/// Understood flags of one engine only: the other's parser refuses them
+/// ("unrecognized arguments"), so a plan of them is refused too.
+const SGLANG_ONLY: &[&str] = &[
+    "--model-path",
+    "--tp-size",
+    "--pp-size",
+    "--dp-size",
+    "--enable-dp-attention",
+    "--mem-fraction-static",
+    "--page-size",
+    "--decode-attention-backend",
+    "--prefill-attention-backend",
+    "--max-total-tokens",
+    "--context-length",
+    "--max-running-requests",
+    "--chunked-prefill-size",
+    "--max-prefill-tokens",
+    "--cuda-graph-max-bs",
+    "--cuda-graph-bs",
+    "--speculative-algorithm",
+    "--enable-hierarchical-cache",
+    "--hicache-ratio",
+    "--hicache-size",
+    "--base-gpu-id",
+    "--gpu-id-step",
+];
+const VLLM_ONLY: &[&str] = &[
+    "--decode-context-parallel-size",
+    "-dcp",
+    "--gpu-memory-utilization",
+    "--block-size",
+    "--max-model-len",
+    "--max-num-seqs",
+    "--kv-cache-memory-bytes",
+    "--kv-cache-memory",
+    "--max-num-batched-tokens",
+    "--enforce-eager",
+    "--kv-offloading-size",
+    "--device-ids",
+    "--num-gpu-blocks-override",
+];
+
+/// The most host memory a `--cpu-offload-gb` may name: 2^20 GiB.
+const MAX_OFFLOAD_GIB: f64 = (1u64 << 20) as f64;
 
 /// Canonical names that take no value.
 const UNDERSTOOD_SWITCHES: &[&str] = &["dp-attention", "eager", "hicache"];
@@ -884,6 +946,7 @@ fn canonical(engine: Engine, name: &str) -> String {
         let known = ALIASES
             .iter()
             .map(|(alias, _)| *alias)
+            .filter(|alias| !VLLM_ONLY.contains(alias))
             .chain(SGLANG_SWITCHES.iter().copied())
             .chain(SGLANG_LISTS.iter().copied())
             .chain(HARMLESS.iter().copied())
@@ -953,6 +1016,30 @@ fn read_flags(
                     .or(argv.get(index).map(String::as_str))
                     .unwrap_or(""),
                 "gpureap plan does not read engine config files: give the flags on the command line",
+            ));
+        }
+        let foreign = match engine {
+            Engine::Sglang => VLLM_ONLY.contains(&name.as_str()),
+            Engine::Vllm => SGLANG_ONLY.contains(&name.as_str()),
+        };
+        if foreign {
+            let (this, other) = match engine {
+                Engine::Sglang => ("SGLang 0.5.9", "vLLM"),
+                Engine::Vllm => ("vLLM 0.26.0", "SGLang"),
+            };
+            let value = inline
+                .as_deref()
+                .or(argv
+                    .get(index)
+                    .map(String::as_str)
+                    .filter(|next| !is_flag(next)))
+                .unwrap_or("");
+            return Err(bad(
+                written,
+                value,
+                &format!(
+                    "not a flag of {this} (it is {other}'s): the engine refuses the command (\"unrecognized arguments\")"
+                ),
             ));
         }
         let understood = ALIASES
@@ -1295,6 +1382,23 @@ fn set(
                 .map_err(|_| bad(flag, value, "not a GPU index"))?
         }
         "gpu-id-step" => state.gpu_id_step = Some(positive(flag, value)?),
+        "gpu-blocks" => launch.num_gpu_blocks_override = Some(whole(flag, value)?),
+        "cpu-offload" => {
+            let gib = match (engine, value.trim().parse::<f64>()) {
+                // SGLang's is an `int`.
+                (Engine::Sglang, _) => whole(flag, value)? as f64,
+                (Engine::Vllm, Ok(gib)) => gib,
+                (Engine::Vllm, Err(_)) => return Err(bad(flag, value, "not a size in GiB")),
+            };
+            if !(0.0..=MAX_OFFLOAD_GIB).contains(&gib) {
+                return Err(bad(
+                    flag,
+                    value,
+                    &format!("not a size in GiB from 0 to {MAX_OFFLOAD_GIB}"),
+                ));
+            }
+            launch.cpu_offload_bytes = (gib * (1u64 << 30) as f64) as u64;
+        }
         "device-ids" => {
             state.device_ids = Some(value.split(',').map(|id| id.trim().to_string()).collect())
         }

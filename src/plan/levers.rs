@@ -9,6 +9,7 @@ use super::engine::{self, Budget, Device};
 use super::fit;
 use super::launch::{Engine, KvDtype, Launch};
 use super::model::{Attention, Model};
+use super::render;
 
 const GIB: f64 = (1u64 << 30) as f64;
 
@@ -27,8 +28,9 @@ pub struct Context<'a> {
     /// Whether the weights are the checkpoint's estimate, so that a lever
     /// that changes them (DP attention, more GPUs) can estimate them again.
     pub weights_from_estimate: bool,
-    /// Whether others hold memory on the engine's GPUs now.
-    pub freed: bool,
+    /// What others hold on the engine's GPUs now, to be given back; `None`
+    /// when nothing is.
+    pub freeing: Option<fit::Freeing>,
 }
 
 /// One change to the launch.
@@ -92,7 +94,7 @@ pub struct Demand {
 /// The levers that apply to this launch, each alone on clean GPUs.
 pub fn levers(context: &Context) -> Vec<Lever> {
     let mut found = Vec::new();
-    if context.freed {
+    if context.freeing.is_some() {
         found.push(lever(context, &[Change::Free]));
     }
     for change in changes(context) {
@@ -139,7 +141,7 @@ fn apply(context: &Context, changes: &[Change]) -> (Device, Launch, Budget, Stri
     let mut launch = context.launch.clone();
     let mut budget = *context.budget;
     let mut notes = Vec::new();
-    let weights_of = |launch: &Launch| engine::weights_per_gpu(launch, context.model);
+    let weights_of = |launch: &Launch| fit::weights_estimate(launch, context.model);
     for change in changes {
         match *change {
             Change::Free => {}
@@ -198,7 +200,18 @@ fn lever(context: &Context, changes: &[Change]) -> Lever {
     let change = changes[0];
     let sglang = context.launch.engine == Engine::Sglang;
     let (name, how) = match change {
-        Change::Free => ("free", "free the holders (the commands above)".to_string()),
+        Change::Free => (
+            "free",
+            match context.freeing {
+                Some(fit::Freeing::Reset) => "reset the GPUs (the command above)",
+                Some(fit::Freeing::Unseen) => "free what is unseen (with the host's PIDs)",
+                Some(fit::Freeing::Processes { and_reset: true }) => {
+                    "free the holders and reset (the commands above)"
+                }
+                _ => "free the holders (the commands above)",
+            }
+            .to_string(),
+        ),
         Change::Fp8Kv => (
             "fp8_kv",
             if sglang {
@@ -252,6 +265,9 @@ fn lever(context: &Context, changes: &[Change]) -> Lever {
         push(&mut note, why.to_string());
     }
     let _ = launch;
+    if let Some(worse) = worse_than_without(context, &device) {
+        push(&mut note, worse);
+    }
     Lever {
         name,
         change,
@@ -261,6 +277,36 @@ fn lever(context: &Context, changes: &[Change]) -> Lever {
         concurrency: fit::concurrency(&device, context.request_tokens),
         starts: fit::starts(&device),
         note,
+    }
+}
+
+/// What a lever that starts takes away: fewer tokens over all its pools,
+/// or fewer requests at once, than the command as it is on clean GPUs.
+fn worse_than_without(context: &Context, device: &Device) -> Option<String> {
+    let clean = context.clean;
+    if !fit::starts(device) || !fit::starts(clean) {
+        return None;
+    }
+    let total =
+        |device: &Device| u128::from(device.tokens_per_rank) * u128::from(device.ranks.max(1));
+    let at_once = |device: &Device| fit::concurrency(device, context.request_tokens);
+    if total(device) < total(clean) {
+        let count = |tokens: u128| render::count(u64::try_from(tokens).unwrap_or(u64::MAX));
+        Some(format!(
+            "WORSE than without it: {} tokens over its {} pool{} instead of {}",
+            count(total(device)),
+            device.ranks,
+            if device.ranks == 1 { "" } else { "s" },
+            count(total(clean))
+        ))
+    } else if let (Some(with), Some(without)) = (at_once(device), at_once(clean))
+        && with < without
+    {
+        Some(format!(
+            "WORSE than without it: {with:.1} requests at once instead of {without:.1}"
+        ))
+    } else {
+        None
     }
 }
 

@@ -31,10 +31,17 @@ pub enum PlanError {
     #[error("model {} not found: looked for config.json in {}", quoted(.model), display_paths(.looked))]
     ModelNotFound { model: String, looked: Vec<PathBuf> },
     #[error(
-        "unknown architecture {0:?}: the config has neither MLA (kv_lora_rank) nor attention-head fields gpureap can read"
+        "unknown architecture {}: the config has neither MLA (kv_lora_rank) nor attention-head fields gpureap can read",
+        crate::units::short(.0, 200)
     )]
     UnknownArchitecture(String),
-    #[error("{}: the config has no {field:?}", .path.display())]
+    #[error(
+        "{}: model dtype {} is not one gpureap plan reads (bfloat16, float16, float32)",
+        .path.display(),
+        quoted(.dtype)
+    )]
+    UnknownDtype { path: PathBuf, dtype: String },
+    #[error("{}: the config has no \"{field}\"", .path.display())]
     MissingField { path: PathBuf, field: &'static str },
     #[error(
         "{}: no model.safetensors.index.json and no *.safetensors to size the weights from; give --weights SIZE (per GPU, once loaded)",
@@ -49,15 +56,26 @@ pub enum PlanError {
     },
     #[error("{}: {why}", .path.display())]
     Unreadable { path: PathBuf, why: String },
+    /// A log's figure no start could have logged, or figures of one start
+    /// that contradict each other.
+    #[error("{}: {line} ({}): {why}", .path.display(), quoted(.text))]
+    BadLog {
+        path: PathBuf,
+        /// `line 12`, or `line 12 of its last 4 MiB`.
+        line: String,
+        text: String,
+        why: String,
+    },
 }
 
-/// Anyone's text in an error, quoted (`{:?}`), cut to 200 characters: a
-/// 100 KB argument is not echoed whole.
+/// Anyone's text in an error, quoted and written out by the one rule
+/// (`units::one_line`), cut to 200 characters: a 100 KB argument is not
+/// echoed whole.
 fn quoted(text: &str) -> String {
     const WIDTH: usize = 200;
     match text.char_indices().nth(WIDTH) {
-        Some((cut, _)) => format!("{:?}…", &text[..cut]),
-        None => format!("{text:?}"),
+        Some((cut, _)) => format!("\"{}\"…", crate::units::one_line(&text[..cut])),
+        None => format!("\"{}\"", crate::units::one_line(text)),
     }
 }
 

@@ -68,8 +68,12 @@ pub struct Model {
     /// is lowered for these).
     pub multimodal: bool,
     pub kv_fp8_from_quant: bool,
-    /// Total checkpoint bytes, from the safetensors index or headers.
+    /// Total checkpoint bytes, from the safetensors index or headers, else
+    /// estimated from the config's shapes (`weights_from_config`).
     pub weights_bytes: Option<u64>,
+    /// Whether `weights_bytes` is `config_weights`' estimate: no index and
+    /// no safetensors beside the config.
+    pub weights_from_config: bool,
     /// The attention as vLLM 0.26.0 sees it (differs from `attention` only
     /// where the two engines' MLA lists differ).
     pub attention_vllm: Attention,
@@ -431,7 +435,69 @@ fn read_model(path: &Path) -> Result<Model, PlanError> {
         model.kv_fp8_from_quant = modelopt_kv_fp8(&quant);
     }
     model.weights_bytes = weights(dir)?;
+    if model.weights_bytes.is_none() {
+        model.weights_bytes = config_weights(&config, &model);
+        model.weights_from_config = model.weights_bytes.is_some();
+    }
     Ok(model)
+}
+
+/// ESTIMATE: the checkpoint's bytes from the config's shapes, for a model
+/// directory without an index or safetensors: the embeddings (twice,
+/// unless tied), the attention projections (`Model::attention_bytes`),
+/// and per layer a gated MLP of `intermediate_size`, or on MoE layers
+/// (after `first_k_dense_replace` dense ones) every routed and shared
+/// expert of `moe_intermediate_size`, all at the model dtype. `None`
+/// without the shapes, or for a quantized checkpoint (its bytes per weight
+/// are not the dtype's).
+fn config_weights(config: &serde_json::Value, model: &Model) -> Option<u64> {
+    let text = config
+        .get("text_config")
+        .filter(|text| text.is_object())
+        .unwrap_or(config);
+    if text.get("quantization_config").is_some() || config.get("quantization_config").is_some() {
+        return None;
+    }
+    let field = |name: &str| u64_field(text, name);
+    let hidden = field("hidden_size")?;
+    let vocab = field("vocab_size")?;
+    let tied = text
+        .get("tie_word_embeddings")
+        .or_else(|| config.get("tie_word_embeddings"))
+        .and_then(serde_json::Value::as_bool)
+        .unwrap_or(false);
+    let dense = field("intermediate_size");
+    let experts = field("n_routed_experts")
+        .or_else(|| field("num_experts"))
+        .or_else(|| field("num_local_experts"))
+        .unwrap_or(0);
+    let (dense_layers, moe_layers) = if experts > 0 {
+        let first = field("first_k_dense_replace")
+            .unwrap_or(0)
+            .min(model.layers);
+        (first, model.layers - first)
+    } else {
+        (model.layers, 0)
+    };
+    // Saturating: numbers anyone may write in a config.
+    let mlp = |width: u64| 3u64.saturating_mul(hidden).saturating_mul(width);
+    let mut weights = vocab
+        .saturating_mul(hidden)
+        .saturating_mul(if tied { 1 } else { 2 });
+    weights = weights.saturating_add(model.attention_bytes / 2);
+    if dense_layers > 0 {
+        weights = weights.saturating_add(dense_layers.saturating_mul(mlp(dense?)));
+    }
+    if moe_layers > 0 {
+        let width = field("moe_intermediate_size").or(dense)?;
+        let per_layer = experts.saturating_add(field("n_shared_experts").unwrap_or(0));
+        weights = weights.saturating_add(
+            moe_layers
+                .saturating_mul(per_layer)
+                .saturating_mul(mlp(width)),
+        );
+    }
+    Some(weights.saturating_mul(model.dtype_bytes))
 }
 
 fn u64_field(config: &serde_json::Value, name: &str) -> Option<u64> {
@@ -540,7 +606,7 @@ pub fn parse_config(path: &Path, config: &serde_json::Value) -> Result<Model, Pl
         field: "num_hidden_layers",
     })?;
     let (attention, attention_vllm) = attentions(path, text, &architectures)?;
-    let dtype_bytes = dtype_bytes(config, text, &architecture)?;
+    let dtype_bytes = dtype_bytes(path, config, text)?;
     let quant = text
         .get("quantization_config")
         .or_else(|| config.get("quantization_config"));
@@ -560,6 +626,7 @@ pub fn parse_config(path: &Path, config: &serde_json::Value) -> Result<Model, Pl
         multimodal,
         kv_fp8_from_quant,
         weights_bytes: None,
+        weights_from_config: false,
         attention_vllm,
         vision,
         nextn_layers: u64_field(text, "num_nextn_predict_layers").unwrap_or(0),
@@ -680,9 +747,9 @@ fn mha(
 /// The model dtype's bytes (`torch_dtype` or `dtype`, the text config's
 /// first; bfloat16 when absent).
 fn dtype_bytes(
+    path: &Path,
     config: &serde_json::Value,
     text: &serde_json::Value,
-    architecture: &str,
 ) -> Result<u64, PlanError> {
     let dtype = text
         .get("torch_dtype")
@@ -693,9 +760,10 @@ fn dtype_bytes(
         .unwrap_or("bfloat16");
     match dtype {
         "bfloat16" | "float16" | "half" | "float32" | "float" => Ok(2),
-        other => Err(PlanError::UnknownArchitecture(format!(
-            "{architecture} (model dtype {other:?})"
-        ))),
+        other => Err(PlanError::UnknownDtype {
+            path: path.to_path_buf(),
+            dtype: other.to_string(),
+        }),
     }
 }
 

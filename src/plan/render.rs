@@ -8,8 +8,8 @@
 use serde::Serialize;
 
 use super::engine::{Budget, Device, Start};
-use super::fit::{Cost, Holder, Outcome, Source, Verdict};
-use super::launch::{Engine, HostTierRequest, KvDtype};
+use super::fit::{Cost, Freeing, Holder, NEGLIGIBLE_SHARE, Outcome, Reason, Source, Verdict};
+use super::launch::{Engine, HostTierRequest, KvDtype, Launch};
 use super::levers::{Demand, Lever};
 use super::model::{Attention, Model};
 use crate::report::{self, SCHEMA_VERSION};
@@ -18,7 +18,7 @@ use crate::units::{Bytes, Field, GpuRanges};
 const GIB: f64 = (1u64 << 30) as f64;
 
 /// Thousands separated by commas, as the engines' logs are read by people.
-fn count(value: u64) -> String {
+pub(crate) fn count(value: u64) -> String {
     let digits = value.to_string();
     let mut out = String::new();
     for (at, digit) in digits.chars().enumerate() {
@@ -44,6 +44,9 @@ fn source(source: Source) -> &'static str {
         Source::Flag => "given",
         Source::Log => "--from-log",
         Source::Estimate => "estimated from the checkpoint",
+        Source::ConfigEstimate => {
+            "ESTIMATED from config.json's shapes: no checkpoint index; give --weights"
+        }
         Source::Meminfo => "MemAvailable",
     }
 }
@@ -77,7 +80,9 @@ fn start_text(start: &Start) -> String {
             Bytes(*free),
             Bytes(*needed)
         ),
-        Start::WeightsTooLarge => "does not start: the weights are larger than the GPU".to_string(),
+        Start::WeightsTooLarge => {
+            "does not start: the weights are larger than the free memory at start".to_string()
+        }
     }
 }
 
@@ -126,19 +131,49 @@ pub fn text(outcome: &Outcome) -> String {
     out
 }
 
-/// `Verdict: fits now (exit 0)`.
+/// `Verdict: fits now (exit 0)`, in the words of its reason
+/// (`Outcome::decision`, where the verdict is decided).
 pub fn verdict_line(outcome: &Outcome) -> String {
-    let verdict = outcome.verdict();
-    format!(
-        "Verdict: {} (exit {})",
-        verdict_text(verdict),
-        verdict.exit().code()
-    )
+    let (verdict, reason) = outcome.decision();
+    let text = match reason {
+        Reason::StartsAsAsked if outcome.holders.is_empty() => verdict_text(verdict).to_string(),
+        Reason::StartsAsAsked => format!(
+            "{}: what others hold costs it at most {:.0}% of the pool",
+            verdict_text(verdict),
+            NEGLIGIBLE_SHARE * 100.0
+        ),
+        Reason::Freeing(Freeing::Processes { and_reset: false }) | Reason::EngineRefuses => {
+            verdict_text(verdict).to_string()
+        }
+        Reason::Freeing(Freeing::Processes { and_reset: true }) => format!(
+            "{}, and a reset of the memory held by no process",
+            verdict_text(verdict)
+        ),
+        Reason::Freeing(Freeing::Reset) => {
+            "fits only after a reset of the memory held by no process (no process to free)"
+                .to_string()
+        }
+        Reason::Freeing(Freeing::Unseen) => {
+            "fits only after freeing memory unseen from this PID namespace (run gpureap with the host's PIDs to name its holders)".to_string()
+        }
+        Reason::TooFewAtOnce => format!(
+            "does not hold --concurrency {} at once on this hardware, even on clean GPUs",
+            outcome
+                .demand
+                .as_ref()
+                .map_or("N".to_string(), |demand| count(demand.wanted))
+        ),
+        Reason::HostTier => {
+            "the host tier does not fit this host's memory: more than the engine may take (see Host tier)"
+                .to_string()
+        }
+    };
+    format!("Verdict: {text} (exit {})", verdict.exit().code())
 }
 
 /// One pool in a few words, as the short forms of a plan say it (`run
-/// --plan`, `plan -H`, the demo): `410308 tokens per rank × 2 ranks, 102.6
-/// requests at once`, or `would not start`.
+/// --plan`, `plan -H`, the demo): `410308 tokens per rank × 2 pools,
+/// 102.6 requests at once`, or `would not start`.
 pub fn pool_summary(
     tokens_per_rank: u64,
     starts: bool,
@@ -150,7 +185,7 @@ pub fn pool_summary(
     }
     let mut text = format!("{tokens_per_rank} tokens per rank");
     if ranks > 1 {
-        text.push_str(&format!(" × {ranks} ranks"));
+        text.push_str(&format!(" × {ranks} pools"));
     }
     if let Some(concurrency) = concurrency {
         text.push_str(&format!(", {concurrency:.1} requests at once"));
@@ -335,11 +370,11 @@ fn budget_section(outcome: &Outcome) -> Vec<String> {
 fn pool_section(outcome: &Outcome) -> Vec<String> {
     let mut lines = vec!["Device pool".to_string()];
     if outcome.hypothetical.is_some() {
-        lines.push(pool_line("clean GPUs", &outcome.clean));
+        lines.push(pool_line("clean GPUs", &outcome.clean, &outcome.launch));
     } else {
-        lines.push(pool_line("now", &outcome.now));
+        lines.push(pool_line("now", &outcome.now, &outcome.launch));
         if outcome.clean != outcome.now {
-            lines.push(pool_line("clean GPUs", &outcome.clean));
+            lines.push(pool_line("clean GPUs", &outcome.clean, &outcome.launch));
         }
     }
     lines.push(concurrency_line(outcome));
@@ -350,17 +385,45 @@ fn pool_section(outcome: &Outcome) -> Vec<String> {
     lines
 }
 
-fn pool_line(label: &str, device: &Device) -> String {
+fn pool_line(label: &str, device: &Device, launch: &Launch) -> String {
+    if !super::fit::starts(device) {
+        return format!(
+            "  {label:<14} no pool: {} ({} bytes per token, page {})",
+            start_text(&device.start),
+            count(device.bytes_per_token),
+            device.page_size
+        );
+    }
     format!(
-        "  {label:<14} {} tokens per rank × {} rank{}, {} bytes per token, {} of KV per rank, page {}: {}",
+        "  {label:<14} {} tokens per rank × {}, {} bytes per token, {} of KV per rank, page {}: {}",
         count(device.tokens_per_rank),
-        device.ranks,
-        if device.ranks == 1 { "" } else { "s" },
+        pools_text(device.ranks, launch),
         count(device.bytes_per_token),
         gib(device.kv_bytes_per_rank),
         device.page_size,
         start_text(&device.start)
     )
+}
+
+/// What the pools of a device are, counted, so that "per rank × 1" is
+/// not read as one GPU: `1 pool of 8 TP ranks (each holds every token of
+/// its pool)`, `8 DP-attention pools`, `2 data-parallel pools of 4 TP
+/// ranks (…)`.
+fn pools_text(pools: u32, launch: &Launch) -> String {
+    let what = if launch.dp_attention && launch.engine == Engine::Sglang {
+        "DP-attention pool"
+    } else if pools > 1 {
+        "data-parallel pool"
+    } else {
+        "pool"
+    };
+    let plural = if pools == 1 { "" } else { "s" };
+    let ranks = launch.attention_tp();
+    if ranks > 1 {
+        format!("{pools} {what}{plural} of {ranks} TP ranks (each holds every token of its pool)")
+    } else {
+        format!("{pools} {what}{plural}")
+    }
 }
 
 fn concurrency_line(outcome: &Outcome) -> String {
@@ -396,13 +459,26 @@ fn holders_section(outcome: &Outcome) -> Vec<String> {
     if outcome.hypothetical.is_some() {
         return Vec::new();
     }
+    if outcome.free_source == Source::Flag {
+        return vec![
+            "Held by others on the engine's GPUs: not looked at (--gpu-free says what the engine finds free)"
+                .to_string(),
+        ];
+    }
     if outcome.holders.is_empty() {
         return vec!["Held by others on the engine's GPUs: nothing".to_string()];
     }
     let sglang = outcome.launch.engine == Engine::Sglang;
     let mut lines = vec!["Held by others on the engine's GPUs".to_string()];
     for holder in &outcome.holders {
-        lines.push(format!("  {}", holder_text(holder, sglang)));
+        let mut line = format!("  {}", holder_text(holder, sglang));
+        if matches!(holder.cost, Cost::Tokens { .. }) && outcome.negligible(holder) {
+            line.push_str(&format!(
+                " (at most {:.0}% of the pool: reported, it does not change the verdict)",
+                NEGLIGIBLE_SHARE * 100.0
+            ));
+        }
+        lines.push(line);
     }
     if let Some(command) = &outcome.free_command {
         lines.push(format!("  free them:  {command}"));
@@ -464,10 +540,10 @@ fn levers_section(outcome: &Outcome) -> Vec<String> {
     if outcome.levers.is_empty() {
         return Vec::new();
     }
-    let mut lines = vec![if outcome.holders.is_empty() {
-        "Levers".to_string()
-    } else {
-        "Levers (each after freeing the holders)".to_string()
+    let mut lines = vec![match outcome.freeing() {
+        None => "Levers".to_string(),
+        Some(Freeing::Reset) => "Levers (each after the reset)".to_string(),
+        Some(_) => "Levers (each after freeing the holders)".to_string(),
     }];
     lines.extend(
         outcome
@@ -518,9 +594,51 @@ fn calibration_section(outcome: &Outcome) -> Vec<String> {
         )),
         _ => {}
     }
+    lines.extend(
+        missing_figures(outcome.launch.engine, &logged)
+            .into_iter()
+            .map(|missing| format!("  missing: {missing}")),
+    );
     lines
 }
 
+/// The figures `--from-log` reads that the log lacks, each with what the
+/// plan takes instead and so what it cannot check.
+fn missing_figures(engine: Engine, logged: &super::calibrate::Logged) -> Vec<&'static str> {
+    let mut missing = Vec::new();
+    match engine {
+        Engine::Sglang => {
+            if logged.free_before_load.is_none() {
+                missing.push("\"Load weight begin. avail mem\": the free memory at start is this plan's, not the start's, and the prediction is not checked");
+            }
+            if logged.weights_per_gpu.is_none() {
+                missing.push("\"Load weight end. … mem usage\": the weights are not W' as measured (the estimate, or --weights)");
+            }
+        }
+        Engine::Vllm => {
+            if logged.weights_per_gpu.is_none() {
+                missing.push("\"Model loading took\": the weights are not the start's (the estimate, or --weights)");
+            }
+            if logged.kv_bytes.is_none() {
+                missing.push("\"Available KV cache memory\": the activation peak and CUDA graphs stay the estimates, and the prediction is not checked");
+            } else if logged.requested.is_none() && logged.utilization.is_none() {
+                missing.push("\"Desired GPU memory utilization\" and the utilization in \"non-default args\": the start is taken to have run at the command's utilization on a GPU of this size; a log of another is off by the difference");
+            }
+        }
+    }
+    if logged.tokens.is_none() {
+        missing.push(match engine {
+            Engine::Sglang => {
+                "\"KV Cache is allocated. #tokens\": nothing to check the prediction against"
+            }
+            Engine::Vllm => "\"GPU KV cache size\": nothing to check the prediction against",
+        });
+    }
+    missing
+}
+
+/// The engine's flags plan does not model: each may change the pool, and
+/// is written out cut to 200 characters (as errors quote anyone's text).
 fn ignored_section(outcome: &Outcome) -> Vec<String> {
     let launch = &outcome.launch;
     if launch.ignored.is_empty() {
@@ -529,10 +647,10 @@ fn ignored_section(outcome: &Outcome) -> Vec<String> {
     let ignored: Vec<String> = launch
         .ignored
         .iter()
-        .map(|flag| crate::units::one_line(flag).into_owned())
+        .map(|flag| crate::units::short(flag, 200))
         .collect();
     vec![format!(
-        "Not understood, ignored (they do not change the pool; docs/plan.md lists what is read): {}",
+        "Not modelled (they may change the pool: the plan is as without them; docs/plan.md lists what is read): {}",
         ignored.join(" ")
     )]
 }

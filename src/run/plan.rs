@@ -15,7 +15,7 @@ use super::output::event;
 use crate::driver::Driver;
 use crate::exit::{Exit, Failure};
 use crate::plan::engine::Device;
-use crate::plan::fit::{self, Cost, Outcome, PlanConfig, Verdict};
+use crate::plan::fit::{self, Outcome, PlanConfig, Verdict};
 use crate::plan::render;
 use crate::snapshot::Snapshot;
 use crate::units::{Bytes, Elapsed};
@@ -236,7 +236,7 @@ fn held_summary(outcome: &Outcome) -> String {
     let holders: Vec<String> = outcome
         .holders
         .iter()
-        .filter(|holder| holder.cost != Cost::Nothing)
+        .filter(|holder| !outcome.negligible(holder))
         .map(render::holder_summary)
         .collect();
     if !holders.is_empty() {
