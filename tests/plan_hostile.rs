@@ -841,7 +841,7 @@ fn sizes_near_the_largest_taken_plan_without_overflow() {
         for tp in ["1", "1024"] {
             for command in [
                 sglang(model.path(), &["--tp", tp]),
-                vllm(model.path(), &["--tp", tp]),
+                vllm(model.path(), &["-tp", tp]),
             ] {
                 let what = format!("{flags:?} TP {tp} {}", command[0]);
                 let flags = [flags, &["--avg-output", "4100", "--concurrency", "150"]].concat();

@@ -15,11 +15,11 @@
 //!
 //! | flag (aliases) | engine | what it changes |
 //! |---|---|---|
-//! | `--model-path`, `--model`, vLLM's first positional | both | the model |
+//! | `--model-path` (SGLang), `--model`, vLLM's first positional | both | the model |
 //! | `--revision`, `--download-dir` | both | which config.json is read |
-//! | `--tp-size`, `--tp`, `--tensor-parallel-size`, `-tp` | both | TP ranks: KV heads per rank, weights per GPU, GPUs |
-//! | `--pp-size`, `--pipeline-parallel-size`, `-pp` | both | layers per rank, GPUs |
-//! | `--dp-size`, `--dp`, `--data-parallel-size`, `-dp` | both | replicas / DP-attention ranks, GPUs |
+//! | `--tensor-parallel-size`; SGLang `--tp-size`, `--tp`; vLLM `-tp` | both | TP ranks: KV heads per rank, weights per GPU, GPUs |
+//! | `--pipeline-parallel-size`; SGLang `--pp-size`; vLLM `-pp` | both | layers per rank, GPUs |
+//! | `--data-parallel-size`; SGLang `--dp-size`, `--dp`; vLLM `-dp` | both | replicas / DP-attention ranks, GPUs |
 //! | `--enable-dp-attention` | SGLang | attention TP = TP / DP, one pool per DP rank |
 //! | `--decode-context-parallel-size`, `-dcp` | vLLM | KV sharded over DCP ranks |
 //! | `--mem-fraction-static` / `--gpu-memory-utilization` | SGLang / vLLM | the budget fraction |
@@ -880,9 +880,15 @@ const ALIASES: &[(&str, &str)] = &[
 ];
 
 /// Understood flags of one engine only: the other's parser refuses them
-/// ("unrecognized arguments"), so a plan of them is refused too.
+/// ("unrecognized arguments"), so a plan of them is refused too. Read from
+/// the parsers of SGLang 0.5.9 (`server_args.py`, whose argparse also takes
+/// a unique prefix: `--tp` is `--tp-size`, while `-tp` is no flag of it)
+/// and vLLM 0.26.0 (`engine/arg_utils.py`, `entrypoints/openai/cli_args.py`).
 const SGLANG_ONLY: &[&str] = &[
     "--model-path",
+    // vLLM has no flag `--tp` begins, and several `--dp` begins (`--dp-supervisor-…`).
+    "--tp",
+    "--dp",
     "--tp-size",
     "--pp-size",
     "--dp-size",
@@ -906,6 +912,9 @@ const SGLANG_ONLY: &[&str] = &[
     "--gpu-id-step",
 ];
 const VLLM_ONLY: &[&str] = &[
+    "-tp",
+    "-pp",
+    "-dp",
     "--decode-context-parallel-size",
     "-dcp",
     "--gpu-memory-utilization",

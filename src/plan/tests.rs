@@ -241,6 +241,22 @@ fn launch_bad_input_is_named() {
             "python3 -m sglang.launch_server --model-path m --tp 8 --dp 3 --enable-dp-attention",
             "--dp-size",
         ),
+        // Each engine's own flags, refused by the other's parser. Before:
+        // read as the flag of the other engine (`-tp 2` was SGLang's TP 2).
+        (
+            "python3 -m sglang.launch_server --model-path m -tp 2",
+            "-tp",
+        ),
+        (
+            "python3 -m sglang.launch_server --model-path m --max-model-len 8192",
+            "--max-model-len",
+        ),
+        (
+            "vllm serve m --mem-fraction-static 0.8",
+            "--mem-fraction-static",
+        ),
+        ("vllm serve m --tp 2", "--tp"),
+        ("vllm serve m --context-length=8192", "--context-length"),
     ] {
         match parse_err(line) {
             PlanError::BadValue { flag: named, .. } => assert_eq!(named, flag, "{line}"),
