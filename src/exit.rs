@@ -580,7 +580,7 @@ pub fn rows(program: Program) -> Vec<(Exit, &'static str)> {
             ),
             (
                 CannotFit,
-                "nothing on this host makes it fit: even on clean GPUs the engine refuses to start or does not hold --concurrency N, or the host tier cannot be allocated",
+                "nothing on this host makes it fit: even on clean GPUs the engine refuses to start or does not hold --concurrency N, or the host tier cannot be allocated or is refused",
             ),
         ],
         Program::Dump => vec![

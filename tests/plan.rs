@@ -839,4 +839,15 @@ fn a_host_tier_the_host_cannot_allocate_does_not_fit() {
     );
     let fits = plan(&host, &flags, &command("37"));
     assert_eq!(fits.code, 0, "{}{}", fits.stdout, fits.stderr);
+    // 1 GB a rank is less than the 115,982 tokens of the device pool:
+    // SGLang 0.5.9 asserts against it at start.
+    let small = plan(&host, &flags, &command("1"));
+    assert_eq!(small.code, 4, "{}{}", small.stdout, small.stderr);
+    assert!(
+        small
+            .stdout
+            .contains("SGLang does not start: the host pool must hold more than the device pool's 115,982 tokens per rank"),
+        "{}",
+        small.stdout
+    );
 }

@@ -260,6 +260,9 @@ pub enum Reason {
     TooFewAtOnce,
     /// The host tier asked for is more than the host memory it may take.
     HostTier,
+    /// SGLang's host tier is no larger than its device pool, which SGLang
+    /// 0.5.9 asserts against at start (`HostKVCache`).
+    HostTierSmallerThanDevice,
 }
 
 /// What would have to be given back for the server to start as asked.
@@ -282,8 +285,8 @@ impl Outcome {
     /// host does (the engine refuses even on clean GPUs, does not hold N
     /// there, or the host tier cannot be allocated).
     pub fn decision(&self) -> (Verdict, Reason) {
-        if self.host_tier_refused() {
-            return (Verdict::DoesNotFit, Reason::HostTier);
+        if let Some(reason) = self.host_tier_refused() {
+            return (Verdict::DoesNotFit, reason);
         }
         if !starts(&self.clean) {
             return (Verdict::DoesNotFit, Reason::EngineRefuses);
@@ -345,10 +348,18 @@ impl Outcome {
         }
     }
 
-    /// Whether the host tier asked for cannot be allocated: more than the
-    /// host memory it may take (known only with that memory read or given).
-    fn host_tier_refused(&self) -> bool {
-        self.host_memory.is_some() && self.host_tier.is_some_and(|tier| !tier.fits)
+    /// Why the host tier asked for stops the start: more than the host
+    /// memory it may take (known only with that memory read or given), or
+    /// SGLang's no larger than the device pool.
+    fn host_tier_refused(&self) -> Option<Reason> {
+        let tier = self.host_tier?;
+        if self.host_memory.is_some() && !tier.fits {
+            Some(Reason::HostTier)
+        } else if self.launch.engine == launch::Engine::Sglang && !tier.larger_than_device {
+            Some(Reason::HostTierSmallerThanDevice)
+        } else {
+            None
+        }
     }
 
     /// Concurrency at the request size: `tokens ÷ request tokens`, capped by

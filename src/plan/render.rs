@@ -167,6 +167,10 @@ pub fn verdict_line(outcome: &Outcome) -> String {
             "the host tier does not fit this host's memory: more than the engine may take (see Host tier)"
                 .to_string()
         }
+        Reason::HostTierSmallerThanDevice => {
+            "does not start: SGLang's host tier must be larger than its device pool (see Host tier)"
+                .to_string()
+        }
     };
     format!("Verdict: {text} (exit {})", verdict.exit().code())
 }
@@ -528,6 +532,12 @@ fn host_tier_section(outcome: &Outcome) -> Vec<String> {
             } else {
                 "DOES NOT FIT: the engine refuses, or the host runs out of memory"
             }
+        ));
+    }
+    if outcome.launch.engine == Engine::Sglang && !tier.larger_than_device {
+        lines.push(format!(
+            "  SGLang does not start: the host pool must hold more than the device pool's {} tokens per rank (\"The host memory should be larger than the device memory\")",
+            count(outcome.clean.tokens_per_rank)
         ));
     }
     lines.push(
