@@ -1304,3 +1304,21 @@ fn a_plan_says_what_it_means() {
         estimated.stdout
     );
 }
+
+/// Anyone's text inside plan's errors is written out once, by the one rule
+/// (`units::one_line`). Before: a safetensors tensor named `x` newline `y`
+/// was quoted `"x\\ny"` (escaped, then escaped again by `{:?}`).
+#[test]
+fn a_tensor_name_in_an_error_is_written_out_once() {
+    let model = model("tensor-name", LLAMA_8B);
+    let json = r#"{"x\ny":{"dtype":"Q9"}}"#;
+    let mut file = (json.len() as u64).to_le_bytes().to_vec();
+    file.extend_from_slice(json.as_bytes());
+    std::fs::write(model.path().join("model.safetensors"), file).expect("header");
+    let result = plan(&["--gpu-memory", "80GiB"], &sglang(model.path(), &[]));
+    assert_refused(
+        "a tensor without dtype",
+        &result,
+        r#"tensor "x\ny" has no readable dtype"#,
+    );
+}

@@ -561,7 +561,7 @@ fn check_numbers(path: &Path, config: &serde_json::Value) -> Result<(), PlanErro
             return Err(unreadable(
                 path,
                 format!(
-                    "{name:?} is {}: not a whole number from {low} to {high}",
+                    "\"{name}\" is {}: not a whole number from {low} to {high}",
                     crate::units::short(&value.to_string(), 40)
                 ),
             ));
@@ -1032,7 +1032,7 @@ impl<'de> serde::Deserialize<'de> for HeaderBytes {
                     }
                     let bytes = tensor.bytes().ok_or_else(|| {
                         serde::de::Error::custom(format!(
-                            "tensor {:?} has no readable dtype and shape",
+                            "tensor \"{}\" has no readable dtype and shape",
                             crate::units::short(&name, 80)
                         ))
                     })?;
