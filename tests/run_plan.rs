@@ -496,3 +496,31 @@ fn run_plan_starts_beside_a_holder_within_the_tolerance() {
     assert_eq!(code, 0, "{}", events.join("\n"));
     assert!(alive(holder));
 }
+
+/// A host tier no host has (100 PB of HiCache a rank) is `plan`'s exit 4,
+/// and `run --plan` says why and starts nothing. Before: the plan fitted
+/// (the tier's "DOES NOT FIT" a line of its report) and the server was
+/// started, to fail its allocation.
+#[test]
+fn run_plan_refuses_a_host_tier_the_host_cannot_allocate() {
+    let lab = Box::new();
+    let mut command = gpureap(&lab.host);
+    command
+        .arg("run")
+        .arg("--plan")
+        .args(["--ready-log", "fired up and ready"])
+        .args(["--state-dir", lab.state.to_str().expect("utf-8")])
+        .args(["--restart", "never"])
+        .arg("--")
+        .args(lab.engine())
+        .args(["--enable-hierarchical-cache", "--hicache-size", "100000000"]);
+    lab.with_engine_env(&mut command, 100_000);
+    let (code, events) = refused(Supervisor::start(command));
+    let text = events.join("\n");
+    assert_eq!(code, 4, "{text}");
+    assert!(!lab.engine_started(), "started:\n{text}");
+    assert!(
+        text.contains("the host tier does not fit this host's memory"),
+        "{text}"
+    );
+}

@@ -134,8 +134,18 @@ pub fn text(outcome: &Outcome) -> String {
 /// `Verdict: fits now (exit 0)`, in the words of its reason
 /// (`Outcome::decision`, where the verdict is decided).
 pub fn verdict_line(outcome: &Outcome) -> String {
+    format!(
+        "Verdict: {} (exit {})",
+        verdict_words(outcome),
+        outcome.exit().code()
+    )
+}
+
+/// The verdict in the words of its reason: `fits only after a reset of
+/// the memory held by no process (no process to free)`.
+pub fn verdict_words(outcome: &Outcome) -> String {
     let (verdict, reason) = outcome.decision();
-    let text = match reason {
+    match reason {
         Reason::StartsAsAsked if outcome.holders.is_empty() => verdict_text(verdict).to_string(),
         Reason::StartsAsAsked => format!(
             "{}: what others hold costs it at most {:.0}% of the pool",
@@ -171,8 +181,7 @@ pub fn verdict_line(outcome: &Outcome) -> String {
             "does not start: SGLang's host tier must be larger than its device pool (see Host tier)"
                 .to_string()
         }
-    };
-    format!("Verdict: {text} (exit {})", verdict.exit().code())
+    }
 }
 
 /// One pool in a few words, as the short forms of a plan say it (`run

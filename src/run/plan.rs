@@ -15,7 +15,7 @@ use super::output::event;
 use crate::driver::Driver;
 use crate::exit::{Exit, Failure};
 use crate::plan::engine::Device;
-use crate::plan::fit::{self, Outcome, PlanConfig, Verdict};
+use crate::plan::fit::{self, Outcome, PlanConfig, Reason, Verdict};
 use crate::plan::render;
 use crate::snapshot::Snapshot;
 use crate::units::{Bytes, Elapsed};
@@ -80,9 +80,14 @@ pub fn gate(gate: Option<&PlanGate>, driver: &dyn Driver, stop: &AtomicBool) -> 
             }
         }
         Verdict::DoesNotFit => {
+            let why = match outcome.decision().1 {
+                Reason::EngineRefuses => {
+                    render::start_problem(outcome.launch.engine, &outcome.clean)
+                }
+                _ => render::verdict_words(&outcome),
+            };
             event(&format!(
-                "not starting: the plan says it cannot fit on this hardware, even on clean GPUs: {}",
-                render::start_problem(outcome.launch.engine, &outcome.clean)
+                "not starting: the plan says it cannot fit on this hardware, even on clean GPUs: {why}"
             ));
             Gate::Refused(Exit::CannotFit)
         }
