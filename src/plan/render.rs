@@ -44,9 +44,7 @@ fn source(source: Source) -> &'static str {
         Source::Flag => "given",
         Source::Log => "--from-log",
         Source::Estimate => "estimated from the checkpoint",
-        Source::ConfigEstimate => {
-            "ESTIMATED from config.json's shapes: no checkpoint index; give --weights"
-        }
+        Source::ConfigEstimate => "ESTIMATE from config.json: no safetensors index or files",
         Source::Meminfo => "MemAvailable",
     }
 }
