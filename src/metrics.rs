@@ -129,7 +129,8 @@ pub struct Options {
     pub per_process: bool,
 }
 
-/// Memory that `gpureap free --orphans` would free, on one GPU.
+/// Memory that orphaned holders hold on one GPU: what `gpureap free
+/// --orphans` would free, and what it spares by name.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Orphaned {
     /// What the driver reports for them (a process whose memory it does not report adds nothing).
@@ -139,8 +140,10 @@ pub struct Orphaned {
 }
 
 /// Memory held on each GPU by orphaned holders, as `--orphans` defines them:
-/// the GPU users `free --orphans` would take (orphans, and servers whose
-/// `gpureap run` is gone), with their descendants, less what it would spare.
+/// the GPU users `free --orphans` selects (orphans, and servers whose
+/// `gpureap run` is gone), with their descendants. What it spares by name
+/// still counts: a name keeps a process from signals, not its memory from
+/// this figure (`Selection::counts`, the one rule).
 pub fn orphaned(snapshot: &Snapshot) -> BTreeMap<u32, Orphaned> {
     let scope = Scope {
         orphans: true,
@@ -154,9 +157,11 @@ pub fn orphaned(snapshot: &Snapshot) -> BTreeMap<u32, Orphaned> {
         .filter(|gpu| gpu.driver_answered())
         .map(|gpu| {
             let mut orphaned = Orphaned::default();
-            for user in gpu.users.iter().filter(|user| {
-                user.listed && !user.hidden && selection.targets.contains_key(&user.pid)
-            }) {
+            for user in gpu
+                .users
+                .iter()
+                .filter(|user| user.listed && !user.hidden && selection.counts(user.pid))
+            {
                 orphaned.processes += 1;
                 orphaned.bytes = orphaned.bytes.saturating_add(user.memory.unwrap_or(0));
             }
@@ -357,7 +362,7 @@ fn encode_gpus(registry: &mut Registry, snapshot: &Snapshot, options: &Options) 
     let orphaned_memory = gauge_family(
         registry,
         "gpu_orphaned_memory",
-        "GPU memory held by orphaned processes, what `gpureap free --orphans` would free",
+        "GPU memory held by orphaned processes: what `gpureap free --orphans` would free, and orphans it spares by name (named with --pid, they are freed)",
         Some(Unit::Bytes),
     );
     let orphans = orphaned(snapshot);

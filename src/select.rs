@@ -381,6 +381,21 @@ impl std::fmt::Display for Spared {
 }
 
 impl Spared {
+    /// Whether a holder spared for this reason is also left out of a
+    /// verdict on what holds the GPUs: the Slurm health check's "clean",
+    /// `check`'s and the exporter's orphaned memory, a one-pass `reap`'s
+    /// "nothing left to free". The one rule, for every front end: sparing
+    /// keeps a process from signals, and hides the memory the driver lists
+    /// for it only where that memory is no leftover's: an MPS server's
+    /// context serves its clients (docs/mps.md), and a holder younger than
+    /// `reap --older-than` is not the rule's yet. A name never does: a real
+    /// nvidia-smi, DCGM or exporter has no context, so anything the driver
+    /// lists with memory is a holder whatever its name; nor does being a
+    /// monitor, gpureap's ancestor or gpureap itself.
+    pub fn excuses_memory(&self) -> bool {
+        matches!(self, Spared::Mps(_) | Spared::Young { .. })
+    }
+
     /// A short machine-readable name for JSON.
     pub fn code(&self) -> &'static str {
         match self {
@@ -421,6 +436,18 @@ pub enum Because {
 pub struct Selection {
     pub targets: BTreeMap<u32, Because>,
     pub spared: BTreeMap<u32, Spared>,
+}
+
+impl Selection {
+    /// Whether a verdict counts `pid`'s memory as the scope's: a target, or
+    /// spared for a reason that does not excuse memory (`Spared::excuses_memory`).
+    pub fn counts(&self, pid: u32) -> bool {
+        self.targets.contains_key(&pid)
+            || self
+                .spared
+                .get(&pid)
+                .is_some_and(|spared| !spared.excuses_memory())
+    }
 }
 
 /// Without named roots: every GPU holder the scope admits (and the top of

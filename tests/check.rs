@@ -85,6 +85,45 @@ fn orphans_holding_memory_are_a_problem() {
     assert!(workers.iter().all(|&pid| alive(pid)));
 }
 
+/// A protected name spares a process from signals, not its memory from the
+/// verdict: an orphan titled nvidia-smi holding 23 GiB is a problem for
+/// `check` and orphaned memory for the exporter, as any orphan is, while
+/// `free --orphans` still leaves it alone (named with --pid, it is freed).
+#[test]
+fn an_orphan_under_a_protected_name_holding_memory_is_still_a_problem() {
+    let host = host(2);
+    let mut incident = Incident::new(&host);
+    let launcher = incident
+        .sglang(&[Holder::new("nvidia-smi").on(1, 23 * GIB)])
+        .expect("launcher");
+    let orphan = incident.pid_of("nvidia-smi").expect("orphan");
+    incident.kill(launcher).expect("launcher killed");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while ppid(orphan) != Some(1) {
+        assert!(Instant::now() < deadline, "not re-parented");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let result = run(&host, &["check"]);
+    assert_eq!(result.code, 1, "{}", result.stdout);
+    assert_eq!(
+        first_line(&result),
+        "GPU 1: 23.0 GiB held by 1 orphaned process"
+    );
+    let metrics = run(&host, &["status", "--prometheus"]);
+    let found = crate::exporter::samples(&metrics.stdout);
+    assert_eq!(
+        crate::exporter::value(&found, "gpureap_gpu_orphaned_memory_bytes", &[("gpu", "1")]),
+        Some((23 * GIB) as f64),
+        "{}",
+        metrics.stdout
+    );
+    let plan = run(&host, &["free", "--orphans", "--dry-run", "--json"]).json();
+    assert_eq!(plan["targets"], serde_json::json!([]), "{plan:#}");
+    assert_eq!(plan["spared"][0]["pid"], orphan, "{plan:#}");
+    assert_eq!(plan["spared"][0]["reason"], "protected", "{plan:#}");
+    assert!(alive(orphan));
+}
+
 #[test]
 fn a_lost_gpu_is_a_problem_and_several_problems_are_counted() {
     let host = host(3);

@@ -754,11 +754,10 @@ fn healthcheck_keeps_drained_a_node_where_an_ended_jobs_leftover_took_a_protecte
         .expect("leftover");
     let leftover = incident.pid_of("nvidia-smi python train.py").expect("pid");
     // The real nvidia-smi, of no job, and a daemon of root's that a prolog
-    // started (a job id Slurm has forgotten) are what a protected name spares.
-    let daemon = incident
-        .holder(&Holder::new("nvidia-smi").on(1, GIB))
-        .expect("daemon");
-    let started = Holder::new("nv-hostengine").on(1, GIB);
+    // started (a job id Slurm has forgotten) are what a protected name spares:
+    // monitors, with every node open and no context.
+    let daemon = incident.holder(&Holder::new("nvidia-smi")).expect("daemon");
+    let started = Holder::new("nv-hostengine");
     incident
         .spawn(
             &format!("export SLURM_JOB_ID=999999; {}", started.script()),
@@ -787,6 +786,46 @@ fn healthcheck_keeps_drained_a_node_where_an_ended_jobs_leftover_took_a_protecte
         alive(leftover) && alive(daemon) && alive(started),
         "the health check signals nothing"
     );
+}
+
+/// A protected name spares a process from signals, never its memory from
+/// the verdict: a process of no job (nobody's, started outside Slurm)
+/// titled nvidia-smi with 23 GiB on GPU 1 keeps the node gpureap drained
+/// drained, named in the reason; a real nvidia-smi has no context.
+#[test]
+fn healthcheck_keeps_drained_a_node_where_a_process_of_no_job_titled_nvidia_smi_holds_memory() {
+    let (cluster, _turn) = cluster();
+    let mut incident = Incident::new(&cluster.sim);
+    let impostor = holder_script(
+        cluster,
+        "impostor",
+        &Holder::new("nvidia-smi").on(1, 23 * GIB),
+    );
+    incident
+        .spawn(
+            &format!("exec setpriv --reuid=65534 --regid=65534 --clear-groups bash {impostor}"),
+            1,
+        )
+        .expect("a process of nobody's titled nvidia-smi");
+    let impostor = incident.pid_of("nvidia-smi").expect("pid");
+    cluster.scontrol(&[
+        "update",
+        &format!("nodename={}", cluster.node),
+        "state=drain",
+        "reason=gpureap: GPU 1: 23.0 GiB held by no process (driver-held)",
+    ]);
+    let check = healthcheck(cluster, &[]);
+    assert_eq!(check.code, 1, "{}", check.stderr);
+    assert!(!check.stderr.contains("clean"), "{}", check.stderr);
+    assert_eq!(
+        cluster.drain_reason().unwrap_or_default(),
+        format!("gpureap: GPU 1: pid {impostor} (sleep, nobody, state S) holds 23.0 GiB: no job's"),
+        "{}",
+        check.stderr
+    );
+    let (state, _) = cluster.node_state().expect("node state");
+    assert!(state.contains("DRAIN"), "not resumed: {state}");
+    assert!(alive(impostor), "the health check signals nothing");
 }
 
 #[test]

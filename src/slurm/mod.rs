@@ -24,7 +24,7 @@ use crate::exit::Exit;
 use crate::proc::{self, ProcessRecord};
 use crate::reap::{self, Fate, Options};
 use crate::reset;
-use crate::select::{self, Guard, JobScope, Scope};
+use crate::select::{Guard, JobScope, Scope};
 use crate::snapshot::Snapshot;
 use crate::units::{Bytes, Elapsed, Field};
 use crate::units::{GpuRef, parse_gpu_refs};
@@ -1142,15 +1142,22 @@ fn healthcheck_findings(
     node: &str,
 ) -> Vec<Finding> {
     let mut slurm_jobs = SlurmJobs::default();
+    let guard = Guard::for_this_process(&[]);
     let found = findings(snapshot, gpus, &mut |gpu, record| {
-        let protected = select::protected_name(record, select::DEFAULT_PROTECTED).is_some()
-            || crate::snapshot::mps::role_by_name(record).is_some();
-        // A protected name spares what looks like the daemon: no job in its
-        // environment, or not the job's uid (a daemon a prolog started
-        // carries the job's id, as root). Not a job's leftover that took the
-        // name: that is judged like any holder.
+        // What the driver lists here has a context. The guard's reason for
+        // sparing it excuses that memory only where the one rule says so
+        // (`Spared::excuses_memory`: an MPS server or daemon, a site's
+        // service); a protected name never does: a real nvidia-smi or DCGM
+        // holds no memory, and one that does is a holder like any other.
+        let excused = guard
+            .spare_reason(snapshot, record, false)
+            .is_some_and(|spared| spared.excuses_memory());
+        // What is excused is spared where it looks like the service: no job
+        // in its environment, or not the job's uid (a daemon a prolog
+        // started carries the job's id, as root). Not a job's leftover that
+        // took the name: that is judged like any holder.
         let Some(job) = job_of(record.id.pid) else {
-            return (!protected).then(|| "no job's".to_string());
+            return (!excused).then(|| "no job's".to_string());
         };
         match slurm_jobs.get(Ok(scontrol), job) {
             Ok(info) => not_running_here(info, job, node, record.uid, gpu).filter(|_| {
@@ -1159,7 +1166,7 @@ fn healthcheck_findings(
                     // Slurm no longer knows the job's uid: root's looks like a daemon.
                     None => record.uid == Some(0),
                 };
-                !(protected && daemon)
+                !(excused && daemon)
             }),
             // Slurm could not say: do not drain on a guess.
             Err(_) => None,
