@@ -478,7 +478,7 @@ pub fn rows(program: Program) -> Vec<(Exit, &'static str)> {
             ),
             (
                 StillHeld,
-                "once: something the policy named is still held, or a rule was refused (--max-share)",
+                "once: something the policy named is still held, seen by one look only, or spared by name though it holds memory; or a rule was refused (--max-share)",
             ),
             (Usage, USAGE),
             (

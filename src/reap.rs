@@ -63,6 +63,39 @@ pub struct Handled {
 }
 
 impl Handled {
+    /// A process as a scope finds it in `snapshot`, before any signal.
+    pub fn found(
+        snapshot: &Snapshot,
+        scope: &Scope,
+        record: &crate::proc::ProcessRecord,
+        because: Because,
+        late: bool,
+    ) -> Handled {
+        let pid = record.id.pid;
+        Handled {
+            pid,
+            start_time: record.id.start_time,
+            ppid: record.ppid,
+            comm: record.comm.clone(),
+            cmdline: record.cmdline.clone(),
+            because,
+            orphan: snapshot.orphaned(pid),
+            container_gone: scope
+                .orphans
+                .then(|| scope.containers_gone.get(&record.id).cloned())
+                .flatten(),
+            gpus: snapshot.gpus_used_by(pid),
+            signals: Vec::new(),
+            fate: if record.state.has_exited() {
+                Fate::Zombie
+            } else {
+                Fate::Alive
+            },
+            exited_after_ms: None,
+            late,
+        }
+    }
+
     fn id(&self) -> ProcessId {
         ProcessId {
             pid: self.pid,
@@ -119,6 +152,25 @@ pub struct GpuOutcome {
     /// lost (`Evidence::advice`); filled by the command after the free
     /// (`attach_advice`), empty otherwise.
     pub advice: Vec<String>,
+}
+
+impl GpuOutcome {
+    /// A GPU as a plan sees it in `snapshot`, before anything is signalled.
+    pub fn planned(snapshot: &Snapshot, index: u32) -> GpuOutcome {
+        let used = snapshot.gpu(index).and_then(|gpu| gpu.memory_used);
+        GpuOutcome {
+            index,
+            freed: false,
+            checked: snapshot.gpu(index).is_some_and(|gpu| gpu.driver_answered()),
+            memory_before: used,
+            memory_after: used,
+            freed_bytes: None,
+            freed_after_ms: None,
+            reasons: Vec::new(),
+            others: Vec::new(),
+            advice: Vec::new(),
+        }
+    }
 }
 
 /// A process out of scope that holds memory on a GPU in scope.
@@ -341,24 +393,7 @@ impl Reaper {
             let zombie = record.state.has_exited();
             self.handled.insert(
                 record.id,
-                Handled {
-                    pid,
-                    start_time: record.id.start_time,
-                    ppid: record.ppid,
-                    comm: record.comm.clone(),
-                    cmdline: record.cmdline.clone(),
-                    because: *because,
-                    orphan: snapshot.orphaned(pid),
-                    container_gone: scope
-                        .orphans
-                        .then(|| scope.containers_gone.get(&record.id).cloned())
-                        .flatten(),
-                    gpus: snapshot.gpus_used_by(pid),
-                    signals: Vec::new(),
-                    fate: if zombie { Fate::Zombie } else { Fate::Alive },
-                    exited_after_ms: None,
-                    late,
-                },
+                Handled::found(snapshot, scope, record, *because, late),
             );
             if !zombie {
                 new.push(record.id);
@@ -527,21 +562,7 @@ pub fn plan(snapshot: &Snapshot, scope: &Scope, guard: &Guard) -> FreeReport {
         spared: reaper.spared.into_values().collect(),
         gpus: gpus
             .into_iter()
-            .map(|index| {
-                let used = snapshot.gpu(index).and_then(|gpu| gpu.memory_used);
-                GpuOutcome {
-                    index,
-                    freed: false,
-                    checked: snapshot.gpu(index).is_some_and(|gpu| gpu.driver_answered()),
-                    memory_before: used,
-                    memory_after: used,
-                    freed_bytes: None,
-                    freed_after_ms: None,
-                    reasons: Vec::new(),
-                    others: Vec::new(),
-                    advice: Vec::new(),
-                }
-            })
+            .map(|index| GpuOutcome::planned(snapshot, index))
             .collect(),
         unreadable: snapshot.unreadable.clone(),
         stale_runs: Vec::new(),

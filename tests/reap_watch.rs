@@ -97,11 +97,22 @@ struct Watching {
 
 impl Watching {
     fn start(host: &SimHost, args: &[&str]) -> Watching {
+        Watching::spawn(host, &["--watch"], args)
+    }
+
+    /// A single pass (no `--watch`) in the background.
+    fn once(host: &SimHost, args: &[&str]) -> Watching {
+        Watching::spawn(host, &[], args)
+    }
+
+    fn spawn(host: &SimHost, watch: &[&str], args: &[&str]) -> Watching {
         let dir = tempfile::tempdir().expect("tempdir");
         let log = dir.path().join("reap.jsonl");
         let stderr = dir.path().join("stderr");
         let child = gpureap(host)
-            .args(["reap", "--watch", "--log"])
+            .arg("reap")
+            .args(watch)
+            .arg("--log")
             .arg(&log)
             .args(args)
             .stdout(Stdio::null())
@@ -180,6 +191,23 @@ impl Watching {
                 self.stderr()
             );
             std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The exit code of a single pass that ends by itself within `limit`.
+    fn ended(&mut self, limit: Duration) -> i32 {
+        let mut child = self.child.take().expect("running");
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                return status.code().unwrap_or(-1);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the pass did not end within {limit:?}:\n{}",
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(10));
         }
     }
 
@@ -367,6 +395,85 @@ fn a_dry_run_signals_nothing_and_says_what_it_would_free() {
         result.stderr.contains("holds 30.0 GiB"),
         "{}",
         result.stderr
+    );
+}
+
+/// A single pass that acts on nothing is not a clean host: an orphan that
+/// starts holding 10 GiB between the two looks (its claim written 2 s after
+/// the first, 4 s before the second) is seen once and not acted on, and an orphan
+/// titled nvidia-smi holding 23 GiB is spared by its name; the pass names
+/// each (pid, GPU, memory, why it was left), in the log too, signals
+/// neither, and exits 1.
+#[test]
+fn a_single_pass_names_what_it_saw_but_did_not_act_on_and_exits_1() {
+    let host = host(2);
+    let mut incident = Incident::new(&host);
+    // Every node open, no context yet: the first look sees no holder in it.
+    let launcher = incident
+        .sglang(&[Holder::new("sglang::scheduler_TP0")])
+        .expect("sglang");
+    let late = incident.pid_of("sglang::scheduler_TP0").expect("worker");
+    orphan(&mut incident, launcher, &[late]);
+    let spared = orphaned_worker(&mut incident, "nvidia-smi", 1);
+    let claim = host.path().join("claims").join(format!("{late}.0"));
+    assert_eq!(
+        std::fs::read_to_string(&claim).expect("claim").trim(),
+        "none"
+    );
+
+    let mut pass = Watching::once(
+        &host,
+        &[
+            "--orphans",
+            "--older-than",
+            "0s",
+            "--interval",
+            "6s",
+            "--enforce",
+            "--grace",
+            "1s",
+        ],
+    );
+    // The first look follows the `started` line at once (milliseconds); the
+    // second comes 6 s later. Between them, the worker takes its 10 GiB.
+    pass.until("the start", |line| line["action"] == "started");
+    std::thread::sleep(Duration::from_secs(2));
+    let written = host.path().join("claims").join(format!("{late}.0.new"));
+    std::fs::write(&written, (10 * GIB).to_string()).expect("claim");
+    std::fs::rename(&written, &claim).expect("claim");
+
+    let code = pass.ended(Duration::from_secs(30));
+    assert_eq!(code, 1, "{}", pass.stderr());
+    assert!(alive(late) && alive(spared), "nothing is signalled");
+    let lines = decisions(&pass.log);
+    let held = |pid: u32| -> &Value {
+        of_pid(&lines, pid)
+            .into_iter()
+            .find(|line| line["action"] == "held")
+            .unwrap_or_else(|| panic!("no held line for {pid}: {lines:#?}"))
+    };
+    let once = held(late);
+    assert_eq!(once["verdict"], "seen_once", "{once:#}");
+    assert_eq!(once["rule"], "orphaned");
+    assert_eq!(once["target"]["gpus"], serde_json::json!([0]));
+    let message = once["message"].as_str().unwrap_or_default();
+    for said in [
+        format!("pid {late} "),
+        "seen by the last look only".to_string(),
+        "GPU 0 holds 10.0 GiB".to_string(),
+    ] {
+        assert!(message.contains(&said), "{said:?} in {message}");
+    }
+    let kept = held(spared);
+    assert_eq!(kept["verdict"], "spared", "{kept:#}");
+    let message = kept["message"].as_str().unwrap_or_default();
+    for said in ["protected by name (nvidia-smi)", "GPU 1 holds 30.0 GiB"] {
+        assert!(message.contains(said), "{said:?} in {message}");
+    }
+    let stderr = pass.stderr();
+    assert!(
+        stderr.contains(&format!("pid {late} ")) && stderr.contains("GPU 0 holds 10.0 GiB"),
+        "{stderr}"
     );
 }
 

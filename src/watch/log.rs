@@ -35,6 +35,9 @@ pub enum Action {
     Freed,
     /// A rule named too large a share of a GPU's holders: nothing signalled.
     Refused,
+    /// A single pass ended without acting on a holder a rule names: seen
+    /// by its last look only, or spared by the guard though it holds memory.
+    Held,
     /// The driver failed, a GPU was lost or /proc was partly unreadable:
     /// nothing signalled in this scan.
     Fault,
@@ -51,6 +54,7 @@ impl Action {
             Action::WouldFree => "would free",
             Action::Freed => "freed",
             Action::Refused => "refused",
+            Action::Held => "held",
             Action::Fault => "fault",
             Action::Recovered => "recovered",
             Action::Stopped => "stopped",
@@ -80,7 +84,8 @@ pub struct Decision<'a> {
     /// The GPUs it used, as `free --json` writes them: memory before and after, bytes back, when.
     pub gpus: Vec<GpuOutcomeJson<'a>>,
     /// `freed`, `exited` (gone, the GPU not verified free), `still_held`,
-    /// `permission_denied`, `unchecked` (the driver could not say), `would_free`, `refused`.
+    /// `permission_denied`, `unchecked` (the driver could not say), `would_free`, `refused`,
+    /// and for `held`: `seen_once` or `spared`.
     pub verdict: Option<&'static str>,
     /// The line for people, as stderr shows it.
     pub message: String,

@@ -89,7 +89,7 @@ impl WatchMetrics {
     fn register(&self, registry: &mut Registry) {
         registry.register(
             "reaped",
-            "Processes the watch handled, by rule (reason) and verdict (outcome: freed, exited, still_held, permission_denied, unchecked, would_free, refused)",
+            "Processes the watch handled, by rule (reason) and verdict (outcome: freed, exited, still_held, permission_denied, unchecked, would_free, refused; a single pass's seen_once, spared)",
             self.reaped.clone(),
         );
         registry.register_with_unit(

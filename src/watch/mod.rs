@@ -7,7 +7,10 @@
 //! at the host in full (`pace`); a full look takes a snapshot, and a holder a
 //! rule names is acted on only when the full look before named it too (by
 //! identity): a state that flips between two scans is checked again before
-//! anything is signalled. The act is `reap::free`, the one implementation of
+//! anything is signalled. A single pass (no `--watch`) ends with what it
+//! did not act on said (`held`, exit 1): a holder seen by its last look only,
+//! and one the guard spares for a reason that does not excuse its memory
+//! (`Spared::excuses_memory`: a protected name). The act is `reap::free`, the one implementation of
 //! freeing (guard, escalation, verification through the driver), with a
 //! scope that takes exactly the confirmed holders (`Scope::within`) and
 //! their descendants; without `--enforce`, `reap::plan`, which signals
@@ -212,6 +215,27 @@ pub fn named_holders(
         .collect()
 }
 
+/// The holders a rule's scope finds in a selection that the guard spares
+/// for a reason that does not excuse their memory (`Spared::excuses_memory`:
+/// a protected name, not an MPS server or a holder younger than the floor),
+/// on the GPUs of `--gpu` when given: never signalled, still holders.
+pub fn spared_holders(
+    snapshot: &Snapshot,
+    selection: &Selection,
+    gpus: &Option<BTreeSet<u32>>,
+) -> BTreeSet<ProcessId> {
+    selection
+        .spared
+        .keys()
+        .filter(|pid| selection.counts(**pid))
+        .filter(|pid| {
+            let used = snapshot.gpus_used_by(**pid);
+            !used.is_empty() && gpus.as_ref().is_none_or(|gpus| !used.is_disjoint(gpus))
+        })
+        .filter_map(|pid| snapshot.processes.get(pid).map(|record| record.id))
+        .collect()
+}
+
 /// When the first holder spared only for its age reaches the floor.
 pub fn next_of_age(snapshot: &Snapshot, selection: &Selection) -> Option<Duration> {
     selection
@@ -282,6 +306,12 @@ struct Watch<'a> {
     pace: Pace,
     /// Per rule, the holders the last full look named (by identity).
     pending: BTreeMap<Rule, BTreeSet<ProcessId>>,
+    /// Per rule, the holders the last full look found in its scope that the
+    /// guard spares though they hold memory (`spared_holders`).
+    spared: BTreeMap<Rule, BTreeSet<ProcessId>>,
+    /// A single pass's last full look that was whole: what it says of the
+    /// holders it did not act on is read from it (`None` under `--watch`).
+    last: Option<Snapshot>,
     /// Processes already reported (a dry run's `would_free`) or already
     /// freed once and left as they were (refused by the kernel, in D): not
     /// reported or signalled again while they live.
@@ -340,6 +370,7 @@ impl Watch<'_> {
         self.done.retain(|id| live.contains(id));
         let ended = self.jobs.ended(&snapshot, self.config);
         let mut found: BTreeMap<Rule, BTreeSet<ProcessId>> = BTreeMap::new();
+        let mut spared: BTreeMap<Rule, BTreeSet<ProcessId>> = BTreeMap::new();
         let mut acted = None;
         let mut of_age: Option<Duration> = None;
         for &rule in &self.config.rules {
@@ -377,11 +408,22 @@ impl Watch<'_> {
                 .copied()
                 .collect();
             found.insert(rule, named);
+            spared.insert(
+                rule,
+                spared_holders(&snapshot, &selection, &self.config.gpus)
+                    .difference(&self.done)
+                    .copied()
+                    .collect(),
+            );
             if acted.is_none() && !confirmed.is_empty() {
                 acted = Some((rule, confirmed));
             }
         }
         self.pace.of_age(of_age);
+        self.spared = spared;
+        if !self.config.watch {
+            self.last = Some(snapshot.clone());
+        }
         let Some((rule, confirmed)) = acted else {
             self.pending = found;
             return Looked::Nothing;
@@ -398,6 +440,7 @@ impl Watch<'_> {
     fn on_fault(&mut self, problem: String) {
         self.metrics.fault();
         self.pending.clear();
+        self.spared.clear();
         self.outcome = Exit::Incomplete;
         if self.fault.as_deref() != Some(problem.as_str()) {
             let message = format!("{problem}; nothing is signalled until two whole scans agree");
@@ -502,29 +545,7 @@ impl Watch<'_> {
         target: &'r Handled,
         verdict: &'static str,
     ) -> Decision<'r> {
-        let why = match rule {
-            Rule::Orphaned => target
-                .orphan
-                .map(|orphan| format!("orphaned: {orphan}"))
-                .or_else(|| {
-                    snapshot
-                        .supervisor_gone(target.pid)
-                        .map(|_| "its gpureap run supervisor is gone".to_string())
-                }),
-            Rule::SupervisorGone => Some("its gpureap run supervisor is gone".to_string()),
-            Rule::SlurmEnded => self.jobs.why(target.pid),
-            Rule::ContainerGone => self
-                .gone
-                .get(&ProcessId {
-                    pid: target.pid,
-                    start_time: target.start_time,
-                })
-                .cloned(),
-        }
-        .or_else(|| match target.because {
-            Because::Descendant { of } => Some(format!("a descendant of {of}")),
-            _ => None,
-        });
+        let why = self.why(rule, snapshot, target);
         let gpus: Vec<&reap::GpuOutcome> = report
             .gpus
             .iter()
@@ -580,6 +601,112 @@ impl Watch<'_> {
         decision
     }
 
+    /// A single pass's last word on the holders it did not act on: one
+    /// `held` line each, naming the process, its memory on each GPU and why
+    /// it was left; any makes the pass exit 1. Not acting on them is right:
+    /// saying the host is clean would not be.
+    fn say_unacted(&mut self) {
+        let Some(snapshot) = self.last.take() else {
+            return;
+        };
+        let seen_once = std::mem::take(&mut self.pending);
+        let spared = std::mem::take(&mut self.spared);
+        let mut said = BTreeSet::new();
+        let unacted = seen_once
+            .iter()
+            .flat_map(|(&rule, ids)| ids.iter().map(move |id| (rule, *id, true)))
+            .chain(
+                spared
+                    .iter()
+                    .flat_map(|(&rule, ids)| ids.iter().map(move |id| (rule, *id, false))),
+            );
+        for (rule, id, once) in unacted {
+            let Some(record) = snapshot
+                .processes
+                .get(&id.pid)
+                .filter(|record| record.id == id)
+            else {
+                continue;
+            };
+            if !said.insert(id) {
+                continue;
+            }
+            let scope = self.config.scope(rule, None);
+            let target = Handled::found(&snapshot, &scope, record, Because::InScope, false);
+            let left = if once {
+                "seen by the last look only: a holder is acted on when two looks in a row name it; run reap again, or with --watch".to_string()
+            } else {
+                match self.guard.spare_reason(&snapshot, record, false) {
+                    Some(spared) => format!("spared: {spared}"),
+                    None => "spared".to_string(),
+                }
+            };
+            let why = self.why(rule, &snapshot, &target);
+            let mut message = format!(
+                "pid {} ({}) [{}]{}: not acted on, {left}",
+                target.pid,
+                one_line(&target.comm),
+                rule.name(),
+                why.as_deref()
+                    .map(|why| format!(", {why}"))
+                    .unwrap_or_default()
+            );
+            for &gpu in &target.gpus {
+                message.push_str(&format!(
+                    "; GPU {gpu} holds {}",
+                    snapshot
+                        .memory_of(target.pid, gpu)
+                        .map_or("an unknown amount".to_string(), |bytes| Bytes(bytes)
+                            .to_string())
+                ));
+            }
+            let gpus: Vec<reap::GpuOutcome> = target
+                .gpus
+                .iter()
+                .map(|&gpu| reap::GpuOutcome::planned(&snapshot, gpu))
+                .collect();
+            self.outcome = Exit::worst([self.outcome, Exit::StillHeld]);
+            let verdict = if once { "seen_once" } else { "spared" };
+            self.metrics.reaped(rule.name(), verdict);
+            let mut decision = self.decision(Action::Held, message);
+            decision.rule = Some(rule.name());
+            decision.why = why;
+            decision.target = Some(crate::report::target_json(&target));
+            decision.age_ms = snapshot.age(target.pid).map(|age| age.as_millis() as u64);
+            decision.uid = record.uid;
+            decision.gpus = gpus.iter().map(crate::report::gpu_outcome_json).collect();
+            decision.verdict = Some(verdict);
+            self.log.record(&decision);
+        }
+    }
+
+    /// Why `rule` named `target`, in words.
+    fn why(&self, rule: Rule, snapshot: &Snapshot, target: &Handled) -> Option<String> {
+        match rule {
+            Rule::Orphaned => target
+                .orphan
+                .map(|orphan| format!("orphaned: {orphan}"))
+                .or_else(|| {
+                    snapshot
+                        .supervisor_gone(target.pid)
+                        .map(|_| "its gpureap run supervisor is gone".to_string())
+                }),
+            Rule::SupervisorGone => Some("its gpureap run supervisor is gone".to_string()),
+            Rule::SlurmEnded => self.jobs.why(target.pid),
+            Rule::ContainerGone => self
+                .gone
+                .get(&ProcessId {
+                    pid: target.pid,
+                    start_time: target.start_time,
+                })
+                .cloned(),
+        }
+        .or_else(|| match target.because {
+            Because::Descendant { of } => Some(format!("a descendant of {of}")),
+            _ => None,
+        })
+    }
+
     /// Waits out the rest of the cycle, watching the driver's figures and
     /// the stop flag; returns false once asked to stop.
     fn wait(&mut self, until: Instant) -> bool {
@@ -624,6 +751,8 @@ pub fn run(config: &ReapConfig, driver: &dyn Driver) -> std::io::Result<Exit> {
         figures: crate::metrics::ScanFigures::default(),
         pace: Pace::default(),
         pending: BTreeMap::new(),
+        spared: BTreeMap::new(),
+        last: None,
         done: BTreeSet::new(),
         fault: None,
         jobs: slurm::Jobs::default(),
@@ -659,6 +788,9 @@ pub fn run(config: &ReapConfig, driver: &dyn Driver) -> std::io::Result<Exit> {
         if once_done || !watch.wait(next) {
             break;
         }
+    }
+    if !config.watch {
+        watch.say_unacted();
     }
     let how = if watch.stop.load(Ordering::SeqCst) {
         "by a signal, between scans"
