@@ -406,7 +406,7 @@ pub fn rows(program: Program) -> Vec<(Exit, &'static str)> {
             (Usage, FLEET_USAGE),
             (
                 Unknown,
-                "shown, but could not tell: no driver, or a GPU in scope the driver lost; or (-H) a host failed",
+                "shown, but could not tell: no driver, a GPU in scope the driver lost, or memory that, without the host's PIDs, unseen processes may hold; or (-H) a host failed",
             ),
         ],
         Program::Free => vec![

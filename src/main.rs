@@ -389,14 +389,19 @@ fn status(backend: &BackendChoice, args: &config::StatusRequest) -> Result<Exit,
 }
 
 /// `status` shows what it could read, and exits 3 (could not tell) when
-/// that is not everything: no driver, or a GPU in scope it could not read.
+/// that is not everything: no driver, a GPU in scope it could not read, or
+/// one whose memory no listed process explains while gpureap does not see
+/// the host's PIDs (`metrics::unseen`: processes it cannot see may hold it,
+/// or none). Not 1: `status` finds no problems, it shows (memory held by no
+/// process exits 0 here, 1 in `check`); and `check` and `free` exit 3 for
+/// the same memory.
 fn status_exit(snapshot: &Snapshot, gpus: &Option<std::collections::BTreeSet<u32>>) -> Exit {
     let unreadable = snapshot.driver_error.is_some()
         || snapshot
             .gpus
             .iter()
             .filter(|gpu| gpus.as_ref().is_none_or(|set| set.contains(&gpu.index)))
-            .any(|gpu| gpu.error.is_some());
+            .any(|gpu| gpu.error.is_some() || gpureap::metrics::unseen(snapshot, gpu).is_some());
     if unreadable {
         Exit::Unknown
     } else {
