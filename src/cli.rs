@@ -288,7 +288,10 @@ Examples:
     Free(Lazy<FreeArgs>),
 
     /// Wait until GPUs are free enough to launch on; exit 1 listing the holders on timeout.
-    #[command(after_help = exit::after_help(Program::Wait, "Examples:
+    #[command(after_help = exit::after_help(Program::Wait, "Memory held by no process that keeps a GPU at or above --below ends the wait at once
+(exit 1), said as `free` and `check` say it: only a GPU reset or a reboot clears it.
+
+Examples:
   gpureap wait --gpu 0-3 --timeout 2m && ./launch.sh
   gpureap wait --below 2GiB
   gpureap wait -H 'node[1-4]' --timeout 5m && srun ...   every host below the limit"))]
@@ -953,6 +956,10 @@ pub struct WaitArgs {
     /// Give up after this long, exit 1 and list the holders.
     #[arg(long, default_value = "60s", value_name = "DUR", value_parser = duration, allow_hyphen_values = true)]
     pub timeout: Duration,
+    /// Wait out --timeout even where a GPU's memory held by no process keeps it at or above
+    /// --below (only a reset or a reboot clears it); without it, wait says so and exits 1 at once.
+    #[arg(long)]
+    pub keep_waiting: bool,
     /// Print JSON (schema in docs/json.md).
     #[arg(long)]
     pub json: bool,

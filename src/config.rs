@@ -748,6 +748,7 @@ pub struct WaitRequest {
     pub gpu: Vec<GpuList>,
     pub below: u64,
     pub timeout: Duration,
+    pub keep_waiting: bool,
     pub json: bool,
 }
 
@@ -757,6 +758,7 @@ impl WaitRequest {
             gpu,
             below,
             timeout,
+            keep_waiting,
             json,
             fleet: _,
         } = args;
@@ -764,6 +766,7 @@ impl WaitRequest {
             gpu: gpu.clone(),
             below: *below,
             timeout: *timeout,
+            keep_waiting: *keep_waiting,
             json: *json,
         }
     }
@@ -773,6 +776,9 @@ pub struct WaitConfig {
     pub gpus: BTreeSet<u32>,
     pub below: u64,
     pub timeout: Duration,
+    /// `--keep-waiting`: wait out the timeout even where memory held by no
+    /// process keeps a GPU at or above `below`.
+    pub keep_waiting: bool,
 }
 
 pub fn wait(request: &WaitRequest, gpu_count: u32) -> Result<WaitConfig, UsageError> {
@@ -786,6 +792,7 @@ pub fn wait(request: &WaitRequest, gpu_count: u32) -> Result<WaitConfig, UsageEr
         gpus,
         below: request.below,
         timeout: request.timeout,
+        keep_waiting: request.keep_waiting,
     })
 }
 

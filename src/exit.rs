@@ -426,7 +426,10 @@ pub fn rows(program: Program) -> Vec<(Exit, &'static str)> {
         ],
         Program::Wait => vec![
             (Success, "every GPU in scope below --below"),
-            (StillHeld, "timed out; the holders are listed"),
+            (
+                StillHeld,
+                "timed out (the holders are listed); or at once, unless --keep-waiting: memory held by no process keeps a GPU at or above --below",
+            ),
             (Usage, FLEET_USAGE),
             (
                 Incomplete,

@@ -595,7 +595,13 @@ fn wait(backend: &BackendChoice, args: &config::WaitRequest) -> Result<Exit, Fai
             anyhow::anyhow!("cannot wait: the driver reports no GPU memory ({why})").into(),
         );
     }
-    let outcome = gpureap::wait::wait(driver.as_ref(), &config.gpus, config.below, config.timeout);
+    let outcome = gpureap::wait::wait(
+        driver.as_ref(),
+        &config.gpus,
+        config.below,
+        config.timeout,
+        config.keep_waiting,
+    );
     let waited_ms = outcome.waited.as_millis() as u64;
     let busy = Some(outcome.busy());
     // The holders, read as `status` reads them: from the driver's lists where they explain
@@ -637,10 +643,38 @@ fn wait(backend: &BackendChoice, args: &config::WaitRequest) -> Result<Exit, Fai
         Ok(Exit::Incomplete)
     } else if outcome.ready {
         Ok(Exit::Success)
-    } else {
+    } else if !outcome.held_by_no_process.is_empty() {
+        for (index, reason) in &outcome.held_by_no_process {
+            eprintln!("gpureap: GPU {index}: {reason}");
+        }
         eprintln!(
-            "gpureap: timed out after {}; the holders are listed above",
-            gpureap::units::Elapsed(outcome.waited)
+            "gpureap: not waiting: whatever exits, that memory keeps the GPU at or above {} (--keep-waiting waits anyway)",
+            gpureap::units::Bytes(config.below)
+        );
+        Ok(Exit::StillHeld)
+    } else {
+        // What no process holds is said as such; "listed above" only where
+        // the table lists a holder of a GPU that was not ready.
+        let (mut held, mut listed) = (Vec::new(), false);
+        if let Some(snapshot) = &holders {
+            held = gpureap::wait::held_by_no_process(snapshot, &outcome.gpus, config.below);
+            listed = busy.iter().flatten().any(|&index| {
+                snapshot
+                    .gpu(index)
+                    .is_some_and(|gpu| gpureap::metrics::holders(gpu) > 0)
+            });
+        }
+        for (index, reason) in &held {
+            eprintln!("gpureap: GPU {index}: {reason}");
+        }
+        eprintln!(
+            "gpureap: timed out after {}{}",
+            gpureap::units::Elapsed(outcome.waited),
+            if listed {
+                "; the holders are listed above"
+            } else {
+                ""
+            }
         );
         Ok(Exit::StillHeld)
     }

@@ -155,18 +155,25 @@ pub struct GpuOutcome {
 }
 
 impl GpuOutcome {
-    /// A GPU as a plan sees it in `snapshot`, before anything is signalled.
+    /// A GPU as a plan sees it in `snapshot`, before anything is signalled:
+    /// its one reason is memory held by no process there, which no signal
+    /// frees (`verify::driver_held`).
     pub fn planned(snapshot: &Snapshot, index: u32) -> GpuOutcome {
-        let used = snapshot.gpu(index).and_then(|gpu| gpu.memory_used);
+        let gpu = snapshot.gpu(index);
+        let used = gpu.and_then(|gpu| gpu.memory_used);
         GpuOutcome {
             index,
             freed: false,
-            checked: snapshot.gpu(index).is_some_and(|gpu| gpu.driver_answered()),
+            checked: gpu.is_some_and(|gpu| gpu.driver_answered()),
             memory_before: used,
             memory_after: used,
             freed_bytes: None,
             freed_after_ms: None,
-            reasons: Vec::new(),
+            reasons: gpu
+                .filter(|gpu| gpu.error.is_none())
+                .and_then(|gpu| verify::driver_held(snapshot, gpu, 0))
+                .into_iter()
+                .collect(),
             others: Vec::new(),
             advice: Vec::new(),
         }

@@ -1733,6 +1733,12 @@ pub fn free_plan(report: &FreeReport) -> String {
             .collect();
         let _ = writeln!(out, "GPUs in scope: {}", summary.join(", "));
     }
+    // What no signal frees, as `free` and `check` say it.
+    for gpu in &report.gpus {
+        for reason in &gpu.reasons {
+            let _ = writeln!(out, "GPU {}: {}", gpu.index, Field(&reason.to_string()));
+        }
+    }
     out
 }
 

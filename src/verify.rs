@@ -466,8 +466,9 @@ fn listed_memory(gpu: &GpuState, pid: u32) -> Option<u64> {
 /// Memory on `gpu` held by no process as a reason, when the one rule
 /// (`Snapshot::held_by_no_process`) says it holds the GPU: driver-held, or
 /// unseen from a PID namespace of its own. `before`: how much of it was
-/// held by no process before a `free` started.
-fn driver_held(snapshot: &Snapshot, gpu: &GpuState, before: u64) -> Option<Reason> {
+/// held by no process before a `free` started. The one wording of it for
+/// `free`, its plan, `wait` and Slurm.
+pub fn driver_held(snapshot: &Snapshot, gpu: &GpuState, before: u64) -> Option<Reason> {
     let unattributed = snapshot.held_by_no_process(gpu)?;
     match unattributed.kind {
         UnattributedKind::Bookkeeping => None,

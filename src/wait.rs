@@ -1,5 +1,8 @@
 //! `wait`: the preflight before a launch. Polls the driver's memory figures
-//! until every GPU asked for is below the threshold, or the timeout passes.
+//! until every GPU asked for is below the threshold, or the timeout passes;
+//! or, once the figures stand still, until it is plain that no wait can
+//! bring a GPU below the threshold: memory held by no process keeps it
+//! there, and only a reset or a reboot clears that.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -7,6 +10,8 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::driver::{Driver, DriverError, Figures};
+use crate::snapshot::Snapshot;
+use crate::verify::{self, Reason};
 
 /// How often the driver's memory figures are polled, where the backend
 /// polls (`Driver::wait_for_change`).
@@ -14,6 +19,11 @@ const POLL: Duration = Duration::from_millis(5);
 /// The longest single wait on the driver; waiting goes on after it while
 /// nothing changed (a trace line marks each).
 const LONGEST_PAUSE: Duration = Duration::from_secs(1);
+/// How long the figures must stand still before `wait` asks whether memory
+/// held by no process keeps a GPU up: the driver gives a process's memory
+/// back within a second of its exit (measured: 206 ms for 100 GiB on an
+/// H200), and until then no listed process explains it.
+const SETTLED: Duration = Duration::from_secs(1);
 
 /// One GPU's last reading in a wait; `wait --json` writes it as is (the
 /// `gpus` of docs/json.md, "wait").
@@ -30,6 +40,10 @@ pub struct WaitOutcome {
     pub ready: bool,
     pub waited: Duration,
     pub gpus: Vec<WaitGpu>,
+    /// Where the wait stopped before its timeout because no wait could do
+    /// it: each GPU whose memory held by no process is at least the limit,
+    /// with the one rule's reason (`held_by_no_process`). Empty otherwise.
+    pub held_by_no_process: Vec<(u32, Reason)>,
 }
 
 impl WaitOutcome {
@@ -48,6 +62,31 @@ impl WaitOutcome {
             .map(|gpu| gpu.index)
             .collect()
     }
+}
+
+/// The GPUs of `readings` that are not ready and whose memory held by no
+/// process, by the one rule (`verify::driver_held`, the reason `free` and
+/// `check` give), is at least `below`: whatever exits, their memory stays at
+/// or above it. Memory unseen from a PID namespace of its own is not among
+/// them: processes gpureap cannot see may still give it back.
+pub fn held_by_no_process(
+    snapshot: &Snapshot,
+    readings: &[WaitGpu],
+    below: u64,
+) -> Vec<(u32, Reason)> {
+    readings
+        .iter()
+        .filter(|reading| !reading.ready && reading.error.is_none())
+        .filter_map(|reading| {
+            let gpu = snapshot.gpu(reading.index)?;
+            match verify::driver_held(snapshot, gpu, 0)? {
+                reason @ Reason::DriverHeld { bytes, .. } if bytes >= below => {
+                    Some((reading.index, reason))
+                }
+                _ => None,
+            }
+        })
+        .collect()
 }
 
 /// Each GPU's state from one reading of the driver.
@@ -75,16 +114,34 @@ fn states(figures: Figures, below: u64) -> Vec<WaitGpu> {
 /// driver cannot report on one of them (`WaitOutcome::failed`), or when
 /// `timeout` has passed. Between readings it waits on the driver
 /// (`Driver::wait_for_change`), so it reacts within a poll of a release and
-/// costs almost nothing while memory stays put.
+/// costs almost nothing while memory stays put. Unless `keep_waiting`, once
+/// the figures have stood still for a second it looks at the holders once
+/// (until they move again), and returns when memory held by no process keeps
+/// a GPU at or above `below` (`WaitOutcome::held_by_no_process`).
 pub fn wait(
     driver: &dyn Driver,
     gpus: &BTreeSet<u32>,
     below: u64,
     timeout: Duration,
+    keep_waiting: bool,
 ) -> WaitOutcome {
-    wait_until(driver, gpus, below, timeout, |readings| {
-        readings.iter().all(|gpu| gpu.ready)
-    })
+    let mut held = Vec::new();
+    let mut outcome = wait_settling(
+        driver,
+        gpus,
+        below,
+        timeout,
+        &mut |readings| readings.iter().all(|gpu| gpu.ready),
+        &mut |readings| {
+            if keep_waiting {
+                return false;
+            }
+            held = held_by_no_process(&Snapshot::take_seen(driver), readings, below);
+            !held.is_empty()
+        },
+    );
+    outcome.held_by_no_process = held;
+    outcome
 }
 
 /// The one waiting loop: reads the memory of `gpus` (each GPU `ready` when
@@ -100,6 +157,20 @@ pub fn wait_until(
     timeout: Duration,
     mut done: impl FnMut(&[WaitGpu]) -> bool,
 ) -> WaitOutcome {
+    wait_settling(driver, gpus, below, timeout, &mut done, &mut |_| false)
+}
+
+/// `wait_until`, and `hopeless`, asked once the readings have stood still
+/// for `SETTLED` (again after each change), ends the wait when it says no
+/// wait can do it.
+fn wait_settling(
+    driver: &dyn Driver,
+    gpus: &BTreeSet<u32>,
+    below: u64,
+    timeout: Duration,
+    done: &mut dyn FnMut(&[WaitGpu]) -> bool,
+    hopeless: &mut dyn FnMut(&[WaitGpu]) -> bool,
+) -> WaitOutcome {
     let start = Instant::now();
     let judge = |readings: &[WaitGpu], done: &mut dyn FnMut(&[WaitGpu]) -> bool| {
         let failed = readings.iter().any(|gpu| gpu.error.is_some());
@@ -107,7 +178,9 @@ pub fn wait_until(
     };
     driver.will_wait();
     let mut readings = states(driver.memory_used_of(gpus), below);
-    let (mut failed, mut ready) = judge(&readings, &mut done);
+    let (mut failed, mut ready) = judge(&readings, done);
+    // When the figures last moved, and whether `hopeless` was asked since.
+    let (mut moved, mut asked) = (start, false);
     loop {
         tracing::trace!(
             elapsed_ms = start.elapsed().as_secs_f64() * 1e3,
@@ -115,27 +188,36 @@ pub fn wait_until(
             "wait poll"
         );
         let waited = start.elapsed();
-        if ready || failed || waited >= timeout {
+        let mut ended = ready || failed || waited >= timeout;
+        if !ended && !asked && moved.elapsed() >= SETTLED {
+            asked = true;
+            ended = hopeless(&readings);
+        }
+        if ended {
             return WaitOutcome {
                 ready,
-                waited,
+                waited: start.elapsed(),
                 gpus: readings,
+                held_by_no_process: Vec::new(),
             };
         }
         let last = readings
             .iter()
             .map(|gpu| (gpu.index, gpu.memory_used))
             .collect();
+        let mut pause = (timeout - waited).min(LONGEST_PAUSE);
+        if !asked {
+            pause = pause.min(SETTLED.saturating_sub(moved.elapsed()));
+        }
         // The figures that changed are the next reading. No change means
         // the reading and its verdict stand (every backend's
         // `wait_for_change` says when memory may have moved): reading again
         // would cost a /proc scan on the simulated driver for nothing.
-        let Some(figures) =
-            driver.wait_for_change(&last, POLL, (timeout - waited).min(LONGEST_PAUSE))
-        else {
+        let Some(figures) = driver.wait_for_change(&last, POLL, pause) else {
             continue;
         };
         readings = states(figures, below);
-        (failed, ready) = judge(&readings, &mut done);
+        (moved, asked) = (Instant::now(), false);
+        (failed, ready) = judge(&readings, done);
     }
 }

@@ -100,6 +100,7 @@ fn wait_on_the_hosts_is_the_wait_asked_here() {
     for line in [
         "gpureap wait --gpu 1,3 --gpu 7 --below 2GiB --timeout 90s -H a",
         "gpureap wait --json -H a",
+        "gpureap wait --keep-waiting -H a",
     ] {
         let here = match parse(&words(line)) {
             Command::Wait(args) => WaitRequest::new(&args),

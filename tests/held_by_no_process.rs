@@ -340,3 +340,84 @@ fn reset_plan_names_each_blocker_by_role_and_resets_nothing() {
         plan.stdout
     );
 }
+
+/// `wait` and `free --dry-run` on a GPU whose memory only the driver holds
+/// say at once what `free` and `check` say: held by no process, only a
+/// reset or a reboot clears it. `wait` exits 1 within seconds instead of
+/// running its timeout to say the holders "are listed above" (there are
+/// none); `--keep-waiting` waits the timeout out and names it then. A GPU a
+/// process holds is waited for as before.
+#[test]
+fn wait_and_a_dry_run_say_at_once_that_no_process_holds_the_memory() {
+    use std::time::{Duration, Instant};
+    let host = SimHost::new(2, 80 * GIB, "Simulated H200").expect("sim host");
+    host.leak(0, 5 * GIB).expect("leak");
+    let said =
+        "GPU 0: 5.0 GiB held by no process (driver-held); only a GPU reset or a reboot clears it";
+
+    let started = Instant::now();
+    let wait = run(&host, &["wait", "--gpu", "0", "--timeout", "60s"]);
+    let took = started.elapsed();
+    assert_eq!(wait.code, 1, "{}{}", wait.stdout, wait.stderr);
+    assert!(took < Duration::from_secs(15), "waited {took:?}");
+    assert!(wait.stderr.contains(said), "{}", wait.stderr);
+    assert!(wait.stderr.contains("--keep-waiting"), "{}", wait.stderr);
+    assert!(!wait.stderr.contains("listed above"), "{}", wait.stderr);
+    // What `check` says of the same GPU.
+    let check = run(&host, &["check", "--gpu", "0"]);
+    assert_eq!(check.code, 1, "{}", check.stdout);
+    assert!(
+        check
+            .stdout
+            .starts_with("GPU 0: 5.0 GiB held by no process")
+            && check
+                .stdout
+                .contains("only a GPU reset or a reboot clears it"),
+        "{}",
+        check.stdout
+    );
+
+    let plan = run(&host, &["free", "--gpu", "0", "--dry-run"]);
+    assert_eq!(plan.code, 0, "{}", plan.stderr);
+    assert!(
+        plan.stdout.contains("Nothing in scope to signal."),
+        "{}",
+        plan.stdout
+    );
+    assert!(plan.stdout.contains(said), "{}", plan.stdout);
+    let json = run(&host, &["free", "--gpu", "0", "--dry-run", "--json"]).json();
+    assert_eq!(reasons(&json, 0), ["driver_held"], "{json:#}");
+
+    let started = Instant::now();
+    let kept = run(
+        &host,
+        &["wait", "--gpu", "0", "--timeout", "2s", "--keep-waiting"],
+    );
+    assert_eq!(kept.code, 1, "{}", kept.stderr);
+    assert!(started.elapsed() >= Duration::from_secs(2));
+    assert!(
+        kept.stderr.contains(said) && kept.stderr.contains("timed out after"),
+        "{}",
+        kept.stderr
+    );
+    assert!(!kept.stderr.contains("listed above"), "{}", kept.stderr);
+
+    // A process's memory is waited for, and its holder listed.
+    let mut incident = Incident::new(&host);
+    let holder = incident
+        .holder(&Holder::new("python3 train.py").on(1, 10 * GIB))
+        .expect("holder");
+    let busy = run(&host, &["wait", "--gpu", "1", "--timeout", "3s"]);
+    assert_eq!(busy.code, 1, "{}", busy.stderr);
+    assert!(
+        busy.stderr.contains("timed out after") && busy.stderr.contains("listed above"),
+        "{}",
+        busy.stderr
+    );
+    assert!(busy.stdout.contains(&holder.to_string()), "{}", busy.stdout);
+    assert!(
+        !busy.stderr.contains("held by no process"),
+        "{}",
+        busy.stderr
+    );
+}

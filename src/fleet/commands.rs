@@ -66,6 +66,7 @@ pub fn wait_flags(request: &WaitRequest, left: Duration) -> Vec<String> {
         below,
         // The fleet's deadline, of which each host gets what is left.
         timeout: _,
+        keep_waiting,
         // Each host answers in JSON (`Fleet::remote_args`); this side renders.
         json: _,
     } = request;
@@ -76,6 +77,9 @@ pub fn wait_flags(request: &WaitRequest, left: Duration) -> Vec<String> {
         "--timeout".to_string(),
         duration_arg(left),
     ]);
+    if *keep_waiting {
+        flags.push("--keep-waiting".to_string());
+    }
     flags
 }
 
