@@ -472,7 +472,7 @@ scans; a free in progress is finished first, so nothing is left stopped.
 
 Examples:
   gpureap reap --watch --orphans --older-than 10m                 dry run: what it would free
-  gpureap reap --watch --orphans --older-than 10m --enforce --log /var/log/gpureap/reap.jsonl
+  gpureap reap --watch --orphans --older-than 10m --enforce --log /var/lib/gpureap/reap.jsonl
   gpureap reap --watch --config /etc/gpureap/reap.toml --listen 127.0.0.1:9840
   gpureap reap --orphans --supervisor-gone --older-than 30m --enforce   one pass (two scans), then exit")
     )]
@@ -553,7 +553,7 @@ pub struct ReapArgs {
     #[arg(long)]
     pub enforce: bool,
     /// Append every decision as a JSON line to this file (created 0600, never through a
-    /// link, reopened for each line so that logrotate may move it). Example: --log /var/log/gpureap/reap.jsonl
+    /// link, reopened for each line so that logrotate may move it). Example: --log /var/lib/gpureap/reap.jsonl
     #[arg(long, value_name = "FILE")]
     pub log: Option<PathBuf>,
     /// With --watch: serve Prometheus metrics here, the exporter's GPU series and the watch's
@@ -622,7 +622,7 @@ A job without GPUs costs one environment read.
 
 Examples (slurm.conf: Epilog=/etc/slurm/gpureap-epilog.sh, see contrib/slurm/):
   gpureap slurm epilog
-  gpureap slurm epilog --reset --log /var/log/gpureap/slurm.jsonl
+  gpureap slurm epilog --reset --log /var/lib/gpureap/slurm.jsonl
   SLURM_JOB_ID=42 SLURM_JOB_UID=1000 SLURM_JOB_GPUS=0,1 SLURMD_NODENAME=$(hostname -s) \\
       gpureap slurm epilog --dry-run")
     )]
@@ -635,7 +635,7 @@ bookkeeping is held. A release in progress is waited for up to --wait.
 
 Examples (slurm.conf: Prolog=/etc/slurm/gpureap-prolog.sh):
   gpureap slurm prolog
-  gpureap slurm prolog --wait 5s --log /var/log/gpureap/slurm.jsonl")
+  gpureap slurm prolog --wait 5s --log /var/lib/gpureap/slurm.jsonl")
     )]
     Prolog(Lazy<SlurmPrologArgs>),
 

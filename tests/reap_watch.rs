@@ -1186,7 +1186,7 @@ fn the_systemd_unit_starts_where_systemd_runs() {
     let name = format!("gpureap-reap-test-{}", std::process::id());
     let policy = PathBuf::from(format!("/run/{name}.toml"));
     std::fs::write(&policy, "orphans = true\ninterval = \"1s\"\n").expect("policy");
-    let log = PathBuf::from(format!("/var/log/gpureap/{name}.jsonl"));
+    let log = PathBuf::from(format!("/var/lib/gpureap/{name}.jsonl"));
     let text = std::fs::read_to_string(deploy("systemd/gpureap-reap.service")).expect("unit");
     let text = text
         .replace(
@@ -1198,7 +1198,7 @@ fn the_systemd_unit_starts_where_systemd_runs() {
             ),
         )
         .replace("/etc/gpureap/reap.toml", policy.to_str().expect("path"))
-        .replace("/var/log/gpureap/reap.jsonl", log.to_str().expect("path"))
+        .replace("/var/lib/gpureap/reap.jsonl", log.to_str().expect("path"))
         // The simulated host lives in the test's /tmp, which a private one would hide.
         .replace("PrivateTmp=yes", "PrivateTmp=no");
     let unit = PathBuf::from(format!("/run/systemd/system/{name}.service"));
