@@ -698,10 +698,13 @@ fn write_bundle(
         event("no diagnostic bundle: the state directory is not usable (see above)");
         return;
     };
-    event(&format!(
-        "stacks: {}",
-        crate::units::Field(&bundle.stacks.summary)
-    ));
+    // After a crash that took the whole tree with it, no process is left to read.
+    if !bundle.stacks.summary.is_empty() {
+        event(&format!(
+            "stacks: {}",
+            crate::units::Field(&bundle.stacks.summary)
+        ));
+    }
     for note in &bundle.stacks.notes {
         event(&format!("stacks: {}", crate::units::Field(note)));
     }
