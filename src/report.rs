@@ -1896,6 +1896,62 @@ pub fn free_outcome(report: &FreeReport) -> String {
     out
 }
 
+/// What a free did to its targets, counted by what happened, then who it
+/// left alone and why: `0 signalled, 1 had already exited, 1 left alone
+/// (monitor)`. A target is signalled only when a signal reached it; one
+/// that had exited (or whose PID names another process now) by the time
+/// the free came to it was not.
+pub fn free_counts(report: &FreeReport) -> String {
+    let mut signalled = 0;
+    let mut exited = 0;
+    let mut denied = 0;
+    let mut failed = 0;
+    for target in &report.targets {
+        let sent = target
+            .signals
+            .iter()
+            .any(|event| event.delivery == Delivery::Sent);
+        match target.fate {
+            _ if sent => signalled += 1,
+            Fate::Exited | Fate::Zombie => exited += 1,
+            Fate::PermissionDenied => denied += 1,
+            Fate::Alive => failed += 1,
+        }
+    }
+    let mut parts = vec![format!("{signalled} signalled")];
+    for (count, what) in [
+        (exited, "had already exited"),
+        (denied, "not permitted"),
+        (failed, "could not be signalled"),
+    ] {
+        if count > 0 {
+            parts.push(format!("{count} {what}"));
+        }
+    }
+    if !report.spared.is_empty() {
+        let mut why: BTreeMap<&str, usize> = BTreeMap::new();
+        for spared in &report.spared {
+            *why.entry(spared.reason.code()).or_default() += 1;
+        }
+        let why: Vec<String> = why
+            .into_iter()
+            .map(|(reason, count)| {
+                if count > 1 {
+                    format!("{count} {reason}")
+                } else {
+                    reason.to_string()
+                }
+            })
+            .collect();
+        parts.push(format!(
+            "{} left alone ({})",
+            report.spared.len(),
+            why.join(", ")
+        ));
+    }
+    parts.join(", ")
+}
+
 /// One outcome line per GPU, each still-held GPU followed by its reasons.
 pub fn gpu_outcome_lines(report: &FreeReport) -> Vec<String> {
     let mut lines = Vec::new();

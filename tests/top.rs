@@ -877,3 +877,64 @@ fn top_shows_each_gpus_activity_and_each_processes_sm_utilization() {
     });
     ends_restored(&tmux, &["q"], "0");
 }
+
+/// A server whose launcher died left an orphaned worker on GPU 0 and an
+/// orphaned sidecar that watches every GPU (a monitor). `o` plans to free
+/// the worker and leave the monitor alone; the worker is killed before the
+/// `y` (a zombie where PID 1 does not reap, else gone, its PID free for
+/// another): nothing is signalled, and the footer says so rather than
+/// "1 process(es) signalled", and calls the monitor a monitor, as the plan
+/// did, not "protected".
+#[test]
+fn top_says_a_target_that_exited_before_the_confirmation_was_not_signalled() {
+    let host = host();
+    let mut incident = Incident::new(&host);
+    let launcher = incident
+        .sglang(&[
+            Holder::new("sglang::scheduler_TP0").on(0, 10 * GIB),
+            Holder::new("nvidia_gpu_exporter"),
+        ])
+        .expect("sglang");
+    let worker = incident.pid_of("sglang::scheduler_TP0").expect("TP0");
+    let monitor = incident.pid_of("nvidia_gpu_exporter").expect("monitor");
+    incident.kill(launcher).expect("launcher killed");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while [worker, monitor].iter().any(|&pid| ppid(pid) != Some(1)) {
+        assert!(Instant::now() < deadline, "not re-parented");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let Some(tmux) = Tmux::start(&host, "--grace 1s --timeout 5s") else {
+        return;
+    };
+    tmux.wait_for("both rows", |screen| {
+        screen.contains("sglang::scheduler_TP0") && screen.contains("nvidia_gpu_exporter")
+    });
+    tmux.keys(&["o"]);
+    let plan = tmux.shows("plan: free these?");
+    let flat = |screen: &str| screen.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        flat(&plan).contains(&format!("{worker} GPU 0 sglang::scheduler_TP0")),
+        "{plan}"
+    );
+    assert!(
+        flat(&plan).contains(&format!("Left alone: {monitor}"))
+            && flat(&plan).contains("a monitor"),
+        "{plan}"
+    );
+    incident.kill(worker).expect("worker killed");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while alive(worker) {
+        assert!(Instant::now() < deadline, "the worker survived SIGKILL");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    tmux.keys(&["y"]);
+    let screen = tmux.wait_for("the result", |screen| {
+        flat(screen).contains("Freed after") || flat(screen).contains("Not all freed")
+    });
+    assert!(
+        flat(&screen).contains(": 0 signalled, 1 had already exited, 1 left alone (monitor)"),
+        "{screen}"
+    );
+    assert!(alive(monitor), "the monitor was signalled");
+    ends_restored(&tmux, &["q"], "0");
+}
