@@ -938,3 +938,65 @@ fn top_says_a_target_that_exited_before_the_confirmation_was_not_signalled() {
     assert!(alive(monitor), "the monitor was signalled");
     ends_restored(&tmux, &["q"], "0");
 }
+
+/// A holder on GPU 0 and a metrics exporter watching every GPU (a monitor:
+/// its nodes open, in no driver list).
+fn holder_and_monitor(incident: &mut Incident) -> (u32, u32) {
+    let holder = incident
+        .holder(&Holder::new("python3 bench.py").on(0, 10 * GIB))
+        .expect("holder");
+    let monitor = incident
+        .holder(&Holder::new("nvidia_gpu_exporter"))
+        .expect("monitor");
+    (holder, monitor)
+}
+
+/// A monitor's row reads as `status` shows it: in no GPU (`-`) with 0 B,
+/// not its open nodes cut to `(0),(` with its memory `unknown`.
+#[test]
+fn top_shows_a_monitor_as_status_does() {
+    let host = host();
+    let mut incident = Incident::new(&host);
+    let (_, monitor) = holder_and_monitor(&mut incident);
+    let columns = |line: &str| -> Vec<String> {
+        line.trim_start_matches(['>', ' ', '*'])
+            .split_whitespace()
+            .map(str::to_string)
+            .collect()
+    };
+    let status = run(&host, &["status", "--monitors"]).stdout;
+    let listed = columns(
+        status
+            .lines()
+            .find(|line| line.contains("nvidia_gpu_exporter"))
+            .expect("the monitor in status"),
+    );
+    // status: GPU PID PPID PGID SID USER S AGE GPU-MEM(2 words) FLAGS ...
+    assert_eq!(
+        (listed[0].as_str(), listed[1].as_str(), &listed[8..10]),
+        (
+            "-",
+            monitor.to_string().as_str(),
+            &["0".to_string(), "B".to_string()][..]
+        ),
+        "{status}"
+    );
+    let Some(tmux) = Tmux::start(&host, "--readonly") else {
+        return;
+    };
+    let screen = tmux.shows("nvidia_gpu_exporter");
+    let row = columns(line_with(&screen, "nvidia_gpu_exporter").expect("the monitor's row"));
+    // top: PID USER S GPU GPU-MEM(2 words) FLAGS COMMAND
+    assert_eq!(row[0], monitor.to_string(), "{screen}");
+    assert_eq!(
+        (
+            row[3].as_str(),
+            row[4].as_str(),
+            row[5].as_str(),
+            row[6].as_str()
+        ),
+        ("-", "0", "B", "monitor"),
+        "{screen}"
+    );
+    ends_restored(&tmux, &["q"], "0");
+}
