@@ -302,7 +302,9 @@ Examples:
         after_help = exit::after_help(Program::Run, "Containment: a cgroup v2 of its own where one can be made (root or a delegated
 subtree), else its own session and process group with gpureap as child subreaper.
 On a crash or hang: a diagnostic bundle in STATE_DIR/bundles, the whole tree freed and
-verified, then a restart with exponential backoff. Ctrl-C stops it gracefully, then by force.
+verified, then a restart with exponential backoff. A crash is any end nobody asked for, exit
+code 0 included (vLLM exits 0 when its engine core dies). Ctrl-C stops it gracefully, then
+by force.
 
 Examples:
   gpureap run --ready-url http://127.0.0.1:30000/health --log sglang.log -- \\
@@ -763,7 +765,8 @@ pub struct RunArgs {
     /// How often --ready-url is checked after ready; 3 failures in a row are a hang.
     #[arg(long, default_value = "10s", value_name = "DUR", value_parser = duration, allow_hyphen_values = true)]
     pub health_interval: Duration,
-    /// When to restart: never, on-failure (crash or hang), always.
+    /// When to restart: never, on-failure (a hang, or any end nobody asked for, exit code 0
+    /// included; not a SIGTERM or SIGINT someone sent it), always.
     #[arg(long, default_value = "on-failure", value_name = "WHEN", value_enum)]
     pub restart: RestartArg,
     /// Give up after this many restarts.

@@ -281,8 +281,10 @@ fn play(json: bool, out: &mut dyn Write, made: Arc<Mutex<Option<PathBuf>>>) -> i
     }
     let mut before = Snapshot::take(&driver);
     before.read_evidence(&driver);
+    let mut said = Said::default();
     if text {
         writeln!(out, "{}", report::status_tree(&before, &None))?;
+        said = explain_notes(out, &before, &incident)?;
     }
     let plan = plan_restart(host.path(), &before)?;
     if text {
@@ -292,20 +294,26 @@ fn play(json: bool, out: &mut dyn Write, made: Arc<Mutex<Option<PathBuf>>>) -> i
     let outcome = free_the_server(&driver, &before)?;
     let free_code = outcome.exit();
     if text {
-        writeln!(out, "{}", report::free_outcome(&outcome))?;
+        writeln!(out, "{}", said.strip(&report::free_outcome(&outcome)))?;
         writeln!(out, "$ echo $?\n{}\n", free_code.code())?;
         writeln!(out, "$ gpureap status")?;
     }
     let after = Snapshot::take(&driver);
     if text {
-        writeln!(out, "{}", report::status_table(&after, &None))?;
+        writeln!(out, "{}", said.strip(&report::status_table(&after, &None)))?;
     }
     // Read-only, after the free: what keeps GPU 3 from the reset it needs.
     let reset_plan = crate::reset::plan(&driver, &after, &driver.platform(), SHARED);
 
     // The third act, told before the verdict: containers.
     let mut act = Vec::new();
-    let containers = containers::play(&mut act, text, host.path(), &driver, &mut incident)?;
+    let containers = containers::play(
+        &mut act,
+        text.then_some(&said),
+        host.path(),
+        &driver,
+        &mut incident,
+    )?;
 
     let processes = staged(&incident, &before, &after, &outcome)?;
     let driver_held = driver_held(&outcome);
@@ -797,10 +805,66 @@ fn stage_evidence(host: &SimHost) -> io::Result<()> {
     std::fs::write(host.path().join("modules"), MODULES)
 }
 
-/// What the driver said about GPU 3, and what keeps it from the reset.
+/// What keeps GPU 3 from the reset its evidence calls for (`explain_notes`
+/// said what the driver says about it).
 fn evidence_text(out: &mut dyn Write, played: &Played) -> io::Result<()> {
-    let advice = played
-        .before
+    writeln!(
+        out,
+        "\nBefore a reset, what stands in its way (read-only: nothing is signalled or reset):"
+    )?;
+    writeln!(out, "$ {RESET_PLAN_COMMAND}")?;
+    write!(out, "{}", played.reset_plan)
+}
+
+/// What the transcript has said once and leaves out of the commands after:
+/// the notes every command repeats (the scan's unreadable processes, GPU
+/// 3's hardware evidence), each shown and explained the first time
+/// (`explain_notes`).
+#[derive(Debug, Default)]
+pub(crate) struct Said {
+    /// Notes as they read unwrapped: `GPU 3: Xid 48 at …` in `status`, a
+    /// reason line of `free` (`- Xid 48 at …`) without its dash.
+    notes: Vec<String>,
+    /// A partial scan was explained: each command words its note its own way.
+    partial_scan: bool,
+}
+
+impl Said {
+    /// A command's output without the notes said already: whole paragraphs
+    /// (a `status` note, wrapped) or single lines (`free`'s).
+    pub(crate) fn strip(&self, text: &str) -> String {
+        let said = |unwrapped: &str| {
+            let unwrapped = unwrapped.trim().trim_start_matches("- ");
+            (self.partial_scan && unwrapped.starts_with("Partial scan:"))
+                || self.notes.iter().any(|note| note == unwrapped)
+        };
+        let kept: Vec<String> = text
+            .split("\n\n")
+            .filter(|block| !said(&block.lines().map(str::trim).collect::<Vec<_>>().join(" ")))
+            .map(|block| {
+                block
+                    .lines()
+                    .filter(|line| !said(line))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            })
+            .filter(|block| !block.trim().is_empty())
+            .collect();
+        let mut stripped = kept.join("\n\n");
+        if text.ends_with('\n') {
+            stripped.push('\n');
+        }
+        stripped
+    }
+}
+
+/// After the first `status`: what its notes mean, said once. GPU 3's lines
+/// are the driver's evidence; a partial scan is this machine's processes
+/// gpureap may not read (a sandbox's PID 1), none of them staged nor listed
+/// on a GPU, or it says which is. Returns what the commands after leave out.
+fn explain_notes(out: &mut dyn Write, before: &Snapshot, incident: &Incident) -> io::Result<Said> {
+    let mut said = Said::default();
+    let advice = before
         .evidence
         .get(&SHARED)
         .map(|evidence| evidence.advice(SHARED))
@@ -808,22 +872,92 @@ fn evidence_text(out: &mut dyn Write, played: &Played) -> io::Result<()> {
     if !advice.is_empty() {
         writeln!(
             out,
-            "\nThe driver says what else happened there, and gpureap reads it (the kernel log's Xids, the ECC"
+            "GPU {SHARED}'s lines are what the driver says happened there, and gpureap reads it (the kernel log's"
         )?;
         writeln!(
             out,
-            "and row-remap counters: in `status`, `free`, `check`, the JSON and the exporter; docs/evidence.md):"
+            "Xids, the ECC and row-remap counters; docs/evidence.md): in `status`, `free`, `check`, the JSON and the"
         )?;
-        for line in &advice {
-            writeln!(out, "  - GPU {SHARED}: {}", crate::units::Field(line))?;
+        writeln!(
+            out,
+            "exporter. `free`'s result below says it again under GPU {SHARED}; this transcript shows it here only.\n"
+        )?;
+        for line in advice {
+            said.notes.push(format!("GPU {SHARED}: {line}"));
+            said.notes.push(line);
         }
     }
-    writeln!(
-        out,
-        "\nBefore a reset, what stands in its way (read-only: nothing is signalled or reset):"
-    )?;
-    writeln!(out, "$ {RESET_PLAN_COMMAND}")?;
-    write!(out, "{}", played.reset_plan)
+    if before.is_partial() {
+        let staged: BTreeSet<u32> = incident
+            .records()?
+            .into_iter()
+            .map(|(pid, _)| pid)
+            .collect();
+        let listed: BTreeSet<u32> = before
+            .gpus
+            .iter()
+            .flat_map(|gpu| gpu.users.iter().map(|user| user.pid))
+            .collect();
+        let named: Vec<String> = before
+            .unreadable
+            .iter()
+            .take(3)
+            .map(|unreadable| {
+                format!(
+                    "pid {} ({}: {})",
+                    unreadable.pid,
+                    crate::units::Field(&unreadable.comm),
+                    crate::units::Field(&unreadable.reason)
+                )
+            })
+            .collect();
+        let more = before.unreadable.len().saturating_sub(named.len());
+        let missed: Vec<String> = before
+            .unreadable
+            .iter()
+            .filter(|unreadable| {
+                staged.contains(&unreadable.pid) || listed.contains(&unreadable.pid)
+            })
+            .map(|unreadable| unreadable.pid.to_string())
+            .collect();
+        writeln!(
+            out,
+            "The partial scan is this machine's: gpureap could not read {}{}.",
+            named.join(", "),
+            if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            }
+        )?;
+        if missed.is_empty() {
+            writeln!(
+                out,
+                "{}: nothing",
+                if before.unreadable.len() == 1 {
+                    "It is no process the demo staged, and the simulated driver lists it on no GPU"
+                } else {
+                    "None of them is a process the demo staged, and the simulated driver lists none on a GPU"
+                }
+            )?;
+            writeln!(
+                out,
+                "here is missed. The commands below say it too; this transcript shows it here only.\n"
+            )?;
+        } else {
+            writeln!(
+                out,
+                "Of them, pid {} is one the demo staged or the driver lists: what follows may miss it. The commands",
+                missed.join(", ")
+            )?;
+            writeln!(
+                out,
+                "below say it too; this transcript shows it here only.\n"
+            )?;
+        }
+        said.partial_scan = true;
+    }
+    Ok(said)
 }
 
 /// What the evidence part did not show as staged.

@@ -827,6 +827,7 @@ pub struct Glance {
     pub id: ProcessId,
     pub state: State,
     pub comm: String,
+    pub ppid: u32,
 }
 
 /// The process with this PID now, if there is one.
@@ -838,6 +839,7 @@ pub fn glance(pid: u32) -> Option<Glance> {
         },
         state: stat.state,
         comm: stat.comm,
+        ppid: stat.ppid,
     })
 }
 

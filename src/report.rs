@@ -249,16 +249,19 @@ pub struct SupervisorJson {
     pub gone: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+/// Read back too: `top -H` places a host's holders from its document.
+#[derive(Debug, Serialize, serde::Deserialize)]
 pub struct HolderGpuJson {
     pub index: u32,
     pub memory: Option<u64>,
     /// In the driver's process list for this GPU: it has a context there.
     pub listed_by_driver: bool,
     /// Has this GPU's device node open, as every CUDA process has every GPU's.
+    #[serde(default)]
     pub node_open: bool,
     /// The MIG instances of this GPU whose lists have it (their device
     /// indexes: `0:1` is `index` 0, instance 1); empty where MIG is off.
+    #[serde(default)]
     pub mig_instances: Vec<u32>,
     /// Its SM utilization on this GPU (`Snapshot::sm_percent`).
     pub sm_utilization_percent: Option<u32>,
@@ -606,7 +609,7 @@ fn gpu_table(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String {
 
 /// Where the holders table puts a process, by the strongest evidence there is.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Place {
+pub enum Place {
     /// The driver lists it on this GPU: it has a context there (`name`:
     /// the GPU's index, or its MIG instances', `0:1`).
     Listed {
@@ -630,15 +633,95 @@ impl Place {
             Place::Nowhere => (2, 0),
         }
     }
+
+    /// What the holder holds here, where that is known. A monitor is in no
+    /// driver list: it holds no GPU memory.
+    pub fn memory(&self, monitor: bool) -> Option<u64> {
+        match self {
+            Place::Listed { memory, .. } => *memory,
+            Place::NodesOnly(_) => None,
+            Place::Nowhere => monitor.then_some(0),
+        }
+    }
+
+    /// The GPU and GPU MEM cells of this place, as `status` and `top` show
+    /// them.
+    pub fn cells(&self, monitor: bool) -> (String, String) {
+        match self {
+            Place::Listed { name, memory, .. } => (name.clone(), MaybeBytes(*memory).to_string()),
+            Place::NodesOnly(indexes) => {
+                (format!("({})", GpuRanges(indexes)), "unknown".to_string())
+            }
+            Place::Nowhere if monitor => ("-".to_string(), Bytes(0).to_string()),
+            Place::Nowhere => ("-".to_string(), "-".to_string()),
+        }
+    }
+}
+
+/// One holder's GPU and GPU MEM cells on one line (`places_cells`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlacesCells {
+    pub gpus: String,
+    pub memory: String,
+    /// The memory in bytes, where known (to sort by).
+    pub bytes: Option<u64>,
+}
+
+/// One holder's places on one line, as `top` shows a holder: the GPU cells
+/// joined, the memory summed where every place's is known.
+pub fn places_cells(places: &[Place], monitor: bool) -> PlacesCells {
+    if let [place] = places {
+        let (gpus, memory) = place.cells(monitor);
+        return PlacesCells {
+            gpus,
+            memory,
+            bytes: place.memory(monitor),
+        };
+    }
+    let bytes = places
+        .iter()
+        .map(|place| place.memory(monitor))
+        .sum::<Option<u64>>();
+    PlacesCells {
+        gpus: places
+            .iter()
+            .map(|place| place.cells(monitor).0)
+            .collect::<Vec<_>>()
+            .join(","),
+        memory: MaybeBytes(bytes).to_string(),
+        bytes,
+    }
 }
 
 /// Every place of one holder among the GPUs shown. A process the driver
 /// lists on some GPUs is not placed on others merely because it has their
-/// nodes open: the CUDA runtime opens every GPU's node.
-fn places(snapshot: &Snapshot, holder: &HolderJson, gpus: &Option<BTreeSet<u32>>) -> Vec<Place> {
-    let wanted = |index: u32| gpus.as_ref().is_none_or(|set| set.contains(&index));
-    let mut places: Vec<Place> = holder
-        .gpus
+/// nodes open: the CUDA runtime opens every GPU's node. `top` places its
+/// rows by it too.
+pub fn places(
+    snapshot: &Snapshot,
+    holder: &HolderJson,
+    gpus: &Option<BTreeSet<u32>>,
+) -> Vec<Place> {
+    places_of(
+        &holder.gpus,
+        |index| gpus.as_ref().is_none_or(|set| set.contains(&index)),
+        |index| {
+            snapshot
+                .gpu(index)
+                .is_some_and(|state| state.driver_answered())
+        },
+    )
+}
+
+/// `places`, from a holder's GPUs as `status --json` gives them (`wanted`:
+/// the GPUs shown; `answered`: whether the driver answered for a GPU), so
+/// that a host's document is placed as a snapshot here is.
+pub fn places_of(
+    gpus: &[HolderGpuJson],
+    wanted: impl Fn(u32) -> bool,
+    answered: impl Fn(u32) -> bool,
+) -> Vec<Place> {
+    let mut places: Vec<Place> = gpus
         .iter()
         .filter(|gpu| gpu.listed_by_driver && wanted(gpu.index))
         .map(|gpu| Place::Listed {
@@ -647,15 +730,10 @@ fn places(snapshot: &Snapshot, holder: &HolderJson, gpus: &Option<BTreeSet<u32>>
             memory: gpu.memory,
         })
         .collect();
-    let unanswered: BTreeSet<u32> = holder
-        .gpus
+    let unanswered: BTreeSet<u32> = gpus
         .iter()
         .filter(|gpu| !gpu.listed_by_driver && gpu.node_open && wanted(gpu.index))
-        .filter(|gpu| {
-            snapshot
-                .gpu(gpu.index)
-                .is_some_and(|state| !state.driver_answered())
-        })
+        .filter(|gpu| !answered(gpu.index))
         .map(|gpu| gpu.index)
         .collect();
     if !unanswered.is_empty() {
@@ -737,22 +815,14 @@ pub fn status_table(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> String
     let mut rows: Vec<(Place, u32, Vec<String>)> = Vec::new();
     for holder in &holders {
         let number = |value: Option<u32>| value.map_or("?".to_string(), |v| v.to_string());
+        let monitor = holder.flags.contains(&"monitor");
         for place in places(snapshot, holder, gpus) {
-            let (gpu, memory) = match &place {
-                Place::Listed { name, memory, .. } => {
-                    unknown_memory |= memory.is_none();
-                    (name.clone(), MaybeBytes(*memory).to_string())
-                }
-                Place::NodesOnly(indexes) => {
-                    nodes_only = true;
-                    (format!("({})", GpuRanges(indexes)), "unknown".to_string())
-                }
-                // A monitor is in no driver list: it holds no GPU memory.
-                Place::Nowhere if holder.flags.contains(&"monitor") => {
-                    ("-".to_string(), Bytes(0).to_string())
-                }
-                Place::Nowhere => ("-".to_string(), "-".to_string()),
-            };
+            match &place {
+                Place::Listed { memory, .. } => unknown_memory |= memory.is_none(),
+                Place::NodesOnly(_) => nodes_only = true,
+                Place::Nowhere => {}
+            }
+            let (gpu, memory) = place.cells(monitor);
             let row = vec![
                 gpu,
                 holder.pid.to_string(),
@@ -1900,6 +1970,62 @@ pub fn free_outcome(report: &FreeReport) -> String {
         );
     }
     out
+}
+
+/// What a free did to its targets, counted by what happened, then who it
+/// left alone and why: `0 signalled, 1 had already exited, 1 left alone
+/// (monitor)`. A target is signalled only when a signal reached it; one
+/// that had exited (or whose PID names another process now) by the time
+/// the free came to it was not.
+pub fn free_counts(report: &FreeReport) -> String {
+    let mut signalled = 0;
+    let mut exited = 0;
+    let mut denied = 0;
+    let mut failed = 0;
+    for target in &report.targets {
+        let sent = target
+            .signals
+            .iter()
+            .any(|event| event.delivery == Delivery::Sent);
+        match target.fate {
+            _ if sent => signalled += 1,
+            Fate::Exited | Fate::Zombie => exited += 1,
+            Fate::PermissionDenied => denied += 1,
+            Fate::Alive => failed += 1,
+        }
+    }
+    let mut parts = vec![format!("{signalled} signalled")];
+    for (count, what) in [
+        (exited, "had already exited"),
+        (denied, "not permitted"),
+        (failed, "could not be signalled"),
+    ] {
+        if count > 0 {
+            parts.push(format!("{count} {what}"));
+        }
+    }
+    if !report.spared.is_empty() {
+        let mut why: BTreeMap<&str, usize> = BTreeMap::new();
+        for spared in &report.spared {
+            *why.entry(spared.reason.code()).or_default() += 1;
+        }
+        let why: Vec<String> = why
+            .into_iter()
+            .map(|(reason, count)| {
+                if count > 1 {
+                    format!("{count} {reason}")
+                } else {
+                    reason.to_string()
+                }
+            })
+            .collect();
+        parts.push(format!(
+            "{} left alone ({})",
+            report.spared.len(),
+            why.join(", ")
+        ));
+    }
+    parts.join(", ")
 }
 
 /// One outcome line per GPU, each still-held GPU followed by its reasons.

@@ -61,7 +61,7 @@ pub fn send(id: ProcessId, sig: Sig) -> Delivery {
         Ok(pidfd) => {
             // The pidfd pins the process it was opened on: if the start time
             // still matches now, the pidfd is the process we mean.
-            if proc::start_time(id.pid) != Some(id.start_time) {
+            if !still_running(id) {
                 return Delivery::Gone;
             }
             delivery(pidfd_send_signal(&pidfd, sig.signal()))
@@ -69,7 +69,7 @@ pub fn send(id: ProcessId, sig: Sig) -> Delivery {
         Err(Errno::SRCH) => Delivery::Gone,
         Err(Errno::NOSYS) => {
             // Kernels before 5.3: the same check, with a small race left open.
-            if proc::start_time(id.pid) != Some(id.start_time) {
+            if !still_running(id) {
                 return Delivery::Gone;
             }
             delivery(kill_process(pid, sig.signal()))
@@ -77,6 +77,13 @@ pub fn send(id: ProcessId, sig: Sig) -> Delivery {
         Err(Errno::PERM | Errno::ACCESS) => Delivery::PermissionDenied,
         Err(error) => Delivery::Failed(error.to_string()),
     }
+}
+
+/// The process `id` names is there and has not exited. The kernel accepts
+/// a signal to a zombie its parent has not reaped (its pidfd opens), and it
+/// does nothing: such a process had exited, and is not said to be signalled.
+fn still_running(id: ProcessId) -> bool {
+    proc::glance(id.pid).is_some_and(|now| now.id == id && !now.state.has_exited())
 }
 
 /// Whether the kernel would let us signal this process (signal 0 checks

@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::child::{self, Input, Ran};
+use crate::proc::State;
 use crate::units::one_line;
 
 /// How long py-spy may take for one process: native frames need the
@@ -79,8 +80,13 @@ pub struct ProcessStacks {
     /// The frame most of its threads wait in.
     pub waits_in: Option<String>,
     pub threads: Vec<ThreadStack>,
-    /// What went wrong reading it (py-spy's own words, escaped), if anything.
+    /// What went wrong reading it (py-spy's own words, escaped), if
+    /// anything; for a zombie, that it is one (`zombie`).
     pub note: Option<String>,
+    /// It is a zombie: exited, its stacks gone, its parent not reaping it.
+    /// Said by `note`, and in the summary in place of a frame.
+    #[serde(skip)]
+    pub zombie: bool,
 }
 
 /// The stacks of a set of processes.
@@ -167,6 +173,7 @@ pub fn capture(pids: &[u32], limits: Limits) -> Capture {
                         waits_in: None,
                         threads: Vec::new(),
                         note: Some("reading its stacks failed".to_string()),
+                        zombie: false,
                     }),
                     Err(pid) => read(pid),
                 })
@@ -209,6 +216,17 @@ fn of_process(
     per_process: Duration,
     deadline: Instant,
 ) -> ProcessStacks {
+    if let Some(zombie) = zombie(pid) {
+        return ProcessStacks {
+            pid,
+            label: label(pid),
+            source: "kernel",
+            waits_in: None,
+            threads: Vec::new(),
+            note: Some(zombie),
+            zombie: true,
+        };
+    }
     let mut note = None;
     let mut threads = Vec::new();
     let mut source = "kernel";
@@ -237,7 +255,22 @@ fn of_process(
         waits_in: most_common(&threads, pid),
         threads,
         note,
+        zombie: false,
     }
+}
+
+/// What a zombie is, said where its stacks would be: it has exited, so
+/// there are none (py-spy is not run on it), and which parent has not
+/// reaped it, the process to look at. `None` for any other process.
+fn zombie(pid: u32) -> Option<String> {
+    let glance = crate::proc::glance(pid).filter(|glance| glance.state == State::Zombie)?;
+    let parent = match crate::proc::glance(glance.ppid) {
+        Some(parent) => format!("{} ({})", glance.ppid, one_line(&parent.comm)),
+        None => glance.ppid.to_string(),
+    };
+    Some(format!(
+        "a zombie (state Z): it has exited, and its parent {parent} has not reaped it"
+    ))
 }
 
 /// Runs py-spy on one process; its threads, or why there are none.
@@ -530,10 +563,12 @@ fn label_of(words: &[String]) -> Option<String> {
 pub fn summary(processes: &[ProcessStacks]) -> String {
     let mut groups: Vec<(String, Vec<&str>)> = Vec::new();
     for process in processes {
-        let frame = process
-            .waits_in
-            .clone()
-            .unwrap_or_else(|| "no stack read".to_string());
+        // A zombie's note says what it is, where a frame would be.
+        let frame = match (&process.waits_in, &process.note) {
+            (_, Some(note)) if process.zombie => format!(": {}", one_line(note)),
+            (Some(frame), _) => format!(" in {}", one_line(frame)),
+            (None, _) => " in no stack read".to_string(),
+        };
         match groups.iter_mut().find(|(seen, _)| *seen == frame) {
             Some((_, labels)) => labels.push(&process.label),
             None => groups.push((frame, vec![&process.label])),
@@ -553,11 +588,7 @@ pub fn summary(processes: &[ProcessStacks]) -> String {
             } else {
                 String::new()
             };
-            format!(
-                "{}{repeated} in {}",
-                crate::hostlist::compress(&unique),
-                one_line(frame)
-            )
+            format!("{}{repeated}{frame}", crate::hostlist::compress(&unique))
         })
         .collect::<Vec<_>>()
         .join("; ")
@@ -583,6 +614,16 @@ pub fn text(capture: &Capture) -> String {
             .unwrap_or_default()
     );
     for process in &capture.processes {
+        if process.zombie {
+            let _ = writeln!(
+                out,
+                "\nPID {} {}: {}",
+                process.pid,
+                one_line(&process.label),
+                one_line(process.note.as_deref().unwrap_or("a zombie"))
+            );
+            continue;
+        }
         let _ = writeln!(
             out,
             "\nPID {} {} ({}): waits in {}",
@@ -759,6 +800,7 @@ Thread 0x7F00AA (active+gil): \"loader\"
             waits_in: Some(frame.to_string()),
             threads: Vec::new(),
             note: None,
+            zombie: false,
         };
         let processes = [
             process(10, "sglang::scheduler_TP0", "ncclCommInitRank"),

@@ -1,6 +1,7 @@
 //! `gpureap demo`: the facts it reports (from `--json`, and the same facts in
 //! its transcript), and that nothing it started outlives it, on Ctrl-C or
-//! SIGKILL too. Wording is not checked.
+//! SIGKILL too. Wording is not checked, save that each note every command
+//! repeats is said once, with what it means.
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
@@ -480,6 +481,48 @@ fn the_transcript_shows_the_gpu_trees_and_the_free_exit_code() {
     // The exit code a user gets from that free.
     let code = after.split_whitespace().next().expect("echo $?");
     assert_eq!(code, "1");
+    assert!(stand_ins_under(tmp.path()).is_empty());
+}
+
+/// GPU 3's evidence (Xid 48, the pending row remap) and a partial scan (a
+/// sandbox's PID 1 that root may not read, as on the machines these tests
+/// run on) are notes every command repeats: the transcript shows each once,
+/// followed by what it means. (Before: the partial scan five times,
+/// unexplained, and the Xid 48 line three times.)
+#[test]
+fn the_transcript_says_each_repeated_note_once_and_explains_it() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let _leftovers = KillLeftovers(tmp.path());
+    let output = demo(tmp.path(), &[])
+        .stdout(Stdio::piped())
+        .output()
+        .expect("demo runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{stdout}");
+    for note in ["Xid 48 at ", "row remap pending"] {
+        assert_eq!(stdout.matches(note).count(), 1, "{note:?} in:\n{stdout}");
+    }
+    let explained = stdout
+        .split_once("GPU 3: Xid 48 at ")
+        .map(|(_, after)| after)
+        .expect("the Xid 48 note");
+    assert!(
+        explained.contains("GPU 3's lines are what the driver says happened there"),
+        "{stdout}"
+    );
+    let partial = stdout.matches("Partial scan").count();
+    assert!(partial <= 1, "{stdout}");
+    if partial == 1 {
+        let after = stdout
+            .split_once("Partial scan")
+            .map(|(_, after)| after)
+            .expect("the note");
+        assert!(
+            after.contains("The partial scan is this machine's: gpureap could not read pid")
+                && after.contains("nothing\nhere is missed"),
+            "{stdout}"
+        );
+    }
     assert!(stand_ins_under(tmp.path()).is_empty());
 }
 

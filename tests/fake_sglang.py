@@ -22,6 +22,8 @@ a marker file that does not exist yet:
   setsid       rank 0 leaves a double-forked setsid grandchild holding GPU N
                (one past the workers); the launcher crashes after ready
   health-503   /health answers 503 after ready
+  exit-0       the launcher exits 0 after ready, as vLLM's API server does when
+               its engine core dies (vllm#48966), leaving its workers running
 "After ready" is once /health has answered 200: the supervisor has seen the
 server ready, however long that took it.
 
@@ -212,6 +214,12 @@ def launcher(args):
         say("RuntimeError: CUDA error: an illegal memory access was encountered")
         sys.stderr.flush()
         os._exit(1)
+    if fault == "exit-0":
+        seen_ready.wait()
+        say("ERROR [core_client.py:564] Engine core proc EngineCore_DP0 died unexpectedly, shutting down client.")
+        say("INFO:     Shutting down")
+        sys.stdout.flush()
+        os._exit(0)
     if fault == "health-503":
         seen_ready.wait()
         healthy["ok"] = False

@@ -533,6 +533,79 @@ fn a_crash_leaving_a_worker_that_ignores_sigterm_is_freed_by_force_and_restarted
     nothing_left(&setup.host, 2);
 }
 
+/// vLLM's API server exits 0 when its engine core dies (vllm#48966). Under
+/// the default `--restart on-failure` an end nobody asked for is a crash
+/// whatever its code: said with the code, a bundle, the workers it left
+/// freed, a restart. (Before, exit 0 was a clean end: no bundle, no restart,
+/// and gpureap itself exited 0 with the server gone.)
+#[test]
+fn a_server_that_exits_0_on_its_own_is_a_crash_and_restarted() {
+    let setup = setup(2);
+    let supervisor = setup.run_faulty_once(&[], "exit-0");
+    supervisor.wait_for("ready after", 1);
+    let crash = supervisor.wait_for("crash: server exited with code 0", 1);
+    assert!(
+        crash.starts_with("gpureap run: crash") && crash.contains("nobody asked it to stop"),
+        "{crash}"
+    );
+    let bundle_event = supervisor.wait_for("diagnostic bundle:", 1);
+    supervisor.wait_for("GPU 0: freed 20.0 GiB", 1);
+    supervisor.wait_for("restarting in", 1);
+    let second = supervisor.wait_for("ready after", 2);
+    assert!(second.contains("good starts (1)"), "{second}");
+    let bundle = PathBuf::from(bundle_event.rsplit(": ").next().expect("path"));
+    let document: serde_json::Value =
+        serde_json::from_str(&read(&bundle.join("bundle.json"))).expect("bundle.json");
+    assert!(
+        document["reason"]
+            .as_str()
+            .is_some_and(|reason| reason.contains("exited with code 0")),
+        "{document:#}"
+    );
+    assert!(read(&bundle.join("log-tail.txt")).contains("died unexpectedly"));
+    let (code, events, _) = supervisor.stop();
+    assert_eq!(code, 0, "{}", events.join("\n"));
+    nothing_left(&setup.host, 2);
+}
+
+/// A server ended by a SIGTERM someone sent it (not gpureap, which sends
+/// none before it judges the end) was told to stop: not restarted under
+/// `on-failure`, and gpureap exits 0 once its tree is verified free.
+/// (Before, the signal was a crash: a bundle and a restart.)
+#[test]
+fn a_server_a_user_stops_with_sigterm_is_not_restarted() {
+    let host = SimHost::new(1, 80 * GIB, "Simulated H200").expect("sim host");
+    let pid_file = host.path().join("server.pid");
+    let server =
+        "echo $$ > \"$D/server.pid\"; exec 3<\"$D/nvidia0\"; echo serving; exec sleep 100000";
+    let supervisor = bash_server(&host, &["--ready-log", "serving"], server);
+    supervisor.wait_for("ready after", 1);
+    assert_eq!(used(&host, 0), GIB);
+    let pid: i32 = read(&pid_file).trim().parse().expect("pid");
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(pid).expect("pid"),
+        rustix::process::Signal::TERM,
+    )
+    .expect("SIGTERM to the server");
+    let judged = supervisor.wait_for("server was killed by signal 15", 1);
+    assert!(
+        judged.ends_with(
+            "server was killed by signal 15: told to stop by someone other than gpureap"
+        ),
+        "{judged}"
+    );
+    let (code, events) = supervisor.wait_exit();
+    assert_eq!(code, 0, "{}", events.join("\n"));
+    assert!(
+        !events
+            .iter()
+            .any(|e| e.contains("restarting in") || e.contains("diagnostic bundle")),
+        "{}",
+        events.join("\n")
+    );
+    nothing_left(&host, 1);
+}
+
 /// `gpureap run` around a bash server on the simulated host.
 pub(crate) fn bash_server(host: &SimHost, flags: &[&str], server: &str) -> Supervisor {
     let mut command = gpureap(host);

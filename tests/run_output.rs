@@ -163,3 +163,37 @@ fn a_line_without_an_end_does_not_grow_gpureap_memory() {
     );
     nothing_left(&host, 1);
 }
+
+/// A crash that takes the whole tree with it leaves no process to read
+/// stacks from: the events say nothing of stacks rather than an empty
+/// `stacks:` line, and the bundle is still written.
+#[test]
+fn a_crash_that_leaves_no_process_prints_no_empty_stacks_line() {
+    let host = host();
+    let mut command = gpureap(&host);
+    command
+        .arg("run")
+        .args(["--ready-log", "serving", "--restart", "never"])
+        .args(["--grace", "300ms", "--state-dir"])
+        .arg(host.path().join("state"))
+        .args([
+            "--",
+            "bash",
+            "-c",
+            "exec 3<\"$D/nvidia0\"; echo serving; sleep 0.5; exit 3",
+        ])
+        .env("D", host.path());
+    let supervisor = Supervisor::start(command);
+    supervisor.wait_for("crash: server exited with code 3", 1);
+    supervisor.wait_for("diagnostic bundle:", 1);
+    let (code, events) = supervisor.wait_exit();
+    assert_eq!(code, 1, "a crash: {}", events.join("\n"));
+    assert!(
+        !events
+            .iter()
+            .any(|event| event.trim_end() == "gpureap run: stacks:"),
+        "{}",
+        events.join("\n")
+    );
+    nothing_left(&host, 1);
+}

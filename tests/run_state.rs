@@ -404,6 +404,8 @@ fn run_refuses_a_log_others_could_redirect_and_touches_nothing() {
             &host,
             &[
                 "run",
+                "--restart",
+                "never",
                 "--state-dir",
                 state,
                 "--log",

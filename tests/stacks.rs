@@ -530,3 +530,79 @@ fn run_dump_asks_the_supervisor_for_a_bundle_and_prints_it() {
     assert_eq!(nothing.code, 2, "{}", nothing.stderr);
     assert!(nothing.stderr.contains("--state-dir"), "{}", nothing.stderr);
 }
+
+/// A parent that never waits for its child that exited: the child is a
+/// zombie until the parent reads a byte from its stdin (then reaps it).
+const ZOMBIE_PARENT: &str = "import os, sys
+child = os.fork()
+if child == 0:
+    os._exit(0)
+print(os.getpid(), child, flush=True)
+os.read(0, 1)
+os.waitpid(child, 0)
+";
+
+/// `dump --pid` of a zombie says what it is, once, with the parent that has
+/// not reaped it: no "no stack read", no "waits in ?", no py-spy run on it.
+#[test]
+fn a_zombie_is_dumped_as_a_zombie_with_the_parent_that_has_not_reaped_it() {
+    let host = host();
+    let mut parent = Command::new("python3")
+        .args(["-c", ZOMBIE_PARENT])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3 starts");
+    let mut line = String::new();
+    BufReader::new(parent.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("the PIDs");
+    let pids: Vec<u32> = line
+        .split_whitespace()
+        .map(|pid| pid.parse().expect("a PID"))
+        .collect();
+    let [parent_pid, zombie] = pids[..] else {
+        panic!("two PIDs: {line:?}");
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !std::fs::read_to_string(format!("/proc/{zombie}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('Z'))
+    }) {
+        assert!(Instant::now() < deadline, "{zombie} never became a zombie");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+
+    let (run, folder) = dump(&host, None, &["--pid", &zombie.to_string()]);
+    let said = format!(
+        "a zombie (state Z): it has exited, and its parent {parent_pid} (python3) has not reaped it"
+    );
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    assert!(run.stdout.contains(&said), "{}", run.stdout);
+    let folder = folder.expect("the bundle's folder");
+    let summary = read(&folder.join("summary.txt"));
+    let stacks = read(&folder.join("stacks.txt"));
+    for (name, text) in [
+        ("stdout", &run.stdout),
+        ("summary.txt", &summary),
+        ("stacks.txt", &stacks),
+    ] {
+        assert!(
+            !text.contains("no stack read") && !text.contains("waits in ?"),
+            "{name}: {text}"
+        );
+    }
+    assert_eq!(summary.matches("zombie").count(), 1, "{summary}");
+    assert!(
+        stacks.contains(&format!("PID {zombie} python3: {said}")),
+        "{stacks}"
+    );
+    assert!(!stacks.contains("py-spy gave no stacks"), "{stacks}");
+    let bundle = bundle_json(&folder);
+    let entry = process(&bundle, zombie);
+    assert_eq!(entry["note"], said.as_str(), "{entry:#}");
+    assert_eq!(entry["waits_in"], Value::Null, "{entry:#}");
+
+    drop(parent.stdin.take());
+    let _ = parent.wait();
+}

@@ -877,3 +877,126 @@ fn top_shows_each_gpus_activity_and_each_processes_sm_utilization() {
     });
     ends_restored(&tmux, &["q"], "0");
 }
+
+/// A server whose launcher died left an orphaned worker on GPU 0 and an
+/// orphaned sidecar that watches every GPU (a monitor). `o` plans to free
+/// the worker and leave the monitor alone; the worker is killed before the
+/// `y` (a zombie where PID 1 does not reap, else gone, its PID free for
+/// another): nothing is signalled, and the footer says so rather than
+/// "1 process(es) signalled", and calls the monitor a monitor, as the plan
+/// did, not "protected".
+#[test]
+fn top_says_a_target_that_exited_before_the_confirmation_was_not_signalled() {
+    let host = host();
+    let mut incident = Incident::new(&host);
+    let launcher = incident
+        .sglang(&[
+            Holder::new("sglang::scheduler_TP0").on(0, 10 * GIB),
+            Holder::new("nvidia_gpu_exporter"),
+        ])
+        .expect("sglang");
+    let worker = incident.pid_of("sglang::scheduler_TP0").expect("TP0");
+    let monitor = incident.pid_of("nvidia_gpu_exporter").expect("monitor");
+    incident.kill(launcher).expect("launcher killed");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while [worker, monitor].iter().any(|&pid| ppid(pid) != Some(1)) {
+        assert!(Instant::now() < deadline, "not re-parented");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let Some(tmux) = Tmux::start(&host, "--grace 1s --timeout 5s") else {
+        return;
+    };
+    tmux.wait_for("both rows", |screen| {
+        screen.contains("sglang::scheduler_TP0") && screen.contains("nvidia_gpu_exporter")
+    });
+    tmux.keys(&["o"]);
+    let plan = tmux.shows("plan: free these?");
+    let flat = |screen: &str| screen.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        flat(&plan).contains(&format!("{worker} GPU 0 sglang::scheduler_TP0")),
+        "{plan}"
+    );
+    assert!(
+        flat(&plan).contains(&format!("Left alone: {monitor}"))
+            && flat(&plan).contains("a monitor"),
+        "{plan}"
+    );
+    incident.kill(worker).expect("worker killed");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while alive(worker) {
+        assert!(Instant::now() < deadline, "the worker survived SIGKILL");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    tmux.keys(&["y"]);
+    let screen = tmux.wait_for("the result", |screen| {
+        flat(screen).contains("Freed after") || flat(screen).contains("Not all freed")
+    });
+    assert!(
+        flat(&screen).contains(": 0 signalled, 1 had already exited, 1 left alone (monitor)"),
+        "{screen}"
+    );
+    assert!(alive(monitor), "the monitor was signalled");
+    ends_restored(&tmux, &["q"], "0");
+}
+
+/// A holder on GPU 0 and a metrics exporter watching every GPU (a monitor:
+/// its nodes open, in no driver list).
+fn holder_and_monitor(incident: &mut Incident) -> (u32, u32) {
+    let holder = incident
+        .holder(&Holder::new("python3 bench.py").on(0, 10 * GIB))
+        .expect("holder");
+    let monitor = incident
+        .holder(&Holder::new("nvidia_gpu_exporter"))
+        .expect("monitor");
+    (holder, monitor)
+}
+
+/// A monitor's row reads as `status` shows it: in no GPU (`-`) with 0 B,
+/// not its open nodes cut to `(0),(` with its memory `unknown`.
+#[test]
+fn top_shows_a_monitor_as_status_does() {
+    let host = host();
+    let mut incident = Incident::new(&host);
+    let (_, monitor) = holder_and_monitor(&mut incident);
+    let columns = |line: &str| -> Vec<String> {
+        line.trim_start_matches(['>', ' ', '*'])
+            .split_whitespace()
+            .map(str::to_string)
+            .collect()
+    };
+    let status = run(&host, &["status", "--monitors"]).stdout;
+    let listed = columns(
+        status
+            .lines()
+            .find(|line| line.contains("nvidia_gpu_exporter"))
+            .expect("the monitor in status"),
+    );
+    // status: GPU PID PPID PGID SID USER S AGE GPU-MEM(2 words) FLAGS ...
+    assert_eq!(
+        (listed[0].as_str(), listed[1].as_str(), &listed[8..10]),
+        (
+            "-",
+            monitor.to_string().as_str(),
+            &["0".to_string(), "B".to_string()][..]
+        ),
+        "{status}"
+    );
+    let Some(tmux) = Tmux::start(&host, "--readonly") else {
+        return;
+    };
+    let screen = tmux.shows("nvidia_gpu_exporter");
+    let row = columns(line_with(&screen, "nvidia_gpu_exporter").expect("the monitor's row"));
+    // top: PID USER S GPU GPU-MEM(2 words) FLAGS COMMAND
+    assert_eq!(row[0], monitor.to_string(), "{screen}");
+    assert_eq!(
+        (
+            row[3].as_str(),
+            row[4].as_str(),
+            row[5].as_str(),
+            row[6].as_str()
+        ),
+        ("-", "0", "B", "monitor"),
+        "{screen}"
+    );
+    ends_restored(&tmux, &["q"], "0");
+}

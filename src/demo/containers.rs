@@ -32,6 +32,8 @@ use crate::select::{Guard, Scope};
 use crate::snapshot::Snapshot;
 use crate::supervision;
 
+use super::Said;
+
 const GIB: u64 = 1 << 30;
 /// The running container's id after the demo's PID (8 hex digits, so that
 /// demos run at once never share an id), its docker name, GPU and memory.
@@ -147,10 +149,11 @@ pub fn root_of_this_process() -> Option<PathBuf> {
     )
 }
 
-/// Plays the act on the demo's host; writes its transcript when `text`.
+/// Plays the act on the demo's host; writes its transcript when `text`,
+/// without the notes the transcript has said already.
 pub fn play(
     out: &mut dyn Write,
-    text: bool,
+    text: Option<&Said>,
     host: &Path,
     driver: &SimDriver,
     incident: &mut Incident,
@@ -158,7 +161,7 @@ pub fn play(
     let cgroups = match make_cgroups() {
         Ok(cgroups) => cgroups,
         Err(why) => {
-            if text {
+            if text.is_some() {
                 writeln!(out, "\nContainers: skipped, {why}.")?;
             }
             return Ok(ContainersJson {
@@ -205,9 +208,13 @@ pub fn play(
         ..ContainersJson::default()
     };
     let gpus = Some(BTreeSet::from([RUNNING_GPU, REMOVED_GPU]));
-    if text {
+    if let Some(said) = text {
         introduce(out, &node)?;
-        writeln!(out, "{}", report::status_table(&snapshot, &gpus))?;
+        writeln!(
+            out,
+            "{}",
+            said.strip(&report::status_table(&snapshot, &gpus))
+        )?;
         writeln!(
             out,
             "$ gpureap free --container {} --yes",
@@ -215,8 +222,8 @@ pub fn play(
         )?;
     }
     let outcome = free_container(driver, &sources, &removed_id, snapshot)?;
-    if text {
-        writeln!(out, "{}", report::free_outcome(&outcome))?;
+    if let Some(said) = text {
+        writeln!(out, "{}", said.strip(&report::free_outcome(&outcome)))?;
     }
     facts.removed_alive_after = alive(removed);
     facts.running_alive_after = alive(running);
@@ -224,7 +231,7 @@ pub fn play(
         serde_json::from_str(&report::free_json(&outcome, outcome.exit()))
             .map_err(io::Error::other)?,
     );
-    if text {
+    if text.is_some() {
         writeln!(
             out,
             "Only the removed container's engine was taken: {RUNNING_NAME} (pid {running}) still runs on GPU {RUNNING_GPU}."

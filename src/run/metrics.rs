@@ -14,7 +14,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::exit::Exit;
 use crate::exporter;
 use crate::metrics::Exposition;
 
@@ -82,7 +81,7 @@ impl RunMetrics {
         let crashes = Family::<KindLabel, Counter>::default();
         registry.register(
             "crashes",
-            "Starts that ended on their own with a failure, by kind: exit_code (non-zero) or signal",
+            "Starts that ended on their own with a failure, by kind: exit_code (any code, 0 included, when nobody asked it to stop) or signal",
             crashes.clone(),
         );
         let restarts = Counter::default();
@@ -201,16 +200,18 @@ pub fn hung(kind: HangKind) {
     });
 }
 
-/// The current start ended on its own: a crash unless it exited with 0.
-pub fn ended(status: rustix::process::WaitStatus) {
+/// The current start ended on its own; `failure` as `run` judged it (an
+/// end nobody asked for, exit code 0 included).
+pub fn ended(status: rustix::process::WaitStatus, failure: bool) {
     with(|metrics| {
         metrics.ready.set(0);
+        if !failure {
+            return;
+        }
         let kind = if status.terminating_signal().is_some() {
             "signal"
-        } else if status.exit_status().is_some() && !Exit::succeeded(status.exit_status()) {
-            "exit_code"
         } else {
-            return;
+            "exit_code"
         };
         metrics.crashes.get_or_create(&KindLabel { kind }).inc();
     });

@@ -425,7 +425,7 @@ fn serve(
         &mut capacity,
     );
     let seconds = started.elapsed().as_secs_f64();
-    let (failure, summary) = judge(&ended);
+    let (failure, summary) = judge(config, &ended);
     event(&summary);
     if failure {
         // A crash's last words may still be in the pipes: let them arrive first.
@@ -459,21 +459,54 @@ fn serve(
     }
 }
 
-/// Counts how a start ended; whether that is a failure, and its summary.
-fn judge(ended: &Ended) -> (bool, String) {
-    match ended {
-        Ended::Exited(status) => metrics::ended(*status),
-        Ended::Stopped => metrics::stopped(),
-        Ended::Hung(_) => {}
-    }
-    match ended {
-        Ended::Hung(reason) => (true, reason.clone()),
-        Ended::Exited(status) if Exit::succeeded(status.exit_status()) => {
-            (false, format!("server {}", describe_status(*status)))
+/// Whether the server was told to stop by a signal it did not catch:
+/// SIGTERM (`kill`, systemd, Slurm) or SIGINT (Ctrl-C). gpureap sends none
+/// before it judges the start, so it came from someone else.
+fn told_to_stop(status: WaitStatus) -> bool {
+    matches!(
+        status.terminating_signal(),
+        Some(libc::SIGTERM | libc::SIGINT)
+    )
+}
+
+/// How a start ended: whether that is a failure, and its summary; counted.
+/// A server is meant to run until it is told to stop, so an end nobody
+/// asked for is a failure whatever its code (vLLM exits 0 when its engine
+/// core dies): only with `--restart never`, a command run once, is exit 0
+/// a clean end.
+fn judge(config: &RunConfig, ended: &Ended) -> (bool, String) {
+    let status = match ended {
+        Ended::Hung(reason) => return (true, reason.clone()),
+        Ended::Stopped => {
+            metrics::stopped();
+            return (false, "stop requested (signal to gpureap)".to_string());
         }
-        Ended::Exited(status) => (true, format!("crash: server {}", describe_status(*status))),
-        Ended::Stopped => (false, "stop requested (signal to gpureap)".to_string()),
-    }
+        Ended::Exited(status) => *status,
+    };
+    let succeeded = Exit::succeeded(status.exit_status());
+    let (failure, summary) = if told_to_stop(status) {
+        (
+            false,
+            format!(
+                "server {}: told to stop by someone other than gpureap",
+                describe_status(status)
+            ),
+        )
+    } else if succeeded && config.restart == Restart::Never {
+        (false, format!("server {}", describe_status(status)))
+    } else if succeeded {
+        (
+            true,
+            format!(
+                "crash: server {}, and nobody asked it to stop",
+                describe_status(status)
+            ),
+        )
+    } else {
+        (true, format!("crash: server {}", describe_status(status)))
+    };
+    metrics::ended(status, failure);
+    (failure, summary)
 }
 
 /// What follows a start: the run ends with an exit code, or the server
@@ -665,10 +698,13 @@ fn write_bundle(
         event("no diagnostic bundle: the state directory is not usable (see above)");
         return;
     };
-    event(&format!(
-        "stacks: {}",
-        crate::units::Field(&bundle.stacks.summary)
-    ));
+    // After a crash that took the whole tree with it, no process is left to read.
+    if !bundle.stacks.summary.is_empty() {
+        event(&format!(
+            "stacks: {}",
+            crate::units::Field(&bundle.stacks.summary)
+        ));
+    }
     for note in &bundle.stacks.notes {
         event(&format!("stacks: {}", crate::units::Field(note)));
     }

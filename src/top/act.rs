@@ -131,22 +131,19 @@ pub fn start(
     });
 }
 
-/// The result lines: memory back per GPU and the time, or why it is still held.
+/// The result lines: what was signalled and what had already exited
+/// (`report::free_counts`), then memory back per GPU and the time, or why
+/// it is still held.
 pub fn result_lines(outcome: &FreeReport) -> Vec<String> {
-    let signalled = outcome
-        .targets
-        .iter()
-        .filter(|target| !target.signals.is_empty())
-        .count();
     let mut lines = vec![format!(
-        "{} after {}: {signalled} process(es) signalled, {} protected",
+        "{} after {}: {}",
         if outcome.all_freed() {
             "Freed"
         } else {
             "Not all freed"
         },
         Elapsed(std::time::Duration::from_millis(outcome.elapsed_ms)),
-        outcome.spared.len()
+        report::free_counts(outcome)
     )];
     lines.extend(
         report::gpu_outcome_lines(outcome)

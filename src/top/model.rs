@@ -20,9 +20,14 @@ pub struct Row {
     pub depth: usize,
     pub user: String,
     pub state: String,
+    /// Where it is, as `status` places it (`report::places_cells`): the
+    /// GPUs the driver lists it on, `-` for a monitor.
     pub gpus: String,
-    /// What the driver reports it uses, over all GPUs.
-    pub memory: Option<u64>,
+    /// What it uses over those GPUs, as `status` shows it (`0 B` for a
+    /// monitor, `unknown` where the driver gives no figure).
+    pub memory: String,
+    /// The same in bytes, where known: to sort by.
+    pub bytes: Option<u64>,
     /// Its SM utilization, in percent: on the GPU where it is highest,
     /// where it is listed on several; `None` where the driver gives none.
     pub sm: Option<u32>,
@@ -153,44 +158,13 @@ pub fn rows(snapshot: &Snapshot) -> Vec<Row> {
     report::holders_json(snapshot, &None)
         .into_iter()
         .map(|holder| {
-            // Where the driver lists it; only where it lists it nowhere, the
-            // nodes it has open, in parentheses, as `status` shows them.
-            let mut listed: Vec<String> = holder
-                .gpus
-                .iter()
-                .filter(|gpu| gpu.listed_by_driver)
-                .map(|gpu| gpu.index.to_string())
-                .collect();
-            if listed.is_empty() {
-                listed = holder
-                    .gpus
-                    .iter()
-                    .map(|gpu| format!("({})", gpu.index))
-                    .collect();
-            }
-            let memory: Option<u64> = holder
-                .gpus
-                .iter()
-                .filter_map(|gpu| gpu.memory)
-                .reduce(|a, b| a + b);
+            let monitor = holder.flags.contains(&"monitor");
+            let cells = report::places_cells(&report::places(snapshot, &holder, &None), monitor);
             let sm = holder
                 .gpus
                 .iter()
                 .filter_map(|gpu| gpu.sm_utilization_percent)
                 .max();
-            let mut reasons: Vec<String> = Vec::new();
-            reasons.extend(holder.orphan.map(|why| format!("orphaned: {why}")));
-            reasons.extend(
-                holder
-                    .protected
-                    .map(|name| format!("protected name {name}")),
-            );
-            reasons.extend(
-                holder
-                    .supervisor
-                    .and_then(|supervisor| supervisor.gone)
-                    .map(|gone| format!("supervisor gone: {gone}")),
-            );
             let command = holder
                 .cmdline
                 .filter(|cmdline| !cmdline.is_empty())
@@ -201,12 +175,9 @@ pub fn rows(snapshot: &Snapshot) -> Vec<Row> {
                 depth: 0,
                 user: one_line(holder.user.as_deref().unwrap_or("?")).into_owned(),
                 state: one_line(holder.state.as_deref().unwrap_or("?")).into_owned(),
-                gpus: if listed.is_empty() {
-                    "-".to_string()
-                } else {
-                    listed.join(",")
-                },
-                memory,
+                gpus: cells.gpus,
+                memory: cells.memory,
+                bytes: cells.bytes,
                 sm,
                 flags: holder.flags.join(","),
                 container: holder
@@ -214,10 +185,36 @@ pub fn rows(snapshot: &Snapshot) -> Vec<Row> {
                     .map(|container| one_line(&container.label()).into_owned())
                     .unwrap_or_default(),
                 command: one_line(&command).into_owned(),
-                reason: (!reasons.is_empty()).then(|| one_line(&reasons.join("; ")).into_owned()),
+                reason: reason(
+                    holder.orphan.as_deref(),
+                    holder.protected.as_deref(),
+                    holder
+                        .supervisor
+                        .as_ref()
+                        .and_then(|supervisor| supervisor.gone.as_deref()),
+                )
+                .map(|reason| one_line(&reason).into_owned()),
             }
         })
         .collect()
+}
+
+/// Why a holder is flagged, for the line under the table: why it is an
+/// orphan, its protected name, its supervisor gone.
+pub fn reason(
+    orphan: Option<&str>,
+    protected: Option<&str>,
+    supervisor_gone: Option<&str>,
+) -> Option<String> {
+    let reasons: Vec<String> = [
+        orphan.map(|why| format!("orphaned: {why}")),
+        protected.map(|name| format!("protected name {name}")),
+        supervisor_gone.map(|gone| format!("supervisor gone: {gone}")),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    (!reasons.is_empty()).then(|| reasons.join("; "))
 }
 
 /// Whether a row answers the filter: a substring of its PID, user, flags,
@@ -240,7 +237,7 @@ pub fn matches(row: &Row, filter: &str) -> bool {
 
 fn sort_rows(rows: &mut [Row], sort: Sort) {
     match sort {
-        Sort::Memory => rows.sort_by(|a, b| b.memory.cmp(&a.memory).then(a.pid.cmp(&b.pid))),
+        Sort::Memory => rows.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.pid.cmp(&b.pid))),
         Sort::Pid => rows.sort_by_key(|row| row.pid),
         Sort::Command => rows.sort_by(|a, b| a.command.cmp(&b.command).then(a.pid.cmp(&b.pid))),
     }

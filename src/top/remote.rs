@@ -38,6 +38,7 @@ use crate::exit::{Exit, Remote};
 use crate::fleet::render;
 use crate::fleet::ssh::{MAX_ANSWER, Transport};
 use crate::fleet::{Fleet, HostResult, duration_arg};
+use crate::report::HolderGpuJson;
 use crate::snapshot::UnattributedKind;
 use crate::units::{Elapsed, one_line};
 
@@ -126,21 +127,12 @@ struct HolderView {
     #[serde(default)]
     flags: Vec<Text>,
     #[serde(default)]
-    gpus: Vec<HolderGpuView>,
+    gpus: Vec<HolderGpuJson>,
     #[serde(default)]
     container: Option<ContainerView>,
     orphan: Option<Text>,
     protected: Option<Text>,
     supervisor: Option<SupervisorView>,
-}
-
-#[derive(Deserialize)]
-struct HolderGpuView {
-    index: u32,
-    memory: Option<u64>,
-    listed_by_driver: bool,
-    #[serde(default)]
-    sm_utilization_percent: Option<u32>,
 }
 
 #[derive(Deserialize)]
@@ -211,7 +203,18 @@ impl Status {
                     (holder.pid, listed)
                 })
                 .collect(),
-            rows: view.holders.into_iter().map(row).collect(),
+            rows: {
+                let answered: BTreeSet<u32> = view
+                    .gpus
+                    .iter()
+                    .filter(|gpu| gpu.error.is_none())
+                    .map(|gpu| gpu.index)
+                    .collect();
+                view.holders
+                    .into_iter()
+                    .map(|holder| row(holder, &answered))
+                    .collect()
+            },
         })
     }
 
@@ -271,33 +274,20 @@ fn bar(gpu: &GpuView) -> GpuBar {
     }
 }
 
-/// A holder's row, as `model::rows` makes one from a local holder.
-fn row(holder: HolderView) -> Row {
-    let mut listed: Vec<String> = holder
-        .gpus
-        .iter()
-        .filter(|gpu| gpu.listed_by_driver)
-        .map(|gpu| gpu.index.to_string())
-        .collect();
-    if listed.is_empty() {
-        listed = holder
-            .gpus
-            .iter()
-            .map(|gpu| format!("({})", gpu.index))
-            .collect();
-    }
-    let mut reasons: Vec<String> = Vec::new();
-    reasons.extend(holder.orphan.map(|why| format!("orphaned: {}", why.0)));
-    reasons.extend(
-        holder
-            .protected
-            .map(|name| format!("protected name {}", name.0)),
-    );
-    reasons.extend(
+/// A holder's row, as `model::rows` makes one from a local holder: placed
+/// by `status`'s rule, on the GPUs the host's driver answered for.
+fn row(holder: HolderView, answered: &BTreeSet<u32>) -> Row {
+    let monitor = holder.flags.iter().any(|flag| &flag.0[..] == "monitor");
+    let places =
+        crate::report::places_of(&holder.gpus, |_| true, |index| answered.contains(&index));
+    let cells = crate::report::places_cells(&places, monitor);
+    let reason = super::model::reason(
+        holder.orphan.as_deref(),
+        holder.protected.as_deref(),
         holder
             .supervisor
-            .and_then(|supervisor| supervisor.gone)
-            .map(|gone| format!("supervisor gone: {}", gone.0)),
+            .as_ref()
+            .and_then(|supervisor| supervisor.gone.as_deref()),
     );
     let command = holder
         .cmdline
@@ -309,16 +299,9 @@ fn row(holder: HolderView) -> Row {
         depth: 0,
         user: holder.user.map_or_else(|| "?".to_string(), |text| text.0),
         state: holder.state.map_or_else(|| "?".to_string(), |text| text.0),
-        gpus: if listed.is_empty() {
-            "-".to_string()
-        } else {
-            listed.join(",")
-        },
-        memory: holder
-            .gpus
-            .iter()
-            .filter_map(|gpu| gpu.memory)
-            .reduce(|a, b| a + b),
+        gpus: cells.gpus,
+        memory: cells.memory,
+        bytes: cells.bytes,
         sm: holder
             .gpus
             .iter()
@@ -343,7 +326,7 @@ fn row(holder: HolderView) -> Row {
             })
             .unwrap_or_default(),
         command,
-        reason: (!reasons.is_empty()).then(|| reasons.join("; ")),
+        reason,
     }
 }
 

@@ -13,7 +13,7 @@ use ratatui::widgets::{Block, Clear, Paragraph, Wrap};
 use super::App;
 use super::model::{GpuBar, Row};
 use crate::snapshot::UnattributedKind;
-use crate::units::{Bytes, MaybeBytes};
+use crate::units::{Bytes, MaybeBytes, short};
 
 const PALETTE: [Color; 5] = [
     Color::Cyan,
@@ -184,23 +184,32 @@ fn spark(app: &App, gpu: u32, total: Option<u64>, width: usize) -> String {
 }
 
 /// Which columns the holders' table has besides the fixed ones: CONTAINER
-/// where some holder runs in one, SM% where the driver gives some holder's.
+/// where some holder runs in one, SM% where the driver gives some holder's;
+/// and how wide GPU is: its widest row, never cut (a cut `(0),(1)` says
+/// something else), from `MIN_GPU_COLUMN` to `GPU_COLUMN` (then `…`).
 #[derive(Clone, Copy)]
 struct Columns {
     containers: bool,
     sm: bool,
+    gpu: usize,
 }
+
+/// The narrowest and the widest the GPU column gets (sixteen GPUs, or
+/// eight MIG instances).
+const MIN_GPU_COLUMN: usize = 5;
+const GPU_COLUMN: usize = 24;
 
 fn row_text(row: &Row, tagged: bool, columns: Columns, width: usize) -> String {
     let indent = "  ".repeat(row.depth.min(6));
+    let gpu_width = columns.gpu;
     let mut text = format!(
-        "{}{:>7} {:<8.8} {:<1.1} {:<5.5} {:>9} ",
+        "{}{:>7} {:<8.8} {:<1.1} {:<gpu_width$} {:>9} ",
         if tagged { '*' } else { ' ' },
         row.pid,
         row.user,
         row.state,
-        row.gpus,
-        MaybeBytes(row.memory).to_string(),
+        short(&row.gpus, gpu_width),
+        row.memory,
     );
     if columns.sm {
         let sm = row
@@ -221,9 +230,17 @@ fn table_lines(app: &App, area: Rect) -> Vec<Line<'static>> {
     let columns = Columns {
         containers: app.rows.iter().any(|row| !row.container.is_empty()),
         sm: app.rows.iter().any(|row| row.sm.is_some()),
+        gpu: app
+            .rows
+            .iter()
+            .map(|row| row.gpus.chars().count())
+            .max()
+            .unwrap_or(0)
+            .clamp(MIN_GPU_COLUMN, GPU_COLUMN),
     };
+    let gpu_width = columns.gpu;
     let mut header = format!(
-        " {:>7} {:<8} {:<1} {:<5} {:>9} ",
+        " {:>7} {:<8} {:<1} {:<gpu_width$} {:>9} ",
         "PID", "USER", "S", "GPU", "GPU MEM"
     );
     if columns.sm {
