@@ -72,9 +72,9 @@ fn sglang_orphans_are_freed_and_only_they_are_signalled() {
     assert_eq!(
         holder(workers[1])["gpus"],
         serde_json::json!([
-            {"index": 0, "memory": null, "listed_by_driver": false, "node_open": true, "mig_instances": []},
-            {"index": 1, "memory": 70 * GIB, "listed_by_driver": true, "node_open": true, "mig_instances": []},
-            {"index": 2, "memory": null, "listed_by_driver": false, "node_open": true, "mig_instances": []},
+            {"index": 0, "memory": null, "listed_by_driver": false, "node_open": true, "mig_instances": [], "sm_utilization_percent": null},
+            {"index": 1, "memory": 70 * GIB, "listed_by_driver": true, "node_open": true, "mig_instances": [], "sm_utilization_percent": null},
+            {"index": 2, "memory": null, "listed_by_driver": false, "node_open": true, "mig_instances": [], "sm_utilization_percent": null},
         ])
     );
 

@@ -342,6 +342,37 @@ fn parse_activity(text: &str) -> Activity {
     activity
 }
 
+/// How many GPU nodes (`nvidia0`, `nvidia1`, ... without a gap) `dir` holds.
+fn count_nodes(directory: &OwnedFd, dir: &Path) -> Result<u32, DriverError> {
+    let mut gpu_count = 0u32;
+    loop {
+        let name = format!("nvidia{gpu_count}");
+        let path = dir.join(&name);
+        match rustix::fs::statat(directory, &name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(stat) => match FileType::from_raw_mode(stat.st_mode) {
+                // A character device is what a real node is; a plain file will do.
+                FileType::RegularFile | FileType::CharacterDevice => gpu_count += 1,
+                FileType::Symlink => return Err(symlink_error(&path)),
+                _ => {
+                    return Err(DriverError::Sim(format!(
+                        "{} is neither a plain file nor a character device",
+                        path.display()
+                    )));
+                }
+            },
+            Err(Errno::NOENT) => break,
+            Err(error) => {
+                return Err(DriverError::Sim(format!(
+                    "cannot read {}: {}",
+                    path.display(),
+                    std::io::Error::from(error)
+                )));
+            }
+        }
+    }
+    Ok(gpu_count)
+}
+
 impl SimDriver {
     pub fn open(dir: &Path) -> Result<SimDriver, DriverError> {
         let dir = dir
@@ -360,32 +391,7 @@ impl SimDriver {
                 std::io::Error::from(error)
             ))
         })?;
-        let mut gpu_count = 0u32;
-        loop {
-            let name = format!("nvidia{gpu_count}");
-            let path = dir.join(&name);
-            match rustix::fs::statat(&directory, &name, AtFlags::SYMLINK_NOFOLLOW) {
-                Ok(stat) => match FileType::from_raw_mode(stat.st_mode) {
-                    // A character device is what a real node is; a plain file will do.
-                    FileType::RegularFile | FileType::CharacterDevice => gpu_count += 1,
-                    FileType::Symlink => return Err(symlink_error(&path)),
-                    _ => {
-                        return Err(DriverError::Sim(format!(
-                            "{} is neither a plain file nor a character device",
-                            path.display()
-                        )));
-                    }
-                },
-                Err(Errno::NOENT) => break,
-                Err(error) => {
-                    return Err(DriverError::Sim(format!(
-                        "cannot read {}: {}",
-                        path.display(),
-                        std::io::Error::from(error)
-                    )));
-                }
-            }
-        }
+        let gpu_count = count_nodes(&directory, &dir)?;
         if gpu_count == 0 {
             return Err(DriverError::Sim(format!(
                 "{} has no nvidia0: create one empty file per GPU (nvidia0, nvidia1, ...) and nvidiactl",
