@@ -73,6 +73,9 @@ pub const VLLM_CUDAGRAPH_BYTES: u64 = GIB;
 /// SGLang's guard on host memory for HiCache: `psutil.available − 10 GiB`.
 pub const HOST_GUARD_BYTES: u64 = 10 * GIB;
 
+/// SGLang 0.5.9 `ServerArgs.swa_full_tokens_ratio` default.
+pub const SGLANG_SWA_FULL_TOKENS_RATIO: f64 = 0.8;
+
 /// vLLM 0.26.0 `CacheConfig.gpu_memory_utilization` default.
 pub const VLLM_DEFAULT_UTILIZATION: f64 = 0.92;
 
@@ -153,6 +156,74 @@ pub struct Device {
     /// SGLang's context length as the engine uses it (`--context-length`,
     /// else the config's), for the request-cap default.
     pub context_length: Option<u64>,
+    /// The pools of a model with sliding-window layers, as the engine
+    /// splits them; `None`: one pool of full-attention layers.
+    pub hybrid: Option<Hybrid>,
+    /// The engine's own figures for its pool, computed as it computes them
+    /// before it logs them; `None` when it would not start.
+    pub logged: Option<EngineLog>,
+}
+
+/// How an engine holds a model whose layers are partly sliding-window.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+#[serde(rename_all = "snake_case", tag = "engine")]
+pub enum Hybrid {
+    /// vLLM 0.26.0 (`v1/core/kv_cache_utils.py`
+    /// `_get_kv_cache_groups_uniform_page_size`): the layers of each kind
+    /// split into groups of `group_size` layers (the smaller kind's count,
+    /// or the larger's when it is under 1.5 times the smaller); one pool of
+    /// `blocks` blocks, each block `group_size` pages, shared by every
+    /// group; a request takes blocks in each group: a full group one per
+    /// `page_size` tokens, a window group at most `window − 1 +
+    /// in_flight_tokens` tokens' worth plus one (`SlidingWindowSpec`).
+    Vllm {
+        full_groups: u64,
+        window_groups: u64,
+        group_size: u64,
+        window: u64,
+        /// `max_concurrent_batches × max_num_batched_tokens`
+        /// (`VllmConfig.max_in_flight_tokens`).
+        in_flight_tokens: u64,
+        blocks: u64,
+        /// Blocks one request of `max_model_len` takes over all groups.
+        blocks_per_request: u64,
+    },
+    /// SGLang 0.5.9 (`model_runner_kv_cache_mixin.py`
+    /// `set_num_tokens_hybrid_swa`): the profiled tokens' memory split into
+    /// a full pool and a window pool `ratio` times its size.
+    Sglang {
+        full_tokens: u64,
+        window_tokens: u64,
+        window: u64,
+        ratio: f64,
+    },
+}
+
+/// What the engine logs about its pool: vLLM's `GPU KV cache size: N
+/// tokens` and `Maximum concurrency for L tokens per request: X` (both from
+/// `get_kv_cache_capacity`: N = int(X × L)); SGLang's
+/// `max_total_num_tokens` (the full pool of a hybrid model).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct EngineLog {
+    pub kv_cache_tokens: u64,
+    /// vLLM's maximum concurrency at `max_model_len`; `None` for SGLang.
+    pub max_concurrency: Option<f64>,
+    pub max_model_len: Option<u64>,
+}
+
+/// What bounds the requests a pool holds at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Cap {
+    /// The one pool (full attention, or vLLM's shared block pool).
+    Pool,
+    /// SGLang's full-attention pool of a hybrid model.
+    FullPool,
+    /// SGLang's sliding-window pool.
+    WindowPool,
+    /// The running-request limit (`--max-running-requests` /
+    /// `--max-num-seqs`).
+    RunningRequests,
 }
 
 /// Layers one pipeline stage holds (the largest stage; the engines take
@@ -413,8 +484,59 @@ pub fn device(
 /// tokens: tokens ÷ tokens per request, capped by the request cap (§1.5:
 /// an upper bound; SGLang reserves 0.7 of the remaining output at first).
 pub fn concurrency(device: &Device, tokens_per_request: u64) -> f64 {
-    let by_tokens = device.tokens_per_rank as f64 / tokens_per_request.max(1) as f64;
-    by_tokens.min(device.max_running_requests as f64)
+    requests_at_once(device, tokens_per_request).0
+}
+
+/// Requests at once per rank of `tokens_per_request` tokens each, and what
+/// binds them. One pool: its tokens ÷ the request. vLLM hybrid: the blocks
+/// ÷ the blocks a request takes over the groups (a window group holds
+/// `min(⌈n/B⌉, ⌈min(window − 1 + in-flight, n)/B⌉ + 1)` blocks,
+/// `SlidingWindowSpec.max_admission_blocks_per_request`). SGLang hybrid:
+/// the full pool ÷ n and the window pool ÷ min(n, window), the smaller
+/// (ESTIMATE for the window pool: SGLang frees window tokens as the window
+/// passes them, in chunks). Then the running-request limit.
+pub fn requests_at_once(device: &Device, tokens_per_request: u64) -> (f64, Cap) {
+    let n = tokens_per_request.max(1);
+    let (by_pool, cap) = match device.hybrid {
+        Some(Hybrid::Vllm {
+            full_groups,
+            window_groups,
+            window,
+            in_flight_tokens,
+            blocks,
+            ..
+        }) => {
+            let block = u64::from(device.page_size.max(1));
+            let full = n.div_ceil(block);
+            let windowed = (window.saturating_sub(1).saturating_add(in_flight_tokens))
+                .min(n)
+                .div_ceil(block)
+                + 1;
+            let per_request = full_groups * full + window_groups * full.min(windowed);
+            (blocks as f64 / per_request.max(1) as f64, Cap::Pool)
+        }
+        Some(Hybrid::Sglang {
+            full_tokens,
+            window_tokens,
+            window,
+            ..
+        }) => {
+            let full = full_tokens as f64 / n as f64;
+            let windowed = window_tokens as f64 / n.min(window.max(1)) as f64;
+            if windowed < full {
+                (windowed, Cap::WindowPool)
+            } else {
+                (full, Cap::FullPool)
+            }
+        }
+        None => (device.tokens_per_rank as f64 / n as f64, Cap::Pool),
+    };
+    let limit = device.max_running_requests as f64;
+    if limit < by_pool {
+        (limit, Cap::RunningRequests)
+    } else {
+        (by_pool, cap)
+    }
 }
 
 /// A KV pool given by size (`--kv-memory`, vLLM's
@@ -458,6 +580,12 @@ fn sglang(launch: &Launch, model: &Model, budget: &Budget) -> Device {
         tokens = tokens.min(i64::try_from(cap).unwrap_or(i64::MAX));
     }
     tokens = tokens.div_euclid(i64::from(page)) * i64::from(page);
+    // set_num_tokens_hybrid_swa: the pool's memory split into a full pool
+    // and a window pool; max_total_num_tokens is then the full pool.
+    let hybrid = sglang_hybrid(launch, model, tokens, cell, page);
+    if let Some(Hybrid::Sglang { full_tokens, .. }) = hybrid {
+        tokens = i64::try_from(full_tokens).unwrap_or(i64::MAX);
+    }
     let weights_fit = budget.kv_memory.is_some() || budget.weights_per_gpu < budget.free_at_start;
     let start = if !weights_fit {
         Start::WeightsTooLarge
@@ -503,7 +631,61 @@ fn sglang(launch: &Launch, model: &Model, budget: &Budget) -> Device {
         kv_dtype: kv_dtype(launch, model),
         profiled_tokens: profiled,
         context_length: context,
+        hybrid: hybrid.filter(|_| start == Start::Starts),
+        logged: (start == Start::Starts).then_some(EngineLog {
+            kv_cache_tokens: tokens,
+            max_concurrency: None,
+            max_model_len: context,
+        }),
     }
+}
+
+/// SGLang 0.5.9 `set_num_tokens_hybrid_swa`, for a model in its hybrid SWA
+/// list (`is_hybrid_swa_model`) without `--disable-hybrid-swa-memory`:
+/// with F the per-token bytes of a layer, n_f full and n_s window layers
+/// and r `--swa-full-tokens-ratio` (default 0.8), `full = int(tokens ·
+/// F·(n_f + n_s) / (F·n_f + r·F·n_s))`, `window = int(full · r)`, each
+/// floored to the page. Every layer window (n_f 0): the whole pool is the
+/// window pool, and the full pool 0.
+fn sglang_hybrid(
+    launch: &Launch,
+    model: &Model,
+    tokens: i64,
+    cell: u64,
+    page: u32,
+) -> Option<Hybrid> {
+    let window = model
+        .window_for(Engine::Sglang)
+        .filter(|_| !launch.disable_hybrid_kv)?;
+    let tokens = u64::try_from(tokens).ok()?;
+    let ratio = launch
+        .swa_full_tokens_ratio
+        .unwrap_or(SGLANG_SWA_FULL_TOKENS_RATIO);
+    let page = u64::from(page.max(1));
+    let align = |tokens: u64| tokens / page * page;
+    let layers = stage_layers(launch, model).max(1);
+    let full_layers = model.layers.saturating_sub(window.layers);
+    if full_layers == 0 {
+        return Some(Hybrid::Sglang {
+            full_tokens: 0,
+            window_tokens: align(tokens),
+            window: window.tokens,
+            ratio,
+        });
+    }
+    // Python: total_memory (int) / denominator (float), then int().
+    let per_layer = (cell / layers) as f64;
+    let total_memory =
+        tokens as f64 * (per_layer * full_layers as f64 + per_layer * window.layers as f64);
+    let denominator = per_layer * full_layers as f64 + ratio * per_layer * window.layers as f64;
+    let full = (total_memory / denominator) as u64;
+    let window_tokens = (full as f64 * ratio) as u64;
+    Some(Hybrid::Sglang {
+        full_tokens: align(full),
+        window_tokens: align(window_tokens),
+        window: window.tokens,
+        ratio,
+    })
 }
 
 fn vllm(launch: &Launch, model: &Model, budget: &Budget) -> Device {
@@ -530,26 +712,34 @@ fn vllm(launch: &Launch, model: &Model, budget: &Budget) -> Device {
         (Some(bytes), _) | (None, Some(bytes)) => bytes as i128,
         (None, None) => requested as i128 - not_kv as i128,
     };
-    // get_num_blocks: available // page_size // layers, page_size per
-    // layer = block × per-layer bytes; MIN over ranks (the same here).
-    let block_bytes = u64::from(block).saturating_mul(per_token);
-    let memory_blocks = if kv > 0 { (kv as u64) / block_bytes } else { 0 };
+    // get_kv_cache_config_from_groups: available // page_size //
+    // group_size, the page one block of one layer (block × per-layer
+    // bytes), group_size the layers of a group (every layer for one group);
+    // MIN over ranks (the same here).
+    let context = launch.context_length.or(model.max_position);
+    let layers = stage_layers(launch, model).max(1);
+    let groups = vllm_groups(launch, model, budget.gpu_total);
+    let group_size = groups.map_or(layers, |groups| groups.group_size);
+    let page_bytes = u64::from(block).saturating_mul(per_token / layers);
+    let group_bytes = page_bytes.saturating_mul(group_size).max(1);
+    let memory_blocks = if kv > 0 { (kv as u64) / group_bytes } else { 0 };
     // `--num-gpu-blocks-override` replaces the count the memory gives
     // (`may_override_num_blocks`); the memory checks stay the memory's.
     let blocks = launch.num_gpu_blocks_override.unwrap_or(memory_blocks);
     // DCP spreads each block over the DCP ranks.
-    let tokens = blocks
-        .saturating_mul(u64::from(block))
-        .saturating_mul(u64::from(launch.dcp.max(1)));
-    // One request of max_model_len must fit (`--max-model-len auto` fits
-    // the length to the pool instead).
-    let context = launch.context_length.or(model.max_position);
-    let one_request_blocks = match (launch.max_model_len_auto, context) {
-        (false, Some(length)) => {
-            length.div_ceil(u64::from(block).saturating_mul(u64::from(launch.dcp.max(1))))
-        }
+    let dcp = u64::from(launch.dcp.max(1));
+    let pool_tokens = blocks.saturating_mul(u64::from(block)).saturating_mul(dcp);
+    // The blocks one request of max_model_len takes over the groups
+    // (`_max_memory_usage_bytes_from_groups`): it must fit (`--max-model-len
+    // auto` fits the length to the pool instead), and the logged
+    // concurrency is the blocks ÷ it.
+    let blocks_per_request =
+        context.map(|length| vllm_blocks_per_request(groups, block, dcp, length));
+    let one_request_blocks = match (launch.max_model_len_auto, blocks_per_request) {
+        (false, Some(needed)) => needed,
         _ => 0,
     };
+    let block_bytes = group_bytes;
     // init_device calls request_memory before anything else, so the check
     // holds with --kv-cache-memory-bytes too.
     let start = if refuses {
@@ -600,6 +790,35 @@ fn vllm(launch: &Launch, model: &Model, budget: &Budget) -> Device {
         Some(blocks) => blocks.saturating_mul(block_bytes),
         None => kv.max(0) as u64,
     };
+    // get_kv_cache_capacity: concurrency = blocks ÷ blocks per request,
+    // tokens = int(concurrency × max_model_len).
+    let logged = match (context, blocks_per_request) {
+        (Some(length), Some(per_request)) if start == Start::Starts => {
+            let concurrency = blocks as f64 / per_request.max(1) as f64;
+            Some(EngineLog {
+                kv_cache_tokens: (concurrency * length as f64) as u64,
+                max_concurrency: Some(concurrency),
+                max_model_len: Some(length),
+            })
+        }
+        _ => None,
+    };
+    let hybrid = groups
+        .filter(|_| start == Start::Starts)
+        .map(|groups| Hybrid::Vllm {
+            full_groups: groups.full_groups,
+            window_groups: groups.window_groups,
+            group_size: groups.group_size,
+            window: groups.window,
+            in_flight_tokens: groups.in_flight_tokens,
+            blocks,
+            blocks_per_request: blocks_per_request.unwrap_or(0),
+        });
+    // A hybrid pool has no one token count: the engine's own figure.
+    let tokens = match (hybrid, logged) {
+        (Some(_), Some(logged)) => logged.kv_cache_tokens,
+        _ => pool_tokens,
+    };
     Device {
         bytes_per_token: per_token,
         kv_bytes_per_rank: kv_bytes,
@@ -612,7 +831,98 @@ fn vllm(launch: &Launch, model: &Model, budget: &Budget) -> Device {
         start,
         kv_dtype: kv_dtype(launch, model),
         profiled_tokens: i64::try_from(tokens).unwrap_or(i64::MAX),
-        context_length: launch.context_length.or(model.max_position),
+        context_length: context,
+        hybrid,
+        logged,
+    }
+}
+
+/// vLLM 0.26.0's KV-cache groups of a model with sliding-window layers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VllmGroups {
+    pub full_groups: u64,
+    pub window_groups: u64,
+    pub group_size: u64,
+    pub window: u64,
+    pub in_flight_tokens: u64,
+}
+
+/// The groups vLLM 0.26.0 makes of a model with sliding-window layers
+/// (`get_kv_cache_groups`), `None` for one group of full-attention layers
+/// (or with `--disable-hybrid-kv-cache-manager`, which makes every window
+/// layer full: `unify_hybrid_kv_cache_specs`). Every layer window: one
+/// group of all of them (`is_kv_cache_spec_uniform`). Both kinds
+/// (`_get_kv_cache_groups_uniform_page_size`): the group size is the
+/// smaller count, or the larger when it is under 1.5 times the smaller;
+/// each kind splits into ⌈count ÷ group size⌉ groups (the last padded).
+/// The window and full pages are the same size (same heads, both blocks
+/// of the backend's size, `unify_kv_cache_spec_page_size` otherwise
+/// scales the window block). With PP, each stage's groups hold its share
+/// of the layers.
+pub fn vllm_groups(launch: &Launch, model: &Model, gpu_total: u64) -> Option<VllmGroups> {
+    let window = model
+        .window_for(Engine::Vllm)
+        .filter(|_| !launch.disable_hybrid_kv)?;
+    let pp = u64::from(launch.pp.max(1));
+    let sliding = window.layers.min(model.layers);
+    let full = model.layers - sliding;
+    let (full_groups, window_groups, group_size) = if full == 0 {
+        (0, 1, sliding)
+    } else {
+        let (small, large) = (full.min(sliding), full.max(sliding));
+        let size = if 2 * large < 3 * small { large } else { small };
+        (full.div_ceil(size), sliding.div_ceil(size), size)
+    };
+    Some(VllmGroups {
+        full_groups,
+        window_groups,
+        group_size: group_size.div_ceil(pp).max(1),
+        window: window.tokens,
+        in_flight_tokens: vllm_max_concurrent_batches(launch)
+            .saturating_mul(vllm_max_num_batched_tokens(launch, gpu_total)),
+    })
+}
+
+/// `VllmConfig.max_concurrent_batches`: async scheduling (on by default)
+/// keeps 2 batches in flight without PP; with PP, the V1 model runner (the
+/// one hybrid models run on) keeps PP of them.
+fn vllm_max_concurrent_batches(launch: &Launch) -> u64 {
+    match launch.pp {
+        0 | 1 => 2,
+        pp => u64::from(pp),
+    }
+}
+
+/// `--max-num-batched-tokens`, else arg_utils' default for the API server:
+/// 8192 on GPUs of 70 GiB or more, 2048 on smaller ones.
+fn vllm_max_num_batched_tokens(launch: &Launch, gpu_total: u64) -> u64 {
+    launch
+        .chunked_prefill_size
+        .unwrap_or(if gpu_total >= 70 * GIB { 8192 } else { 2048 })
+}
+
+/// The blocks one request of `length` tokens takes over the groups
+/// (`FullAttentionSpec` / `SlidingWindowSpec.max_memory_usage_bytes` ÷ the
+/// page): a full group ⌈⌈length ÷ DCP⌉ ÷ block⌉, a window group
+/// ⌈min(window − 1 + in-flight, length) ÷ block⌉ + 1.
+pub fn vllm_blocks_per_request(
+    groups: Option<VllmGroups>,
+    block: u32,
+    dcp: u64,
+    length: u64,
+) -> u64 {
+    let block = u64::from(block.max(1));
+    let full = length.div_ceil(dcp.max(1)).div_ceil(block);
+    match groups {
+        None => full,
+        Some(groups) => {
+            let windowed = (groups.window.saturating_sub(1))
+                .saturating_add(groups.in_flight_tokens)
+                .min(length)
+                .div_ceil(block)
+                + 1;
+            groups.full_groups * full + groups.window_groups * windowed
+        }
     }
 }
 
@@ -626,10 +936,7 @@ fn vllm_max_running_requests(launch: &Launch, gpu_total: u64) -> u64 {
         Some(requests) => requests,
         None => {
             let default_seqs = if large { 1024 } else { 256 };
-            let batched = launch
-                .chunked_prefill_size
-                .unwrap_or(if large { 8192 } else { 2048 });
-            default_seqs.min(batched.max(1))
+            default_seqs.min(vllm_max_num_batched_tokens(launch, gpu_total).max(1))
         }
     }
 }

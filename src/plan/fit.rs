@@ -393,9 +393,8 @@ pub fn starts(device: &Device) -> bool {
 /// Requests a pool holds at once, each `request_tokens` long, over all its
 /// ranks, capped by the engine's running-request limit (per rank).
 pub fn concurrency(device: &Device, request_tokens: Option<u64>) -> Option<f64> {
-    let request = request_tokens.filter(|&tokens| tokens > 0)? as f64;
-    let per_rank =
-        (device.tokens_per_rank as f64 / request).min(device.max_running_requests as f64);
+    let request = request_tokens.filter(|&tokens| tokens > 0)?;
+    let per_rank = engine::concurrency(device, request);
     Some(per_rank * f64::from(device.ranks.max(1)))
 }
 

@@ -35,6 +35,8 @@
 //! | `--max-num-batched-tokens` | vLLM | the default max-num-seqs cap |
 //! | `--speculative-algorithm` | SGLang | the default mem fraction (draft reservation) |
 //! | `--enforce-eager` | vLLM | no CUDA-graph reservation |
+//! | `--swa-full-tokens-ratio` | SGLang | the window pool's size beside the full pool |
+//! | `--disable-hybrid-swa-memory`, `--disable-hybrid-kv-cache-manager` | SGLang / vLLM | sliding-window layers held as full attention |
 //! | `--enable-hierarchical-cache`, `--hicache-ratio`, `--hicache-size` | SGLang | host tier |
 //! | `--kv-offloading-size` | vLLM | host tier |
 //! | `--num-gpu-blocks-override` | vLLM | the pool's blocks, exactly |
@@ -199,6 +201,12 @@ pub struct Launch {
     /// The environment the engine would see (the caller's, with `env`
     /// and `A=B` prefixes applied).
     pub env: BTreeMap<String, String>,
+    /// SGLang `--swa-full-tokens-ratio` (default 0.8).
+    pub swa_full_tokens_ratio: Option<f64>,
+    /// SGLang `--disable-hybrid-swa-memory` / vLLM
+    /// `--disable-hybrid-kv-cache-manager`: sliding-window layers are held
+    /// as full attention.
+    pub disable_hybrid_kv: bool,
 }
 
 impl Launch {
@@ -278,6 +286,8 @@ pub fn parse(argv: &[String], env: &BTreeMap<String, String>) -> Result<Launch, 
         num_gpu_blocks_override: None,
         cpu_offload_bytes: 0,
         env: BTreeMap::new(),
+        swa_full_tokens_ratio: None,
+        disable_hybrid_kv: false,
     };
     let mut state = Flags::default();
     read_flags(engine, rest, &mut launch, &mut state)?;
@@ -867,6 +877,9 @@ const ALIASES: &[(&str, &str)] = &[
     ("--cuda-graph-bs", "graph-bs-list"),
     ("--speculative-algorithm", "speculative"),
     ("--enforce-eager", "eager"),
+    ("--swa-full-tokens-ratio", "swa-ratio"),
+    ("--disable-hybrid-swa-memory", "no-hybrid-kv"),
+    ("--disable-hybrid-kv-cache-manager", "no-hybrid-kv"),
     ("--enable-hierarchical-cache", "hicache"),
     ("--hicache-ratio", "hicache-ratio"),
     ("--hicache-size", "hicache-size"),
@@ -934,7 +947,7 @@ const VLLM_ONLY: &[&str] = &[
 const MAX_OFFLOAD_GIB: f64 = (1u64 << 20) as f64;
 
 /// Canonical names that take no value.
-const UNDERSTOOD_SWITCHES: &[&str] = &["dp-attention", "eager", "hicache"];
+const UNDERSTOOD_SWITCHES: &[&str] = &["dp-attention", "eager", "hicache", "no-hybrid-kv"];
 
 fn is_flag(word: &str) -> bool {
     word.starts_with('-') && word.len() > 1 && word.parse::<f64>().is_err()
@@ -1093,6 +1106,7 @@ fn understood_switch(
     match key {
         "dp-attention" => launch.dp_attention = true,
         "eager" => launch.enforce_eager = true,
+        "no-hybrid-kv" => launch.disable_hybrid_kv = true,
         _ => state.hierarchical_cache = true,
     }
     Ok(())
@@ -1380,6 +1394,11 @@ fn set(
             _ => return Err(bad(flag, value, "not a positive ratio")),
         },
         "hicache-size" => state.hicache_size = Some(whole(flag, value)?),
+        // server_args.py: 0 < ratio <= 1.
+        "swa-ratio" => match value.trim().parse::<f64>() {
+            Ok(ratio) if ratio > 0.0 && ratio <= 1.0 => launch.swa_full_tokens_ratio = Some(ratio),
+            _ => return Err(bad(flag, value, "not a ratio above 0 and at most 1")),
+        },
         "offload" => match value.trim().parse::<f64>() {
             Ok(gib) if gib >= 0.0 => state.offloading_gib = Some(gib),
             _ => return Err(bad(flag, value, "not a size in GiB")),

@@ -89,6 +89,21 @@ pub struct Model {
     /// MLA's `q_a` and `kv_a` projections (SGLang's `ReplicatedLinear`
     /// `fused_qkv_a_proj_with_mqa`), over all layers. 0 for MHA.
     pub replicated_bytes: u64,
+    /// The layers vLLM 0.26.0 gives a sliding-window KV spec
+    /// (`SlidingWindowSpec`); `None`: every layer full attention.
+    pub window_vllm: Option<Window>,
+    /// The layers SGLang 0.5.9 puts in its SWA pool (`is_hybrid_swa`);
+    /// `None`: one full pool.
+    pub window_sglang: Option<Window>,
+}
+
+/// Sliding-window (or chunked local) attention layers, as one engine sizes
+/// them: how many of the layers, and the window in tokens. The other
+/// layers are full attention with the same KV shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Window {
+    pub layers: u64,
+    pub tokens: u64,
 }
 
 impl Model {
@@ -97,6 +112,14 @@ impl Model {
         match engine {
             Engine::Sglang => self.attention,
             Engine::Vllm => self.attention_vllm,
+        }
+    }
+
+    /// The sliding-window layers as the given engine sizes them.
+    pub fn window_for(&self, engine: Engine) -> Option<Window> {
+        match engine {
+            Engine::Sglang => self.window_sglang,
+            Engine::Vllm => self.window_vllm,
         }
     }
 }
@@ -156,8 +179,6 @@ const HYBRID: &[&str] = &[
     "JambaForCausalLM",
     "MambaForCausalLM",
     "Mamba2ForCausalLM",
-    "GptOssForCausalLM",
-    "Llama4ForConditionalGeneration",
     "Step3p5ForCausalLM",
     "MiMoV2FlashForCausalLM",
     // DeepSeek-V3.2's sparse attention adds an indexer cache (SGLang) or
@@ -534,6 +555,10 @@ const NUMBERS: &[(&str, u64, u64)] = &[
     ("max_seq_len", 1, 1 << 40),
     ("model_max_length", 1, 1 << 40),
     ("max_position_embeddings", 1, 1 << 40),
+    // 0: no window (vLLM reads 0 as None).
+    ("sliding_window", 0, 1 << 40),
+    ("sliding_window_pattern", 1, 1 << 12),
+    ("attention_chunk_size", 1, 1 << 40),
 ];
 
 /// The largest rope-scaling factor taken (real ones are up to a few hundred).
@@ -616,6 +641,7 @@ pub fn parse_config(path: &Path, config: &serde_json::Value) -> Result<Model, Pl
         .any(|name| SGLANG_MULTIMODAL.contains(name));
     let vision = vision(config, &architecture);
     let (attention_bytes, replicated_bytes) = attention_weights(text, attention, layers);
+    let (window_vllm, window_sglang) = windows(path, text, &architectures, layers)?;
     Ok(Model {
         config_path: path.to_path_buf(),
         architecture,
@@ -632,7 +658,103 @@ pub fn parse_config(path: &Path, config: &serde_json::Value) -> Result<Model, Pl
         nextn_layers: u64_field(text, "num_nextn_predict_layers").unwrap_or(0),
         attention_bytes,
         replicated_bytes,
+        window_vllm,
+        window_sglang,
     })
+}
+
+/// The sliding-window layers each engine sizes apart, (vLLM 0.26.0,
+/// SGLang 0.5.9), from the text config:
+/// - Gemma-2 and Gemma-3 (`model_executor/models/gemma2.py`, `gemma3.py`):
+///   the layers whose `layer_types` entry is `sliding_attention`; without
+///   `layer_types`, transformers' default: every `sliding_window_pattern`-th
+///   layer (Gemma-3, default 6; Gemma-2, 2) is global, the others slide.
+///   SGLang turns its hybrid SWA memory off for both
+///   (`server_args.py`: "Disable hybrid SWA memory for … as it is not yet
+///   supported"): one full pool.
+/// - gpt-oss: vLLM slides the even layers (`gpt_oss.py`: `layer_idx % 2 ==
+///   0`); SGLang the `layer_types` entries `sliding_attention`
+///   (`configs/model_config.py` `get_hybrid_layer_ids`).
+/// - Llama-4: vLLM disables its hybrid KV-cache manager for chunked local
+///   attention by default (`config/vllm.py`, unless
+///   `VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1`), so every layer
+///   is full; SGLang's SWA pool holds the layers `(i + 1) % 4 != 0` with the
+///   window `attention_chunk_size` (`model_runner.py`).
+/// - Mistral (`model_type` `mistral`) with a `sliding_window`: vLLM slides
+///   every layer (`CacheConfig.sliding_window`); SGLang: one full pool.
+///
+/// Any other config whose layers slide (`layer_types` with
+/// `sliding_attention`, or a `sliding_window` not turned off by
+/// `use_sliding_window: false`) is refused by name: its pools are not
+/// modelled, and full attention would be wrong.
+fn windows(
+    path: &Path,
+    text: &serde_json::Value,
+    architectures: &[&str],
+    layers: u64,
+) -> Result<(Option<Window>, Option<Window>), PlanError> {
+    let missing = |field: &'static str| PlanError::MissingField {
+        path: path.to_path_buf(),
+        field,
+    };
+    let window = || u64_field(text, "sliding_window").filter(|window| *window > 0);
+    let layer_types = text
+        .get("layer_types")
+        .and_then(serde_json::Value::as_array);
+    let sliding_types = || {
+        layer_types.map(|types| {
+            types
+                .iter()
+                .take(usize::try_from(layers).unwrap_or(usize::MAX))
+                .filter(|kind| kind.as_str() == Some("sliding_attention"))
+                .count() as u64
+        })
+    };
+    let model_type = text
+        .get("model_type")
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or("");
+    let is = |name: &str| architectures.contains(&name);
+    let some = |layers: u64, tokens: u64| (layers > 0).then_some(Window { layers, tokens });
+    if is("Gemma2ForCausalLM") || is("Gemma3ForCausalLM") || is("Gemma3ForConditionalGeneration") {
+        let tokens = window().ok_or_else(|| missing("sliding_window"))?;
+        let pattern = if is("Gemma2ForCausalLM") {
+            2
+        } else {
+            u64_field(text, "sliding_window_pattern")
+                .unwrap_or(6)
+                .max(1)
+        };
+        let sliding = sliding_types().unwrap_or(layers - layers / pattern);
+        return Ok((some(sliding, tokens), None));
+    }
+    if is("GptOssForCausalLM") {
+        let tokens = window().ok_or_else(|| missing("sliding_window"))?;
+        let sglang = sliding_types().ok_or_else(|| missing("layer_types"))?;
+        return Ok((some(layers.div_ceil(2), tokens), some(sglang, tokens)));
+    }
+    if is("Llama4ForConditionalGeneration") {
+        let chunk = u64_field(text, "attention_chunk_size")
+            .filter(|chunk| *chunk > 0)
+            .ok_or_else(|| missing("attention_chunk_size"))?;
+        return Ok((None, some(layers - layers / 4, chunk)));
+    }
+    let turned_off = text
+        .get("use_sliding_window")
+        .and_then(serde_json::Value::as_bool)
+        == Some(false);
+    let slides = sliding_types().map_or(window().is_some(), |sliding| sliding > 0);
+    if turned_off || !slides {
+        return Ok((None, None));
+    }
+    if model_type == "mistral" && layer_types.is_none() {
+        let tokens = window().ok_or_else(|| missing("sliding_window"))?;
+        return Ok((some(layers, tokens), None));
+    }
+    Err(PlanError::UnknownArchitecture(format!(
+        "{} (sliding-window attention layers: their KV pools follow rules gpureap plan does not model for this architecture)",
+        architectures[0]
+    )))
 }
 
 /// The config's `architectures`, at least one; a hybrid one (whose KV
@@ -845,8 +967,19 @@ fn attention_weights(text: &serde_json::Value, attention: Attention, layers: u64
     )
 }
 
-/// SGLang's `get_context_length` (vLLM reads the same keys).
+/// SGLang's `get_context_length` (vLLM reads the same keys). Gemma-3's
+/// text config takes transformers' default `max_position_embeddings`
+/// (131,072) when the file omits it, and vLLM applies no rope factor to
+/// it (`config/model.py` skips `gemma3` model types); SGLang would (its
+/// context length sets only the request-cap default).
 fn context_length(text: &serde_json::Value) -> Option<u64> {
+    let gemma3 = text
+        .get("model_type")
+        .and_then(serde_json::Value::as_str)
+        .is_some_and(|model_type| model_type.starts_with("gemma3"));
+    if gemma3 {
+        return Some(u64_field(text, "max_position_embeddings").unwrap_or(131_072));
+    }
     let scaling = text
         .get("rope_scaling")
         .filter(|scaling| scaling.is_object())

@@ -7,7 +7,7 @@
 
 use serde::Serialize;
 
-use super::engine::{Budget, Device, Start};
+use super::engine::{self, Budget, Cap, Device, EngineLog, Hybrid, Start};
 use super::fit::{Cost, Freeing, Holder, NEGLIGIBLE_SHARE, Outcome, Reason, Source, Verdict};
 use super::launch::{Engine, HostTierRequest, KvDtype, Launch};
 use super::levers::{Demand, Lever};
@@ -388,12 +388,76 @@ fn pool_section(outcome: &Outcome) -> Vec<String> {
             lines.push(pool_line("clean GPUs", &outcome.clean, &outcome.launch));
         }
     }
+    let shown = if outcome.hypothetical.is_some() {
+        &outcome.clean
+    } else {
+        &outcome.now
+    };
+    lines.extend(engine_log_line(outcome.launch.engine, shown.logged));
+    lines.extend(hybrid_line(shown));
     lines.push(concurrency_line(outcome));
     lines.push(
         "  an upper bound: decode concurrency is tokens ÷ tokens per request, while requests grow"
             .to_string(),
     );
     lines
+}
+
+/// What the engine would log about its pool, as it prints it.
+fn engine_log_line(engine: Engine, logged: Option<EngineLog>) -> Option<String> {
+    let logged = logged?;
+    Some(
+        match (engine, logged.max_concurrency, logged.max_model_len) {
+            (Engine::Vllm, Some(concurrency), Some(length)) => format!(
+                "  engine log     \"GPU KV cache size: {} tokens\", \"Maximum concurrency for {} tokens per request: {concurrency:.2}x\"",
+                count(logged.kv_cache_tokens),
+                count(length)
+            ),
+            _ => format!(
+                "  engine log     max_total_num_tokens={}",
+                logged.kv_cache_tokens
+            ),
+        },
+    )
+}
+
+/// How a model with sliding-window layers is pooled.
+fn hybrid_line(device: &Device) -> Option<String> {
+    Some(match device.hybrid? {
+        Hybrid::Vllm {
+            full_groups,
+            window_groups,
+            group_size,
+            window,
+            blocks,
+            blocks_per_request,
+            ..
+        } => format!(
+            "  KV groups      {full_groups} full + {window_groups} sliding-window (window {}) of {group_size} layers each, sharing {} blocks of {} tokens; one request of the full length takes {} blocks",
+            count(window),
+            count(blocks),
+            device.page_size,
+            count(blocks_per_request)
+        ),
+        Hybrid::Sglang {
+            full_tokens,
+            window_tokens,
+            window,
+            ratio,
+        } => format!(
+            "  SWA pools      full_layer_tokens={full_tokens}, swa_layer_tokens={window_tokens} (--swa-full-tokens-ratio {ratio}, window {})",
+            count(window)
+        ),
+    })
+}
+
+fn cap_text(cap: Cap) -> &'static str {
+    match cap {
+        Cap::Pool => "the KV pool",
+        Cap::FullPool => "the full-attention pool",
+        Cap::WindowPool => "the sliding-window pool",
+        Cap::RunningRequests => "the running-request limit",
+    }
 }
 
 fn pool_line(label: &str, device: &Device, launch: &Launch) -> String {
@@ -440,11 +504,12 @@ fn pools_text(pools: u32, launch: &Launch) -> String {
 fn concurrency_line(outcome: &Outcome) -> String {
     match (outcome.request_tokens, outcome.averages) {
         (Some(tokens), Some((prompt, output))) => format!(
-            "  concurrency    {} requests at once of {} tokens (prompt {} + output {}){}; at most {} running per rank",
+            "  concurrency    {} requests at once of {} tokens (prompt {} + output {}), bound by {}{}; at most {} running per rank",
             concurrency_text(outcome.concurrency(&outcome.now)),
             count(tokens),
             count(prompt),
             count(output),
+            cap_text(engine::requests_at_once(&outcome.now, tokens).1),
             if outcome.clean != outcome.now {
                 format!(
                     ", {} on clean GPUs",
@@ -833,8 +898,15 @@ struct DeviceJson<'a> {
     max_running_requests: u64,
     /// Requests at once at the averages; null without them.
     concurrency: Option<f64>,
+    /// What bounds them; null without the averages.
+    concurrency_cap: Option<Cap>,
     starts: bool,
     start: &'a Start,
+    /// The engine's own pool figures, as it logs them; null when it would
+    /// not start.
+    engine_log: Option<EngineLog>,
+    /// The pools of a model with sliding-window layers; null for one pool.
+    hybrid: Option<Hybrid>,
 }
 
 #[derive(Serialize)]
@@ -898,8 +970,14 @@ fn device_json<'a>(device: &'a Device, outcome: &Outcome) -> DeviceJson<'a> {
         mem_fraction: device.mem_fraction,
         max_running_requests: device.max_running_requests,
         concurrency: outcome.averages.and_then(|_| outcome.concurrency(device)),
+        concurrency_cap: outcome
+            .averages
+            .and(outcome.request_tokens)
+            .map(|tokens| engine::requests_at_once(device, tokens).1),
         starts: super::fit::starts(device),
         start: &device.start,
+        engine_log: device.logged,
+        hybrid: device.hybrid,
     }
 }
 

@@ -1559,3 +1559,205 @@ fn config_steps_name_what_they_lack() {
     // Its vision config names no layers or width: the class's defaults.
     assert_eq!(vl2.vision, Some((24, 1024)));
 }
+
+// ------------------------------------------------------ sliding window
+
+fn h100_kv(kv: u64) -> Budget {
+    Budget {
+        gpu_total: 81_559 * MIB,
+        free_at_start: 80 * GIB,
+        weights_per_gpu: gib(30.0),
+        kv_memory: Some(kv),
+        non_kv: None,
+    }
+}
+
+#[test]
+fn sliding_window_layers_are_read_per_engine() {
+    // Gemma-3-27B: 62 layers, every 6th global (transformers' default
+    // sliding_window_pattern 6): 10 full, 52 window of 1,024. vLLM gives
+    // them SlidingWindowSpec; SGLang 0.5.9 turns its hybrid SWA memory off
+    // for Gemma (server_args.py): one full pool.
+    let gemma = load("gemma-3-27b-it");
+    assert_eq!(
+        gemma.window_vllm,
+        Some(model::Window {
+            layers: 52,
+            tokens: 1024
+        })
+    );
+    assert_eq!(gemma.window_sglang, None);
+    // Gemma3TextConfig's default max_position_embeddings, no rope factor
+    // (vLLM skips it for gemma3).
+    assert_eq!(gemma.max_position, Some(131_072));
+    // gpt-oss-20b: vLLM slides the even layers (gpt_oss.py), SGLang the
+    // layer_types entries sliding_attention: 12 of 24 each, window 128.
+    let oss = load("gpt-oss-20b");
+    let half = Some(model::Window {
+        layers: 12,
+        tokens: 128,
+    });
+    assert_eq!((oss.window_vllm, oss.window_sglang), (half, half));
+    // Llama-3.1: no window.
+    assert_eq!(load("llama-3.1-8b").window_vllm, None);
+}
+
+#[test]
+fn vllm_groups_sliding_window_layers_and_logs_their_concurrency() {
+    let gemma = load("gemma-3-27b-it");
+    let launch = parse("vllm serve m --max-model-len 32768");
+    let device = engine::device(&launch, &gemma, &h100_kv(40 * GIB), Some((2000, 1000)));
+    // Page (one block of one layer): 16 KV heads × (128 + 128) × 2 B × 16
+    // tokens = 131,072 B. _get_kv_cache_groups_uniform_page_size: 10 full
+    // and 52 window layers; 52 ≥ 1.5 × 10, so groups of 10: 1 full group,
+    // ⌈52/10⌉ = 6 window groups. get_num_blocks: 40 GiB // 131,072 // 10 =
+    // 32,768 blocks.
+    // Per request of max_model_len (_max_memory_usage_bytes_from_groups):
+    // full ⌈32,768/16⌉ = 2,048 blocks; window (SlidingWindowSpec):
+    // ⌈min(1,024 − 1 + 2 × 8,192, 32,768)/16⌉ + 1 = ⌈17,407/16⌉ + 1 =
+    // 1,089 (in flight: 2 async batches × max_num_batched_tokens 8,192);
+    // 2,048 + 6 × 1,089 = 8,582 blocks.
+    assert_eq!(
+        device.hybrid,
+        Some(engine::Hybrid::Vllm {
+            full_groups: 1,
+            window_groups: 6,
+            group_size: 10,
+            window: 1024,
+            in_flight_tokens: 16_384,
+            blocks: 32_768,
+            blocks_per_request: 8_582,
+        })
+    );
+    // get_kv_cache_capacity: concurrency 32,768 / 8,582 = 3.818…; "GPU KV
+    // cache size" int(3.818… × 32,768) = 125,115 tokens.
+    let logged = device.logged.expect("starts");
+    assert_eq!(logged.kv_cache_tokens, 125_115);
+    assert!((logged.max_concurrency.unwrap() - 32_768.0 / 8_582.0).abs() < 1e-12);
+    assert_eq!(device.tokens_per_rank, 125_115);
+    // Counted as full attention (the old rule) the same 40 GiB held
+    // 40 GiB / (8,192 B × 62 layers) = 84,562 tokens: 32 % fewer.
+    // Requests of 3,000 tokens: ⌈3,000/16⌉ = 188 blocks in every group
+    // (the window holds up to 17,407 tokens): 7 × 188 = 1,316 blocks;
+    // 32,768 / 1,316 = 24.9 at once, bound by the pool.
+    let (at_once, cap) = engine::requests_at_once(&device, 3000);
+    assert!((at_once - 32_768.0 / 1_316.0).abs() < 1e-9);
+    assert_eq!(cap, engine::Cap::Pool);
+    // --disable-hybrid-kv-cache-manager (unify_hybrid_kv_cache_specs):
+    // every layer full, one group of 62: 40 GiB // (131,072 × 62) = 5,285
+    // blocks, 84,560 tokens; logged int(5,285 / 2,048 × 32,768) = 84,560.
+    let unified = parse("vllm serve m --max-model-len 32768 --disable-hybrid-kv-cache-manager");
+    let device = engine::device(&unified, &gemma, &h100_kv(40 * GIB), None);
+    assert_eq!(device.hybrid, None);
+    assert_eq!(device.tokens_per_rank, 5_285 * 16);
+    assert_eq!(device.logged.unwrap().kv_cache_tokens, 84_560);
+}
+
+#[test]
+fn vllm_window_groups_of_equal_kinds_take_the_larger_count() {
+    // gpt-oss-20b: 12 full, 12 window; 12 < 1.5 × 12, so one group of
+    // each, 12 layers a group. Page: 8 KV heads × 128 × 2 B × 16 = 32,768
+    // B; 10 GiB // (32,768 × 12) = 27,306 blocks. Per request of 131,072:
+    // 8,192 + ⌈min(127 + 16,384, 131,072)/16⌉ + 1 = 8,192 + 1,033 = 9,225
+    // blocks; int(27,306 / 9,225 × 131,072) = 387,973 tokens.
+    let oss = load("gpt-oss-20b");
+    let device = engine::device(&parse("vllm serve m"), &oss, &h100_kv(10 * GIB), None);
+    let Some(engine::Hybrid::Vllm {
+        group_size,
+        blocks,
+        blocks_per_request,
+        ..
+    }) = device.hybrid
+    else {
+        panic!("{:?}", device.hybrid)
+    };
+    assert_eq!(
+        (group_size, blocks, blocks_per_request),
+        (12, 27_306, 9_225)
+    );
+    assert_eq!(
+        device.logged.unwrap().kv_cache_tokens,
+        (27_306.0 / 9_225.0 * 131_072.0) as u64
+    );
+    assert_eq!(device.logged.unwrap().kv_cache_tokens, 387_973);
+}
+
+#[test]
+fn sglang_splits_a_hybrid_swa_pool_by_its_ratio() {
+    // gpt-oss-20b on SGLang 0.5.9 (is_hybrid_swa_model): cell = 8 × (64 +
+    // 64) × 24 × 2 B = 49,152 B; 10 GiB // 49,152 = 218,453 tokens.
+    // set_num_tokens_hybrid_swa, F = 2,048 B a layer: full =
+    // int(218,453 × F·24 / (F·12 + 0.8·F·12)) = 242,725; window =
+    // int(242,725 × 0.8) = 194,180; max_total_num_tokens = the full pool.
+    let oss = load("gpt-oss-20b");
+    let launch = parse("python3 -m sglang.launch_server --model-path m");
+    let device = engine::device(&launch, &oss, &h100_kv(10 * GIB), Some((3000, 1000)));
+    assert_eq!(
+        device.hybrid,
+        Some(engine::Hybrid::Sglang {
+            full_tokens: 242_725,
+            window_tokens: 194_180,
+            window: 128,
+            ratio: 0.8,
+        })
+    );
+    assert_eq!(device.tokens_per_rank, 242_725);
+    assert_eq!(device.logged.unwrap().kv_cache_tokens, 242_725);
+    // model_runner: max_running_requests = min(tokens // 2, pool) with
+    // the pool's default clamp(218,453 / 131,072 × 512, 2048, 4096) = 2048.
+    assert_eq!(device.max_running_requests, 2048);
+    // Requests of 4,000 tokens: full pool 242,725 / 4,000 = 60.7; window
+    // pool 194,180 / min(4,000, 128) = 1,517: the full pool binds.
+    let (at_once, cap) = engine::requests_at_once(&device, 4000);
+    assert!((at_once - 242_725.0 / 4000.0).abs() < 1e-9);
+    assert_eq!(cap, engine::Cap::FullPool);
+    // --swa-full-tokens-ratio 0.5: full = int(218,453 × 24 / 18) =
+    // 291,270, window 145,635.
+    let half = parse("python3 -m sglang.launch_server --model-path m --swa-full-tokens-ratio 0.5");
+    let Some(engine::Hybrid::Sglang {
+        full_tokens,
+        window_tokens,
+        ..
+    }) = engine::device(&half, &oss, &h100_kv(10 * GIB), None).hybrid
+    else {
+        panic!("no SWA pools")
+    };
+    assert_eq!((full_tokens, window_tokens), (291_270, 145_635));
+    // --disable-hybrid-swa-memory: one pool of every layer.
+    let one = parse("python3 -m sglang.launch_server --model-path m --disable-hybrid-swa-memory");
+    let device = engine::device(&one, &oss, &h100_kv(10 * GIB), None);
+    assert_eq!((device.hybrid, device.tokens_per_rank), (None, 218_453));
+    // Gemma-3 on SGLang: one full pool of all 62 layers, as before.
+    let gemma = load("gemma-3-27b-it");
+    let device = engine::device(&launch, &gemma, &h100_kv(10 * GIB), None);
+    assert_eq!(device.hybrid, None);
+    assert_eq!(device.tokens_per_rank, 10 * GIB / (16 * 256 * 2 * 62));
+}
+
+#[test]
+fn a_sliding_window_that_is_not_modelled_is_refused_by_name() {
+    // Qwen2 with use_sliding_window true: transformers makes the layers
+    // from max_window_layers on slide; plan does not model it.
+    let config = serde_json::json!({
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "num_hidden_layers": 28,
+        "num_attention_heads": 28,
+        "num_key_value_heads": 4,
+        "hidden_size": 3584,
+        "sliding_window": 4096,
+        "use_sliding_window": true,
+        "max_window_layers": 21
+    });
+    let error = model::parse_config(Path::new("config.json"), &config).expect_err("refused");
+    assert!(
+        error.to_string().contains("Qwen2ForCausalLM")
+            && error.to_string().contains("sliding-window"),
+        "{error}"
+    );
+    // Turned off (Qwen2.5's published form), it is full attention.
+    let mut off = config.clone();
+    off["use_sliding_window"] = serde_json::json!(false);
+    let model = model::parse_config(Path::new("config.json"), &off).expect("full attention");
+    assert_eq!((model.window_vllm, model.window_sglang), (None, None));
+}
