@@ -851,3 +851,93 @@ fn a_host_tier_the_host_cannot_allocate_does_not_fit() {
         small.stdout
     );
 }
+
+/// A sliding-window model on a clean 80 GiB box: vLLM's KV-cache groups
+/// and the figures it would log (Gemma-3-27B, 40 GiB of KV: 32,768 blocks
+/// shared by 1 full and 6 window groups of 10 layers, "GPU KV cache size:
+/// 125,115 tokens", src/plan/tests.rs works them out), SGLang's full and
+/// window pools for gpt-oss-20b, both in text and in JSON of the schema.
+#[test]
+fn sliding_window_models_show_the_engine_s_own_pools() {
+    let validator = crate::schema::schema();
+    let host = SimHost::new(1, 80 * GIB, "Simulated H100").expect("sim host");
+    let fixture = |name: &str| {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/models")
+            .join(name)
+            .display()
+            .to_string()
+    };
+    let gemma: Vec<String> = [
+        "vllm",
+        "serve",
+        &fixture("gemma-3-27b-it"),
+        "--max-model-len",
+        "32768",
+    ]
+    .map(String::from)
+    .to_vec();
+    let flags = [
+        "--gpu-memory",
+        "80GiB",
+        "--weights",
+        "30GiB",
+        "--kv-memory",
+        "40GiB",
+        "--avg-prompt",
+        "2000",
+        "--avg-output",
+        "1000",
+    ];
+    let text = plan(&host, &flags, &gemma);
+    assert_eq!(text.code, 0, "{}{}", text.stdout, text.stderr);
+    assert!(
+        text.stdout.contains(
+            "\"GPU KV cache size: 125,115 tokens\", \"Maximum concurrency for 32,768 tokens per request: 3.82x\""
+        ),
+        "{}",
+        text.stdout
+    );
+    assert!(
+        text.stdout
+            .contains("1 full + 6 sliding-window (window 1,024) of 10 layers each"),
+        "{}",
+        text.stdout
+    );
+    assert!(
+        text.stdout.contains("bound by the KV pool"),
+        "{}",
+        text.stdout
+    );
+    let mut json_flags = flags.to_vec();
+    json_flags.push("--json");
+    let document = plan(&host, &json_flags, &gemma).json();
+    crate::schema::conforms(&validator, "vLLM sliding window", &document);
+    assert_eq!(document["device"]["engine_log"]["kv_cache_tokens"], 125_115);
+    assert_eq!(document["device"]["hybrid"]["blocks_per_request"], 8_582);
+    assert_eq!(document["device"]["concurrency_cap"], "pool");
+
+    let oss: Vec<String> = [
+        "python3",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        &fixture("gpt-oss-20b"),
+    ]
+    .map(String::from)
+    .to_vec();
+    let kv = [
+        "--gpu-memory",
+        "80GiB",
+        "--weights",
+        "13GiB",
+        "--kv-memory",
+        "10GiB",
+        "--json",
+    ];
+    let document = plan(&host, &kv, &oss).json();
+    crate::schema::conforms(&validator, "SGLang SWA pools", &document);
+    assert_eq!(document["device"]["hybrid"]["full_tokens"], 242_725);
+    assert_eq!(document["device"]["hybrid"]["window_tokens"], 194_180);
+    assert_eq!(document["device"]["tokens_per_rank"], 242_725);
+}
