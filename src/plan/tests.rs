@@ -1633,7 +1633,7 @@ fn vllm_groups_sliding_window_layers_and_logs_their_concurrency() {
     // cache size" int(3.818… × 32,768) = 125,115 tokens.
     let logged = device.logged.expect("starts");
     assert_eq!(logged.kv_cache_tokens, 125_115);
-    assert!((logged.max_concurrency.unwrap() - 32_768.0 / 8_582.0).abs() < 1e-12);
+    assert!((logged.max_concurrency.expect("vLLM logs it") - 32_768.0 / 8_582.0).abs() < 1e-12);
     assert_eq!(device.tokens_per_rank, 125_115);
     // Counted as full attention (the old rule) the same 40 GiB held
     // 40 GiB / (8,192 B × 62 layers) = 84,562 tokens: 32 % fewer.
@@ -1650,7 +1650,7 @@ fn vllm_groups_sliding_window_layers_and_logs_their_concurrency() {
     let device = engine::device(&unified, &gemma, &h100_kv(40 * GIB), None);
     assert_eq!(device.hybrid, None);
     assert_eq!(device.tokens_per_rank, 5_285 * 16);
-    assert_eq!(device.logged.unwrap().kv_cache_tokens, 84_560);
+    assert_eq!(device.logged.expect("starts").kv_cache_tokens, 84_560);
 }
 
 #[test]
@@ -1676,10 +1676,10 @@ fn vllm_window_groups_of_equal_kinds_take_the_larger_count() {
         (12, 27_306, 9_225)
     );
     assert_eq!(
-        device.logged.unwrap().kv_cache_tokens,
+        device.logged.expect("starts").kv_cache_tokens,
         (27_306.0 / 9_225.0 * 131_072.0) as u64
     );
-    assert_eq!(device.logged.unwrap().kv_cache_tokens, 387_973);
+    assert_eq!(device.logged.expect("starts").kv_cache_tokens, 387_973);
 }
 
 #[test]
@@ -1702,7 +1702,7 @@ fn sglang_splits_a_hybrid_swa_pool_by_its_ratio() {
         })
     );
     assert_eq!(device.tokens_per_rank, 242_725);
-    assert_eq!(device.logged.unwrap().kv_cache_tokens, 242_725);
+    assert_eq!(device.logged.expect("starts").kv_cache_tokens, 242_725);
     // model_runner: max_running_requests = min(tokens // 2, pool) with
     // the pool's default clamp(218,453 / 131,072 × 512, 2048, 4096) = 2048.
     assert_eq!(device.max_running_requests, 2048);
