@@ -179,8 +179,13 @@ pub enum Hybrid {
     Vllm {
         full_groups: u64,
         window_groups: u64,
+        /// Groups of linear-attention layers: one block each per request
+        /// (`MambaSpec`, `--mamba-cache-mode none`, the default without
+        /// prefix caching, which vLLM leaves off for hybrid models).
+        state_groups: u64,
         group_size: u64,
-        window: u64,
+        /// The window in tokens; `None` without window layers.
+        window: Option<u64>,
         /// `max_concurrent_batches × max_num_batched_tokens`
         /// (`VllmConfig.max_in_flight_tokens`).
         in_flight_tokens: u64,
@@ -229,7 +234,15 @@ pub enum Cap {
 /// Layers one pipeline stage holds (the largest stage; the engines take
 /// the MIN of tokens over stages).
 fn stage_layers(launch: &Launch, model: &Model) -> u64 {
-    model.layers.div_ceil(u64::from(launch.pp.max(1)))
+    kv_layers(model).div_ceil(u64::from(launch.pp.max(1)))
+}
+
+/// The layers that hold KV (the linear-attention layers hold a state
+/// instead).
+fn kv_layers(model: &Model) -> u64 {
+    model
+        .layers
+        .saturating_sub(model.linear.map_or(0, |linear| linear.layers))
 }
 
 /// The KV dtype `auto` resolves to: FP8 (e4m3) when the quant config
@@ -501,6 +514,7 @@ pub fn requests_at_once(device: &Device, tokens_per_request: u64) -> (f64, Cap) 
         Some(Hybrid::Vllm {
             full_groups,
             window_groups,
+            state_groups,
             window,
             in_flight_tokens,
             blocks,
@@ -508,11 +522,15 @@ pub fn requests_at_once(device: &Device, tokens_per_request: u64) -> (f64, Cap) 
         }) => {
             let block = u64::from(device.page_size.max(1));
             let full = n.div_ceil(block);
-            let windowed = (window.saturating_sub(1).saturating_add(in_flight_tokens))
-                .min(n)
-                .div_ceil(block)
+            let windowed = (window
+                .unwrap_or(0)
+                .saturating_sub(1)
+                .saturating_add(in_flight_tokens))
+            .min(n)
+            .div_ceil(block)
                 + 1;
-            let per_request = full_groups * full + window_groups * full.min(windowed);
+            let per_request =
+                full_groups * full + window_groups * full.min(windowed) + state_groups;
             (blocks as f64 / per_request.max(1) as f64, Cap::Pool)
         }
         Some(Hybrid::Sglang {
@@ -691,7 +709,8 @@ fn sglang_hybrid(
 fn vllm(launch: &Launch, model: &Model, budget: &Budget) -> Device {
     let per_token = bytes_per_token(launch, model).max(1);
     let utilization = mem_fraction(launch, model, budget.gpu_total);
-    let block = vllm_block_size(launch).max(1);
+    let per_layer = per_token / stage_layers(launch, model).max(1);
+    let block = vllm_hybrid_block_size(launch, model, vllm_block_size(launch).max(1), per_layer);
     // request_memory: ceil(total × utilization), refused when free < it.
     let requested = (budget.gpu_total as f64 * utilization).ceil() as u64;
     let refuses = budget.free_at_start < requested;
@@ -720,7 +739,7 @@ fn vllm(launch: &Launch, model: &Model, budget: &Budget) -> Device {
     let layers = stage_layers(launch, model).max(1);
     let groups = vllm_groups(launch, model, budget.gpu_total);
     let group_size = groups.map_or(layers, |groups| groups.group_size);
-    let page_bytes = u64::from(block).saturating_mul(per_token / layers);
+    let page_bytes = u64::from(block).saturating_mul(per_layer);
     let group_bytes = page_bytes.saturating_mul(group_size).max(1);
     let memory_blocks = if kv > 0 { (kv as u64) / group_bytes } else { 0 };
     // `--num-gpu-blocks-override` replaces the count the memory gives
@@ -808,6 +827,7 @@ fn vllm(launch: &Launch, model: &Model, budget: &Budget) -> Device {
         .map(|groups| Hybrid::Vllm {
             full_groups: groups.full_groups,
             window_groups: groups.window_groups,
+            state_groups: groups.state_groups,
             group_size: groups.group_size,
             window: groups.window,
             in_flight_tokens: groups.in_flight_tokens,
@@ -837,14 +857,38 @@ fn vllm(launch: &Launch, model: &Model, budget: &Budget) -> Device {
     }
 }
 
-/// vLLM 0.26.0's KV-cache groups of a model with sliding-window layers.
+/// vLLM 0.26.0's KV-cache groups of a model with sliding-window or
+/// linear-attention layers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct VllmGroups {
     pub full_groups: u64,
     pub window_groups: u64,
+    pub state_groups: u64,
     pub group_size: u64,
-    pub window: u64,
+    pub window: Option<u64>,
     pub in_flight_tokens: u64,
+}
+
+/// The block size vLLM 0.26.0 gives the attention layers of a model with
+/// linear-attention layers (`Platform._align_hybrid_block_size`, mamba
+/// cache mode `none`): with `a` the attention bytes of one token in one
+/// layer, `m` one linear layer's state bytes and `k` = max(the backend's
+/// smallest kernel block, 16 for FLASH_ATTN and TRITON_ATTN; the block
+/// size), the attention block is raised to `k · ⌈m / (k · a)⌉` when that is
+/// larger, so that an attention page holds a state; the state page is then
+/// padded to the attention page. Other models: `block` unchanged.
+pub fn vllm_hybrid_block_size(launch: &Launch, model: &Model, block: u32, per_layer: u64) -> u32 {
+    let Some(linear) = model.linear else {
+        return block;
+    };
+    let per_token_layer = per_layer.max(1);
+    let state = linear.state_bytes(
+        u64::from(launch.tp),
+        launch.model_dtype_bytes.unwrap_or(model.dtype_bytes),
+    );
+    let kernel = u64::from(block.max(16));
+    let aligned = kernel * state.div_ceil(kernel * per_token_layer);
+    u32::try_from(aligned).map_or(block, |aligned| block.max(aligned))
 }
 
 /// The groups vLLM 0.26.0 makes of a model with sliding-window layers
@@ -860,27 +904,52 @@ pub struct VllmGroups {
 /// scales the window block). With PP, each stage's groups hold its share
 /// of the layers.
 pub fn vllm_groups(launch: &Launch, model: &Model, gpu_total: u64) -> Option<VllmGroups> {
+    let pp = u64::from(launch.pp.max(1));
+    // Linear layers: their own groups beside the full ones (the hybrid
+    // KV-cache manager cannot be turned off for them).
+    if let Some(linear) = model.linear {
+        let state = linear.layers.min(model.layers);
+        let (full_groups, state_groups, size) = group_counts(model.layers - state, state);
+        return Some(VllmGroups {
+            full_groups,
+            window_groups: 0,
+            state_groups,
+            group_size: size.div_ceil(pp).max(1),
+            window: None,
+            in_flight_tokens: 0,
+        });
+    }
     let window = model
         .window_for(Engine::Vllm)
         .filter(|_| !launch.disable_hybrid_kv)?;
-    let pp = u64::from(launch.pp.max(1));
     let sliding = window.layers.min(model.layers);
-    let full = model.layers - sliding;
-    let (full_groups, window_groups, group_size) = if full == 0 {
-        (0, 1, sliding)
-    } else {
-        let (small, large) = (full.min(sliding), full.max(sliding));
-        let size = if 2 * large < 3 * small { large } else { small };
-        (full.div_ceil(size), sliding.div_ceil(size), size)
-    };
+    let (full_groups, window_groups, group_size) = group_counts(model.layers - sliding, sliding);
     Some(VllmGroups {
         full_groups,
         window_groups,
+        state_groups: 0,
         group_size: group_size.div_ceil(pp).max(1),
-        window: window.tokens,
+        window: Some(window.tokens),
         in_flight_tokens: vllm_max_concurrent_batches(launch)
             .saturating_mul(vllm_max_num_batched_tokens(launch, gpu_total)),
     })
+}
+
+/// (full groups, other groups, group size) for `full` full-attention
+/// layers beside `other` layers of one other kind
+/// (`_get_kv_cache_groups_uniform_page_size`: the smaller count, or the
+/// larger when it is under 1.5 times the smaller); no full layers: one
+/// group of the other kind.
+fn group_counts(full: u64, other: u64) -> (u64, u64, u64) {
+    if full == 0 {
+        return (0, 1, other.max(1));
+    }
+    if other == 0 {
+        return (1, 0, full);
+    }
+    let (small, large) = (full.min(other), full.max(other));
+    let size = if 2 * large < 3 * small { large } else { small };
+    (full.div_ceil(size), other.div_ceil(size), size)
 }
 
 /// `VllmConfig.max_concurrent_batches`: async scheduling (on by default)
@@ -916,12 +985,12 @@ pub fn vllm_blocks_per_request(
     match groups {
         None => full,
         Some(groups) => {
-            let windowed = (groups.window.saturating_sub(1))
+            let windowed = (groups.window.unwrap_or(0).saturating_sub(1))
                 .saturating_add(groups.in_flight_tokens)
                 .min(length)
                 .div_ceil(block)
                 + 1;
-            groups.full_groups * full + groups.window_groups * windowed
+            groups.full_groups * full + groups.window_groups * windowed + groups.state_groups
         }
     }
 }

@@ -95,6 +95,38 @@ pub struct Model {
     /// The layers SGLang 0.5.9 puts in its SWA pool (`is_hybrid_swa`);
     /// `None`: one full pool.
     pub window_sglang: Option<Window>,
+    /// Gated-delta-net (linear attention) layers, which hold a fixed state
+    /// per request instead of KV; `None` for none. Modelled for vLLM 0.26.0
+    /// only (`locate_for` refuses it for SGLang).
+    pub linear: Option<Linear>,
+}
+
+/// Gated-delta-net layers (Qwen3-Next): how many, and the shapes of the
+/// state each holds per request (vLLM `MambaStateShapeCalculator.
+/// gated_delta_net_state_shape`: a conv state of `(k_dim·k_heads·2 +
+/// v_dim·v_heads) ÷ TP` × `(conv_kernel − 1)` and a recurrent state of
+/// `v_heads ÷ TP × v_dim × k_dim`, both in the model dtype under
+/// `--mamba-cache-dtype auto`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Linear {
+    pub layers: u64,
+    pub k_heads: u64,
+    pub v_heads: u64,
+    pub k_dim: u64,
+    pub v_dim: u64,
+    pub conv_kernel: u64,
+}
+
+impl Linear {
+    /// One layer's state bytes per request on one of `tp` ranks, at
+    /// `dtype_bytes` an element.
+    pub fn state_bytes(&self, tp: u64, dtype_bytes: u64) -> u64 {
+        let tp = tp.max(1);
+        let conv_dim = self.k_dim * self.k_heads * 2 + self.v_dim * self.v_heads;
+        let conv = conv_dim / tp * self.conv_kernel.saturating_sub(1);
+        let recurrent = self.v_heads / tp * self.v_dim * self.k_dim;
+        (conv + recurrent) * dtype_bytes
+    }
 }
 
 /// Sliding-window (or chunked local) attention layers, as one engine sizes
@@ -171,7 +203,6 @@ const VLLM_MLA: &[&str] = &[
 /// with other rules, which `plan` does not model.
 const HYBRID: &[&str] = &[
     "KimiLinearForCausalLM",
-    "Qwen3NextForCausalLM",
     "Qwen3_5ForConditionalGeneration",
     "Qwen3_5MoeForConditionalGeneration",
     "NemotronHForCausalLM",
@@ -255,13 +286,20 @@ pub fn locate(
 /// model from (`--revision`, vLLM's `--download-dir`) and the engine's
 /// own environment (its `HF_HOME` and friends).
 pub fn locate_for(launch: &Launch, override_config: Option<&Path>) -> Result<Model, PlanError> {
-    locate_at(
+    let model = locate_at(
         &launch.model,
         launch.revision.as_deref(),
         launch.download_dir.as_deref().map(Path::new),
         override_config,
         &launch.env,
-    )
+    )?;
+    if launch.engine == Engine::Sglang && model.linear.is_some() {
+        return Err(PlanError::UnknownArchitecture(format!(
+            "{} on SGLang (linear-attention layers: SGLang's mamba state pool is not modelled; vLLM's is)",
+            model.architecture
+        )));
+    }
+    Ok(model)
 }
 
 /// The Hugging Face hub cache directories, in the order huggingface_hub
@@ -559,6 +597,12 @@ const NUMBERS: &[(&str, u64, u64)] = &[
     ("sliding_window", 0, 1 << 40),
     ("sliding_window_pattern", 1, 1 << 12),
     ("attention_chunk_size", 1, 1 << 40),
+    ("full_attention_interval", 1, 1 << 12),
+    ("linear_num_key_heads", 1, 1 << 16),
+    ("linear_num_value_heads", 1, 1 << 16),
+    ("linear_key_head_dim", 1, 1 << 16),
+    ("linear_value_head_dim", 1, 1 << 16),
+    ("linear_conv_kernel_dim", 1, 1 << 10),
 ];
 
 /// The largest rope-scaling factor taken (real ones are up to a few hundred).
@@ -642,6 +686,7 @@ pub fn parse_config(path: &Path, config: &serde_json::Value) -> Result<Model, Pl
     let vision = vision(config, &architecture);
     let (attention_bytes, replicated_bytes) = attention_weights(text, attention, layers);
     let (window_vllm, window_sglang) = windows(path, text, &architectures, layers)?;
+    let linear = linear(path, text, &architectures, layers)?;
     Ok(Model {
         config_path: path.to_path_buf(),
         architecture,
@@ -660,7 +705,55 @@ pub fn parse_config(path: &Path, config: &serde_json::Value) -> Result<Model, Pl
         replicated_bytes,
         window_vllm,
         window_sglang,
+        linear,
     })
+}
+
+/// Qwen3-Next's gated-delta-net layers: the `layer_types` entries
+/// `linear_attention`, else transformers' default (every
+/// `full_attention_interval`-th layer, 4 by default, is full attention,
+/// the others linear), with the `linear_*` head fields.
+fn linear(
+    path: &Path,
+    text: &serde_json::Value,
+    architectures: &[&str],
+    layers: u64,
+) -> Result<Option<Linear>, PlanError> {
+    if !architectures.contains(&"Qwen3NextForCausalLM") {
+        return Ok(None);
+    }
+    let field = |name: &'static str| {
+        u64_field(text, name)
+            .filter(|value| *value > 0)
+            .ok_or_else(|| PlanError::MissingField {
+                path: path.to_path_buf(),
+                field: name,
+            })
+    };
+    let count = match text
+        .get("layer_types")
+        .and_then(serde_json::Value::as_array)
+    {
+        Some(types) => types
+            .iter()
+            .take(usize::try_from(layers).unwrap_or(usize::MAX))
+            .filter(|kind| kind.as_str() == Some("linear_attention"))
+            .count() as u64,
+        None => {
+            let interval = u64_field(text, "full_attention_interval")
+                .unwrap_or(4)
+                .max(1);
+            layers - layers / interval
+        }
+    };
+    Ok(Some(Linear {
+        layers: count,
+        k_heads: field("linear_num_key_heads")?,
+        v_heads: field("linear_num_value_heads")?,
+        k_dim: field("linear_key_head_dim")?,
+        v_dim: field("linear_value_head_dim")?,
+        conv_kernel: field("linear_conv_kernel_dim")?,
+    }))
 }
 
 /// The sliding-window layers each engine sizes apart, (vLLM 0.26.0,

@@ -403,22 +403,19 @@ fn pool_section(outcome: &Outcome) -> Vec<String> {
     lines
 }
 
-/// What the engine would log about its pool, as it prints it.
+/// What vLLM would log about its pool, as it prints it (SGLang's
+/// `max_total_num_tokens` is the pool's tokens, or the full pool that the
+/// `SWA pools` line shows: the JSON's `engine_log` carries it).
 fn engine_log_line(engine: Engine, logged: Option<EngineLog>) -> Option<String> {
     let logged = logged?;
-    Some(
-        match (engine, logged.max_concurrency, logged.max_model_len) {
-            (Engine::Vllm, Some(concurrency), Some(length)) => format!(
-                "  engine log     \"GPU KV cache size: {} tokens\", \"Maximum concurrency for {} tokens per request: {concurrency:.2}x\"",
-                count(logged.kv_cache_tokens),
-                count(length)
-            ),
-            _ => format!(
-                "  engine log     max_total_num_tokens={}",
-                logged.kv_cache_tokens
-            ),
-        },
-    )
+    match (engine, logged.max_concurrency, logged.max_model_len) {
+        (Engine::Vllm, Some(concurrency), Some(length)) => Some(format!(
+            "  engine log     \"GPU KV cache size: {} tokens\", \"Maximum concurrency for {} tokens per request: {concurrency:.2}x\"",
+            count(logged.kv_cache_tokens),
+            count(length)
+        )),
+        _ => None,
+    }
 }
 
 /// How a model with sliding-window layers is pooled.
@@ -427,18 +424,33 @@ fn hybrid_line(device: &Device) -> Option<String> {
         Hybrid::Vllm {
             full_groups,
             window_groups,
+            state_groups,
             group_size,
             window,
             blocks,
             blocks_per_request,
             ..
-        } => format!(
-            "  KV groups      {full_groups} full + {window_groups} sliding-window (window {}) of {group_size} layers each, sharing {} blocks of {} tokens; one request of the full length takes {} blocks",
-            count(window),
-            count(blocks),
-            device.page_size,
-            count(blocks_per_request)
-        ),
+        } => {
+            let mut kinds = vec![format!("{full_groups} full")];
+            if let Some(window) = window {
+                kinds.push(format!(
+                    "{window_groups} sliding-window (window {})",
+                    count(window)
+                ));
+            }
+            if state_groups > 0 {
+                kinds.push(format!(
+                    "{state_groups} linear-attention (one state block a request)"
+                ));
+            }
+            format!(
+                "  KV groups      {} of {group_size} layers each, sharing {} blocks of {} tokens; one request of the full length takes {} blocks",
+                kinds.join(" + "),
+                count(blocks),
+                device.page_size,
+                count(blocks_per_request)
+            )
+        }
         Hybrid::Sglang {
             full_tokens,
             window_tokens,

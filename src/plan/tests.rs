@@ -548,7 +548,7 @@ fn model_bad_input_is_named() {
     ));
     let hybrid = write(
         "hybrid.json",
-        r#"{"architectures": ["Qwen3NextForCausalLM"], "num_hidden_layers": 48, "num_attention_heads": 16}"#,
+        r#"{"architectures": ["NemotronHForCausalLM"], "num_hidden_layers": 52, "num_attention_heads": 32}"#,
     );
     assert!(matches!(
         model::locate("x", Some(&hybrid), &no_env()),
@@ -1622,8 +1622,9 @@ fn vllm_groups_sliding_window_layers_and_logs_their_concurrency() {
         Some(engine::Hybrid::Vllm {
             full_groups: 1,
             window_groups: 6,
+            state_groups: 0,
             group_size: 10,
-            window: 1024,
+            window: Some(1024),
             in_flight_tokens: 16_384,
             blocks: 32_768,
             blocks_per_request: 8_582,
@@ -1760,4 +1761,84 @@ fn a_sliding_window_that_is_not_modelled_is_refused_by_name() {
     off["use_sliding_window"] = serde_json::json!(false);
     let model = model::parse_config(Path::new("config.json"), &off).expect("full attention");
     assert_eq!((model.window_vllm, model.window_sglang), (None, None));
+}
+
+// ------------------------------------------------------ linear attention
+
+#[test]
+fn vllm_pools_gated_delta_net_state_beside_full_attention() {
+    // Qwen3-Next-80B-A3B: 48 layers, every 4th full attention
+    // (full_attention_interval 4): 12 full, 36 gated-delta-net.
+    let next = load("qwen3-next-80b-a3b");
+    assert_eq!(
+        next.linear,
+        Some(model::Linear {
+            layers: 36,
+            k_heads: 16,
+            v_heads: 32,
+            k_dim: 128,
+            v_dim: 128,
+            conv_kernel: 4,
+        })
+    );
+    // One layer's state (gated_delta_net_state_shape, bf16): conv (128·16·2
+    // + 128·32) × (4 − 1) = 24,576 and recurrent 32 × 128 × 128 = 524,288
+    // elements: 1,097,728 B at TP1.
+    assert_eq!(next.linear.expect("linear").state_bytes(1, 2), 1_097_728);
+    let launch = parse("vllm serve m --max-model-len 8192");
+    let device = engine::device(&launch, &next, &h100_kv(20 * GIB), Some((6000, 2000)));
+    // _align_hybrid_block_size: attention 2 KV heads × (256 + 256) × 2 B
+    // = 2,048 B a token; block 16 × ⌈1,097,728 / (16 × 2,048)⌉ = 16 × 34 =
+    // 544 tokens, page 544 × 2,048 = 1,114,112 B (the state padded to it).
+    assert_eq!(device.page_size, 544);
+    // Groups: 36 ≥ 1.5 × 12, so groups of 12: 1 full, 3 state. Blocks:
+    // 20 GiB // (1,114,112 × 12) = 1,606. A request of 8,192: ⌈8,192/544⌉
+    // = 16 full blocks + 1 state block in each of 3 groups (MambaSpec,
+    // mamba_cache_mode none) = 19; concurrency 1,606 / 19 = 84.53, "GPU KV
+    // cache size" int(84.53 × 8,192) = 692,439 tokens.
+    let Some(engine::Hybrid::Vllm {
+        full_groups,
+        state_groups,
+        group_size,
+        blocks,
+        blocks_per_request,
+        ..
+    }) = device.hybrid
+    else {
+        panic!("{:?}", device.hybrid)
+    };
+    assert_eq!(
+        (
+            full_groups,
+            state_groups,
+            group_size,
+            blocks,
+            blocks_per_request
+        ),
+        (1, 3, 12, 1_606, 19)
+    );
+    assert_eq!(device.logged.expect("starts").kv_cache_tokens, 692_439);
+    // Requests of 8,000 tokens: ⌈8,000/544⌉ = 15 + 3 = 18 blocks: 89.2.
+    let (at_once, cap) = engine::requests_at_once(&device, 8000);
+    assert!((at_once - 1_606.0 / 18.0).abs() < 1e-9);
+    assert_eq!(cap, engine::Cap::Pool);
+    // TP4: 1 KV head a rank (2 // 4, at least 1): 1,024 B a token; the
+    // state (2,048 × 3 + 8 × 128 × 128) × 2 = 274,432 B; block 16 ×
+    // ⌈274,432 / 16,384⌉ = 272.
+    let tp4 = parse("vllm serve m --max-model-len 8192 -tp 4");
+    assert_eq!(next.linear.expect("linear").state_bytes(4, 2), 274_432);
+    assert_eq!(
+        engine::device(&tp4, &next, &h100_kv(20 * GIB), None).page_size,
+        272
+    );
+    // SGLang's mamba pool is not modelled: refused by name.
+    let sglang = parse(&format!(
+        "python3 -m sglang.launch_server --model-path {}",
+        fixture("qwen3-next-80b-a3b").display()
+    ));
+    let error = model::locate_for(&sglang, None).expect_err("refused on SGLang");
+    assert!(
+        error.to_string().contains("Qwen3NextForCausalLM"),
+        "{error}"
+    );
 }
