@@ -44,7 +44,7 @@ pub enum PlanError {
     #[error("{}: the config has no \"{field}\"", .path.display())]
     MissingField { path: PathBuf, field: &'static str },
     #[error(
-        "{}: no model.safetensors.index.json and no *.safetensors to size the weights from; give --weights SIZE (per GPU, once loaded)",
+        "{}: no model.safetensors.index.json, no *.safetensors and no vocab_size, hidden_size and MLP width in config.json to size the weights from; give --weights SIZE (per GPU, once loaded)",
         .dir.display()
     )]
     NoWeights { dir: PathBuf },

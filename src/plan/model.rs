@@ -501,64 +501,6 @@ fn read_model(path: &Path) -> Result<Model, PlanError> {
     Ok(model)
 }
 
-/// ESTIMATE: the checkpoint's bytes from the config's shapes, for a model
-/// directory without an index or safetensors: the embeddings (twice,
-/// unless tied), the attention projections (`Model::attention_bytes`),
-/// and per layer a gated MLP of `intermediate_size`, or on MoE layers
-/// (after `first_k_dense_replace` dense ones) every routed and shared
-/// expert of `moe_intermediate_size`, all at the model dtype. `None`
-/// without the shapes, or for a quantized checkpoint (its bytes per weight
-/// are not the dtype's).
-fn config_weights(config: &serde_json::Value, model: &Model) -> Option<u64> {
-    let text = config
-        .get("text_config")
-        .filter(|text| text.is_object())
-        .unwrap_or(config);
-    if text.get("quantization_config").is_some() || config.get("quantization_config").is_some() {
-        return None;
-    }
-    let field = |name: &str| u64_field(text, name);
-    let hidden = field("hidden_size")?;
-    let vocab = field("vocab_size")?;
-    let tied = text
-        .get("tie_word_embeddings")
-        .or_else(|| config.get("tie_word_embeddings"))
-        .and_then(serde_json::Value::as_bool)
-        .unwrap_or(false);
-    let dense = field("intermediate_size");
-    let experts = field("n_routed_experts")
-        .or_else(|| field("num_experts"))
-        .or_else(|| field("num_local_experts"))
-        .unwrap_or(0);
-    let (dense_layers, moe_layers) = if experts > 0 {
-        let first = field("first_k_dense_replace")
-            .unwrap_or(0)
-            .min(model.layers);
-        (first, model.layers - first)
-    } else {
-        (model.layers, 0)
-    };
-    // Saturating: numbers anyone may write in a config.
-    let mlp = |width: u64| 3u64.saturating_mul(hidden).saturating_mul(width);
-    let mut weights = vocab
-        .saturating_mul(hidden)
-        .saturating_mul(if tied { 1 } else { 2 });
-    weights = weights.saturating_add(model.attention_bytes / 2);
-    if dense_layers > 0 {
-        weights = weights.saturating_add(dense_layers.saturating_mul(mlp(dense?)));
-    }
-    if moe_layers > 0 {
-        let width = field("moe_intermediate_size").or(dense)?;
-        let per_layer = experts.saturating_add(field("n_shared_experts").unwrap_or(0));
-        weights = weights.saturating_add(
-            moe_layers
-                .saturating_mul(per_layer)
-                .saturating_mul(mlp(width)),
-        );
-    }
-    Some(weights.saturating_mul(model.dtype_bytes))
-}
-
 fn u64_field(config: &serde_json::Value, name: &str) -> Option<u64> {
     let value = config.get(name)?;
     value.as_u64().or_else(|| {
@@ -707,6 +649,125 @@ pub fn parse_config(path: &Path, config: &serde_json::Value) -> Result<Model, Pl
         window_sglang,
         linear,
     })
+}
+
+/// ESTIMATE: the weights' bytes as the engine loads them, from the
+/// config alone: parameters (embeddings `vocab × hidden`, the LM head
+/// unless `tie_word_embeddings`; per layer the attention projections
+/// (`attention_weights`), the MLP `3 × hidden × intermediate` (MoE: every
+/// routed expert at `moe_intermediate_size`, the shared experts, the
+/// router `hidden × experts`; DeepSeek's `first_k_dense_replace` layers
+/// dense) and two norms; the final norm) times the bytes a weight takes in
+/// the checkpoint's format (`quantization_config`):
+/// - none: the model dtype (2 bytes);
+/// - `fp8`: 1 byte a linear weight (block scales ignored);
+/// - `awq`, `gptq`, `compressed-tensors` with `num_bits` 4 (or 8): the
+///   bits ÷ 8 and a 16-bit scale per group (`group_size`, 128 by default);
+///   what the config's ignore list names stays 16-bit: the attention
+///   (`attn`), the dense MLPs and shared experts (`mlp`, `shared_expert`);
+/// - `mxfp4` (gpt-oss): the experts at 4 bits and a one-byte scale per 32,
+///   the rest 16 bits.
+///
+/// Embeddings and the LM head stay 16 bits. Linear-attention layers are
+/// counted as attention layers (an estimate). `None` without `vocab_size`,
+/// `hidden_size` or an MLP width.
+pub fn config_weights(config: &serde_json::Value, model: &Model) -> Option<u64> {
+    let text = config
+        .get("text_config")
+        .filter(|text| text.is_object())
+        .unwrap_or(config);
+    let (attention_bytes, layers, dtype_bytes) =
+        (model.attention_bytes, model.layers, model.dtype_bytes);
+    let field = |name: &str| u64_field(text, name);
+    let hidden = field("hidden_size")? as f64;
+    let vocab = field("vocab_size")? as f64;
+    let layers_f = layers as f64;
+    let tied = text
+        .get("tie_word_embeddings")
+        .or_else(|| config.get("tie_word_embeddings"))
+        .and_then(serde_json::Value::as_bool)
+        .unwrap_or(false);
+    let embeddings = vocab * hidden * if tied { 1.0 } else { 2.0 };
+    let attention = attention_bytes as f64 / 2.0;
+    let experts = field("n_routed_experts")
+        .or_else(|| field("num_local_experts"))
+        .or_else(|| field("num_experts"))
+        .filter(|experts| *experts > 1);
+    let dense_width = field("intermediate_size");
+    let (dense_mlp, expert_mlp) = match experts {
+        None => (3.0 * hidden * dense_width? as f64 * layers_f, 0.0),
+        Some(experts) => {
+            let width = field("moe_intermediate_size").or(dense_width)? as f64;
+            let dense_layers = field("first_k_dense_replace").unwrap_or(0).min(layers) as f64;
+            let moe_layers = layers_f - dense_layers;
+            let shared = match (
+                field("n_shared_experts"),
+                field("shared_expert_intermediate_size"),
+            ) {
+                (Some(count), _) => count as f64 * width,
+                (None, Some(shared)) => shared as f64,
+                (None, None) => 0.0,
+            };
+            let dense = 3.0 * hidden * dense_width.unwrap_or(0) as f64 * dense_layers
+                + (3.0 * hidden * shared + hidden * experts as f64) * moe_layers;
+            (dense, 3.0 * hidden * width * experts as f64 * moe_layers)
+        }
+    };
+    let norms = hidden * (2.0 * layers_f + 1.0);
+    let sixteen = dtype_bytes as f64;
+    let quant = text
+        .get("quantization_config")
+        .or_else(|| config.get("quantization_config"));
+    let method = quant
+        .and_then(|quant| quant.get("quant_method"))
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or("");
+    // (bytes an attention weight, bytes an MLP or expert weight).
+    let (attention_each, mlp_each, expert_each) = match method {
+        "" => (sixteen, sixteen, sixteen),
+        "fp8" => (1.0, 1.0, 1.0),
+        "mxfp4" => (sixteen, sixteen, 4.25 / 8.0),
+        "awq" | "gptq" | "compressed-tensors" => {
+            let quant = quant?;
+            let group = quant
+                .pointer("/config_groups/group_0/weights")
+                .unwrap_or(quant);
+            let bits = u64_field(group, "num_bits")
+                .or_else(|| u64_field(quant, "bits"))
+                .or_else(|| u64_field(quant, "w_bit"))
+                .unwrap_or(4) as f64;
+            let group_size = u64_field(group, "group_size")
+                .or_else(|| u64_field(quant, "q_group_size"))
+                .filter(|size| *size > 0)
+                .unwrap_or(128) as f64;
+            let each = bits / 8.0 + 2.0 / group_size;
+            let ignores = |part: &str| {
+                quant
+                    .get("ignore")
+                    .or_else(|| quant.get("modules_to_not_convert"))
+                    .and_then(serde_json::Value::as_array)
+                    .is_some_and(|ignored| {
+                        ignored
+                            .iter()
+                            .filter_map(serde_json::Value::as_str)
+                            .any(|name| name.contains(part))
+                    })
+            };
+            let attention = if ignores("attn") { sixteen } else { each };
+            let dense = if ignores("shared_expert") || ignores("mlp") {
+                sixteen
+            } else {
+                each
+            };
+            (attention, dense, each)
+        }
+        _ => return None,
+    };
+    let bytes = (embeddings + norms) * sixteen
+        + attention * attention_each
+        + dense_mlp * mlp_each
+        + expert_mlp * expert_each;
+    (bytes.is_finite() && bytes >= 0.0).then_some(bytes as u64)
 }
 
 /// Qwen3-Next's gated-delta-net layers: the `layer_types` entries

@@ -318,7 +318,12 @@ fn kimi_k25_is_mla_from_its_nested_text_config() {
         !kimi.kv_fp8_from_quant,
         "compressed-tensors INT4 leaves the KV cache alone"
     );
-    assert_eq!(kimi.weights_bytes, None);
+    // No index beside it: the config's estimate, its INT4 experts at half
+    // a byte and a 16-bit scale per 32 (compressed-tensors group_size),
+    // attention, dense MLP and shared experts 16-bit (its ignore list):
+    // 594.2 GB, as ENGINES.md §3 computes from the safetensors list.
+    assert!(kimi.weights_from_config);
+    assert_eq!(kimi.weights_bytes, Some(594_205_009_920));
     // q_a + kv_a, replicated: 61 × 7168 × (1536 + 512 + 64) × 2 bytes.
     assert_eq!(kimi.replicated_bytes, 61 * 7168 * (1536 + 512 + 64) * 2);
 }
@@ -1473,12 +1478,27 @@ fn evaluate_takes_each_step_from_the_flag_then_the_log_then_the_estimate() {
         fit::evaluate(&unread, None),
         Err(fit::FitError::Unreadable(_))
     ));
-    // A checkpoint with nothing to size the weights from names --weights.
+    // A checkpoint with no index and no safetensors: the weights are
+    // estimated from the config, and said to be (Kimi-K2.5's INT4 experts:
+    // 594.2 GB, as ENGINES.md §3 computes from the safetensors list).
     let kimi = format!(
         "python3 -m sglang.launch_server --model-path {} --tp 8",
         fixture("kimi-k2.5").display()
     );
-    let error = fit::evaluate(&on_box(&kimi, 141 * GIB), None).expect_err("no weights");
+    let outcome = fit::evaluate(&on_box(&kimi, 141 * GIB), None).expect("estimated");
+    assert_eq!(outcome.weights_source, fit::Source::ConfigEstimate);
+    assert!(outcome.model.weights_from_config);
+    let estimate = outcome.model.weights_bytes.expect("estimate");
+    assert!((585e9..595e9).contains(&(estimate as f64)), "{estimate}");
+    // A config without the shapes to estimate from still names --weights.
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        dir.path().join("config.json"),
+        r#"{"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 256}"#,
+    )
+    .expect("config");
+    let shapeless = format!("vllm serve {}", dir.path().display());
+    let error = fit::evaluate(&on_box(&shapeless, 141 * GIB), None).expect_err("no weights");
     assert!(
         matches!(&error, fit::FitError::Input(PlanError::NoWeights { .. }))
             && error.to_string().contains("--weights"),
@@ -1841,4 +1861,37 @@ fn vllm_pools_gated_delta_net_state_beside_full_attention() {
         error.to_string().contains("Qwen3NextForCausalLM"),
         "{error}"
     );
+}
+
+// ------------------------------------------------ weights from the config
+
+#[test]
+fn weights_are_estimated_from_the_config_without_a_checkpoint_index() {
+    let config = |name: &str| -> serde_json::Value {
+        let path = fixture(name).join("config.json");
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("config")).expect("JSON")
+    };
+    let estimate = |name: &str| {
+        let json = config(name);
+        let model = model::parse_config(Path::new("config.json"), &json).expect(name);
+        model::config_weights(&json, &model)
+    };
+    // Llama-3.1-8B: embeddings and LM head 2 × 128,256 × 4,096; per layer
+    // q and o 4,096², k and v 2 × 4,096 × 1,024, MLP 3 × 4,096 × 14,336, two
+    // norms; the final norm: 8,030,261,248 parameters × 2 B, the published
+    // index's total_size to the byte.
+    assert_eq!(estimate("llama-3.1-8b"), Some(16_060_522_496));
+    assert_eq!(load("llama-3.1-8b").weights_bytes, Some(16_060_522_496));
+    // gpt-oss-20b (mxfp4): 32 experts × 3 × 2,880² × 24 layers at 4.25
+    // bits; embeddings, LM head, attention (q, o 2,880 × 64 × 64; k, v
+    // 2,880 × 8 × 128), routers and norms at 2 bytes.
+    let sixteen =
+        (2u64 * 201_088 * 2_880 + 2_880 * 49 + 26_542_080 * 24 + 2_880 * 32 * 24) as f64 * 2.0;
+    let experts = (3u64 * 2_880 * 2_880 * 32 * 24) as f64 * 4.25 / 8.0;
+    assert_eq!(estimate("gpt-oss-20b"), Some((sixteen + experts) as u64));
+    // No index and no safetensors beside it: the model takes the estimate,
+    // marked as one.
+    let oss = load("gpt-oss-20b");
+    assert!(oss.weights_from_config);
+    assert_eq!(oss.weights_bytes, Some((sixteen + experts) as u64));
 }
