@@ -202,6 +202,16 @@ pub enum Hybrid {
         window: u64,
         ratio: f64,
     },
+    /// SGLang 0.5.9 with linear-attention layers (`handle_max_mamba_cache`):
+    /// the full-attention pool beside `state_slots` request states of
+    /// `state_bytes_per_request` each, which cap the running requests at
+    /// `state_request_cap`.
+    SglangState {
+        full_tokens: u64,
+        state_slots: u64,
+        state_bytes_per_request: u64,
+        state_request_cap: u64,
+    },
 }
 
 /// What the engine logs about its pool: vLLM's `GPU KV cache size: N
@@ -226,6 +236,8 @@ pub enum Cap {
     FullPool,
     /// SGLang's sliding-window pool.
     WindowPool,
+    /// SGLang's linear-attention state slots (its request cap).
+    StateSlots,
     /// The running-request limit (`--max-running-requests` /
     /// `--max-num-seqs`).
     RunningRequests,
@@ -547,13 +559,18 @@ pub fn requests_at_once(device: &Device, tokens_per_request: u64) -> (f64, Cap) 
                 (full, Cap::FullPool)
             }
         }
+        Some(Hybrid::SglangState { full_tokens, .. }) => {
+            (full_tokens as f64 / n as f64, Cap::FullPool)
+        }
         None => (device.tokens_per_rank as f64 / n as f64, Cap::Pool),
     };
     let limit = device.max_running_requests as f64;
-    if limit < by_pool {
-        (limit, Cap::RunningRequests)
-    } else {
-        (by_pool, cap)
+    match device.hybrid {
+        _ if limit >= by_pool => (by_pool, cap),
+        Some(Hybrid::SglangState {
+            state_request_cap, ..
+        }) if state_request_cap == device.max_running_requests => (limit, Cap::StateSlots),
+        _ => (limit, Cap::RunningRequests),
     }
 }
 
@@ -573,26 +590,33 @@ fn sglang(launch: &Launch, model: &Model, budget: &Budget) -> Device {
     let context = launch.context_length.or(model.max_position);
     // profile_max_num_token: rest = available − F0·(1 − f), in GiB floats,
     // then int(rest · 2^30) // cell (Python floor division).
-    let (rest, profiled) = match budget.kv_memory {
-        Some(kv) => (kv as i128, (kv / cell) as i64),
+    let rest_gib = match budget.kv_memory {
+        Some(kv) => kv as f64 / GIB as f64,
         None => {
             let free = budget.free_at_start as f64 / GIB as f64;
             let available =
                 budget.free_at_start.saturating_sub(budget.weights_per_gpu) as f64 / GIB as f64;
-            let rest = ((available - free * (1.0 - fraction)) * GIB as f64) as i128;
-            (rest, rest.div_euclid(cell as i128) as i64)
+            available - free * (1.0 - fraction)
         }
     };
+    // handle_max_mamba_cache: the linear layers' state slots come out of
+    // the rest first.
+    let (rest_gib, state) = sglang_state_slots(launch, model, rest_gib);
+    let rest = (rest_gib * GIB as f64) as i128;
+    let profiled = rest.div_euclid(cell as i128) as i64;
     // init_memory_pool: the ReqToTokenPool size (the request cap's bound)
     // from the profiled count, then the --max-total-tokens cap and the
     // page floor.
-    let pool_requests = match launch.max_running_requests {
+    let mut pool_requests = match launch.max_running_requests {
         Some(requests) => requests,
         None => {
             let per_context = profiled as f64 / context.unwrap_or(2048).max(1) as f64 * 512.0;
             (per_context as i64).clamp(2048, 4096) as u64
         }
     };
+    if let Some((_, _, state_cap)) = state {
+        pool_requests = pool_requests.min(state_cap);
+    }
     let mut tokens = profiled;
     if let Some(cap) = launch.max_total_tokens {
         tokens = tokens.min(i64::try_from(cap).unwrap_or(i64::MAX));
@@ -600,7 +624,15 @@ fn sglang(launch: &Launch, model: &Model, budget: &Budget) -> Device {
     tokens = tokens.div_euclid(i64::from(page)) * i64::from(page);
     // set_num_tokens_hybrid_swa: the pool's memory split into a full pool
     // and a window pool; max_total_num_tokens is then the full pool.
-    let hybrid = sglang_hybrid(launch, model, tokens, cell, page);
+    let hybrid =
+        sglang_hybrid(launch, model, tokens, cell, page).or(state.map(|(slots, bytes, cap)| {
+            Hybrid::SglangState {
+                full_tokens: u64::try_from(tokens).unwrap_or(0),
+                state_slots: slots,
+                state_bytes_per_request: bytes,
+                state_request_cap: cap,
+            }
+        }));
     if let Some(Hybrid::Sglang { full_tokens, .. }) = hybrid {
         tokens = i64::try_from(full_tokens).unwrap_or(i64::MAX);
     }
@@ -656,6 +688,50 @@ fn sglang(launch: &Launch, model: &Model, budget: &Budget) -> Device {
             max_model_len: context,
         }),
     }
+}
+
+/// SGLang 0.5.9 `handle_max_mamba_cache` and `init_memory_pool` for a
+/// model with linear-attention layers: the state slots
+/// (`max_mamba_cache_size`: `--max-mamba-cache-size` ÷ the attention-DP
+/// size, else `int(rest · r/(1 + r) · 2^30 // per_request)` with r
+/// `--mamba-full-memory-ratio`, 0.9) come out of the rest (in GiB floats,
+/// as Python computes them), and cap the requests at `slots // 3` (`//
+/// 1` with `--disable-radix-cache`; `MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_
+/// RATIO`, the `no_buffer` scheduler strategy). Returns the rest left for
+/// the KV pool and (slots, state bytes per request, request cap); the rest
+/// unchanged without linear layers.
+fn sglang_state_slots(
+    launch: &Launch,
+    model: &Model,
+    rest_gib: f64,
+) -> (f64, Option<(u64, u64, u64)>) {
+    let Some(linear) = model.linear else {
+        return (rest_gib, None);
+    };
+    let per_request = linear
+        .sglang_state_bytes(u64::from(launch.attention_tp()))
+        .max(1);
+    let dp = if launch.dp_attention {
+        u64::from(launch.dp.max(1))
+    } else {
+        1
+    };
+    let slots = match (
+        launch.max_mamba_cache_size,
+        launch.disable_radix_cache,
+        launch.max_running_requests,
+    ) {
+        (Some(size), _, _) => size / dp,
+        (None, true, Some(requests)) => requests / dp,
+        _ => {
+            let ratio = launch.mamba_full_memory_ratio.unwrap_or(0.9);
+            let raw = rest_gib * ratio / (1.0 + ratio);
+            ((raw * GIB as f64) / per_request as f64).floor().max(0.0) as u64
+        }
+    };
+    let state_gib = slots as f64 * per_request as f64 / GIB as f64;
+    let cap = slots / if launch.disable_radix_cache { 1 } else { 3 };
+    (rest_gib - state_gib, Some((slots, per_request, cap)))
 }
 
 /// SGLang 0.5.9 `set_num_tokens_hybrid_swa`, for a model in its hybrid SWA

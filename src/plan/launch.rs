@@ -36,6 +36,7 @@
 //! | `--speculative-algorithm` | SGLang | the default mem fraction (draft reservation) |
 //! | `--enforce-eager` | vLLM | no CUDA-graph reservation |
 //! | `--swa-full-tokens-ratio` | SGLang | the window pool's size beside the full pool |
+//! | `--max-mamba-cache-size`, `--mamba-full-memory-ratio`, `--disable-radix-cache` | SGLang | the linear-attention state slots beside the KV pool, and the request cap they set |
 //! | `--disable-hybrid-swa-memory`, `--disable-hybrid-kv-cache-manager` | SGLang / vLLM | sliding-window layers held as full attention |
 //! | `--enable-hierarchical-cache`, `--hicache-ratio`, `--hicache-size` | SGLang | host tier |
 //! | `--kv-offloading-size` | vLLM | host tier |
@@ -203,6 +204,12 @@ pub struct Launch {
     pub env: BTreeMap<String, String>,
     /// SGLang `--swa-full-tokens-ratio` (default 0.8).
     pub swa_full_tokens_ratio: Option<f64>,
+    /// SGLang `--max-mamba-cache-size`.
+    pub max_mamba_cache_size: Option<u64>,
+    /// SGLang `--mamba-full-memory-ratio` (default 0.9).
+    pub mamba_full_memory_ratio: Option<f64>,
+    /// SGLang `--disable-radix-cache`.
+    pub disable_radix_cache: bool,
     /// SGLang `--disable-hybrid-swa-memory` / vLLM
     /// `--disable-hybrid-kv-cache-manager`: sliding-window layers are held
     /// as full attention.
@@ -287,6 +294,9 @@ pub fn parse(argv: &[String], env: &BTreeMap<String, String>) -> Result<Launch, 
         cpu_offload_bytes: 0,
         env: BTreeMap::new(),
         swa_full_tokens_ratio: None,
+        max_mamba_cache_size: None,
+        mamba_full_memory_ratio: None,
+        disable_radix_cache: false,
         disable_hybrid_kv: false,
     };
     let mut state = Flags::default();
@@ -878,6 +888,9 @@ const ALIASES: &[(&str, &str)] = &[
     ("--speculative-algorithm", "speculative"),
     ("--enforce-eager", "eager"),
     ("--swa-full-tokens-ratio", "swa-ratio"),
+    ("--max-mamba-cache-size", "mamba-size"),
+    ("--mamba-full-memory-ratio", "mamba-ratio"),
+    ("--disable-radix-cache", "no-radix"),
     ("--disable-hybrid-swa-memory", "no-hybrid-kv"),
     ("--disable-hybrid-kv-cache-manager", "no-hybrid-kv"),
     ("--enable-hierarchical-cache", "hicache"),
@@ -947,7 +960,13 @@ const VLLM_ONLY: &[&str] = &[
 const MAX_OFFLOAD_GIB: f64 = (1u64 << 20) as f64;
 
 /// Canonical names that take no value.
-const UNDERSTOOD_SWITCHES: &[&str] = &["dp-attention", "eager", "hicache", "no-hybrid-kv"];
+const UNDERSTOOD_SWITCHES: &[&str] = &[
+    "dp-attention",
+    "eager",
+    "hicache",
+    "no-hybrid-kv",
+    "no-radix",
+];
 
 fn is_flag(word: &str) -> bool {
     word.starts_with('-') && word.len() > 1 && word.parse::<f64>().is_err()
@@ -1107,6 +1126,7 @@ fn understood_switch(
         "dp-attention" => launch.dp_attention = true,
         "eager" => launch.enforce_eager = true,
         "no-hybrid-kv" => launch.disable_hybrid_kv = true,
+        "no-radix" => launch.disable_radix_cache = true,
         _ => state.hierarchical_cache = true,
     }
     Ok(())
@@ -1394,6 +1414,13 @@ fn set(
             _ => return Err(bad(flag, value, "not a positive ratio")),
         },
         "hicache-size" => state.hicache_size = Some(whole(flag, value)?),
+        "mamba-size" => launch.max_mamba_cache_size = Some(whole(flag, value)?),
+        "mamba-ratio" => match value.trim().parse::<f64>() {
+            Ok(ratio) if ratio > 0.0 && ratio.is_finite() => {
+                launch.mamba_full_memory_ratio = Some(ratio)
+            }
+            _ => return Err(bad(flag, value, "not a positive ratio")),
+        },
         // server_args.py: 0 < ratio <= 1.
         "swa-ratio" => match value.trim().parse::<f64>() {
             Ok(ratio) if ratio > 0.0 && ratio <= 1.0 => launch.swa_full_tokens_ratio = Some(ratio),

@@ -96,8 +96,7 @@ pub struct Model {
     /// `None`: one full pool.
     pub window_sglang: Option<Window>,
     /// Gated-delta-net (linear attention) layers, which hold a fixed state
-    /// per request instead of KV; `None` for none. Modelled for vLLM 0.26.0
-    /// only (`locate_for` refuses it for SGLang).
+    /// per request instead of KV; `None` for none.
     pub linear: Option<Linear>,
 }
 
@@ -106,7 +105,7 @@ pub struct Model {
 /// gated_delta_net_state_shape`: a conv state of `(k_dim·k_heads·2 +
 /// v_dim·v_heads) ÷ TP` × `(conv_kernel − 1)` and a recurrent state of
 /// `v_heads ÷ TP × v_dim × k_dim`, both in the model dtype under
-/// `--mamba-cache-dtype auto`).
+/// `--mamba-cache-dtype auto`; SGLang: `sglang_state_bytes`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct Linear {
     pub layers: u64,
@@ -115,6 +114,9 @@ pub struct Linear {
     pub k_dim: u64,
     pub v_dim: u64,
     pub conv_kernel: u64,
+    /// The config's `mamba_ssm_dtype` in bytes (SGLang's recurrent-state
+    /// dtype; float32, 4, when absent).
+    pub ssm_dtype_bytes: u64,
 }
 
 impl Linear {
@@ -126,6 +128,20 @@ impl Linear {
         let conv = conv_dim / tp * self.conv_kernel.saturating_sub(1);
         let recurrent = self.v_heads / tp * self.v_dim * self.k_dim;
         (conv + recurrent) * dtype_bytes
+    }
+
+    /// SGLang 0.5.9's state bytes per request over every linear layer
+    /// (`Mamba2CacheParams.mamba_cache_per_req`, `Mamba2StateShape.create`
+    /// with `n_groups` = the key heads and `state_size` = the key dim): the
+    /// conv state in bf16 (`SGLANG_MAMBA_CONV_DTYPE`), the recurrent state
+    /// at `ssm_dtype_bytes` (`mamba2_state_dtype`), on one of `attention_tp`
+    /// ranks.
+    pub fn sglang_state_bytes(&self, attention_tp: u64) -> u64 {
+        let tp = attention_tp.max(1);
+        let conv_dim = self.v_dim * self.v_heads + 2 * self.k_heads * self.k_dim;
+        let conv = conv_dim / tp * self.conv_kernel.saturating_sub(1) * 2;
+        let recurrent = self.v_heads / tp * self.v_dim * self.k_dim * self.ssm_dtype_bytes;
+        (conv + recurrent) * self.layers
     }
 }
 
@@ -293,12 +309,6 @@ pub fn locate_for(launch: &Launch, override_config: Option<&Path>) -> Result<Mod
         override_config,
         &launch.env,
     )?;
-    if launch.engine == Engine::Sglang && model.linear.is_some() {
-        return Err(PlanError::UnknownArchitecture(format!(
-            "{} on SGLang (linear-attention layers: SGLang's mamba state pool is not modelled; vLLM's is)",
-            model.architecture
-        )));
-    }
     Ok(model)
 }
 
@@ -814,6 +824,13 @@ fn linear(
         k_dim: field("linear_key_head_dim")?,
         v_dim: field("linear_value_head_dim")?,
         conv_kernel: field("linear_conv_kernel_dim")?,
+        ssm_dtype_bytes: match text
+            .get("mamba_ssm_dtype")
+            .and_then(serde_json::Value::as_str)
+        {
+            Some("bfloat16" | "float16") => 2,
+            _ => 4,
+        },
     }))
 }
 

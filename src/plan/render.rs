@@ -460,6 +460,17 @@ fn hybrid_line(device: &Device) -> Option<String> {
             "  SWA pools      full_layer_tokens={full_tokens}, swa_layer_tokens={window_tokens} (--swa-full-tokens-ratio {ratio}, window {})",
             count(window)
         ),
+        Hybrid::SglangState {
+            full_tokens,
+            state_slots,
+            state_bytes_per_request,
+            state_request_cap,
+        } => format!(
+            "  state slots    {} full-attention tokens beside max_mamba_cache_size={state_slots} request states of {} each, which cap the running requests at {}",
+            count(full_tokens),
+            Bytes(state_bytes_per_request),
+            count(state_request_cap)
+        ),
     })
 }
 
@@ -468,6 +479,7 @@ fn cap_text(cap: Cap) -> &'static str {
         Cap::Pool => "the KV pool",
         Cap::FullPool => "the full-attention pool",
         Cap::WindowPool => "the sliding-window pool",
+        Cap::StateSlots => "the linear-attention state slots",
         Cap::RunningRequests => "the running-request limit",
     }
 }

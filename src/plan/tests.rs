@@ -1799,6 +1799,7 @@ fn vllm_pools_gated_delta_net_state_beside_full_attention() {
             k_dim: 128,
             v_dim: 128,
             conv_kernel: 4,
+            ssm_dtype_bytes: 4,
         })
     );
     // One layer's state (gated_delta_net_state_shape, bf16): conv (128·16·2
@@ -1851,16 +1852,56 @@ fn vllm_pools_gated_delta_net_state_beside_full_attention() {
         engine::device(&tp4, &next, &h100_kv(20 * GIB), None).page_size,
         272
     );
-    // SGLang's mamba pool is not modelled: refused by name.
-    let sglang = parse(&format!(
-        "python3 -m sglang.launch_server --model-path {}",
-        fixture("qwen3-next-80b-a3b").display()
-    ));
-    let error = model::locate_for(&sglang, None).expect_err("refused on SGLang");
-    assert!(
-        error.to_string().contains("Qwen3NextForCausalLM"),
-        "{error}"
+}
+
+#[test]
+fn sglang_takes_linear_attention_state_slots_out_of_the_pool() {
+    // Qwen3-Next-80B-A3B on SGLang 0.5.9, TP1, 20 GiB left after the
+    // fraction. State per request (mamba_cache_per_req): 36 layers × (conv
+    // (128·32 + 2·16·128) × 3 in bf16 + recurrent 32 × 128 × 128 in float32)
+    // = 36 × (49,152 + 2,097,152) = 77,266,944 B.
+    let next = load("qwen3-next-80b-a3b");
+    assert_eq!(
+        next.linear.expect("linear").sglang_state_bytes(1),
+        77_266_944
     );
+    // handle_max_mamba_cache: max_mamba_cache_size = int(20 × 0.9/1.9 GiB //
+    // 77,266,944) = 131; the rest 20 GiB − 131 × 77,266,944 B; cell: 12
+    // full layers × 2 KV heads × (256 + 256) × 2 B = 24,576 B; tokens =
+    // int(rest · 2^30) // 24,576 = 461,949 (Python's floats).
+    let launch = parse("python3 -m sglang.launch_server --model-path m");
+    let device = engine::device(&launch, &next, &h100_kv(20 * GIB), Some((6000, 2000)));
+    assert_eq!(device.bytes_per_token, 24_576);
+    assert_eq!(device.tokens_per_rank, 461_949);
+    // init_memory_pool: the request pool min(2048, 131 // 3) = 43 (radix
+    // cache on: MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO 3).
+    assert_eq!(
+        device.hybrid,
+        Some(engine::Hybrid::SglangState {
+            full_tokens: 461_949,
+            state_slots: 131,
+            state_bytes_per_request: 77_266_944,
+            state_request_cap: 43,
+        })
+    );
+    assert_eq!(device.max_running_requests, 43);
+    // Requests of 8,000 tokens: the pool holds 57.7, the state slots 43.
+    assert_eq!(
+        engine::requests_at_once(&device, 8000),
+        (43.0, engine::Cap::StateSlots)
+    );
+    // --max-mamba-cache-size 200 --disable-radix-cache: 200 slots, a cap
+    // of 200; the rest 20 GiB − 200 × 77,266,944 B.
+    let given = parse(
+        "python3 -m sglang.launch_server --model-path m --max-mamba-cache-size 200 --disable-radix-cache",
+    );
+    let device = engine::device(&given, &next, &h100_kv(20 * GIB), None);
+    let rest = 20.0 - 200.0 * 77_266_944.0 / GIB as f64;
+    assert_eq!(
+        device.tokens_per_rank,
+        ((rest * GIB as f64) as u64) / 24_576
+    );
+    assert_eq!(device.max_running_requests, 200);
 }
 
 // ------------------------------------------------ weights from the config
