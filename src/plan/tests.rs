@@ -1936,3 +1936,57 @@ fn weights_are_estimated_from_the_config_without_a_checkpoint_index() {
     assert!(oss.weights_from_config);
     assert_eq!(oss.weights_bytes, Some((sixteen + experts) as u64));
 }
+
+// ------------------------------------------------------ real starts
+
+#[test]
+fn hybrid_pools_match_real_vllm_starts_from_their_available_kv() {
+    // vLLM 0.26.0 on one H100 80GB (--load-format dummy --max-model-len 8192
+    // --enforce-eager --gpu-memory-utilization 0.9; the gpu-corpus logs
+    // vllm-0.26.0-gemma3-1b-eager.log and -qwen3-next-12l-eager.log). From
+    // the KV memory each logged ("Available KV cache memory", two decimals
+    // of GiB), the pool arithmetic gives the logged "GPU KV cache size" and
+    // "Maximum concurrency" within what that rounding allows (±0.005 GiB).
+    let launch = parse("vllm serve m --max-model-len 8192 --enforce-eager");
+    let start = |model: &Model, weights: f64, kv: f64| {
+        let budget = Budget {
+            gpu_total: 81_559 * MIB,
+            free_at_start: gib(78.66),
+            weights_per_gpu: gib(weights),
+            kv_memory: Some(gib(kv)),
+            non_kv: None,
+        };
+        engine::device(&launch, model, &budget, None)
+            .logged
+            .expect("starts")
+    };
+    let close = |planned: f64, logged: f64| (planned - logged).abs() / logged;
+    // Gemma-3-1B: 4 full, 22 window (512) layers: groups of 4, 1 + 6; a
+    // request 512 + 6 × 513 blocks. Logged: 68.53 GiB, 2,561,957 tokens,
+    // 312.74x.
+    let gemma = start(&load("gemma-3-1b-it"), 1.96, 68.53);
+    assert!(
+        close(gemma.kv_cache_tokens as f64, 2_561_957.0) < 1e-4,
+        "{gemma:?}"
+    );
+    assert!(
+        close(gemma.max_concurrency.expect("vLLM"), 312.74) < 1e-4,
+        "{gemma:?}"
+    );
+    // Qwen3-Next, 12 layers: 3 full, 9 linear; block 544 ("Setting attention
+    // block size to 544 tokens", "Padding mamba page size by 1.49%"); a
+    // request 16 + 3 blocks. Logged: 30.22 GiB, 4,185,249 tokens, 510.89x.
+    let next = load("qwen3-next-80b-a3b-12l");
+    let logged = start(&next, 38.02, 30.22);
+    assert!(
+        close(logged.kv_cache_tokens as f64, 4_185_249.0) < 2e-4,
+        "{logged:?}"
+    );
+    assert!(
+        close(logged.max_concurrency.expect("vLLM"), 510.89) < 2e-4,
+        "{logged:?}"
+    );
+    // The old rule (every layer full attention, blocks of 16) planned
+    // Gemma-3-1B at 68.53 GiB / (16,384 / 16 × 26 B) = 2,763,670 tokens and
+    // no concurrency of its own; Qwen3-Next was refused.
+}
