@@ -940,4 +940,36 @@ fn sliding_window_models_show_the_engine_s_own_pools() {
     assert_eq!(document["device"]["hybrid"]["full_tokens"], 242_725);
     assert_eq!(document["device"]["hybrid"]["window_tokens"], 194_180);
     assert_eq!(document["device"]["tokens_per_rank"], 242_725);
+
+    // Qwen3-Next (12 layers) on SGLang: the state slots beside the pool,
+    // and the request cap they set, in the schema's shape.
+    let next: Vec<String> = [
+        "python3",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        &fixture("qwen3-next-80b-a3b-12l"),
+    ]
+    .map(String::from)
+    .to_vec();
+    let flags = [
+        "--gpu-memory",
+        "80GiB",
+        "--avg-prompt",
+        "6000",
+        "--avg-output",
+        "2000",
+        "--json",
+    ];
+    let document = plan(&host, &flags, &next).json();
+    crate::schema::conforms(&validator, "SGLang state slots", &document);
+    assert_eq!(
+        document["device"]["hybrid"]["engine"], "sglang_state",
+        "{document:#}"
+    );
+    assert_eq!(
+        document["device"]["concurrency_cap"], "state_slots",
+        "{document:#}"
+    );
+    assert_eq!(document["budget"]["weights_source"], "config_estimate");
 }
