@@ -18,6 +18,7 @@ mod mig;
 mod mps;
 mod old_kernel;
 mod plan;
+mod plan_corpus;
 mod plan_hostile;
 mod portable;
 mod push;

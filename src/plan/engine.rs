@@ -59,15 +59,20 @@ pub const CUDA_CONTEXT_BYTES: u64 = GIB;
 /// in a log replaces weights and this together.
 pub const SGLANG_LOAD_OVERHEAD_BYTES: u64 = GIB;
 
-/// ESTIMATE: vLLM's `non_kv_cache_memory` beyond the weights: the
-/// activation peak of its profile run (`max_num_batched_tokens` dummy
-/// tokens) and the non-torch growth (NCCL, cuBLAS) during it.
-/// A log replaces it, with the weights and the graphs: `Budget::non_kv`.
-pub const VLLM_PROFILE_PEAK_BYTES: u64 = 2 * GIB;
+/// ESTIMATE: vLLM's non-torch growth during its profile run
+/// (`memory_profiling`'s `non_torch_increase`: cuBLAS and CUDA
+/// workspaces, NCCL buffers at TP > 1), which no vLLM source line sizes:
+/// every start of the corpus (TP1, H100, vLLM 0.26.0) logged 0.22 GiB
+/// (`non-torch forward increase memory`). A log replaces it.
+pub const VLLM_NON_TORCH_BYTES: u64 = 225 * MIB;
 
-/// ESTIMATE: vLLM's CUDA-graph memory estimate, subtracted from the KV
-/// budget since v0.21 (`VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS`, on by
-/// default); none with `--enforce-eager`.
+/// ESTIMATE: vLLM's CUDA-graph memory estimate on the V1 model runner
+/// (`GPUModelRunner.profile_cudagraph_memory`, subtracted from the KV
+/// budget by `determine_available_memory` under
+/// `VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS`, on by default since
+/// v0.21); none with `--enforce-eager`, none on the V2 runner
+/// (`vllm_v2_runner`). The corpus has no V1 start with graphs: the
+/// figure is the V2 runner's logged capture (0.98 GiB, Llama-3.1-8B).
 pub const VLLM_CUDAGRAPH_BYTES: u64 = GIB;
 
 /// SGLang's guard on host memory for HiCache: `psutil.available − 10 GiB`.
@@ -790,18 +795,14 @@ fn vllm(launch: &Launch, model: &Model, budget: &Budget) -> Device {
     // request_memory: ceil(total × utilization), refused when free < it.
     let requested = (budget.gpu_total as f64 * utilization).ceil() as u64;
     let refuses = budget.free_at_start < requested;
-    let graphs = if launch.enforce_eager {
-        0
-    } else {
-        VLLM_CUDAGRAPH_BYTES
-    };
     // What vLLM takes out of the requested memory besides the KV cache:
     // measured by a previous start, else the weights and the estimates.
     let not_kv = budget.non_kv.unwrap_or(
         budget
             .weights_per_gpu
-            .saturating_add(VLLM_PROFILE_PEAK_BYTES)
-            .saturating_add(graphs),
+            .saturating_add(vllm_activation_peak(launch, model, budget.gpu_total))
+            .saturating_add(VLLM_NON_TORCH_BYTES)
+            .saturating_add(vllm_graph_reservation(launch, model)),
     );
     let kv = match (launch.kv_cache_memory_bytes, budget.kv_memory) {
         (Some(bytes), _) | (None, Some(bytes)) => bytes as i128,
@@ -1036,6 +1037,83 @@ fn vllm_max_concurrent_batches(launch: &Launch) -> u64 {
         0 | 1 => 2,
         pp => u64::from(pp),
     }
+}
+
+/// vLLM 0.26.0 runs a model on its V2 model runner (`VllmConfig.
+/// use_v2_model_runner`, config/vllm.py:550, `_is_default_v2_model_runner_model`
+/// :605): a generating model that is not hybrid (linear-attention or Mamba
+/// layers) and either not MoE or in `DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES`
+/// (:68). Every start of the corpus logged the runner this names.
+pub fn vllm_v2_runner(model: &Model) -> bool {
+    const DEFAULT_V2_MOE: [&str; 6] = [
+        "DeepseekV2ForCausalLM",
+        "GraniteMoeForCausalLM",
+        "InklingForCausalLM",
+        "InklingForConditionalGeneration",
+        "LongcatFlashNgramForCausalLM",
+        "Qwen2MoeForCausalLM",
+    ];
+    model.linear.is_none()
+        && (model.mlp.moe.is_none() || DEFAULT_V2_MOE.contains(&model.architecture.as_str()))
+}
+
+/// The CUDA-graph memory vLLM 0.26.0 takes out of the KV budget: the V2
+/// runner's `profile_cudagraph_memory` returns 0 (v1/worker/gpu/
+/// model_runner.py:705), so its graphs come out of the margin the
+/// utilization leaves (the corpus: Llama-3.1-8B at 0.5 got 23.49 GiB of KV
+/// with graphs and without); the V1 runner's estimate is subtracted
+/// (`VLLM_CUDAGRAPH_BYTES`); none with `--enforce-eager`.
+pub fn vllm_graph_reservation(launch: &Launch, model: &Model) -> u64 {
+    if launch.enforce_eager || vllm_v2_runner(model) {
+        0
+    } else {
+        VLLM_CUDAGRAPH_BYTES
+    }
+}
+
+/// ESTIMATE: the torch peak of vLLM 0.26.0's profile run
+/// (`torch_peak_increase`, logged as "torch peak memory increase"):
+/// `profile_run` runs the model on `max_num_batched_tokens` dummy tokens
+/// T over R = min(T, max_num_seqs) requests (`_dummy_run`: `num_reqs =
+/// min(num_tokens, self.max_num_reqs)`), then the sampler on the R last
+/// hidden states. What is live at the peak, in the model dtype unless
+/// said (TP divides the widths):
+/// - the fused-MoE workspaces, kept by the workspace manager across the
+///   run (fused_moe/modular_kernel.py:1105 `get_simultaneous`; the Triton
+///   experts' shapes, experts/triton_moe.py:193: T·top_k·max(I, H) and
+///   T·top_k·max(2I, H));
+/// - then the larger of the forward pass and the sampler:
+///   - forward: a dense MLP's `gate_up` output (T·2I) and its activation
+///     (T·I) at once, with the residual stream (hidden states, residual,
+///     normed input, the layer output: 4·T·H);
+///   - sampler, V1 runner (gpu_model_runner.py:6185 `compute_logits`,
+///     sample/sampler.py:96 `logits.to(torch.float32)`, the top-k/top-p
+///     sampler's float32 `softmax` and exponential noise `q`,
+///     ops/topk_topp_sampler.py): R·V·(2 + 4 + 4 + 4) bytes;
+///   - sampler, V2 runner (gpu/model_runner.py:656): the logits, R·V·2;
+///     its Triton sampling kernels work on them in place (not read line
+///     by line: the corpus's Gemma-3-1B, whose 262K vocabulary makes the
+///     sampler its peak, logged 0.55 GiB against this 0.50).
+///
+/// Not modelled: the allocator's rounding and fragmentation, the
+/// torch.compile cache (Llama-3.1-8B logged 0.88 GiB on a cold compile
+/// and 1.1 GiB on a cached one), attention scratch, the multimodal
+/// encoder's profile (`skip_mm_profiling`).
+pub fn vllm_activation_peak(launch: &Launch, model: &Model, gpu_total: u64) -> u64 {
+    let tp = u64::from(launch.tp.max(1));
+    let tokens = vllm_max_num_batched_tokens(launch, gpu_total);
+    let requests = tokens.min(vllm_max_running_requests(launch, gpu_total));
+    let dtype = model.dtype_bytes.max(1);
+    let mlp = model.mlp;
+    let workspace = mlp.moe.map_or(0, |(top_k, width)| {
+        let width = width / tp;
+        let hidden = mlp.hidden;
+        tokens * top_k * (width.max(hidden) + (2 * width).max(hidden)) * dtype
+    });
+    let forward = tokens * (3 * mlp.dense_width / tp + 4 * mlp.hidden) * dtype;
+    let sampler_bytes = if vllm_v2_runner(model) { 2 } else { 2 + 4 + 4 + 4 };
+    let sampler = requests * mlp.vocab * sampler_bytes;
+    workspace + forward.max(sampler)
 }
 
 /// `--max-num-batched-tokens`, else arg_utils' default for the API server:

@@ -98,6 +98,55 @@ pub struct Model {
     /// Gated-delta-net (linear attention) layers, which hold a fixed state
     /// per request instead of KV; `None` for none.
     pub linear: Option<Linear>,
+    /// The shapes vLLM's profile run allocates by (`engine::vllm_activation_peak`).
+    #[serde(skip)]
+    pub mlp: Mlp,
+}
+
+/// What the activations of a forward pass and of the sampler are sized
+/// by: `hidden_size`, `vocab_size`, the widest dense MLP (`intermediate_size`
+/// of the dense layers, or the shared experts' width), and for MoE the
+/// routed experts' `moe_intermediate_size`, `num_experts_per_tok` and count.
+/// 0 where the config does not say.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Mlp {
+    pub hidden: u64,
+    pub vocab: u64,
+    pub dense_width: u64,
+    /// `(top_k, expert width)`; `None` for a dense model.
+    pub moe: Option<(u64, u64)>,
+}
+
+/// `Mlp` from the text config (the same fields `config_weights` reads).
+fn mlp(text: &serde_json::Value) -> Mlp {
+    let field = |name: &str| u64_field(text, name);
+    let experts = field("n_routed_experts")
+        .or_else(|| field("num_local_experts"))
+        .or_else(|| field("num_experts"))
+        .filter(|experts| *experts > 1);
+    let dense = field("intermediate_size").unwrap_or(0);
+    let moe = experts.map(|_| {
+        let top_k = field("num_experts_per_tok").unwrap_or(1);
+        (top_k, field("moe_intermediate_size").unwrap_or(dense))
+    });
+    // A MoE model's dense MLPs: DeepSeek's `first_k_dense_replace` layers
+    // at `intermediate_size`, the shared experts otherwise.
+    let dense_width = match moe {
+        None => dense,
+        Some((_, width)) => {
+            let dense_layers = field("first_k_dense_replace").unwrap_or(0);
+            let shared = field("shared_expert_intermediate_size")
+                .or_else(|| field("n_shared_experts").map(|count| count * width))
+                .unwrap_or(0);
+            if dense_layers > 0 { dense.max(shared) } else { shared }
+        }
+    };
+    Mlp {
+        hidden: field("hidden_size").unwrap_or(0),
+        vocab: field("vocab_size").unwrap_or(0),
+        dense_width,
+        moe,
+    }
 }
 
 /// Gated-delta-net layers (Qwen3-Next): how many, and the shapes of the
@@ -658,6 +707,7 @@ pub fn parse_config(path: &Path, config: &serde_json::Value) -> Result<Model, Pl
         window_vllm,
         window_sglang,
         linear,
+        mlp: mlp(text),
     })
 }
 

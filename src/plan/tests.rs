@@ -876,7 +876,11 @@ fn vllm_budget_is_utilization_of_total_and_refuses_short_free_memory() {
     // requested = ceil(total × 0.92) (the 0.26.0 default); available_kv =
     // requested − weights − profile peak − CUDA-graph estimate.
     let requested = (total as f64 * 0.92).ceil() as u64;
-    let kv = requested - weights - engine::VLLM_PROFILE_PEAK_BYTES - engine::VLLM_CUDAGRAPH_BYTES;
+    // Llama runs on the V2 runner: no graph estimate comes out of the KV.
+    let kv = requested
+        - weights
+        - engine::vllm_activation_peak(&launch, &llama, total)
+        - engine::VLLM_NON_TORCH_BYTES;
     assert_eq!(device.mem_fraction, 0.92);
     assert_eq!(device.kv_bytes_per_rank, kv);
     // Blocks of 16 tokens × 81,920 bytes; tokens = blocks × 16.
@@ -904,7 +908,10 @@ fn vllm_budget_is_utilization_of_total_and_refuses_short_free_memory() {
     let eager = parse("vllm serve m -tp 4 --enforce-eager");
     assert_eq!(
         engine::device(&eager, &llama, &budget, None).kv_bytes_per_rank,
-        requested - weights - engine::VLLM_PROFILE_PEAK_BYTES
+        requested
+            - weights
+            - engine::vllm_activation_peak(&eager, &llama, total)
+            - engine::VLLM_NON_TORCH_BYTES
     );
     let fixed = parse("vllm serve m -tp 4 --kv-cache-memory-bytes 10G");
     let device = engine::device(&fixed, &llama, &budget, None);
@@ -952,7 +959,8 @@ fn vllm_refuses_a_pool_smaller_than_one_full_length_request() {
         non_kv: None,
     };
     let requested = (total as f64 * 0.92).ceil() as u64;
-    let overhead = engine::VLLM_PROFILE_PEAK_BYTES + engine::VLLM_CUDAGRAPH_BYTES;
+    let overhead = engine::vllm_activation_peak(&parse("vllm serve m"), &llama, total)
+        + engine::VLLM_NON_TORCH_BYTES;
     let kv = requested - gib(14.96) - overhead;
     let blocks = kv / (16 * 131_072);
     assert!(blocks < 131_072 / 16);

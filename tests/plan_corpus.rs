@@ -1,0 +1,130 @@
+//! `gpureap plan` against every start of the corpus of real vLLM 0.26.0
+//! starts (tests/fixtures/logs/corpus.json: one H100 80GB, dummy weights),
+//! planned offline on the GPU state each start saw: a priori (the config
+//! alone) within 1 % of the KV tokens and the concurrency vLLM logged,
+//! except the cases `NOT_YET` names with the bound reached there; from the
+//! start's own log within the rounding of its logged KV memory; a refused
+//! start refused. docs/plan.md carries the same figures
+//! (scripts/plan_accuracy.py).
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+/// The a-priori target of issue 43.
+const TARGET_PCT: f64 = 1.0;
+
+/// Cases not yet within the target, with the bound reached (per cent, on
+/// tokens and concurrency) and why; docs/plan.md lists them too.
+const NOT_YET: [(&str, f64, &str); 2] = [
+    (
+        "qwen3-30b-a3b-eager",
+        1.5,
+        "the V1 sampler's peak is 0.15 GiB above the terms read (2.68 logged, 2.53 planned) on an 11.48 GiB pool",
+    ),
+    (
+        "qwen3-next-12l-eager",
+        1.7,
+        "the config's weight estimate of the gated-delta-net layers, and a profile run whose FlashInfer kernels failed",
+    ),
+];
+
+/// From its own log: the logged `Available KV cache memory` is rounded to
+/// 0.01 GiB, up to 0.005 GiB off, 0.02 % of the smallest pool here.
+const OWN_LOG_PCT: f64 = 0.05;
+
+fn plan(case: &Value, from_log: Option<&Path>) -> Value {
+    let engine = &case["engine"];
+    let gpu = &case["gpu"];
+    let total = gpu["total_mib"].as_u64().unwrap() - gpu["reserved_mib"].as_u64().unwrap();
+    // A refused start says what it saw free: "(37.06/79.18 GiB)".
+    let free = match engine["free_at_start_gib"].as_f64() {
+        Some(free) => free.to_string(),
+        None => {
+            let refusal = engine["refusal"].as_str().unwrap();
+            let open = refusal.find('(').unwrap() + 1;
+            let slash = open + refusal[open..].find('/').unwrap();
+            refusal[open..slash].to_string()
+        }
+    };
+    let mut command = Command::new(env!("CARGO_BIN_EXE_gpureap"));
+    command
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["plan", "--json", "--gpu-memory"])
+        .arg(format!("{total}MiB"))
+        .arg("--gpu-free")
+        .arg(format!("{free}GiB"));
+    if let Some(log) = from_log {
+        command.arg("--from-log").arg(log);
+    }
+    command.args(["--", "python3", "-m", "vllm.entrypoints.openai.api_server"]);
+    for arg in case["vllm_args"].as_array().unwrap() {
+        command.arg(arg.as_str().unwrap());
+    }
+    let output = command.output().expect("run gpureap plan");
+    assert!(
+        matches!(output.status.code(), Some(0 | 1 | 4)),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("plan --json")
+}
+
+fn error_pct(planned: f64, logged: f64) -> f64 {
+    (planned - logged) / logged * 100.0
+}
+
+#[test]
+fn every_vllm_start() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let corpus: Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("tests/fixtures/logs/corpus.json")).unwrap(),
+    )
+    .unwrap();
+    let cases = corpus["cases"].as_object().unwrap();
+    assert!(cases.len() >= 15, "the corpus has its 15 starts");
+    let mut failures = Vec::new();
+    for (name, case) in cases {
+        let engine = &case["engine"];
+        let log = root.join("tests/fixtures/logs").join(case["file"].as_str().unwrap());
+        let a_priori = plan(case, None);
+        let own_log = plan(case, Some(&log));
+        let Some(tokens) = engine["kv_tokens"].as_f64() else {
+            // The start vLLM refused (a holder above its threshold).
+            for result in [&a_priori, &own_log] {
+                if result["device"]["start"]["kind"] != "refuses_free" {
+                    failures.push(format!("{name}: vLLM refused, plan says {}", result["device"]["start"]));
+                }
+            }
+            continue;
+        };
+        let bound = NOT_YET
+            .iter()
+            .find(|(case, _, _)| case == name)
+            .map_or(TARGET_PCT, |(_, bound, _)| *bound);
+        let figures = |result: &Value| {
+            let log = &result["device"]["engine_log"];
+            (log["kv_cache_tokens"].as_f64(), log["max_concurrency"].as_f64())
+        };
+        let (planned, concurrency) = figures(&a_priori);
+        let planned = planned.unwrap_or(0.0);
+        let concurrency = concurrency.unwrap_or(0.0);
+        let logged_concurrency = engine["max_concurrency"].as_f64().unwrap();
+        let tokens_error = error_pct(planned, tokens);
+        let concurrency_error = error_pct(concurrency, logged_concurrency);
+        if tokens_error.abs() > bound || concurrency_error.abs() > bound {
+            failures.push(format!(
+                "{name}: a priori {planned} tokens ({tokens_error:+.2} %), {concurrency:.2}x ({concurrency_error:+.2} %) against {tokens} and {logged_concurrency}x: beyond {bound} %"
+            ));
+        }
+        let (from_log, _) = figures(&own_log);
+        let from_log_error = error_pct(from_log.unwrap_or(0.0), tokens);
+        if from_log_error.abs() > OWN_LOG_PCT {
+            failures.push(format!(
+                "{name}: from its own log {from_log:?} tokens ({from_log_error:+.3} %) against {tokens}"
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
