@@ -1179,6 +1179,8 @@ fn a_log_whose_figures_contradict_each_other_is_refused_naming_the_line() {
         "missing: \"Model loading took\": the weights are not the start's",
         "missing: \"Desired GPU memory utilization\"",
         "missing: \"GPU KV cache size\": nothing to check the prediction against",
+        "missing: \"Chunked prefill is enabled with max_num_batched_tokens\": the start is taken to have run at the command's batch limit",
+        "missing: \"non-default args\": the start is taken to have run with the command's --max-num-seqs, --enforce-eager and TP",
     ] {
         assert!(result.stdout.contains(said), "{said}: {}", result.stdout);
     }

@@ -52,7 +52,30 @@ pub struct Logged {
     /// 'gpu_memory_utilization': U …}`), for logs that do not state what
     /// it requested.
     pub utilization: Option<f64>,
+    /// vLLM: the settings the logged start's activation peak and CUDA-graph
+    /// estimate followed (`LoggedRun`), for carrying its non-KV memory to
+    /// the command's (`engine::vllm_carried_non_kv`).
+    pub run: LoggedRun,
     pub engine: Option<Engine>,
+}
+
+/// vLLM: what a log says of the settings its non-KV memory depends on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct LoggedRun {
+    /// `Chunked prefill is enabled with max_num_batched_tokens=N`.
+    pub batched_tokens: Option<u64>,
+    /// The front end's `non-default args` were seen: what they lack
+    /// (`max_num_seqs`, `enforce_eager`, `tensor_parallel_size`) was the
+    /// default.
+    pub args: bool,
+    pub max_num_seqs: Option<u64>,
+    pub enforce_eager: bool,
+    pub tp: Option<u64>,
+    /// The V1 runner's CUDA-graph estimate as its utilization: `U − E` of
+    /// `The current --gpu-memory-utilization=U is equivalent to
+    /// --gpu-memory-utilization=E without CUDA graph memory profiling`
+    /// (`gpu_worker.py` `determine_available_memory`, rounded to 4 places).
+    pub graph_utilization: Option<f64>,
 }
 
 impl Logged {
@@ -368,6 +391,9 @@ fn rank_of(line: &str) -> String {
 /// is (U, X GiB). …`.
 const DESIRED: &str = "Desired GPU memory utilization is (";
 
+/// vLLM's V1-runner line on its CUDA-graph estimate, before `E`.
+const EQUIVALENT: &str = "is equivalent to --gpu-memory-utilization=";
+
 /// Reads the lines ENGINES.md §1.3 / §2 name, both engines.
 pub fn read_log(text: &str) -> Logged {
     read_starts(text).logged
@@ -468,6 +494,40 @@ impl Line<'_> {
             .map(|tokens| tokens as u64)
     }
 
+    /// vLLM's lines on the settings a start ran with (`LoggedRun`), and
+    /// the utilization of its `non-default args`; whether the line was one.
+    fn vllm_run(&mut self, line: &str) -> bool {
+        if line.contains("non-default args:") {
+            if let Some(utilization) =
+                self.figure("'gpu_memory_utilization':", "a utilization", 1.0)
+            {
+                self.start.logged.utilization = Some(utilization);
+            }
+            let seqs = self.tokens("'max_num_seqs':");
+            let tp = self.tokens("'tensor_parallel_size':");
+            let run = &mut self.start.logged.run;
+            run.args = true;
+            run.max_num_seqs = seqs;
+            run.tp = tp;
+            run.enforce_eager = line.contains("'enforce_eager': True");
+        } else if line.contains("Chunked prefill is enabled with max_num_batched_tokens=") {
+            self.start.logged.run.batched_tokens = self.tokens("max_num_batched_tokens=");
+        } else if let Some(at) = line.find(EQUIVALENT) {
+            saw(self.start, Engine::Vllm);
+            let current = number_after(line, "The current --gpu-memory-utilization=");
+            let equivalent = number_after(&line[at..], EQUIVALENT);
+            if let (Some(current), Some(equivalent)) = (current, equivalent)
+                && (0.0..=current).contains(&equivalent)
+                && current <= 1.0
+            {
+                self.start.logged.run.graph_utilization = Some(current - equivalent);
+            }
+        } else {
+            return false;
+        }
+        true
+    }
+
     /// The figures this line gives, into its start's record.
     fn figures(&mut self, sglang_load: bool, vllm_load: bool) {
         let line = self.text;
@@ -539,12 +599,8 @@ impl Line<'_> {
             if let Some(tokens) = self.tokens("GPU KV cache size:") {
                 self.start.logged.tokens = Some(tokens);
             }
-        } else if line.contains("non-default args:") {
-            if let Some(utilization) =
-                self.figure("'gpu_memory_utilization':", "a utilization", 1.0)
-            {
-                self.start.logged.utilization = Some(utilization);
-            }
+        } else if self.vllm_run(line) {
+            // The settings the start ran with: `vllm_run`.
         } else if let Some(at) = line.find(DESIRED) {
             // `(0.5, 69.9 GiB)`: the utilization, then the requested GiB.
             saw(self.start, Engine::Vllm);

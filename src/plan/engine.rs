@@ -1111,9 +1111,60 @@ pub fn vllm_activation_peak(launch: &Launch, model: &Model, gpu_total: u64) -> u
         tokens * top_k * (width.max(hidden) + (2 * width).max(hidden)) * dtype
     });
     let forward = tokens * (3 * mlp.dense_width / tp + 4 * mlp.hidden) * dtype;
-    let sampler_bytes = if vllm_v2_runner(model) { 2 } else { 2 + 4 + 4 + 4 };
+    let sampler_bytes = if vllm_v2_runner(model) {
+        2
+    } else {
+        2 + 4 + 4 + 4
+    };
     let sampler = requests * mlp.vocab * sampler_bytes;
     workspace + forward.max(sampler)
+}
+
+/// vLLM: the non-KV memory a logged start measured (its requested memory
+/// less its `Available KV cache memory`: weights, activation peak,
+/// non-torch memory and, on the V1 runner with graphs, the CUDA-graph
+/// estimate), carried to the command's settings: the activation peak moves
+/// by what `vllm_activation_peak` gives at the command's batch limits less
+/// at the log's (`max_num_batched_tokens`, `max_num_seqs`, from the log;
+/// the command's where it does not say), and the graph estimate the log
+/// took out (its logged one, else `vllm_graph_reservation` of its
+/// `--enforce-eager`) is replaced by the command's (the logged one when
+/// both take one). The KV dtype, the context length and the utilization
+/// do not change it. Not carried: another TP (the log's weights are per
+/// GPU; `None` then, and the estimates are used).
+pub fn vllm_carried_non_kv(
+    logged_non_kv: u64,
+    run: &super::calibrate::LoggedRun,
+    launch: &Launch,
+    model: &Model,
+    gpu_total: u64,
+) -> Option<u64> {
+    if run.tp.unwrap_or(1) != u64::from(launch.tp.max(1)) && run.args {
+        return None;
+    }
+    let mut logged = launch.clone();
+    if let Some(tokens) = run.batched_tokens {
+        logged.chunked_prefill_size = Some(tokens);
+    }
+    if run.args {
+        logged.max_running_requests = run.max_num_seqs;
+        logged.enforce_eager = run.enforce_eager;
+    }
+    let logged_graphs = run
+        .graph_utilization
+        .map(|share| (share * gpu_total as f64).round() as u64)
+        .unwrap_or_else(|| vllm_graph_reservation(&logged, model));
+    let graphs = match vllm_graph_reservation(launch, model) {
+        0 => 0,
+        estimate => run
+            .graph_utilization
+            .map_or(estimate, |share| (share * gpu_total as f64).round() as u64),
+    };
+    let carried = logged_non_kv as i128 - logged_graphs as i128
+        + graphs as i128
+        + vllm_activation_peak(launch, model, gpu_total) as i128
+        - vllm_activation_peak(&logged, model, gpu_total) as i128;
+    Some(carried.max(0) as u64)
 }
 
 /// `--max-num-batched-tokens`, else arg_utils' default for the API server:

@@ -643,7 +643,9 @@ fn logged_non_kv(
         return None;
     }
     let utilization = engine::mem_fraction(launch, model, gpu_total);
-    logged?.vllm_non_kv(gpu_total, utilization)
+    let logged = logged?;
+    let non_kv = logged.vllm_non_kv(gpu_total, utilization)?;
+    engine::vllm_carried_non_kv(non_kv, &logged.run, launch, model, gpu_total)
 }
 
 /// The tokens one request needs: the averages' sum, else the context

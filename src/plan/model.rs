@@ -138,7 +138,11 @@ fn mlp(text: &serde_json::Value) -> Mlp {
             let shared = field("shared_expert_intermediate_size")
                 .or_else(|| field("n_shared_experts").map(|count| count * width))
                 .unwrap_or(0);
-            if dense_layers > 0 { dense.max(shared) } else { shared }
+            if dense_layers > 0 {
+                dense.max(shared)
+            } else {
+                shared
+            }
         }
     };
     Mlp {

@@ -730,6 +730,12 @@ fn missing_figures(engine: Engine, logged: &super::calibrate::Logged) -> Vec<&'s
             } else if logged.requested.is_none() && logged.utilization.is_none() {
                 missing.push("\"Desired GPU memory utilization\" and the utilization in \"non-default args\": the start is taken to have run at the command's utilization on a GPU of this size; a log of another is off by the difference");
             }
+            if logged.kv_bytes.is_some() && logged.run.batched_tokens.is_none() {
+                missing.push("\"Chunked prefill is enabled with max_num_batched_tokens\": the start is taken to have run at the command's batch limit; its activation peak is not moved to another");
+            }
+            if logged.kv_bytes.is_some() && !logged.run.args {
+                missing.push("\"non-default args\": the start is taken to have run with the command's --max-num-seqs, --enforce-eager and TP; its activation peak and CUDA-graph estimate are not moved to others");
+            }
         }
     }
     if logged.tokens.is_none() {

@@ -1092,6 +1092,7 @@ fn sglang_log_gives_the_last_complete_start() {
             kv_bytes: Some(gib(7.52)),
             requested: None,
             utilization: None,
+            run: Default::default(),
             engine: Some(Engine::Sglang),
         }
     );
@@ -1133,6 +1134,7 @@ fn vllm_log_reads_gib_and_thousands_separators() {
             kv_bytes: Some(gib(36.07)),
             requested: None,
             utilization: None,
+            run: Default::default(),
             engine: Some(Engine::Vllm),
         }
     );
