@@ -4,6 +4,7 @@
 mod container_scopes;
 mod containers_sources;
 mod demo;
+mod dist_docs;
 mod docs;
 mod exit_codes;
 mod fleet;
