@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::Command;
 
 #[path = "../examples/dist-docs/pages.rs"]
-mod pages;
+pub mod pages;
 
 /// `gpureap WORDS --help`, run.
 fn help(words: &[&str]) -> String {

@@ -23,6 +23,7 @@ mod plan_hostile;
 mod portable;
 mod push;
 mod reap_watch;
+mod release;
 mod run;
 mod run_output;
 mod run_plan;
