@@ -72,8 +72,9 @@ fn every_command_has_a_man_page_naming_each_flag_of_its_help() {
             .collect::<Vec<_>>()
             .join("-");
         let page = folder.path().join(format!("{name}.1"));
-        let text = std::fs::read_to_string(&page)
-            .unwrap_or_else(|error| panic!("{words:?} has no man page {}: {error}", page.display()));
+        let text = std::fs::read_to_string(&page).unwrap_or_else(|error| {
+            panic!("{words:?} has no man page {}: {error}", page.display())
+        });
         assert!(
             text.contains(&format!(".TH {name} 1 ")),
             "{}: no title line",
@@ -104,7 +105,11 @@ fn completions_for_bash_zsh_and_fish_name_every_subcommand() {
     for path in &written {
         let text = std::fs::read_to_string(path).expect("completion readable");
         for sub in &top {
-            assert!(text.contains(sub.as_str()), "{} lacks {sub}", path.display());
+            assert!(
+                text.contains(sub.as_str()),
+                "{} lacks {sub}",
+                path.display()
+            );
         }
     }
     // bash parses its file: a syntax error would break every completion of the shell.

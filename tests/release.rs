@@ -61,7 +61,11 @@ fn small_release(folder: &Path, arch: &str) -> String {
         .arg(&name));
     assert_eq!(tar.code, 0, "{}", tar.stderr);
     std::fs::remove_dir_all(folder.join("stage")).expect("stage removed");
-    std::fs::copy(Path::new(ROOT).join("install.sh"), folder.join("install.sh")).expect("copy");
+    std::fs::copy(
+        Path::new(ROOT).join("install.sh"),
+        folder.join("install.sh"),
+    )
+    .expect("copy");
     sha256sums(folder, &[&tarball, "install.sh"]);
     tarball
 }
@@ -186,7 +190,8 @@ fn fakes(folder: &Path, machine: &str, ldd: &str) -> PathBuf {
     use std::os::unix::fs::PermissionsExt;
     let bin = folder.join(format!("fake-{machine}-{}", ldd.len()));
     std::fs::create_dir_all(&bin).expect("fakes");
-    let uname = format!("#!/bin/sh\n[ \"$1\" = -m ] && echo {machine} && exit 0\nexec /bin/uname \"$@\"\n");
+    let uname =
+        format!("#!/bin/sh\n[ \"$1\" = -m ] && echo {machine} && exit 0\nexec /bin/uname \"$@\"\n");
     let ldd = format!("#!/bin/sh\nprintf '%s\\n' '{ldd}'\n");
     for (name, text) in [("uname", uname), ("ldd", ldd)] {
         std::fs::write(bin.join(name), text).expect("fake");
@@ -208,11 +213,27 @@ fn install_sh_refuses_a_tampered_tarball_an_unknown_architecture_and_an_old_glib
 
     let refusals = [
         ("riscv64", glibc, "architecture 'riscv64'"),
-        ("aarch64", glibc, "lists no gpureap-VERSION-aarch64-linux.tar.gz"),
-        ("x86_64", "ldd (GNU libc) 2.12", "glibc 2.12; gpureap needs glibc 2.17"),
-        ("x86_64", "ldd (GNU libc) 2.5", "glibc 2.5; gpureap needs glibc 2.17"),
+        (
+            "aarch64",
+            glibc,
+            "lists no gpureap-VERSION-aarch64-linux.tar.gz",
+        ),
+        (
+            "x86_64",
+            "ldd (GNU libc) 2.12",
+            "glibc 2.12; gpureap needs glibc 2.17",
+        ),
+        (
+            "x86_64",
+            "ldd (GNU libc) 2.5",
+            "glibc 2.5; gpureap needs glibc 2.17",
+        ),
         ("x86_64", "musl libc (x86_64)", "is musl"),
-        ("x86_64", "ldd: something else", "cannot tell this machine's glibc"),
+        (
+            "x86_64",
+            "ldd: something else",
+            "cannot tell this machine's glibc",
+        ),
     ];
     for (machine, ldd, said) in refusals {
         let run = install_sh(&script, &args, Some(&fakes(work.path(), machine, ldd)));
@@ -233,7 +254,8 @@ fn install_sh_refuses_a_tampered_tarball_an_unknown_architecture_and_an_old_glib
     let run = install_sh(&script, &args, None);
     assert_eq!(run.code, 1, "{}", run.stdout);
     assert!(
-        run.stderr.contains(&format!("checksum mismatch: {tarball}"))
+        run.stderr
+            .contains(&format!("checksum mismatch: {tarball}"))
             && run.stderr.contains("nothing installed"),
         "{}",
         run.stderr
@@ -299,7 +321,10 @@ fn sha256sums_covers_every_artifact_and_each_matches() {
         .filter(|name| name != "SHA256SUMS")
         .collect();
     present.sort();
-    assert_eq!(present, expected, "dist/ holds files SHA256SUMS does not cover");
+    assert_eq!(
+        present, expected,
+        "dist/ holds files SHA256SUMS does not cover"
+    );
 }
 
 #[test]
@@ -311,7 +336,14 @@ fn the_wheel_installs_into_a_fresh_venv_and_runs_the_demo() {
     let made = sh(Command::new("python3").arg("-m").arg("venv").arg(&venv));
     assert_eq!(made.code, 0, "python3 -m venv: {}", made.stderr);
     let pip = sh(Command::new(venv.join("bin/python"))
-        .args(["-m", "pip", "install", "--no-index", "--disable-pip-version-check", "-q"])
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--no-index",
+            "--disable-pip-version-check",
+            "-q",
+        ])
         .arg(&wheel));
     assert_eq!(pip.code, 0, "pip install: {}{}", pip.stdout, pip.stderr);
     let gpureap = venv.join("bin/gpureap");
@@ -321,10 +353,20 @@ fn the_wheel_installs_into_a_fresh_venv_and_runs_the_demo() {
         .env_remove("GPUREAP_BACKEND")
         .env("TMPDIR", work.path()));
     assert_eq!(demo.code, 0, "{}{}", demo.stdout, demo.stderr);
-    assert!(demo.stdout.contains("sglang::scheduler_TP0"), "{}", demo.stdout);
+    assert!(
+        demo.stdout.contains("sglang::scheduler_TP0"),
+        "{}",
+        demo.stdout
+    );
     // pip knows what it installed, and removes it.
-    let removed = sh(Command::new(venv.join("bin/python"))
-        .args(["-m", "pip", "uninstall", "-y", "-q", "gpureap"]));
+    let removed = sh(Command::new(venv.join("bin/python")).args([
+        "-m",
+        "pip",
+        "uninstall",
+        "-y",
+        "-q",
+        "gpureap",
+    ]));
     assert_eq!(removed.code, 0, "{}", removed.stderr);
     assert!(!gpureap.exists());
 }
@@ -352,15 +394,28 @@ fn the_deb_installs_into_a_throwaway_root_with_pages_and_units_not_enabled() {
     };
     let run = dpkg(&["-i", deb.to_str().expect("path")]);
     assert_eq!(run.code, 0, "dpkg -i: {}{}", run.stdout, run.stderr);
-    let status = sh(Command::new("dpkg-query")
-        .arg(&root_arg)
-        .args(["-W", "-f=${Status} ${Version}", "gpureap"]));
-    assert_eq!(status.stdout, format!("install ok installed {VERSION}"), "{}", status.stderr);
+    let status = sh(Command::new("dpkg-query").arg(&root_arg).args([
+        "-W",
+        "-f=${Status} ${Version}",
+        "gpureap",
+    ]));
+    assert_eq!(
+        status.stdout,
+        format!("install ok installed {VERSION}"),
+        "{}",
+        status.stderr
+    );
 
     let binary = root.join("usr/bin/gpureap");
     assert!(version_line(&binary).starts_with(&format!("gpureap {VERSION} (")));
     let pages = root.join("usr/share/man/man1");
-    for page in ["gpureap", "gpureap-status", "gpureap-free", "gpureap-exporter", "gpureap-reap"] {
+    for page in [
+        "gpureap",
+        "gpureap-status",
+        "gpureap-free",
+        "gpureap-exporter",
+        "gpureap-reap",
+    ] {
         let path = pages.join(format!("{page}.1.gz"));
         let text = sh(Command::new("gzip").arg("-dc").arg(&path));
         assert!(
@@ -385,8 +440,11 @@ fn the_deb_installs_into_a_throwaway_root_with_pages_and_units_not_enabled() {
         let text = std::fs::read_to_string(units.join(unit)).expect("unit installed");
         assert!(text.contains("ExecStart=/usr/bin/gpureap "), "{unit}");
         let here = work.path().join(unit);
-        std::fs::write(&here, text.replace("/usr/bin/gpureap", binary.to_str().expect("path")))
-            .expect("unit");
+        std::fs::write(
+            &here,
+            text.replace("/usr/bin/gpureap", binary.to_str().expect("path")),
+        )
+        .expect("unit");
         let verify = sh(Command::new("systemd-analyze").arg("verify").arg(&here));
         assert_eq!(
             (verify.code, verify.stderr.as_str()),
@@ -394,7 +452,10 @@ fn the_deb_installs_into_a_throwaway_root_with_pages_and_units_not_enabled() {
             "systemd-analyze verify {unit}"
         );
     }
-    assert!(!root.join("etc/systemd/system").exists(), "a unit was enabled");
+    assert!(
+        !root.join("etc/systemd/system").exists(),
+        "a unit was enabled"
+    );
 
     // And it goes away whole.
     let run = dpkg(&["--purge", "gpureap"]);
@@ -414,7 +475,10 @@ fn the_tarball_installs_through_install_sh() {
     );
     assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
     let version = version_line(&prefix.join("bin/gpureap"));
-    assert!(version.starts_with(&format!("gpureap {VERSION} (")), "{version}");
+    assert!(
+        version.starts_with(&format!("gpureap {VERSION} (")),
+        "{version}"
+    );
     installed(&prefix, &version);
     needs_only_libc_of_glibc_2_17(&prefix.join("bin/gpureap"));
 }
@@ -468,7 +532,11 @@ fn the_aarch64_binary_runs_under_qemu_on_a_simulated_host() {
 
     let demo = sh(&mut qemu(&["demo"]));
     assert_eq!(demo.code, 0, "{}{}", demo.stdout, demo.stderr);
-    assert!(demo.stdout.contains("sglang::scheduler_TP0"), "{}", demo.stdout);
+    assert!(
+        demo.stdout.contains("sglang::scheduler_TP0"),
+        "{}",
+        demo.stdout
+    );
 }
 
 /// The release workflow passes actionlint (.ci/run installs it), builds with scripts/release
@@ -489,12 +557,18 @@ fn the_release_workflow_passes_actionlint_and_runs_scripts_release() {
     assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
     let text = std::fs::read_to_string(&workflow).expect("workflow");
     assert_eq!(text.matches("run: scripts/release\n").count(), 1);
-    assert!(!text.contains("cargo "), "the workflow builds only through scripts/release");
+    assert!(
+        !text.contains("cargo "),
+        "the workflow builds only through scripts/release"
+    );
     assert!(text.contains("dist/*"));
     let work = tempfile::tempdir().expect("tempdir");
     let broken = work.path().join("release.yml");
-    std::fs::write(&broken, text.replace("${{ github.token }}", "${{ github.tokn }}"))
-        .expect("copy");
+    std::fs::write(
+        &broken,
+        text.replace("${{ github.token }}", "${{ github.tokn }}"),
+    )
+    .expect("copy");
     let run = actionlint(&broken);
     assert_eq!(run.code, 1, "{}", run.stdout);
     assert!(run.stdout.contains("tokn"), "{}", run.stdout);

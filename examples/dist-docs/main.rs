@@ -15,14 +15,17 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     };
     let folder = PathBuf::from(folder);
-    let written = pages::man_pages(&folder.join("man"))
-        .and_then(|mut man| {
-            man.extend(pages::completions(&folder.join("completions"))?);
-            Ok(man)
-        });
+    let written = pages::man_pages(&folder.join("man")).and_then(|mut man| {
+        man.extend(pages::completions(&folder.join("completions"))?);
+        Ok(man)
+    });
     match written {
         Ok(written) => {
-            println!("dist-docs: {} files under {}", written.len(), folder.display());
+            println!(
+                "dist-docs: {} files under {}",
+                written.len(),
+                folder.display()
+            );
             ExitCode::SUCCESS
         }
         Err(error) => {
