@@ -377,12 +377,21 @@ fn the_deb_installs_into_a_throwaway_root_with_pages_and_units_not_enabled() {
     let deb = dist_file(&dist, &format!("gpureap_{VERSION}_amd64.deb"));
     let work = tempfile::tempdir().expect("tempdir");
     let root = work.path().join("root");
-    // A dpkg database of its own, which knows this machine's packages (libc6 is a dependency).
+    // A dpkg database of its own, that knows one package: this machine's libc6 (the .deb
+    // depends on it), with no files.
     let admin = root.join("var/lib/dpkg");
     for folder in ["info", "updates", "triggers"] {
         std::fs::create_dir_all(admin.join(folder)).expect("admin");
     }
-    std::fs::copy("/var/lib/dpkg/status", admin.join("status")).expect("status");
+    let libc6 = sh(Command::new("dpkg-query").args(["-s", "libc6"]));
+    assert_eq!(libc6.code, 0, "{}", libc6.stderr);
+    std::fs::write(admin.join("status"), &libc6.stdout).expect("status");
+    let arch = sh(Command::new("dpkg").arg("--print-architecture"));
+    std::fs::write(
+        admin.join(format!("info/libc6:{}.list", arch.stdout.trim())),
+        "",
+    )
+    .expect("list");
     std::fs::write(admin.join("available"), "").expect("available");
     let root_arg = format!("--root={}", root.display());
     let dpkg = |args: &[&str]| -> Run {
@@ -572,4 +581,28 @@ fn the_release_workflow_passes_actionlint_and_runs_scripts_release() {
     let run = actionlint(&broken);
     assert_eq!(run.code, 1, "{}", run.stdout);
     assert!(run.stdout.contains("tokn"), "{}", run.stdout);
+}
+
+/// The Kubernetes manifests run the image of this version, by its tag.
+#[test]
+fn the_manifests_name_the_image_by_this_version() {
+    let folder = Path::new(ROOT).join("deploy/kubernetes");
+    let mut named = 0;
+    for entry in std::fs::read_dir(&folder).expect("manifests").flatten() {
+        let text = std::fs::read_to_string(entry.path()).expect("manifest");
+        for image in text
+            .lines()
+            .filter_map(|line| line.trim().strip_prefix("image: "))
+            .filter(|image| image.contains("gpureap"))
+        {
+            assert_eq!(
+                image,
+                format!("gpureap:{VERSION}"),
+                "{}",
+                entry.path().display()
+            );
+            named += 1;
+        }
+    }
+    assert_eq!(named, 2, "the exporter's and the watch's DaemonSets");
 }
