@@ -133,6 +133,27 @@ fn the_portable_binary_needs_glibc_2_17_and_nothing_but_libc() {
     needs_only_libc_of_glibc_2_17(&portable_binary());
 }
 
+#[test]
+fn the_portable_binary_keeps_its_symbols_not_its_debug_sections() {
+    keeps_its_symbols_not_its_debug_sections(&portable_binary());
+}
+
+/// A portable binary has a symbol table (function names in a backtrace) and no debug
+/// sections (scripts/build-portable's llvm-objcopy --strip-debug).
+pub fn keeps_its_symbols_not_its_debug_sections(binary: &Path) {
+    let sections = readelf(binary, &["-S", "-W"]);
+    assert!(
+        sections.contains(" .symtab "),
+        "{} has no symbol table",
+        binary.display()
+    );
+    assert!(
+        !sections.contains(" .debug_"),
+        "{} keeps debug sections",
+        binary.display()
+    );
+}
+
 /// What the portable binaries may ask of the system at start (any architecture: readelf reads
 /// each): only libc's own libraries, no glibc symbol version above 2.17.
 pub fn needs_only_libc_of_glibc_2_17(binary: &Path) {
