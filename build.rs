@@ -3,7 +3,7 @@
 //! not say which build a host runs, and `push` compares builds.
 //!
 //! The commit is `git rev-parse --short HEAD`, with `-dirty` when the files
-//! that make the binary (src/, build.rs, Cargo.toml, Cargo.lock, text-order.txt) differ from
+//! that make the binary (src/, build.rs, Cargo.toml, Cargo.lock, link/text-order.txt) differ from
 //! it; "unknown" without git (a tarball) or when the crate is not the top of
 //! its repository. The date is today's in UTC, or SOURCE_DATE_EPOCH's for a
 //! reproducible build. The script reruns only when HEAD, the branch it points
@@ -19,7 +19,7 @@ const SOURCES: [&str; 5] = [
     "build.rs",
     "Cargo.toml",
     "Cargo.lock",
-    "text-order.txt",
+    "link/text-order.txt",
 ];
 
 fn main() {
@@ -47,7 +47,7 @@ fn main() {
 }
 
 /// The release binary's functions that the one-shot commands run, laid out
-/// first and together (`text-order.txt`, written by `scripts/order-text`):
+/// first and together (`link/text-order.txt`, written by `scripts/order-text`):
 /// the kernel maps a binary's text 64 KiB around each page a process
 /// touches, so code spread over the whole text becomes resident almost
 /// whole (docs/bench/history.md, "Issue 28, round 9"). Only where the
@@ -58,7 +58,7 @@ fn main() {
 /// file older than the code) is passed over.
 fn text_order(root: &Path) {
     // Rerun on its changes: it is one of SOURCES.
-    const ORDER: &str = "text-order.txt";
+    const ORDER: &str = "link/text-order.txt";
     let var = |name: &str| std::env::var(name).unwrap_or_default();
     let flags = var("CARGO_ENCODED_RUSTFLAGS");
     let own_linker = std::env::var_os("RUSTC_LINKER").is_some()

@@ -49,14 +49,14 @@ fn portable_binary() -> PathBuf {
     binary
 }
 
-fn modified(path: &Path) -> SystemTime {
+pub fn modified(path: &Path) -> SystemTime {
     std::fs::metadata(path)
         .and_then(|metadata| metadata.modified())
         .unwrap_or_else(|error| panic!("{}: {error}", path.display()))
 }
 
 /// A source of the binary changed after `built`, if one did.
-fn newer_source(built: SystemTime) -> Option<PathBuf> {
+pub fn newer_source(built: SystemTime) -> Option<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut pending: Vec<PathBuf> = ["src", "build.rs", "Cargo.toml", "Cargo.lock"]
         .iter()
@@ -130,8 +130,34 @@ fn readelf_output_is_read_as_glibc_shows_it() {
 
 #[test]
 fn the_portable_binary_needs_glibc_2_17_and_nothing_but_libc() {
-    let binary = portable_binary();
-    let libraries = needed(&readelf(&binary, &["-d", "-W"]));
+    needs_only_libc_of_glibc_2_17(&portable_binary());
+}
+
+#[test]
+fn the_portable_binary_keeps_its_symbols_not_its_debug_sections() {
+    keeps_its_symbols_not_its_debug_sections(&portable_binary());
+}
+
+/// A portable binary has a symbol table (function names in a backtrace) and no debug
+/// sections (scripts/build-portable's llvm-objcopy --strip-debug).
+pub fn keeps_its_symbols_not_its_debug_sections(binary: &Path) {
+    let sections = readelf(binary, &["-S", "-W"]);
+    assert!(
+        sections.contains(" .symtab "),
+        "{} has no symbol table",
+        binary.display()
+    );
+    assert!(
+        !sections.contains(" .debug_"),
+        "{} keeps debug sections",
+        binary.display()
+    );
+}
+
+/// What the portable binaries may ask of the system at start (any architecture: readelf reads
+/// each): only libc's own libraries, no glibc symbol version above 2.17.
+pub fn needs_only_libc_of_glibc_2_17(binary: &Path) {
+    let libraries = needed(&readelf(binary, &["-d", "-W"]));
     assert!(libraries.iter().any(|name| name.starts_with("libc.so.")));
     for library in &libraries {
         assert!(
@@ -141,7 +167,7 @@ fn the_portable_binary_needs_glibc_2_17_and_nothing_but_libc() {
         );
     }
     // The symbols' versions, and the version needs the dynamic loader checks.
-    let versions = glibc_versions(&readelf(&binary, &["--dyn-syms", "-V", "-W"]));
+    let versions = glibc_versions(&readelf(binary, &["--dyn-syms", "-V", "-W"]));
     let newest = versions.last().expect("the binary asks glibc for versions");
     assert!(
         newest[..] <= [GLIBC.0, GLIBC.1][..],

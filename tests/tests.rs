@@ -4,6 +4,7 @@
 mod container_scopes;
 mod containers_sources;
 mod demo;
+mod dist_docs;
 mod docs;
 mod exit_codes;
 mod fleet;
@@ -23,6 +24,7 @@ mod plan_hostile;
 mod portable;
 mod push;
 mod reap_watch;
+mod release;
 mod run;
 mod run_output;
 mod run_plan;
