@@ -1052,6 +1052,11 @@ fn gpu_count(text: &str) -> Result<u32, String> {
     }
 }
 
+/// An engine version for the planner (`0.33.0`, `0.5.23.post1`).
+fn engine_version(text: &str) -> Result<String, String> {
+    crate::plan::version::parse_flag(text)
+}
+
 /// A size for the planner: bytes (`80G` and `80GiB` both mean 80 × 2^30).
 fn size(text: &str) -> Result<u64, String> {
     units::parse_size(text)
@@ -1096,6 +1101,10 @@ pub struct PlanArgs {
     /// The model's config.json (or its directory), instead of finding it from the command.
     #[arg(long, value_name = "PATH")]
     pub model_config: Option<PathBuf>,
+    /// Plan with this engine version's rules (the nearest kept) instead of the version the
+    /// command's interpreter has installed. Example: --engine-version 0.33.0
+    #[arg(long, value_name = "VERSION", value_parser = engine_version)]
+    pub engine_version: Option<String>,
     /// Print JSON (docs/json.md, kind "plan").
     #[arg(long)]
     pub json: bool,

@@ -1040,6 +1040,7 @@ pub fn plan(args: &PlanArgs) -> Result<PlanConfig, UsageError> {
         host_memory,
         from_log,
         model_config,
+        engine_version,
         json,
         // `-H`: the hosts each plan there (`fleet::commands::plan`).
         fleet: _,
@@ -1071,6 +1072,7 @@ pub fn plan(args: &PlanArgs) -> Result<PlanConfig, UsageError> {
         },
         from_log: from_log.clone(),
         model_config: model_config.clone(),
+        engine_version: engine_version.clone(),
         json: *json,
     })
 }

@@ -21,6 +21,7 @@ mod old_kernel;
 mod plan;
 mod plan_corpus;
 mod plan_hostile;
+mod plan_version;
 mod portable;
 mod push;
 mod reap_watch;

@@ -310,6 +310,7 @@ pub fn plan_flags(request: &PlanConfig) -> Vec<String> {
             },
         from_log,
         model_config,
+        engine_version,
         // Each host answers in JSON (`Fleet::remote_args`); this side renders.
         json: _,
     } = request;
@@ -349,6 +350,11 @@ pub fn plan_flags(request: &PlanConfig) -> Vec<String> {
         if let Some(path) = path {
             flag(name, path.to_string_lossy().into_owned());
         }
+    }
+    // Each host finds the version its own interpreter has installed,
+    // unless one is given.
+    if let Some(version) = engine_version {
+        flag("--engine-version", version.clone());
     }
     flags
 }

@@ -669,6 +669,10 @@ fn sglang(launch: &Launch, model: &Model, budget: &Budget) -> Device {
         1
     };
     let max_running_requests = match launch.max_running_requests {
+        // 0.5.23 resolve_max_num_reqs: max(1, n // DP), at most tokens // 2.
+        Some(requests) if launch.rules.sglang_given_requests_capped() => {
+            (requests / dp.max(1)).max(1).min(tokens / 2)
+        }
         Some(requests) => requests / dp.max(1),
         None => tokens / 2,
     }
@@ -1239,14 +1243,14 @@ pub struct HostTier {
 /// host needs the total. vLLM 0.26.0 native offload:
 /// `--kv-offloading-size` GiB in total, each block stored for every worker
 /// (`kv_bytes_per_block × world_size`, MLA included), chunk alignment
-/// ignored.
+/// ignored; 0.33.0 stores a pure-MLA model's blocks once at TP > 1 with no
+/// other parallelism (`Rules::vllm_mla_offload_single_copy`).
 pub fn host_tier(
     launch: &Launch,
     model: &Model,
     device: &Device,
     host_available: u64,
 ) -> Option<HostTier> {
-    let _ = model;
     let request = launch.host_tier?;
     let per_token = device.bytes_per_token.max(1);
     let ranks = u64::from(launch.gpu_count().max(1));
@@ -1270,7 +1274,13 @@ pub fn host_tier(
         HostTierRequest::VllmOffloadGib(gib) => {
             let total = (gib * GIB as f64) as u64;
             let world = u64::from((launch.tp * launch.pp).max(1));
-            let tokens = total / per_token.saturating_mul(world);
+            let single_copy = launch.rules.vllm_mla_offload_single_copy()
+                && matches!(model.attention, Attention::Mla { .. })
+                && launch.tp > 1
+                && launch.pp == 1
+                && launch.dcp == 1;
+            let copies = if single_copy { 1 } else { world };
+            let tokens = total / per_token.saturating_mul(copies);
             (
                 tokens,
                 total / world,

@@ -14,6 +14,7 @@ use super::engine::{self, Budget, Device, HostTier, Start};
 use super::launch::{self, Launch};
 use super::levers::{self, Demand, Lever};
 use super::model::{self, Model};
+use super::version::{self, EngineVersion};
 use crate::exit::{Exit, Failure};
 use crate::snapshot::{Snapshot, Unattributed};
 use crate::units;
@@ -57,6 +58,9 @@ pub struct PlanConfig {
     pub overrides: Overrides,
     pub from_log: Option<PathBuf>,
     pub model_config: Option<PathBuf>,
+    /// `--engine-version X`: the engine version to plan with, instead of
+    /// the one the command's interpreter has installed.
+    pub engine_version: Option<String>,
     pub json: bool,
 }
 
@@ -74,6 +78,7 @@ impl PlanConfig {
             overrides: Overrides::default(),
             from_log: None,
             model_config: None,
+            engine_version: None,
             json: false,
         }
     }
@@ -210,6 +215,8 @@ pub struct Calibration {
 #[derive(Debug, Clone)]
 pub struct Outcome {
     pub launch: Launch,
+    /// The engine version the command would run, and whose rules apply.
+    pub engine_version: EngineVersion,
     pub model: Model,
     pub hypothetical: Option<Hypothetical>,
     /// The engine's GPUs as read now; empty for a hypothetical box.
@@ -355,7 +362,10 @@ impl Outcome {
         let tier = self.host_tier?;
         if self.host_memory.is_some() && !tier.fits {
             Some(Reason::HostTier)
-        } else if self.launch.engine == launch::Engine::Sglang && !tier.larger_than_device {
+        } else if self.launch.engine == launch::Engine::Sglang
+            && !tier.larger_than_device
+            && self.launch.rules.sglang_host_smaller_than_device_refused()
+        {
             Some(Reason::HostTierSmallerThanDevice)
         } else {
             None
@@ -401,7 +411,12 @@ pub fn concurrency(device: &Device, request_tokens: Option<u64>) -> Option<f64> 
 /// The plan for `config` on the GPUs of `snapshot` (`None`: the
 /// hypothetical box of `config.hypothetical`, no GPU read).
 pub fn evaluate(config: &PlanConfig, snapshot: Option<&Snapshot>) -> Result<Outcome, FitError> {
-    let launch = launch::parse(&config.command, &config.env)?;
+    let mut launch = launch::parse(&config.command, &config.env)?;
+    let engine_version = match &config.engine_version {
+        Some(given) => EngineVersion::given(launch.engine, given),
+        None => version::detect(launch.engine, &launch.program, &launch.env),
+    };
+    launch.rules = engine_version.rules;
     let model = model::locate_for(&launch, config.model_config.as_deref())?;
     let (gpus, hypothetical) = engine_gpus(config, &launch, snapshot)?;
     let free = free_memory(config, &gpus, hypothetical)?;
@@ -460,6 +475,7 @@ pub fn evaluate(config: &PlanConfig, snapshot: Option<&Snapshot>) -> Result<Outc
 
     Ok(Outcome {
         launch,
+        engine_version,
         model,
         hypothetical,
         gpus,

@@ -58,6 +58,7 @@
 //! token as its value unless that token is itself a flag.
 
 use super::PlanError;
+use super::version::Rules;
 use std::collections::BTreeMap;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -214,6 +215,15 @@ pub struct Launch {
     /// `--disable-hybrid-kv-cache-manager`: sliding-window layers are held
     /// as full attention.
     pub disable_hybrid_kv: bool,
+    /// The command's first word after its environment: the interpreter
+    /// (`python3`, `/venv/bin/python`) or the console script (`vllm`),
+    /// as written; `version::detect` finds the engine's version from it.
+    #[serde(skip)]
+    pub program: String,
+    /// The engine version's rules plan applies (`version::Rules`): the
+    /// default until `fit::evaluate` finds the version or is given one.
+    #[serde(skip)]
+    pub rules: Rules,
 }
 
 impl Launch {
@@ -257,6 +267,7 @@ impl Launch {
 pub fn parse(argv: &[String], env: &BTreeMap<String, String>) -> Result<Launch, PlanError> {
     let mut env = env.clone();
     let rest = strip_env(argv, &mut env)?;
+    let program = rest;
     let (engine, rest) = engine_of(rest)?;
     let mut launch = Launch {
         engine,
@@ -298,6 +309,8 @@ pub fn parse(argv: &[String], env: &BTreeMap<String, String>) -> Result<Launch, 
         mamba_full_memory_ratio: None,
         disable_radix_cache: false,
         disable_hybrid_kv: false,
+        program: program.first().cloned().unwrap_or_default(),
+        rules: Rules::default_for(engine),
     };
     let mut state = Flags::default();
     read_flags(engine, rest, &mut launch, &mut state)?;

@@ -11,6 +11,7 @@ pub mod launch;
 pub mod levers;
 pub mod model;
 pub mod render;
+pub mod version;
 
 #[cfg(test)]
 mod tests;

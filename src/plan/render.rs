@@ -12,6 +12,7 @@ use super::fit::{Cost, Freeing, Holder, NEGLIGIBLE_SHARE, Outcome, Reason, Sourc
 use super::launch::{Engine, HostTierRequest, KvDtype, Launch};
 use super::levers::{Demand, Lever};
 use super::model::{Attention, Model};
+use super::version::{EngineVersion, Found};
 use crate::report::{self, SCHEMA_VERSION};
 use crate::units::{Bytes, Field, GpuRanges};
 
@@ -273,6 +274,10 @@ fn launch_section(outcome: &Outcome) -> Vec<String> {
         }
     )];
     lines.push(format!(
+        "  version   {}",
+        version_text(launch.engine, &outcome.engine_version)
+    ));
+    lines.push(format!(
         "  model     {} ({})",
         Field(&model.config_path.display().to_string()),
         if model.architecture.is_empty() {
@@ -284,6 +289,34 @@ fn launch_section(outcome: &Outcome) -> Vec<String> {
     lines.push(format!("  per token {}", attention_text(model)));
     lines.push(gpus_line(outcome));
     lines
+}
+
+/// Which version plan found or was given, and whose rules it applied.
+fn version_text(engine: Engine, version: &EngineVersion) -> String {
+    let engine = engine_name(engine);
+    let rules = version.rules.version();
+    let applied = if version.other_rules() {
+        format!("planned with {rules}'s rules, the nearest kept")
+    } else {
+        "planned with its rules".to_string()
+    };
+    match &version.found {
+        Found::Metadata {
+            version, metadata, ..
+        } => format!(
+            "{engine} {} found ({}); {applied}",
+            crate::units::short(version, 64),
+            Field(&metadata.display().to_string())
+        ),
+        Found::Flag { version } => format!(
+            "{engine} {} (--engine-version); {applied}",
+            crate::units::short(version, 64)
+        ),
+        Found::None { why } => format!(
+            "no {engine} version found ({}); planned with {rules}'s rules (the default: the version the real starts of docs/plan.md were measured with)",
+            crate::units::short(why, 200)
+        ),
+    }
 }
 
 fn attention_text(model: &Model) -> String {
@@ -630,7 +663,19 @@ fn host_tier_section(outcome: &Outcome) -> Vec<String> {
             }
         ));
     }
-    if outcome.launch.engine == Engine::Sglang && !tier.larger_than_device {
+    if outcome.launch.engine == Engine::Sglang
+        && !tier.larger_than_device
+        && !outcome
+            .launch
+            .rules
+            .sglang_host_smaller_than_device_refused()
+    {
+        lines.push(format!(
+            "  the host pool holds no more than the device pool's {} tokens per rank: SGLang {} starts, warning that the host tier helps less",
+            count(outcome.clean.tokens_per_rank),
+            outcome.launch.rules.version()
+        ));
+    } else if outcome.launch.engine == Engine::Sglang && !tier.larger_than_device {
         lines.push(format!(
             "  SGLang does not start: the host pool must hold more than the device pool's {} tokens per rank (\"The host memory should be larger than the device memory\")",
             count(outcome.clean.tokens_per_rank)
@@ -871,6 +916,7 @@ struct PlanJson<'a> {
     schema_version: u32,
     kind: &'static str,
     engine: Engine,
+    engine_version: VersionJson<'a>,
     model: ModelJson<'a>,
     launch: LaunchJson<'a>,
     budget: BudgetJson,
@@ -883,6 +929,43 @@ struct PlanJson<'a> {
     demand: Option<&'a Demand>,
     calibration: Option<CalibrationJson>,
     exit_code: crate::exit::Exit,
+}
+
+#[derive(Serialize)]
+struct VersionJson<'a> {
+    version: Option<&'a str>,
+    source: &'static str,
+    interpreter: Option<String>,
+    metadata: Option<String>,
+    why: Option<&'a str>,
+    rules: &'static str,
+    other_rules: bool,
+}
+
+fn version_json(version: &EngineVersion) -> VersionJson<'_> {
+    let (source, interpreter, metadata, why) = match &version.found {
+        Found::Metadata {
+            interpreter,
+            metadata,
+            ..
+        } => (
+            "metadata",
+            Some(interpreter.display().to_string()),
+            Some(metadata.display().to_string()),
+            None,
+        ),
+        Found::Flag { .. } => ("flag", None, None, None),
+        Found::None { why } => ("none", None, None, Some(why.as_str())),
+    };
+    VersionJson {
+        version: version.version(),
+        source,
+        interpreter,
+        metadata,
+        why,
+        rules: version.rules.version(),
+        other_rules: version.other_rules(),
+    }
 }
 
 #[derive(Serialize)]
@@ -1030,6 +1113,7 @@ pub fn json(outcome: &Outcome) -> String {
         schema_version: SCHEMA_VERSION,
         kind: "plan",
         engine: launch.engine,
+        engine_version: version_json(&outcome.engine_version),
         model: ModelJson {
             config_path: model.config_path.display().to_string(),
             architecture: &model.architecture,

@@ -1239,6 +1239,7 @@ fn on_box(command: &str, gpu_memory: u64) -> fit::PlanConfig {
         overrides: fit::Overrides::default(),
         from_log: None,
         model_config: None,
+        engine_version: None,
         json: false,
     }
 }
