@@ -475,3 +475,61 @@ fn a_host_tier_smaller_than_the_device_pool_stops_only_sglang_0_5_9() {
         new.stdout
     );
 }
+
+/// HiCache with neither --hicache-ratio nor --hicache-size on a host of
+/// 64 GiB: SGLang 0.5.9 asks for twice the device pool and does not fit
+/// (exit 4); 0.5.23 lowers the ratio until 0.8 of the host's budget holds
+/// it, less its 5 % slack (`hicache_auto_size.py`), and starts.
+#[test]
+fn sglang_0_5_23_sizes_a_default_hicache_to_the_host() {
+    let model = fixture("llama-3.1-8b");
+    let command = [
+        "python3",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        &model,
+        "--mem-fraction-static",
+        "0.85",
+        "--enable-hierarchical-cache",
+    ];
+    let old = plan(
+        "/usr/bin:/bin",
+        &["--json", "--host-memory=64GiB", "--engine-version=0.5.9"],
+        &command,
+    );
+    assert_eq!(old.code, 4, "{}", old.stdout);
+    let tier = &old.json()["host_tier"];
+    assert_eq!(tier["fits"], false);
+    let device = old.json()["device"]["tokens_per_rank"]
+        .as_u64()
+        .expect("tokens");
+    assert!(tier["tokens_per_rank"].as_u64().expect("tier") > 2 * device);
+
+    let new = plan(
+        "/usr/bin:/bin",
+        &["--json", "--host-memory=64GiB", "--engine-version=0.5.23"],
+        &command,
+    );
+    assert_eq!(new.code, 0, "{}", new.stdout);
+    let tier = &new.json()["host_tier"];
+    assert_eq!(tier["fits"], true);
+    let share = (54 * GIB) as f64 * 0.8;
+    let bytes = tier["bytes_per_rank"].as_u64().expect("bytes") as f64;
+    assert!(
+        bytes <= share * 0.95 + 1e6 && bytes > share * 0.94,
+        "{bytes} of {share}"
+    );
+    let text = plan(
+        "/usr/bin:/bin",
+        &["--host-memory=64GiB", "--engine-version=0.5.23"],
+        &command,
+    );
+    assert!(
+        text.stdout.contains(
+            "SGLang HiCache, the ratio 2 lowered to fit 0.8 of this host's memory per rank"
+        ),
+        "{}",
+        text.stdout
+    );
+}

@@ -78,6 +78,18 @@ pub const VLLM_CUDAGRAPH_BYTES: u64 = GIB;
 /// SGLang's guard on host memory for HiCache: `psutil.available − 10 GiB`.
 pub const HOST_GUARD_BYTES: u64 = 10 * GIB;
 
+/// SGLang's HiCache ratio when neither `--hicache-ratio` nor
+/// `--hicache-size` is given.
+pub const SGLANG_HICACHE_RATIO: f64 = 2.0;
+
+/// SGLang 0.5.23 `--hicache-host-memory-fraction` default
+/// (`arg_groups/fields/memory.py`): the share of a rank's host budget its
+/// auto-sized HiCache pools may take.
+pub const SGLANG_HICACHE_HOST_MEMORY_FRACTION: f64 = 0.8;
+
+/// SGLang 0.5.23 `hicache_auto_size.py` `_ALLOCATION_SLACK_FRACTION`.
+pub const SGLANG_HICACHE_ALLOCATION_SLACK: f64 = 0.05;
+
 /// SGLang 0.5.9 `ServerArgs.swa_full_tokens_ratio` default.
 pub const SGLANG_SWA_FULL_TOKENS_RATIO: f64 = 0.8;
 
@@ -1240,7 +1252,12 @@ pub struct HostTier {
 /// (decimal GB) or `int(device_tokens × ratio)`, then `(size // page + 1)
 /// × page`; MLA stored once per rank, so TP copies of the same tokens;
 /// each rank checks `requested ≤ available − 10 GiB` on its own, so the
-/// host needs the total. vLLM 0.26.0 native offload:
+/// host needs the total. SGLang 0.5.23 with neither ratio nor size
+/// (`hicache_auto_size.py` `auto_size_hicache`): the ratio is
+/// `min(2.0, int(budget_rank × 0.8) × 0.95 ÷ device pool bytes)`, with
+/// `budget_rank = (available − 10 GiB) // ranks on this host`
+/// (`pool_host/base.py` `host_memory_budget_bytes`), and the pool checked
+/// against that share (the device pool's page padding ignored). vLLM 0.26.0 native offload:
 /// `--kv-offloading-size` GiB in total, each block stored for every worker
 /// (`kv_bytes_per_block × world_size`, MLA included), chunk alignment
 /// ignored; 0.33.0 stores a pure-MLA model's blocks once at TP > 1 with no
@@ -1255,15 +1272,30 @@ pub fn host_tier(
     let per_token = device.bytes_per_token.max(1);
     let ranks = u64::from(launch.gpu_count().max(1));
     let budget = host_available.saturating_sub(HOST_GUARD_BYTES);
+    // SGLang 0.5.23's auto-sizing: what each rank of this host may take.
+    let auto_budget = (request == HostTierRequest::SglangDefaultRatio
+        && launch.rules.sglang_hicache_auto_size())
+    .then(|| (budget / ranks) as f64 * SGLANG_HICACHE_HOST_MEMORY_FRACTION);
     let (tokens_per_rank, bytes_per_rank, bytes_total) = match request {
-        HostTierRequest::SglangRatio(_) | HostTierRequest::SglangSizeGb(_) => {
+        HostTierRequest::SglangRatio(_)
+        | HostTierRequest::SglangDefaultRatio
+        | HostTierRequest::SglangSizeGb(_) => {
+            let ratio = |ratio: f64| (device.tokens_per_rank as f64 * ratio) as u64;
             let size = match request {
                 HostTierRequest::SglangSizeGb(gb) => {
                     ((gb as f64 * 1e9) / per_token as f64).floor() as u64
                 }
-                HostTierRequest::SglangRatio(ratio) => {
-                    (device.tokens_per_rank as f64 * ratio) as u64
-                }
+                HostTierRequest::SglangRatio(given) => ratio(given),
+                HostTierRequest::SglangDefaultRatio => match auto_budget {
+                    Some(auto) => {
+                        let device_bytes =
+                            device.tokens_per_rank.saturating_mul(per_token).max(1) as f64;
+                        ratio(SGLANG_HICACHE_RATIO.min(
+                            auto.floor() * (1.0 - SGLANG_HICACHE_ALLOCATION_SLACK) / device_bytes,
+                        ))
+                    }
+                    None => ratio(SGLANG_HICACHE_RATIO),
+                },
                 HostTierRequest::VllmOffloadGib(_) => 0,
             };
             let page = u64::from(device.page_size.max(1));
@@ -1293,7 +1325,11 @@ pub fn host_tier(
         bytes_per_rank,
         bytes_total,
         budget,
-        fits: bytes_total <= budget,
+        fits: match auto_budget {
+            // Sized to fit: only a host with nothing left fails.
+            Some(auto) => auto >= 1.0 && bytes_per_rank as f64 <= auto,
+            None => bytes_total <= budget,
+        },
         larger_than_device: tokens_per_rank > device.tokens_per_rank,
     })
 }

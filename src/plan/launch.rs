@@ -118,9 +118,12 @@ impl KvDtype {
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum HostTierRequest {
-    /// SGLang `--hicache-ratio` (host pool = ratio × device pool, per rank;
-    /// 2.0 when HiCache is on and neither ratio nor size is given).
+    /// SGLang `--hicache-ratio` (host pool = ratio × device pool, per rank).
     SglangRatio(f64),
+    /// SGLang HiCache on with neither `--hicache-ratio` nor `--hicache-size`:
+    /// the ratio 2.0, which 0.5.23 lowers until the host pools fit
+    /// (`engine::host_tier`).
+    SglangDefaultRatio,
     /// SGLang `--hicache-size` (decimal GB, per rank).
     SglangSizeGb(u64),
     /// vLLM `--kv-offloading-size` (GiB, total over the TP ranks).
@@ -323,7 +326,10 @@ pub fn parse(argv: &[String], env: &BTreeMap<String, String>) -> Result<Launch, 
     launch.host_tier = match engine {
         Engine::Sglang if state.hierarchical_cache => Some(match state.hicache_size {
             Some(size) if size > 0 => HostTierRequest::SglangSizeGb(size),
-            _ => HostTierRequest::SglangRatio(state.hicache_ratio.unwrap_or(2.0)),
+            _ => state.hicache_ratio.map_or(
+                HostTierRequest::SglangDefaultRatio,
+                HostTierRequest::SglangRatio,
+            ),
         }),
         Engine::Sglang => None,
         Engine::Vllm => state

@@ -633,6 +633,21 @@ fn host_tier_section(outcome: &Outcome) -> Vec<String> {
         Some(HostTierRequest::SglangRatio(ratio)) => {
             format!("SGLang HiCache, --hicache-ratio {ratio}")
         }
+        Some(HostTierRequest::SglangDefaultRatio)
+            if outcome.launch.rules.sglang_hicache_auto_size() =>
+        {
+            format!(
+                "SGLang HiCache, the ratio {} lowered to fit {} of this host's memory per rank",
+                engine::SGLANG_HICACHE_RATIO,
+                engine::SGLANG_HICACHE_HOST_MEMORY_FRACTION
+            )
+        }
+        Some(HostTierRequest::SglangDefaultRatio) => {
+            format!(
+                "SGLang HiCache, the default --hicache-ratio {}",
+                engine::SGLANG_HICACHE_RATIO
+            )
+        }
         Some(HostTierRequest::SglangSizeGb(gb)) => {
             format!("SGLang HiCache, --hicache-size {gb} (decimal GB per rank)")
         }

@@ -187,7 +187,7 @@ fn launch_lists_unknown_flags_and_reads_lists_and_aliases() {
          --hicache-write-policy write_through --hicache-mem-layout page_first",
     );
     assert!(hicache.ignored.is_empty(), "{:?}", hicache.ignored);
-    assert_eq!(hicache.host_tier, Some(HostTierRequest::SglangRatio(2.0)));
+    assert_eq!(hicache.host_tier, Some(HostTierRequest::SglangDefaultRatio));
     let no_hicache = parse("python3 -m sglang.launch_server --model-path m --hicache-ratio 4");
     assert_eq!(
         no_hicache.host_tier, None,

@@ -94,6 +94,15 @@ impl Rules {
         self == Rules::Sglang0_5_23
     }
 
+    /// SGLang 0.5.23 `mem_cache/hicache_auto_size.py`: HiCache with
+    /// neither `--hicache-ratio` nor `--hicache-size` lowers the ratio 2.0
+    /// until the host pools fit `--hicache-host-memory-fraction` (0.8) of
+    /// each rank's share of the host (`engine::host_tier`); 0.5.9 asks for
+    /// 2.0 and refuses to start when the host lacks it.
+    pub fn sglang_hicache_auto_size(self) -> bool {
+        self == Rules::Sglang0_5_23
+    }
+
     /// SGLang 0.5.9 `memory_pool_host.py` asserts the host pool is larger
     /// than the device pool (the start fails); 0.5.23
     /// `pool_host/base.py` `_allocate_host_buffer` only warns.
