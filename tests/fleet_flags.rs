@@ -142,7 +142,7 @@ fn plan_on_the_hosts_is_the_plan_asked_here() {
     for line in [
         "gpureap plan --avg-prompt 1000 --avg-output 4100 --concurrency 150 --gpu-memory 96GiB \
          --gpus 8 --gpu-free 90GiB --weights 72.8GiB --kv-memory 7GiB --host-memory 400GiB \
-         --from-log /shared/sglang.log --model-config /shared/kimi -H a,b \
+         --from-log /shared/sglang.log --model-config /shared/kimi --engine-version 0.5.23 -H a,b \
          -- python3 -m sglang.launch_server --model-path moonshotai/Kimi-K2.5 --tp 8",
         "gpureap plan --avg-output 4100 --json -H a -- vllm serve x --max-model-len=-1",
         "gpureap plan -H a -- sglang serve --model-path m",
