@@ -550,7 +550,8 @@ fn basename(word: &str) -> &str {
     word.rsplit('/').next().unwrap_or(word)
 }
 
-fn is_python(word: &str) -> bool {
+/// `python`, `python3`, `python3.11`, or a path to one.
+pub(super) fn is_python(word: &str) -> bool {
     let name = basename(word);
     let Some(version) = name.strip_prefix("python") else {
         return false;

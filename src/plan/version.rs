@@ -22,7 +22,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use super::launch::Engine;
+use super::launch::{Engine, is_python};
 
 /// The rule sets kept, one per engine release whose arithmetic differs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -265,7 +265,7 @@ type Detected = (String, PathBuf, PathBuf);
 
 fn find(engine: Engine, program: &str, env: &BTreeMap<String, String>) -> Result<Detected, String> {
     let located = locate(program, env)?;
-    let interpreter = if is_python(&located) {
+    let interpreter = if is_python(&located.to_string_lossy()) {
         located
     } else {
         interpreter_of_script(&located, env)?
@@ -291,15 +291,6 @@ fn find(engine: Engine, program: &str, env: &BTreeMap<String, String>) -> Result
                 .join(", ")
         }
     ))
-}
-
-fn is_python(path: &Path) -> bool {
-    let name = path
-        .file_name()
-        .and_then(|name| name.to_str())
-        .unwrap_or("");
-    name.strip_prefix("python")
-        .is_some_and(|version| version.chars().all(|c| c.is_ascii_digit() || c == '.'))
 }
 
 /// `program` as `execvp` finds it: a path when it has a `/`, else the
@@ -360,7 +351,7 @@ fn interpreter_of_script(script: &Path, env: &BTreeMap<String, String>) -> Resul
     } else {
         PathBuf::from(command)
     };
-    if is_python(&interpreter) {
+    if is_python(&interpreter.to_string_lossy()) {
         Ok(interpreter)
     } else {
         Err(not_script(&format!(
