@@ -1416,16 +1416,7 @@ fn set(
         }
         "max-requests" => launch.max_running_requests = Some(whole(flag, value)?),
         "kv-bytes" => launch.kv_cache_memory_bytes = Some(human_int(flag, value)?),
-        "chunked" => {
-            launch.chunked_prefill_size = Some(match engine {
-                Engine::Vllm => human_int(flag, value)?,
-                // SGLang: -1 (or 0) disables chunked prefill.
-                Engine::Sglang => match value.trim().parse::<i64>() {
-                    Ok(number) => number.max(0) as u64,
-                    Err(_) => return Err(bad(flag, value, "not a whole number")),
-                },
-            })
-        }
+        "chunked" => launch.chunked_prefill_size = Some(chunked_prefill(engine, flag, value)?),
         "max-prefill" => launch.max_prefill_tokens = Some(whole(flag, value)?),
         "graph-bs" => launch.cuda_graph_max_bs = Some(whole(flag, value)?),
         "speculative" => launch.speculative_algorithm = Some(value.to_ascii_uppercase()),
@@ -1458,28 +1449,45 @@ fn set(
         }
         "gpu-id-step" => state.gpu_id_step = Some(positive(flag, value)?),
         "gpu-blocks" => launch.num_gpu_blocks_override = Some(whole(flag, value)?),
-        "cpu-offload" => {
-            let gib = match (engine, value.trim().parse::<f64>()) {
-                // SGLang's is an `int`.
-                (Engine::Sglang, _) => whole(flag, value)? as f64,
-                (Engine::Vllm, Ok(gib)) => gib,
-                (Engine::Vllm, Err(_)) => return Err(bad(flag, value, "not a size in GiB")),
-            };
-            if !(0.0..=MAX_OFFLOAD_GIB).contains(&gib) {
-                return Err(bad(
-                    flag,
-                    value,
-                    &format!("not a size in GiB from 0 to {MAX_OFFLOAD_GIB}"),
-                ));
-            }
-            launch.cpu_offload_bytes = (gib * (1u64 << 30) as f64) as u64;
-        }
+        "cpu-offload" => launch.cpu_offload_bytes = cpu_offload_bytes(engine, flag, value)?,
         "device-ids" => {
             state.device_ids = Some(value.split(',').map(|id| id.trim().to_string()).collect())
         }
         _ => launch.ignored.push(format!("{flag} {value}")),
     }
     Ok(())
+}
+
+/// The chunked-prefill size: the engines spell it differently (vLLM's
+/// `human_readable_int`, SGLang's signed `int` where -1 or 0 disables it).
+fn chunked_prefill(engine: Engine, flag: &str, value: &str) -> Result<u64, PlanError> {
+    match engine {
+        Engine::Vllm => human_int(flag, value),
+        // SGLang: -1 (or 0) disables chunked prefill.
+        Engine::Sglang => match value.trim().parse::<i64>() {
+            Ok(number) => Ok(number.max(0) as u64),
+            Err(_) => Err(bad(flag, value, "not a whole number")),
+        },
+    }
+}
+
+/// `--cpu-offload-gb` in bytes: SGLang's is an `int`, vLLM's a float, and
+/// either is bounded so that the bytes cannot overflow.
+fn cpu_offload_bytes(engine: Engine, flag: &str, value: &str) -> Result<u64, PlanError> {
+    let gib = match (engine, value.trim().parse::<f64>()) {
+        // SGLang's is an `int`.
+        (Engine::Sglang, _) => whole(flag, value)? as f64,
+        (Engine::Vllm, Ok(gib)) => gib,
+        (Engine::Vllm, Err(_)) => return Err(bad(flag, value, "not a size in GiB")),
+    };
+    if !(0.0..=MAX_OFFLOAD_GIB).contains(&gib) {
+        return Err(bad(
+            flag,
+            value,
+            &format!("not a size in GiB from 0 to {MAX_OFFLOAD_GIB}"),
+        ));
+    }
+    Ok((gib * (1u64 << 30) as f64) as u64)
 }
 
 /// The engine's GPU ids (its own numbering, before CUDA_VISIBLE_DEVICES),
