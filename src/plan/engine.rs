@@ -653,42 +653,9 @@ fn sglang(launch: &Launch, model: &Model, budget: &Budget) -> Device {
     if let Some(Hybrid::Sglang { full_tokens, .. }) = hybrid {
         tokens = i64::try_from(full_tokens).unwrap_or(i64::MAX);
     }
-    let weights_fit = budget.kv_memory.is_some() || budget.weights_per_gpu < budget.free_at_start;
-    let start = if !weights_fit {
-        Start::WeightsTooLarge
-    } else if given_kv_too_large(budget, budget.kv_memory) {
-        Start::NotEnoughMemory {
-            raise_fraction_to: None,
-        }
-    } else if tokens <= 0 {
-        // The smallest f with f·F0 − W' ≥ one page of cells.
-        let needed = (budget.weights_per_gpu as f64 + (u64::from(page) * cell) as f64)
-            / budget.free_at_start.max(1) as f64;
-        let hundredths = (needed * 100.0).ceil() / 100.0;
-        // A KV pool given by size skips the fraction: none raises it.
-        Start::NotEnoughMemory {
-            raise_fraction_to: (budget.kv_memory.is_none() && hundredths < 1.0)
-                .then_some(hundredths),
-        }
-    } else {
-        Start::Starts
-    };
+    let start = sglang_start(budget, tokens, cell, page);
     let tokens = tokens.max(0) as u64;
-    // model_runner: min(tokens // 2 or the flag // attention-DP size, pool).
-    let dp = if launch.dp_attention {
-        u64::from(launch.dp)
-    } else {
-        1
-    };
-    let max_running_requests = match launch.max_running_requests {
-        // 0.5.23 resolve_max_num_reqs: max(1, n // DP), at most tokens // 2.
-        Some(requests) if launch.rules.sglang_given_requests_capped() => {
-            (requests / dp.max(1)).max(1).min(tokens / 2)
-        }
-        Some(requests) => requests / dp.max(1),
-        None => tokens / 2,
-    }
-    .min(pool_requests);
+    let max_running_requests = sglang_max_running_requests(launch, tokens, pool_requests);
     Device {
         bytes_per_token: cell,
         kv_bytes_per_rank: rest.max(0) as u64,
@@ -709,6 +676,52 @@ fn sglang(launch: &Launch, model: &Model, budget: &Budget) -> Device {
             max_model_len: context,
         }),
     }
+}
+
+/// Whether SGLang starts with `tokens` in its pool (of `cell` bytes a
+/// token, `page` tokens a page), and else why not: its own checks, in its
+/// order, kept apart from the pool's arithmetic.
+fn sglang_start(budget: &Budget, tokens: i64, cell: u64, page: u32) -> Start {
+    let weights_fit = budget.kv_memory.is_some() || budget.weights_per_gpu < budget.free_at_start;
+    if !weights_fit {
+        Start::WeightsTooLarge
+    } else if given_kv_too_large(budget, budget.kv_memory) {
+        Start::NotEnoughMemory {
+            raise_fraction_to: None,
+        }
+    } else if tokens <= 0 {
+        // The smallest f with f·F0 − W' ≥ one page of cells.
+        let needed = (budget.weights_per_gpu as f64 + (u64::from(page) * cell) as f64)
+            / budget.free_at_start.max(1) as f64;
+        let hundredths = (needed * 100.0).ceil() / 100.0;
+        // A KV pool given by size skips the fraction: none raises it.
+        Start::NotEnoughMemory {
+            raise_fraction_to: (budget.kv_memory.is_none() && hundredths < 1.0)
+                .then_some(hundredths),
+        }
+    } else {
+        Start::Starts
+    }
+}
+
+/// SGLang's request cap (`model_runner`): min(tokens // 2 or the flag //
+/// attention-DP size, the request pool), a rule of its own that changed
+/// between versions.
+fn sglang_max_running_requests(launch: &Launch, tokens: u64, pool_requests: u64) -> u64 {
+    let dp = if launch.dp_attention {
+        u64::from(launch.dp)
+    } else {
+        1
+    };
+    match launch.max_running_requests {
+        // 0.5.23 resolve_max_num_reqs: max(1, n // DP), at most tokens // 2.
+        Some(requests) if launch.rules.sglang_given_requests_capped() => {
+            (requests / dp.max(1)).max(1).min(tokens / 2)
+        }
+        Some(requests) => requests / dp.max(1),
+        None => tokens / 2,
+    }
+    .min(pool_requests)
 }
 
 /// SGLang 0.5.9 `handle_max_mamba_cache` and `init_memory_pool` for a
@@ -808,22 +821,8 @@ fn vllm(launch: &Launch, model: &Model, budget: &Budget) -> Device {
     let utilization = mem_fraction(launch, model, budget.gpu_total);
     let per_layer = per_token / stage_layers(launch, model).max(1);
     let block = vllm_hybrid_block_size(launch, model, vllm_block_size(launch).max(1), per_layer);
-    // request_memory: ceil(total × utilization), refused when free < it.
-    let requested = (budget.gpu_total as f64 * utilization).ceil() as u64;
-    let refuses = budget.free_at_start < requested;
-    // What vLLM takes out of the requested memory besides the KV cache:
-    // measured by a previous start, else the weights and the estimates.
-    let not_kv = budget.non_kv.unwrap_or(
-        budget
-            .weights_per_gpu
-            .saturating_add(vllm_activation_peak(launch, model, budget.gpu_total))
-            .saturating_add(VLLM_NON_TORCH_BYTES)
-            .saturating_add(vllm_graph_reservation(launch, model)),
-    );
-    let kv = match (launch.kv_cache_memory_bytes, budget.kv_memory) {
-        (Some(bytes), _) | (None, Some(bytes)) => bytes as i128,
-        (None, None) => requested as i128 - not_kv as i128,
-    };
+    let memory = vllm_memory(launch, model, budget, utilization);
+    let kv = memory.kv;
     // get_kv_cache_config_from_groups: available // page_size //
     // group_size, the page one block of one layer (block × per-layer
     // bytes), group_size the layers of a group (every layer for one group);
@@ -852,66 +851,23 @@ fn vllm(launch: &Launch, model: &Model, budget: &Budget) -> Device {
         _ => 0,
     };
     let block_bytes = group_bytes;
-    // init_device calls request_memory before anything else, so the check
-    // holds with --kv-cache-memory-bytes too.
-    let start = if refuses {
-        Start::RefusesFree {
-            needed: requested,
-            free: budget.free_at_start,
-        }
-    } else if budget.kv_memory.is_none()
-        && launch.kv_cache_memory_bytes.is_none()
-        && budget.weights_per_gpu >= budget.free_at_start
-    {
-        Start::WeightsTooLarge
-    } else if given_kv_too_large(budget, launch.kv_cache_memory_bytes.or(budget.kv_memory)) {
-        // The pool is allocated at the size given: CUDA runs out of memory.
-        Start::NotEnoughMemory {
-            raise_fraction_to: None,
-        }
-    } else if given_kv_too_large(
+    let start = vllm_start(
+        launch,
         budget,
-        launch
-            .num_gpu_blocks_override
-            .map(|blocks| blocks.saturating_mul(block_bytes)),
-    ) {
-        // The blocks asked are allocated as asked: CUDA runs out of memory.
-        Start::NotEnoughMemory {
-            raise_fraction_to: None,
-        }
-    } else if kv <= 0 || memory_blocks < one_request_blocks {
-        // check_enough_kv_cache_memory: "No available memory for the cache
-        // blocks", or less than one request of max_model_len needs ("To
-        // serve at least one request with the model's max seq len"); with
-        // the utilization that would hold one (none when the KV size is
-        // given).
-        let needed = one_request_blocks.max(1).saturating_mul(block_bytes);
-        let total = (budget.gpu_total as f64).max(1.0);
-        let used = not_kv.saturating_add(needed) as f64;
-        let raise = (used / total * 100.0).ceil() / 100.0;
-        let fixed = launch.kv_cache_memory_bytes.is_some() || budget.kv_memory.is_some();
-        Start::NotEnoughMemory {
-            raise_fraction_to: (!fixed && raise <= 1.0).then_some(raise),
-        }
-    } else {
-        Start::Starts
-    };
+        &memory,
+        block_bytes,
+        memory_blocks,
+        one_request_blocks,
+    );
     let max_running_requests = vllm_max_running_requests(launch, budget.gpu_total);
     // The pool is what is allocated: the override's blocks where given.
     let kv_bytes = match launch.num_gpu_blocks_override {
         Some(blocks) => blocks.saturating_mul(block_bytes),
         None => kv.max(0) as u64,
     };
-    // get_kv_cache_capacity: concurrency = blocks ÷ blocks per request,
-    // tokens = int(concurrency × max_model_len).
     let logged = match (context, blocks_per_request) {
         (Some(length), Some(per_request)) if start == Start::Starts => {
-            let concurrency = blocks as f64 / per_request.max(1) as f64;
-            Some(EngineLog {
-                kv_cache_tokens: (concurrency * length as f64) as u64,
-                max_concurrency: Some(concurrency),
-                max_model_len: Some(length),
-            })
+            Some(vllm_logged(blocks, per_request, length))
         }
         _ => None,
     };
@@ -947,6 +903,108 @@ fn vllm(launch: &Launch, model: &Model, budget: &Budget) -> Device {
         context_length: context,
         hybrid,
         logged,
+    }
+}
+
+/// The memory vLLM asks for and how it splits: the KV cache's share is
+/// what the blocks, the start checks and the pool's size all read.
+struct VllmMemory {
+    /// request_memory: ceil(total × utilization).
+    requested: u64,
+    /// What vLLM takes out of the requested memory besides the KV cache.
+    not_kv: u64,
+    /// The KV cache's bytes, negative when the rest leaves none.
+    kv: i128,
+}
+
+/// vLLM's memory split at `utilization`: what is not KV cache is measured
+/// by a previous start, else the weights and the estimates; the KV cache
+/// is the size given, else the rest of the requested memory.
+fn vllm_memory(launch: &Launch, model: &Model, budget: &Budget, utilization: f64) -> VllmMemory {
+    let requested = (budget.gpu_total as f64 * utilization).ceil() as u64;
+    let not_kv = budget.non_kv.unwrap_or(
+        budget
+            .weights_per_gpu
+            .saturating_add(vllm_activation_peak(launch, model, budget.gpu_total))
+            .saturating_add(VLLM_NON_TORCH_BYTES)
+            .saturating_add(vllm_graph_reservation(launch, model)),
+    );
+    let kv = match (launch.kv_cache_memory_bytes, budget.kv_memory) {
+        (Some(bytes), _) | (None, Some(bytes)) => bytes as i128,
+        (None, None) => requested as i128 - not_kv as i128,
+    };
+    VllmMemory {
+        requested,
+        not_kv,
+        kv,
+    }
+}
+
+/// Whether vLLM starts with `memory_blocks` blocks of `block_bytes` (one
+/// request needs `one_request_blocks`), and else why not: its own checks,
+/// in its order, kept apart from the pool's arithmetic.
+fn vllm_start(
+    launch: &Launch,
+    budget: &Budget,
+    memory: &VllmMemory,
+    block_bytes: u64,
+    memory_blocks: u64,
+    one_request_blocks: u64,
+) -> Start {
+    // init_device calls request_memory before anything else, so the check
+    // holds with --kv-cache-memory-bytes too: refused when free < it.
+    if budget.free_at_start < memory.requested {
+        Start::RefusesFree {
+            needed: memory.requested,
+            free: budget.free_at_start,
+        }
+    } else if budget.kv_memory.is_none()
+        && launch.kv_cache_memory_bytes.is_none()
+        && budget.weights_per_gpu >= budget.free_at_start
+    {
+        Start::WeightsTooLarge
+    } else if given_kv_too_large(budget, launch.kv_cache_memory_bytes.or(budget.kv_memory)) {
+        // The pool is allocated at the size given: CUDA runs out of memory.
+        Start::NotEnoughMemory {
+            raise_fraction_to: None,
+        }
+    } else if given_kv_too_large(
+        budget,
+        launch
+            .num_gpu_blocks_override
+            .map(|blocks| blocks.saturating_mul(block_bytes)),
+    ) {
+        // The blocks asked are allocated as asked: CUDA runs out of memory.
+        Start::NotEnoughMemory {
+            raise_fraction_to: None,
+        }
+    } else if memory.kv <= 0 || memory_blocks < one_request_blocks {
+        // check_enough_kv_cache_memory: "No available memory for the cache
+        // blocks", or less than one request of max_model_len needs ("To
+        // serve at least one request with the model's max seq len"); with
+        // the utilization that would hold one (none when the KV size is
+        // given).
+        let needed = one_request_blocks.max(1).saturating_mul(block_bytes);
+        let total = (budget.gpu_total as f64).max(1.0);
+        let used = memory.not_kv.saturating_add(needed) as f64;
+        let raise = (used / total * 100.0).ceil() / 100.0;
+        let fixed = launch.kv_cache_memory_bytes.is_some() || budget.kv_memory.is_some();
+        Start::NotEnoughMemory {
+            raise_fraction_to: (!fixed && raise <= 1.0).then_some(raise),
+        }
+    } else {
+        Start::Starts
+    }
+}
+
+/// What vLLM logs of its pool (`get_kv_cache_capacity`): concurrency =
+/// blocks ÷ blocks per request, tokens = int(concurrency × max_model_len).
+fn vllm_logged(blocks: u64, per_request: u64, length: u64) -> EngineLog {
+    let concurrency = blocks as f64 / per_request.max(1) as f64;
+    EngineLog {
+        kv_cache_tokens: (concurrency * length as f64) as u64,
+        max_concurrency: Some(concurrency),
+        max_model_len: Some(length),
     }
 }
 
