@@ -6,6 +6,7 @@ mod containers_sources;
 mod demo;
 mod docs;
 mod exit_codes;
+mod flat;
 mod fleet;
 mod fleet_flags;
 mod harness;
