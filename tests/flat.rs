@@ -184,3 +184,45 @@ fn memory_the_lists_do_not_explain_is_looked_for_in_every_process() {
         "{status:#}"
     );
 }
+
+/// `plan` on a live host weighs what the driver lists: with 300 idle
+/// processes beside one worker it reads the worker and its family, and
+/// names it.
+#[test]
+fn plan_on_a_live_host_reads_the_listed_and_their_families_only() {
+    let host = SimHost::claims_only(2, 80 * GIB, "Simulated H100").expect("sim host");
+    let mut incident = Incident::new(&host);
+    incident
+        .holder(&Holder::new("python3 -m ipykernel_launcher").on(1, 6 * GIB))
+        .expect("notebook");
+    let _crowd = Crowd::new(300);
+    let model = tempfile::tempdir().expect("model dir");
+    std::fs::write(model.path().join("config.json"), crate::plan::LLAMA_8B).expect("config.json");
+    let planned: Run = gpureap(&host)
+        .env("GPUREAP_LOG", "gpureap=debug")
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .args([
+            "plan",
+            "--weights",
+            "8GiB",
+            "--",
+            "python3",
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            &model.path().display().to_string(),
+            "--tp",
+            "2",
+        ])
+        .output()
+        .expect("plan runs")
+        .into();
+    assert!(
+        planned.stdout.contains("ipykernel_launcher"),
+        "{}{}",
+        planned.stdout,
+        planned.stderr
+    );
+    let read = processes_read(&planned.stderr);
+    assert!(read < 300, "{read} processes read for one listed");
+}
