@@ -260,7 +260,7 @@ pub fn run(json: bool, out: &mut dyn Write) -> io::Result<Exit> {
 
 /// The demo's acts, on a host whose path goes into `made` for the clean-up.
 fn play(json: bool, out: &mut dyn Write, made: Arc<Mutex<Option<PathBuf>>>) -> io::Result<Exit> {
-    let host = SimHost::new(GPUS, GPU_TOTAL, GPU_NAME).map_err(|error| {
+    let host = SimHost::claims_only(GPUS, GPU_TOTAL, GPU_NAME).map_err(|error| {
         io::Error::other(format!(
             "cannot make the simulated host under {}: {error}",
             std::env::temp_dir().display()
@@ -502,7 +502,7 @@ fn tell(out: &mut dyn Write, played: &Played) -> io::Result<()> {
 /// staged is gone when the view returns, as it does on q, Ctrl-C, SIGTERM
 /// or a panic (dropped while unwinding).
 pub fn staged_for(view: impl FnOnce(Arc<dyn Driver>) -> io::Result<Exit>) -> io::Result<Exit> {
-    let host = SimHost::new(GPUS, GPU_TOTAL, GPU_NAME)?;
+    let host = SimHost::claims_only(GPUS, GPU_TOTAL, GPU_NAME)?;
     let driver = SimDriver::open(host.path()).map_err(io::Error::other)?;
     let mut incident = Incident::with_stand_ins(&host, Path::new(STAND_IN_EXE))?;
     stage(&mut incident)?;

@@ -754,18 +754,18 @@ fn slurm(backend: &BackendChoice, command: &gpureap::cli::SlurmCommand) -> Resul
     Ok(gpureap::slurm::main(backend, &config::slurm(command)))
 }
 
-/// `plan`: the snapshot `check` and the exporter take (none for a
-/// hypothetical box): a plan weighs what the driver lists, so descriptors
-/// are read only for those processes; then the plan, its report, and the
+/// `plan`: a snapshot of what the driver lists (none for a hypothetical
+/// box): a plan weighs what the driver lists, so descriptors are read only
+/// for those processes, and of the process tree only their families
+/// (`Snapshot::take_listed_families`); then the plan, its report, and the
 /// verdict's code.
 fn plan(backend: &BackendChoice, config: &gpureap::plan::fit::PlanConfig) -> Result<Exit, Failure> {
     let snapshot = match config.hypothetical {
         Some(_) => None,
-        None => Some(
-            Snapshot::open_and_take(backend, true)
-                .map_err(UsageError)?
-                .1,
-        ),
+        None => {
+            let driver = open_driver_quietly(backend)?;
+            Some(Snapshot::take_listed_families(driver.as_ref()))
+        }
     };
     let outcome = gpureap::plan::fit::evaluate(config, snapshot.as_ref())?;
     if config.json {

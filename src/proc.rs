@@ -185,6 +185,43 @@ pub fn nodes_of(id: ProcessId, classify: Classify) -> Option<BTreeSet<Node>> {
     (record.id == id && !record.state.has_exited()).then_some(record.nodes)
 }
 
+/// The processes `pids` of the proc mount at `root` (`None`: /proc), each
+/// read as a scan reads it (identity, tree, state, GPU nodes), at a cost
+/// that grows with `pids` alone, not with the host's processes: the
+/// simulated driver's lists, found through its claims as NVML finds its
+/// contexts. A PID that names no process is left out; one whose
+/// descriptors may not be read is listed in `unreadable`.
+pub fn scan_pids(
+    root: Option<&Path>,
+    pids: &BTreeSet<u32>,
+    classify: Classify,
+) -> io::Result<ProcScan> {
+    let base = match root {
+        Some(root) => open_directory(
+            root.to_str()
+                .ok_or_else(|| io::Error::other("a proc mount path that is not UTF-8"))?,
+        )?,
+        None => open_proc()?,
+    };
+    let mut buffers = Buffers::default();
+    let mut scan = ProcScan::default();
+    for &pid in pids {
+        if let Some((record, fd_error)) =
+            read_process(base.as_fd(), pid, Some(classify), &mut buffers)
+        {
+            if let Some(reason) = fd_error {
+                scan.unreadable.push(Unreadable {
+                    pid,
+                    comm: record.comm.clone(),
+                    reason,
+                });
+            }
+            scan.processes.push(record);
+        }
+    }
+    Ok(scan)
+}
+
 /// Reads the GPU nodes of the processes `pids` of a scan made without
 /// descriptors (`scan_tree`), as a full scan would have read them: one that
 /// has gone meanwhile, or whose PID now names another process, is dropped;
@@ -258,13 +295,23 @@ pub fn during<T>(scan: ProcScan, f: impl FnOnce() -> T) -> (ProcScan, T) {
 /// scan classified by `classify` when there is none.
 pub fn with_scan<T>(classify: Classify, f: impl FnOnce(&ProcScan) -> T) -> io::Result<T> {
     match CURRENT.with(|current| current.borrow_mut().take()) {
-        Some(current) => {
-            let value = f(&current);
-            CURRENT.with(|slot| *slot.borrow_mut() = Some(current));
-            Ok(value)
-        }
+        Some(current) => Ok(lend(current, f)),
         None => Ok(f(&scan(classify)?)),
     }
+}
+
+/// `f` on `current`, which then goes back to being this thread's current scan.
+fn lend<T>(current: ProcScan, f: impl FnOnce(&ProcScan) -> T) -> T {
+    let value = f(&current);
+    CURRENT.with(|slot| *slot.borrow_mut() = Some(current));
+    value
+}
+
+/// Calls `f` on this thread's current scan (see `during`); `None` when
+/// there is none.
+pub fn lent<T>(f: impl FnOnce(&ProcScan) -> T) -> Option<T> {
+    let current = CURRENT.with(|current| current.borrow_mut().take())?;
+    Some(lend(current, f))
 }
 
 /// Identity, tree and state of every process, without reading descriptors:

@@ -539,6 +539,20 @@ impl Snapshot {
     /// an open node is the only evidence left and every process's
     /// descriptors are read, as `take` does.
     pub fn take_listed(driver: &dyn Driver) -> Snapshot {
+        Snapshot::listed(driver, false)
+    }
+
+    /// `plan`'s snapshot: as `take_listed`, of the process tree only the
+    /// listed processes' families (`proc::scan_family`): a plan weighs the
+    /// GPUs' memory and names their holders, at a cost that does not grow
+    /// with the host's processes.
+    pub fn take_listed_families(driver: &dyn Driver) -> Snapshot {
+        Snapshot::listed(driver, true)
+    }
+
+    /// `take_listed`, with of the tree the listed processes' families alone
+    /// (`families`) or the whole.
+    fn listed(driver: &dyn Driver, families: bool) -> Snapshot {
         let started = std::time::Instant::now();
         // The driver first: a process it lists was started before the scan,
         // so the scan finds it unless it has exited meanwhile.
@@ -547,7 +561,11 @@ impl Snapshot {
         let listed = listed_pids(&answer);
         let classify = |path: &Path| driver.classify_node(path);
         let scan = match &listed {
-            Some(pids) => proc::scan_tree().map(|mut scan| {
+            Some(pids) => match families {
+                true => proc::scan_family(pids).unwrap_or_else(proc::scan_tree),
+                false => proc::scan_tree(),
+            }
+            .map(|mut scan| {
                 proc::read_nodes_of(&mut scan, pids, &classify);
                 scan
             }),

@@ -7,6 +7,7 @@ mod demo;
 mod dist_docs;
 mod docs;
 mod exit_codes;
+mod flat;
 mod fleet;
 mod fleet_flags;
 mod harness;

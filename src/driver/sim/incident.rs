@@ -37,7 +37,10 @@ pub struct SimHost {
 }
 
 impl SimHost {
-    /// `count` GPUs of `total` bytes each, named like real ones.
+    /// `count` GPUs of `total` bytes each, named like real ones, with
+    /// `DIR/unclaimed-holders`: a process that opens a node with no claim
+    /// file at all (`exec 3<"$D/nvidia0"`, as many tests stage one) is
+    /// listed, with a 1 GiB context (`claims_only` makes a host without).
     pub fn new(count: u32, total: u64, name: &str) -> io::Result<SimHost> {
         let dir = tempfile::Builder::new().prefix("gpureap-sim-").tempdir()?;
         let mut gpus = String::new();
@@ -48,7 +51,18 @@ impl SimHost {
         fs::write(dir.path().join("nvidiactl"), "")?;
         fs::write(dir.path().join("gpus"), gpus)?;
         fs::create_dir(dir.path().join("claims"))?;
+        fs::write(dir.path().join("unclaimed-holders"), "")?;
         Ok(SimHost { dir })
+    }
+
+    /// As `new`, without `DIR/unclaimed-holders`: the driver lists only
+    /// processes with a claim file, found through `DIR/claims` as NVML
+    /// finds its contexts, at a cost that does not grow with the host's
+    /// processes. Every holder `Holder` stages has its claims.
+    pub fn claims_only(count: u32, total: u64, name: &str) -> io::Result<SimHost> {
+        let host = SimHost::new(count, total, name)?;
+        fs::remove_file(host.path().join("unclaimed-holders"))?;
+        Ok(host)
     }
 
     /// As `new`, with character devices for nodes (`mknod c 1 3`, the

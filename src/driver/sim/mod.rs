@@ -6,6 +6,10 @@
 //! (`DIR/claims/PID.N`) says `none`: then it only has the node open, as every
 //! CUDA process has every GPU's node open, and the driver does not list it
 //! there. Memory is the contexts' claims (default 1 GiB) plus `DIR/leak.N`.
+//! The processes looked at are those with a claim file, found through
+//! `DIR/claims` as NVML knows its contexts, at a cost that does not grow
+//! with the host's processes; with `DIR/unclaimed-holders`, every process,
+//! so that one holding a node with no claim file at all is listed too.
 //! `DIR/gpus` gives totals and names, `DIR/bookkeeping` the memory the
 //! driver declares it keeps for itself, which the rule for memory held by no
 //! process tolerates (docs/simulated-driver.md). One more:
@@ -102,6 +106,12 @@ pub struct SimDriver {
     omit_other_namespaces: bool,
     /// Each GPU's MIG instances, from `DIR/mig.N` at open (`None`: MIG off).
     mig: Vec<Option<Vec<mig::Staged>>>,
+    /// `DIR/unclaimed-holders` was there at open: a process holding a node
+    /// with no claim file at all is listed too (a 1 GiB context), found by
+    /// reading every process's descriptors. Without it, the lists are found
+    /// through `DIR/claims` alone, as NVML finds its contexts: at a cost
+    /// that does not grow with the host's processes.
+    unclaimed_holders: bool,
 }
 
 fn cannot_read_proc(error: std::io::Error) -> DriverError {
@@ -425,20 +435,20 @@ impl SimDriver {
         let host_proc = Some(dir.join("host-proc")).filter(|path| {
             rustix::fs::statfs(path).is_ok_and(|fs| fs.f_type == rustix::fs::PROC_SUPER_MAGIC)
         });
-        let omit_other_namespaces = match rustix::fs::statat(
-            &directory,
-            "omit-other-namespaces",
-            AtFlags::SYMLINK_NOFOLLOW,
-        ) {
-            Ok(stat) if FileType::from_raw_mode(stat.st_mode) == FileType::Symlink => {
-                return Err(symlink_error(&dir.join("omit-other-namespaces")));
-            }
-            Ok(_) => true,
-            Err(_) => false,
-        };
+        let marker =
+            |name: &str| match rustix::fs::statat(&directory, name, AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(stat) if FileType::from_raw_mode(stat.st_mode) == FileType::Symlink => {
+                    Err(symlink_error(&dir.join(name)))
+                }
+                Ok(_) => Ok(true),
+                Err(_) => Ok(false),
+            };
+        let omit_other_namespaces = marker("omit-other-namespaces")?;
+        let unclaimed_holders = marker("unclaimed-holders")?;
         let mig = mig::read_all(&directory, &dir, gpu_count)?;
         Ok(SimDriver {
             mig,
+            unclaimed_holders,
             host_proc,
             omit_other_namespaces,
             bookkeeping,
@@ -591,9 +601,28 @@ impl SimDriver {
 
     /// Every GPU, from the scan a snapshot is being taken with when there
     /// is one (`proc::during`: the same moment, one pass), else a fresh one.
+    ///
+    /// The processes looked at are those `DIR/claims` names (`claimants`),
+    /// read alone, as NVML knows its contexts without looking at the host's
+    /// other processes; with `DIR/unclaimed-holders`, every process, as
+    /// before claims were indexed.
     fn answer(&self) -> Result<Vec<Result<GpuInfo, DriverError>>, DriverError> {
+        // Before the claims and the nodes are read, so that a change while
+        // they are is seen as one by `wait_for_change`.
+        let states = self.file_states(0..SimDriver::gpu_count(self));
+        let claims = self.claims()?;
+        let claimants = match self.unclaimed_holders {
+            true => None,
+            false => Some(self.claimants(claims.as_ref())?),
+        };
+        let classify = |path: &Path| self.classify_node(path);
         if let Some(root) = &self.host_proc {
-            let gpus = self.gpus_from(&self.scan()?)?;
+            let scan = match &claimants {
+                Some(pids) => proc::scan_pids(Some(root), pids, &classify),
+                None => proc::scan_at(root, &classify),
+            }
+            .map_err(cannot_read_proc)?;
+            let gpus = self.gpus_from(&scan, claims.as_ref(), states)?;
             if !self.omit_other_namespaces {
                 return Ok(gpus);
             }
@@ -602,22 +631,28 @@ impl SimDriver {
         // A scan of our own starts a baseline for `events`: the queue is
         // emptied just before it, under the lock, so that no other answer's
         // scan interleaves. A scan lent by a snapshot (`proc::during`, made
-        // before) classifies nothing here and spoils the baseline.
+        // before) is not one, and spoils the baseline.
         let mut events = self.events().and_then(events::Events::lock);
         if let Some(events) = events.as_mut() {
             events.rebase();
         }
-        let fresh = std::sync::atomic::AtomicBool::new(false);
-        let classify = |path: &Path| {
-            fresh.store(true, std::sync::atomic::Ordering::Relaxed);
-            self.classify_node(path)
+        let lent = proc::lent(|scan| match &claimants {
+            Some(pids) => self.gpus_from(&only(scan, pids), claims.as_ref(), states.clone()),
+            None => self.gpus_from(scan, claims.as_ref(), states.clone()),
+        });
+        let fresh = lent.is_none();
+        let answer = match lent {
+            Some(answer) => answer,
+            None => {
+                let scan = match &claimants {
+                    Some(pids) => proc::scan_pids(None, pids, &classify),
+                    None => proc::scan(&classify),
+                }
+                .map_err(cannot_read_proc)?;
+                self.gpus_from(&scan, claims.as_ref(), states)
+            }
         };
-        let answer =
-            proc::with_scan(&classify, |scan| self.gpus_from(scan)).map_err(cannot_read_proc)?;
-        if let (Some(events), false) = (
-            events.as_mut(),
-            fresh.load(std::sync::atomic::Ordering::Relaxed),
-        ) {
+        if let (Some(events), false) = (events.as_mut(), fresh) {
             events.spoil();
             if let Ok(mut known) = self.known.lock() {
                 known.complete = false;
@@ -681,22 +716,22 @@ impl SimDriver {
         Some(figures)
     }
 
-    /// Every GPU, from a scan classified by this driver.
+    /// Every GPU, from a scan classified by this driver, `claims` and the
+    /// files' `states` taken before it (`file_states`).
     fn gpus_from(
         &self,
         scan: &proc::ProcScan,
+        claims: Option<&OwnedFd>,
+        states: (BTreeMap<u32, Vec<watch::FileState>>, watch::FileState),
     ) -> Result<Vec<Result<GpuInfo, DriverError>>, DriverError> {
-        // Before the files are read, so that a change while they are is
-        // seen as one by `wait_for_change`.
-        let (files, claims_state) = self.file_states(0..SimDriver::gpu_count(self));
-        let claims = self.claims()?;
-        let holders = self.holders_in(scan, claims.as_ref())?;
+        let (files, claims_state) = states;
+        let holders = self.holders_in(scan, claims)?;
         let gpus: Vec<Result<GpuInfo, DriverError>> = (0..SimDriver::gpu_count(self))
             .map(|index| {
                 self.build(
                     index,
                     holders.get(&index).map_or(&[][..], Vec::as_slice),
-                    claims.as_ref(),
+                    claims,
                 )
             })
             .collect();
@@ -780,27 +815,47 @@ impl SimDriver {
             })
             .collect();
         if let (false, Some(claims)) = (hidden_from_us.is_empty(), claims) {
-            let entries = rustix::fs::Dir::read_from(claims).map_err(|error| {
-                DriverError::Sim(format!(
-                    "cannot read {}: {}",
-                    self.dir.join("claims").display(),
-                    std::io::Error::from(error)
-                ))
-            })?;
-            for entry in entries.flatten() {
-                let name = entry.file_name().to_string_lossy();
-                let Some((pid, index)) = name.split_once('.') else {
-                    continue;
-                };
-                if let (Ok(pid), Ok(index)) = (pid.parse::<u32>(), index.parse::<u32>())
-                    && hidden_from_us.contains(&pid)
-                    && index < self.gpu_count()
-                {
+            for (pid, index) in self.claim_names(claims)? {
+                if hidden_from_us.contains(&pid) {
                     holders.entry(index).or_default().push(pid);
                 }
             }
         }
         Ok(holders)
+    }
+
+    /// Each `PID.N` under `DIR/claims` whose N is one of this driver's GPUs.
+    fn claim_names(&self, claims: &OwnedFd) -> Result<Vec<(u32, u32)>, DriverError> {
+        let entries = rustix::fs::Dir::read_from(claims).map_err(|error| {
+            DriverError::Sim(format!(
+                "cannot read {}: {}",
+                self.dir.join("claims").display(),
+                std::io::Error::from(error)
+            ))
+        })?;
+        Ok(entries
+            .flatten()
+            .filter_map(|entry| {
+                let name = entry.file_name().to_str().ok()?;
+                let (pid, index) = name.split_once('.')?;
+                let (pid, index) = (pid.parse::<u32>().ok()?, index.parse::<u32>().ok()?);
+                (index < self.gpu_count()).then_some((pid, index))
+            })
+            .collect())
+    }
+
+    /// The processes that have a claim file: the only ones this driver can
+    /// list (a process holding a node with no claim at all is listed only
+    /// with `DIR/unclaimed-holders`). No claims directory: none.
+    fn claimants(&self, claims: Option<&OwnedFd>) -> Result<BTreeSet<u32>, DriverError> {
+        Ok(match claims {
+            Some(claims) => self
+                .claim_names(claims)?
+                .into_iter()
+                .map(|(pid, _)| pid)
+                .collect(),
+            None => BTreeSet::new(),
+        })
     }
 
     fn build(
@@ -1033,6 +1088,24 @@ fn omit_other_namespaces(
             })
         })
         .collect()
+}
+
+/// The part of `scan` about the processes `pids`.
+fn only(scan: &proc::ProcScan, pids: &BTreeSet<u32>) -> proc::ProcScan {
+    proc::ProcScan {
+        processes: scan
+            .processes
+            .iter()
+            .filter(|record| pids.contains(&record.id.pid))
+            .cloned()
+            .collect(),
+        unreadable: scan
+            .unreadable
+            .iter()
+            .filter(|entry| pids.contains(&entry.pid))
+            .cloned()
+            .collect(),
+    }
 }
 
 /// A simulated GPU's UUID, fixed by its index.
