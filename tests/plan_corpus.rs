@@ -17,7 +17,12 @@ const TARGET_PCT: f64 = 1.0;
 
 /// Cases not yet within the target, with the bound reached (per cent, on
 /// tokens and concurrency) and why; docs/plan.md lists them too.
-const NOT_YET: [(&str, f64, &str); 2] = [
+const NOT_YET: [(&str, f64, &str); 4] = [
+    (
+        "qwen3-30b-a3b",
+        1.7,
+        "plan's 1 GiB CUDA-graph estimate is 0.36 GiB above the V1 runner's (0.64 GiB logged), less the sampler's 0.15 GiB below, on a 10.82 GiB pool",
+    ),
     (
         "qwen3-30b-a3b-eager",
         1.5,
@@ -26,7 +31,12 @@ const NOT_YET: [(&str, f64, &str); 2] = [
     (
         "qwen3-next-12l-eager",
         1.7,
-        "the config's weight estimate of the gated-delta-net layers, and a profile run whose FlashInfer kernels failed",
+        "the config's weight estimate of the gated-delta-net layers (37.68 GiB against 38.02 loaded) and activation peak plus non-torch memory 0.15 GiB below the log's",
+    ),
+    (
+        "qwen3-next-12l-eager-gdn-triton",
+        1.7,
+        "the same start with its GDN prefill warm-up working: the same weights and peak as qwen3-next-12l-eager",
     ),
 ];
 
@@ -105,7 +115,7 @@ fn every_vllm_start() {
     let cases = corpus["cases"]
         .as_object()
         .expect("corpus.json as the gpu-corpus work writes it");
-    assert!(cases.len() >= 15, "the corpus has its 15 starts");
+    assert!(cases.len() >= 17, "the corpus has its 17 starts");
     let mut failures = Vec::new();
     for (name, case) in cases {
         let engine = &case["engine"];
@@ -238,8 +248,10 @@ fn a_log_carries_over_to_the_other_starts_of_its_model() {
 /// An eager MoE start's log (the V1 runner) asked about CUDA graphs and
 /// other batch limits: its non-KV memory moves by what the estimates move
 /// (the graph estimate the V1 runner takes out; the activation peak at the
-/// other limits), not left as the log's. The corpus has no such second
-/// start to check against: this pins the carrying, not the figures.
+/// other limits), not left as the log's. This pins the carrying, not the
+/// figures: asked about the corpus's graphs start (qwen3-30b-a3b) this
+/// eager log, which prints no graph estimate, takes out 1 GiB where the V1
+/// runner took 0.64, and comes 3.15 % under its tokens.
 #[test]
 fn a_log_carries_graphs_and_batch_limits() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));

@@ -45,6 +45,8 @@ spec() {
     gemma3-1b-eager) echo "0 gemma-3-1b-it 100 --max-model-len 8192 --gpu-memory-utilization 0.9 --enforce-eager" ;;
     gemma3-1b-len32768-eager) echo "0 gemma-3-1b-it 100 --max-model-len 32768 --gpu-memory-utilization 0.9 --enforce-eager" ;;
     qwen3-next-12l-eager) echo "0 qwen3-next-80b-a3b-12l 180 --max-model-len 8192 --gpu-memory-utilization 0.9 --enforce-eager" ;;
+    qwen3-next-12l-eager-gdn-triton) echo "0 qwen3-next-80b-a3b-12l 180 --max-model-len 8192 --gpu-memory-utilization 0.9 --enforce-eager --gdn-prefill-backend triton" ;;
+    qwen3-30b-a3b) echo "0 qwen3-30b-a3b 240 --max-model-len 8192 --gpu-memory-utilization 0.9" ;;
     *) return 1 ;;
     esac
 }
