@@ -149,6 +149,30 @@ pub struct ProcScan {
     pub unreadable: Vec<Unreadable>,
 }
 
+impl ProcScan {
+    /// Reads process `pid` into the scan: its record, and why its
+    /// descriptors could not be read where they could not. A PID that names
+    /// no process adds nothing.
+    fn read(
+        &mut self,
+        base: std::os::fd::BorrowedFd,
+        pid: u32,
+        classify: Option<Classify>,
+        buffers: &mut Buffers,
+    ) {
+        if let Some((record, fd_error)) = read_process(base, pid, classify, buffers) {
+            if let Some(reason) = fd_error {
+                self.unreadable.push(Unreadable {
+                    pid,
+                    comm: record.comm.clone(),
+                    reason,
+                });
+            }
+            self.processes.push(record);
+        }
+    }
+}
+
 /// What a scan asks of each descriptor: which GPU node it is, if any.
 pub type Classify<'a> = &'a (dyn Fn(&Path) -> Option<Node> + Sync);
 
@@ -206,18 +230,7 @@ pub fn scan_pids(
     let mut buffers = Buffers::default();
     let mut scan = ProcScan::default();
     for &pid in pids {
-        if let Some((record, fd_error)) =
-            read_process(base.as_fd(), pid, Some(classify), &mut buffers)
-        {
-            if let Some(reason) = fd_error {
-                scan.unreadable.push(Unreadable {
-                    pid,
-                    comm: record.comm.clone(),
-                    reason,
-                });
-            }
-            scan.processes.push(record);
-        }
+        scan.read(base.as_fd(), pid, Some(classify), &mut buffers);
     }
     Ok(scan)
 }
@@ -576,17 +589,7 @@ impl Work<'_> {
                 return result;
             }
             for &pid in batch {
-                let found = read_process(self.base, pid, self.classify, &mut buffers);
-                if let Some((record, fd_error)) = found {
-                    if let Some(reason) = fd_error {
-                        result.unreadable.push(Unreadable {
-                            pid,
-                            comm: record.comm.clone(),
-                            reason,
-                        });
-                    }
-                    result.processes.push(record);
-                }
+                result.read(self.base, pid, self.classify, &mut buffers);
             }
         }
     }
