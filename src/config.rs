@@ -801,9 +801,7 @@ pub fn wait(request: &WaitRequest, gpu_count: u32) -> Result<WaitConfig, UsageEr
 /// started, so that a typo is reported as one and not as a containment
 /// failure.
 fn find_program(program: &str) -> Result<std::path::PathBuf, UsageError> {
-    use rustix::fs::{Access, access};
-    let executable =
-        |path: &std::path::Path| path.is_file() && access(path, Access::EXEC_OK).is_ok();
+    use crate::file::executable;
     if program.contains('/') {
         let path = std::path::PathBuf::from(program);
         return if executable(&path) {

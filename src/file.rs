@@ -81,6 +81,13 @@ fn read_bounded(file: &std::fs::File, max: u64) -> Result<Vec<u8>, String> {
 }
 
 /// The user gpureap acts as: besides root, the one owner a trusted path may have.
+/// Whether `path` is a file `exec` would run: a regular file (links
+/// followed) that the caller may execute. The one test for every program
+/// gpureap looks up (a server, py-spy, scontrol, an engine's interpreter).
+pub fn executable(path: &Path) -> bool {
+    path.is_file() && rustix::fs::access(path, rustix::fs::Access::EXEC_OK).is_ok()
+}
+
 fn caller() -> u32 {
     rustix::process::geteuid().as_raw()
 }

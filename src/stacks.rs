@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::child::{self, Input, Ran};
+use crate::file::executable;
 use crate::proc::State;
 use crate::units::one_line;
 
@@ -125,12 +126,6 @@ pub fn find_py_spy() -> Option<PathBuf> {
     std::env::split_paths(&path)
         .map(|dir| dir.join("py-spy"))
         .find(|candidate| executable(candidate))
-}
-
-fn executable(path: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(path)
-        .is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)
 }
 
 /// Captures the stacks of `pids`, within `limits`. Never signals them;

@@ -23,6 +23,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::launch::{Engine, is_python};
+use crate::file::executable;
 
 /// The rule sets kept, one per engine release whose arithmetic differs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -311,12 +312,6 @@ fn locate(program: &str, env: &BTreeMap<String, String>) -> Result<PathBuf, Stri
         .map(|dir| Path::new(if dir.is_empty() { "." } else { dir }).join(program))
         .find(|candidate| executable(candidate))
         .ok_or_else(|| format!("{program} is not on the engine's PATH"))
-}
-
-fn executable(path: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt as _;
-    std::fs::metadata(path)
-        .is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)
 }
 
 /// The interpreter a console script (`vllm`, `sglang`) runs: its `#!`

@@ -13,6 +13,7 @@ use std::thread::ThreadId;
 use std::time::Duration;
 
 use crate::child::{self, Input, Ran};
+use crate::file::executable;
 use crate::signal::kill_group;
 
 /// Where Slurm's client commands are installed by distributions and by hand.
@@ -104,10 +105,6 @@ impl NodeState {
     pub fn drained(&self) -> bool {
         self.state.split('+').any(|flag| flag.starts_with("DRAIN"))
     }
-}
-
-fn executable(path: &Path) -> bool {
-    path.is_file() && rustix::fs::access(path, rustix::fs::Access::EXEC_OK).is_ok()
 }
 
 impl Scontrol {
