@@ -393,18 +393,20 @@ impl fmt::Display for Age {
     }
 }
 
-/// Text with its control characters written out (`\u{1b}`), newlines and
+/// Text with its unsafe characters (`unsafe_char`: controls, zero-width and
+/// other invisible ones) written out (`\u{1b}`, `\u{200b}`), newlines and
 /// tabs kept: for a report's own layout, never for a field inside it. Every
 /// output of text to a person goes through this or `one_line`, the one
 /// escaping step (`escaped`): command lines, comms, a remote host's answers
 /// and file contents are anyone's text, and an escape sequence in them must
-/// not reach the terminal of the admin reading a report. JSON escapes them
-/// already.
+/// not reach the terminal of the admin reading a report, nor a character
+/// it shows nothing of hide what a name really is. JSON escapes them
+/// already (`json_safe`).
 pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
     escaped(text, |c| c != '\n' && c != '\t')
 }
 
-/// One line of text: every control character written out, newlines too, so
+/// One line of text: every unsafe character written out, newlines too, so
 /// that a comm, a command line, a path or a host's answer inside a report,
 /// a prompt or a log line cannot start a line of its own.
 pub fn one_line(text: &str) -> std::borrow::Cow<'_, str> {
@@ -433,11 +435,12 @@ impl fmt::Display for Field<'_> {
 }
 
 /// A JSON document as serde_json wrote it, with the characters it leaves
-/// raw and a terminal acts on (DEL, C1 controls, line separators,
-/// bidirectional overrides) written as `\uXXXX` escapes: the same document
-/// to a parser, nothing for a terminal. serde_json escapes U+0000 to U+001F
-/// itself, and the others occur only inside strings, so this never changes
-/// what the document says.
+/// raw and a terminal acts on or shows nothing of (DEL, C1 controls, line
+/// separators, bidirectional overrides, zero-width and tag characters: the
+/// rest of `unsafe_char`) written as `\uXXXX` escapes, a pair of them for a
+/// character beyond U+FFFF: the same document to a parser, nothing for a
+/// terminal. serde_json escapes U+0000 to U+001F itself, and the others
+/// occur only inside strings, so this never changes what the document says.
 pub fn json_safe(json: String) -> String {
     // Below U+0020 only the layout's whitespace is left, outside strings.
     let unsafe_here = |c: char| c >= ' ' && unsafe_char(c);
@@ -447,8 +450,9 @@ pub fn json_safe(json: String) -> String {
     let mut safe = String::with_capacity(json.len());
     for c in json.chars() {
         if unsafe_here(c) {
-            // Every unsafe character is in the Basic Multilingual Plane.
-            let _ = fmt::Write::write_fmt(&mut safe, format_args!("\\u{:04x}", u32::from(c)));
+            for unit in c.encode_utf16(&mut [0; 2]) {
+                let _ = fmt::Write::write_fmt(&mut safe, format_args!("\\u{unit:04x}"));
+            }
         } else {
             safe.push(c);
         }
@@ -456,21 +460,26 @@ pub fn json_safe(json: String) -> String {
     safe
 }
 
-/// Whether a character can move the cursor, start a line, or reorder what a
-/// terminal shows: control characters (C0, DEL, C1), the line and paragraph
-/// separators, and the bidirectional overrides and isolates.
+/// Whether a character can move the cursor, start a line, reorder what a
+/// terminal shows, or reach it unseen: every character of the general
+/// categories Cc (C0, DEL, C1), Cf (format: the zero-width space, joiners
+/// and word joiner, the bidirectional marks, overrides and isolates, the
+/// invisible operators, U+FEFF, the tag characters), Zl and Zp (the line
+/// and paragraph separators), Co (private use) and Cn (unassigned, which a
+/// later Unicode may make anything); Cs (surrogates) is no `char`. The
+/// categories are the regex crate's Unicode tables (16.0), built once and
+/// only for text that is not ASCII.
 fn unsafe_char(c: char) -> bool {
-    c.is_control()
-        || matches!(
-            c,
-            '\u{061c}'
-                | '\u{200e}'
-                | '\u{200f}'
-                | '\u{2028}'
-                | '\u{2029}'
-                | '\u{202a}'..='\u{202e}'
-                | '\u{2066}'..='\u{2069}'
-        )
+    if c.is_ascii() {
+        return c.is_ascii_control();
+    }
+    static UNSAFE: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
+    UNSAFE
+        .get_or_init(|| {
+            regex::Regex::new(r"[\p{Cc}\p{Cf}\p{Zl}\p{Zp}\p{Co}\p{Cn}]")
+                .expect("a class of general categories")
+        })
+        .is_match(c.encode_utf8(&mut [0; 4]))
 }
 
 /// The one escaping step: every unsafe character for which `escape` holds

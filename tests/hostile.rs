@@ -263,3 +263,63 @@ fn free_h_asks_with_a_hosts_hostile_names_written_out() {
         status.stdout
     );
 }
+
+/// A title and a comm made of characters a terminal shows nothing of: a
+/// zero-width joiner, a left-to-right isolate (U+2066), a byte order mark
+/// (U+FEFF) and a tag character (U+E0041, an invisible "A"). Each report
+/// writes every one of them out (`\u{200d}`), so that two processes whose
+/// names differ only by them do not read the same; JSON keeps the value
+/// the process's own, as `\u` escapes. Before: all four reached the
+/// terminal raw (the rule knew only controls, separators and bidi marks).
+#[test]
+fn invisible_characters_in_a_name_are_written_out() {
+    const INVISIBLE: [char; 4] = ['\u{200d}', '\u{2066}', '\u{feff}', '\u{e0041}'];
+    let host = host();
+    let mut incident = Incident::new(&host);
+    let title = "zwj\u{200d}x\u{2066}y\u{feff}z\u{e0041}w";
+    let comm = "z\u{200d}\u{2066}\u{feff}\u{e0041}";
+    incident
+        .spawn(
+            &named_holder("zwj", title.as_bytes(), comm.as_bytes(), 0),
+            1,
+        )
+        .expect("holder");
+    let pid = incident.pid_of("zwj").expect("pid");
+    let title_written = "zwj\\u{200d}x\\u{2066}y\\u{feff}z\\u{e0041}w";
+    for (args, written_out) in [
+        (&["status"][..], title_written),
+        (&["status", "--tree"], title_written),
+        (
+            &["reset", "--gpu", "0"],
+            "(z\\u{200d}\\u{2066}\\u{feff}\\u{e0041})",
+        ),
+    ] {
+        let result = run(&host, args);
+        let shown = format!("{}{}", result.stdout, result.stderr);
+        assert!(
+            !shown.contains(INVISIBLE),
+            "{args:?} wrote an invisible character raw: {shown:?}"
+        );
+        assert!(result.stdout.contains(written_out), "{args:?}:\n{shown}");
+    }
+    let result = run(&host, &["status", "--json"]);
+    assert!(
+        !result.stdout.contains(INVISIBLE),
+        "status --json wrote an invisible character raw: {:?}",
+        result.stdout
+    );
+    assert!(
+        result.stdout.contains("\\u200d") && result.stdout.contains("\\udb40\\udc41"),
+        "{}",
+        result.stdout
+    );
+    let document = result.json();
+    let cmdline = document["holders"]
+        .as_array()
+        .expect("holders")
+        .iter()
+        .find(|holder| holder["pid"] == pid)
+        .and_then(|holder| holder["cmdline"].as_str())
+        .unwrap_or_else(|| panic!("pid {pid} not listed: {document}"));
+    assert_eq!(cmdline, format!("{title} 100000"));
+}

@@ -1324,3 +1324,47 @@ fn a_tensor_name_in_an_error_is_written_out_once() {
         r#"tensor "x\ny" has no readable dtype"#,
     );
 }
+
+/// A model directory whose name holds characters a terminal shows nothing
+/// of (a zero-width joiner, U+2066, U+FEFF, the tag character U+E0041):
+/// the plan's report and its errors write each one out, so that the path
+/// read is the path there. Before: all four reached the terminal raw.
+#[test]
+fn a_path_with_invisible_characters_is_written_out() {
+    const INVISIBLE: [char; 4] = ['\u{200d}', '\u{2066}', '\u{feff}', '\u{e0041}'];
+    let parent = dir("invisible-path");
+    let name = "m\u{200d}x\u{2066}y\u{feff}z\u{e0041}";
+    let written = "m\\u{200d}x\\u{2066}y\\u{feff}z\\u{e0041}";
+    let planned = parent.path().join(name);
+    std::fs::create_dir(&planned).expect("model dir");
+    std::fs::write(planned.join("config.json"), LLAMA_8B).expect("config");
+    let empty = parent.path().join(format!("{name}-empty"));
+    std::fs::create_dir(&empty).expect("empty model dir");
+    std::fs::write(empty.join("config.json"), "{}").expect("config");
+
+    let result = plan(&BOX, &sglang(&planned, &[]));
+    assert_planned("invisible path", &result);
+    assert!(
+        !result.stdout.contains(INVISIBLE) && !result.stderr.contains(INVISIBLE),
+        "{:?}{:?}",
+        result.stdout,
+        result.stderr
+    );
+    assert!(
+        result.stdout.contains(&format!("{written}/config.json")),
+        "{}",
+        result.stdout
+    );
+    for (what, command) in [
+        ("config without fields", sglang(&empty, &[])),
+        ("missing model", sglang(&planned.join("gone"), &[])),
+    ] {
+        let result = plan(&BOX, &command);
+        assert_refused(what, &result, written);
+        assert!(
+            !result.stderr.contains(INVISIBLE),
+            "{what}: {:?}",
+            result.stderr
+        );
+    }
+}

@@ -6,6 +6,7 @@ mod containers_sources;
 mod demo;
 mod dist_docs;
 mod docs;
+mod escape_props;
 mod exit_codes;
 mod flat;
 mod fleet;
