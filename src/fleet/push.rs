@@ -339,8 +339,8 @@ fn decide(look: &Look, binary: &Binary, request: &PushRequest) -> Decision {
         }
         if look.version.as_deref() != Some(binary.version.as_str()) {
             return Decision::Fail(format!(
-                "{path} has this build's checksum but --version says {:?} there",
-                look.version.clone().unwrap_or_default()
+                "{path} has this build's checksum but --version says \"{}\" there",
+                crate::units::Field(look.version.as_deref().unwrap_or_default())
             ));
         }
         return Decision::UpToDate(look.version.clone());
@@ -447,8 +447,8 @@ impl Pushing<'_> {
                 let version = fields(&copied.stdout).get("version").cloned();
                 if version.as_deref() != Some(self.binary.version.as_str()) {
                     return self.failed(format!(
-                        "copied to {path}, but --version there says {:?}, not {:?}",
-                        version.unwrap_or_default(),
+                        "copied to {path}, but --version there says \"{}\", not \"{}\"",
+                        crate::units::Field(version.as_deref().unwrap_or_default()),
                         self.binary.version
                     ));
                 }
@@ -533,4 +533,42 @@ fn render(results: &[HostResult], binary: &Binary) -> String {
     super::render::fold(&mut out, "Up to date on", &current, "");
     super::render::failures(results, &mut out);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A host's `--version` answer in the refusal is its text written out
+    /// once, by the one rule (`units::one_line`): not `{:?}`, which doubled
+    /// its backslashes and quotes.
+    #[test]
+    fn a_hosts_version_is_quoted_by_the_one_rule() {
+        let binary = Binary {
+            bytes: Arc::new(Vec::new()),
+            sha256: "ab".to_string(),
+            version: "gpureap 0.2.0".to_string(),
+        };
+        let look = Look {
+            path: "/usr/local/bin/gpureap".to_string(),
+            exists: "file".to_string(),
+            sha256: Some("ab".to_string()),
+            ours: true,
+            safe: true,
+            version: Some("gpureap \"0.2\\\u{1b}[2K\u{200d}".to_string()),
+        };
+        let request = PushRequest {
+            bin: Path::new("gpureap"),
+            to: None,
+            force: false,
+            json: false,
+        };
+        let Decision::Fail(why) = decide(&look, &binary, &request) else {
+            panic!("another version with this build's checksum is a failure");
+        };
+        assert_eq!(
+            why,
+            "/usr/local/bin/gpureap has this build's checksum but --version says \"gpureap \"0.2\\\\u{1b}[2K\\u{200d}\" there"
+        );
+    }
 }

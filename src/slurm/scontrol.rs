@@ -234,7 +234,7 @@ fn known_job(ids: &str, job: u64) -> Result<bool, String> {
     for line in ids.lines().map(str::trim).filter(|line| !line.is_empty()) {
         let id: u64 = line
             .parse()
-            .map_err(|_| format!("squeue lists {:?}, not a job id", one_line(line)))?;
+            .map_err(|_| format!("squeue lists \"{}\", not a job id", one_line(line)))?;
         found |= id == job;
     }
     Ok(found)
@@ -523,6 +523,11 @@ mod tests {
         assert_eq!(known_job("1234\n12\n", 123), Ok(false));
         assert_eq!(known_job("", 123), Ok(false));
         assert!(known_job("123 x\n", 123).is_err());
+        // squeue's line written out once, by the one rule: not `\\u{1b}`.
+        assert_eq!(
+            known_job("12\n1\u{1b}[2K\u{200b}\n", 12),
+            Err("squeue lists \"1\\u{1b}[2K\\u{200b}\", not a job id".to_string())
+        );
     }
 
     // Output of slurm-wlm 22.05.8 (Debian 12), shortened.
