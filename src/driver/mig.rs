@@ -219,6 +219,11 @@ impl InstanceView {
     }
 }
 
+/// Every method written out, none left to the trait's default: a default
+/// would answer for the view instead of the driver it wraps (clippy names a
+/// method left out; `tests::the_view_passes_every_method_to_the_driver`
+/// fails for one that does not reach it).
+#[deny(clippy::missing_trait_methods)]
 impl Driver for InstanceView {
     fn describe(&self) -> String {
         self.inner.describe()
@@ -372,5 +377,181 @@ impl Driver for InstanceView {
         self.inner
             .wait_for_change(&parents, poll, limit)
             .map(|_| self.memory_used_of(&gpus))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    /// A driver that records each of its methods called, answering as
+    /// little as it can.
+    struct Recording(Arc<Mutex<Vec<&'static str>>>);
+
+    impl Recording {
+        fn called(&self, method: &'static str) {
+            self.0.lock().expect("calls").push(method);
+        }
+    }
+
+    fn unanswered() -> DriverError {
+        DriverError::Unavailable("a recording".to_string())
+    }
+
+    impl Driver for Recording {
+        fn describe(&self) -> String {
+            self.called("describe");
+            String::new()
+        }
+        fn gpu_count(&self) -> Result<u32, DriverError> {
+            self.called("gpu_count");
+            Ok(2)
+        }
+        fn gpu(&self, _index: u32) -> Result<GpuInfo, DriverError> {
+            self.called("gpu");
+            Err(unanswered())
+        }
+        fn known_uuid(&self, _index: u32) -> Option<String> {
+            self.called("known_uuid");
+            None
+        }
+        fn gpus(&self) -> Result<Vec<Result<GpuInfo, DriverError>>, DriverError> {
+            self.called("gpus");
+            Err(unanswered())
+        }
+        fn layout(&self) -> Result<Vec<Result<GpuInfo, DriverError>>, DriverError> {
+            self.called("layout");
+            Err(unanswered())
+        }
+        fn memory_used(&self, _index: u32) -> Result<Option<u64>, DriverError> {
+            self.called("memory_used");
+            Ok(None)
+        }
+        fn memory_used_of(&self, _indexes: &BTreeSet<u32>) -> Figures {
+            self.called("memory_used_of");
+            Figures::new()
+        }
+        fn classify_node(&self, _path: &Path) -> Option<Node> {
+            self.called("classify_node");
+            None
+        }
+        fn will_wait(&self) {
+            self.called("will_wait");
+        }
+        fn wait_for_change(
+            &self,
+            _last: &BTreeMap<u32, Option<u64>>,
+            _poll: Duration,
+            _limit: Duration,
+        ) -> Option<Figures> {
+            self.called("wait_for_change");
+            None
+        }
+        fn unavailable(&self) -> Option<String> {
+            self.called("unavailable");
+            None
+        }
+        fn bookkeeping_slack(&self) -> u64 {
+            self.called("bookkeeping_slack");
+            0
+        }
+        fn pci_bus_id(&self, _index: u32) -> Option<String> {
+            self.called("pci_bus_id");
+            None
+        }
+        fn health(&self, _index: u32) -> Health {
+            self.called("health");
+            Health::default()
+        }
+        fn kernel_log(&self) -> KernelLog {
+            self.called("kernel_log");
+            KernelLog::default()
+        }
+        fn activity(&self, _index: u32) -> Activity {
+            self.called("activity");
+            Activity::default()
+        }
+        fn persistence_mode(&self, _index: u32) -> Option<bool> {
+            self.called("persistence_mode");
+            None
+        }
+        fn platform(&self) -> Platform {
+            self.called("platform");
+            Platform::default()
+        }
+        fn evidence(
+            &self,
+            _indexes: &BTreeSet<u32>,
+        ) -> (BTreeMap<u32, evidence::Evidence>, Option<String>) {
+            self.called("evidence");
+            (BTreeMap::new(), None)
+        }
+        fn may_omit_other_namespaces(&self) -> bool {
+            self.called("may_omit_other_namespaces");
+            true
+        }
+        fn reset(&self, _index: u32) -> Result<(), DriverError> {
+            self.called("reset");
+            Err(unanswered())
+        }
+    }
+
+    /// The methods of `Driver`, as its declaration in mod.rs names them.
+    fn driver_methods() -> BTreeSet<&'static str> {
+        let source = include_str!("mod.rs");
+        let trait_at = source.find("\npub trait Driver").expect("the trait");
+        let body = &source[trait_at..];
+        let body = &body[..body.find("\n}\n").expect("the trait's end")];
+        body.lines()
+            .filter_map(|line| line.strip_prefix("    fn "))
+            .filter_map(|rest| rest.split(['(', '<']).next())
+            .collect()
+    }
+
+    /// Every method of `Driver`, called on a view of a GPU it names no
+    /// instance of, reaches the driver the view wraps: a method added to
+    /// the trait fails here until the view passes it on (and this test
+    /// calls it), rather than answering with the trait's default.
+    #[test]
+    fn the_view_passes_every_method_to_the_driver() {
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let view = InstanceView::wrap(
+            Box::new(Recording(Arc::clone(&calls))),
+            BTreeMap::from([(0, BTreeSet::from([1]))]),
+        );
+        let whole = BTreeSet::from([1]);
+        let last = BTreeMap::from([(1, Some(0))]);
+        view.describe();
+        let _ = view.gpu_count();
+        let _ = view.gpu(1);
+        view.known_uuid(1);
+        let _ = view.gpus();
+        let _ = view.layout();
+        let _ = view.memory_used(1);
+        view.memory_used_of(&whole);
+        view.classify_node(Path::new("/dev/nvidia1"));
+        view.will_wait();
+        view.wait_for_change(&last, Duration::ZERO, Duration::ZERO);
+        view.unavailable();
+        view.bookkeeping_slack();
+        view.pci_bus_id(1);
+        view.health(1);
+        view.kernel_log();
+        view.activity(1);
+        view.persistence_mode(1);
+        view.platform();
+        view.evidence(&whole);
+        view.may_omit_other_namespaces();
+        let _ = view.reset(1);
+        let reached: BTreeSet<&str> = calls.lock().expect("calls").iter().copied().collect();
+        let methods = driver_methods();
+        let missed: Vec<&&str> = methods.difference(&reached).collect();
+        assert!(
+            missed.is_empty(),
+            "the view answers these itself, not the driver it wraps: {missed:?}"
+        );
+        assert_eq!(reached, methods);
     }
 }
