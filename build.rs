@@ -3,8 +3,8 @@
 //! not say which build a host runs, and `push` compares builds.
 //!
 //! The commit is `git rev-parse --short HEAD`, with `-dirty` when the files
-//! that make the binary (src/, build.rs, Cargo.toml, Cargo.lock, link/text-order.txt) differ from
-//! it; "unknown" without git (a tarball) or when the crate is not the top of
+//! that make the binary (src/, crates/, build.rs, Cargo.toml, Cargo.lock,
+//! link/text-order.txt) differ from it; "unknown" without git (a tarball) or when the crate is not the top of
 //! its repository. The date is today's in UTC, or SOURCE_DATE_EPOCH's for a
 //! reproducible build. The script reruns only when HEAD, the branch it points
 //! to, or those files change, so a build does not redo the crate every time.
@@ -14,8 +14,9 @@ use std::process::Command;
 use std::time::{Duration, SystemTime};
 
 /// The files whose changes make the binary differ from the commit.
-const SOURCES: [&str; 5] = [
+const SOURCES: [&str; 6] = [
     "src",
+    "crates",
     "build.rs",
     "Cargo.toml",
     "Cargo.lock",

@@ -18,6 +18,7 @@ use crate::hostlist;
 use crate::members::{self, Found, Wanted};
 use crate::plan::fit::{Hypothetical, Overrides, PlanConfig};
 use crate::reap::Options;
+use crate::remote::{DEFAULT_REMOTE_BIN, FleetConfig};
 use crate::run::ready::Readiness;
 use crate::run::{Restart, RunConfig};
 use crate::select::{Guard, Scope};
@@ -182,18 +183,6 @@ pub fn gpus(lists: &[GpuList], gpu_count: u32) -> Result<Option<BTreeSet<u32>>, 
     }
 }
 
-/// `-H` and its companions, typed: the hosts named (each once, in the order
-/// given; none to run here) and how to reach them.
-#[derive(Debug, Clone)]
-pub struct FleetConfig {
-    pub hosts: Vec<String>,
-    pub ssh: String,
-    pub remote_bin: String,
-    pub parallel: usize,
-    pub connect_timeout: Duration,
-    pub host_timeout: Option<Duration>,
-}
-
 /// The hosts of `-H`: several lists are their union, in order, each host once.
 pub fn fleet(args: &HostsArgs) -> Result<FleetConfig, UsageError> {
     let HostsArgs {
@@ -228,9 +217,6 @@ pub fn fleet(args: &HostsArgs) -> Result<FleetConfig, UsageError> {
         host_timeout: *host_timeout,
     })
 }
-
-/// `--remote-bin`'s default: found on the remote PATH or where `push` puts it.
-pub const DEFAULT_REMOTE_BIN: &str = "gpureap";
 
 /// What `push` was asked, checked: it installs at `--to`, so a
 /// `--remote-bin` (the gpureap the other commands run) is refused.

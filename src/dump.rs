@@ -11,10 +11,10 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use crate::run::bundle::{Bundle, CpuSamples};
-use crate::run::state::{StateDir, StateDirError};
+use crate::bundle::{Bundle, CpuSamples};
 use crate::snapshot::Snapshot;
 use crate::stacks::{self, Capture, Limits};
+use crate::state::{StateDir, StateDirError};
 
 /// Why no bundle was written.
 #[derive(Debug, thiserror::Error)]

@@ -8,21 +8,20 @@ use clap::{CommandFactory, FromArgMatches};
 
 use gpureap::cli::{Cli, Command, RunArgs};
 use gpureap::config::{self, UsageError};
-use gpureap::container::Sources;
-use gpureap::driver::{self, BackendChoice, Driver};
-use gpureap::exit::{Exit, Failure};
 use gpureap::fleet;
-use gpureap::members::{self, Found, Wanted};
-use gpureap::reap;
-use gpureap::report;
-use gpureap::select::Guard;
-use gpureap::snapshot::Snapshot;
-use gpureap::supervised::Removal;
-use gpureap::supervision::{self, StaleRun};
+use gpureap_core::container::Sources;
+use gpureap_core::driver::{self, BackendChoice, Driver};
+use gpureap_core::exit::{Exit, Failure};
+use gpureap_core::members::{self, Found, Wanted};
+use gpureap_core::reap;
+use gpureap_core::report;
+use gpureap_core::select::Guard;
+use gpureap_core::snapshot::Snapshot;
+use gpureap_services::supervision::{self, StaleRun};
 
 fn main() -> ! {
     // The demo's simulated processes are this binary under other command lines.
-    gpureap::driver::sim::stand_in::run_if_asked();
+    gpureap_core::driver::sim::stand_in::run_if_asked();
     let mut matches = Cli::command().get_matches();
     // `reap --config FILE`: its keys become flags, parsed as typed ones are.
     if let Some(("reap", reap)) = matches.subcommand()
@@ -36,7 +35,7 @@ fn main() -> ! {
                     .unwrap_or_else(|error| error.exit());
             }
             Err(error) => {
-                eprintln!("gpureap: {}", gpureap::units::one_line(&error.0));
+                eprintln!("gpureap: {}", gpureap_core::units::one_line(&error.0));
                 Exit::Usage.exit();
             }
         }
@@ -58,7 +57,7 @@ fn main() -> ! {
     }
     few_malloc_arenas(&cli.command);
     if let Err(error) = meaningless_flags(&matches, &cli) {
-        eprintln!("gpureap: {}", gpureap::units::one_line(&error.0));
+        eprintln!("gpureap: {}", gpureap_core::units::one_line(&error.0));
         Exit::Usage.exit();
     }
     let result = match &cli.command {
@@ -166,7 +165,7 @@ fn exit_code(result: Result<Exit, Failure>) -> Exit {
             if failure.class() != Exit::Success {
                 eprintln!(
                     "gpureap: {}",
-                    gpureap::units::one_line(&format!("{:#}", failure.error()))
+                    gpureap_core::units::one_line(&format!("{:#}", failure.error()))
                 );
             }
             failure.class()
@@ -224,9 +223,9 @@ fn fleet(
     args: &gpureap::cli::HostsArgs,
     backend: &Option<String>,
     json: bool,
-) -> Result<Option<fleet::Fleet>, Failure> {
+) -> Result<Option<gpureap_services::remote::Fleet>, Failure> {
     let hosts = config::fleet(args)?;
-    Ok(fleet::Fleet::new(&hosts, backend.clone(), json).map_err(UsageError)?)
+    Ok(gpureap_services::remote::Fleet::new(&hosts, backend.clone(), json).map_err(UsageError)?)
 }
 
 fn fleet_output(output: Result<fleet::commands::Output, UsageError>) -> Result<Exit, Failure> {
@@ -254,7 +253,7 @@ fn can_ask() -> bool {
 /// Shows `question` on stderr; whether the answer on stdin is yes. The
 /// question quotes processes and hosts: it is escaped as a report is.
 fn ask(question: &str) -> io::Result<bool> {
-    eprint!("{}", gpureap::units::printable(question));
+    eprint!("{}", gpureap_core::units::printable(question));
     let mut answer = String::new();
     io::stdin().lock().read_line(&mut answer)?;
     Ok(matches!(answer.trim(), "y" | "Y" | "yes" | "YES" | "Yes"))
@@ -301,7 +300,7 @@ fn gpu_count(driver: &dyn Driver) -> u32 {
 
 /// Writes a report for people to stdout, escaped (`units::printable`).
 fn emit(text: &str) -> io::Result<()> {
-    emit_encoded(&gpureap::units::printable(text))
+    emit_encoded(&gpureap_core::units::printable(text))
 }
 
 /// Writes a document for programs (JSON, a Prometheus exposition) to stdout
@@ -365,13 +364,15 @@ fn status(backend: &BackendChoice, args: &config::StatusRequest) -> Result<Exit,
     tracing::debug!("containers attributed");
     let gpus = config::gpus(&gpu, gpu_count(driver.as_ref()))?;
     if args.prometheus {
-        let mut figures = gpureap::metrics::ScanFigures::default();
+        let mut figures = gpureap_services::metrics::ScanFigures::default();
         figures.count(&snapshot, took);
-        let options = gpureap::metrics::Options {
+        let options = gpureap_services::metrics::Options {
             gpus: gpus.clone(),
             per_process: args.per_process,
         };
-        emit_encoded(&gpureap::metrics::encode_snapshot(&snapshot, &figures, &options).text)?;
+        emit_encoded(
+            &gpureap_services::metrics::encode_snapshot(&snapshot, &figures, &options).text,
+        )?;
     } else if args.json {
         emit_encoded(&report::status_json(&snapshot, &gpus))?;
     } else if args.tree {
@@ -401,7 +402,9 @@ fn status_exit(snapshot: &Snapshot, gpus: &Option<std::collections::BTreeSet<u32
             .gpus
             .iter()
             .filter(|gpu| gpus.as_ref().is_none_or(|set| set.contains(&gpu.index)))
-            .any(|gpu| gpu.error.is_some() || gpureap::metrics::unseen(snapshot, gpu).is_some());
+            .any(|gpu| {
+                gpu.error.is_some() || gpureap_services::metrics::unseen(snapshot, gpu).is_some()
+            });
     if unreadable {
         Exit::Unknown
     } else {
@@ -454,7 +457,11 @@ fn free(backend: &BackendChoice, args: &config::FreeRequest) -> Result<Exit, Fai
     let mut plan = reap::plan(&snapshot, &config.scope, &guard);
     let stale_runs: Option<Vec<StaleRun>> =
         stale_runs.map(|runs| supervision::in_scope(runs, &plan, &config.scope));
-    plan.stale_runs = stale_runs.iter().flatten().map(Removal::planned).collect();
+    plan.stale_runs = stale_runs
+        .iter()
+        .flatten()
+        .map(supervision::planned)
+        .collect();
     plan.cgroup_scopes = cgroup_scopes.clone().unwrap_or_default();
 
     if args.dry_run {
@@ -546,7 +553,7 @@ fn top(
     }
     terminal_for_top()?;
     if let Some(host) = host {
-        let fleet = fleet::Fleet::new(&host, remote_backend.clone(), false)
+        let fleet = gpureap_services::remote::Fleet::new(&host, remote_backend.clone(), false)
             .map_err(UsageError)?
             .ok_or_else(|| UsageError("top -H: no host".to_string()))?;
         return Ok(gpureap::top::run_remote(fleet, &request)?);
@@ -595,7 +602,7 @@ fn wait(backend: &BackendChoice, args: &config::WaitRequest) -> Result<Exit, Fai
             anyhow::anyhow!("cannot wait: the driver reports no GPU memory ({why})").into(),
         );
     }
-    let outcome = gpureap::wait::wait(
+    let outcome = gpureap_core::wait::wait(
         driver.as_ref(),
         &config.gpus,
         config.below,
@@ -632,7 +639,7 @@ fn wait(backend: &BackendChoice, args: &config::WaitRequest) -> Result<Exit, Fai
         eprintln!(
             "gpureap: cannot wait: GPU {}: {}; the driver cannot tell when it is free",
             lost.index,
-            gpureap::units::one_line(
+            gpureap_core::units::one_line(
                 &lost
                     .error
                     .as_ref()
@@ -649,7 +656,7 @@ fn wait(backend: &BackendChoice, args: &config::WaitRequest) -> Result<Exit, Fai
         }
         eprintln!(
             "gpureap: not waiting: whatever exits, that memory keeps the GPU at or above {} (--keep-waiting waits anyway)",
-            gpureap::units::Bytes(config.below)
+            gpureap_core::units::Bytes(config.below)
         );
         Ok(Exit::StillHeld)
     } else {
@@ -657,11 +664,11 @@ fn wait(backend: &BackendChoice, args: &config::WaitRequest) -> Result<Exit, Fai
         // the table lists a holder of a GPU that was not ready.
         let (mut held, mut listed) = (Vec::new(), false);
         if let Some(snapshot) = &holders {
-            held = gpureap::wait::held_by_no_process(snapshot, &outcome.gpus, config.below);
+            held = gpureap_core::wait::held_by_no_process(snapshot, &outcome.gpus, config.below);
             listed = busy.iter().flatten().any(|&index| {
                 snapshot
                     .gpu(index)
-                    .is_some_and(|gpu| gpureap::metrics::holders(gpu) > 0)
+                    .is_some_and(|gpu| gpureap_services::metrics::holders(gpu) > 0)
             });
         }
         for (index, reason) in &held {
@@ -669,7 +676,7 @@ fn wait(backend: &BackendChoice, args: &config::WaitRequest) -> Result<Exit, Fai
         }
         eprintln!(
             "gpureap: timed out after {}{}",
-            gpureap::units::Elapsed(outcome.waited),
+            gpureap_core::units::Elapsed(outcome.waited),
             if listed {
                 "; the holders are listed above"
             } else {
@@ -716,7 +723,7 @@ fn exporter(backend: &BackendChoice, args: &gpureap::cli::ExporterArgs) -> Resul
     let config = gpureap::exporter::ExporterConfig {
         listen: args.listen,
         interval: args.interval,
-        options: gpureap::metrics::Options {
+        options: gpureap_services::metrics::Options {
             gpus: None,
             per_process: args.per_process,
         },
@@ -740,7 +747,7 @@ fn check(backend: &BackendChoice, args: &gpureap::cli::CheckArgs) -> Result<Exit
     let mut snapshot = Snapshot::take_listed(driver.as_ref());
     snapshot.attribute_containers(&sources);
     let indexes = snapshot.gpus.iter().map(|gpu| gpu.index).collect();
-    let hardware = gpureap::driver::evidence::Hardware::gather(
+    let hardware = gpureap_core::driver::evidence::Hardware::gather(
         driver.as_ref(),
         &indexes,
         args.xids.drain_xids.0.clone(),
@@ -759,7 +766,10 @@ fn slurm(backend: &BackendChoice, command: &gpureap::cli::SlurmCommand) -> Resul
 /// for those processes, and of the process tree only their families
 /// (`Snapshot::take_listed_families`); then the plan, its report, and the
 /// verdict's code.
-fn plan(backend: &BackendChoice, config: &gpureap::plan::fit::PlanConfig) -> Result<Exit, Failure> {
+fn plan(
+    backend: &BackendChoice,
+    config: &gpureap_services::plan::fit::PlanConfig,
+) -> Result<Exit, Failure> {
     let snapshot = match config.hypothetical {
         Some(_) => None,
         None => {
@@ -767,11 +777,11 @@ fn plan(backend: &BackendChoice, config: &gpureap::plan::fit::PlanConfig) -> Res
             Some(Snapshot::take_listed_families(driver.as_ref()))
         }
     };
-    let outcome = gpureap::plan::fit::evaluate(config, snapshot.as_ref())?;
+    let outcome = gpureap_services::plan::fit::evaluate(config, snapshot.as_ref())?;
     if config.json {
-        emit_encoded(&gpureap::plan::render::json(&outcome))?;
+        emit_encoded(&gpureap_services::plan::render::json(&outcome))?;
     } else {
-        emit(&gpureap::plan::render::text(&outcome))?;
+        emit(&gpureap_services::plan::render::text(&outcome))?;
     }
     Ok(outcome.exit())
 }
@@ -792,10 +802,11 @@ fn dump(backend: &BackendChoice, request: &config::DumpRequest) -> Result<Exit, 
     let snapshot = Snapshot::take_focused(driver.as_ref(), &named);
     let guard = Guard::for_this_process(&[]);
     let scope = config::dump_scope(request, gpu_count, &snapshot, &guard)?;
-    let pids: std::collections::BTreeSet<u32> = gpureap::select::select(&snapshot, &scope, &guard)
-        .targets
-        .into_keys()
-        .collect();
+    let pids: std::collections::BTreeSet<u32> =
+        gpureap_core::select::select(&snapshot, &scope, &guard)
+            .targets
+            .into_keys()
+            .collect();
     let mut asked: Vec<String> = request
         .pid
         .iter()
@@ -815,7 +826,7 @@ fn dump(backend: &BackendChoice, request: &config::DumpRequest) -> Result<Exit, 
     if pids.is_empty() {
         return Err(UsageError(format!(
             "nothing to dump: no process is in scope of {}; --match and --gpu take GPU users (see `gpureap status`), --pid any process",
-            gpureap::units::one_line(&asked)
+            gpureap_core::units::one_line(&asked)
         ))
         .into());
     }
@@ -856,13 +867,13 @@ fn reset(backend: &BackendChoice, args: &gpureap::cli::ResetArgs) -> Result<Exit
         let platform = driver.platform();
         let plans: Vec<_> = gpus
             .iter()
-            .map(|&index| gpureap::reset::plan(driver.as_ref(), &snapshot, &platform, index))
+            .map(|&index| gpureap_core::reset::plan(driver.as_ref(), &snapshot, &platform, index))
             .collect();
-        let code = gpureap::reset::plan_exit(&plans);
+        let code = gpureap_core::reset::plan_exit(&plans);
         if args.json {
             emit(&format!(
                 "{}\n",
-                gpureap::report::reset_plan_json(&plans, code)
+                gpureap_core::report::reset_plan_json(&plans, code)
             ))?;
         } else {
             emit(&plans.iter().map(ToString::to_string).collect::<String>())?;
@@ -871,7 +882,7 @@ fn reset(backend: &BackendChoice, args: &gpureap::cli::ResetArgs) -> Result<Exit
     }
     let outcomes: Vec<_> = gpus
         .iter()
-        .map(|&index| gpureap::reset::reset(driver.as_ref(), index))
+        .map(|&index| gpureap_core::reset::reset(driver.as_ref(), index))
         .collect();
     emit(
         &outcomes
@@ -879,5 +890,5 @@ fn reset(backend: &BackendChoice, args: &gpureap::cli::ResetArgs) -> Result<Exit
             .map(|outcome| format!("{outcome}\n"))
             .collect::<String>(),
     )?;
-    Ok(gpureap::reset::exit(&outcomes))
+    Ok(gpureap_core::reset::exit(&outcomes))
 }

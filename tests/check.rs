@@ -5,7 +5,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use gpureap::driver::sim::incident::{Holder, Incident, SimHost};
+use gpureap_core::driver::sim::incident::{Holder, Incident, SimHost};
 
 use crate::harness::*;
 

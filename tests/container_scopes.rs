@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use gpureap::driver::sim::incident::{Holder, Incident, SimHost};
+use gpureap_core::driver::sim::incident::{Holder, Incident, SimHost};
 use serde_json::Value;
 
 use crate::harness::*;
@@ -31,7 +31,7 @@ pub struct CgroupRoot {
 impl CgroupRoot {
     /// None (and the caller skips) where cgroups cannot be made here.
     pub fn new(what: &str) -> Option<CgroupRoot> {
-        CgroupRoot::under(gpureap::supervision::cgroup2_mount()?, what)
+        CgroupRoot::under(gpureap_services::supervision::cgroup2_mount()?, what)
     }
 
     /// The same under another cgroup mount (a v1 hierarchy's).
@@ -802,7 +802,7 @@ fn plain_in(incident: &mut Incident, dir: &Path, title: &str) -> u32 {
 #[test]
 fn a_v1_hierarchy_s_lines_count_and_a_path_under_its_mount_is_that_hierarchy_s() {
     let mountinfo = fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
-    let pids = gpureap::members::parse_mounts(&mountinfo)
+    let pids = gpureap_core::members::parse_mounts(&mountinfo)
         .into_iter()
         .find(|mount| {
             mount
@@ -847,7 +847,7 @@ fn a_v1_hierarchy_s_lines_count_and_a_path_under_its_mount_is_that_hierarchy_s()
     assert_eq!(by_dir.code, 0, "{}", by_dir.stderr);
     assert_eq!(targets(&by_dir.json()), sorted(vec![(holder, "member")]));
     // The same path under the v2 mount is another hierarchy, where it does not exist.
-    let v2 = gpureap::supervision::cgroup2_mount().expect("v2 mount");
+    let v2 = gpureap_services::supervision::cgroup2_mount().expect("v2 mount");
     let elsewhere = v2.join(format!("{}/docker", root.path.trim_start_matches('/')));
     let refused = run(
         &host,

@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use gpureap::driver::sim::incident::{Holder, Incident, SimHost};
+use gpureap_core::driver::sim::incident::{Holder, Incident, SimHost};
 use serde_json::Value;
 
 use crate::harness::*;
@@ -55,7 +55,7 @@ impl Cgroups {
 
     /// The cgroup v2 mount, with this test's own v2 cgroup.
     fn v2() -> Option<Cgroups> {
-        let mount = gpureap::supervision::cgroup2_mount()?;
+        let mount = gpureap_services::supervision::cgroup2_mount()?;
         Cgroups::new(&mount, &own_cgroup(|line| line.strip_prefix("0::"))?)
     }
 

@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use gpureap::driver::sim::incident::{Holder, Incident, SimHost};
+use gpureap_core::driver::sim::incident::{Holder, Incident, SimHost};
 use serde_json::{Value, json};
 
 use crate::harness::*;
@@ -19,7 +19,7 @@ const PROTO_ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/proto");
 const PROTO: &str = "k8s.io/kubelet/pkg/apis/podresources/v1/api.proto";
 const GENERATED: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/src/container/pod_resources.rs"
+    "/crates/core/src/container/pod_resources.rs"
 );
 
 /// The committed client code is what protox and tonic-prost-build make of the
@@ -42,7 +42,7 @@ fn generated_code_matches_the_proto() {
     let on_disk = std::fs::read_to_string(GENERATED).unwrap_or_default();
     assert!(
         on_disk == committed,
-        "src/container/pod_resources.rs differs from what the proto makes: \
+        "crates/core/src/container/pod_resources.rs differs from what the proto makes: \
          GPUREAP_REGENERATE=1 cargo test --test tests containers_sources::generated_code_matches_the_proto"
     );
 }
@@ -217,7 +217,7 @@ impl Cgroups {
     fn new() -> Option<Cgroups> {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
         let made = (|| {
-            let mount = gpureap::supervision::cgroup2_mount()?;
+            let mount = gpureap_services::supervision::cgroup2_mount()?;
             let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
             let own = own.lines().find_map(|line| line.strip_prefix("0::"))?;
             let root = mount.join(format!(

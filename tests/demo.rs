@@ -646,7 +646,7 @@ fn the_demo_names_a_container_frees_a_removed_ones_leftover_and_leaves_no_cgroup
     assert_eq!(act["removed_alive_after"], false);
     assert_eq!(act["running_alive_after"], true);
     let demo_pid = facts["demo_pid"].as_u64().expect("demo pid");
-    let mount = gpureap::supervision::cgroup2_mount().expect("a cgroup v2 mount");
+    let mount = gpureap_services::supervision::cgroup2_mount().expect("a cgroup v2 mount");
     // In its own cgroup, which it shares with this test.
     let own = std::fs::read_to_string("/proc/self/cgroup").expect("cgroup");
     let own = own

@@ -1,4 +1,4 @@
-//! One exit-code table (src/exit.rs): every `--help` prints its program's
+//! One exit-code table (crates/core/src/exit.rs): every `--help` prints its program's
 //! rows, and the commands return what the table says, on a real /proc with
 //! the simulated driver.
 
@@ -6,8 +6,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use clap::CommandFactory;
-use gpureap::driver::sim::incident::{Holder, Incident, SimHost};
-use gpureap::exit::{self, Program};
+use gpureap_core::driver::sim::incident::{Holder, Incident, SimHost};
+use gpureap_core::exit::{self, Program};
 
 use crate::harness::*;
 
@@ -40,7 +40,7 @@ fn every_help_lists_the_codes_its_program_returns_from_the_one_table() {
     tabled.sort();
     assert_eq!(
         found, tabled,
-        "every program has rows in src/exit.rs, and no others"
+        "every program has rows in crates/core/src/exit.rs, and no others"
     );
     for program in Program::ALL {
         let output = Command::new(env!("CARGO_BIN_EXE_gpureap"))
@@ -243,18 +243,20 @@ fn rust_files(dir: &std::path::Path, found: &mut Vec<std::path::PathBuf>) {
     }
 }
 
-/// No exit number is chosen outside src/exit.rs: every command, front end,
+/// No exit number is chosen outside the table (crates/core/src/exit.rs):
+/// every command, front end,
 /// thread and stand-in names its outcome there.
 #[test]
 fn no_exit_number_is_chosen_outside_the_table() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut files = Vec::new();
     rust_files(&root.join("src"), &mut files);
+    rust_files(&root.join("crates"), &mut files);
     files.sort();
     let mut chosen = Vec::new();
     for file in &files {
         let relative = file.strip_prefix(root).expect("under the root");
-        if relative == std::path::Path::new("src/exit.rs") {
+        if relative == std::path::Path::new("crates/core/src/exit.rs") {
             continue;
         }
         let source = std::fs::read_to_string(file).expect("readable");
@@ -264,7 +266,7 @@ fn no_exit_number_is_chosen_outside_the_table() {
     }
     assert!(
         chosen.is_empty(),
-        "exit numbers chosen outside src/exit.rs:\n{}",
+        "exit numbers chosen outside crates/core/src/exit.rs:\n{}",
         chosen.join("\n")
     );
 }

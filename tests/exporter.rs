@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gpureap::driver::sim::incident::{Holder, Incident, SimHost};
+use gpureap_core::driver::sim::incident::{Holder, Incident, SimHost};
 
 use crate::harness::*;
 
@@ -1061,7 +1061,7 @@ fn a_new_holder_is_served_before_the_interval_and_an_idle_host_is_not_rescanned(
 /// running exporter serves a new reading.
 #[test]
 fn activity_and_reserved_memory_are_exported_in_base_units_and_unknown_values_left_out() {
-    use gpureap::driver::sim::incident::H200_RESERVED;
+    use gpureap_core::driver::sim::incident::H200_RESERVED;
     let host = host(2);
     host.reserve(H200_RESERVED).expect("reserved");
     let mut incident = Incident::new(&host);

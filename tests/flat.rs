@@ -6,7 +6,7 @@
 //! descriptors where they do not, and with `--monitors`, so that a holder
 //! the driver does not list is still found.
 
-use gpureap::driver::sim::incident::{Holder, Incident, SimHost};
+use gpureap_core::driver::sim::incident::{Holder, Incident, SimHost};
 use serde_json::Value;
 
 use crate::harness::*;

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use gpureap::driver::sim::incident::Holder;
+use gpureap_core::driver::sim::incident::Holder;
 use serde_json::Value;
 
 use crate::harness::{GIB, target_pids};
@@ -1079,7 +1079,8 @@ fn a_program_that_answers_and_leaves_a_child_on_its_pipe_leaves_nothing_behind()
     );
     let argv: Vec<std::ffi::OsString> = ["sh", "-c", &script].iter().map(Into::into).collect();
     let (code, stdout) =
-        gpureap::fleet::ssh::run_local(&argv, Duration::from_secs(20), 1 << 20).expect("it ran");
+        gpureap_services::remote::ssh::run_local(&argv, Duration::from_secs(20), 1 << 20)
+            .expect("it ran");
     assert_eq!(code, Some(0));
     assert_eq!(stdout, b"answered\n");
     let pid: u32 = std::fs::read_to_string(&pid_file)

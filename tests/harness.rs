@@ -4,7 +4,7 @@
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use gpureap::driver::sim::incident::SimHost;
+use gpureap_core::driver::sim::incident::SimHost;
 use serde_json::Value;
 
 pub const GIB: u64 = 1 << 30;

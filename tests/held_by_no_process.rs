@@ -3,7 +3,7 @@
 //! declares (`DIR/bookkeeping` on the simulated driver: 0 without it).
 //! `status -H` is in tests/fleet.rs, the Slurm hooks in tests/slurm.rs.
 
-use gpureap::driver::sim::incident::{Holder, Incident, SimHost};
+use gpureap_core::driver::sim::incident::{Holder, Incident, SimHost};
 
 use crate::exporter::{samples, value};
 use crate::harness::*;

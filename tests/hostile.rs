@@ -6,8 +6,8 @@
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-use gpureap::driver::sim::incident::{Incident, SimHost};
-use gpureap::exit::Exit;
+use gpureap_core::driver::sim::incident::{Incident, SimHost};
+use gpureap_core::exit::Exit;
 
 use crate::harness::*;
 use crate::sshd_lab::{Kind, Lab};

@@ -1,8 +1,12 @@
-//! Imports point one way (docs/architecture.md, "Module map"): the source tree
-//! is read as it is, each file's `crate::…` paths (and main's `gpureap::…`)
-//! give the edges between top-level modules (`src/fleet/*` is `fleet`), and
-//! the graph they make must have no cycle. Only the entry (main, config)
-//! reads the command line as typed (`cli`).
+//! Imports point one way (docs/architecture.md, "Module map"): the source
+//! trees of the workspace's crates are read as they are (`src/` the binary's,
+//! `crates/services/src/`, `crates/core/src/`), each file's `crate::…` paths
+//! (and `gpureap::…`, `gpureap_core::…`, `gpureap_services::…`) give the
+//! edges between top-level modules (`src/fleet/*` is `fleet`; the crates'
+//! module names are distinct), and the graph they make must have no cycle.
+//! Every layer is checked, front ends included: a module imports nothing of
+//! a layer above it, and no front end imports another. Only the entry (main,
+//! config) reads the command line as typed (`cli`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -63,25 +67,29 @@ fn only_the_entry_imports_cli() {
     );
 }
 
-/// The layers of docs/architecture.md ("Module map"), top to bottom. A new
-/// top-level module is placed here, or the test below fails.
+/// The layers of docs/architecture.md ("Module map"), top to bottom, and the
+/// source tree (crate) each lives in. A new top-level module is placed here,
+/// or the tests below fail.
 const LAYERS: &[(&str, &[&str])] = &[
     ("entry", &["main", "cli", "config"]),
     (
         "front ends",
         &[
-            "fleet",
-            "slurm",
-            "exporter",
-            "check",
+            "fleet", "slurm", "exporter", "check", "run", "demo", "dump", "watch", "top",
+        ],
+    ),
+    (
+        "services",
+        &[
+            "remote",
+            "status_doc",
+            "http",
             "metrics",
-            "run",
+            "state",
+            "bundle",
+            "scontrol",
             "supervision",
-            "demo",
             "plan",
-            "dump",
-            "watch",
-            "top",
         ],
     ),
     ("report", &["report"]),
@@ -117,14 +125,27 @@ const LAYERS: &[(&str, &[&str])] = &[
     ),
 ];
 
+/// The source trees, each the crate of the layers it holds (the compiler
+/// holds the arrows between crates; this test those inside one).
+const TREES: &[(&str, &[&str])] = &[
+    ("src", &["entry", "front ends"]),
+    ("crates/services/src", &["services"]),
+    ("crates/core/src", &["report", "pipeline", "driver", "base"]),
+];
+
+fn layer_of(module: &str) -> Option<usize> {
+    LAYERS
+        .iter()
+        .position(|(_, modules)| modules.contains(&module))
+}
+
 #[test]
-fn the_report_the_pipeline_the_driver_and_the_base_import_nothing_above_them() {
+fn no_module_imports_a_layer_above_it_and_no_front_end_another() {
     let graph = module_graph();
-    let layer_of = |module: &str| {
-        LAYERS
-            .iter()
-            .position(|(_, modules)| modules.contains(&module))
-    };
+    let front_ends = LAYERS
+        .iter()
+        .position(|(name, _)| *name == "front ends")
+        .expect("a layer of front ends");
     let mut wrong = Vec::new();
     for (module, to) in &graph {
         let Some(layer) = layer_of(module) else {
@@ -133,10 +154,6 @@ fn the_report_the_pipeline_the_driver_and_the_base_import_nothing_above_them() {
             ));
             continue;
         };
-        // Entry and front ends: their arrows are the acyclic test's.
-        if layer < 2 {
-            continue;
-        }
         for (used, files) in to {
             match layer_of(used) {
                 Some(above) if above < layer => wrong.push(format!(
@@ -145,25 +162,64 @@ fn the_report_the_pipeline_the_driver_and_the_base_import_nothing_above_them() {
                     LAYERS[above].0,
                     files.join(", ")
                 )),
+                Some(same) if same == layer && layer == front_ends => wrong.push(format!(
+                    "front end {module} imports front end {used} (move what both need into the services): {}",
+                    files.join(", ")
+                )),
                 _ => {}
             }
         }
     }
     assert!(
         wrong.is_empty(),
-        "imports that point up:\n  {}",
+        "imports that point up or across the front ends:\n  {}",
         wrong.join("\n  ")
     );
+}
+
+/// The test reads what it means to: a front end importing another, and a
+/// service importing a front end, are found where they are written.
+#[test]
+fn the_reading_finds_an_import_across_the_front_ends() {
+    let code = code_only(
+        "use crate::fleet::commands;\nuse crate::{top, remote::Fleet};\n// crate::watch\nlet _ = \"crate::run\";",
+    );
+    let found = imported_modules(&code, "crate");
+    assert_eq!(
+        found,
+        BTreeSet::from(["fleet".to_string(), "remote".to_string(), "top".to_string()])
+    );
+}
+
+/// Each module lives in the crate of its layer: a service written into the
+/// binary, or a front end into the core, is a move not made.
+#[test]
+fn each_module_lives_in_the_crate_of_its_layer() {
+    let mut wrong = Vec::new();
+    for (tree, layers) in TREES {
+        for (module, _) in modules_of(tree) {
+            match layer_of(&module) {
+                Some(layer) if layers.contains(&LAYERS[layer].0) => {}
+                Some(layer) => wrong.push(format!(
+                    "{module} ({}) is in {tree}, the crate of {}",
+                    LAYERS[layer].0,
+                    layers.join(", ")
+                )),
+                None => wrong.push(format!("{module} ({tree}) is in no layer")),
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "modules out of their crate: {wrong:#?}");
 }
 
 /// module -> imported module -> the files that import it.
 type Graph = BTreeMap<String, BTreeMap<String, Vec<String>>>;
 
-/// The longest a function of `src/` may be, in lines, and the ones that may
+/// The longest a function of the crates may be, in lines, and the ones that may
 /// be longer, and why: orchestration is split along the pipeline's steps.
 const LONGEST_FUNCTION: usize = 100;
 const LONG_FUNCTIONS: &[(&str, &str, &str)] = &[(
-    "src/exit.rs",
+    "crates/core/src/exit.rs",
     "rows",
     "the one exit table, data: a row per program",
 )];
@@ -173,7 +229,7 @@ fn no_function_is_over_a_hundred_lines() {
     let mut long = Vec::new();
     for (relative, code) in sources() {
         // Unit tests are not orchestration: a `#[cfg(test)]` module, inline or
-        // in a file of its own (`mod tests;`, src/plan/tests.rs).
+        // in a file of its own (`mod tests;`, crates/services/src/plan/tests.rs).
         if relative.ends_with("/tests.rs") {
             continue;
         }
@@ -258,7 +314,12 @@ fn nothing_is_re_exported_from_another_module() {
     for (relative, code) in sources() {
         for line in code.lines() {
             let line = line.trim_start();
-            if line.starts_with("pub use crate::") || line.starts_with("pub(crate) use crate::") {
+            let re_export = ["pub use ", "pub(crate) use "].iter().any(|start| {
+                ["crate::", "gpureap_core::", "gpureap_services::"]
+                    .iter()
+                    .any(|path| line.starts_with(&format!("{start}{path}")))
+            });
+            if re_export {
                 found.push(format!("{relative}: {line}"));
             }
         }
@@ -274,9 +335,9 @@ const PROCESS_ENDERS: &[(&str, &str)] = &[
         "src/main.rs",
         "the entry: ends the process with the code it dispatched to",
     ),
-    ("src/exit.rs", "the table: `Exit::exit`"),
+    ("crates/core/src/exit.rs", "the table: `Exit::exit`"),
     (
-        "src/driver/sim/stand_in.rs",
+        "crates/core/src/driver/sim/stand_in.rs",
         "the stand-in process's own main (a separate process gpureap starts)",
     ),
     (
@@ -316,14 +377,14 @@ fn only_main_ends_the_process() {
     );
 }
 
-fn module_graph() -> Graph {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let src = root.join("src");
+/// The top-level modules of a source tree, each with its files.
+fn modules_of(tree: &str) -> BTreeMap<String, Vec<PathBuf>> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(tree);
     let mut files = Vec::new();
     rust_files(&src, &mut files);
-    let mut graph = Graph::new();
+    let mut modules: BTreeMap<String, Vec<PathBuf>> = BTreeMap::new();
     for file in files {
-        let relative = file.strip_prefix(&src).expect("under src");
+        let relative = file.strip_prefix(&src).expect("under the tree");
         let first = relative
             .components()
             .next()
@@ -332,18 +393,39 @@ fn module_graph() -> Graph {
             .to_string_lossy()
             .into_owned();
         let module = first.trim_end_matches(".rs").to_string();
-        if module == "lib" {
-            continue; // declares the modules, imports none of them
+        // lib.rs declares the modules, and names the lower crates' for
+        // the crate's own paths: no edge of its own.
+        if module != "lib" {
+            modules.entry(module).or_default().push(file);
         }
-        let prefix = if module == "main" { "gpureap" } else { "crate" };
-        let text = std::fs::read_to_string(&file).expect("a readable source file");
-        let name = format!("src/{}", relative.display());
-        let to = graph.entry(module.clone()).or_default();
-        for used in imported_modules(&code_only(&text), prefix) {
-            if used != module {
-                let files = to.entry(used).or_default();
-                if !files.contains(&name) {
-                    files.push(name.clone());
+    }
+    modules
+}
+
+fn module_graph() -> Graph {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut graph = Graph::new();
+    for (tree, _) in TREES {
+        for (module, files) in modules_of(tree) {
+            let to = graph.entry(module.clone()).or_default();
+            for file in files {
+                let text = std::fs::read_to_string(&file).expect("a readable source file");
+                let name = file
+                    .strip_prefix(root)
+                    .expect("under the workspace")
+                    .display()
+                    .to_string();
+                let code = code_only(&text);
+                let used = ["crate", "gpureap", "gpureap_core", "gpureap_services"]
+                    .iter()
+                    .flat_map(|prefix| imported_modules(&code, prefix));
+                for used in used {
+                    if used != module {
+                        let files = to.entry(used).or_default();
+                        if !files.contains(&name) {
+                            files.push(name.clone());
+                        }
+                    }
                 }
             }
         }
@@ -351,18 +433,20 @@ fn module_graph() -> Graph {
     graph
 }
 
-/// Every source file under src/, by its path from the crate's root, with
-/// its comments and literals blanked (`code_only`).
+/// Every source file of the workspace's crates, by its path from the
+/// workspace's root, with its comments and literals blanked (`code_only`).
 fn sources() -> Vec<(String, String)> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut files = Vec::new();
-    rust_files(&root.join("src"), &mut files);
+    for (tree, _) in TREES {
+        rust_files(&root.join(tree), &mut files);
+    }
     files
         .into_iter()
         .map(|path| {
             let relative = path
                 .strip_prefix(root)
-                .expect("under the crate")
+                .expect("under the workspace")
                 .to_string_lossy()
                 .into_owned();
             let code = code_only(&std::fs::read_to_string(&path).expect("a source file"));
@@ -373,7 +457,7 @@ fn sources() -> Vec<(String, String)> {
 
 fn rust_files(dir: &Path, into: &mut Vec<PathBuf>) {
     let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
-        .expect("src/ is readable")
+        .expect("a source tree is readable")
         .map(|entry| entry.expect("a directory entry").path())
         .collect();
     entries.sort();

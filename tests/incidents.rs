@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use gpureap::driver::sim::incident::{Holder, Incident, LAUNCHER, SimHost};
+use gpureap_core::driver::sim::incident::{Holder, Incident, LAUNCHER, SimHost};
 
 use crate::harness::*;
 

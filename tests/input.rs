@@ -1,7 +1,7 @@
 //! Bad input ends with exit code 2, a message that says what was wrong, and
 //! nothing signalled.
 
-use gpureap::driver::sim::incident::{Holder, Incident, SimHost};
+use gpureap_core::driver::sim::incident::{Holder, Incident, SimHost};
 
 use crate::harness::*;
 

@@ -5,7 +5,7 @@
 
 use std::fs;
 
-use gpureap::driver::sim::incident::{Holder, Incident, SimHost};
+use gpureap_core::driver::sim::incident::{Holder, Incident, SimHost};
 
 use crate::exporter::{samples, value};
 use crate::harness::*;

@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use gpureap::driver::sim::incident::{Holder, Incident, SimHost};
+use gpureap_core::driver::sim::incident::{Holder, Incident, SimHost};
 use serde_json::Value;
 
 use crate::harness::*;
@@ -24,7 +24,7 @@ fn host(gpus: u32) -> SimHost {
 /// child, records itself, then waits on it, or exits at once when `exits`
 /// (a daemon that died and left its server re-parented).
 fn prepare(host: &SimHost, gpu: u32, exits: bool) -> String {
-    let server = Holder::new(gpureap::snapshot::mps::SERVER)
+    let server = Holder::new(gpureap_core::snapshot::mps::SERVER)
         .on(gpu, SERVER_MEMORY)
         .script()
         .replace(" sleep 100000", " \"$D/bin/nvidia-cuda-mps-server\" 100000");
@@ -68,7 +68,7 @@ fn mps(incident: &mut Incident, host: &SimHost, gpu: u32) -> (u32, u32) {
     let script = prepare(host, gpu, false);
     let daemon = incident.spawn(&script, 2).expect("MPS daemon and server");
     let server = incident
-        .pid_of(gpureap::snapshot::mps::SERVER)
+        .pid_of(gpureap_core::snapshot::mps::SERVER)
         .expect("server");
     assert_eq!(
         ppid(server),
@@ -263,7 +263,7 @@ fn an_orphaned_server_is_spared_by_orphans_and_by_the_watch() {
     let script = format!("set -m; ( {} ) & wait", prepare(&host, 0, true));
     incident.spawn(&script, 2).expect("MPS daemon that exits");
     let server = incident
-        .pid_of(gpureap::snapshot::mps::SERVER)
+        .pid_of(gpureap_core::snapshot::mps::SERVER)
         .expect("server");
     let deadline = Instant::now() + Duration::from_secs(5);
     while ppid(server) == Some(incident.pid_of("nvidia-cuda-mps-control").expect("daemon")) {

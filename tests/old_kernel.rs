@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gpureap::driver::sim::incident::{Holder, Incident, SimHost};
+use gpureap_core::driver::sim::incident::{Holder, Incident, SimHost};
 
 use crate::harness::*;
 use crate::run::{Supervisor, bundles, fake_server, free_port, nothing_left};

@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use gpureap::driver::sim::incident::{Holder, Incident, SimHost};
+use gpureap_core::driver::sim::incident::{Holder, Incident, SimHost};
 use serde_json::Value;
 
 use crate::harness::*;

@@ -672,7 +672,7 @@ chmod 755 /usr/local/old-gpureap"#,
 /// quoted as "0", which is not what the user set.
 #[test]
 fn cuda_visible_devices_repeating_a_gpu_makes_it_visible_once() {
-    use gpureap::driver::sim::incident::SimHost;
+    use gpureap_core::driver::sim::incident::SimHost;
     let host = SimHost::new(4, 80 * (1 << 30), "Simulated H100").expect("sim host");
     let model = model("visible", LLAMA_8B);
     let run = |visible: &str| -> Run {

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::SystemTime;
 
-use gpureap::driver::sim::incident::{Holder, Incident, SimHost};
+use gpureap_core::driver::sim::incident::{Holder, Incident, SimHost};
 
 use crate::harness::*;
 
@@ -58,7 +58,7 @@ pub fn modified(path: &Path) -> SystemTime {
 /// A source of the binary changed after `built`, if one did.
 pub fn newer_source(built: SystemTime) -> Option<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut pending: Vec<PathBuf> = ["src", "build.rs", "Cargo.toml", "Cargo.lock"]
+    let mut pending: Vec<PathBuf> = ["src", "crates", "build.rs", "Cargo.toml", "Cargo.lock"]
         .iter()
         .map(|name| root.join(name))
         .collect();

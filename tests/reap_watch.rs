@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gpureap::driver::sim::incident::{Holder, Incident, SimHost};
+use gpureap_core::driver::sim::incident::{Holder, Incident, SimHost};
 use serde_json::Value;
 
 use crate::harness::*;
@@ -1375,7 +1375,7 @@ struct Cgroups {
 impl Cgroups {
     fn new() -> Option<Cgroups> {
         let made = (|| {
-            let mount = gpureap::supervision::cgroup2_mount()?;
+            let mount = gpureap_services::supervision::cgroup2_mount()?;
             let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
             let own = own.lines().find_map(|line| line.strip_prefix("0::"))?;
             let root = mount.join(format!("gpureap-reap-{}", std::process::id()));

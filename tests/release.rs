@@ -11,7 +11,7 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use gpureap::driver::sim::incident::{Holder, Incident, SimHost};
+use gpureap_core::driver::sim::incident::{Holder, Incident, SimHost};
 
 use crate::dist_docs::pages;
 use crate::harness::*;

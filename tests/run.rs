@@ -9,7 +9,7 @@ use std::process::{Child, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use gpureap::driver::sim::incident::SimHost;
+use gpureap_core::driver::sim::incident::SimHost;
 
 use crate::harness::*;
 
@@ -212,7 +212,7 @@ pub(crate) fn nothing_supervised_left(gpureap: u32) {
         .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
         .filter(|&pid| alive(pid))
         .filter(|&pid| {
-            gpureap::proc::env_value(pid, "GPUREAP_SUPERVISOR").as_deref()
+            gpureap_core::proc::env_value(pid, "GPUREAP_SUPERVISOR").as_deref()
                 == Some(&gpureap.to_string())
         })
         .collect();

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use gpureap::driver::sim::incident::SimHost;
+use gpureap_core::driver::sim::incident::SimHost;
 
 use crate::harness::*;
 use crate::run::{Supervisor, nothing_left, nothing_supervised_left, read, used};

@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use gpureap::driver::sim::incident::{Holder, Incident, SimHost};
+use gpureap_core::driver::sim::incident::{Holder, Incident, SimHost};
 use serde_json::Value;
 
 use crate::harness::*;
@@ -62,7 +62,7 @@ fn supervised_by(gpureap: u32) -> BTreeSet<u32> {
         .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
         .filter(|&pid| alive(pid))
         .filter(|&pid| {
-            gpureap::proc::env_value(pid, "GPUREAP_SUPERVISOR").as_deref()
+            gpureap_core::proc::env_value(pid, "GPUREAP_SUPERVISOR").as_deref()
                 == Some(&gpureap.to_string())
         })
         .collect()

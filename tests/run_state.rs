@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use gpureap::driver::sim::incident::SimHost;
+use gpureap_core::driver::sim::incident::SimHost;
 
 use crate::harness::*;
 use crate::run::{Supervisor, read};

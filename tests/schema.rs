@@ -2,7 +2,7 @@
 //! docs/json.schema.json: a field renamed, retyped, added or dropped in the
 //! program shows here before it reaches a user's script.
 
-use gpureap::driver::sim::incident::{Holder, Incident, SimHost};
+use gpureap_core::driver::sim::incident::{Holder, Incident, SimHost};
 use serde_json::Value;
 
 use crate::harness::*;

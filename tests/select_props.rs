@@ -19,13 +19,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use gpureap::driver::DriverError;
-use gpureap::proc::{Node, ticks_per_second};
-use gpureap::proc::{ProcessId, ProcessRecord, State};
-use gpureap::select::{DEFAULT_PROTECTED, Guard, Scope, select};
-use gpureap::signal::Sig;
-use gpureap::snapshot::{GpuState, GpuUser, Snapshot};
-use gpureap::verify::{Ledger, assess};
+use gpureap_core::driver::DriverError;
+use gpureap_core::proc::{Node, ticks_per_second};
+use gpureap_core::proc::{ProcessId, ProcessRecord, State};
+use gpureap_core::select::{DEFAULT_PROTECTED, Guard, Scope, select};
+use gpureap_core::signal::Sig;
+use gpureap_core::snapshot::{GpuState, GpuUser, Snapshot};
+use gpureap_core::verify::{Ledger, assess};
 use proptest::prelude::*;
 use regex::Regex;
 
@@ -340,7 +340,7 @@ fn build(spec: &Spec) -> (Snapshot, Scope, Guard) {
         container_notes: Vec::new(),
         host_pids: Some(true),
         lists_may_omit: true,
-        descriptors: gpureap::snapshot::Descriptors::All,
+        descriptors: gpureap_core::snapshot::Descriptors::All,
     };
 
     let count = spec.processes.len();
@@ -751,7 +751,7 @@ impl Ledger for Earlier {
 /// names no job.
 #[test]
 fn a_job_scope_takes_the_jobs_own_and_never_another_jobs() {
-    use gpureap::select::JobScope;
+    use gpureap_core::select::JobScope;
     let gpu0: BTreeSet<Node> = [Node::Gpu(0), Node::Control].into_iter().collect();
     let none = BTreeSet::new;
     let processes: BTreeMap<u32, ProcessRecord> = [
@@ -882,7 +882,7 @@ fn a_job_scope_takes_the_jobs_own_and_never_another_jobs() {
         container_notes: Vec::new(),
         host_pids: Some(true),
         lists_may_omit: true,
-        descriptors: gpureap::snapshot::Descriptors::All,
+        descriptors: gpureap_core::snapshot::Descriptors::All,
     };
     let scope = Scope {
         gpus: Some(BTreeSet::from([0])),
@@ -919,8 +919,8 @@ fn a_job_scope_takes_the_jobs_own_and_never_another_jobs() {
 /// scope nor as a descendant of its named batch script; the job's client is.
 #[test]
 fn a_jobs_own_mps_daemon_and_server_are_never_targets() {
-    use gpureap::select::{JobScope, Spared};
-    use gpureap::snapshot::mps::Role;
+    use gpureap_core::select::{JobScope, Spared};
+    use gpureap_core::snapshot::mps::Role;
     let gpu0: BTreeSet<Node> = [Node::Gpu(0), Node::Control].into_iter().collect();
     let none = BTreeSet::new;
     let processes: BTreeMap<u32, ProcessRecord> = [
@@ -987,7 +987,7 @@ fn a_jobs_own_mps_daemon_and_server_are_never_targets() {
         container_notes: Vec::new(),
         host_pids: Some(true),
         lists_may_omit: true,
-        descriptors: gpureap::snapshot::Descriptors::All,
+        descriptors: gpureap_core::snapshot::Descriptors::All,
     };
     let job = JobScope {
         uid: Some(1000),

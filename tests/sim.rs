@@ -2,7 +2,7 @@
 //! like any other, and a bad one is a clear error naming it, never a silent
 //! default, a wrapped number, or a file read through a symbolic link.
 
-use gpureap::driver::sim::incident::{Holder, Incident, SimHost};
+use gpureap_core::driver::sim::incident::{Holder, Incident, SimHost};
 
 use crate::harness::*;
 

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use gpureap::driver::sim::incident::{Holder, Incident, SimHost};
+use gpureap_core::driver::sim::incident::{Holder, Incident, SimHost};
 
 use crate::harness::{GIB, alive, run};
 use cluster::{Cluster, SCONTROL, cluster, wait_for};

@@ -19,7 +19,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use gpureap::driver::sim::incident::{Holder, SimHost};
+use gpureap_core::driver::sim::incident::{Holder, SimHost};
 
 use crate::harness::{GIB, Run};
 

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gpureap::driver::sim::incident::{Holder, Incident, SimHost};
+use gpureap_core::driver::sim::incident::{Holder, Incident, SimHost};
 use serde_json::Value;
 
 use crate::harness::*;
@@ -101,7 +101,7 @@ fn process(bundle: &Value, pid: u32) -> &Value {
 }
 
 fn py_spy_installed() -> bool {
-    gpureap::stacks::find_py_spy().is_some()
+    gpureap_core::stacks::find_py_spy().is_some()
 }
 
 #[test]
@@ -208,7 +208,7 @@ fn a_py_spy_that_hangs_is_stopped_with_what_it_started_and_noted() {
     let took = started.elapsed();
     assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
     assert!(
-        took < gpureap::stacks::PER_PROCESS + Duration::from_secs(8),
+        took < gpureap_core::stacks::PER_PROCESS + Duration::from_secs(8),
         "took {took:?}"
     );
     let bundle = bundle_json(&folder.expect("the bundle's folder"));
@@ -218,7 +218,7 @@ fn a_py_spy_that_hangs_is_stopped_with_what_it_started_and_noted() {
             .as_str()
             .is_some_and(|note| note.contains(&format!(
                 "did not answer within {:.1}s",
-                gpureap::stacks::PER_PROCESS.as_secs_f64()
+                gpureap_core::stacks::PER_PROCESS.as_secs_f64()
             ))),
         "{stacks:#}"
     );

@@ -1,8 +1,8 @@
 //! What `status` shows: who uses which GPU, how much, since when, and how
 //! sure it is, in a table that fits 120 columns.
 
-use gpureap::driver::sim::incident::{Holder, Incident, SimHost};
-use gpureap::units::Bytes;
+use gpureap_core::driver::sim::incident::{Holder, Incident, SimHost};
+use gpureap_core::units::Bytes;
 
 use crate::harness::*;
 
@@ -755,7 +755,7 @@ fn a_forged_xid_written_to_the_real_dev_kmsg_does_not_count() {
         .expect("prio");
     assert_eq!(prio >> 3, 1, "facility user: {record}");
     let events =
-        gpureap::driver::evidence::read_kmsg(std::path::Path::new("/dev/kmsg")).expect("read");
+        gpureap_core::driver::evidence::read_kmsg(std::path::Path::new("/dev/kmsg")).expect("read");
     assert!(
         !events
             .iter()
@@ -981,7 +981,7 @@ fn exporter_memory_at_exit(host: &SimHost, env: &[(&str, &str)]) -> (String, Vec
 /// driver reserves is beside the used figure, which leaves it out.
 #[test]
 fn status_shows_each_gpus_activity_and_reserved_memory_where_the_driver_says() {
-    use gpureap::driver::sim::incident::H100_RESERVED;
+    use gpureap_core::driver::sim::incident::H100_RESERVED;
     let host = SimHost::new(2, 80 * GIB, "NVIDIA H100 80GB HBM3").expect("sim host");
     host.reserve(H100_RESERVED).expect("reserved");
     let mut incident = Incident::new(&host);

@@ -7,7 +7,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gpureap::driver::sim::incident::{Holder, Incident, LAUNCHER, SimHost};
+use gpureap_core::driver::sim::incident::{Holder, Incident, LAUNCHER, SimHost};
 
 use crate::harness::{GIB, skip};
 use crate::sshd_lab::{Kind, Lab};

@@ -13,10 +13,8 @@
 //! `gpureap_driver_up 0` and the exporter keeps serving. SIGTERM or SIGINT
 //! ends it cleanly (exit 0).
 
-pub mod http;
-
 use std::io::{self, Write};
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -24,10 +22,10 @@ use std::time::{Duration, Instant};
 use crate::container::Sources;
 use crate::driver::Driver;
 use crate::exit::Exit;
+use crate::http::{self, Page};
 use crate::metrics::{self, Exposition, Options, ScanFigures};
 use crate::pace::Pace;
 use crate::snapshot::Snapshot;
-use http::Page;
 
 #[derive(Debug, Clone)]
 pub struct ExporterConfig {
@@ -37,13 +35,6 @@ pub struct ExporterConfig {
     /// The node's container sources, consulted after each snapshot (a scan
     /// then takes up to `Sources::BUDGET` longer while the kubelet hangs).
     pub sources: Sources,
-}
-
-/// Binds `address`, saying which address could not be bound and why.
-pub fn bind(address: SocketAddr) -> io::Result<TcpListener> {
-    TcpListener::bind(address).map_err(|error| {
-        io::Error::new(error.kind(), format!("cannot listen on {address}: {error}"))
-    })
 }
 
 /// Takes one snapshot and encodes it, counting it in `figures`; `pace`
@@ -76,7 +67,7 @@ const SETTLE: Duration = Duration::from_millis(250);
 
 /// Runs the exporter until SIGTERM or SIGINT.
 pub fn run(config: &ExporterConfig, driver: Box<dyn Driver>) -> io::Result<Exit> {
-    let listener = bind(config.listen)?;
+    let listener = http::bind(config.listen)?;
     let (stop, stop_write) = UnixStream::pair()?;
     for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::low_level::pipe::register(signal, stop_write.try_clone()?)?;
@@ -158,20 +149,4 @@ pub fn run(config: &ExporterConfig, driver: Box<dyn Driver>) -> io::Result<Exit>
     http::serve(listener, Some(&stop), &page)?;
     let _ = writeln!(io::stderr(), "gpureap exporter: stopped by a signal");
     Ok(Exit::Success)
-}
-
-/// Serves a page built at each request on `listener`, from a thread of its
-/// own, for as long as the process lives (`gpureap run --metrics`).
-pub fn serve_in_background(
-    listener: TcpListener,
-    page: impl Fn() -> Page + Send + 'static,
-) -> io::Result<()> {
-    std::thread::Builder::new()
-        .name("gpureap-metrics".to_string())
-        .spawn(move || {
-            if let Err(error) = http::serve(listener, None, &page) {
-                tracing::warn!(%error, "the metrics server stopped");
-            }
-        })?;
-    Ok(())
 }

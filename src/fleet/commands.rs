@@ -4,10 +4,11 @@
 
 use std::time::{Duration, Instant};
 
-use super::{Fleet, HostResult, duration_arg, fleet_json, gpu_args, remaining, render, worst};
 use crate::config::{FreeRequest, SourcesRequest, StatusRequest, UsageError, WaitRequest};
 use crate::exit::Exit;
 use crate::plan::fit::{Hypothetical, Overrides, PlanConfig};
+use crate::remote::render;
+use crate::remote::{Fleet, HostResult, duration_arg, fleet_json, gpu_args, remaining, worst};
 
 /// What a fleet command prints, and its exit code.
 pub struct Output {
@@ -111,13 +112,13 @@ pub fn free(
     };
     let plan_limit = fleet.limit(Duration::ZERO);
     let plans = fleet.fan_out("free", &fleet.hosts, |_| (plan_args.clone(), plan_limit));
-    if let Some(signal) = super::interrupt::signal() {
+    if let Some(signal) = crate::remote::interrupt::signal() {
         // Interrupted while planning: no host is asked to free.
         let mut output = finish(&plans, args.json, "free", render::free_plan);
         if !args.json {
             output.text = format!(
                 "Interrupted by {} while the hosts planned: no host was asked to free, nothing was signalled.\n\n{}",
-                super::interrupt::name(signal),
+                crate::remote::interrupt::name(signal),
                 output.text
             );
         }
@@ -371,14 +372,14 @@ fn finish(
     } else {
         render(results)
     };
-    if let Some(signal) = super::interrupt::signal()
+    if let Some(signal) = crate::remote::interrupt::signal()
         && !json
     {
         let _ = std::fmt::Write::write_fmt(
             &mut text,
             format_args!(
                 "\nInterrupted by {}: the hosts that had not answered were stopped (their ssh and their gpureap there ended, nothing signalled there after that) and are listed as failed.\n",
-                super::interrupt::name(signal)
+                crate::remote::interrupt::name(signal)
             ),
         );
     }

@@ -20,11 +20,11 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use super::ssh::Answer;
-use super::{Fleet, HostResult, fleet_json, worst};
 use crate::config::UsageError;
 use crate::exit::Exit;
 use crate::file::NotRead;
+use crate::remote::ssh::Answer;
+use crate::remote::{Fleet, HostResult, fleet_json, worst};
 use crate::report::new_table;
 use crate::units::short;
 
@@ -169,8 +169,9 @@ fn load(path: &Path) -> Result<Binary, UsageError> {
         .into(),
         std::ffi::OsString::from("--version"),
     ];
-    let (code, stdout) = super::ssh::run_local(&argv, BIN_VERSION_LIMIT, BIN_VERSION_OUTPUT)
-        .map_err(|error| UsageError(format!("cannot run {shown} --version: {error}")))?;
+    let (code, stdout) =
+        crate::remote::ssh::run_local(&argv, BIN_VERSION_LIMIT, BIN_VERSION_OUTPUT)
+            .map_err(|error| UsageError(format!("cannot run {shown} --version: {error}")))?;
     let version = String::from_utf8_lossy(&stdout)
         .lines()
         .next()
@@ -402,7 +403,7 @@ impl Pushing<'_> {
             reason,
         })
         .ok()
-        .and_then(|text| super::nested_json(&text))
+        .and_then(|text| crate::remote::nested_json(&text))
     }
 
     /// What is at the destination, as the host's LOOK script says.
@@ -530,8 +531,8 @@ fn render(results: &[HostResult], binary: &Binary) -> String {
         }
         let _ = writeln!(out, "{}\n", table.trim_fmt());
     }
-    super::render::fold(&mut out, "Up to date on", &current, "");
-    super::render::failures(results, &mut out);
+    crate::remote::render::fold(&mut out, "Up to date on", &current, "");
+    crate::remote::render::failures(results, &mut out);
     out
 }
 

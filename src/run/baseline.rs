@@ -6,7 +6,7 @@ use std::io;
 
 use serde::{Deserialize, Serialize};
 
-use super::state::StateDir;
+use crate::state::StateDir;
 
 /// How many good starts are remembered.
 const KEPT: usize = 20;

@@ -11,9 +11,9 @@ use serde::Serialize;
 
 use super::metrics;
 use super::output::{SharedLog, event};
-use super::state::StateDir;
 use crate::plan::calibrate;
 use crate::plan::launch::Engine;
+use crate::state::StateDir;
 
 /// How often the kept output is read again while the capacity line has not
 /// come (only when new lines came since).

@@ -17,12 +17,12 @@ use serde::{Deserialize, Serialize};
 
 use super::contain::Containment;
 use super::output::event;
-use super::state::StateDir;
 use crate::driver::Driver;
 use crate::proc;
 use crate::reap::{self, Options};
 use crate::select::{Guard, Scope};
 use crate::snapshot::Snapshot;
+use crate::state::StateDir;
 use crate::supervision::{self, StaleRun};
 
 const DIR: &str = "runs";

@@ -14,7 +14,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::exporter;
+use crate::http;
 use crate::metrics::Exposition;
 
 /// How a start hung.
@@ -142,10 +142,10 @@ impl RunMetrics {
 
 /// Starts serving the metrics on `address`; a bind failure is the caller's.
 pub fn serve(address: SocketAddr) -> std::io::Result<()> {
-    let listener = exporter::bind(address)?;
+    let listener = http::bind(address)?;
     let metrics = METRICS.get_or_init(RunMetrics::new).clone();
     let local = listener.local_addr()?;
-    exporter::serve_in_background(listener, move || {
+    http::serve_in_background(listener, move || {
         Arc::new(Exposition::new(metrics.encode()))
     })?;
     super::event(&format!("metrics: http://{local}/metrics"));

@@ -9,7 +9,6 @@
 //! and verifies. SIGUSR1 writes a bundle on demand and changes nothing else.
 
 pub mod baseline;
-pub mod bundle;
 pub mod capacity;
 pub mod contain;
 pub mod leftovers;
@@ -18,7 +17,6 @@ pub mod ondemand;
 pub mod output;
 pub mod plan;
 pub mod ready;
-pub mod state;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -29,22 +27,22 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rustix::process::WaitStatus;
 
+use crate::bundle::{Bundle, CpuSamples};
 use crate::driver::Driver;
 use crate::exit::Exit;
 use crate::file::{LogError, LogFile};
 use crate::reap::{self, FreeReport, Options};
 use crate::select::{Guard, Scope};
 use crate::snapshot::Snapshot;
+use crate::state::{StateDir, StateDirError};
 use crate::supervised::SUPERVISOR_ENV;
 use crate::units::Elapsed;
 use baseline::{GoodStart, History};
-use bundle::{Bundle, CpuSamples};
 use capacity::CapacityWatch;
 use contain::Containment;
 use leftovers::RunRecord;
 use output::{LogState, Outputs, SharedLog};
 use ready::Readiness;
-use state::{StateDir, StateDirError};
 
 /// When a server is restarted (`--restart`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::output::event;
-use super::state::{StateDir, StateDirError};
 use crate::proc::{self, ProcessId};
 use crate::signal::{self, Delivery, Sig};
+use crate::state::{StateDir, StateDirError};
 
 const DIR: &str = "supervisors";
 /// A registration is two numbers; anything much larger is not one.

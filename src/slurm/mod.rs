@@ -11,7 +11,6 @@
 //! with `gpureap:` and says what and where on one line. docs/slurm.md.
 
 pub mod audit;
-pub mod scontrol;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -30,8 +29,8 @@ use crate::units::{Bytes, Elapsed, Field};
 use crate::units::{GpuRef, parse_gpu_refs};
 use crate::verify::{self, Holding, Reason};
 
+use crate::scontrol::{self, JobInfo, Scontrol};
 use audit::Audit;
-use scontrol::{JobInfo, Scontrol};
 
 /// Every drain reason gpureap sets starts with this; `healthcheck` resumes
 /// only a node drained with such a reason.

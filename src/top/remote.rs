@@ -20,14 +20,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Read};
-use std::ops::Deref;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender, TryRecvError};
 use std::thread;
 use std::time::{Duration, Instant};
-
-use serde::{Deserialize, Deserializer};
 
 use super::Sample;
 use super::act::{Event, Target};
@@ -35,11 +32,10 @@ use super::model::{GpuBar, Row};
 use crate::child;
 use crate::config::TopRequest;
 use crate::exit::{Exit, Remote};
-use crate::fleet::render;
-use crate::fleet::ssh::{MAX_ANSWER, Transport};
-use crate::fleet::{Fleet, HostResult, duration_arg};
-use crate::report::HolderGpuJson;
-use crate::snapshot::UnattributedKind;
+use crate::remote::render;
+use crate::remote::ssh::{MAX_ANSWER, Transport};
+use crate::remote::{Fleet, HostResult, duration_arg};
+use crate::status_doc::{self, GpuView, HolderView};
 use crate::units::{Elapsed, one_line};
 
 /// How many connections in a row are tried before giving up.
@@ -52,102 +48,6 @@ fn backoff(attempt: u32) -> Duration {
 const ALIVE: [&str; 4] = ["-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3"];
 /// What is kept of the stream's stderr: its last lines say why it ended.
 const MAX_STDERR: u64 = 64 << 10;
-
-/// A host's text, escaped as it is read.
-#[derive(Debug, Clone, Default)]
-struct Text(String);
-
-impl<'de> Deserialize<'de> for Text {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Text, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        Ok(Text(one_line(&text).into_owned()))
-    }
-}
-
-impl Deref for Text {
-    type Target = str;
-    fn deref(&self) -> &str {
-        &self.0
-    }
-}
-
-/// The fields of a host's `status` document the view shows.
-#[derive(Deserialize)]
-struct StatusView {
-    schema_version: Option<u64>,
-    kind: Option<Text>,
-    #[serde(default)]
-    backend: Text,
-    #[serde(default)]
-    gpus: Vec<GpuView>,
-    #[serde(default)]
-    holders: Vec<HolderView>,
-}
-
-#[derive(Deserialize)]
-struct GpuView {
-    index: u32,
-    memory_total: Option<u64>,
-    memory_used: Option<u64>,
-    memory_unattributed: Option<u64>,
-    #[serde(default)]
-    held_by_no_process: Option<bool>,
-    /// The host's one rule's name for that memory (`unseen` where gpureap
-    /// there does not see the host's PIDs); absent from an older host.
-    #[serde(default)]
-    unattributed_kind: Option<Text>,
-    error: Option<Text>,
-    #[serde(default)]
-    processes: Vec<GpuProcessView>,
-    /// What the GPU is doing; absent from an older host.
-    #[serde(default)]
-    utilization_percent: Option<u32>,
-    #[serde(default)]
-    temperature_celsius: Option<u32>,
-    #[serde(default)]
-    power_draw_watts: Option<f64>,
-    #[serde(default)]
-    power_limit_watts: Option<f64>,
-}
-
-#[derive(Deserialize)]
-struct GpuProcessView {
-    pid: u32,
-    memory: Option<u64>,
-}
-
-#[derive(Deserialize)]
-struct HolderView {
-    pid: u32,
-    ppid: Option<u32>,
-    user: Option<Text>,
-    state: Option<Text>,
-    comm: Option<Text>,
-    cmdline: Option<Text>,
-    #[serde(default)]
-    flags: Vec<Text>,
-    #[serde(default)]
-    gpus: Vec<HolderGpuJson>,
-    #[serde(default)]
-    container: Option<ContainerView>,
-    orphan: Option<Text>,
-    protected: Option<Text>,
-    supervisor: Option<SupervisorView>,
-}
-
-#[derive(Deserialize)]
-struct ContainerView {
-    runtime: Text,
-    id: Text,
-    pod: Option<Text>,
-    namespace: Option<Text>,
-    name: Option<Text>,
-}
-
-#[derive(Deserialize)]
-struct SupervisorView {
-    gone: Option<Text>,
-}
 
 /// One document from the host, made into what the view shows.
 #[derive(Debug, Clone)]
@@ -164,24 +64,7 @@ pub struct Status {
 impl Status {
     /// Reads one line of the stream: a `status` document of this schema.
     pub fn read(line: &[u8]) -> Result<Status, String> {
-        let view: StatusView = serde_json::from_slice(line).map_err(|error| {
-            format!(
-                "answered something that is not gpureap's JSON (is --remote-bin gpureap?): {error}"
-            )
-        })?;
-        match view.schema_version {
-            Some(version) if version == u64::from(crate::report::SCHEMA_VERSION) => {}
-            Some(version) => {
-                return Err(format!(
-                    "remote gpureap speaks schema {version}, this one {}",
-                    crate::report::SCHEMA_VERSION
-                ));
-            }
-            None => return Err("answered JSON without a schema_version".to_string()),
-        }
-        if view.kind.as_deref() != Some("status") {
-            return Err("answered a document that is not a status report".to_string());
-        }
+        let view = status_doc::status(&String::from_utf8_lossy(line))?;
         Ok(Status {
             backend: view.backend.0.clone(),
             bars: view.gpus.iter().map(bar).collect(),
@@ -254,18 +137,10 @@ fn bar(gpu: &GpuView) -> GpuBar {
             .iter()
             .filter_map(|process| process.memory.map(|memory| (process.pid, memory)))
             .collect(),
-        no_process: gpu.memory_unattributed.map(|bytes| {
-            // The host's own verdict: only it knows its driver's tolerance
-            // and whether it sees the host's PIDs.
-            let kind = if gpu.unattributed_kind.as_deref() == Some("unseen") {
-                UnattributedKind::Unseen
-            } else if gpu.held_by_no_process == Some(true) {
-                UnattributedKind::NoProcess
-            } else {
-                UnattributedKind::Bookkeeping
-            };
-            (bytes, kind)
-        }),
+        // The one rule for a host's document (`status_doc`), as `fleet` reads it.
+        no_process: gpu
+            .memory_unattributed
+            .map(|bytes| (bytes, gpu.unattributed(bytes))),
         error: gpu.error.as_ref().map(|error| error.0.clone()),
         utilization: gpu.utilization_percent,
         temperature: gpu.temperature_celsius,

@@ -761,10 +761,10 @@ pub fn run(config: &ReapConfig, driver: &dyn Driver) -> std::io::Result<Exit> {
         outcome: Exit::Success,
     };
     if let Some(address) = config.listen {
-        let listener = crate::exporter::bind(address)?;
+        let listener = crate::http::bind(address)?;
         let local = listener.local_addr()?;
         let metrics = watch.metrics.clone();
-        crate::exporter::serve_in_background(listener, move || metrics.page())?;
+        crate::http::serve_in_background(listener, move || metrics.page())?;
         let _ = std::io::Write::write_all(
             &mut std::io::stderr(),
             format!("gpureap reap: metrics on http://{local}/metrics\n").as_bytes(),

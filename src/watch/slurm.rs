@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::proc::{self, ProcessId};
-use crate::slurm::scontrol::Scontrol;
+use crate::scontrol::Scontrol;
 use crate::snapshot::Snapshot;
 
 use super::{ReapConfig, Rule};

@@ -25,7 +25,7 @@ use std::process::{ChildStdin, Command, Stdio};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-use gpureap::driver::sim::incident::SimHost;
+use gpureap_core::driver::sim::incident::SimHost;
 
 pub const SCONTROL: &str = "/usr/bin/scontrol";
 const SBATCH: &str = "/usr/bin/sbatch";
@@ -396,7 +396,7 @@ impl Cluster {
     fn reset(&self) {
         // What an earlier test's jobs staged and nothing freed (a failed
         // test's escaped worker) goes first: it would hold a GPU here.
-        gpureap::driver::sim::incident::kill_recorded(self.sim.path());
+        gpureap_core::driver::sim::incident::kill_recorded(self.sim.path());
         // What a test set in slurmd's hooks' environment (HOOK.env).
         for hook in ["prolog", "epilog"] {
             let _ = fs::remove_file(self.dir.join(format!("{hook}.env")));

@@ -32,7 +32,7 @@ fn parse_err(line: &str) -> PlanError {
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/models")
+        .join("../../tests/fixtures/models")
         .join(name)
 }
 
@@ -1273,7 +1273,7 @@ fn lever<'a>(outcome: &'a fit::Outcome, name: &str) -> &'a super::levers::Lever 
 #[test]
 fn a_vllm_log_fixes_what_is_not_kv_so_a_higher_utilization_adds_kv() {
     let log = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/logs/vllm-0.26.0-llama-3.1-8b-u05.log");
+        .join("../../tests/fixtures/logs/vllm-0.26.0-llama-3.1-8b-u05.log");
     // What CUDA counts on an H200 (the log's 139.8 GiB): nvidia-smi's
     // 143,771 MiB less the 615 MiB the driver reserves.
     let total = 143_156 * MIB;

@@ -138,16 +138,14 @@ pub fn stale_runs() -> Vec<StaleRun> {
     found
 }
 
-impl Removal {
-    /// A stale run's entry before anything is done (a dry run).
-    pub fn planned(run: &StaleRun) -> Removal {
-        Removal {
-            cgroup: run.cgroup.display().to_string(),
-            supervisor: run.supervisor,
-            gone: run.gone.clone(),
-            removed: false,
-            error: None,
-        }
+/// A stale run's entry before anything is done (a dry run).
+pub fn planned(run: &StaleRun) -> Removal {
+    Removal {
+        cgroup: run.cgroup.display().to_string(),
+        supervisor: run.supervisor,
+        gone: run.gone.clone(),
+        removed: false,
+        error: None,
     }
 }
 
@@ -200,7 +198,7 @@ pub fn remove_after_free(
 /// removes it with the cgroups below it. Nothing is killed while it holds a
 /// process in `spared` (gpureap, its ancestors, a protected process).
 pub fn remove(run: &StaleRun, spared: &BTreeSet<u32>, timeout: Duration) -> Removal {
-    let mut removal = Removal::planned(run);
+    let mut removal = planned(run);
     let fail = |mut removal: Removal, error: String| {
         removal.error = Some(error);
         removal

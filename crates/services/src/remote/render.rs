@@ -2,283 +2,26 @@
 //! for what is held, the hosts with nothing to report folded into one line,
 //! and the hosts that failed last, each with its reason.
 //!
-//! It reads the hosts' own JSON documents (docs/json.md) through small views
-//! of the fields it shows, so that a host running a newer gpureap that adds
-//! fields still renders.
+//! It reads the hosts' own JSON documents through the services' one typed
+//! reader (`status_doc`), and only renders.
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
-use std::ops::Deref;
 
 use comfy_table::{Cell, CellAlignment};
-use serde::de::IgnoredAny;
-use serde::{Deserialize, Deserializer};
-use serde_json::value::RawValue;
 
 use super::HostResult;
 use crate::hostlist;
-use crate::plan::fit::{Cost, Holder, Verdict};
+use crate::plan::fit::Verdict;
 use crate::plan::render;
-use crate::report::{self, age_text, new_table};
+use crate::report::HolderGpuJson;
+use crate::report::{age_text, new_table};
+use crate::status_doc::{
+    ContainerView, DeliveryView, FreeView, GpuView, HolderView, HoldersView, MAX_ENTRIES,
+    PlanDeviceView, PlanView, StatusView, WaitView, view,
+};
 use crate::units::GpuRanges;
-use crate::units::{Bytes, Elapsed, Field, MaybeBytes, one_line, short};
-
-/// A host's text, escaped as it is read (`units::one_line`): a view holds
-/// nothing raw, so no field of a host's answer can put a control character
-/// or a line of its own into what a person reads.
-#[derive(Debug, Clone, Default)]
-struct Text(String);
-
-impl<'de> Deserialize<'de> for Text {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Text, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        Ok(Text(one_line(&text).into_owned()))
-    }
-}
-
-impl Deref for Text {
-    type Target = str;
-    fn deref(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Display for Text {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-#[derive(Deserialize)]
-struct StatusView {
-    #[serde(default)]
-    driver_error: Option<Text>,
-    #[serde(default)]
-    scan: Option<ScanView>,
-    #[serde(default)]
-    gpus: Bounded<GpuView, MAX_ENTRIES>,
-    #[serde(default)]
-    holders: Bounded<HolderView, MAX_ENTRIES>,
-    #[serde(default)]
-    visibility: Option<VisibilityView>,
-}
-
-#[derive(Deserialize)]
-struct ScanView {
-    complete: bool,
-    /// Only how many: their contents are not shown.
-    #[serde(default, deserialize_with = "count")]
-    unreadable: usize,
-}
-
-#[derive(Deserialize)]
-struct GpuView {
-    index: u32,
-    name: Option<Text>,
-    memory_total: Option<u64>,
-    memory_used: Option<u64>,
-    memory_unattributed: Option<u64>,
-    /// The host's own verdict on `memory_unattributed` (the one rule, with
-    /// its driver's tolerance); absent from a host too old to give it.
-    #[serde(default)]
-    held_by_no_process: Option<bool>,
-    /// What the host's one rule calls that memory (`unseen` where gpureap
-    /// there does not see the host's PIDs); absent from an older host.
-    #[serde(default)]
-    unattributed_kind: Option<Text>,
-    error: Option<Text>,
-    /// What the host's hardware evidence implies (Xids, ECC, row remapping:
-    /// `gpus[].advice`); absent from a host older than #26.
-    #[serde(default)]
-    advice: Bounded<Text, MAX_NESTED>,
-}
-
-#[derive(Deserialize)]
-struct HolderView {
-    pid: u32,
-    user: Option<Text>,
-    state: Option<Text>,
-    age_ms: Option<u64>,
-    cmdline: Option<Text>,
-    #[serde(default)]
-    flags: Bounded<Text, MAX_NESTED>,
-    #[serde(default)]
-    gpus: Bounded<HolderGpuView, MAX_NESTED>,
-    /// Absent from hosts older than containers (#24).
-    #[serde(default)]
-    container: Option<ContainerView>,
-}
-
-#[derive(Deserialize)]
-struct ContainerView {
-    runtime: Text,
-    id: Text,
-    pod: Option<Text>,
-    namespace: Option<Text>,
-    name: Option<Text>,
-}
-
-impl ContainerView {
-    fn label(&self) -> String {
-        report::container_label(
-            &self.runtime,
-            &self.id,
-            self.pod.as_deref(),
-            self.namespace.as_deref(),
-            self.name.as_deref(),
-        )
-    }
-}
-
-/// What a host's gpureap could see of its holders (`visibility`); absent
-/// from hosts older than #24.
-#[derive(Deserialize)]
-struct VisibilityView {
-    host_pids: Option<bool>,
-    #[serde(default)]
-    hidden: Bounded<u32, MAX_ENTRIES>,
-}
-
-#[derive(Deserialize)]
-struct HoldersView {
-    #[serde(default)]
-    holders: Bounded<HolderView, MAX_ENTRIES>,
-}
-
-#[derive(Deserialize)]
-struct HolderGpuView {
-    index: u32,
-    memory: Option<u64>,
-    listed_by_driver: bool,
-}
-
-impl GpuView {
-    /// A GPU the host calls held by no process, or that failed. The verdict
-    /// is the host's own: only it knows its driver's tolerance. A host too
-    /// old to send it (no `held_by_no_process`) is judged as carefully as
-    /// can be: any memory no process explains, or none known, is shown.
-    fn worth_reporting(&self) -> bool {
-        if self.error.is_some() {
-            return true;
-        }
-        match (self.held_by_no_process, self.memory_unattributed) {
-            (Some(held), _) => held,
-            (None, unattributed) => unattributed.is_none_or(|bytes| bytes > 0),
-        }
-    }
-}
-
-impl HolderView {
-    /// A monitor (nvidia-smi, DCGM) watches; it holds nothing.
-    fn holds(&self) -> bool {
-        !self.flags.iter().any(|flag| &**flag == "monitor")
-    }
-}
-
-/// A host's list as read here: its first N entries (GPUs, holders,
-/// targets), the rest counted and skipped unread, so that what a host's
-/// view costs is bounded whatever it sends: a real host has a few GPUs and
-/// tens of holders, each with a few flags and GPUs.
-const MAX_ENTRIES: usize = 1024;
-/// The lists inside an entry: a holder's flags and GPUs, a target's signals.
-const MAX_NESTED: usize = 64;
-
-struct Bounded<T, const N: usize> {
-    items: Vec<T>,
-    /// Entries past the first N, not read.
-    more: usize,
-}
-
-impl<T, const N: usize> Default for Bounded<T, N> {
-    fn default() -> Self {
-        Bounded {
-            items: Vec::new(),
-            more: 0,
-        }
-    }
-}
-
-impl<T, const N: usize> std::ops::Deref for Bounded<T, N> {
-    type Target = Vec<T>;
-    fn deref(&self) -> &Vec<T> {
-        &self.items
-    }
-}
-
-impl<'a, T, const N: usize> IntoIterator for &'a Bounded<T, N> {
-    type Item = &'a T;
-    type IntoIter = std::slice::Iter<'a, T>;
-    fn into_iter(self) -> Self::IntoIter {
-        self.items.iter()
-    }
-}
-
-impl<'de, T: Deserialize<'de>, const N: usize> Deserialize<'de> for Bounded<T, N> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Visit<T, const N: usize>(std::marker::PhantomData<T>);
-        impl<'de, T: Deserialize<'de>, const N: usize> serde::de::Visitor<'de> for Visit<T, N> {
-            type Value = Bounded<T, N>;
-            fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
-                formatter.write_str("an array")
-            }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(
-                self,
-                mut seq: A,
-            ) -> Result<Self::Value, A::Error> {
-                let mut bounded = Bounded::default();
-                while bounded.items.len() < N {
-                    match seq.next_element()? {
-                        Some(item) => bounded.items.push(item),
-                        None => return Ok(bounded),
-                    }
-                }
-                while seq.next_element::<IgnoredAny>()?.is_some() {
-                    bounded.more += 1;
-                }
-                Ok(bounded)
-            }
-        }
-        deserializer.deserialize_seq(Visit::<T, N>(std::marker::PhantomData))
-    }
-}
-
-/// An array's length, its elements skipped unread: what it costs is its
-/// text, already held, not one value per element.
-fn count<'de, D: Deserializer<'de>>(deserializer: D) -> Result<usize, D::Error> {
-    struct Count;
-    impl<'de> serde::de::Visitor<'de> for Count {
-        type Value = usize;
-        fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
-            formatter.write_str("an array")
-        }
-        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<usize, A::Error> {
-            let mut count = 0;
-            while seq.next_element::<IgnoredAny>()?.is_some() {
-                count += 1;
-            }
-            Ok(count)
-        }
-    }
-    deserializer.deserialize_seq(Count)
-}
-
-/// Whether a host's document of `kind` has the fields this side shows.
-pub fn readable(kind: &str, report: &RawValue) -> bool {
-    let text = report.get();
-    match kind {
-        "status" => serde_json::from_str::<StatusView>(text).is_ok(),
-        "free" => serde_json::from_str::<FreeView>(text).is_ok(),
-        "wait" => serde_json::from_str::<WaitView>(text).is_ok(),
-        "plan" => serde_json::from_str::<PlanView>(text).is_ok(),
-        _ => true,
-    }
-}
-
-/// The fields of a host's document this side shows, parsed from its text
-/// (only those: the rest is skipped, never built).
-fn view<'a, T: Deserialize<'a>>(report: &'a Option<Box<RawValue>>) -> Option<T> {
-    serde_json::from_str(report.as_ref()?.get()).ok()
-}
+use crate::units::{Bytes, Elapsed, Field, MaybeBytes, short};
 
 /// `status -H`: what is held where, the quiet hosts in one line, failures last.
 pub fn status(results: &[HostResult]) -> String {
@@ -417,7 +160,7 @@ fn host_notes(host: &str, status: &StatusView) -> Vec<String> {
 fn host_holder_rows(host: &str, holders: &[&HolderView]) -> Vec<Vec<String>> {
     let mut rows: Vec<(u32, u32, Vec<String>)> = Vec::new();
     for &holder in holders {
-        let places: Vec<&HolderGpuView> = holder
+        let places: Vec<&HolderGpuJson> = holder
             .gpus
             .iter()
             .filter(|place| place.listed_by_driver)
@@ -522,7 +265,7 @@ fn right_aligned(row: Vec<String>, columns: &[usize]) -> Vec<Cell> {
 }
 
 /// Hosts folded into one line: `Nothing in scope on 3 hosts: h[3-5]`.
-pub(crate) fn fold(out: &mut String, what: &str, hosts: &[&str], detail: &str) {
+pub fn fold(out: &mut String, what: &str, hosts: &[&str], detail: &str) {
     if !hosts.is_empty() {
         let _ = writeln!(
             out,
@@ -562,83 +305,6 @@ pub fn failures(results: &[HostResult], out: &mut String) {
             Field(result.answer.error.as_deref().unwrap_or("no report"))
         );
     }
-}
-
-#[derive(Deserialize)]
-struct FreeView {
-    #[serde(default)]
-    elapsed_ms: u64,
-    #[serde(default)]
-    targets: Bounded<TargetView, MAX_ENTRIES>,
-    #[serde(default)]
-    spared: Bounded<SparedView, MAX_ENTRIES>,
-    #[serde(default)]
-    gpus: Bounded<OutcomeView, MAX_ENTRIES>,
-    #[serde(default)]
-    cgroup_scopes: Bounded<CgroupScopeView, MAX_ENTRIES>,
-}
-
-/// What a host's `--container`, `--pod` or `--cgroup` resolved to there.
-#[derive(Deserialize)]
-struct CgroupScopeView {
-    kind: Text,
-    given: Text,
-    #[serde(default)]
-    members: Bounded<u32, MAX_NESTED>,
-    note: Option<Text>,
-}
-
-#[derive(Deserialize)]
-struct TargetView {
-    pid: u32,
-    cmdline: Text,
-    because: Text,
-    #[serde(default)]
-    gpus: Bounded<u32, MAX_NESTED>,
-    #[serde(default)]
-    signals: Bounded<SignalView, MAX_NESTED>,
-    fate: Text,
-    exited_after_ms: Option<u64>,
-}
-
-#[derive(Deserialize)]
-struct SignalView {
-    signal: Text,
-    delivery: DeliveryView,
-}
-
-#[derive(Deserialize)]
-struct SparedView {
-    pid: u32,
-    comm: Text,
-    why: Text,
-}
-
-#[derive(Deserialize)]
-struct OutcomeView {
-    index: u32,
-    freed: bool,
-    checked: bool,
-    memory_after: Option<u64>,
-    freed_bytes: Option<u64>,
-    freed_after_ms: Option<u64>,
-    #[serde(default)]
-    reasons: Bounded<ReasonView, MAX_NESTED>,
-}
-
-/// A signal's delivery: `"sent"`, or an object saying why not.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum DeliveryView {
-    Word(String),
-    Other(IgnoredAny),
-}
-
-/// Why a GPU is still held: its text, or its tag.
-#[derive(Deserialize)]
-struct ReasonView {
-    text: Option<String>,
-    reason: Option<String>,
 }
 
 /// `free -H --dry-run`, and what is asked before a real free: per host, what
@@ -804,23 +470,6 @@ pub fn free_outcome(results: &[HostResult]) -> String {
     out
 }
 
-#[derive(Deserialize)]
-struct WaitView {
-    ready: bool,
-    waited_ms: u64,
-    below: u64,
-    #[serde(default)]
-    gpus: Bounded<WaitGpuView, MAX_ENTRIES>,
-}
-
-#[derive(Deserialize)]
-struct WaitGpuView {
-    index: u32,
-    memory_used: Option<u64>,
-    ready: bool,
-    error: Option<Text>,
-}
-
 /// `wait -H`: ready hosts in one line, the GPUs still held by host, and,
 /// for those, who holds them (as `status -H` shows them).
 pub fn wait(results: &[HostResult]) -> String {
@@ -885,85 +534,6 @@ pub fn wait(results: &[HostResult]) -> String {
     }
     failures(results, &mut out);
     out
-}
-
-#[derive(Deserialize)]
-struct PlanView {
-    engine: Text,
-    device: PlanDeviceView,
-    device_clean: PlanDeviceView,
-    fit: PlanFitView,
-    #[serde(default)]
-    launch: Option<PlanLaunchView>,
-}
-
-#[derive(Deserialize)]
-struct PlanLaunchView {
-    model: Text,
-    tp: u32,
-    #[serde(default)]
-    gpus: Bounded<u32, MAX_NESTED>,
-}
-
-#[derive(Deserialize)]
-struct PlanDeviceView {
-    tokens_per_rank: u64,
-    #[serde(default)]
-    ranks: Option<u32>,
-    #[serde(default)]
-    concurrency: Option<f64>,
-    #[serde(default)]
-    starts: Option<bool>,
-}
-
-#[derive(Deserialize)]
-struct PlanFitView {
-    verdict: Text,
-    #[serde(default)]
-    holders: Bounded<PlanHolderView, MAX_ENTRIES>,
-    #[serde(default)]
-    free_command: Option<Text>,
-    #[serde(default)]
-    reset_command: Option<Text>,
-}
-
-#[derive(Deserialize)]
-struct PlanHolderView {
-    pid: Option<u32>,
-    name: Text,
-    gpu: u32,
-    bytes: Option<u64>,
-    /// Null when it stops the start instead, or its cost cannot be told.
-    tokens_lost_per_rank: Option<u64>,
-    #[serde(default)]
-    cost: Option<PlanCostView>,
-}
-
-#[derive(Deserialize)]
-struct PlanCostView {
-    kind: Text,
-}
-
-impl PlanHolderView {
-    /// The holder as the plan that sent it has it; a cost of a kind this
-    /// gpureap does not know is told by the tokens it names, or as unknown.
-    fn holder(&self) -> Holder {
-        let kind = self.cost.as_ref().map(|cost| &*cost.kind);
-        let cost = match (self.tokens_lost_per_rank, kind) {
-            (Some(0), _) => Cost::Nothing,
-            (Some(per_rank), _) => Cost::Tokens { per_rank },
-            (None, Some("refuses_start")) => Cost::RefusesStart,
-            (None, _) => Cost::Unknown,
-        };
-        Holder {
-            pid: self.pid,
-            name: self.name.to_string(),
-            gpu: self.gpu,
-            bytes: self.bytes,
-            cost,
-            unseen: false,
-        }
-    }
 }
 
 /// `plan -H`: one section per host, from the plan each host made on its own

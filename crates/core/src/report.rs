@@ -496,14 +496,14 @@ pub fn to_json<T: Serialize>(value: &T) -> String {
     )
 }
 
-pub(crate) fn new_table(headers: &[&str]) -> Table {
+pub fn new_table(headers: &[&str]) -> Table {
     let mut table = Table::new();
     table.load_style(NOTHING);
     table.set_header(headers.iter().map(Cell::new));
     table
 }
 
-pub(crate) fn age_text(millis: Option<u64>) -> String {
+pub fn age_text(millis: Option<u64>) -> String {
     millis.map_or("?".to_string(), |ms| {
         Age(std::time::Duration::from_millis(ms)).to_string()
     })

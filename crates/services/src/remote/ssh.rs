@@ -12,7 +12,6 @@ use std::process::ExitStatus;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use crate::child::{self, Input, Interruption, Ran};
@@ -40,7 +39,7 @@ pub struct Transport {
 }
 
 /// `--remote-bin`'s default, decided with the flags.
-use crate::config::DEFAULT_REMOTE_BIN;
+use super::DEFAULT_REMOTE_BIN;
 
 /// Runs the first gpureap found: on the PATH, else at `push`'s default
 /// destinations (a user's ~/.local/bin is often not on a non-interactive
@@ -192,7 +191,7 @@ impl Transport {
                 stderr,
                 truncated,
             }) => match self.judge(status, &stdout, &stderr, truncated, kind) {
-                (_, Some(report), _) if !super::render::readable(kind, &report) => (
+                (_, Some(report), _) if !crate::status_doc::readable(kind, &report) => (
                     Exit::Incomplete,
                     None,
                     Some(format!(
@@ -347,42 +346,10 @@ impl Transport {
 }
 
 /// The `kind` report a host answered, kept as it came; else why it is not
-/// one: not gpureap's JSON, another schema, another kind.
+/// one: not gpureap's JSON, another schema, another kind (the one header
+/// check, `status_doc::header`).
 fn document(text: &str, kind: &str) -> Result<Box<RawValue>, String> {
-    // The header only: every other field is skipped, never built.
-    #[derive(Deserialize)]
-    struct Header {
-        schema_version: Option<serde_json::Number>,
-        kind: Option<String>,
-    }
-    let header: Header = serde_json::from_str(text).map_err(|_| {
-        format!(
-            "answered something that is not gpureap's JSON (is --remote-bin gpureap?): {}",
-            first_line(text)
-        )
-    })?;
-    match header
-        .schema_version
-        .as_ref()
-        .and_then(serde_json::Number::as_u64)
-    {
-        Some(version) if version == u64::from(crate::report::SCHEMA_VERSION) => {}
-        Some(version) => {
-            return Err(format!(
-                "remote gpureap speaks schema {version}, this one {}",
-                crate::report::SCHEMA_VERSION
-            ));
-        }
-        None => {
-            return Err(format!(
-                "answered JSON without a schema_version: not a gpureap report: {}",
-                first_line(text)
-            ));
-        }
-    }
-    if header.kind.as_deref() != Some(kind) {
-        return Err(format!("answered a document that is not a {kind} report"));
-    }
+    crate::status_doc::header(text, kind)?;
     super::nested_json(text).ok_or_else(|| "answered JSON that cannot be kept".to_string())
 }
 
@@ -399,16 +366,6 @@ fn quote(word: &str) -> String {
     }
 }
 
-fn first_line(text: &str) -> String {
-    let line = text
-        .lines()
-        .find(|line| !line.trim().is_empty())
-        .unwrap_or("");
-    crate::units::short(line.trim(), 100)
-}
-
-/// The last stderr line that says something: ssh's warnings and banners
-/// (`Warning: Permanently added …`) are not the reason.
 /// What a remote gpureap that refused its arguments said, when its
 /// argument parser said it (`error: …`, followed by a usage and a "For more
 /// information" line, which say nothing of the host): a gpureap without
@@ -432,6 +389,8 @@ fn refusal(stderr: &str) -> Option<String> {
     })
 }
 
+/// The last stderr line that says something: ssh's warnings and banners
+/// (`Warning: Permanently added …`) are not the reason.
 fn last_meaningful_line(stderr: &str) -> Option<String> {
     stderr
         .lines()

@@ -19,11 +19,11 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
-use super::state::StateDir;
 use crate::proc;
 use crate::report;
 use crate::snapshot::Snapshot;
 use crate::stacks::{self, Capture};
+use crate::state::StateDir;
 use crate::tree::ProcessTree;
 use crate::units::{Field, one_line};
 
