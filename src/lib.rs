@@ -9,12 +9,16 @@
 // The core's and the services' modules, under the names the front ends use
 // for them (`crate::snapshot`, `crate::plan`).
 use gpureap_core::{
-    child, container, driver, exit, file, hostlist, members, pace, proc, reap, report, reset,
-    select, signal, snapshot, stacks, supervised, tree, units, verify, wait,
+    container, driver, exit, file, hostlist, members, pace, proc, reap, report, reset, select,
+    signal, snapshot, stacks, supervised, tree, units, verify, wait,
 };
-use gpureap_services::{
-    bundle, http, metrics, plan, remote, scontrol, state, status_doc, supervision,
-};
+use gpureap_services::{bundle, http, metrics, plan, remote, scontrol, state, supervision};
+// Only the live view (`top -H`) runs a child of its own and reads a host's
+// status document.
+#[cfg(feature = "top")]
+use gpureap_core::child;
+#[cfg(feature = "top")]
+use gpureap_services::status_doc;
 
 pub mod cli;
 pub mod config;

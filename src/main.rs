@@ -92,9 +92,13 @@ fn main() -> ! {
         }
         Command::Run(args) => run(&cli.backend, args),
         Command::Push(args) => push(args),
+        Command::Demo(_) if cfg!(not(feature = "top")) && args_top(&cli.command) => {
+            Err(without_live_view())
+        }
+        #[cfg(feature = "top")]
         Command::Demo(args) if args.top => terminal_for_top().and_then(|()| {
             gpureap::demo::staged_for(|driver| {
-                gpureap::top::run(driver, &config::TopRequest::demo())
+                gpureap::top::live::run(driver, &config::TopRequest::demo())
             })
             .map_err(Failure::from)
         }),
@@ -524,6 +528,7 @@ fn cgroup_scopes(wanted: &[Wanted], sources: &Sources) -> Result<Option<Vec<Foun
 }
 
 /// `top` draws on a terminal and reads keys from it.
+#[cfg(feature = "top")]
 fn terminal_for_top() -> Result<(), Failure> {
     if io::stdin().is_terminal() && io::stdout().is_terminal() {
         return Ok(());
@@ -533,6 +538,24 @@ fn terminal_for_top() -> Result<(), Failure> {
             .to_string(),
     )
     .into())
+}
+
+/// `demo --top`: the live view is asked for.
+fn args_top(command: &Command) -> bool {
+    matches!(command, Command::Demo(args) if args.top)
+}
+
+/// What a build without the `top` feature says where the live view is asked
+/// for: it could not be done here (3), and what still works.
+fn without_live_view() -> Failure {
+    Failure::new(
+        Exit::Incomplete,
+        UsageError(
+            "this gpureap was built without the live view (cargo feature \"top\"); \
+             `gpureap top --json` and `gpureap status` work"
+                .to_string(),
+        ),
+    )
 }
 
 /// The live view: it needs a terminal on both ends, and a driver to watch,
@@ -551,15 +574,26 @@ fn top(
             request.interval,
         )?);
     }
-    terminal_for_top()?;
-    if let Some(host) = host {
-        let fleet = gpureap_services::remote::Fleet::new(&host, remote_backend.clone(), false)
-            .map_err(UsageError)?
-            .ok_or_else(|| UsageError("top -H: no host".to_string()))?;
-        return Ok(gpureap::top::run_remote(fleet, &request)?);
+    #[cfg(not(feature = "top"))]
+    {
+        let _ = (host, remote_backend);
+        Err(without_live_view())
     }
-    let driver = open_driver_quietly(backend)?;
-    Ok(gpureap::top::run(std::sync::Arc::from(driver), &request)?)
+    #[cfg(feature = "top")]
+    {
+        terminal_for_top()?;
+        if let Some(host) = host {
+            let fleet = gpureap_services::remote::Fleet::new(&host, remote_backend.clone(), false)
+                .map_err(UsageError)?
+                .ok_or_else(|| UsageError("top -H: no host".to_string()))?;
+            return Ok(gpureap::top::live::run_remote(fleet, &request)?);
+        }
+        let driver = open_driver_quietly(backend)?;
+        Ok(gpureap::top::live::run(
+            std::sync::Arc::from(driver),
+            &request,
+        )?)
+    }
 }
 
 /// Asks on the terminal; refuses to go on without one unless --yes was given.

@@ -351,6 +351,7 @@ pub fn local_pid(status: &[u8]) -> Option<u32> {
 // Names, presence and allocated GPUs from the node's sources (`Sources`).
 pub mod kubelet;
 // Generated from the vendored proto (proto/README.md): not ours to lint.
+#[cfg(feature = "kubelet")]
 #[allow(clippy::all, clippy::pedantic)]
 #[rustfmt::skip]
 pub mod pod_resources;

@@ -6,18 +6,18 @@
 //! runs. It gives no pod UID: `container::sources` joins it with the node's files.
 //! A real gRPC client (tonic over HTTP/2, on a current-thread tokio runtime made
 //! for the call and dropped after it): the kubelet speaks nothing else on that socket.
+//! It is built with the `kubelet` feature (on by default: docs/install.md says what it
+//! costs); a build without it says so where the socket is there to be asked.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
-use hyper_util::rt::TokioIo;
-use tonic::transport::{Endpoint, Uri};
-
-use super::pod_resources::ListPodResourcesRequest;
-use super::pod_resources::pod_resources_lister_client::PodResourcesListerClient;
+#[cfg(feature = "kubelet")]
+use client::ask;
 
 /// A `List` answer larger than this is refused (the kubelet's own limit is 16 MiB).
+#[cfg(feature = "kubelet")]
 const MAX_ANSWER: usize = 16 << 20;
 
 /// One pod as the kubelet lists it.
@@ -65,6 +65,7 @@ impl std::fmt::Display for Failure {
 }
 
 /// `List` on the socket at `socket`, within `limit` (connection included).
+#[cfg(feature = "kubelet")]
 pub fn list(socket: &Path, limit: Duration) -> Result<Vec<Pod>, Failure> {
     if std::fs::symlink_metadata(socket).is_err() {
         return Err(Failure::Absent);
@@ -83,71 +84,97 @@ pub fn list(socket: &Path, limit: Duration) -> Result<Vec<Pod>, Failure> {
     })
 }
 
-async fn ask(socket: PathBuf) -> Result<Vec<Pod>, Failure> {
-    // The URI is required by HTTP/2 but unused: the connector below dials the socket.
-    let endpoint = Endpoint::from_static("http://kubelet.sock");
-    let connector = tower::service_fn(move |_: Uri| {
-        let socket = socket.clone();
-        async move {
-            let stream = tokio::net::UnixStream::connect(socket).await?;
-            Ok::<_, std::io::Error>(TokioIo::new(stream))
-        }
-    });
-    let channel = endpoint
-        .connect_with_connector(connector)
-        .await
-        .map_err(|error| Failure::Failed(format!("cannot connect: {}", chain(&error))))?;
-    let mut client = PodResourcesListerClient::new(channel).max_decoding_message_size(MAX_ANSWER);
-    let answer = client
-        .list(ListPodResourcesRequest {})
-        .await
-        .map_err(|status| {
-            Failure::Failed(format!(
-                "List failed: {} ({})",
-                status.message(),
-                status.code().description()
-            ))
-        })?;
-    Ok(answer
-        .into_inner()
-        .pod_resources
-        .into_iter()
-        .map(|pod| Pod {
-            namespace: pod.namespace,
-            name: pod.name,
-            containers: pod
-                .containers
-                .into_iter()
-                .map(|container| Container {
-                    name: container.name,
-                    gpus: container
-                        .devices
-                        .iter()
-                        .filter(|devices| is_gpu_resource(&devices.resource_name))
-                        .flat_map(|devices| devices.device_ids.iter())
-                        .map(|id| gpu_of_device(id).to_string())
-                        .collect(),
-                    opaque: !container.dynamic_resources.is_empty()
-                        || container.devices.iter().any(|devices| {
-                            devices.resource_name.starts_with("nvidia.com/")
-                                && !is_gpu_resource(&devices.resource_name)
-                        }),
-                })
-                .collect(),
-        })
-        .collect())
+/// Without the gRPC client (`--no-default-features`): a socket that is there
+/// is one this build cannot ask, said in words; the node's files still name
+/// the pods.
+#[cfg(not(feature = "kubelet"))]
+pub fn list(socket: &Path, _limit: Duration) -> Result<Vec<Pod>, Failure> {
+    if std::fs::symlink_metadata(socket).is_err() {
+        return Err(Failure::Absent);
+    }
+    Err(Failure::Failed(
+        "this gpureap was built without the kubelet client (cargo feature \"kubelet\")".to_string(),
+    ))
 }
 
-/// An error and its causes on one line (hyper's and h2's say little alone).
-fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
+#[cfg(feature = "kubelet")]
+mod client {
+    use std::path::PathBuf;
+
+    use hyper_util::rt::TokioIo;
+    use tonic::transport::{Endpoint, Uri};
+
+    use super::super::pod_resources::ListPodResourcesRequest;
+    use super::super::pod_resources::pod_resources_lister_client::PodResourcesListerClient;
+    use super::{Container, Failure, MAX_ANSWER, Pod, gpu_of_device, is_gpu_resource};
+
+    pub(super) async fn ask(socket: PathBuf) -> Result<Vec<Pod>, Failure> {
+        // The URI is required by HTTP/2 but unused: the connector below dials the socket.
+        let endpoint = Endpoint::from_static("http://kubelet.sock");
+        let connector = tower::service_fn(move |_: Uri| {
+            let socket = socket.clone();
+            async move {
+                let stream = tokio::net::UnixStream::connect(socket).await?;
+                Ok::<_, std::io::Error>(TokioIo::new(stream))
+            }
+        });
+        let channel = endpoint
+            .connect_with_connector(connector)
+            .await
+            .map_err(|error| Failure::Failed(format!("cannot connect: {}", chain(&error))))?;
+        let mut client =
+            PodResourcesListerClient::new(channel).max_decoding_message_size(MAX_ANSWER);
+        let answer = client
+            .list(ListPodResourcesRequest {})
+            .await
+            .map_err(|status| {
+                Failure::Failed(format!(
+                    "List failed: {} ({})",
+                    status.message(),
+                    status.code().description()
+                ))
+            })?;
+        Ok(answer
+            .into_inner()
+            .pod_resources
+            .into_iter()
+            .map(|pod| Pod {
+                namespace: pod.namespace,
+                name: pod.name,
+                containers: pod
+                    .containers
+                    .into_iter()
+                    .map(|container| Container {
+                        name: container.name,
+                        gpus: container
+                            .devices
+                            .iter()
+                            .filter(|devices| is_gpu_resource(&devices.resource_name))
+                            .flat_map(|devices| devices.device_ids.iter())
+                            .map(|id| gpu_of_device(id).to_string())
+                            .collect(),
+                        opaque: !container.dynamic_resources.is_empty()
+                            || container.devices.iter().any(|devices| {
+                                devices.resource_name.starts_with("nvidia.com/")
+                                    && !is_gpu_resource(&devices.resource_name)
+                            }),
+                    })
+                    .collect(),
+            })
+            .collect())
     }
-    text
+
+    /// An error and its causes on one line (hyper's and h2's say little alone).
+    fn chain(error: &dyn std::error::Error) -> String {
+        let mut text = error.to_string();
+        let mut source = error.source();
+        while let Some(cause) = source {
+            text.push_str(": ");
+            text.push_str(&cause.to_string());
+            source = cause.source();
+        }
+        text
+    }
 }
 
 /// A device plugin's resource of whole or shared GPUs: `nvidia.com/gpu`, and
