@@ -92,16 +92,7 @@ fn main() -> ! {
         }
         Command::Run(args) => run(&cli.backend, args),
         Command::Push(args) => push(args),
-        Command::Demo(_) if cfg!(not(feature = "top")) && args_top(&cli.command) => {
-            Err(without_live_view())
-        }
-        #[cfg(feature = "top")]
-        Command::Demo(args) if args.top => terminal_for_top().and_then(|()| {
-            gpureap::demo::staged_for(|driver| {
-                gpureap::top::live::run(driver, &config::TopRequest::demo())
-            })
-            .map_err(Failure::from)
-        }),
+        Command::Demo(args) if args.top => demo_top(),
         Command::Demo(args) => {
             gpureap::demo::run(args.json, &mut io::stdout().lock()).map_err(Failure::from)
         }
@@ -540,9 +531,17 @@ fn terminal_for_top() -> Result<(), Failure> {
     .into())
 }
 
-/// `demo --top`: the live view is asked for.
-fn args_top(command: &Command) -> bool {
-    matches!(command, Command::Demo(args) if args.top)
+/// `demo --top`: the crashed host staged, shown in the live view.
+#[cfg(feature = "top")]
+fn demo_top() -> Result<Exit, Failure> {
+    terminal_for_top()?;
+    gpureap::demo::staged_for(|driver| gpureap::top::live::run(driver, &config::TopRequest::demo()))
+        .map_err(Failure::from)
+}
+
+#[cfg(not(feature = "top"))]
+fn demo_top() -> Result<Exit, Failure> {
+    Err(without_live_view())
 }
 
 /// What a build without the `top` feature says where the live view is asked

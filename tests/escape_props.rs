@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use gpureap::units::{json_safe, one_line, printable};
+use gpureap_core::units::{json_safe, one_line, printable};
 use proptest::prelude::*;
 use unicode_general_category::{GeneralCategory as G, get_general_category};
 
