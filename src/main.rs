@@ -546,6 +546,7 @@ fn demo_top() -> Result<Exit, Failure> {
 
 /// What a build without the `top` feature says where the live view is asked
 /// for: it could not be done here (3), and what still works.
+#[cfg(not(feature = "top"))]
 fn without_live_view() -> Failure {
     Failure::new(
         Exit::Incomplete,

@@ -113,7 +113,7 @@ impl Container {
 /// already read by the caller) and /proc/PID/status (`NSpid`). None when no
 /// line names a container, or when the file is not one the kernel could
 /// have written (see `from_cgroup_file`).
-pub fn of_process(pid: u32, cgroup_file: &str) -> Option<Container> {
+pub(crate) fn of_process(pid: u32, cgroup_file: &str) -> Option<Container> {
     let (runtime, id, pod_uid) = from_cgroup_file(cgroup_file, hierarchies())?;
     let mut container = Container::new(runtime, id, pod_uid);
     container.local_pid = fs::read(format!("/proc/{pid}/status"))
@@ -169,7 +169,7 @@ fn lines(text: &str) -> Option<Vec<(u32, &str)>> {
 /// names a hierarchy the host does not have: such a file is not one the
 /// kernel wrote for a plain name, and attribution is refused rather than
 /// guessed.
-pub fn from_cgroup_file(
+pub(crate) fn from_cgroup_file(
     text: &str,
     known: Option<&BTreeSet<u32>>,
 ) -> Option<(Runtime, String, Option<String>)> {
@@ -186,7 +186,7 @@ pub fn from_cgroup_file(
 /// v1 hierarchy's). None when the path names no container, or holds a `.`
 /// or `..` component or a control character (no cgroup path the kernel
 /// shows does).
-pub fn parse_cgroup_path(path: &str) -> Option<(Runtime, String, Option<String>)> {
+pub(crate) fn parse_cgroup_path(path: &str) -> Option<(Runtime, String, Option<String>)> {
     if path.chars().any(char::is_control) {
         return None;
     }
@@ -326,7 +326,7 @@ const HOST_PID_NAMESPACE: &str = "pid:[4026531836]";
 /// one. `Some(false)` in a container without the host's PIDs (no
 /// `--pid=host`, no `hostPID: true`), where the driver's PIDs name no
 /// process here; None when /proc/self/ns/pid cannot be read.
-pub fn sees_host_pids() -> Option<bool> {
+pub(crate) fn sees_host_pids() -> Option<bool> {
     let link = fs::read_link("/proc/self/ns/pid").ok()?;
     Some(link.to_str() == Some(HOST_PID_NAMESPACE))
 }
@@ -374,7 +374,7 @@ impl Sources {
     pub const BUDGET: std::time::Duration = std::time::Duration::from_secs(2);
 
     /// The kubelet's socket under a node root (`--kubelet-socket`'s default).
-    pub const KUBELET_SOCKET: &str = "var/lib/kubelet/pod-resources/kubelet.sock";
+    pub(crate) const KUBELET_SOCKET: &str = "var/lib/kubelet/pod-resources/kubelet.sock";
 
     /// The sources of the node at `host_root`, the kubelet's socket at
     /// `kubelet_socket` or, by default, where the kubelet puts it under that root.

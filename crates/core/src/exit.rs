@@ -71,7 +71,7 @@ impl Exit {
 
     /// The code a remote gpureap (or anything standing in its place) exited
     /// with, read back: a number outside the table is "could not complete".
-    pub fn from_remote(code: i32) -> Exit {
+    pub(crate) fn from_remote(code: i32) -> Exit {
         match code {
             0 => Exit::Success,
             1 => Exit::StillHeld,
@@ -232,9 +232,9 @@ impl Remote {
 /// by another user; 67, the destination changed while pushing (or became a
 /// link or a directory). Its failures: 65 checksum mismatch, 66 the copy
 /// does not run there. The script's text (src/fleet/push.rs) spells them.
-pub const PUSH_REFUSED_UNSAFE_DIRECTORY: i32 = 69;
+pub(crate) const PUSH_REFUSED_UNSAFE_DIRECTORY: i32 = 69;
 /// See [`PUSH_REFUSED_UNSAFE_DIRECTORY`].
-pub const PUSH_REFUSED_CHANGED: i32 = 67;
+pub(crate) const PUSH_REFUSED_CHANGED: i32 = 67;
 
 /// Whether push's copy script refused (a refusal, not a failure).
 pub fn push_refused(code: Option<i32>) -> bool {

@@ -20,12 +20,12 @@ pub struct HostList(pub Vec<String>);
 pub const MAX_HOSTS: usize = 100_000;
 /// One name as typed, brackets included: a host name is at most 255
 /// characters (RFC 1035), a user 32; more is not a name.
-pub const MAX_ITEM: usize = 512;
+pub(crate) const MAX_ITEM: usize = 512;
 /// Bracket groups in one name: `rack[1-4]node[01-16]` is two; a real
 /// naming scheme has a few.
-pub const MAX_GROUPS: usize = 8;
+pub(crate) const MAX_GROUPS: usize = 8;
 /// A host file's size: one name a line, 1 MiB is some ten thousand hosts.
-pub const MAX_FILE: u64 = 1 << 20;
+pub(crate) const MAX_FILE: u64 = 1 << 20;
 
 /// Hosts named so far by all the lists of this process's command line.
 static NAMED: AtomicUsize = AtomicUsize::new(0);

@@ -27,7 +27,7 @@ use crate::container::{self, Container, Presence, Runtime, Sources, sources};
 use crate::proc::{self, ProcessId};
 
 /// The shortest id prefix `--container` takes, as `docker ps` shows ids.
-pub const MIN_ID_PREFIX: usize = 12;
+pub(crate) const MIN_ID_PREFIX: usize = 12;
 
 /// How many candidates an ambiguous value lists.
 const LISTED: usize = 8;
@@ -106,7 +106,7 @@ impl fmt::Display for PodRef {
 
 /// A pod UID, lowercase and dashed, from either kubepods spelling; or the
 /// 32 hex digits of a static pod's UID (a hash of its manifest).
-pub fn canonical_uid(text: &str) -> Option<String> {
+pub(crate) fn canonical_uid(text: &str) -> Option<String> {
     let uid = text.to_ascii_lowercase().replace('_', "-");
     let groups: Vec<&str> = uid.split('-').collect();
     let lengths: Vec<usize> = groups.iter().map(|group| group.len()).collect();
@@ -357,7 +357,7 @@ impl CgroupLine {
 /// may also show in the one its forged line names, where a free would end
 /// only that process, the forger's own. Attribution (`container`) refuses
 /// such a file instead: it names nothing there.
-pub fn parse_lines(text: &str) -> Vec<CgroupLine> {
+pub(crate) fn parse_lines(text: &str) -> Vec<CgroupLine> {
     text.lines()
         .filter_map(|line| {
             let mut parts = line.splitn(3, ':');

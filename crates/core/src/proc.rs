@@ -174,7 +174,7 @@ impl ProcScan {
 }
 
 /// What a scan asks of each descriptor: which GPU node it is, if any.
-pub type Classify<'a> = &'a (dyn Fn(&Path) -> Option<Node> + Sync);
+pub(crate) type Classify<'a> = &'a (dyn Fn(&Path) -> Option<Node> + Sync);
 
 /// Scans every process in this PID namespace: identity, tree, state and GPU
 /// nodes, nothing more (command lines and uids are read later, for the few
@@ -188,7 +188,7 @@ pub fn scan(classify: Classify) -> io::Result<ProcScan> {
 /// As `scan`, of the proc filesystem mounted at `root` rather than /proc:
 /// another PID namespace's view (the simulated driver's, standing for a
 /// driver that sees the host's PIDs while gpureap runs in a container).
-pub fn scan_at(root: &Path, classify: Classify) -> io::Result<ProcScan> {
+pub(crate) fn scan_at(root: &Path, classify: Classify) -> io::Result<ProcScan> {
     let root = root
         .to_str()
         .ok_or_else(|| io::Error::other("a proc mount path that is not UTF-8"))?;
@@ -197,7 +197,7 @@ pub fn scan_at(root: &Path, classify: Classify) -> io::Result<ProcScan> {
 
 /// The GPU nodes one process has open, read as a scan reads them; `None`
 /// when it has gone (or its PID now names another process), or exited.
-pub fn nodes_of(id: ProcessId, classify: Classify) -> Option<BTreeSet<Node>> {
+pub(crate) fn nodes_of(id: ProcessId, classify: Classify) -> Option<BTreeSet<Node>> {
     let base = open_proc().ok()?;
     let found = read_process(
         base.as_fd(),
@@ -215,7 +215,7 @@ pub fn nodes_of(id: ProcessId, classify: Classify) -> Option<BTreeSet<Node>> {
 /// simulated driver's lists, found through its claims as NVML finds its
 /// contexts. A PID that names no process is left out; one whose
 /// descriptors may not be read is listed in `unreadable`.
-pub fn scan_pids(
+pub(crate) fn scan_pids(
     root: Option<&Path>,
     pids: &BTreeSet<u32>,
     classify: Classify,
@@ -239,7 +239,7 @@ pub fn scan_pids(
 /// descriptors (`scan_tree`), as a full scan would have read them: one that
 /// has gone meanwhile, or whose PID now names another process, is dropped;
 /// one whose descriptors may not be read is listed in `unreadable`.
-pub fn read_nodes_of(scan: &mut ProcScan, pids: &BTreeSet<u32>, classify: Classify) {
+pub(crate) fn read_nodes_of(scan: &mut ProcScan, pids: &BTreeSet<u32>, classify: Classify) {
     let Ok(base) = open_proc() else {
         // No /proc to read: none of them can be told to be there still.
         scan.processes
@@ -306,7 +306,8 @@ pub fn during<T>(scan: ProcScan, f: impl FnOnce() -> T) -> (ProcScan, T) {
 
 /// Calls `f` on this thread's current scan (see `during`), or on a fresh
 /// scan classified by `classify` when there is none.
-pub fn with_scan<T>(classify: Classify, f: impl FnOnce(&ProcScan) -> T) -> io::Result<T> {
+#[cfg(test)]
+fn with_scan<T>(classify: Classify, f: impl FnOnce(&ProcScan) -> T) -> io::Result<T> {
     match CURRENT.with(|current| current.borrow_mut().take()) {
         Some(current) => Ok(lend(current, f)),
         None => Ok(f(&scan(classify)?)),
@@ -322,7 +323,7 @@ fn lend<T>(current: ProcScan, f: impl FnOnce(&ProcScan) -> T) -> T {
 
 /// Calls `f` on this thread's current scan (see `during`); `None` when
 /// there is none.
-pub fn lent<T>(f: impl FnOnce(&ProcScan) -> T) -> Option<T> {
+pub(crate) fn lent<T>(f: impl FnOnce(&ProcScan) -> T) -> Option<T> {
     let current = CURRENT.with(|current| current.borrow_mut().take())?;
     Some(lend(current, f))
 }
@@ -343,7 +344,7 @@ pub fn scan_tree() -> io::Result<ProcScan> {
 /// file (built without CONFIG_PROC_CHILDREN): the caller then reads the
 /// whole tree. A PID that names no process is left out. Beyond
 /// `FAMILY_LIMIT` descendants, the whole tree (`scan_tree`) is returned.
-pub fn scan_family(pids: &BTreeSet<u32>) -> Option<io::Result<ProcScan>> {
+pub(crate) fn scan_family(pids: &BTreeSet<u32>) -> Option<io::Result<ProcScan>> {
     let base = match open_proc() {
         Ok(base) => base,
         Err(error) => return Some(Err(error)),
@@ -854,7 +855,7 @@ pub fn cmdline(pid: u32) -> String {
 /// bytes long, so `fs::read` starts from a 32-byte probe and doubles: an
 /// environment of a few KiB took eight reads. One page first, then as
 /// `read_to_end` grows it.
-pub fn read_small(path: &str, limit: u64) -> io::Result<Vec<u8>> {
+pub(crate) fn read_small(path: &str, limit: u64) -> io::Result<Vec<u8>> {
     use std::io::Read;
     let mut bytes = Vec::with_capacity(4096);
     fs::File::open(path)?.take(limit).read_to_end(&mut bytes)?;
@@ -873,7 +874,7 @@ pub fn start_time(pid: u32) -> Option<u64> {
 
 /// What the process with a PID is now, read once from its stat.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Glance {
+pub(crate) struct Glance {
     pub id: ProcessId,
     pub state: State,
     pub comm: String,
@@ -881,7 +882,7 @@ pub struct Glance {
 }
 
 /// The process with this PID now, if there is one.
-pub fn glance(pid: u32) -> Option<Glance> {
+pub(crate) fn glance(pid: u32) -> Option<Glance> {
     stat_of(pid).map(|stat| Glance {
         id: ProcessId {
             pid,
@@ -917,14 +918,14 @@ const CGROUP_FILE_LIMIT: u64 = 64 * 1024;
 /// /proc/PID/cgroup as text (bytes that are not UTF-8 replaced: a cgroup
 /// name is any bytes its creator chose), bounded; None when unreadable
 /// (the process is gone).
-pub fn cgroup_file(pid: u32) -> Option<String> {
+pub(crate) fn cgroup_file(pid: u32) -> Option<String> {
     let bytes = read_small(&format!("/proc/{pid}/cgroup"), CGROUP_FILE_LIMIT).ok()?;
     Some(String::from_utf8_lossy(&bytes).into_owned())
 }
 
 /// The path `cgroup` shows from a /proc/PID/cgroup's text: the v2 line's
 /// (`0::PATH`), else the first hierarchy's.
-pub fn cgroup_shown(text: &str) -> Option<String> {
+pub(crate) fn cgroup_shown(text: &str) -> Option<String> {
     let mut fallback = None;
     for line in text.lines() {
         let mut parts = line.splitn(3, ':');
@@ -952,7 +953,7 @@ pub fn ticks_per_second() -> u64 {
 
 /// The chain of processes from our parent up to PID 1: the shells and scripts
 /// that ran gpureap, which it must never signal.
-pub fn ancestors_of_self() -> BTreeSet<u32> {
+pub(crate) fn ancestors_of_self() -> BTreeSet<u32> {
     let mut ancestors = BTreeSet::new();
     let mut pid = std::process::id();
     while let Some(stat) = stat_of(pid) {
@@ -981,7 +982,7 @@ pub fn env_value(pid: u32, name: &str) -> Option<String> {
 
 /// The real uid from /proc/PID/status (the owner of /proc/PID is root for
 /// non-dumpable processes).
-pub fn real_uid(pid: u32) -> Option<u32> {
+pub(crate) fn real_uid(pid: u32) -> Option<u32> {
     status_uid(&read_small(&format!("/proc/{pid}/status"), u64::MAX).ok()?)
 }
 

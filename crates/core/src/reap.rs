@@ -289,7 +289,7 @@ pub struct Options {
 
 impl Options {
     /// How often the driver and /proc are re-read while waiting.
-    pub const POLL: Duration = Duration::from_millis(5);
+    pub(crate) const POLL: Duration = Duration::from_millis(5);
 
     /// SIGTERM, `grace`, SIGSTOP+SIGKILL, then verification for `timeout`,
     /// and past it only while memory is still going down, for `timeout` or
@@ -603,7 +603,7 @@ impl Deadlines {
 
 /// How much longer than --timeout verification waits, at least, while a
 /// GPU's memory is still going down.
-pub const RELEASE_EXTENSION: Duration = Duration::from_secs(60);
+pub(crate) const RELEASE_EXTENSION: Duration = Duration::from_secs(60);
 /// The longest pause between two full looks (a /proc scan and the driver)
 /// while the driver's figures do not move: stragglers that hold no GPU and
 /// holders the driver does not show are found at this pace.

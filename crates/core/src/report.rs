@@ -31,7 +31,7 @@ use crate::wait::WaitGpu;
 pub const SCHEMA_VERSION: u32 = 1;
 
 #[derive(Debug, Serialize)]
-pub struct StatusJson<'a> {
+pub(crate) struct StatusJson<'a> {
     pub schema_version: u32,
     pub kind: &'static str,
     pub backend: &'a str,
@@ -48,7 +48,7 @@ pub struct StatusJson<'a> {
 
 /// What this gpureap can see of the holders the driver lists (docs/json.md).
 #[derive(Debug, Serialize)]
-pub struct VisibilityJson {
+pub(crate) struct VisibilityJson {
     /// Whether it runs in the host's PID namespace; `false` in a container
     /// without the host's PIDs; `null` when it cannot tell.
     pub host_pids: Option<bool>,
@@ -60,7 +60,7 @@ pub struct VisibilityJson {
 }
 
 #[derive(Debug, Serialize)]
-pub struct ScanJson<'a> {
+pub(crate) struct ScanJson<'a> {
     pub processes: usize,
     pub complete: bool,
     pub unreadable: Vec<UnreadableJson<'a>>,
@@ -1089,7 +1089,7 @@ pub fn hidden_note(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> Option<
 /// The advice each GPU's hardware evidence implies (`GPU 1: Xid 79 at …`),
 /// for the GPUs given (all when `None`), and what reading it left unknown.
 /// Xid details are the kernel's text: escaped.
-pub fn evidence_lines(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> Vec<String> {
+pub(crate) fn evidence_lines(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> Vec<String> {
     let mut lines: Vec<String> = snapshot
         .evidence
         .iter()
@@ -1111,7 +1111,7 @@ pub fn evidence_lines(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> Vec<
 /// `visibility.note`): the hidden holders (`hidden_note`), then, seen from a
 /// PID namespace of its own, each shown GPU's memory that processes unseen
 /// from here may hold (the one rule's `Unseen`), with the remedy.
-pub fn visibility_note(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> Option<String> {
+pub(crate) fn visibility_note(snapshot: &Snapshot, gpus: &Option<BTreeSet<u32>>) -> Option<String> {
     let unseen: Vec<String> = snapshot
         .gpus
         .iter()
@@ -1572,7 +1572,7 @@ impl<'a> From<&'a Reason> for ReasonJson<'a> {
 }
 
 #[derive(Debug, Serialize)]
-pub struct UnreadableJson<'a> {
+pub(crate) struct UnreadableJson<'a> {
     pid: u32,
     comm: &'a str,
     reason: &'a str,

@@ -307,7 +307,7 @@ impl Guard {
 /// The protected name a process answers to, if any: its program (argv[0]'s
 /// basename) or its comm, which the kernel cuts to 15 bytes
 /// (nvidia-persistenced shows as nvidia-persiste).
-pub fn protected_name<'a>(
+pub(crate) fn protected_name<'a>(
     record: &ProcessRecord,
     names: impl IntoIterator<Item = &'a str>,
 ) -> Option<&'a str> {

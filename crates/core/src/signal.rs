@@ -88,7 +88,7 @@ fn still_running(id: ProcessId) -> bool {
 
 /// Whether the kernel would let us signal this process (signal 0 checks
 /// permission and sends nothing). A process that has gone is not refused.
-pub fn may_signal(id: ProcessId) -> bool {
+pub(crate) fn may_signal(id: ProcessId) -> bool {
     Pid::from_raw(id.pid as i32).is_none_or(|pid| {
         !matches!(
             rustix::process::test_kill_process(pid),

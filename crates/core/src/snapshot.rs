@@ -135,7 +135,7 @@ impl Unattributed {
     }
 
     /// The kind's name in JSON (`gpus[].unattributed_kind`).
-    pub fn kind_name(&self) -> &'static str {
+    pub(crate) fn kind_name(&self) -> &'static str {
         match self.kind {
             UnattributedKind::Bookkeeping => "bookkeeping",
             UnattributedKind::NoProcess => "held_by_no_process",
@@ -258,7 +258,7 @@ impl GpuState {
     }
 
     /// Whether this process has this GPU's device node open.
-    pub fn node_open_by(&self, pid: u32) -> bool {
+    pub(crate) fn node_open_by(&self, pid: u32) -> bool {
         self.users
             .iter()
             .any(|user| user.pid == pid && user.node_open)
@@ -337,7 +337,7 @@ impl Snapshot {
 
     /// A GPU user's SM utilization there (`Activity::sm_percent`): only of
     /// a process the driver lists on it, where its activity was read.
-    pub fn sm_percent(&self, index: u32, user: &GpuUser) -> Option<u32> {
+    pub(crate) fn sm_percent(&self, index: u32, user: &GpuUser) -> Option<u32> {
         if !user.listed {
             return None;
         }
@@ -395,7 +395,7 @@ impl Snapshot {
     /// (`held_by_no_process`), on each GPU and each of its MIG instances.
     /// Then a process it does not list holds no GPU memory, and reading every
     /// process's descriptors could only add monitors (`Snapshot::see`).
-    pub fn lists_explain_all(&self) -> bool {
+    pub(crate) fn lists_explain_all(&self) -> bool {
         let within = |unattributed: Option<Unattributed>| {
             unattributed.is_some_and(|unattributed| !unattributed.holds())
         };
@@ -501,7 +501,7 @@ impl Snapshot {
     /// node by its minor number, and the driver, once open, maps each minor
     /// to its GPU index as a scan of its own would have (a minor it does not
     /// know is then no GPU node, as before).
-    pub fn take_while_opening<E: Send>(
+    pub(crate) fn take_while_opening<E: Send>(
         open: impl FnOnce() -> Result<Box<dyn Driver>, E> + Send,
     ) -> Result<(Box<dyn Driver>, Snapshot), E> {
         let started = std::time::Instant::now();
@@ -772,7 +772,7 @@ impl Snapshot {
     }
 
     /// A process using at least one GPU (not merely watching).
-    pub fn is_gpu_user(&self, pid: u32) -> bool {
+    pub(crate) fn is_gpu_user(&self, pid: u32) -> bool {
         !self.gpus_used_by(pid).is_empty()
     }
 
@@ -794,7 +794,7 @@ impl Snapshot {
     }
 
     /// Driver-listed users that are not processes of this /proc, by GPU.
-    pub fn hidden_users(&self) -> Vec<(u32, GpuUser)> {
+    pub(crate) fn hidden_users(&self) -> Vec<(u32, GpuUser)> {
         self.gpus
             .iter()
             .flat_map(|gpu| {

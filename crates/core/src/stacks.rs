@@ -49,7 +49,7 @@ const MAX_THREADS: usize = 512;
 const MAX_FRAMES: usize = 128;
 const MAX_FRAME_CHARS: usize = 300;
 /// The hint a missing py-spy is noted with.
-pub const INSTALL_HINT: &str = "pip install py-spy";
+pub(crate) const INSTALL_HINT: &str = "pip install py-spy";
 
 /// One thread's stacks, innermost frame first.
 #[derive(Debug, Clone, Serialize)]
@@ -325,7 +325,7 @@ fn short(text: &str) -> String {
 /// then its frames, innermost first, each indented by four spaces
 /// (`wait_in_barrier (blk.py:4)`, `read (libc.so.6)`). Anything else is
 /// skipped; what is kept is bounded and one line each.
-pub fn parse_py_spy(text: &str) -> Vec<ThreadStack> {
+pub(crate) fn parse_py_spy(text: &str) -> Vec<ThreadStack> {
     let mut threads: Vec<ThreadStack> = Vec::new();
     for line in text.lines() {
         if let Some(rest) = line.strip_prefix("Thread ") {
@@ -416,7 +416,7 @@ fn kernel_stack(pid: u32, tid: u32) -> Vec<String> {
     parse_kernel_stack(&text)
 }
 
-pub fn parse_kernel_stack(text: &str) -> Vec<String> {
+pub(crate) fn parse_kernel_stack(text: &str) -> Vec<String> {
     text.lines()
         .filter_map(|line| {
             let symbol = line.split_once("] ").map_or(line, |(_, symbol)| symbol);

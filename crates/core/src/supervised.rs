@@ -91,7 +91,7 @@ pub fn in_our_pid_namespace(pid: u32) -> bool {
 /// How `record` (whose cgroup is `cgroup`) is supervised, if it was started
 /// under `gpureap run`. `processes` is the scan it comes from, to find the
 /// top of its run when the supervisor is gone.
-pub fn supervision_of(
+pub(crate) fn supervision_of(
     record: &ProcessRecord,
     cgroup: Option<&str>,
     processes: &BTreeMap<u32, ProcessRecord>,

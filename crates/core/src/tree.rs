@@ -25,7 +25,7 @@ impl ProcessTree {
 
     /// The tree of (process, parent PID) links, where the parent's start
     /// time is known from the same list.
-    pub fn from_links(links: impl IntoIterator<Item = (ProcessId, u32)>) -> ProcessTree {
+    pub(crate) fn from_links(links: impl IntoIterator<Item = (ProcessId, u32)>) -> ProcessTree {
         let links: Vec<(ProcessId, u32)> = links.into_iter().collect();
         let started: HashMap<u32, u64> = links
             .iter()

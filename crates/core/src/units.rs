@@ -297,7 +297,7 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
 
 /// The longest duration a flag accepts. Longer ones are typing mistakes,
 /// and would overflow the clock arithmetic of deadlines.
-pub const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);
+pub(crate) const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);
 
 /// Parses a duration: `500ms`, `10s`, `2m`, `1h`, or `0`; at most 30 days.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
@@ -381,7 +381,7 @@ impl fmt::Display for Elapsed {
 
 /// Prints a process's age: `0.4s` under a second (a clock tick is 10 ms, so
 /// milliseconds would claim a precision ages do not have), then as `Elapsed`.
-pub struct Age(pub Duration);
+pub(crate) struct Age(pub Duration);
 
 impl fmt::Display for Age {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

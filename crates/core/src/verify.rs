@@ -166,7 +166,7 @@ impl std::fmt::Display for Reason {
 /// Memory no listed process explains, seen from a PID namespace of its
 /// own, in words: not driver-held, and the remedy. One text for `free`,
 /// `status`, `check` and Slurm.
-pub fn unseen_text(bytes: u64) -> String {
+pub(crate) fn unseen_text(bytes: u64) -> String {
     format!(
         "{} not explained by any process listed here: gpureap runs in a PID namespace of its own (a container without the host's PIDs), and the driver may omit other namespaces' processes from its lists, so processes it cannot see may hold it (not driver-held: do not reset); run gpureap on the host, or give its container the host's PIDs (`docker run --pid=host`, `hostPID: true` in a Kubernetes pod spec)",
         crate::units::Bytes(bytes)
@@ -197,7 +197,7 @@ impl Assessment {
     /// started (`held_before`: what the one rule,
     /// `Snapshot::held_by_no_process`, called held then): what was signalled
     /// has been released, and waiting longer cannot change that.
-    pub fn only_held_before(&self, held_before: u64) -> bool {
+    pub(crate) fn only_held_before(&self, held_before: u64) -> bool {
         held_before > 0
             && self.checked
             && self.remaining.is_empty()
@@ -341,7 +341,7 @@ impl Trend {
     }
 
     /// Bytes per second released over the last window; `None` if not going down.
-    pub fn release_rate(&self) -> Option<u64> {
+    pub(crate) fn release_rate(&self) -> Option<u64> {
         let &(now, latest) = self.samples.last()?;
         let since = now.checked_sub(TREND_WINDOW).unwrap_or(now);
         let &(then, earlier) = self
@@ -575,7 +575,7 @@ pub fn holding(
 }
 
 /// GPUs a selection touches: used by a target or by a spared GPU user.
-pub fn gpus_touched(snapshot: &Snapshot, selection: &Selection) -> BTreeSet<u32> {
+pub(crate) fn gpus_touched(snapshot: &Snapshot, selection: &Selection) -> BTreeSet<u32> {
     selection
         .targets
         .keys()

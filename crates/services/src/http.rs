@@ -23,11 +23,11 @@ use rustix::event::{PollFd, PollFlags, Timespec, poll};
 use crate::metrics::{Exposition, OPENMETRICS, TEXT_FORMAT};
 
 /// Connections kept open at once.
-pub const MAX_CONNECTIONS: usize = 64;
+pub(crate) const MAX_CONNECTIONS: usize = 64;
 /// How long a client has, from its connection, to send its request.
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a client has, from its connection, to read its answer.
-pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const RESPONSE_TIMEOUT: Duration = Duration::from_secs(30);
 /// The largest request head accepted.
 const MAX_REQUEST: usize = 8 << 10;
 const MAX_HEADERS: usize = 64;

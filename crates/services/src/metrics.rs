@@ -25,9 +25,9 @@ use crate::snapshot::{GpuState, Snapshot};
 use crate::units::one_line;
 
 /// The content type of the OpenMetrics exposition `prometheus-client` writes.
-pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+pub(crate) const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 /// The content type of the Prometheus text format (`text_format`).
-pub const TEXT_FORMAT: &str = "text/plain; version=0.0.4; charset=utf-8";
+pub(crate) const TEXT_FORMAT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// An exposition in both formats: OpenMetrics for scrapers that ask for
 /// it (Prometheus does), the Prometheus text format for everything else
@@ -53,7 +53,7 @@ impl Exposition {
 /// (OpenMetrics names the family without it), and there are no `# UNIT`
 /// and `# EOF` lines. Without this, promtool and node_exporter's textfile
 /// collector read every counter as a metric without help.
-pub fn text_format(openmetrics: &str) -> String {
+pub(crate) fn text_format(openmetrics: &str) -> String {
     let counters: BTreeSet<&str> = openmetrics
         .lines()
         .filter_map(|line| line.strip_prefix("# TYPE "))

@@ -377,7 +377,7 @@ fn gpu_indexes(gres: &str) -> Option<BTreeSet<u32>> {
 
 /// Whether a Slurm host list (`gpu[01-16,20]`, `n[1-2]-ib,x`) names `node`,
 /// matched without expanding it.
-pub fn names_node(list: &str, node: &str) -> bool {
+pub(crate) fn names_node(list: &str, node: &str) -> bool {
     let mut depth = 0usize;
     let mut start = 0;
     for (at, c) in list.char_indices() {

@@ -109,7 +109,7 @@ impl StateDir {
     }
 
     /// A new private subdirectory `name` (0700); an existing one is an error.
-    pub fn new_subdir(&self, name: &str) -> io::Result<StateDir> {
+    pub(crate) fn new_subdir(&self, name: &str) -> io::Result<StateDir> {
         rustix::fs::mkdirat(&self.fd, name, private_dir_mode())
             .map_err(|error| self.error(name, error))?;
         self.open_subdir(name)

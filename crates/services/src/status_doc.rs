@@ -228,7 +228,7 @@ pub struct VisibilityView {
 }
 
 #[derive(Deserialize)]
-pub struct HoldersView {
+pub(crate) struct HoldersView {
     #[serde(default)]
     pub holders: Bounded<HolderView, MAX_ENTRIES>,
 }
@@ -238,7 +238,7 @@ impl GpuView {
     /// is the host's own: only it knows its driver's tolerance. A host too
     /// old to send it (no `held_by_no_process`) is judged as carefully as
     /// can be: any memory no process explains, or none known, is shown.
-    pub fn worth_reporting(&self) -> bool {
+    pub(crate) fn worth_reporting(&self) -> bool {
         if self.error.is_some() {
             return true;
         }
@@ -275,9 +275,9 @@ impl HolderView {
 /// targets), the rest counted and skipped unread, so that what a host's
 /// view costs is bounded whatever it sends: a real host has a few GPUs and
 /// tens of holders, each with a few flags and GPUs.
-pub const MAX_ENTRIES: usize = 1024;
+pub(crate) const MAX_ENTRIES: usize = 1024;
 /// The lists inside an entry: a holder's flags and GPUs, a target's signals.
-pub const MAX_NESTED: usize = 64;
+pub(crate) const MAX_NESTED: usize = 64;
 
 pub struct Bounded<T, const N: usize> {
     pub items: Vec<T>,
@@ -385,7 +385,7 @@ pub fn view<'a, T: Deserialize<'a>>(report: &'a Option<Box<RawValue>>) -> Option
 }
 
 #[derive(Deserialize)]
-pub struct FreeView {
+pub(crate) struct FreeView {
     #[serde(default)]
     pub elapsed_ms: u64,
     #[serde(default)]
@@ -400,7 +400,7 @@ pub struct FreeView {
 
 /// What a host's `--container`, `--pod` or `--cgroup` resolved to there.
 #[derive(Deserialize)]
-pub struct CgroupScopeView {
+pub(crate) struct CgroupScopeView {
     pub kind: Text,
     pub given: Text,
     #[serde(default)]
@@ -409,7 +409,7 @@ pub struct CgroupScopeView {
 }
 
 #[derive(Deserialize)]
-pub struct TargetView {
+pub(crate) struct TargetView {
     pub pid: u32,
     pub cmdline: Text,
     pub because: Text,
@@ -422,20 +422,20 @@ pub struct TargetView {
 }
 
 #[derive(Deserialize)]
-pub struct SignalView {
+pub(crate) struct SignalView {
     pub signal: Text,
     pub delivery: DeliveryView,
 }
 
 #[derive(Deserialize)]
-pub struct SparedView {
+pub(crate) struct SparedView {
     pub pid: u32,
     pub comm: Text,
     pub why: Text,
 }
 
 #[derive(Deserialize)]
-pub struct OutcomeView {
+pub(crate) struct OutcomeView {
     pub index: u32,
     pub freed: bool,
     pub checked: bool,
@@ -449,20 +449,20 @@ pub struct OutcomeView {
 /// A signal's delivery: `"sent"`, or an object saying why not.
 #[derive(Deserialize)]
 #[serde(untagged)]
-pub enum DeliveryView {
+pub(crate) enum DeliveryView {
     Word(String),
     Other(IgnoredAny),
 }
 
 /// Why a GPU is still held: its text, or its tag.
 #[derive(Deserialize)]
-pub struct ReasonView {
+pub(crate) struct ReasonView {
     pub text: Option<String>,
     pub reason: Option<String>,
 }
 
 #[derive(Deserialize)]
-pub struct WaitView {
+pub(crate) struct WaitView {
     pub ready: bool,
     pub waited_ms: u64,
     pub below: u64,
@@ -471,7 +471,7 @@ pub struct WaitView {
 }
 
 #[derive(Deserialize)]
-pub struct WaitGpuView {
+pub(crate) struct WaitGpuView {
     pub index: u32,
     pub memory_used: Option<u64>,
     pub ready: bool,
@@ -479,7 +479,7 @@ pub struct WaitGpuView {
 }
 
 #[derive(Deserialize)]
-pub struct PlanView {
+pub(crate) struct PlanView {
     pub engine: Text,
     pub device: PlanDeviceView,
     pub device_clean: PlanDeviceView,
@@ -489,7 +489,7 @@ pub struct PlanView {
 }
 
 #[derive(Deserialize)]
-pub struct PlanLaunchView {
+pub(crate) struct PlanLaunchView {
     pub model: Text,
     pub tp: u32,
     #[serde(default)]
@@ -497,7 +497,7 @@ pub struct PlanLaunchView {
 }
 
 #[derive(Deserialize)]
-pub struct PlanDeviceView {
+pub(crate) struct PlanDeviceView {
     pub tokens_per_rank: u64,
     #[serde(default)]
     pub ranks: Option<u32>,
@@ -508,7 +508,7 @@ pub struct PlanDeviceView {
 }
 
 #[derive(Deserialize)]
-pub struct PlanFitView {
+pub(crate) struct PlanFitView {
     pub verdict: Text,
     #[serde(default)]
     pub holders: Bounded<PlanHolderView, MAX_ENTRIES>,
@@ -519,7 +519,7 @@ pub struct PlanFitView {
 }
 
 #[derive(Deserialize)]
-pub struct PlanHolderView {
+pub(crate) struct PlanHolderView {
     pub pid: Option<u32>,
     pub name: Text,
     pub gpu: u32,
@@ -531,7 +531,7 @@ pub struct PlanHolderView {
 }
 
 #[derive(Deserialize)]
-pub struct PlanCostView {
+pub(crate) struct PlanCostView {
     pub kind: Text,
 }
 

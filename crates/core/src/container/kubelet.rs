@@ -179,12 +179,12 @@ mod client {
 
 /// A device plugin's resource of whole or shared GPUs: `nvidia.com/gpu`, and
 /// the renamed resources of time-slicing setups (`nvidia.com/gpu.shared`).
-pub fn is_gpu_resource(name: &str) -> bool {
+pub(crate) fn is_gpu_resource(name: &str) -> bool {
     name.starts_with("nvidia.com/gpu")
 }
 
 /// The GPU a device id names: a time-sliced replica `GPU-uuid::3` is GPU-uuid.
-pub fn gpu_of_device(id: &str) -> &str {
+pub(crate) fn gpu_of_device(id: &str) -> &str {
     id.split("::").next().unwrap_or(id)
 }
 

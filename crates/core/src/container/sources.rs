@@ -60,7 +60,7 @@ impl Names {
 
 /// What the sources said, read once for all the holders of one snapshot.
 #[derive(Debug, Default)]
-pub struct Knowledge {
+pub(crate) struct Knowledge {
     host_root: PathBuf,
     /// Pods the kubelet lists; `None` when it was not asked or did not answer.
     kubelet: Option<Vec<kubelet::Pod>>,
@@ -79,7 +79,7 @@ pub struct Knowledge {
 }
 
 /// Reads the sources the `containers` need, within `Sources::BUDGET`.
-pub fn consult(sources: &Sources, containers: &[&Container]) -> Knowledge {
+pub(crate) fn consult(sources: &Sources, containers: &[&Container]) -> Knowledge {
     let started = Instant::now();
     let wants = |runtimes: &[Runtime]| {
         containers
@@ -327,7 +327,7 @@ impl Container {
     /// Why this container counts as gone, in words, when a source says it
     /// is: `container gone: docker container web (0123456789ab) is not
     /// listed by /var/lib/docker/containers`, and its pod where it has one.
-    pub fn gone_reason(&self) -> Option<String> {
+    pub(crate) fn gone_reason(&self) -> Option<String> {
         let Presence::Gone { source } = &self.presence else {
             return None;
         };
@@ -348,11 +348,11 @@ impl Container {
 }
 
 /// How each source is named where it says a container is gone (`Presence::Gone`).
-pub const KUBELET_SOURCE: &str = "kubelet pod-resources";
-pub const DOCKER_SOURCE: &str = "/var/lib/docker/containers";
-pub const CONTAINERD_SOURCE: &str = "containerd state";
-pub const STORAGE_SOURCE: &str = "/var/lib/containers/storage";
-pub const LOG_PODS_SOURCE: &str = "/var/log/pods";
+pub(crate) const KUBELET_SOURCE: &str = "kubelet pod-resources";
+pub(crate) const DOCKER_SOURCE: &str = "/var/lib/docker/containers";
+pub(crate) const CONTAINERD_SOURCE: &str = "containerd state";
+pub(crate) const STORAGE_SOURCE: &str = "/var/lib/containers/storage";
+pub(crate) const LOG_PODS_SOURCE: &str = "/var/log/pods";
 
 /// A file's text, if it is no larger than `MAX_STATE_FILE`.
 fn read_bounded(path: &Path) -> Option<String> {

@@ -20,14 +20,14 @@ use rustix::fs::{Mode, OFlags};
 use rustix::io::Errno;
 
 /// The most Xid events kept from one read of the kernel log (the newest).
-pub const EVENTS_KEPT: usize = 1024;
+pub(crate) const EVENTS_KEPT: usize = 1024;
 /// The most records read from `/dev/kmsg` in one pass.
 const RECORDS_READ: usize = 1 << 20;
 /// The longest a read of the kernel log may take.
 const READ_TIME: Duration = Duration::from_secs(2);
 /// The most bytes read from the end of a kernel-log file (`DIR/kmsg`) or
 /// taken from journalctl.
-pub const FILE_TAIL: u64 = 16 << 20;
+pub(crate) const FILE_TAIL: u64 = 16 << 20;
 /// The longest detail kept of one Xid line, in characters.
 const DETAIL_CHARS: usize = 200;
 
@@ -135,7 +135,7 @@ pub fn meaning(xid: u32) -> Option<&'static str> {
 
 /// What an Xid asks of the operator, most severe last.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Remedy {
+pub(crate) enum Remedy {
     /// The application's fault or a contained error: nothing for the GPU.
     None,
     /// A GPU reset clears it (once nothing uses the GPU).
@@ -145,7 +145,7 @@ pub enum Remedy {
 }
 
 impl Remedy {
-    pub fn of_xid(xid: u32) -> Remedy {
+    pub(crate) fn of_xid(xid: u32) -> Remedy {
         match xid {
             79 | 64 | 143 => Remedy::Reboot,
             48 | 62 | 63 | 74 | 92 | 95 | 119 | 120 | 140 => Remedy::Reset,
@@ -176,7 +176,7 @@ pub enum Recovery {
 }
 
 impl Recovery {
-    pub fn from_nvml(value: u64) -> Option<Recovery> {
+    pub(crate) fn from_nvml(value: u64) -> Option<Recovery> {
         Some(match value {
             0 => Recovery::None,
             1 => Recovery::GpuReset,
@@ -233,7 +233,7 @@ pub struct Evidence {
 }
 
 /// The most Xid events shown per GPU.
-pub const SHOWN: usize = 8;
+pub(crate) const SHOWN: usize = 8;
 
 impl Evidence {
     /// The advice lines this evidence implies, the most severe first; empty
@@ -399,7 +399,7 @@ pub struct Platform {
 
 /// The NVIDIA modules of a `/proc/modules` text (`name size refcount deps
 /// state address`), at most 64 KiB of it read.
-pub fn parse_modules(text: &str) -> Vec<Module> {
+pub(crate) fn parse_modules(text: &str) -> Vec<Module> {
     text.lines()
         .filter_map(|line| {
             let mut fields = line.split_whitespace();
@@ -418,7 +418,7 @@ pub fn parse_modules(text: &str) -> Vec<Module> {
 
 /// The host's platform: `/proc/modules`, and NVSwitch devices as the
 /// nvswitch driver lists them.
-pub fn host_platform() -> Platform {
+pub(crate) fn host_platform() -> Platform {
     let modules = read_tail(Path::new("/proc/modules"))
         .ok()
         .flatten()
@@ -450,7 +450,7 @@ pub struct KernelLog {
 /// Reads one kmsg record's message: `prio,seq,ts,flags[,…];message`, the
 /// kernel's facility only. `None` for a record that is not an Xid line, is
 /// cut short, or was written by a user.
-pub fn parse_record(record: &str) -> Option<XidEvent> {
+pub(crate) fn parse_record(record: &str) -> Option<XidEvent> {
     let (header, message) = record.split_once(';')?;
     let mut fields = header.split(',');
     let prio: u32 = fields.next()?.trim().parse().ok()?;
@@ -471,7 +471,7 @@ pub fn parse_record(record: &str) -> Option<XidEvent> {
 /// formats the drivers have written it: with or without `PCI:`, with or
 /// without `pid=` and `name=` (quoted or not, `<unknown>`), with or without
 /// a detail.
-pub fn parse_xid_message(message: &str) -> Option<XidEvent> {
+pub(crate) fn parse_xid_message(message: &str) -> Option<XidEvent> {
     let rest = message.trim_start().strip_prefix("NVRM: Xid (")?;
     let (pci, rest) = rest.split_once("): ")?;
     let address = PciAddress::parse(pci)?;
@@ -516,7 +516,7 @@ pub fn parse_xid_message(message: &str) -> Option<XidEvent> {
 /// as the simulated driver's `DIR/kmsg`), newest first. A first line that
 /// may be cut (the text is a file's tail) is parsed like any other: a cut
 /// record fails to parse.
-pub fn parse_text(text: &str) -> Vec<XidEvent> {
+pub(crate) fn parse_text(text: &str) -> Vec<XidEvent> {
     let mut kept = VecDeque::new();
     for line in text.lines() {
         if let Some(event) = parse_record(line) {
@@ -591,7 +591,7 @@ pub fn read_tail(path: &Path) -> std::io::Result<Option<String>> {
 
 /// The Xids of `journalctl -k -b -o json` output, the kernel's facility only,
 /// newest first.
-pub fn parse_journal(text: &str) -> Vec<XidEvent> {
+pub(crate) fn parse_journal(text: &str) -> Vec<XidEvent> {
     let mut kept = VecDeque::new();
     for line in text.lines() {
         let Ok(entry) = serde_json::from_str::<serde_json::Value>(line) else {
@@ -621,7 +621,7 @@ pub fn parse_journal(text: &str) -> Vec<XidEvent> {
 
 /// The host's kernel log: `/dev/kmsg`, else `journalctl -k` for this boot.
 /// Neither is required: with none, the note says why.
-pub fn host_kernel_log() -> KernelLog {
+pub(crate) fn host_kernel_log() -> KernelLog {
     let kmsg_error = match read_kmsg(Path::new("/dev/kmsg")) {
         Ok(events) => return dated("/dev/kmsg", events),
         Err(error) => error,
@@ -659,7 +659,7 @@ pub fn host_kernel_log() -> KernelLog {
 }
 
 /// A kernel-log file standing in for `/dev/kmsg` (the simulated driver's).
-pub fn file_kernel_log(path: &Path) -> KernelLog {
+pub(crate) fn file_kernel_log(path: &Path) -> KernelLog {
     match read_tail(path) {
         Ok(Some(text)) => dated(&path.display().to_string(), parse_text(&text)),
         Ok(None) => KernelLog {
@@ -701,7 +701,7 @@ fn boot_time() -> Option<u64> {
 }
 
 /// Each GPU's events from one log, by PCI address: newest first, with counts.
-pub fn attach(evidence: &mut Evidence, address: Option<PciAddress>, log: &KernelLog) {
+pub(crate) fn attach(evidence: &mut Evidence, address: Option<PciAddress>, log: &KernelLog) {
     let Some(address) = address else {
         return;
     };

@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 
 use crate::proc::Node;
 
-pub use none::NoDriver;
-pub use nvml::NvmlDriver;
+pub(crate) use none::NoDriver;
+pub(crate) use nvml::NvmlDriver;
 pub use sim::SimDriver;
 
 /// What the driver says about one GPU.
@@ -135,7 +135,7 @@ pub struct Activity {
 impl Activity {
     /// The SM utilization of a process the driver lists on this GPU;
     /// `None` where the driver gives no per-process figures.
-    pub fn sm_percent(&self, pid: u32) -> Option<u32> {
+    pub(crate) fn sm_percent(&self, pid: u32) -> Option<u32> {
         self.process_sm_percent
             .as_ref()
             .map(|samples| samples.get(&pid).copied().unwrap_or(0))

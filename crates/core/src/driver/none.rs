@@ -8,7 +8,7 @@ use std::path::Path;
 use super::{Activity, Driver, DriverError, GpuInfo, classify_dev_node};
 use crate::proc::Node;
 
-pub struct NoDriver {
+pub(crate) struct NoDriver {
     /// Why no driver is used: asked for (`--backend none`), or not found.
     why: String,
 }

@@ -76,7 +76,7 @@ fn process_sm(device: &nvml_wrapper::Device) -> Option<BTreeMap<u32, u32>> {
 /// PIDs some drivers put in process lists that belong to no process.
 const BOGUS_PIDS: [u32; 2] = [0, u32::MAX];
 
-pub struct NvmlDriver {
+pub(crate) struct NvmlDriver {
     /// Never shut down: the process ends right after its report, and
     /// nvmlShutdown would only add milliseconds to every command.
     nvml: ManuallyDrop<Nvml>,

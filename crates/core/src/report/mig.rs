@@ -36,11 +36,11 @@ pub struct InstanceProcessJson {
 }
 
 /// `G:I`, how an instance is named everywhere.
-pub fn instance_name(gpu: u32, index: u32) -> String {
+pub(crate) fn instance_name(gpu: u32, index: u32) -> String {
     format!("{gpu}:{index}")
 }
 
-pub fn instances_json(snapshot: &Snapshot, gpu: &GpuState) -> Vec<InstanceJson> {
+pub(crate) fn instances_json(snapshot: &Snapshot, gpu: &GpuState) -> Vec<InstanceJson> {
     gpu.instances
         .iter()
         .map(|instance| {
@@ -71,7 +71,7 @@ pub fn instances_json(snapshot: &Snapshot, gpu: &GpuState) -> Vec<InstanceJson> 
 }
 
 /// The instances of `gpu` whose lists have `pid`.
-pub fn instances_of(gpu: &GpuState, pid: u32) -> Vec<u32> {
+pub(crate) fn instances_of(gpu: &GpuState, pid: u32) -> Vec<u32> {
     gpu.instances
         .iter()
         .filter(|instance| instance.lists(pid))
@@ -80,7 +80,7 @@ pub fn instances_of(gpu: &GpuState, pid: u32) -> Vec<u32> {
 }
 
 /// Where the holders table and tree place a holder: `0`, or `0:1`.
-pub fn place_name(gpu: u32, instances: &[u32]) -> String {
+pub(crate) fn place_name(gpu: u32, instances: &[u32]) -> String {
     if instances.is_empty() {
         return gpu.to_string();
     }
@@ -93,7 +93,7 @@ pub fn place_name(gpu: u32, instances: &[u32]) -> String {
 
 /// One row per instance under its GPU's row: `0:1`, profile and ids,
 /// memory, what no holder explains, holders.
-pub fn add_instance_rows(table: &mut Table, snapshot: &Snapshot, gpu: &GpuState) {
+pub(crate) fn add_instance_rows(table: &mut Table, snapshot: &Snapshot, gpu: &GpuState) {
     if gpu.error.is_some() {
         return;
     }

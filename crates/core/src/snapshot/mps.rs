@@ -40,9 +40,9 @@ pub const SERVER: &str = "nvidia-cuda-mps-server";
 /// What the kernel's 15-byte comm makes of both names.
 pub const COMM: &str = "nvidia-cuda-mps";
 /// The variable that names the pipe directory of a daemon and its clients.
-pub const PIPE_VARIABLE: &str = "CUDA_MPS_PIPE_DIRECTORY";
+pub(crate) const PIPE_VARIABLE: &str = "CUDA_MPS_PIPE_DIRECTORY";
 /// The pipe directory where the variable is not set.
-pub const DEFAULT_PIPE_DIRECTORY: &str = "/tmp/nvidia-mps";
+pub(crate) const DEFAULT_PIPE_DIRECTORY: &str = "/tmp/nvidia-mps";
 
 /// An MPS server as `free --mps-server` names it: by PID, or every server
 /// on a GPU (`gpu:N`).
@@ -337,7 +337,7 @@ impl Snapshot {
     }
 
     /// The clients that go through this server, by PID.
-    pub fn mps_clients_of(&self, server: u32) -> Vec<u32> {
+    pub(crate) fn mps_clients_of(&self, server: u32) -> Vec<u32> {
         self.details
             .iter()
             .filter(|(_, details)| {

@@ -30,7 +30,7 @@ use super::launch::Engine;
 use std::path::Path;
 
 /// At most this much of a log is read: its last 4 MiB.
-pub const LOG_MAX: u64 = 4 << 20;
+pub(crate) const LOG_MAX: u64 = 4 << 20;
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
 pub struct Logged {
@@ -108,7 +108,7 @@ impl Logged {
     /// requested memory is the logged one, else `ceil(utilization ×
     /// gpu_total)` at the logged utilization, else at `utilization` (the
     /// log taken to be the command's). `None` without the KV figure.
-    pub fn vllm_non_kv(&self, gpu_total: u64, utilization: f64) -> Option<u64> {
+    pub(crate) fn vllm_non_kv(&self, gpu_total: u64, utilization: f64) -> Option<u64> {
         let kv = self.kv_bytes?;
         let requested = self
             .requested
@@ -142,7 +142,7 @@ const ROUNDING: u64 = 1 << 25;
 /// for, and the command's utilization (vLLM), for a log that does not
 /// say what its start requested.
 #[derive(Debug, Clone, Copy)]
-pub struct Against {
+pub(crate) struct Against {
     pub gpu_total: u64,
     pub utilization: f64,
 }
@@ -153,7 +153,11 @@ pub struct Against {
 /// (negative, beyond any GPU) or figures that contradict each other (a
 /// KV cache larger than the memory its start requested or had free), each
 /// naming its line.
-pub fn read_log_for(path: &Path, engine: Engine, against: Against) -> Result<Logged, PlanError> {
+pub(crate) fn read_log_for(
+    path: &Path,
+    engine: Engine,
+    against: Against,
+) -> Result<Logged, PlanError> {
     let (text, whole) = read_tail(path)?;
     let start = read_starts(&text);
     let logged = start.logged;
@@ -270,7 +274,8 @@ fn requested_at(gpu_total: u64, utilization: f64) -> u64 {
 
 /// Reads the last `LOG_MAX` bytes of a log file (a regular file, opened
 /// without waiting).
-pub fn read_log_file(path: &Path) -> Result<Logged, PlanError> {
+#[cfg(test)]
+pub(crate) fn read_log_file(path: &Path) -> Result<Logged, PlanError> {
     Ok(read_log(&read_tail(path)?.0))
 }
 

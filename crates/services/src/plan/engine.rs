@@ -51,20 +51,20 @@ const MIB: u64 = 1 << 20;
 /// measures free memory (the CUDA context, NCCL's buffers, cuBLAS): the
 /// free memory the engine sees at start is the driver's free memory less
 /// this. ENGINES.md §4.2 takes ~1 GiB; `--gpu-free` replaces it.
-pub const CUDA_CONTEXT_BYTES: u64 = GIB;
+pub(crate) const CUDA_CONTEXT_BYTES: u64 = GIB;
 
 /// ESTIMATE: SGLang allocates, between its two free-memory measurements,
 /// a little besides the weights (buffers created while loading); ~1 GiB
 /// for Kimi-K2.5 at TP8 (ENGINES.md §4.2). `Load weight end … mem usage`
 /// in a log replaces weights and this together.
-pub const SGLANG_LOAD_OVERHEAD_BYTES: u64 = GIB;
+pub(crate) const SGLANG_LOAD_OVERHEAD_BYTES: u64 = GIB;
 
 /// ESTIMATE: vLLM's non-torch growth during its profile run
 /// (`memory_profiling`'s `non_torch_increase`: cuBLAS and CUDA
 /// workspaces, NCCL buffers at TP > 1), which no vLLM source line sizes:
 /// every start of the corpus (TP1, H100, vLLM 0.26.0) logged 0.22 GiB
 /// (`non-torch forward increase memory`). A log replaces it.
-pub const VLLM_NON_TORCH_BYTES: u64 = 225 * MIB;
+pub(crate) const VLLM_NON_TORCH_BYTES: u64 = 225 * MIB;
 
 /// ESTIMATE: vLLM's CUDA-graph memory estimate on the V1 model runner
 /// (`GPUModelRunner.profile_cudagraph_memory`, subtracted from the KV
@@ -73,28 +73,28 @@ pub const VLLM_NON_TORCH_BYTES: u64 = 225 * MIB;
 /// v0.21); none with `--enforce-eager`, none on the V2 runner
 /// (`vllm_v2_runner`). The corpus has no V1 start with graphs: the
 /// figure is the V2 runner's logged capture (0.98 GiB, Llama-3.1-8B).
-pub const VLLM_CUDAGRAPH_BYTES: u64 = GIB;
+pub(crate) const VLLM_CUDAGRAPH_BYTES: u64 = GIB;
 
 /// SGLang's guard on host memory for HiCache: `psutil.available − 10 GiB`.
-pub const HOST_GUARD_BYTES: u64 = 10 * GIB;
+pub(crate) const HOST_GUARD_BYTES: u64 = 10 * GIB;
 
 /// SGLang's HiCache ratio when neither `--hicache-ratio` nor
 /// `--hicache-size` is given.
-pub const SGLANG_HICACHE_RATIO: f64 = 2.0;
+pub(crate) const SGLANG_HICACHE_RATIO: f64 = 2.0;
 
 /// SGLang 0.5.23 `--hicache-host-memory-fraction` default
 /// (`arg_groups/fields/memory.py`): the share of a rank's host budget its
 /// auto-sized HiCache pools may take.
-pub const SGLANG_HICACHE_HOST_MEMORY_FRACTION: f64 = 0.8;
+pub(crate) const SGLANG_HICACHE_HOST_MEMORY_FRACTION: f64 = 0.8;
 
 /// SGLang 0.5.23 `hicache_auto_size.py` `_ALLOCATION_SLACK_FRACTION`.
-pub const SGLANG_HICACHE_ALLOCATION_SLACK: f64 = 0.05;
+pub(crate) const SGLANG_HICACHE_ALLOCATION_SLACK: f64 = 0.05;
 
 /// SGLang 0.5.9 `ServerArgs.swa_full_tokens_ratio` default.
-pub const SGLANG_SWA_FULL_TOKENS_RATIO: f64 = 0.8;
+pub(crate) const SGLANG_SWA_FULL_TOKENS_RATIO: f64 = 0.8;
 
 /// vLLM 0.26.0 `CacheConfig.gpu_memory_utilization` default.
-pub const VLLM_DEFAULT_UTILIZATION: f64 = 0.92;
+pub(crate) const VLLM_DEFAULT_UTILIZATION: f64 = 0.92;
 
 /// Per GPU, bytes; every step can be overridden by a flag.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -246,7 +246,7 @@ pub struct EngineLog {
 /// What bounds the requests a pool holds at once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Cap {
+pub(crate) enum Cap {
     /// The one pool (full attention, or vLLM's shared block pool).
     Pool,
     /// SGLang's full-attention pool of a hybrid model.
@@ -276,7 +276,7 @@ fn kv_layers(model: &Model) -> u64 {
 
 /// The KV dtype `auto` resolves to: FP8 (e4m3) when the quant config
 /// quantizes the KV cache, else the model dtype.
-pub fn kv_dtype(launch: &Launch, model: &Model) -> KvDtype {
+pub(crate) fn kv_dtype(launch: &Launch, model: &Model) -> KvDtype {
     match launch.kv_dtype {
         KvDtype::Auto if model.kv_fp8_from_quant => KvDtype::Fp8E4m3,
         KvDtype::Auto => match launch.model_dtype_bytes.unwrap_or(model.dtype_bytes) {
@@ -377,7 +377,7 @@ pub fn weights_per_gpu(launch: &Launch, model: &Model) -> Option<u64> {
 /// triton) forces nothing; on Blackwell SGLang picks trtllm_mla for
 /// DeepSeek-V3/Kimi-K2.5 (page 64): pass `--attention-backend` to plan for
 /// that.
-pub fn sglang_page_size(launch: &Launch, model: &Model) -> u32 {
+pub(crate) fn sglang_page_size(launch: &Launch, model: &Model) -> u32 {
     let mut page = launch.page_size.unwrap_or(1);
     let is = |name: &str| {
         launch.attention_backend.as_deref() == Some(name)
@@ -409,7 +409,7 @@ pub fn sglang_page_size(launch: &Launch, model: &Model) -> u32 {
 /// the backend supports it, else its smallest kernel size: FLASHMLA 64,
 /// CUTLASS_MLA 128, FLASHINFER_MLA 32. Without `--attention-backend` the
 /// Hopper default (FLASH_ATTN / FLASH_ATTN_MLA) takes 16.
-pub fn vllm_block_size(launch: &Launch) -> u32 {
+pub(crate) fn vllm_block_size(launch: &Launch) -> u32 {
     if let Some(block) = launch.page_size {
         return block;
     }
@@ -435,7 +435,7 @@ pub fn vllm_block_size(launch: &Launch) -> u32 {
 /// for EAGLE-style speculative decoding (6 GiB STANDALONE, none NGRAM);
 /// `f = round((gpu − reserved) / gpu, 3)`; then, for a multimodal model,
 /// `adjust_mem_fraction_for_vlm`.
-pub fn sglang_default_fraction(launch: &Launch, model: &Model, gpu_total: u64) -> f64 {
+pub(crate) fn sglang_default_fraction(launch: &Launch, model: &Model, gpu_total: u64) -> f64 {
     if gpu_total == 0 {
         return 0.88;
     }
@@ -488,7 +488,7 @@ pub fn sglang_default_fraction(launch: &Launch, model: &Model, gpu_total: u64) -
 /// SGLang 0.5.9 `adjust_mem_fraction_for_vlm`: `0.95 × clamp(1 − 0.1 ×
 /// (layers·hidden² / (24·1024²) − 1), 0.8, 1.05)` from the vision tower
 /// (1 when the config has no vision_config).
-pub fn sglang_vlm_factor(model: &Model) -> f64 {
+pub(crate) fn sglang_vlm_factor(model: &Model) -> f64 {
     let Some((layers, hidden)) = model.vision else {
         return 1.0;
     };
@@ -537,7 +537,7 @@ pub fn concurrency(device: &Device, tokens_per_request: u64) -> f64 {
 /// the full pool ÷ n and the window pool ÷ min(n, window), the smaller
 /// (ESTIMATE for the window pool: SGLang frees window tokens as the window
 /// passes them, in chunks). Then the running-request limit.
-pub fn requests_at_once(device: &Device, tokens_per_request: u64) -> (f64, Cap) {
+pub(crate) fn requests_at_once(device: &Device, tokens_per_request: u64) -> (f64, Cap) {
     let n = tokens_per_request.max(1);
     let (by_pool, cap) = match device.hybrid {
         Some(Hybrid::Vllm {
@@ -1011,7 +1011,7 @@ fn vllm_logged(blocks: u64, per_request: u64, length: u64) -> EngineLog {
 /// vLLM 0.26.0's KV-cache groups of a model with sliding-window or
 /// linear-attention layers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct VllmGroups {
+pub(crate) struct VllmGroups {
     pub full_groups: u64,
     pub window_groups: u64,
     pub state_groups: u64,
@@ -1028,7 +1028,12 @@ pub struct VllmGroups {
 /// size), the attention block is raised to `k · ⌈m / (k · a)⌉` when that is
 /// larger, so that an attention page holds a state; the state page is then
 /// padded to the attention page. Other models: `block` unchanged.
-pub fn vllm_hybrid_block_size(launch: &Launch, model: &Model, block: u32, per_layer: u64) -> u32 {
+pub(crate) fn vllm_hybrid_block_size(
+    launch: &Launch,
+    model: &Model,
+    block: u32,
+    per_layer: u64,
+) -> u32 {
     let Some(linear) = model.linear else {
         return block;
     };
@@ -1054,7 +1059,7 @@ pub fn vllm_hybrid_block_size(launch: &Launch, model: &Model, block: u32, per_la
 /// of the backend's size, `unify_kv_cache_spec_page_size` otherwise
 /// scales the window block). With PP, each stage's groups hold its share
 /// of the layers.
-pub fn vllm_groups(launch: &Launch, model: &Model, gpu_total: u64) -> Option<VllmGroups> {
+pub(crate) fn vllm_groups(launch: &Launch, model: &Model, gpu_total: u64) -> Option<VllmGroups> {
     let pp = u64::from(launch.pp.max(1));
     // Linear layers: their own groups beside the full ones (the hybrid
     // KV-cache manager cannot be turned off for them).
@@ -1118,7 +1123,7 @@ fn vllm_max_concurrent_batches(launch: &Launch) -> u64 {
 /// :605): a generating model that is not hybrid (linear-attention or Mamba
 /// layers) and either not MoE or in `DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES`
 /// (:68). Every start of the corpus logged the runner this names.
-pub fn vllm_v2_runner(model: &Model) -> bool {
+pub(crate) fn vllm_v2_runner(model: &Model) -> bool {
     const DEFAULT_V2_MOE: [&str; 6] = [
         "DeepseekV2ForCausalLM",
         "GraniteMoeForCausalLM",
@@ -1137,7 +1142,7 @@ pub fn vllm_v2_runner(model: &Model) -> bool {
 /// utilization leaves (the corpus: Llama-3.1-8B at 0.5 got 23.49 GiB of KV
 /// with graphs and without); the V1 runner's estimate is subtracted
 /// (`VLLM_CUDAGRAPH_BYTES`); none with `--enforce-eager`.
-pub fn vllm_graph_reservation(launch: &Launch, model: &Model) -> u64 {
+pub(crate) fn vllm_graph_reservation(launch: &Launch, model: &Model) -> u64 {
     if launch.enforce_eager || vllm_v2_runner(model) {
         0
     } else {
@@ -1173,7 +1178,7 @@ pub fn vllm_graph_reservation(launch: &Launch, model: &Model) -> u64 {
 /// torch.compile cache (Llama-3.1-8B logged 0.88 GiB on a cold compile
 /// and 1.1 GiB on a cached one), attention scratch, the multimodal
 /// encoder's profile (`skip_mm_profiling`).
-pub fn vllm_activation_peak(launch: &Launch, model: &Model, gpu_total: u64) -> u64 {
+pub(crate) fn vllm_activation_peak(launch: &Launch, model: &Model, gpu_total: u64) -> u64 {
     let tp = u64::from(launch.tp.max(1));
     let tokens = vllm_max_num_batched_tokens(launch, gpu_total);
     let requests = tokens.min(vllm_max_running_requests(launch, gpu_total));
@@ -1206,7 +1211,7 @@ pub fn vllm_activation_peak(launch: &Launch, model: &Model, gpu_total: u64) -> u
 /// both take one). The KV dtype, the context length and the utilization
 /// do not change it. Not carried: another TP (the log's weights are per
 /// GPU; `None` then, and the estimates are used).
-pub fn vllm_carried_non_kv(
+pub(crate) fn vllm_carried_non_kv(
     logged_non_kv: u64,
     run: &super::calibrate::LoggedRun,
     launch: &Launch,
@@ -1253,7 +1258,7 @@ fn vllm_max_num_batched_tokens(launch: &Launch, gpu_total: u64) -> u64 {
 /// (`FullAttentionSpec` / `SlidingWindowSpec.max_memory_usage_bytes` ÷ the
 /// page): a full group ⌈⌈length ÷ DCP⌉ ÷ block⌉, a window group
 /// ⌈min(window − 1 + in-flight, length) ÷ block⌉ + 1.
-pub fn vllm_blocks_per_request(
+pub(crate) fn vllm_blocks_per_request(
     groups: Option<VllmGroups>,
     block: u32,
     dcp: u64,

@@ -250,7 +250,7 @@ pub struct Outcome {
 /// verdict; neither do several such together, while what they cost in all
 /// stays within it. 1 %: below the plan's own error against the engines'
 /// logs (docs/plan.md), and far above a stray CUDA context's few tokens.
-pub const NEGLIGIBLE_SHARE: f64 = 0.01;
+pub(crate) const NEGLIGIBLE_SHARE: f64 = 0.01;
 
 /// Why the verdict is what it is (`Outcome::decision`, the one place it is
 /// decided).
@@ -381,7 +381,7 @@ impl Outcome {
 
 /// What giving the holders' memory back takes: a `free` of processes, a
 /// reset, or a look with the host's PIDs; `None` when none is listed.
-pub fn freeing_of(holders: &[Holder]) -> Option<Freeing> {
+pub(crate) fn freeing_of(holders: &[Holder]) -> Option<Freeing> {
     let processes = holders.iter().any(|holder| holder.pid.is_some());
     let reset = holders
         .iter()
@@ -628,7 +628,7 @@ fn weights(
 /// less what `--cpu-offload-gb` keeps in host memory: the loaders move
 /// parameters until at least that much is moved (one parameter more at
 /// most). `None` without a checkpoint size.
-pub fn weights_estimate(launch: &Launch, model: &Model) -> Option<u64> {
+pub(crate) fn weights_estimate(launch: &Launch, model: &Model) -> Option<u64> {
     engine::weights_per_gpu(launch, model)
         .map(|weights| weights.saturating_sub(launch.cpu_offload_bytes))
 }

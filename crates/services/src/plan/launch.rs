@@ -257,7 +257,7 @@ impl Launch {
 
     /// The attention-TP size (SGLang `compute_dp_attention_world_info`:
     /// `tp / dp` with DP attention, else `tp`).
-    pub fn attention_tp(&self) -> u32 {
+    pub(crate) fn attention_tp(&self) -> u32 {
         if self.dp_attention && self.engine == Engine::Sglang {
             (self.tp / self.dp.max(1)).max(1)
         } else {

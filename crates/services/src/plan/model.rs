@@ -175,7 +175,7 @@ pub struct Linear {
 impl Linear {
     /// One layer's state bytes per request on one of `tp` ranks, at
     /// `dtype_bytes` an element.
-    pub fn state_bytes(&self, tp: u64, dtype_bytes: u64) -> u64 {
+    pub(crate) fn state_bytes(&self, tp: u64, dtype_bytes: u64) -> u64 {
         let tp = tp.max(1);
         let conv_dim = self.k_dim * self.k_heads * 2 + self.v_dim * self.v_heads;
         let conv = conv_dim / tp * self.conv_kernel.saturating_sub(1);
@@ -189,7 +189,7 @@ impl Linear {
     /// conv state in bf16 (`SGLANG_MAMBA_CONV_DTYPE`), the recurrent state
     /// at `ssm_dtype_bytes` (`mamba2_state_dtype`), on one of `attention_tp`
     /// ranks.
-    pub fn sglang_state_bytes(&self, attention_tp: u64) -> u64 {
+    pub(crate) fn sglang_state_bytes(&self, attention_tp: u64) -> u64 {
         let tp = attention_tp.max(1);
         let conv_dim = self.v_dim * self.v_heads + 2 * self.k_heads * self.k_dim;
         let conv = conv_dim / tp * self.conv_kernel.saturating_sub(1) * 2;
@@ -209,7 +209,7 @@ pub struct Window {
 
 impl Model {
     /// The attention as the given engine sees it.
-    pub fn attention_for(&self, engine: Engine) -> Attention {
+    pub(crate) fn attention_for(&self, engine: Engine) -> Attention {
         match engine {
             Engine::Sglang => self.attention,
             Engine::Vllm => self.attention_vllm,
@@ -217,7 +217,7 @@ impl Model {
     }
 
     /// The sliding-window layers as the given engine sizes them.
-    pub fn window_for(&self, engine: Engine) -> Option<Window> {
+    pub(crate) fn window_for(&self, engine: Engine) -> Option<Window> {
         match engine {
             Engine::Sglang => self.window_sglang,
             Engine::Vllm => self.window_vllm,
@@ -343,7 +343,8 @@ const SGLANG_MULTIMODAL: &[&str] = &[
 ];
 
 /// Finds and reads the model's config (`--model-config` when given).
-pub fn locate(
+#[cfg(test)]
+pub(crate) fn locate(
     model: &str,
     override_config: Option<&Path>,
     env: &BTreeMap<String, String>,
@@ -354,7 +355,10 @@ pub fn locate(
 /// `locate` with what the launch says about where the engine reads the
 /// model from (`--revision`, vLLM's `--download-dir`) and the engine's
 /// own environment (its `HF_HOME` and friends).
-pub fn locate_for(launch: &Launch, override_config: Option<&Path>) -> Result<Model, PlanError> {
+pub(crate) fn locate_for(
+    launch: &Launch,
+    override_config: Option<&Path>,
+) -> Result<Model, PlanError> {
     let model = locate_at(
         &launch.model,
         launch.revision.as_deref(),
@@ -369,7 +373,7 @@ pub fn locate_for(launch: &Launch, override_config: Option<&Path>) -> Result<Mod
 /// reads them: `HF_HUB_CACHE` (or the older `HUGGINGFACE_HUB_CACHE`), else
 /// `HF_HOME/hub`, else `XDG_CACHE_HOME/huggingface/hub`, else
 /// `~/.cache/huggingface/hub`.
-pub fn hub_caches(env: &BTreeMap<String, String>) -> Vec<PathBuf> {
+pub(crate) fn hub_caches(env: &BTreeMap<String, String>) -> Vec<PathBuf> {
     let set = |name: &str| env.get(name).filter(|value| !value.is_empty());
     if let Some(hub) = set("HF_HUB_CACHE").or_else(|| set("HUGGINGFACE_HUB_CACHE")) {
         return vec![PathBuf::from(hub)];
@@ -386,7 +390,7 @@ pub fn hub_caches(env: &BTreeMap<String, String>) -> Vec<PathBuf> {
     }
 }
 
-pub fn locate_at(
+pub(crate) fn locate_at(
     model: &str,
     revision: Option<&str>,
     download_dir: Option<&Path>,
@@ -665,7 +669,7 @@ fn check_numbers(path: &Path, config: &serde_json::Value) -> Result<(), PlanErro
 }
 
 /// The fields the arithmetic needs, from a parsed config.json.
-pub fn parse_config(path: &Path, config: &serde_json::Value) -> Result<Model, PlanError> {
+pub(crate) fn parse_config(path: &Path, config: &serde_json::Value) -> Result<Model, PlanError> {
     if !config.is_object() {
         return Err(unreadable(path, "not a JSON object"));
     }
@@ -735,7 +739,7 @@ pub fn parse_config(path: &Path, config: &serde_json::Value) -> Result<Model, Pl
 /// Embeddings and the LM head stay 16 bits. Linear-attention layers are
 /// counted as attention layers (an estimate). `None` without `vocab_size`,
 /// `hidden_size` or an MLP width.
-pub fn config_weights(config: &serde_json::Value, model: &Model) -> Option<u64> {
+pub(crate) fn config_weights(config: &serde_json::Value, model: &Model) -> Option<u64> {
     let text = config
         .get("text_config")
         .filter(|text| text.is_object())
@@ -1358,7 +1362,7 @@ fn dtype_bits(dtype: &str) -> Option<u64> {
 /// the 8-byte little-endian header length, then that much JSON; each
 /// tensor's dtype size × the product of its shape (its `data_offsets`
 /// span for a dtype not known here). The tensors are never read.
-pub fn safetensors_bytes(path: &Path) -> Result<u64, PlanError> {
+pub(crate) fn safetensors_bytes(path: &Path) -> Result<u64, PlanError> {
     let header = read_header(path)?;
     serde_json::from_slice::<HeaderBytes>(&header)
         .map(|sum| sum.0)

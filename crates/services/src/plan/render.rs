@@ -90,7 +90,7 @@ fn concurrency_text(concurrency: Option<f64>) -> String {
 }
 
 /// The verdict in words, wherever a plan is told (`plan`, `plan -H`, the demo).
-pub fn verdict_text(verdict: Verdict) -> &'static str {
+pub(crate) fn verdict_text(verdict: Verdict) -> &'static str {
     match verdict {
         Verdict::Fits => "fits now",
         Verdict::FitsAfterFree => "fits only after freeing what others hold",
@@ -186,7 +186,7 @@ pub fn verdict_words(outcome: &Outcome) -> String {
 /// One pool in a few words, as the short forms of a plan say it (`run
 /// --plan`, `plan -H`, the demo): `410308 tokens per rank × 2 pools,
 /// 102.6 requests at once`, or `would not start`.
-pub fn pool_summary(
+pub(crate) fn pool_summary(
     tokens_per_rank: u64,
     starts: bool,
     ranks: u32,

@@ -58,7 +58,7 @@ impl Rules {
 
     /// No version found: the rules the real starts of the corpus
     /// (tests/fixtures/logs) were measured with.
-    pub fn default_for(engine: Engine) -> Rules {
+    pub(crate) fn default_for(engine: Engine) -> Rules {
         match engine {
             Engine::Vllm => Rules::Vllm0_26,
             Engine::Sglang => Rules::Sglang0_5_9,
@@ -83,7 +83,7 @@ impl Rules {
     /// node, stores each offloaded block once on the host, not once per
     /// worker (`kv_offload/cpu/spec.py`: `num_copies = 1`). 0.26.0 has no
     /// such layout.
-    pub fn vllm_mla_offload_single_copy(self) -> bool {
+    pub(crate) fn vllm_mla_offload_single_copy(self) -> bool {
         self == Rules::Vllm0_33
     }
 
@@ -91,7 +91,7 @@ impl Rules {
     /// given `--max-running-requests` becomes `max(1, n // attention-DP)`
     /// capped at `tokens // 2`; 0.5.9 `model_runner.py` takes `n // DP`
     /// as it is.
-    pub fn sglang_given_requests_capped(self) -> bool {
+    pub(crate) fn sglang_given_requests_capped(self) -> bool {
         self == Rules::Sglang0_5_23
     }
 
@@ -100,14 +100,14 @@ impl Rules {
     /// until the host pools fit `--hicache-host-memory-fraction` (0.8) of
     /// each rank's share of the host (`engine::host_tier`); 0.5.9 asks for
     /// 2.0 and refuses to start when the host lacks it.
-    pub fn sglang_hicache_auto_size(self) -> bool {
+    pub(crate) fn sglang_hicache_auto_size(self) -> bool {
         self == Rules::Sglang0_5_23
     }
 
     /// SGLang 0.5.9 `memory_pool_host.py` asserts the host pool is larger
     /// than the device pool (the start fails); 0.5.23
     /// `pool_host/base.py` `_allocate_host_buffer` only warns.
-    pub fn sglang_host_smaller_than_device_refused(self) -> bool {
+    pub(crate) fn sglang_host_smaller_than_device_refused(self) -> bool {
         self == Rules::Sglang0_5_9
     }
 }
@@ -233,7 +233,11 @@ const VERSION_MAX: usize = 64;
 
 /// The version `program` (the command's first word after its environment:
 /// an interpreter or a console script) would run, in `env`.
-pub fn detect(engine: Engine, program: &str, env: &BTreeMap<String, String>) -> EngineVersion {
+pub(crate) fn detect(
+    engine: Engine,
+    program: &str,
+    env: &BTreeMap<String, String>,
+) -> EngineVersion {
     match find(engine, program, env) {
         Ok((version, interpreter, metadata)) => {
             let rules = match Release::parse(&version) {

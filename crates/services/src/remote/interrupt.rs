@@ -46,7 +46,7 @@ fn install() -> Option<Watch> {
 }
 
 /// While this lives, the signals are caught (see the module's note).
-pub struct Catching(());
+pub(crate) struct Catching(());
 
 impl Catching {
     pub fn start() -> Catching {
@@ -90,7 +90,7 @@ pub fn name(signal: i32) -> &'static str {
 }
 
 /// A host's error when the run was interrupted before it answered.
-pub fn host_error(signal: i32) -> String {
+pub(crate) fn host_error(signal: i32) -> String {
     format!(
         "interrupted by {} before it answered: its ssh and its gpureap there were ended",
         name(signal)

@@ -259,7 +259,7 @@ pub fn duration_arg(duration: Duration) -> String {
 
 /// The fleet document (docs/json.md, "fleet").
 #[derive(Serialize)]
-pub struct FleetJson<'a> {
+pub(crate) struct FleetJson<'a> {
     pub schema_version: u32,
     pub kind: &'static str,
     pub command: &'static str,
@@ -268,7 +268,7 @@ pub struct FleetJson<'a> {
 }
 
 #[derive(Serialize)]
-pub struct FleetHostJson<'a> {
+pub(crate) struct FleetHostJson<'a> {
     pub host: &'a str,
     pub exit_code: Exit,
     pub error: Option<&'a str>,

@@ -104,7 +104,7 @@ impl Events {
 
 impl Held<'_> {
     /// Starts a baseline: called just before a fresh scan of every process.
-    pub fn rebase(&mut self) {
+    pub(crate) fn rebase(&mut self) {
         self.seen.spoiled = false;
         self.seen.counted = None;
         self.seen.released.clear();
@@ -112,7 +112,7 @@ impl Held<'_> {
     }
 
     /// Marks the baseline unusable (a scan that was not this driver's own).
-    pub fn spoil(&mut self) {
+    pub(crate) fn spoil(&mut self) {
         self.seen.spoiled = true;
     }
 
@@ -177,7 +177,7 @@ impl Held<'_> {
     /// Whether GPU `index`'s node is proved unheld, given that every known
     /// holder of it has let it go (the caller's check): see the module's notes.
     /// A GPU not counted (watched first in another wait) is not.
-    pub fn unheld(&mut self, index: u32) -> bool {
+    pub(crate) fn unheld(&mut self, index: u32) -> bool {
         self.drain();
         let Some(counted) = self
             .seen

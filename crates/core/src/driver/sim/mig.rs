@@ -29,7 +29,7 @@ pub(super) struct Staged {
 }
 
 /// A simulated MIG device's UUID, fixed by its GPU and index unless staged.
-pub fn sim_mig_uuid(gpu: u32, index: u32) -> String {
+pub(crate) fn sim_mig_uuid(gpu: u32, index: u32) -> String {
     format!("MIG-sim-{gpu:08}-{index:04}")
 }
 

@@ -1011,7 +1011,7 @@ impl SimDriver {
 
 /// A simulated GPU's PCI bus id, fixed by its index: GPU N is on bus N + 1
 /// (`00000000:01:00.0` for GPU 0), as `DIR/kmsg`'s Xid lines name it.
-pub fn sim_pci_bus_id(index: u32) -> String {
+pub(crate) fn sim_pci_bus_id(index: u32) -> String {
     format!("00000000:{:02X}:00.0", (index + 1) % 256)
 }
 

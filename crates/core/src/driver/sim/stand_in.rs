@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use crate::exit::Exit;
 
 /// The environment variable that makes the gpureap binary a stand-in.
-pub const ENV: &str = "GPUREAP_SIM_STAND_IN";
+pub(crate) const ENV: &str = "GPUREAP_SIM_STAND_IN";
 
 /// What a stand-in does on SIGTERM.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]

@@ -85,7 +85,7 @@ impl Known {
     /// since (which no release count would reveal). Each must still be
     /// there; a new descendant whose descriptors cannot be read either
     /// proves nothing.
-    pub fn unreadable_pass_nothing_on(&self, gpus: &[u32], classify: Classify) -> bool {
+    pub(crate) fn unreadable_pass_nothing_on(&self, gpus: &[u32], classify: Classify) -> bool {
         let mut stack: Vec<ProcessId> = Vec::new();
         for &id in &self.unreadable {
             if proc::state_of(id).is_none_or(|state| state.has_exited()) {
