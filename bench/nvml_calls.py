@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """What each NVML call that `status` makes costs on this GPU host, in the order `status` makes
-them (src/driver/nvml.rs: `NvmlDriver::open`, `gpu`, `health`; src/snapshot/mps.rs), each in a
+them (crates/core/src/driver/nvml.rs: `NvmlDriver::open`, `gpu`, `health`; crates/core/src/snapshot/mps.rs), each in a
 fresh process so that first calls pay what they pay in `status`. Median of N runs (default 11).
 With --fields-first, the health figures are first asked in one nvmlDeviceGetFieldValues call
 (ECC, retired pages, row remapping, recovery action), then one by one as before, and the values of

@@ -5,7 +5,7 @@
 //! (`crate::stacks`), their tree, the GPUs. Nothing is signalled.
 //!
 //! The folder is made under `--out`, opened as `run`'s state directory is
-//! (`run::state::StateDir`: refused if anyone but the caller or root could
+//! (the services' `state::StateDir`: refused if anyone but the caller or root could
 //! tamper with it), since it holds command lines and with them tokens.
 
 use std::collections::BTreeSet;

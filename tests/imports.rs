@@ -345,7 +345,7 @@ const PROCESS_ENDERS: &[(&str, &str)] = &[
         "the demo's Ctrl-C handler, after it killed what it staged",
     ),
     (
-        "src/top/term.rs",
+        "src/top/live/term.rs",
         "top's handler of a second SIGTERM/SIGHUP/SIGINT, for a view that did not end on the first",
     ),
 ];

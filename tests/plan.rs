@@ -855,7 +855,7 @@ fn a_host_tier_the_host_cannot_allocate_does_not_fit() {
 /// A sliding-window model on a clean 80 GiB box: vLLM's KV-cache groups
 /// and the figures it would log (Gemma-3-27B, 40 GiB of KV: 32,768 blocks
 /// shared by 1 full and 6 window groups of 10 layers, "GPU KV cache size:
-/// 125,115 tokens", src/plan/tests.rs works them out), SGLang's full and
+/// 125,115 tokens", crates/services/src/plan/tests.rs works them out), SGLang's full and
 /// window pools for gpt-oss-20b, both in text and in JSON of the schema.
 #[test]
 fn sliding_window_models_show_the_engine_s_own_pools() {

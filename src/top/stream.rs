@@ -3,7 +3,7 @@
 //! on one line of stdout, until stdout or stdin closes or a signal comes.
 //! It is what `top -H HOST` reads from the host over its one ssh: when the
 //! ssh goes, so does this (a write fails with EPIPE, its stdin ends, or the
-//! fleet's watch (`fleet::ssh::WATCH`) sends SIGTERM), so a dropped
+//! fleet's watch (`remote::ssh::WATCH`) sends SIGTERM), so a dropped
 //! connection never leaves it running there.
 
 use std::io::{self, Read, Write};

@@ -3,7 +3,7 @@
 //! A holder's job is the `SLURM_JOB_ID` of its environment (read from
 //! /proc before selection, so that selection stays pure). Slurm is asked
 //! through the same bounded scontrol calls as the epilog
-//! (`slurm::scontrol`): a job Slurm no longer knows, or knows in a final
+//! (the services' `scontrol`): a job Slurm no longer knows, or knows in a final
 //! state, has ended; a job it cannot answer for makes a fault of this rule
 //! for the look (nothing it names is signalled). An ended job stays ended, so
 //! it is asked about once.

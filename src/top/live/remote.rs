@@ -1,5 +1,5 @@
 //! `gpureap top -H HOST`: one host's view through the fleet's ssh
-//! (`fleet::ssh::Transport`: BatchMode, ConnectTimeout, host keys as the
+//! (`remote::ssh::Transport`: BatchMode, ConnectTimeout, host keys as the
 //! user's config says, the remote gpureap found as `status -H` finds it,
 //! under the watch that ends it with its ssh). One ssh serves the whole
 //! session: it runs `gpureap top --json` there (`stream`), which writes a
