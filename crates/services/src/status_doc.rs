@@ -556,3 +556,52 @@ impl PlanHolderView {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpu(json: &str) -> GpuView {
+        serde_json::from_str(json).expect("a GPU of a status document")
+    }
+
+    /// The host's verdict where it gives one; from an older host, any memory
+    /// no process explains is held by no process (shown), none is not.
+    #[test]
+    fn the_hosts_verdict_or_for_an_older_host_any_unexplained_memory() {
+        let older = gpu(r#"{"index":0,"memory_unattributed":4096}"#);
+        assert_eq!(older.unattributed(4096), UnattributedKind::NoProcess);
+        assert!(older.worth_reporting());
+        let older_clean = gpu(r#"{"index":0,"memory_unattributed":0}"#);
+        assert_eq!(older_clean.unattributed(0), UnattributedKind::Bookkeeping);
+        assert!(!older_clean.worth_reporting());
+        let within = gpu(r#"{"index":0,"memory_unattributed":4096,"held_by_no_process":false}"#);
+        assert_eq!(within.unattributed(4096), UnattributedKind::Bookkeeping);
+        assert!(!within.worth_reporting());
+        let unseen = gpu(r#"{"index":0,"memory_unattributed":4096,"unattributed_kind":"unseen"}"#);
+        assert_eq!(unseen.unattributed(4096), UnattributedKind::Unseen);
+        assert!(unseen.worth_reporting());
+        let unknown = gpu(r#"{"index":0}"#);
+        assert!(unknown.worth_reporting(), "no figure at all is shown");
+    }
+
+    /// Only the header is judged; its words name what is wrong.
+    #[test]
+    fn the_header_names_what_is_wrong() {
+        assert_eq!(
+            header(r#"{"schema_version":1,"kind":"plan"}"#, "plan"),
+            Ok(())
+        );
+        assert_eq!(
+            header(r#"{"kind":"plan"}"#, "plan"),
+            Err(
+                r#"answered JSON without a schema_version: not a gpureap report: {"kind":"plan"}"#
+                    .to_string()
+            )
+        );
+        assert!(
+            header("Last login: today\n", "status")
+                .is_err_and(|why| why.starts_with("answered something that is not gpureap's JSON"))
+        );
+    }
+}

@@ -616,3 +616,50 @@ pub fn free(link: Arc<Link>, planned: Planned, request: &TopRequest, events: Sen
         let _ = events.send(Event::Finished(lines));
     });
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::snapshot::UnattributedKind;
+
+    /// A host too old to send `held_by_no_process`: `top -H` reads its
+    /// memory no process explains as `status -H` does (held by no process),
+    /// through the one reader; before, top called it bookkeeping.
+    #[test]
+    fn an_older_hosts_unexplained_memory_is_held_by_no_process_as_fleet_reads_it() {
+        let line = br#"{"schema_version":1,"kind":"status","backend":"nvml","gpus":[
+            {"index":0,"memory_total":85899345920,"memory_used":536870912,"memory_unattributed":536870912},
+            {"index":1,"memory_total":85899345920,"memory_used":0,"memory_unattributed":0},
+            {"index":2,"memory_total":85899345920,"memory_used":1048576,"memory_unattributed":1048576,"held_by_no_process":false}
+        ],"holders":[]}"#;
+        let status = Status::read(line).expect("a status document");
+        let kinds: Vec<Option<UnattributedKind>> = status
+            .bars
+            .iter()
+            .map(|bar| bar.no_process.map(|(_, kind)| kind))
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                Some(UnattributedKind::NoProcess),
+                Some(UnattributedKind::Bookkeeping),
+                Some(UnattributedKind::Bookkeeping),
+            ]
+        );
+    }
+
+    /// The one header check: another schema or kind is refused in words.
+    #[test]
+    fn a_document_of_another_schema_or_kind_is_refused() {
+        let other = Status::read(br#"{"schema_version":9,"kind":"status"}"#).map(|_| ());
+        assert_eq!(
+            other,
+            Err("remote gpureap speaks schema 9, this one 1".to_string())
+        );
+        let free = Status::read(br#"{"schema_version":1,"kind":"free"}"#).map(|_| ());
+        assert_eq!(
+            free,
+            Err("answered a document that is not a status report".to_string())
+        );
+    }
+}
