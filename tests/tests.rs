@@ -8,6 +8,7 @@ mod dist_docs;
 mod docs;
 mod escape_props;
 mod exit_codes;
+mod features;
 mod flat;
 mod fleet;
 mod fleet_flags;
@@ -41,6 +42,9 @@ mod slurm;
 mod sshd_lab;
 mod stacks;
 mod status;
+// The live view's own tests: a build without the `top` feature has no view
+// (tests/features.rs says what it does instead).
+#[cfg(feature = "top")]
 mod top;
 mod top_remote;
 

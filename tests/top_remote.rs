@@ -267,6 +267,7 @@ fn top_on(lab: &Lab, host: &str, flags: &str) -> Option<Tmux> {
     ))
 }
 
+#[cfg(feature = "top")]
 #[test]
 fn top_h_shows_one_host_over_one_ssh_frees_there_survives_a_lost_stream_and_leaves_nothing() {
     let lab = Lab::new(&[Kind::Up]);
@@ -382,6 +383,7 @@ fn top_h_shows_one_host_over_one_ssh_frees_there_survives_a_lost_stream_and_leav
     );
 }
 
+#[cfg(feature = "top")]
 #[test]
 fn top_h_readonly_refuses_and_writes_the_hosts_hostile_names_out() {
     let lab = Lab::new(&[Kind::Up]);
@@ -405,6 +407,7 @@ fn top_h_readonly_refuses_and_writes_the_hosts_hostile_names_out() {
     assert_eq!(tmux.rc(), "0");
 }
 
+#[cfg(feature = "top")]
 #[test]
 fn top_h_without_gpureap_on_the_host_says_so_and_gives_up_at_once() {
     let lab = Lab::new(&[Kind::Up]);
