@@ -113,6 +113,31 @@ impl From<UsageError> for crate::exit::Failure {
     }
 }
 
+/// The driver `--backend` names (`driver::open`); one that cannot be
+/// opened is bad input.
+pub fn open_driver(
+    choice: &crate::driver::BackendChoice,
+) -> Result<Box<dyn crate::driver::Driver>, UsageError> {
+    let driver = crate::driver::open(choice).map_err(UsageError)?;
+    tracing::debug!(backend = driver.describe(), "driver opened");
+    Ok(driver)
+}
+
+/// `open_driver` for a report that says itself that there is no driver.
+pub fn open_driver_quietly(
+    choice: &crate::driver::BackendChoice,
+) -> Result<Box<dyn crate::driver::Driver>, UsageError> {
+    let driver = crate::driver::open_quietly(choice).map_err(UsageError)?;
+    tracing::debug!(backend = driver.describe(), "driver opened");
+    Ok(driver)
+}
+
+/// The GPUs `--gpu` is resolved against: the driver's count, none where it
+/// cannot tell.
+pub fn gpu_count(driver: &dyn crate::driver::Driver) -> u32 {
+    driver.gpu_count().unwrap_or(0)
+}
+
 /// `--gpu` against the driver's count, refusing a list that names no GPU
 /// here (`None`: every GPU).
 pub fn named_gpus(lists: &[GpuList], gpu_count: u32) -> Result<Option<BTreeSet<u32>>, UsageError> {

@@ -37,6 +37,7 @@ pub mod signal;
 pub mod slurm;
 pub mod snapshot;
 pub mod stacks;
+pub mod stdout;
 pub mod supervised;
 pub mod supervision;
 // `gpureap top`: the live view over the same pipeline.
@@ -51,6 +52,12 @@ pub mod wait;
 pub mod check;
 pub mod exporter;
 pub mod metrics;
+
+// `gpureap status`, `free` and `wait` on this host (with -H, `fleet` runs
+// them on each host).
+pub mod free;
+pub mod status;
+pub mod waiting;
 
 // `gpureap reap --watch`: unattended freeing by a policy, through `reap::free`.
 pub mod watch;

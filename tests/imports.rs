@@ -82,6 +82,9 @@ const LAYERS: &[(&str, &[&str])] = &[
             "dump",
             "watch",
             "top",
+            "status",
+            "free",
+            "waiting",
         ],
     ),
     ("report", &["report"]),
@@ -113,6 +116,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "file",
             "container",
             "members",
+            "stdout",
         ],
     ),
 ];
