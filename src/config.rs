@@ -9,8 +9,8 @@ use std::time::Duration;
 use regex::Regex;
 
 use crate::cli::{
-    DumpArgs, FreeArgs, HostsArgs, PlanArgs, PushArgs, ReapArgs, RestartArg, RunArgs, SignalArgs,
-    SlurmCommand, SlurmCommonArgs, SourcesArgs, StatusArgs, WaitArgs,
+    CheckArgs, DumpArgs, FreeArgs, HostsArgs, PlanArgs, PushArgs, ReapArgs, ResetArgs, RestartArg,
+    RunArgs, SignalArgs, SlurmCommand, SlurmCommonArgs, SourcesArgs, StatusArgs, WaitArgs,
 };
 use crate::container;
 use crate::file::NotRead;
@@ -222,6 +222,41 @@ pub fn names_instances(lists: &[GpuList]) -> Option<String> {
         })
         .collect();
     (!instances.is_empty()).then(|| crate::units::GpuRefs(&instances).to_string())
+}
+
+/// What `check` was asked: the GPUs, the Xids that make a problem, where
+/// the node's containers are read.
+#[derive(Debug, Clone)]
+pub struct CheckRequest {
+    pub gpu: Vec<GpuList>,
+    pub drain_xids: BTreeSet<u32>,
+    pub sources: SourcesRequest,
+}
+
+pub fn check(args: &CheckArgs) -> CheckRequest {
+    let CheckArgs { gpu, xids, sources } = args;
+    CheckRequest {
+        gpu: gpu.clone(),
+        drain_xids: xids.drain_xids.0.clone(),
+        sources: SourcesRequest::new(sources),
+    }
+}
+
+/// What `reset` was asked: whole GPUs, each reset or (`--plan`) planned.
+#[derive(Debug, Clone)]
+pub struct ResetRequest {
+    pub gpu: Vec<GpuList>,
+    pub plan: bool,
+    pub json: bool,
+}
+
+pub fn reset(args: &ResetArgs) -> ResetRequest {
+    let ResetArgs { gpu, plan, json } = args;
+    ResetRequest {
+        gpu: gpu.clone(),
+        plan: *plan,
+        json: *json,
+    }
 }
 
 /// Resolves the `--gpu` lists (their union) against the GPUs the driver

@@ -54,8 +54,9 @@ pub mod exporter;
 pub mod metrics;
 
 // `gpureap status`, `free` and `wait` on this host (with -H, `fleet` runs
-// them on each host).
+// them on each host), and `reset`.
 pub mod free;
+pub mod resetting;
 pub mod status;
 pub mod waiting;
 

@@ -1,5 +1,5 @@
 //! The gpureap binary: parse the flags, dispatch each command to one function (a front end's
-//! for status, free, wait and dump, with -H the fleet's; one here for the others), exit with
+//! for status, free, wait, reset, check and dump, with -H the fleet's; one here for the others), exit with
 //! the code it returns.
 
 use std::io::{self, BufRead, IsTerminal};
@@ -99,9 +99,9 @@ fn main() -> ! {
         }
         Command::Top(args) => top(&cli.backend, args, &remote_backend),
         Command::Exporter(args) => exporter(&cli.backend, args),
-        Command::Check(args) => check(&cli.backend, args),
+        Command::Check(args) => gpureap::check::main(&cli.backend, &config::check(args)),
         Command::Slurm(command) => slurm(&cli.backend, command),
-        Command::Reset(args) => reset(&cli.backend, args),
+        Command::Reset(args) => gpureap::resetting::reset(&cli.backend, &config::reset(args)),
         Command::Dump(args) => gpureap::dump::dump(&cli.backend, &config::dump(args)),
         Command::Reap(args) => reap_watch(&cli.backend, args),
         Command::Plan(args) => match fleet(&args.fleet, &remote_backend, args.json)
@@ -384,24 +384,6 @@ fn reap_watch(backend: &BackendChoice, args: &gpureap::cli::ReapArgs) -> Result<
     Ok(gpureap::watch::run(&config, driver.as_ref())?)
 }
 
-fn check(backend: &BackendChoice, args: &gpureap::cli::CheckArgs) -> Result<Exit, Failure> {
-    let sources = config::SourcesRequest::new(&args.sources).sources()?;
-    // Its first line says there is no driver, once.
-    let (driver, gpu) = config::gpu_names(config::open_driver_quietly(backend)?, &args.gpu)?;
-    let gpus = config::gpus(&gpu, config::gpu_count(driver.as_ref()))?;
-    let mut snapshot = Snapshot::take_listed(driver.as_ref());
-    snapshot.attribute_containers(&sources);
-    let indexes = snapshot.gpus.iter().map(|gpu| gpu.index).collect();
-    let hardware = gpureap::driver::evidence::Hardware::gather(
-        driver.as_ref(),
-        &indexes,
-        args.xids.drain_xids.0.clone(),
-    );
-    let verdict = gpureap::check::check(&snapshot, &gpus, &hardware);
-    emit(&verdict.text())?;
-    Ok(verdict.verdict.exit())
-}
-
 fn slurm(backend: &BackendChoice, command: &gpureap::cli::SlurmCommand) -> Result<Exit, Failure> {
     Ok(gpureap::slurm::main(backend, &config::slurm(command)))
 }
@@ -426,46 +408,4 @@ fn plan(backend: &BackendChoice, config: &gpureap::plan::fit::PlanConfig) -> Res
         emit(&gpureap::plan::render::text(&outcome))?;
     }
     Ok(outcome.exit())
-}
-
-fn reset(backend: &BackendChoice, args: &gpureap::cli::ResetArgs) -> Result<Exit, Failure> {
-    if let Some(instances) = config::names_instances(&args.gpu) {
-        return Err(UsageError(format!(
-            "reset resets whole GPUs, every MIG instance on them: name the GPU, not the instance {instances} (docs/mig.md)"
-        ))
-        .into());
-    }
-    let (driver, gpu) = config::gpu_names(config::open_driver(backend)?, &args.gpu)?;
-    // --gpu is required (clap): `None` cannot come back.
-    let gpus = config::named_gpus(&gpu, config::gpu_count(driver.as_ref()))?
-        .ok_or_else(|| UsageError("--gpu is required".to_string()))?;
-    if args.plan {
-        let snapshot = Snapshot::take(driver.as_ref());
-        let platform = driver.platform();
-        let plans: Vec<_> = gpus
-            .iter()
-            .map(|&index| gpureap::reset::plan(driver.as_ref(), &snapshot, &platform, index))
-            .collect();
-        let code = gpureap::reset::plan_exit(&plans);
-        if args.json {
-            emit(&format!(
-                "{}\n",
-                gpureap::report::reset_plan_json(&plans, code)
-            ))?;
-        } else {
-            emit(&plans.iter().map(ToString::to_string).collect::<String>())?;
-        }
-        return Ok(code);
-    }
-    let outcomes: Vec<_> = gpus
-        .iter()
-        .map(|&index| gpureap::reset::reset(driver.as_ref(), index))
-        .collect();
-    emit(
-        &outcomes
-            .iter()
-            .map(|outcome| format!("{outcome}\n"))
-            .collect::<String>(),
-    )?;
-    Ok(gpureap::reset::exit(&outcomes))
 }

@@ -85,6 +85,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "status",
             "free",
             "waiting",
+            "resetting",
         ],
     ),
     ("report", &["report"]),
