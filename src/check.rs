@@ -18,11 +18,13 @@
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
+use crate::config::{self, CheckRequest};
 use crate::driver::evidence::{self, Hardware};
-use crate::driver::{DriverError, LOST};
-use crate::exit::Exit;
+use crate::driver::{BackendChoice, DriverError, LOST};
+use crate::exit::{Exit, Failure};
 use crate::metrics;
 use crate::snapshot::Snapshot;
+use crate::stdout::emit;
 use crate::units::{Bytes, Field, GpuRanges};
 
 /// node-problem-detector's reading of the exit code.
@@ -318,6 +320,22 @@ fn findings_of(
         findings.extend(unrequested(snapshot, index));
     }
     (findings, checked)
+}
+
+/// `gpureap check`: the listed holders, their containers and the hardware
+/// evidence read, the verdict printed, its code returned.
+pub fn main(backend: &BackendChoice, request: &CheckRequest) -> Result<Exit, Failure> {
+    let sources = request.sources.sources()?;
+    // Its first line says there is no driver, once.
+    let (driver, gpu) = config::gpu_names(config::open_driver_quietly(backend)?, &request.gpu)?;
+    let gpus = config::gpus(&gpu, config::gpu_count(driver.as_ref()))?;
+    let mut snapshot = Snapshot::take_listed(driver.as_ref());
+    snapshot.attribute_containers(&sources);
+    let indexes = snapshot.gpus.iter().map(|gpu| gpu.index).collect();
+    let hardware = Hardware::gather(driver.as_ref(), &indexes, request.drain_xids.clone());
+    let verdict = check(&snapshot, &gpus, &hardware);
+    emit(&verdict.text())?;
+    Ok(verdict.verdict.exit())
 }
 
 /// The node's verdict from one snapshot and its GPUs' hardware evidence,

@@ -540,16 +540,8 @@ pub struct ReapArgs {
     /// How often to scan. Example: --interval 30s
     #[arg(long, default_value = "10s", value_name = "DUR", value_parser = scan_interval, allow_hyphen_values = true)]
     pub interval: Duration,
-    /// How long a holder gets after SIGTERM before SIGSTOP+SIGKILL. Example: --grace 10s
-    #[arg(long, default_value = "5s", value_name = "DUR", value_parser = duration, allow_hyphen_values = true)]
-    pub grace: Duration,
-    /// After the grace period, how long to wait for the driver to confirm the memory is back.
-    /// Example: --timeout 1m
-    #[arg(long, default_value = "30s", value_name = "DUR", value_parser = duration, allow_hyphen_values = true)]
-    pub timeout: Duration,
-    /// Also protect processes with this name (repeatable). Example: --protect jupyter-lab
-    #[arg(long, value_name = "NAME")]
-    pub protect: Vec<String>,
+    #[command(flatten)]
+    pub signal: SignalArgs,
     /// A rule that names more than this share of a GPU's holders frees nothing there that
     /// scan and reports it instead. Example: --max-share 0.5
     #[arg(long, default_value = "1", value_name = "FRACTION", value_parser = share)]
@@ -925,16 +917,8 @@ pub struct FreeArgs {
     /// Every GPU user on the host (still never the protected set or monitors).
     #[arg(long, conflicts_with_all = ["gpu", "pid", "patterns", "user", "orphans", "stale_runs", "container", "pod", "cgroup", "mps_server"])]
     pub all: bool,
-    /// How long to wait after SIGTERM before SIGSTOP+SIGKILL.
-    #[arg(long, default_value = "5s", value_name = "DUR", value_parser = duration, allow_hyphen_values = true)]
-    pub grace: Duration,
-    /// After the grace period, how long to wait for the driver to confirm the memory is back.
-    /// While a GPU's memory is still going down then, up to this or 60s more (the longer).
-    #[arg(long, default_value = "30s", value_name = "DUR", value_parser = duration, allow_hyphen_values = true)]
-    pub timeout: Duration,
-    /// Also protect processes with this name (repeatable).
-    #[arg(long, value_name = "NAME")]
-    pub protect: Vec<String>,
+    #[command(flatten)]
+    pub signal: SignalArgs,
     /// Show what would be signalled, and signal nothing.
     #[arg(long)]
     pub dry_run: bool,
@@ -948,6 +932,45 @@ pub struct FreeArgs {
     pub sources: SourcesArgs,
     #[command(flatten)]
     pub fleet: HostsArgs,
+}
+
+/// `--grace`'s default wherever holders are freed as `free` frees them
+/// (`free`, the frees `top` starts, `reap`): [`SignalArgs`]. `slurm epilog`
+/// (a job's leftovers, within the epilog's budget) and `run` (a server
+/// stopping) keep defaults of their own.
+pub const DEFAULT_GRACE: &str = "5s";
+
+/// `--timeout`'s default there.
+pub const DEFAULT_TIMEOUT: &str = "30s";
+
+/// How a free signals, verifies and spares: the one group of `--grace`,
+/// `--timeout` and `--protect` for every command that frees as `free` does
+/// (`free`, `top`, `reap`), with one set of defaults; a `reap --config`
+/// file's keys are these flags, so its defaults are these too.
+/// `config::Signalling` is what they mean.
+#[derive(Debug, Args, Clone, PartialEq, Eq)]
+pub struct SignalArgs {
+    /// How long the holders get after SIGTERM before SIGSTOP+SIGKILL. Example: --grace 2s
+    #[arg(long, default_value = DEFAULT_GRACE, value_name = "DUR", value_parser = duration, allow_hyphen_values = true)]
+    pub grace: Duration,
+    /// After the grace period, how long to wait for the driver to confirm the memory is back.
+    /// While a GPU's memory is still going down then, up to this or 60s more (the longer).
+    /// Example: --timeout 1m
+    #[arg(long, default_value = DEFAULT_TIMEOUT, value_name = "DUR", value_parser = duration, allow_hyphen_values = true)]
+    pub timeout: Duration,
+    /// Also protect processes with this name (repeatable). Example: --protect jupyter-lab
+    #[arg(long, value_name = "NAME")]
+    pub protect: Vec<String>,
+}
+
+/// A command's arguments as given no flag: their defaults, read from their
+/// definitions (`gpureap demo --top` is `gpureap top`'s). For a group none
+/// of whose flags is required.
+pub fn defaults<T: Args + FromArgMatches>() -> T {
+    let matches = T::augment_args(clap::Command::new("defaults"))
+        .try_get_matches_from(["defaults"])
+        .expect("no flag is required");
+    T::from_arg_matches(&matches).expect("the defaults are typed")
 }
 
 #[derive(Debug, Args)]
@@ -1128,15 +1151,8 @@ pub struct TopArgs {
     /// check otherwise. Example: --interval 2s
     #[arg(long, default_value = "1s", value_name = "DUR", value_parser = positive_duration)]
     pub interval: Duration,
-    /// A free's wait after SIGTERM before SIGSTOP+SIGKILL. Example: --grace 2s
-    #[arg(long, default_value = "5s", value_name = "DUR", value_parser = duration, allow_hyphen_values = true)]
-    pub grace: Duration,
-    /// How long a free waits for the driver to confirm the memory is back. Example: --timeout 1m
-    #[arg(long, default_value = "30s", value_name = "DUR", value_parser = duration, allow_hyphen_values = true)]
-    pub timeout: Duration,
-    /// Also protect processes with this name (repeatable). Example: --protect my-server
-    #[arg(long, value_name = "NAME")]
-    pub protect: Vec<String>,
+    #[command(flatten)]
+    pub signal: SignalArgs,
     /// No view: one `status` document (docs/json.md) a line on stdout every --interval, until
     /// stdout or stdin closes or a signal comes; what `top -H` reads from the host.
     /// Example: gpureap top --json --interval 2s | jq -c '[.gpus[].memory_used]'

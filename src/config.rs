@@ -9,8 +9,8 @@ use std::time::Duration;
 use regex::Regex;
 
 use crate::cli::{
-    DumpArgs, FreeArgs, HostsArgs, PlanArgs, PushArgs, ReapArgs, RestartArg, RunArgs, SlurmCommand,
-    SlurmCommonArgs, SourcesArgs, StatusArgs, WaitArgs,
+    CheckArgs, DumpArgs, FreeArgs, HostsArgs, PlanArgs, PushArgs, ReapArgs, ResetArgs, RestartArg,
+    RunArgs, SignalArgs, SlurmCommand, SlurmCommonArgs, SourcesArgs, StatusArgs, WaitArgs,
 };
 use crate::container;
 use crate::file::NotRead;
@@ -70,6 +70,32 @@ impl SourcesRequest {
     }
 }
 
+/// `--grace`, `--timeout` and `--protect` typed (`cli::SignalArgs`): the
+/// one conversion for `free` (here and on each host of `-H`), the frees
+/// `top` starts and `reap`'s.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Signalling {
+    /// SIGTERM, the grace, SIGSTOP+SIGKILL, then verification: the one
+    /// formula (`reap::Options`).
+    pub options: Options,
+    /// Names spared besides the fixed ones (`Guard::for_this_process`).
+    pub protect: Vec<String>,
+}
+
+impl Signalling {
+    pub fn new(args: &SignalArgs) -> Signalling {
+        let SignalArgs {
+            grace,
+            timeout,
+            protect,
+        } = args;
+        Signalling {
+            options: Options::new(*grace, *timeout),
+            protect: protect.clone(),
+        }
+    }
+}
+
 /// A mistake in the command line; printed as is, exit code 2.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -86,6 +112,31 @@ impl From<UsageError> for crate::exit::Failure {
     fn from(error: UsageError) -> Self {
         crate::exit::Failure::new(crate::exit::Exit::Usage, error)
     }
+}
+
+/// The driver `--backend` names (`driver::open`); one that cannot be
+/// opened is bad input.
+pub fn open_driver(
+    choice: &crate::driver::BackendChoice,
+) -> Result<Box<dyn crate::driver::Driver>, UsageError> {
+    let driver = crate::driver::open(choice).map_err(UsageError)?;
+    tracing::debug!(backend = driver.describe(), "driver opened");
+    Ok(driver)
+}
+
+/// `open_driver` for a report that says itself that there is no driver.
+pub fn open_driver_quietly(
+    choice: &crate::driver::BackendChoice,
+) -> Result<Box<dyn crate::driver::Driver>, UsageError> {
+    let driver = crate::driver::open_quietly(choice).map_err(UsageError)?;
+    tracing::debug!(backend = driver.describe(), "driver opened");
+    Ok(driver)
+}
+
+/// The GPUs `--gpu` is resolved against: the driver's count, none where it
+/// cannot tell.
+pub fn gpu_count(driver: &dyn crate::driver::Driver) -> u32 {
+    driver.gpu_count().unwrap_or(0)
 }
 
 /// `--gpu` against the driver's count, refusing a list that names no GPU
@@ -172,6 +223,41 @@ pub fn names_instances(lists: &[GpuList]) -> Option<String> {
         })
         .collect();
     (!instances.is_empty()).then(|| crate::units::GpuRefs(&instances).to_string())
+}
+
+/// What `check` was asked: the GPUs, the Xids that make a problem, where
+/// the node's containers are read.
+#[derive(Debug, Clone)]
+pub struct CheckRequest {
+    pub gpu: Vec<GpuList>,
+    pub drain_xids: BTreeSet<u32>,
+    pub sources: SourcesRequest,
+}
+
+pub fn check(args: &CheckArgs) -> CheckRequest {
+    let CheckArgs { gpu, xids, sources } = args;
+    CheckRequest {
+        gpu: gpu.clone(),
+        drain_xids: xids.drain_xids.0.clone(),
+        sources: SourcesRequest::new(sources),
+    }
+}
+
+/// What `reset` was asked: whole GPUs, each reset or (`--plan`) planned.
+#[derive(Debug, Clone)]
+pub struct ResetRequest {
+    pub gpu: Vec<GpuList>,
+    pub plan: bool,
+    pub json: bool,
+}
+
+pub fn reset(args: &ResetArgs) -> ResetRequest {
+    let ResetArgs { gpu, plan, json } = args;
+    ResetRequest {
+        gpu: gpu.clone(),
+        plan: *plan,
+        json: *json,
+    }
 }
 
 /// Resolves the `--gpu` lists (their union) against the GPUs the driver
@@ -300,8 +386,9 @@ pub struct FreeRequest {
     /// that frees: `mps_servers`).
     pub mps_server: Vec<ServerRef>,
     pub all: bool,
-    pub grace: Duration,
-    pub timeout: Duration,
+    /// The grace and deadline of this free: the one formula, here and on
+    /// each host of `-H`, whose per-host limit is its `longest`.
+    pub options: Options,
     pub protect: Vec<String>,
     pub dry_run: bool,
     pub yes: bool,
@@ -310,13 +397,6 @@ pub struct FreeRequest {
 }
 
 impl FreeRequest {
-    /// The grace and deadline of this free: the one formula
-    /// (`reap::Options`), here and on each host of `-H`, whose per-host
-    /// limit is its `longest`.
-    pub fn options(&self) -> Options {
-        Options::new(self.grace, self.timeout)
-    }
-
     /// Checks the flags of `free` that need neither the driver nor /proc.
     pub fn new(args: &FreeArgs) -> Result<FreeRequest, UsageError> {
         // Every flag, named: one added to `free` must be carried here, and
@@ -333,15 +413,14 @@ impl FreeRequest {
             cgroup,
             mps_server,
             all,
-            grace,
-            timeout,
-            protect,
+            signal,
             dry_run,
             yes,
             json,
             sources,
             fleet: _,
         } = args;
+        let Signalling { options, protect } = Signalling::new(signal);
         let cgroups = container
             .iter()
             .cloned()
@@ -359,9 +438,8 @@ impl FreeRequest {
             cgroups,
             mps_server: mps_server.clone(),
             all: *all,
-            grace: *grace,
-            timeout: *timeout,
-            protect: protect.clone(),
+            options,
+            protect,
             dry_run: *dry_run,
             yes: *yes,
             json: *json,
@@ -464,7 +542,7 @@ pub fn free(
             },
             mps_servers: mps_servers(&request.mps_server, gpu_count, snapshot)?,
         },
-        options: request.options(),
+        options: request.options,
     })
 }
 
@@ -538,9 +616,7 @@ pub fn reap(
         gpu: _,
         older_than,
         interval,
-        grace,
-        timeout,
-        protect,
+        signal,
         max_share,
         enforce,
         log,
@@ -565,6 +641,7 @@ pub fn reap(
         ));
     }
     let gpus = named_gpus(gpu, gpu_count)?;
+    let signal = Signalling::new(signal);
     if let Some(path) = log {
         crate::file::LogFile::check(path).map_err(|error| UsageError(error.to_string()))?;
     }
@@ -576,8 +653,8 @@ pub fn reap(
         gpus,
         older_than: *older_than,
         interval: *interval,
-        options: Options::new(*grace, *timeout),
-        protect: protect.clone(),
+        options: signal.options,
+        protect: signal.protect,
         max_share: *max_share,
         enforce: *enforce,
         log: log.clone(),
@@ -689,23 +766,18 @@ pub struct TopRequest {
 }
 
 impl TopRequest {
-    /// `gpureap demo --top`: top's defaults.
+    /// `gpureap demo --top`: `gpureap top` as given no flag.
     pub fn demo() -> TopRequest {
-        TopRequest {
-            readonly: false,
-            interval: Duration::from_secs(1),
-            protect: Vec::new(),
-            options: Options::new(Duration::from_secs(5), Duration::from_secs(30)),
-            json: false,
-        }
+        TopRequest::new(&crate::cli::defaults::<crate::cli::TopArgs>())
     }
 
     pub fn new(args: &crate::cli::TopArgs) -> TopRequest {
+        let Signalling { options, protect } = Signalling::new(&args.signal);
         TopRequest {
             readonly: args.readonly,
             interval: args.interval,
-            protect: args.protect.clone(),
-            options: Options::new(args.grace, args.timeout),
+            protect,
+            options,
             json: args.json,
         }
     }
@@ -1092,6 +1164,100 @@ pub fn slurm(command: &SlurmCommand) -> slurm::Hook {
 mod tests {
     use super::UsageError;
     use crate::exit::{Exit, Failure};
+
+    /// Every command that frees as `free` does (`free`, the frees `top` and
+    /// `demo --top` start, `reap`) frees alike given no flag: 5s of grace,
+    /// 30s to verify, nothing protected beyond the fixed rules. Any other
+    /// command taking `--grace` keeps a default of its own only where
+    /// listed here, for the reason given.
+    #[test]
+    fn every_command_that_frees_has_the_same_defaults() {
+        use super::{FreeRequest, Signalling, TopRequest};
+        use crate::cli::{Cli, Command};
+        use crate::reap::Options;
+        use clap::{CommandFactory, Parser};
+        use std::time::Duration;
+
+        let parse = |line: &str| {
+            Cli::try_parse_from(line.split_whitespace())
+                .unwrap_or_else(|error| panic!("{line}: {error}"))
+                .command
+        };
+        let Command::Free(free) = parse("gpureap free --all") else {
+            unreachable!()
+        };
+        let free = FreeRequest::new(&free).expect("a scope");
+        let Command::Top(top) = parse("gpureap top") else {
+            unreachable!()
+        };
+        let top = TopRequest::new(&top);
+        let demo = TopRequest::demo();
+        let Command::Reap(reap) = parse("gpureap reap --orphans") else {
+            unreachable!()
+        };
+        let reap = super::reap(&reap, &[], 0).expect("a rule");
+        let expected = Signalling {
+            options: Options::new(Duration::from_secs(5), Duration::from_secs(30)),
+            protect: Vec::new(),
+        };
+        for (command, options, protect) in [
+            ("free", free.options, &free.protect),
+            ("top", top.options, &top.protect),
+            ("demo --top", demo.options, &demo.protect),
+            ("reap", reap.options, &reap.protect),
+        ] {
+            let got = Signalling {
+                options,
+                protect: protect.clone(),
+            };
+            assert_eq!(got, expected, "{command} given no flag");
+        }
+        assert_eq!(format!("{demo:?}"), format!("{top:?}"), "demo --top is top");
+
+        // Each command's --grace, --timeout and --protect as `--help` shows them.
+        fn defaults(command: &clap::Command) -> Vec<(String, Vec<String>)> {
+            ["grace", "timeout", "protect"]
+                .into_iter()
+                .filter_map(|id| command.get_arguments().find(|arg| arg.get_id() == id))
+                .map(|arg| {
+                    let values = arg.get_default_values().iter();
+                    let values = values.map(|value| value.to_string_lossy().into_owned());
+                    (arg.get_id().to_string(), values.collect())
+                })
+                .collect()
+        }
+        fn walk(command: &clap::Command, path: &str, found: &mut Vec<(String, clap::Command)>) {
+            for sub in command.get_subcommands() {
+                let path = format!("{path} {}", sub.get_name()).trim().to_string();
+                if sub.get_arguments().any(|arg| arg.get_id() == "grace") {
+                    found.push((path.clone(), sub.clone()));
+                }
+                walk(sub, &path, found);
+            }
+        }
+        let mut cli = Cli::command();
+        cli.build();
+        let mut taking_grace = Vec::new();
+        walk(&cli, "", &mut taking_grace);
+        let shared = defaults(cli.find_subcommand("free").expect("free"));
+        assert_eq!(shared.len(), 3, "free takes the group: {shared:?}");
+        // A server stopping (`run`) gets longer; a job's leftovers within the
+        // epilog's budget (`slurm epilog`, whose --timeout is the budget) less.
+        let own = ["run", "slurm epilog"];
+        let mut sharing = Vec::new();
+        for (path, command) in &taking_grace {
+            if own.contains(&path.as_str()) {
+                continue;
+            }
+            assert_eq!(
+                defaults(command),
+                shared,
+                "`gpureap {path}` takes --grace with defaults of its own: flatten cli::SignalArgs"
+            );
+            sharing.push(path.as_str());
+        }
+        assert_eq!(sharing, ["free", "top", "reap"]);
+    }
 
     #[test]
     fn bad_usage_is_its_own_class() {

@@ -12,9 +12,14 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use crate::bundle::{Bundle, CpuSamples};
+use crate::config::{self, UsageError};
+use crate::driver::BackendChoice;
+use crate::exit::{Exit, Failure};
+use crate::select::Guard;
 use crate::snapshot::Snapshot;
 use crate::stacks::{self, Capture, Limits};
 use crate::state::{StateDir, StateDirError};
+use crate::stdout::emit;
 
 /// Why no bundle was written.
 #[derive(Debug, thiserror::Error)]
@@ -82,4 +87,66 @@ pub fn write(
         processes: pids.len(),
         stacks: bundle.stacks,
     })
+}
+
+/// `dump`: the processes in scope, chosen as `free` chooses (nothing is
+/// signalled), their stacks and the bundle; the folder and where they wait
+/// are printed.
+pub fn dump(backend: &BackendChoice, request: &config::DumpRequest) -> Result<Exit, Failure> {
+    // gpu.txt says itself when there is no driver.
+    let (driver, gpu) = config::gpu_names(config::open_driver_quietly(backend)?, &request.gpu)?;
+    let request = &config::DumpRequest {
+        gpu,
+        ..request.clone()
+    };
+    let gpu_count = config::gpu_count(driver.as_ref());
+    config::gpus(&request.gpu, gpu_count)?;
+    let named = request.pid.iter().copied().collect();
+    let snapshot = Snapshot::take_focused(driver.as_ref(), &named);
+    let guard = Guard::for_this_process(&[]);
+    let scope = config::dump_scope(request, gpu_count, &snapshot, &guard)?;
+    let pids: BTreeSet<u32> = crate::select::select(&snapshot, &scope, &guard)
+        .targets
+        .into_keys()
+        .collect();
+    let mut asked: Vec<String> = request
+        .pid
+        .iter()
+        .map(|pid| format!("--pid {pid}"))
+        .collect();
+    asked.extend(
+        request
+            .patterns
+            .iter()
+            .map(|regex| format!("--match {regex}")),
+    );
+    if let Some(gpus) = &scope.gpus {
+        let gpus: Vec<String> = gpus.iter().map(u32::to_string).collect();
+        asked.push(format!("--gpu {}", gpus.join(",")));
+    }
+    let asked = asked.join(" ");
+    if pids.is_empty() {
+        return Err(UsageError(format!(
+            "nothing to dump: no process is in scope of {}; --match and --gpu take GPU users (see `gpureap status`), --pid any process",
+            crate::units::one_line(&asked)
+        ))
+        .into());
+    }
+    match write(&snapshot, &pids, &request.out, &asked) {
+        Ok(dumped) => {
+            let mut text = format!(
+                "gpureap dump: {} process(es): {}\nstacks: {}\n",
+                dumped.processes,
+                dumped.folder.display(),
+                dumped.stacks.summary
+            );
+            for note in &dumped.stacks.notes {
+                text.push_str(&format!("note: {note}\n"));
+            }
+            emit(&text)?;
+            Ok(Exit::Success)
+        }
+        Err(error @ DumpError::Refused { .. }) => Err(UsageError(error.to_string()).into()),
+        Err(error) => Err(Failure::new(Exit::Incomplete, error)),
+    }
 }

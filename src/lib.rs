@@ -1,6 +1,7 @@
 //! gpureap's binary: the entry (`cli`, `config`: flags parsed once into typed
-//! config) and the front ends side by side, none importing another: `fleet`,
-//! `slurm`, `exporter` and `check`, `run`, `dump`, `watch`, `top`, `demo`.
+//! config) and the front ends side by side, none importing another:
+//! `status`, `free`, `waiting`, `resetting`, `fleet`, `slurm`, `exporter` and
+//! `check`, `run`, `dump`, `watch`, `top`, `demo`.
 //! They call the services (`gpureap-services`: the ssh transport, status
 //! documents, the metrics exposition, state files, scontrol, the plan
 //! library) and the core (`gpureap-core`: base, driver, pipeline, report).
@@ -10,7 +11,7 @@
 // for them (`crate::snapshot`, `crate::plan`).
 use gpureap_core::{
     container, driver, exit, file, hostlist, members, pace, proc, reap, report, reset, select,
-    signal, snapshot, stacks, supervised, tree, units, verify, wait,
+    signal, snapshot, stacks, stdout, supervised, tree, units, verify, wait,
 };
 use gpureap_services::{bundle, http, metrics, plan, remote, scontrol, state, supervision};
 // Only the live view (`top -H`) runs a child of its own and reads a host's
@@ -34,6 +35,13 @@ pub mod top;
 // node-problem-detector check, from the same snapshot as `status`.
 pub mod check;
 pub mod exporter;
+
+// `gpureap status`, `free` and `wait` on this host (with -H, `fleet` runs
+// them on each host), and `reset`.
+pub mod free;
+pub mod resetting;
+pub mod status;
+pub mod waiting;
 
 // `gpureap reap --watch`: unattended freeing by a policy, through `reap::free`.
 pub mod watch;

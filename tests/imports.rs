@@ -75,7 +75,19 @@ const LAYERS: &[(&str, &[&str])] = &[
     (
         "front ends",
         &[
-            "fleet", "slurm", "exporter", "check", "run", "demo", "dump", "watch", "top",
+            "status",
+            "free",
+            "waiting",
+            "resetting",
+            "fleet",
+            "slurm",
+            "exporter",
+            "check",
+            "run",
+            "demo",
+            "dump",
+            "watch",
+            "top",
         ],
     ),
     (
@@ -121,6 +133,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "file",
             "container",
             "members",
+            "stdout",
         ],
     ),
 ];

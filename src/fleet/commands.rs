@@ -152,7 +152,7 @@ pub fn free(
     };
     // The remote free may take as long as its options let it (the one
     // formula, `reap::Options::longest`).
-    let limit = fleet.limit(args.options().longest());
+    let limit = fleet.limit(args.options.longest());
     let mut freed = fleet
         .fan_out("free", &ready, |_| (run_args.clone(), limit))
         .into_iter();
@@ -184,8 +184,7 @@ pub fn free_flags(request: &FreeRequest) -> Vec<String> {
         cgroups,
         mps_server,
         all,
-        grace,
-        timeout,
+        options,
         protect,
         // The fleet plans everywhere (`--dry-run`), asks once here, then
         // sends `--yes`: `free` adds these itself.
@@ -235,9 +234,9 @@ pub fn free_flags(request: &FreeRequest) -> Vec<String> {
     }
     flags.extend([
         "--grace".to_string(),
-        duration_arg(*grace),
+        duration_arg(options.grace()),
         "--timeout".to_string(),
-        duration_arg(*timeout),
+        duration_arg(options.timeout()),
     ]);
     flags
 }

@@ -25,6 +25,7 @@ pub mod hostlist;
 pub mod members;
 pub mod proc;
 pub mod signal;
+pub mod stdout;
 pub mod units;
 
 // Driver.
