@@ -18,11 +18,11 @@
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
-use crate::config::{self, CheckRequest};
 use crate::driver::evidence::{self, Hardware};
 use crate::driver::{BackendChoice, DriverError, LOST};
 use crate::exit::{Exit, Failure};
 use crate::metrics;
+use crate::request::{self, CheckRequest};
 use crate::snapshot::Snapshot;
 use crate::stdout::emit;
 use crate::units::{Bytes, Field, GpuRanges};
@@ -327,8 +327,8 @@ fn findings_of(
 pub fn main(backend: &BackendChoice, request: &CheckRequest) -> Result<Exit, Failure> {
     let sources = request.sources.sources()?;
     // Its first line says there is no driver, once.
-    let (driver, gpu) = config::gpu_names(config::open_driver_quietly(backend)?, &request.gpu)?;
-    let gpus = config::gpus(&gpu, config::gpu_count(driver.as_ref()))?;
+    let (driver, gpu) = request::gpu_names(request::open_driver_quietly(backend)?, &request.gpu)?;
+    let gpus = request::gpus(&gpu, request::gpu_count(driver.as_ref()))?;
     let mut snapshot = Snapshot::take_listed(driver.as_ref());
     snapshot.attribute_containers(&sources);
     let indexes = snapshot.gpus.iter().map(|gpu| gpu.index).collect();

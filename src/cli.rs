@@ -947,7 +947,7 @@ pub const DEFAULT_TIMEOUT: &str = "30s";
 /// `--timeout` and `--protect` for every command that frees as `free` does
 /// (`free`, `top`, `reap`), with one set of defaults; a `reap --config`
 /// file's keys are these flags, so its defaults are these too.
-/// `config::Signalling` is what they mean.
+/// `request::Signalling` is what they mean.
 #[derive(Debug, Args, Clone, PartialEq, Eq)]
 pub struct SignalArgs {
     /// How long the holders get after SIGTERM before SIGSTOP+SIGKILL. Example: --grace 2s

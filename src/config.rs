@@ -1,271 +1,191 @@
-//! From typed flags to what the program acts on: the rules that involve
-//! several flags or the host (GPU indexes the driver reports, PIDs that
-//! exist, user names). Every error here is the user's input, said plainly,
-//! and ends the run with exit code 2 before anything is signalled.
+//! From typed flags to what the program acts on: each command's request
+//! (the services' `request` types, which the front ends take) made from its
+//! flags once, and the rules that involve several flags. The rules that
+//! involve the host (GPU indexes the driver reports, PIDs that exist, user
+//! names) are `request`'s. Every error here is the user's input, said
+//! plainly, and ends the run with exit code 2 before anything is signalled.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
-
-use regex::Regex;
 
 use crate::cli::{
     CheckArgs, DumpArgs, FreeArgs, HostsArgs, PlanArgs, PushArgs, ReapArgs, ResetArgs, RestartArg,
-    RunArgs, SignalArgs, SlurmCommand, SlurmCommonArgs, SourcesArgs, StatusArgs, WaitArgs,
+    RunArgs, SignalArgs, SlurmCommand, SlurmCommonArgs, SourcesArgs, StatusArgs, TopArgs, WaitArgs,
 };
-use crate::container;
 use crate::file::NotRead;
 use crate::hostlist;
-use crate::members::{self, Found, Wanted};
+use crate::members::Wanted;
 use crate::plan::fit::{Hypothetical, Overrides, PlanConfig};
 use crate::reap::Options;
 use crate::remote::{DEFAULT_REMOTE_BIN, FleetConfig};
+use crate::request::{
+    self, CheckRequest, DumpRequest, FreeRequest, ResetRequest, Signalling, SourcesRequest,
+    StatusRequest, TopRequest, UsageError, WaitRequest,
+};
 use crate::run::ready::Readiness;
 use crate::run::{Restart, RunConfig};
-use crate::select::{Guard, Scope};
 use crate::slurm;
-use crate::snapshot::Snapshot;
-use crate::snapshot::mps::{self, ServerRef};
-use crate::supervision::StaleRun;
 use crate::units::GpuList;
 
 /// `--host-root` and `--kubelet-socket` as given: checked and made into
-/// `container::Sources` on the host that reads them (`sources`); `-H` passes
-/// them on as they are (`fleet::commands::sources_flags`).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SourcesRequest {
-    pub host_root: Option<std::path::PathBuf>,
-    pub kubelet_socket: Option<std::path::PathBuf>,
-}
-
-impl SourcesRequest {
-    pub fn new(args: &SourcesArgs) -> SourcesRequest {
-        let SourcesArgs {
-            host_root,
-            kubelet_socket,
-        } = args;
-        SourcesRequest {
-            host_root: host_root.clone(),
-            kubelet_socket: kubelet_socket.clone(),
-        }
-    }
-
-    /// The node's sources: `--host-root` must be a folder (a typo would
-    /// otherwise make every source silently absent); the kubelet's socket may
-    /// be missing, which the report notes.
-    pub fn sources(&self) -> Result<container::Sources, UsageError> {
-        let host_root = self
-            .host_root
-            .clone()
-            .unwrap_or_else(|| std::path::PathBuf::from("/"));
-        if !host_root.is_dir() {
-            return Err(UsageError(format!(
-                "--host-root {}: not a folder; give where the node's root is mounted (e.g. /host)",
-                host_root.display()
-            )));
-        }
-        Ok(container::Sources::new(
-            host_root,
-            self.kubelet_socket.clone(),
-        ))
+/// `container::Sources` on the host that reads them
+/// (`SourcesRequest::sources`); `-H` passes them on as they are
+/// (`fleet::commands::sources_flags`).
+pub fn sources_request(args: &SourcesArgs) -> SourcesRequest {
+    let SourcesArgs {
+        host_root,
+        kubelet_socket,
+    } = args;
+    SourcesRequest {
+        host_root: host_root.clone(),
+        kubelet_socket: kubelet_socket.clone(),
     }
 }
 
 /// `--grace`, `--timeout` and `--protect` typed (`cli::SignalArgs`): the
 /// one conversion for `free` (here and on each host of `-H`), the frees
 /// `top` starts and `reap`'s.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Signalling {
-    /// SIGTERM, the grace, SIGSTOP+SIGKILL, then verification: the one
-    /// formula (`reap::Options`).
-    pub options: Options,
-    /// Names spared besides the fixed ones (`Guard::for_this_process`).
-    pub protect: Vec<String>,
-}
-
-impl Signalling {
-    pub fn new(args: &SignalArgs) -> Signalling {
-        let SignalArgs {
-            grace,
-            timeout,
-            protect,
-        } = args;
-        Signalling {
-            options: Options::new(*grace, *timeout),
-            protect: protect.clone(),
-        }
+pub fn signalling(args: &SignalArgs) -> Signalling {
+    let SignalArgs {
+        grace,
+        timeout,
+        protect,
+    } = args;
+    Signalling {
+        options: Options::new(*grace, *timeout),
+        protect: protect.clone(),
     }
 }
 
-/// A mistake in the command line; printed as is, exit code 2.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct UsageError(pub String);
-
-impl From<String> for UsageError {
-    fn from(message: String) -> Self {
-        UsageError(message)
+/// What `status` was asked: the one config of `status`, here and with `-H`.
+pub fn status(args: &StatusArgs) -> StatusRequest {
+    let StatusArgs {
+        gpu,
+        tree,
+        json,
+        prometheus,
+        per_process,
+        monitors,
+        sources: given,
+        fleet: _,
+    } = args;
+    StatusRequest {
+        gpu: gpu.clone(),
+        tree: *tree,
+        json: *json,
+        prometheus: *prometheus,
+        per_process: *per_process,
+        monitors: *monitors,
+        sources: sources_request(given),
     }
 }
 
-/// Bad usage or input is its own class in the exit table.
-impl From<UsageError> for crate::exit::Failure {
-    fn from(error: UsageError) -> Self {
-        crate::exit::Failure::new(crate::exit::Exit::Usage, error)
-    }
-}
-
-/// The driver `--backend` names (`driver::open`); one that cannot be
-/// opened is bad input.
-pub fn open_driver(
-    choice: &crate::driver::BackendChoice,
-) -> Result<Box<dyn crate::driver::Driver>, UsageError> {
-    let driver = crate::driver::open(choice).map_err(UsageError)?;
-    tracing::debug!(backend = driver.describe(), "driver opened");
-    Ok(driver)
-}
-
-/// `open_driver` for a report that says itself that there is no driver.
-pub fn open_driver_quietly(
-    choice: &crate::driver::BackendChoice,
-) -> Result<Box<dyn crate::driver::Driver>, UsageError> {
-    let driver = crate::driver::open_quietly(choice).map_err(UsageError)?;
-    tracing::debug!(backend = driver.describe(), "driver opened");
-    Ok(driver)
-}
-
-/// The GPUs `--gpu` is resolved against: the driver's count, none where it
-/// cannot tell.
-pub fn gpu_count(driver: &dyn crate::driver::Driver) -> u32 {
-    driver.gpu_count().unwrap_or(0)
-}
-
-/// `--gpu` against the driver's count, refusing a list that names no GPU
-/// here (`None`: every GPU).
-pub fn named_gpus(lists: &[GpuList], gpu_count: u32) -> Result<Option<BTreeSet<u32>>, UsageError> {
-    let gpus = gpus(lists, gpu_count)?;
-    if gpus.as_ref().is_some_and(BTreeSet::is_empty) {
-        return Err(UsageError(
-            "--gpu names no GPU: the driver reports none on this host (see `gpureap status`)"
-                .to_string(),
-        ));
-    }
-    Ok(gpus)
-}
-
-/// `--pid`s by identity: each a live process the guard does not spare
-/// (gpureap, its ancestors, PID 1, kernel threads); a refusal ends with
-/// `what_then`, after `joint`.
-fn named_pids(
-    pids: &[u32],
-    snapshot: &Snapshot,
-    guard: &Guard,
-    what_then: &str,
-    joint: &str,
-) -> Result<BTreeSet<crate::proc::ProcessId>, UsageError> {
-    let mut named = BTreeSet::new();
-    for &pid in pids {
-        let Some(record) = snapshot.processes.get(&pid) else {
-            return Err(UsageError(format!(
-                "no process with PID {pid} (it may have exited already); see `gpureap status`"
-            )));
-        };
-        if let Some(reason) = guard.spare_reason(snapshot, record, true) {
-            return Err(UsageError(format!(
-                "refusing --pid {pid}: it is {reason}{joint}{what_then}"
-            )));
-        }
-        named.insert(record.id);
-    }
-    Ok(named)
-}
-
-/// `--gpu` lists that name GPUs by UUID (`GPU-…`) or MIG instances (`0:1`,
-/// `MIG-…`), resolved against the driver (`driver::mig::resolve`): the
-/// driver the command then works through (the instances' view where some
-/// are named, docs/mig.md) and the lists as GPU indexes, which every rule
-/// below (`gpus`, `named_gpus`) takes as before. Lists of indexes pass
-/// unchanged; a name not on this host is bad input.
-pub fn gpu_names(
-    driver: Box<dyn crate::driver::Driver>,
-    lists: &[GpuList],
-) -> Result<(Box<dyn crate::driver::Driver>, Vec<GpuList>), UsageError> {
-    let Some(GpuList::Refs(refs)) = GpuList::union(lists) else {
-        return Ok((driver, lists.to_vec()));
-    };
-    let resolved = crate::driver::mig::resolve(driver.as_ref(), &refs)
-        .map_err(|error| UsageError(format!("--gpu {}: {error}", crate::units::GpuRefs(&refs))))?;
-    let indexes = GpuList::Some(resolved.indexes());
-    Ok((
-        crate::driver::mig::InstanceView::wrap(driver, resolved.instances),
-        vec![indexes],
-    ))
-}
-
-/// Whether the `--gpu` lists name a GPU only the driver can resolve (a
-/// UUID, a MIG instance).
-pub fn names_by_driver(lists: &[GpuList]) -> bool {
-    lists.iter().any(|list| matches!(list, GpuList::Refs(_)))
-}
-
-/// Whether the `--gpu` lists name a MIG instance (`reset` refuses them: a
-/// reset is of the whole GPU).
-pub fn names_instances(lists: &[GpuList]) -> Option<String> {
-    let Some(GpuList::Refs(refs)) = GpuList::union(lists) else {
-        return None;
-    };
-    let instances: Vec<crate::units::GpuRef> = refs
-        .into_iter()
-        .filter(|gpu| {
-            matches!(
-                gpu,
-                crate::units::GpuRef::Instance(..) | crate::units::GpuRef::MigUuid(_)
-            )
-        })
+/// What `free` was asked: the flags of `free` that need neither the driver
+/// nor /proc checked (the scope is not empty).
+pub fn free(args: &FreeArgs) -> Result<FreeRequest, UsageError> {
+    // Every flag, named: one added to `free` must be carried here, and
+    // from here to the hosts of `-H` (`fleet::commands::free_flags`).
+    let FreeArgs {
+        gpu,
+        pid,
+        patterns,
+        user,
+        orphans,
+        stale_runs,
+        container,
+        pod,
+        cgroup,
+        mps_server,
+        all,
+        signal,
+        dry_run,
+        yes,
+        json,
+        sources: given,
+        fleet: _,
+    } = args;
+    let Signalling { options, protect } = signalling(signal);
+    let cgroups = container
+        .iter()
+        .cloned()
+        .map(Wanted::Container)
+        .chain(pod.iter().cloned().map(Wanted::Pod))
+        .chain(cgroup.iter().cloned().map(Wanted::Cgroup))
         .collect();
-    (!instances.is_empty()).then(|| crate::units::GpuRefs(&instances).to_string())
+    let request = FreeRequest {
+        gpu: gpu.clone(),
+        pid: pid.clone(),
+        patterns: patterns.clone(),
+        user: user.clone(),
+        orphans: *orphans,
+        stale_runs: *stale_runs,
+        cgroups,
+        mps_server: mps_server.clone(),
+        all: *all,
+        options,
+        protect,
+        dry_run: *dry_run,
+        yes: *yes,
+        json: *json,
+        sources: sources_request(given),
+    };
+    request::check_scope(&request)?;
+    Ok(request)
+}
+
+/// What `top` was asked: the view's refresh and the options of the frees it starts.
+pub fn top(args: &TopArgs) -> TopRequest {
+    let Signalling { options, protect } = signalling(&args.signal);
+    TopRequest {
+        readonly: args.readonly,
+        interval: args.interval,
+        protect,
+        options,
+        json: args.json,
+    }
+}
+
+/// `gpureap demo --top`: `gpureap top` as given no flag.
+pub fn top_demo() -> TopRequest {
+    top(&crate::cli::defaults::<TopArgs>())
+}
+
+/// What `wait` was asked: the one config of `wait`, here and with `-H`.
+pub fn wait(args: &WaitArgs) -> WaitRequest {
+    let WaitArgs {
+        gpu,
+        below,
+        timeout,
+        keep_waiting,
+        json,
+        fleet: _,
+    } = args;
+    WaitRequest {
+        gpu: gpu.clone(),
+        below: *below,
+        timeout: *timeout,
+        keep_waiting: *keep_waiting,
+        json: *json,
+    }
 }
 
 /// What `check` was asked: the GPUs, the Xids that make a problem, where
 /// the node's containers are read.
-#[derive(Debug, Clone)]
-pub struct CheckRequest {
-    pub gpu: Vec<GpuList>,
-    pub drain_xids: BTreeSet<u32>,
-    pub sources: SourcesRequest,
-}
-
 pub fn check(args: &CheckArgs) -> CheckRequest {
     let CheckArgs { gpu, xids, sources } = args;
     CheckRequest {
         gpu: gpu.clone(),
         drain_xids: xids.drain_xids.0.clone(),
-        sources: SourcesRequest::new(sources),
+        sources: sources_request(sources),
     }
 }
 
 /// What `reset` was asked: whole GPUs, each reset or (`--plan`) planned.
-#[derive(Debug, Clone)]
-pub struct ResetRequest {
-    pub gpu: Vec<GpuList>,
-    pub plan: bool,
-    pub json: bool,
-}
-
 pub fn reset(args: &ResetArgs) -> ResetRequest {
     let ResetArgs { gpu, plan, json } = args;
     ResetRequest {
         gpu: gpu.clone(),
         plan: *plan,
         json: *json,
-    }
-}
-
-/// Resolves the `--gpu` lists (their union) against the GPUs the driver
-/// reports; `None` when no list was given.
-pub fn gpus(lists: &[GpuList], gpu_count: u32) -> Result<Option<BTreeSet<u32>>, UsageError> {
-    match GpuList::union(lists) {
-        None => Ok(None),
-        Some(list) => Ok(Some(list.resolve(gpu_count)?)),
     }
 }
 
@@ -329,271 +249,6 @@ pub fn push(args: &PushArgs) -> Result<PushConfig, UsageError> {
     })
 }
 
-/// What `status` was asked: the one config of `status`, here and with `-H`.
-#[derive(Debug, Clone)]
-pub struct StatusRequest {
-    pub gpu: Vec<GpuList>,
-    pub tree: bool,
-    pub json: bool,
-    pub prometheus: bool,
-    pub per_process: bool,
-    /// Every process's descriptors read (`status --monitors`).
-    pub monitors: bool,
-    pub sources: SourcesRequest,
-}
-
-impl StatusRequest {
-    pub fn new(args: &StatusArgs) -> StatusRequest {
-        let StatusArgs {
-            gpu,
-            tree,
-            json,
-            prometheus,
-            per_process,
-            monitors,
-            sources,
-            fleet: _,
-        } = args;
-        StatusRequest {
-            gpu: gpu.clone(),
-            tree: *tree,
-            json: *json,
-            prometheus: *prometheus,
-            per_process: *per_process,
-            monitors: *monitors,
-            sources: SourcesRequest::new(sources),
-        }
-    }
-}
-
-/// What `free` was asked, with everything that needs neither the driver nor
-/// /proc nor this host already checked (the scope is not empty). The one
-/// config of `free`: a local `free` resolves it against this host
-/// (`FreeRequest::users`, then `free`); `free -H` sends it to each host
-/// (`fleet::commands::free_flags`), which resolves it there.
-#[derive(Debug, Clone)]
-pub struct FreeRequest {
-    pub gpu: Vec<GpuList>,
-    pub pid: Vec<u32>,
-    pub patterns: Vec<Regex>,
-    pub user: Vec<String>,
-    pub orphans: bool,
-    pub stale_runs: bool,
-    /// `--container`, `--pod`, `--cgroup`, in that order (`members::find`
-    /// resolves them on the host that frees).
-    pub cgroups: Vec<Wanted>,
-    /// `--mps-server`: servers to stop on purpose (resolved on the host
-    /// that frees: `mps_servers`).
-    pub mps_server: Vec<ServerRef>,
-    pub all: bool,
-    /// The grace and deadline of this free: the one formula, here and on
-    /// each host of `-H`, whose per-host limit is its `longest`.
-    pub options: Options,
-    pub protect: Vec<String>,
-    pub dry_run: bool,
-    pub yes: bool,
-    pub json: bool,
-    pub sources: SourcesRequest,
-}
-
-impl FreeRequest {
-    /// Checks the flags of `free` that need neither the driver nor /proc.
-    pub fn new(args: &FreeArgs) -> Result<FreeRequest, UsageError> {
-        // Every flag, named: one added to `free` must be carried here, and
-        // from here to the hosts of `-H` (`fleet::commands::free_flags`).
-        let FreeArgs {
-            gpu,
-            pid,
-            patterns,
-            user,
-            orphans,
-            stale_runs,
-            container,
-            pod,
-            cgroup,
-            mps_server,
-            all,
-            signal,
-            dry_run,
-            yes,
-            json,
-            sources,
-            fleet: _,
-        } = args;
-        let Signalling { options, protect } = Signalling::new(signal);
-        let cgroups = container
-            .iter()
-            .cloned()
-            .map(Wanted::Container)
-            .chain(pod.iter().cloned().map(Wanted::Pod))
-            .chain(cgroup.iter().cloned().map(Wanted::Cgroup))
-            .collect();
-        let request = FreeRequest {
-            gpu: gpu.clone(),
-            pid: pid.clone(),
-            patterns: patterns.clone(),
-            user: user.clone(),
-            orphans: *orphans,
-            stale_runs: *stale_runs,
-            cgroups,
-            mps_server: mps_server.clone(),
-            all: *all,
-            options,
-            protect,
-            dry_run: *dry_run,
-            yes: *yes,
-            json: *json,
-            sources: SourcesRequest::new(sources),
-        };
-        check_scope(&request)?;
-        Ok(request)
-    }
-
-    /// The uids of `--user`, resolved on this host (a host of `-H` resolves
-    /// the names itself).
-    pub fn users(&self) -> Result<BTreeSet<u32>, UsageError> {
-        uids_of(&self.user)
-    }
-}
-
-/// The uids of `--user` names (or numbers), resolved on this host.
-fn uids_of(names: &[String]) -> Result<BTreeSet<u32>, UsageError> {
-    let mut uids = BTreeSet::new();
-    for name in names {
-        let uid = match name.parse::<u32>() {
-            Ok(uid) => uid,
-            Err(_) => uzers::get_user_by_name(name)
-                .map(|user| user.uid())
-                .ok_or_else(|| UsageError(format!("no user named '{name}' on this host")))?,
-        };
-        uids.insert(uid);
-    }
-    Ok(uids)
-}
-
-/// `free` needs a scope: here, and before a fleet asks any host.
-fn check_scope(request: &FreeRequest) -> Result<(), UsageError> {
-    let no_scope = request.gpu.is_empty()
-        && request.pid.is_empty()
-        && request.patterns.is_empty()
-        && request.user.is_empty()
-        && !request.orphans
-        && !request.stale_runs
-        && request.cgroups.is_empty()
-        && request.mps_server.is_empty()
-        && !request.all;
-    if no_scope {
-        return Err(UsageError(
-                "refusing to free without a scope: give one or more of --gpu LIST, --pid PID, --match REGEX, --user NAME, --orphans, --stale-runs, --container ID, --pod NAMESPACE/NAME, --cgroup PATH, --mps-server PID, --all (try --dry-run first)"
-                    .to_string(),
-            ));
-    }
-    Ok(())
-}
-
-pub struct FreeConfig {
-    pub scope: Scope,
-    pub options: Options,
-}
-
-/// Builds the scope for `free` against the host: GPU indexes must exist,
-/// named PIDs must be live processes that may be signalled. `stale_runs` are
-/// the runs found for `--stale-runs`, `uids` those of `--user` on this host,
-/// `members` what `--container`, `--pod` and `--cgroup` resolved to here.
-pub fn free(
-    request: &FreeRequest,
-    uids: BTreeSet<u32>,
-    gpu_count: u32,
-    snapshot: &Snapshot,
-    guard: &Guard,
-    stale_runs: Option<&[StaleRun]>,
-    members: Option<&[Found]>,
-) -> Result<FreeConfig, UsageError> {
-    let gpus = named_gpus(&request.gpu, gpu_count)?;
-    let pids = named_pids(
-        &request.pid,
-        snapshot,
-        guard,
-        "and neither it nor what runs under it may be signalled",
-        ", ",
-    )?;
-    Ok(FreeConfig {
-        scope: Scope {
-            gpus,
-            pids,
-            patterns: request.patterns.clone(),
-            uids,
-            orphans: request.orphans,
-            all: request.all,
-            stale_runs: stale_runs.map(|runs| {
-                runs.iter()
-                    .flat_map(|run| run.members.iter().copied())
-                    .collect()
-            }),
-            members: members.map(members::all_members),
-            job: None,
-            min_age: None,
-            supervisor_gone: false,
-            within: None,
-            containers_gone: if request.orphans {
-                crate::select::gone_containers(snapshot)
-            } else {
-                BTreeMap::new()
-            },
-            mps_servers: mps_servers(&request.mps_server, gpu_count, snapshot)?,
-        },
-        options: request.options,
-    })
-}
-
-/// `--mps-server` against this host, by identity: a PID must be a live MPS
-/// server (`nvidia-cuda-mps-server`), and a GPU must exist and have one.
-fn mps_servers(
-    named: &[ServerRef],
-    gpu_count: u32,
-    snapshot: &Snapshot,
-) -> Result<BTreeSet<crate::proc::ProcessId>, UsageError> {
-    let mut servers = BTreeSet::new();
-    for &wanted in named {
-        let pids = match wanted {
-            ServerRef::Pid(pid) => {
-                let Some(record) = snapshot.processes.get(&pid) else {
-                    return Err(UsageError(format!(
-                        "--mps-server {pid}: no process with PID {pid} (it may have exited already); see `gpureap status`"
-                    )));
-                };
-                if mps::role_by_name(record) != Some(mps::Role::Server) {
-                    return Err(UsageError(format!(
-                        "--mps-server {pid}: PID {pid} ({}) is not an MPS server (nvidia-cuda-mps-server); `gpureap status` flags servers mps_server",
-                        crate::units::Field(record.program())
-                    )));
-                }
-                vec![pid]
-            }
-            ServerRef::Gpu(index) => {
-                if index >= gpu_count {
-                    return Err(UsageError(format!(
-                        "--mps-server gpu:{index}: there is no GPU {index} (this host has {gpu_count})"
-                    )));
-                }
-                let found = snapshot.mps_servers_on(index);
-                if found.is_empty() {
-                    return Err(UsageError(format!(
-                        "--mps-server gpu:{index}: GPU {index} has no MPS server"
-                    )));
-                }
-                found
-            }
-        };
-        servers.extend(
-            pids.iter()
-                .filter_map(|pid| snapshot.processes.get(pid))
-                .map(|record| record.id),
-        );
-    }
-    Ok(servers)
-}
-
 /// `reap`'s flags as its typed config. `gpu_count` resolves `--gpu`; user
 /// names are resolved on this host; `--log` is checked (never through a
 /// link, a plain file of ours) before anything runs.
@@ -640,8 +295,8 @@ pub fn reap(
                 .to_string(),
         ));
     }
-    let gpus = named_gpus(gpu, gpu_count)?;
-    let signal = Signalling::new(signal);
+    let gpus = request::named_gpus(gpu, gpu_count)?;
+    let signal = signalling(signal);
     if let Some(path) = log {
         crate::file::LogFile::check(path).map_err(|error| UsageError(error.to_string()))?;
     }
@@ -649,7 +304,7 @@ pub fn reap(
         watch: *watch,
         rules,
         patterns: patterns.clone(),
-        uids: uids_of(user)?,
+        uids: request::uids_of(user)?,
         gpus,
         older_than: *older_than,
         interval: *interval,
@@ -660,7 +315,7 @@ pub fn reap(
         log: log.clone(),
         listen: *listen,
         scontrol: scontrol.clone(),
-        sources: SourcesRequest::new(sources).sources()?,
+        sources: sources_request(sources).sources()?,
     })
 }
 
@@ -753,36 +408,6 @@ pub fn reap_argv(
     Ok(merged)
 }
 
-/// What `top` was asked: the view's refresh and the options of the frees it starts.
-#[derive(Debug, Clone)]
-pub struct TopRequest {
-    pub readonly: bool,
-    pub interval: Duration,
-    pub protect: Vec<String>,
-    /// The frees started from the view: `free`'s own formula.
-    pub options: Options,
-    /// `--json`: no view, a document a line (`top::stream`).
-    pub json: bool,
-}
-
-impl TopRequest {
-    /// `gpureap demo --top`: `gpureap top` as given no flag.
-    pub fn demo() -> TopRequest {
-        TopRequest::new(&crate::cli::defaults::<crate::cli::TopArgs>())
-    }
-
-    pub fn new(args: &crate::cli::TopArgs) -> TopRequest {
-        let Signalling { options, protect } = Signalling::new(&args.signal);
-        TopRequest {
-            readonly: args.readonly,
-            interval: args.interval,
-            protect,
-            options,
-            json: args.json,
-        }
-    }
-}
-
 /// `top -H`'s host: one, never a list (the view shows one host); and not
 /// with `--json`, which is the host's side of it.
 pub fn top_host(args: &crate::cli::TopArgs) -> Result<Option<FleetConfig>, UsageError> {
@@ -798,60 +423,6 @@ pub fn top_host(args: &crate::cli::TopArgs) -> Result<Option<FleetConfig>, Usage
             "top -H shows one host, and this names {count}: give one host (for many, use gpureap status -H LIST)"
         ))),
     }
-}
-
-/// What `wait` was asked: the one config of `wait`, here and with `-H`.
-#[derive(Debug, Clone)]
-pub struct WaitRequest {
-    pub gpu: Vec<GpuList>,
-    pub below: u64,
-    pub timeout: Duration,
-    pub keep_waiting: bool,
-    pub json: bool,
-}
-
-impl WaitRequest {
-    pub fn new(args: &WaitArgs) -> WaitRequest {
-        let WaitArgs {
-            gpu,
-            below,
-            timeout,
-            keep_waiting,
-            json,
-            fleet: _,
-        } = args;
-        WaitRequest {
-            gpu: gpu.clone(),
-            below: *below,
-            timeout: *timeout,
-            keep_waiting: *keep_waiting,
-            json: *json,
-        }
-    }
-}
-
-pub struct WaitConfig {
-    pub gpus: BTreeSet<u32>,
-    pub below: u64,
-    pub timeout: Duration,
-    /// `--keep-waiting`: wait out the timeout even where memory held by no
-    /// process keeps a GPU at or above `below`.
-    pub keep_waiting: bool,
-}
-
-pub fn wait(request: &WaitRequest, gpu_count: u32) -> Result<WaitConfig, UsageError> {
-    let gpus = gpus(&request.gpu, gpu_count)?.unwrap_or_default();
-    if gpus.is_empty() {
-        return Err(UsageError(
-            "no GPUs to wait for: the driver reports none (is this a GPU host? see `gpureap status`)".to_string(),
-        ));
-    }
-    Ok(WaitConfig {
-        gpus,
-        below: request.below,
-        timeout: request.timeout,
-        keep_waiting: request.keep_waiting,
-    })
 }
 
 /// Where the server's program is, as `exec` will find it: a path as given,
@@ -994,15 +565,7 @@ fn run_plan(
 }
 
 /// What `gpureap dump` was asked, typed; its scope is made against the
-/// host (`dump_scope`).
-#[derive(Debug, Clone)]
-pub struct DumpRequest {
-    pub pid: Vec<u32>,
-    pub patterns: Vec<Regex>,
-    pub gpu: Vec<GpuList>,
-    pub out: std::path::PathBuf,
-}
-
+/// host (`request::dump_scope`).
 pub fn dump(args: &DumpArgs) -> DumpRequest {
     let DumpArgs {
         pid,
@@ -1018,31 +581,6 @@ pub fn dump(args: &DumpArgs) -> DumpRequest {
             .clone()
             .unwrap_or_else(|| state_base().join("gpureap").join("dumps")),
     }
-}
-
-/// The scope of a dump against the host: GPU indexes must exist, named
-/// PIDs must be live processes the guard does not spare (gpureap, its
-/// ancestors, PID 1, kernel threads), as `free`'s.
-pub fn dump_scope(
-    request: &DumpRequest,
-    gpu_count: u32,
-    snapshot: &Snapshot,
-    guard: &Guard,
-) -> Result<Scope, UsageError> {
-    let gpus = named_gpus(&request.gpu, gpu_count)?;
-    let pids = named_pids(
-        &request.pid,
-        snapshot,
-        guard,
-        "name the server's own processes",
-        "; ",
-    )?;
-    Ok(Scope {
-        gpus,
-        pids,
-        patterns: request.patterns.clone(),
-        ..Scope::default()
-    })
 }
 
 /// `$XDG_STATE_HOME`, else `~/.local/state`, else `/var/lib`.
@@ -1162,8 +700,8 @@ pub fn slurm(command: &SlurmCommand) -> slurm::Hook {
 
 #[cfg(test)]
 mod tests {
-    use super::UsageError;
     use crate::exit::{Exit, Failure};
+    use crate::request::UsageError;
 
     /// Every command that frees as `free` does (`free`, the frees `top` and
     /// `demo --top` start, `reap`) frees alike given no flag: 5s of grace,
@@ -1172,9 +710,9 @@ mod tests {
     /// listed here, for the reason given.
     #[test]
     fn every_command_that_frees_has_the_same_defaults() {
-        use super::{FreeRequest, Signalling, TopRequest};
         use crate::cli::{Cli, Command};
         use crate::reap::Options;
+        use crate::request::Signalling;
         use clap::{CommandFactory, Parser};
         use std::time::Duration;
 
@@ -1186,12 +724,12 @@ mod tests {
         let Command::Free(free) = parse("gpureap free --all") else {
             unreachable!()
         };
-        let free = FreeRequest::new(&free).expect("a scope");
+        let free = super::free(&free).expect("a scope");
         let Command::Top(top) = parse("gpureap top") else {
             unreachable!()
         };
-        let top = TopRequest::new(&top);
-        let demo = TopRequest::demo();
+        let top = super::top(&top);
+        let demo = super::top_demo();
         let Command::Reap(reap) = parse("gpureap reap --orphans") else {
             unreachable!()
         };

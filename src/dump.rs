@@ -12,9 +12,9 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use crate::bundle::{Bundle, CpuSamples};
-use crate::config::{self, UsageError};
 use crate::driver::BackendChoice;
 use crate::exit::{Exit, Failure};
+use crate::request::{self, UsageError};
 use crate::select::Guard;
 use crate::snapshot::Snapshot;
 use crate::stacks::{self, Capture, Limits};
@@ -92,19 +92,19 @@ pub fn write(
 /// `dump`: the processes in scope, chosen as `free` chooses (nothing is
 /// signalled), their stacks and the bundle; the folder and where they wait
 /// are printed.
-pub fn dump(backend: &BackendChoice, request: &config::DumpRequest) -> Result<Exit, Failure> {
+pub fn dump(backend: &BackendChoice, request: &request::DumpRequest) -> Result<Exit, Failure> {
     // gpu.txt says itself when there is no driver.
-    let (driver, gpu) = config::gpu_names(config::open_driver_quietly(backend)?, &request.gpu)?;
-    let request = &config::DumpRequest {
+    let (driver, gpu) = request::gpu_names(request::open_driver_quietly(backend)?, &request.gpu)?;
+    let request = &request::DumpRequest {
         gpu,
         ..request.clone()
     };
-    let gpu_count = config::gpu_count(driver.as_ref());
-    config::gpus(&request.gpu, gpu_count)?;
+    let gpu_count = request::gpu_count(driver.as_ref());
+    request::gpus(&request.gpu, gpu_count)?;
     let named = request.pid.iter().copied().collect();
     let snapshot = Snapshot::take_focused(driver.as_ref(), &named);
     let guard = Guard::for_this_process(&[]);
-    let scope = config::dump_scope(request, gpu_count, &snapshot, &guard)?;
+    let scope = request::dump_scope(request, gpu_count, &snapshot, &guard)?;
     let pids: BTreeSet<u32> = crate::select::select(&snapshot, &scope, &guard)
         .targets
         .into_keys()

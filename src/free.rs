@@ -7,13 +7,13 @@
 use std::io::{self, IsTerminal};
 use std::time::Duration;
 
-use crate::config::{self, UsageError};
 use crate::container::Sources;
 use crate::driver::BackendChoice;
 use crate::exit::{Exit, Failure};
 use crate::members::{self, Found, Wanted};
 use crate::reap;
 use crate::report;
+use crate::request::{self, UsageError};
 use crate::select::Guard;
 use crate::snapshot::Snapshot;
 use crate::stdout::emit;
@@ -23,19 +23,19 @@ use crate::supervision::{self, StaleRun};
 /// "Proceed? [y/N] ") unless `--yes` or `--dry-run`, and refuses by an error.
 pub fn free(
     backend: &BackendChoice,
-    args: &config::FreeRequest,
+    args: &request::FreeRequest,
     confirm: impl FnOnce(&str) -> Result<(), Failure>,
 ) -> Result<Exit, Failure> {
     let uids = args.users()?;
     let sources = args.sources.sources()?;
-    let (driver, gpu) = config::gpu_names(config::open_driver(backend)?, &args.gpu)?;
-    let args = &config::FreeRequest {
+    let (driver, gpu) = request::gpu_names(request::open_driver(backend)?, &args.gpu)?;
+    let args = &request::FreeRequest {
         gpu,
         ..args.clone()
     };
-    let gpu_count = config::gpu_count(driver.as_ref());
+    let gpu_count = request::gpu_count(driver.as_ref());
     // GPU indexes are checked before the scan; named processes' families need command lines too.
-    config::gpus(&args.gpu, gpu_count)?;
+    request::gpus(&args.gpu, gpu_count)?;
     // Found before the snapshot, so that every member found is in it.
     let stale_runs = args.stale_runs.then(supervision::stale_runs);
     let cgroup_scopes = cgroup_scopes(&args.cgroups, &sources)?;
@@ -56,7 +56,7 @@ pub fn free(
     // Names and "container gone" (which --orphans takes), judged once here.
     snapshot.attribute_containers(&sources);
     let mut guard = Guard::for_this_process(&args.protect);
-    let config = config::free(
+    let config = request::free(
         args,
         uids,
         gpu_count,

@@ -13,7 +13,9 @@ use gpureap_core::{
     container, driver, exit, file, hostlist, members, pace, proc, reap, report, reset, select,
     signal, snapshot, stacks, stdout, supervised, tree, units, verify, wait,
 };
-use gpureap_services::{bundle, http, metrics, plan, remote, scontrol, state, supervision};
+use gpureap_services::{
+    bundle, http, metrics, plan, remote, request, scontrol, state, supervision,
+};
 // Only the live view (`top -H`) runs a child of its own and reads a host's
 // status document.
 #[cfg(feature = "top")]

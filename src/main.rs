@@ -8,12 +8,13 @@ use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches};
 
 use gpureap::cli::{Cli, Command, RunArgs};
-use gpureap::config::{self, UsageError};
+use gpureap::config;
 use gpureap::fleet;
 use gpureap_core::driver::BackendChoice;
 use gpureap_core::exit::{Exit, Failure};
 use gpureap_core::snapshot::Snapshot;
 use gpureap_core::stdout::{emit, emit_encoded};
+use gpureap_services::request::{self, UsageError};
 
 fn main() -> ! {
     // The demo's simulated processes are this binary under other command lines.
@@ -59,7 +60,7 @@ fn main() -> ! {
     let result = match &cli.command {
         // One config per command, the same here and with -H.
         Command::Status(args) => {
-            let request = config::StatusRequest::new(args);
+            let request = config::status(args);
             match fleet(&args.fleet, &remote_backend, args.json) {
                 Ok(Some(fleet)) => fleet_output(fleet::commands::status(&fleet, &request)),
                 Ok(None) => gpureap::status::status(&cli.backend, &request),
@@ -67,7 +68,7 @@ fn main() -> ! {
             }
         }
         Command::Free(args) => match fleet(&args.fleet, &remote_backend, args.json)
-            .and_then(|fleet| Ok((fleet, config::FreeRequest::new(args)?)))
+            .and_then(|fleet| Ok((fleet, config::free(args)?)))
         {
             Ok((Some(fleet), request)) => fleet_output(fleet::commands::free(
                 &fleet,
@@ -79,7 +80,7 @@ fn main() -> ! {
             Err(error) => Err(error),
         },
         Command::Wait(args) => {
-            let request = config::WaitRequest::new(args);
+            let request = config::wait(args);
             match fleet(&args.fleet, &remote_backend, args.json) {
                 Ok(Some(fleet)) => fleet_output(fleet::commands::wait(&fleet, &request)),
                 Ok(None) => gpureap::waiting::wait(&cli.backend, &request),
@@ -292,7 +293,7 @@ fn confirm(question: &str) -> Result<(), Failure> {
 #[cfg(feature = "top")]
 fn demo_top() -> Result<Exit, Failure> {
     terminal_for_top()?;
-    gpureap::demo::staged_for(|driver| gpureap::top::live::run(driver, &config::TopRequest::demo()))
+    gpureap::demo::staged_for(|driver| gpureap::top::live::run(driver, &config::top_demo()))
         .map_err(Failure::from)
 }
 
@@ -335,10 +336,10 @@ fn top(
     args: &gpureap::cli::TopArgs,
     remote_backend: &Option<String>,
 ) -> Result<Exit, Failure> {
-    let request = config::TopRequest::new(args);
+    let request = config::top(args);
     let host = config::top_host(args)?;
     if request.json {
-        let driver = config::open_driver_quietly(backend)?;
+        let driver = request::open_driver_quietly(backend)?;
         return Ok(gpureap::top::stream::emit(
             std::sync::Arc::from(driver),
             request.interval,
@@ -358,7 +359,7 @@ fn top(
                 .ok_or_else(|| UsageError("top -H: no host".to_string()))?;
             return Ok(gpureap::top::live::run_remote(fleet, &request)?);
         }
-        let driver = config::open_driver_quietly(backend)?;
+        let driver = request::open_driver_quietly(backend)?;
         Ok(gpureap::top::live::run(
             std::sync::Arc::from(driver),
             &request,
@@ -371,7 +372,7 @@ fn run(backend: &BackendChoice, args: &RunArgs) -> Result<Exit, Failure> {
         config::RunRequest::Supervise(config) => config,
         config::RunRequest::Dump { state_dir } => return run_dump(&state_dir),
     };
-    let driver = config::open_driver(backend)?;
+    let driver = request::open_driver(backend)?;
     Ok(gpureap::run::supervise(&config, driver.as_ref())?)
 }
 
@@ -397,8 +398,8 @@ fn run_dump(state_dir: &std::path::Path) -> Result<Exit, Failure> {
 // Monitoring: `exporter` and `check` (docs/monitoring.md).
 
 fn exporter(backend: &BackendChoice, args: &gpureap::cli::ExporterArgs) -> Result<Exit, Failure> {
-    let sources = config::SourcesRequest::new(&args.sources).sources()?;
-    let driver = config::open_driver(backend)?;
+    let sources = config::sources_request(&args.sources).sources()?;
+    let driver = request::open_driver(backend)?;
     let config = gpureap::exporter::ExporterConfig {
         listen: args.listen,
         interval: args.interval,
@@ -413,8 +414,8 @@ fn exporter(backend: &BackendChoice, args: &gpureap::cli::ExporterArgs) -> Resul
 
 /// `reap [--watch]`: the policy checked before the watch starts (exit 2).
 fn reap_watch(backend: &BackendChoice, args: &gpureap::cli::ReapArgs) -> Result<Exit, Failure> {
-    let (driver, gpu) = config::gpu_names(config::open_driver(backend)?, &args.gpu)?;
-    let config = config::reap(args, &gpu, config::gpu_count(driver.as_ref()))?;
+    let (driver, gpu) = request::gpu_names(request::open_driver(backend)?, &args.gpu)?;
+    let config = config::reap(args, &gpu, request::gpu_count(driver.as_ref()))?;
     Ok(gpureap::watch::run(&config, driver.as_ref())?)
 }
 
@@ -434,7 +435,7 @@ fn plan(
     let snapshot = match config.hypothetical {
         Some(_) => None,
         None => {
-            let driver = config::open_driver_quietly(backend)?;
+            let driver = request::open_driver_quietly(backend)?;
             Some(Snapshot::take_listed_families(driver.as_ref()))
         }
     };

@@ -2,25 +2,25 @@
 //! driver, then each reset and checked through the driver (the pipeline's
 //! `reset`), or with `--plan` what blocks a reset of each, and the report.
 
-use crate::config::{self, UsageError};
 use crate::driver::BackendChoice;
 use crate::exit::{Exit, Failure};
 use crate::report;
+use crate::request::{self, UsageError};
 use crate::reset;
 use crate::snapshot::Snapshot;
 use crate::stdout::emit;
 
 /// `reset` here: each GPU reset, or (`--plan`) what blocks a reset of each.
-pub fn reset(backend: &BackendChoice, args: &config::ResetRequest) -> Result<Exit, Failure> {
-    if let Some(instances) = config::names_instances(&args.gpu) {
+pub fn reset(backend: &BackendChoice, args: &request::ResetRequest) -> Result<Exit, Failure> {
+    if let Some(instances) = request::names_instances(&args.gpu) {
         return Err(UsageError(format!(
             "reset resets whole GPUs, every MIG instance on them: name the GPU, not the instance {instances} (docs/mig.md)"
         ))
         .into());
     }
-    let (driver, gpu) = config::gpu_names(config::open_driver(backend)?, &args.gpu)?;
+    let (driver, gpu) = request::gpu_names(request::open_driver(backend)?, &args.gpu)?;
     // --gpu is required (clap): `None` cannot come back.
-    let gpus = config::named_gpus(&gpu, config::gpu_count(driver.as_ref()))?
+    let gpus = request::named_gpus(&gpu, request::gpu_count(driver.as_ref()))?
         .ok_or_else(|| UsageError("--gpu is required".to_string()))?;
     if args.plan {
         let snapshot = Snapshot::take(driver.as_ref());

@@ -5,21 +5,21 @@
 //! `status -H` is the fleet's (`fleet::commands::status`), from the same
 //! request.
 
-use crate::config::{self, UsageError};
 use crate::driver::BackendChoice;
 use crate::exit::{Exit, Failure};
 use crate::report;
+use crate::request::{self, UsageError};
 use crate::snapshot::Snapshot;
 use crate::stdout::{emit, emit_encoded};
 
-pub fn status(backend: &BackendChoice, args: &config::StatusRequest) -> Result<Exit, Failure> {
+pub fn status(backend: &BackendChoice, args: &request::StatusRequest) -> Result<Exit, Failure> {
     let sources = args.sources.sources()?;
     // How long the snapshot took, for `status --prometheus`'s scan figures.
     // Every process's descriptors are read where asked (--monitors) or
     // where the driver's lists do not explain every GPU's memory
     // (`Snapshot::take_seen`); --prometheus counts what the driver lists.
     let (driver, mut snapshot, took, gpu) = if (args.prometheus || args.monitors)
-        && !config::names_by_driver(&args.gpu)
+        && !request::names_by_driver(&args.gpu)
     {
         // NVML starts while /proc is read (`Snapshot::open_and_take`).
         let (driver, mut snapshot, took) =
@@ -30,7 +30,7 @@ pub fn status(backend: &BackendChoice, args: &config::StatusRequest) -> Result<E
     } else {
         // The driver first: its lists decide what is read, and it
         // resolves the names only it knows (docs/mig.md).
-        let (driver, gpu) = config::gpu_names(config::open_driver_quietly(backend)?, &args.gpu)?;
+        let (driver, gpu) = request::gpu_names(request::open_driver_quietly(backend)?, &args.gpu)?;
         // The hardware evidence and the activity are read beside it
         // (`take_with_evidence`).
         let mut took = std::time::Duration::ZERO;
@@ -49,7 +49,7 @@ pub fn status(backend: &BackendChoice, args: &config::StatusRequest) -> Result<E
     tracing::debug!("evidence read");
     snapshot.attribute_containers(&sources);
     tracing::debug!("containers attributed");
-    let gpus = config::gpus(&gpu, config::gpu_count(driver.as_ref()))?;
+    let gpus = request::gpus(&gpu, request::gpu_count(driver.as_ref()))?;
     if args.prometheus {
         let mut figures = crate::metrics::ScanFigures::default();
         figures.count(&snapshot, took);

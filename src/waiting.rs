@@ -3,20 +3,20 @@
 //! is still held, and why not waiting longer. `wait -H` is the fleet's
 //! (`fleet::commands::wait`), from the same request.
 
-use crate::config;
 use crate::driver::BackendChoice;
 use crate::exit::{Exit, Failure};
 use crate::report;
+use crate::request;
 use crate::snapshot::Snapshot;
 use crate::stdout::emit;
 
-pub fn wait(backend: &BackendChoice, args: &config::WaitRequest) -> Result<Exit, Failure> {
-    let (driver, gpu) = config::gpu_names(config::open_driver(backend)?, &args.gpu)?;
-    let args = &config::WaitRequest {
+pub fn wait(backend: &BackendChoice, args: &request::WaitRequest) -> Result<Exit, Failure> {
+    let (driver, gpu) = request::gpu_names(request::open_driver(backend)?, &args.gpu)?;
+    let args = &request::WaitRequest {
         gpu,
         ..args.clone()
     };
-    let config = config::wait(args, config::gpu_count(driver.as_ref()))?;
+    let config = request::wait(args, request::gpu_count(driver.as_ref()))?;
     // Without a driver there is no memory figure to wait for: say so at once
     // rather than time out as if the GPUs were held.
     if let Some(why) = driver.unavailable() {

@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use clap::Parser;
 use gpureap::cli::{Cli, Command};
-use gpureap::config::{FreeRequest, StatusRequest, WaitRequest};
+use gpureap::config;
 use gpureap::fleet::commands::{free_flags, plan_flags, status_flags, wait_flags};
+use gpureap_services::request::{FreeRequest, WaitRequest};
 
 fn parse(argv: &[String]) -> Command {
     match Cli::try_parse_from(argv) {
@@ -20,7 +21,7 @@ fn parse(argv: &[String]) -> Command {
 
 fn free_request(argv: &[String]) -> FreeRequest {
     match parse(argv) {
-        Command::Free(args) => FreeRequest::new(&args).expect("a free with a scope"),
+        Command::Free(args) => config::free(&args).expect("a free with a scope"),
         other => panic!("{argv:?} is not free: {other:?}"),
     }
 }
@@ -78,13 +79,13 @@ fn status_on_the_hosts_reads_the_sources_asked_here() {
         "gpureap status --monitors -H a",
     ] {
         let here = match parse(&words(line)) {
-            Command::Status(args) => StatusRequest::new(&args),
+            Command::Status(args) => config::status(&args),
             other => panic!("not status: {other:?}"),
         };
         let mut remote = words("gpureap status");
         remote.extend(status_flags(&here.gpu, &here.sources, here.monitors));
         let there = match parse(&remote) {
-            Command::Status(args) => StatusRequest::new(&args),
+            Command::Status(args) => config::status(&args),
             other => panic!("not status: {other:?}"),
         };
         assert_eq!(
@@ -103,14 +104,14 @@ fn wait_on_the_hosts_is_the_wait_asked_here() {
         "gpureap wait --keep-waiting -H a",
     ] {
         let here = match parse(&words(line)) {
-            Command::Wait(args) => WaitRequest::new(&args),
+            Command::Wait(args) => config::wait(&args),
             other => panic!("not wait: {other:?}"),
         };
         let mut remote = words("gpureap wait");
         remote.extend(wait_flags(&here, here.timeout));
         remote.push("--json".to_string());
         let there = match parse(&remote) {
-            Command::Wait(args) => WaitRequest::new(&args),
+            Command::Wait(args) => config::wait(&args),
             other => panic!("not wait: {other:?}"),
         };
         let expected = WaitRequest {
@@ -129,7 +130,7 @@ fn wait_on_the_hosts_is_the_wait_asked_here() {
         let Command::Wait(args) = parse(&remote) else {
             panic!("not wait")
         };
-        assert_eq!(WaitRequest::new(&args).timeout, Duration::from_millis(1234));
+        assert_eq!(config::wait(&args).timeout, Duration::from_millis(1234));
     }
 }
 

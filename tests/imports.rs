@@ -93,6 +93,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     (
         "services",
         &[
+            "request",
             "remote",
             "status_doc",
             "http",

@@ -4,11 +4,11 @@
 
 use std::time::{Duration, Instant};
 
-use crate::config::{FreeRequest, SourcesRequest, StatusRequest, UsageError, WaitRequest};
 use crate::exit::Exit;
 use crate::plan::fit::{Hypothetical, Overrides, PlanConfig};
 use crate::remote::render;
 use crate::remote::{Fleet, HostResult, duration_arg, fleet_json, gpu_args, remaining, worst};
+use crate::request::{FreeRequest, SourcesRequest, StatusRequest, UsageError, WaitRequest};
 
 /// What a fleet command prints, and its exit code.
 pub struct Output {

@@ -20,12 +20,12 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::config::UsageError;
 use crate::exit::Exit;
 use crate::file::NotRead;
 use crate::remote::ssh::Answer;
 use crate::remote::{Fleet, HostResult, fleet_json, worst};
 use crate::report::new_table;
+use crate::request::UsageError;
 use crate::units::short;
 
 /// Reports where the destination is and what is there. Arguments: the

@@ -245,7 +245,7 @@ pub fn push_refused(code: Option<i32>) -> bool {
 }
 
 /// An error that stopped a command, with its class: the table's row it
-/// ends with. Bad usage or input (`config::UsageError`) is `Usage`; any
+/// ends with. Bad usage or input (the services' `request::UsageError`) is `Usage`; any
 /// other error is `Incomplete`; a closed stdout (a pager quit) is `Success`,
 /// said nothing of.
 #[derive(Debug)]

@@ -349,6 +349,29 @@ fn evict(connections: &mut Vec<Connection>) -> bool {
     }
 }
 
+/// Binds `address`, saying which address could not be bound and why.
+pub fn bind(address: SocketAddr) -> io::Result<TcpListener> {
+    TcpListener::bind(address).map_err(|error| {
+        io::Error::new(error.kind(), format!("cannot listen on {address}: {error}"))
+    })
+}
+
+/// Serves a page built at each request on `listener`, from a thread of its
+/// own, for as long as the process lives (`gpureap run --metrics`).
+pub fn serve_in_background(
+    listener: TcpListener,
+    page: impl Fn() -> Page + Send + 'static,
+) -> io::Result<()> {
+    std::thread::Builder::new()
+        .name("gpureap-metrics".to_string())
+        .spawn(move || {
+            if let Err(error) = serve(listener, None, &page) {
+                tracing::warn!(%error, "the metrics server stopped");
+            }
+        })?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -393,27 +416,4 @@ mod tests {
             );
         }
     }
-}
-
-/// Binds `address`, saying which address could not be bound and why.
-pub fn bind(address: SocketAddr) -> io::Result<TcpListener> {
-    TcpListener::bind(address).map_err(|error| {
-        io::Error::new(error.kind(), format!("cannot listen on {address}: {error}"))
-    })
-}
-
-/// Serves a page built at each request on `listener`, from a thread of its
-/// own, for as long as the process lives (`gpureap run --metrics`).
-pub fn serve_in_background(
-    listener: TcpListener,
-    page: impl Fn() -> Page + Send + 'static,
-) -> io::Result<()> {
-    std::thread::Builder::new()
-        .name("gpureap-metrics".to_string())
-        .spawn(move || {
-            if let Err(error) = serve(listener, None, &page) {
-                tracing::warn!(%error, "the metrics server stopped");
-            }
-        })?;
-    Ok(())
 }

@@ -1,6 +1,8 @@
 //! What several of gpureap's front ends need, once: the layer between the
 //! front ends (the binary) and the core (`gpureap-core`).
 //!
+//! - `request`: what each command was asked, typed, and its resolution
+//!   against this host (every front end; the entry makes them);
 //! - `remote`: one command on many hosts over the user's ssh (fleet, top -H);
 //! - `status_doc`: the one typed reader of a host's status document (fleet,
 //!   top -H);
@@ -18,8 +20,8 @@
 
 // The core's modules, under the names the services use for them.
 use gpureap_core::{
-    child, driver, exit, file, hostlist, proc, reap, report, select, signal, snapshot, stacks,
-    supervised, tree, units,
+    child, container, driver, exit, file, hostlist, members, proc, reap, report, select, signal,
+    snapshot, stacks, supervised, tree, units,
 };
 
 pub mod bundle;
@@ -27,6 +29,7 @@ pub mod http;
 pub mod metrics;
 pub mod plan;
 pub mod remote;
+pub mod request;
 pub mod scontrol;
 pub mod state;
 pub mod status_doc;

@@ -48,7 +48,7 @@ pub fn euid() -> u32 {
     rustix::process::geteuid().as_raw()
 }
 
-/// The scope for a target, as `config::free` builds it: named processes by
+/// The scope for a target, as `request::free` builds it: named processes by
 /// identity, refused when the guard never lets them be signalled; a user
 /// other than root is narrowed to its own processes (`--user`).
 pub fn scope(snapshot: &Snapshot, target: &Target, guard: &Guard) -> Result<Scope, String> {

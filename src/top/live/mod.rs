@@ -27,11 +27,11 @@ use ratatui::backend::CrosstermBackend;
 use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 use ratatui::crossterm::terminal;
 
-use crate::config::TopRequest;
 use crate::driver::{Activity, Driver};
 use crate::exit::Exit;
 use crate::pace::Pace;
 use crate::remote::Fleet;
+use crate::request::TopRequest;
 use crate::select::Guard;
 use crate::snapshot::Snapshot;
 use crate::units::{Elapsed, one_line};

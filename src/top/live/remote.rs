@@ -30,11 +30,11 @@ use super::Sample;
 use super::act::{Event, Target};
 use super::model::{GpuBar, Row};
 use crate::child;
-use crate::config::TopRequest;
 use crate::exit::{Exit, Remote};
 use crate::remote::render;
 use crate::remote::ssh::{MAX_ANSWER, Transport};
 use crate::remote::{Fleet, HostResult, duration_arg};
+use crate::request::TopRequest;
 use crate::status_doc::{self, GpuView, HolderView};
 use crate::units::{Elapsed, one_line};
 
