@@ -41,6 +41,7 @@ mod slurm;
 mod sshd_lab;
 mod stacks;
 mod status;
+mod tmux;
 mod top;
 mod top_remote;
 

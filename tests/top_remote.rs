@@ -9,122 +9,9 @@ use std::time::{Duration, Instant};
 
 use gpureap::driver::sim::incident::{Holder, Incident, LAUNCHER, SimHost};
 
-use crate::harness::{GIB, skip};
+use crate::harness::GIB;
 use crate::sshd_lab::{Kind, Lab};
-
-/// A tmux server of this test's own, ended (by its socket) when dropped.
-struct Tmux {
-    socket: String,
-    dir: tempfile::TempDir,
-}
-
-impl Tmux {
-    /// Runs `gpureap ARGS` in an 80x24 pane, recording its exit code.
-    fn run(args: &str) -> Option<Tmux> {
-        if Command::new("tmux").arg("-V").output().is_err() {
-            skip("tmux is not installed (.ci/run installs it)");
-            return None;
-        }
-        let dir = tempfile::tempdir().expect("temp dir");
-        let socket = format!("gpureap-toph-{}-{}", std::process::id(), unique());
-        let script = format!(
-            "{} {args}; echo $? > {}/rc; echo TOP-ENDED; exec cat",
-            env!("CARGO_BIN_EXE_gpureap"),
-            dir.path().display(),
-        );
-        let tmux = Tmux { socket, dir };
-        let started = tmux
-            .command()
-            .args(["new-session", "-d", "-x", "80", "-y", "24"])
-            .args(["-e", "TERM=xterm-256color"])
-            .args(["sh", "-c", &script])
-            .status()
-            .expect("tmux runs");
-        assert!(started.success(), "tmux new-session failed");
-        Some(tmux)
-    }
-
-    fn command(&self) -> Command {
-        let mut command = Command::new("tmux");
-        command.args(["-L", &self.socket, "-f", "/dev/null"]);
-        command
-    }
-
-    fn keys(&self, keys: &[&str]) {
-        let status = self
-            .command()
-            .args(["send-keys", "-t", "0"])
-            .args(keys)
-            .status()
-            .expect("send-keys");
-        assert!(status.success());
-    }
-
-    fn screen(&self) -> String {
-        let output = self
-            .command()
-            .args(["capture-pane", "-p", "-t", "0"])
-            .output()
-            .expect("capture-pane");
-        String::from_utf8_lossy(&output.stdout).into_owned()
-    }
-
-    /// Waits until the screen satisfies `ready`; panics with the screen after 30s.
-    fn wait_for(&self, what: &str, ready: impl Fn(&str) -> bool) -> String {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let screen = self.screen();
-            if ready(&screen) {
-                return screen;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "waited for {what}; screen:\n{screen}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn shows(&self, text: &str) -> String {
-        self.wait_for(text, |screen| screen.contains(text))
-    }
-
-    fn rc(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("rc"))
-            .unwrap_or_default()
-            .trim()
-            .to_string()
-    }
-
-    /// The pid of gpureap top: the child of the pane's shell.
-    fn top_pid(&self) -> u32 {
-        let output = self
-            .command()
-            .args(["display-message", "-p", "-t", "0", "#{pane_pid}"])
-            .output()
-            .expect("display-message");
-        let shell: u32 = String::from_utf8_lossy(&output.stdout)
-            .trim()
-            .parse()
-            .expect("pane pid");
-        children(shell)
-            .first()
-            .map(|(pid, _)| *pid)
-            .expect("gpureap top runs under the pane's shell")
-    }
-}
-
-impl Drop for Tmux {
-    fn drop(&mut self) {
-        let _ = self.command().arg("kill-server").status();
-    }
-}
-
-fn unique() -> u64 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    NEXT.fetch_add(1, Ordering::Relaxed)
-}
+use crate::tmux::Tmux;
 
 /// The children of `parent` (of any of its threads), with their comm.
 fn children(parent: u32) -> Vec<(u32, String)> {
@@ -259,19 +146,27 @@ fn orphaned_sglang(lab: &Lab, host: &str) -> [u32; 2] {
     pids
 }
 
-fn top_on(lab: &Lab, host: &str, flags: &str) -> Option<Tmux> {
+/// `gpureap top -H HOST` in a terminal, through the lab's ssh, running
+/// `remote_bin` there; its screen waited for 30 s (each refresh is an ssh
+/// round trip on a loaded machine).
+fn top_on(lab: &Lab, host: &str, remote_bin: &str, flags: &str) -> Option<Tmux> {
     Tmux::run(&format!(
-        "top -H {host} --ssh '{}' --remote-bin {} {flags}",
-        lab.ssh(),
-        env!("CARGO_BIN_EXE_gpureap"),
+        "top -H {host} --ssh '{}' --remote-bin {remote_bin} {flags}",
+        lab.ssh()
     ))
+    .map(|tmux| tmux.patient(Duration::from_secs(30)))
 }
 
 #[test]
 fn top_h_shows_one_host_over_one_ssh_frees_there_survives_a_lost_stream_and_leaves_nothing() {
     let lab = Lab::new(&[Kind::Up]);
     let workers = orphaned_sglang(&lab, "h1");
-    let Some(tmux) = top_on(&lab, "h1", "--interval 300ms --grace 200ms") else {
+    let Some(tmux) = top_on(
+        &lab,
+        "h1",
+        env!("CARGO_BIN_EXE_gpureap"),
+        "--interval 300ms --grace 200ms",
+    ) else {
         return;
     };
     // The host's GPUs and holders, its name in the header.
@@ -368,9 +263,7 @@ fn top_h_shows_one_host_over_one_ssh_frees_there_survives_a_lost_stream_and_leav
         started.elapsed().as_secs_f64()
     );
     // Quitting ends the ssh, and with it everything of ours on the host.
-    tmux.keys(&["q"]);
-    tmux.shows("TOP-ENDED");
-    assert_eq!(tmux.rc(), "0");
+    tmux.ends_restored(&["q"], "0");
     eventually("no gpureap of the view left on h1", || {
         remote_streams(&lab, "h1").is_empty()
     });
@@ -387,7 +280,7 @@ fn top_h_readonly_refuses_and_writes_the_hosts_hostile_names_out() {
     let lab = Lab::new(&[Kind::Up]);
     let title = "liar\r\x1b[2KFORGED-LINE";
     lab.hold("h1", &Holder::new(title).on(1, 2 * GIB));
-    let Some(tmux) = top_on(&lab, "h1", "--readonly") else {
+    let Some(tmux) = top_on(&lab, "h1", env!("CARGO_BIN_EXE_gpureap"), "--readonly") else {
         return;
     };
     let screen = tmux.shows("liar\\r\\u{1b}[2KFORGED");
@@ -400,18 +293,13 @@ fn top_h_readonly_refuses_and_writes_the_hosts_hostile_names_out() {
             "a name started a line:\n{refused}"
         );
     }
-    tmux.keys(&["q"]);
-    tmux.shows("TOP-ENDED");
-    assert_eq!(tmux.rc(), "0");
+    tmux.ends_restored(&["q"], "0");
 }
 
 #[test]
 fn top_h_without_gpureap_on_the_host_says_so_and_gives_up_at_once() {
     let lab = Lab::new(&[Kind::Up]);
-    let Some(tmux) = Tmux::run(&format!(
-        "top -H h1 --ssh '{}' --remote-bin /nonexistent/gpureap",
-        lab.ssh()
-    )) else {
+    let Some(tmux) = top_on(&lab, "h1", "/nonexistent/gpureap", "") else {
         return;
     };
     let screen = tmux.shows("gave up");
@@ -429,9 +317,7 @@ fn top_h_without_gpureap_on_the_host_says_so_and_gives_up_at_once() {
     );
     // Nothing runs while it waits for r: no ssh left.
     assert!(ssh_children(tmux.top_pid()).is_empty());
-    tmux.keys(&["q"]);
-    tmux.shows("TOP-ENDED");
-    assert_eq!(tmux.rc(), "0");
+    tmux.ends_restored(&["q"], "0");
 }
 
 #[test]
