@@ -8,6 +8,7 @@ use gpureap::driver::sim::incident::Holder;
 use serde_json::Value;
 
 use crate::harness::{GIB, target_pids};
+use crate::plan_fixture::{llama_8b_in, sglang, within_512_mib};
 use crate::sshd_lab::{Kind, Lab, host_entry};
 
 fn worker(tp: u32, gpu: u32) -> Holder {
@@ -555,23 +556,12 @@ fn free_across_hosts_on_a_lost_gpu_exits_3_at_once() {
 /// gpureap with `args`, no ssh reachable, in at most 512 MiB of address
 /// space: a parser that expands before it bounds fails here, not the machine.
 fn bounded_run(args: &[&str]) -> (crate::harness::Run, Duration) {
-    use std::os::unix::process::CommandExt;
     let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_gpureap"));
-    command
+    within_512_mib(&mut command)
         .args(args)
         .args(["--ssh", "false"])
         .env_remove("GPUREAP_BACKEND")
         .stdin(std::process::Stdio::null());
-    unsafe {
-        command.pre_exec(|| {
-            let limit = libc::rlimit {
-                rlim_cur: 512 << 20,
-                rlim_max: 512 << 20,
-            };
-            libc::setrlimit(libc::RLIMIT_AS, &limit);
-            Ok(())
-        });
-    }
     let started = std::time::Instant::now();
     let run = command.output().expect("gpureap runs").into();
     (run, started.elapsed())
@@ -971,32 +961,7 @@ fn status_h_shows_memory_held_by_no_process_as_each_host_judges_it() {
 /// A Llama-3.1-8B-shaped model where every lab host reads it (the lab's
 /// directory), and SGLang's command line for it on one GPU.
 fn planned_engine(lab: &Lab) -> Vec<String> {
-    let model = lab.path().join("llama-8b");
-    std::fs::create_dir_all(&model).expect("model dir");
-    std::fs::write(
-        model.join("config.json"),
-        r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama",
-            "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
-            "num_hidden_layers": 32, "max_position_embeddings": 131072,
-            "torch_dtype": "bfloat16"}"#,
-    )
-    .expect("config.json");
-    std::fs::write(
-        model.join("model.safetensors.index.json"),
-        r#"{"metadata": {"total_size": 16060522496}, "weight_map": {}}"#,
-    )
-    .expect("index");
-    [
-        "python3",
-        "-m",
-        "sglang.launch_server",
-        "--model-path",
-        model.to_str().expect("utf-8"),
-        "--tp",
-        "1",
-    ]
-    .map(String::from)
-    .to_vec()
+    sglang(llama_8b_in(lab.path()), &["--tp", "1"])
 }
 
 #[test]

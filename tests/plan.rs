@@ -9,53 +9,13 @@ use gpureap::driver::sim::incident::{Holder, Incident, SimHost};
 use serde_json::Value;
 
 use crate::harness::*;
+use crate::plan_fixture::{self, model, published};
 
-/// A model directory holding `config` as its config.json, removed when
-/// the test ends.
-struct ModelDir(tempfile::TempDir);
+pub(crate) use crate::plan_fixture::LLAMA_8B;
 
-impl std::ops::Deref for ModelDir {
-    type Target = Path;
-    fn deref(&self) -> &Path {
-        self.0.path()
-    }
-}
-
-fn model_dir(name: &str, config: &str) -> ModelDir {
-    let dir = tempfile::Builder::new()
-        .prefix(&format!("gpureap-plan-{name}-"))
-        .tempdir()
-        .expect("model dir");
-    std::fs::write(dir.path().join("config.json"), config).expect("config.json");
-    ModelDir(dir)
-}
-
-pub(crate) const LLAMA_8B: &str = r#"{
-  "architectures": ["LlamaForCausalLM"],
-  "model_type": "llama",
-  "hidden_size": 4096,
-  "num_attention_heads": 32,
-  "num_key_value_heads": 8,
-  "head_dim": 128,
-  "num_hidden_layers": 32,
-  "max_position_embeddings": 131072,
-  "torch_dtype": "bfloat16"
-}"#;
-
-fn sglang(model: &Path) -> Vec<String> {
-    [
-        "python3",
-        "-m",
-        "sglang.launch_server",
-        "--model-path",
-        &model.display().to_string(),
-        "--tp",
-        "2",
-        "--mem-fraction-static",
-        "0.85",
-    ]
-    .map(String::from)
-    .to_vec()
+/// SGLang over two GPUs, as the tests here start it.
+fn sglang(model: impl AsRef<Path>) -> Vec<String> {
+    plan_fixture::sglang(model, &["--tp", "2", "--mem-fraction-static", "0.85"])
 }
 
 fn plan(host: &SimHost, flags: &[&str], command: &[String]) -> Run {
@@ -88,7 +48,7 @@ fn plan(host: &SimHost, flags: &[&str], command: &[String]) -> Run {
 #[test]
 fn a_notebook_on_one_gpu_costs_every_rank_until_free_takes_it_away() {
     let host = SimHost::new(2, 80 * GIB, "Simulated H100").expect("sim host");
-    let model = model_dir("notebook", LLAMA_8B);
+    let model = model("notebook", LLAMA_8B);
     let command = sglang(&model);
     let mut incident = Incident::new(&host);
     let notebook = incident
@@ -171,16 +131,8 @@ fn a_notebook_on_one_gpu_costs_every_rank_until_free_takes_it_away() {
 #[test]
 fn vllm_ignores_a_holder_in_its_margin_and_refuses_a_larger_one() {
     let host = SimHost::new(1, 80 * GIB, "Simulated H100").expect("sim host");
-    let model = model_dir("vllm", LLAMA_8B);
-    let command: Vec<String> = [
-        "vllm",
-        "serve",
-        &model.display().to_string(),
-        "--gpu-memory-utilization",
-        "0.8",
-    ]
-    .map(String::from)
-    .to_vec();
+    let model = model("vllm", LLAMA_8B);
+    let command = plan_fixture::vllm(&model, &["--gpu-memory-utilization", "0.8"]);
     let mut incident = Incident::new(&host);
     // 80 GiB × (1 − 0.8) = 16 GiB of margin, 1 GiB of it the engine's own context.
     let small = incident
@@ -224,7 +176,7 @@ fn vllm_ignores_a_holder_in_its_margin_and_refuses_a_larger_one() {
 /// none), and a GPU too small for the weights is the code of its own.
 #[test]
 fn a_gpu_too_small_is_exit_4_and_no_gpu_is_read_for_a_hypothetical_box() {
-    let model = model_dir("small", LLAMA_8B);
+    let model = model("small", LLAMA_8B);
     let command = sglang(&model);
     let hypothetical = |gpu_memory: &str| -> Run {
         let mut args = vec!["plan", "--gpu-memory", gpu_memory];
@@ -285,16 +237,16 @@ fn a_gpu_too_small_is_exit_4_and_no_gpu_is_read_for_a_hypothetical_box() {
 #[test]
 fn bad_input_is_one_line_and_exit_2() {
     let host = SimHost::new(1, 80 * GIB, "Simulated H100").expect("sim host");
-    let good = model_dir("good", LLAMA_8B);
-    let no_layers = model_dir(
+    let good = model("good", LLAMA_8B);
+    let no_layers = model(
         "no-layers",
         r#"{"architectures": ["LlamaForCausalLM"], "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128}"#,
     );
-    let strange = model_dir(
+    let strange = model(
         "strange",
         r#"{"architectures": ["StrangeForCausalLM"], "num_hidden_layers": 4}"#,
     );
-    let missing = good.join("not-there");
+    let missing = good.path().join("not-there");
     let cases: [(&str, Vec<String>, &str); 5] = [
         (
             "unknown engine",
@@ -347,7 +299,7 @@ fn assert_one_line_usage(what: &str, result: &Run, named: &str) {
 fn plan_documents_match_the_published_schema() {
     let validator = crate::schema::schema();
     let host = SimHost::new(2, 80 * GIB, "Simulated H100").expect("sim host");
-    let model = model_dir("schema", LLAMA_8B);
+    let model = model("schema", LLAMA_8B);
     let mut incident = Incident::new(&host);
     incident
         .holder(&Holder::new("python3 notebook.py").on(0, 3 * GIB))
@@ -428,8 +380,8 @@ fn plan_documents_match_the_published_schema() {
 #[test]
 fn a_previous_start_s_log_replaces_the_estimates_and_is_checked() {
     let host = SimHost::new(2, 80 * GIB, "Simulated H100").expect("sim host");
-    let model = model_dir("log", LLAMA_8B);
-    let log = model.join("sglang.log");
+    let model = model("log", LLAMA_8B);
+    let log = model.path().join("sglang.log");
     std::fs::write(
         &log,
         "[2026-11-30 10:00:01 TP0] Load weight begin. avail mem=60.00 GB\n\
@@ -467,19 +419,20 @@ fn a_previous_start_s_log_replaces_the_estimates_and_is_checked() {
 fn a_vllm_log_leaves_the_utilization_lever_its_effect() {
     let log = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/logs/vllm-0.26.0-llama-3.1-8b-u05.log");
-    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/llama-3.1-8b");
     let result: Run = std::process::Command::new(env!("CARGO_BIN_EXE_gpureap"))
         .args(["plan", "--gpu-memory", "143156MiB", "--json", "--from-log"])
         .arg(&log)
-        .args(["--", "vllm", "serve"])
-        .arg(&model)
-        .args([
-            "--gpu-memory-utilization",
-            "0.5",
-            "--max-model-len",
-            "8192",
-            "--enforce-eager",
-        ])
+        .arg("--")
+        .args(plan_fixture::vllm(
+            published("llama-3.1-8b"),
+            &[
+                "--gpu-memory-utilization",
+                "0.5",
+                "--max-model-len",
+                "8192",
+                "--enforce-eager",
+            ],
+        ))
         .env("GPUREAP_BACKEND", "none")
         .env_remove("CUDA_VISIBLE_DEVICES")
         .output()
@@ -520,7 +473,7 @@ fn a_vllm_log_leaves_the_utilization_lever_its_effect() {
 #[test]
 fn the_engine_s_gpus_come_from_cuda_visible_devices_by_index_or_uuid() {
     let host = SimHost::new(3, 80 * GIB, "Simulated H100").expect("sim host");
-    let model = model_dir("visible", LLAMA_8B);
+    let model = model("visible", LLAMA_8B);
     let mut incident = Incident::new(&host);
     let holder = incident
         .holder(&Holder::new("python3 train.py").on(2, 10 * GIB))
@@ -698,7 +651,7 @@ fn documented_plans(doc: &str) -> Vec<(Vec<String>, Vec<String>)> {
 #[test]
 fn the_verdict_is_1_only_where_freeing_or_a_reset_helps() {
     let host = SimHost::new(2, 80 * GIB, "Simulated H100").expect("sim host");
-    let model = model_dir("verdict", LLAMA_8B);
+    let model = model("verdict", LLAMA_8B);
     let command = sglang(&model);
     let weights = ["--weights", "16GiB"];
 
@@ -796,24 +749,13 @@ fn the_verdict_is_1_only_where_freeing_or_a_reset_helps() {
 #[test]
 fn a_host_tier_the_host_cannot_allocate_does_not_fit() {
     let host = SimHost::new(1, 80 * GIB, "Simulated H100").expect("sim host");
-    let kimi = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/kimi-k2.5");
-    let command = |size: &str| -> Vec<String> {
-        [
-            "python3",
-            "-m",
-            "sglang.launch_server",
-            "--model-path",
-            kimi.to_str().expect("utf-8"),
-            "--tp",
-            "8",
-            "--mem-fraction-static",
-            "0.85",
-            "--enable-hierarchical-cache",
-            "--hicache-size",
-            size,
-        ]
-        .map(String::from)
-        .to_vec()
+    let kimi = published("kimi-k2.5");
+    let command = |size: &str| {
+        let tier = ["--enable-hierarchical-cache", "--hicache-size", size];
+        plan_fixture::sglang(
+            &kimi,
+            &[&["--tp", "8", "--mem-fraction-static", "0.85"], &tier[..]].concat(),
+        )
     };
     let flags = [
         "--gpu-memory",
@@ -861,22 +803,7 @@ fn a_host_tier_the_host_cannot_allocate_does_not_fit() {
 fn sliding_window_models_show_the_engine_s_own_pools() {
     let validator = crate::schema::schema();
     let host = SimHost::new(1, 80 * GIB, "Simulated H100").expect("sim host");
-    let fixture = |name: &str| {
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/models")
-            .join(name)
-            .display()
-            .to_string()
-    };
-    let gemma: Vec<String> = [
-        "vllm",
-        "serve",
-        &fixture("gemma-3-27b-it"),
-        "--max-model-len",
-        "32768",
-    ]
-    .map(String::from)
-    .to_vec();
+    let gemma = plan_fixture::vllm(published("gemma-3-27b-it"), &["--max-model-len", "32768"]);
     let flags = [
         "--gpu-memory",
         "80GiB",
@@ -917,15 +844,7 @@ fn sliding_window_models_show_the_engine_s_own_pools() {
     assert_eq!(document["device"]["hybrid"]["blocks_per_request"], 8_582);
     assert_eq!(document["device"]["concurrency_cap"], "pool");
 
-    let oss: Vec<String> = [
-        "python3",
-        "-m",
-        "sglang.launch_server",
-        "--model-path",
-        &fixture("gpt-oss-20b"),
-    ]
-    .map(String::from)
-    .to_vec();
+    let oss = plan_fixture::sglang(published("gpt-oss-20b"), &[]);
     let kv = [
         "--gpu-memory",
         "80GiB",
@@ -943,15 +862,7 @@ fn sliding_window_models_show_the_engine_s_own_pools() {
 
     // Qwen3-Next (12 layers) on SGLang: the state slots beside the pool,
     // and the request cap they set, in the schema's shape.
-    let next: Vec<String> = [
-        "python3",
-        "-m",
-        "sglang.launch_server",
-        "--model-path",
-        &fixture("qwen3-next-80b-a3b-12l"),
-    ]
-    .map(String::from)
-    .to_vec();
+    let next = plan_fixture::sglang(published("qwen3-next-80b-a3b-12l"), &[]);
     let flags = [
         "--gpu-memory",
         "80GiB",

@@ -14,40 +14,10 @@ use wait_timeout::ChildExt as _;
 
 use crate::harness::Run;
 
-use crate::plan::LLAMA_8B;
+use crate::plan_fixture::{LLAMA_8B, dir, model, sglang, vllm, within_512_mib};
 
 /// A hypothetical box (no GPU read) large enough for any sane command.
 const BOX: [&str; 4] = ["--gpu-memory", "80GiB", "--weights", "1GiB"];
-
-/// A directory removed when the test ends.
-fn dir(name: &str) -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix(&format!("gpureap-hostile-{name}-"))
-        .tempdir()
-        .expect("temp dir")
-}
-
-fn model(name: &str, config: &str) -> tempfile::TempDir {
-    let dir = dir(name);
-    std::fs::write(dir.path().join("config.json"), config).expect("config.json");
-    dir
-}
-
-fn sglang(model: &Path, flags: &[&str]) -> Vec<String> {
-    let mut command: Vec<String> = ["python3", "-m", "sglang.launch_server", "--model-path"]
-        .map(String::from)
-        .to_vec();
-    command.push(model.display().to_string());
-    command.extend(flags.iter().map(|flag| flag.to_string()));
-    command
-}
-
-fn vllm(model: &Path, flags: &[&str]) -> Vec<String> {
-    let mut command: Vec<String> = vec!["vllm".into(), "serve".into()];
-    command.push(model.display().to_string());
-    command.extend(flags.iter().map(|flag| flag.to_string()));
-    command
-}
 
 /// `gpureap plan FLAGS -- COMMAND` with `env`, ended after 30 s: a hang
 /// is a failure of its own ("did not end"), not a test that never ends.
@@ -581,7 +551,7 @@ fn an_error_quoting_a_hostile_path_stays_on_one_line() {
         (
             "missing model",
             BOX.to_vec(),
-            sglang(&hostile.join("x"), &[]),
+            sglang(hostile.join("x"), &[]),
         ),
         (
             "--model-config",
@@ -902,26 +872,15 @@ fn a_kv_pool_given_larger_than_the_gpu_does_not_fit() {
 /// given, failed to allocate (aborted).
 #[test]
 fn a_huge_index_or_header_costs_about_its_size() {
-    use std::os::unix::process::CommandExt as _;
     let bounded = |model: &Path| -> Run {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_gpureap"));
-        command
+        within_512_mib(&mut Command::new(env!("CARGO_BIN_EXE_gpureap")))
             .args(["plan", "--gpu-memory", "80GiB", "--"])
             .args(sglang(model, &[]))
             .env_remove("GPUREAP_BACKEND")
-            .stdin(Stdio::null());
-        // SAFETY: setrlimit only, between fork and exec.
-        unsafe {
-            command.pre_exec(|| {
-                let limit = libc::rlimit {
-                    rlim_cur: 512 << 20,
-                    rlim_max: 512 << 20,
-                };
-                libc::setrlimit(libc::RLIMIT_AS, &limit);
-                Ok(())
-            });
-        }
-        command.output().expect("gpureap runs").into()
+            .stdin(Stdio::null())
+            .output()
+            .expect("gpureap runs")
+            .into()
     };
     let index = model("huge-index", LLAMA_8B);
     let mut text = String::from(r#"{"metadata": {"total_size": 16060522496}, "x": ["#);
@@ -1357,7 +1316,7 @@ fn a_path_with_invisible_characters_is_written_out() {
     );
     for (what, command) in [
         ("config without fields", sglang(&empty, &[])),
-        ("missing model", sglang(&planned.join("gone"), &[])),
+        ("missing model", sglang(planned.join("gone"), &[])),
     ] {
         let result = plan(&BOX, &command);
         assert_refused(what, &result, written);

@@ -22,6 +22,7 @@ mod mps;
 mod old_kernel;
 mod plan;
 mod plan_corpus;
+mod plan_fixture;
 mod plan_hostile;
 mod plan_version;
 mod portable;
