@@ -9,6 +9,7 @@ use serde_json::Value;
 
 use crate::harness::{GIB, target_pids};
 use crate::plan_fixture::{llama_8b_in, sglang, within_512_mib};
+use crate::says::says;
 use crate::sshd_lab::{Kind, Lab, host_entry};
 
 fn worker(tp: u32, gpu: u32) -> Holder {
@@ -206,21 +207,17 @@ fn a_missing_remote_gpureap_says_so() {
     let run: crate::harness::Run =
         lab.run_as_given(&["status", "-H", "h1", "--remote-bin", "/nonexistent/gpureap"]);
     assert_eq!(run.code, 3);
-    assert!(
-        run.stdout
-            .contains("h1: /nonexistent/gpureap not found on the host (check --remote-bin)"),
-        "{}",
-        run.stdout
+    says(
+        &run.stdout,
+        &["h1: /nonexistent/gpureap not found on the host (check --remote-bin)"],
     );
     // Something that is not gpureap answering is not taken for a report.
     let run: crate::harness::Run =
         lab.run_as_given(&["status", "-H", "h1", "--remote-bin", "/bin/echo"]);
     assert_eq!(run.code, 3);
-    assert!(
-        run.stdout
-            .contains("h1: answered something that is not gpureap's JSON"),
-        "{}",
-        run.stdout
+    says(
+        &run.stdout,
+        &["h1: answered something that is not gpureap's JSON"],
     );
     // Another schema, or a document missing what is shown: said, never shown as nothing held.
     for (document, says) in [
@@ -301,7 +298,7 @@ fn free_across_hosts_asks_first_and_a_dry_run_signals_nothing() {
     // No terminal, no --yes: refused before any host is asked.
     let refused = lab.run(&["free", "-H", "h1,h2", "--match", "sglang"]);
     assert_eq!(refused.code, 2, "{}", refused.stderr);
-    assert!(refused.stderr.contains("pass --yes"), "{}", refused.stderr);
+    says(&refused.stderr, &["pass --yes"]);
     let plan = lab.run(&["free", "-H", "h1,h2", "--match", "sglang"]);
     assert_eq!(plan.code, 2);
     let plan = lab.run(&["free", "-H", "h1,h2", "--match", "sglang", "--dry-run"]);
@@ -338,15 +335,12 @@ fn wait_returns_when_every_host_is_below_and_names_the_hosts_still_held() {
         "{}{}",
         timed_out.stdout, timed_out.stderr
     );
-    assert!(
-        timed_out.stdout.contains("h1: GPU 0: busy, 30.0 GiB used"),
-        "{}",
-        timed_out.stdout
-    );
-    assert!(
-        timed_out.stdout.contains("h2: GPU 1: busy, 30.0 GiB used"),
-        "{}",
-        timed_out.stdout
+    says(
+        &timed_out.stdout,
+        &[
+            "h1: GPU 0: busy, 30.0 GiB used",
+            "h2: GPU 1: busy, 30.0 GiB used",
+        ],
     );
     // ... and who holds them.
     assert!(
@@ -436,11 +430,7 @@ fn a_hanging_host_costs_its_timeout_and_no_more() {
         hang.to_str().expect("a UTF-8 path"),
     ]);
     assert_eq!(run.code, 3);
-    assert!(
-        run.stdout.contains("h1: no answer within 1.0s (timed out"),
-        "{}",
-        run.stdout
-    );
+    says(&run.stdout, &["h1: no answer within 1.0s (timed out"]);
 }
 
 /// A host that rejects its arguments (here: `--gpu 1` on a host with one GPU;
@@ -906,7 +896,7 @@ fn a_remote_command_past_its_host_timeout_is_ended_there() {
         hang.to_str().expect("a UTF-8 path"),
     ]);
     assert_eq!(run.code, 3, "{}{}", run.stdout, run.stderr);
-    assert!(run.stdout.contains("timed out"), "{}", run.stdout);
+    says(&run.stdout, &["timed out"]);
     // Not only the local ssh: the command on the host is gone too.
     let running = || lab.on("h1", "pgrep -f 'sleep 100[1]'").code == 0;
     assert!(

@@ -10,6 +10,7 @@ use serde_json::Value;
 
 use crate::harness::*;
 use crate::plan_fixture::{self, model, published};
+use crate::says::says;
 
 pub(crate) use crate::plan_fixture::LLAMA_8B;
 
@@ -102,12 +103,7 @@ fn a_notebook_on_one_gpu_costs_every_rank_until_free_takes_it_away() {
         text.stdout
     );
     assert!(text.stdout.contains(&free_command), "{}", text.stdout);
-    assert!(
-        text.stdout
-            .contains("fits only after freeing what others hold"),
-        "{}",
-        text.stdout
-    );
+    says(&text.stdout, &["fits only after freeing what others hold"]);
 
     // The command it printed, as printed (with --yes, for no terminal).
     let words: Vec<&str> = free_command.split(' ').skip(1).collect();
@@ -165,11 +161,7 @@ fn vllm_ignores_a_holder_in_its_margin_and_refuses_a_larger_one() {
     );
     assert_eq!(report["device"]["starts"], false, "{report:#}");
     let text = plan(&host, &["--weights", "16GiB"], &command);
-    assert!(
-        text.stdout.contains("would refuse to start"),
-        "{}",
-        text.stdout
-    );
+    says(&text.stdout, &["would refuse to start"]);
 }
 
 /// `--gpu-memory` plans a clean box, reads no GPU (the driver here has
@@ -229,7 +221,7 @@ fn a_gpu_too_small_is_exit_4_and_no_gpu_is_read_for_a_hypothetical_box() {
     host.lose(1).expect("lose GPU 1");
     let lost = plan(&host, &["--weights", "16GiB"], &command);
     assert_eq!(lost.code, 3, "{}{}", lost.stdout, lost.stderr);
-    assert!(lost.stderr.contains("GPU 1"), "{}", lost.stderr);
+    says(&lost.stderr, &["GPU 1"]);
 }
 
 /// Each bad input is one line on stderr naming what is missing, exit 2,
@@ -274,7 +266,7 @@ fn bad_input_is_one_line_and_exit_2() {
     // priced: the message names the directory and the flag that fixes it.
     let result = plan(&host, &["--gpu-memory", "80GiB"], &sglang(&good));
     assert_one_line_usage("no weights", &result, "--weights");
-    assert!(result.stderr.contains("good"), "{}", result.stderr);
+    says(&result.stderr, &["good"]);
 }
 
 fn assert_one_line_usage(what: &str, result: &Run, named: &str) {
@@ -402,11 +394,9 @@ fn a_previous_start_s_log_replaces_the_estimates_and_is_checked() {
         "{report:#}"
     );
     let text = plan(&host, &["--from-log", &log], &sglang(&model));
-    assert!(
-        text.stdout
-            .contains("predicted 507,904 tokens from the logged figures, logged 507,904"),
-        "{}",
-        text.stdout
+    says(
+        &text.stdout,
+        &["predicted 507,904 tokens from the logged figures, logged 507,904"],
     );
 }
 
@@ -673,7 +663,7 @@ fn the_verdict_is_1_only_where_freeing_or_a_reset_helps() {
         &command,
     );
     assert_one_line_usage("--gpu-free above the GPU", &above, "--gpu-free");
-    assert!(above.stderr.contains("80.0 GiB"), "{}", above.stderr);
+    says(&above.stderr, &["80.0 GiB"]);
 
     // More GPUs than the host has is said as such. Before: "the engine's
     // GPUs \"2\": this host has 2 GPUs".
@@ -825,16 +815,12 @@ fn sliding_window_models_show_the_engine_s_own_pools() {
         "{}",
         text.stdout
     );
-    assert!(
-        text.stdout
-            .contains("1 full + 6 sliding-window (window 1,024) of 10 layers each"),
-        "{}",
-        text.stdout
-    );
-    assert!(
-        text.stdout.contains("bound by the KV pool"),
-        "{}",
-        text.stdout
+    says(
+        &text.stdout,
+        &[
+            "1 full + 6 sliding-window (window 1,024) of 10 layers each",
+            "bound by the KV pool",
+        ],
     );
     let mut json_flags = flags.to_vec();
     json_flags.push("--json");

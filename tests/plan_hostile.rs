@@ -15,6 +15,7 @@ use wait_timeout::ChildExt as _;
 use crate::harness::Run;
 
 use crate::plan_fixture::{LLAMA_8B, dir, model, sglang, vllm, within_512_mib};
+use crate::says::says;
 
 /// A hypothetical box (no GPU read) large enough for any sane command.
 const BOX: [&str; 4] = ["--gpu-memory", "80GiB", "--weights", "1GiB"];
@@ -417,7 +418,7 @@ fn a_log_of_the_other_engine_or_of_both_is_refused() {
     // The right engine's log is read.
     let planned = run(&vllm_log, &vllm(model.path(), &[]));
     assert_planned("a vLLM log for vLLM", &planned);
-    assert!(planned.stdout.contains("921,696"), "{}", planned.stdout);
+    says(&planned.stdout, &["921,696"]);
 }
 
 /// A Hugging Face cache as the hub writes it (`refs/main` → a snapshot
@@ -628,11 +629,7 @@ chmod 755 /usr/local/old-gpureap"#,
     args[4] = env!("CARGO_BIN_EXE_gpureap");
     let current = lab.run_as_given(&args);
     assert_eq!(current.code, 0, "{}{}", current.stdout, current.stderr);
-    assert!(
-        current.stdout.contains("h1: fits now"),
-        "{}",
-        current.stdout
-    );
+    says(&current.stdout, &["h1: fits now"]);
 }
 
 /// CUDA_VISIBLE_DEVICES that repeats a GPU (`0,0`, `01,1`, a UUID twice):
@@ -667,11 +664,7 @@ fn cuda_visible_devices_repeating_a_gpu_makes_it_visible_once() {
             &result,
             &format!("CUDA_VISIBLE_DEVICES {visible:?}"),
         );
-        assert!(
-            result.stderr.contains("only 1 visible"),
-            "{}",
-            result.stderr
-        );
+        says(&result.stderr, &["only 1 visible"]);
     }
     for visible in ["1,2", "3,2", "GPU-sim-00000003,GPU-sim-00000000"] {
         assert_planned(visible, &run(visible));
@@ -688,7 +681,7 @@ fn request_sizes_beyond_any_server_are_refused_not_overflowed() {
     let flags = [&BOX[..], &["--avg-prompt", &max, "--avg-output", &max]].concat();
     let result = plan(&flags, &sglang(model.path(), &[]));
     assert_eq!(result.code, 2, "{}{}", result.stdout, result.stderr);
-    assert!(result.stderr.contains("--avg-prompt"), "{}", result.stderr);
+    says(&result.stderr, &["--avg-prompt"]);
     assert!(!result.stderr.contains("panicked"), "{}", result.stderr);
     let largest = (1u64 << 40).to_string();
     let flags = [
@@ -891,7 +884,7 @@ fn a_huge_index_or_header_costs_about_its_size() {
     std::fs::write(index.path().join("model.safetensors.index.json"), text).expect("index");
     let result = bounded(index.path());
     assert_planned("a 60 MiB index", &result);
-    assert!(result.stdout.contains("16.0 GiB"), "{}", result.stdout);
+    says(&result.stdout, &["16.0 GiB"]);
 
     let header = model("huge-header", LLAMA_8B);
     let mut json = String::from("{");

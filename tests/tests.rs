@@ -34,6 +34,7 @@ mod run_output;
 mod run_plan;
 mod run_stale;
 mod run_state;
+mod says;
 mod schema;
 mod scripts;
 mod select_props;
