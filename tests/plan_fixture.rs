@@ -86,6 +86,19 @@ pub fn vllm(model: impl AsRef<Path>, flags: &[&str]) -> Vec<String> {
     launch(&["vllm", "serve"], model, flags)
 }
 
+/// The launch command for `model` that `line` names: `sglang FLAGS` or
+/// `vllm FLAGS`, its words split at white space.
+pub fn serve(model: impl AsRef<Path>, line: &str) -> Vec<String> {
+    let mut words = line.split_whitespace();
+    let engine = words.next();
+    let flags: Vec<&str> = words.collect();
+    match engine {
+        Some("sglang") => sglang(model, &flags),
+        Some("vllm") => vllm(model, &flags),
+        _ => panic!("{line:?} names no engine (sglang or vllm)"),
+    }
+}
+
 fn launch(program: &[&str], model: impl AsRef<Path>, flags: &[&str]) -> Vec<String> {
     let mut command: Vec<String> = program.iter().map(|word| word.to_string()).collect();
     command.push(model.as_ref().display().to_string());

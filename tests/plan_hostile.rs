@@ -14,7 +14,7 @@ use wait_timeout::ChildExt as _;
 
 use crate::harness::Run;
 
-use crate::plan_fixture::{LLAMA_8B, dir, model, sglang, vllm, within_512_mib};
+use crate::plan_fixture::{LLAMA_8B, dir, model, serve, sglang, vllm, within_512_mib};
 use crate::says::says;
 
 /// A hypothetical box (no GPU read) large enough for any sane command.
@@ -121,59 +121,44 @@ fn assert_planned(what: &str, result: &Run) {
 fn parallel_sizes_no_host_has_are_refused_by_name() {
     let model = model("sizes", LLAMA_8B);
     let path = model.path();
-    let cases: Vec<(&str, Vec<String>, &str)> = vec![
-        ("tp 99999", sglang(path, &["--tp", "99999"]), "99999"),
-        ("tp 400M", sglang(path, &["--tp", "400000000"]), "400000000"),
-        ("dp 4G", sglang(path, &["--dp", "4000000000"]), "4000000000"),
-        (
-            "vllm tp × pp",
-            vllm(path, &["-tp", "65536", "-pp", "65536"]),
-            "65536",
-        ),
-        (
-            "vllm tp 2048",
-            vllm(path, &["--tensor-parallel-size", "2048"]),
-            "1024",
-        ),
+    let cases = [
+        ("tp 99999", "sglang --tp 99999", "99999"),
+        ("tp 400M", "sglang --tp 400000000", "400000000"),
+        ("dp 4G", "sglang --dp 4000000000", "4000000000"),
+        ("vllm tp × pp", "vllm -tp 65536 -pp 65536", "65536"),
+        ("vllm tp 2048", "vllm --tensor-parallel-size 2048", "1024"),
         (
             "base gpu id",
-            sglang(path, &["--tp", "8", "--base-gpu-id", "4294967295"]),
+            "sglang --tp 8 --base-gpu-id 4294967295",
             "--base-gpu-id",
         ),
         (
             "gpu id step",
-            sglang(path, &["--tp", "8", "--gpu-id-step", "4000000000"]),
+            "sglang --tp 8 --gpu-id-step 4000000000",
             "--gpu-id-step",
         ),
         (
             "dcp",
-            vllm(path, &["-dcp", "4000000000"]),
+            "vllm -dcp 4000000000",
             "--decode-context-parallel-size",
         ),
         (
             "dcp not dividing tp",
-            vllm(path, &["-tp", "8", "-dcp", "3"]),
+            "vllm -tp 8 -dcp 3",
             "DCP must divide TP",
         ),
-        (
-            "nnodes",
-            sglang(path, &["--tp", "8", "--nnodes", "4000000000"]),
-            "--nnodes",
-        ),
+        ("nnodes", "sglang --tp 8 --nnodes 4000000000", "--nnodes"),
     ];
-    for (what, command, named) in cases {
-        assert_refused(what, &plan(&BOX, &command), named);
+    for (what, line, named) in cases {
+        assert_refused(what, &plan(&BOX, &serve(path, line)), named);
     }
     // What real deployments ask still plans.
-    for (what, command) in [
-        ("tp 8", sglang(path, &["--tp", "8"])),
-        (
-            "tp 16 over 2 nodes",
-            sglang(path, &["--tp", "16", "--nnodes", "2"]),
-        ),
-        ("vllm dcp 8", vllm(path, &["-tp", "8", "-dcp", "8"])),
+    for (what, line) in [
+        ("tp 8", "sglang --tp 8"),
+        ("tp 16 over 2 nodes", "sglang --tp 16 --nnodes 2"),
+        ("vllm dcp 8", "vllm -tp 8 -dcp 8"),
     ] {
-        assert_planned(what, &plan(&BOX, &command));
+        assert_planned(what, &plan(&BOX, &serve(path, line)));
     }
 }
 
@@ -185,73 +170,55 @@ fn parallel_sizes_no_host_has_are_refused_by_name() {
 fn token_and_host_tier_amounts_no_host_has_are_refused_by_name() {
     let model = model("amounts", LLAMA_8B);
     let path = model.path();
-    let max = u64::MAX.to_string();
-    let cases: Vec<(&str, Vec<String>, &str)> = vec![
+    let max = u64::MAX;
+    let cases = [
         (
             "max model len",
-            vllm(path, &["--max-model-len", &max]),
+            format!("vllm --max-model-len {max}"),
             "--max-model-len",
         ),
         (
             "context length",
-            sglang(path, &["--context-length", &max]),
+            format!("sglang --context-length {max}"),
             "--context-length",
         ),
         (
             "block size",
-            vllm(path, &["--block-size", "4294967295"]),
+            "vllm --block-size 4294967295".into(),
             "--block-size",
         ),
         (
             "page size",
-            sglang(path, &["--page-size", "4294967295"]),
+            "sglang --page-size 4294967295".into(),
             "--page-size",
         ),
         (
             "hicache size",
-            sglang(
-                path,
-                &["--enable-hierarchical-cache", "--hicache-size", &max],
-            ),
+            format!("sglang --enable-hierarchical-cache --hicache-size {max}"),
             "--hicache-size",
         ),
         (
             "hicache ratio",
-            sglang(
-                path,
-                &["--enable-hierarchical-cache", "--hicache-ratio", "1e308"],
-            ),
+            "sglang --enable-hierarchical-cache --hicache-ratio 1e308".into(),
             "--hicache-ratio",
         ),
         (
             "offloading inf",
-            vllm(path, &["--kv-offloading-size", "inf"]),
+            "vllm --kv-offloading-size inf".into(),
             "--kv-offloading-size",
         ),
     ];
-    for (what, command, named) in cases {
-        assert_refused(what, &plan(&BOX, &command), named);
+    for (what, line, named) in cases {
+        assert_refused(what, &plan(&BOX, &serve(path, &line)), named);
     }
-    for (what, command) in [
+    for (what, line) in [
         (
             "hicache 300 GB on TP 8",
-            sglang(
-                path,
-                &[
-                    "--tp",
-                    "8",
-                    "--enable-hierarchical-cache",
-                    "--hicache-size",
-                    "300",
-                ],
-            ),
+            "sglang --tp 8 --enable-hierarchical-cache --hicache-size 300",
         ),
-        (
-            "offloading 100 GiB",
-            vllm(path, &["--kv-offloading-size", "100"]),
-        ),
+        ("offloading 100 GiB", "vllm --kv-offloading-size 100"),
     ] {
-        assert_planned(what, &plan(&BOX, &command));
+        assert_planned(what, &plan(&BOX, &serve(path, line)));
     }
 }
 
@@ -988,19 +955,19 @@ fn flags_that_change_the_pool_are_modelled_or_said_and_foreign_ones_refused() {
         assert_eq!(offload("4000"), 0, "{what}: all of it offloaded");
     }
 
-    for (what, command, flag) in [
+    for (what, line, flag) in [
         (
             "vLLM --quantization",
-            vllm(model.path(), &["--quantization", "fp8"]),
+            "vllm --quantization fp8",
             "--quantization fp8",
         ),
         (
             "SGLang --torchao-config",
-            sglang(model.path(), &["--torchao-config", "int4wo-128"]),
+            "sglang --torchao-config int4wo-128",
             "--torchao-config int4wo-128",
         ),
     ] {
-        let result = plan(&gpu, &command);
+        let result = plan(&gpu, &serve(model.path(), line));
         assert_planned(what, &result);
         assert!(
             result.stdout.contains(&format!(
@@ -1013,34 +980,30 @@ fn flags_that_change_the_pool_are_modelled_or_said_and_foreign_ones_refused() {
     }
 
     let refused = [
-        (
-            "--tp-size to vLLM",
-            vllm(model.path(), &["--tp-size", "2"]),
-            "--tp-size",
-        ),
+        ("--tp-size to vLLM", "vllm --tp-size 2", "--tp-size"),
         (
             "--gpu-memory-utilization to SGLang",
-            sglang(model.path(), &["--gpu-memory-utilization", "0.9"]),
+            "sglang --gpu-memory-utilization 0.9",
             "not a flag of SGLang 0.5.9 (it is vLLM's)",
         ),
         (
             "--num-gpu-blocks-override abc",
-            vllm(model.path(), &["--num-gpu-blocks-override", "abc"]),
+            "vllm --num-gpu-blocks-override abc",
             "--num-gpu-blocks-override",
         ),
         (
             "--cpu-offload-gb -1",
-            vllm(model.path(), &["--cpu-offload-gb=-1"]),
+            "vllm --cpu-offload-gb=-1",
             "--cpu-offload-gb",
         ),
         (
             "SGLang --cpu-offload-gb 1.5 (an int there)",
-            sglang(model.path(), &["--cpu-offload-gb", "1.5"]),
+            "sglang --cpu-offload-gb 1.5",
             "--cpu-offload-gb",
         ),
     ];
-    for (what, command, named) in refused {
-        assert_refused(what, &plan(&gpu, &command), named);
+    for (what, line, named) in refused {
+        assert_refused(what, &plan(&gpu, &serve(model.path(), line)), named);
     }
 }
 
@@ -1184,12 +1147,9 @@ fn a_plan_says_what_it_means() {
         &sglang(llama.path(), &[]),
     );
     assert_eq!(sglang_none.code, 4, "{}", sglang_none.stdout);
-    assert!(
-        sglang_none
-            .stdout
-            .contains("does not start: the weights are larger than the free memory at start"),
-        "{}",
-        sglang_none.stdout
+    says(
+        &sglang_none.stdout,
+        &["does not start: the weights are larger than the free memory at start"],
     );
 
     let given = plan(
@@ -1250,12 +1210,9 @@ fn a_plan_says_what_it_means() {
     let estimated = plan(&["--gpu-memory", "80GiB"], &vllm(shaped.path(), &[]));
     assert_planned("no index", &estimated);
     // Llama-3.1-8B has 8.03 × 10^9 weights: 14.96 GiB in bf16.
-    assert!(
-        estimated
-            .stdout
-            .contains("weights           15.0 GiB  (ESTIMATE from config.json"),
-        "{}",
-        estimated.stdout
+    says(
+        &estimated.stdout,
+        &["weights           15.0 GiB  (ESTIMATE from config.json"],
     );
 }
 

@@ -37,12 +37,9 @@ fn push_installs_skips_refuses_and_the_fleet_then_finds_it() {
     // Before any push, the hosts have no gpureap.
     let status = lab.run_as_given(&["status", "-H", "h1"]);
     assert_eq!(status.code, 3);
-    assert!(
-        status
-            .stdout
-            .contains("h1: gpureap not found on the host (install it or pass --remote-bin)"),
-        "{}",
-        status.stdout
+    says(
+        &status.stdout,
+        &["h1: gpureap not found on the host (install it or pass --remote-bin)"],
     );
 
     let first = push(&lab, &["-H", "h2", "--json"]);
