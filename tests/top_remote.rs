@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use gpureap::driver::sim::incident::{Holder, Incident, LAUNCHER, SimHost};
 
 use crate::harness::GIB;
-use crate::sshd_lab::{Kind, Lab};
+use crate::sshd_lab::{Kind, Lab, records};
 use crate::tmux::Tmux;
 
 /// The children of `parent` (of any of its threads), with their comm.
@@ -96,12 +96,10 @@ fn eventually(what: &str, mut check: impl FnMut() -> bool) {
 
 /// The PID `title` is recorded under on a lab host.
 fn recorded(lab: &Lab, host: &str, title: &str) -> Option<u32> {
-    std::fs::read_to_string(lab.host(host).sim.path().join("pids"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|line| line.split_once(' '))
-        .filter(|(_, recorded)| *recorded == title)
-        .filter_map(|(pid, _)| pid.parse().ok())
+    records(lab.host(host).sim.path())
+        .into_iter()
+        .filter(|(_, recorded)| recorded == title)
+        .map(|(pid, _)| pid)
         .next_back()
 }
 
