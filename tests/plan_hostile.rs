@@ -1032,53 +1032,54 @@ fn a_log_whose_figures_contradict_each_other_is_refused_naming_the_line() {
             "[2026-01-01 00:00:10 TP0] KV Cache is allocated. #tokens: {tokens}, KV size: {size} GB\n"
         )
     };
-    let cases = [
-        (
-            "vLLM: more KV than its start requested",
-            write(
-                "vllm.log",
-                "(EngineCore_DP0 pid=1) INFO Model loading took 14.99 GiB memory and 3.1 seconds\n\
-                 (EngineCore_DP0 pid=1) INFO Available KV cache memory: 120.00 GiB\n\
-                 (EngineCore_DP0 pid=1) INFO GPU KV cache size: 982,768 tokens\n",
-            ),
-            vllm(model.path(), &[]),
-            "line 2 (\"(EngineCore_DP0 pid=1) INFO Available KV cache memory: 120.00 GiB\"): 120.00 GiB of KV cache",
+    let refused = |what: &str, log: &str, command: &[String], named: &str| {
+        let result = plan(&["--gpu-memory", "80GiB", "--from-log", log], command);
+        assert_refused(what, &result, named);
+    };
+    refused(
+        "vLLM: more KV than its start requested",
+        &write(
+            "vllm.log",
+            "(EngineCore_DP0 pid=1) INFO Model loading took 14.99 GiB memory and 3.1 seconds\n\
+             (EngineCore_DP0 pid=1) INFO Available KV cache memory: 120.00 GiB\n\
+             (EngineCore_DP0 pid=1) INFO GPU KV cache size: 982,768 tokens\n",
         ),
+        &vllm(model.path(), &[]),
+        "line 2 (\"(EngineCore_DP0 pid=1) INFO Available KV cache memory: 120.00 GiB\"): 120.00 GiB of KV cache",
+    );
+    // SGLang's: the weights' `mem usage`, then the pool's tokens and size.
+    let sglang_logs = [
         (
-            "SGLang: a negative mem usage",
-            write(
-                "negative.log",
-                &format!("{begin}{}{}", end("-16.00"), kv("400000", "50.00")),
-            ),
-            sglang(model.path(), &[]),
+            "a negative mem usage",
+            "-16.00",
+            "400000",
+            "50.00",
             "line 2 (",
         ),
         (
-            "SGLang: 10^17 tokens",
-            write(
-                "tokens.log",
-                &format!(
-                    "{begin}{}{}",
-                    end("16.00"),
-                    kv("99999999999999999", "50.00")
-                ),
-            ),
-            sglang(model.path(), &[]),
+            "10^17 tokens",
+            "16.00",
+            "99999999999999999",
+            "50.00",
             "line 3 (",
         ),
         (
-            "SGLang: more KV than was left after the weights",
-            write(
-                "kv.log",
-                &format!("{begin}{}{}", end("16.00"), kv("400000", "70.00")),
-            ),
-            sglang(model.path(), &[]),
+            "more KV than was left after the weights",
+            "16.00",
+            "400000",
+            "70.00",
             "more than the 62.00 GiB left after the weights",
         ),
     ];
-    for (what, log, command, named) in cases {
-        let result = plan(&["--gpu-memory", "80GiB", "--from-log", &log], &command);
-        assert_refused(what, &result, named);
+    for (n, (what, usage, tokens, size, named)) in sglang_logs.into_iter().enumerate() {
+        let text = format!("{begin}{}{}", end(usage), kv(tokens, size));
+        let log = write(&format!("sglang-{n}.log"), &text);
+        refused(
+            &format!("SGLang: {what}"),
+            &log,
+            &sglang(model.path(), &[]),
+            named,
+        );
     }
     // A log missing figures says which, and what the plan takes instead.
     let partial = write(
@@ -1111,17 +1112,16 @@ fn a_log_whose_figures_contradict_each_other_is_refused_naming_the_line() {
 #[test]
 fn a_plan_says_what_it_means() {
     let llama = model("messages", LLAMA_8B);
-    let free_none = plan(
-        &[
-            "--gpu-memory",
-            "80GiB",
-            "--gpu-free",
-            "0",
-            "--weights",
-            "16GiB",
-        ],
-        &vllm(llama.path(), &[]),
-    );
+    // Nothing free at start: no pool on either engine.
+    let no_free = [
+        "--gpu-memory",
+        "80GiB",
+        "--gpu-free",
+        "0",
+        "--weights",
+        "16GiB",
+    ];
+    let free_none = plan(&no_free, &vllm(llama.path(), &[]));
     assert_eq!(free_none.code, 4, "{}", free_none.stdout);
     assert!(
         !free_none.stdout.contains("larger than the GPU") && free_none.stdout.contains("no pool: "),
@@ -1135,17 +1135,7 @@ fn a_plan_says_what_it_means() {
         "{}",
         free_none.stdout
     );
-    let sglang_none = plan(
-        &[
-            "--gpu-memory",
-            "80GiB",
-            "--gpu-free",
-            "0",
-            "--weights",
-            "16GiB",
-        ],
-        &sglang(llama.path(), &[]),
-    );
+    let sglang_none = plan(&no_free, &sglang(llama.path(), &[]));
     assert_eq!(sglang_none.code, 4, "{}", sglang_none.stdout);
     says(
         &sglang_none.stdout,
