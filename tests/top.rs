@@ -1,6 +1,6 @@
-//! `gpureap top` in a real terminal: tmux (a server of its own per test,
-//! 80x24), keys sent as a user types them, the screen read back with
-//! capture-pane. Every wait is for something on the screen, never a sleep.
+//! `gpureap top` in a real terminal (tests/tmux.rs: a tmux server of its
+//! own per test, 80x24), keys sent as a user types them, the screen read
+//! back with capture-pane. Every wait is for something on the screen, never a sleep.
 
 use std::process::Command;
 use std::time::{Duration, Instant};

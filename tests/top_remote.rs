@@ -1,5 +1,5 @@
 //! `gpureap top -H HOST` against a real sshd host (tests/sshd_lab.rs), in a
-//! real terminal (tmux, 80x24, as tests/top.rs drives it), and `top --json`,
+//! real terminal (tests/tmux.rs: tmux, 80x24), and `top --json`,
 //! the stream the host writes for it. Every wait is for something on the
 //! screen or in a process list, never a sleep.
 
