@@ -230,3 +230,32 @@ impl Drop for Tmux {
             .status();
     }
 }
+
+/// The driver leaves nothing behind: once dropped, its tmux server has
+/// ended and its socket and records are gone. Before, each test's server
+/// socket stayed in /tmp/tmux-UID (tmux's default place, `-L NAME`).
+#[test]
+fn a_dropped_driver_leaves_no_server_and_no_file() {
+    let Some(tmux) = Tmux::run("--version") else {
+        return;
+    };
+    tmux.shows("TOP-ENDED");
+    let server: u32 = tmux
+        .output(&["display-message", "-p", "#{pid}"])
+        .trim()
+        .parse()
+        .expect("the server's pid");
+    let (dir, socket) = (tmux.dir.path().to_path_buf(), tmux.socket());
+    assert!(socket.exists() && crate::harness::alive(server));
+    drop(tmux);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while crate::harness::alive(server) {
+        assert!(
+            Instant::now() < deadline,
+            "tmux server {server} outlived its driver"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!socket.exists(), "{} left behind", socket.display());
+    assert!(!dir.exists(), "{} left behind", dir.display());
+}
