@@ -8,6 +8,8 @@ use gpureap_core::driver::sim::incident::Holder;
 use serde_json::Value;
 
 use crate::harness::{GIB, target_pids};
+use crate::plan_fixture::{llama_8b_in, sglang, within_512_mib};
+use crate::says::says;
 use crate::sshd_lab::{Kind, Lab, host_entry};
 
 fn worker(tp: u32, gpu: u32) -> Holder {
@@ -56,13 +58,7 @@ fn holders_on_several_hosts_are_seen_freed_and_verified_per_host() {
             status.stdout
         );
     }
-    assert!(
-        status
-            .stdout
-            .contains("Nothing held on 1 host (2 GPUs): h3"),
-        "{}",
-        status.stdout
-    );
+    says(&status.stdout, &["Nothing held on 1 host (2 GPUs): h3"]);
 
     let json = lab.run(&["status", "-H", "h1,h2,h3", "--json"]).json();
     assert_eq!(json["kind"], "fleet");
@@ -205,21 +201,17 @@ fn a_missing_remote_gpureap_says_so() {
     let run: crate::harness::Run =
         lab.run_as_given(&["status", "-H", "h1", "--remote-bin", "/nonexistent/gpureap"]);
     assert_eq!(run.code, 3);
-    assert!(
-        run.stdout
-            .contains("h1: /nonexistent/gpureap not found on the host (check --remote-bin)"),
-        "{}",
-        run.stdout
+    says(
+        &run.stdout,
+        &["h1: /nonexistent/gpureap not found on the host (check --remote-bin)"],
     );
     // Something that is not gpureap answering is not taken for a report.
     let run: crate::harness::Run =
         lab.run_as_given(&["status", "-H", "h1", "--remote-bin", "/bin/echo"]);
     assert_eq!(run.code, 3);
-    assert!(
-        run.stdout
-            .contains("h1: answered something that is not gpureap's JSON"),
-        "{}",
-        run.stdout
+    says(
+        &run.stdout,
+        &["h1: answered something that is not gpureap's JSON"],
     );
     // Another schema, or a document missing what is shown: said, never shown as nothing held.
     for (document, says) in [
@@ -300,7 +292,7 @@ fn free_across_hosts_asks_first_and_a_dry_run_signals_nothing() {
     // No terminal, no --yes: refused before any host is asked.
     let refused = lab.run(&["free", "-H", "h1,h2", "--match", "sglang"]);
     assert_eq!(refused.code, 2, "{}", refused.stderr);
-    assert!(refused.stderr.contains("pass --yes"), "{}", refused.stderr);
+    says(&refused.stderr, &["pass --yes"]);
     let plan = lab.run(&["free", "-H", "h1,h2", "--match", "sglang"]);
     assert_eq!(plan.code, 2);
     let plan = lab.run(&["free", "-H", "h1,h2", "--match", "sglang", "--dry-run"]);
@@ -337,15 +329,12 @@ fn wait_returns_when_every_host_is_below_and_names_the_hosts_still_held() {
         "{}{}",
         timed_out.stdout, timed_out.stderr
     );
-    assert!(
-        timed_out.stdout.contains("h1: GPU 0: busy, 30.0 GiB used"),
-        "{}",
-        timed_out.stdout
-    );
-    assert!(
-        timed_out.stdout.contains("h2: GPU 1: busy, 30.0 GiB used"),
-        "{}",
-        timed_out.stdout
+    says(
+        &timed_out.stdout,
+        &[
+            "h1: GPU 0: busy, 30.0 GiB used",
+            "h2: GPU 1: busy, 30.0 GiB used",
+        ],
     );
     // ... and who holds them.
     assert!(
@@ -435,11 +424,7 @@ fn a_hanging_host_costs_its_timeout_and_no_more() {
         hang.to_str().expect("a UTF-8 path"),
     ]);
     assert_eq!(run.code, 3);
-    assert!(
-        run.stdout.contains("h1: no answer within 1.0s (timed out"),
-        "{}",
-        run.stdout
-    );
+    says(&run.stdout, &["h1: no answer within 1.0s (timed out"]);
 }
 
 /// A host that rejects its arguments (here: `--gpu 1` on a host with one GPU;
@@ -555,23 +540,12 @@ fn free_across_hosts_on_a_lost_gpu_exits_3_at_once() {
 /// gpureap with `args`, no ssh reachable, in at most 512 MiB of address
 /// space: a parser that expands before it bounds fails here, not the machine.
 fn bounded_run(args: &[&str]) -> (crate::harness::Run, Duration) {
-    use std::os::unix::process::CommandExt;
     let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_gpureap"));
-    command
+    within_512_mib(&mut command)
         .args(args)
         .args(["--ssh", "false"])
         .env_remove("GPUREAP_BACKEND")
         .stdin(std::process::Stdio::null());
-    unsafe {
-        command.pre_exec(|| {
-            let limit = libc::rlimit {
-                rlim_cur: 512 << 20,
-                rlim_max: 512 << 20,
-            };
-            libc::setrlimit(libc::RLIMIT_AS, &limit);
-            Ok(())
-        });
-    }
     let started = std::time::Instant::now();
     let run = command.output().expect("gpureap runs").into();
     (run, started.elapsed())
@@ -916,7 +890,7 @@ fn a_remote_command_past_its_host_timeout_is_ended_there() {
         hang.to_str().expect("a UTF-8 path"),
     ]);
     assert_eq!(run.code, 3, "{}{}", run.stdout, run.stderr);
-    assert!(run.stdout.contains("timed out"), "{}", run.stdout);
+    says(&run.stdout, &["timed out"]);
     // Not only the local ssh: the command on the host is gone too.
     let running = || lab.on("h1", "pgrep -f 'sleep 100[1]'").code == 0;
     assert!(
@@ -953,13 +927,7 @@ fn status_h_shows_memory_held_by_no_process_as_each_host_judges_it() {
         "{}",
         status.stdout
     );
-    assert!(
-        status
-            .stdout
-            .contains("Nothing held on 1 host (2 GPUs): h2"),
-        "{}",
-        status.stdout
-    );
+    says(&status.stdout, &["Nothing held on 1 host (2 GPUs): h2"]);
     let json = lab.run(&["status", "-H", "h1,h2", "--json"]).json();
     for (host, held) in [("h1", true), ("h2", false)] {
         let gpu = &host_entry(&json, host)["report"]["gpus"][0];
@@ -971,32 +939,7 @@ fn status_h_shows_memory_held_by_no_process_as_each_host_judges_it() {
 /// A Llama-3.1-8B-shaped model where every lab host reads it (the lab's
 /// directory), and SGLang's command line for it on one GPU.
 fn planned_engine(lab: &Lab) -> Vec<String> {
-    let model = lab.path().join("llama-8b");
-    std::fs::create_dir_all(&model).expect("model dir");
-    std::fs::write(
-        model.join("config.json"),
-        r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama",
-            "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
-            "num_hidden_layers": 32, "max_position_embeddings": 131072,
-            "torch_dtype": "bfloat16"}"#,
-    )
-    .expect("config.json");
-    std::fs::write(
-        model.join("model.safetensors.index.json"),
-        r#"{"metadata": {"total_size": 16060522496}, "weight_map": {}}"#,
-    )
-    .expect("index");
-    [
-        "python3",
-        "-m",
-        "sglang.launch_server",
-        "--model-path",
-        model.to_str().expect("utf-8"),
-        "--tp",
-        "1",
-    ]
-    .map(String::from)
-    .to_vec()
+    sglang(llama_8b_in(lab.path()), &["--tp", "1"])
 }
 
 #[test]

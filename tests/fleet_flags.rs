@@ -4,13 +4,14 @@
 //! `plan` and not carried to the hosts fails to compile (`free_flags`,
 //! `wait_flags` and `plan_flags` name every field) or fails here.
 
+use std::fmt::Debug;
 use std::time::Duration;
 
 use clap::Parser;
 use gpureap::cli::{Cli, Command};
 use gpureap::config;
 use gpureap::fleet::commands::{free_flags, plan_flags, status_flags, wait_flags};
-use gpureap_services::request::{FreeRequest, WaitRequest};
+use gpureap_services::request::{FreeRequest, StatusRequest, WaitRequest};
 
 fn parse(argv: &[String]) -> Command {
     match Cli::try_parse_from(argv) {
@@ -24,6 +25,30 @@ fn free_request(argv: &[String]) -> FreeRequest {
         Command::Free(args) => config::free(&args).expect("a free with a scope"),
         other => panic!("{argv:?} is not free: {other:?}"),
     }
+}
+
+fn status_request(argv: &[String]) -> StatusRequest {
+    match parse(argv) {
+        Command::Status(args) => config::status(&args),
+        other => panic!("{argv:?} is not status: {other:?}"),
+    }
+}
+
+fn wait_request(argv: &[String]) -> WaitRequest {
+    match parse(argv) {
+        Command::Wait(args) => config::wait(&args),
+        other => panic!("{argv:?} is not wait: {other:?}"),
+    }
+}
+
+/// Asserts that what the hosts read (`there`, parsed from `remote`) is
+/// `expected`, the config `line` asked for here.
+fn reaches_as(line: &str, remote: &[String], there: impl Debug, expected: impl Debug) {
+    assert_eq!(
+        format!("{there:?}"),
+        format!("{expected:?}"),
+        "`{line}` reaches the hosts as {remote:?}"
+    );
 }
 
 fn words(line: &str) -> Vec<String> {
@@ -59,11 +84,7 @@ fn free_on_the_hosts_is_the_free_asked_here() {
                 json: true,
                 ..here.clone()
             };
-            assert_eq!(
-                format!("{there:?}"),
-                format!("{expected:?}"),
-                "`{line}` reaches the hosts as {remote:?}"
-            );
+            reaches_as(line, &remote, there, expected);
         }
     }
 }
@@ -78,21 +99,11 @@ fn status_on_the_hosts_reads_the_sources_asked_here() {
         "gpureap status -H a",
         "gpureap status --monitors -H a",
     ] {
-        let here = match parse(&words(line)) {
-            Command::Status(args) => config::status(&args),
-            other => panic!("not status: {other:?}"),
-        };
+        let here = status_request(&words(line));
         let mut remote = words("gpureap status");
         remote.extend(status_flags(&here.gpu, &here.sources, here.monitors));
-        let there = match parse(&remote) {
-            Command::Status(args) => config::status(&args),
-            other => panic!("not status: {other:?}"),
-        };
-        assert_eq!(
-            format!("{there:?}"),
-            format!("{here:?}"),
-            "`{line}` reaches the hosts as {remote:?}"
-        );
+        let there = status_request(&remote);
+        reaches_as(line, &remote, there, here);
     }
 }
 
@@ -103,41 +114,28 @@ fn wait_on_the_hosts_is_the_wait_asked_here() {
         "gpureap wait --json -H a",
         "gpureap wait --keep-waiting -H a",
     ] {
-        let here = match parse(&words(line)) {
-            Command::Wait(args) => config::wait(&args),
-            other => panic!("not wait: {other:?}"),
-        };
+        let here = wait_request(&words(line));
         let mut remote = words("gpureap wait");
         remote.extend(wait_flags(&here, here.timeout));
         remote.push("--json".to_string());
-        let there = match parse(&remote) {
-            Command::Wait(args) => config::wait(&args),
-            other => panic!("not wait: {other:?}"),
-        };
+        let there = wait_request(&remote);
         let expected = WaitRequest {
             json: true,
             ..here.clone()
         };
-        assert_eq!(
-            format!("{there:?}"),
-            format!("{expected:?}"),
-            "`{line}` reaches the hosts as {remote:?}"
-        );
+        reaches_as(line, &remote, there, expected);
         // A host started late gets what is left of the fleet's deadline.
         let late = wait_flags(&here, Duration::from_millis(1234));
         let mut remote = words("gpureap wait");
         remote.extend(late);
-        let Command::Wait(args) = parse(&remote) else {
-            panic!("not wait")
-        };
-        assert_eq!(config::wait(&args).timeout, Duration::from_millis(1234));
+        assert_eq!(wait_request(&remote).timeout, Duration::from_millis(1234));
     }
 }
 
 #[test]
 fn plan_on_the_hosts_is_the_plan_asked_here() {
     let plan = |argv: &[String]| match parse(argv) {
-        Command::Plan(args) => gpureap::config::plan(&args).expect("a plan"),
+        Command::Plan(args) => config::plan(&args).expect("a plan"),
         other => panic!("{argv:?} is not plan: {other:?}"),
     };
     for line in [
@@ -159,10 +157,6 @@ fn plan_on_the_hosts_is_the_plan_asked_here() {
         let there = plan(&remote);
         let mut expected = here.clone();
         expected.json = true;
-        assert_eq!(
-            format!("{there:?}"),
-            format!("{expected:?}"),
-            "`{line}` reaches the hosts as {remote:?}"
-        );
+        reaches_as(line, &remote, there, expected);
     }
 }

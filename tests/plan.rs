@@ -9,53 +9,14 @@ use gpureap_core::driver::sim::incident::{Holder, Incident, SimHost};
 use serde_json::Value;
 
 use crate::harness::*;
+use crate::plan_fixture::{self, model, published};
+use crate::says::says;
 
-/// A model directory holding `config` as its config.json, removed when
-/// the test ends.
-struct ModelDir(tempfile::TempDir);
+pub(crate) use crate::plan_fixture::LLAMA_8B;
 
-impl std::ops::Deref for ModelDir {
-    type Target = Path;
-    fn deref(&self) -> &Path {
-        self.0.path()
-    }
-}
-
-fn model_dir(name: &str, config: &str) -> ModelDir {
-    let dir = tempfile::Builder::new()
-        .prefix(&format!("gpureap-plan-{name}-"))
-        .tempdir()
-        .expect("model dir");
-    std::fs::write(dir.path().join("config.json"), config).expect("config.json");
-    ModelDir(dir)
-}
-
-pub(crate) const LLAMA_8B: &str = r#"{
-  "architectures": ["LlamaForCausalLM"],
-  "model_type": "llama",
-  "hidden_size": 4096,
-  "num_attention_heads": 32,
-  "num_key_value_heads": 8,
-  "head_dim": 128,
-  "num_hidden_layers": 32,
-  "max_position_embeddings": 131072,
-  "torch_dtype": "bfloat16"
-}"#;
-
-fn sglang(model: &Path) -> Vec<String> {
-    [
-        "python3",
-        "-m",
-        "sglang.launch_server",
-        "--model-path",
-        &model.display().to_string(),
-        "--tp",
-        "2",
-        "--mem-fraction-static",
-        "0.85",
-    ]
-    .map(String::from)
-    .to_vec()
+/// SGLang over two GPUs, as the tests here start it.
+fn sglang(model: impl AsRef<Path>) -> Vec<String> {
+    plan_fixture::sglang(model, &["--tp", "2", "--mem-fraction-static", "0.85"])
 }
 
 fn plan(host: &SimHost, flags: &[&str], command: &[String]) -> Run {
@@ -88,7 +49,7 @@ fn plan(host: &SimHost, flags: &[&str], command: &[String]) -> Run {
 #[test]
 fn a_notebook_on_one_gpu_costs_every_rank_until_free_takes_it_away() {
     let host = SimHost::new(2, 80 * GIB, "Simulated H100").expect("sim host");
-    let model = model_dir("notebook", LLAMA_8B);
+    let model = model("notebook", LLAMA_8B);
     let command = sglang(&model);
     let mut incident = Incident::new(&host);
     let notebook = incident
@@ -142,12 +103,7 @@ fn a_notebook_on_one_gpu_costs_every_rank_until_free_takes_it_away() {
         text.stdout
     );
     assert!(text.stdout.contains(&free_command), "{}", text.stdout);
-    assert!(
-        text.stdout
-            .contains("fits only after freeing what others hold"),
-        "{}",
-        text.stdout
-    );
+    says(&text.stdout, &["fits only after freeing what others hold"]);
 
     // The command it printed, as printed (with --yes, for no terminal).
     let words: Vec<&str> = free_command.split(' ').skip(1).collect();
@@ -171,16 +127,8 @@ fn a_notebook_on_one_gpu_costs_every_rank_until_free_takes_it_away() {
 #[test]
 fn vllm_ignores_a_holder_in_its_margin_and_refuses_a_larger_one() {
     let host = SimHost::new(1, 80 * GIB, "Simulated H100").expect("sim host");
-    let model = model_dir("vllm", LLAMA_8B);
-    let command: Vec<String> = [
-        "vllm",
-        "serve",
-        &model.display().to_string(),
-        "--gpu-memory-utilization",
-        "0.8",
-    ]
-    .map(String::from)
-    .to_vec();
+    let model = model("vllm", LLAMA_8B);
+    let command = plan_fixture::vllm(&model, &["--gpu-memory-utilization", "0.8"]);
     let mut incident = Incident::new(&host);
     // 80 GiB × (1 − 0.8) = 16 GiB of margin, 1 GiB of it the engine's own context.
     let small = incident
@@ -213,18 +161,14 @@ fn vllm_ignores_a_holder_in_its_margin_and_refuses_a_larger_one() {
     );
     assert_eq!(report["device"]["starts"], false, "{report:#}");
     let text = plan(&host, &["--weights", "16GiB"], &command);
-    assert!(
-        text.stdout.contains("would refuse to start"),
-        "{}",
-        text.stdout
-    );
+    says(&text.stdout, &["would refuse to start"]);
 }
 
 /// `--gpu-memory` plans a clean box, reads no GPU (the driver here has
 /// none), and a GPU too small for the weights is the code of its own.
 #[test]
 fn a_gpu_too_small_is_exit_4_and_no_gpu_is_read_for_a_hypothetical_box() {
-    let model = model_dir("small", LLAMA_8B);
+    let model = model("small", LLAMA_8B);
     let command = sglang(&model);
     let hypothetical = |gpu_memory: &str| -> Run {
         let mut args = vec!["plan", "--gpu-memory", gpu_memory];
@@ -277,7 +221,7 @@ fn a_gpu_too_small_is_exit_4_and_no_gpu_is_read_for_a_hypothetical_box() {
     host.lose(1).expect("lose GPU 1");
     let lost = plan(&host, &["--weights", "16GiB"], &command);
     assert_eq!(lost.code, 3, "{}{}", lost.stdout, lost.stderr);
-    assert!(lost.stderr.contains("GPU 1"), "{}", lost.stderr);
+    says(&lost.stderr, &["GPU 1"]);
 }
 
 /// Each bad input is one line on stderr naming what is missing, exit 2,
@@ -285,16 +229,16 @@ fn a_gpu_too_small_is_exit_4_and_no_gpu_is_read_for_a_hypothetical_box() {
 #[test]
 fn bad_input_is_one_line_and_exit_2() {
     let host = SimHost::new(1, 80 * GIB, "Simulated H100").expect("sim host");
-    let good = model_dir("good", LLAMA_8B);
-    let no_layers = model_dir(
+    let good = model("good", LLAMA_8B);
+    let no_layers = model(
         "no-layers",
         r#"{"architectures": ["LlamaForCausalLM"], "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128}"#,
     );
-    let strange = model_dir(
+    let strange = model(
         "strange",
         r#"{"architectures": ["StrangeForCausalLM"], "num_hidden_layers": 4}"#,
     );
-    let missing = good.join("not-there");
+    let missing = good.path().join("not-there");
     let cases: [(&str, Vec<String>, &str); 5] = [
         (
             "unknown engine",
@@ -322,7 +266,7 @@ fn bad_input_is_one_line_and_exit_2() {
     // priced: the message names the directory and the flag that fixes it.
     let result = plan(&host, &["--gpu-memory", "80GiB"], &sglang(&good));
     assert_one_line_usage("no weights", &result, "--weights");
-    assert!(result.stderr.contains("good"), "{}", result.stderr);
+    says(&result.stderr, &["good"]);
 }
 
 fn assert_one_line_usage(what: &str, result: &Run, named: &str) {
@@ -347,7 +291,7 @@ fn assert_one_line_usage(what: &str, result: &Run, named: &str) {
 fn plan_documents_match_the_published_schema() {
     let validator = crate::schema::schema();
     let host = SimHost::new(2, 80 * GIB, "Simulated H100").expect("sim host");
-    let model = model_dir("schema", LLAMA_8B);
+    let model = model("schema", LLAMA_8B);
     let mut incident = Incident::new(&host);
     incident
         .holder(&Holder::new("python3 notebook.py").on(0, 3 * GIB))
@@ -428,8 +372,8 @@ fn plan_documents_match_the_published_schema() {
 #[test]
 fn a_previous_start_s_log_replaces_the_estimates_and_is_checked() {
     let host = SimHost::new(2, 80 * GIB, "Simulated H100").expect("sim host");
-    let model = model_dir("log", LLAMA_8B);
-    let log = model.join("sglang.log");
+    let model = model("log", LLAMA_8B);
+    let log = model.path().join("sglang.log");
     std::fs::write(
         &log,
         "[2026-11-30 10:00:01 TP0] Load weight begin. avail mem=60.00 GB\n\
@@ -450,11 +394,9 @@ fn a_previous_start_s_log_replaces_the_estimates_and_is_checked() {
         "{report:#}"
     );
     let text = plan(&host, &["--from-log", &log], &sglang(&model));
-    assert!(
-        text.stdout
-            .contains("predicted 507,904 tokens from the logged figures, logged 507,904"),
-        "{}",
-        text.stdout
+    says(
+        &text.stdout,
+        &["predicted 507,904 tokens from the logged figures, logged 507,904"],
     );
 }
 
@@ -467,19 +409,20 @@ fn a_previous_start_s_log_replaces_the_estimates_and_is_checked() {
 fn a_vllm_log_leaves_the_utilization_lever_its_effect() {
     let log = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/logs/vllm-0.26.0-llama-3.1-8b-u05.log");
-    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/llama-3.1-8b");
     let result: Run = std::process::Command::new(env!("CARGO_BIN_EXE_gpureap"))
         .args(["plan", "--gpu-memory", "143156MiB", "--json", "--from-log"])
         .arg(&log)
-        .args(["--", "vllm", "serve"])
-        .arg(&model)
-        .args([
-            "--gpu-memory-utilization",
-            "0.5",
-            "--max-model-len",
-            "8192",
-            "--enforce-eager",
-        ])
+        .arg("--")
+        .args(plan_fixture::vllm(
+            published("llama-3.1-8b"),
+            &[
+                "--gpu-memory-utilization",
+                "0.5",
+                "--max-model-len",
+                "8192",
+                "--enforce-eager",
+            ],
+        ))
         .env("GPUREAP_BACKEND", "none")
         .env_remove("CUDA_VISIBLE_DEVICES")
         .output()
@@ -520,7 +463,7 @@ fn a_vllm_log_leaves_the_utilization_lever_its_effect() {
 #[test]
 fn the_engine_s_gpus_come_from_cuda_visible_devices_by_index_or_uuid() {
     let host = SimHost::new(3, 80 * GIB, "Simulated H100").expect("sim host");
-    let model = model_dir("visible", LLAMA_8B);
+    let model = model("visible", LLAMA_8B);
     let mut incident = Incident::new(&host);
     let holder = incident
         .holder(&Holder::new("python3 train.py").on(2, 10 * GIB))
@@ -698,7 +641,7 @@ fn documented_plans(doc: &str) -> Vec<(Vec<String>, Vec<String>)> {
 #[test]
 fn the_verdict_is_1_only_where_freeing_or_a_reset_helps() {
     let host = SimHost::new(2, 80 * GIB, "Simulated H100").expect("sim host");
-    let model = model_dir("verdict", LLAMA_8B);
+    let model = model("verdict", LLAMA_8B);
     let command = sglang(&model);
     let weights = ["--weights", "16GiB"];
 
@@ -720,7 +663,7 @@ fn the_verdict_is_1_only_where_freeing_or_a_reset_helps() {
         &command,
     );
     assert_one_line_usage("--gpu-free above the GPU", &above, "--gpu-free");
-    assert!(above.stderr.contains("80.0 GiB"), "{}", above.stderr);
+    says(&above.stderr, &["80.0 GiB"]);
 
     // More GPUs than the host has is said as such. Before: "the engine's
     // GPUs \"2\": this host has 2 GPUs".
@@ -746,12 +689,11 @@ fn the_verdict_is_1_only_where_freeing_or_a_reset_helps() {
     assert_eq!(some.code, 0, "{}{}", some.stdout, some.stderr);
     let too_many = held("100000");
     assert_eq!(too_many.code, 4, "{}{}", too_many.stdout, too_many.stderr);
-    assert!(
-        too_many
-            .stdout
-            .contains("Verdict: does not hold --concurrency 100,000 at once on this hardware, even on clean GPUs (exit 4)"),
-        "{}",
-        too_many.stdout
+    says(
+        &too_many.stdout,
+        &[
+            "Verdict: does not hold --concurrency 100,000 at once on this hardware, even on clean GPUs (exit 4)",
+        ],
     );
 
     // A stray context of 1 MiB: reported, within the tolerance.
@@ -796,24 +738,13 @@ fn the_verdict_is_1_only_where_freeing_or_a_reset_helps() {
 #[test]
 fn a_host_tier_the_host_cannot_allocate_does_not_fit() {
     let host = SimHost::new(1, 80 * GIB, "Simulated H100").expect("sim host");
-    let kimi = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/kimi-k2.5");
-    let command = |size: &str| -> Vec<String> {
-        [
-            "python3",
-            "-m",
-            "sglang.launch_server",
-            "--model-path",
-            kimi.to_str().expect("utf-8"),
-            "--tp",
-            "8",
-            "--mem-fraction-static",
-            "0.85",
-            "--enable-hierarchical-cache",
-            "--hicache-size",
-            size,
-        ]
-        .map(String::from)
-        .to_vec()
+    let kimi = published("kimi-k2.5");
+    let command = |size: &str| {
+        let tier = ["--enable-hierarchical-cache", "--hicache-size", size];
+        plan_fixture::sglang(
+            &kimi,
+            &[&["--tp", "8", "--mem-fraction-static", "0.85"], &tier[..]].concat(),
+        )
     };
     let flags = [
         "--gpu-memory",
@@ -843,12 +774,11 @@ fn a_host_tier_the_host_cannot_allocate_does_not_fit() {
     // SGLang 0.5.9 asserts against it at start.
     let small = plan(&host, &flags, &command("1"));
     assert_eq!(small.code, 4, "{}{}", small.stdout, small.stderr);
-    assert!(
-        small
-            .stdout
-            .contains("SGLang does not start: the host pool must hold more than the device pool's 115,982 tokens per rank"),
-        "{}",
-        small.stdout
+    says(
+        &small.stdout,
+        &[
+            "SGLang does not start: the host pool must hold more than the device pool's 115,982 tokens per rank",
+        ],
     );
 }
 
@@ -861,22 +791,7 @@ fn a_host_tier_the_host_cannot_allocate_does_not_fit() {
 fn sliding_window_models_show_the_engine_s_own_pools() {
     let validator = crate::schema::schema();
     let host = SimHost::new(1, 80 * GIB, "Simulated H100").expect("sim host");
-    let fixture = |name: &str| {
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/models")
-            .join(name)
-            .display()
-            .to_string()
-    };
-    let gemma: Vec<String> = [
-        "vllm",
-        "serve",
-        &fixture("gemma-3-27b-it"),
-        "--max-model-len",
-        "32768",
-    ]
-    .map(String::from)
-    .to_vec();
+    let gemma = plan_fixture::vllm(published("gemma-3-27b-it"), &["--max-model-len", "32768"]);
     let flags = [
         "--gpu-memory",
         "80GiB",
@@ -898,16 +813,12 @@ fn sliding_window_models_show_the_engine_s_own_pools() {
         "{}",
         text.stdout
     );
-    assert!(
-        text.stdout
-            .contains("1 full + 6 sliding-window (window 1,024) of 10 layers each"),
-        "{}",
-        text.stdout
-    );
-    assert!(
-        text.stdout.contains("bound by the KV pool"),
-        "{}",
-        text.stdout
+    says(
+        &text.stdout,
+        &[
+            "1 full + 6 sliding-window (window 1,024) of 10 layers each",
+            "bound by the KV pool",
+        ],
     );
     let mut json_flags = flags.to_vec();
     json_flags.push("--json");
@@ -917,15 +828,7 @@ fn sliding_window_models_show_the_engine_s_own_pools() {
     assert_eq!(document["device"]["hybrid"]["blocks_per_request"], 8_582);
     assert_eq!(document["device"]["concurrency_cap"], "pool");
 
-    let oss: Vec<String> = [
-        "python3",
-        "-m",
-        "sglang.launch_server",
-        "--model-path",
-        &fixture("gpt-oss-20b"),
-    ]
-    .map(String::from)
-    .to_vec();
+    let oss = plan_fixture::sglang(published("gpt-oss-20b"), &[]);
     let kv = [
         "--gpu-memory",
         "80GiB",
@@ -943,15 +846,7 @@ fn sliding_window_models_show_the_engine_s_own_pools() {
 
     // Qwen3-Next (12 layers) on SGLang: the state slots beside the pool,
     // and the request cap they set, in the schema's shape.
-    let next: Vec<String> = [
-        "python3",
-        "-m",
-        "sglang.launch_server",
-        "--model-path",
-        &fixture("qwen3-next-80b-a3b-12l"),
-    ]
-    .map(String::from)
-    .to_vec();
+    let next = plan_fixture::sglang(published("qwen3-next-80b-a3b-12l"), &[]);
     let flags = [
         "--gpu-memory",
         "80GiB",

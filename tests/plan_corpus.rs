@@ -7,7 +7,7 @@
 //! start refused. docs/plan.md carries the same figures
 //! (scripts/plan_accuracy.py).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
@@ -44,30 +44,41 @@ const NOT_YET: [(&str, f64, &str); 4] = [
 /// 0.01 GiB, up to 0.005 GiB off, 0.02 % of the smallest pool here.
 const OWN_LOG_PCT: f64 = 0.05;
 
+/// What a test expects of the corpus: the shape the gpu-corpus work writes.
+const AS_WRITTEN: &str = "corpus.json as the gpu-corpus work writes it";
+
+/// tests/fixtures/logs/corpus.json, and the folder of its logs.
+fn corpus() -> (Value, PathBuf) {
+    let logs = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/logs");
+    let text = std::fs::read_to_string(logs.join("corpus.json")).expect(AS_WRITTEN);
+    (serde_json::from_str(&text).expect(AS_WRITTEN), logs)
+}
+
+/// The log of the start `case`.
+fn log_of(logs: &Path, case: &Value) -> PathBuf {
+    logs.join(text(&case["file"]))
+}
+
+fn number(value: &Value) -> f64 {
+    value.as_f64().expect(AS_WRITTEN)
+}
+
+fn text(value: &Value) -> &str {
+    value.as_str().expect(AS_WRITTEN)
+}
+
 fn plan(case: &Value, from_log: Option<&Path>) -> Value {
     let engine = &case["engine"];
     let gpu = &case["gpu"];
-    let total = gpu["total_mib"]
-        .as_u64()
-        .expect("corpus.json as the gpu-corpus work writes it")
-        - gpu["reserved_mib"]
-            .as_u64()
-            .expect("corpus.json as the gpu-corpus work writes it");
+    let total = gpu["total_mib"].as_u64().expect(AS_WRITTEN)
+        - gpu["reserved_mib"].as_u64().expect(AS_WRITTEN);
     // A refused start says what it saw free: "(37.06/79.18 GiB)".
     let free = match engine["free_at_start_gib"].as_f64() {
         Some(free) => free.to_string(),
         None => {
-            let refusal = engine["refusal"]
-                .as_str()
-                .expect("corpus.json as the gpu-corpus work writes it");
-            let open = refusal
-                .find('(')
-                .expect("corpus.json as the gpu-corpus work writes it")
-                + 1;
-            let slash = open
-                + refusal[open..]
-                    .find('/')
-                    .expect("corpus.json as the gpu-corpus work writes it");
+            let refusal = text(&engine["refusal"]);
+            let open = refusal.find('(').expect(AS_WRITTEN) + 1;
+            let slash = open + refusal[open..].find('/').expect(AS_WRITTEN);
             refusal[open..slash].to_string()
         }
     };
@@ -82,14 +93,8 @@ fn plan(case: &Value, from_log: Option<&Path>) -> Value {
         command.arg("--from-log").arg(log);
     }
     command.args(["--", "python3", "-m", "vllm.entrypoints.openai.api_server"]);
-    for arg in case["vllm_args"]
-        .as_array()
-        .expect("corpus.json as the gpu-corpus work writes it")
-    {
-        command.arg(
-            arg.as_str()
-                .expect("corpus.json as the gpu-corpus work writes it"),
-        );
+    for arg in case["vllm_args"].as_array().expect(AS_WRITTEN) {
+        command.arg(text(arg));
     }
     let output = command.output().expect("run gpureap plan");
     assert!(
@@ -106,24 +111,13 @@ fn error_pct(planned: f64, logged: f64) -> f64 {
 
 #[test]
 fn every_vllm_start() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let corpus: Value = serde_json::from_str(
-        &std::fs::read_to_string(root.join("tests/fixtures/logs/corpus.json"))
-            .expect("corpus.json as the gpu-corpus work writes it"),
-    )
-    .expect("corpus.json as the gpu-corpus work writes it");
-    let cases = corpus["cases"]
-        .as_object()
-        .expect("corpus.json as the gpu-corpus work writes it");
+    let (corpus, logs) = corpus();
+    let cases = corpus["cases"].as_object().expect(AS_WRITTEN);
     assert!(cases.len() >= 17, "the corpus has its 17 starts");
     let mut failures = Vec::new();
     for (name, case) in cases {
         let engine = &case["engine"];
-        let log = root.join("tests/fixtures/logs").join(
-            case["file"]
-                .as_str()
-                .expect("corpus.json as the gpu-corpus work writes it"),
-        );
+        let log = log_of(&logs, case);
         let a_priori = plan(case, None);
         let own_log = plan(case, Some(&log));
         let Some(tokens) = engine["kv_tokens"].as_f64() else {
@@ -152,9 +146,7 @@ fn every_vllm_start() {
         let (planned, concurrency) = figures(&a_priori);
         let planned = planned.unwrap_or(0.0);
         let concurrency = concurrency.unwrap_or(0.0);
-        let logged_concurrency = engine["max_concurrency"]
-            .as_f64()
-            .expect("corpus.json as the gpu-corpus work writes it");
+        let logged_concurrency = number(&engine["max_concurrency"]);
         let tokens_error = error_pct(planned, tokens);
         let concurrency_error = error_pct(concurrency, logged_concurrency);
         if tokens_error.abs() > bound || concurrency_error.abs() > bound {
@@ -182,15 +174,8 @@ fn every_vllm_start() {
 /// loaded 0.04 GiB more).
 #[test]
 fn a_log_carries_over_to_the_other_starts_of_its_model() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let corpus: Value = serde_json::from_str(
-        &std::fs::read_to_string(root.join("tests/fixtures/logs/corpus.json"))
-            .expect("corpus.json as the gpu-corpus work writes it"),
-    )
-    .expect("corpus.json as the gpu-corpus work writes it");
-    let cases = corpus["cases"]
-        .as_object()
-        .expect("corpus.json as the gpu-corpus work writes it");
+    let (corpus, logs) = corpus();
+    let cases = corpus["cases"].as_object().expect(AS_WRITTEN);
     let llama: Vec<_> = cases
         .iter()
         .filter(|(name, case)| name.starts_with("llama") && case["engine"]["kv_tokens"].is_u64())
@@ -199,11 +184,7 @@ fn a_log_carries_over_to_the_other_starts_of_its_model() {
     let mut failures = Vec::new();
     let mut pairs = 0;
     for (from, source) in &llama {
-        let log = root.join("tests/fixtures/logs").join(
-            source["file"]
-                .as_str()
-                .expect("corpus.json as the gpu-corpus work writes it"),
-        );
+        let log = log_of(&logs, source);
         for (to, target) in &llama {
             if from == to {
                 continue;
@@ -211,26 +192,12 @@ fn a_log_carries_over_to_the_other_starts_of_its_model() {
             pairs += 1;
             let result = plan(target, Some(&log));
             let device = &result["device"];
-            let planned = device["engine_log"]["kv_cache_tokens"]
-                .as_f64()
-                .expect("corpus.json as the gpu-corpus work writes it");
-            let logged = target["engine"]["kv_tokens"]
-                .as_f64()
-                .expect("corpus.json as the gpu-corpus work writes it");
-            let per_token = device["bytes_per_token"]
-                .as_f64()
-                .expect("corpus.json as the gpu-corpus work writes it");
-            let block = device["page_size"]
-                .as_f64()
-                .expect("corpus.json as the gpu-corpus work writes it");
+            let planned = number(&device["engine_log"]["kv_cache_tokens"]);
+            let logged = number(&target["engine"]["kv_tokens"]);
+            let per_token = number(&device["bytes_per_token"]);
+            let block = number(&device["page_size"]);
             let differ = |figure: &str| {
-                (source["engine"][figure]
-                    .as_f64()
-                    .expect("corpus.json as the gpu-corpus work writes it")
-                    - target["engine"][figure]
-                        .as_f64()
-                        .expect("corpus.json as the gpu-corpus work writes it"))
-                .abs()
+                (number(&source["engine"][figure]) - number(&target["engine"][figure])).abs()
             };
             let unforetold = 0.02 + differ("activation_peak_gib") + differ("weights_gib");
             let bound = block + (unforetold * (1u64 << 30) as f64 / per_token).ceil();
@@ -254,29 +221,18 @@ fn a_log_carries_over_to_the_other_starts_of_its_model() {
 /// runner took 0.64, and comes 3.15 % under its tokens.
 #[test]
 fn a_log_carries_graphs_and_batch_limits() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let corpus: Value = serde_json::from_str(
-        &std::fs::read_to_string(root.join("tests/fixtures/logs/corpus.json"))
-            .expect("corpus.json as the gpu-corpus work writes it"),
-    )
-    .expect("corpus.json as the gpu-corpus work writes it");
+    let (corpus, logs) = corpus();
     let case = &corpus["cases"]["qwen3-30b-a3b-eager"];
-    let log = root.join("tests/fixtures/logs").join(
-        case["file"]
-            .as_str()
-            .expect("corpus.json as the gpu-corpus work writes it"),
-    );
+    let log = log_of(&logs, case);
     let kv = |case: &Value, from_log: Option<&Path>| {
         plan(case, from_log)["device"]["kv_bytes_per_rank"]
             .as_i64()
-            .expect("corpus.json as the gpu-corpus work writes it")
+            .expect(AS_WRITTEN)
     };
     let (own_a_priori, own_log) = (kv(case, None), kv(case, Some(&log)));
     let asked = |drop: &str, add: &[&str]| {
         let mut other = case.clone();
-        let args = other["vllm_args"]
-            .as_array_mut()
-            .expect("corpus.json as the gpu-corpus work writes it");
+        let args = other["vllm_args"].as_array_mut().expect(AS_WRITTEN);
         args.retain(|arg| arg != drop);
         args.extend(add.iter().map(|arg| Value::from(*arg)));
         other

@@ -14,40 +14,11 @@ use wait_timeout::ChildExt as _;
 
 use crate::harness::Run;
 
-use crate::plan::LLAMA_8B;
+use crate::plan_fixture::{LLAMA_8B, dir, model, serve, sglang, vllm, within_512_mib};
+use crate::says::says;
 
 /// A hypothetical box (no GPU read) large enough for any sane command.
 const BOX: [&str; 4] = ["--gpu-memory", "80GiB", "--weights", "1GiB"];
-
-/// A directory removed when the test ends.
-fn dir(name: &str) -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix(&format!("gpureap-hostile-{name}-"))
-        .tempdir()
-        .expect("temp dir")
-}
-
-fn model(name: &str, config: &str) -> tempfile::TempDir {
-    let dir = dir(name);
-    std::fs::write(dir.path().join("config.json"), config).expect("config.json");
-    dir
-}
-
-fn sglang(model: &Path, flags: &[&str]) -> Vec<String> {
-    let mut command: Vec<String> = ["python3", "-m", "sglang.launch_server", "--model-path"]
-        .map(String::from)
-        .to_vec();
-    command.push(model.display().to_string());
-    command.extend(flags.iter().map(|flag| flag.to_string()));
-    command
-}
-
-fn vllm(model: &Path, flags: &[&str]) -> Vec<String> {
-    let mut command: Vec<String> = vec!["vllm".into(), "serve".into()];
-    command.push(model.display().to_string());
-    command.extend(flags.iter().map(|flag| flag.to_string()));
-    command
-}
 
 /// `gpureap plan FLAGS -- COMMAND` with `env`, ended after 30 s: a hang
 /// is a failure of its own ("did not end"), not a test that never ends.
@@ -150,59 +121,44 @@ fn assert_planned(what: &str, result: &Run) {
 fn parallel_sizes_no_host_has_are_refused_by_name() {
     let model = model("sizes", LLAMA_8B);
     let path = model.path();
-    let cases: Vec<(&str, Vec<String>, &str)> = vec![
-        ("tp 99999", sglang(path, &["--tp", "99999"]), "99999"),
-        ("tp 400M", sglang(path, &["--tp", "400000000"]), "400000000"),
-        ("dp 4G", sglang(path, &["--dp", "4000000000"]), "4000000000"),
-        (
-            "vllm tp × pp",
-            vllm(path, &["-tp", "65536", "-pp", "65536"]),
-            "65536",
-        ),
-        (
-            "vllm tp 2048",
-            vllm(path, &["--tensor-parallel-size", "2048"]),
-            "1024",
-        ),
+    let cases = [
+        ("tp 99999", "sglang --tp 99999", "99999"),
+        ("tp 400M", "sglang --tp 400000000", "400000000"),
+        ("dp 4G", "sglang --dp 4000000000", "4000000000"),
+        ("vllm tp × pp", "vllm -tp 65536 -pp 65536", "65536"),
+        ("vllm tp 2048", "vllm --tensor-parallel-size 2048", "1024"),
         (
             "base gpu id",
-            sglang(path, &["--tp", "8", "--base-gpu-id", "4294967295"]),
+            "sglang --tp 8 --base-gpu-id 4294967295",
             "--base-gpu-id",
         ),
         (
             "gpu id step",
-            sglang(path, &["--tp", "8", "--gpu-id-step", "4000000000"]),
+            "sglang --tp 8 --gpu-id-step 4000000000",
             "--gpu-id-step",
         ),
         (
             "dcp",
-            vllm(path, &["-dcp", "4000000000"]),
+            "vllm -dcp 4000000000",
             "--decode-context-parallel-size",
         ),
         (
             "dcp not dividing tp",
-            vllm(path, &["-tp", "8", "-dcp", "3"]),
+            "vllm -tp 8 -dcp 3",
             "DCP must divide TP",
         ),
-        (
-            "nnodes",
-            sglang(path, &["--tp", "8", "--nnodes", "4000000000"]),
-            "--nnodes",
-        ),
+        ("nnodes", "sglang --tp 8 --nnodes 4000000000", "--nnodes"),
     ];
-    for (what, command, named) in cases {
-        assert_refused(what, &plan(&BOX, &command), named);
+    for (what, line, named) in cases {
+        assert_refused(what, &plan(&BOX, &serve(path, line)), named);
     }
     // What real deployments ask still plans.
-    for (what, command) in [
-        ("tp 8", sglang(path, &["--tp", "8"])),
-        (
-            "tp 16 over 2 nodes",
-            sglang(path, &["--tp", "16", "--nnodes", "2"]),
-        ),
-        ("vllm dcp 8", vllm(path, &["-tp", "8", "-dcp", "8"])),
+    for (what, line) in [
+        ("tp 8", "sglang --tp 8"),
+        ("tp 16 over 2 nodes", "sglang --tp 16 --nnodes 2"),
+        ("vllm dcp 8", "vllm -tp 8 -dcp 8"),
     ] {
-        assert_planned(what, &plan(&BOX, &command));
+        assert_planned(what, &plan(&BOX, &serve(path, line)));
     }
 }
 
@@ -214,73 +170,55 @@ fn parallel_sizes_no_host_has_are_refused_by_name() {
 fn token_and_host_tier_amounts_no_host_has_are_refused_by_name() {
     let model = model("amounts", LLAMA_8B);
     let path = model.path();
-    let max = u64::MAX.to_string();
-    let cases: Vec<(&str, Vec<String>, &str)> = vec![
+    let max = u64::MAX;
+    let cases = [
         (
             "max model len",
-            vllm(path, &["--max-model-len", &max]),
+            format!("vllm --max-model-len {max}"),
             "--max-model-len",
         ),
         (
             "context length",
-            sglang(path, &["--context-length", &max]),
+            format!("sglang --context-length {max}"),
             "--context-length",
         ),
         (
             "block size",
-            vllm(path, &["--block-size", "4294967295"]),
+            "vllm --block-size 4294967295".into(),
             "--block-size",
         ),
         (
             "page size",
-            sglang(path, &["--page-size", "4294967295"]),
+            "sglang --page-size 4294967295".into(),
             "--page-size",
         ),
         (
             "hicache size",
-            sglang(
-                path,
-                &["--enable-hierarchical-cache", "--hicache-size", &max],
-            ),
+            format!("sglang --enable-hierarchical-cache --hicache-size {max}"),
             "--hicache-size",
         ),
         (
             "hicache ratio",
-            sglang(
-                path,
-                &["--enable-hierarchical-cache", "--hicache-ratio", "1e308"],
-            ),
+            "sglang --enable-hierarchical-cache --hicache-ratio 1e308".into(),
             "--hicache-ratio",
         ),
         (
             "offloading inf",
-            vllm(path, &["--kv-offloading-size", "inf"]),
+            "vllm --kv-offloading-size inf".into(),
             "--kv-offloading-size",
         ),
     ];
-    for (what, command, named) in cases {
-        assert_refused(what, &plan(&BOX, &command), named);
+    for (what, line, named) in cases {
+        assert_refused(what, &plan(&BOX, &serve(path, &line)), named);
     }
-    for (what, command) in [
+    for (what, line) in [
         (
             "hicache 300 GB on TP 8",
-            sglang(
-                path,
-                &[
-                    "--tp",
-                    "8",
-                    "--enable-hierarchical-cache",
-                    "--hicache-size",
-                    "300",
-                ],
-            ),
+            "sglang --tp 8 --enable-hierarchical-cache --hicache-size 300",
         ),
-        (
-            "offloading 100 GiB",
-            vllm(path, &["--kv-offloading-size", "100"]),
-        ),
+        ("offloading 100 GiB", "vllm --kv-offloading-size 100"),
     ] {
-        assert_planned(what, &plan(&BOX, &command));
+        assert_planned(what, &plan(&BOX, &serve(path, line)));
     }
 }
 
@@ -447,7 +385,7 @@ fn a_log_of_the_other_engine_or_of_both_is_refused() {
     // The right engine's log is read.
     let planned = run(&vllm_log, &vllm(model.path(), &[]));
     assert_planned("a vLLM log for vLLM", &planned);
-    assert!(planned.stdout.contains("921,696"), "{}", planned.stdout);
+    says(&planned.stdout, &["921,696"]);
 }
 
 /// A Hugging Face cache as the hub writes it (`refs/main` → a snapshot
@@ -581,7 +519,7 @@ fn an_error_quoting_a_hostile_path_stays_on_one_line() {
         (
             "missing model",
             BOX.to_vec(),
-            sglang(&hostile.join("x"), &[]),
+            sglang(hostile.join("x"), &[]),
         ),
         (
             "--model-config",
@@ -658,11 +596,7 @@ chmod 755 /usr/local/old-gpureap"#,
     args[4] = env!("CARGO_BIN_EXE_gpureap");
     let current = lab.run_as_given(&args);
     assert_eq!(current.code, 0, "{}{}", current.stdout, current.stderr);
-    assert!(
-        current.stdout.contains("h1: fits now"),
-        "{}",
-        current.stdout
-    );
+    says(&current.stdout, &["h1: fits now"]);
 }
 
 /// CUDA_VISIBLE_DEVICES that repeats a GPU (`0,0`, `01,1`, a UUID twice):
@@ -697,11 +631,7 @@ fn cuda_visible_devices_repeating_a_gpu_makes_it_visible_once() {
             &result,
             &format!("CUDA_VISIBLE_DEVICES {visible:?}"),
         );
-        assert!(
-            result.stderr.contains("only 1 visible"),
-            "{}",
-            result.stderr
-        );
+        says(&result.stderr, &["only 1 visible"]);
     }
     for visible in ["1,2", "3,2", "GPU-sim-00000003,GPU-sim-00000000"] {
         assert_planned(visible, &run(visible));
@@ -718,7 +648,7 @@ fn request_sizes_beyond_any_server_are_refused_not_overflowed() {
     let flags = [&BOX[..], &["--avg-prompt", &max, "--avg-output", &max]].concat();
     let result = plan(&flags, &sglang(model.path(), &[]));
     assert_eq!(result.code, 2, "{}{}", result.stdout, result.stderr);
-    assert!(result.stderr.contains("--avg-prompt"), "{}", result.stderr);
+    says(&result.stderr, &["--avg-prompt"]);
     assert!(!result.stderr.contains("panicked"), "{}", result.stderr);
     let largest = (1u64 << 40).to_string();
     let flags = [
@@ -902,26 +832,15 @@ fn a_kv_pool_given_larger_than_the_gpu_does_not_fit() {
 /// given, failed to allocate (aborted).
 #[test]
 fn a_huge_index_or_header_costs_about_its_size() {
-    use std::os::unix::process::CommandExt as _;
     let bounded = |model: &Path| -> Run {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_gpureap"));
-        command
+        within_512_mib(&mut Command::new(env!("CARGO_BIN_EXE_gpureap")))
             .args(["plan", "--gpu-memory", "80GiB", "--"])
             .args(sglang(model, &[]))
             .env_remove("GPUREAP_BACKEND")
-            .stdin(Stdio::null());
-        // SAFETY: setrlimit only, between fork and exec.
-        unsafe {
-            command.pre_exec(|| {
-                let limit = libc::rlimit {
-                    rlim_cur: 512 << 20,
-                    rlim_max: 512 << 20,
-                };
-                libc::setrlimit(libc::RLIMIT_AS, &limit);
-                Ok(())
-            });
-        }
-        command.output().expect("gpureap runs").into()
+            .stdin(Stdio::null())
+            .output()
+            .expect("gpureap runs")
+            .into()
     };
     let index = model("huge-index", LLAMA_8B);
     let mut text = String::from(r#"{"metadata": {"total_size": 16060522496}, "x": ["#);
@@ -932,7 +851,7 @@ fn a_huge_index_or_header_costs_about_its_size() {
     std::fs::write(index.path().join("model.safetensors.index.json"), text).expect("index");
     let result = bounded(index.path());
     assert_planned("a 60 MiB index", &result);
-    assert!(result.stdout.contains("16.0 GiB"), "{}", result.stdout);
+    says(&result.stdout, &["16.0 GiB"]);
 
     let header = model("huge-header", LLAMA_8B);
     let mut json = String::from("{");
@@ -1036,19 +955,19 @@ fn flags_that_change_the_pool_are_modelled_or_said_and_foreign_ones_refused() {
         assert_eq!(offload("4000"), 0, "{what}: all of it offloaded");
     }
 
-    for (what, command, flag) in [
+    for (what, line, flag) in [
         (
             "vLLM --quantization",
-            vllm(model.path(), &["--quantization", "fp8"]),
+            "vllm --quantization fp8",
             "--quantization fp8",
         ),
         (
             "SGLang --torchao-config",
-            sglang(model.path(), &["--torchao-config", "int4wo-128"]),
+            "sglang --torchao-config int4wo-128",
             "--torchao-config int4wo-128",
         ),
     ] {
-        let result = plan(&gpu, &command);
+        let result = plan(&gpu, &serve(model.path(), line));
         assert_planned(what, &result);
         assert!(
             result.stdout.contains(&format!(
@@ -1061,34 +980,30 @@ fn flags_that_change_the_pool_are_modelled_or_said_and_foreign_ones_refused() {
     }
 
     let refused = [
-        (
-            "--tp-size to vLLM",
-            vllm(model.path(), &["--tp-size", "2"]),
-            "--tp-size",
-        ),
+        ("--tp-size to vLLM", "vllm --tp-size 2", "--tp-size"),
         (
             "--gpu-memory-utilization to SGLang",
-            sglang(model.path(), &["--gpu-memory-utilization", "0.9"]),
+            "sglang --gpu-memory-utilization 0.9",
             "not a flag of SGLang 0.5.9 (it is vLLM's)",
         ),
         (
             "--num-gpu-blocks-override abc",
-            vllm(model.path(), &["--num-gpu-blocks-override", "abc"]),
+            "vllm --num-gpu-blocks-override abc",
             "--num-gpu-blocks-override",
         ),
         (
             "--cpu-offload-gb -1",
-            vllm(model.path(), &["--cpu-offload-gb=-1"]),
+            "vllm --cpu-offload-gb=-1",
             "--cpu-offload-gb",
         ),
         (
             "SGLang --cpu-offload-gb 1.5 (an int there)",
-            sglang(model.path(), &["--cpu-offload-gb", "1.5"]),
+            "sglang --cpu-offload-gb 1.5",
             "--cpu-offload-gb",
         ),
     ];
-    for (what, command, named) in refused {
-        assert_refused(what, &plan(&gpu, &command), named);
+    for (what, line, named) in refused {
+        assert_refused(what, &plan(&gpu, &serve(model.path(), line)), named);
     }
 }
 
@@ -1117,53 +1032,54 @@ fn a_log_whose_figures_contradict_each_other_is_refused_naming_the_line() {
             "[2026-01-01 00:00:10 TP0] KV Cache is allocated. #tokens: {tokens}, KV size: {size} GB\n"
         )
     };
-    let cases = [
-        (
-            "vLLM: more KV than its start requested",
-            write(
-                "vllm.log",
-                "(EngineCore_DP0 pid=1) INFO Model loading took 14.99 GiB memory and 3.1 seconds\n\
-                 (EngineCore_DP0 pid=1) INFO Available KV cache memory: 120.00 GiB\n\
-                 (EngineCore_DP0 pid=1) INFO GPU KV cache size: 982,768 tokens\n",
-            ),
-            vllm(model.path(), &[]),
-            "line 2 (\"(EngineCore_DP0 pid=1) INFO Available KV cache memory: 120.00 GiB\"): 120.00 GiB of KV cache",
+    let refused = |what: &str, log: &str, command: &[String], named: &str| {
+        let result = plan(&["--gpu-memory", "80GiB", "--from-log", log], command);
+        assert_refused(what, &result, named);
+    };
+    refused(
+        "vLLM: more KV than its start requested",
+        &write(
+            "vllm.log",
+            "(EngineCore_DP0 pid=1) INFO Model loading took 14.99 GiB memory and 3.1 seconds\n\
+             (EngineCore_DP0 pid=1) INFO Available KV cache memory: 120.00 GiB\n\
+             (EngineCore_DP0 pid=1) INFO GPU KV cache size: 982,768 tokens\n",
         ),
+        &vllm(model.path(), &[]),
+        "line 2 (\"(EngineCore_DP0 pid=1) INFO Available KV cache memory: 120.00 GiB\"): 120.00 GiB of KV cache",
+    );
+    // SGLang's: the weights' `mem usage`, then the pool's tokens and size.
+    let sglang_logs = [
         (
-            "SGLang: a negative mem usage",
-            write(
-                "negative.log",
-                &format!("{begin}{}{}", end("-16.00"), kv("400000", "50.00")),
-            ),
-            sglang(model.path(), &[]),
+            "a negative mem usage",
+            "-16.00",
+            "400000",
+            "50.00",
             "line 2 (",
         ),
         (
-            "SGLang: 10^17 tokens",
-            write(
-                "tokens.log",
-                &format!(
-                    "{begin}{}{}",
-                    end("16.00"),
-                    kv("99999999999999999", "50.00")
-                ),
-            ),
-            sglang(model.path(), &[]),
+            "10^17 tokens",
+            "16.00",
+            "99999999999999999",
+            "50.00",
             "line 3 (",
         ),
         (
-            "SGLang: more KV than was left after the weights",
-            write(
-                "kv.log",
-                &format!("{begin}{}{}", end("16.00"), kv("400000", "70.00")),
-            ),
-            sglang(model.path(), &[]),
+            "more KV than was left after the weights",
+            "16.00",
+            "400000",
+            "70.00",
             "more than the 62.00 GiB left after the weights",
         ),
     ];
-    for (what, log, command, named) in cases {
-        let result = plan(&["--gpu-memory", "80GiB", "--from-log", &log], &command);
-        assert_refused(what, &result, named);
+    for (n, (what, usage, tokens, size, named)) in sglang_logs.into_iter().enumerate() {
+        let text = format!("{begin}{}{}", end(usage), kv(tokens, size));
+        let log = write(&format!("sglang-{n}.log"), &text);
+        refused(
+            &format!("SGLang: {what}"),
+            &log,
+            &sglang(model.path(), &[]),
+            named,
+        );
     }
     // A log missing figures says which, and what the plan takes instead.
     let partial = write(
@@ -1196,17 +1112,16 @@ fn a_log_whose_figures_contradict_each_other_is_refused_naming_the_line() {
 #[test]
 fn a_plan_says_what_it_means() {
     let llama = model("messages", LLAMA_8B);
-    let free_none = plan(
-        &[
-            "--gpu-memory",
-            "80GiB",
-            "--gpu-free",
-            "0",
-            "--weights",
-            "16GiB",
-        ],
-        &vllm(llama.path(), &[]),
-    );
+    // Nothing free at start: no pool on either engine.
+    let no_free = [
+        "--gpu-memory",
+        "80GiB",
+        "--gpu-free",
+        "0",
+        "--weights",
+        "16GiB",
+    ];
+    let free_none = plan(&no_free, &vllm(llama.path(), &[]));
     assert_eq!(free_none.code, 4, "{}", free_none.stdout);
     assert!(
         !free_none.stdout.contains("larger than the GPU") && free_none.stdout.contains("no pool: "),
@@ -1220,24 +1135,11 @@ fn a_plan_says_what_it_means() {
         "{}",
         free_none.stdout
     );
-    let sglang_none = plan(
-        &[
-            "--gpu-memory",
-            "80GiB",
-            "--gpu-free",
-            "0",
-            "--weights",
-            "16GiB",
-        ],
-        &sglang(llama.path(), &[]),
-    );
+    let sglang_none = plan(&no_free, &sglang(llama.path(), &[]));
     assert_eq!(sglang_none.code, 4, "{}", sglang_none.stdout);
-    assert!(
-        sglang_none
-            .stdout
-            .contains("does not start: the weights are larger than the free memory at start"),
-        "{}",
-        sglang_none.stdout
+    says(
+        &sglang_none.stdout,
+        &["does not start: the weights are larger than the free memory at start"],
     );
 
     let given = plan(
@@ -1298,12 +1200,9 @@ fn a_plan_says_what_it_means() {
     let estimated = plan(&["--gpu-memory", "80GiB"], &vllm(shaped.path(), &[]));
     assert_planned("no index", &estimated);
     // Llama-3.1-8B has 8.03 × 10^9 weights: 14.96 GiB in bf16.
-    assert!(
-        estimated
-            .stdout
-            .contains("weights           15.0 GiB  (ESTIMATE from config.json"),
-        "{}",
-        estimated.stdout
+    says(
+        &estimated.stdout,
+        &["weights           15.0 GiB  (ESTIMATE from config.json"],
     );
 }
 
@@ -1357,7 +1256,7 @@ fn a_path_with_invisible_characters_is_written_out() {
     );
     for (what, command) in [
         ("config without fields", sglang(&empty, &[])),
-        ("missing model", sglang(&planned.join("gone"), &[])),
+        ("missing model", sglang(planned.join("gone"), &[])),
     ] {
         let result = plan(&BOX, &command);
         assert_refused(what, &result, written);

@@ -4,9 +4,12 @@
 //! script on `PATH`), applies that version's rules, names it, and never
 //! hangs on a FIFO, a huge file or a symlink loop.
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
 use crate::harness::*;
+use crate::plan_fixture::{published, sglang, sglang_by, vllm, vllm_by};
+use crate::says::says;
 
 const GIB: u64 = 1 << 30;
 
@@ -82,21 +85,21 @@ fn make_executable(path: &Path) {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
 }
 
-fn fixture(name: &str) -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/models")
-        .join(name)
-        .display()
-        .to_string()
-}
+/// The PATH of a host with no engine installed.
+const SYSTEM: &str = "/usr/bin:/bin";
 
 /// `gpureap plan --gpu-memory 80GiB FLAGS -- COMMAND` with `PATH` as given.
-fn plan(path: &str, flags: &[&str], command: &[&str]) -> Run {
+fn plan(path: &str, flags: &[&str], command: &[impl AsRef<OsStr>]) -> Run {
     plan_in(path, None, flags, command)
 }
 
 /// The same with `PYTHONPATH` set.
-fn plan_in(path: &str, python_path: Option<&Path>, flags: &[&str], command: &[&str]) -> Run {
+fn plan_in(
+    path: &str,
+    python_path: Option<&Path>,
+    flags: &[&str],
+    command: &[impl AsRef<OsStr>],
+) -> Run {
     let started = std::time::Instant::now();
     let mut gpureap = std::process::Command::new(env!("CARGO_BIN_EXE_gpureap"));
     match python_path {
@@ -138,19 +141,13 @@ fn a_venv_s_interpreter_names_the_version_and_its_rules_apply() {
     let venv = Venv::new();
     venv.install("vllm", "0.33.0");
     let python = venv.python();
-    let model = fixture("deepseek-v2-lite");
-    let command = [
-        python.as_str(),
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
+    let model = published("deepseek-v2-lite");
+    let command = vllm_by(
+        &python,
         &model,
-        "--tensor-parallel-size",
-        "8",
-        "--kv-offloading-size",
-        "64",
-    ];
-    let found = plan("/usr/bin:/bin", &["--json", "--host-memory=1TiB"], &command);
+        &["--tensor-parallel-size", "8", "--kv-offloading-size", "64"],
+    );
+    let found = plan(SYSTEM, &["--json", "--host-memory=1TiB"], &command);
     let engine_version = version(&found);
     assert_eq!(engine_version["version"], "0.33.0");
     assert_eq!(engine_version["source"], "metadata");
@@ -166,7 +163,7 @@ fn a_venv_s_interpreter_names_the_version_and_its_rules_apply() {
     );
 
     let old = plan(
-        "/usr/bin:/bin",
+        SYSTEM,
         &["--json", "--host-memory=1TiB", "--engine-version", "0.26.0"],
         &command,
     );
@@ -179,7 +176,7 @@ fn a_venv_s_interpreter_names_the_version_and_its_rules_apply() {
     assert_eq!(tokens(&found) / 8, tokens(&old), "one copy, not 8");
     assert!(tokens(&found) > 8 * tokens(&old), "one copy, not 8");
 
-    let text = plan("/usr/bin:/bin", &["--host-memory=1TiB"], &command);
+    let text = plan(SYSTEM, &["--host-memory=1TiB"], &command);
     assert!(
         text.stdout.contains(&format!(
             "  version   vLLM 0.33.0 found ({}); planned with its rules",
@@ -199,8 +196,8 @@ fn a_console_script_on_path_leads_to_its_venv_and_the_nearest_rules() {
     venv.install("vllm", "0.29.1");
     venv.console_script("vllm");
     let path = format!("{}:/usr/bin:/bin", venv.path().join("bin").display());
-    let model = fixture("llama-3.1-8b");
-    let run = plan(&path, &[], &["vllm", "serve", &model]);
+    let model = published("llama-3.1-8b");
+    let run = plan(&path, &[], &vllm(&model, &[]));
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert!(
         run.stdout.contains("vLLM 0.29.1 found (")
@@ -210,7 +207,7 @@ fn a_console_script_on_path_leads_to_its_venv_and_the_nearest_rules() {
         "{}",
         run.stdout
     );
-    let json = plan(&path, &["--json"], &["vllm", "serve", &model]);
+    let json = plan(&path, &["--json"], &vllm(&model, &[]));
     let engine_version = version(&json);
     assert_eq!(engine_version["version"], "0.29.1");
     assert_eq!(engine_version["rules"], "0.26.0");
@@ -225,29 +222,24 @@ fn sglang_0_5_23_caps_the_running_requests_given() {
     let venv = Venv::new();
     venv.install("sglang", "0.5.23");
     let python = venv.python();
-    let model = fixture("llama-3.1-8b");
-    let command = [
-        python.as_str(),
-        "-m",
-        "sglang.launch_server",
-        "--model-path",
+    let model = published("llama-3.1-8b");
+    let command = sglang_by(
+        &python,
         &model,
-        "--max-running-requests",
-        "100000000",
-        "--mem-fraction-static",
-        "0.85",
-    ];
-    let new = plan("/usr/bin:/bin", &["--json"], &command);
+        &[
+            "--max-running-requests",
+            "100000000",
+            "--mem-fraction-static",
+            "0.85",
+        ],
+    );
+    let new = plan(SYSTEM, &["--json"], &command);
     assert_eq!(version(&new)["rules"], "0.5.23");
     let device = &new.json()["device"];
     let tokens = device["tokens_per_rank"].as_u64().expect("tokens");
     assert_eq!(device["max_running_requests"].as_u64(), Some(tokens / 2));
 
-    let old = plan(
-        "/usr/bin:/bin",
-        &["--json", "--engine-version", "0.5.9"],
-        &command,
-    );
+    let old = plan(SYSTEM, &["--json", "--engine-version", "0.5.9"], &command);
     assert_eq!(
         old.json()["device"]["max_running_requests"].as_u64(),
         Some(100_000_000)
@@ -257,10 +249,10 @@ fn sglang_0_5_23_caps_the_running_requests_given() {
 /// No interpreter, no metadata: said, and the default rules named.
 #[test]
 fn no_version_found_says_why_and_names_the_default_rules() {
-    let model = fixture("llama-3.1-8b");
+    let model = published("llama-3.1-8b");
     let empty = tempfile::tempdir().expect("empty dir");
     let path = empty.path().display().to_string();
-    let run = plan(&path, &[], &["vllm", "serve", &model]);
+    let run = plan(&path, &[], &vllm(&model, &[]));
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert!(
         run.stdout.contains(
@@ -270,17 +262,7 @@ fn no_version_found_says_why_and_names_the_default_rules() {
         run.stdout
     );
     let venv = Venv::new();
-    let json = plan(
-        &path,
-        &["--json"],
-        &[
-            &venv.python(),
-            "-m",
-            "sglang.launch_server",
-            "--model-path",
-            &model,
-        ],
-    );
+    let json = plan(&path, &["--json"], &sglang_by(&venv.python(), &model, &[]));
     let engine_version = version(&json);
     assert_eq!(engine_version["source"], "none");
     assert_eq!(engine_version["version"], serde_json::Value::Null);
@@ -292,13 +274,9 @@ fn no_version_found_says_why_and_names_the_default_rules() {
         "{engine_version}"
     );
 
-    let bad = plan(
-        &path,
-        &["--engine-version", "latest"],
-        &["vllm", "serve", &model],
-    );
+    let bad = plan(&path, &["--engine-version", "latest"], &vllm(&model, &[]));
     assert_eq!(bad.code, 2, "{}", bad.stdout);
-    assert!(bad.stderr.contains("--engine-version"), "{}", bad.stderr);
+    says(&bad.stderr, &["--engine-version"]);
 }
 
 /// A METADATA that is a FIFO, one of 2 MiB, an interpreter that is a
@@ -306,21 +284,8 @@ fn no_version_found_says_why_and_names_the_default_rules() {
 /// carrying a terminal escape is written out, not sent to the terminal.
 #[test]
 fn hostile_metadata_never_hangs_and_never_reaches_the_terminal() {
-    let model = fixture("llama-3.1-8b");
-    let serve = |python: &str| {
-        vec![
-            python.to_string(),
-            "-m".to_string(),
-            "vllm.entrypoints.openai.api_server".to_string(),
-            "--model".to_string(),
-            model.clone(),
-        ]
-    };
-    let run_json = |python: &str| {
-        let command = serve(python);
-        let command: Vec<&str> = command.iter().map(String::as_str).collect();
-        plan("/usr/bin:/bin", &["--json"], &command)
-    };
+    let model = published("llama-3.1-8b");
+    let run_json = |python: &str| plan(SYSTEM, &["--json"], &vllm_by(python, &model, &[]));
 
     let fifo = Venv::new();
     let metadata = fifo.dist_info("vllm", "0.33.0").join("METADATA");
@@ -374,17 +339,11 @@ fn hostile_metadata_never_hangs_and_never_reaches_the_terminal() {
         "Name: vllm\nVersion: 0.33.0\x1b[2J\x1b]0;owned\x07\n\n",
     )
     .expect("METADATA");
-    let command = serve(&escaped.python());
-    let command: Vec<&str> = command.iter().map(String::as_str).collect();
-    let text = plan("/usr/bin:/bin", &[], &command);
+    let text = plan(SYSTEM, &[], &vllm_by(&escaped.python(), &model, &[]));
     assert_eq!(text.code, 0, "{}", text.stderr);
     assert!(!text.stdout.contains('\x1b'), "{:?}", text.stdout);
     assert!(!text.stdout.contains('\x07'), "{:?}", text.stdout);
-    assert!(
-        text.stdout.contains("vLLM 0.33.0\\u{1b}[2J"),
-        "{}",
-        text.stdout
-    );
+    says(&text.stdout, &["vLLM 0.33.0\\u{1b}[2J"]);
     let found = version(&run_json(&escaped.python()));
     assert_eq!(found["rules"], "0.33.0");
 }
@@ -411,14 +370,8 @@ fn a_prefix_s_interpreter_and_pythonpath_are_searched_in_sys_path_order() {
     )
     .expect("METADATA");
     let path = format!("{}:/usr/bin:/bin", bin.display());
-    let model = fixture("llama-3.1-8b");
-    let command = [
-        "python3",
-        "-m",
-        "sglang.launch_server",
-        "--model-path",
-        &model,
-    ];
+    let model = published("llama-3.1-8b");
+    let command = sglang(&model, &[]);
     let found = version(&plan(&path, &["--json"], &command));
     assert_eq!(found["version"], "0.5.23", "{found}");
     assert_eq!(found["rules"], "0.5.23");
@@ -440,39 +393,27 @@ fn a_prefix_s_interpreter_and_pythonpath_are_searched_in_sys_path_order() {
 /// assert in `HostKVCache`); 0.5.23 starts with a warning.
 #[test]
 fn a_host_tier_smaller_than_the_device_pool_stops_only_sglang_0_5_9() {
-    let model = fixture("llama-3.1-8b");
-    let command = [
-        "python3",
-        "-m",
-        "sglang.launch_server",
-        "--model-path",
+    let model = published("llama-3.1-8b");
+    let command = sglang(
         &model,
-        "--enable-hierarchical-cache",
-        "--hicache-ratio",
-        "0.5",
-    ];
+        &["--enable-hierarchical-cache", "--hicache-ratio", "0.5"],
+    );
     let old = plan(
-        "/usr/bin:/bin",
+        SYSTEM,
         &["--host-memory=1TiB", "--engine-version=0.5.9"],
         &command,
     );
     assert_eq!(old.code, 4, "{}", old.stdout);
-    assert!(
-        old.stdout.contains("SGLang does not start: the host pool"),
-        "{}",
-        old.stdout
-    );
+    says(&old.stdout, &["SGLang does not start: the host pool"]);
     let new = plan(
-        "/usr/bin:/bin",
+        SYSTEM,
         &["--host-memory=1TiB", "--engine-version=0.5.23"],
         &command,
     );
     assert_eq!(new.code, 0, "{}", new.stdout);
-    assert!(
-        new.stdout
-            .contains("SGLang 0.5.23 starts, warning that the host tier helps less"),
-        "{}",
-        new.stdout
+    says(
+        &new.stdout,
+        &["SGLang 0.5.23 starts, warning that the host tier helps less"],
     );
 }
 
@@ -482,19 +423,17 @@ fn a_host_tier_smaller_than_the_device_pool_stops_only_sglang_0_5_9() {
 /// it, less its 5 % slack (`hicache_auto_size.py`), and starts.
 #[test]
 fn sglang_0_5_23_sizes_a_default_hicache_to_the_host() {
-    let model = fixture("llama-3.1-8b");
-    let command = [
-        "python3",
-        "-m",
-        "sglang.launch_server",
-        "--model-path",
+    let model = published("llama-3.1-8b");
+    let command = sglang(
         &model,
-        "--mem-fraction-static",
-        "0.85",
-        "--enable-hierarchical-cache",
-    ];
+        &[
+            "--mem-fraction-static",
+            "0.85",
+            "--enable-hierarchical-cache",
+        ],
+    );
     let old = plan(
-        "/usr/bin:/bin",
+        SYSTEM,
         &["--json", "--host-memory=64GiB", "--engine-version=0.5.9"],
         &command,
     );
@@ -507,7 +446,7 @@ fn sglang_0_5_23_sizes_a_default_hicache_to_the_host() {
     assert!(tier["tokens_per_rank"].as_u64().expect("tier") > 2 * device);
 
     let new = plan(
-        "/usr/bin:/bin",
+        SYSTEM,
         &["--json", "--host-memory=64GiB", "--engine-version=0.5.23"],
         &command,
     );
@@ -521,7 +460,7 @@ fn sglang_0_5_23_sizes_a_default_hicache_to_the_host() {
         "{bytes} of {share}"
     );
     let text = plan(
-        "/usr/bin:/bin",
+        SYSTEM,
         &["--host-memory=64GiB", "--engine-version=0.5.23"],
         &command,
     );

@@ -7,6 +7,7 @@
 use serde_json::Value;
 
 use crate::harness::Run;
+use crate::says::says;
 use crate::sshd_lab::{Kind, Lab, host_entry};
 
 const BIN: &str = env!("CARGO_BIN_EXE_gpureap");
@@ -36,12 +37,9 @@ fn push_installs_skips_refuses_and_the_fleet_then_finds_it() {
     // Before any push, the hosts have no gpureap.
     let status = lab.run_as_given(&["status", "-H", "h1"]);
     assert_eq!(status.code, 3);
-    assert!(
-        status
-            .stdout
-            .contains("h1: gpureap not found on the host (install it or pass --remote-bin)"),
-        "{}",
-        status.stdout
+    says(
+        &status.stdout,
+        &["h1: gpureap not found on the host (install it or pass --remote-bin)"],
     );
 
     let first = push(&lab, &["-H", "h2", "--json"]);
@@ -91,21 +89,13 @@ fn push_installs_skips_refuses_and_the_fleet_then_finds_it() {
 
     // Text: one line per host that changed, the rest summed up, failures last.
     let text = push(&lab, &["-H", "h[1-4]"]);
-    assert!(
-        text.stdout.contains("Up to date on 2 hosts: h[1-2]"),
-        "{}",
-        text.stdout
-    );
-    assert!(
-        text.stdout
-            .contains("a different file is at /usr/local/bin/gpureap"),
-        "{}",
-        text.stdout
-    );
-    assert!(
-        text.stdout.contains("h4: ssh: connect to host"),
-        "{}",
-        text.stdout
+    says(
+        &text.stdout,
+        &[
+            "Up to date on 2 hosts: h[1-2]",
+            "a different file is at /usr/local/bin/gpureap",
+            "h4: ssh: connect to host",
+        ],
     );
 
     let forced = push(&lab, &["-H", "h3", "--force", "--json"]);
@@ -190,7 +180,8 @@ fn tiny_elf(dir: &std::path::Path, name: &str, source: &str) -> String {
     out.display().to_string()
 }
 
-fn says(version: &str) -> String {
+/// C source of a program that prints `version` and exits 0.
+fn printing(version: &str) -> String {
     format!("#include <stdio.h>\nint main(void) {{ puts(\"{version}\"); return 0; }}\n")
 }
 
@@ -288,7 +279,7 @@ fn push_runs_no_file_it_did_not_put_there_and_replaces_no_link() {
         &["-H", "h1", "--to", "/usr/local/x\nsha256=0", "--json"],
     );
     assert_eq!(run.code, 2, "{}{}", run.stdout, run.stderr);
-    assert!(run.stderr.contains("invalid --to"), "{}", run.stderr);
+    says(&run.stderr, &["invalid --to"]);
 
     // A local --bin that never finishes its --version: bounded.
     let dir = tempfile::tempdir().expect("dir");
@@ -306,11 +297,7 @@ fn push_runs_no_file_it_did_not_put_there_and_replaces_no_link() {
         .expect("gpureap runs")
         .into();
     assert_eq!(run.code, 2, "{}{}", run.stdout, run.stderr);
-    assert!(
-        run.stderr.contains("did not finish within"),
-        "{}",
-        run.stderr
-    );
+    says(&run.stderr, &["did not finish within"]);
     assert!(started.elapsed() < std::time::Duration::from_secs(40));
 }
 
@@ -318,8 +305,12 @@ fn push_runs_no_file_it_did_not_put_there_and_replaces_no_link() {
 fn concurrent_pushes_to_one_host_lose_no_record() {
     let lab = Lab::new(&[Kind::Up]);
     let dir = tempfile::tempdir().expect("dir");
-    let first = tiny_elf(dir.path(), "first", &says("gpureap 9.9.1 (test build)"));
-    let second = tiny_elf(dir.path(), "second", &says("gpureap 9.9.2 (test build)"));
+    let first = tiny_elf(dir.path(), "first", &printing("gpureap 9.9.1 (test build)"));
+    let second = tiny_elf(
+        dir.path(),
+        "second",
+        &printing("gpureap 9.9.2 (test build)"),
+    );
     const PUSHES: usize = 12;
     // A long ledger from earlier pushes: each update takes a while to
     // write, so that concurrent ones overlap.

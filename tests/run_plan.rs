@@ -7,7 +7,7 @@
 //! events, the state directory and the metrics.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -16,27 +16,8 @@ use serde_json::Value;
 
 use crate::exporter::{http, samples, value};
 use crate::harness::*;
+use crate::plan_fixture::{llama_8b_in, sglang};
 use crate::run::Supervisor;
-
-/// A Llama-3.1-8B-shaped model directory: GQA, 8 KV heads, 16 GB of weights.
-fn model(dir: &Path) -> PathBuf {
-    let model = dir.join("llama-8b");
-    std::fs::create_dir_all(&model).expect("model dir");
-    std::fs::write(
-        model.join("config.json"),
-        r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama",
-            "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
-            "num_hidden_layers": 32, "max_position_embeddings": 131072,
-            "torch_dtype": "bfloat16"}"#,
-    )
-    .expect("config.json");
-    std::fs::write(
-        model.join("model.safetensors.index.json"),
-        r#"{"metadata": {"total_size": 16060522496}, "weight_map": {}}"#,
-    )
-    .expect("index");
-    model
-}
 
 struct Box {
     host: SimHost,
@@ -49,7 +30,7 @@ struct Box {
 impl Box {
     fn new() -> Box {
         let host = SimHost::new(2, 80 * GIB, "Simulated H100").expect("sim host");
-        let model = model(host.path());
+        let model = llama_8b_in(host.path());
         let started = host.path().join("engine-started");
         let state = host.path().join("state");
         Box {
@@ -62,17 +43,7 @@ impl Box {
 
     /// The engine's command line: SGLang on GPU 0.
     fn engine(&self) -> Vec<String> {
-        [
-            "python3",
-            "-m",
-            "sglang.launch_server",
-            "--model-path",
-            self.model.to_str().expect("utf-8"),
-            "--tp",
-            "1",
-        ]
-        .map(String::from)
-        .to_vec()
+        sglang(&self.model, &["--tp", "1"])
     }
 
     fn with_engine_env(&self, command: &mut Command, tokens: u64) {

@@ -319,28 +319,15 @@ fn build(spec: &Spec) -> (Snapshot, Scope, Guard) {
         }
     }
     let snapshot = Snapshot {
-        backend: "test".to_string(),
-        taken_at_unix_ms: 0,
-        gpus: vec![first, second],
-        processes,
-        unreadable: Vec::new(),
         driver_error: spec
             .driver_failed
             .then(|| DriverError::Nvml("failed".to_string())),
-        details: BTreeMap::new(),
         // Process N started at tick 7(N + 1); PID 1 at 0.
         uptime_ticks: spec
             .min_age
             .is_none_or(|(_, known)| known)
             .then_some((spec.processes.len() as u64 + 1) * 7),
-        bookkeeping_slack: 0,
-        evidence: BTreeMap::new(),
-        evidence_note: None,
-        activity: BTreeMap::new(),
-        container_notes: Vec::new(),
-        host_pids: Some(true),
-        lists_may_omit: true,
-        descriptors: gpureap_core::snapshot::Descriptors::All,
+        ..snapshot(vec![first, second], processes)
     };
 
     let count = spec.processes.len();
@@ -353,15 +340,7 @@ fn build(spec: &Spec) -> (Snapshot, Scope, Guard) {
         }
         current = record.ppid;
     }
-    let guard = Guard {
-        self_pid,
-        ancestors,
-        protected_names: DEFAULT_PROTECTED
-            .iter()
-            .map(|name| name.to_string())
-            .collect(),
-        mps_servers: BTreeSet::new(),
-    };
+    let guard = guard(self_pid, ancestors);
     let scope = Scope {
         gpus: spec.gpus.clone(),
         pids: spec
@@ -454,6 +433,43 @@ fn record(
         cpu_ticks: 0,
         nodes,
         fds_readable: true,
+    }
+}
+
+/// A host whose driver answered for `gpus`, its processes `processes`,
+/// every process's descriptors read, no age known.
+fn snapshot(gpus: Vec<GpuState>, processes: BTreeMap<u32, ProcessRecord>) -> Snapshot {
+    Snapshot {
+        backend: "test".to_string(),
+        taken_at_unix_ms: 0,
+        gpus,
+        processes,
+        unreadable: Vec::new(),
+        driver_error: None,
+        details: BTreeMap::new(),
+        uptime_ticks: None,
+        bookkeeping_slack: 0,
+        evidence: BTreeMap::new(),
+        evidence_note: None,
+        activity: BTreeMap::new(),
+        container_notes: Vec::new(),
+        host_pids: Some(true),
+        lists_may_omit: true,
+        descriptors: gpureap_core::snapshot::Descriptors::All,
+    }
+}
+
+/// gpureap's guard as `PID` with `ancestors`, the default protected names,
+/// no MPS server known.
+fn guard(pid: u32, ancestors: BTreeSet<u32>) -> Guard {
+    Guard {
+        self_pid: pid,
+        ancestors,
+        protected_names: DEFAULT_PROTECTED
+            .iter()
+            .map(|name| name.to_string())
+            .collect(),
+        mps_servers: BTreeSet::new(),
     }
 }
 
@@ -866,24 +882,7 @@ fn a_job_scope_takes_the_jobs_own_and_never_another_jobs() {
         .into_iter()
         .map(|pid| user(pid, true, true, false))
         .collect();
-    let snapshot = Snapshot {
-        backend: "test".to_string(),
-        taken_at_unix_ms: 0,
-        gpus: vec![gpu(0, users)],
-        processes: processes.clone(),
-        unreadable: Vec::new(),
-        driver_error: None,
-        details: BTreeMap::new(),
-        uptime_ticks: None,
-        bookkeeping_slack: 0,
-        evidence: BTreeMap::new(),
-        evidence_note: None,
-        activity: BTreeMap::new(),
-        container_notes: Vec::new(),
-        host_pids: Some(true),
-        lists_may_omit: true,
-        descriptors: gpureap_core::snapshot::Descriptors::All,
-    };
+    let snapshot = snapshot(vec![gpu(0, users)], processes.clone());
     let scope = Scope {
         gpus: Some(BTreeSet::from([0])),
         job: Some(JobScope {
@@ -894,15 +893,7 @@ fn a_job_scope_takes_the_jobs_own_and_never_another_jobs() {
         }),
         ..Scope::default()
     };
-    let guard = Guard {
-        self_pid: 999,
-        ancestors: BTreeSet::new(),
-        protected_names: DEFAULT_PROTECTED
-            .iter()
-            .map(|name| name.to_string())
-            .collect(),
-        mps_servers: BTreeSet::new(),
-    };
+    let guard = guard(999, BTreeSet::new());
     let selection = select(&snapshot, &scope, &guard);
     let targets: BTreeSet<u32> = selection.targets.keys().copied().collect();
     assert_eq!(targets, BTreeSet::from([100, 102, 300]), "{selection:?}");
@@ -971,39 +962,14 @@ fn a_jobs_own_mps_daemon_and_server_are_never_targets() {
         .into_iter()
         .map(|pid| user(pid, true, true, false))
         .collect();
-    let snapshot = Snapshot {
-        backend: "test".to_string(),
-        taken_at_unix_ms: 0,
-        gpus: vec![gpu(0, users)],
-        processes: processes.clone(),
-        unreadable: Vec::new(),
-        driver_error: None,
-        details: BTreeMap::new(),
-        uptime_ticks: None,
-        bookkeeping_slack: 0,
-        evidence: BTreeMap::new(),
-        evidence_note: None,
-        activity: BTreeMap::new(),
-        container_notes: Vec::new(),
-        host_pids: Some(true),
-        lists_may_omit: true,
-        descriptors: gpureap_core::snapshot::Descriptors::All,
-    };
+    let snapshot = snapshot(vec![gpu(0, users)], processes.clone());
     let job = JobScope {
         uid: Some(1000),
         members: [50, 60, 61, 70].into_iter().map(id).collect(),
         others: BTreeSet::new(),
         owner: Some(1000),
     };
-    let guard = Guard {
-        self_pid: 999,
-        ancestors: BTreeSet::new(),
-        protected_names: DEFAULT_PROTECTED
-            .iter()
-            .map(|name| name.to_string())
-            .collect(),
-        mps_servers: BTreeSet::new(),
-    };
+    let guard = guard(999, BTreeSet::new());
     for scope in [
         Scope {
             gpus: Some(BTreeSet::from([0])),

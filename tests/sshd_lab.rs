@@ -318,7 +318,9 @@ impl Lab {
     }
 }
 
-fn records(sim: &Path) -> Vec<(u32, String)> {
+/// What the holders staged on a host recorded in its `$D/pids`: each
+/// one's PID there and its title, in the order they started.
+pub fn records(sim: &Path) -> Vec<(u32, String)> {
     fs::read_to_string(sim.join("pids"))
         .unwrap_or_default()
         .lines()

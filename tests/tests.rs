@@ -23,6 +23,7 @@ mod mps;
 mod old_kernel;
 mod plan;
 mod plan_corpus;
+mod plan_fixture;
 mod plan_hostile;
 mod plan_version;
 mod portable;
@@ -34,6 +35,7 @@ mod run_output;
 mod run_plan;
 mod run_stale;
 mod run_state;
+mod says;
 mod schema;
 mod scripts;
 mod select_props;
@@ -42,11 +44,15 @@ mod slurm;
 mod sshd_lab;
 mod stacks;
 mod status;
-// The live view's own tests: a build without the `top` feature has no view
-// (tests/features.rs says what it does instead).
+// The live view's own tests and its tmux driver: a build without the `top`
+// feature has no view (tests/features.rs says what it does instead).
+#[cfg(feature = "top")]
+mod tmux;
 #[cfg(feature = "top")]
 mod top;
+#[cfg(feature = "top")]
 mod top_remote;
+mod top_stream;
 
 // Monitoring: the exporter, status --prometheus, run --metrics, check, deploy/.
 mod check;

@@ -1,6 +1,6 @@
-//! `gpureap top` in a real terminal: tmux (a server of its own per test,
-//! 80x24), keys sent as a user types them, the screen read back with
-//! capture-pane. Every wait is for something on the screen, never a sleep.
+//! `gpureap top` in a real terminal (tests/tmux.rs: a tmux server of its
+//! own per test, 80x24), keys sent as a user types them, the screen read
+//! back with capture-pane. Every wait is for something on the screen, never a sleep.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -8,142 +8,8 @@ use std::time::{Duration, Instant};
 use gpureap_core::driver::sim::incident::{Holder, Incident, SimHost};
 
 use crate::harness::*;
-
-/// A tmux server of this test's own, ended (by its socket) when dropped.
-struct Tmux {
-    socket: String,
-    dir: tempfile::TempDir,
-}
-
-impl Tmux {
-    /// Starts `gpureap top ARGS` on `host` in an 80x24 pane.
-    fn start(host: &SimHost, args: &str) -> Option<Tmux> {
-        Tmux::run(&format!("--backend {} top {args}", host.backend()))
-    }
-
-    /// The screen with its colours and attributes, as escape sequences.
-    fn screen_with_attributes(&self) -> String {
-        let output = self
-            .command()
-            .args(["capture-pane", "-p", "-e", "-t", "0"])
-            .output()
-            .expect("capture-pane");
-        String::from_utf8_lossy(&output.stdout).into_owned()
-    }
-
-    /// Runs `gpureap ARGS` in an 80x24 pane, inside a shell that records
-    /// `stty -a` before and after, and the exit code; ARGS may place the
-    /// binary itself with `{bin}` (after `env VAR=...`).
-    fn run(args: &str) -> Option<Tmux> {
-        if Command::new("tmux").arg("-V").output().is_err() {
-            skip("tmux is not installed (.ci/run installs it)");
-            return None;
-        }
-        let dir = tempfile::tempdir().expect("temp dir");
-        let socket = format!("gpureap-top-{}-{}", std::process::id(), unique());
-        let bin = env!("CARGO_BIN_EXE_gpureap");
-        let command = if args.contains("{bin}") {
-            args.replace("{bin}", bin)
-        } else {
-            format!("{bin} {args}")
-        };
-        let script = format!(
-            "stty -a > {d}/before; {command}; echo $? > {d}/rc; stty -a > {d}/after; echo TOP-ENDED; exec cat",
-            d = dir.path().display(),
-        );
-        let tmux = Tmux { socket, dir };
-        let started = tmux
-            .command()
-            .args(["new-session", "-d", "-x", "80", "-y", "24"])
-            .args(["-e", "TERM=xterm-256color"])
-            .args(["sh", "-c", &script])
-            .status()
-            .expect("tmux runs");
-        assert!(started.success(), "tmux new-session failed");
-        Some(tmux)
-    }
-
-    fn command(&self) -> Command {
-        let mut command = Command::new("tmux");
-        command.args(["-L", &self.socket, "-f", "/dev/null"]);
-        command
-    }
-
-    fn keys(&self, keys: &[&str]) {
-        let status = self
-            .command()
-            .args(["send-keys", "-t", "0"])
-            .args(keys)
-            .status()
-            .expect("send-keys");
-        assert!(status.success());
-    }
-
-    fn screen(&self) -> String {
-        let output = self
-            .command()
-            .args(["capture-pane", "-p", "-t", "0"])
-            .output()
-            .expect("capture-pane");
-        String::from_utf8_lossy(&output.stdout).into_owned()
-    }
-
-    /// Waits until the screen satisfies `ready`; panics with the screen after 20s.
-    fn wait_for(&self, what: &str, ready: impl Fn(&str) -> bool) -> String {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let screen = self.screen();
-            if ready(&screen) {
-                return screen;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "waited for {what}; screen:\n{screen}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn shows(&self, text: &str) -> String {
-        self.wait_for(text, |screen| screen.contains(text))
-    }
-
-    fn file(&self, name: &str) -> String {
-        std::fs::read_to_string(self.dir.path().join(name)).unwrap_or_default()
-    }
-
-    /// The pid of gpureap top: the child of the pane's shell.
-    fn top_pid(&self) -> u32 {
-        let output = self
-            .command()
-            .args(["display-message", "-p", "-t", "0", "#{pane_pid}"])
-            .output()
-            .expect("display-message");
-        let shell: u32 = String::from_utf8_lossy(&output.stdout)
-            .trim()
-            .parse()
-            .expect("pane pid");
-        let children = std::fs::read_to_string(format!("/proc/{shell}/task/{shell}/children"))
-            .expect("children");
-        children
-            .split_whitespace()
-            .next()
-            .and_then(|pid| pid.parse().ok())
-            .expect("gpureap top runs under the pane's shell")
-    }
-}
-
-impl Drop for Tmux {
-    fn drop(&mut self) {
-        let _ = self.command().arg("kill-server").status();
-    }
-}
-
-fn unique() -> u64 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    NEXT.fetch_add(1, Ordering::Relaxed)
-}
+use crate::says::says;
+use crate::tmux::Tmux;
 
 fn host() -> SimHost {
     SimHost::new(2, 80 * GIB, "Simulated H200").expect("sim host")
@@ -162,25 +28,17 @@ fn orphaned_sglang(incident: &mut Incident) -> [u32; 2] {
         incident.pid_of("sglang::scheduler_TP1").expect("TP1"),
     ];
     incident.kill(launcher).expect("launcher killed");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while workers.iter().any(|&pid| ppid(pid) != Some(1)) {
-        assert!(Instant::now() < deadline, "not re-parented");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    reparented(&workers);
     workers
 }
 
-/// Leaves the view with `keys` and checks the terminal is as it was.
-fn ends_restored(tmux: &Tmux, keys: &[&str], code: &str) {
-    tmux.keys(keys);
-    tmux.shows("TOP-ENDED");
-    assert_eq!(tmux.file("rc").trim(), code);
-    assert_eq!(
-        modes(&tmux.file("before")),
-        modes(&tmux.file("after")),
-        "stty -a differs"
-    );
-    assert!(!tmux.file("before").is_empty());
+/// Waits, for at most 5 s, until PID 1 has adopted each of `pids`.
+fn reparented(pids: &[u32]) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while pids.iter().any(|&pid| ppid(pid) != Some(1)) {
+        assert!(Instant::now() < deadline, "not re-parented");
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 fn line_with<'a>(screen: &'a str, text: &str) -> Option<&'a str> {
@@ -228,7 +86,7 @@ fn top_shows_bars_holders_filter_and_tree_and_q_restores_the_terminal() {
     tmux.shows("free all orphans");
     tmux.keys(&["Escape"]);
     tmux.wait_for("help closed", |screen| !screen.contains("free all orphans"));
-    ends_restored(&tmux, &["q"], "0");
+    tmux.ends_restored(&["q"], "0");
 }
 
 #[test]
@@ -261,7 +119,7 @@ fn top_frees_an_orphaned_sglang_tree_and_shows_the_verified_result() {
     tmux.wait_for("the empty GPUs", |screen| {
         screen.contains("No process holds or watches these GPUs.")
     });
-    ends_restored(&tmux, &["C-c"], "0");
+    tmux.ends_restored(&["C-c"], "0");
 }
 
 #[test]
@@ -278,7 +136,7 @@ fn top_readonly_refuses_to_free() {
     tmux.keys(&["x"]);
     assert!(!tmux.screen().contains("plan: free these?"));
     assert!(workers.iter().all(|&pid| alive(pid)));
-    ends_restored(&tmux, &["q"], "0");
+    tmux.ends_restored(&["q"], "0");
 }
 
 #[test]
@@ -291,12 +149,7 @@ fn top_survives_a_resize_and_sigterm_restores_the_terminal() {
     };
     tmux.shows("sglang::scheduler_TP1");
     for (width, height) in [("50", "12"), ("120", "40"), ("80", "24")] {
-        let status = tmux
-            .command()
-            .args(["resize-window", "-t", "0", "-x", width, "-y", height])
-            .status()
-            .expect("resize-window");
-        assert!(status.success());
+        tmux.resize(width, height);
         let width: usize = width.parse().expect("width");
         // The bar grows and shrinks with the width.
         tmux.wait_for("the view redrawn at the new size", |screen| {
@@ -315,18 +168,7 @@ fn top_survives_a_resize_and_sigterm_restores_the_terminal() {
         .expect("kill");
     assert!(killed.success());
     tmux.shows("TOP-ENDED");
-    assert_eq!(tmux.file("rc").trim(), "143");
-    assert_eq!(
-        modes(&tmux.file("before")),
-        modes(&tmux.file("after")),
-        "stty -a differs"
-    );
-}
-
-/// `stty -a` less the window's size, which is the pane's, not a mode top sets.
-fn modes(stty: &str) -> String {
-    let size = regex::Regex::new(r"rows \d+; columns \d+;").expect("regex");
-    size.replace_all(stty, "").into_owned()
+    tmux.restored("143");
 }
 
 #[test]
@@ -334,11 +176,7 @@ fn top_without_a_terminal_is_bad_usage() {
     let host = host();
     let result = run(&host, &["top"]);
     assert_eq!(result.code, 2, "{}", result.stderr);
-    assert!(
-        result.stderr.contains("top needs a terminal"),
-        "{}",
-        result.stderr
-    );
+    says(&result.stderr, &["top needs a terminal"]);
     let result = run(&host, &["top", "--interval", "10ms"]);
     assert_eq!(result.code, 2, "{}", result.stderr);
 }
@@ -388,7 +226,7 @@ fn top_writes_hostile_names_out() {
             }
         }
     }
-    ends_restored(&tmux, &["q"], "0");
+    tmux.ends_restored(&["q"], "0");
 }
 
 /// `gpureap demo --top`: the demo's crashed host in the view; everything it
@@ -412,7 +250,7 @@ fn demo_top_opens_the_view_on_the_staged_host_and_cleans_up() {
         .collect();
     assert!(!pids.is_empty(), "{screen}");
     assert!(pids.iter().all(|&pid| alive(pid)));
-    ends_restored(&tmux, &["q"], "0");
+    tmux.ends_restored(&["q"], "0");
     assert!(
         pids.iter().all(|&pid| !alive(pid)),
         "the staged host outlived the view"
@@ -442,8 +280,20 @@ fn top_has_no_colour_with_no_color_or_a_dumb_terminal() {
             coloured,
             "{env}: {attributes:?}"
         );
-        ends_restored(&tmux, &["q"], "0");
+        tmux.ends_restored(&["q"], "0");
     }
+}
+
+/// Where each thread of `pid` sleeps, for a failure's message.
+fn wchans(pid: u32) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|tasks| {
+            tasks
+                .flatten()
+                .map(|task| std::fs::read_to_string(task.path().join("wchan")).unwrap_or_default())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// Start time (ticks) of `pid` while it lives, for an identity check.
@@ -457,16 +307,7 @@ fn gone_within(pid: u32, ticks: u64, limit: Duration, what: &str) {
     let deadline = Instant::now() + limit;
     while started(pid) == Some(ticks) {
         if Instant::now() >= deadline {
-            let wchans: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
-                .map(|tasks| {
-                    tasks
-                        .flatten()
-                        .map(|task| {
-                            std::fs::read_to_string(task.path().join("wchan")).unwrap_or_default()
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
+            let wchans = wchans(pid);
             let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
             if started(pid) == Some(ticks) {
                 let _ = Command::new("kill")
@@ -495,12 +336,7 @@ fn top_ends_when_its_terminal_is_killed() {
     tmux.shows("sglang::scheduler_TP1");
     let pid = tmux.top_pid();
     let ticks = start_ticks(pid);
-    let killed = tmux
-        .command()
-        .arg("kill-server")
-        .status()
-        .expect("kill-server");
-    assert!(killed.success());
+    tmux.kill_server();
     gone_within(pid, ticks, Duration::from_secs(10), "after kill-server");
 }
 
@@ -602,16 +438,7 @@ fn ends(
         }
         if Instant::now() >= deadline {
             let pid = child.id();
-            let wchans: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
-                .map(|tasks| {
-                    tasks
-                        .flatten()
-                        .map(|task| {
-                            std::fs::read_to_string(task.path().join("wchan")).unwrap_or_default()
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
+            let wchans = wchans(pid);
             let _ = child.kill();
             let _ = child.wait();
             panic!(
@@ -770,7 +597,7 @@ fn top_shows_memory_unseen_from_its_pid_namespace_as_unseen_not_held_by_no_proce
         assert!(flat.contains(said), "{said:?} in\n{screen}");
     }
     assert!(!flat.contains("held by no process"), "{screen}");
-    ends_restored(&tmux, &["q"], "0");
+    tmux.ends_restored(&["q"], "0");
 }
 
 /// Between full looks the view watches the driver's figures and the
@@ -788,28 +615,15 @@ fn top_shows_a_holder_appear_and_die_before_its_interval() {
     let holder = incident
         .holder(&Holder::new("late-worker").on(0, 5 * GIB))
         .expect("holder");
-    let within = |what: &str, ready: &dyn Fn(&str) -> bool| {
-        let deadline = Instant::now() + Duration::from_secs(45);
-        loop {
-            let screen = tmux.screen();
-            if ready(&screen) {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{what} not shown within 45s:\n{screen}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    };
-    within("the new holder", &|screen| {
+    let within = Duration::from_secs(45);
+    tmux.wait_for_within("the new holder", within, |screen| {
         screen.contains("late-worker") && screen.contains("5.0 GiB")
     });
     incident.kill(holder).expect("holder killed");
-    within("the holder gone", &|screen| {
+    tmux.wait_for_within("the holder gone", within, |screen| {
         screen.contains("0 holders") && !screen.contains("late-worker")
     });
-    ends_restored(&tmux, &["q"], "0");
+    tmux.ends_restored(&["q"], "0");
 }
 
 /// What nvitop and nvtop users look at first: each GPU's utilization,
@@ -875,7 +689,7 @@ fn top_shows_each_gpus_activity_and_each_processes_sm_utilization() {
     tmux.wait_for("GPU 0's new reading", |screen| {
         line_with(screen, "GPU0").is_some_and(|line| line.contains("12%"))
     });
-    ends_restored(&tmux, &["q"], "0");
+    tmux.ends_restored(&["q"], "0");
 }
 
 /// A server whose launcher died left an orphaned worker on GPU 0 and an
@@ -898,11 +712,7 @@ fn top_says_a_target_that_exited_before_the_confirmation_was_not_signalled() {
     let worker = incident.pid_of("sglang::scheduler_TP0").expect("TP0");
     let monitor = incident.pid_of("nvidia_gpu_exporter").expect("monitor");
     incident.kill(launcher).expect("launcher killed");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while [worker, monitor].iter().any(|&pid| ppid(pid) != Some(1)) {
-        assert!(Instant::now() < deadline, "not re-parented");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    reparented(&[worker, monitor]);
     let Some(tmux) = Tmux::start(&host, "--grace 1s --timeout 5s") else {
         return;
     };
@@ -936,7 +746,7 @@ fn top_says_a_target_that_exited_before_the_confirmation_was_not_signalled() {
         "{screen}"
     );
     assert!(alive(monitor), "the monitor was signalled");
-    ends_restored(&tmux, &["q"], "0");
+    tmux.ends_restored(&["q"], "0");
 }
 
 /// A holder on GPU 0 and a metrics exporter watching every GPU (a monitor:
@@ -998,5 +808,5 @@ fn top_shows_a_monitor_as_status_does() {
         ("-", "0", "B", "monitor"),
         "{screen}"
     );
-    ends_restored(&tmux, &["q"], "0");
+    tmux.ends_restored(&["q"], "0");
 }

@@ -1,130 +1,15 @@
 //! `gpureap top -H HOST` against a real sshd host (tests/sshd_lab.rs), in a
-//! real terminal (tmux, 80x24, as tests/top.rs drives it), and `top --json`,
-//! the stream the host writes for it. Every wait is for something on the
-//! screen or in a process list, never a sleep.
+//! real terminal (tests/tmux.rs: tmux, 80x24); the stream the host writes
+//! for it, `top --json`, is tests/top_stream.rs's. Every wait is for
+//! something on the screen or in a process list, never a sleep.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gpureap_core::driver::sim::incident::{Holder, Incident, LAUNCHER, SimHost};
+use gpureap_core::driver::sim::incident::{Holder, LAUNCHER};
 
-use crate::harness::{GIB, skip};
-use crate::sshd_lab::{Kind, Lab};
-
-/// A tmux server of this test's own, ended (by its socket) when dropped.
-struct Tmux {
-    socket: String,
-    dir: tempfile::TempDir,
-}
-
-impl Tmux {
-    /// Runs `gpureap ARGS` in an 80x24 pane, recording its exit code.
-    fn run(args: &str) -> Option<Tmux> {
-        if Command::new("tmux").arg("-V").output().is_err() {
-            skip("tmux is not installed (.ci/run installs it)");
-            return None;
-        }
-        let dir = tempfile::tempdir().expect("temp dir");
-        let socket = format!("gpureap-toph-{}-{}", std::process::id(), unique());
-        let script = format!(
-            "{} {args}; echo $? > {}/rc; echo TOP-ENDED; exec cat",
-            env!("CARGO_BIN_EXE_gpureap"),
-            dir.path().display(),
-        );
-        let tmux = Tmux { socket, dir };
-        let started = tmux
-            .command()
-            .args(["new-session", "-d", "-x", "80", "-y", "24"])
-            .args(["-e", "TERM=xterm-256color"])
-            .args(["sh", "-c", &script])
-            .status()
-            .expect("tmux runs");
-        assert!(started.success(), "tmux new-session failed");
-        Some(tmux)
-    }
-
-    fn command(&self) -> Command {
-        let mut command = Command::new("tmux");
-        command.args(["-L", &self.socket, "-f", "/dev/null"]);
-        command
-    }
-
-    fn keys(&self, keys: &[&str]) {
-        let status = self
-            .command()
-            .args(["send-keys", "-t", "0"])
-            .args(keys)
-            .status()
-            .expect("send-keys");
-        assert!(status.success());
-    }
-
-    fn screen(&self) -> String {
-        let output = self
-            .command()
-            .args(["capture-pane", "-p", "-t", "0"])
-            .output()
-            .expect("capture-pane");
-        String::from_utf8_lossy(&output.stdout).into_owned()
-    }
-
-    /// Waits until the screen satisfies `ready`; panics with the screen after 30s.
-    fn wait_for(&self, what: &str, ready: impl Fn(&str) -> bool) -> String {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let screen = self.screen();
-            if ready(&screen) {
-                return screen;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "waited for {what}; screen:\n{screen}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn shows(&self, text: &str) -> String {
-        self.wait_for(text, |screen| screen.contains(text))
-    }
-
-    fn rc(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("rc"))
-            .unwrap_or_default()
-            .trim()
-            .to_string()
-    }
-
-    /// The pid of gpureap top: the child of the pane's shell.
-    fn top_pid(&self) -> u32 {
-        let output = self
-            .command()
-            .args(["display-message", "-p", "-t", "0", "#{pane_pid}"])
-            .output()
-            .expect("display-message");
-        let shell: u32 = String::from_utf8_lossy(&output.stdout)
-            .trim()
-            .parse()
-            .expect("pane pid");
-        children(shell)
-            .first()
-            .map(|(pid, _)| *pid)
-            .expect("gpureap top runs under the pane's shell")
-    }
-}
-
-impl Drop for Tmux {
-    fn drop(&mut self) {
-        let _ = self.command().arg("kill-server").status();
-    }
-}
-
-fn unique() -> u64 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    NEXT.fetch_add(1, Ordering::Relaxed)
-}
+use crate::harness::GIB;
+use crate::sshd_lab::{Kind, Lab, records};
+use crate::tmux::Tmux;
 
 /// The children of `parent` (of any of its threads), with their comm.
 fn children(parent: u32) -> Vec<(u32, String)> {
@@ -209,12 +94,10 @@ fn eventually(what: &str, mut check: impl FnMut() -> bool) {
 
 /// The PID `title` is recorded under on a lab host.
 fn recorded(lab: &Lab, host: &str, title: &str) -> Option<u32> {
-    std::fs::read_to_string(lab.host(host).sim.path().join("pids"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|line| line.split_once(' '))
-        .filter(|(_, recorded)| *recorded == title)
-        .filter_map(|(pid, _)| pid.parse().ok())
+    records(lab.host(host).sim.path())
+        .into_iter()
+        .filter(|(_, recorded)| recorded == title)
+        .map(|(pid, _)| pid)
         .next_back()
 }
 
@@ -259,20 +142,27 @@ fn orphaned_sglang(lab: &Lab, host: &str) -> [u32; 2] {
     pids
 }
 
-fn top_on(lab: &Lab, host: &str, flags: &str) -> Option<Tmux> {
+/// `gpureap top -H HOST` in a terminal, through the lab's ssh, running
+/// `remote_bin` there; its screen waited for 30 s (each refresh is an ssh
+/// round trip on a loaded machine).
+fn top_on(lab: &Lab, host: &str, remote_bin: &str, flags: &str) -> Option<Tmux> {
     Tmux::run(&format!(
-        "top -H {host} --ssh '{}' --remote-bin {} {flags}",
-        lab.ssh(),
-        env!("CARGO_BIN_EXE_gpureap"),
+        "top -H {host} --ssh '{}' --remote-bin {remote_bin} {flags}",
+        lab.ssh()
     ))
+    .map(|tmux| tmux.patient(Duration::from_secs(30)))
 }
 
-#[cfg(feature = "top")]
 #[test]
 fn top_h_shows_one_host_over_one_ssh_frees_there_survives_a_lost_stream_and_leaves_nothing() {
     let lab = Lab::new(&[Kind::Up]);
     let workers = orphaned_sglang(&lab, "h1");
-    let Some(tmux) = top_on(&lab, "h1", "--interval 300ms --grace 200ms") else {
+    let Some(tmux) = top_on(
+        &lab,
+        "h1",
+        env!("CARGO_BIN_EXE_gpureap"),
+        "--interval 300ms --grace 200ms",
+    ) else {
         return;
     };
     // The host's GPUs and holders, its name in the header.
@@ -369,9 +259,7 @@ fn top_h_shows_one_host_over_one_ssh_frees_there_survives_a_lost_stream_and_leav
         started.elapsed().as_secs_f64()
     );
     // Quitting ends the ssh, and with it everything of ours on the host.
-    tmux.keys(&["q"]);
-    tmux.shows("TOP-ENDED");
-    assert_eq!(tmux.rc(), "0");
+    tmux.ends_restored(&["q"], "0");
     eventually("no gpureap of the view left on h1", || {
         remote_streams(&lab, "h1").is_empty()
     });
@@ -383,13 +271,12 @@ fn top_h_shows_one_host_over_one_ssh_frees_there_survives_a_lost_stream_and_leav
     );
 }
 
-#[cfg(feature = "top")]
 #[test]
 fn top_h_readonly_refuses_and_writes_the_hosts_hostile_names_out() {
     let lab = Lab::new(&[Kind::Up]);
     let title = "liar\r\x1b[2KFORGED-LINE";
     lab.hold("h1", &Holder::new(title).on(1, 2 * GIB));
-    let Some(tmux) = top_on(&lab, "h1", "--readonly") else {
+    let Some(tmux) = top_on(&lab, "h1", env!("CARGO_BIN_EXE_gpureap"), "--readonly") else {
         return;
     };
     let screen = tmux.shows("liar\\r\\u{1b}[2KFORGED");
@@ -402,19 +289,13 @@ fn top_h_readonly_refuses_and_writes_the_hosts_hostile_names_out() {
             "a name started a line:\n{refused}"
         );
     }
-    tmux.keys(&["q"]);
-    tmux.shows("TOP-ENDED");
-    assert_eq!(tmux.rc(), "0");
+    tmux.ends_restored(&["q"], "0");
 }
 
-#[cfg(feature = "top")]
 #[test]
 fn top_h_without_gpureap_on_the_host_says_so_and_gives_up_at_once() {
     let lab = Lab::new(&[Kind::Up]);
-    let Some(tmux) = Tmux::run(&format!(
-        "top -H h1 --ssh '{}' --remote-bin /nonexistent/gpureap",
-        lab.ssh()
-    )) else {
+    let Some(tmux) = top_on(&lab, "h1", "/nonexistent/gpureap", "") else {
         return;
     };
     let screen = tmux.shows("gave up");
@@ -432,111 +313,5 @@ fn top_h_without_gpureap_on_the_host_says_so_and_gives_up_at_once() {
     );
     // Nothing runs while it waits for r: no ssh left.
     assert!(ssh_children(tmux.top_pid()).is_empty());
-    tmux.keys(&["q"]);
-    tmux.shows("TOP-ENDED");
-    assert_eq!(tmux.rc(), "0");
-}
-
-#[test]
-fn top_h_takes_one_host_only_and_not_with_json() {
-    for hosts in [
-        &["-H", "a,b"][..],
-        &["-H", "n[1-2]"],
-        &["-H", "a", "-H", "b"],
-    ] {
-        let output = Command::new(env!("CARGO_BIN_EXE_gpureap"))
-            .arg("top")
-            .args(hosts)
-            .stdin(Stdio::null())
-            .output()
-            .expect("gpureap runs");
-        assert_eq!(output.status.code(), Some(2), "{hosts:?}");
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(stderr.contains("top -H shows one host"), "{stderr}");
-    }
-    let output = Command::new(env!("CARGO_BIN_EXE_gpureap"))
-        .args(["top", "-H", "a", "--json"])
-        .stdin(Stdio::null())
-        .output()
-        .expect("gpureap runs");
-    assert_eq!(output.status.code(), Some(2));
-}
-
-fn sim() -> SimHost {
-    SimHost::new(2, 80 * GIB, "Simulated H200").expect("sim host")
-}
-
-/// Starts `top --json` on a simulated host and reads its first two
-/// documents, each naming `holder`; the rest is drained.
-fn stream(host: &SimHost, holder: u32) -> std::process::Child {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_gpureap"))
-        .args([
-            "--backend",
-            &host.backend(),
-            "top",
-            "--json",
-            "--interval",
-            "100ms",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("gpureap runs");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    for _ in 0..2 {
-        let line = lines.next().expect("a line").expect("readable");
-        let document: serde_json::Value = serde_json::from_str(&line).expect("one document a line");
-        assert_eq!(document["kind"], "status");
-        assert_eq!(document["schema_version"], 1);
-        assert!(
-            document["holders"]
-                .as_array()
-                .expect("holders")
-                .iter()
-                .any(|entry| entry["pid"] == holder),
-            "{line}"
-        );
-    }
-    // The rest is not read: drained so that it never blocks on a full pipe.
-    std::thread::spawn(move || lines.for_each(drop));
-    child
-}
-
-fn exits_within(child: &mut std::process::Child, limit: Duration) -> Option<i32> {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            return Some(status.code().unwrap_or_else(|| {
-                128 + std::os::unix::process::ExitStatusExt::signal(&status).unwrap_or(0)
-            }));
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-#[test]
-fn top_json_writes_a_status_document_a_line_until_stdin_closes_or_sigterm() {
-    let host = sim();
-    let mut incident = Incident::new(&host);
-    let holder = incident
-        .holder(&Holder::new("python3 train.py").on(0, 4 * GIB))
-        .expect("holder");
-    // Its reader gone (stdin's end, as ssh's channel closing): it ends, 0.
-    let mut child = stream(&host, holder);
-    drop(child.stdin.take());
-    assert_eq!(exits_within(&mut child, Duration::from_secs(10)), Some(0));
-    // SIGTERM (the fleet's watch, when the connection drops): 128 + 15.
-    let mut child = stream(&host, holder);
-    let term = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .expect("kill");
-    assert!(term.success());
-    assert_eq!(exits_within(&mut child, Duration::from_secs(10)), Some(143));
+    tmux.ends_restored(&["q"], "0");
 }
