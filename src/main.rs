@@ -292,45 +292,16 @@ fn confirm(question: &str) -> Result<(), Failure> {
 /// `demo --top`: the crashed host staged, shown in the live view.
 #[cfg(feature = "top")]
 fn demo_top() -> Result<Exit, Failure> {
-    terminal_for_top()?;
+    gpureap::top::terminal()?;
     gpureap::demo::staged_for(|driver| gpureap::top::live::run(driver, &config::top_demo()))
         .map_err(Failure::from)
 }
 
 #[cfg(not(feature = "top"))]
 fn demo_top() -> Result<Exit, Failure> {
-    Err(without_live_view())
+    Err(gpureap::top::without_live_view())
 }
 
-/// What a build without the `top` feature says where the live view is asked
-/// for: it could not be done here (3), and what still works.
-#[cfg(not(feature = "top"))]
-fn without_live_view() -> Failure {
-    Failure::new(
-        Exit::Incomplete,
-        UsageError(
-            "this gpureap was built without the live view (cargo feature \"top\"); \
-             `gpureap top --json` and `gpureap status` work"
-                .to_string(),
-        ),
-    )
-}
-
-/// `top` draws on a terminal and reads keys from it.
-#[cfg(feature = "top")]
-fn terminal_for_top() -> Result<(), Failure> {
-    if io::stdin().is_terminal() && io::stdout().is_terminal() {
-        return Ok(());
-    }
-    Err(UsageError(
-        "top needs a terminal (stdin and stdout); for a script use `gpureap status --json`"
-            .to_string(),
-    )
-    .into())
-}
-
-/// The live view: it needs a terminal on both ends, and a driver to watch,
-/// here or (-H) on the one host named. `--json` needs neither terminal.
 fn top(
     backend: &BackendChoice,
     args: &gpureap::cli::TopArgs,
@@ -338,33 +309,7 @@ fn top(
 ) -> Result<Exit, Failure> {
     let request = config::top(args);
     let host = config::top_host(args)?;
-    if request.json {
-        let driver = request::open_driver_quietly(backend)?;
-        return Ok(gpureap::top::stream::emit(
-            std::sync::Arc::from(driver),
-            request.interval,
-        )?);
-    }
-    #[cfg(not(feature = "top"))]
-    {
-        let _ = (host, remote_backend);
-        Err(without_live_view())
-    }
-    #[cfg(feature = "top")]
-    {
-        terminal_for_top()?;
-        if let Some(host) = host {
-            let fleet = gpureap_services::remote::Fleet::new(&host, remote_backend.clone(), false)
-                .map_err(UsageError)?
-                .ok_or_else(|| UsageError("top -H: no host".to_string()))?;
-            return Ok(gpureap::top::live::run_remote(fleet, &request)?);
-        }
-        let driver = request::open_driver_quietly(backend)?;
-        Ok(gpureap::top::live::run(
-            std::sync::Arc::from(driver),
-            &request,
-        )?)
-    }
+    gpureap::top::main(backend, &request, host, remote_backend)
 }
 
 fn run(backend: &BackendChoice, args: &RunArgs) -> Result<Exit, Failure> {
