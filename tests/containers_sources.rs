@@ -150,6 +150,8 @@ struct Kubelet {
     child: Child,
     /// Where a `hang` or `garbage` server records each connection it accepts.
     accepted: PathBuf,
+    /// Its temporary directory (`TMPDIR`), which it must leave empty.
+    tmp: tempfile::TempDir,
 }
 
 impl Kubelet {
@@ -166,6 +168,9 @@ impl Kubelet {
         }
         let pods_file = socket.with_extension("pods.json");
         std::fs::write(&pods_file, pods.to_string()).expect("pods file");
+        // Its temporary files go here, to check that none outlives the start:
+        // the test kills it with SIGKILL, which no clean-up at exit survives.
+        let tmp = tempfile::tempdir().expect("tempdir");
         let mut child = Command::new("python3")
             .arg(concat!(
                 env!("CARGO_MANIFEST_DIR"),
@@ -174,6 +179,7 @@ impl Kubelet {
             .arg(mode)
             .arg(socket)
             .arg(&pods_file)
+            .env("TMPDIR", tmp.path())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -182,11 +188,23 @@ impl Kubelet {
         let mut line = String::new();
         let stdout = child.stdout.take().expect("stdout");
         BufReader::new(stdout).read_line(&mut line).expect("read");
-        assert_eq!(line.trim(), "ready", "the kubelet server did not start");
-        Some(Kubelet {
+        // Built first, so that a failed check still stops it.
+        let kubelet = Kubelet {
             child,
             accepted: PathBuf::from(format!("{}.accepted", socket.display())),
-        })
+            tmp,
+        };
+        assert_eq!(line.trim(), "ready", "the kubelet server did not start");
+        let left: Vec<_> = std::fs::read_dir(kubelet.tmp.path())
+            .expect("tmp")
+            .flatten()
+            .map(|entry| entry.file_name())
+            .collect();
+        assert!(
+            left.is_empty(),
+            "the kubelet server leaves {left:?} in /tmp"
+        );
+        Some(kubelet)
     }
 
     /// Whether a client connected to a `hang` or `garbage` server.

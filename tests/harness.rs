@@ -360,20 +360,27 @@ pub fn run_as_nobody(host: &SimHost, args: &[&str]) -> Run {
 /// A copy of gpureap that any uid can run: the checkout may sit in a folder
 /// only root may enter (a clone under a private temporary directory), where
 /// a test that runs gpureap as nobody would test only that exec fails.
-/// Copied once per test binary; removed when it exits.
+/// Copied once per test binary; removed when it exits (a static is never
+/// dropped: the removal is registered with atexit(3)).
 pub fn reachable_gpureap() -> std::path::PathBuf {
     use std::os::unix::fs::PermissionsExt;
-    static PLACE: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    static PLACE: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    extern "C" fn remove_place() {
+        if let Some(place) = PLACE.get() {
+            let _ = std::fs::remove_dir_all(place);
+        }
+    }
     let place = PLACE.get_or_init(|| {
-        let place = tempfile::tempdir().expect("tempdir");
-        std::fs::set_permissions(place.path(), std::fs::Permissions::from_mode(0o755))
-            .expect("chmod");
-        let binary = place.path().join("gpureap");
+        let place = tempfile::tempdir().expect("tempdir").keep();
+        // SAFETY: remove_place only reads a static that is set by then.
+        unsafe { libc::atexit(remove_place) };
+        std::fs::set_permissions(&place, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let binary = place.join("gpureap");
         std::fs::copy(env!("CARGO_BIN_EXE_gpureap"), &binary).expect("copy");
         std::fs::set_permissions(&binary, std::fs::Permissions::from_mode(0o755)).expect("chmod");
         place
     });
-    place.path().join("gpureap")
+    place.join("gpureap")
 }
 
 /// As `run_as_nobody`, leaving the directory's mode as it is.

@@ -163,3 +163,31 @@ fn an_unreadable_sim_directory_says_it_cannot_be_read() {
         result.stderr
     );
 }
+
+/// A test binary that ran gpureap as nobody (through the copy every uid can
+/// run) leaves nothing in the temporary directory once it has exited: not
+/// the copy, not the simulated host.
+#[test]
+fn a_test_run_leaves_nothing_in_the_temporary_directory() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let child = std::process::Command::new(std::env::current_exe().expect("test binary"))
+        .args([
+            "--exact",
+            "sim::an_unreadable_sim_directory_says_it_cannot_be_read",
+        ])
+        .env("TMPDIR", tmp.path())
+        .output()
+        .expect("the test binary runs");
+    assert!(
+        child.status.success(),
+        "{}",
+        String::from_utf8_lossy(&child.stdout)
+    );
+    assert_contains(&String::from_utf8_lossy(&child.stdout), "1 passed");
+    let left: Vec<_> = std::fs::read_dir(tmp.path())
+        .expect("tmp")
+        .flatten()
+        .map(|entry| entry.path())
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
