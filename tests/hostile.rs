@@ -264,8 +264,7 @@ fn free_h_asks_with_a_hosts_hostile_names_written_out() {
 #[test]
 fn invisible_characters_in_a_name_are_written_out() {
     const INVISIBLE: [char; 4] = ['\u{200d}', '\u{2066}', '\u{feff}', '\u{e0041}'];
-    let host = host();
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(1).stage();
     let title = "zwj\u{200d}x\u{2066}y\u{feff}z\u{e0041}w";
     let comm = "z\u{200d}\u{2066}\u{feff}\u{e0041}";
     incident
