@@ -3,15 +3,10 @@
 //! usage (unknown too, to node-problem-detector), the message first.
 
 use std::process::Command;
-use std::time::{Duration, Instant};
 
-use gpureap_core::driver::sim::incident::{Holder, Incident, SimHost};
+use gpureap_core::driver::sim::incident::Holder;
 
 use crate::harness::*;
-
-fn host(gpus: u32) -> SimHost {
-    SimHost::new(gpus, 80 * GIB, "Simulated H200").expect("sim host")
-}
 
 fn first_line(result: &Run) -> &str {
     result.stdout.lines().next().unwrap_or("")
@@ -19,15 +14,10 @@ fn first_line(result: &Run) -> &str {
 
 #[test]
 fn a_healthy_node_exits_0_with_a_short_message() {
-    let host = host(4);
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(4).stage();
     // A healthy user and a monitor: neither is a problem.
-    incident
-        .holder(&Holder::new("python3 train.py").on(1, 40 * GIB))
-        .expect("trainer");
-    incident
-        .holder(&Holder::new("dcgm-exporter"))
-        .expect("monitor");
+    incident.hold(Holder::new("python3 train.py").on(1, 40 * GIB));
+    incident.hold(Holder::new("dcgm-exporter"));
     let result = run(&host, &["check"]);
     assert_eq!(result.code, 0, "{}{}", result.stdout, result.stderr);
     assert_eq!(
@@ -38,7 +28,7 @@ fn a_healthy_node_exits_0_with_a_short_message() {
 
 #[test]
 fn memory_held_by_no_process_is_a_problem() {
-    let host = host(2);
+    let host = Sim::gpus(2).build();
     host.leak(1, 5 * GIB).expect("leak");
     let result = run(&host, &["check"]);
     assert_eq!(result.code, 1, "{}", result.stdout);
@@ -54,26 +44,14 @@ fn memory_held_by_no_process_is_a_problem() {
 
 #[test]
 fn orphans_holding_memory_are_a_problem() {
-    let host = host(2);
-    let mut incident = Incident::new(&host);
-    let launcher = incident
-        .sglang(&[
-            Holder::new("sglang::scheduler_TP0").on(0, 20 * GIB),
-            Holder::new("sglang::scheduler_TP1").on(0, 10 * GIB),
-        ])
-        .expect("sglang");
-    let workers = [
-        incident.pid_of("sglang::scheduler_TP0").expect("TP0"),
-        incident.pid_of("sglang::scheduler_TP1").expect("TP1"),
-    ];
+    let (host, mut incident) = Sim::gpus(2).stage();
+    let (launcher, workers) = incident.sglang_tree([
+        scheduler(0, 20 * GIB),
+        Holder::new("sglang::scheduler_TP1").on(0, 10 * GIB),
+    ]);
     // Before the launcher dies: healthy.
     assert_eq!(run(&host, &["check"]).code, 0);
-    incident.kill(launcher).expect("launcher killed");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while workers.iter().any(|&pid| ppid(pid) != Some(1)) {
-        assert!(Instant::now() < deadline, "not re-parented");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    incident.orphan(launcher, &workers);
     let result = run(&host, &["check"]);
     assert_eq!(result.code, 1, "{}", result.stdout);
     assert_eq!(
@@ -91,18 +69,9 @@ fn orphans_holding_memory_are_a_problem() {
 /// `free --orphans` still leaves it alone (named with --pid, it is freed).
 #[test]
 fn an_orphan_under_a_protected_name_holding_memory_is_still_a_problem() {
-    let host = host(2);
-    let mut incident = Incident::new(&host);
-    let launcher = incident
-        .sglang(&[Holder::new("nvidia-smi").on(1, 23 * GIB)])
-        .expect("launcher");
-    let orphan = incident.pid_of("nvidia-smi").expect("orphan");
-    incident.kill(launcher).expect("launcher killed");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while ppid(orphan) != Some(1) {
-        assert!(Instant::now() < deadline, "not re-parented");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    let (host, mut incident) = Sim::gpus(2).stage();
+    let (launcher, [orphan]) = incident.sglang_tree([Holder::new("nvidia-smi").on(1, 23 * GIB)]);
+    incident.orphan(launcher, &[orphan]);
     let result = run(&host, &["check"]);
     assert_eq!(result.code, 1, "{}", result.stdout);
     assert_eq!(
@@ -126,7 +95,7 @@ fn an_orphan_under_a_protected_name_holding_memory_is_still_a_problem() {
 
 #[test]
 fn a_lost_gpu_is_a_problem_and_several_problems_are_counted() {
-    let host = host(3);
+    let host = Sim::gpus(3).build();
     host.lose(2).expect("lost");
     host.leak(0, 2 * GIB).expect("leak");
     let result = run(&host, &["check"]);
@@ -135,12 +104,9 @@ fn a_lost_gpu_is_a_problem_and_several_problems_are_counted() {
         first_line(&result),
         "GPU 0: 2.0 GiB held by no process (+1 more)"
     );
-    assert!(
-        result
-            .stdout
-            .contains("GPU 2: lost (fallen off the bus or otherwise inaccessible)"),
-        "{}",
-        result.stdout
+    assert_contains(
+        &result.stdout,
+        "GPU 2: lost (fallen off the bus or otherwise inaccessible)",
     );
     assert!(first_line(&result).chars().count() <= 80);
 }
@@ -150,7 +116,7 @@ fn a_lost_gpu_is_a_problem_and_several_problems_are_counted() {
 /// the first line had to cut it.
 #[test]
 fn the_first_line_is_printed_once() {
-    let host = host(3);
+    let host = Sim::gpus(3).build();
     host.leak(1, 5 * GIB).expect("leak");
     let one = run(&host, &["check"]);
     assert_eq!(one.code, 1, "{}", one.stdout);
@@ -184,7 +150,7 @@ fn the_first_line_is_printed_once() {
 
 #[test]
 fn no_driver_is_unknown() {
-    let host = host(1);
+    let host = Sim::gpus(1).build();
     // The whole driver fails: its claims directory is a symlink, which it refuses.
     let claims = host.path().join("claims");
     std::fs::remove_dir(&claims).expect("claims removed");
@@ -209,7 +175,7 @@ fn no_driver_is_unknown() {
 
 #[test]
 fn bad_input_is_unknown_to_node_problem_detector() {
-    let host = host(2);
+    let host = Sim::gpus(2).build();
     let result = run(&host, &["check", "--gpu", "7"]);
     assert_eq!(result.code, 2, "{}", result.stderr);
     assert!(result.stderr.contains('7'), "{}", result.stderr);
@@ -217,24 +183,10 @@ fn bad_input_is_unknown_to_node_problem_detector() {
 
 #[test]
 fn the_node_problem_detector_plugin_runs_gpureap_check() {
-    // The plugin config inside the ConfigMap, read with PyYAML (kubernetes-validate's own dependency).
+    // The plugin config inside the ConfigMap.
     let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("deploy/kubernetes/node-problem-detector-gpureap.yaml");
-    let output = Command::new("python3")
-        .args([
-            "-c",
-            "import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))['data']['gpureap-check.json'])",
-        ])
-        .arg(&manifest)
-        .output()
-        .expect("python3 runs");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let plugin: serde_json::Value =
-        serde_json::from_slice(&output.stdout).expect("the plugin config is JSON");
+    let plugin = crate::exporter::from_yaml(&manifest, "docs[0]['data']['gpureap-check.json']");
     assert_eq!(plugin["plugin"], "custom");
     let rule = &plugin["rules"][0];
     assert_eq!(rule["args"], serde_json::json!(["check"]));
@@ -248,7 +200,7 @@ fn the_node_problem_detector_plugin_runs_gpureap_check() {
 /// a user forged through /dev/kmsg (facility 1), is not.
 #[test]
 fn an_xid_of_the_drain_list_is_a_problem_with_its_advice() {
-    let host = host(2);
+    let host = Sim::gpus(2).build();
     host.xid(0, 13, 5_000_000, "Graphics SM Warp Exception")
         .expect("xid 13");
     // A user's write to /dev/kmsg carries facility 1: prio 11 (user.err).
@@ -271,22 +223,15 @@ fn an_xid_of_the_drain_list_is_a_problem_with_its_advice() {
         result.stdout
     );
     assert!(first_line(&result).ends_with("(GPU has fallen off the bus) (+1 more)"));
-    assert!(
-        result
-            .stdout
-            .contains("(GPU has fallen off the bus): a reset will not help; reboot the node"),
-        "{}",
-        result.stdout
+    assert_contains(
+        &result.stdout,
+        "(GPU has fallen off the bus): a reset will not help; reboot the node",
     );
     // Off the list (flag or environment): only the memory is a problem.
     let result = run(&host, &["check", "--drain-xids", "48,95"]);
     assert_eq!(first_line(&result), "GPU 1: 5.0 GiB held by no process");
     // The Xid 79 still explains it.
-    assert!(
-        result.stdout.contains("reboot the node"),
-        "{}",
-        result.stdout
-    );
+    assert_contains(&result.stdout, "reboot the node");
     for bad in ["", "79,x", "0", "-1", "10000"] {
         let result = run(&host, &["check", "--drain-xids", bad]);
         assert_eq!(result.code, 2, "{bad}: {}", result.stderr);
@@ -300,7 +245,7 @@ fn an_xid_of_the_drain_list_is_a_problem_with_its_advice() {
 /// A lost GPU's finding comes with what its Xid says: a reboot.
 #[test]
 fn a_lost_gpu_gets_the_advice_of_its_xid() {
-    let host = host(2);
+    let host = Sim::gpus(2).build();
     host.lose(1).expect("lose");
     let result = run(&host, &["check", "--drain-xids", "none"]);
     assert_eq!(result.code, 1, "{}", result.stdout);
@@ -313,11 +258,5 @@ fn a_lost_gpu_gets_the_advice_of_its_xid() {
         first_line(&result),
         "GPU 1: lost (fallen off the bus or otherwise inaccessible)"
     );
-    assert!(
-        result
-            .stdout
-            .contains("a reset will not help; reboot the node"),
-        "{}",
-        result.stdout
-    );
+    assert_contains(&result.stdout, "a reset will not help; reboot the node");
 }

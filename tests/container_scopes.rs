@@ -8,94 +8,16 @@
 
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, Instant};
+use std::path::Path;
 
-use gpureap_core::driver::sim::incident::{Holder, Incident, SimHost};
+use gpureap_core::driver::sim::incident::{Holder, Incident};
 use serde_json::Value;
 
 use crate::harness::*;
 
-static ROOTS: AtomicU32 = AtomicU32::new(0);
-
-/// A cgroup tree of this test's own under the v2 mount; removed on drop
-/// (after the processes in it are gone: drop the `Incident` first, by
-/// declaring this before it).
-pub struct CgroupRoot {
-    pub mount: PathBuf,
-    /// Its path as /proc/PID/cgroup spells it (`/gpureap-scopes-...`).
-    pub path: String,
-}
-
-impl CgroupRoot {
-    /// None (and the caller skips) where cgroups cannot be made here.
-    pub fn new(what: &str) -> Option<CgroupRoot> {
-        CgroupRoot::under(gpureap_services::supervision::cgroup2_mount()?, what)
-    }
-
-    /// The same under another cgroup mount (a v1 hierarchy's).
-    pub fn under(mount: PathBuf, what: &str) -> Option<CgroupRoot> {
-        let name = format!(
-            "gpureap-{what}-{}-{}",
-            std::process::id(),
-            ROOTS.fetch_add(1, Ordering::Relaxed)
-        );
-        fs::create_dir(mount.join(&name)).ok()?;
-        Some(CgroupRoot {
-            mount,
-            path: format!("/{name}"),
-        })
-    }
-
-    /// Makes `relative` (and the folders above it) under the root; returns
-    /// its path as /proc/PID/cgroup spells it.
-    pub fn make(&self, relative: &str) -> String {
-        let path = format!("{}/{relative}", self.path);
-        fs::create_dir_all(self.dir(&path)).expect("cgroup made");
-        path
-    }
-
-    /// A cgroup's directory under the mount.
-    pub fn dir(&self, path: &str) -> PathBuf {
-        self.mount.join(path.trim_start_matches('/'))
-    }
-
-    /// A bash fragment that moves the shell running it into the cgroup.
-    pub fn enter(&self, path: &str) -> String {
-        format!(
-            "echo $$ > '{}'; ",
-            self.dir(path).join("cgroup.procs").display()
-        )
-    }
-}
-
-impl Drop for CgroupRoot {
-    fn drop(&mut self) {
-        let root = self.mount.join(self.path.trim_start_matches('/'));
-        let deadline = Instant::now() + Duration::from_secs(10);
-        // A killed process keeps its cgroup busy until it is reaped.
-        while remove_tree(&root).is_err() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-}
-
-fn remove_tree(path: &Path) -> std::io::Result<()> {
-    for entry in fs::read_dir(path)?.flatten() {
-        if entry.file_type().is_ok_and(|kind| kind.is_dir()) {
-            remove_tree(&entry.path())?;
-        }
-    }
-    match fs::remove_dir(path) {
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        other => other,
-    }
-}
-
 /// Starts a holder (or a plain process, with no GPUs) inside a cgroup;
 /// it is in there before it is recorded.
-pub fn hold_in(incident: &mut Incident, root: &CgroupRoot, cgroup: &str, holder: &Holder) -> u32 {
+pub fn hold_in(incident: &mut Incident, root: &Cgroups, cgroup: &str, holder: &Holder) -> u32 {
     let script = format!("{}{}", root.enter(cgroup), holder.script());
     incident.spawn(&script, 1).expect("holder starts");
     incident.pid_of(&holder.title).expect("holder recorded")
@@ -118,7 +40,7 @@ fn pod_uid(tag: &str) -> String {
 }
 
 /// A process with no GPU node open, recorded under its title.
-fn plain(incident: &mut Incident, root: &CgroupRoot, cgroup: &str, title: &str) -> u32 {
+fn plain(incident: &mut Incident, root: &Cgroups, cgroup: &str, title: &str) -> u32 {
     let script = format!(
         "{}echo \"$BASHPID {title}\" >> \"$D/pids\"; exec -a '{title}' sleep 100000",
         root.enter(cgroup)
@@ -163,11 +85,11 @@ struct Docker {
 }
 
 /// `tag` is 3 hex digits; the two ids differ in the 12th.
-fn two_containers(incident: &mut Incident, root: &CgroupRoot, tag: &str) -> Docker {
+fn two_containers(incident: &mut Incident, root: &Cgroups, tag: &str) -> Docker {
     let a = container_id(&format!("{tag}7"), 'a');
     let b = container_id(&format!("{tag}8"), 'b');
-    let a_cgroup = root.make(&format!("system.slice/docker-{a}.scope"));
-    let b_cgroup = root.make(&format!("system.slice/docker-{b}.scope"));
+    let a_cgroup = root.make(format!("system.slice/docker-{a}.scope"));
+    let b_cgroup = root.make(format!("system.slice/docker-{b}.scope"));
     Docker {
         a_holder: hold_in(
             incident,
@@ -184,9 +106,7 @@ fn two_containers(incident: &mut Incident, root: &CgroupRoot, tag: &str) -> Dock
             &b_cgroup,
             &Holder::new("python3 neighbour.py").on(0, 10 * GIB),
         ),
-        outside: incident
-            .holder(&Holder::new("python3 outside.py").on(1, 5 * GIB))
-            .expect("holder"),
+        outside: incident.hold(Holder::new("python3 outside.py").on(1, 5 * GIB)),
         a,
         b,
     }
@@ -194,11 +114,10 @@ fn two_containers(incident: &mut Incident, root: &CgroupRoot, tag: &str) -> Dock
 
 #[test]
 fn free_container_takes_that_container_s_processes_and_spares_its_neighbour() {
-    let Some(root) = CgroupRoot::new("scopes") else {
+    let Some(root) = Cgroups::v2("scopes") else {
         return skip("cannot make a cgroup under the cgroup v2 mount (needs root or delegation)");
     };
-    let host = SimHost::new(2, 80 * GIB, "NVIDIA H100 80GB HBM3").expect("sim host");
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(2).named("NVIDIA H100 80GB HBM3").stage();
     let docker = two_containers(&mut incident, &root, "a01");
     let prefix = &docker.a[..12];
 
@@ -241,13 +160,12 @@ fn free_container_takes_that_container_s_processes_and_spares_its_neighbour() {
         assert!(alive(pid), "a dry run signalled {pid}");
     }
     let text = run(&host, &["free", "--container", prefix, "--dry-run"]);
-    assert!(
-        text.stdout.contains(&format!(
+    assert_contains(
+        &text.stdout,
+        &format!(
             "--container {prefix}: docker container {prefix}, 3 process(es) in {}/system.slice/docker-{}.scope",
             root.path, docker.a
-        )),
-        "{}",
-        text.stdout
+        ),
     );
 
     // The free: the container's two, verified on GPU 0, where the neighbour's
@@ -296,11 +214,10 @@ fn free_container_takes_that_container_s_processes_and_spares_its_neighbour() {
 
 #[test]
 fn an_unknown_or_ambiguous_container_is_bad_input_and_nothing_is_signalled() {
-    let Some(root) = CgroupRoot::new("scopes") else {
+    let Some(root) = Cgroups::v2("scopes") else {
         return skip("cannot make a cgroup under the cgroup v2 mount (needs root or delegation)");
     };
-    let host = SimHost::new(2, 80 * GIB, "NVIDIA H100 80GB HBM3").expect("sim host");
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(2).named("NVIDIA H100 80GB HBM3").stage();
     let docker = two_containers(&mut incident, &root, "b01");
     let everyone = [
         docker.a_holder,
@@ -313,15 +230,11 @@ fn an_unknown_or_ambiguous_container_is_bad_input_and_nothing_is_signalled() {
     // has them.
     let short = run(&host, &["free", "--container", &docker.a[..11], "--yes"]);
     assert_eq!(short.code, 2, "{}", short.stderr);
-    assert!(
-        short.stderr.contains("at least 12 hex digits"),
-        "{}",
-        short.stderr
-    );
+    assert_contains(&short.stderr, "at least 12 hex digits");
     // A 12-digit prefix both share cannot exist (they differ at the 12th),
     // so an ambiguous one needs a third container.
     let c = container_id("b017", 'c');
-    let c_cgroup = root.make(&format!("system.slice/docker-{c}.scope"));
+    let c_cgroup = root.make(format!("system.slice/docker-{c}.scope"));
     let c_holder = hold_in(
         &mut incident,
         &root,
@@ -333,22 +246,14 @@ fn an_unknown_or_ambiguous_container_is_bad_input_and_nothing_is_signalled() {
         &["free", "--container", &docker.a[..12], "--yes", "--json"],
     );
     assert_eq!(ambiguous.code, 2, "{}", ambiguous.stderr);
-    assert!(
-        ambiguous.stderr.contains("ambiguous"),
-        "{}",
-        ambiguous.stderr
-    );
+    assert_contains(&ambiguous.stderr, "ambiguous");
     assert!(ambiguous.stderr.contains(&docker.a) && ambiguous.stderr.contains(&c));
     let unknown = run(
         &host,
         &["free", "--container", &container_id("b019", '1'), "--yes"],
     );
     assert_eq!(unknown.code, 2, "{}", unknown.stderr);
-    assert!(
-        unknown.stderr.contains("no process is in a container"),
-        "{}",
-        unknown.stderr
-    );
+    assert_contains(&unknown.stderr, "no process is in a container");
     let named = run(&host, &["free", "--container", "no-such-name", "--yes"]);
     assert_eq!(named.code, 2, "{}", named.stderr);
     for bad in [
@@ -387,7 +292,7 @@ struct Pods {
     neighbour: u32,
 }
 
-fn two_pods(incident: &mut Incident, root: &CgroupRoot) -> Pods {
+fn two_pods(incident: &mut Incident, root: &Cgroups) -> Pods {
     let uid = pod_uid("c001");
     let other = &pod_uid("c002");
     let slice = |uid: &str| {
@@ -396,17 +301,17 @@ fn two_pods(incident: &mut Incident, root: &CgroupRoot) -> Pods {
             uid.replace('-', "_")
         )
     };
-    let worker_cgroup = root.make(&format!(
+    let worker_cgroup = root.make(format!(
         "{}/cri-containerd-{}.scope",
         slice(&uid),
         container_id("c001", 'a')
     ));
-    let sidecar_cgroup = root.make(&format!(
+    let sidecar_cgroup = root.make(format!(
         "{}/cri-containerd-{}.scope",
         slice(&uid),
         container_id("c002", 'b')
     ));
-    let neighbour_cgroup = root.make(&format!(
+    let neighbour_cgroup = root.make(format!(
         "{}/cri-containerd-{}.scope",
         slice(other),
         container_id("c003", 'c')
@@ -436,11 +341,10 @@ fn two_pods(incident: &mut Incident, root: &CgroupRoot) -> Pods {
 
 #[test]
 fn free_pod_by_uid_takes_every_container_of_the_pod_and_no_other_pod() {
-    let Some(root) = CgroupRoot::new("scopes") else {
+    let Some(root) = Cgroups::v2("scopes") else {
         return skip("cannot make a cgroup under the cgroup v2 mount (needs root or delegation)");
     };
-    let host = SimHost::new(1, 80 * GIB, "NVIDIA H100 80GB HBM3").expect("sim host");
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(1).named("NVIDIA H100 80GB HBM3").stage();
     let pods = two_pods(&mut incident, &root);
 
     // Either spelling of the UID; the plan first.
@@ -481,11 +385,10 @@ fn free_pod_by_uid_takes_every_container_of_the_pod_and_no_other_pod() {
 
 #[test]
 fn free_cgroup_takes_the_cgroup_and_below_by_either_spelling_never_a_sibling() {
-    let Some(root) = CgroupRoot::new("scopes") else {
+    let Some(root) = Cgroups::v2("scopes") else {
         return skip("cannot make a cgroup under the cgroup v2 mount (needs root or delegation)");
     };
-    let host = SimHost::new(1, 80 * GIB, "NVIDIA H100 80GB HBM3").expect("sim host");
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(1).named("NVIDIA H100 80GB HBM3").stage();
     let job = root.make("jobs/a");
     let below = root.make("jobs/a/ranks");
     let sibling = root.make("jobs/ab");
@@ -557,14 +460,14 @@ fn alive_on(lab: &crate::sshd_lab::Lab, host: &str, pid: u32) -> bool {
 #[test]
 fn free_h_resolves_the_container_on_each_host_and_takes_only_its_processes() {
     use crate::sshd_lab::{Kind, Lab, host_entry};
-    let Some(root) = CgroupRoot::new("scopes-fleet") else {
+    let Some(root) = Cgroups::v2("scopes-fleet") else {
         return skip("cannot make a cgroup under the cgroup v2 mount (needs root or delegation)");
     };
     let lab = Lab::new(&[Kind::Up, Kind::Up]);
     let a = container_id("d017", 'a');
     let b = container_id("d018", 'b');
-    let a_cgroup = root.make(&format!("system.slice/docker-{a}.scope"));
-    let b_cgroup = root.make(&format!("system.slice/docker-{b}.scope"));
+    let a_cgroup = root.make(format!("system.slice/docker-{a}.scope"));
+    let b_cgroup = root.make(format!("system.slice/docker-{b}.scope"));
     // `ip netns exec` gives each host a /sys of its own, without the cgroup
     // mounts: the host mounts cgroup v2 (the same hierarchy) in its private
     // /var/lib, and its processes enter their cgroups through it.
@@ -612,11 +515,9 @@ fn free_h_resolves_the_container_on_each_host_and_takes_only_its_processes() {
     // The text plan says what the value found on each host.
     let text = lab.run(&["free", "-H", "h1", "--container", prefix, "--dry-run"]);
     assert_eq!(text.code, 0, "{}", text.stderr);
-    assert!(
-        text.stdout
-            .contains(&format!("h1: --container {prefix}: 1 process(es)")),
-        "{}",
-        text.stdout
+    assert_contains(
+        &text.stdout,
+        &format!("h1: --container {prefix}: 1 process(es)"),
     );
 
     let free = lab.run(&[
@@ -645,15 +546,14 @@ fn free_h_resolves_the_container_on_each_host_and_takes_only_its_processes() {
 
 #[test]
 fn names_and_empty_containers_and_pods_come_from_the_nodes_sources() {
-    let Some(root) = CgroupRoot::new("scopes") else {
+    let Some(root) = Cgroups::v2("scopes") else {
         return skip("cannot make a cgroup under the cgroup v2 mount (needs root or delegation)");
     };
-    let host = SimHost::new(2, 80 * GIB, "NVIDIA H100 80GB HBM3").expect("sim host");
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(2).named("NVIDIA H100 80GB HBM3").stage();
     let docker = two_containers(&mut incident, &root, "e01");
     let pods = {
         let uid = pod_uid("e002");
-        let cgroup = root.make(&format!(
+        let cgroup = root.make(format!(
             "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice/cri-containerd-{}.scope",
             uid.replace('-', "_"),
             container_id("e002", 'd')
@@ -735,11 +635,7 @@ fn names_and_empty_containers_and_pods_come_from_the_nodes_sources() {
     // node's state: unknown, exit 2.
     let unknown = with_root(&["--pod", "ml/llama-9", "--yes"]);
     assert_eq!(unknown.code, 2, "{}", unknown.stderr);
-    assert!(
-        unknown.stderr.contains("no pod has that name"),
-        "{}",
-        unknown.stderr
-    );
+    assert_contains(&unknown.stderr, "no pod has that name");
     let unknown = run(&host, &["free", "--container", &stopped, "--yes"]);
     assert_eq!(unknown.code, 2, "{}", unknown.stderr);
     for pid in [
@@ -754,11 +650,10 @@ fn names_and_empty_containers_and_pods_come_from_the_nodes_sources() {
 
 #[test]
 fn hostile_cgroup_names_are_escaped_and_a_non_utf8_one_keeps_its_process_a_member() {
-    let Some(root) = CgroupRoot::new("scopes") else {
+    let Some(root) = Cgroups::v2("scopes") else {
         return skip("cannot make a cgroup under the cgroup v2 mount (needs root or delegation)");
     };
-    let host = SimHost::new(1, 80 * GIB, "NVIDIA H100 80GB HBM3").expect("sim host");
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(1).named("NVIDIA H100 80GB HBM3").stage();
     // A cgroup name with an escape sequence and a carriage return (this
     // kernel refuses a newline in a cgroup name: EINVAL).
     let evil = root.make("jobs/x\u{1b}[31m\r0::/FORGED");
@@ -810,14 +705,13 @@ fn a_v1_hierarchy_s_lines_count_and_a_path_under_its_mount_is_that_hierarchy_s()
                 .as_ref()
                 .is_some_and(|controllers| controllers.contains("pids"))
         });
-    let Some(root) = pids.and_then(|mount| CgroupRoot::under(mount.point, "scopes-v1")) else {
+    let Some(root) = pids.and_then(|mount| Cgroups::under(mount.point, "scopes-v1")) else {
         return skip("no writable cgroup v1 pids hierarchy here (a pure cgroup v2 host)");
     };
-    let host = SimHost::new(1, 80 * GIB, "NVIDIA H100 80GB HBM3").expect("sim host");
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(1).named("NVIDIA H100 80GB HBM3").stage();
     // docker's cgroupfs layout, in the v1 pids hierarchy only.
     let id = container_id("f001", 'e');
-    let cgroup = root.make(&format!("docker/{id}"));
+    let cgroup = root.make(format!("docker/{id}"));
     let holder = hold_in(
         &mut incident,
         &root,
@@ -879,152 +773,27 @@ fn a_v1_hierarchy_s_lines_count_and_a_path_under_its_mount_is_that_hierarchy_s()
     assert!(!alive(holder));
 }
 
-/// A real OCI container (crun, a static busybox rootfs; started as
-/// tests/containers_sources.rs starts one: crun's cgroup manager off, as
-/// this host's hybrid layout needs) whose init holds the simulated GPU 0
-/// through the node file bind-mounted at the same path. Killed and deleted
-/// when dropped.
-struct Crun {
-    state: tempfile::TempDir,
-    _bundle: tempfile::TempDir,
-    id: String,
-    pid: u32,
-}
-
-impl Crun {
-    fn unavailable() -> Option<&'static str> {
-        let static_busybox = std::process::Command::new("readelf")
-            .args(["-l", "/bin/busybox"])
-            .output()
-            .is_ok_and(|out| {
-                out.status.success()
-                    && !String::from_utf8_lossy(&out.stdout).contains("program interpreter")
-            });
-        let crun = std::process::Command::new("crun")
-            .arg("--version")
-            .output()
-            .is_ok_and(|out| out.status.success());
-        (!crun || !static_busybox).then_some("crun and a static /bin/busybox are needed (.ci/run)")
-    }
-
-    fn start(id: &str, gpus: &Path) -> Crun {
-        let bundle = tempfile::tempdir().expect("bundle");
-        let bin = bundle.path().join("rootfs/bin");
-        fs::create_dir_all(&bin).expect("rootfs");
-        fs::copy("/bin/busybox", bin.join("busybox")).expect("busybox");
-        for applet in ["sh", "sleep"] {
-            std::os::unix::fs::symlink("busybox", bin.join(applet)).expect("applet");
-        }
-        let spec = std::process::Command::new("crun")
-            .arg("spec")
-            .current_dir(bundle.path())
-            .status()
-            .expect("crun spec");
-        assert!(spec.success());
-        let path = bundle.path().join("config.json");
-        let mut config: Value =
-            serde_json::from_str(&fs::read_to_string(&path).expect("config")).expect("JSON");
-        let gpus = gpus.display().to_string();
-        config["process"]["terminal"] = false.into();
-        config["process"]
-            .as_object_mut()
-            .expect("process")
-            .remove("rlimits");
-        config["process"]["args"] = serde_json::json!([
-            "sh",
-            "-c",
-            format!("exec 3<{gpus}/nvidia0 4<{gpus}/nvidiactl; exec sleep 100000")
-        ]);
-        config["mounts"]
-            .as_array_mut()
-            .expect("mounts")
-            .push(serde_json::json!({"destination": gpus, "type": "bind", "source": gpus, "options": ["rbind", "ro"]}));
-        fs::write(&path, config.to_string()).expect("config written");
-        let state = tempfile::tempdir().expect("state");
-        let started = std::process::Command::new("unshare")
-            .args(["-m", "sh", "-c"])
-            .arg(
-                "mount --make-rprivate / && mount -t cgroup2 none /sys/fs/cgroup && \
-                 exec crun --root \"$1\" --cgroup-manager=disabled run -d --bundle \"$2\" \"$3\" >/dev/null 2>&1",
-            )
-            .arg("sh")
-            .arg(state.path())
-            .arg(bundle.path())
-            .arg(id)
-            .stdin(std::process::Stdio::null())
-            .status()
-            .expect("unshare runs");
-        assert!(started.success(), "crun run failed");
-        let answer = std::process::Command::new("crun")
-            .arg("--root")
-            .arg(state.path())
-            .args(["state", id])
-            .output()
-            .expect("crun state");
-        let answer: Value = serde_json::from_slice(&answer.stdout).expect("crun state JSON");
-        let pid = answer["pid"].as_u64().expect("pid") as u32;
-        let node = PathBuf::from(format!("{gpus}/nvidia0"));
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !fs::read_dir(format!("/proc/{pid}/fd"))
-            .into_iter()
-            .flatten()
-            .flatten()
-            .any(|fd| fs::read_link(fd.path()).is_ok_and(|link| link == node))
-        {
-            assert!(
-                Instant::now() < deadline,
-                "the container never opened {node:?}"
-            );
-            std::thread::yield_now();
-        }
-        Crun {
-            state,
-            _bundle: bundle,
-            id: id.to_string(),
-            pid,
-        }
-    }
-}
-
-impl Drop for Crun {
-    fn drop(&mut self) {
-        for args in [
-            vec!["kill", &self.id, "KILL"],
-            vec!["delete", "--force", &self.id],
-        ] {
-            let _ = std::process::Command::new("crun")
-                .arg("--root")
-                .arg(self.state.path())
-                .args(args)
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .status();
-        }
-    }
-}
-
 #[test]
 fn free_container_ends_a_real_crun_container_and_only_it() {
     if let Some(why) = Crun::unavailable() {
         return skip(why);
     }
-    let Some(root) = CgroupRoot::new("scopes-crun") else {
+    let Some(root) = Cgroups::v2("scopes-crun") else {
         return skip("cannot make a cgroup under the cgroup v2 mount (needs root or delegation)");
     };
-    let host = SimHost::new(1, 80 * GIB, "NVIDIA H100 80GB HBM3").expect("sim host");
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(1).named("NVIDIA H100 80GB HBM3").stage();
     let id = container_id("f0c0", '7');
     let neighbour_id = container_id("f0c1", '8');
     let container = Crun::start(&id, host.path());
     // crun's cgroup manager is off: the container is moved into the cgroup
     // docker's systemd driver would have made for it.
-    let cgroup = root.make(&format!("system.slice/docker-{id}.scope"));
+    let cgroup = root.make(format!("system.slice/docker-{id}.scope"));
     fs::write(
         root.dir(&cgroup).join("cgroup.procs"),
         container.pid.to_string(),
     )
     .expect("moved in");
-    let neighbour_cgroup = root.make(&format!("system.slice/docker-{neighbour_id}.scope"));
+    let neighbour_cgroup = root.make(format!("system.slice/docker-{neighbour_id}.scope"));
     let neighbour = hold_in(
         &mut incident,
         &root,

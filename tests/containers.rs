@@ -7,8 +7,7 @@
 //! as in a container without the host's PIDs: which holders it cannot see,
 //! why, and the remedy.
 
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::path::Path;
 
 use gpureap_core::driver::sim::incident::{Holder, Incident, SimHost};
 use serde_json::Value;
@@ -25,104 +24,14 @@ const CONMON: &str = "7777777777777777777777777777777777777777777777777777777777
 const POD: &str = "8c1f2a3b-4d5e-6f70-8192-a3b4c5d6e7f8";
 const OTHER_POD: &str = "0a1b2c3d-0000-4111-8222-333344445555";
 
-/// Cgroups this test made under `root`, on one hierarchy: processes moved
-/// in are moved back to `home` (the test's own cgroup there) and every
-/// cgroup made is removed when dropped, deepest first.
-struct Cgroups {
-    root: PathBuf,
-    home: PathBuf,
-    made: Vec<PathBuf>,
-}
-
-impl Cgroups {
-    /// A root of this test's own under the hierarchy mounted at `mount`
-    /// whose /proc/self/cgroup line is `line` (`0::` for v2, `8:pids:` ...).
-    /// None when cgroups cannot be made here.
-    fn new(mount: &Path, own: &str) -> Option<Cgroups> {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let root = mount.join(format!(
-            "gpureap-test-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir(&root).ok()?;
-        Some(Cgroups {
-            home: mount.join(own.trim_start_matches('/')),
-            made: vec![root.clone()],
-            root,
-        })
-    }
-
-    /// The cgroup v2 mount, with this test's own v2 cgroup.
-    fn v2() -> Option<Cgroups> {
-        let mount = gpureap_services::supervision::cgroup2_mount()?;
-        Cgroups::new(&mount, &own_cgroup(|line| line.strip_prefix("0::"))?)
-    }
-
-    /// The path of `relative` under the root, made with its parents.
-    fn make(&mut self, relative: impl AsRef<Path>) -> PathBuf {
-        let mut path = self.root.clone();
-        for component in relative.as_ref().components() {
-            path.push(component);
-            if !path.is_dir() {
-                std::fs::create_dir(&path)
-                    .unwrap_or_else(|error| panic!("mkdir {}: {error}", path.display()));
-                self.made.push(path.clone());
-            }
-        }
-        path
-    }
-
-    /// Moves `pid` into the cgroup `relative` (made if need be).
-    fn move_in(&mut self, relative: impl AsRef<Path>, pid: u32) {
-        let path = self.make(relative);
-        std::fs::write(path.join("cgroup.procs"), pid.to_string())
-            .unwrap_or_else(|error| panic!("moving {pid} into {}: {error}", path.display()));
-    }
-}
-
-impl Drop for Cgroups {
-    fn drop(&mut self) {
-        for cgroup in self.made.iter().rev() {
-            let procs = std::fs::read_to_string(cgroup.join("cgroup.procs")).unwrap_or_default();
-            for pid in procs.lines() {
-                let _ = std::fs::write(self.home.join("cgroup.procs"), pid);
-            }
-            if let Err(error) = std::fs::remove_dir(cgroup) {
-                eprintln!("cannot remove {}: {error}", cgroup.display());
-            }
-        }
-    }
-}
-
-/// This process's path on the hierarchy whose /proc/self/cgroup line `pick` takes.
-fn own_cgroup(pick: impl Fn(&str) -> Option<&str>) -> Option<String> {
-    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    text.lines().find_map(|line| pick(line).map(str::to_string))
-}
-
 /// What a holder's `container` must say: runtime, id, pod UID.
 type Expected = (&'static str, &'static str, Option<&'static str>);
-
-fn host() -> SimHost {
-    SimHost::new(2, 80 * GIB, "Simulated H200").expect("sim host")
-}
 
 fn gpu_of(status: &Value, index: u32) -> &Value {
     status["gpus"]
         .as_array()
         .and_then(|gpus| gpus.iter().find(|gpu| gpu["index"] == index))
         .unwrap_or_else(|| panic!("GPU {index} in {status:#}"))
-}
-
-fn holder_of(status: &Value, pid: u32) -> Value {
-    status["holders"]
-        .as_array()
-        .expect("holders")
-        .iter()
-        .find(|holder| holder["pid"] == pid)
-        .unwrap_or_else(|| panic!("no holder {pid} in {status:#}"))
-        .clone()
 }
 
 /// The lines of `text` that show `pid` as a holder.
@@ -135,11 +44,10 @@ fn lines_of(text: &str, pid: u32) -> Vec<String> {
 
 #[test]
 fn every_runtime_layout_is_attributed_in_every_output() {
-    let Some(mut cgroups) = Cgroups::v2() else {
+    let Some(cgroups) = Cgroups::v2("test") else {
         return skip("no writable cgroup v2 mount: cannot make the runtimes' cgroups");
     };
-    let host = host();
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(2).stage();
     let pod_systemd = POD.replace('-', "_");
     // (cgroup under the test's root, runtime, id, pod UID), as each lays it out.
     let layouts: Vec<(String, Option<Expected>)> = vec![
@@ -175,15 +83,11 @@ fn every_runtime_layout_is_attributed_in_every_output() {
     let mut staged = Vec::new();
     for (at, (cgroup, expected)) in layouts.into_iter().enumerate() {
         let title = format!("ctr-worker-{at}");
-        let pid = incident
-            .holder(&Holder::new(&title).on(at as u32 % 2, GIB))
-            .expect("holder");
+        let pid = incident.hold(Holder::new(&title).on(at as u32 % 2, GIB));
         cgroups.move_in(&cgroup, pid);
         staged.push((pid, cgroup, expected));
     }
-    let bare = incident
-        .holder(&Holder::new("host-worker").on(0, GIB))
-        .expect("holder");
+    let bare = incident.hold(Holder::new("host-worker").on(0, GIB));
 
     let status = run(&host, &["status", "--json"]);
     assert_eq!(status.code, 0, "{}", status.stderr);
@@ -288,14 +192,13 @@ fn a_v1_hierarchy_names_the_container_when_the_v2_path_does_not() {
     }) else {
         return skip("no cgroup v1 pids hierarchy here");
     };
-    let Some(mut cgroups) = Cgroups::new(pids_mount, &own) else {
+    let Some(cgroups) =
+        Cgroups::under(pids_mount.to_path_buf(), "test").map(|made| made.returning_to(&own))
+    else {
         return skip("the cgroup v1 pids hierarchy is not writable here");
     };
-    let host = host();
-    let mut incident = Incident::new(&host);
-    let pid = incident
-        .holder(&Holder::new("v1-worker").on(0, GIB))
-        .expect("holder");
+    let (host, mut incident) = Sim::gpus(2).stage();
+    let pid = incident.hold(Holder::new("v1-worker").on(0, GIB));
     cgroups.move_in(format!("docker/{DOCKER_CGROUPFS}"), pid);
     let status = run(&host, &["status", "--json"]).json();
     let holder = holder_of(&status, pid);
@@ -315,17 +218,12 @@ fn a_v1_hierarchy_names_the_container_when_the_v2_path_does_not() {
 #[test]
 fn cgroup_paths_of_any_bytes_are_read_and_shown_written_out() {
     use std::os::unix::ffi::OsStrExt;
-    let Some(mut cgroups) = Cgroups::v2() else {
+    let Some(cgroups) = Cgroups::v2("test") else {
         return skip("no writable cgroup v2 mount");
     };
-    let host = host();
-    let mut incident = Incident::new(&host);
-    let plain = incident
-        .holder(&Holder::new("bytes-worker").on(0, GIB))
-        .expect("holder");
-    let escaping = incident
-        .holder(&Holder::new("escape-worker").on(1, GIB))
-        .expect("holder");
+    let (host, mut incident) = Sim::gpus(2).stage();
+    let plain = incident.hold(Holder::new("bytes-worker").on(0, GIB));
+    let escaping = incident.hold(Holder::new("escape-worker").on(1, GIB));
     // A prefix that is not UTF-8 above docker's layout: still docker's.
     let odd = std::ffi::OsStr::from_bytes(b"a\xff\xfeb");
     cgroups.move_in(Path::new(odd).join("docker").join(DOCKER_CGROUPFS), plain);
@@ -362,11 +260,10 @@ fn the_pid_a_container_sees_is_its_own_namespaces() {
     if !unshare_works() {
         return skip("unshare cannot make a PID namespace here (needs CAP_SYS_ADMIN)");
     }
-    let Some(mut cgroups) = Cgroups::v2() else {
+    let Some(cgroups) = Cgroups::v2("test") else {
         return skip("no writable cgroup v2 mount");
     };
-    let host = host();
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(2).stage();
     // PID 1 of its own namespace, as a container's first process is; its
     // host PID (from the host's /proc/self) is what it records.
     let script = "exec unshare --pid --fork bash -c 'read -r me _ < /proc/self/stat; \
@@ -386,11 +283,10 @@ fn the_pid_a_container_sees_is_its_own_namespaces() {
 
 #[test]
 fn holders_that_exit_mid_scan_never_break_attribution() {
-    let Some(mut cgroups) = Cgroups::v2() else {
+    let Some(cgroups) = Cgroups::v2("test") else {
         return skip("no writable cgroup v2 mount");
     };
-    let host = host();
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(2).stage();
     // Every child of this loop holds GPU 0's node for the moment it lives:
     // holders that appear and exit while gpureap scans and reads their cgroups.
     let churn = "exec 3<\"$D/nvidia0\"; echo \"$BASHPID churner\" >> \"$D/pids\"; \
@@ -445,7 +341,8 @@ fn in_own_pid_namespace(host: &SimHost, args: &[&str]) -> Run {
 fn in_own_pid_namespace_after(host: &SimHost, first: Option<&str>, args: &[&str]) -> Run {
     let script = r#"dir=$1; shift; mount --bind /proc "$dir/host-proc" && exec unshare --pid --fork --mount-proc "$@""#;
     let inner = format!("{}; exec \"$@\"", first.unwrap_or(":"));
-    std::process::Command::new("unshare")
+    let mut unshare = std::process::Command::new("unshare");
+    unshare
         .args([
             "--mount",
             "--propagation",
@@ -459,12 +356,9 @@ fn in_own_pid_namespace_after(host: &SimHost, first: Option<&str>, args: &[&str]
         .arg(host.path())
         .args(["sh", "-c", &inner])
         .arg(host.path())
-        .arg(env!("CARGO_BIN_EXE_gpureap"))
-        .arg("--backend")
-        .arg(host.backend())
+        .arg(env!("CARGO_BIN_EXE_gpureap"));
+    against(unshare, host)
         .args(args)
-        .env_remove("GPUREAP_BACKEND")
-        .stdin(std::process::Stdio::null())
         .output()
         .expect("unshare runs")
         .into()
@@ -475,12 +369,10 @@ fn in_a_container_without_host_pids_status_says_what_it_cannot_see() {
     if !unshare_works() {
         return skip("unshare cannot make PID and mount namespaces here (needs CAP_SYS_ADMIN)");
     }
-    let host = host();
+    let host = Sim::gpus(2).build();
     std::fs::create_dir(host.path().join("host-proc")).expect("the mount point");
     let mut incident = Incident::new(&host);
-    let server = incident
-        .holder(&Holder::new("vllm-worker").on(1, 12 * GIB))
-        .expect("holder");
+    let server = incident.hold(Holder::new("vllm-worker").on(1, 12 * GIB));
 
     // From the host, the empty mount point changes nothing: the holder is seen.
     let outside = run(&host, &["status", "--json"]).json();
@@ -550,13 +442,11 @@ fn in_a_container_whose_driver_omits_host_pids_unexplained_memory_is_unseen_not_
     if !unshare_works() {
         return skip("unshare cannot make PID and mount namespaces here (needs CAP_SYS_ADMIN)");
     }
-    let host = host();
+    let host = Sim::gpus(2).build();
     std::fs::create_dir(host.path().join("host-proc")).expect("the mount point");
     std::fs::write(host.path().join("omit-other-namespaces"), "").expect("the marker");
     let mut incident = Incident::new(&host);
-    let server = incident
-        .holder(&Holder::new("vllm-worker").on(1, 12 * GIB))
-        .expect("holder");
+    let server = incident.hold(Holder::new("vllm-worker").on(1, 12 * GIB));
 
     // From the host the marker changes nothing: the holder is listed.
     let outside = run(&host, &["status", "--json"]).json();

@@ -7,7 +7,6 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use gpureap_core::driver::sim::incident::{Holder, Incident, SimHost};
@@ -57,7 +56,9 @@ fn generated_header() -> String {
 const ID: &str = "4e1f0c2d9b8a7f6e5d4c3b2a1908f7e6d5c4b3a29180f7e6d5c4b3a291807f6e";
 const OTHER_ID: &str = "9a8b7c6d5e4f30211203f4e5d6c7b8a99a8b7c6d5e4f30211203f4e5d6c7b8a9";
 const POD_UID: &str = "7d3c2b1a-0f9e-4d8c-b7a6-554433221100";
+#[cfg(feature = "kubelet")]
 const GPU0: &str = "GPU-sim-00000000";
+#[cfg(feature = "kubelet")]
 const GPU1: &str = "GPU-sim-00000001";
 
 /// The kubepods path (systemd driver) of a containerd container of the pod.
@@ -108,6 +109,7 @@ impl Node {
 
     /// containerd's task folder (namespace k8s.io) exists; with `id`, that
     /// task's OCI config carrying the CRI's annotations.
+    #[cfg(feature = "kubelet")]
     fn containerd(&self, task: Option<(&str, &str, &str, &str, &str)>) {
         let tasks = self.dir("run/containerd/io.containerd.runtime.v2.task/k8s.io");
         if let Some((id, namespace, pod, uid, container)) = task {
@@ -151,6 +153,8 @@ struct Kubelet {
     child: Child,
     /// Where a `hang` or `garbage` server records each connection it accepts.
     accepted: PathBuf,
+    /// Its temporary directory (`TMPDIR`), which it must leave empty.
+    tmp: tempfile::TempDir,
 }
 
 impl Kubelet {
@@ -167,6 +171,9 @@ impl Kubelet {
         }
         let pods_file = socket.with_extension("pods.json");
         std::fs::write(&pods_file, pods.to_string()).expect("pods file");
+        // Its temporary files go here, to check that none outlives the start:
+        // the test kills it with SIGKILL, which no clean-up at exit survives.
+        let tmp = tempfile::tempdir().expect("tempdir");
         let mut child = Command::new("python3")
             .arg(concat!(
                 env!("CARGO_MANIFEST_DIR"),
@@ -175,6 +182,7 @@ impl Kubelet {
             .arg(mode)
             .arg(socket)
             .arg(&pods_file)
+            .env("TMPDIR", tmp.path())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -183,11 +191,23 @@ impl Kubelet {
         let mut line = String::new();
         let stdout = child.stdout.take().expect("stdout");
         BufReader::new(stdout).read_line(&mut line).expect("read");
-        assert_eq!(line.trim(), "ready", "the kubelet server did not start");
-        Some(Kubelet {
+        // Built first, so that a failed check still stops it.
+        let kubelet = Kubelet {
             child,
             accepted: PathBuf::from(format!("{}.accepted", socket.display())),
-        })
+            tmp,
+        };
+        assert_eq!(line.trim(), "ready", "the kubelet server did not start");
+        let left: Vec<_> = std::fs::read_dir(kubelet.tmp.path())
+            .expect("tmp")
+            .flatten()
+            .map(|entry| entry.file_name())
+            .collect();
+        assert!(
+            left.is_empty(),
+            "the kubelet server leaves {left:?} in /tmp"
+        );
+        Some(kubelet)
     }
 
     /// Whether a client connected to a `hang` or `garbage` server.
@@ -203,78 +223,9 @@ impl Drop for Kubelet {
     }
 }
 
-/// Cgroups made under a root of this test's own on the cgroup v2 mount;
-/// what was moved in goes back to the test's own cgroup, and all are
-/// removed, deepest first, when dropped.
-struct Cgroups {
-    root: PathBuf,
-    home: PathBuf,
-    made: Vec<PathBuf>,
-}
-
-impl Cgroups {
-    /// None (the test skipped) where no cgroup v2 can be made here.
-    fn new() -> Option<Cgroups> {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let made = (|| {
-            let mount = gpureap_services::supervision::cgroup2_mount()?;
-            let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-            let own = own.lines().find_map(|line| line.strip_prefix("0::"))?;
-            let root = mount.join(format!(
-                "gpureap-sources-{}-{}",
-                std::process::id(),
-                NEXT.fetch_add(1, Ordering::Relaxed)
-            ));
-            std::fs::create_dir(&root).ok()?;
-            Some(Cgroups {
-                home: mount.join(own.trim_start_matches('/')),
-                made: vec![root.clone()],
-                root,
-            })
-        })();
-        if made.is_none() {
-            skip("no cgroup v2 can be made here (needs root and a cgroup2 mount)");
-        }
-        made
-    }
-
-    /// Moves `pid` into `relative` under the root, made with its parents.
-    fn move_in(&mut self, relative: &str, pid: u32) {
-        let mut path = self.root.clone();
-        for component in relative.split('/') {
-            path.push(component);
-            if !path.is_dir() {
-                std::fs::create_dir(&path).expect("mkdir cgroup");
-                self.made.push(path.clone());
-            }
-        }
-        std::fs::write(path.join("cgroup.procs"), pid.to_string()).expect("move in");
-    }
-}
-
-impl Drop for Cgroups {
-    fn drop(&mut self) {
-        for cgroup in self.made.iter().rev() {
-            let procs = std::fs::read_to_string(cgroup.join("cgroup.procs")).unwrap_or_default();
-            for pid in procs.lines() {
-                let _ = std::fs::write(self.home.join("cgroup.procs"), pid);
-            }
-            if let Err(error) = std::fs::remove_dir(cgroup) {
-                eprintln!("cannot remove {}: {error}", cgroup.display());
-            }
-        }
-    }
-}
-
-fn host() -> SimHost {
-    SimHost::new(2, 80 * GIB, "Simulated H200").expect("sim host")
-}
-
 /// A holder of 4 GiB on GPU 0 in the cgroup `path` (under `cgroups`' root).
-fn holder_in(incident: &mut Incident, cgroups: &mut Cgroups, title: &str, path: &str) -> u32 {
-    let pid = incident
-        .holder(&Holder::new(title).on(0, 4 * GIB))
-        .expect("holder");
+fn holder_in(incident: &mut Incident, cgroups: &Cgroups, title: &str, path: &str) -> u32 {
+    let pid = incident.hold(Holder::new(title).on(0, 4 * GIB));
     cgroups.move_in(path, pid);
     pid
 }
@@ -290,13 +241,7 @@ fn run_on(host: &SimHost, node: &Node, socket: Option<&Path>, args: &[&str]) -> 
 }
 
 fn container_of(status: &Value, pid: u32) -> Value {
-    let holder = status["holders"]
-        .as_array()
-        .expect("holders")
-        .iter()
-        .find(|holder| holder["pid"] == pid)
-        .unwrap_or_else(|| panic!("no holder {pid} in {status:#}"))
-        .clone();
+    let holder = holder_of(status, pid);
     assert!(
         holder["container"].is_object(),
         "holder {pid} has no container: {holder:#}"
@@ -316,6 +261,7 @@ fn flags(container: &Value) -> Vec<&str> {
 }
 
 /// One pod as the kubelet lists it: its containers and their GPUs.
+#[cfg(feature = "kubelet")]
 fn pod(namespace: &str, name: &str, containers: &[(&str, &[&str])]) -> Value {
     json!({
         "namespace": namespace,
@@ -327,6 +273,7 @@ fn pod(namespace: &str, name: &str, containers: &[(&str, &[&str])]) -> Value {
     })
 }
 
+#[cfg(feature = "kubelet")]
 #[test]
 fn the_kubelet_and_the_node_name_a_pod_and_find_nothing_wrong() {
     let node = Node::new();
@@ -337,14 +284,13 @@ fn the_kubelet_and_the_node_name_a_pod_and_find_nothing_wrong() {
     let Some(_kubelet) = Kubelet::start("serve", &socket, &pods) else {
         return;
     };
-    let Some(mut cgroups) = Cgroups::new() else {
-        return;
+    let Some(cgroups) = Cgroups::v2("sources") else {
+        return skip(NO_CGROUPS);
     };
-    let host = host();
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(2).stage();
     let pid = holder_in(
         &mut incident,
-        &mut cgroups,
+        &cgroups,
         "vllm-worker",
         &kubepods_path(POD_UID, ID),
     );
@@ -368,6 +314,7 @@ fn the_kubelet_and_the_node_name_a_pod_and_find_nothing_wrong() {
     assert_eq!(check.code, 0, "{}{}", check.stdout, check.stderr);
 }
 
+#[cfg(feature = "kubelet")]
 #[test]
 fn a_deleted_pod_is_container_gone_checked_and_freed_by_orphans() {
     let node = Node::new();
@@ -378,14 +325,13 @@ fn a_deleted_pod_is_container_gone_checked_and_freed_by_orphans() {
     let Some(_kubelet) = Kubelet::start("serve", &socket, &pods) else {
         return;
     };
-    let Some(mut cgroups) = Cgroups::new() else {
-        return;
+    let Some(cgroups) = Cgroups::v2("sources") else {
+        return skip(NO_CGROUPS);
     };
-    let host = host();
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(2).stage();
     let pid = holder_in(
         &mut incident,
-        &mut cgroups,
+        &cgroups,
         "vllm-worker",
         &kubepods_path(POD_UID, ID),
     );
@@ -412,13 +358,7 @@ fn a_deleted_pod_is_container_gone_checked_and_freed_by_orphans() {
         "{}",
         check.stdout
     );
-    assert!(
-        check
-            .stdout
-            .contains("container gone: its container or pod"),
-        "{}",
-        check.stdout
-    );
+    assert_contains(&check.stdout, "container gone: its container or pod");
 
     let metrics = run_on(&host, &node, None, &["status", "--prometheus"]).stdout;
     assert!(
@@ -469,20 +409,19 @@ fn a_deleted_pod_is_container_gone_checked_and_freed_by_orphans() {
 fn docker_rm_is_container_gone_and_a_live_container_is_named() {
     let node = Node::new();
     node.docker(Some((OTHER_ID, "web")));
-    let Some(mut cgroups) = Cgroups::new() else {
-        return;
+    let Some(cgroups) = Cgroups::v2("sources") else {
+        return skip(NO_CGROUPS);
     };
-    let host = host();
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(2).stage();
     let removed = holder_in(
         &mut incident,
-        &mut cgroups,
+        &cgroups,
         "removed-worker",
         &format!("system.slice/docker-{ID}.scope"),
     );
     let live = holder_in(
         &mut incident,
-        &mut cgroups,
+        &cgroups,
         "live-worker",
         &format!("system.slice/docker-{OTHER_ID}.scope"),
     );
@@ -497,6 +436,7 @@ fn docker_rm_is_container_gone_and_a_live_container_is_named() {
     assert_eq!(json["container_notes"], json!([]), "{json:#}");
 }
 
+#[cfg(feature = "kubelet")]
 #[test]
 fn a_gpu_the_pod_was_never_allocated_is_unrequested() {
     let node = Node::new();
@@ -507,14 +447,13 @@ fn a_gpu_the_pod_was_never_allocated_is_unrequested() {
     let Some(_kubelet) = Kubelet::start("serve", &socket, &pods) else {
         return;
     };
-    let Some(mut cgroups) = Cgroups::new() else {
-        return;
+    let Some(cgroups) = Cgroups::v2("sources") else {
+        return skip(NO_CGROUPS);
     };
-    let host = host();
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(2).stage();
     let pid = holder_in(
         &mut incident,
-        &mut cgroups,
+        &cgroups,
         "vllm-worker",
         &kubepods_path(POD_UID, ID),
     );
@@ -550,12 +489,14 @@ fn status_with_kubelet(mode: &str) -> Option<(Value, Duration, bool)> {
         "absent" => None,
         _ => Some(Kubelet::start(mode, &socket, &json!([]))?),
     };
-    let mut cgroups = Cgroups::new()?;
-    let host = host();
-    let mut incident = Incident::new(&host);
+    let Some(cgroups) = Cgroups::v2("sources") else {
+        skip(NO_CGROUPS);
+        return None;
+    };
+    let (host, mut incident) = Sim::gpus(2).stage();
     let pid = holder_in(
         &mut incident,
-        &mut cgroups,
+        &cgroups,
         "vllm-worker",
         &kubepods_path(POD_UID, ID),
     );
@@ -592,6 +533,7 @@ fn an_absent_kubelet_socket_is_a_note() {
     assert!(kubelet_note(&json).contains("no socket there"), "{json:#}");
 }
 
+#[cfg(feature = "kubelet")]
 #[test]
 fn a_kubelet_that_never_answers_costs_the_budget_and_a_note() {
     let Some((json, took, called)) = status_with_kubelet("hang") else {
@@ -606,6 +548,7 @@ fn a_kubelet_that_never_answers_costs_the_budget_and_a_note() {
     assert!(took < Duration::from_secs(6), "status took {took:?}");
 }
 
+#[cfg(feature = "kubelet")]
 #[test]
 fn garbage_from_the_kubelet_is_a_note() {
     let Some((json, _, called)) = status_with_kubelet("garbage") else {
@@ -617,6 +560,24 @@ fn garbage_from_the_kubelet_is_a_note() {
     assert!(!note.chars().any(char::is_control), "{note:?}");
 }
 
+/// A build without the kubelet client (`--no-default-features`): a socket
+/// that is there is not asked, and the note says why in words; the node's
+/// files still name the pod.
+#[cfg(not(feature = "kubelet"))]
+#[test]
+fn without_the_kubelet_client_a_socket_that_is_there_is_a_note() {
+    let Some((json, _, called)) = status_with_kubelet("serve") else {
+        return;
+    };
+    assert!(!called, "a build without the client asked the kubelet");
+    assert!(
+        kubelet_note(&json).contains(
+            "this gpureap was built without the kubelet client (cargo feature \"kubelet\")"
+        ),
+        "{json:#}"
+    );
+}
+
 /// No holder in a container: the kubelet is not asked at all.
 #[test]
 fn no_holder_in_a_container_asks_no_kubelet() {
@@ -625,11 +586,8 @@ fn no_holder_in_a_container_asks_no_kubelet() {
     let Some(kubelet) = Kubelet::start("hang", &socket, &json!([])) else {
         return;
     };
-    let host = host();
-    let mut incident = Incident::new(&host);
-    let pid = incident
-        .holder(&Holder::new("bare-worker").on(0, GIB))
-        .expect("holder");
+    let (host, mut incident) = Sim::gpus(2).stage();
+    let pid = incident.hold(Holder::new("bare-worker").on(0, GIB));
     let json = run_on(&host, &node, None, &["status", "--json"]).json();
     assert!(
         json["holders"]
@@ -643,6 +601,7 @@ fn no_holder_in_a_container_asks_no_kubelet() {
     assert!(!kubelet.was_called(), "the kubelet was asked");
 }
 
+#[cfg(feature = "kubelet")]
 #[test]
 fn hostile_pod_and_container_names_are_escaped() {
     let evil_pod = "web\"0\u{1b}[31m\\x";
@@ -654,14 +613,13 @@ fn hostile_pod_and_container_names_are_escaped() {
     let Some(_kubelet) = Kubelet::start("serve", &socket, &pods) else {
         return;
     };
-    let Some(mut cgroups) = Cgroups::new() else {
-        return;
+    let Some(cgroups) = Cgroups::v2("sources") else {
+        return skip(NO_CGROUPS);
     };
-    let host = host();
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(2).stage();
     let pid = holder_in(
         &mut incident,
-        &mut cgroups,
+        &cgroups,
         "vllm-worker",
         &kubepods_path(POD_UID, ID),
     );
@@ -680,7 +638,7 @@ fn hostile_pod_and_container_names_are_escaped() {
 /// before anything runs, on every command that reads the sources.
 #[test]
 fn bad_source_flags_exit_2_before_anything_runs() {
-    let host = host();
+    let host = Sim::gpus(2).build();
     let missing = "/nonexistent/gpureap-host-root";
     for args in [
         &["status", "--host-root", missing][..],
@@ -698,175 +656,19 @@ fn bad_source_flags_exit_2_before_anything_runs() {
     assert!(named.stderr.contains("--host-root"), "{}", named.stderr);
 }
 
-/// One real OCI container (crun, busybox-static's shell in a rootfs of its
-/// own, its own PID, mount, IPC, UTS and network namespaces) holding the
-/// simulated GPU 0 through the host's node file bind-mounted at the same
-/// path, killed and deleted by its id when dropped.
-struct CrunContainer {
-    state: tempfile::TempDir,
-    _bundle: tempfile::TempDir,
-    id: String,
-    pid: u32,
-}
-
-impl CrunContainer {
-    /// Why a real container cannot be started here, if it cannot.
-    fn unavailable() -> Option<&'static str> {
-        let runs = |program: &str, args: &[&str]| {
-            Command::new(program)
-                .args(args)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|status| status.success())
-        };
-        if !runs("crun", &["--version"]) {
-            return Some("crun is not installed (.ci/run installs it)");
-        }
-        let busybox = Command::new("readelf")
-            .args(["-l", "/bin/busybox"])
-            .output();
-        match busybox {
-            Ok(output) if output.status.success() => {
-                if String::from_utf8_lossy(&output.stdout).contains("program interpreter") {
-                    return Some("/bin/busybox is not static (busybox-static, .ci/run)");
-                }
-            }
-            _ => return Some("no /bin/busybox to make a rootfs of (busybox-static, .ci/run)"),
-        }
-        if !rustix::process::geteuid().is_root() {
-            return Some("starting a container needs root");
-        }
-        None
-    }
-
-    /// Starts the container; its init opens `gpus/nvidia0` and `nvidiactl`.
-    fn start(id: &str, gpus: &Path) -> CrunContainer {
-        let bundle = tempfile::tempdir().expect("bundle");
-        let bin = bundle.path().join("rootfs/bin");
-        std::fs::create_dir_all(&bin).expect("rootfs");
-        std::fs::copy("/bin/busybox", bin.join("busybox")).expect("busybox");
-        for applet in ["sh", "sleep"] {
-            std::os::unix::fs::symlink("busybox", bin.join(applet)).expect("applet");
-        }
-        let spec = Command::new("crun")
-            .arg("spec")
-            .current_dir(bundle.path())
-            .status()
-            .expect("crun spec");
-        assert!(spec.success(), "crun spec failed");
-        let config_path = bundle.path().join("config.json");
-        let mut config: Value =
-            serde_json::from_str(&std::fs::read_to_string(&config_path).expect("config"))
-                .expect("config.json");
-        let gpus = gpus.display().to_string();
-        config["process"]["terminal"] = json!(false);
-        // Its rlimits cannot be set without CAP_SYS_RESOURCE, which this host withholds.
-        config["process"]
-            .as_object_mut()
-            .expect("process")
-            .remove("rlimits");
-        config["process"]["args"] = json!([
-            "sh",
-            "-c",
-            format!("exec 3<{gpus}/nvidia0 4<{gpus}/nvidiactl; exec sleep 100000")
-        ]);
-        config["mounts"]
-            .as_array_mut()
-            .expect("mounts")
-            .push(json!({"destination": gpus, "type": "bind", "source": gpus, "options": ["rbind", "ro"]}));
-        std::fs::write(&config_path, config.to_string()).expect("config written");
-        let state = tempfile::tempdir().expect("state");
-        // crun refuses a hybrid cgroup layout whose v2 side has a controller
-        // (hugetlb here) and cannot load its device filter without raising
-        // RLIMIT_MEMLOCK: it runs with its cgroup manager disabled, seeing
-        // the v2 mount at /sys/fs/cgroup in a mount namespace of its own.
-        // Its output goes to a file: the container inherits it and lives on.
-        let log_path = state.path().join("crun.log");
-        let log = std::fs::File::create(&log_path).expect("crun log");
-        let started = Command::new("unshare")
-            .args(["-m", "sh", "-c"])
-            .arg(
-                "mount --make-rprivate / && mount -t cgroup2 none /sys/fs/cgroup && \
-                 exec crun --root \"$1\" --cgroup-manager=disabled run -d --bundle \"$2\" \"$3\"",
-            )
-            .arg("sh")
-            .arg(state.path())
-            .arg(bundle.path())
-            .arg(id)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .status()
-            .expect("unshare runs");
-        assert!(
-            started.success(),
-            "crun run failed: {}",
-            std::fs::read_to_string(&log_path).unwrap_or_default()
-        );
-        let crun_state = Command::new("crun")
-            .arg("--root")
-            .arg(state.path())
-            .args(["state", id])
-            .output()
-            .expect("crun state");
-        let answer: Value = serde_json::from_slice(&crun_state.stdout).expect("crun state JSON");
-        let pid = answer["pid"].as_u64().expect("pid") as u32;
-        let container = CrunContainer {
-            state,
-            _bundle: bundle,
-            id: id.to_string(),
-            pid,
-        };
-        // Ready once its init has the node open.
-        let node = PathBuf::from(format!("{gpus}/nvidia0"));
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !std::fs::read_dir(format!("/proc/{pid}/fd"))
-            .into_iter()
-            .flatten()
-            .filter_map(Result::ok)
-            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|link| link == node))
-        {
-            assert!(
-                Instant::now() < deadline,
-                "the container never opened {node:?}"
-            );
-            std::thread::yield_now();
-        }
-        container
-    }
-
-    fn crun(&self, args: &[&str]) {
-        let _ = Command::new("crun")
-            .arg("--root")
-            .arg(self.state.path())
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
-    }
-}
-
-impl Drop for CrunContainer {
-    fn drop(&mut self) {
-        self.crun(&["kill", &self.id, "KILL"]);
-        self.crun(&["delete", "--force", &self.id]);
-    }
-}
-
 #[test]
 fn a_real_crun_container_holding_a_gpu_is_attributed_and_named() {
-    if let Some(why) = CrunContainer::unavailable() {
+    if let Some(why) = Crun::unavailable() {
         return skip(why);
     }
-    let Some(mut cgroups) = Cgroups::new() else {
-        return;
+    let Some(cgroups) = Cgroups::v2("sources") else {
+        return skip(NO_CGROUPS);
     };
-    let host = host();
-    let container = CrunContainer::start(ID, host.path());
+    let host = Sim::gpus(2).build();
+    let container = Crun::start(ID, host.path());
     // With its cgroup manager off, crun leaves the container in its
     // caller's cgroup: it is moved into podman's (whose runtime is crun).
-    cgroups.move_in(&format!("machine.slice/libpod-{ID}.scope"), container.pid);
+    cgroups.move_in(format!("machine.slice/libpod-{ID}.scope"), container.pid);
     let node = Node::new();
     node.dir("var/lib/containers/storage/overlay-containers");
     std::fs::write(

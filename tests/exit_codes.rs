@@ -6,14 +6,10 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use clap::CommandFactory;
-use gpureap_core::driver::sim::incident::{Holder, Incident, SimHost};
+use gpureap_core::driver::sim::incident::Holder;
 use gpureap_core::exit::{self, Program};
 
 use crate::harness::*;
-
-fn host(gpus: u32) -> SimHost {
-    SimHost::new(gpus, 80 * GIB, "Simulated H200").expect("sim host")
-}
 
 /// Every program in the command tree, by the words that name it.
 fn programs_in(command: &clap::Command, words: &mut Vec<String>, found: &mut Vec<Vec<String>>) {
@@ -87,20 +83,13 @@ fn status_that_cannot_tell_exits_3_and_still_shows_what_it_read() {
     assert_eq!(none.status.code(), Some(3), "{text}");
     assert!(text.contains("--backend none"), "{text}");
 
-    let host = host(2);
-    let mut incident = Incident::new(&host);
-    let holder = incident
-        .holder(&Holder::new("python3 train.py").on(0, 10 * GIB))
-        .expect("holder");
+    let (host, mut incident) = Sim::gpus(2).stage();
+    let holder = incident.hold(Holder::new("python3 train.py").on(0, 10 * GIB));
     host.lose(1).expect("lose");
     let status = run(&host, &["status"]);
     assert_eq!(status.code, 3, "{}{}", status.stdout, status.stderr);
     // The table is still printed: the holder on GPU 0, the lost GPU 1.
-    assert!(
-        status.stdout.contains(&holder.to_string()),
-        "{}",
-        status.stdout
-    );
+    assert_contains(&status.stdout, &holder.to_string());
     assert!(status.stdout.contains("lost"), "{}", status.stdout);
     let json = run(&host, &["status", "--json"]);
     assert_eq!(json.code, 3);
@@ -123,7 +112,7 @@ fn status_that_cannot_tell_exits_3_and_still_shows_what_it_read() {
 
 #[test]
 fn wait_on_a_lost_gpu_exits_3_at_once() {
-    let host = host(2);
+    let host = Sim::gpus(2).build();
     host.lose(1).expect("lose");
     let mut command = gpureap(&host);
     command.args(["wait", "--gpu", "0,1", "--timeout", "1h", "--json"]);
@@ -171,7 +160,7 @@ fn a_flag_that_means_nothing_for_the_subcommand_is_refused_with_2() {
     assert!(both.stdout.is_empty());
     assert!(String::from_utf8_lossy(&both.stderr).contains("cannot be used with"));
     // GPUREAP_SSH in the environment is a default, not a flag given.
-    let host = host(1);
+    let host = Sim::gpus(1).build();
     let status = gpureap(&host)
         .arg("status")
         .env("GPUREAP_SSH", "ssh -p 2222")
@@ -308,7 +297,7 @@ fn the_scan_finds_each_shape_of_a_hand_chosen_exit_number() {
 /// tell"), never 1 ("still held") and never after a timeout.
 #[test]
 fn a_lost_gpu_gives_3_through_free_wait_and_reset() {
-    let host = host(2);
+    let host = Sim::gpus(2).build();
     host.lose(1).expect("lose");
     for args in [
         &["free", "--gpu", "1", "--yes", "--timeout", "1h", "--json"][..],

@@ -14,10 +14,6 @@ use gpureap_core::driver::sim::incident::{Holder, Incident, SimHost};
 
 use crate::harness::*;
 
-fn host(gpus: u32) -> SimHost {
-    SimHost::new(gpus, 80 * GIB, "Simulated H200").expect("sim host")
-}
-
 fn deploy(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("deploy")
@@ -99,12 +95,7 @@ impl Exporter {
         let mut stderr = BufReader::new(child.stderr.take().expect("stderr"));
         let mut line = String::new();
         stderr.read_line(&mut line).expect("first line");
-        let address = line
-            .split("http://")
-            .nth(1)
-            .and_then(|rest| rest.split('/').next())
-            .and_then(|address| address.parse().ok())
-            .unwrap_or_else(|| panic!("no address in: {line}"));
+        let address = http_address(&line);
         // Keep draining, so that the exporter never blocks on a full pipe.
         std::thread::spawn(move || {
             let mut rest = String::new();
@@ -192,35 +183,17 @@ fn tool(program: &str, args: &[&str], stdin: Option<&str>) -> Run {
 /// colleague's 5 GiB notebook on GPU 1, 3 GiB held by no process on GPU 2.
 fn staged_incident(host: &SimHost) -> (Incident, Vec<u32>, u32) {
     let mut incident = Incident::new(host);
-    let launcher = incident
-        .sglang(&[
-            Holder::new("sglang::scheduler_TP0").on(0, 20 * GIB),
-            Holder::new("sglang::scheduler_TP1").on(1, 30 * GIB),
-        ])
-        .expect("sglang tree");
-    let workers = vec![
-        incident.pid_of("sglang::scheduler_TP0").expect("TP0"),
-        incident.pid_of("sglang::scheduler_TP1").expect("TP1"),
-    ];
-    let notebook = incident
-        .holder(&Holder::new("jupyter-kernel colleague").on(1, 5 * GIB))
-        .expect("notebook");
-    incident.kill(launcher).expect("launcher killed");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while workers.iter().any(|&pid| ppid(pid) != Some(1)) {
-        assert!(
-            Instant::now() < deadline,
-            "workers not re-parented to PID 1"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    let (launcher, workers) =
+        incident.sglang_tree([scheduler(0, 20 * GIB), scheduler(1, 30 * GIB)]);
+    let notebook = incident.hold(Holder::new("jupyter-kernel colleague").on(1, 5 * GIB));
+    incident.orphan(launcher, &workers);
     host.leak(2, 3 * GIB).expect("leak");
-    (incident, workers, notebook)
+    (incident, workers.to_vec(), notebook)
 }
 
 #[test]
 fn status_prometheus_passes_promtool_and_says_what_status_says() {
-    let host = host(3);
+    let host = Sim::gpus(3).build();
     let (_incident, workers, notebook) = staged_incident(&host);
     let exposition = run(&host, &["status", "--prometheus", "--per-process"]);
     assert_eq!(exposition.code, 0, "{}", exposition.stderr);
@@ -351,8 +324,7 @@ fn status_prometheus_passes_promtool_and_says_what_status_says() {
 /// the bytes, and nothing in it a terminal acts on.
 #[test]
 fn any_byte_in_a_comm_keeps_the_exposition_valid() {
-    let host = host(1);
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(1).stage();
     incident
         .spawn(
             &named_holder("p", b"p\r\n\\\"\xff\x1b[2K", b"a\r\n\\\"\xff", 0),
@@ -393,7 +365,7 @@ fn any_byte_in_a_comm_keeps_the_exposition_valid() {
 
 #[test]
 fn exporter_output_passes_promtool_and_post_changes_nothing() {
-    let host = host(2);
+    let host = Sim::gpus(2).build();
     let (_incident, workers, _) = staged_incident(&host);
     let exporter = Exporter::start(&host, &["--per-process", "--interval", "1h"]);
     let lint = tool("promtool", &["check", "metrics"], Some(&exporter.scrape()));
@@ -435,7 +407,7 @@ fn exporter_output_passes_promtool_and_post_changes_nothing() {
 
 #[test]
 fn concurrent_scrapes_cost_one_scan() {
-    let host = host(1);
+    let host = Sim::gpus(1).build();
     let exporter = Exporter::start(&host, &["--interval", "1h"]);
     let address = exporter.address;
     let scrapers: Vec<_> = (0..16)
@@ -458,7 +430,7 @@ fn concurrent_scrapes_cost_one_scan() {
 
 #[test]
 fn two_hundred_idle_connections_do_not_stop_a_scrape() {
-    let host = host(1);
+    let host = Sim::gpus(1).build();
     let exporter = Exporter::start(&host, &["--interval", "1h"]);
     // Idle clients: half say nothing, half start a request and stall.
     let idle: Vec<TcpStream> = (0..200)
@@ -488,7 +460,7 @@ fn two_hundred_idle_connections_do_not_stop_a_scrape() {
 
 #[test]
 fn a_driver_failing_mid_run_shows_as_down_and_the_exporter_keeps_serving() {
-    let host = host(2);
+    let host = Sim::gpus(2).build();
     let exporter = Exporter::start(&host, &["--interval", "100ms"]);
     let up = |found: &[Sample], name: &str, labels: &[(&str, &str)]| value(found, name, labels);
     let first = samples(&exporter.scrape());
@@ -549,7 +521,7 @@ fn a_driver_failing_mid_run_shows_as_down_and_the_exporter_keeps_serving() {
 /// bytes that arrives whole is refused as one that trickles in.
 #[test]
 fn request_heads_over_8_kib_are_refused_even_in_one_read() {
-    let host = host(1);
+    let host = Sim::gpus(1).build();
     let exporter = Exporter::start(&host, &[]);
     let head = |size: usize| {
         let start = "GET /metrics HTTP/1.1\r\nHost: x\r\nX-Pad: ";
@@ -565,7 +537,7 @@ fn request_heads_over_8_kib_are_refused_even_in_one_read() {
 
 #[test]
 fn sigterm_ends_the_exporter_cleanly() {
-    let host = host(1);
+    let host = Sim::gpus(1).build();
     let mut exporter = Exporter::start(&host, &[]);
     exporter.scrape();
     // Safety: a plain kill(2) of the child this test started and has not reaped.
@@ -579,7 +551,7 @@ fn sigterm_ends_the_exporter_cleanly() {
 
 #[test]
 fn exporter_flags_are_checked() {
-    let host = host(1);
+    let host = Sim::gpus(1).build();
     for (flags, says) in [
         (&["exporter", "--listen", "9839"][..], "expected IP:PORT"),
         (&["exporter", "--listen", ":9839"][..], "expected IP:PORT"),
@@ -608,13 +580,7 @@ fn exporter_flags_are_checked() {
     let address = taken.local_addr().expect("address").to_string();
     let result = run(&host, &["exporter", "--listen", &address]);
     assert_eq!(result.code, 3, "{}", result.stderr);
-    assert!(
-        result
-            .stderr
-            .contains(&format!("cannot listen on {address}")),
-        "{}",
-        result.stderr
-    );
+    assert_contains(&result.stderr, &format!("cannot listen on {address}"));
 }
 
 /// A real Prometheus, on loopback, with its storage in a temporary
@@ -706,7 +672,7 @@ impl Drop for Prometheus {
 
 #[test]
 fn a_real_prometheus_scrapes_what_the_simulated_driver_holds() {
-    let host = host(3);
+    let host = Sim::gpus(3).build();
     let (_incident, _workers, _) = staged_incident(&host);
     let exporter = Exporter::start(&host, &["--interval", "1s"]);
     let prometheus = Prometheus::start(exporter.address);
@@ -739,11 +705,7 @@ fn the_rules_pass_promtool_and_their_unit_tests() {
         None,
     );
     assert_eq!(check.code, 0, "{}{}", check.stdout, check.stderr);
-    assert!(
-        check.stdout.contains("SUCCESS: 5 rules found"),
-        "{}",
-        check.stdout
-    );
+    assert_contains(&check.stdout, "SUCCESS: 5 rules found");
     let tests = deploy("prometheus/gpureap-rules.test.yml");
     let test = tool(
         "promtool",
@@ -823,15 +785,16 @@ fn the_daemonset_is_read_only_and_on_gpu_nodes_only() {
     assert!(!text.contains("privileged: true"));
 }
 
-/// The DaemonSet's pod spec and the exporter's container, as JSON (PyYAML,
-/// kubernetes-validate's own dependency).
-fn exporter_daemonset() -> serde_json::Value {
+/// What the Python expression `json_text` (over `docs`, the YAML documents
+/// of `file` read with PyYAML, kubernetes-validate's own dependency) prints,
+/// read as JSON.
+pub(crate) fn from_yaml(file: &std::path::Path, json_text: &str) -> serde_json::Value {
     let output = std::process::Command::new("python3")
-        .args([
-            "-c",
-            "import sys, json, yaml; print(json.dumps([d for d in yaml.safe_load_all(open(sys.argv[1])) if d['kind'] == 'DaemonSet'][0]))",
-        ])
-        .arg(deploy("kubernetes/gpureap-exporter.yaml"))
+        .arg("-c")
+        .arg(format!(
+            "import sys, json, yaml; docs = list(yaml.safe_load_all(open(sys.argv[1]))); print({json_text})"
+        ))
+        .arg(file)
         .output()
         .expect("python3 runs");
     assert!(
@@ -839,7 +802,16 @@ fn exporter_daemonset() -> serde_json::Value {
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    serde_json::from_slice(&output.stdout).expect("JSON")
+    serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|error| panic!("{json_text} of {}: {error}", file.display()))
+}
+
+/// The DaemonSet's pod spec and the exporter's container, as JSON.
+fn exporter_daemonset() -> serde_json::Value {
+    from_yaml(
+        &deploy("kubernetes/gpureap-exporter.yaml"),
+        "json.dumps([d for d in docs if d['kind'] == 'DaemonSet'][0])",
+    )
 }
 
 #[test]
@@ -909,12 +881,7 @@ fn run_metrics_show_the_supervisors_view() {
     let setup = crate::run::setup(2);
     let supervisor = setup.run_faulty_once(&["--metrics", "127.0.0.1:0"], "stall");
     let line = supervisor.wait_for("metrics: http://", 1);
-    let address: SocketAddr = line
-        .split("http://")
-        .nth(1)
-        .and_then(|rest| rest.split('/').next())
-        .and_then(|address| address.parse().ok())
-        .unwrap_or_else(|| panic!("no address in {line}"));
+    let address = http_address(&line);
     // The first start stalls (a hang), the second becomes ready.
     supervisor.wait_for("ready after", 1);
     let (status, body) = http(address, "GET /metrics HTTP/1.1\r\n\r\n");
@@ -959,7 +926,7 @@ fn run_metrics_show_the_supervisors_view() {
 /// says, nothing (not 0) where it does not; promtool accepts the whole.
 #[test]
 fn hardware_evidence_is_exported_and_unknown_values_are_left_out() {
-    let host = host(2);
+    let host = Sim::gpus(2).build();
     host.xid(1, 79, 1_000_000, "GPU has fallen off the bus.")
         .expect("xid");
     host.xid(1, 79, 2_000_000, "GPU has fallen off the bus.")
@@ -1037,14 +1004,12 @@ fn hardware_evidence_is_exported_and_unknown_values_are_left_out() {
 /// interval (an hour here), and no scan is taken while nothing changes.
 #[test]
 fn a_new_holder_is_served_before_the_interval_and_an_idle_host_is_not_rescanned() {
-    let host = host(1);
+    let host = Sim::gpus(1).build();
     let exporter = Exporter::start(&host, &["--interval", "1h"]);
     let first = samples(&exporter.scrape());
     assert_eq!(value(&first, "gpureap_scans_total", &[]), Some(1.0));
     let mut incident = Incident::new(&host);
-    incident
-        .holder(&Holder::new("late-worker").on(0, 3 * GIB))
-        .expect("holder");
+    incident.hold(Holder::new("late-worker").on(0, 3 * GIB));
     let found = exporter.scrape_until("the new holder's memory", |found| {
         value(found, "gpureap_gpu_memory_used_bytes", &[("gpu", "0")]) == Some((3 * GIB) as f64)
     });
@@ -1062,12 +1027,10 @@ fn a_new_holder_is_served_before_the_interval_and_an_idle_host_is_not_rescanned(
 #[test]
 fn activity_and_reserved_memory_are_exported_in_base_units_and_unknown_values_left_out() {
     use gpureap_core::driver::sim::incident::H200_RESERVED;
-    let host = host(2);
+    let host = Sim::gpus(2).build();
     host.reserve(H200_RESERVED).expect("reserved");
     let mut incident = Incident::new(&host);
-    incident
-        .holder(&Holder::new("sglang::scheduler_TP0").on(0, 30 * GIB))
-        .expect("worker");
+    incident.hold(scheduler(0, 30 * GIB));
     host.activity(
         0,
         "utilization 87\ntemperature 64\npower 312.4\npower_limit 700\n",
@@ -1118,12 +1081,9 @@ fn activity_and_reserved_memory_are_exported_in_base_units_and_unknown_values_le
     ] {
         assert_eq!(value(&found, unknown, &gpu1), None, "{unknown}");
     }
-    assert!(
-        exposition
-            .stdout
-            .contains("# HELP gpureap_gpu_memory_used_bytes GPU memory in use, as the driver reports it: NVML's v2 figure"),
-        "{}",
-        exposition.stdout
+    assert_contains(
+        &exposition.stdout,
+        "# HELP gpureap_gpu_memory_used_bytes GPU memory in use, as the driver reports it: NVML's v2 figure",
     );
 
     let exporter = Exporter::start(&host, &["--interval", "200ms"]);

@@ -20,14 +20,20 @@ fn host() -> SimHost {
 #[test]
 fn without_the_live_view_top_exits_3_in_words_and_the_rest_runs() {
     let host = host();
-    for args in [&["top"][..], &["demo", "--top"]] {
-        let top = run(&host, args);
-        assert_eq!(top.code, 3, "{args:?}: {}", top.stderr);
+    // `demo` stages its own simulated driver: no --backend.
+    let demo = std::process::Command::new(env!("CARGO_BIN_EXE_gpureap"))
+        .args(["demo", "--top"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("gpureap runs");
+    for (args, ran) in [("top", run(&host, &["top"])), ("demo --top", demo.into())] {
+        let ran: Run = ran;
+        assert_eq!(ran.code, 3, "{args}: {}", ran.stderr);
         assert!(
-            top.stderr
+            ran.stderr
                 .contains("built without the live view (cargo feature \"top\")"),
-            "{args:?}: {}",
-            top.stderr
+            "{args}: {}",
+            ran.stderr
         );
     }
     assert_eq!(run(&host, &["status", "--json"]).code, 0);
@@ -36,8 +42,6 @@ fn without_the_live_view_top_exits_3_in_words_and_the_rest_runs() {
         &host,
         &[
             "plan",
-            "--gpu-memory",
-            "80GiB",
             "--",
             "python3",
             "-m",

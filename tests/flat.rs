@@ -6,7 +6,7 @@
 //! descriptors where they do not, and with `--monitors`, so that a holder
 //! the driver does not list is still found.
 
-use gpureap_core::driver::sim::incident::{Holder, Incident, SimHost};
+use gpureap_core::driver::sim::incident::{Holder, SimHost};
 use serde_json::Value;
 
 use crate::harness::*;
@@ -94,18 +94,9 @@ fn processes_read(stderr: &str) -> usize {
 /// `--monitors` finds it by reading every process.
 #[test]
 fn where_the_lists_explain_the_memory_only_the_listed_and_their_families_are_read() {
-    let host = SimHost::claims_only(2, 80 * GIB, "Simulated H200").expect("sim host");
-    let mut incident = Incident::new(&host);
-    let launcher = incident
-        .sglang(&[
-            Holder::new("sglang::scheduler_TP0").on(0, 30 * GIB),
-            Holder::new("sglang::scheduler_TP1").on(1, 30 * GIB),
-        ])
-        .expect("server");
-    let workers = [
-        incident.pid_of("sglang::scheduler_TP0").expect("TP0"),
-        incident.pid_of("sglang::scheduler_TP1").expect("TP1"),
-    ];
+    let (host, mut incident) = Sim::gpus(2).claims_only().stage();
+    let (launcher, workers) =
+        incident.sglang_tree([scheduler(0, 30 * GIB), scheduler(1, 30 * GIB)]);
     incident.kill(launcher).expect("launcher killed");
     let bare = node_only(&host, 0);
     let _crowd = Crowd::new(300);
@@ -149,11 +140,8 @@ fn where_the_lists_explain_the_memory_only_the_listed_and_their_families_are_rea
 /// itself and finds it.
 #[test]
 fn memory_the_lists_do_not_explain_is_looked_for_in_every_process() {
-    let host = SimHost::claims_only(2, 80 * GIB, "Simulated H200").expect("sim host");
-    let mut incident = Incident::new(&host);
-    let worker = incident
-        .holder(&Holder::new("sglang::scheduler_TP0").on(0, 30 * GIB))
-        .expect("worker");
+    let (host, mut incident) = Sim::gpus(2).claims_only().stage();
+    let worker = incident.hold(scheduler(0, 30 * GIB));
     let bare = node_only(&host, 1);
     let bare_open = || {
         std::fs::read_link(format!("/proc/{}/fd/3", bare.0[0].id()))
@@ -190,11 +178,8 @@ fn memory_the_lists_do_not_explain_is_looked_for_in_every_process() {
 /// names it.
 #[test]
 fn plan_on_a_live_host_reads_the_listed_and_their_families_only() {
-    let host = SimHost::claims_only(2, 80 * GIB, "Simulated H100").expect("sim host");
-    let mut incident = Incident::new(&host);
-    incident
-        .holder(&Holder::new("python3 -m ipykernel_launcher").on(1, 6 * GIB))
-        .expect("notebook");
+    let (host, mut incident) = Sim::gpus(2).named("Simulated H100").claims_only().stage();
+    incident.hold(Holder::new("python3 -m ipykernel_launcher").on(1, 6 * GIB));
     let _crowd = Crowd::new(300);
     let model = tempfile::tempdir().expect("model dir");
     std::fs::write(model.path().join("config.json"), crate::plan::LLAMA_8B).expect("config.json");

@@ -63,20 +63,7 @@ fn judged_alike_by_check_and_free(
         check.stderr
     );
 
-    let free = run(
-        host,
-        &[
-            "free",
-            "--gpu",
-            &label,
-            "--grace",
-            "0",
-            "--timeout",
-            "200ms",
-            "--yes",
-            "--json",
-        ],
-    );
+    let free = run(host, &free_json(&["--gpu", &label], "0", "200ms"));
     let report = free.json();
     let driver_held: Vec<&serde_json::Value> = gpu_of(&report, gpu)["reasons"]
         .as_array()
@@ -111,16 +98,14 @@ fn gpu_of(report: &serde_json::Value, index: u32) -> &serde_json::Value {
 #[test]
 fn memory_held_by_no_process_gets_one_figure_and_one_verdict_everywhere() {
     for (tolerance, held) in [(0, true), (512 * MIB, false)] {
-        let host = SimHost::new(2, 80 * GIB, "Simulated H200").expect("sim host");
+        let host = Sim::gpus(2).build();
         if tolerance > 0 {
             host.declare_bookkeeping(tolerance).expect("bookkeeping");
         }
         host.leak(0, 100 * MIB).expect("leak");
         host.leak(1, 300 * MIB).expect("leak");
         let mut incident = Incident::new(&host);
-        let protected = incident
-            .holder(&Holder::new("nvidia-persistenced").on(1, GIB))
-            .expect("protected holder");
+        let protected = incident.hold(Holder::new("nvidia-persistenced").on(1, GIB));
 
         judged_alike_by_check_and_free(&host, 0, 100 * MIB, held);
         let (code, report) = judged_alike_by_check_and_free(&host, 1, 300 * MIB, held);
@@ -167,7 +152,7 @@ pub(crate) fn wait_until(mut ready: impl FnMut() -> bool) -> bool {
 /// a GPU it freed gets none.
 #[test]
 fn free_gives_the_advice_of_the_evidence_for_memory_held_by_no_process() {
-    let host = SimHost::new(2, 80 * GIB, "Simulated H200").expect("sim host");
+    let host = Sim::gpus(2).build();
     host.leak(1, 2 * GIB).expect("leak");
     host.xid(1, 48, 2_000_000, "An uncorrectable double bit error (DBE)")
         .expect("xid");
@@ -198,22 +183,13 @@ fn free_gives_the_advice_of_the_evidence_for_memory_held_by_no_process() {
 /// its exit code whether a reset could run now.
 #[test]
 fn reset_plan_names_each_blocker_by_role_and_resets_nothing() {
-    let host = SimHost::new(3, 80 * GIB, "Simulated H200").expect("sim host");
-    let mut incident = Incident::new(&host);
-    let persistenced = incident
-        .holder(&Holder::new(
-            "/usr/bin/nvidia-persistenced --user nvidia-persistenced",
-        ))
-        .expect("persistenced");
-    let dcgm = incident
-        .holder(&Holder::new("nv-hostengine -n"))
-        .expect("dcgm");
-    let xorg = incident
-        .holder(&Holder::new("Xorg :0").on(0, 100 * MIB))
-        .expect("xorg");
-    let cuda = incident
-        .holder(&Holder::new("python3 serve.py").on(0, 20 * GIB))
-        .expect("cuda");
+    let (host, mut incident) = Sim::gpus(3).stage();
+    let persistenced = incident.hold(Holder::new(
+        "/usr/bin/nvidia-persistenced --user nvidia-persistenced",
+    ));
+    let dcgm = incident.hold(Holder::new("nv-hostengine -n"));
+    let xorg = incident.hold(Holder::new("Xorg :0").on(0, 100 * MIB));
+    let cuda = incident.hold(Holder::new("python3 serve.py").on(0, 20 * GIB));
     host.leak(0, GIB).expect("leak");
     host.health(0, "persistence_mode on\n").expect("health");
     std::fs::write(
@@ -282,11 +258,9 @@ fn reset_plan_names_each_blocker_by_role_and_resets_nothing() {
     // Every CUDA process opens every GPU's node: GPU 2 is blocked by them too.
     let plan = run(&host, &["reset", "--plan", "--gpu", "2"]);
     assert_eq!(plan.code, 1, "{}", plan.stdout);
-    assert!(
-        plan.stdout
-            .contains(&format!("blocker pid {cuda} (python3, CUDA user)")),
-        "{}",
-        plan.stdout
+    assert_contains(
+        &plan.stdout,
+        &format!("blocker pid {cuda} (python3, CUDA user)"),
     );
     drop(incident);
     for pid in [persistenced, dcgm, xorg, cuda] {
@@ -324,21 +298,15 @@ fn reset_plan_names_each_blocker_by_role_and_resets_nothing() {
     let _ = other.kill();
     let _ = other.wait();
     assert_eq!(plan.code, 1, "{}", plan.stdout);
-    assert!(
-        plan.stdout
-            .contains("CUDA processes on GPU(s) 0 share the NVLink fabric"),
-        "{}",
-        plan.stdout
+    assert_contains(
+        &plan.stdout,
+        "CUDA processes on GPU(s) 0 share the NVLink fabric",
     );
     // A lost GPU: a reboot, not a reset.
     host.lose(1).expect("lose");
     let plan = run(&host, &["reset", "--plan", "--gpu", "1"]);
     assert_eq!(plan.code, 1, "{}", plan.stdout);
-    assert!(
-        plan.stdout.contains("comes back only with a reboot"),
-        "{}",
-        plan.stdout
-    );
+    assert_contains(&plan.stdout, "comes back only with a reboot");
 }
 
 /// `wait` and `free --dry-run` on a GPU whose memory only the driver holds
@@ -350,7 +318,7 @@ fn reset_plan_names_each_blocker_by_role_and_resets_nothing() {
 #[test]
 fn wait_and_a_dry_run_say_at_once_that_no_process_holds_the_memory() {
     use std::time::{Duration, Instant};
-    let host = SimHost::new(2, 80 * GIB, "Simulated H200").expect("sim host");
+    let host = Sim::gpus(2).build();
     host.leak(0, 5 * GIB).expect("leak");
     let said =
         "GPU 0: 5.0 GiB held by no process (driver-held); only a GPU reset or a reboot clears it";
@@ -379,11 +347,7 @@ fn wait_and_a_dry_run_say_at_once_that_no_process_holds_the_memory() {
 
     let plan = run(&host, &["free", "--gpu", "0", "--dry-run"]);
     assert_eq!(plan.code, 0, "{}", plan.stderr);
-    assert!(
-        plan.stdout.contains("Nothing in scope to signal."),
-        "{}",
-        plan.stdout
-    );
+    assert_contains(&plan.stdout, "Nothing in scope to signal.");
     assert!(plan.stdout.contains(said), "{}", plan.stdout);
     let json = run(&host, &["free", "--gpu", "0", "--dry-run", "--json"]).json();
     assert_eq!(reasons(&json, 0), ["driver_held"], "{json:#}");
@@ -395,25 +359,17 @@ fn wait_and_a_dry_run_say_at_once_that_no_process_holds_the_memory() {
     );
     assert_eq!(kept.code, 1, "{}", kept.stderr);
     assert!(started.elapsed() >= Duration::from_secs(2));
-    assert!(
-        kept.stderr.contains(said) && kept.stderr.contains("timed out after"),
-        "{}",
-        kept.stderr
-    );
+    assert_contains(&kept.stderr, said);
+    assert_contains(&kept.stderr, "timed out after");
     assert!(!kept.stderr.contains("listed above"), "{}", kept.stderr);
 
     // A process's memory is waited for, and its holder listed.
     let mut incident = Incident::new(&host);
-    let holder = incident
-        .holder(&Holder::new("python3 train.py").on(1, 10 * GIB))
-        .expect("holder");
+    let holder = incident.hold(Holder::new("python3 train.py").on(1, 10 * GIB));
     let busy = run(&host, &["wait", "--gpu", "1", "--timeout", "3s"]);
     assert_eq!(busy.code, 1, "{}", busy.stderr);
-    assert!(
-        busy.stderr.contains("timed out after") && busy.stderr.contains("listed above"),
-        "{}",
-        busy.stderr
-    );
+    assert_contains(&busy.stderr, "timed out after");
+    assert_contains(&busy.stderr, "listed above");
     assert!(busy.stdout.contains(&holder.to_string()), "{}", busy.stdout);
     assert!(
         !busy.stderr.contains("held by no process"),

@@ -6,7 +6,7 @@
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-use gpureap_core::driver::sim::incident::{Incident, SimHost};
+use gpureap_core::driver::sim::incident::Incident;
 use gpureap_core::exit::Exit;
 
 use crate::harness::*;
@@ -22,10 +22,6 @@ const LIAR_COMM: &[u8] = b"c\r\nFORGED-COMM";
 const FORGED_COMM: &str = "FORGED-COMM";
 /// An argv[0] with a newline, a carriage return and an escape sequence.
 const LIAR: &[u8] = b"liar\nNothing in scope to signal.\r\x1b[2K";
-
-fn host() -> SimHost {
-    SimHost::new(1, 80 * GIB, "Simulated H200").expect("sim host")
-}
 
 /// The eraser and the liar, both on GPU 0: their PIDs.
 fn stage(incident: &mut Incident) -> (u32, u32) {
@@ -76,8 +72,7 @@ fn on_a_terminal(command: &mut Command, argv: &[&str], input: &str) -> (i32, Str
 /// plan or starts a line of its own. Answered `n`, nothing is signalled.
 #[test]
 fn free_asks_on_a_terminal_with_hostile_names_written_out() {
-    let host = host();
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(1).stage();
     let (eraser, liar) = stage(&mut incident);
     let (code, terminal) = on_a_terminal(
         &mut Command::new("script"),
@@ -113,8 +108,7 @@ fn free_asks_on_a_terminal_with_hostile_names_written_out() {
 /// names the comm) and `free`'s outcome.
 #[test]
 fn reports_keep_hostile_names_written_out_on_their_line() {
-    let host = host();
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(1).stage();
     let (_, liar) = stage(&mut incident);
     // The command line, where a report shows it; `reset` names the comm.
     let command_line = "liar\\nNothing in scope to signal.\\r\\u{1b}[2K";
@@ -152,8 +146,7 @@ fn reports_keep_hostile_names_written_out_on_their_line() {
 /// Now they are JSON escapes, and the value is the process's own.
 #[test]
 fn json_stays_json_whatever_a_command_line_holds() {
-    let host = host();
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(1).stage();
     let title = "json\u{7f}\u{9b}31m\u{202e}gnp.exe";
     incident
         .spawn(&named_holder("json", title.as_bytes(), b"sleep", 0), 1)
@@ -255,12 +248,9 @@ fn free_h_asks_with_a_hosts_hostile_names_written_out() {
         &format!("{}{}", status.stdout, status.stderr),
         &[FORGED],
     );
-    assert!(
-        status
-            .stdout
-            .contains("h1: \\u{1b}[1A\\u{1b}[2KNothing in scope to signal."),
-        "{}",
-        status.stdout
+    assert_contains(
+        &status.stdout,
+        "h1: \\u{1b}[1A\\u{1b}[2KNothing in scope to signal.",
     );
 }
 
@@ -274,8 +264,7 @@ fn free_h_asks_with_a_hosts_hostile_names_written_out() {
 #[test]
 fn invisible_characters_in_a_name_are_written_out() {
     const INVISIBLE: [char; 4] = ['\u{200d}', '\u{2066}', '\u{feff}', '\u{e0041}'];
-    let host = host();
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(1).stage();
     let title = "zwj\u{200d}x\u{2066}y\u{feff}z\u{e0041}w";
     let comm = "z\u{200d}\u{2066}\u{feff}\u{e0041}";
     incident

@@ -8,63 +8,22 @@ use gpureap_core::driver::sim::incident::{Holder, Incident, LAUNCHER, SimHost};
 
 use crate::harness::*;
 
-fn host(gpus: u32) -> SimHost {
-    SimHost::new(gpus, 80 * GIB, "Simulated H200").expect("sim host")
-}
-
-/// Kills the launcher and checks its workers were re-parented to PID 1, as
-/// they are on a GPU box when SGLang's launcher dies.
-fn orphan(incident: &mut Incident, launcher: u32, workers: &[u32]) {
-    incident.kill(launcher).expect("kill launcher");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while workers.iter().any(|&pid| ppid(pid) != Some(1)) {
-        assert!(
-            Instant::now() < deadline,
-            "workers were not re-parented to PID 1 (a subreaper above the tests?)"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
 #[test]
 fn sglang_orphans_are_freed_and_only_they_are_signalled() {
-    let host = host(3);
-    let mut incident = Incident::new(&host);
-    let launcher = incident
-        .sglang(&[
-            Holder::new("sglang::scheduler_TP0").on(0, 70 * GIB),
-            Holder::new("sglang::scheduler_TP1")
-                .on(1, 70 * GIB)
-                .ignoring_sigterm(),
-            Holder::new("sglang::scheduler_TP2").on(2, 70 * GIB),
-        ])
-        .expect("sglang tree");
-    let tp = |rank: u32| {
-        incident
-            .pid_of(&format!("sglang::scheduler_TP{rank}"))
-            .expect("worker")
-    };
-    let workers = [tp(0), tp(1), tp(2)];
+    let (host, mut incident) = Sim::gpus(3).stage();
+    let (launcher, workers) = incident.sglang_tree([
+        scheduler(0, 70 * GIB),
+        scheduler(1, 70 * GIB).ignoring_sigterm(),
+        scheduler(2, 70 * GIB),
+    ]);
     let detokenizer = incident.pid_of("sglang::detokenizer").expect("detokenizer");
-    let notebook = incident
-        .holder(&Holder::new("jupyter-kernel colleague").on(2, 5 * GIB))
-        .expect("notebook");
-    let monitor = incident
-        .holder(&Holder::new("gpu_exporter --port 9400"))
-        .expect("monitor");
-    orphan(&mut incident, launcher, &workers);
+    let notebook = incident.hold(Holder::new("jupyter-kernel colleague").on(2, 5 * GIB));
+    let monitor = incident.hold(Holder::new("gpu_exporter --port 9400"));
+    incident.orphan(launcher, &workers);
 
     // --monitors: the monitor is shown although the lists explain every byte.
     let status = run(&host, &["status", "--json", "--monitors"]).json();
-    let holder = |pid: u32| {
-        status["holders"]
-            .as_array()
-            .expect("holders")
-            .iter()
-            .find(|holder| holder["pid"] == pid)
-            .unwrap_or_else(|| panic!("{pid} not listed: {status:#}"))
-            .clone()
-    };
+    let holder = |pid: u32| holder_of(&status, pid);
     assert_eq!(holder(workers[0])["flags"], serde_json::json!(["orphaned"]));
     assert_eq!(holder(monitor)["flags"], serde_json::json!(["monitor"]));
     assert_eq!(holder(notebook)["flags"], serde_json::json!([]));
@@ -117,17 +76,11 @@ fn sglang_orphans_are_freed_and_only_they_are_signalled() {
 
 #[test]
 fn match_scope_frees_the_server_and_tells_a_human_what_happened() {
-    let host = host(2);
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(2).stage();
     let launcher = incident
-        .sglang(&[
-            Holder::new("sglang::scheduler_TP0").on(0, 40 * GIB),
-            Holder::new("sglang::scheduler_TP1").on(1, 40 * GIB),
-        ])
+        .sglang(&[scheduler(0, 40 * GIB), scheduler(1, 40 * GIB)])
         .expect("sglang tree");
-    let other = incident
-        .holder(&Holder::new("python3 train.py").on(1, 8 * GIB))
-        .expect("trainer");
+    let other = incident.hold(Holder::new("python3 train.py").on(1, 8 * GIB));
 
     let result = run(
         &host,
@@ -141,21 +94,9 @@ fn match_scope_frees_the_server_and_tells_a_human_what_happened() {
         ],
     );
     assert_eq!(result.code, 0, "{}{}", result.stdout, result.stderr);
-    assert!(
-        result.stdout.contains("GPU 0: freed 40.0 GiB"),
-        "{}",
-        result.stdout
-    );
-    assert!(
-        result.stdout.contains("GPU 1: freed 40.0 GiB"),
-        "{}",
-        result.stdout
-    );
-    assert!(
-        result.stdout.contains("(8.0 GiB used now)"),
-        "{}",
-        result.stdout
-    );
+    assert_contains(&result.stdout, "GPU 0: freed 40.0 GiB");
+    assert_contains(&result.stdout, "GPU 1: freed 40.0 GiB");
+    assert_contains(&result.stdout, "(8.0 GiB used now)");
     assert!(
         alive(launcher),
         "the launcher holds no GPU and did not match"
@@ -165,17 +106,14 @@ fn match_scope_frees_the_server_and_tells_a_human_what_happened() {
 
 #[test]
 fn a_setsid_grandchild_holding_a_gpu_is_found_and_killed() {
-    let host = host(2);
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(2).stage();
     // A worker whose child double-forks and calls setsid: it leaves the
     // worker's session and process group, and its parent is PID 1.
     let escapee = Holder::new("sglang::escapee").on(1, 20 * GIB);
     let script = format!(
         "( ( exec setsid bash -c {escapee} ) & ); {worker}",
         escapee = shell_quote(&escapee.script()),
-        worker = Holder::new("sglang::scheduler_TP0")
-            .on(0, 30 * GIB)
-            .script()
+        worker = scheduler(0, 30 * GIB).script()
     );
     incident.spawn(&script, 2).expect("staged");
     let worker = incident.pid_of("sglang::scheduler_TP0").expect("worker");
@@ -212,14 +150,9 @@ fn a_setsid_grandchild_holding_a_gpu_is_found_and_killed() {
     assert_eq!(report["exit_code"], 0);
 }
 
-fn shell_quote(text: &str) -> String {
-    format!("'{}'", text.replace('\'', r"'\''"))
-}
-
 #[test]
 fn a_zombie_child_is_shown_and_not_waited_for() {
-    let host = host(1);
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(1).stage();
     // A hung parent holding GPU 0 whose child exited and is never reaped.
     let script = format!(
         "( echo \"$BASHPID -\" >> \"$D/pids\"; sleep 0.3; exit 0 ) & {}",
@@ -259,9 +192,7 @@ fn a_zombie_child_is_shown_and_not_waited_for() {
 
 /// A parent that ignores SIGTERM and restarts its worker whenever it dies.
 fn respawner(incident: &mut Incident) -> u32 {
-    let worker = Holder::new("sglang::scheduler_TP0")
-        .on(0, 30 * GIB)
-        .script();
+    let worker = scheduler(0, 30 * GIB).script();
     let script = format!(
         "trap '' TERM; echo \"$$ bash\" >> \"$D/pids\"; while :; do ( {worker} ) & wait; done"
     );
@@ -270,25 +201,11 @@ fn respawner(incident: &mut Incident) -> u32 {
 
 #[test]
 fn a_respawning_parent_out_of_scope_is_named() {
-    let host = host(1);
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(1).stage();
     let parent = respawner(&mut incident);
     let first = incident.pid_of("sglang::scheduler_TP0").expect("worker");
 
-    let result = run(
-        &host,
-        &[
-            "free",
-            "--gpu",
-            "0",
-            "--grace",
-            "200ms",
-            "--timeout",
-            "1s",
-            "--yes",
-            "--json",
-        ],
-    );
+    let result = run(&host, &free_json(&["--gpu", "0"], "200ms", "1s"));
     let report = result.json();
     assert_eq!(result.code, 1, "{report:#}");
     assert!(!alive(first));
@@ -325,8 +242,7 @@ fn a_respawning_parent_out_of_scope_is_named() {
 
 #[test]
 fn naming_the_respawning_parent_stops_it_before_killing() {
-    let host = host(1);
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(1).stage();
     let parent = respawner(&mut incident);
     let first = incident.pid_of("sglang::scheduler_TP0").expect("worker");
 
@@ -354,14 +270,9 @@ fn naming_the_respawning_parent_stops_it_before_killing() {
 
 #[test]
 fn a_monitor_survives_all_unless_named() {
-    let host = host(1);
-    let mut incident = Incident::new(&host);
-    let user = incident
-        .holder(&Holder::new("python3 serve.py").on(0, 4 * GIB))
-        .expect("user");
-    let monitor = incident
-        .holder(&Holder::new("gpu_exporter"))
-        .expect("monitor");
+    let (host, mut incident) = Sim::gpus(1).stage();
+    let user = incident.hold(Holder::new("python3 serve.py").on(0, 4 * GIB));
+    let monitor = incident.hold(Holder::new("gpu_exporter"));
 
     let report = run(
         &host,
@@ -392,14 +303,9 @@ fn a_monitor_survives_all_unless_named() {
 
 #[test]
 fn a_protected_name_is_never_signalled() {
-    let host = host(1);
-    let mut incident = Incident::new(&host);
-    let daemon = incident
-        .holder(&Holder::new("nv-hostengine -n").on(0, GIB))
-        .expect("daemon");
-    let custom = incident
-        .holder(&Holder::new("my-dcgm-sidecar").on(0, GIB))
-        .expect("sidecar");
+    let (host, mut incident) = Sim::gpus(1).stage();
+    let daemon = incident.hold(Holder::new("nv-hostengine -n").on(0, GIB));
+    let custom = incident.hold(Holder::new("my-dcgm-sidecar").on(0, GIB));
 
     let result = run(
         &host,
@@ -430,11 +336,8 @@ fn a_protected_name_is_never_signalled() {
 /// scope, shown as protected by `status`, and freed when named with --pid.
 #[test]
 fn naming_a_protected_process_with_pid_frees_it() {
-    let host = host(1);
-    let mut incident = Incident::new(&host);
-    let impostor = incident
-        .holder(&Holder::new("nvidia-smi").on(0, 70 * GIB))
-        .expect("impostor");
+    let (host, mut incident) = Sim::gpus(1).stage();
+    let impostor = incident.hold(Holder::new("nvidia-smi").on(0, 70 * GIB));
 
     let status = run(&host, &["status", "--json"]).json();
     let holder = status["holders"]
@@ -458,20 +361,7 @@ fn naming_a_protected_process_with_pid_frees_it() {
         "{table}"
     );
 
-    let scoped = run(
-        &host,
-        &[
-            "free",
-            "--gpu",
-            "0",
-            "--grace",
-            "0",
-            "--timeout",
-            "200ms",
-            "--yes",
-            "--json",
-        ],
-    );
+    let scoped = run(&host, &free_json(&["--gpu", "0"], "0", "200ms"));
     assert_eq!(scoped.code, 1, "{}", scoped.stdout);
     assert_eq!(
         spared(&scoped.json(), impostor).as_deref(),
@@ -500,7 +390,7 @@ fn naming_a_protected_process_with_pid_frees_it() {
 
 #[test]
 fn gpureap_never_signals_its_own_ancestors() {
-    let host = host(1);
+    let host = Sim::gpus(1).build();
     let _incident = Incident::new(&host);
     // The shell that runs gpureap holds GPU 0 itself, and so does gpureap
     // (it inherits the descriptor): both are in scope, neither is signalled.
@@ -537,27 +427,11 @@ fn gpureap_never_signals_its_own_ancestors() {
 
 #[test]
 fn memory_held_by_no_process_is_named_driver_held() {
-    let host = host(2);
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(2).stage();
     host.leak(1, 5 * GIB).expect("leak");
-    let holder = incident
-        .holder(&Holder::new("sglang::scheduler_TP1").on(1, 60 * GIB))
-        .expect("holder");
+    let holder = incident.hold(scheduler(1, 60 * GIB));
 
-    let result = run(
-        &host,
-        &[
-            "free",
-            "--gpu",
-            "1",
-            "--grace",
-            "200ms",
-            "--timeout",
-            "500ms",
-            "--yes",
-            "--json",
-        ],
-    );
+    let result = run(&host, &free_json(&["--gpu", "1"], "200ms", "500ms"));
     let report = result.json();
     assert_eq!(result.code, 1);
     assert!(!alive(holder));
@@ -579,18 +453,12 @@ fn memory_held_by_no_process_is_named_driver_held() {
         ],
     );
     assert_eq!(text.code, 1);
-    assert!(
-        text.stdout
-            .contains("5.0 GiB held by no process (driver-held)"),
-        "{}",
-        text.stdout
-    );
+    assert_contains(&text.stdout, "5.0 GiB held by no process (driver-held)");
 }
 
 #[test]
 fn a_gpu_lost_mid_run_is_reported_without_a_panic() {
-    let host = host(1);
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(1).stage();
     // The holder is the only process holding GPU 0, and it answers SIGTERM
     // at once, in itself: blocked in a read builtin (on a FIFO it holds both
     // ends of), the trap runs as the signal arrives and writes `got_term`
@@ -651,19 +519,12 @@ fn a_gpu_lost_mid_run_is_reported_without_a_panic() {
 
 #[test]
 fn wait_returns_when_the_memory_comes_back_and_lists_holders_on_timeout() {
-    let host = host(2);
-    let mut incident = Incident::new(&host);
-    let holder = incident
-        .holder(&Holder::new("sglang::scheduler_TP0").on(0, 30 * GIB))
-        .expect("holder");
+    let (host, mut incident) = Sim::gpus(2).stage();
+    let holder = incident.hold(scheduler(0, 30 * GIB));
 
     let busy = run(&host, &["wait", "--gpu", "0", "--timeout", "300ms"]);
     assert_eq!(busy.code, 1);
-    assert!(
-        busy.stdout.contains("GPU 0: busy, 30.0 GiB used"),
-        "{}",
-        busy.stdout
-    );
+    assert_contains(&busy.stdout, "GPU 0: busy, 30.0 GiB used");
     assert!(
         busy.stdout.contains(&holder.to_string()),
         "holders listed: {}",
@@ -719,11 +580,8 @@ fn wait_returns_when_the_memory_comes_back_and_lists_holders_on_timeout() {
 /// the figure is the leak alone (docs/architecture.md, "Between looks").
 #[test]
 fn wait_reads_a_release_without_another_scan() {
-    let host = host(2);
-    let mut incident = Incident::new(&host);
-    let holder = incident
-        .holder(&Holder::new("sglang::scheduler_TP0").on(0, 30 * GIB))
-        .expect("holder");
+    let (host, mut incident) = Sim::gpus(2).stage();
+    let holder = incident.hold(scheduler(0, 30 * GIB));
     host.leak(0, 256 << 20).expect("leak");
     let waiter = gpureap(&host)
         .env("GPUREAP_LOG", "gpureap=debug")
@@ -763,8 +621,7 @@ fn wait_reads_a_release_without_another_scan() {
 /// the GPU free. The child, with no claim of its own, holds 1 GiB here.
 #[test]
 fn wait_does_not_call_free_while_a_forked_child_keeps_the_node() {
-    let host = host(1);
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(1).stage();
     let go = host.path().join("go");
     let made = std::process::Command::new("mkfifo")
         .arg(&go)
@@ -825,23 +682,15 @@ fn wait_does_not_call_free_while_a_forked_child_keeps_the_node() {
 
 #[test]
 fn dry_run_signals_nothing_and_shows_the_plan() {
-    let host = host(1);
-    let mut incident = Incident::new(&host);
-    let launcher = incident
-        .sglang(&[Holder::new("sglang::scheduler_TP0").on(0, 40 * GIB)])
-        .expect("tree");
-    let worker = incident.pid_of("sglang::scheduler_TP0").expect("worker");
+    let (host, mut incident) = Sim::gpus(1).stage();
+    let (launcher, [worker]) = incident.sglang_tree([scheduler(0, 40 * GIB)]);
 
     let plan = run(
         &host,
         &["free", "--pid", &launcher.to_string(), "--dry-run"],
     );
     assert_eq!(plan.code, 0);
-    assert!(
-        plan.stdout.contains("Would signal 3 process(es)"),
-        "{}",
-        plan.stdout
-    );
+    assert_contains(&plan.stdout, "Would signal 3 process(es)");
     assert!(plan.stdout.contains(LAUNCHER));
     assert!(alive(launcher) && alive(worker));
 
@@ -853,29 +702,9 @@ fn dry_run_signals_nothing_and_shows_the_plan() {
 
 #[test]
 fn a_grace_as_long_as_the_timeout_still_verifies_after_the_kill() {
-    let host = host(1);
-    let mut incident = Incident::new(&host);
-    let stubborn = incident
-        .holder(
-            &Holder::new("sglang::scheduler_TP0")
-                .on(0, 30 * GIB)
-                .ignoring_sigterm(),
-        )
-        .expect("holder");
-    let result = run(
-        &host,
-        &[
-            "free",
-            "--gpu",
-            "0",
-            "--grace",
-            "300ms",
-            "--timeout",
-            "300ms",
-            "--yes",
-            "--json",
-        ],
-    );
+    let (host, mut incident) = Sim::gpus(1).stage();
+    let stubborn = incident.hold(scheduler(0, 30 * GIB).ignoring_sigterm());
+    let result = run(&host, &free_json(&["--gpu", "0"], "300ms", "300ms"));
     let report = result.json();
     assert_eq!(result.code, 0, "{report:#}");
     assert_eq!(
@@ -888,8 +717,7 @@ fn a_grace_as_long_as_the_timeout_still_verifies_after_the_kill() {
 
 #[test]
 fn a_service_under_pid_1_is_not_an_orphan() {
-    let host = host(1);
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(1).stage();
     // A session leader whose parent is PID 1, as systemd starts services.
     let service = Holder::new("tritonserver --model-repository /models").on(0, 10 * GIB);
     let script = format!(
@@ -908,20 +736,7 @@ fn a_service_under_pid_1_is_not_an_orphan() {
         serde_json::json!([]),
         "{status:#}"
     );
-    let report = run(
-        &host,
-        &[
-            "free",
-            "--orphans",
-            "--grace",
-            "200ms",
-            "--timeout",
-            "300ms",
-            "--yes",
-            "--json",
-        ],
-    )
-    .json();
+    let report = run(&host, &free_json(&["--orphans"], "200ms", "300ms")).json();
     assert!(target_pids(&report).is_empty(), "{report:#}");
     assert!(alive(pid));
 }
@@ -932,8 +747,7 @@ fn a_service_under_pid_1_is_not_an_orphan() {
 /// takes the worker and leaves the job alone, and says why per target.
 #[test]
 fn a_nohup_job_whose_shell_exited_is_not_an_orphan() {
-    let host = host(2);
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(2).stage();
     let job = Holder::new("python train.py --epochs 90").on(1, 30 * GIB);
     // `set -m`: job control, as in an interactive shell; then the shell exits.
     let script = format!(
@@ -944,11 +758,8 @@ fn a_nohup_job_whose_shell_exited_is_not_an_orphan() {
     let training = incident
         .pid_of("python train.py --epochs 90")
         .expect("training job");
-    let launcher = incident
-        .sglang(&[Holder::new("sglang::scheduler_TP0").on(0, 70 * GIB)])
-        .expect("sglang");
-    let worker = incident.pid_of("sglang::scheduler_TP0").expect("worker");
-    orphan(&mut incident, launcher, &[worker]);
+    let (launcher, [worker]) = incident.sglang_tree([scheduler(0, 70 * GIB)]);
+    incident.orphan(launcher, &[worker]);
     let deadline = Instant::now() + Duration::from_secs(5);
     while ppid(training) != Some(1) {
         assert!(Instant::now() < deadline, "the job was not re-parented");
@@ -956,15 +767,7 @@ fn a_nohup_job_whose_shell_exited_is_not_an_orphan() {
     }
 
     let status = run(&host, &["status", "--json"]).json();
-    let holder = |pid: u32| {
-        status["holders"]
-            .as_array()
-            .expect("holders")
-            .iter()
-            .find(|holder| holder["pid"] == pid)
-            .unwrap_or_else(|| panic!("{pid} not listed: {status:#}"))
-            .clone()
-    };
+    let holder = |pid: u32| holder_of(&status, pid);
     assert_eq!(holder(training)["pgid"], training, "leads its own group");
     assert_eq!(holder(training)["flags"], serde_json::json!([]));
     assert_eq!(holder(training)["orphan"], serde_json::Value::Null);
@@ -975,11 +778,9 @@ fn a_nohup_job_whose_shell_exited_is_not_an_orphan() {
     );
 
     let plan = run(&host, &["free", "--orphans", "--dry-run"]);
-    assert!(
-        plan.stdout
-            .contains(&format!("orphaned: group leader {launcher} is gone")),
-        "{}",
-        plan.stdout
+    assert_contains(
+        &plan.stdout,
+        &format!("orphaned: group leader {launcher} is gone"),
     );
     let result = run(
         &host,
@@ -997,9 +798,8 @@ fn a_nohup_job_whose_shell_exited_is_not_an_orphan() {
 /// orphan all the same, and the subreaper is not.
 #[test]
 fn an_orphan_adopted_by_a_subreaper_is_an_orphan() {
-    let host = host(1);
-    let mut incident = Incident::new(&host);
-    let worker = Holder::new("sglang::scheduler_TP0").on(0, 40 * GIB);
+    let (host, mut incident) = Sim::gpus(1).stage();
+    let worker = scheduler(0, 40 * GIB);
     // A login shell of its own session, where the launcher runs as a job.
     let shell = format!(
         "set -m; ( echo \"$BASHPID {LAUNCHER}\" >> \"$D/pids\"; ( {} ) & exec -a '{LAUNCHER} --tp 1' sleep 100000 ) & wait",
@@ -1060,39 +860,17 @@ fn an_orphan_adopted_by_a_subreaper_is_an_orphan() {
 /// be completed.
 #[test]
 fn a_holder_of_a_lost_gpu_is_a_target_and_the_gpu_is_never_called_freed() {
-    let host = host(2);
-    let mut incident = Incident::new(&host);
-    let worker = incident
-        .holder(&Holder::new("sglang::scheduler_TP0").on(0, 70 * GIB))
-        .expect("worker");
-    let notebook = incident
-        .holder(&Holder::new("jupyter-kernel colleague").on(1, 5 * GIB))
-        .expect("notebook");
+    let (host, mut incident) = Sim::gpus(2).stage();
+    let worker = incident.hold(scheduler(0, 70 * GIB));
+    let notebook = incident.hold(Holder::new("jupyter-kernel colleague").on(1, 5 * GIB));
     host.lose(0).expect("lose GPU 0");
 
     let plan = run(&host, &["free", "--match", "sglang", "--dry-run"]);
     assert_eq!(plan.code, 0);
-    assert!(
-        plan.stdout.contains("Would signal 1 process"),
-        "{}",
-        plan.stdout
-    );
+    assert_contains(&plan.stdout, "Would signal 1 process");
     assert!(plan.stdout.contains("weaker evidence"), "{}", plan.stdout);
 
-    let result = run(
-        &host,
-        &[
-            "free",
-            "--match",
-            "sglang",
-            "--grace",
-            "200ms",
-            "--timeout",
-            "1s",
-            "--yes",
-            "--json",
-        ],
-    );
+    let result = run(&host, &free_json(&["--match", "sglang"], "200ms", "1s"));
     assert_eq!(result.code, 3, "{}{}", result.stdout, result.stderr);
     let report = result.json();
     assert_eq!(report["exit_code"], 3);
@@ -1106,36 +884,16 @@ fn a_holder_of_a_lost_gpu_is_a_target_and_the_gpu_is_never_called_freed() {
 
     let text = run(&host, &["free", "--gpu", "0", "--yes"]);
     assert_eq!(text.code, 3, "{}", text.stdout);
-    assert!(
-        text.stdout.contains("GPU 0: not verified"),
-        "{}",
-        text.stdout
-    );
+    assert_contains(&text.stdout, "GPU 0: not verified");
 }
 
 /// `--grace 0 --timeout 0`: the verdict is not about a process that was
 /// alive before the SIGKILL and gone after it.
 #[test]
 fn the_verdict_comes_from_a_look_after_the_last_signal() {
-    let host = host(1);
-    let mut incident = Incident::new(&host);
-    let holder = incident
-        .holder(&Holder::new("sglang::scheduler_TP0").on(0, 20 * GIB))
-        .expect("holder");
-    let result = run(
-        &host,
-        &[
-            "free",
-            "--gpu",
-            "0",
-            "--grace",
-            "0",
-            "--timeout",
-            "0",
-            "--yes",
-            "--json",
-        ],
-    );
+    let (host, mut incident) = Sim::gpus(1).stage();
+    let holder = incident.hold(scheduler(0, 20 * GIB));
+    let result = run(&host, &free_json(&["--gpu", "0"], "0", "0"));
     let report = result.json();
     assert_eq!(result.code, 0, "{report:#}");
     assert_eq!(signals(&report, holder), ["SIGSTOP", "SIGKILL"]);
@@ -1208,19 +966,13 @@ fn a_process_that_takes_a_killed_targets_pid_is_not_blamed() {
     if std::fs::write("/proc/sys/kernel/ns_last_pid", last_pid.trim()).is_err() {
         return skip("cannot steer PIDs here (needs root in the initial PID namespace)");
     }
-    let host = host(1);
-    let mut incident = Incident::new(&host);
-    let launcher = incident
-        .sglang(&[
-            Holder::new("sglang::scheduler_TP0").on(0, 30 * GIB),
-            Holder::new("sglang::scheduler_TP1")
-                .on(0, 10 * GIB)
-                .ignoring_sigterm(),
-        ])
-        .expect("sglang");
-    let quick = incident.pid_of("sglang::scheduler_TP0").expect("TP0");
-    let stubborn = incident.pid_of("sglang::scheduler_TP1").expect("TP1");
-    orphan(&mut incident, launcher, &[quick, stubborn]);
+    let (host, mut incident) = Sim::gpus(1).stage();
+    let [quick, stubborn] = incident.orphaned_sglang([
+        scheduler(0, 30 * GIB),
+        Holder::new("sglang::scheduler_TP1")
+            .on(0, 10 * GIB)
+            .ignoring_sigterm(),
+    ]);
     let child = gpureap(&host)
         .args([
             "free",
@@ -1335,11 +1087,8 @@ fn cpu_share(host: &SimHost, args: &[&str], seconds: f64) -> f64 {
 /// a whole core. They wait on the driver instead.
 #[test]
 fn waiting_and_verifying_do_not_burn_a_core() {
-    let host = host(1);
-    let mut incident = Incident::new(&host);
-    incident
-        .holder(&Holder::new("sglang::scheduler_TP0").on(0, 70 * GIB))
-        .expect("holder");
+    let (host, mut incident) = Sim::gpus(1).stage();
+    incident.hold(scheduler(0, 70 * GIB));
     host.leak(0, 5 * GIB).expect("leak");
     let _crowd = Crowd::new(800);
 
@@ -1376,13 +1125,10 @@ fn waiting_and_verifying_do_not_burn_a_core() {
 /// (root's, to a gpureap run as nobody) may have the device node open.
 #[test]
 fn reset_is_refused_while_the_scan_could_not_read_every_process() {
-    let host = host(1);
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(1).stage();
     host.leak(0, 5 * GIB).expect("leak");
     // root's process with GPU 0's node open and no context: nobody cannot see its descriptors.
-    let opener = incident
-        .holder(&Holder::new("nvtop-like-viewer"))
-        .expect("opener");
+    let opener = incident.hold(Holder::new("nvtop-like-viewer"));
     // Anyone may change the directory, so that only gpureap's own check can refuse.
     let mut permissions = std::fs::metadata(host.path()).expect("dir").permissions();
     std::os::unix::fs::PermissionsExt::set_mode(&mut permissions, 0o777);
@@ -1405,11 +1151,7 @@ fn reset_is_refused_while_the_scan_could_not_read_every_process() {
     // root reads every process: it sees the opener and refuses for that.
     let as_root = run(&host, &["reset", "--gpu", "0"]);
     assert_eq!(as_root.code, 1, "{}", as_root.stdout);
-    assert!(
-        as_root.stdout.contains(&format!("pid {opener}")),
-        "{}",
-        as_root.stdout
-    );
+    assert_contains(&as_root.stdout, &format!("pid {opener}"));
 }
 
 /// Memory held by no process before `free` started cannot come back by
@@ -1417,15 +1159,10 @@ fn reset_is_refused_while_the_scan_could_not_read_every_process() {
 /// released, instead of waiting out `--timeout`. The GPU is still held: 1.
 #[test]
 fn memory_driver_held_before_free_is_reported_and_not_waited_out() {
-    let host = host(1);
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(1).stage();
     host.leak(0, 5 * GIB).expect("leak");
-    let a = incident
-        .holder(&Holder::new("python3 a.py").on(0, 10 * GIB))
-        .expect("a");
-    let b = incident
-        .holder(&Holder::new("python3 b.py").on(0, 10 * GIB))
-        .expect("b");
+    let a = incident.hold(Holder::new("python3 a.py").on(0, 10 * GIB));
+    let b = incident.hold(Holder::new("python3 b.py").on(0, 10 * GIB));
     let (a_arg, b_arg) = (a.to_string(), b.to_string());
     let mut command = gpureap(&host);
     command.args([
@@ -1465,7 +1202,7 @@ fn memory_driver_held_before_free_is_reported_and_not_waited_out() {
 
     // Memory a signalled process leaves held by no process as it exits is
     // not from before: only the 5 GiB are, of 8 GiB held by no process now.
-    let host = self::host(1);
+    let host = self::Sim::gpus(1).build();
     host.leak(0, 5 * GIB).expect("leak");
     let mut stand_ins =
         Incident::with_stand_ins(&host, std::path::Path::new(env!("CARGO_BIN_EXE_gpureap")))
@@ -1478,20 +1215,7 @@ fn memory_driver_held_before_free_is_reported_and_not_waited_out() {
         )
         .expect("keeper");
     let keeper_arg = keeper.to_string();
-    let left = run(
-        &host,
-        &[
-            "free",
-            "--pid",
-            &keeper_arg,
-            "--grace",
-            "1s",
-            "--timeout",
-            "300ms",
-            "--yes",
-            "--json",
-        ],
-    );
+    let left = run(&host, &free_json(&["--pid", &keeper_arg], "1s", "300ms"));
     let left = left.json();
     assert_eq!(reasons(&left, 0), ["driver_held"], "{left:#}");
     assert_eq!(gpu(&left, 0)["reasons"][0]["bytes"], 8 * GIB, "{left:#}");
@@ -1508,15 +1232,11 @@ fn memory_driver_held_before_free_is_reported_and_not_waited_out() {
 /// used and explained only 92.0 of it).
 #[test]
 fn a_gpu_still_held_names_its_out_of_scope_holders_so_the_figures_add_up() {
-    let host = host(1);
+    let host = Sim::gpus(1).build();
     host.leak(0, 5 * GIB).expect("leak");
     let mut incident = Incident::new(&host);
-    let worker = incident
-        .holder(&Holder::new("sglang::scheduler_TP0").on(0, 20 * GIB))
-        .expect("worker");
-    let notebook = incident
-        .holder(&Holder::new("python3 notebook.py").on(0, 6 * GIB))
-        .expect("notebook");
+    let worker = incident.hold(scheduler(0, 20 * GIB));
+    let notebook = incident.hold(Holder::new("python3 notebook.py").on(0, 6 * GIB));
     let result = run(
         &host,
         &[

@@ -1,16 +1,13 @@
 //! Bad input ends with exit code 2, a message that says what was wrong, and
 //! nothing signalled.
 
-use gpureap_core::driver::sim::incident::{Holder, Incident, SimHost};
+use gpureap_core::driver::sim::incident::{Incident, SimHost};
 
 use crate::harness::*;
 
 fn staged() -> (SimHost, Incident, u32) {
-    let host = SimHost::new(2, 80 * GIB, "Simulated H200").expect("sim host");
-    let mut incident = Incident::new(&host);
-    let holder = incident
-        .holder(&Holder::new("sglang::scheduler_TP0").on(0, 10 * GIB))
-        .expect("holder");
+    let (host, mut incident) = Sim::gpus(2).stage();
+    let holder = incident.hold(scheduler(0, 10 * GIB));
     (host, incident, holder)
 }
 
@@ -259,17 +256,7 @@ fn a_partial_scan_says_so_and_permission_denied_is_reported() {
         "permission_denied"
     );
 
-    let result = as_nobody(&[
-        "free",
-        "--pid",
-        &holder.to_string(),
-        "--grace",
-        "0",
-        "--timeout",
-        "300ms",
-        "--yes",
-        "--json",
-    ]);
+    let result = as_nobody(&free_json(&["--pid", &holder.to_string()], "0", "300ms"));
     assert_eq!(result.code, 1, "{}{}", result.stdout, result.stderr);
     let report = result.json();
     assert_eq!(

@@ -34,25 +34,33 @@ def compiled_modules():
     from grpc_tools import protoc
     import importlib.resources
 
-    out = tempfile.mkdtemp(prefix="podresources-")
-    include = str(importlib.resources.files("grpc_tools") / "_proto")
-    code = protoc.main(
-        [
-            "grpc_tools.protoc",
-            f"-I{PROTO_ROOT}",
-            f"-I{include}",
-            f"--python_out={out}",
-            f"--grpc_python_out={out}",
-            PROTO,
-        ]
-    )
-    if code != 0:
-        sys.exit(f"protoc failed ({code})")
-    sys.path.insert(0, out)
     import importlib
 
+    include = str(importlib.resources.files("grpc_tools") / "_proto")
     module = PROTO.removesuffix(".proto").replace("/", ".")
-    return importlib.import_module(module + "_pb2"), importlib.import_module(module + "_pb2_grpc")
+    # Imported, the modules live in memory: the folder goes before the server
+    # starts, so a server killed with SIGKILL leaves nothing in the temporary
+    # directory.
+    with tempfile.TemporaryDirectory(prefix="podresources-") as out:
+        code = protoc.main(
+            [
+                "grpc_tools.protoc",
+                f"-I{PROTO_ROOT}",
+                f"-I{include}",
+                f"--python_out={out}",
+                f"--grpc_python_out={out}",
+                PROTO,
+            ]
+        )
+        if code != 0:
+            sys.exit(f"protoc failed ({code})")
+        sys.path.insert(0, out)
+        try:
+            return importlib.import_module(module + "_pb2"), importlib.import_module(
+                module + "_pb2_grpc"
+            )
+        finally:
+            sys.path.remove(out)
 
 
 def serve(path, pods_file):

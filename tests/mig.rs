@@ -14,7 +14,7 @@ use crate::schema::{conforms, schema};
 
 /// Two GPUs; GPU 0 in MIG mode with instances 0:0 (1g.18gb) and 0:1 (3g.71gb).
 fn mig_host() -> SimHost {
-    let host = SimHost::new(2, 80 * GIB, "NVIDIA H200").expect("sim host");
+    let host = Sim::gpus(2).named("NVIDIA H200").build();
     fs::write(
         host.path().join("mig.0"),
         "1 0 1g.18gb 19327352832\n2 0 3g.71gb 76235669504 MIG-3f0e2b1c-aaaa-bbbb-cccc-000000000001\n",
@@ -34,20 +34,7 @@ fn on_instance(incident: &mut Incident, title: &str, gpu: u32, instance: u32, by
 }
 
 fn free(host: &SimHost, gpu: &str) -> Run {
-    run(
-        host,
-        &[
-            "free",
-            "--gpu",
-            gpu,
-            "--grace",
-            "2s",
-            "--timeout",
-            "60s",
-            "--yes",
-            "--json",
-        ],
-    )
+    run(host, &free_json(&["--gpu", gpu], "2s", "60s"))
 }
 
 #[test]
@@ -93,11 +80,7 @@ fn instances_are_listed_under_their_gpu_with_their_holders_and_memory() {
     assert_eq!(holder["gpus"][0]["memory"], 2 * GIB);
 
     let table = run(&host, &["status"]);
-    assert!(
-        table.stdout.contains("0:1  MIG 3g.71gb (gi 2, ci 0)"),
-        "{}",
-        table.stdout
-    );
+    assert_contains(&table.stdout, "0:1  MIG 3g.71gb (gi 2, ci 0)");
     assert!(
         table
             .stdout
@@ -197,11 +180,7 @@ fn an_instance_named_by_its_mig_uuid_is_freed_like_its_index() {
     assert_eq!(clean.code, 0, "{}{}", clean.stdout, clean.stderr);
     let held = run(&host, &["check", "--gpu", "0:0"]);
     assert_eq!(held.code, 1, "{}{}", held.stdout, held.stderr);
-    assert!(
-        held.stdout.contains("1.0 GiB held by no process"),
-        "{}",
-        held.stdout
-    );
+    assert_contains(&held.stdout, "1.0 GiB held by no process");
 }
 
 #[test]
@@ -231,31 +210,17 @@ fn bad_mig_names_are_refused_before_anything_is_signalled() {
         assert!(refused.stderr.contains(said), "{name}: {}", refused.stderr);
         assert!(alive(holder), "{name}: nothing signalled");
     }
-    let plain = SimHost::new(1, 80 * GIB, "NVIDIA H200").expect("sim host");
+    let plain = Sim::gpus(1).named("NVIDIA H200").build();
     let refused = free(&plain, "0:0");
     assert_eq!(refused.code, 2, "{}", refused.stderr);
-    assert!(
-        refused.stderr.contains("GPU 0 is not in MIG mode"),
-        "{}",
-        refused.stderr
-    );
+    assert_contains(&refused.stderr, "GPU 0 is not in MIG mode");
     // A GPU in MIG mode without instances is said in the status table.
     let status = run(&host, &["status"]);
-    assert!(
-        status
-            .stdout
-            .contains("GPU 1 is in MIG mode with no instances"),
-        "{}",
-        status.stdout
-    );
+    assert_contains(&status.stdout, "GPU 1 is in MIG mode with no instances");
     // reset is of whole GPUs, and says so.
     let reset = run(&host, &["reset", "--gpu", "0:1"]);
     assert_eq!(reset.code, 2, "{}", reset.stderr);
-    assert!(
-        reset.stderr.contains("reset resets whole GPUs"),
-        "{}",
-        reset.stderr
-    );
+    assert_contains(&reset.stderr, "reset resets whole GPUs");
     assert!(alive(holder));
 }
 
@@ -300,19 +265,10 @@ fn the_watch_scoped_to_an_instance_frees_only_its_orphan() {
     let target = orphan_on(&mut incident, "mig_orphan_1", 1);
     let reaped = run(
         &host,
-        &[
-            "reap",
+        &reap_now(
             "--orphans",
-            "--older-than",
-            "0s",
-            "--interval",
-            "100ms",
-            "--grace",
-            "100ms",
-            "--gpu",
-            "0:1",
-            "--enforce",
-        ],
+            &["--grace", "100ms", "--gpu", "0:1", "--enforce"],
+        ),
     );
     assert_eq!(reaped.code, 0, "{}", reaped.stderr);
     assert!(

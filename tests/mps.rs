@@ -15,10 +15,6 @@ use crate::harness::*;
 const MIB: u64 = 1 << 20;
 const SERVER_MEMORY: u64 = 64 * MIB;
 
-fn host(gpus: u32) -> SimHost {
-    SimHost::new(gpus, 80 * GIB, "Simulated H200").expect("sim host")
-}
-
 /// The links the daemon and server run through, and the daemon's script:
 /// it starts the server (claims, every node, a context on `gpu`) as its
 /// child, records itself, then waits on it, or exits at once when `exits`
@@ -89,35 +85,14 @@ fn client(incident: &mut Incident, title: &str, gpu: u32, bytes: u64, pipe: &str
     incident.pid_of(title).expect("client pid")
 }
 
-fn holder(status: &Value, pid: u32) -> &Value {
-    status["holders"]
-        .as_array()
-        .expect("holders")
-        .iter()
-        .find(|holder| holder["pid"] == pid)
-        .unwrap_or_else(|| panic!("{pid} not listed: {status:#}"))
-}
-
-fn flags(holder: &Value) -> Vec<String> {
-    holder["flags"]
-        .as_array()
-        .expect("flags")
-        .iter()
-        .map(|flag| flag.as_str().expect("flag").to_string())
-        .collect()
-}
-
 #[test]
 fn status_lists_each_client_with_its_server() {
-    let host = host(1);
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(1).stage();
     let (daemon, server) = mps(&mut incident, &host, 0);
     let a = client(&mut incident, "client-a", 0, 2 * GIB, "pipe");
     let b = client(&mut incident, "client-b", 0, 3 * GIB, "pipe");
     // Another CUDA process on the same GPU, in no daemon's pipe directory.
-    let plain = incident
-        .holder(&Holder::new("plain-cuda").on(0, GIB))
-        .expect("plain");
+    let plain = incident.hold(Holder::new("plain-cuda").on(0, GIB));
 
     let status = run(&host, &["status", "--json"]);
     assert_eq!(status.code, 0, "{}", status.stderr);
@@ -125,30 +100,27 @@ fn status_lists_each_client_with_its_server() {
     crate::schema::conforms(&crate::schema::schema(), "status with MPS", &json);
     let pipe = host.path().join("pipe").display().to_string();
     for pid in [a, b] {
-        let mps = &holder(&json, pid)["mps"];
+        let mps = &holder_of(&json, pid)["mps"];
         assert_eq!(mps["role"], "client", "{json:#}");
         assert_eq!(mps["server"], server, "{json:#}");
         assert_eq!(mps["daemon"], daemon, "{json:#}");
         assert_eq!(mps["pipe_directory"], pipe.as_str(), "{json:#}");
         assert_eq!(mps["listed_by_driver"], true, "{json:#}");
-        assert!(flags(holder(&json, pid)).contains(&"mps_client".to_string()));
+        assert!(flags(holder_of(&json, pid)).contains(&"mps_client".to_string()));
     }
-    let server_json = holder(&json, server);
+    let server_json = holder_of(&json, server);
     assert_eq!(server_json["mps"]["role"], "server", "{json:#}");
     assert_eq!(server_json["mps"]["daemon"], daemon, "{json:#}");
     assert_eq!(server_json["gpus"][0]["memory"], SERVER_MEMORY);
-    assert_eq!(holder(&json, plain)["mps"], Value::Null, "{json:#}");
+    assert_eq!(holder_of(&json, plain)["mps"], Value::Null, "{json:#}");
     // The server's memory is a holder's, not held by no process.
     assert_eq!(json["gpus"][0]["memory_unattributed"], 0, "{json:#}");
     assert_eq!(json["gpus"][0]["held_by_no_process"], false, "{json:#}");
 
     let table = run(&host, &["status"]);
-    assert!(
-        table
-            .stdout
-            .contains(&format!("MPS server {server} serves clients: {a}, {b}.")),
-        "{}",
-        table.stdout
+    assert_contains(
+        &table.stdout,
+        &format!("MPS server {server} serves clients: {a}, {b}."),
     );
     let metrics = run(&host, &["status", "--prometheus", "--per-process"]);
     assert_eq!(metrics.code, 0, "{}", metrics.stderr);
@@ -187,8 +159,7 @@ fn status_lists_each_client_with_its_server() {
 /// settles who is a client only through the clients it names.
 #[test]
 fn a_server_in_the_drivers_mps_list_does_not_hide_the_clients() {
-    let host = host(1);
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(1).stage();
     let (_, server) = mps(&mut incident, &host, 0);
     std::fs::write(host.path().join("mps").join(format!("{server}.0")), "").expect("marker");
     let script = format!(
@@ -198,7 +169,7 @@ fn a_server_in_the_drivers_mps_list_does_not_hide_the_clients() {
     incident.spawn(&script, 1).expect("client");
     let client = incident.pid_of("unmarked-client").expect("client pid");
     let status = run(&host, &["status", "--json"]).json();
-    let mps = &holder(&status, client)["mps"];
+    let mps = &holder_of(&status, client)["mps"];
     assert_eq!(mps["role"], "client", "{status:#}");
     assert_eq!(mps["server"], server, "{status:#}");
     assert_eq!(mps["listed_by_driver"], false, "{status:#}");
@@ -212,8 +183,7 @@ fn spared_reason(plan: &Value, pid: u32) -> Option<String> {
 /// client is taken by each that admits it.
 #[test]
 fn every_broad_selector_spares_the_server_and_the_daemon() {
-    let host = host(1);
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(1).stage();
     let (daemon, server) = mps(&mut incident, &host, 0);
     let a = client(&mut incident, "client-a", 0, 2 * GIB, "pipe");
     let me = rustix::process::getuid().as_raw().to_string();
@@ -258,8 +228,7 @@ fn every_broad_selector_spares_the_server_and_the_daemon() {
 /// `free --orphans` nor by the watch's orphan rule.
 #[test]
 fn an_orphaned_server_is_spared_by_orphans_and_by_the_watch() {
-    let host = host(1);
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(1).stage();
     let script = format!("set -m; ( {} ) & wait", prepare(&host, 0, true));
     incident.spawn(&script, 2).expect("MPS daemon that exits");
     let server = incident
@@ -272,7 +241,7 @@ fn an_orphaned_server_is_spared_by_orphans_and_by_the_watch() {
     }
     let status = run(&host, &["status", "--json"]).json();
     assert!(
-        flags(holder(&status, server)).contains(&"orphaned".to_string()),
+        flags(holder_of(&status, server)).contains(&"orphaned".to_string()),
         "the stage must make an orphan: {status:#}"
     );
     let plan = run(&host, &["free", "--orphans", "--dry-run", "--json"]).json();
@@ -285,22 +254,12 @@ fn an_orphaned_server_is_spared_by_orphans_and_by_the_watch() {
 
     let dir = tempfile::tempdir().expect("tempdir");
     let log = dir.path().join("reap.jsonl");
-    let reap = run(
-        &host,
-        &[
-            "reap",
-            "--orphans",
-            "--older-than",
-            "0s",
-            "--interval",
-            "100ms",
-            "--enforce",
-            "--grace",
-            "1s",
-            "--log",
-            log.to_str().expect("path"),
-        ],
+    let log_arg = log.to_str().expect("path");
+    let policy = reap_now(
+        "--orphans",
+        &["--enforce", "--grace", "1s", "--log", log_arg],
     );
+    let reap = run(&host, &policy);
     assert_eq!(reap.code, 0, "{}", reap.stderr);
     let text = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(
@@ -316,8 +275,7 @@ fn an_orphaned_server_is_spared_by_orphans_and_by_the_watch() {
 
 #[test]
 fn freeing_one_client_leaves_the_other_client_the_server_and_the_daemon() {
-    let host = host(1);
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(1).stage();
     let (daemon, server) = mps(&mut incident, &host, 0);
     let a = client(&mut incident, "client-a", 0, 2 * GIB, "pipe");
     let b = client(&mut incident, "client-b", 0, 3 * GIB, "pipe");
@@ -341,19 +299,16 @@ fn freeing_one_client_leaves_the_other_client_the_server_and_the_daemon() {
     }
     let status = run(&host, &["status", "--json"]).json();
     assert_eq!(status["gpus"][0]["memory_used"], 3 * GIB + SERVER_MEMORY);
-    assert_eq!(holder(&status, b)["mps"]["server"], server);
+    assert_eq!(holder_of(&status, b)["mps"]["server"], server);
 }
 
 #[test]
 fn the_deliberate_stop_names_the_clients_it_takes_down() {
-    let host = host(2);
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(2).stage();
     let (daemon, server) = mps(&mut incident, &host, 0);
     let a = client(&mut incident, "client-a", 0, 2 * GIB, "pipe");
     let b = client(&mut incident, "client-b", 0, 3 * GIB, "pipe");
-    let other = incident
-        .holder(&Holder::new("plain-cuda").on(1, GIB))
-        .expect("plain");
+    let other = incident.hold(Holder::new("plain-cuda").on(1, GIB));
 
     let plan = run(
         &host,
@@ -417,8 +372,7 @@ fn the_deliberate_stop_names_the_clients_it_takes_down() {
 
 #[test]
 fn an_mps_server_that_is_not_one_is_bad_input() {
-    let host = host(2);
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(2).stage();
     let (daemon, server) = mps(&mut incident, &host, 0);
     let a = client(&mut incident, "client-a", 0, 2 * GIB, "pipe");
     for (value, says) in [

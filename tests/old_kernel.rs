@@ -9,12 +9,11 @@
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
-use gpureap_core::driver::sim::incident::{Holder, Incident, SimHost};
+use gpureap_core::driver::sim::incident::Holder;
 
 use crate::harness::*;
-use crate::run::{Supervisor, bundles, fake_server, free_port, nothing_left};
+use crate::run::{Supervisor, bundles, nothing_left};
 
 /// Debian's Python, where python3-seccomp is installed (a pyenv python3
 /// earlier on PATH may not have it).
@@ -112,38 +111,18 @@ fn the_filter_answers_enosys_to_pidfd_open_and_logs_it() {
     assert_ne!(calls[0].1, calls[1].1, "one call from each process");
 }
 
-fn orphaned(incident: &mut Incident, launcher: u32, workers: &[u32]) {
-    incident.kill(launcher).expect("kill launcher");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while workers.iter().any(|&pid| ppid(pid) != Some(1)) {
-        assert!(Instant::now() < deadline, "workers were not re-parented");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
 /// `free` on a crashed SGLang server, one worker ignoring SIGTERM: every
 /// signal (SIGTERM, then SIGSTOP and SIGKILL for the stubborn one) goes out
 /// by the start-time-checked kill(2), and the GPUs are verified free.
 #[test]
 fn free_without_pidfd_signals_by_checked_kill_and_verifies() {
-    let host = SimHost::new(2, 80 * GIB, "Simulated H200").expect("sim host");
-    let mut incident = Incident::new(&host);
-    let launcher = incident
-        .sglang(&[
-            Holder::new("sglang::scheduler_TP0").on(0, 70 * GIB),
-            Holder::new("sglang::scheduler_TP1")
-                .on(1, 70 * GIB)
-                .ignoring_sigterm(),
-        ])
-        .expect("sglang tree");
-    let workers = [
-        incident.pid_of("sglang::scheduler_TP0").expect("TP0"),
-        incident.pid_of("sglang::scheduler_TP1").expect("TP1"),
-    ];
-    let notebook = incident
-        .holder(&Holder::new("jupyter-kernel colleague").on(1, 5 * GIB))
-        .expect("notebook");
-    orphaned(&mut incident, launcher, &workers);
+    let (host, mut incident) = Sim::gpus(2).stage();
+    let (launcher, workers) = incident.sglang_tree([
+        scheduler(0, 70 * GIB),
+        scheduler(1, 70 * GIB).ignoring_sigterm(),
+    ]);
+    let notebook = incident.hold(Holder::new("jupyter-kernel colleague").on(1, 5 * GIB));
+    incident.orphan(launcher, &workers);
 
     let dir = tempfile::tempdir().expect("temp dir");
     let log = dir.path().join("refused.log");
@@ -212,57 +191,26 @@ fn run_without_pidfd_or_cgroup_v2_catches_a_setsid_escapee() {
         rustix::process::geteuid().is_root(),
         "the old-kernel run test makes a mount namespace: run the suite as root"
     );
-    let host = SimHost::new(3, 80 * GIB, "Simulated H200").expect("sim host");
-    let state = host.path().join("state");
+    let setup = crate::run::setup(3);
+    let host = &setup.host;
     let log = host.path().join("refused.log");
     let marker = host.path().join("fault-once");
-    let port = free_port().to_string();
-    let backend = host.backend();
     let path = |path: &Path| path.to_str().expect("utf-8 path").to_string();
-    let ready_url = format!("http://127.0.0.1:{port}/health");
-    let gpureap_args: Vec<String> = [
-        env!("CARGO_BIN_EXE_gpureap"),
-        "--backend",
-        &backend,
-        "run",
-        "--ready-url",
-        &ready_url,
-        "--state-dir",
-        &path(&state),
-        "--grace",
-        "500ms",
-        "--stop-timeout",
-        "10s",
-        "--backoff",
-        "100ms",
-        "--stall-timeout",
-        "1500ms",
-        "--startup-timeout",
-        "30s",
-        "--",
-        "python3",
-        &fake_server(),
-        "--port",
-        &port,
-        "--tp",
-        "2",
-        "--sim",
-        &path(host.path()),
-        "--fault",
-        "setsid",
-        "--fault-once",
-        &path(&marker),
+    let fault = ["--fault", "setsid", "--fault-once", &path(&marker)];
+    let gpureap_args = [
+        env!("CARGO_BIN_EXE_gpureap").to_string(),
+        "--backend".to_string(),
+        host.backend(),
     ]
-    .iter()
-    .map(|arg| arg.to_string())
-    .collect();
+    .into_iter()
+    .chain(setup.run_args(&[], &fault));
     let mut command = Command::new("unshare");
     command
         .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
         .arg(NO_CGROUP2)
         .arg("sh")
         .args([SYSTEM_PYTHON, &wrapper(), "--log", &path(&log), "--"])
-        .args(&gpureap_args)
+        .args(gpureap_args)
         .env_remove("GPUREAP_BACKEND")
         .stdin(Stdio::null());
     let supervisor = Supervisor::start(command);
@@ -285,8 +233,8 @@ fn run_without_pidfd_or_cgroup_v2_catches_a_setsid_escapee() {
         .filter(|entry| entry.file_name().to_string_lossy().starts_with("escapee."))
         .count();
     assert!(escapees >= 1, "no setsid grandchild was started");
-    assert!(!bundles(&state).is_empty(), "{}", events.join("\n"));
-    nothing_left(&host, 3);
+    assert!(!bundles(&setup.state).is_empty(), "{}", events.join("\n"));
+    nothing_left(host, 3);
 
     let asked = refused_to(&log, gpureap, "pidfd_open");
     assert!(

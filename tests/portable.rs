@@ -7,8 +7,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::SystemTime;
 
-use gpureap_core::driver::sim::incident::{Holder, Incident, SimHost};
-
 use crate::harness::*;
 
 /// The newest glibc the portable binary may ask for (CentOS 7's).
@@ -194,18 +192,11 @@ fn the_portable_binary_runs_status_and_free_on_a_simulated_host() {
     let version = String::from_utf8_lossy(&version.stdout);
     assert!(version.starts_with("gpureap 0."), "{version}");
 
-    let host = SimHost::new(2, 80 * GIB, "Simulated H200").expect("sim host");
-    let mut incident = Incident::new(&host);
-    let holder = incident
-        .holder(&Holder::new("sglang::scheduler_TP1").on(1, 40 * GIB))
-        .expect("holder");
+    let (host, mut incident) = Sim::gpus(2).stage();
+    let holder = incident.hold(scheduler(1, 40 * GIB));
     let portable = |args: &[&str]| -> Run {
-        Command::new(&binary)
-            .arg("--backend")
-            .arg(host.backend())
+        against(Command::new(&binary), &host)
             .args(args)
-            .env_remove("GPUREAP_BACKEND")
-            .stdin(std::process::Stdio::null())
             .output()
             .expect("the portable binary runs")
             .into()

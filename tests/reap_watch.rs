@@ -11,35 +11,10 @@ use serde_json::Value;
 
 use crate::harness::*;
 
-fn host(gpus: u32) -> SimHost {
-    SimHost::new(gpus, 80 * GIB, "Simulated H200").expect("sim host")
-}
-
-fn shell_quote(text: &str) -> String {
-    format!("'{}'", text.replace('\'', r"'\''"))
-}
-
-/// Kills the launcher and waits until its workers were re-parented.
-fn orphan(incident: &mut Incident, launcher: u32, workers: &[u32]) {
-    incident.kill(launcher).expect("kill launcher");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while workers.iter().any(|&pid| ppid(pid) != Some(1)) {
-        assert!(
-            Instant::now() < deadline,
-            "workers were not re-parented to PID 1 (a subreaper above the tests?)"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
 /// An SGLang server with one worker on `gpu`, its launcher killed: the
 /// worker, an orphan.
 fn orphaned_worker(incident: &mut Incident, title: &str, gpu: u32) -> u32 {
-    let launcher = incident
-        .sglang(&[Holder::new(title).on(gpu, 30 * GIB)])
-        .expect("sglang");
-    let worker = incident.pid_of(title).expect("worker");
-    orphan(incident, launcher, &[worker]);
+    let [worker] = incident.orphaned_sglang([Holder::new(title).on(gpu, 30 * GIB)]);
     worker
 }
 
@@ -83,6 +58,16 @@ fn of_pid(lines: &[Value], pid: u32) -> Vec<&Value> {
     lines
         .iter()
         .filter(|line| line["target"]["pid"] == pid)
+        .collect()
+}
+
+/// The signals a log line says were sent to its target, in order.
+fn signals_of(line: &Value) -> Vec<&str> {
+    line["target"]["signals"]
+        .as_array()
+        .expect("signals")
+        .iter()
+        .map(|event| event["signal"].as_str().expect("signal"))
         .collect()
 }
 
@@ -154,15 +139,16 @@ impl Watching {
     }
 
     fn address(&self) -> String {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let stderr = self.stderr();
-            if let Some(rest) = stderr.split("metrics on http://").nth(1) {
-                return rest.split('/').next().expect("address").to_string();
-            }
-            assert!(Instant::now() < deadline, "no metrics address:\n{stderr}");
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        poll(
+            Duration::from_secs(10),
+            Duration::from_millis(10),
+            || {
+                let stderr = self.stderr();
+                let (_, rest) = stderr.split_once("metrics on http://")?;
+                Some(rest.split('/').next().expect("address").to_string())
+            },
+            || format!("no metrics address:\n{}", self.stderr()),
+        )
     }
 
     fn stderr(&self) -> String {
@@ -171,44 +157,40 @@ impl Watching {
 
     /// Waits until the log has a line `found` accepts; returns every line.
     fn until(&mut self, what: &str, found: impl Fn(&Value) -> bool) -> Vec<Value> {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let lines = decisions(&self.log);
-            if lines.iter().any(&found) {
-                return lines;
-            }
-            if let Some(child) = self.child.as_mut()
-                && let Ok(Some(status)) = child.try_wait()
-            {
-                panic!(
-                    "the watch ended ({status}) before {what}:\n{}",
-                    self.stderr()
-                );
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no {what} in 30 s; log: {lines:#?}\nstderr:\n{}",
-                self.stderr()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let Watching {
+            child, log, stderr, ..
+        } = self;
+        let (log, stderr): (&Path, &Path) = (log, stderr);
+        let stderr = || std::fs::read_to_string(stderr).unwrap_or_default();
+        poll(
+            Duration::from_secs(30),
+            Duration::from_millis(20),
+            || {
+                let lines = decisions(log);
+                if lines.iter().any(&found) {
+                    return Some(lines);
+                }
+                if let Some(status) = child.as_mut().and_then(|child| child.try_wait().ok()?) {
+                    panic!("the watch ended ({status}) before {what}:\n{}", stderr());
+                }
+                None
+            },
+            || {
+                let lines = decisions(log);
+                format!("no {what} in 30 s; log: {lines:#?}\nstderr:\n{}", stderr())
+            },
+        )
     }
 
     /// The exit code of a single pass that ends by itself within `limit`.
     fn ended(&mut self, limit: Duration) -> i32 {
         let mut child = self.child.take().expect("running");
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Some(status) = child.try_wait().expect("try_wait") {
-                return status.code().unwrap_or(-1);
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the pass did not end within {limit:?}:\n{}",
-                self.stderr()
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        poll(
+            limit,
+            Duration::from_millis(10),
+            || Some(child.try_wait().expect("try_wait")?.code().unwrap_or(-1)),
+            || format!("the pass did not end within {limit:?}:\n{}", self.stderr()),
+        )
     }
 
     /// SIGTERM, then the exit code, within `limit`.
@@ -260,8 +242,7 @@ fn state(pid: u32) -> Option<char> {
 /// it frees anything).
 #[test]
 fn an_orphan_older_than_the_rule_is_freed_and_logged_and_nothing_else_is() {
-    let host = host(4);
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(4).stage();
     let old = orphaned_worker(&mut incident, "sglang::scheduler_TP0", 0);
     let job = Holder::new("python train.py --epochs 90").on(2, 20 * GIB);
     let script = format!(
@@ -270,9 +251,7 @@ fn an_orphan_older_than_the_rule_is_freed_and_logged_and_nothing_else_is() {
     );
     incident.spawn(&script, 1).expect("nohup job");
     let training = incident.pid_of("python train.py --epochs 90").expect("job");
-    let monitor = incident
-        .holder(&Holder::new("gpu_exporter --port 9400"))
-        .expect("monitor");
+    let monitor = incident.hold(Holder::new("gpu_exporter --port 9400"));
     wait_until_older(old, Duration::from_secs(10));
     let young = orphaned_worker(&mut incident, "vllm::worker_rank1", 1);
 
@@ -330,12 +309,7 @@ fn an_orphan_older_than_the_rule_is_freed_and_logged_and_nothing_else_is() {
         line["why"].as_str().expect("why").contains("group leader"),
         "{line:#}"
     );
-    let signals: Vec<&str> = line["target"]["signals"]
-        .as_array()
-        .expect("signals")
-        .iter()
-        .map(|event| event["signal"].as_str().expect("signal"))
-        .collect();
+    let signals = signals_of(line);
     // SIGTERM first (on a loaded machine the escalation may come before its exit is seen).
     assert_eq!(signals.first(), Some(&"SIGTERM"), "{line:#}");
     assert!(line["age_ms"].as_u64().expect("age") >= 10_000, "{line:#}");
@@ -345,12 +319,9 @@ fn an_orphan_older_than_the_rule_is_freed_and_logged_and_nothing_else_is() {
     assert!(line["gpus"][0]["freed_after_ms"].is_u64(), "{line:#}");
     assert_eq!(lines.first().expect("lines")["action"], "started");
     assert_eq!(lines.last().expect("lines")["action"], "stopped");
-    assert!(
-        watch
-            .stderr()
-            .contains(&format!("gpureap reap: freed: pid {old} (")),
-        "{}",
-        watch.stderr()
+    assert_contains(
+        &watch.stderr(),
+        &format!("gpureap reap: freed: pid {old} ("),
     );
 }
 
@@ -358,25 +329,12 @@ fn an_orphan_older_than_the_rule_is_freed_and_logged_and_nothing_else_is() {
 /// process, as `would_free`.
 #[test]
 fn a_dry_run_signals_nothing_and_says_what_it_would_free() {
-    let host = host(1);
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(1).stage();
     let worker = orphaned_worker(&mut incident, "sglang::scheduler_TP0", 0);
     let dir = tempfile::tempdir().expect("tempdir");
     let log = dir.path().join("reap.jsonl");
     let log_arg = log.to_str().expect("path");
-    let result = run(
-        &host,
-        &[
-            "reap",
-            "--orphans",
-            "--older-than",
-            "0s",
-            "--interval",
-            "100ms",
-            "--log",
-            log_arg,
-        ],
-    );
+    let result = run(&host, &reap_now("--orphans", &["--log", log_arg]));
     assert_eq!(result.code, 0, "{}", result.stderr);
     assert!(alive(worker), "a dry run signalled");
     let lines = decisions(&log);
@@ -386,16 +344,8 @@ fn a_dry_run_signals_nothing_and_says_what_it_would_free() {
     assert_eq!(planned[0]["verdict"], "would_free");
     assert_eq!(planned[0]["dry_run"], true);
     assert_eq!(planned[0]["target"]["signals"], serde_json::json!([]));
-    assert!(
-        result.stderr.contains("would free: pid"),
-        "{}",
-        result.stderr
-    );
-    assert!(
-        result.stderr.contains("holds 30.0 GiB"),
-        "{}",
-        result.stderr
-    );
+    assert_contains(&result.stderr, "would free: pid");
+    assert_contains(&result.stderr, "holds 30.0 GiB");
 }
 
 /// A single pass that acts on nothing is not a clean host: an orphan that
@@ -406,14 +356,10 @@ fn a_dry_run_signals_nothing_and_says_what_it_would_free() {
 /// neither, and exits 1.
 #[test]
 fn a_single_pass_names_what_it_saw_but_did_not_act_on_and_exits_1() {
-    let host = host(2);
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(2).stage();
     // Every node open, no context yet: the first look sees no holder in it.
-    let launcher = incident
-        .sglang(&[Holder::new("sglang::scheduler_TP0")])
-        .expect("sglang");
-    let late = incident.pid_of("sglang::scheduler_TP0").expect("worker");
-    orphan(&mut incident, launcher, &[late]);
+    let (launcher, [late]) = incident.sglang_tree([Holder::new("sglang::scheduler_TP0")]);
+    incident.orphan(launcher, &[late]);
     let spared = orphaned_worker(&mut incident, "nvidia-smi", 1);
     let claim = host.path().join("claims").join(format!("{late}.0"));
     assert_eq!(
@@ -481,20 +427,9 @@ fn a_single_pass_names_what_it_saw_but_did_not_act_on_and_exits_1() {
 /// policy for its owner frees it (one pass: two scans, then exit).
 #[test]
 fn a_policy_for_one_user_leaves_another_users_orphan() {
-    let host = host(1);
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(1).stage();
     let worker = orphaned_worker(&mut incident, "sglang::scheduler_TP0", 0);
-    let policy = [
-        "reap",
-        "--orphans",
-        "--older-than",
-        "0s",
-        "--interval",
-        "100ms",
-        "--grace",
-        "100ms",
-        "--enforce",
-    ];
+    let policy = reap_now("--orphans", &["--grace", "100ms", "--enforce"]);
     let nobody = run(&host, &[&policy[..], &["--user", "65534"]].concat());
     assert_eq!(nobody.code, 0, "{}", nobody.stderr);
     assert!(alive(worker), "another user's orphan was signalled");
@@ -510,32 +445,20 @@ fn a_policy_for_one_user_leaves_another_users_orphan() {
 /// later, the orphan is freed.
 #[test]
 fn a_driver_failure_mid_watch_signals_nothing() {
-    let host = host(2);
-    let mut incident = Incident::new(&host);
-    let launcher = incident
-        .sglang(&[Holder::new("sglang::scheduler_TP0").on(0, 30 * GIB)])
-        .expect("sglang");
-    let worker = incident.pid_of("sglang::scheduler_TP0").expect("worker");
+    let (host, mut incident) = Sim::gpus(2).stage();
+    let (launcher, [worker]) = incident.sglang_tree([scheduler(0, 30 * GIB)]);
     let mut watch = Watching::start(
         &host,
-        &[
+        &at_once(
             "--orphans",
-            "--older-than",
-            "0s",
-            "--interval",
-            "100ms",
-            "--grace",
-            "100ms",
-            "--enforce",
-            "--listen",
-            "127.0.0.1:0",
-        ],
+            &["--grace", "100ms", "--enforce", "--listen", "127.0.0.1:0"],
+        ),
     );
     watch.until("the start", |line| line["action"] == "started");
     // GPU 1, not the orphan's: any GPU the driver cannot answer for stops every kill.
     host.lose(1).expect("lose GPU 1");
     watch.until("a fault", |line| line["action"] == "fault");
-    orphan(&mut incident, launcher, &[worker]);
+    incident.orphan(launcher, &[worker]);
     // Ten more full looks with the orphan in view, every one of them faulted.
     let faults = watch.metric("gpureap_reap_faults_total");
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -577,28 +500,13 @@ fn a_driver_failure_mid_watch_signals_nothing() {
 /// stopped.
 #[test]
 fn sigterm_during_a_grace_period_leaves_no_stopped_process() {
-    let host = host(1);
-    let mut incident = Incident::new(&host);
-    let launcher = incident
-        .sglang(&[Holder::new("sglang::scheduler_TP0")
-            .on(0, 30 * GIB)
-            .ignoring_sigterm()])
-        .expect("sglang");
-    let worker = incident.pid_of("sglang::scheduler_TP0").expect("worker");
+    let (host, mut incident) = Sim::gpus(1).stage();
+    let (launcher, [worker]) = incident.sglang_tree([scheduler(0, 30 * GIB).ignoring_sigterm()]);
     let detokenizer = incident.pid_of("sglang::detokenizer").expect("detokenizer");
-    orphan(&mut incident, launcher, &[worker, detokenizer]);
+    incident.orphan(launcher, &[worker, detokenizer]);
     let mut watch = Watching::start(
         &host,
-        &[
-            "--orphans",
-            "--older-than",
-            "0s",
-            "--interval",
-            "100ms",
-            "--grace",
-            "2s",
-            "--enforce",
-        ],
+        &at_once("--orphans", &["--grace", "2s", "--enforce"]),
     );
     let deadline = Instant::now() + Duration::from_secs(30);
     while !watch.stderr().contains("freeing [orphaned]") {
@@ -621,12 +529,7 @@ fn sigterm_during_a_grace_period_leaves_no_stopped_process() {
     let lines = decisions(&watch.log);
     let freed = of_pid(&lines, worker);
     assert_eq!(freed.len(), 1, "{lines:#?}");
-    let signals: Vec<&str> = freed[0]["target"]["signals"]
-        .as_array()
-        .expect("signals")
-        .iter()
-        .map(|event| event["signal"].as_str().expect("signal"))
-        .collect();
+    let signals = signals_of(freed[0]);
     assert_eq!(signals, ["SIGTERM", "SIGSTOP", "SIGKILL"]);
     assert_eq!(freed[0]["verdict"], "freed");
     let last = lines.last().expect("lines");
@@ -645,11 +548,8 @@ fn sigterm_during_a_grace_period_leaves_no_stopped_process() {
 /// another; the GPU is verified free.
 #[test]
 fn a_respawning_orphaned_parent_is_stopped_with_its_workers() {
-    let host = host(1);
-    let mut incident = Incident::new(&host);
-    let worker = Holder::new("sglang::scheduler_TP0")
-        .on(0, 30 * GIB)
-        .script();
+    let (host, mut incident) = Sim::gpus(1).stage();
+    let worker = scheduler(0, 30 * GIB).script();
     let parent = format!(
         "trap '' TERM; echo {} > \"$D/claims/$BASHPID.0\"; exec {{fd}}<\"$D/nvidia0\"; \
          echo \"$BASHPID bash\" >> \"$D/pids\"; while :; do ( trap - TERM; {worker} ) & wait; done",
@@ -667,20 +567,11 @@ fn a_respawning_orphaned_parent_is_stopped_with_its_workers() {
     let launcher = incident.pid_of("respawning-launcher").expect("launcher");
     let first = incident.pid_of("sglang::scheduler_TP0").expect("worker");
     let respawner = ppid(first).expect("the worker's parent");
-    orphan(&mut incident, launcher, &[respawner]);
+    incident.orphan(launcher, &[respawner]);
 
     let mut watch = Watching::start(
         &host,
-        &[
-            "--orphans",
-            "--older-than",
-            "0s",
-            "--interval",
-            "100ms",
-            "--grace",
-            "300ms",
-            "--enforce",
-        ],
+        &at_once("--orphans", &["--grace", "300ms", "--enforce"]),
     );
     watch.until("the respawning parent freed", |line| {
         line["action"] == "freed" && line["target"]["pid"] == respawner
@@ -702,12 +593,7 @@ fn a_respawning_orphaned_parent_is_stopped_with_its_workers() {
     let lines = decisions(&watch.log);
     let parent_line = of_pid(&lines, respawner);
     assert_eq!(parent_line.len(), 1, "{lines:#?}");
-    let signals: Vec<&str> = parent_line[0]["target"]["signals"]
-        .as_array()
-        .expect("signals")
-        .iter()
-        .map(|event| event["signal"].as_str().expect("signal"))
-        .collect();
+    let signals = signals_of(parent_line[0]);
     // Stopped before it was killed, so that it could not start another.
     assert_eq!(signals, ["SIGTERM", "SIGSTOP", "SIGKILL"]);
     // Workers it respawned during the grace were adopted as they came (late).
@@ -730,7 +616,7 @@ fn a_respawning_orphaned_parent_is_stopped_with_its_workers() {
 /// the config file's keys are the flags' own, and flags typed win.
 #[test]
 fn bad_policy_values_exit_2_and_the_config_file_takes_the_flags_keys() {
-    let host = host(1);
+    let host = Sim::gpus(1).build();
     for args in [
         &["reap", "--older-than", "1m"][..],
         &["reap", "--orphans", "--max-share", "0"],
@@ -829,8 +715,7 @@ fn chmod(path: &Path, mode: u32) {
 /// root can change it (in a sticky directory) frees it.
 #[test]
 fn a_policy_others_could_write_is_refused_and_frees_nothing() {
-    let host = host(1);
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(1).stage();
     let worker = orphaned_worker(&mut incident, "sglang::scheduler_TP0", 0);
     let dir = tempfile::tempdir().expect("tempdir");
     let base = dir.path();
@@ -921,7 +806,7 @@ fn a_policy_others_could_write_is_refused_and_frees_nothing() {
 /// "server's output"), and nothing made there.
 #[test]
 fn a_log_others_could_redirect_is_refused_in_words_of_its_own() {
-    let host = host(1);
+    let host = Sim::gpus(1).build();
     let dir = tempfile::tempdir().expect("tempdir");
     let open = dir.path().join("open");
     std::fs::create_dir(&open).expect("mkdir");
@@ -973,7 +858,7 @@ fn a_log_others_could_redirect_is_refused_in_words_of_its_own() {
 /// 4 GiB) is refused at once, unread.
 #[test]
 fn a_config_that_is_not_a_policy_is_neither_quoted_nor_read_whole() {
-    let host = host(1);
+    let host = Sim::gpus(1).build();
     let dir = tempfile::tempdir().expect("tempdir");
     let shadow = dir.path().join("shadow");
     std::fs::write(
@@ -1039,32 +924,17 @@ fn a_config_that_is_not_a_policy_is_neither_quoted_nor_read_whole() {
 /// there and says so.
 #[test]
 fn a_rule_naming_too_large_a_share_of_a_gpu_stops_and_reports() {
-    let host = host(1);
-    let mut incident = Incident::new(&host);
-    let launcher = incident
-        .sglang(&[Holder::new("sglang::scheduler_TP0").on(0, 30 * GIB)])
-        .expect("sglang");
-    let worker = incident.pid_of("sglang::scheduler_TP0").expect("worker");
-    let other = incident
-        .holder(&Holder::new("python serve.py").on(0, 10 * GIB))
-        .expect("other");
-    orphan(&mut incident, launcher, &[worker]);
+    let (host, mut incident) = Sim::gpus(1).stage();
+    let (launcher, [worker]) = incident.sglang_tree([scheduler(0, 30 * GIB)]);
+    let other = incident.hold(Holder::new("python serve.py").on(0, 10 * GIB));
+    incident.orphan(launcher, &[worker]);
     let dir = tempfile::tempdir().expect("tempdir");
     let log = dir.path().join("reap.jsonl");
     let log_arg = log.to_str().expect("path");
-    let policy = [
-        "reap",
+    let policy = reap_now(
         "--orphans",
-        "--older-than",
-        "0s",
-        "--interval",
-        "100ms",
-        "--grace",
-        "100ms",
-        "--enforce",
-        "--log",
-        log_arg,
-    ];
+        &["--grace", "100ms", "--enforce", "--log", log_arg],
+    );
     // One of two holders: half.
     let refused = run(&host, &[&policy[..], &["--max-share", "0.4"]].concat());
     assert_eq!(refused.code, 1, "{}", refused.stderr);
@@ -1134,11 +1004,7 @@ fn the_systemd_unit_passes_systemd_analyze() {
         unit_arg,
     ]);
     assert_eq!(security.code, 0, "{}{}", security.stdout, security.stderr);
-    assert!(
-        security.stdout.contains("Overall exposure level"),
-        "{}",
-        security.stdout
-    );
+    assert_contains(&security.stdout, "Overall exposure level");
     let capabilities: Vec<&str> = text
         .lines()
         .find_map(|line| line.strip_prefix("CapabilityBoundingSet="))
@@ -1182,7 +1048,7 @@ fn the_systemd_unit_starts_where_systemd_runs() {
             "systemd is not this machine's init (no /run/systemd/system): the unit is only verified",
         );
     }
-    let host = host(1);
+    let host = Sim::gpus(1).build();
     let name = format!("gpureap-reap-test-{}", std::process::id());
     let policy = PathBuf::from(format!("/run/{name}.toml"));
     std::fs::write(&policy, "orphans = true\ninterval = \"1s\"\n").expect("policy");
@@ -1276,7 +1142,7 @@ fn the_reap_daemonset_adds_only_what_signalling_needs_and_its_policy_parses() {
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join("reap.toml");
     std::fs::write(&file, &policy).expect("policy");
-    let host = host(1);
+    let host = Sim::gpus(1).build();
     // Its --host-root (/host, the node mounted) is a staged one here: a flag wins over the file.
     let node = tempfile::tempdir().expect("node root");
     let result = run(
@@ -1292,11 +1158,7 @@ fn the_reap_daemonset_adds_only_what_signalling_needs_and_its_policy_parses() {
         ],
     );
     assert_eq!(result.code, 0, "{policy}\n{}", result.stderr);
-    assert!(
-        result.stderr.contains("older than 15m"),
-        "{}",
-        result.stderr
-    );
+    assert_contains(&result.stderr, "older than 15m");
     assert!(result.stderr.contains("dry run"), "{}", result.stderr);
 }
 
@@ -1304,23 +1166,14 @@ fn the_reap_daemonset_adds_only_what_signalling_needs_and_its_policy_parses() {
 /// exposition promtool accepts.
 #[test]
 fn the_watch_serves_what_it_freed_beside_the_gpu_series() {
-    let host = host(2);
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(2).stage();
     let worker = orphaned_worker(&mut incident, "sglang::scheduler_TP1", 1);
     let mut watch = Watching::start(
         &host,
-        &[
+        &at_once(
             "--orphans",
-            "--older-than",
-            "0s",
-            "--interval",
-            "100ms",
-            "--grace",
-            "100ms",
-            "--enforce",
-            "--listen",
-            "127.0.0.1:0",
-        ],
+            &["--grace", "100ms", "--enforce", "--listen", "127.0.0.1:0"],
+        ),
     );
     watch.until("the orphan freed", |line| {
         line["action"] == "freed" && line["target"]["pid"] == worker
@@ -1364,61 +1217,6 @@ fn the_watch_serves_what_it_freed_beside_the_gpu_series() {
     assert_eq!(watch.terminate(Duration::from_secs(10)), 0);
 }
 
-/// A cgroup v2 subtree of this test's own, removed when dropped (what was
-/// moved in goes back to the test's cgroup first).
-struct Cgroups {
-    root: PathBuf,
-    home: PathBuf,
-    made: Vec<PathBuf>,
-}
-
-impl Cgroups {
-    fn new() -> Option<Cgroups> {
-        let made = (|| {
-            let mount = gpureap_services::supervision::cgroup2_mount()?;
-            let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-            let own = own.lines().find_map(|line| line.strip_prefix("0::"))?;
-            let root = mount.join(format!("gpureap-reap-{}", std::process::id()));
-            std::fs::create_dir(&root).ok()?;
-            Some(Cgroups {
-                home: mount.join(own.trim_start_matches('/')),
-                made: vec![root.clone()],
-                root,
-            })
-        })();
-        if made.is_none() {
-            skip("no cgroup v2 can be made here (needs root and a cgroup2 mount)");
-        }
-        made
-    }
-
-    fn move_in(&mut self, relative: &str, pid: u32) {
-        let mut path = self.root.clone();
-        for component in relative.split('/') {
-            path.push(component);
-            if !path.is_dir() {
-                std::fs::create_dir(&path).expect("mkdir cgroup");
-                self.made.push(path.clone());
-            }
-        }
-        std::fs::write(path.join("cgroup.procs"), pid.to_string()).expect("move in");
-    }
-}
-
-impl Drop for Cgroups {
-    fn drop(&mut self) {
-        for cgroup in self.made.iter().rev() {
-            let procs = std::fs::read_to_string(cgroup.join("cgroup.procs")).unwrap_or_default();
-            for pid in procs.lines() {
-                let _ = std::fs::write(self.home.join("cgroup.procs"), pid);
-            }
-            if let Err(error) = std::fs::remove_dir(cgroup) {
-                eprintln!("cannot remove {}: {error}", cgroup.display());
-            }
-        }
-    }
-}
-
 /// `--container-gone`: a holder whose Docker container was removed
 /// (`docker rm -f`: its folder under var/lib/docker/containers is gone, its
 /// process lives on in the container's cgroup) is freed, with the source as
@@ -1428,8 +1226,8 @@ impl Drop for Cgroups {
 fn a_holder_whose_container_is_gone_is_freed_by_the_container_rule() {
     const GONE: &str = "4e1f0c2d9b8a7f6e5d4c3b2a1908f7e6d5c4b3a29180f7e6d5c4b3a291807f6e";
     const LIVE: &str = "9a8b7c6d5e4f30211203f4e5d6c7b8a99a8b7c6d5e4f30211203f4e5d6c7b8a9";
-    let Some(mut cgroups) = Cgroups::new() else {
-        return;
+    let Some(cgroups) = Cgroups::v2("reap") else {
+        return skip(NO_CGROUPS);
     };
     let node = tempfile::tempdir().expect("node root");
     let live_folder = node.path().join("var/lib/docker/containers").join(LIVE);
@@ -1439,16 +1237,11 @@ fn a_holder_whose_container_is_gone_is_freed_by_the_container_rule() {
         serde_json::json!({"ID": LIVE, "Name": "/web"}).to_string(),
     )
     .expect("config");
-    let host = host(2);
-    let mut incident = Incident::new(&host);
-    let removed = incident
-        .holder(&Holder::new("removed-worker").on(0, 4 * GIB))
-        .expect("holder");
-    cgroups.move_in(&format!("system.slice/docker-{GONE}.scope"), removed);
-    let live = incident
-        .holder(&Holder::new("live-worker").on(1, 4 * GIB))
-        .expect("holder");
-    cgroups.move_in(&format!("system.slice/docker-{LIVE}.scope"), live);
+    let (host, mut incident) = Sim::gpus(2).stage();
+    let removed = incident.hold(Holder::new("removed-worker").on(0, 4 * GIB));
+    cgroups.move_in(format!("system.slice/docker-{GONE}.scope"), removed);
+    let live = incident.hold(Holder::new("live-worker").on(1, 4 * GIB));
+    cgroups.move_in(format!("system.slice/docker-{LIVE}.scope"), live);
     let root = node.path().to_str().expect("path");
     let dir = tempfile::tempdir().expect("tempdir");
     let log = dir.path().join("reap.jsonl");

@@ -11,8 +11,6 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use gpureap_core::driver::sim::incident::{Holder, Incident, SimHost};
-
 use crate::dist_docs::pages;
 use crate::harness::*;
 use crate::portable::{
@@ -355,11 +353,7 @@ fn the_wheel_installs_into_a_fresh_venv_and_runs_the_demo() {
         .env_remove("GPUREAP_BACKEND")
         .env("TMPDIR", work.path()));
     assert_eq!(demo.code, 0, "{}{}", demo.stdout, demo.stderr);
-    assert!(
-        demo.stdout.contains("sglang::scheduler_TP0"),
-        "{}",
-        demo.stdout
-    );
+    assert_contains(&demo.stdout, "sglang::scheduler_TP0");
     // pip knows what it installed, and removes it.
     let removed = sh(Command::new(venv.join("bin/python")).args([
         "-m",
@@ -531,11 +525,8 @@ fn the_aarch64_binary_runs_under_qemu_on_a_simulated_host() {
     assert_eq!(version.code, 0, "qemu-aarch64-static: {}", version.stderr);
     assert!(version.stdout.starts_with(&format!("gpureap {VERSION} (")));
 
-    let host = SimHost::new(2, 80 * GIB, "Simulated GH200").expect("sim host");
-    let mut incident = Incident::new(&host);
-    let holder = incident
-        .holder(&Holder::new("sglang::scheduler_TP1").on(1, 40 * GIB))
-        .expect("holder");
+    let (host, mut incident) = Sim::gpus(2).named("Simulated GH200").stage();
+    let holder = incident.hold(scheduler(1, 40 * GIB));
     let backend = host.backend();
     let status = sh(&mut qemu(&["--backend", &backend, "status", "--json"]));
     assert_eq!(status.code, 0, "{}", status.stderr);

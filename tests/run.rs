@@ -40,7 +40,7 @@ pub(crate) struct Setup {
 }
 
 pub(crate) fn setup(gpus: u32) -> Setup {
-    let host = SimHost::new(gpus, 80 * GIB, "Simulated H200").expect("sim host");
+    let host = Sim::gpus(gpus).build();
     let state = host.path().join("state");
     Setup {
         host,
@@ -54,35 +54,39 @@ impl Setup {
     /// server with `server_args`.
     pub(crate) fn run(&self, flags: &[&str], server_args: &[&str]) -> Supervisor {
         let mut command = gpureap(&self.host);
-        command
-            .arg("run")
-            .args([
-                "--ready-url",
-                &format!("http://127.0.0.1:{}/health", self.port),
-            ])
-            .args(["--state-dir", self.state.to_str().expect("utf-8 path")])
-            .args([
-                "--grace",
-                "500ms",
-                "--stop-timeout",
-                "10s",
-                "--backoff",
-                "100ms",
-            ])
-            .args(["--stall-timeout", "1500ms", "--startup-timeout", "30s"])
-            .args(flags)
-            .arg("--")
-            .args([
-                "python3",
-                &fake_server(),
-                "--port",
-                &self.port.to_string(),
-                "--tp",
-                "2",
-            ])
-            .args(["--sim", self.host.path().to_str().expect("utf-8 path")])
-            .args(server_args);
+        command.args(self.run_args(flags, server_args));
         Supervisor::start(command)
+    }
+
+    /// `run`'s arguments, from `run` on: fast timings, then `flags`, then
+    /// the fake server with `server_args`.
+    pub(crate) fn run_args(&self, flags: &[&str], server_args: &[&str]) -> Vec<String> {
+        let port = self.port.to_string();
+        let ready_url = format!("http://127.0.0.1:{port}/health");
+        let state = self.state.to_str().expect("utf-8 path");
+        let sim = self.host.path().to_str().expect("utf-8 path");
+        let server = fake_server();
+        let timings = [
+            "--grace",
+            "500ms",
+            "--stop-timeout",
+            "10s",
+            "--backoff",
+            "100ms",
+            "--stall-timeout",
+            "1500ms",
+            "--startup-timeout",
+            "30s",
+        ];
+        let run = ["run", "--ready-url", &ready_url, "--state-dir", state];
+        let command = [
+            "python3", &server, "--port", &port, "--tp", "2", "--sim", sim,
+        ];
+        [&run[..], &timings, flags, &["--"], &command, server_args]
+            .concat()
+            .into_iter()
+            .map(str::to_string)
+            .collect()
     }
 }
 
@@ -203,10 +207,10 @@ impl Supervisor {
     }
 }
 
-/// After the gpureap with this PID ended: no process it started (they all
-/// carry its PID in their environment) is alive, and none of its cgroups is left.
-pub(crate) fn nothing_supervised_left(gpureap: u32) {
-    let supervised: Vec<u32> = std::fs::read_dir("/proc")
+/// Every live process started under the gpureap with this PID (they all
+/// carry its PID in their environment).
+pub(crate) fn supervised_by(gpureap: u32) -> std::collections::BTreeSet<u32> {
+    std::fs::read_dir("/proc")
         .expect("/proc")
         .flatten()
         .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
@@ -215,7 +219,13 @@ pub(crate) fn nothing_supervised_left(gpureap: u32) {
             gpureap_core::proc::env_value(pid, "GPUREAP_SUPERVISOR").as_deref()
                 == Some(&gpureap.to_string())
         })
-        .collect();
+        .collect()
+}
+
+/// After the gpureap with this PID ended: no process it started (they all
+/// carry its PID in their environment) is alive, and none of its cgroups is left.
+pub(crate) fn nothing_supervised_left(gpureap: u32) {
+    let supervised = supervised_by(gpureap);
     assert!(
         supervised.is_empty(),
         "processes started under gpureap {gpureap} survive it: {supervised:?}"
@@ -574,7 +584,7 @@ fn a_server_that_exits_0_on_its_own_is_a_crash_and_restarted() {
 /// (Before, the signal was a crash: a bundle and a restart.)
 #[test]
 fn a_server_a_user_stops_with_sigterm_is_not_restarted() {
-    let host = SimHost::new(1, 80 * GIB, "Simulated H200").expect("sim host");
+    let host = Sim::gpus(1).build();
     let pid_file = host.path().join("server.pid");
     let server =
         "echo $$ > \"$D/server.pid\"; exec 3<\"$D/nvidia0\"; echo serving; exec sleep 100000";
@@ -621,7 +631,7 @@ pub(crate) fn bash_server(host: &SimHost, flags: &[&str], server: &str) -> Super
 
 #[test]
 fn a_server_that_ignores_sigterm_on_stop_is_killed_and_the_exit_code_says_so() {
-    let host = SimHost::new(1, 80 * GIB, "Simulated H200").expect("sim host");
+    let host = Sim::gpus(1).build();
     let server =
         "exec 3<\"$D/nvidia0\"; trap '' TERM; echo serving; while :; do sleep 0.05 3<&-; done";
     let supervisor = bash_server(&host, &["--ready-log", "serving"], server);
@@ -646,7 +656,7 @@ fn a_server_that_ignores_sigterm_on_stop_is_killed_and_the_exit_code_says_so() {
 /// keep its name written out on its own row, as `status` shows it.
 #[test]
 fn a_crash_bundle_keeps_a_hostile_worker_name_on_its_row() {
-    let host = SimHost::new(1, 80 * GIB, "Simulated H200").expect("sim host");
+    let host = Sim::gpus(1).build();
     let server = "( exec 3<\"$D/nvidia0\"; exec -a $'worker\\nFORGED-LINE\\e[2K' sleep 100000 ) & \
         until grep -q FORGED /proc/$!/cmdline 2>/dev/null; do sleep 0.01; done; exit 1";
     let supervisor = bash_server(&host, &[], server);
@@ -665,7 +675,7 @@ fn a_crash_bundle_keeps_a_hostile_worker_name_on_its_row() {
 
 #[test]
 fn a_progress_bar_redrawn_with_carriage_returns_is_not_silence() {
-    let host = SimHost::new(1, 80 * GIB, "Simulated H200").expect("sim host");
+    let host = Sim::gpus(1).build();
     // Three seconds of tqdm-like progress, no newline, with a 1 s stall timeout.
     let server = "exec 3<\"$D/nvidia0\"; for i in $(seq 1 30); do printf '\\rLoading safetensors checkpoint shards: %d%%' $i; sleep 0.1; done; echo; echo serving; exec sleep 100000 3<&-";
     let supervisor = bash_server(
@@ -693,7 +703,7 @@ fn a_progress_bar_redrawn_with_carriage_returns_is_not_silence() {
 
 #[test]
 fn sighup_to_gpureap_stops_the_server_too() {
-    let host = SimHost::new(1, 80 * GIB, "Simulated H200").expect("sim host");
+    let host = Sim::gpus(1).build();
     let supervisor = bash_server(
         &host,
         &["--ready-log", "serving"],
@@ -712,7 +722,7 @@ fn sighup_to_gpureap_stops_the_server_too() {
 
 #[test]
 fn a_closed_stderr_does_not_stop_gpureap_from_stopping_the_server() {
-    let host = SimHost::new(1, 80 * GIB, "Simulated H200").expect("sim host");
+    let host = Sim::gpus(1).build();
     let mut command = gpureap(&host);
     command
         .arg("run")
@@ -840,7 +850,7 @@ fn a_startup_timeout_is_a_hang_and_restarts_are_bounded() {
 
 #[test]
 fn run_refuses_bad_input() {
-    let host = SimHost::new(1, 80 * GIB, "Simulated H200").expect("sim host");
+    let host = Sim::gpus(1).build();
     let state = host.path().join("state").display().to_string();
     let cases: &[(&[&str], &str)] = &[
         (&["run"], "required"),
@@ -915,12 +925,6 @@ fn run_refuses_bad_input() {
         ],
     );
     assert_eq!(result.code, 3, "{}", result.stderr);
-    assert!(
-        result
-            .stderr
-            .contains("cannot open --log /nonexistent/x.log"),
-        "{}",
-        result.stderr
-    );
+    assert_contains(&result.stderr, "cannot open --log /nonexistent/x.log");
     assert!(!result.stderr.contains("start 1"), "{}", result.stderr);
 }

@@ -13,10 +13,6 @@ use crate::harness::*;
 use crate::run::{Supervisor, nothing_left, nothing_supervised_left, read, used};
 use crate::run_state::peak_memory;
 
-fn host() -> SimHost {
-    SimHost::new(1, 80 * GIB, "Simulated H200").expect("sim host")
-}
-
 /// A server holding GPU 0 that prints 20 MB at once (and 2 MB on stderr
 /// with $FLOOD_STDERR), then a line every 100 ms for 2.5 s (so it never
 /// falls silent for the 1 s stall timeout), then is ready.
@@ -40,7 +36,7 @@ fn chatty(host: &SimHost, flags: &[&str]) -> std::process::Command {
 
 #[test]
 fn a_stdout_nobody_reads_does_not_make_a_healthy_server_look_hung() {
-    let host = host();
+    let host = Sim::gpus(1).build();
     let log = host.path().join("server.log");
     let command = chatty(&host, &["--log", log.to_str().expect("utf-8 path")]);
     // The read end stays open and is never read: a paused pager.
@@ -87,7 +83,7 @@ fn a_stdout_nobody_reads_does_not_make_a_healthy_server_look_hung() {
 
 #[test]
 fn blocked_stdout_and_stderr_do_not_stop_gpureap_from_stopping_the_server() {
-    let host = host();
+    let host = Sim::gpus(1).build();
     let mut command = chatty(&host, &[]);
     command.env("FLOOD_STDERR", "1");
     let (stalled_out, out) = std::io::pipe().expect("pipe");
@@ -123,7 +119,7 @@ fn blocked_stdout_and_stderr_do_not_stop_gpureap_from_stopping_the_server() {
 
 #[test]
 fn a_line_without_an_end_does_not_grow_gpureap_memory() {
-    let host = host();
+    let host = Sim::gpus(1).build();
     let state = host.path().join("state");
     let mut command = gpureap(&host);
     command
@@ -169,7 +165,7 @@ fn a_line_without_an_end_does_not_grow_gpureap_memory() {
 /// `stacks:` line, and the bundle is still written.
 #[test]
 fn a_crash_that_leaves_no_process_prints_no_empty_stacks_line() {
-    let host = host();
+    let host = Sim::gpus(1).build();
     let mut command = gpureap(&host);
     command
         .arg("run")

@@ -17,7 +17,9 @@ use gpureap_core::driver::sim::incident::{Holder, Incident, SimHost};
 use serde_json::Value;
 
 use crate::harness::*;
-use crate::run::{Supervisor, bash_server, cgroup2_present, nothing_left, setup, used};
+use crate::run::{
+    Supervisor, bash_server, cgroup2_present, nothing_left, setup, supervised_by, used,
+};
 
 static STALE_RUNS: Mutex<()> = Mutex::new(());
 
@@ -30,42 +32,17 @@ fn one_at_a_time() -> MutexGuard<'static, ()> {
 
 /// Where cgroup v2 is mounted.
 fn cgroup2_mount() -> PathBuf {
-    let text = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
-    text.lines()
-        .find_map(|line| {
-            let (left, right) = line.split_once(" - ")?;
-            let mount_point = left.split_whitespace().nth(4)?;
-            (right.split_whitespace().next()? == "cgroup2").then(|| PathBuf::from(mount_point))
-        })
-        .expect("a cgroup2 mount")
+    gpureap_services::supervision::cgroup2_mount().expect("a cgroup2 mount")
 }
 
 /// The cgroup `gpureap run` with this PID made for its first start.
 fn run_cgroup(gpureap: u32) -> PathBuf {
-    let own = std::fs::read_to_string("/proc/self/cgroup").expect("cgroup");
-    let own = own
-        .lines()
-        .find_map(|line| line.strip_prefix("0::"))
-        .expect("a v2 cgroup");
+    let own = own_cgroup(|line| line.strip_prefix("0::")).expect("a v2 cgroup");
     let path = cgroup2_mount()
         .join(own.trim_start_matches('/'))
         .join(format!("gpureap.run-{gpureap}-1"));
     assert!(path.is_dir(), "{} is not there", path.display());
     path
-}
-
-/// Every live process started under the gpureap with this PID.
-fn supervised_by(gpureap: u32) -> BTreeSet<u32> {
-    std::fs::read_dir("/proc")
-        .expect("/proc")
-        .flatten()
-        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|&pid| alive(pid))
-        .filter(|&pid| {
-            gpureap_core::proc::env_value(pid, "GPUREAP_SUPERVISOR").as_deref()
-                == Some(&gpureap.to_string())
-        })
-        .collect()
 }
 
 /// SIGKILLs a supervising gpureap, as the OOM killer would; returns its PID
@@ -117,15 +94,6 @@ fn targets(report: &Value) -> BTreeSet<u32> {
 
 fn holders(status: &Value) -> Vec<Value> {
     status["holders"].as_array().expect("holders").clone()
-}
-
-fn flags(holder: &Value) -> Vec<String> {
-    holder["flags"]
-        .as_array()
-        .expect("flags")
-        .iter()
-        .map(|flag| flag.as_str().expect("flag").to_string())
-        .collect()
 }
 
 /// The process of `tree` whose parent is not in it: what gpureap started.
@@ -189,7 +157,7 @@ fn a_sigkilled_run_is_flagged_supervisor_gone_and_free_stale_runs_frees_it() {
     assert!(table.contains("gpureap free --stale-runs"), "{table}");
 
     // A live supervised server next to it is no stale run.
-    let live_host = SimHost::new(1, 80 * GIB, "Simulated H200").expect("sim host");
+    let live_host = Sim::gpus(1).build();
     let live = bash_server(
         &live_host,
         &["--ready-log", "serving"],
@@ -375,7 +343,7 @@ fn the_next_run_with_the_same_state_dir_frees_and_removes_the_leftover() {
 #[test]
 fn a_run_never_touches_the_cgroup_of_a_live_run_with_the_same_state_dir() {
     let _turn = one_at_a_time();
-    let host = SimHost::new(2, 80 * GIB, "Simulated H200").expect("sim host");
+    let host = Sim::gpus(2).build();
     let first = bash_server(
         &host,
         &["--ready-log", "serving"],
@@ -412,7 +380,7 @@ fn a_run_never_touches_the_cgroup_of_a_live_run_with_the_same_state_dir() {
 /// A gpureap that stays running: waiting for a GPU of a host of its own
 /// whose memory is held by no process, so it never becomes free.
 fn live_gpureap() -> (Child, SimHost) {
-    let busy = SimHost::new(1, 80 * GIB, "Simulated H200").expect("sim host");
+    let busy = Sim::gpus(1).build();
     busy.leak(0, GIB).expect("leak");
     let child = gpureap(&busy)
         .args(["wait", "--gpu", "0", "--timeout", "120s"])
@@ -478,21 +446,15 @@ impl Drop for Killed {
 #[test]
 fn a_reused_supervisor_pid_is_no_live_supervisor_and_a_live_one_is_left_alone() {
     let _turn = one_at_a_time();
-    let host = SimHost::new(3, 80 * GIB, "Simulated H200").expect("sim host");
+    let host = Sim::gpus(3).build();
     let (early, _early_host) = live_gpureap();
     let early = Killed(early);
     // Its "server" must be younger by its start time, counted in ticks.
     past_start_tick(early.0.id());
     let mut incident = Incident::new(&host);
-    let under_imposter = incident
-        .holder(&Holder::new("server_under_imposter").on(0, 10 * GIB))
-        .expect("holder");
-    let under_late = incident
-        .holder(&Holder::new("server_under_late_gpureap").on(1, 10 * GIB))
-        .expect("holder");
-    let under_live = incident
-        .holder(&Holder::new("server_under_live_gpureap").on(2, 10 * GIB))
-        .expect("holder");
+    let under_imposter = incident.hold(Holder::new("server_under_imposter").on(0, 10 * GIB));
+    let under_late = incident.hold(Holder::new("server_under_late_gpureap").on(1, 10 * GIB));
+    let under_live = incident.hold(Holder::new("server_under_live_gpureap").on(2, 10 * GIB));
     // The supervisors' PIDs now name a sleep, and a gpureap younger than its "server".
     let imposter = Killed(Command::new("sleep").arg("1000").spawn().expect("sleep"));
     past_start_tick(under_late);

@@ -18,10 +18,6 @@ use crate::run::{Supervisor, read};
 /// The uid and gid of `nobody`, the other user of these tests.
 const NOBODY: u32 = 65534;
 
-fn host() -> SimHost {
-    SimHost::new(1, 80 * GIB, "Simulated H200").expect("sim host")
-}
-
 /// A directory owned by `nobody`, as another user's home would be.
 fn foreign_dir(path: &Path) {
     fs::create_dir_all(path).expect("mkdir");
@@ -69,6 +65,24 @@ fn make_fifo(path: &Path, mode: u32) {
 const FIFO_OPEN: &[&str] = &["wait_for_partner", "fifo_open"];
 
 /// Waits for `child` to end, at most 30 s.
+/// `gpureap run --restart never` with the state directory `state`, then `args`.
+fn run_once(host: &SimHost, state: &str, args: &[&str]) -> Run {
+    let once = ["run", "--restart", "never", "--state-dir", state];
+    run(host, &[&once[..], args].concat())
+}
+
+/// `gpureap run` with the state directory `state`, over a server that says
+/// it is serving at once and then sleeps.
+fn serving(host: &SimHost, state: &Path) -> Supervisor {
+    let mut command = gpureap(host);
+    command
+        .args(["run", "--ready-log", "serving", "--grace", "300ms"])
+        .arg("--state-dir")
+        .arg(state)
+        .args(["--", "bash", "-c", "echo serving; exec sleep 100000"]);
+    Supervisor::start(command)
+}
+
 fn wait(mut child: std::process::Child) -> Run {
     let deadline = Instant::now() + Duration::from_secs(30);
     while child.try_wait().expect("try_wait").is_none() {
@@ -83,7 +97,7 @@ fn wait(mut child: std::process::Child) -> Run {
 
 #[test]
 fn run_refuses_a_state_dir_another_user_seeded_with_symlinks_and_touches_nothing() {
-    let host = host();
+    let host = Sim::gpus(1).build();
     let victim = host.path().join("victim.conf");
     fs::write(&victim, "precious\n").expect("victim file");
     let victim_dir = host.path().join("victim-dir");
@@ -140,11 +154,7 @@ fn run_refuses_a_state_dir_another_user_seeded_with_symlinks_and_touches_nothing
             .stderr(Stdio::piped());
         let result = wait(command.spawn().expect("gpureap run starts"));
         assert_eq!(result.code, 2, "HOME={}: {}", home.display(), result.stderr);
-        assert!(
-            result.stderr.contains(&home.display().to_string()),
-            "{}",
-            result.stderr
-        );
+        assert_contains(&result.stderr, &home.display().to_string());
         assert_eq!(
             entries(home),
             if home == &home_linked {
@@ -172,23 +182,10 @@ fn run_refuses_a_state_dir_another_user_seeded_with_symlinks_and_touches_nothing
 /// sticky directory it is fine.
 #[test]
 fn a_state_dir_below_a_directory_others_may_write_is_refused() {
-    let host = host();
+    let host = Sim::gpus(1).build();
     let started = host.path().join("server-started");
-    let state_run = |state: &Path| {
-        run(
-            &host,
-            &[
-                "run",
-                "--restart",
-                "never",
-                "--state-dir",
-                state.to_str().expect("path"),
-                "--",
-                "touch",
-                started.to_str().expect("path"),
-            ],
-        )
-    };
+    let touch = ["--", "touch", started.to_str().expect("path")];
+    let state_run = |state: &Path| run_once(&host, state.to_str().expect("path"), &touch);
     let shared = host.path().join("shared");
     fs::create_dir(&shared).expect("mkdir");
     fs::set_permissions(&shared, fs::Permissions::from_mode(0o777)).expect("chmod");
@@ -240,7 +237,7 @@ fn a_state_dir_below_a_directory_others_may_write_is_refused() {
 
 #[test]
 fn a_symlink_inside_a_trusted_state_dir_is_neither_read_nor_written_through() {
-    let host = host();
+    let host = Sim::gpus(1).build();
     let state = host.path().join("state");
     fs::create_dir(&state).expect("state dir");
     fs::set_permissions(&state, fs::Permissions::from_mode(0o700)).expect("chmod");
@@ -249,13 +246,7 @@ fn a_symlink_inside_a_trusted_state_dir_is_neither_read_nor_written_through() {
     fs::write(&victim, planted).expect("victim");
     symlink(&victim, state.join("starts.json")).expect("symlink");
 
-    let mut command = gpureap(&host);
-    command
-        .args(["run", "--ready-log", "serving", "--grace", "300ms"])
-        .arg("--state-dir")
-        .arg(&state)
-        .args(["--", "bash", "-c", "echo serving; exec sleep 100000"]);
-    let supervisor = Supervisor::start(command);
+    let supervisor = serving(&host, &state);
     let ready = supervisor.wait_for("ready after", 1);
     assert!(
         ready.contains("no good start recorded yet"),
@@ -271,7 +262,7 @@ fn a_symlink_inside_a_trusted_state_dir_is_neither_read_nor_written_through() {
 
 #[test]
 fn what_run_creates_in_its_state_dir_is_private_whatever_the_umask() {
-    let host = host();
+    let host = Sim::gpus(1).build();
     // Two levels that do not exist yet: both are created.
     let state = host.path().join("new").join("state");
     let log = host.path().join("server.log");
@@ -347,7 +338,7 @@ pub(crate) fn peak_memory(pid: u32) -> u64 {
 
 #[test]
 fn a_huge_starts_json_is_not_read_whole() {
-    let host = host();
+    let host = Sim::gpus(1).build();
     let state = host.path().join("state");
     fs::create_dir(&state).expect("state dir");
     fs::set_permissions(&state, fs::Permissions::from_mode(0o700)).expect("chmod");
@@ -356,13 +347,7 @@ fn a_huge_starts_json_is_not_read_whole() {
         .and_then(|file| file.set_len(512 << 20))
         .expect("huge starts.json");
 
-    let mut command = gpureap(&host);
-    command
-        .args(["run", "--ready-log", "serving", "--grace", "300ms"])
-        .arg("--state-dir")
-        .arg(&state)
-        .args(["--", "bash", "-c", "echo serving; exec sleep 100000"]);
-    let supervisor = Supervisor::start(command);
+    let supervisor = serving(&host, &state);
     let ready = supervisor.wait_for("ready after", 1);
     assert!(ready.contains("no good start recorded yet"), "{ready}");
     let peak = peak_memory(supervisor.child.id());
@@ -391,7 +376,7 @@ fn a_huge_starts_json_is_not_read_whole() {
 /// file, are fine.
 #[test]
 fn run_refuses_a_log_others_could_redirect_and_touches_nothing() {
-    let host = host();
+    let host = Sim::gpus(1).build();
     let base = host.path().join("logs");
     fs::create_dir(&base).expect("mkdir");
     let state = host.path().join("state");
@@ -400,20 +385,11 @@ fn run_refuses_a_log_others_could_redirect_and_touches_nothing() {
     fs::write(&victim, "precious\n").expect("victim");
     fs::set_permissions(&victim, fs::Permissions::from_mode(0o644)).expect("chmod");
     let log_run = |log: &Path| {
-        run(
+        let log = log.to_str().expect("path");
+        run_once(
             &host,
-            &[
-                "run",
-                "--restart",
-                "never",
-                "--state-dir",
-                state,
-                "--log",
-                log.to_str().expect("path"),
-                "--",
-                "echo",
-                "api_key=sk-secret",
-            ],
+            state,
+            &["--log", log, "--", "echo", "api_key=sk-secret"],
         )
     };
 
@@ -507,7 +483,7 @@ fn run_refuses_a_log_others_could_redirect_and_touches_nothing() {
 /// file, and a path with control characters cannot forge an event line.
 #[test]
 fn a_refused_log_opens_nothing_and_leaves_nothing() {
-    let host = host();
+    let host = Sim::gpus(1).build();
     let state = host.path().join("state-never-made");
     let log_run = |log: &std::ffi::OsStr| {
         let mut command = gpureap(&host);
@@ -532,11 +508,7 @@ fn a_refused_log_opens_nothing_and_leaves_nothing() {
     blocked_in(reader.id(), FIFO_OPEN, "cat never opened the FIFO");
     let result = log_run(fifo.as_os_str());
     assert_eq!(result.code, 2, "{}", result.stderr);
-    assert!(
-        result.stderr.contains("not a regular file"),
-        "{}",
-        result.stderr
-    );
+    assert_contains(&result.stderr, "not a regular file");
     // A writer's open would have woken `cat` before gpureap ended: it would
     // no longer wait in its open, whether it had read EOF yet or not.
     let now = wchan(reader.id()).unwrap_or_default();
@@ -558,11 +530,7 @@ fn a_refused_log_opens_nothing_and_leaves_nothing() {
         .expect("gpureap runs")
         .into();
     assert_eq!(result.code, 2, "{}", result.stderr);
-    assert!(
-        result.stderr.contains("refusing the state directory"),
-        "{}",
-        result.stderr
-    );
+    assert_contains(&result.stderr, "refusing the state directory");
     assert!(!log.exists(), "a refused state directory left an empty log");
 
     for name in ["newdir/", "x.log/.", "x.log/.."] {

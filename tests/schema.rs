@@ -2,7 +2,7 @@
 //! docs/json.schema.json: a field renamed, retyped, added or dropped in the
 //! program shows here before it reaches a user's script.
 
-use gpureap_core::driver::sim::incident::{Holder, Incident, SimHost};
+use gpureap_core::driver::sim::incident::Holder;
 use serde_json::Value;
 
 use crate::harness::*;
@@ -32,28 +32,17 @@ pub(crate) fn conforms(validator: &jsonschema::Validator, what: &str, document: 
 #[test]
 fn every_document_matches_the_published_schema() {
     let validator = schema();
-    let host = SimHost::new(3, 80 * GIB, "Simulated H200").expect("sim host");
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(3).stage();
     let launcher = incident
         .sglang(&[
-            Holder::new("sglang::scheduler_TP0").on(0, 30 * GIB),
-            Holder::new("sglang::scheduler_TP1")
-                .on(1, 30 * GIB)
-                .ignoring_sigterm(),
+            scheduler(0, 30 * GIB),
+            scheduler(1, 30 * GIB).ignoring_sigterm(),
         ])
         .expect("sglang");
-    incident
-        .holder(&Holder::new("jupyter-kernel colleague").on(1, 5 * GIB))
-        .expect("notebook");
-    incident
-        .holder(&Holder::new("gpu_exporter --port 9400"))
-        .expect("monitor");
-    incident
-        .holder(&Holder::new("nvidia-smi").on(0, GIB))
-        .expect("protected");
-    incident
-        .holder(&Holder::new("python3 lost.py").on(2, GIB))
-        .expect("on the lost GPU");
+    incident.hold(Holder::new("jupyter-kernel colleague").on(1, 5 * GIB));
+    incident.hold(Holder::new("gpu_exporter --port 9400"));
+    incident.hold(Holder::new("nvidia-smi").on(0, GIB));
+    incident.hold(Holder::new("python3 lost.py").on(2, GIB));
     incident.kill(launcher).expect("kill launcher");
     host.leak(1, 3 * GIB).expect("leak");
     host.lose(2).expect("lose GPU 2");
@@ -89,20 +78,7 @@ fn every_document_matches_the_published_schema() {
         ),
         (
             "free",
-            run(
-                &host,
-                &[
-                    "free",
-                    "--gpu",
-                    "0-2",
-                    "--grace",
-                    "200ms",
-                    "--timeout",
-                    "300ms",
-                    "--yes",
-                    "--json",
-                ],
-            ),
+            run(&host, &free_json(&["--gpu", "0-2"], "200ms", "300ms")),
         ),
     ];
     documents.push((
@@ -163,12 +139,7 @@ fn fleet_documents_match_the_published_schema() {
     use crate::sshd_lab::{Kind, Lab};
     let validator = schema();
     let lab = Lab::new(&[Kind::Up, Kind::Refusing]);
-    lab.hold(
-        "h1",
-        &Holder::new("sglang::scheduler_TP0")
-            .on(0, 30 * GIB)
-            .ignoring_sigterm(),
-    );
+    lab.hold("h1", &scheduler(0, 30 * GIB).ignoring_sigterm());
     lab.host("h1").sim.leak(1, 3 * GIB).expect("leak");
     let runs = [
         ("status -H", lab.run(&["status", "-H", "h1,h2", "--json"])),

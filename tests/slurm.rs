@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use gpureap_core::driver::sim::incident::{Holder, Incident, SimHost};
 
-use crate::harness::{GIB, alive, run};
+use crate::harness::{GIB, Sim, Staging, alive, assert_contains, reap_now, run};
 use cluster::{Cluster, SCONTROL, cluster, wait_for};
 
 /// The PID a staged process recorded under `title` in the host's pids file.
@@ -80,9 +80,7 @@ fn actions(lines: &[serde_json::Value]) -> Vec<String> {
 fn epilog_frees_an_escaped_holder_and_spares_a_bystander() {
     let (cluster, _turn) = cluster();
     let mut incident = Incident::new(&cluster.sim);
-    let bystander = incident
-        .holder(&Holder::new("bystander_on_gpu1").on(1, 3 * GIB))
-        .expect("bystander");
+    let bystander = incident.hold(Holder::new("bystander_on_gpu1").on(1, 3 * GIB));
     // The job's worker escapes the job: setsid + nohup, still running when
     // the batch script ends (proctrack/linuxproc does not catch it).
     let worker = holder_script(
@@ -212,9 +210,7 @@ fn healthcheck_drains_resumes_its_own_drain_and_leaves_an_admins() {
 
     // A process of no job holds GPU 0: drained, with gpureap's reason.
     let mut incident = Incident::new(&cluster.sim);
-    let stray = incident
-        .holder(&Holder::new("stray_holder").on(0, GIB))
-        .expect("stray");
+    let stray = incident.hold(Holder::new("stray_holder").on(0, GIB));
     let first = healthcheck(cluster, &[]);
     assert_eq!(first.code, 1, "{}", first.stderr);
     let drained = reason(cluster).unwrap_or_default();
@@ -282,11 +278,9 @@ fn healthcheck_keeps_a_hostile_comm_on_its_line_in_the_log_and_the_reason() {
         "{}",
         run.stderr
     );
-    assert!(
-        run.stderr
-            .contains(&format!("pid {forger} (x\\ngpureap: ok\\u{{1b}}, root")),
-        "{}",
-        run.stderr
+    assert_contains(
+        &run.stderr,
+        &format!("pid {forger} (x\\ngpureap: ok\\u{{1b}}, root"),
     );
     let reason = cluster.drain_reason().unwrap_or_default();
     assert!(
@@ -307,11 +301,7 @@ fn healthcheck_with_reset_clears_driver_held_memory_instead_of_draining() {
     cluster.sim.leak(0, 5 * GIB).expect("leak");
     let run = healthcheck(cluster, &["--reset"]);
     assert_eq!(run.code, 0, "{}", run.stderr);
-    assert!(
-        run.stderr.contains("GPU 0: reset; 5.0 GiB cleared"),
-        "{}",
-        run.stderr
-    );
+    assert_contains(&run.stderr, "GPU 0: reset; 5.0 GiB cleared");
     assert!(!cluster.sim.path().join("leak.0").exists());
     let (state, _) = cluster.node_state().expect("state");
     assert!(!state.contains("DRAIN"), "{state}");
@@ -331,7 +321,7 @@ fn a_job_without_gpus_is_skipped() {
 
 #[test]
 fn reset_clears_driver_held_memory_and_never_touches_a_gpu_in_use() {
-    let host = SimHost::with_char_devices(2, 80 * GIB, "H200").expect("host");
+    let host = Sim::gpus(2).named("H200").char_devices().build();
     let kind = fs::symlink_metadata(host.path().join("nvidia0")).expect("node");
     assert!(std::os::unix::fs::FileTypeExt::is_char_device(
         &kind.file_type()
@@ -340,11 +330,7 @@ fn reset_clears_driver_held_memory_and_never_touches_a_gpu_in_use() {
     host.leak(0, 5 * GIB).expect("leak");
     let reset = run(&host, &["reset", "--gpu", "0"]);
     assert_eq!(reset.code, 0, "{}{}", reset.stdout, reset.stderr);
-    assert!(
-        reset.stdout.contains("GPU 0: reset; 5.0 GiB cleared"),
-        "{}",
-        reset.stdout
-    );
+    assert_contains(&reset.stdout, "GPU 0: reset; 5.0 GiB cleared");
     assert!(!host.path().join("leak.0").exists());
     let status = run(&host, &["status", "--json"]).json();
     assert_eq!(status["gpus"][0]["memory_used"], 0);
@@ -357,17 +343,11 @@ fn reset_clears_driver_held_memory_and_never_touches_a_gpu_in_use() {
 
     // A GPU someone uses is never reset, leak or not.
     let mut incident = Incident::new(&host);
-    let user = incident
-        .holder(&Holder::new("user_on_gpu1").on(1, GIB))
-        .expect("holder");
+    let user = incident.hold(Holder::new("user_on_gpu1").on(1, GIB));
     host.leak(1, 5 * GIB).expect("leak");
     let refused = run(&host, &["reset", "--gpu", "1"]);
     assert_eq!(refused.code, 1, "{}{}", refused.stdout, refused.stderr);
-    assert!(
-        refused.stdout.contains(&format!("in use by pid {user}")),
-        "{}",
-        refused.stdout
-    );
+    assert_contains(&refused.stdout, &format!("in use by pid {user}"));
     assert!(host.path().join("leak.1").exists());
     assert!(alive(user));
 
@@ -378,7 +358,7 @@ fn reset_clears_driver_held_memory_and_never_touches_a_gpu_in_use() {
 
 #[test]
 fn slurm_commands_outside_slurm_say_what_is_missing() {
-    let host = SimHost::new(1, 80 * GIB, "H200").expect("host");
+    let host = Sim::gpus(1).named("H200").build();
     let epilog = crate::harness::gpureap(&host)
         .args(["slurm", "epilog"])
         .env_remove("SLURM_JOB_ID")
@@ -435,11 +415,9 @@ fn slurm_commands_outside_slurm_say_what_is_missing() {
         .output()
         .expect("runs");
     assert_eq!(missing.status.code(), Some(3));
-    assert!(
-        String::from_utf8_lossy(&missing.stderr)
-            .contains("would drain n1: gpureap: job 7's GPU 3 is not on this host"),
-        "{}",
-        String::from_utf8_lossy(&missing.stderr)
+    assert_contains(
+        &String::from_utf8_lossy(&missing.stderr),
+        "would drain n1: gpureap: job 7's GPU 3 is not on this host",
     );
 }
 
@@ -448,9 +426,7 @@ fn epilog_reports_an_unexpected_holder_and_never_signals_it() {
     let (cluster, _turn) = cluster();
     // Root's process on GPU 0, which job 4242 of user nobody had to itself.
     let mut incident = Incident::new(&cluster.sim);
-    let foreign = incident
-        .holder(&Holder::new("foreign_holder").on(0, GIB))
-        .expect("holder");
+    let foreign = incident.hold(Holder::new("foreign_holder").on(0, GIB));
     let epilog: crate::harness::Run = Command::new(env!("CARGO_BIN_EXE_gpureap"))
         .args(["--backend", &cluster.sim.backend()])
         .args(["slurm", "epilog", "--scontrol", SCONTROL])
@@ -479,8 +455,7 @@ fn epilog_reports_an_unexpected_holder_and_never_signals_it() {
 
 #[test]
 fn epilog_with_reset_frees_a_root_jobs_leftover_and_resets_driver_held_memory() {
-    let host = SimHost::with_char_devices(2, 80 * GIB, "H200").expect("host");
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(2).named("H200").char_devices().stage();
     // A root job's worker is known by its environment only; a root process
     // without it on the same GPU is not the job's.
     let leftover = Holder::new("root_job_leftover").on(0, 2 * GIB);
@@ -503,13 +478,7 @@ fn epilog_with_reset_frees_a_root_jobs_leftover_and_resets_driver_held_memory() 
         .into();
     assert_eq!(epilog.code, 0, "{}", epilog.stderr);
     assert!(!alive(leftover), "{}", epilog.stderr);
-    assert!(
-        epilog
-            .stderr
-            .contains("reset: GPU 1: reset; 5.0 GiB cleared"),
-        "{}",
-        epilog.stderr
-    );
+    assert_contains(&epilog.stderr, "reset: GPU 1: reset; 5.0 GiB cleared");
     assert!(!host.path().join("leak.1").exists());
 }
 
@@ -756,7 +725,7 @@ fn healthcheck_keeps_drained_a_node_where_an_ended_jobs_leftover_took_a_protecte
     // The real nvidia-smi, of no job, and a daemon of root's that a prolog
     // started (a job id Slurm has forgotten) are what a protected name spares:
     // monitors, with every node open and no context.
-    let daemon = incident.holder(&Holder::new("nvidia-smi")).expect("daemon");
+    let daemon = incident.hold(Holder::new("nvidia-smi"));
     let started = Holder::new("nv-hostengine");
     incident
         .spawn(
@@ -905,9 +874,7 @@ fn the_epilog_deadline_ends_a_hung_scontrol_with_what_it_forked_and_still_drains
     .expect("chmod");
     // Root's process on GPU 0, which job 4545 had: the epilog drains.
     let mut incident = Incident::new(&cluster.sim);
-    let foreign = incident
-        .holder(&Holder::new("foreign_holder").on(0, GIB))
-        .expect("holder");
+    let foreign = incident.hold(Holder::new("foreign_holder").on(0, GIB));
     let started = std::time::Instant::now();
     let epilog: crate::harness::Run = Command::new(env!("CARGO_BIN_EXE_gpureap"))
         .args(["--backend", &cluster.sim.backend()])
@@ -1246,21 +1213,19 @@ fn a_leftover_naming_its_users_job_without_gpus_is_no_gpu_jobs_process() {
     // The health check agrees while job C runs.
     let check = healthcheck(cluster, &[]);
     assert_eq!(check.code, 1, "{}", check.stderr);
-    assert!(
-        check.stderr.contains(&format!(
+    assert_contains(
+        &check.stderr,
+        &format!(
             "names job {cpu_only}, which Slurm gave GPU none on {}, not GPU 0",
             cluster.node
-        )),
-        "{}",
-        check.stderr
+        ),
     );
     fs::write(cluster.dir.join("cpu-only-go"), "").expect("go");
 }
 
 #[test]
 fn a_root_jobs_epilog_spares_a_daemon_its_prolog_started_under_a_protected_name() {
-    let host = SimHost::with_char_devices(1, 80 * GIB, "H200").expect("host");
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(1).named("H200").char_devices().stage();
     // Root's job 4545: its prolog started nv-hostengine (root, with the
     // job's id in its environment and a context on GPU 0); its worker was
     // left behind. Both run as root and name the job.
@@ -1289,13 +1254,7 @@ fn a_root_jobs_epilog_spares_a_daemon_its_prolog_started_under_a_protected_name(
     // Root owns the host's daemons: a protected name under root is taken for
     // the daemon, reported (the node would be drained), never signalled.
     assert!(alive(daemon), "{}", epilog.stderr);
-    assert!(
-        epilog
-            .stderr
-            .contains(&format!("held: GPU 0: pid {daemon} ")),
-        "{}",
-        epilog.stderr
-    );
+    assert_contains(&epilog.stderr, &format!("held: GPU 0: pid {daemon} "));
     assert_ne!(epilog.code, 0, "{}", epilog.stderr);
 }
 
@@ -1365,11 +1324,7 @@ fn an_unknown_job_is_told_without_reading_scontrols_message() {
         );
         reasons.push(cluster.drain_reason().unwrap_or_default());
     }
-    assert!(
-        reasons[0].contains(&format!("pid {claimant} ")),
-        "{}",
-        reasons[0]
-    );
+    assert_contains(&reasons[0], &format!("pid {claimant} "));
     assert_eq!(reasons[0], reasons[1]);
 }
 
@@ -1406,11 +1361,7 @@ fn healthcheck_drains_for_an_xid_of_the_list_naming_it_and_the_gpu() {
             && reason.ends_with("(GPU has fallen off the bus)"),
         "{reason}"
     );
-    assert!(
-        drained.stderr.contains("evidence: GPU 1: Xid 79 at "),
-        "{}",
-        drained.stderr
-    );
+    assert_contains(&drained.stderr, "evidence: GPU 1: Xid 79 at ");
     assert!(
         drained
             .stderr
@@ -1454,20 +1405,17 @@ fn reap_slurm_ended_frees_what_a_finished_job_left_and_not_a_running_jobs() {
     let dir = tempfile::tempdir().expect("dir");
     let log = dir.path().join("reap.jsonl");
     let reap = crate::harness::gpureap(&cluster.sim)
-        .args([
-            "reap",
+        .args(reap_now(
             "--slurm-ended",
-            "--older-than",
-            "0s",
-            "--interval",
-            "100ms",
-            "--grace",
-            "100ms",
-            "--enforce",
-            "--scontrol",
-            SCONTROL,
-            "--log",
-        ])
+            &[
+                "--grace",
+                "100ms",
+                "--enforce",
+                "--scontrol",
+                SCONTROL,
+                "--log",
+            ],
+        ))
         .arg(&log)
         .env("SLURM_CONF", cluster.conf())
         .output()

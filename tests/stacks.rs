@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gpureap_core::driver::sim::incident::{Holder, Incident, SimHost};
+use gpureap_core::driver::sim::incident::{Holder, SimHost};
 use serde_json::Value;
 
 use crate::harness::*;
@@ -54,10 +54,6 @@ impl Drop for Blocked {
         drop(self.child.stdin.take());
         let _ = self.child.wait();
     }
-}
-
-fn host() -> SimHost {
-    SimHost::new(2, 80 * GIB, "Simulated H200").expect("sim host")
 }
 
 /// `gpureap dump` with `args` on `host`, PATH set to `path`; the run and
@@ -109,7 +105,7 @@ fn py_spy_names_the_function_a_python_process_is_blocked_in() {
     if !py_spy_installed() {
         return skip("py-spy is not on PATH (.ci/run installs it: pip install py-spy)");
     }
-    let host = host();
+    let host = Sim::gpus(2).build();
     let blocked = Blocked::start();
     let (run, folder) = dump(&host, None, &["--pid", &blocked.pid.to_string()]);
     assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
@@ -149,7 +145,7 @@ fn py_spy_names_the_function_a_python_process_is_blocked_in() {
 
 #[test]
 fn without_py_spy_the_note_says_how_to_install_it_and_kernel_stacks_remain() {
-    let host = host();
+    let host = Sim::gpus(2).build();
     let blocked = Blocked::start();
     let empty = host.path().join("no-py-spy");
     std::fs::create_dir(&empty).expect("dir");
@@ -196,7 +192,7 @@ fn fake_py_spy(host: &SimHost, body: &str) -> String {
 
 #[test]
 fn a_py_spy_that_hangs_is_stopped_with_what_it_started_and_noted() {
-    let host = host();
+    let host = Sim::gpus(2).build();
     let blocked = Blocked::start();
     let marker = host.path().join("hung.pid");
     let path = fake_py_spy(
@@ -235,7 +231,7 @@ fn a_py_spy_that_hangs_is_stopped_with_what_it_started_and_noted() {
 
 #[test]
 fn py_spy_garbage_is_bounded_and_escaped() {
-    let host = host();
+    let host = Sim::gpus(2).build();
     let blocked = Blocked::start();
     let path = fake_py_spy(
         &host,
@@ -264,11 +260,8 @@ fn py_spy_garbage_is_bounded_and_escaped() {
 
 #[test]
 fn dump_selects_as_free_does_and_refuses_what_it_cannot_take() {
-    let host = host();
-    let mut incident = Incident::new(&host);
-    let holder = incident
-        .holder(&Holder::new("sglang::scheduler_TP0").on(1, 10 * GIB))
-        .expect("holder");
+    let (host, mut incident) = Sim::gpus(2).stage();
+    let holder = incident.hold(Holder::new("sglang::scheduler_TP0").on(1, 10 * GIB));
     let (by_match, folder) = dump(&host, None, &["--match", "scheduler_TP"]);
     assert_eq!(by_match.code, 0, "{}{}", by_match.stdout, by_match.stderr);
     let bundle = bundle_json(&folder.expect("folder"));
@@ -313,11 +306,7 @@ fn dump_selects_as_free_does_and_refuses_what_it_cannot_take() {
         .expect("runs")
         .into();
     assert_eq!(refused.code, 2, "{}", refused.stderr);
-    assert!(
-        refused.stderr.contains("refusing --out"),
-        "{}",
-        refused.stderr
-    );
+    assert_contains(&refused.stderr, "refusing --out");
     assert_eq!(std::fs::read_dir(&open).expect("dir").count(), 0);
 }
 
@@ -329,11 +318,8 @@ fn dump_selects_as_free_does_and_refuses_what_it_cannot_take() {
 #[test]
 fn dump_refuses_an_out_below_a_directory_others_may_write() {
     use std::os::unix::fs::PermissionsExt as _;
-    let host = host();
-    let mut incident = Incident::new(&host);
-    let holder = incident
-        .holder(&Holder::new("sglang::scheduler_TP0").on(1, 10 * GIB))
-        .expect("holder");
+    let (host, mut incident) = Sim::gpus(2).stage();
+    let holder = incident.hold(Holder::new("sglang::scheduler_TP0").on(1, 10 * GIB));
     let chmod = |path: &Path, mode: u32| {
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod")
     };
@@ -508,11 +494,7 @@ fn run_dump_asks_the_supervisor_for_a_bundle_and_prints_it() {
     // Gone: nothing to ask, and its registration went with it.
     let after = dump(&["--state-dir", &state]);
     assert_eq!(after.code, 2, "{}", after.stderr);
-    assert!(
-        after.stderr.contains("no gpureap run is supervising"),
-        "{}",
-        after.stderr
-    );
+    assert_contains(&after.stderr, "no gpureap run is supervising");
     let registrations = setup.state.join("supervisors");
     assert_eq!(std::fs::read_dir(&registrations).expect("dir").count(), 0);
     // A SIGKILLed supervisor's registration names a process that is gone: removed, not signalled.
@@ -546,7 +528,7 @@ os.waitpid(child, 0)
 /// not reaped it: no "no stack read", no "waits in ?", no py-spy run on it.
 #[test]
 fn a_zombie_is_dumped_as_a_zombie_with_the_parent_that_has_not_reaped_it() {
-    let host = host();
+    let host = Sim::gpus(2).build();
     let mut parent = Command::new("python3")
         .args(["-c", ZOMBIE_PARENT])
         .stdin(Stdio::piped())

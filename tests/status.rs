@@ -6,10 +6,6 @@ use gpureap_core::units::Bytes;
 
 use crate::harness::*;
 
-fn host(gpus: u32) -> SimHost {
-    SimHost::new(gpus, 80 * GIB, "Simulated H200").expect("sim host")
-}
-
 /// One row of the holders table, cut into its columns.
 #[derive(Debug)]
 struct Row {
@@ -90,28 +86,18 @@ fn fits_120_columns(stdout: &str) {
 
 #[test]
 fn eight_gpus_by_eight_workers_each_on_its_own_gpu() {
-    let host = SimHost::new(8, 141 * GIB, "NVIDIA H200 (simulated)").expect("sim host");
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(8)
+        .memory(141 * GIB)
+        .named("NVIDIA H200 (simulated)")
+        .stage();
     let memory = |rank: u32| 70 * GIB + u64::from(rank) * GIB / 4;
     // As CUDA does: every worker has all eight nodes open, a context on its own GPU only.
-    let workers: Vec<Holder> = (0..8)
-        .map(|rank| Holder::new(&format!("sglang::scheduler_TP{rank}")).on(rank, memory(rank)))
-        .collect();
-    incident.sglang(&workers).expect("sglang tree");
-    let tp: Vec<u32> = (0..8)
-        .map(|rank| {
-            incident
-                .pid_of(&format!("sglang::scheduler_TP{rank}"))
-                .expect("worker")
-        })
-        .collect();
+    let (_, tp) = incident.sglang_tree(std::array::from_fn::<_, 8, _>(|rank| {
+        scheduler(rank as u32, memory(rank as u32))
+    }));
     let notebook_title = "jupyter-kernel --notebook /home/colleague/experiments/long-context-ablation-2026-11/analysis-of-the-results.ipynb";
-    let notebook = incident
-        .holder(&Holder::new(notebook_title).on(3, 6 * GIB))
-        .expect("notebook");
-    let exporter = incident
-        .holder(&Holder::new("gpu_exporter --port 9400"))
-        .expect("exporter");
+    let notebook = incident.hold(Holder::new(notebook_title).on(3, 6 * GIB));
+    let exporter = incident.hold(Holder::new("gpu_exporter --port 9400"));
 
     // --monitors: every process's descriptors, the exporter among them.
     let table = run(&host, &["status", "--monitors"]);
@@ -185,15 +171,7 @@ fn eight_gpus_by_eight_workers_each_on_its_own_gpu() {
     assert!(!tree.stdout.contains(": unknown"), "{}", tree.stdout);
 
     let status = run(&host, &["status", "--json"]).json();
-    let holder = |pid: u32| {
-        status["holders"]
-            .as_array()
-            .expect("holders")
-            .iter()
-            .find(|holder| holder["pid"] == pid)
-            .unwrap_or_else(|| panic!("{pid} not listed: {status:#}"))
-            .clone()
-    };
+    let holder = |pid: u32| holder_of(&status, pid);
     for (rank, &pid) in tp.iter().enumerate() {
         let gpus = holder(pid)["gpus"].as_array().expect("gpus").clone();
         assert_eq!(gpus.len(), 8, "every node open");
@@ -253,14 +231,9 @@ fn eight_gpus_by_eight_workers_each_on_its_own_gpu() {
 
 #[test]
 fn where_no_driver_answers_an_open_node_is_shown_as_weaker_evidence() {
-    let host = host(2);
-    let mut incident = Incident::new(&host);
-    let worker = incident
-        .holder(&Holder::new("sglang::scheduler_TP0").on(0, 40 * GIB))
-        .expect("worker");
-    let watcher = incident
-        .holder(&Holder::new("gpu_exporter --port 9400"))
-        .expect("exporter");
+    let (host, mut incident) = Sim::gpus(2).stage();
+    let worker = incident.hold(scheduler(0, 40 * GIB));
+    let watcher = incident.hold(Holder::new("gpu_exporter --port 9400"));
     host.lose(1).expect("lose GPU 1");
 
     let table = run(&host, &["status"]);
@@ -286,11 +259,8 @@ fn where_no_driver_answers_an_open_node_is_shown_as_weaker_evidence() {
         "{}",
         table.stdout
     );
-    assert!(
-        table.stdout.contains("weaker evidence") && table.stdout.contains("GPU 1 is lost"),
-        "{}",
-        table.stdout
-    );
+    assert_contains(&table.stdout, "weaker evidence");
+    assert_contains(&table.stdout, "GPU 1 is lost");
     let tree = run(&host, &["status", "--tree"]);
     assert!(
         tree.stdout.contains("GPU 0: 40.0 GiB  GPU (1): nodes open")
@@ -308,11 +278,8 @@ fn where_no_driver_answers_an_open_node_is_shown_as_weaker_evidence() {
 
 #[test]
 fn unknown_memory_says_why() {
-    let host = host(1);
-    let mut incident = Incident::new(&host);
-    let holder = incident
-        .holder(&Holder::new("python3 serve.py").on(0, 4 * GIB))
-        .expect("holder");
+    let (host, mut incident) = Sim::gpus(1).stage();
+    let holder = incident.hold(Holder::new("python3 serve.py").on(0, 4 * GIB));
     std::fs::write(host.path().join(format!("claims/{holder}.0")), "unknown").expect("claim");
 
     let table = run(&host, &["status"]);
@@ -322,18 +289,11 @@ fn unknown_memory_says_why() {
         (row[0].gpu.as_str(), row[0].memory.as_str()),
         ("0", "unknown")
     );
-    assert!(
-        table.stdout.contains("reports no memory figure") && table.stdout.contains("MIG"),
-        "{}",
-        table.stdout
-    );
+    assert_contains(&table.stdout, "reports no memory figure");
+    assert_contains(&table.stdout, "MIG");
     assert!(!table.stdout.contains("not running as root"));
     let as_nobody = run_as_nobody(&host, &["status"]);
-    assert!(
-        as_nobody.stdout.contains("gpureap is not running as root"),
-        "{}",
-        as_nobody.stdout
-    );
+    assert_contains(&as_nobody.stdout, "gpureap is not running as root");
     let status = run(&host, &["status", "--json"]).json();
     assert_eq!(
         gpu(&status, 0)["memory_unattributed"],
@@ -348,11 +308,8 @@ fn unknown_memory_says_why() {
 
 #[test]
 fn a_process_younger_than_a_second_shows_its_age_in_tenths() {
-    let host = host(1);
-    let mut incident = Incident::new(&host);
-    let holder = incident
-        .holder(&Holder::new("python3 young.py").on(0, GIB))
-        .expect("holder");
+    let (host, mut incident) = Sim::gpus(1).stage();
+    let holder = incident.hold(Holder::new("python3 young.py").on(0, GIB));
     let table = run(&host, &["status"]);
     let row = table
         .stdout
@@ -373,8 +330,7 @@ fn a_process_younger_than_a_second_shows_its_age_in_tenths() {
 /// written out, and never reaches the terminal of whoever reads the table.
 #[test]
 fn control_characters_in_a_command_line_never_reach_the_terminal() {
-    let host = host(1);
-    let mut incident = Incident::new(&host);
+    let (host, mut incident) = Sim::gpus(1).stage();
     let pid = incident
         .holder(&Holder::new("evil\x1b[2J\x1b]0;pwned\x07\rpython3").on(0, GIB))
         .expect("holder");
@@ -539,7 +495,7 @@ fn without_a_driver_dev_nvidia_openers_are_placed_by_minor() {
 #[test]
 fn a_driver_error_is_written_as_its_message() {
     const LOST: &str = "GPU 1 is lost (fallen off the bus or otherwise inaccessible)";
-    let host = host(2);
+    let host = Sim::gpus(2).build();
     host.lose(1).expect("lost");
     let status = run(&host, &["status", "--json"]);
     let json = status.json();
@@ -584,11 +540,7 @@ fn a_driver_error_is_written_as_its_message() {
     );
     assert_eq!(json["driver_error"], serde_json::Value::Null);
     let text = run(&host, &["status"]);
-    assert!(
-        text.stdout.contains(&format!("GPU 1 error: {LOST}")),
-        "{}",
-        text.stdout
-    );
+    assert_contains(&text.stdout, &format!("GPU 1 error: {LOST}"));
     let wait = run(&host, &["wait", "--gpu", "1", "--timeout", "1h", "--json"]);
     assert_eq!(wait.json()["gpus"][0]["error"], LOST, "{}", wait.stdout);
 
@@ -610,14 +562,10 @@ fn a_driver_error_is_written_as_its_message() {
 /// lists explain every byte, only the listed processes are inspected.
 #[test]
 fn memory_the_lists_do_not_explain_makes_status_read_every_process() {
-    let host = SimHost::new(2, 80 * GIB, "Simulated H200").expect("sim host");
-    let mut incident = Incident::new(&host);
-    let server = incident
-        .holder(&Holder::new("python3 -m vllm.entrypoints.openai.api_server").on(0, 20 * GIB))
-        .expect("server");
-    let exporter = incident
-        .holder(&Holder::new("gpu_exporter --port 9400"))
-        .expect("exporter");
+    let (host, mut incident) = Sim::gpus(2).stage();
+    let server =
+        incident.hold(Holder::new("python3 -m vllm.entrypoints.openai.api_server").on(0, 20 * GIB));
+    let exporter = incident.hold(Holder::new("gpu_exporter --port 9400"));
     let pids = |status: &serde_json::Value| -> Vec<u64> {
         status["holders"]
             .as_array()
@@ -659,7 +607,7 @@ fn memory_the_lists_do_not_explain_makes_status_read_every_process() {
 /// does not say, and the advice, in the JSON and as notes under the table.
 #[test]
 fn status_shows_each_gpus_hardware_evidence_and_its_advice() {
-    let host = SimHost::new(2, 80 * GIB, "Simulated H200").expect("sim host");
+    let host = Sim::gpus(2).build();
     host.leak(1, 3 * GIB).expect("leak");
     host.xid(
         1,
@@ -710,11 +658,7 @@ fn status_shows_each_gpus_hardware_evidence_and_its_advice() {
         "{advice}"
     );
     let table = run(&host, &["status"]);
-    assert!(
-        table.stdout.contains("GPU 1: Xid 79 at "),
-        "{}",
-        table.stdout
-    );
+    assert_contains(&table.stdout, "GPU 1: Xid 79 at ");
     assert!(
         table
             .stdout
@@ -802,7 +746,7 @@ fn libc_nonblock() -> i32 {
 #[test]
 fn a_huge_or_hostile_kernel_log_is_read_bounded() {
     use std::io::Write as _;
-    let host = SimHost::new(1, 80 * GIB, "Simulated H200").expect("sim host");
+    let host = Sim::gpus(1).build();
     {
         let mut file = std::fs::File::create(host.path().join("kmsg")).expect("kmsg");
         let junk = "3,1,1,-;NVRM: Xid (PCI:0000:01:00): 13, \u{1b}[2J garbage\n4,2,2,-;unrelated line\n\u{0}\u{7f}\u{1b}\n";
@@ -834,11 +778,7 @@ fn a_huge_or_hostile_kernel_log_is_read_bounded() {
     assert!(fifo.success());
     let result = run(&host, &["status"]);
     assert_eq!(result.code, 0, "{}", result.stderr);
-    assert!(
-        result.stdout.contains("not read: not a plain file"),
-        "{}",
-        result.stdout
-    );
+    assert_contains(&result.stdout, "not read: not a plain file");
 }
 
 /// The figures of the last line of `status --json` with `GPUREAP_LOG=debug`
@@ -894,7 +834,7 @@ fn figure(figures: &[(String, u64)], name: &str) -> u64 {
 /// figures that agree with each other; without it, nothing of it is said.
 #[test]
 fn debug_logs_the_memory_at_exit() {
-    let host = host(1);
+    let host = Sim::gpus(1).build();
     let (line, figures) = memory_at_exit(&host, &[], &["status", "--json"]);
     let at = |name| figure(&figures, name);
     let parts = at("rss_anon_kib") + at("rss_file_kib") + at("rss_shmem_kib");
@@ -919,7 +859,7 @@ fn modes_left_running_allocate_from_one_malloc_arena_unless_told_otherwise() {
     if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
         return skip("one core: the /proc scan runs on one thread");
     }
-    let host = host(1);
+    let host = Sim::gpus(1).build();
     // More than 256 processes: the scan takes a second thread.
     let _crowd = crate::incidents::Crowd::new(300);
     let (line, figures) = memory_at_exit(&host, &[], &["status", "--json", "--monitors"]);
@@ -982,15 +922,11 @@ fn exporter_memory_at_exit(host: &SimHost, env: &[(&str, &str)]) -> (String, Vec
 #[test]
 fn status_shows_each_gpus_activity_and_reserved_memory_where_the_driver_says() {
     use gpureap_core::driver::sim::incident::H100_RESERVED;
-    let host = SimHost::new(2, 80 * GIB, "NVIDIA H100 80GB HBM3").expect("sim host");
+    let host = Sim::gpus(2).named("NVIDIA H100 80GB HBM3").build();
     host.reserve(H100_RESERVED).expect("reserved");
     let mut incident = Incident::new(&host);
-    let busy = incident
-        .holder(&Holder::new("sglang::scheduler_TP0").on(0, 30 * GIB))
-        .expect("busy worker");
-    let idle = incident
-        .holder(&Holder::new("sglang::scheduler_TP1").on(0, 10 * GIB))
-        .expect("idle worker");
+    let busy = incident.hold(scheduler(0, 30 * GIB));
+    let idle = incident.hold(Holder::new("sglang::scheduler_TP1").on(0, 10 * GIB));
     host.activity(
         0,
         &format!(
@@ -1079,11 +1015,8 @@ fn status_shows_each_gpus_activity_and_reserved_memory_where_the_driver_says() {
 /// as it was (no columns of question marks).
 #[test]
 fn status_without_activity_says_null_and_keeps_its_table() {
-    let host = host(1);
-    let mut incident = Incident::new(&host);
-    incident
-        .holder(&Holder::new("python3 train.py").on(0, 2 * GIB))
-        .expect("holder");
+    let (host, mut incident) = Sim::gpus(1).stage();
+    incident.hold(Holder::new("python3 train.py").on(0, 2 * GIB));
     let document = run(&host, &["status", "--json"]).json();
     let gpu0 = gpu(&document, 0);
     for unknown in [
