@@ -56,7 +56,8 @@ fn main() {
 /// x86_64 Linux since Rust 1.90 (an older rustc links with the system's ld,
 /// which does not), not a linker set apart (cargo-zigbuild's zig cc for the
 /// portable build, `-C linker=`, `-fuse-ld=`). A name the binary lacks (a
-/// file older than the code) is passed over.
+/// file older than the code) is passed over. The same linker folds the
+/// crates' identical copies of generic functions (`--icf=all`).
 fn text_order(root: &Path) {
     // Rerun on its changes: it is one of SOURCES.
     const ORDER: &str = "link/text-order.txt";
@@ -79,6 +80,13 @@ fn text_order(root: &Path) {
             println!("cargo:rustc-link-arg-bins=--symbol-ordering-file={order}");
             println!("cargo:rustc-link-arg-bins=-Wl,--no-warn-symbol-ordering");
         }
+        // Each crate of the workspace instantiates the generic functions it
+        // uses (Vec's, serde's) in copies of its own, byte for byte the same:
+        // the linker folds them into one (identical code folding), so the
+        // split into crates costs the binary nothing. Rust gives a function
+        // no address identity (its functions are `unnamed_addr`). The
+        // artifacts' build (fat LTO) merges them before linking.
+        println!("cargo:rustc-link-arg-bins=-Wl,--icf=all");
     }
 }
 

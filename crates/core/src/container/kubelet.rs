@@ -179,11 +179,13 @@ mod client {
 
 /// A device plugin's resource of whole or shared GPUs: `nvidia.com/gpu`, and
 /// the renamed resources of time-slicing setups (`nvidia.com/gpu.shared`).
+#[cfg(feature = "kubelet")]
 pub(crate) fn is_gpu_resource(name: &str) -> bool {
     name.starts_with("nvidia.com/gpu")
 }
 
 /// The GPU a device id names: a time-sliced replica `GPU-uuid::3` is GPU-uuid.
+#[cfg(feature = "kubelet")]
 pub(crate) fn gpu_of_device(id: &str) -> &str {
     id.split("::").next().unwrap_or(id)
 }
@@ -192,6 +194,7 @@ pub(crate) fn gpu_of_device(id: &str) -> &str {
 mod tests {
     use super::*;
 
+    #[cfg(feature = "kubelet")]
     #[test]
     fn replicas_name_their_gpu() {
         assert_eq!(gpu_of_device("GPU-1234::2"), "GPU-1234");
@@ -199,6 +202,7 @@ mod tests {
         assert_eq!(gpu_of_device(""), "");
     }
 
+    #[cfg(feature = "kubelet")]
     #[test]
     fn gpu_resources_by_name() {
         assert!(is_gpu_resource("nvidia.com/gpu"));
