@@ -9,6 +9,7 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
 use comfy_table::{Cell, CellAlignment};
+use serde::Deserialize;
 
 use super::HostResult;
 use crate::hostlist;
@@ -31,10 +32,7 @@ pub fn status(results: &[HostResult]) -> String {
     let mut quiet = Vec::new();
     let mut quiet_gpus = 0;
     let mut notes = Vec::new();
-    for result in results {
-        let Some(status) = view::<StatusView>(&result.answer.report) else {
-            continue;
-        };
+    for (result, status) in answered::<StatusView>(results) {
         let host = result.host.as_str();
         let holders: Vec<&HolderView> = status.holders.iter().filter(|h| h.holds()).collect();
         let busy: Vec<&GpuView> = status
@@ -264,6 +262,16 @@ fn right_aligned(row: Vec<String>, columns: &[usize]) -> Vec<Cell> {
         .collect()
 }
 
+/// The hosts that answered, each beside its document read as `T`; a host
+/// without one is left to `failures`.
+fn answered<'a, T: Deserialize<'a>>(
+    results: &'a [HostResult],
+) -> impl Iterator<Item = (&'a HostResult, T)> {
+    results
+        .iter()
+        .filter_map(|result| Some((result, view::<T>(&result.answer.report)?)))
+}
+
 /// Hosts folded into one line: `Nothing in scope on 3 hosts: h[3-5]`.
 pub fn fold(out: &mut String, what: &str, hosts: &[&str], detail: &str) {
     if !hosts.is_empty() {
@@ -315,10 +323,7 @@ pub fn free_plan(results: &[HostResult]) -> String {
     let mut nothing = Vec::new();
     let mut spared = Vec::new();
     let mut scopes = Vec::new();
-    for result in results {
-        let Some(plan) = view::<FreeView>(&result.answer.report) else {
-            continue;
-        };
+    for (result, plan) in answered::<FreeView>(results) {
         if plan.targets.is_empty() {
             nothing.push(result.host.as_str());
         }
@@ -385,10 +390,7 @@ pub fn free_outcome(results: &[HostResult]) -> String {
     let mut rows = Vec::new();
     let mut lines = Vec::new();
     let mut nothing = Vec::new();
-    for result in results {
-        let Some(outcome) = view::<FreeView>(&result.answer.report) else {
-            continue;
-        };
+    for (result, outcome) in answered::<FreeView>(results) {
         let host = result.host.as_str();
         if outcome.targets.is_empty() && outcome.gpus.is_empty() {
             nothing.push(host);
@@ -477,10 +479,7 @@ pub fn wait(results: &[HostResult]) -> String {
     let mut ready = Vec::new();
     let mut busy_lines = Vec::new();
     let mut busy_hosts = Vec::new();
-    for result in results {
-        let Some(wait) = view::<WaitView>(&result.answer.report) else {
-            continue;
-        };
+    for (result, wait) in answered::<WaitView>(results) {
         if wait.ready {
             ready.push(result.host.as_str());
             continue;
@@ -540,10 +539,7 @@ pub fn wait(results: &[HostResult]) -> String {
 /// GPUs, model cache and holders; the hosts that failed last.
 pub fn plan(results: &[HostResult]) -> String {
     let mut out = String::new();
-    for result in results {
-        let Some(plan) = view::<PlanView>(&result.answer.report) else {
-            continue;
-        };
+    for (result, plan) in answered::<PlanView>(results) {
         let verdict = match &*plan.fit.verdict {
             "fits" => render::verdict_text(Verdict::Fits),
             "fits_after_free" => render::verdict_text(Verdict::FitsAfterFree),
