@@ -323,31 +323,23 @@ impl Snapshot {
 
     /// The MPS servers on a GPU (by the driver's list), by PID.
     pub fn mps_servers_on(&self, gpu: u32) -> Vec<u32> {
-        self.details
-            .iter()
-            .filter(|(_, details)| {
-                details
-                    .mps
-                    .as_ref()
-                    .is_some_and(|link| link.role == Role::Server)
-            })
-            .map(|(&pid, _)| pid)
+        self.mps_linked(|link| link.role == Role::Server)
             .filter(|&pid| self.gpus_used_by(pid).contains(&gpu))
             .collect()
     }
 
     /// The clients that go through this server, by PID.
     pub(crate) fn mps_clients_of(&self, server: u32) -> Vec<u32> {
+        self.mps_linked(|link| link.role == Role::Client && link.server == Some(server))
+            .collect()
+    }
+
+    /// The PIDs whose link to MPS is of this kind.
+    fn mps_linked(&self, wanted: impl Fn(&MpsLink) -> bool) -> impl Iterator<Item = u32> {
         self.details
             .iter()
-            .filter(|(_, details)| {
-                details
-                    .mps
-                    .as_ref()
-                    .is_some_and(|link| link.role == Role::Client && link.server == Some(server))
-            })
+            .filter(move |(_, details)| details.mps.as_ref().is_some_and(&wanted))
             .map(|(&pid, _)| pid)
-            .collect()
     }
 }
 
