@@ -661,19 +661,9 @@ fn read_process(
         Err(_) => return read_process_slowly(base, pid, classify, buffers),
     };
     let stat = read_stat(&open_file(&descriptors, "../stat")?, &mut buffers.stat)?;
-    let mut nodes = BTreeSet::new();
-    let mut fd_error = None;
-    if stat.flags & PF_KTHREAD == 0 {
-        match scan_fds(descriptors, classify, buffers, &mut nodes) {
-            Ok(()) => {}
-            Err(error) if error == rustix::io::Errno::NOENT || error == rustix::io::Errno::SRCH => {
-                return None;
-            }
-            Err(error) => fd_error = Some(io::Error::from(error).to_string()),
-        }
-    }
-    let readable = fd_error.is_none();
-    Some((record_of(pid, stat, nodes, readable), fd_error))
+    record_with_fds(pid, stat, |nodes| {
+        scan_fds(descriptors, classify, buffers, nodes)
+    })
 }
 
 /// `read_process` for a process whose descriptor directory could not be
@@ -695,16 +685,30 @@ fn read_process_slowly(
     )
     .ok()?;
     let stat = read_stat(&open_file(&directory, "stat")?, &mut buffers.stat)?;
-    let mut nodes = BTreeSet::new();
-    let mut fd_error = None;
-    if stat.flags & PF_KTHREAD == 0 {
-        let opened = rustix::fs::openat(
+    record_with_fds(pid, stat, |nodes| {
+        let descriptors = rustix::fs::openat(
             &directory,
             "fd",
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
             Mode::empty(),
-        );
-        match opened.and_then(|descriptors| scan_fds(descriptors, classify, buffers, &mut nodes)) {
+        )?;
+        scan_fds(descriptors, classify, buffers, nodes)
+    })
+}
+
+/// A process's record from its stat and, unless it is a kernel thread, the
+/// device nodes `scan` finds among its descriptors: `None` when the process
+/// went meanwhile (ENOENT, ESRCH); any other failure is kept as why its
+/// descriptors could not be read.
+fn record_with_fds(
+    pid: u32,
+    stat: Stat,
+    scan: impl FnOnce(&mut BTreeSet<Node>) -> Result<(), rustix::io::Errno>,
+) -> Option<(ProcessRecord, Option<String>)> {
+    let mut nodes = BTreeSet::new();
+    let mut fd_error = None;
+    if stat.flags & PF_KTHREAD == 0 {
+        match scan(&mut nodes) {
             Ok(()) => {}
             Err(error) if error == rustix::io::Errno::NOENT || error == rustix::io::Errno::SRCH => {
                 return None;
