@@ -125,6 +125,28 @@ pub struct ProcessRecord {
 }
 
 impl ProcessRecord {
+    /// The unit tests' process: root's, asleep, a child of init leading its
+    /// own group and session, started at tick 1, run as `comm` with no
+    /// arguments, no node open and its descriptors readable; a test changes
+    /// what it is about with `..ProcessRecord::sleeping(pid, comm)`.
+    #[cfg(test)]
+    pub(crate) fn sleeping(pid: u32, comm: &str) -> ProcessRecord {
+        ProcessRecord {
+            id: ProcessId { pid, start_time: 1 },
+            ppid: 1,
+            pgid: pid,
+            sid: pid,
+            uid: Some(0),
+            state: State::Sleeping,
+            comm: comm.to_string(),
+            cmdline: comm.to_string(),
+            kernel_thread: false,
+            cpu_ticks: 0,
+            nodes: BTreeSet::new(),
+            fds_readable: true,
+        }
+    }
+
     /// The basename of argv[0], or comm when the command line is empty.
     pub fn program(&self) -> &str {
         let argv0 = self.cmdline.split(' ').next().unwrap_or("");

@@ -2143,7 +2143,7 @@ mod tests {
     //! anyone's text, escaped in every output as comms are.
     use super::*;
     use crate::container::{Container, Runtime};
-    use crate::proc::{ProcessId, ProcessRecord, State};
+    use crate::proc::ProcessRecord;
     use crate::snapshot::{Details, GpuState, GpuUser};
 
     const ID: &str = "3f4a8e1b2c9d0e7f6a5b4c3d2e1f0a9b8c7d6e5f4a3b2c1d0e9f8a7b6c5d4e3f";
@@ -2151,18 +2151,8 @@ mod tests {
     fn holding(container: Container) -> Snapshot {
         let pid = 4242;
         let record = ProcessRecord {
-            id: ProcessId { pid, start_time: 1 },
-            ppid: 1,
-            pgid: pid,
-            sid: pid,
-            uid: Some(0),
-            state: State::Sleeping,
-            comm: "python3".to_string(),
             cmdline: "python3 -m vllm".to_string(),
-            kernel_thread: false,
-            cpu_ticks: 0,
-            nodes: Default::default(),
-            fds_readable: true,
+            ..ProcessRecord::sleeping(pid, "python3")
         };
         Snapshot {
             backend: "test".to_string(),

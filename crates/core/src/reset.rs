@@ -580,7 +580,7 @@ pub fn plan_exit(plans: &[Plan]) -> Exit {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proc::{ProcessId, ProcessRecord, State};
+    use crate::proc::ProcessRecord;
     use crate::snapshot::{GpuState, GpuUser};
     use std::collections::BTreeMap;
 
@@ -589,20 +589,7 @@ mod tests {
     #[test]
     fn the_planning_gpureap_is_no_blocker_of_its_own_plan() {
         let this = std::process::id();
-        let record = |pid: u32, comm: &str| ProcessRecord {
-            id: ProcessId { pid, start_time: 1 },
-            ppid: 1,
-            pgid: pid,
-            sid: pid,
-            uid: Some(0),
-            state: State::Sleeping,
-            comm: comm.to_string(),
-            cmdline: comm.to_string(),
-            kernel_thread: false,
-            cpu_ticks: 0,
-            nodes: Default::default(),
-            fds_readable: true,
-        };
+        let record = ProcessRecord::sleeping;
         let user = |pid: u32, listed: bool| GpuUser {
             pid,
             memory: listed.then_some(1 << 30),

@@ -1354,18 +1354,10 @@ mod tests {
             }
         }
         let record = |pid: u32, nodes: &[Node]| crate::proc::ProcessRecord {
-            id: crate::proc::ProcessId { pid, start_time: 1 },
-            ppid: 1,
-            pgid: pid,
-            sid: pid,
             uid: None,
-            state: State::Sleeping,
-            comm: "python3".to_string(),
             cmdline: String::new(),
-            kernel_thread: false,
-            cpu_ticks: 0,
             nodes: nodes.iter().copied().collect(),
-            fds_readable: true,
+            ..crate::proc::ProcessRecord::sleeping(pid, "python3")
         };
         let mut scan = proc::ProcScan {
             processes: vec![
@@ -1393,18 +1385,10 @@ mod tests {
     #[test]
     fn the_looking_gpureap_is_no_user_of_the_gpus_it_asks_about() {
         let record = |pid: u32| crate::proc::ProcessRecord {
-            id: crate::proc::ProcessId { pid, start_time: 1 },
-            ppid: 1,
-            pgid: pid,
-            sid: pid,
             uid: None,
-            state: State::Sleeping,
-            comm: "gpureap".to_string(),
             cmdline: String::new(),
-            kernel_thread: false,
-            cpu_ticks: 0,
             nodes: [Node::Control, Node::Gpu(0)].into_iter().collect(),
-            fds_readable: true,
+            ..crate::proc::ProcessRecord::sleeping(pid, "gpureap")
         };
         let this = std::process::id();
         let other = if this == 4242 { 4243 } else { 4242 };

@@ -637,20 +637,10 @@ mod tests {
     }
 
     fn record(pid: u32, ppid: u32, state: char, comm: &str) -> ProcessRecord {
-        let state = State::from_letter(state);
         ProcessRecord {
-            id: ProcessId { pid, start_time: 1 },
             ppid,
-            pgid: pid,
-            sid: pid,
-            uid: Some(0),
-            state,
-            comm: comm.to_string(),
-            cmdline: comm.to_string(),
-            kernel_thread: false,
-            cpu_ticks: 0,
-            nodes: Default::default(),
-            fds_readable: true,
+            state: State::from_letter(state),
+            ..ProcessRecord::sleeping(pid, comm)
         }
     }
 
