@@ -29,15 +29,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from watch_idle import cpu_seconds, host_processes, rss_kib, seconds, slope  # noqa: E402
-from simhost import simulated_host, start_server  # noqa: E402
+from simhost import option, simulated_host, start_server  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 GPUS = 8
-
-
-def option(name, default):
-    args = sys.argv[1:]
-    return args[args.index(name) + 1] if name in args else default
 
 
 BIN = str(Path(option("--bin", ROOT / "target/release/gpureap")).resolve())

@@ -33,16 +33,11 @@ from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from simhost import simulated_host, start_server  # noqa: E402
+from simhost import option, simulated_host, start_server  # noqa: E402
 import crowd  # noqa: E402  bench/crowd.py, beside this script
 
 ROOT = Path(__file__).resolve().parent.parent
 GPUS = 8
-
-
-def option(name, default):
-    args = sys.argv[1:]
-    return args[args.index(name) + 1] if name in args else default
 
 
 CROWDS = [int(n) for n in option("--crowds", "100,5000").split(",")]

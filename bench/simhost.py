@@ -1,10 +1,12 @@
 """What the benchmarks share about a simulated GPU host (docs/simulated-driver.md) and a
 gpureap waiting on it. Imported by bench/bench.py, exporter_memory.py, memory.py,
-watch_idle.py and wait_exit.py; nothing here reads the command line.
+watch_idle.py and wait_exit.py; `option` reads the command line for exporter_memory.py,
+memory.py and watch_idle.py.
 """
 
 import os
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -37,6 +39,12 @@ def start_server(host, work, gpus=8):
     script = "".join(parts) + f"exec -a 'python3 -m sglang.launch_server --tp {gpus}' sleep 100000"
     return subprocess.Popen(["bash", "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             process_group=0)
+
+
+def option(name, default):
+    """The word after `name` on the command line, or `default`."""
+    args = sys.argv[1:]
+    return args[args.index(name) + 1] if name in args else default
 
 
 def sleeping(pid):

@@ -28,15 +28,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-from simhost import simulated_host, start_server  # bench/simhost.py, beside this script
+from simhost import option, simulated_host, start_server  # bench/simhost.py, beside this script
 
 ROOT = Path(__file__).resolve().parent.parent
 GPUS = 8
-
-
-def option(name, default):
-    args = sys.argv[1:]
-    return args[args.index(name) + 1] if name in args else default
 
 
 BIN = str(Path(option("--bin", ROOT / "target/release/gpureap")).resolve())
