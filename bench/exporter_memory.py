@@ -19,7 +19,6 @@ its trend. Signals only what it started. docs/performance.md quotes it.
 
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -29,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from watch_idle import cpu_seconds, host_processes, rss_kib, seconds, slope  # noqa: E402
-from simhost import option, simulated_host, start_server  # noqa: E402
+from simhost import option, simulated_host, start_server, stop  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 GPUS = 8
@@ -136,15 +135,7 @@ def main():
         if OUT:
             Path(OUT).write_text(text)
     finally:
-        if exporter is not None:
-            exporter.send_signal(signal.SIGTERM)
-            exporter.wait(timeout=60)
-        crowd.send_signal(signal.SIGTERM)
-        crowd.wait()
-        os.killpg(server.pid, signal.SIGKILL)
-        server.wait()
-        shutil.rmtree(host, ignore_errors=True)
-        shutil.rmtree(work, ignore_errors=True)
+        stop(exporter, crowd, server, host, work)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@ memory.py and watch_idle.py.
 """
 
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -45,6 +47,21 @@ def option(name, default):
     """The word after `name` on the command line, or `default`."""
     args = sys.argv[1:]
     return args[args.index(name) + 1] if name in args else default
+
+
+def stop(gpureap, crowd, server, *dirs):
+    """Ends what a benchmark on the simulated host started: the gpureap it watches (SIGTERM, if
+    it got as far as starting one), bench/crowd.py's crowd (SIGTERM), the server's process group
+    (SIGKILL), then removes `dirs`."""
+    if gpureap is not None:
+        gpureap.send_signal(signal.SIGTERM)
+        gpureap.wait(timeout=60)
+    crowd.send_signal(signal.SIGTERM)
+    crowd.wait()
+    os.killpg(server.pid, signal.SIGKILL)
+    server.wait()
+    for path in dirs:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def sleeping(pid):

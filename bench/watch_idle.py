@@ -19,7 +19,6 @@ its trend. Signals only what it started. docs/performance.md quotes it.
 
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -28,7 +27,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from simhost import option, simulated_host, start_server  # bench/simhost.py, beside this script
+from simhost import option, simulated_host, start_server, stop  # bench/simhost.py, beside this script
 
 ROOT = Path(__file__).resolve().parent.parent
 GPUS = 8
@@ -149,15 +148,7 @@ def main():
         if OUT:
             Path(OUT).write_text(text)
     finally:
-        if watch is not None:
-            watch.send_signal(signal.SIGTERM)
-            watch.wait(timeout=60)
-        crowd.send_signal(signal.SIGTERM)
-        crowd.wait()
-        os.killpg(server.pid, signal.SIGKILL)
-        server.wait()
-        shutil.rmtree(host, ignore_errors=True)
-        shutil.rmtree(work, ignore_errors=True)
+        stop(watch, crowd, server, host, work)
 
 
 if __name__ == "__main__":
