@@ -58,11 +58,8 @@ def main():
         listed = nvml.processes(index, graphics=True)
         busy[index] = sorted(listed)
         r.log(f"  GPU {index}: {nvml.name(index)}, {nvml.memory(index).used / GIB:.2f} GiB used, {len(listed)} process(es)")
-    gpus, notes, errors = gv.pick_gpus(nvml.count, args.gpu, busy)
-    for note in notes:
-        r.log(note)
-    if errors or not gpus:
-        r.log("refusing to run: " + ("; ".join(errors) if errors else "no GPU to use"))
+    gpus = gv.usable_gpus(r.log, nvml.count, args.gpu, busy)
+    if not gpus:
         return 2
     tp = max(2, len(gpus))
     place = {rank: gv.spread(gpus, rank) for rank in range(tp)}

@@ -343,11 +343,8 @@ def main():
     procs = gv.Processes(work / "pids", tag)
     nvml = gv.Nvml(gv.load_pynvml())
     busy = {index: sorted(nvml.processes(index, graphics=True)) for index in range(nvml.count)}
-    gpus, notes, errors = gv.pick_gpus(nvml.count, args.gpu, busy)
-    for note in notes:
-        r.log(note)
-    if errors or not gpus:
-        r.log("refusing to run: " + ("; ".join(errors) if errors else "no GPU to use"))
+    gpus = gv.usable_gpus(r.log, nvml.count, args.gpu, busy)
+    if not gpus:
         return 2
     gpus = gpus[:2]
     py_spy = find_py_spy(args.py_spy, work)

@@ -488,11 +488,8 @@ class Validation:
             busy[index] = sorted(listed)
             self.log(f"  GPU {index}: {self.nvml.name(index)}, {info.total / GIB:.1f} GiB, {info.used / GIB:.2f} GiB used"
                      f"{f', {info.reserved / GIB:.2f} GiB reserved' if hasattr(info, 'reserved') else ''}, {len(listed)} process(es)")
-        self.gpus, notes, errors = gv.pick_gpus(self.nvml.count, self.requested, busy)
-        for note in notes:
-            self.log(note)
-        if errors or not self.gpus:
-            self.log("refusing to run: " + ("; ".join(errors) if errors else "no GPU to use"))
+        self.gpus = gv.usable_gpus(self.log, self.nvml.count, self.requested, busy)
+        if not self.gpus:
             return False
         self.log(f"using GPU(s) {self.gpus}")
         return True

@@ -418,6 +418,18 @@ def pick_gpus(count, requested, busy):
     return use, notes, errors
 
 
+def usable_gpus(log, count, requested, busy):
+    """`pick_gpus` with its notes and any refusal written by `log`: the GPUs to use, or [] when
+    the run must not go on (a requested GPU that does not exist, or none left to use)."""
+    use, notes, errors = pick_gpus(count, requested, busy)
+    for note in notes:
+        log(note)
+    if errors or not use:
+        log("refusing to run: " + ("; ".join(errors) if errors else "no GPU to use"))
+        return []
+    return use
+
+
 def nvml_gpus_of(snapshot, pid):
     """The GPUs whose NVML list has PID."""
     return sorted(index for index, (_, listed) in snapshot.items() if pid in listed)

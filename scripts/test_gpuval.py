@@ -83,6 +83,18 @@ class Helpers(unittest.TestCase):
         self.assertEqual(use, [1])
         self.assertIn("GPU 4 does not exist", errors[0])
 
+    def test_usable_gpus_logs_its_notes_and_refuses_a_missing_gpu(self):
+        said = []
+        self.assertEqual(gv.usable_gpus(said.append, 2, None, {1: [999]}), [0])
+        self.assertEqual(len(said), 1)
+        self.assertIn("999", said[0])
+        said.clear()
+        self.assertEqual(gv.usable_gpus(said.append, 2, [1, 4], {}), [])
+        self.assertEqual(said, ["refusing to run: GPU 4 does not exist (NVML reports 2)"])
+        said.clear()
+        self.assertEqual(gv.usable_gpus(said.append, 1, None, {0: [7]}), [])
+        self.assertEqual(said[-1], "refusing to run: no GPU to use")
+
     def test_nvml_placement(self):
         snapshot = {0: (9 * GIB, {10: 4 * GIB, 11: 300 << 20}), 1: (4 * GIB, {11: 4 * GIB})}
         self.assertEqual(gv.nvml_gpus_of(snapshot, 11), [0, 1])
