@@ -203,16 +203,12 @@ pub fn named_holders(
     selection: &Selection,
     gpus: &Option<BTreeSet<u32>>,
 ) -> BTreeSet<ProcessId> {
-    selection
+    let in_scope = selection
         .targets
         .iter()
         .filter(|(_, because)| **because == Because::InScope)
-        .filter(|(pid, _)| {
-            gpus.as_ref()
-                .is_none_or(|gpus| !snapshot.gpus_used_by(**pid).is_disjoint(gpus))
-        })
-        .filter_map(|(pid, _)| snapshot.processes.get(pid).map(|record| record.id))
-        .collect()
+        .map(|(pid, _)| *pid);
+    on_gpus(snapshot, in_scope, gpus)
 }
 
 /// The holders a rule's scope finds in a selection that the guard spares
@@ -224,16 +220,27 @@ pub fn spared_holders(
     selection: &Selection,
     gpus: &Option<BTreeSet<u32>>,
 ) -> BTreeSet<ProcessId> {
-    selection
+    let holding = selection
         .spared
         .keys()
-        .filter(|pid| selection.counts(**pid))
-        .filter(|pid| {
-            let used = snapshot.gpus_used_by(**pid);
-            !used.is_empty() && gpus.as_ref().is_none_or(|gpus| !used.is_disjoint(gpus))
-        })
-        .filter_map(|pid| snapshot.processes.get(pid).map(|record| record.id))
-        .collect()
+        .copied()
+        .filter(|pid| selection.counts(*pid) && !snapshot.gpus_used_by(*pid).is_empty());
+    on_gpus(snapshot, holding, gpus)
+}
+
+/// Of these PIDs, the processes that use a GPU of `--gpu` (all of them
+/// when it is not given), by identity.
+fn on_gpus(
+    snapshot: &Snapshot,
+    pids: impl Iterator<Item = u32>,
+    gpus: &Option<BTreeSet<u32>>,
+) -> BTreeSet<ProcessId> {
+    pids.filter(|pid| {
+        gpus.as_ref()
+            .is_none_or(|gpus| !snapshot.gpus_used_by(*pid).is_disjoint(gpus))
+    })
+    .filter_map(|pid| snapshot.processes.get(&pid).map(|record| record.id))
+    .collect()
 }
 
 /// When the first holder spared only for its age reaches the floor.
