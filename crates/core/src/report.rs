@@ -2144,7 +2144,7 @@ mod tests {
     use super::*;
     use crate::container::{Container, Runtime};
     use crate::proc::ProcessRecord;
-    use crate::snapshot::{Details, GpuState, GpuUser};
+    use crate::snapshot::{Details, GpuUser};
 
     const ID: &str = "3f4a8e1b2c9d0e7f6a5b4c3d2e1f0a9b8c7d6e5f4a3b2c1d0e9f8a7b6c5d4e3f";
 
@@ -2154,30 +2154,14 @@ mod tests {
             cmdline: "python3 -m vllm".to_string(),
             ..ProcessRecord::sleeping(pid, "python3")
         };
+        let user = GpuUser {
+            pid,
+            memory: Some(1 << 30),
+            listed: true,
+            node_open: true,
+            hidden: false,
+        };
         Snapshot {
-            backend: "test".to_string(),
-            taken_at_unix_ms: 0,
-            gpus: vec![GpuState {
-                mig_mode: None,
-                instances: Vec::new(),
-                index: 0,
-                name: None,
-                uuid: None,
-                memory_total: Some(80 << 30),
-                memory_used: Some(1 << 30),
-                memory_reserved: None,
-                error: None,
-                users: vec![GpuUser {
-                    pid,
-                    memory: Some(1 << 30),
-                    listed: true,
-                    node_open: true,
-                    hidden: false,
-                }],
-            }],
-            processes: BTreeMap::from([(pid, record)]),
-            unreadable: Vec::new(),
-            driver_error: None,
             details: BTreeMap::from([(
                 pid,
                 Details {
@@ -2185,15 +2169,7 @@ mod tests {
                     ..Details::default()
                 },
             )]),
-            evidence: BTreeMap::new(),
-            evidence_note: None,
-            activity: BTreeMap::new(),
-            uptime_ticks: None,
-            bookkeeping_slack: 0,
-            container_notes: Vec::new(),
-            host_pids: Some(true),
-            lists_may_omit: true,
-            descriptors: crate::snapshot::Descriptors::All,
+            ..Snapshot::one_gpu(1 << 30, vec![user], BTreeMap::from([(pid, record)]))
         }
     }
 

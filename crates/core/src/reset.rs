@@ -581,7 +581,7 @@ pub fn plan_exit(plans: &[Plan]) -> Exit {
 mod tests {
     use super::*;
     use crate::proc::ProcessRecord;
-    use crate::snapshot::{GpuState, GpuUser};
+    use crate::snapshot::GpuUser;
     use std::collections::BTreeMap;
 
     /// The gpureap that plans has the GPU's node open (NVML opened it): on
@@ -597,40 +597,15 @@ mod tests {
             node_open: true,
             hidden: false,
         };
-        let gpu = GpuState {
-            mig_mode: None,
-            instances: Vec::new(),
-            index: 0,
-            name: None,
-            uuid: None,
-            memory_total: Some(80 << 30),
-            memory_used: Some(1 << 30),
-            memory_reserved: None,
-            error: None,
-            users: vec![user(this, false), user(4242, true)],
-        };
-        let snapshot = Snapshot {
-            backend: "test".into(),
-            taken_at_unix_ms: 0,
-            gpus: vec![gpu.clone()],
-            processes: BTreeMap::from([
+        let snapshot = Snapshot::one_gpu(
+            1 << 30,
+            vec![user(this, false), user(4242, true)],
+            BTreeMap::from([
                 (this, record(this, "gpureap")),
                 (4242, record(4242, "python3")),
             ]),
-            unreadable: Vec::new(),
-            driver_error: None,
-            details: Default::default(),
-            evidence: Default::default(),
-            evidence_note: None,
-            activity: BTreeMap::new(),
-            container_notes: Vec::new(),
-            uptime_ticks: None,
-            bookkeeping_slack: 0,
-            host_pids: Some(true),
-            lists_may_omit: true,
-            descriptors: crate::snapshot::Descriptors::All,
-        };
-        let blockers = process_blockers(&snapshot, &gpu, 0);
+        );
+        let blockers = process_blockers(&snapshot, &snapshot.gpus[0], 0);
         let pids: Vec<Option<u32>> = blockers.iter().map(|blocker| blocker.pid).collect();
         assert_eq!(pids, vec![Some(4242)], "{blockers:?}");
     }

@@ -1239,6 +1239,48 @@ fn read_details(
     }
 }
 
+/// The unit tests' host: GPU 0 of 80 GiB with `used` bytes in use by these
+/// users, these processes, the host's PIDs seen, nothing else read; a test
+/// changes what it is about with `..Snapshot::one_gpu(..)`.
+#[cfg(test)]
+impl Snapshot {
+    pub(crate) fn one_gpu(
+        used: u64,
+        users: Vec<GpuUser>,
+        processes: BTreeMap<u32, ProcessRecord>,
+    ) -> Snapshot {
+        Snapshot {
+            backend: "test".to_string(),
+            taken_at_unix_ms: 0,
+            gpus: vec![GpuState {
+                mig_mode: None,
+                instances: Vec::new(),
+                index: 0,
+                name: None,
+                uuid: None,
+                memory_total: Some(80 << 30),
+                memory_used: Some(used),
+                memory_reserved: None,
+                error: None,
+                users,
+            }],
+            processes,
+            unreadable: Vec::new(),
+            driver_error: None,
+            details: BTreeMap::new(),
+            evidence: BTreeMap::new(),
+            evidence_note: None,
+            activity: BTreeMap::new(),
+            uptime_ticks: None,
+            bookkeeping_slack: 0,
+            container_notes: Vec::new(),
+            host_pids: Some(true),
+            lists_may_omit: true,
+            descriptors: Descriptors::All,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -667,33 +667,8 @@ mod tests {
             })
             .collect();
         Snapshot {
-            backend: "test".into(),
-            taken_at_unix_ms: 0,
-            gpus: vec![GpuState {
-                mig_mode: None,
-                instances: Vec::new(),
-                index: 0,
-                name: None,
-                uuid: None,
-                memory_total: Some(80 * GIB),
-                memory_used: Some(used),
-                memory_reserved: None,
-                error: None,
-                users,
-            }],
-            processes,
-            unreadable: Vec::new(),
-            driver_error: None,
-            details: BTreeMap::new(),
-            evidence: BTreeMap::new(),
-            evidence_note: None,
-            activity: BTreeMap::new(),
-            uptime_ticks: None,
             bookkeeping_slack: 256 << 20,
-            container_notes: Vec::new(),
-            host_pids: Some(true),
-            lists_may_omit: true,
-            descriptors: crate::snapshot::Descriptors::All,
+            ..Snapshot::one_gpu(used, users, processes)
         }
     }
     fn targets(pids: &[u32]) -> Selection {
