@@ -39,7 +39,7 @@ use crate::plan::render;
 use crate::reap::{self, FreeReport, Options};
 use crate::report;
 use crate::select::{Guard, Scope};
-use crate::signal::Delivery;
+use crate::signal::Sig;
 use crate::snapshot::Snapshot;
 use crate::units::{Bytes, Elapsed, GpuRanges};
 use crate::verify::Reason;
@@ -621,14 +621,7 @@ fn staged(
             .find(|target| {
                 target.pid == pid && seen.is_some_and(|p| p.id.start_time == target.start_time)
             })
-            .map(|target| {
-                target
-                    .signals
-                    .iter()
-                    .filter(|event| event.delivery == Delivery::Sent)
-                    .map(|event| event.signal.name())
-                    .collect()
-            })
+            .map(|target| target.sent().map(Sig::name).collect())
             .unwrap_or_default();
         let alive_after_free = seen.is_some_and(|then| {
             after
@@ -710,7 +703,7 @@ fn compare(processes: &[Staged], outcome: &FreeReport, held: &[DriverHeld]) -> C
             signalled: outcome
                 .targets
                 .iter()
-                .filter(|target| target.signals.iter().any(|e| e.delivery == Delivery::Sent))
+                .filter(|target| target.sent().next().is_some())
                 .map(|target| target.pid)
                 .collect(),
             bystanders_signalled: signalled

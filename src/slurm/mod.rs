@@ -24,6 +24,7 @@ use crate::proc::{self, ProcessRecord};
 use crate::reap::{self, Fate, Options};
 use crate::reset;
 use crate::select::{Guard, JobScope, Scope};
+use crate::signal::Sig;
 use crate::snapshot::Snapshot;
 use crate::units::{Bytes, Elapsed, Field};
 use crate::units::{GpuRef, parse_gpu_refs};
@@ -863,12 +864,7 @@ fn free_scope(plan: &reap::FreeReport, gpus: &BTreeSet<u32>, scope: &Scope) -> S
 /// Says, for each process the epilog's free took, what it was sent and how it ended.
 fn say_freed(context: &Context, outcome: &reap::FreeReport, job: u64) {
     for target in &outcome.targets {
-        let signals: Vec<&str> = target
-            .signals
-            .iter()
-            .filter(|event| event.delivery == crate::signal::Delivery::Sent)
-            .map(|event| event.signal.name())
-            .collect();
+        let signals: Vec<&str> = target.sent().map(Sig::name).collect();
         let fate = match (target.fate, target.exited_after_ms) {
             (Fate::Exited, Some(ms)) => format!("exited after {ms} ms"),
             (Fate::Exited, None) | (Fate::Zombie, _) => "exited".to_string(),

@@ -109,11 +109,17 @@ impl Handled {
             .any(|event| event.delivery == Delivery::PermissionDenied)
     }
 
-    /// A SIGKILL was delivered (one that failed does not count, and is retried).
-    pub fn killed(&self) -> bool {
+    /// The signals it was sent, in order (one that failed does not count).
+    pub fn sent(&self) -> impl Iterator<Item = Sig> {
         self.signals
             .iter()
-            .any(|event| event.signal == Sig::Kill && event.delivery == Delivery::Sent)
+            .filter(|event| event.delivery == Delivery::Sent)
+            .map(|event| event.signal)
+    }
+
+    /// A SIGKILL was delivered (one that failed does not count, and is retried).
+    pub fn killed(&self) -> bool {
+        self.sent().any(|signal| signal == Sig::Kill)
     }
 
     fn is_open(&self) -> bool {
@@ -350,14 +356,7 @@ impl Ledger for Reaper {
     fn signals_sent(&self, id: ProcessId) -> Vec<Sig> {
         self.handled
             .get(&id)
-            .map(|handled| {
-                handled
-                    .signals
-                    .iter()
-                    .filter(|event| event.delivery == Delivery::Sent)
-                    .map(|event| event.signal)
-                    .collect()
-            })
+            .map(|handled| handled.sent().collect())
             .unwrap_or_default()
     }
 

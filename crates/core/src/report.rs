@@ -19,7 +19,7 @@ use crate::proc::Unreadable;
 use crate::reap::{Fate, FreeReport, GpuOutcome, Handled};
 use crate::select::Because;
 use crate::select::{DEFAULT_PROTECTED, protected_name};
-use crate::signal::Delivery;
+use crate::signal::{Delivery, Sig};
 use crate::snapshot::mps::Role as MpsRole;
 use crate::snapshot::{Descriptors, Snapshot};
 use crate::tree::ProcessTree;
@@ -1927,12 +1927,7 @@ pub fn free_outcome(report: &FreeReport) -> String {
     } else {
         let mut table = new_table(&["PID", "SIGNALS", "RESULT", "COMMAND"]);
         for target in &report.targets {
-            let signals: Vec<&str> = target
-                .signals
-                .iter()
-                .filter(|event| event.delivery == crate::signal::Delivery::Sent)
-                .map(|event| event.signal.name())
-                .collect();
+            let signals: Vec<&str> = target.sent().map(Sig::name).collect();
             let result = match (target.fate, target.exited_after_ms) {
                 (Fate::Exited, Some(ms)) => format!(
                     "exited after {}",
@@ -1983,10 +1978,7 @@ pub fn free_counts(report: &FreeReport) -> String {
     let mut denied = 0;
     let mut failed = 0;
     for target in &report.targets {
-        let sent = target
-            .signals
-            .iter()
-            .any(|event| event.delivery == Delivery::Sent);
+        let sent = target.sent().next().is_some();
         match target.fate {
             _ if sent => signalled += 1,
             Fate::Exited | Fate::Zombie => exited += 1,
