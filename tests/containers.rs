@@ -546,7 +546,11 @@ fn in_a_container_whose_driver_omits_host_pids_unexplained_memory_is_unseen_not_
     // 1 GiB context on GPU 0 that explains all of GPU 0's use.
     let inside = in_own_pid_namespace_after(
         &host,
-        Some(r#"sleep 600 3<"$0/nvidia0" & echo $! >&2"#),
+        // gpureap starts once the holder has the node open and runs sleep:
+        // before, on a loaded machine, it could look first and see no holder.
+        Some(
+            r#"sleep 600 3<"$0/nvidia0" & p=$!; s=$(readlink -f "$(command -v sleep)"); for _ in $(seq 2000); do [ "$(readlink -f /proc/$p/exe)" = "$s" ] && [ -e /proc/$p/fd/3 ] && break; sleep 0.01; done; echo $p >&2"#,
+        ),
         &["status", "--json", "--gpu", "0"],
     );
     assert_eq!(inside.code, 0, "{}", inside.stderr);

@@ -376,7 +376,16 @@ pub fn reachable_gpureap() -> std::path::PathBuf {
         unsafe { libc::atexit(remove_place) };
         std::fs::set_permissions(&place, std::fs::Permissions::from_mode(0o755)).expect("chmod");
         let binary = place.join("gpureap");
-        std::fs::copy(env!("CARGO_BIN_EXE_gpureap"), &binary).expect("copy");
+        // Copied by cp, not from this process: a file it held open for
+        // writing would be inherited by a child another test forks at that
+        // moment, and exec of the copy would fail with ETXTBSY ("Text file
+        // busy") until that child execs.
+        let copied = Command::new("cp")
+            .arg(env!("CARGO_BIN_EXE_gpureap"))
+            .arg(&binary)
+            .status()
+            .expect("cp runs");
+        assert!(copied.success(), "cp of the gpureap binary failed");
         std::fs::set_permissions(&binary, std::fs::Permissions::from_mode(0o755)).expect("chmod");
         place
     });
