@@ -749,7 +749,14 @@ impl Crun {
         let bundle = tempfile::tempdir().expect("bundle");
         let bin = bundle.path().join("rootfs/bin");
         std::fs::create_dir_all(&bin).expect("rootfs");
-        std::fs::copy("/bin/busybox", bin.join("busybox")).expect("busybox");
+        // By cp: a write descriptor of this process's would let a child
+        // another test forks keep the copy busy (ETXTBSY) when crun runs it.
+        let copied = std::process::Command::new("cp")
+            .arg("/bin/busybox")
+            .arg(bin.join("busybox"))
+            .status()
+            .expect("cp runs");
+        assert!(copied.success(), "busybox");
         for applet in ["sh", "sleep"] {
             std::os::unix::fs::symlink("busybox", bin.join(applet)).expect("applet");
         }

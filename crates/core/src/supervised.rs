@@ -204,7 +204,15 @@ mod tests {
     fn a_supervisor_renamed_for_its_platform_still_supervises() {
         let dir = tempfile::tempdir().expect("dir");
         let copy = dir.path().join("gpureap-x86_64-linux-glibc2.17");
-        fs::copy("/bin/sleep", &copy).expect("copy sleep");
+        // Copied by cp, not from this process: a descriptor of the copy open
+        // for writing here would be inherited by a child another test forks
+        // meanwhile, and the exec below would fail with ETXTBSY.
+        let copied = std::process::Command::new("cp")
+            .arg("/bin/sleep")
+            .arg(&copy)
+            .status()
+            .expect("cp runs");
+        assert!(copied.success(), "copy sleep");
         let mut child = std::process::Command::new(&copy)
             .arg("30")
             .spawn()
