@@ -32,11 +32,21 @@ pub fn header(text: &str, kind: &str) -> Result<(), String> {
             first_line(text)
         )
     })?;
-    match header
+    let version = header
         .schema_version
         .as_ref()
-        .and_then(serde_json::Number::as_u64)
-    {
+        .and_then(serde_json::Number::as_u64);
+    judge_header(version, header.kind.as_deref(), kind, text)
+}
+
+/// The one verdict on a header's fields: this schema, then `kind`.
+fn judge_header(
+    version: Option<u64>,
+    found: Option<&str>,
+    kind: &str,
+    text: &str,
+) -> Result<(), String> {
+    match version {
         Some(version) if version == u64::from(SCHEMA_VERSION) => {}
         Some(version) => {
             return Err(format!(
@@ -50,19 +60,29 @@ pub fn header(text: &str, kind: &str) -> Result<(), String> {
             ));
         }
     }
-    if header.kind.as_deref() != Some(kind) {
+    if found != Some(kind) {
         return Err(format!("answered a document that is not a {kind} report"));
     }
     Ok(())
 }
 
-/// A status document, header checked, its fields read (`top -H`'s stream).
+/// A status document, header checked, its fields read (`top -H`'s stream,
+/// a line a sample): read once; only a line that does not read as a status
+/// document is read again, for the header's words on what it is.
 pub fn status(text: &str) -> Result<StatusView, String> {
-    header(text, "status")?;
-    serde_json::from_str(text).map_err(|_| {
-        "answered a status report this gpureap cannot read (another version of gpureap?)"
-            .to_string()
-    })
+    match serde_json::from_str::<StatusView>(text) {
+        Ok(view) => {
+            judge_header(view.schema_version, view.kind.as_deref(), "status", text)?;
+            Ok(view)
+        }
+        Err(_) => {
+            header(text, "status")?;
+            Err(
+                "answered a status report this gpureap cannot read (another version of gpureap?)"
+                    .to_string(),
+            )
+        }
+    }
 }
 
 /// The first line of a host's answer, cut and escaped, for a message.
