@@ -490,17 +490,9 @@ fn unsafe_char(c: char) -> bool {
             other => unreachable!("a class of general categories parses as a class: {other:?}"),
         }
     });
-    ranges
-        .binary_search_by(|&(start, end)| {
-            if end < c {
-                std::cmp::Ordering::Less
-            } else if start > c {
-                std::cmp::Ordering::Greater
-            } else {
-                std::cmp::Ordering::Equal
-            }
-        })
-        .is_ok()
+    // The first range that does not end before `c` holds it, or none does.
+    let at = ranges.partition_point(|&(_, end)| end < c);
+    ranges.get(at).is_some_and(|&(start, _)| start <= c)
 }
 
 /// The one escaping step: every unsafe character for which `escape` holds
