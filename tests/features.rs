@@ -6,20 +6,14 @@
 
 #![cfg(not(all(feature = "top", feature = "kubelet")))]
 
-use gpureap_core::driver::sim::incident::SimHost;
-
 use crate::harness::*;
-
-fn host() -> SimHost {
-    SimHost::new(2, 80 * GIB, "NVIDIA H100 80GB HBM3").expect("sim host")
-}
 
 /// Without `top`: the live view and `demo --top` could not be done here
 /// (3), naming the feature; status, wait and plan run as ever.
 #[cfg(not(feature = "top"))]
 #[test]
 fn without_the_live_view_top_exits_3_in_words_and_the_rest_runs() {
-    let host = host();
+    let host = Sim::gpus(2).build();
     // `demo` stages its own simulated driver: no --backend.
     let demo = std::process::Command::new(env!("CARGO_BIN_EXE_gpureap"))
         .args(["demo", "--top"])

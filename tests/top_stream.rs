@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use gpureap_core::driver::sim::incident::{Holder, Incident, SimHost};
 
-use crate::harness::GIB;
+use crate::harness::{GIB, Sim};
 
 #[test]
 fn top_h_takes_one_host_only_and_not_with_json() {
@@ -33,10 +33,6 @@ fn top_h_takes_one_host_only_and_not_with_json() {
         .output()
         .expect("gpureap runs");
     assert_eq!(output.status.code(), Some(2));
-}
-
-fn sim() -> SimHost {
-    SimHost::new(2, 80 * GIB, "Simulated H200").expect("sim host")
 }
 
 /// Starts `top --json` on a simulated host and reads its first two
@@ -95,7 +91,7 @@ fn exits_within(child: &mut std::process::Child, limit: Duration) -> Option<i32>
 
 #[test]
 fn top_json_writes_a_status_document_a_line_until_stdin_closes_or_sigterm() {
-    let host = sim();
+    let host = Sim::gpus(2).build();
     let mut incident = Incident::new(&host);
     let holder = incident
         .holder(&Holder::new("python3 train.py").on(0, 4 * GIB))
