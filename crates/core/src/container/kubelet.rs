@@ -65,11 +65,15 @@ impl std::fmt::Display for Failure {
 }
 
 /// `List` on the socket at `socket`, within `limit` (connection included).
-#[cfg(feature = "kubelet")]
 pub fn list(socket: &Path, limit: Duration) -> Result<Vec<Pod>, Failure> {
     if std::fs::symlink_metadata(socket).is_err() {
         return Err(Failure::Absent);
     }
+    ask_within(socket, limit)
+}
+
+#[cfg(feature = "kubelet")]
+fn ask_within(socket: &Path, limit: Duration) -> Result<Vec<Pod>, Failure> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .enable_time()
@@ -88,10 +92,7 @@ pub fn list(socket: &Path, limit: Duration) -> Result<Vec<Pod>, Failure> {
 /// is one this build cannot ask, said in words; the node's files still name
 /// the pods.
 #[cfg(not(feature = "kubelet"))]
-pub fn list(socket: &Path, _limit: Duration) -> Result<Vec<Pod>, Failure> {
-    if std::fs::symlink_metadata(socket).is_err() {
-        return Err(Failure::Absent);
-    }
+fn ask_within(_socket: &Path, _limit: Duration) -> Result<Vec<Pod>, Failure> {
     Err(Failure::Failed(
         "this gpureap was built without the kubelet client (cargo feature \"kubelet\")".to_string(),
     ))
