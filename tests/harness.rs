@@ -357,6 +357,19 @@ pub fn run_as_nobody(host: &SimHost, args: &[&str]) -> Run {
     run_as_nobody_unchanged(host, args)
 }
 
+/// Copies a program that a test then runs, by cp rather than from this
+/// process: a descriptor of the copy open for writing here would be
+/// inherited by a child another test forks meanwhile, and running the copy
+/// would fail with ETXTBSY ("Text file busy") until that child execs.
+pub fn copy_to_run(from: &std::path::Path, to: &std::path::Path) {
+    let copied = Command::new("cp")
+        .arg(from)
+        .arg(to)
+        .status()
+        .expect("cp runs");
+    assert!(copied.success(), "cp {} {}", from.display(), to.display());
+}
+
 /// A copy of gpureap that any uid can run: the checkout may sit in a folder
 /// only root may enter (a clone under a private temporary directory), where
 /// a test that runs gpureap as nobody would test only that exec fails.
@@ -376,16 +389,7 @@ pub fn reachable_gpureap() -> std::path::PathBuf {
         unsafe { libc::atexit(remove_place) };
         std::fs::set_permissions(&place, std::fs::Permissions::from_mode(0o755)).expect("chmod");
         let binary = place.join("gpureap");
-        // Copied by cp, not from this process: a file it held open for
-        // writing would be inherited by a child another test forks at that
-        // moment, and exec of the copy would fail with ETXTBSY ("Text file
-        // busy") until that child execs.
-        let copied = Command::new("cp")
-            .arg(env!("CARGO_BIN_EXE_gpureap"))
-            .arg(&binary)
-            .status()
-            .expect("cp runs");
-        assert!(copied.success(), "cp of the gpureap binary failed");
+        copy_to_run(std::path::Path::new(env!("CARGO_BIN_EXE_gpureap")), &binary);
         std::fs::set_permissions(&binary, std::fs::Permissions::from_mode(0o755)).expect("chmod");
         place
     });
@@ -749,14 +753,7 @@ impl Crun {
         let bundle = tempfile::tempdir().expect("bundle");
         let bin = bundle.path().join("rootfs/bin");
         std::fs::create_dir_all(&bin).expect("rootfs");
-        // By cp: a write descriptor of this process's would let a child
-        // another test forks keep the copy busy (ETXTBSY) when crun runs it.
-        let copied = std::process::Command::new("cp")
-            .arg("/bin/busybox")
-            .arg(bin.join("busybox"))
-            .status()
-            .expect("cp runs");
-        assert!(copied.success(), "busybox");
+        copy_to_run(std::path::Path::new("/bin/busybox"), &bin.join("busybox"));
         for applet in ["sh", "sleep"] {
             std::os::unix::fs::symlink("busybox", bin.join(applet)).expect("applet");
         }
