@@ -16,7 +16,7 @@ sections in the report (fleet and fleet-scale have no number there):
    of about ten open files each (bench/crowd.py starts and ends them; --quick: 100 and 1,000;
    `--crowds 100,1000` picks others). Wall time (median) and peak RSS, and a plot of time against
    process count, one line per tool (an SVG written by this script: docs/bench/seeing-sim.svg,
-   or docs/bench/seeing-h200.svg with --gpu, or seeing-h200.svg beside the --out file).
+   or docs/bench/seeing-h100.svg or -h200.svg with --gpu (the GPU it ran on), or beside the --out file).
 2. Freeing: an orphaned 8-worker tree (launcher SIGKILLed), from the command's start to
    verified free: gpureap --grace 0, gpureap with the default grace (workers exit on SIGTERM),
    the recipe `fuser -k <nodes>; sleep 5; <memory query>`, and `pkill -9 -f <name>` followed by
@@ -44,7 +44,7 @@ Growth plots (bench/growth.py): every run draws, from the figures of the parts t
 SVG per measure with the targets dashed: wall time, CPU time and peak memory of `status`
 against extra processes (plus `wait`'s CPU per 5 s on a held GPU), and `status -H`'s wall
 time and memory against hosts: docs/bench/growth-{time,cpu,memory}-sim.svg and
-fleet-{time,memory}-sim.svg (-h200 with --gpu, beside the --out file).
+fleet-{time,memory}-sim.svg (-h100 or -h200 with --gpu, beside the --out file).
 
     python3 bench/bench.py --exporter      # only the exporter's part (below); its own section of the doc
     python3 bench/bench.py --parts seeing  # only some parts (seeing, freeing, waiting, idle, fleet, fleet-scale, hour)
@@ -64,7 +64,7 @@ fleet-{time,memory}-sim.svg (-h200 with --gpu, beside the --out file).
    window, for a side-by-side ratio.
 
 Signals only processes it started. Prints a markdown report; writes it to --out, or to
-docs/bench/DATE-HHMM-PART.md (PART: sim, h200 or exporter; UTC), whose figures
+docs/bench/DATE-HHMM-PART.md (PART: sim, h100, h200 or exporter; UTC), whose figures
 docs/performance.md quotes by hand with the report's name.
 """
 
@@ -159,6 +159,20 @@ for at, argument in enumerate(args):
     usage(f"unknown argument {argument!r} (bench.py --help lists them)")
 QUICK = "--quick" in args
 GPU = "--gpu" in args
+
+
+def gpu_kind():
+    """The GPU's short name for file names and labels ("h100", "h200"; "gpu" for
+    another), from nvidia-smi: the device machines lend both kinds."""
+    try:
+        names = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                               stdout=subprocess.PIPE, text=True).stdout
+    except OSError:
+        return "gpu"
+    return next((kind for kind in ("h100", "h200") if kind in names.lower()), "gpu")
+
+
+KIND = gpu_kind() if GPU else "sim"
 OUT = option("--out", Path, None)
 BIN = option("--bin", executable, None)
 EXPORTER = "--exporter" in args
@@ -462,9 +476,9 @@ def seeing(host):
     if skipped:
         say(f"Not measured: {', '.join(f'{n:,}' for n in skipped)} extra processes (they would not fit under "
             f"kernel.pid_max with 2,000 to spare).\n")
-    name = "seeing-h200.svg" if GPU else "seeing-sim.svg"
+    name = f"seeing-{KIND}.svg"
     svg = OUT.parent / name if OUT else ROOT / "docs/bench" / name
-    where = "the H200 host" if GPU else "this machine, simulated driver"
+    where = f"the {KIND.upper()} host" if GPU else "this machine, simulated driver"
     if any(len(points) >= 2 for points in series.values()):
         import growth
 
@@ -888,7 +902,7 @@ def plots():
     import growth
 
     folder = OUT.parent if OUT else ROOT / "docs/bench"
-    suffix, where = ("h200", "the H200 host") if GPU else ("sim", "this machine, simulated driver")
+    suffix, where = (KIND, f"the {KIND.upper()} host") if GPU else ("sim", "this machine, simulated driver")
     written = growth.draw(folder, suffix, where)
     if written:
         say("## Growth plots\n")
@@ -973,7 +987,7 @@ def main():
     try:
         cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                     if line.startswith("model name")), platform.processor())
-        label = "H200 (real driver)" if GPU else "simulated driver"
+        label = f"{KIND.upper()} (real driver)" if GPU else "simulated driver"
         say(f"# Results: {label}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n")
         say(f"Machine: {os.cpu_count()} cores ({cpu}), kernel {platform.release()}, "
             f"{subprocess.run([BIN, '--version'], stdout=subprocess.PIPE, text=True).stdout.strip()}"
@@ -1007,7 +1021,7 @@ def main():
         OUT.parent.mkdir(parents=True, exist_ok=True)
         OUT.write_text(report)
     else:
-        section = "exporter" if EXPORTER else "h200" if GPU else "sim"
+        section = "exporter" if EXPORTER else KIND
         stamp = time.strftime("%Y-%m-%d-%H%M", time.gmtime())
         written = ROOT / "docs/bench" / f"{stamp}-{section}.md"
         written.write_text(report)
