@@ -66,14 +66,33 @@ pub(crate) const SGLANG_LOAD_OVERHEAD_BYTES: u64 = GIB;
 /// (`non-torch forward increase memory`). A log replaces it.
 pub(crate) const VLLM_NON_TORCH_BYTES: u64 = 225 * MIB;
 
-/// ESTIMATE: vLLM's CUDA-graph memory estimate on the V1 model runner
-/// (`GPUModelRunner.profile_cudagraph_memory`, subtracted from the KV
-/// budget by `determine_available_memory` under
-/// `VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS`, on by default since
-/// v0.21); none with `--enforce-eager`, none on the V2 runner
-/// (`vllm_v2_runner`). The corpus has no V1 start with graphs: the
-/// figure is the V2 runner's logged capture (0.98 GiB, Llama-3.1-8B).
-pub(crate) const VLLM_CUDAGRAPH_BYTES: u64 = GIB;
+/// ESTIMATE: the CUDA driver's device memory for one more captured graph
+/// (the graph exec's kernel parameters), which vLLM 0.26.0 measures as the
+/// free-memory drop of its second capture of each mode
+/// (`GPUModelRunner.profile_cudagraph_memory`, at least 1 MiB) and no
+/// source sizes: a FULL graph (the whole forward, one exec) one 2 MiB
+/// page of driver memory, a PIECEWISE capture size one exec per piece at
+/// 128 KiB each. The one V1 start with graphs in the corpus (Qwen3-30B-A3B,
+/// 48 layers, H100, driver 580) measured 2 MiB per FULL graph and 6 MiB per
+/// PIECEWISE size of 49 pieces.
+pub(crate) const VLLM_FULL_GRAPH_BYTES: u64 = 2 * MIB;
+/// See `VLLM_FULL_GRAPH_BYTES`: one piece graph of a PIECEWISE size.
+pub(crate) const VLLM_PIECE_GRAPH_BYTES: u64 = 128 * 1024;
+
+/// vLLM 0.26.0 `AttentionConfig.flash_attn_max_num_splits_for_cuda_graph`:
+/// the splits FlashAttention 3 is given under full CUDA graphs, whose
+/// float32 accumulators (`out_accum`, `softmax_lse_accum`) are allocated at
+/// that many splits during capture (v1/attention/backends/flash_attn.py
+/// `FlashAttentionMetadataBuilder.__init__` and `build`).
+const VLLM_FA3_GRAPH_SPLITS: u64 = 32;
+
+/// The streaming multiprocessors of an H100 or H200 SXM: vLLM's Triton
+/// top-k/top-p sampler keeps a float32 buffer of `min(next_pow2(min(SMs,
+/// rows)), SMs)` vocabulary rows (v1/sample/ops/topk_topp_triton.py
+/// `apply_top_k_top_p_triton`, `num_compute_units`). The GPU's name is not
+/// known offline; the Hopper SXM count is taken (an A100's 108 moves the
+/// buffer by 24 rows of the vocabulary).
+const VLLM_SAMPLER_SMS: u64 = 132;
 
 /// SGLang's guard on host memory for HiCache: `psutil.available − 10 GiB`.
 pub(crate) const HOST_GUARD_BYTES: u64 = 10 * GIB;
@@ -927,7 +946,7 @@ fn vllm_memory(launch: &Launch, model: &Model, budget: &Budget, utilization: f64
             .weights_per_gpu
             .saturating_add(vllm_activation_peak(launch, model, budget.gpu_total))
             .saturating_add(VLLM_NON_TORCH_BYTES)
-            .saturating_add(vllm_graph_reservation(launch, model)),
+            .saturating_add(vllm_graph_reservation(launch, model, budget.gpu_total)),
     );
     let kv = match (launch.kv_cache_memory_bytes, budget.kv_memory) {
         (Some(bytes), _) | (None, Some(bytes)) => bytes as i128,
@@ -1141,13 +1160,69 @@ pub(crate) fn vllm_v2_runner(model: &Model) -> bool {
 /// model_runner.py:705), so its graphs come out of the margin the
 /// utilization leaves (the corpus: Llama-3.1-8B at 0.5 got 23.49 GiB of KV
 /// with graphs and without); the V1 runner's estimate is subtracted
-/// (`VLLM_CUDAGRAPH_BYTES`); none with `--enforce-eager`.
-pub(crate) fn vllm_graph_reservation(launch: &Launch, model: &Model) -> u64 {
+/// (`determine_available_memory`); none with `--enforce-eager`.
+///
+/// The V1 runner's estimate (v1/worker/gpu_model_runner.py
+/// `profile_cudagraph_memory`) captures the two largest graphs of each
+/// mode of the default `FULL_AND_PIECEWISE` and extrapolates: the largest
+/// first capture over the modes (they share one pool) plus, per mode,
+/// (graphs − 1) × its second capture. Modelled:
+/// - the graphs (config/vllm.py `_set_cudagraph_sizes`,
+///   v1/cudagraph_dispatcher.py `initialize_cudagraph_keys`): the capture
+///   sizes 1, 2, 4, 8 to 248 by 8, 256 up by 16, up to min(2 ×
+///   max_num_seqs, 512, max_num_batched_tokens), and max_num_batched_tokens
+///   when under that; PIECEWISE every size, FULL (uniform decode) the sizes
+///   up to max_num_seqs;
+/// - the first FULL capture: FlashAttention 3's split accumulators at the
+///   largest FULL size `S`, `VLLM_FA3_GRAPH_SPLITS × S × heads ÷ TP ×
+///   (v_head_dim + 1) × 4` bytes (MHA/GQA; the attention scratch of MLA
+///   backends is not modelled);
+/// - the first PIECEWISE capture (attention runs outside these graphs:
+///   `_dummy_run` builds no attention metadata for them): the forward's
+///   activations at the largest size, as in `vllm_activation_peak` (the
+///   fused-MoE workspaces are the profile run's, kept);
+/// - each further graph: `VLLM_FULL_GRAPH_BYTES`, and
+///   `VLLM_PIECE_GRAPH_BYTES` per piece (a piece between two attention
+///   layers: layers + 1 of them), the driver's (an ESTIMATE).
+///
+/// Not modelled: `--cudagraph-capture-sizes` and `-cc` (the defaults are
+/// taken), speculative decoding's query length, the gated-delta-net and
+/// MLA backends' graph buffers.
+pub(crate) fn vllm_graph_reservation(launch: &Launch, model: &Model, gpu_total: u64) -> u64 {
     if launch.enforce_eager || vllm_v2_runner(model) {
-        0
-    } else {
-        VLLM_CUDAGRAPH_BYTES
+        return 0;
     }
+    let seqs = vllm_max_running_requests(launch, gpu_total);
+    let tokens = vllm_max_num_batched_tokens(launch, gpu_total);
+    let largest = seqs.saturating_mul(2).min(512).min(tokens).max(1);
+    let mut sizes: Vec<u64> = [1, 2, 4].into_iter().filter(|size| *size <= largest).collect();
+    sizes.extend((8..=largest.min(255)).step_by(8));
+    if largest >= 256 {
+        sizes.extend((256..=largest).step_by(16));
+    }
+    if tokens <= largest {
+        sizes.push(tokens);
+    }
+    sizes.sort_unstable();
+    sizes.dedup();
+    let full: Vec<u64> = sizes.iter().copied().filter(|size| *size <= seqs).collect();
+    let tp = u64::from(launch.tp.max(1));
+    let dtype = model.dtype_bytes.max(1);
+    let mlp = model.mlp;
+    let full_first = match (model.attention_vllm, full.last()) {
+        (Attention::Mha { v_head_dim, .. }, Some(size)) => {
+            VLLM_FA3_GRAPH_SPLITS * size * (mlp.heads / tp).max(1) * (v_head_dim + 1) * 4
+        }
+        _ => 0,
+    };
+    let piecewise_first = sizes.last().map_or(0, |size| {
+        size * (3 * mlp.dense_width / tp + 4 * mlp.hidden) * dtype
+    });
+    let pieces = model.layers.div_ceil(u64::from(launch.pp.max(1))) + 1;
+    let further = |graphs: usize, each: u64| (graphs.saturating_sub(1) as u64) * each;
+    full_first.max(piecewise_first)
+        + further(sizes.len(), pieces * VLLM_PIECE_GRAPH_BYTES)
+        + further(full.len(), VLLM_FULL_GRAPH_BYTES)
 }
 
 /// ESTIMATE: the torch peak of vLLM 0.26.0's profile run
@@ -1165,10 +1240,20 @@ pub(crate) fn vllm_graph_reservation(launch: &Launch, model: &Model) -> u64 {
 ///   - forward: a dense MLP's `gate_up` output (T·2I) and its activation
 ///     (T·I) at once, with the residual stream (hidden states, residual,
 ///     normed input, the layer output: 4·T·H);
-///   - sampler, V1 runner (gpu_model_runner.py:6185 `compute_logits`,
-///     sample/sampler.py:96 `logits.to(torch.float32)`, the top-k/top-p
-///     sampler's float32 `softmax` and exponential noise `q`,
-///     ops/topk_topp_sampler.py): R·V·(2 + 4 + 4 + 4) bytes;
+///   - sampler, V1 runner (gpu_model_runner.py `_dummy_sampler_run`,
+///     run twice: the default path and, with a generator, the native one;
+///     without FlashInfer both are `TopKTopPSampler.forward_native`): the
+///     bf16 logits (`compute_logits`), their float32 copy (sample/
+///     sampler.py `logits.to(torch.float32)`), the float32 probabilities
+///     and exponential noise (ops/topk_topp_sampler.py `random_sample`),
+///     R·V·(2 + 4 + 4 + 4) bytes; with R ≥ 8 rows the Triton top-k/top-p
+///     kernel masks in place with a cached float32 buffer of
+///     `min(next_pow2(min(SMs, R)), SMs)` rows (`apply_top_k_top_p_triton`,
+///     `VLLM_SAMPLER_SMS`), under 8 PyTorch's sort adds the sorted values
+///     and their int64 indices, two boolean masks and the sorted
+///     probabilities (`apply_top_k_top_p_pytorch`: R·V·(4 + 8 + 1 + 1 + 4));
+///     and live beside them, the profile forward's hidden states (T·H),
+///     the gathered last ones and their `torch.rand_like` (2·R·H);
 ///   - sampler, V2 runner (gpu/model_runner.py:656): the logits, R·V·2;
 ///     its Triton sampling kernels work on them in place (not read line
 ///     by line: the corpus's Gemma-3-1B, whose 262K vocabulary makes the
@@ -1190,12 +1275,18 @@ pub(crate) fn vllm_activation_peak(launch: &Launch, model: &Model, gpu_total: u6
         tokens * top_k * (width.max(hidden) + (2 * width).max(hidden)) * dtype
     });
     let forward = tokens * (3 * mlp.dense_width / tp + 4 * mlp.hidden) * dtype;
-    let sampler_bytes = if vllm_v2_runner(model) {
-        2
+    let sampler = if vllm_v2_runner(model) {
+        requests * mlp.vocab * 2
     } else {
-        2 + 4 + 4 + 4
+        let rows = requests * mlp.vocab;
+        let top_k_top_p = if requests >= 8 {
+            let programs = VLLM_SAMPLER_SMS.min(requests);
+            programs.next_power_of_two().min(VLLM_SAMPLER_SMS) * mlp.vocab * 4
+        } else {
+            rows * (4 + 8 + 1 + 1 + 4)
+        };
+        rows * (2 + 4 + 4 + 4) + top_k_top_p + (tokens + 2 * requests) * mlp.hidden * dtype
     };
-    let sampler = requests * mlp.vocab * sampler_bytes;
     workspace + forward.max(sampler)
 }
 
@@ -1232,8 +1323,8 @@ pub(crate) fn vllm_carried_non_kv(
     let logged_graphs = run
         .graph_utilization
         .map(|share| (share * gpu_total as f64).round() as u64)
-        .unwrap_or_else(|| vllm_graph_reservation(&logged, model));
-    let graphs = match vllm_graph_reservation(launch, model) {
+        .unwrap_or_else(|| vllm_graph_reservation(&logged, model, gpu_total));
+    let graphs = match vllm_graph_reservation(launch, model, gpu_total) {
         0 => 0,
         estimate => run
             .graph_utilization

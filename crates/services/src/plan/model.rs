@@ -106,8 +106,9 @@ pub struct Model {
 /// What the activations of a forward pass and of the sampler are sized
 /// by: `hidden_size`, `vocab_size`, the widest dense MLP (`intermediate_size`
 /// of the dense layers, or the shared experts' width), and for MoE the
-/// routed experts' `moe_intermediate_size`, `num_experts_per_tok` and count.
-/// 0 where the config does not say.
+/// routed experts' `moe_intermediate_size`, `num_experts_per_tok` and count,
+/// and the query heads (`num_attention_heads`) the attention scratch is
+/// sized by. 0 where the config does not say.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Mlp {
     pub hidden: u64,
@@ -115,6 +116,7 @@ pub struct Mlp {
     pub dense_width: u64,
     /// `(top_k, expert width)`; `None` for a dense model.
     pub moe: Option<(u64, u64)>,
+    pub heads: u64,
 }
 
 /// `Mlp` from the text config (the same fields `config_weights` reads).
@@ -150,6 +152,7 @@ fn mlp(text: &serde_json::Value) -> Mlp {
         vocab: field("vocab_size").unwrap_or(0),
         dense_width,
         moe,
+        heads: field("num_attention_heads").unwrap_or(0),
     }
 }
 
