@@ -176,6 +176,26 @@ pub struct Linear {
 }
 
 impl Linear {
+    /// One gated-delta-net layer's weights, counted in 16-bit weights
+    /// (vLLM 0.26.0 model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py
+    /// `__init__`): `in_proj_qkvz` hidden × (2·key_dim + 2·value_dim),
+    /// `in_proj_ba` hidden × 2·v_heads, `conv1d` (2·key_dim + value_dim) ×
+    /// conv kernel, `dt_bias` v_heads, `A_log` v_heads in float32 (two
+    /// 16-bit weights each), the gated norm v_dim, `out_proj` value_dim ×
+    /// hidden; key_dim = k_heads·k_dim, value_dim = v_heads·v_dim.
+    pub(crate) fn weights(&self, hidden: u64) -> u64 {
+        let key_dim = self.k_heads.saturating_mul(self.k_dim);
+        let value_dim = self.v_heads.saturating_mul(self.v_dim);
+        let qkvz = hidden.saturating_mul(2 * key_dim + 2 * value_dim);
+        let ba = hidden.saturating_mul(2 * self.v_heads);
+        let conv = (2 * key_dim + value_dim).saturating_mul(self.conv_kernel);
+        let out = value_dim.saturating_mul(hidden);
+        qkvz.saturating_add(ba)
+            .saturating_add(conv)
+            .saturating_add(3 * self.v_heads + self.v_dim)
+            .saturating_add(out)
+    }
+
     /// One layer's state bytes per request on one of `tp` ranks, at
     /// `dtype_bytes` an element.
     pub(crate) fn state_bytes(&self, tp: u64, dtype_bytes: u64) -> u64 {
@@ -696,9 +716,9 @@ pub(crate) fn parse_config(path: &Path, config: &serde_json::Value) -> Result<Mo
         .iter()
         .any(|name| SGLANG_MULTIMODAL.contains(name));
     let vision = vision(config, &architecture);
-    let (attention_bytes, replicated_bytes) = attention_weights(text, attention, layers);
     let (window_vllm, window_sglang) = windows(path, text, &architectures, layers)?;
     let linear = linear(path, text, &architectures, layers)?;
+    let (attention_bytes, replicated_bytes) = attention_weights(text, attention, layers, linear);
     Ok(Model {
         config_path: path.to_path_buf(),
         architecture,
@@ -779,8 +799,15 @@ pub(crate) fn config_weights(config: &serde_json::Value, model: &Model) -> Optio
                 (None, Some(shared)) => shared as f64,
                 (None, None) => 0.0,
             };
+            // Qwen2-MoE and Qwen3-Next gate their shared expert by a
+            // hidden × 1 `shared_expert_gate` (vLLM 0.26.0 qwen2_moe.py,
+            // qwen3_next.py `Qwen3NextSparseMoeBlock`).
+            let shared_gate = match field("shared_expert_intermediate_size") {
+                Some(_) => hidden,
+                None => 0.0,
+            };
             let dense = 3.0 * hidden * dense_width.unwrap_or(0) as f64 * dense_layers
-                + (3.0 * hidden * shared + hidden * experts as f64) * moe_layers;
+                + (3.0 * hidden * shared + hidden * experts as f64 + shared_gate) * moe_layers;
             (dense, 3.0 * hidden * width * experts as f64 * moe_layers)
         }
     };
@@ -1143,7 +1170,17 @@ fn vision(config: &serde_json::Value, architecture: &str) -> Option<(u64, u64)> 
 
 /// ESTIMATE (see `Model::attention_bytes`): (attention bytes, replicated
 /// bytes) over all layers, from the projection shapes, 2 bytes a weight.
-fn attention_weights(text: &serde_json::Value, attention: Attention, layers: u64) -> (u64, u64) {
+/// With gated-delta-net layers (Qwen3-Next), those hold
+/// `Linear::weights` instead, and the full-attention layers' `qkv_proj`
+/// carries an output gate as wide as the queries (vLLM 0.26.0
+/// model_executor/models/qwen3_next.py `Qwen3NextAttention`:
+/// `total_num_heads * (1 + attn_output_gate)`, the gate on by default).
+fn attention_weights(
+    text: &serde_json::Value,
+    attention: Attention,
+    layers: u64,
+    linear: Option<Linear>,
+) -> (u64, u64) {
     const BYTES: u64 = 2;
     // Saturating: an estimate, from numbers anyone may write in a config.
     let product = |factors: &[u64]| {
@@ -1184,17 +1221,30 @@ fn attention_weights(text: &serde_json::Value, attention: Attention, layers: u64
             kv_heads,
             head_dim,
             v_head_dim,
-        } => (
-            sum(&[
-                product(&[hidden, heads, head_dim]),
-                product(&[hidden, kv_heads, head_dim.saturating_add(v_head_dim)]),
-                product(&[heads, v_head_dim, hidden]),
-            ]),
-            0,
-        ),
+        } => {
+            let gated = linear.is_some()
+                && text
+                    .get("attn_output_gate")
+                    .and_then(serde_json::Value::as_bool)
+                    .unwrap_or(true);
+            let query_heads = if gated { heads.saturating_mul(2) } else { heads };
+            (
+                sum(&[
+                    product(&[hidden, query_heads, head_dim]),
+                    product(&[hidden, kv_heads, head_dim.saturating_add(v_head_dim)]),
+                    product(&[heads, v_head_dim, hidden]),
+                ]),
+                0,
+            )
+        }
     };
+    let linear_layers = linear.map_or(0, |linear| linear.layers.min(layers));
+    let linear_weights = linear.map_or(0, |linear| linear.weights(hidden));
     (
-        product(&[per_layer, layers, BYTES]),
+        sum(&[
+            product(&[per_layer, layers - linear_layers, BYTES]),
+            product(&[linear_weights, linear_layers, BYTES]),
+        ]),
         product(&[replicated, layers, BYTES]),
     )
 }
