@@ -252,3 +252,43 @@ fn a_log_carries_graphs_and_batch_limits() {
         );
     }
 }
+
+/// A TP1 start's log asked about TP2 (Llama-3.1-8B, eager): the log's
+/// weights are split over the two ranks (Llama replicates none), its
+/// activation peak moves by what the estimate moves between TP1 and TP2,
+/// and what does not carry (the non-torch memory of TP2) is named in the
+/// JSON's `missing`, with the log's TP.
+#[test]
+fn a_log_of_another_tp_carries_its_weights_and_peak() {
+    let (corpus, logs) = corpus();
+    let case = &corpus["cases"]["llama-u09-eager"];
+    let log = log_of(&logs, case);
+    let mut tp2 = case.clone();
+    let args = tp2["vllm_args"].as_array_mut().expect(AS_WRITTEN);
+    args.extend(["--tensor-parallel-size", "2"].map(Value::from));
+    let figures = |case: &Value, from_log: Option<&Path>| {
+        let result = plan(case, from_log);
+        let figure = |value: &Value| value.as_i64().expect(AS_WRITTEN);
+        (
+            figure(&result["budget"]["weights_per_gpu"]),
+            figure(&result["device"]["kv_bytes_per_rank"]),
+            result["calibration"].clone(),
+        )
+    };
+    let (weights_1, kv_1, _) = figures(case, Some(&log));
+    let (weights_2, kv_2, calibration) = figures(&tp2, Some(&log));
+    assert_eq!(weights_2, weights_1 / 2);
+    // A priori, the same move less the estimate's weights, plus the log's.
+    let (estimate_1, prior_1, _) = figures(case, None);
+    let (estimate_2, prior_2, _) = figures(&tp2, None);
+    let peak_moved = (prior_2 - prior_1) - (estimate_1 - estimate_2);
+    assert_eq!(kv_2 - kv_1, peak_moved + (weights_1 - weights_2));
+    assert_eq!(calibration["logged_tp"], 1);
+    let missing = calibration["missing"].as_array().expect(AS_WRITTEN);
+    assert!(
+        missing
+            .iter()
+            .any(|line| text(line).contains("non-torch memory at the command's TP")),
+        "{missing:?}"
+    );
+}

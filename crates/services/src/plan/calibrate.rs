@@ -78,6 +78,17 @@ pub struct LoggedRun {
     pub graph_utilization: Option<f64>,
 }
 
+impl LoggedRun {
+    /// The TP the logged start ran at: its `tensor_parallel_size`, 1 when
+    /// its `non-default args` lack one, else (no such line) `command`'s.
+    pub(crate) fn tp_or(&self, command: u64) -> u64 {
+        match (self.args, self.tp) {
+            (true, tp) => tp.unwrap_or(1).max(1),
+            (false, _) => command,
+        }
+    }
+}
+
 impl Logged {
     /// Puts what was measured in place of the estimates: W' and the free
     /// memory at start for SGLang; for vLLM its weights and what its

@@ -1290,29 +1290,62 @@ pub(crate) fn vllm_activation_peak(launch: &Launch, model: &Model, gpu_total: u6
     workspace + forward.max(sampler)
 }
 
+/// vLLM: the weights a logged start loaded (`Model loading took`, per GPU
+/// at the log's TP, `LoggedRun::tp_or`) at the command's TP: the sharded
+/// part scales by the log's TP over the command's, what every rank holds
+/// whole (`Model::replicated_bytes`, MLA's `q_a`/`kv_a`) stays. As in
+/// `weights_per_gpu`: the KV projections vLLM replicates when TP exceeds
+/// the KV heads, and the rotary caches, are taken as split.
+pub(crate) fn vllm_weights_at_tp(
+    logged_weights: u64,
+    run: &super::calibrate::LoggedRun,
+    launch: &Launch,
+    model: &Model,
+) -> u64 {
+    let tp = u64::from(launch.tp.max(1));
+    let from = run.tp_or(tp);
+    if from == tp {
+        return logged_weights;
+    }
+    let replicated = (model.replicated_bytes / u64::from(launch.pp.max(1))).min(logged_weights);
+    let sharded = u128::from(logged_weights - replicated) * u128::from(from) / u128::from(tp);
+    replicated.saturating_add(u64::try_from(sharded).unwrap_or(u64::MAX))
+}
+
 /// vLLM: the non-KV memory a logged start measured (its requested memory
 /// less its `Available KV cache memory`: weights, activation peak,
 /// non-torch memory and, on the V1 runner with graphs, the CUDA-graph
-/// estimate), carried to the command's settings: the activation peak moves
-/// by what `vllm_activation_peak` gives at the command's batch limits less
-/// at the log's (`max_num_batched_tokens`, `max_num_seqs`, from the log;
-/// the command's where it does not say), and the graph estimate the log
-/// took out (its logged one, else `vllm_graph_reservation` of its
-/// `--enforce-eager`) is replaced by the command's (the logged one when
-/// both take one). The KV dtype, the context length and the utilization
-/// do not change it. Not carried: another TP (the log's weights are per
-/// GPU; `None` then, and the estimates are used).
+/// estimate), carried to the command's settings: the weights to the
+/// command's TP (`vllm_weights_at_tp`); the activation peak moves by what
+/// `vllm_activation_peak` gives at the command's batch limits and TP less
+/// at the log's (`max_num_batched_tokens`, `max_num_seqs` and
+/// `tensor_parallel_size`, from the log; the command's where it does not
+/// say); the graph estimate the log took out (its logged one, else
+/// `vllm_graph_reservation` of its `--enforce-eager`) is replaced by the
+/// command's: none, the estimate, or with both on the logged one moved by
+/// what the estimate moves. The KV dtype, the context length and the
+/// utilization do not change it. The non-torch memory is the log's: at
+/// another TP that is not foretold (NCCL's and the custom all-reduce's
+/// buffers), and the report says so. `None` at another TP without the
+/// logged weights (the estimates are used).
 pub(crate) fn vllm_carried_non_kv(
     logged_non_kv: u64,
+    logged_weights: Option<u64>,
     run: &super::calibrate::LoggedRun,
     launch: &Launch,
     model: &Model,
     gpu_total: u64,
 ) -> Option<u64> {
-    if run.tp.unwrap_or(1) != u64::from(launch.tp.max(1)) && run.args {
-        return None;
-    }
+    let tp = u64::from(launch.tp.max(1));
     let mut logged = launch.clone();
+    let weights_moved = match run.tp_or(tp) {
+        from if from == tp => 0,
+        from => {
+            let weights = logged_weights?;
+            logged.tp = u32::try_from(from).ok()?;
+            i128::from(vllm_weights_at_tp(weights, run, launch, model)) - i128::from(weights)
+        }
+    };
     if let Some(tokens) = run.batched_tokens {
         logged.chunked_prefill_size = Some(tokens);
     }
@@ -1320,20 +1353,19 @@ pub(crate) fn vllm_carried_non_kv(
         logged.max_running_requests = run.max_num_seqs;
         logged.enforce_eager = run.enforce_eager;
     }
+    let logged_estimate = i128::from(vllm_graph_reservation(&logged, model, gpu_total));
     let logged_graphs = run
         .graph_utilization
-        .map(|share| (share * gpu_total as f64).round() as u64)
-        .unwrap_or_else(|| vllm_graph_reservation(&logged, model, gpu_total));
-    let graphs = match vllm_graph_reservation(launch, model, gpu_total) {
-        0 => 0,
-        estimate => run
-            .graph_utilization
-            .map_or(estimate, |share| (share * gpu_total as f64).round() as u64),
+        .map_or(logged_estimate, |share| (share * gpu_total as f64).round() as i128);
+    let graphs = match (vllm_graph_reservation(launch, model, gpu_total), run.graph_utilization) {
+        (0, _) => 0,
+        (estimate, Some(_)) => logged_graphs + i128::from(estimate) - logged_estimate,
+        (estimate, None) => i128::from(estimate),
     };
-    let carried = logged_non_kv as i128 - logged_graphs as i128
-        + graphs as i128
-        + vllm_activation_peak(launch, model, gpu_total) as i128
-        - vllm_activation_peak(&logged, model, gpu_total) as i128;
+    let carried = i128::from(logged_non_kv) + weights_moved - logged_graphs
+        + graphs
+        + i128::from(vllm_activation_peak(launch, model, gpu_total))
+        - i128::from(vllm_activation_peak(&logged, model, gpu_total));
     Some(carried.max(0) as u64)
 }
 

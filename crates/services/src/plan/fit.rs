@@ -609,7 +609,14 @@ fn weights(
     if let Some(weights) = config.overrides.weights {
         return Ok((weights, Source::Flag));
     }
-    if let Some(weights) = logged.and_then(|logged| logged.weights_per_gpu) {
+    if let Some(logged) = logged
+        && let Some(weights) = logged.weights_per_gpu
+    {
+        // vLLM: the log's weights at the command's TP.
+        let weights = match launch.engine {
+            launch::Engine::Vllm => engine::vllm_weights_at_tp(weights, &logged.run, launch, model),
+            launch::Engine::Sglang => weights,
+        };
         return Ok((weights, Source::Log));
     }
     match weights_estimate(launch, model) {
@@ -661,7 +668,14 @@ fn logged_non_kv(
     let utilization = engine::mem_fraction(launch, model, gpu_total);
     let logged = logged?;
     let non_kv = logged.vllm_non_kv(gpu_total, utilization)?;
-    engine::vllm_carried_non_kv(non_kv, &logged.run, launch, model, gpu_total)
+    engine::vllm_carried_non_kv(
+        non_kv,
+        logged.weights_per_gpu,
+        &logged.run,
+        launch,
+        model,
+        gpu_total,
+    )
 }
 
 /// The tokens one request needs: the averages' sum, else the context
@@ -719,12 +733,17 @@ fn calibration(launch: &Launch, model: &Model, budget: &Budget, logged: Logged) 
                     })
                 })
         }
+        // At the log's TP: its KV memory held that TP's share of a token.
         launch::Engine::Vllm => logged.kv_bytes.map(|kv| {
-            predict(Budget {
+            let mut logged_launch = launch.clone();
+            logged_launch.tp = u32::try_from(logged.run.tp_or(u64::from(launch.tp.max(1))))
+                .unwrap_or(launch.tp);
+            let budget = Budget {
                 free_at_start: budget.gpu_total,
                 kv_memory: Some(kv),
                 ..*budget
-            })
+            };
+            engine::device(&logged_launch, model, &budget, None).tokens_per_rank
         }),
     };
     Calibration {

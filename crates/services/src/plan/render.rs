@@ -761,7 +761,7 @@ fn calibration_section(outcome: &Outcome) -> Vec<String> {
         _ => {}
     }
     lines.extend(
-        missing_figures(outcome.launch.engine, &logged)
+        missing_figures(&outcome.launch, &logged)
             .into_iter()
             .map(|missing| format!("  missing: {missing}")),
     );
@@ -769,8 +769,13 @@ fn calibration_section(outcome: &Outcome) -> Vec<String> {
 }
 
 /// The figures `--from-log` reads that the log lacks, each with what the
-/// plan takes instead and so what it cannot check.
-fn missing_figures(engine: Engine, logged: &super::calibrate::Logged) -> Vec<&'static str> {
+/// plan takes instead and so what it cannot check, and at another TP what
+/// the log cannot carry there.
+fn missing_figures(
+    launch: &super::launch::Launch,
+    logged: &super::calibrate::Logged,
+) -> Vec<&'static str> {
+    let engine = launch.engine;
     let mut missing = Vec::new();
     match engine {
         Engine::Sglang => {
@@ -795,6 +800,14 @@ fn missing_figures(engine: Engine, logged: &super::calibrate::Logged) -> Vec<&'s
             }
             if logged.kv_bytes.is_some() && !logged.run.args {
                 missing.push("\"non-default args\": the start is taken to have run with the command's --max-num-seqs, --enforce-eager and TP; its activation peak and CUDA-graph estimate are not moved to others");
+            }
+            let tp = u64::from(launch.tp.max(1));
+            if logged.kv_bytes.is_some() && logged.run.tp_or(tp) != tp {
+                missing.push(if logged.weights_per_gpu.is_some() {
+                    "the non-torch memory at the command's TP: the log's, of another TP, is kept (NCCL's and the custom all-reduce's buffers are not foretold); its weights are split by the TPs' ratio and its activation peak and CUDA-graph estimate moved by the estimates'"
+                } else {
+                    "\"Model loading took\" at another TP: the non-KV memory cannot be carried to the command's TP without the weights, and the estimates are used"
+                });
             }
         }
     }
@@ -1085,7 +1098,13 @@ struct CalibrationJson {
     logged_weights_per_gpu: Option<u64>,
     logged_free_before_load: Option<u64>,
     logged_kv_bytes: Option<u64>,
+    /// vLLM: the TP the logged start ran at (`tensor_parallel_size` of its
+    /// `non-default args`); null when the log does not say.
+    logged_tp: Option<u64>,
     predicted_tokens: Option<u64>,
+    /// What the log lacks or cannot carry to the command, as the text's
+    /// `missing:` lines.
+    missing: Vec<&'static str>,
 }
 
 fn device_json<'a>(device: &'a Device, outcome: &Outcome) -> DeviceJson<'a> {
@@ -1200,7 +1219,14 @@ pub fn json(outcome: &Outcome) -> String {
             logged_weights_per_gpu: calibration.logged.weights_per_gpu,
             logged_free_before_load: calibration.logged.free_before_load,
             logged_kv_bytes: calibration.logged.kv_bytes,
+            logged_tp: match outcome.launch.engine {
+                Engine::Vllm if calibration.logged.run.args => {
+                    Some(calibration.logged.run.tp_or(1))
+                }
+                _ => None,
+            },
             predicted_tokens: calibration.predicted_tokens,
+            missing: missing_figures(&outcome.launch, &calibration.logged),
         }),
         exit_code: outcome.exit(),
     })
