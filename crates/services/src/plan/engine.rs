@@ -1195,7 +1195,10 @@ pub(crate) fn vllm_graph_reservation(launch: &Launch, model: &Model, gpu_total: 
     let seqs = vllm_max_running_requests(launch, gpu_total);
     let tokens = vllm_max_num_batched_tokens(launch, gpu_total);
     let largest = seqs.saturating_mul(2).min(512).min(tokens).max(1);
-    let mut sizes: Vec<u64> = [1, 2, 4].into_iter().filter(|size| *size <= largest).collect();
+    let mut sizes: Vec<u64> = [1, 2, 4]
+        .into_iter()
+        .filter(|size| *size <= largest)
+        .collect();
     sizes.extend((8..=largest.min(255)).step_by(8));
     if largest >= 256 {
         sizes.extend((256..=largest).step_by(16));
@@ -1354,10 +1357,13 @@ pub(crate) fn vllm_carried_non_kv(
         logged.enforce_eager = run.enforce_eager;
     }
     let logged_estimate = i128::from(vllm_graph_reservation(&logged, model, gpu_total));
-    let logged_graphs = run
-        .graph_utilization
-        .map_or(logged_estimate, |share| (share * gpu_total as f64).round() as i128);
-    let graphs = match (vllm_graph_reservation(launch, model, gpu_total), run.graph_utilization) {
+    let logged_graphs = run.graph_utilization.map_or(logged_estimate, |share| {
+        (share * gpu_total as f64).round() as i128
+    });
+    let graphs = match (
+        vllm_graph_reservation(launch, model, gpu_total),
+        run.graph_utilization,
+    ) {
         (0, _) => 0,
         (estimate, Some(_)) => logged_graphs + i128::from(estimate) - logged_estimate,
         (estimate, None) => i128::from(estimate),

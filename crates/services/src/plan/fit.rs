@@ -736,8 +736,8 @@ fn calibration(launch: &Launch, model: &Model, budget: &Budget, logged: Logged) 
         // At the log's TP: its KV memory held that TP's share of a token.
         launch::Engine::Vllm => logged.kv_bytes.map(|kv| {
             let mut logged_launch = launch.clone();
-            logged_launch.tp = u32::try_from(logged.run.tp_or(u64::from(launch.tp.max(1))))
-                .unwrap_or(launch.tp);
+            logged_launch.tp =
+                u32::try_from(logged.run.tp_or(u64::from(launch.tp.max(1)))).unwrap_or(launch.tp);
             let budget = Budget {
                 free_at_start: budget.gpu_total,
                 kv_memory: Some(kv),

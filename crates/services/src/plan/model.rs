@@ -1227,7 +1227,11 @@ fn attention_weights(
                     .get("attn_output_gate")
                     .and_then(serde_json::Value::as_bool)
                     .unwrap_or(true);
-            let query_heads = if gated { heads.saturating_mul(2) } else { heads };
+            let query_heads = if gated {
+                heads.saturating_mul(2)
+            } else {
+                heads
+            };
             (
                 sum(&[
                     product(&[hidden, query_heads, head_dim]),
