@@ -285,12 +285,12 @@ fn stage_layers(launch: &Launch, model: &Model) -> u64 {
     kv_layers(model).div_ceil(u64::from(launch.pp.max(1)))
 }
 
-/// The layers that hold KV (the linear-attention layers hold a state
-/// instead).
+/// The layers that hold KV: every layer, or a linear-attention or Mamba
+/// model's attention layers (the others hold a state, or nothing).
 fn kv_layers(model: &Model) -> u64 {
     model
-        .layers
-        .saturating_sub(model.linear.map_or(0, |linear| linear.layers))
+        .linear
+        .map_or(model.layers, |linear| linear.attention_layers.min(model.layers))
 }
 
 /// The KV dtype `auto` resolves to: FP8 (e4m3) when the quant config
@@ -850,7 +850,15 @@ fn vllm(launch: &Launch, model: &Model, budget: &Budget) -> Device {
     let layers = stage_layers(launch, model).max(1);
     let groups = vllm_groups(launch, model, budget.gpu_total);
     let group_size = groups.map_or(layers, |groups| groups.group_size);
-    let page_bytes = u64::from(block).saturating_mul(per_layer);
+    // A block of one layer; a model without attention layers (Mamba): one
+    // layer's state (`MambaSpec.page_size_bytes`, unpadded).
+    let page_bytes = match model.linear {
+        Some(linear) if kv_layers(model) == 0 => linear.state_bytes(
+            u64::from(launch.tp),
+            launch.model_dtype_bytes.unwrap_or(model.dtype_bytes),
+        ),
+        _ => u64::from(block).saturating_mul(per_layer),
+    };
     let group_bytes = page_bytes.saturating_mul(group_size).max(1);
     let memory_blocks = if kv > 0 { (kv as u64) / group_bytes } else { 0 };
     // `--num-gpu-blocks-override` replaces the count the memory gives
@@ -1053,7 +1061,9 @@ pub(crate) fn vllm_hybrid_block_size(
     block: u32,
     per_layer: u64,
 ) -> u32 {
-    let Some(linear) = model.linear else {
+    // Only a hybrid (`ModelConfig.is_hybrid`): a model without attention
+    // layers keeps its block.
+    let Some(linear) = model.linear.filter(|_| kv_layers(model) > 0) else {
         return block;
     };
     let per_token_layer = per_layer.max(1);
@@ -1084,7 +1094,7 @@ pub(crate) fn vllm_groups(launch: &Launch, model: &Model, gpu_total: u64) -> Opt
     // KV-cache manager cannot be turned off for them).
     if let Some(linear) = model.linear {
         let state = linear.layers.min(model.layers);
-        let (full_groups, state_groups, size) = group_counts(model.layers - state, state);
+        let (full_groups, state_groups, size) = group_counts(kv_layers(model), state);
         return Some(VllmGroups {
             full_groups,
             window_groups: 0,

@@ -36,6 +36,15 @@ pub enum PlanError {
         crate::units::short(.0, 200)
     )]
     UnknownArchitecture(String),
+    /// An architecture the engine at this version does not serve, or
+    /// serves with rules plan does not model.
+    #[error("{architecture} on {engine}: {why}")]
+    NotServed {
+        architecture: String,
+        /// The engine and the version whose rules apply (`SGLang 0.5.9`).
+        engine: String,
+        why: &'static str,
+    },
     #[error(
         "{}: model dtype {} is not one gpureap plan reads (bfloat16, float16, float32)",
         .path.display(),

@@ -24,6 +24,7 @@
 
 use super::PlanError;
 use super::launch::{Engine, Launch};
+use super::version::Rules;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -156,68 +157,288 @@ fn mlp(text: &serde_json::Value) -> Mlp {
     }
 }
 
-/// Gated-delta-net layers (Qwen3-Next): how many, and the shapes of the
-/// state each holds per request (vLLM `MambaStateShapeCalculator.
-/// gated_delta_net_state_shape`: a conv state of `(k_dim·k_heads·2 +
-/// v_dim·v_heads) ÷ TP` × `(conv_kernel − 1)` and a recurrent state of
-/// `v_heads ÷ TP × v_dim × k_dim`, both in the model dtype under
-/// `--mamba-cache-dtype auto`; SGLang: `sglang_state_bytes`).
+/// Layers that hold a fixed state per request instead of (or beside) KV:
+/// linear attention and Mamba. How many hold a state, how many hold KV,
+/// the state's shape, and the dtype of its temporal (SSM, recurrent) part
+/// as each engine settles it. The conv part is the model dtype on vLLM
+/// (`--mamba-cache-dtype auto`) and bfloat16 on SGLang
+/// (`SGLANG_MAMBA_CONV_DTYPE`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct Linear {
+    /// The layers holding a state.
     pub layers: u64,
-    pub k_heads: u64,
-    pub v_heads: u64,
-    pub k_dim: u64,
-    pub v_dim: u64,
-    pub conv_kernel: u64,
-    /// The config's `mamba_ssm_dtype` in bytes (SGLang's recurrent-state
-    /// dtype; float32, 4, when absent).
-    pub ssm_dtype_bytes: u64,
+    /// The layers holding KV: the full-attention layers (Nemotron-H's
+    /// MLP-only layers hold neither; Falcon-H1's layers hold both; none for
+    /// a pure Mamba model).
+    pub attention_layers: u64,
+    pub shape: StateShape,
+    /// vLLM's temporal-state bytes under `--mamba-ssm-cache-dtype auto`
+    /// (`VerifyAndUpdateConfig` of the model: Qwen3.5's `mamba_ssm_dtype`,
+    /// Nemotron-H's `mamba_ssm_cache_dtype` else float32; KDA float32);
+    /// `None`: the conv state's dtype (the model's).
+    pub vllm_ssm_bytes: Option<u64>,
+    /// SGLang's temporal-state bytes (`mamba2_state_dtype`: the config's
+    /// `mamba_ssm_dtype`, else float32).
+    pub sglang_ssm_bytes: u64,
+}
+
+/// The per-layer state of each family, as the engines shape it
+/// (vLLM `MambaStateShapeCalculator`, SGLang `Mamba2StateShape.create` /
+/// `KimiLinearStateShape.create`): a conv state of `conv_dim ÷ TP` ×
+/// `(kernel − 1)` elements and a temporal state, both split over TP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum StateShape {
+    /// Gated DeltaNet (Qwen3-Next, Qwen3.5): conv `k_dim·k_heads·2 +
+    /// v_dim·v_heads`, recurrent `v_heads × v_dim × k_dim`. SGLang sizes it
+    /// as Mamba2 with `n_groups` = the key heads (extra groups at a TP
+    /// that does not divide them), vLLM without.
+    GatedDeltaNet {
+        k_heads: u64,
+        v_heads: u64,
+        k_dim: u64,
+        v_dim: u64,
+        conv_kernel: u64,
+    },
+    /// Mamba2 (Nemotron-H, Falcon-H1, Mamba2): conv `intermediate + 2 ×
+    /// groups × state` (groups raised to TP when TP does not divide them:
+    /// `extra_groups_for_head_shards`), temporal `heads × head_dim ×
+    /// state`.
+    Mamba2 {
+        intermediate: u64,
+        groups: u64,
+        heads: u64,
+        head_dim: u64,
+        state_size: u64,
+        conv_kernel: u64,
+    },
+    /// Mamba1 (Jamba, Mamba): conv `intermediate`, temporal `intermediate
+    /// × state`.
+    Mamba1 {
+        intermediate: u64,
+        state_size: u64,
+        conv_kernel: u64,
+    },
+    /// Kimi Delta Attention (Kimi-Linear): conv `3 × heads × head_dim`,
+    /// recurrent `heads × head_dim × head_dim`.
+    Kda {
+        heads: u64,
+        head_dim: u64,
+        conv_kernel: u64,
+    },
+}
+
+/// `extra_groups_for_head_shards` (both engines): groups that TP does not
+/// divide are raised to TP, so that each head shard holds its group.
+fn sharded_groups(groups: u64, tp: u64) -> u64 {
+    if groups % tp == 0 { groups } else { tp }
+}
+
+impl StateShape {
+    /// (conv elements, temporal elements) of one layer on one of `tp`
+    /// ranks, as vLLM 0.26.0 shapes them (`divide` is exact in the engine;
+    /// integer division here).
+    fn vllm_elements(&self, tp: u64) -> (u64, u64) {
+        match *self {
+            StateShape::GatedDeltaNet {
+                k_heads,
+                v_heads,
+                k_dim,
+                v_dim,
+                conv_kernel,
+            } => (
+                (k_dim * k_heads * 2 + v_dim * v_heads) / tp * conv_kernel.saturating_sub(1),
+                v_heads / tp * v_dim * k_dim,
+            ),
+            StateShape::Mamba2 {
+                intermediate,
+                groups,
+                heads,
+                head_dim,
+                state_size,
+                conv_kernel,
+            } => mamba2_elements(
+                intermediate,
+                groups,
+                heads,
+                head_dim,
+                state_size,
+                conv_kernel,
+                tp,
+            ),
+            StateShape::Mamba1 {
+                intermediate,
+                state_size,
+                conv_kernel,
+            } => (
+                intermediate / tp * conv_kernel.saturating_sub(1),
+                intermediate / tp * state_size,
+            ),
+            StateShape::Kda {
+                heads,
+                head_dim,
+                conv_kernel,
+            } => (
+                3 * heads * head_dim / tp * conv_kernel.saturating_sub(1),
+                heads / tp * head_dim * head_dim,
+            ),
+        }
+    }
+
+    /// The same as SGLang 0.5.9 shapes them: gated DeltaNet through
+    /// `Mamba2StateShape.create` (so with extra groups); KDA's three conv
+    /// states split one by one.
+    fn sglang_elements(&self, tp: u64) -> (u64, u64) {
+        match *self {
+            StateShape::GatedDeltaNet {
+                k_heads,
+                v_heads,
+                k_dim,
+                v_dim,
+                conv_kernel,
+            } => mamba2_elements(v_dim * v_heads, k_heads, v_heads, v_dim, k_dim, conv_kernel, tp),
+            StateShape::Kda {
+                heads,
+                head_dim,
+                conv_kernel,
+            } => (
+                3 * (heads * head_dim / tp) * conv_kernel.saturating_sub(1),
+                heads / tp * head_dim * head_dim,
+            ),
+            _ => self.vllm_elements(tp),
+        }
+    }
+}
+
+/// Mamba2's (conv, temporal) elements on one of `tp` ranks
+/// (`mamba2_state_shape`, `Mamba2StateShape.create`).
+fn mamba2_elements(
+    intermediate: u64,
+    groups: u64,
+    heads: u64,
+    head_dim: u64,
+    state_size: u64,
+    conv_kernel: u64,
+    tp: u64,
+) -> (u64, u64) {
+    let conv_dim = intermediate + 2 * sharded_groups(groups, tp) * state_size;
+    (
+        conv_dim / tp * conv_kernel.saturating_sub(1),
+        heads / tp * head_dim * state_size,
+    )
 }
 
 impl Linear {
-    /// One gated-delta-net layer's weights, counted in 16-bit weights
-    /// (vLLM 0.26.0 model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py
-    /// `__init__`): `in_proj_qkvz` hidden × (2·key_dim + 2·value_dim),
-    /// `in_proj_ba` hidden × 2·v_heads, `conv1d` (2·key_dim + value_dim) ×
-    /// conv kernel, `dt_bias` v_heads, `A_log` v_heads in float32 (two
-    /// 16-bit weights each), the gated norm v_dim, `out_proj` value_dim ×
-    /// hidden; key_dim = k_heads·k_dim, value_dim = v_heads·v_dim.
+    /// ESTIMATE: one state layer's weights, counted in 16-bit weights
+    /// (float32 parameters as two), from vLLM 0.26.0's layers:
+    /// - gated DeltaNet (`layers/mamba/gdn/qwen_gdn_linear_attn.py`):
+    ///   `in_proj_qkvz` hidden × (2·key_dim + 2·value_dim), `in_proj_ba`
+    ///   hidden × 2·v_heads, `conv1d` (2·key_dim + value_dim) × kernel,
+    ///   `dt_bias` and float32 `A_log` v_heads, the gated norm v_dim,
+    ///   `out_proj` value_dim × hidden (key_dim = k_heads·k_dim,
+    ///   value_dim = v_heads·v_dim);
+    /// - Mamba2 (`layers/mamba/mamba_mixer2.py`): `in_proj` hidden ×
+    ///   (intermediate + conv_dim + heads), `conv1d` conv_dim × kernel,
+    ///   `A`, `D`, `dt_bias` heads (float32), the gated norm intermediate,
+    ///   `out_proj` intermediate × hidden (conv_dim = intermediate + 2 ×
+    ///   groups × state);
+    /// - Mamba1 (`layers/mamba/mamba_mixer.py`): `in_proj` hidden × 2I,
+    ///   `conv1d` I × kernel, `x_proj` I × (dt_rank + 2·state), `dt_proj`
+    ///   dt_rank × I, float32 `A` I × state, `D` I, `out_proj` I × hidden,
+    ///   dt_rank ⌈hidden / 16⌉;
+    /// - KDA (`layers/kda.py`): q, k, v and o projections hidden ×
+    ///   heads·head_dim, `conv1d` 3·heads·head_dim × kernel, the decay and
+    ///   gate low-rank pairs 2 × (hidden + heads)·head_dim, `b_proj` hidden
+    ///   × heads.
+    ///
+    /// Biases and norms beside these are left out.
     pub(crate) fn weights(&self, hidden: u64) -> u64 {
-        let key_dim = self.k_heads.saturating_mul(self.k_dim);
-        let value_dim = self.v_heads.saturating_mul(self.v_dim);
-        let qkvz = hidden.saturating_mul(2 * key_dim + 2 * value_dim);
-        let ba = hidden.saturating_mul(2 * self.v_heads);
-        let conv = (2 * key_dim + value_dim).saturating_mul(self.conv_kernel);
-        let out = value_dim.saturating_mul(hidden);
-        qkvz.saturating_add(ba)
-            .saturating_add(conv)
-            .saturating_add(3 * self.v_heads + self.v_dim)
-            .saturating_add(out)
+        let sum = |terms: &[u64]| {
+            terms
+                .iter()
+                .fold(0u64, |sum, term| sum.saturating_add(*term))
+        };
+        match self.shape {
+            StateShape::GatedDeltaNet {
+                k_heads,
+                v_heads,
+                k_dim,
+                v_dim,
+                conv_kernel,
+            } => {
+                let key_dim = k_heads.saturating_mul(k_dim);
+                let value_dim = v_heads.saturating_mul(v_dim);
+                sum(&[
+                    hidden.saturating_mul(2 * key_dim + 2 * value_dim),
+                    hidden.saturating_mul(2 * v_heads),
+                    (2 * key_dim + value_dim).saturating_mul(conv_kernel),
+                    3 * v_heads + v_dim,
+                    value_dim.saturating_mul(hidden),
+                ])
+            }
+            StateShape::Mamba2 {
+                intermediate,
+                groups,
+                heads,
+                state_size,
+                conv_kernel,
+                ..
+            } => {
+                let conv_dim = intermediate.saturating_add(2 * groups * state_size);
+                sum(&[
+                    hidden.saturating_mul(intermediate + conv_dim + heads),
+                    conv_dim.saturating_mul(conv_kernel),
+                    6 * heads + intermediate,
+                    intermediate.saturating_mul(hidden),
+                ])
+            }
+            StateShape::Mamba1 {
+                intermediate,
+                state_size,
+                conv_kernel,
+            } => {
+                let dt_rank = hidden.div_ceil(16);
+                sum(&[
+                    hidden.saturating_mul(2 * intermediate),
+                    intermediate.saturating_mul(conv_kernel),
+                    intermediate.saturating_mul(dt_rank + 2 * state_size),
+                    dt_rank.saturating_mul(intermediate),
+                    2 * intermediate * state_size + intermediate,
+                    intermediate.saturating_mul(hidden),
+                ])
+            }
+            StateShape::Kda {
+                heads,
+                head_dim,
+                conv_kernel,
+            } => {
+                let width = heads.saturating_mul(head_dim);
+                sum(&[
+                    4 * hidden.saturating_mul(width),
+                    (3 * width).saturating_mul(conv_kernel),
+                    2 * (hidden + width).saturating_mul(head_dim),
+                    hidden.saturating_mul(heads),
+                ])
+            }
+        }
     }
 
-    /// One layer's state bytes per request on one of `tp` ranks, at
-    /// `dtype_bytes` an element.
+    /// vLLM's state bytes of one layer per request on one of `tp` ranks
+    /// (`MambaSpec.page_size_bytes` before padding): the conv state at
+    /// `dtype_bytes` (the model dtype), the temporal state at
+    /// `vllm_ssm_bytes` (else the same).
     pub(crate) fn state_bytes(&self, tp: u64, dtype_bytes: u64) -> u64 {
-        let tp = tp.max(1);
-        let conv_dim = self.k_dim * self.k_heads * 2 + self.v_dim * self.v_heads;
-        let conv = conv_dim / tp * self.conv_kernel.saturating_sub(1);
-        let recurrent = self.v_heads / tp * self.v_dim * self.k_dim;
-        (conv + recurrent) * dtype_bytes
+        let (conv, temporal) = self.shape.vllm_elements(tp.max(1));
+        conv * dtype_bytes + temporal * self.vllm_ssm_bytes.unwrap_or(dtype_bytes)
     }
 
-    /// SGLang 0.5.9's state bytes per request over every linear layer
-    /// (`Mamba2CacheParams.mamba_cache_per_req`, `Mamba2StateShape.create`
-    /// with `n_groups` = the key heads and `state_size` = the key dim): the
-    /// conv state in bf16 (`SGLANG_MAMBA_CONV_DTYPE`), the recurrent state
-    /// at `ssm_dtype_bytes` (`mamba2_state_dtype`), on one of `attention_tp`
-    /// ranks.
+    /// SGLang 0.5.9's state bytes per request over every state layer
+    /// (`BaseLinearStateParams.mamba_cache_per_req`): the conv state in
+    /// bf16, the temporal state at `sglang_ssm_bytes`, on one of
+    /// `attention_tp` ranks.
     pub(crate) fn sglang_state_bytes(&self, attention_tp: u64) -> u64 {
-        let tp = attention_tp.max(1);
-        let conv_dim = self.v_dim * self.v_heads + 2 * self.k_heads * self.k_dim;
-        let conv = conv_dim / tp * self.conv_kernel.saturating_sub(1) * 2;
-        let recurrent = self.v_heads / tp * self.v_dim * self.k_dim * self.ssm_dtype_bytes;
-        (conv + recurrent) * self.layers
+        let (conv, temporal) = self.shape.sglang_elements(attention_tp.max(1));
+        (conv * 2 + temporal * self.sglang_ssm_bytes) * self.layers
     }
 }
 
@@ -248,6 +469,41 @@ impl Model {
     }
 }
 
+impl Model {
+    /// Why the engine, at the version whose rules apply, does not serve
+    /// this model, or serves it by rules plan does not model; `None` when
+    /// plan models it. Read from each release's model registry:
+    /// - SGLang 0.5.9 has no Jamba, Mamba or Mamba2 model (`srt/models/`
+    ///   has none of them); 0.5.23 has Mamba and Mamba2 (`models/mamba.py`,
+    ///   `mamba2.py`), whose state-only pool plan does not model, and no
+    ///   Jamba.
+    pub(crate) fn not_served(&self, engine: Engine, rules: Rules) -> Option<PlanError> {
+        let why = match (engine, self.architecture.as_str()) {
+            (Engine::Sglang, "JambaForCausalLM") => {
+                "SGLang has no Jamba model (no srt/models/jamba.py in 0.5.9 or 0.5.23); vLLM serves it"
+            }
+            (Engine::Sglang, "MambaForCausalLM" | "Mamba2ForCausalLM")
+                if rules == Rules::Sglang0_5_9 =>
+            {
+                "SGLang 0.5.9 has no pure Mamba model (srt/models/mamba.py and mamba2.py arrive in later releases); vLLM serves it"
+            }
+            (Engine::Sglang, "MambaForCausalLM" | "Mamba2ForCausalLM") => {
+                "the state-only pool of a model without attention layers (srt/models/mamba.py, mamba2.py) is not modelled for SGLang"
+            }
+            _ => return None,
+        };
+        let name = match engine {
+            Engine::Sglang => "SGLang",
+            Engine::Vllm => "vLLM",
+        };
+        Some(PlanError::NotServed {
+            architecture: self.architecture.clone(),
+            engine: format!("{name} {}", rules.version()),
+            why,
+        })
+    }
+}
+
 /// SGLang 0.5.9 `_derive_model_shapes`: architectures whose attention is
 /// MLA (read from the text config; MiniCPM3 and KimiLinear from the top
 /// level). `DeepseekVL2ForCausalLM` is MLA unless `use_mla` is false.
@@ -270,6 +526,7 @@ const SGLANG_MLA: &[&str] = &[
     "KimiVLForConditionalGeneration",
     "BailingMoeV2_5ForCausalLM",
     "BailingMoeForCausalLMNextN",
+    "KimiLinearForCausalLM",
 ];
 
 /// vLLM 0.26.0 `is_deepseek_mla`: text-config model types that are MLA
@@ -284,6 +541,7 @@ const VLLM_MLA: &[&str] = &[
     "glm4_moe_lite",
     "glm4_moe_lite_mtp",
     "kimi_k2",
+    "kimi_linear",
     "longcat_flash",
     "longcat_flash_ngram",
     "pangu_ultra_moe",
@@ -291,17 +549,10 @@ const VLLM_MLA: &[&str] = &[
 ];
 
 /// Architectures whose KV cache is not one uniform full-attention pool
-/// (linear attention, Mamba, sliding-window hybrids): the engines size them
-/// with other rules, which `plan` does not model.
+/// and whose pools `plan` does not model (sliding-window hybrids with
+/// their own layer patterns, sparse attention with an indexer): refused by
+/// name.
 const HYBRID: &[&str] = &[
-    "KimiLinearForCausalLM",
-    "Qwen3_5ForConditionalGeneration",
-    "Qwen3_5MoeForConditionalGeneration",
-    "NemotronHForCausalLM",
-    "FalconH1ForCausalLM",
-    "JambaForCausalLM",
-    "MambaForCausalLM",
-    "Mamba2ForCausalLM",
     "Step3p5ForCausalLM",
     "MiMoV2FlashForCausalLM",
     // DeepSeek-V3.2's sparse attention adds an indexer cache (SGLang) or
@@ -635,6 +886,22 @@ const NUMBERS: &[(&str, u64, u64)] = &[
     ("linear_key_head_dim", 1, 1 << 16),
     ("linear_value_head_dim", 1, 1 << 16),
     ("linear_conv_kernel_dim", 1, 1 << 10),
+    ("mamba_num_heads", 1, 1 << 16),
+    ("mamba_head_dim", 1, 1 << 16),
+    ("n_groups", 1, 1 << 16),
+    ("ssm_state_size", 1, 1 << 16),
+    ("conv_kernel", 1, 1 << 10),
+    ("mamba_n_heads", 1, 1 << 16),
+    ("mamba_n_groups", 1, 1 << 16),
+    ("mamba_d_ssm", 1, 1 << 20),
+    ("mamba_d_state", 1, 1 << 16),
+    ("mamba_d_conv", 1, 1 << 10),
+    ("mamba_expand", 1, 1 << 6),
+    ("expand", 1, 1 << 6),
+    ("state_size", 1, 1 << 16),
+    ("num_heads", 1, 1 << 16),
+    ("attn_layer_period", 1, 1 << 12),
+    ("attn_layer_offset", 0, 1 << 12),
 ];
 
 /// The largest rope-scaling factor taken (real ones are up to a few hundred).
@@ -691,6 +958,13 @@ fn check_numbers(path: &Path, config: &serde_json::Value) -> Result<(), PlanErro
     Ok(())
 }
 
+/// The attention of a model with no attention layer: no KV head.
+const NO_ATTENTION: Attention = Attention::Mha {
+    kv_heads: 0,
+    head_dim: 0,
+    v_head_dim: 0,
+};
+
 /// The fields the arithmetic needs, from a parsed config.json.
 pub(crate) fn parse_config(path: &Path, config: &serde_json::Value) -> Result<Model, PlanError> {
     if !config.is_object() {
@@ -706,7 +980,13 @@ pub(crate) fn parse_config(path: &Path, config: &serde_json::Value) -> Result<Mo
         path: path.to_path_buf(),
         field: "num_hidden_layers",
     })?;
-    let (attention, attention_vllm) = attentions(path, text, &architectures)?;
+    let linear = linear(path, text, &architectures, layers)?;
+    // A model without attention layers (Mamba) holds no KV: its attention
+    // is of zero width.
+    let (attention, attention_vllm) = match linear {
+        Some(linear) if linear.attention_layers == 0 => (NO_ATTENTION, NO_ATTENTION),
+        _ => attentions(path, text, &architectures)?,
+    };
     let dtype_bytes = dtype_bytes(path, config, text)?;
     let quant = text
         .get("quantization_config")
@@ -717,7 +997,6 @@ pub(crate) fn parse_config(path: &Path, config: &serde_json::Value) -> Result<Mo
         .any(|name| SGLANG_MULTIMODAL.contains(name));
     let vision = vision(config, &architecture);
     let (window_vllm, window_sglang) = windows(path, text, &architectures, layers)?;
-    let linear = linear(path, text, &architectures, layers)?;
     let (attention_bytes, replicated_bytes) = attention_weights(text, attention, layers, linear);
     Ok(Model {
         config_path: path.to_path_buf(),
@@ -868,19 +1147,41 @@ pub(crate) fn config_weights(config: &serde_json::Value, model: &Model) -> Optio
     (bytes.is_finite() && bytes >= 0.0).then_some(bytes as u64)
 }
 
-/// Qwen3-Next's gated-delta-net layers: the `layer_types` entries
-/// `linear_attention`, else transformers' default (every
-/// `full_attention_interval`-th layer, 4 by default, is full attention,
-/// the others linear), with the `linear_*` head fields.
+/// The state layers of a linear-attention or Mamba model, read as the
+/// engines read them (vLLM 0.26.0 `get_mamba_state_shape_from_config` of
+/// each model, SGLang 0.5.9 `configs/*.py` `mamba2_cache_params`):
+/// - Qwen3-Next, Qwen3.5 (gated DeltaNet, from the text config): the
+///   `layer_types` entries `linear_attention`, else every
+///   `full_attention_interval`-th layer (4) full, the others linear; the
+///   `linear_*` head fields. vLLM's temporal state: Qwen3.5's
+///   `mamba_ssm_dtype` (`Qwen3_5ForConditionalGenerationConfig`), the
+///   model dtype for Qwen3-Next.
+/// - Nemotron-H: `hybrid_override_pattern`, `M` Mamba2 and `*` attention
+///   (`-` and `E` MLP layers hold neither); `mamba_num_heads ×
+///   mamba_head_dim`, `n_groups`, `ssm_state_size`, `conv_kernel`. vLLM's
+///   temporal state: `mamba_ssm_cache_dtype`, else float32
+///   (`NemotronHForCausalLMConfig`).
+/// - Falcon-H1: Mamba2 and attention in every layer; `mamba_d_ssm` (else
+///   `mamba_expand × hidden_size`), `mamba_n_groups`, `mamba_n_heads`,
+///   `mamba_d_head` (`auto`: the intermediate ÷ heads), `mamba_d_state`,
+///   `mamba_d_conv`.
+/// - Jamba: attention where `i % attn_layer_period == attn_layer_offset`,
+///   Mamba1 elsewhere (`mamba_expand × hidden_size`, `mamba_d_state`,
+///   `mamba_d_conv`).
+/// - Mamba (Mamba1: `intermediate_size`, `state_size`, `conv_kernel`) and
+///   Mamba2 (`expand × hidden_size`, `n_groups`, `num_heads`, `head_dim`,
+///   `state_size`, `conv_kernel`): every layer a state, no attention.
+/// - Kimi-Linear: `linear_attn_config.kda_layers` (numbered from 1) are
+///   KDA (`num_heads`, `head_dim`, `short_conv_kernel_size`), the others
+///   MLA; the recurrent state float32 on both engines.
+///
+/// `None` for any other architecture.
 fn linear(
     path: &Path,
     text: &serde_json::Value,
     architectures: &[&str],
     layers: u64,
 ) -> Result<Option<Linear>, PlanError> {
-    if !architectures.contains(&"Qwen3NextForCausalLM") {
-        return Ok(None);
-    }
     let field = |name: &'static str| {
         u64_field(text, name)
             .filter(|value| *value > 0)
@@ -889,37 +1190,179 @@ fn linear(
                 field: name,
             })
     };
-    let count = match text
-        .get("layer_types")
-        .and_then(serde_json::Value::as_array)
-    {
-        Some(types) => types
-            .iter()
-            .take(usize::try_from(layers).unwrap_or(usize::MAX))
-            .filter(|kind| kind.as_str() == Some("linear_attention"))
-            .count() as u64,
-        None => {
-            let interval = u64_field(text, "full_attention_interval")
-                .unwrap_or(4)
-                .max(1);
-            layers - layers / interval
-        }
+    let take = usize::try_from(layers).unwrap_or(usize::MAX);
+    let ssm_dtype = |name: &str| match text.get(name).and_then(serde_json::Value::as_str) {
+        Some("float32") => Some(4),
+        Some("bfloat16" | "float16") => Some(2),
+        _ => None,
     };
-    Ok(Some(Linear {
-        layers: count,
-        k_heads: field("linear_num_key_heads")?,
-        v_heads: field("linear_num_value_heads")?,
-        k_dim: field("linear_key_head_dim")?,
-        v_dim: field("linear_value_head_dim")?,
-        conv_kernel: field("linear_conv_kernel_dim")?,
-        ssm_dtype_bytes: match text
-            .get("mamba_ssm_dtype")
-            .and_then(serde_json::Value::as_str)
+    // SGLang's `mamba2_state_dtype`: the config's `mamba_ssm_dtype`, else
+    // float32.
+    let sglang_ssm_bytes = ssm_dtype("mamba_ssm_dtype").unwrap_or(4);
+    let is = |name: &str| architectures.contains(&name);
+    let linear = if is("Qwen3NextForCausalLM")
+        || is("Qwen3_5ForConditionalGeneration")
+        || is("Qwen3_5MoeForConditionalGeneration")
+    {
+        let count = match text
+            .get("layer_types")
+            .and_then(serde_json::Value::as_array)
         {
-            Some("bfloat16" | "float16") => 2,
-            _ => 4,
-        },
-    }))
+            Some(types) => types
+                .iter()
+                .take(take)
+                .filter(|kind| kind.as_str() == Some("linear_attention"))
+                .count() as u64,
+            None => {
+                let interval = u64_field(text, "full_attention_interval")
+                    .unwrap_or(4)
+                    .max(1);
+                layers - layers / interval
+            }
+        };
+        Linear {
+            layers: count,
+            attention_layers: layers - count.min(layers),
+            shape: StateShape::GatedDeltaNet {
+                k_heads: field("linear_num_key_heads")?,
+                v_heads: field("linear_num_value_heads")?,
+                k_dim: field("linear_key_head_dim")?,
+                v_dim: field("linear_value_head_dim")?,
+                conv_kernel: field("linear_conv_kernel_dim")?,
+            },
+            vllm_ssm_bytes: if is("Qwen3NextForCausalLM") {
+                None
+            } else {
+                ssm_dtype("mamba_ssm_dtype")
+            },
+            sglang_ssm_bytes,
+        }
+    } else if is("NemotronHForCausalLM") {
+        let pattern = text
+            .get("hybrid_override_pattern")
+            .and_then(serde_json::Value::as_str)
+            .ok_or_else(|| PlanError::MissingField {
+                path: path.to_path_buf(),
+                field: "hybrid_override_pattern",
+            })?;
+        let count = |kind: char| pattern.chars().take(take).filter(|c| *c == kind).count() as u64;
+        let (heads, head_dim) = (field("mamba_num_heads")?, field("mamba_head_dim")?);
+        Linear {
+            layers: count('M'),
+            attention_layers: count('*'),
+            shape: StateShape::Mamba2 {
+                intermediate: heads * head_dim,
+                groups: field("n_groups")?,
+                heads,
+                head_dim,
+                state_size: field("ssm_state_size")?,
+                conv_kernel: field("conv_kernel")?,
+            },
+            vllm_ssm_bytes: Some(ssm_dtype("mamba_ssm_cache_dtype").unwrap_or(4)),
+            sglang_ssm_bytes,
+        }
+    } else if is("FalconH1ForCausalLM") {
+        let heads = field("mamba_n_heads")?;
+        let intermediate = match u64_field(text, "mamba_d_ssm") {
+            Some(ssm) => ssm,
+            None => {
+                let expand = text
+                    .get("mamba_expand")
+                    .and_then(serde_json::Value::as_f64)
+                    .unwrap_or(2.0);
+                (expand * field("hidden_size")? as f64) as u64
+            }
+        };
+        Linear {
+            layers,
+            attention_layers: layers,
+            shape: StateShape::Mamba2 {
+                intermediate,
+                groups: field("mamba_n_groups")?,
+                heads,
+                head_dim: u64_field(text, "mamba_d_head").unwrap_or(intermediate / heads),
+                state_size: field("mamba_d_state")?,
+                conv_kernel: field("mamba_d_conv")?,
+            },
+            vllm_ssm_bytes: None,
+            sglang_ssm_bytes,
+        }
+    } else if is("JambaForCausalLM") {
+        let period = field("attn_layer_period")?;
+        let offset = u64_field(text, "attn_layer_offset").unwrap_or(0);
+        let attention = (0..layers).filter(|i| i % period == offset).count() as u64;
+        Linear {
+            layers: layers - attention,
+            attention_layers: attention,
+            shape: StateShape::Mamba1 {
+                intermediate: field("mamba_expand")? * field("hidden_size")?,
+                state_size: field("mamba_d_state")?,
+                conv_kernel: field("mamba_d_conv")?,
+            },
+            vllm_ssm_bytes: None,
+            sglang_ssm_bytes,
+        }
+    } else if is("MambaForCausalLM") {
+        Linear {
+            layers,
+            attention_layers: 0,
+            shape: StateShape::Mamba1 {
+                intermediate: field("intermediate_size")?,
+                state_size: field("state_size")?,
+                conv_kernel: field("conv_kernel")?,
+            },
+            vllm_ssm_bytes: None,
+            sglang_ssm_bytes,
+        }
+    } else if is("Mamba2ForCausalLM") {
+        Linear {
+            layers,
+            attention_layers: 0,
+            shape: StateShape::Mamba2 {
+                intermediate: field("expand")? * field("hidden_size")?,
+                groups: field("n_groups")?,
+                heads: field("num_heads")?,
+                head_dim: field("head_dim")?,
+                state_size: field("state_size")?,
+                conv_kernel: field("conv_kernel")?,
+            },
+            vllm_ssm_bytes: None,
+            sglang_ssm_bytes,
+        }
+    } else if is("KimiLinearForCausalLM") {
+        let missing = || PlanError::MissingField {
+            path: path.to_path_buf(),
+            field: "linear_attn_config",
+        };
+        let config = text.get("linear_attn_config").ok_or_else(missing)?;
+        let inner = |name: &str| u64_field(config, name).filter(|value| *value > 0);
+        let kda = config
+            .get("kda_layers")
+            .and_then(serde_json::Value::as_array)
+            .ok_or_else(missing)?
+            .iter()
+            .filter_map(serde_json::Value::as_u64)
+            .filter(|layer| (1..=layers).contains(layer))
+            .collect::<std::collections::BTreeSet<u64>>()
+            .len() as u64;
+        let heads = inner("num_heads").ok_or_else(missing)?;
+        Linear {
+            layers: kda,
+            attention_layers: layers - kda,
+            shape: StateShape::Kda {
+                heads,
+                head_dim: inner("head_dim").ok_or_else(missing)?,
+                conv_kernel: inner("short_conv_kernel_size").unwrap_or(4),
+            },
+            // vLLM `kda_state_dtype`, SGLang `KimiLinearCacheParams`
+            // (`mamba2_state_dtype(None)`): float32, whatever the config.
+            vllm_ssm_bytes: Some(4),
+            sglang_ssm_bytes: 4,
+        }
+    } else {
+        return Ok(None);
+    };
+    Ok(Some(linear))
 }
 
 /// The sliding-window layers each engine sizes apart, (vLLM 0.26.0,
@@ -1105,6 +1548,9 @@ fn mha(
         (Some(heads), hidden) if heads > 0 => {
             let head_dim = match u64_field(text, "head_dim") {
                 Some(dim) => dim,
+                // Both engines' NemotronHConfig default `head_dim` to 128
+                // (the published configs name it `attention_head_dim`).
+                None if architecture == "NemotronHForCausalLM" => 128,
                 None => hidden.ok_or_else(|| missing("hidden_size"))? / heads,
             };
             if head_dim == 0 {
@@ -1170,9 +1616,10 @@ fn vision(config: &serde_json::Value, architecture: &str) -> Option<(u64, u64)> 
 
 /// ESTIMATE (see `Model::attention_bytes`): (attention bytes, replicated
 /// bytes) over all layers, from the projection shapes, 2 bytes a weight.
-/// With gated-delta-net layers (Qwen3-Next), those hold
-/// `Linear::weights` instead, and the full-attention layers' `qkv_proj`
-/// carries an output gate as wide as the queries (vLLM 0.26.0
+/// A linear-attention or Mamba model counts the attention over its
+/// attention layers and `Linear::weights` over its state layers; with
+/// gated-delta-net layers (Qwen3-Next, Qwen3.5) the full-attention layers'
+/// `qkv_proj` carries an output gate as wide as the queries (vLLM 0.26.0
 /// model_executor/models/qwen3_next.py `Qwen3NextAttention`:
 /// `total_num_heads * (1 + attn_output_gate)`, the gate on by default).
 fn attention_weights(
@@ -1222,7 +1669,8 @@ fn attention_weights(
             head_dim,
             v_head_dim,
         } => {
-            let gated = linear.is_some()
+            let gated = linear
+                .is_some_and(|linear| matches!(linear.shape, StateShape::GatedDeltaNet { .. }))
                 && text
                     .get("attn_output_gate")
                     .and_then(serde_json::Value::as_bool)
@@ -1242,14 +1690,17 @@ fn attention_weights(
             )
         }
     };
+    // The attention layers (Falcon-H1's hold a state too; Nemotron-H's MLP
+    // layers neither) and the state layers.
+    let attention_layers = linear.map_or(layers, |linear| linear.attention_layers.min(layers));
     let linear_layers = linear.map_or(0, |linear| linear.layers.min(layers));
     let linear_weights = linear.map_or(0, |linear| linear.weights(hidden));
     (
         sum(&[
-            product(&[per_layer, layers - linear_layers, BYTES]),
+            product(&[per_layer, attention_layers, BYTES]),
             product(&[linear_weights, linear_layers, BYTES]),
         ]),
-        product(&[replicated, layers, BYTES]),
+        product(&[replicated, attention_layers, BYTES]),
     )
 }
 

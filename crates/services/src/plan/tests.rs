@@ -553,7 +553,7 @@ fn model_bad_input_is_named() {
     ));
     let hybrid = write(
         "hybrid.json",
-        r#"{"architectures": ["NemotronHForCausalLM"], "num_hidden_layers": 52, "num_attention_heads": 32}"#,
+        r#"{"architectures": ["Step3p5ForCausalLM"], "num_hidden_layers": 45, "num_attention_heads": 64}"#,
     );
     assert!(matches!(
         model::locate("x", Some(&hybrid), &no_env()),
@@ -1805,12 +1805,16 @@ fn vllm_pools_gated_delta_net_state_beside_full_attention() {
         next.linear,
         Some(model::Linear {
             layers: 36,
-            k_heads: 16,
-            v_heads: 32,
-            k_dim: 128,
-            v_dim: 128,
-            conv_kernel: 4,
-            ssm_dtype_bytes: 4,
+            attention_layers: 12,
+            shape: model::StateShape::GatedDeltaNet {
+                k_heads: 16,
+                v_heads: 32,
+                k_dim: 128,
+                v_dim: 128,
+                conv_kernel: 4,
+            },
+            vllm_ssm_bytes: None,
+            sglang_ssm_bytes: 4,
         })
     );
     // One layer's state (gated_delta_net_state_shape, bf16): conv (128·16·2
