@@ -1919,6 +1919,214 @@ fn sglang_takes_linear_attention_state_slots_out_of_the_pool() {
     assert_eq!(device.max_running_requests, 200);
 }
 
+// ------------------------------------------- linear attention and Mamba
+//
+// The configs (tests/fixtures/models/README.md) are written from the
+// published config.json of each model, the fields the engines read; the
+// hub is not reachable from here. Every expected figure below is printed
+// by scripts/mamba_state_reference.py, which runs the engines' own
+// functions (vLLM 0.26.0 `MambaStateShapeCalculator`, the models'
+// `get_mamba_state_*_from_config`, `_align_hybrid_block_size`, the KV-cache
+// grouping and capacity; SGLang 0.5.9 `Mamba2StateShape.create`,
+// `mamba_cache_per_req`, `handle_max_mamba_cache`, `profile_max_num_token`)
+// on those configs, not plan's formulas.
+
+/// vLLM 0.26.0 with 20 GiB of KV and `--max-model-len 8192`: (one state
+/// layer's bytes, block size, blocks, blocks a request, logged tokens).
+fn vllm_state_pool(name: &str, flags: &str) -> (u64, u32, u64, u64, u64) {
+    let model = load(name);
+    let launch = parse(&format!("vllm serve m --max-model-len 8192 {flags}"));
+    let device = engine::device(&launch, &model, &h100_kv(20 * GIB), None);
+    let Some(engine::Hybrid::Vllm {
+        blocks,
+        blocks_per_request,
+        ..
+    }) = device.hybrid
+    else {
+        panic!("{name}: {:?}", device.hybrid)
+    };
+    let state = model
+        .linear
+        .expect("state layers")
+        .state_bytes(u64::from(launch.tp), model.dtype_bytes);
+    (
+        state,
+        device.page_size,
+        blocks,
+        blocks_per_request,
+        device.logged.expect("starts").kv_cache_tokens,
+    )
+}
+
+/// SGLang 0.5.9 with 20 GiB left after the fraction, TP1: (state bytes a
+/// request, slots, cell, max_total_num_tokens, request cap).
+fn sglang_state_pool(name: &str) -> (u64, u64, u64, u64, u64) {
+    let model = load(name);
+    let launch = parse("python3 -m sglang.launch_server --model-path m");
+    let device = engine::device(&launch, &model, &h100_kv(20 * GIB), None);
+    let Some(engine::Hybrid::SglangState {
+        full_tokens,
+        state_slots,
+        state_bytes_per_request,
+        state_request_cap,
+    }) = device.hybrid
+    else {
+        panic!("{name}: {:?}", device.hybrid)
+    };
+    assert_eq!(device.tokens_per_rank, full_tokens);
+    assert_eq!(device.max_running_requests, state_request_cap);
+    (
+        state_bytes_per_request,
+        state_slots,
+        device.bytes_per_token,
+        full_tokens,
+        state_request_cap,
+    )
+}
+
+#[test]
+fn qwen3_5_pools_gated_delta_net_state_with_its_float32_ssm_dtype() {
+    // Qwen3.5-35B-A3B: text_config, 40 layers, every 4th full: 30 linear.
+    // Its mamba_ssm_dtype float32 makes vLLM's recurrent state float32
+    // (Qwen3_5ForConditionalGenerationConfig), where Qwen3-Next's is bf16:
+    // conv (3, 8,192) bf16 + (32, 128, 128) float32 = 2,146,304 B a layer;
+    // block 1,056, 992 blocks, 8 + 3 blocks a request, 738,769 tokens.
+    let moe = load("qwen3.5-35b-a3b");
+    let linear = moe.linear.expect("linear");
+    assert_eq!((linear.layers, linear.attention_layers), (30, 10));
+    assert_eq!(
+        vllm_state_pool("qwen3.5-35b-a3b", ""),
+        (2_146_304, 1_056, 992, 11, 738_769)
+    );
+    // Qwen3.5-27B (dense) at TP2: (3, 5,120) bf16 + (24, 128, 128) float32.
+    assert_eq!(
+        vllm_state_pool("qwen3.5-27b", "-tp 2"),
+        (1_603_584, 784, 835, 14, 488_594)
+    );
+    // SGLang 0.5.9: 64,389,120 B a request, 157 slots, cap 52.
+    assert_eq!(
+        sglang_state_pool("qwen3.5-35b-a3b"),
+        (64_389_120, 157, 20_480, 554_968, 52)
+    );
+}
+
+#[test]
+fn nemotron_h_pools_mamba2_state_beside_its_attention_layers() {
+    // Nemotron-H-8B: hybrid_override_pattern of 52 layers, 24 `M`, 4 `*`,
+    // 24 MLP (`-`, neither KV nor state). vLLM keeps the temporal state in
+    // float32 (NemotronHForCausalLMConfig): (3, 10,240) bf16 + (128, 64,
+    // 128) float32 = 4,255,744 B; block 1,040, groups of 4: 1 full + 6
+    // state; 8 + 6 blocks a request; 737,280 tokens.
+    let nemotron = load("nemotron-h-8b");
+    let linear = nemotron.linear.expect("mamba");
+    assert_eq!((linear.layers, linear.attention_layers), (24, 4));
+    assert_eq!(
+        vllm_state_pool("nemotron-h-8b", ""),
+        (4_255_744, 1_040, 1_260, 14, 737_280)
+    );
+    assert_eq!(
+        sglang_state_pool("nemotron-h-8b"),
+        (102_137_856, 99, 16_384, 693_554, 33)
+    );
+}
+
+#[test]
+fn falcon_h1_pools_mamba2_state_and_attention_in_every_layer() {
+    // Falcon-H1: every layer holds KV and a Mamba2 state (mamba_d_ssm
+    // 3,072, one group, 48 heads of 64, state 256). vLLM: the temporal
+    // state in the model dtype: 1,594,368 B; block 1,568; one full and
+    // one state group of 24.
+    let falcon = load("falcon-h1-1.5b");
+    let linear = falcon.linear.expect("mamba");
+    assert_eq!((linear.layers, linear.attention_layers), (24, 24));
+    assert_eq!(
+        vllm_state_pool("falcon-h1-1.5b", ""),
+        (1_594_368, 1_568, 557, 7, 651_849)
+    );
+    assert_eq!(
+        sglang_state_pool("falcon-h1-1.5b"),
+        (76_013_568, 133, 24_576, 462_444, 44)
+    );
+}
+
+#[test]
+fn jamba_pools_mamba1_state_on_vllm_and_sglang_refuses_it() {
+    // Jamba-v0.1: attention where i % 8 == 4 (4 of 32), Mamba1 elsewhere:
+    // conv (3, 8,192) + temporal (8,192, 16), bf16: 311,296 B; block 80.
+    let jamba = load("jamba-v0.1");
+    let linear = jamba.linear.expect("mamba");
+    assert_eq!((linear.layers, linear.attention_layers), (28, 4));
+    assert_eq!(
+        vllm_state_pool("jamba-v0.1", ""),
+        (311_296, 80, 16_384, 110, 1_220_161)
+    );
+    // SGLang has no Jamba model, in either kept release.
+    for rules in [
+        super::version::Rules::Sglang0_5_9,
+        super::version::Rules::Sglang0_5_23,
+    ] {
+        let refused = jamba
+            .not_served(Engine::Sglang, rules)
+            .expect("refused")
+            .to_string();
+        assert!(refused.starts_with("JambaForCausalLM on SGLang 0.5."), "{refused}");
+    }
+    assert!(
+        jamba
+            .not_served(Engine::Vllm, super::version::Rules::Vllm0_26)
+            .is_none()
+    );
+}
+
+#[test]
+fn pure_mamba_pools_only_state_on_vllm() {
+    // No attention layer: no KV, one uniform group of every state layer,
+    // the page the state itself, one block a request; "GPU KV cache size"
+    // is the blocks × max_model_len.
+    let mamba = load("mamba-2.8b");
+    assert_eq!(mamba.linear.expect("mamba").attention_layers, 0);
+    let (state, _, blocks, per_request, tokens) = vllm_state_pool("mamba-2.8b", "");
+    assert_eq!((state, blocks, per_request, tokens), (194_560, 1_724, 1, 14_123_008));
+    let (state, _, blocks, per_request, tokens) = vllm_state_pool("mamba-codestral-7b", "");
+    assert_eq!((state, blocks, per_request, tokens), (2_158_592, 155, 1, 1_269_760));
+    // SGLang 0.5.9 has no Mamba model; 0.5.23's pool is not modelled.
+    for rules in [
+        super::version::Rules::Sglang0_5_9,
+        super::version::Rules::Sglang0_5_23,
+    ] {
+        assert!(matches!(
+            mamba.not_served(Engine::Sglang, rules),
+            Some(PlanError::NotServed { .. })
+        ));
+    }
+}
+
+#[test]
+fn kimi_linear_pools_kda_state_beside_mla() {
+    // Kimi-Linear-48B-A3B: kda_layers (from 1) 20 of 27, the 7 others MLA
+    // (kv_lora_rank 512 + rope 64, one head on both engines). KDA state:
+    // conv (3, 12,288) bf16 + (32, 128, 128) float32 = 2,170,880 B.
+    let kimi = load("kimi-linear-48b-a3b");
+    assert_eq!(
+        kimi.attention_for(Engine::Vllm),
+        Attention::Mla {
+            kv_lora_rank: 512,
+            qk_rope_head_dim: 64
+        }
+    );
+    assert_eq!(kimi.attention_for(Engine::Sglang), kimi.attention_vllm);
+    let linear = kimi.linear.expect("kda");
+    assert_eq!((linear.layers, linear.attention_layers), (20, 7));
+    assert_eq!(
+        vllm_state_pool("kimi-linear-48b-a3b", ""),
+        (2_170_880, 1_888, 1_410, 8, 1_443_840)
+    );
+    assert_eq!(
+        sglang_state_pool("kimi-linear-48b-a3b"),
+        (43_417_600, 234, 8_064, 1_403_164, 78)
+    );
+}
+
 // ------------------------------------------------ weights from the config
 
 #[test]
