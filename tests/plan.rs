@@ -868,3 +868,59 @@ fn sliding_window_models_show_the_engine_s_own_pools() {
     );
     assert_eq!(document["budget"]["weights_source"], "config_estimate");
 }
+
+#[test]
+fn mamba_hybrids_plan_on_the_engines_that_serve_them_and_are_refused_by_name_elsewhere() {
+    let validator = crate::schema::schema();
+    let host = SimHost::new(1, 80 * GIB, "Simulated H100").expect("sim host");
+    let flags = [
+        "--gpu-memory",
+        "80GiB",
+        "--weights",
+        "30GiB",
+        "--kv-memory",
+        "20GiB",
+        "--avg-prompt",
+        "6000",
+        "--avg-output",
+        "2000",
+    ];
+    // Nemotron-H-8B on vLLM 0.26.0 at 20 GiB of KV: the figures of
+    // scripts/mamba_state_reference.py (the engine's own functions), as
+    // the unit test nemotron_h_pools_mamba2_state_beside_its_attention_layers
+    // pins them.
+    let nemotron = plan_fixture::vllm(published("nemotron-h-8b"), &["--max-model-len", "8192"]);
+    let text = plan(&host, &flags, &nemotron);
+    assert_eq!(text.code, 0, "{}{}", text.stdout, text.stderr);
+    says(
+        &text.stdout,
+        &[
+            "× 4 layers × KV bytes; 24 linear-attention or Mamba layers hold a state per request",
+            "\"GPU KV cache size: 737,280 tokens\", \"Maximum concurrency for 8,192 tokens per request: 90.00x\"",
+            "1 full + 6 linear-attention or Mamba state (one block a request) of 4 layers each, sharing 1,260 blocks of 1040 tokens",
+        ],
+    );
+    let mut json_flags = flags.to_vec();
+    json_flags.push("--json");
+    let document = plan(&host, &json_flags, &nemotron).json();
+    crate::schema::conforms(&validator, "vLLM Mamba2 hybrid", &document);
+    assert_eq!(document["device"]["engine_log"]["kv_cache_tokens"], 737_280);
+    assert_eq!(document["device"]["hybrid"]["state_groups"], 6);
+    // The same on SGLang 0.5.9: 99 state slots, a cap of 33 that binds.
+    let on_sglang = plan_fixture::sglang(published("nemotron-h-8b"), &[]);
+    let document = plan(&host, &json_flags, &on_sglang).json();
+    crate::schema::conforms(&validator, "SGLang Mamba2 state slots", &document);
+    assert_eq!(document["device"]["hybrid"]["state_slots"], 99);
+    assert_eq!(document["device"]["concurrency_cap"], "state_slots");
+    // Jamba: vLLM serves it, SGLang has no model for it: refused by name,
+    // exit 2, never planned as full attention.
+    let jamba = plan_fixture::sglang(published("jamba-v0.1"), &[]);
+    let refused = plan(&host, &flags, &jamba);
+    assert_eq!(refused.code, 2, "{}{}", refused.stdout, refused.stderr);
+    says(
+        &refused.stderr,
+        &["JambaForCausalLM on SGLang 0.5.9: SGLang has no Jamba model"],
+    );
+    let jamba = plan_fixture::vllm(published("jamba-v0.1"), &["--max-model-len", "8192"]);
+    assert_eq!(plan(&host, &flags, &jamba).code, 0);
+}

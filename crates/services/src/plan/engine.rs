@@ -836,7 +836,9 @@ fn sglang_hybrid(
 }
 
 fn vllm(launch: &Launch, model: &Model, budget: &Budget) -> Device {
-    let per_token = bytes_per_token(launch, model).max(1);
+    // 0 for a model without attention layers (Mamba): it holds no KV.
+    let kv_per_token = bytes_per_token(launch, model);
+    let per_token = kv_per_token.max(1);
     let utilization = mem_fraction(launch, model, budget.gpu_total);
     let per_layer = per_token / stage_layers(launch, model).max(1);
     let block = vllm_hybrid_block_size(launch, model, vllm_block_size(launch).max(1), per_layer);
@@ -916,7 +918,7 @@ fn vllm(launch: &Launch, model: &Model, budget: &Budget) -> Device {
         _ => pool_tokens,
     };
     Device {
-        bytes_per_token: per_token,
+        bytes_per_token: kv_per_token,
         kv_bytes_per_rank: kv_bytes,
         tokens_per_rank: if start == Start::Starts { tokens } else { 0 },
         ranks: launch.dp,

@@ -111,7 +111,12 @@ fn changes(context: &Context) -> Vec<Change> {
         launch.kv_dtype,
         KvDtype::Fp8E4m3 | KvDtype::Fp8E5m2 | KvDtype::Fp4E2m1
     ) || (launch.kv_dtype == KvDtype::Auto && context.model.kv_fp8_from_quant);
-    if !fp8_already {
+    // A model without attention layers (Mamba) has no KV to shrink.
+    let no_kv = context
+        .model
+        .linear
+        .is_some_and(|linear| linear.attention_layers == 0);
+    if !fp8_already && !no_kv {
         changes.push(Change::Fp8Kv);
     }
     // A KV pool given (the command's `--kv-cache-memory-bytes`, plan's

@@ -320,21 +320,37 @@ fn version_text(engine: Engine, version: &EngineVersion) -> String {
 }
 
 fn attention_text(model: &Model) -> String {
+    // The layers that hold KV: a linear-attention or Mamba model's
+    // attention layers; its other layers hold a state per request.
+    let (layers, state) = match model.linear {
+        Some(linear) if linear.attention_layers == 0 => {
+            return format!(
+                "no attention layer, no KV: {} Mamba layers hold a state per request",
+                linear.layers
+            );
+        }
+        Some(linear) => (
+            linear.attention_layers,
+            format!(
+                "; {} linear-attention or Mamba layers hold a state per request",
+                linear.layers
+            ),
+        ),
+        None => (model.layers, String::new()),
+    };
     match model.attention {
         Attention::Mla {
             kv_lora_rank,
             qk_rope_head_dim,
         } => format!(
-            "MLA: ({kv_lora_rank} + {qk_rope_head_dim}) × {} layers × KV bytes, the same on every rank",
-            model.layers
+            "MLA: ({kv_lora_rank} + {qk_rope_head_dim}) × {layers} layers × KV bytes, the same on every rank{state}"
         ),
         Attention::Mha {
             kv_heads,
             head_dim,
             v_head_dim,
         } => format!(
-            "{kv_heads} KV heads ÷ attention TP (at least 1) × ({head_dim} + {v_head_dim}) × {} layers × KV bytes",
-            model.layers
+            "{kv_heads} KV heads ÷ attention TP (at least 1) × ({head_dim} + {v_head_dim}) × {layers} layers × KV bytes{state}"
         ),
     }
 }
@@ -473,7 +489,7 @@ fn hybrid_line(device: &Device) -> Option<String> {
             }
             if state_groups > 0 {
                 kinds.push(format!(
-                    "{state_groups} linear-attention (one state block a request)"
+                    "{state_groups} linear-attention or Mamba state (one block a request)"
                 ));
             }
             format!(
@@ -512,7 +528,7 @@ fn cap_text(cap: Cap) -> &'static str {
         Cap::Pool => "the KV pool",
         Cap::FullPool => "the full-attention pool",
         Cap::WindowPool => "the sliding-window pool",
-        Cap::StateSlots => "the linear-attention state slots",
+        Cap::StateSlots => "the linear-attention or Mamba state slots",
         Cap::RunningRequests => "the running-request limit",
     }
 }
