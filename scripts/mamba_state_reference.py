@@ -224,6 +224,55 @@ def align_hybrid_block_size(block_size, mamba_page_size, attn_page_1, kernel_min
     return block_size
 
 
+def align_hybrid_block_size_0_26_all(block_size, mamba_page_size, attn_page_1, base_chunk_size,
+                                     kernel_min=16):
+    """vLLM 0.26.0 _align_hybrid_block_size, mamba_cache_mode "all" (prefix caching on, a model
+    with SupportsMambaPrefixCaching); base_chunk_size = model_config.get_mamba_chunk_size()."""
+    kernel_block_alignment_size = max(kernel_min, block_size)
+    attn_tokens_per_mamba_state = cdiv(mamba_page_size, attn_page_1)
+    chunk_size = math.lcm(base_chunk_size, kernel_block_alignment_size)
+    attn_block_size = chunk_size * cdiv(attn_tokens_per_mamba_state, chunk_size)
+    if block_size < attn_block_size:
+        block_size = attn_block_size
+    return block_size
+
+
+def align_hybrid_block_size_0_33(block_size, mamba_page_size, attn_page_1, use_mla,
+                                 mamba_cache_mode, checkpoint_alignment, kernel_min=16,
+                                 backend_block_alignment=16):
+    """vLLM 0.33.0 platforms/interface.py _align_hybrid_block_size; checkpoint_alignment is
+    get_mamba_prefill_checkpoint_alignment (None unless every Mamba layer declares one: 64,
+    FLASHINFER_GDN_CHECKPOINT_ALIGNMENT, for gated DeltaNet on Hopper)."""
+    kernel_block_alignment_size = max(kernel_min, block_size)
+    if use_mla:
+        kernel_block_alignment_size = max(kernel_block_alignment_size, 128)
+    if mamba_cache_mode == "align":
+        kernel_block_alignment_size = math.lcm(
+            kernel_block_alignment_size,
+            checkpoint_alignment or 1,
+        )
+    attn_block_size = kernel_block_alignment_size * cdiv(
+        mamba_page_size,
+        kernel_block_alignment_size * attn_page_1,
+    )
+    attn_block_size = backend_block_alignment * cdiv(attn_block_size, backend_block_alignment)
+    if block_size < attn_block_size:
+        block_size = attn_block_size
+    return block_size
+
+
+def mamba_max_memory_pages(mode, max_model_len, block_size, num_prefill_checkpoint_blocks=0,
+                           num_speculative_blocks=0):
+    """MambaSpec.max_memory_usage_bytes ÷ page_size_bytes (0.33.0's; 0.26.0's lacks the
+    checkpoint blocks)."""
+    if mode == "all":
+        return cdiv(max_model_len, block_size) + num_speculative_blocks
+    elif mode == "align":
+        return 2 + num_speculative_blocks + num_prefill_checkpoint_blocks
+    else:
+        return 1 + num_speculative_blocks
+
+
 def group_size_of(counts):
     """v1/core/kv_cache_utils.py _get_kv_cache_groups_uniform_page_size: the group size, and
     the number of groups of each kind."""
@@ -235,12 +284,49 @@ def group_size_of(counts):
     return group_size, [cdiv(n, group_size) for n in counts]
 
 
-def vllm(name, arch, kinds, tp, kv_bytes, max_model_len, mla=False):
-    """kinds: (attention layers, state layers). Returns the figures vLLM logs."""
+def vllm(name, arch, kinds, tp, kv_bytes, max_model_len, mla=False, version="0.26.0",
+         prefix_caching=None):
+    """kinds: (attention layers, state layers). Returns the figures vLLM logs. version 0.33.0
+    turns prefix caching on for hybrids by default (engine/arg_utils.py), so mamba cache mode
+    "align" (MambaModelConfig); 0.26.0 keeps it off ("none"), or with --enable-prefix-caching
+    "all" for SupportsMambaPrefixCaching models, else "align"."""
     text = config(name)
     shapes, dtypes = vllm_state(arch, text, tp)
     state = mamba_page_size_bytes(shapes, dtypes)
     attention, states = kinds
+    if prefix_caching is None:
+        prefix_caching = version == "0.33.0"
+    gdn = arch.startswith("Qwen3")
+    if not prefix_caching:
+        mode = "none"
+    elif version == "0.33.0":
+        mode = "align"
+    else:
+        mode = "all" if arch in ("FalconH1ForCausalLM", "JambaForCausalLM",
+                                 "NemotronHForCausalLM") else "align"
+    checkpoint = 64 if (version == "0.33.0" and mode == "align" and gdn) else None
+    if attention and mode != "none":
+        a1 = attn_page_size_1_token(text, tp, mla)
+        if version == "0.33.0":
+            block = align_hybrid_block_size_0_33(16, state, a1, mla, mode, checkpoint)
+        elif mode == "all":
+            chunk = text.get("mamba_chunk_size") or text.get("chunk_size") or 2048
+            block = align_hybrid_block_size_0_26_all(16, state, a1, chunk)
+        else:
+            block = align_hybrid_block_size(16, state, a1)
+        page = block * a1
+        group_size, (full_groups, state_groups) = group_size_of([attention, states])
+        state_pages = mamba_max_memory_pages(mode, max_model_len, block,
+                                             num_prefill_checkpoint_blocks=int(bool(checkpoint)))
+        per_request = full_groups * cdiv(max_model_len, block) + state_groups * state_pages
+        num_blocks = int(kv_bytes // page // group_size)
+        max_concurrency = num_blocks / per_request
+        tokens = int(max_concurrency * max_model_len)
+        print(f"vLLM {version} {name} TP{tp} mode {mode}: state {state} B; block {block}; "
+              f"page {page}; group size {group_size}; blocks {num_blocks}; blocks a request of "
+              f"{max_model_len}: {per_request}; concurrency {max_concurrency:.4f}; KV cache "
+              f"{tokens} tokens")
+        return state, block, num_blocks, per_request, tokens
     if attention == 0:
         # Attention-free: one uniform group of MambaSpec layers (is_kv_cache_spec_uniform),
         # page = the state, one block a request (max_memory_usage_bytes, mode "none").
@@ -365,6 +451,53 @@ def sglang_params(arch, text, tp):
     raise ValueError(arch)
 
 
+def calculate_mamba_ratio_0_5_23(disable_radix_cache, extra_buffer, overlap):
+    """SGLang 0.5.23 kv_cache_configurator.py _calculate_mamba_ratio (SGLANG_OPT_MAMBA_SKIP_
+    DECODE_LOCK off) with allocation_sizing.get_mamba_tracking_slots."""
+    MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO = 3
+    if disable_radix_cache:
+        return 1
+    base = MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO
+    additional_ratio = 0
+    if extra_buffer:
+        additional_ratio = 2 if overlap else 1  # get_mamba_tracking_slots, not lazy
+    return base + additional_ratio
+
+
+def sglang_0_5_23(name, arch, tp, rest_gib, mla=False):
+    """SGLang 0.5.23 _handle_max_mamba_cache, ratio path, no speculative decoding, PP 1: the
+    pool's padding slot; the request cap max_mamba_cache_size // _calculate_mamba_ratio(), the
+    radix cache's strategy resolved to extra_buffer (_mamba_radix_cache_resolution: overlap
+    scheduler on, the architecture in _MAMBA_EXTRA_BUFFER_ARCHS, linear_attn_backend triton)."""
+    text = config(name)
+    conv, temporal, dtype, state_layers, full_layers = sglang_params(arch, text, tp)
+    per_req = mamba_cache_per_req(conv, temporal, dtype, state_layers)
+    stage_per_req = int(per_req * 1.0)
+    extra_per_slot = 0
+    replayssm_fixed_bytes = 0
+    mamba_full_memory_ratio = 0.9
+    total_rest_memory = rest_gib
+    mamba_budget = total_rest_memory * mamba_full_memory_ratio / (1 + mamba_full_memory_ratio)
+    mamba_budget_bytes = mamba_budget * (1 << 30)
+    per_slot = stage_per_req + extra_per_slot
+    max_mamba_cache_size = int((mamba_budget_bytes - replayssm_fixed_bytes - per_slot) // per_slot)
+    mamba_state_memory = (
+        (max_mamba_cache_size + 1) * (stage_per_req + extra_per_slot) + replayssm_fixed_bytes
+    ) / (1 << 30)
+    rest_memory = total_rest_memory - mamba_state_memory
+    if mla:
+        cell_size = (text["kv_lora_rank"] + text["qk_rope_head_dim"]) * full_layers * BF16
+    else:
+        heads = max(1, text["num_key_value_heads"] // tp)
+        head = text.get("head_dim") or 128
+        cell_size = heads * head * 2 * full_layers * BF16
+    tokens = int(rest_memory * (1 << 30)) // cell_size
+    cap = max_mamba_cache_size // calculate_mamba_ratio_0_5_23(False, True, True)
+    print(f"SGLang 0.5.23 {name} TP{tp}: state {per_req} B a request; slots "
+          f"{max_mamba_cache_size}; cell {cell_size}; tokens {tokens}; request cap {cap}")
+    return per_req, max_mamba_cache_size, cell_size, tokens, cap
+
+
 def sglang(name, arch, tp, rest_gib, mla=False):
     """model_executor/model_runner_kv_cache_mixin.py: profile_max_num_token with
     handle_max_mamba_cache (ratio 0.9, no speculative decoding), and model_runner.py's request
@@ -409,3 +542,13 @@ if __name__ == "__main__":
     sglang("nemotron-h-8b", "NemotronHForCausalLM", 1, 20.0)
     sglang("falcon-h1-1.5b", "FalconH1ForCausalLM", 1, 20.0)
     sglang("kimi-linear-48b-a3b", "KimiLinearForCausalLM", 1, 20.0, mla=True)
+    vllm("qwen3.5-35b-a3b", "Qwen3_5MoeForConditionalGeneration", (10, 30), 1, kv, 8192,
+         version="0.33.0")
+    vllm("nemotron-h-8b", "NemotronHForCausalLM", (4, 24), 1, kv, 8192, version="0.33.0")
+    vllm("kimi-linear-48b-a3b", "KimiLinearForCausalLM", (7, 20), 1, kv, 8192, mla=True,
+         version="0.33.0")
+    vllm("nemotron-h-8b", "NemotronHForCausalLM", (4, 24), 1, kv, 8192, prefix_caching=True)
+    vllm("qwen3.5-35b-a3b", "Qwen3_5MoeForConditionalGeneration", (10, 30), 1, kv, 8192,
+         prefix_caching=True)
+    sglang_0_5_23("qwen3.5-35b-a3b", "Qwen3_5MoeForConditionalGeneration", 1, 20.0)
+    sglang_0_5_23("nemotron-h-8b", "NemotronHForCausalLM", 1, 20.0)

@@ -219,6 +219,13 @@ pub enum Hybrid {
         /// (`MambaSpec`, `--mamba-cache-mode none`, the default without
         /// prefix caching, which vLLM leaves off for hybrid models).
         state_groups: u64,
+        /// Blocks a request holds in each state group
+        /// (`MambaSpec.max_memory_usage_bytes` ÷ the page): 1 in mamba
+        /// cache mode `none`, 2 (3 with FlashInfer's GDN prefill
+        /// checkpoints) in `align`; `None` in `all`: one per block of
+        /// tokens, as a full group.
+        #[serde(skip)]
+        state_blocks: Option<u64>,
         group_size: u64,
         /// The window in tokens; `None` without window layers.
         window: Option<u64>,
@@ -288,9 +295,9 @@ fn stage_layers(launch: &Launch, model: &Model) -> u64 {
 /// The layers that hold KV: every layer, or a linear-attention or Mamba
 /// model's attention layers (the others hold a state, or nothing).
 fn kv_layers(model: &Model) -> u64 {
-    model
-        .linear
-        .map_or(model.layers, |linear| linear.attention_layers.min(model.layers))
+    model.linear.map_or(model.layers, |linear| {
+        linear.attention_layers.min(model.layers)
+    })
 }
 
 /// The KV dtype `auto` resolves to: FP8 (e4m3) when the quant config
@@ -563,6 +570,7 @@ pub(crate) fn requests_at_once(device: &Device, tokens_per_request: u64) -> (f64
             full_groups,
             window_groups,
             state_groups,
+            state_blocks,
             window,
             in_flight_tokens,
             blocks,
@@ -570,6 +578,7 @@ pub(crate) fn requests_at_once(device: &Device, tokens_per_request: u64) -> (f64
         }) => {
             let block = u64::from(device.page_size.max(1));
             let full = n.div_ceil(block);
+            let state = state_blocks.unwrap_or(full);
             let windowed = (window
                 .unwrap_or(0)
                 .saturating_sub(1)
@@ -578,7 +587,7 @@ pub(crate) fn requests_at_once(device: &Device, tokens_per_request: u64) -> (f64
             .div_ceil(block)
                 + 1;
             let per_request =
-                full_groups * full + window_groups * full.min(windowed) + state_groups;
+                full_groups * full + window_groups * full.min(windowed) + state_groups * state;
             (blocks as f64 / per_request.max(1) as f64, Cap::Pool)
         }
         Some(Hybrid::Sglang {
@@ -743,16 +752,24 @@ fn sglang_max_running_requests(launch: &Launch, tokens: u64, pool_requests: u64)
     .min(pool_requests)
 }
 
-/// SGLang 0.5.9 `handle_max_mamba_cache` and `init_memory_pool` for a
-/// model with linear-attention layers: the state slots
+/// SGLang's `handle_max_mamba_cache` and `init_memory_pool` for a model
+/// with linear-attention or Mamba layers: the state slots
 /// (`max_mamba_cache_size`: `--max-mamba-cache-size` ÷ the attention-DP
-/// size, else `int(rest · r/(1 + r) · 2^30 // per_request)` with r
-/// `--mamba-full-memory-ratio`, 0.9) come out of the rest (in GiB floats,
-/// as Python computes them), and cap the requests at `slots // 3` (`//
-/// 1` with `--disable-radix-cache`; `MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_
-/// RATIO`, the `no_buffer` scheduler strategy). Returns the rest left for
-/// the KV pool and (slots, state bytes per request, request cap); the rest
-/// unchanged without linear layers.
+/// size; with `--disable-radix-cache`, `--max-running-requests` ÷ it (at
+/// least 1 on 0.5.23); else from the budget `rest · r/(1 + r)`, r
+/// `--mamba-full-memory-ratio` 0.9, in GiB floats as Python computes
+/// them: 0.5.9 `int(budget // per_request)`, 0.5.23 `int((budget −
+/// per_request) // per_request)`) come out of the rest (0.5.23 allocates
+/// one padding slot more), and cap the running requests at `slots //
+/// ratio`: 1 with `--disable-radix-cache`; else 0.5.9 3
+/// (`MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO`), 0.5.23 3 plus the
+/// radix cache's `extra_buffer` tracking slots: 2 with the overlap
+/// scheduler (the default), 1 without it but with pages of more than one
+/// token, none otherwise (`_mamba_radix_cache_resolution`: every model
+/// modelled here is in `_MAMBA_EXTRA_BUFFER_ARCHS`, the linear-attention
+/// backend `triton` by default). Returns the rest left for the KV pool and
+/// (slots, state bytes per request, request cap); the rest unchanged
+/// without state layers.
 fn sglang_state_slots(
     launch: &Launch,
     model: &Model,
@@ -761,6 +778,7 @@ fn sglang_state_slots(
     let Some(linear) = model.linear else {
         return (rest_gib, None);
     };
+    let newest = launch.rules.sglang_mamba_padding_slot_and_extra_buffer();
     let per_request = linear
         .sglang_state_bytes(u64::from(launch.attention_tp()))
         .max(1);
@@ -775,16 +793,32 @@ fn sglang_state_slots(
         launch.max_running_requests,
     ) {
         (Some(size), _, _) => size / dp,
+        (None, true, Some(requests)) if newest => (requests / dp).max(1),
         (None, true, Some(requests)) => requests / dp,
         _ => {
             let ratio = launch.mamba_full_memory_ratio.unwrap_or(0.9);
-            let raw = rest_gib * ratio / (1.0 + ratio);
-            ((raw * GIB as f64) / per_request as f64).floor().max(0.0) as u64
+            let budget = rest_gib * ratio / (1.0 + ratio) * GIB as f64;
+            let padding = if newest { per_request as f64 } else { 0.0 };
+            ((budget - padding) / per_request as f64).floor().max(0.0) as u64
         }
     };
-    let state_gib = slots as f64 * per_request as f64 / GIB as f64;
-    let cap = slots / if launch.disable_radix_cache { 1 } else { 3 };
-    (rest_gib - state_gib, Some((slots, per_request, cap)))
+    let allocated = if newest { slots + 1 } else { slots };
+    let state_gib = allocated as f64 * per_request as f64 / GIB as f64;
+    let ratio = if launch.disable_radix_cache {
+        1
+    } else if !newest {
+        3
+    } else if !launch.disable_overlap_schedule {
+        3 + 2
+    } else if launch.page_size.is_some_and(|page| page > 1) {
+        3 + 1
+    } else {
+        3
+    };
+    (
+        rest_gib - state_gib,
+        Some((slots, per_request, slots / ratio)),
+    )
 }
 
 /// SGLang 0.5.9 `set_num_tokens_hybrid_swa`, for a model in its hybrid SWA
@@ -906,6 +940,7 @@ fn vllm(launch: &Launch, model: &Model, budget: &Budget) -> Device {
             full_groups: groups.full_groups,
             window_groups: groups.window_groups,
             state_groups: groups.state_groups,
+            state_blocks: groups.state_blocks,
             group_size: groups.group_size,
             window: groups.window,
             in_flight_tokens: groups.in_flight_tokens,
@@ -1044,19 +1079,94 @@ pub(crate) struct VllmGroups {
     pub full_groups: u64,
     pub window_groups: u64,
     pub state_groups: u64,
+    /// Blocks a request holds in each state group (`Hybrid::Vllm`).
+    pub state_blocks: Option<u64>,
     pub group_size: u64,
     pub window: Option<u64>,
     pub in_flight_tokens: u64,
 }
 
-/// The block size vLLM 0.26.0 gives the attention layers of a model with
-/// linear-attention layers (`Platform._align_hybrid_block_size`, mamba
-/// cache mode `none`): with `a` the attention bytes of one token in one
-/// layer, `m` one linear layer's state bytes and `k` = max(the backend's
-/// smallest kernel block, 16 for FLASH_ATTN and TRITON_ATTN; the block
-/// size), the attention block is raised to `k · ⌈m / (k · a)⌉` when that is
+/// How vLLM holds a hybrid (attention + state) model's state, its
+/// `mamba_cache_mode` (`MambaModelConfig.verify_and_update_config`):
+/// `none` without prefix caching; with it, 0.26.0 takes `all` for the
+/// models that support Mamba prefix caching (`SupportsMambaPrefixCaching`:
+/// Falcon-H1, Jamba, Nemotron-H) and `align` for the others, 0.33.0
+/// always `align`. Prefix caching is off by default for hybrids in 0.26.0
+/// and on in 0.33.0 (`Rules::vllm_hybrid_prefix_caching_default`);
+/// `--enable-prefix-caching` / `--no-enable-prefix-caching` decide.
+/// A model without attention layers (Mamba) takes no prefix caching:
+/// `none`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MambaCacheMode {
+    None,
+    /// `checkpoint`: the token alignment of the prefill checkpoints the
+    /// state layers export (0.33.0: 64 for gated DeltaNet, whose prefill
+    /// runs on FlashInfer on Hopper, `FLASHINFER_GDN_CHECKPOINT_ALIGNMENT`;
+    /// 1 for the others, which export none), each taking one more block
+    /// a request (`num_prefill_checkpoint_blocks`).
+    Align {
+        checkpoint: u64,
+    },
+    /// `chunk`: `get_mamba_chunk_size` (`mamba_chunk_size`, else
+    /// `chunk_size`, else 2048).
+    All {
+        chunk: u64,
+    },
+}
+
+impl MambaCacheMode {
+    /// Blocks a request holds in each state group
+    /// (`MambaSpec.max_memory_usage_bytes` ÷ the page): `none` 1, `align`
+    /// 2 + the checkpoint block; `all` one per block of tokens (`None`).
+    fn blocks_per_request(self) -> Option<u64> {
+        match self {
+            MambaCacheMode::None => Some(1),
+            MambaCacheMode::Align { checkpoint } => Some(2 + u64::from(checkpoint > 1)),
+            MambaCacheMode::All { .. } => None,
+        }
+    }
+}
+
+pub(crate) fn vllm_mamba_cache_mode(launch: &Launch, model: &Model) -> MambaCacheMode {
+    const PREFIX_CACHING_ALL: [&str; 3] = [
+        "FalconH1ForCausalLM",
+        "JambaForCausalLM",
+        "NemotronHForCausalLM",
+    ];
+    let Some(linear) = model.linear.filter(|_| kv_layers(model) > 0) else {
+        return MambaCacheMode::None;
+    };
+    let newest = launch.rules.vllm_hybrid_prefix_caching_default();
+    if !launch.prefix_caching.unwrap_or(newest) {
+        return MambaCacheMode::None;
+    }
+    if newest {
+        let checkpoint = match linear.shape {
+            super::model::StateShape::GatedDeltaNet { .. } => 64,
+            _ => 1,
+        };
+        MambaCacheMode::Align { checkpoint }
+    } else if PREFIX_CACHING_ALL.contains(&model.architecture.as_str()) {
+        MambaCacheMode::All {
+            chunk: linear.chunk_size,
+        }
+    } else {
+        MambaCacheMode::Align { checkpoint: 1 }
+    }
+}
+
+/// The block size vLLM gives the attention layers of a model with
+/// linear-attention or Mamba layers (`Platform._align_hybrid_block_size`):
+/// with `a` the attention bytes of one token in one layer, `m` one state
+/// layer's state bytes and `k` = max(the backend's smallest kernel block,
+/// 16 for FLASH_ATTN, TRITON_ATTN and FLASH_ATTN_MLA; the block size),
+/// the attention block is raised to `k · ⌈m / (k · a)⌉` when that is
 /// larger, so that an attention page holds a state; the state page is then
-/// padded to the attention page. Other models: `block` unchanged.
+/// padded to the attention page. Mode `all` (0.26.0): `c · ⌈⌈m / a⌉ / c⌉`
+/// with `c` = lcm(the chunk size, k). 0.33.0 raises `k` to 128 for an MLA
+/// model and, in mode `align`, to lcm(k, the prefill checkpoint
+/// alignment), then rounds the block up to a multiple of every backend's
+/// smallest kernel block (16). Other models: `block` unchanged.
 pub(crate) fn vllm_hybrid_block_size(
     launch: &Launch,
     model: &Model,
@@ -1073,9 +1183,36 @@ pub(crate) fn vllm_hybrid_block_size(
         u64::from(launch.tp),
         launch.model_dtype_bytes.unwrap_or(model.dtype_bytes),
     );
-    let kernel = u64::from(block.max(16));
-    let aligned = kernel * state.div_ceil(kernel * per_token_layer);
+    let newest = launch.rules.vllm_hybrid_prefix_caching_default();
+    let mut kernel = u64::from(block.max(16));
+    if newest && matches!(model.attention_vllm, Attention::Mla { .. }) {
+        kernel = kernel.max(128);
+    }
+    let mode = vllm_mamba_cache_mode(launch, model);
+    let aligned = match mode {
+        MambaCacheMode::All { chunk } => {
+            let chunk = lcm(chunk.max(1), kernel);
+            chunk * state.div_ceil(per_token_layer).div_ceil(chunk)
+        }
+        MambaCacheMode::Align { checkpoint } if newest => {
+            let kernel = lcm(kernel, checkpoint.max(1));
+            kernel * state.div_ceil(kernel * per_token_layer)
+        }
+        _ => kernel * state.div_ceil(kernel * per_token_layer),
+    };
+    let aligned = if newest {
+        aligned.div_ceil(16) * 16
+    } else {
+        aligned
+    };
     u32::try_from(aligned).map_or(block, |aligned| block.max(aligned))
+}
+
+fn lcm(a: u64, b: u64) -> u64 {
+    fn gcd(a: u64, b: u64) -> u64 {
+        if b == 0 { a } else { gcd(b, a % b) }
+    }
+    a / gcd(a, b).max(1) * b
 }
 
 /// The groups vLLM 0.26.0 makes of a model with sliding-window layers
@@ -1101,6 +1238,7 @@ pub(crate) fn vllm_groups(launch: &Launch, model: &Model, gpu_total: u64) -> Opt
             full_groups,
             window_groups: 0,
             state_groups,
+            state_blocks: vllm_mamba_cache_mode(launch, model).blocks_per_request(),
             group_size: size.div_ceil(pp).max(1),
             window: None,
             in_flight_tokens: 0,
@@ -1115,6 +1253,7 @@ pub(crate) fn vllm_groups(launch: &Launch, model: &Model, gpu_total: u64) -> Opt
         full_groups,
         window_groups,
         state_groups: 0,
+        state_blocks: Some(0),
         group_size: group_size.div_ceil(pp).max(1),
         window: Some(window.tokens),
         in_flight_tokens: vllm_max_concurrent_batches(launch)
@@ -1415,7 +1554,9 @@ pub(crate) fn vllm_blocks_per_request(
                 .min(length)
                 .div_ceil(block)
                 + 1;
-            groups.full_groups * full + groups.window_groups * windowed + groups.state_groups
+            groups.full_groups * full
+                + groups.window_groups * windowed
+                + groups.state_groups * groups.state_blocks.unwrap_or(full)
         }
     }
 }

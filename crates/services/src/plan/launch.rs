@@ -214,6 +214,13 @@ pub struct Launch {
     pub mamba_full_memory_ratio: Option<f64>,
     /// SGLang `--disable-radix-cache`.
     pub disable_radix_cache: bool,
+    /// SGLang `--disable-overlap-schedule` (0.5.23: the mamba radix
+    /// cache's strategy follows it).
+    pub disable_overlap_schedule: bool,
+    /// vLLM `--enable-prefix-caching` (`Some(true)`) or
+    /// `--no-enable-prefix-caching` (`Some(false)`): a hybrid model's mamba
+    /// cache mode follows it; `None`, the version's default.
+    pub prefix_caching: Option<bool>,
     /// SGLang `--disable-hybrid-swa-memory` / vLLM
     /// `--disable-hybrid-kv-cache-manager`: sliding-window layers are held
     /// as full attention.
@@ -311,6 +318,8 @@ pub fn parse(argv: &[String], env: &BTreeMap<String, String>) -> Result<Launch, 
         max_mamba_cache_size: None,
         mamba_full_memory_ratio: None,
         disable_radix_cache: false,
+        disable_overlap_schedule: false,
+        prefix_caching: None,
         disable_hybrid_kv: false,
         program: program.first().cloned().unwrap_or_default(),
         rules: Rules::default_for(engine),
@@ -911,6 +920,8 @@ const ALIASES: &[(&str, &str)] = &[
     ("--max-mamba-cache-size", "mamba-size"),
     ("--mamba-full-memory-ratio", "mamba-ratio"),
     ("--disable-radix-cache", "no-radix"),
+    ("--disable-overlap-schedule", "no-overlap"),
+    ("--enable-prefix-caching", "prefix-caching"),
     ("--disable-hybrid-swa-memory", "no-hybrid-kv"),
     ("--disable-hybrid-kv-cache-manager", "no-hybrid-kv"),
     ("--enable-hierarchical-cache", "hicache"),
@@ -956,6 +967,7 @@ const SGLANG_ONLY: &[&str] = &[
     "--hicache-size",
     "--base-gpu-id",
     "--gpu-id-step",
+    "--disable-overlap-schedule",
 ];
 const VLLM_ONLY: &[&str] = &[
     "-tp",
@@ -974,6 +986,7 @@ const VLLM_ONLY: &[&str] = &[
     "--kv-offloading-size",
     "--device-ids",
     "--num-gpu-blocks-override",
+    "--enable-prefix-caching",
 ];
 
 /// The most host memory a `--cpu-offload-gb` may name: 2^20 GiB.
@@ -986,6 +999,8 @@ const UNDERSTOOD_SWITCHES: &[&str] = &[
     "hicache",
     "no-hybrid-kv",
     "no-radix",
+    "no-overlap",
+    "prefix-caching",
 ];
 
 fn is_flag(word: &str) -> bool {
@@ -1147,6 +1162,8 @@ fn understood_switch(
         "eager" => launch.enforce_eager = true,
         "no-hybrid-kv" => launch.disable_hybrid_kv = true,
         "no-radix" => launch.disable_radix_cache = true,
+        "no-overlap" => launch.disable_overlap_schedule = true,
+        "prefix-caching" => launch.prefix_caching = Some(true),
         _ => state.hierarchical_cache = true,
     }
     Ok(())
@@ -1158,6 +1175,8 @@ fn understood_switch(
 fn other_switch(name: &str, written: &str, launch: &mut Launch) {
     if name == "--no-enforce-eager" {
         launch.enforce_eager = false;
+    } else if name == "--no-enable-prefix-caching" {
+        launch.prefix_caching = Some(false);
     } else if !SGLANG_SWITCHES.contains(&name) && !VLLM_SWITCHES.contains(&name) {
         // A `--no-` form of a switch that is not understood.
         launch.ignored.push(written.to_string());
@@ -1229,12 +1248,9 @@ fn is_harmless_switch(name: &str) -> bool {
         "--show-time-cost",
         "--enable-auto-tool-choice",
         "--disable-uvicorn-access-log",
-        "--enable-prefix-caching",
-        "--no-enable-prefix-caching",
         "--disable-fastapi-docs",
         "--enable-request-id-headers",
         "--disable-radix-cache",
-        "--disable-overlap-schedule",
         "--disable-custom-all-reduce",
         "--enable-expert-parallel",
         "--enable-chunked-prefill",

@@ -180,6 +180,10 @@ pub struct Linear {
     /// SGLang's temporal-state bytes (`mamba2_state_dtype`: the config's
     /// `mamba_ssm_dtype`, else float32).
     pub sglang_ssm_bytes: u64,
+    /// vLLM `ModelConfig.get_mamba_chunk_size`: `mamba_chunk_size`, else
+    /// `chunk_size`, else 2048 (the block alignment of mamba cache mode
+    /// `all`).
+    pub chunk_size: u64,
 }
 
 /// The per-layer state of each family, as the engines shape it
@@ -296,7 +300,15 @@ impl StateShape {
                 k_dim,
                 v_dim,
                 conv_kernel,
-            } => mamba2_elements(v_dim * v_heads, k_heads, v_heads, v_dim, k_dim, conv_kernel, tp),
+            } => mamba2_elements(
+                v_dim * v_heads,
+                k_heads,
+                v_heads,
+                v_dim,
+                k_dim,
+                conv_kernel,
+                tp,
+            ),
             StateShape::Kda {
                 heads,
                 head_dim,
@@ -902,6 +914,8 @@ const NUMBERS: &[(&str, u64, u64)] = &[
     ("num_heads", 1, 1 << 16),
     ("attn_layer_period", 1, 1 << 12),
     ("attn_layer_offset", 0, 1 << 12),
+    ("mamba_chunk_size", 1, 1 << 20),
+    ("chunk_size", 1, 1 << 20),
 ];
 
 /// The largest rope-scaling factor taken (real ones are up to a few hundred).
@@ -1199,6 +1213,10 @@ fn linear(
     // SGLang's `mamba2_state_dtype`: the config's `mamba_ssm_dtype`, else
     // float32.
     let sglang_ssm_bytes = ssm_dtype("mamba_ssm_dtype").unwrap_or(4);
+    let chunk_size = u64_field(text, "mamba_chunk_size")
+        .or_else(|| u64_field(text, "chunk_size"))
+        .filter(|chunk| *chunk > 0)
+        .unwrap_or(2048);
     let is = |name: &str| architectures.contains(&name);
     let linear = if is("Qwen3NextForCausalLM")
         || is("Qwen3_5ForConditionalGeneration")
@@ -1236,6 +1254,7 @@ fn linear(
                 ssm_dtype("mamba_ssm_dtype")
             },
             sglang_ssm_bytes,
+            chunk_size,
         }
     } else if is("NemotronHForCausalLM") {
         let pattern = text
@@ -1260,6 +1279,7 @@ fn linear(
             },
             vllm_ssm_bytes: Some(ssm_dtype("mamba_ssm_cache_dtype").unwrap_or(4)),
             sglang_ssm_bytes,
+            chunk_size,
         }
     } else if is("FalconH1ForCausalLM") {
         let heads = field("mamba_n_heads")?;
@@ -1286,6 +1306,7 @@ fn linear(
             },
             vllm_ssm_bytes: None,
             sglang_ssm_bytes,
+            chunk_size,
         }
     } else if is("JambaForCausalLM") {
         let period = field("attn_layer_period")?;
@@ -1301,6 +1322,7 @@ fn linear(
             },
             vllm_ssm_bytes: None,
             sglang_ssm_bytes,
+            chunk_size,
         }
     } else if is("MambaForCausalLM") {
         Linear {
@@ -1313,6 +1335,7 @@ fn linear(
             },
             vllm_ssm_bytes: None,
             sglang_ssm_bytes,
+            chunk_size,
         }
     } else if is("Mamba2ForCausalLM") {
         Linear {
@@ -1328,6 +1351,7 @@ fn linear(
             },
             vllm_ssm_bytes: None,
             sglang_ssm_bytes,
+            chunk_size,
         }
     } else if is("KimiLinearForCausalLM") {
         let missing = || PlanError::MissingField {
@@ -1358,6 +1382,7 @@ fn linear(
             // (`mamba2_state_dtype(None)`): float32, whatever the config.
             vllm_ssm_bytes: Some(4),
             sglang_ssm_bytes: 4,
+            chunk_size,
         }
     } else {
         return Ok(None);

@@ -1654,6 +1654,7 @@ fn vllm_groups_sliding_window_layers_and_logs_their_concurrency() {
             full_groups: 1,
             window_groups: 6,
             state_groups: 0,
+            state_blocks: Some(0),
             group_size: 10,
             window: Some(1024),
             in_flight_tokens: 16_384,
@@ -1815,6 +1816,7 @@ fn vllm_pools_gated_delta_net_state_beside_full_attention() {
             },
             vllm_ssm_bytes: None,
             sglang_ssm_bytes: 4,
+            chunk_size: 2048,
         })
     );
     // One layer's state (gated_delta_net_state_shape, bf16): conv (128·16·2
@@ -2069,7 +2071,10 @@ fn jamba_pools_mamba1_state_on_vllm_and_sglang_refuses_it() {
             .not_served(Engine::Sglang, rules)
             .expect("refused")
             .to_string();
-        assert!(refused.starts_with("JambaForCausalLM on SGLang 0.5."), "{refused}");
+        assert!(
+            refused.starts_with("JambaForCausalLM on SGLang 0.5."),
+            "{refused}"
+        );
     }
     assert!(
         jamba
@@ -2086,9 +2091,15 @@ fn pure_mamba_pools_only_state_on_vllm() {
     let mamba = load("mamba-2.8b");
     assert_eq!(mamba.linear.expect("mamba").attention_layers, 0);
     let (state, _, blocks, per_request, tokens) = vllm_state_pool("mamba-2.8b", "");
-    assert_eq!((state, blocks, per_request, tokens), (194_560, 1_724, 1, 14_123_008));
+    assert_eq!(
+        (state, blocks, per_request, tokens),
+        (194_560, 1_724, 1, 14_123_008)
+    );
     let (state, _, blocks, per_request, tokens) = vllm_state_pool("mamba-codestral-7b", "");
-    assert_eq!((state, blocks, per_request, tokens), (2_158_592, 155, 1, 1_269_760));
+    assert_eq!(
+        (state, blocks, per_request, tokens),
+        (2_158_592, 155, 1, 1_269_760)
+    );
     // SGLang 0.5.9 has no Mamba model; 0.5.23's pool is not modelled.
     for rules in [
         super::version::Rules::Sglang0_5_9,
@@ -2124,6 +2135,90 @@ fn kimi_linear_pools_kda_state_beside_mla() {
     assert_eq!(
         sglang_state_pool("kimi-linear-48b-a3b"),
         (43_417_600, 234, 8_064, 1_403_164, 78)
+    );
+}
+
+#[test]
+fn vllm_0_33_holds_hybrid_state_in_align_mode_by_default() {
+    // vLLM 0.33.0 turns prefix caching on for hybrids by default: mamba
+    // cache mode `align`, 2 state blocks a request in each state group, 3
+    // for gated DeltaNet, whose FlashInfer prefill on Hopper exports a
+    // checkpoint (and aligns blocks to 64); an MLA hybrid's blocks are
+    // multiples of 128. The figures of scripts/mamba_state_reference.py.
+    let pool = |name: &str, flags: &str| {
+        let model = load(name);
+        let mut launch = parse(&format!("vllm serve m --max-model-len 8192 {flags}"));
+        launch.rules = super::version::Rules::Vllm0_33;
+        let device = engine::device(&launch, &model, &h100_kv(20 * GIB), None);
+        let Some(engine::Hybrid::Vllm {
+            blocks,
+            blocks_per_request,
+            ..
+        }) = device.hybrid
+        else {
+            panic!("{name}: {:?}", device.hybrid)
+        };
+        (
+            device.page_size,
+            blocks,
+            blocks_per_request,
+            device.logged.expect("starts").kv_cache_tokens,
+        )
+    };
+    assert_eq!(pool("qwen3.5-35b-a3b", ""), (1_088, 963, 17, 464_052));
+    assert_eq!(pool("nemotron-h-8b", ""), (1_040, 1_260, 20, 516_096));
+    assert_eq!(
+        pool("kimi-linear-48b-a3b", ""),
+        (1_920, 1_387, 11, 1_032_936)
+    );
+    // --no-enable-prefix-caching: mode `none`, 0.26.0's pool.
+    assert_eq!(
+        pool("nemotron-h-8b", "--no-enable-prefix-caching"),
+        (1_040, 1_260, 14, 737_280)
+    );
+    // vLLM 0.26.0 with --enable-prefix-caching: `all` for Nemotron-H (its
+    // blocks aligned to chunk_size 128, a state block per block of
+    // tokens), `align` for Qwen3.5 (2 state blocks a request).
+    assert_eq!(
+        vllm_state_pool("nemotron-h-8b", "--enable-prefix-caching"),
+        (4_255_744, 1_152, 1_137, 56, 166_326)
+    );
+    assert_eq!(
+        vllm_state_pool("qwen3.5-35b-a3b", "--enable-prefix-caching"),
+        (2_146_304, 1_056, 992, 14, 580_461)
+    );
+}
+
+#[test]
+fn sglang_0_5_23_keeps_a_padding_slot_and_five_slots_a_running_request() {
+    // SGLang 0.5.23 _handle_max_mamba_cache: (budget − per request) //
+    // per request slots and one padding slot allocated; the radix cache's
+    // extra_buffer strategy (overlap scheduler on) caps the requests at
+    // slots // 5. Figures of scripts/mamba_state_reference.py.
+    let pool = |name: &str, flags: &str| {
+        let model = load(name);
+        let mut launch = parse(&format!(
+            "python3 -m sglang.launch_server --model-path m {flags}"
+        ));
+        launch.rules = super::version::Rules::Sglang0_5_23;
+        let device = engine::device(&launch, &model, &h100_kv(20 * GIB), None);
+        let Some(engine::Hybrid::SglangState {
+            full_tokens,
+            state_slots,
+            state_request_cap,
+            ..
+        }) = device.hybrid
+        else {
+            panic!("{name}: {:?}", device.hybrid)
+        };
+        (state_slots, full_tokens, state_request_cap)
+    };
+    assert_eq!(pool("qwen3.5-35b-a3b", ""), (156, 554_968, 31));
+    assert_eq!(pool("nemotron-h-8b", ""), (98, 693_554, 19));
+    // Without the overlap scheduler, pages of one token: no_buffer, // 3.
+    assert_eq!(
+        pool("nemotron-h-8b", "--disable-overlap-schedule"),
+        (98, 693_554, 32)
     );
 }
 

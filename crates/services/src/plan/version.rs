@@ -104,6 +104,25 @@ impl Rules {
         self == Rules::Sglang0_5_23
     }
 
+    /// vLLM 0.33.0 `engine/arg_utils.py` turns prefix caching on by
+    /// default for hybrid (attention + Mamba) models too, and
+    /// `MambaModelConfig` then holds their state in mamba cache mode
+    /// `align`; 0.26.0 keeps it off for them (mode `none`).
+    pub(crate) fn vllm_hybrid_prefix_caching_default(self) -> bool {
+        self == Rules::Vllm0_33
+    }
+
+    /// SGLang 0.5.23 `kv_cache_configurator.py` `_handle_max_mamba_cache`:
+    /// the state pool keeps one padding slot (`(budget − per_req) //
+    /// per_req` slots, `slots + 1` allocated), and the radix cache's
+    /// `extra_buffer` strategy (the default for these models with the
+    /// overlap scheduler) holds 2 more slots a running request
+    /// (`_calculate_mamba_ratio`); 0.5.9 `handle_max_mamba_cache`: `budget
+    /// // per_req` slots, 3 a request.
+    pub(crate) fn sglang_mamba_padding_slot_and_extra_buffer(self) -> bool {
+        self == Rules::Sglang0_5_23
+    }
+
     /// SGLang 0.5.9 `memory_pool_host.py` asserts the host pool is larger
     /// than the device pool (the start fails); 0.5.23
     /// `pool_host/base.py` `_allocate_host_buffer` only warns.
