@@ -36,7 +36,9 @@
 //! | `--speculative-algorithm` | SGLang | the default mem fraction (draft reservation) |
 //! | `--enforce-eager` | vLLM | no CUDA-graph reservation |
 //! | `--swa-full-tokens-ratio` | SGLang | the window pool's size beside the full pool |
-//! | `--max-mamba-cache-size`, `--mamba-full-memory-ratio`, `--disable-radix-cache` | SGLang | the linear-attention state slots beside the KV pool, and the request cap they set |
+//! | `--max-mamba-cache-size`, `--mamba-full-memory-ratio`, `--disable-radix-cache` | SGLang | the linear-attention and Mamba state slots beside the KV pool, and the request cap they set |
+//! | `--disable-overlap-schedule` | SGLang | 0.5.23: the state slots a running request holds (the radix cache's strategy) |
+//! | `--enable-prefix-caching`, `--no-enable-prefix-caching` | vLLM | a hybrid's mamba cache mode: its block size and the state blocks a request holds |
 //! | `--disable-hybrid-swa-memory`, `--disable-hybrid-kv-cache-manager` | SGLang / vLLM | sliding-window layers held as full attention |
 //! | `--enable-hierarchical-cache`, `--hicache-ratio`, `--hicache-size` | SGLang | host tier |
 //! | `--kv-offloading-size` | vLLM | host tier |

@@ -235,7 +235,7 @@ pub enum StateShape {
 /// `extra_groups_for_head_shards` (both engines): groups that TP does not
 /// divide are raised to TP, so that each head shard holds its group.
 fn sharded_groups(groups: u64, tp: u64) -> u64 {
-    if groups % tp == 0 { groups } else { tp }
+    if groups.is_multiple_of(tp) { groups } else { tp }
 }
 
 impl StateShape {

@@ -474,6 +474,7 @@ fn hybrid_line(device: &Device) -> Option<String> {
             full_groups,
             window_groups,
             state_groups,
+            state_blocks,
             group_size,
             window,
             blocks,
@@ -488,8 +489,15 @@ fn hybrid_line(device: &Device) -> Option<String> {
                 ));
             }
             if state_groups > 0 {
+                // Per request: vLLM's mamba cache mode (`none` one block,
+                // `align` 2 or 3, `all` one per block of tokens).
+                let held = match state_blocks {
+                    Some(1) => "one block a request".to_string(),
+                    Some(blocks) => format!("{blocks} blocks a request"),
+                    None => "a block per block of tokens".to_string(),
+                };
                 kinds.push(format!(
-                    "{state_groups} linear-attention or Mamba state (one block a request)"
+                    "{state_groups} linear-attention or Mamba state ({held})"
                 ));
             }
             format!(
