@@ -136,10 +136,16 @@ def kda_state_dtype(model_dtype, mamba_cache_dtype):
     return (state_dtype, F32)
 
 
+GIVEN = {"mamba_ssm_cache_dtype": "auto"}  # --mamba-ssm-cache-dtype
+
+
 def mamba_cache_ssm_dtype(arch, text):
     """`cache_config.mamba_ssm_cache_dtype` after the model's VerifyAndUpdateConfig
     (model_executor/models/config.py): Qwen3.5 its `mamba_ssm_dtype`, Nemotron-H its
-    `mamba_ssm_cache_dtype` else float32; "auto" for the others."""
+    `mamba_ssm_cache_dtype` else float32, each only when the flag is "auto"; "auto" for the
+    others."""
+    if GIVEN["mamba_ssm_cache_dtype"] != "auto":
+        return GIVEN["mamba_ssm_cache_dtype"]
     if arch.startswith("Qwen3_5"):
         return text.get("mamba_ssm_dtype") or "auto"
     if arch == "NemotronHForCausalLM":
@@ -396,10 +402,17 @@ def kimi_linear_state_shape_create(*, tp_world_size, num_heads, head_dim, num_k_
     return [conv_state_shape, conv_state_k_shape, conv_state_k_shape], temporal_state_shape
 
 
+ENV = {}  # SGLANG_MAMBA_SSM_DTYPE, which --mamba-ssm-dtype sets (server_args.py)
+
+
 def mamba2_state_dtype(text):
     """mamba2_state_dtype: conv bfloat16 (SGLANG_MAMBA_CONV_DTYPE), temporal the config's
-    mamba_ssm_dtype, else float32."""
-    return BF16, SIZES.get(text.get("mamba_ssm_dtype"), F32)
+    mamba_ssm_dtype, else float32; SGLANG_MAMBA_SSM_DTYPE over both."""
+    ssm_dtype = SIZES.get(text.get("mamba_ssm_dtype"), F32)
+    env_ssm_dtype = ENV.get("SGLANG_MAMBA_SSM_DTYPE")
+    if env_ssm_dtype is not None:
+        ssm_dtype = SIZES[env_ssm_dtype]
+    return BF16, ssm_dtype
 
 
 def mamba_cache_per_req(conv, temporal, dtype, layers):
@@ -552,3 +565,7 @@ if __name__ == "__main__":
          prefix_caching=True)
     sglang_0_5_23("qwen3.5-35b-a3b", "Qwen3_5MoeForConditionalGeneration", 1, 20.0)
     sglang_0_5_23("nemotron-h-8b", "NemotronHForCausalLM", 1, 20.0)
+    GIVEN["mamba_ssm_cache_dtype"] = "bfloat16"
+    vllm("nemotron-h-8b", "NemotronHForCausalLM", (4, 24), 1, kv, 8192)
+    ENV["SGLANG_MAMBA_SSM_DTYPE"] = "bfloat16"
+    sglang("qwen3.5-35b-a3b", "Qwen3_5MoeForConditionalGeneration", 1, 20.0)

@@ -779,8 +779,21 @@ fn sglang_state_slots(
         return (rest_gib, None);
     };
     let newest = launch.rules.sglang_mamba_padding_slot_and_extra_buffer();
+    // mamba2_state_dtype: SGLANG_MAMBA_CONV_DTYPE (bfloat16); the
+    // temporal state SGLANG_MAMBA_SSM_DTYPE (which `--mamba-ssm-dtype`
+    // sets), else the config's (KDA: float32).
+    let env_bytes = |name: &str| match launch.env.get(name).map(String::as_str) {
+        Some("float32") => Some(4),
+        Some("bfloat16" | "float16") => Some(2),
+        _ => None,
+    };
+    let conv = env_bytes("SGLANG_MAMBA_CONV_DTYPE").unwrap_or(2);
+    let ssm = launch
+        .mamba_ssm_dtype
+        .or_else(|| env_bytes("SGLANG_MAMBA_SSM_DTYPE"))
+        .unwrap_or(linear.sglang_ssm_bytes);
     let per_request = linear
-        .sglang_state_bytes(u64::from(launch.attention_tp()))
+        .sglang_state_bytes(u64::from(launch.attention_tp()), conv, ssm)
         .max(1);
     let dp = if launch.dp_attention {
         u64::from(launch.dp.max(1))
@@ -889,10 +902,7 @@ fn vllm(launch: &Launch, model: &Model, budget: &Budget) -> Device {
     // A block of one layer; a model without attention layers (Mamba): one
     // layer's state (`MambaSpec.page_size_bytes`, unpadded).
     let page_bytes = match model.linear {
-        Some(linear) if kv_layers(model) == 0 => linear.state_bytes(
-            u64::from(launch.tp),
-            launch.model_dtype_bytes.unwrap_or(model.dtype_bytes),
-        ),
+        Some(linear) if kv_layers(model) == 0 => vllm_state_bytes(launch, model, &linear),
         _ => u64::from(block).saturating_mul(per_layer),
     };
     let group_bytes = page_bytes.saturating_mul(group_size).max(1);
@@ -1086,6 +1096,29 @@ pub(crate) struct VllmGroups {
     pub in_flight_tokens: u64,
 }
 
+/// vLLM's state bytes of one state layer per request on one TP rank
+/// (`MambaSpec.page_size_bytes`, unpadded): the conv state at
+/// `--mamba-cache-dtype` (`auto`: the model dtype), the temporal state at
+/// `--mamba-ssm-cache-dtype`, else the model's own choice
+/// (`Linear::vllm_ssm_bytes`), else the conv state's
+/// (`MambaStateDtypeCalculator`). KDA's recurrent state is float32 on
+/// 0.26.0 whatever is given.
+pub(crate) fn vllm_state_bytes(
+    launch: &Launch,
+    model: &Model,
+    linear: &super::model::Linear,
+) -> u64 {
+    let conv = launch
+        .mamba_cache_dtype
+        .unwrap_or(launch.model_dtype_bytes.unwrap_or(model.dtype_bytes));
+    let kda = matches!(linear.shape, super::model::StateShape::Kda { .. });
+    let given = launch
+        .mamba_ssm_dtype
+        .filter(|_| !kda || launch.rules.vllm_kda_reads_ssm_cache_dtype());
+    let ssm = given.or(linear.vllm_ssm_bytes).unwrap_or(conv);
+    linear.state_bytes(u64::from(launch.tp), conv, ssm)
+}
+
 /// How vLLM holds a hybrid (attention + state) model's state, its
 /// `mamba_cache_mode` (`MambaModelConfig.verify_and_update_config`):
 /// `none` without prefix caching; with it, 0.26.0 takes `all` for the
@@ -1179,10 +1212,7 @@ pub(crate) fn vllm_hybrid_block_size(
         return block;
     };
     let per_token_layer = per_layer.max(1);
-    let state = linear.state_bytes(
-        u64::from(launch.tp),
-        launch.model_dtype_bytes.unwrap_or(model.dtype_bytes),
-    );
+    let state = vllm_state_bytes(launch, model, &linear);
     let newest = launch.rules.vllm_hybrid_prefix_caching_default();
     let mut kernel = u64::from(block.max(16));
     if newest && matches!(model.attention_vllm, Attention::Mla { .. }) {

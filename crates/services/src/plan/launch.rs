@@ -39,6 +39,7 @@
 //! | `--max-mamba-cache-size`, `--mamba-full-memory-ratio`, `--disable-radix-cache` | SGLang | the linear-attention and Mamba state slots beside the KV pool, and the request cap they set |
 //! | `--disable-overlap-schedule` | SGLang | 0.5.23: the state slots a running request holds (the radix cache's strategy) |
 //! | `--enable-prefix-caching`, `--no-enable-prefix-caching` | vLLM | a hybrid's mamba cache mode: its block size and the state blocks a request holds |
+//! | `--mamba-cache-dtype`, `--mamba-ssm-cache-dtype`; `--mamba-ssm-dtype` | vLLM; SGLang | the linear-attention and Mamba state's dtypes |
 //! | `--disable-hybrid-swa-memory`, `--disable-hybrid-kv-cache-manager` | SGLang / vLLM | sliding-window layers held as full attention |
 //! | `--enable-hierarchical-cache`, `--hicache-ratio`, `--hicache-size` | SGLang | host tier |
 //! | `--kv-offloading-size` | vLLM | host tier |
@@ -219,6 +220,13 @@ pub struct Launch {
     /// SGLang `--disable-overlap-schedule` (0.5.23: the mamba radix
     /// cache's strategy follows it).
     pub disable_overlap_schedule: bool,
+    /// vLLM `--mamba-cache-dtype` (the conv state's bytes, and the
+    /// temporal state's under `--mamba-ssm-cache-dtype auto`); `None`:
+    /// `auto`, the model dtype.
+    pub mamba_cache_dtype: Option<u64>,
+    /// vLLM `--mamba-ssm-cache-dtype`, SGLang `--mamba-ssm-dtype`: the
+    /// temporal (SSM) state's bytes; `None`: `auto` / the config's.
+    pub mamba_ssm_dtype: Option<u64>,
     /// vLLM `--enable-prefix-caching` (`Some(true)`) or
     /// `--no-enable-prefix-caching` (`Some(false)`): a hybrid model's mamba
     /// cache mode follows it; `None`, the version's default.
@@ -322,6 +330,8 @@ pub fn parse(argv: &[String], env: &BTreeMap<String, String>) -> Result<Launch, 
         disable_radix_cache: false,
         disable_overlap_schedule: false,
         prefix_caching: None,
+        mamba_cache_dtype: None,
+        mamba_ssm_dtype: None,
         disable_hybrid_kv: false,
         program: program.first().cloned().unwrap_or_default(),
         rules: Rules::default_for(engine),
@@ -924,6 +934,9 @@ const ALIASES: &[(&str, &str)] = &[
     ("--disable-radix-cache", "no-radix"),
     ("--disable-overlap-schedule", "no-overlap"),
     ("--enable-prefix-caching", "prefix-caching"),
+    ("--mamba-cache-dtype", "mamba-dtype"),
+    ("--mamba-ssm-cache-dtype", "mamba-ssm-dtype"),
+    ("--mamba-ssm-dtype", "mamba-ssm-dtype"),
     ("--disable-hybrid-swa-memory", "no-hybrid-kv"),
     ("--disable-hybrid-kv-cache-manager", "no-hybrid-kv"),
     ("--enable-hierarchical-cache", "hicache"),
@@ -970,6 +983,7 @@ const SGLANG_ONLY: &[&str] = &[
     "--base-gpu-id",
     "--gpu-id-step",
     "--disable-overlap-schedule",
+    "--mamba-ssm-dtype",
 ];
 const VLLM_ONLY: &[&str] = &[
     "-tp",
@@ -989,6 +1003,8 @@ const VLLM_ONLY: &[&str] = &[
     "--device-ids",
     "--num-gpu-blocks-override",
     "--enable-prefix-caching",
+    "--mamba-cache-dtype",
+    "--mamba-ssm-cache-dtype",
 ];
 
 /// The most host memory a `--cpu-offload-gb` may name: 2^20 GiB.
@@ -1444,6 +1460,27 @@ fn set(
         },
         "hicache-size" => state.hicache_size = Some(whole(flag, value)?),
         "mamba-size" => launch.max_mamba_cache_size = Some(whole(flag, value)?),
+        // vLLM `MambaDType` ("auto", "float32", "float16", "bfloat16");
+        // SGLang's `--mamba-ssm-dtype` choices, without "auto".
+        "mamba-dtype" | "mamba-ssm-dtype" => {
+            let bytes = match value.trim() {
+                "auto" if engine == Engine::Vllm => None,
+                "float32" => Some(4),
+                "float16" | "bfloat16" => Some(2),
+                _ => {
+                    return Err(bad(
+                        flag,
+                        value,
+                        "not one of the engine's choices (float32, float16, bfloat16; auto for vLLM)",
+                    ));
+                }
+            };
+            if key == "mamba-dtype" {
+                launch.mamba_cache_dtype = bytes;
+            } else {
+                launch.mamba_ssm_dtype = bytes;
+            }
+        }
         "mamba-ratio" => match value.trim().parse::<f64>() {
             Ok(ratio) if ratio > 0.0 && ratio.is_finite() => {
                 launch.mamba_full_memory_ratio = Some(ratio)

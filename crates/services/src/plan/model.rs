@@ -235,7 +235,11 @@ pub enum StateShape {
 /// `extra_groups_for_head_shards` (both engines): groups that TP does not
 /// divide are raised to TP, so that each head shard holds its group.
 fn sharded_groups(groups: u64, tp: u64) -> u64 {
-    if groups.is_multiple_of(tp) { groups } else { tp }
+    if groups.is_multiple_of(tp) {
+        groups
+    } else {
+        tp
+    }
 }
 
 impl StateShape {
@@ -437,20 +441,26 @@ impl Linear {
 
     /// vLLM's state bytes of one layer per request on one of `tp` ranks
     /// (`MambaSpec.page_size_bytes` before padding): the conv state at
-    /// `dtype_bytes` (the model dtype), the temporal state at
-    /// `vllm_ssm_bytes` (else the same).
-    pub(crate) fn state_bytes(&self, tp: u64, dtype_bytes: u64) -> u64 {
+    /// `conv_bytes` an element, the temporal state at `ssm_bytes`
+    /// (`engine::vllm_state_bytes` settles both).
+    pub(crate) fn state_bytes(&self, tp: u64, conv_bytes: u64, ssm_bytes: u64) -> u64 {
         let (conv, temporal) = self.shape.vllm_elements(tp.max(1));
-        conv * dtype_bytes + temporal * self.vllm_ssm_bytes.unwrap_or(dtype_bytes)
+        conv * conv_bytes + temporal * ssm_bytes
     }
 
-    /// SGLang 0.5.9's state bytes per request over every state layer
-    /// (`BaseLinearStateParams.mamba_cache_per_req`): the conv state in
-    /// bf16, the temporal state at `sglang_ssm_bytes`, on one of
-    /// `attention_tp` ranks.
-    pub(crate) fn sglang_state_bytes(&self, attention_tp: u64) -> u64 {
+    /// SGLang's state bytes per request over every state layer
+    /// (`BaseLinearStateParams.mamba_cache_per_req`), on one of
+    /// `attention_tp` ranks, the conv state at `conv_bytes` an element
+    /// (`SGLANG_MAMBA_CONV_DTYPE`, bfloat16) and the temporal one at
+    /// `ssm_bytes` (`engine::sglang_state_slots` settles both).
+    pub(crate) fn sglang_state_bytes(
+        &self,
+        attention_tp: u64,
+        conv_bytes: u64,
+        ssm_bytes: u64,
+    ) -> u64 {
         let (conv, temporal) = self.shape.sglang_elements(attention_tp.max(1));
-        (conv * 2 + temporal * self.sglang_ssm_bytes) * self.layers
+        (conv * conv_bytes + temporal * ssm_bytes) * self.layers
     }
 }
 

@@ -1822,7 +1822,7 @@ fn vllm_pools_gated_delta_net_state_beside_full_attention() {
     // One layer's state (gated_delta_net_state_shape, bf16): conv (128·16·2
     // + 128·32) × (4 − 1) = 24,576 and recurrent 32 × 128 × 128 = 524,288
     // elements: 1,097,728 B at TP1.
-    assert_eq!(next.linear.expect("linear").state_bytes(1, 2), 1_097_728);
+    assert_eq!(next.linear.expect("linear").state_bytes(1, 2, 2), 1_097_728);
     let launch = parse("vllm serve m --max-model-len 8192");
     let device = engine::device(&launch, &next, &h100_kv(20 * GIB), Some((6000, 2000)));
     // _align_hybrid_block_size: attention 2 KV heads × (256 + 256) × 2 B
@@ -1864,7 +1864,7 @@ fn vllm_pools_gated_delta_net_state_beside_full_attention() {
     // state (2,048 × 3 + 8 × 128 × 128) × 2 = 274,432 B; block 16 ×
     // ⌈274,432 / 16,384⌉ = 272.
     let tp4 = parse("vllm serve m --max-model-len 8192 -tp 4");
-    assert_eq!(next.linear.expect("linear").state_bytes(4, 2), 274_432);
+    assert_eq!(next.linear.expect("linear").state_bytes(4, 2, 2), 274_432);
     assert_eq!(
         engine::device(&tp4, &next, &h100_kv(20 * GIB), None).page_size,
         272
@@ -1879,7 +1879,7 @@ fn sglang_takes_linear_attention_state_slots_out_of_the_pool() {
     // = 36 × (49,152 + 2,097,152) = 77,266,944 B.
     let next = load("qwen3-next-80b-a3b");
     assert_eq!(
-        next.linear.expect("linear").sglang_state_bytes(1),
+        next.linear.expect("linear").sglang_state_bytes(1, 2, 4),
         77_266_944
     );
     // handle_max_mamba_cache: max_mamba_cache_size = int(20 × 0.9/1.9 GiB //
@@ -1947,10 +1947,7 @@ fn vllm_state_pool(name: &str, flags: &str) -> (u64, u32, u64, u64, u64) {
     else {
         panic!("{name}: {:?}", device.hybrid)
     };
-    let state = model
-        .linear
-        .expect("state layers")
-        .state_bytes(u64::from(launch.tp), model.dtype_bytes);
+    let state = engine::vllm_state_bytes(&launch, &model, &model.linear.expect("state layers"));
     (
         state,
         device.page_size,
@@ -2220,6 +2217,49 @@ fn sglang_0_5_23_keeps_a_padding_slot_and_five_slots_a_running_request() {
         pool("nemotron-h-8b", "--disable-overlap-schedule"),
         (98, 693_554, 32)
     );
+}
+
+#[test]
+fn the_state_dtype_flags_change_the_state() {
+    // vLLM --mamba-ssm-cache-dtype bfloat16 over Nemotron-H's float32
+    // default (NemotronHForCausalLMConfig updates only "auto"): 2,158,592 B
+    // a layer, block 528. SGLang --mamba-ssm-dtype bfloat16 (it sets
+    // SGLANG_MAMBA_SSM_DTYPE, over the config's mamba_ssm_dtype) halves
+    // Qwen3.5's recurrent state: 32,931,840 B a request, 308 slots. The
+    // figures of scripts/mamba_state_reference.py.
+    assert_eq!(
+        vllm_state_pool("nemotron-h-8b", "--mamba-ssm-cache-dtype bfloat16"),
+        (2_158_592, 528, 2_482, 22, 924_206)
+    );
+    let qwen = load("qwen3.5-35b-a3b");
+    let launch = parse("python3 -m sglang.launch_server --model-path m --mamba-ssm-dtype bfloat16");
+    let device = engine::device(&launch, &qwen, &h100_kv(20 * GIB), None);
+    assert_eq!(
+        device.hybrid,
+        Some(engine::Hybrid::SglangState {
+            full_tokens: 553_312,
+            state_slots: 308,
+            state_bytes_per_request: 32_931_840,
+            state_request_cap: 102,
+        })
+    );
+    // The environment variable does the same; an engine's refusal of a
+    // value is bad input.
+    let mut env = no_env();
+    env.insert("SGLANG_MAMBA_SSM_DTYPE".to_string(), "bfloat16".to_string());
+    let by_env = launch::parse(
+        &argv("python3 -m sglang.launch_server --model-path m"),
+        &env,
+    )
+    .expect("parses");
+    assert_eq!(
+        engine::device(&by_env, &qwen, &h100_kv(20 * GIB), None).hybrid,
+        device.hybrid
+    );
+    assert!(matches!(
+        parse_err("vllm serve m --mamba-ssm-cache-dtype fp8"),
+        PlanError::BadValue { .. }
+    ));
 }
 
 // ------------------------------------------------ weights from the config

@@ -112,6 +112,13 @@ impl Rules {
         self == Rules::Vllm0_33
     }
 
+    /// vLLM 0.33.0 `MambaStateDtypeCalculator.kda_state_dtype` takes
+    /// `--mamba-ssm-cache-dtype` for KDA's recurrent state (float32 under
+    /// `auto`); 0.26.0 keeps it float32 whatever is given.
+    pub(crate) fn vllm_kda_reads_ssm_cache_dtype(self) -> bool {
+        self == Rules::Vllm0_33
+    }
+
     /// SGLang 0.5.23 `kv_cache_configurator.py` `_handle_max_mamba_cache`:
     /// the state pool keeps one padding slot (`(budget − per_req) //
     /// per_req` slots, `slots + 1` allocated), and the radix cache's
