@@ -418,9 +418,7 @@ pub fn evaluate(config: &PlanConfig, snapshot: Option<&Snapshot>) -> Result<Outc
     };
     launch.rules = engine_version.rules;
     let model = model::locate_for(&launch, config.model_config.as_deref())?;
-    if let Some(refused) = model.not_served(launch.engine, launch.rules) {
-        return Err(refused.into());
-    }
+    model::check_engine(&launch, &model)?;
     let (gpus, hypothetical) = engine_gpus(config, &launch, snapshot)?;
     let free = free_memory(config, &gpus, hypothetical)?;
     let logged = match &config.from_log {

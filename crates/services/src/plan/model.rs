@@ -491,39 +491,37 @@ impl Model {
     }
 }
 
-impl Model {
-    /// Why the engine, at the version whose rules apply, does not serve
-    /// this model, or serves it by rules plan does not model; `None` when
-    /// plan models it. Read from each release's model registry:
-    /// - SGLang 0.5.9 has no Jamba, Mamba or Mamba2 model (`srt/models/`
-    ///   has none of them); 0.5.23 has Mamba and Mamba2 (`models/mamba.py`,
-    ///   `mamba2.py`), whose state-only pool plan does not model, and no
-    ///   Jamba.
-    pub(crate) fn not_served(&self, engine: Engine, rules: Rules) -> Option<PlanError> {
-        let why = match (engine, self.architecture.as_str()) {
-            (Engine::Sglang, "JambaForCausalLM") => {
-                "SGLang has no Jamba model (no srt/models/jamba.py in 0.5.9 or 0.5.23); vLLM serves it"
-            }
-            (Engine::Sglang, "MambaForCausalLM" | "Mamba2ForCausalLM")
-                if rules == Rules::Sglang0_5_9 =>
-            {
-                "SGLang 0.5.9 has no pure Mamba model (srt/models/mamba.py and mamba2.py arrive in later releases); vLLM serves it"
-            }
-            (Engine::Sglang, "MambaForCausalLM" | "Mamba2ForCausalLM") => {
-                "the state-only pool of a model without attention layers (srt/models/mamba.py, mamba2.py) is not modelled for SGLang"
-            }
-            _ => return None,
-        };
-        let name = match engine {
-            Engine::Sglang => "SGLang",
-            Engine::Vllm => "vLLM",
-        };
-        Some(PlanError::NotServed {
-            architecture: self.architecture.clone(),
-            engine: format!("{name} {}", rules.version()),
-            why,
-        })
-    }
+/// Refuses, by name, a model the command's engine at the version whose
+/// rules apply does not serve, or serves by rules plan does not model.
+/// Read from each release's model registry:
+/// - SGLang 0.5.9 has no Jamba, Mamba or Mamba2 model (`srt/models/` has
+///   none of them); 0.5.23 has Mamba and Mamba2 (`models/mamba.py`,
+///   `mamba2.py`), whose state-only pool plan does not model, and no
+///   Jamba.
+pub(crate) fn check_engine(launch: &Launch, model: &Model) -> Result<(), PlanError> {
+    let why = match (launch.engine, model.architecture.as_str()) {
+        (Engine::Sglang, "JambaForCausalLM") => {
+            "SGLang has no Jamba model (no srt/models/jamba.py in 0.5.9 or 0.5.23); vLLM serves it"
+        }
+        (Engine::Sglang, "MambaForCausalLM" | "Mamba2ForCausalLM")
+            if launch.rules == Rules::Sglang0_5_9 =>
+        {
+            "SGLang 0.5.9 has no pure Mamba model (srt/models/mamba.py and mamba2.py arrive in later releases); vLLM serves it"
+        }
+        (Engine::Sglang, "MambaForCausalLM" | "Mamba2ForCausalLM") => {
+            "the state-only pool of a model without attention layers (srt/models/mamba.py, mamba2.py) is not modelled for SGLang"
+        }
+        _ => return Ok(()),
+    };
+    let name = match launch.engine {
+        Engine::Sglang => "SGLang",
+        Engine::Vllm => "vLLM",
+    };
+    Err(PlanError::NotServed {
+        architecture: model.architecture.clone(),
+        engine: format!("{name} {}", launch.rules.version()),
+        why,
+    })
 }
 
 /// SGLang 0.5.9 `_derive_model_shapes`: architectures whose attention is

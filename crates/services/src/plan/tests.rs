@@ -2064,20 +2064,17 @@ fn jamba_pools_mamba1_state_on_vllm_and_sglang_refuses_it() {
         super::version::Rules::Sglang0_5_9,
         super::version::Rules::Sglang0_5_23,
     ] {
-        let refused = jamba
-            .not_served(Engine::Sglang, rules)
-            .expect("refused")
+        let mut launch = parse("python3 -m sglang.launch_server --model-path m");
+        launch.rules = rules;
+        let refused = model::check_engine(&launch, &jamba)
+            .expect_err("refused")
             .to_string();
         assert!(
             refused.starts_with("JambaForCausalLM on SGLang 0.5."),
             "{refused}"
         );
     }
-    assert!(
-        jamba
-            .not_served(Engine::Vllm, super::version::Rules::Vllm0_26)
-            .is_none()
-    );
+    assert!(model::check_engine(&parse("vllm serve m"), &jamba).is_ok());
 }
 
 #[test]
@@ -2102,9 +2099,11 @@ fn pure_mamba_pools_only_state_on_vllm() {
         super::version::Rules::Sglang0_5_9,
         super::version::Rules::Sglang0_5_23,
     ] {
+        let mut launch = parse("python3 -m sglang.launch_server --model-path m");
+        launch.rules = rules;
         assert!(matches!(
-            mamba.not_served(Engine::Sglang, rules),
-            Some(PlanError::NotServed { .. })
+            model::check_engine(&launch, &mamba),
+            Err(PlanError::NotServed { .. })
         ));
     }
 }
