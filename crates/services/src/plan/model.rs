@@ -184,6 +184,20 @@ pub struct Linear {
     /// `chunk_size`, else 2048 (the block alignment of mamba cache mode
     /// `all`).
     pub chunk_size: u64,
+    /// The MLP layers of a family whose layers are not each one MLP (or
+    /// MoE after `first_k_dense_replace` dense ones); `None`: they are.
+    pub mlp: Option<MlpLayers>,
+}
+
+/// ESTIMATE input (`config_weights`): which layers hold a dense MLP and
+/// which a MoE block, and the matrices of each MLP or expert.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct MlpLayers {
+    pub dense: u64,
+    pub moe: u64,
+    /// 3 for a gated MLP (gate, up, down), 2 for Nemotron-H's relu²
+    /// (`up_proj`, `down_proj`, vLLM 0.26.0 `nemotron_h.py`).
+    pub matrices: u64,
 }
 
 /// The per-layer state of each family, as the engines shape it
@@ -922,6 +936,8 @@ const NUMBERS: &[(&str, u64, u64)] = &[
     ("num_heads", 1, 1 << 16),
     ("attn_layer_period", 1, 1 << 12),
     ("attn_layer_offset", 0, 1 << 12),
+    ("expert_layer_period", 1, 1 << 12),
+    ("expert_layer_offset", 0, 1 << 12),
     ("mamba_chunk_size", 1, 1 << 20),
     ("chunk_size", 1, 1 << 20),
 ];
@@ -1086,12 +1102,25 @@ pub(crate) fn config_weights(config: &serde_json::Value, model: &Model) -> Optio
         .or_else(|| field("num_experts"))
         .filter(|experts| *experts > 1);
     let dense_width = field("intermediate_size");
+    // A linear-attention or Mamba family's own MLP layout; else every layer
+    // an MLP (the first `first_k_dense_replace` dense before MoE ones).
+    let layout = model.linear.and_then(|linear| linear.mlp);
+    let matrices = layout.map_or(3.0, |layout| layout.matrices as f64);
     let (dense_mlp, expert_mlp) = match experts {
-        None => (3.0 * hidden * dense_width? as f64 * layers_f, 0.0),
+        None => {
+            let mlp_layers = layout.map_or(layers, |layout| layout.dense + layout.moe);
+            let width = if mlp_layers == 0 { 0 } else { dense_width? };
+            (matrices * hidden * width as f64 * mlp_layers as f64, 0.0)
+        }
         Some(experts) => {
             let width = field("moe_intermediate_size").or(dense_width)? as f64;
-            let dense_layers = field("first_k_dense_replace").unwrap_or(0).min(layers) as f64;
-            let moe_layers = layers_f - dense_layers;
+            let (dense_layers, moe_layers) = match layout {
+                Some(layout) => (layout.dense as f64, layout.moe as f64),
+                None => {
+                    let dense = field("first_k_dense_replace").unwrap_or(0).min(layers) as f64;
+                    (dense, layers_f - dense)
+                }
+            };
             let shared = match (
                 field("n_shared_experts"),
                 field("shared_expert_intermediate_size"),
@@ -1107,9 +1136,12 @@ pub(crate) fn config_weights(config: &serde_json::Value, model: &Model) -> Optio
                 Some(_) => hidden,
                 None => 0.0,
             };
-            let dense = 3.0 * hidden * dense_width.unwrap_or(0) as f64 * dense_layers
-                + (3.0 * hidden * shared + hidden * experts as f64 + shared_gate) * moe_layers;
-            (dense, 3.0 * hidden * width * experts as f64 * moe_layers)
+            let dense = matrices * hidden * dense_width.unwrap_or(0) as f64 * dense_layers
+                + (matrices * hidden * shared + hidden * experts as f64 + shared_gate) * moe_layers;
+            (
+                dense,
+                matrices * hidden * width * experts as f64 * moe_layers,
+            )
         }
     };
     let norms = hidden * (2.0 * layers_f + 1.0);
@@ -1263,6 +1295,7 @@ fn linear(
             },
             sglang_ssm_bytes,
             chunk_size,
+            mlp: None,
         }
     } else if is("NemotronHForCausalLM") {
         let pattern = text
@@ -1288,6 +1321,12 @@ fn linear(
             vllm_ssm_bytes: Some(ssm_dtype("mamba_ssm_cache_dtype").unwrap_or(4)),
             sglang_ssm_bytes,
             chunk_size,
+            // `-` a relu² MLP, `E` a MoE block.
+            mlp: Some(MlpLayers {
+                dense: count('-'),
+                moe: count('E'),
+                matrices: 2,
+            }),
         }
     } else if is("FalconH1ForCausalLM") {
         let heads = field("mamba_n_heads")?;
@@ -1315,11 +1354,16 @@ fn linear(
             vllm_ssm_bytes: None,
             sglang_ssm_bytes,
             chunk_size,
+            mlp: None,
         }
     } else if is("JambaForCausalLM") {
         let period = field("attn_layer_period")?;
         let offset = u64_field(text, "attn_layer_offset").unwrap_or(0);
         let attention = (0..layers).filter(|i| i % period == offset).count() as u64;
+        // MoE where `i % expert_layer_period == expert_layer_offset`.
+        let moe_period = u64_field(text, "expert_layer_period").unwrap_or(2).max(1);
+        let moe_offset = u64_field(text, "expert_layer_offset").unwrap_or(1);
+        let moe = (0..layers).filter(|i| i % moe_period == moe_offset).count() as u64;
         Linear {
             layers: layers - attention,
             attention_layers: attention,
@@ -1331,6 +1375,11 @@ fn linear(
             vllm_ssm_bytes: None,
             sglang_ssm_bytes,
             chunk_size,
+            mlp: Some(MlpLayers {
+                dense: layers - moe,
+                moe,
+                matrices: 3,
+            }),
         }
     } else if is("MambaForCausalLM") {
         Linear {
@@ -1344,6 +1393,11 @@ fn linear(
             vllm_ssm_bytes: None,
             sglang_ssm_bytes,
             chunk_size,
+            mlp: Some(MlpLayers {
+                dense: 0,
+                moe: 0,
+                matrices: 3,
+            }),
         }
     } else if is("Mamba2ForCausalLM") {
         Linear {
@@ -1360,6 +1414,11 @@ fn linear(
             vllm_ssm_bytes: None,
             sglang_ssm_bytes,
             chunk_size,
+            mlp: Some(MlpLayers {
+                dense: 0,
+                moe: 0,
+                matrices: 3,
+            }),
         }
     } else if is("KimiLinearForCausalLM") {
         let missing = || PlanError::MissingField {
@@ -1391,6 +1450,7 @@ fn linear(
             vllm_ssm_bytes: Some(4),
             sglang_ssm_bytes: 4,
             chunk_size,
+            mlp: None,
         }
     } else {
         return Ok(None);

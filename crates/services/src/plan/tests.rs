@@ -1817,6 +1817,7 @@ fn vllm_pools_gated_delta_net_state_beside_full_attention() {
             vllm_ssm_bytes: None,
             sglang_ssm_bytes: 4,
             chunk_size: 2048,
+            mlp: None,
         })
     );
     // One layer's state (gated_delta_net_state_shape, bf16): conv (128·16·2
@@ -2259,6 +2260,32 @@ fn the_state_dtype_flags_change_the_state() {
         parse_err("vllm serve m --mamba-ssm-cache-dtype fp8"),
         PlanError::BadValue { .. }
     ));
+}
+
+#[test]
+fn state_models_weights_from_the_config_match_their_published_sizes() {
+    // No checkpoint beside these configs: the weights are the config's
+    // estimate (embeddings, attention over the attention layers, each
+    // family's mixer (`Linear::weights`) over its state layers, the MLP
+    // layers its layout has: Nemotron-H's relu² `-` layers, none for
+    // Mamba, Jamba's MoE every other layer). Against the parameter counts
+    // the model cards give (written from memory: the hub is not
+    // reachable), within 2 %.
+    for (name, published) in [
+        ("nemotron-h-8b", 8.1e9),
+        ("mamba-2.8b", 2.77e9),
+        ("mamba-codestral-7b", 7.29e9),
+        ("falcon-h1-1.5b", 1.55e9),
+        ("jamba-v0.1", 51.6e9),
+    ] {
+        let model = load(name);
+        assert!(model.weights_from_config, "{name}");
+        let parameters = model.weights_bytes.expect(name) as f64 / 2.0;
+        assert!(
+            (parameters / published - 1.0).abs() < 0.02,
+            "{name}: {parameters} parameters against {published}"
+        );
+    }
 }
 
 // ------------------------------------------------ weights from the config
