@@ -534,7 +534,12 @@ def sglang(name, arch, tp, rest_gib, mla=False):
         head = text.get("head_dim") or 128
         cell_size = heads * head * 2 * full_layers * BF16
     tokens = int(rest_memory * (1 << 30)) // cell_size
-    cap = max_mamba_cache_size // 3  # MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO
+    # server_args.py _handle_mamba_radix_cache: Kimi-Linear support_mamba_cache=False, so
+    # disable_radix_cache = True; model_runner_kv_cache_mixin.py: ratio 1 then, else
+    # MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO (3; the no_buffer strategy adds nothing).
+    disable_radix_cache = arch in ("KimiLinearForCausalLM", "BailingMoeV2_5ForCausalLM")
+    ratio = 1 if disable_radix_cache else 3
+    cap = max_mamba_cache_size // ratio
     print(f"SGLang 0.5.9 {name} TP{tp}: state {per_req} B a request ({conv}, {temporal}, {dtype}, "
           f"{state_layers} layers); slots {max_mamba_cache_size}; cell {cell_size}; "
           f"max_total_num_tokens {tokens}; request cap {cap}")
@@ -565,6 +570,7 @@ if __name__ == "__main__":
          prefix_caching=True)
     sglang_0_5_23("qwen3.5-35b-a3b", "Qwen3_5MoeForConditionalGeneration", 1, 20.0)
     sglang_0_5_23("nemotron-h-8b", "NemotronHForCausalLM", 1, 20.0)
+    sglang_0_5_23("kimi-linear-48b-a3b", "KimiLinearForCausalLM", 1, 20.0, mla=True)
     GIVEN["mamba_ssm_cache_dtype"] = "bfloat16"
     vllm("nemotron-h-8b", "NemotronHForCausalLM", (4, 24), 1, kv, 8192)
     ENV["SGLANG_MAMBA_SSM_DTYPE"] = "bfloat16"

@@ -761,7 +761,8 @@ fn sglang_max_running_requests(launch: &Launch, tokens: u64, pool_requests: u64)
 /// them: 0.5.9 `int(budget // per_request)`, 0.5.23 `int((budget −
 /// per_request) // per_request)`) come out of the rest (0.5.23 allocates
 /// one padding slot more), and cap the running requests at `slots //
-/// ratio`: 1 with `--disable-radix-cache`; else 0.5.9 3
+/// ratio`: 1 with the radix cache off (`--disable-radix-cache`; 0.5.9
+/// turns it off itself for Kimi-Linear); else 0.5.9 3
 /// (`MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO`), 0.5.23 3 plus the
 /// radix cache's `extra_buffer` tracking slots: 2 with the overlap
 /// scheduler (the default), 1 without it but with pages of more than one
@@ -800,9 +801,14 @@ fn sglang_state_slots(
     } else {
         1
     };
+    // SGLang 0.5.9 `_handle_mamba_radix_cache` turns the radix cache off
+    // for Kimi-Linear ("not yet supported": `support_mamba_cache=False`);
+    // 0.5.23 supports it.
+    let no_radix =
+        launch.disable_radix_cache || (!newest && model.architecture == "KimiLinearForCausalLM");
     let slots = match (
         launch.max_mamba_cache_size,
-        launch.disable_radix_cache,
+        no_radix,
         launch.max_running_requests,
     ) {
         (Some(size), _, _) => size / dp,
@@ -817,7 +823,7 @@ fn sglang_state_slots(
     };
     let allocated = if newest { slots + 1 } else { slots };
     let state_gib = allocated as f64 * per_request as f64 / GIB as f64;
-    let ratio = if launch.disable_radix_cache {
+    let ratio = if no_radix {
         1
     } else if !newest {
         3

@@ -2129,9 +2129,12 @@ fn kimi_linear_pools_kda_state_beside_mla() {
         vllm_state_pool("kimi-linear-48b-a3b", ""),
         (2_170_880, 1_888, 1_410, 8, 1_443_840)
     );
+    // SGLang 0.5.9 turns the radix cache off for Kimi-Linear
+    // (`_handle_mamba_radix_cache`, `support_mamba_cache=False`): the cap
+    // is every slot, 234.
     assert_eq!(
         sglang_state_pool("kimi-linear-48b-a3b"),
-        (43_417_600, 234, 8_064, 1_403_164, 78)
+        (43_417_600, 234, 8_064, 1_403_164, 234)
     );
 }
 
@@ -2212,6 +2215,8 @@ fn sglang_0_5_23_keeps_a_padding_slot_and_five_slots_a_running_request() {
     };
     assert_eq!(pool("qwen3.5-35b-a3b", ""), (156, 554_968, 31));
     assert_eq!(pool("nemotron-h-8b", ""), (98, 693_554, 19));
+    // 0.5.23 keeps Kimi-Linear's radix cache (extra_buffer): 233 // 5.
+    assert_eq!(pool("kimi-linear-48b-a3b", ""), (233, 1_403_164, 46));
     // Without the overlap scheduler, pages of one token: no_buffer, // 3.
     assert_eq!(
         pool("nemotron-h-8b", "--disable-overlap-schedule"),
