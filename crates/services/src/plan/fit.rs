@@ -418,6 +418,7 @@ pub fn evaluate(config: &PlanConfig, snapshot: Option<&Snapshot>) -> Result<Outc
     };
     launch.rules = engine_version.rules;
     let model = model::locate_for(&launch, config.model_config.as_deref())?;
+    model::check_engine(&launch, &model)?;
     let (gpus, hypothetical) = engine_gpus(config, &launch, snapshot)?;
     let free = free_memory(config, &gpus, hypothetical)?;
     let logged = match &config.from_log {

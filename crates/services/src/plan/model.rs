@@ -98,6 +98,9 @@ pub struct Model {
     /// Gated-delta-net (linear attention) layers, which hold a fixed state
     /// per request instead of KV; `None` for none.
     pub linear: Option<Linear>,
+    /// DeepSeek sparse attention (DSA: DeepSeek-V3.2, GLM-5): an indexer
+    /// key cache in every layer beside MLA's; `None` for none.
+    pub sparse: Option<Sparse>,
     /// The shapes vLLM's profile run allocates by (`engine::vllm_activation_peak`).
     #[serde(skip)]
     pub mlp: Mlp,
@@ -221,6 +224,28 @@ impl Linear {
     }
 }
 
+/// DeepSeek sparse attention's indexer (`index_topk` in the config of
+/// `DeepseekV32ForCausalLM`, `GlmMoeDsaForCausalLM`, or
+/// `DeepseekV3ForCausalLM`): every layer keeps, beside its MLA latent, one
+/// indexer key per token of `index_head_dim` FP8 bytes and a float32 scale
+/// per 128 of them, `index_head_dim + index_head_dim / 128 × 4` bytes
+/// (vLLM 0.26.0 `deepseek_v2.py` `Indexer`: `DeepseekV32IndexerCache(head_dim
+/// = head_dim + head_dim // quant_block_size * 4, dtype=torch.uint8)`;
+/// SGLang 0.5.9 `get_cell_size_per_token`: `NSATokenToKVPool.quant_block_size`
+/// 128, `index_k_with_scale_buffer_dtype` uint8), replicated on every rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Sparse {
+    pub index_head_dim: u64,
+}
+
+impl Sparse {
+    /// The indexer's bytes per token in one layer.
+    pub(crate) fn indexer_bytes(self) -> u64 {
+        const QUANT_BLOCK: u64 = 128;
+        self.index_head_dim + self.index_head_dim / QUANT_BLOCK * 4
+    }
+}
+
 /// Sliding-window (or chunked local) attention layers, as one engine sizes
 /// them: how many of the layers, and the window in tokens. The other
 /// layers are full attention with the same KV shape.
@@ -304,10 +329,8 @@ const HYBRID: &[&str] = &[
     "Mamba2ForCausalLM",
     "Step3p5ForCausalLM",
     "MiMoV2FlashForCausalLM",
-    // DeepSeek-V3.2's sparse attention adds an indexer cache (SGLang) or
-    // its own fp8_ds_mla layout (vLLM).
-    "DeepseekV32ForCausalLM",
-    "GlmMoeDsaForCausalLM",
+    // Ling 2.5: MLA layers beside lightning linear-attention layers (both
+    // engines load it from `bailing_moe_linear.py`), not the DSA indexer.
     "BailingMoeV2_5ForCausalLM",
 ];
 
@@ -635,6 +658,7 @@ const NUMBERS: &[(&str, u64, u64)] = &[
     ("linear_key_head_dim", 1, 1 << 16),
     ("linear_value_head_dim", 1, 1 << 16),
     ("linear_conv_kernel_dim", 1, 1 << 10),
+    ("index_head_dim", 1, 1 << 16),
 ];
 
 /// The largest rope-scaling factor taken (real ones are up to a few hundred).
@@ -719,6 +743,7 @@ pub(crate) fn parse_config(path: &Path, config: &serde_json::Value) -> Result<Mo
     let (window_vllm, window_sglang) = windows(path, text, &architectures, layers)?;
     let linear = linear(path, text, &architectures, layers)?;
     let (attention_bytes, replicated_bytes) = attention_weights(text, attention, layers, linear);
+    let sparse = sparse(path, text, &architectures, attention, attention_vllm)?;
     Ok(Model {
         config_path: path.to_path_buf(),
         architecture,
@@ -738,8 +763,96 @@ pub(crate) fn parse_config(path: &Path, config: &serde_json::Value) -> Result<Mo
         window_vllm,
         window_sglang,
         linear,
+        sparse,
         mlp: mlp(text),
     })
+}
+
+/// Refuses, by name, a sparse-attention model the engine version the
+/// command runs would not start as asked, or whose pools plan does not
+/// model under that version's rules:
+/// - SGLang asserts its KV dtype is bf16 or fp8_e4m3 (0.5.9
+///   `_set_default_nsa_kv_cache_dtype`: "DeepSeek DSA only supports
+///   bf16/bfloat16 or fp8_e4m3 kv_cache_dtype");
+/// - vLLM 0.26.0's sparse MLA backends on Hopper take bf16/fp16
+///   (`FLASH_ATTN_MLA_SPARSE`) or FP8 as `fp8_ds_mla` (`FLASHMLA_SPARSE`):
+///   fp8_e5m2 and nvfp4 find no backend;
+/// - vLLM 0.33.0 sizes the sparse MLA and indexer caches through its new
+///   KV-cache planner (`v1/core/kv_cache_planning.py`, specs with a
+///   `SparseCacheRole` and kernel blocks apart from the scheduler's
+///   blocks), which plan does not model.
+pub(crate) fn check_engine(launch: &Launch, model: &Model) -> Result<(), PlanError> {
+    use super::launch::KvDtype;
+    use super::version::Rules;
+    if model.sparse.is_none() {
+        return Ok(());
+    }
+    let refused_dtype = match launch.engine {
+        Engine::Sglang => matches!(launch.kv_dtype, KvDtype::Fp8E5m2 | KvDtype::Fp4E2m1)
+            .then_some("SGLang runs DeepSeek sparse attention (DSA) with a bf16 or fp8_e4m3 KV cache only"),
+        Engine::Vllm => matches!(launch.kv_dtype, KvDtype::Fp8E5m2 | KvDtype::Fp4E2m1)
+            .then_some("vLLM's sparse MLA backends on Hopper take a bf16, fp16 or fp8 (fp8_ds_mla) KV cache only"),
+    };
+    if let Some(why) = refused_dtype {
+        return Err(PlanError::BadValue {
+            flag: "--kv-cache-dtype".to_string(),
+            value: launch.kv_dtype.name().to_string(),
+            why: format!("{why}, not for {}", model.architecture),
+        });
+    }
+    if launch.rules == Rules::Vllm0_33 {
+        return Err(PlanError::UnknownArchitecture(format!(
+            "{} under vLLM 0.33.0's rules (sparse attention: its KV-cache planner groups the MLA and indexer caches by role, which gpureap plan does not model; vLLM 0.26.0's rules are modelled)",
+            model.architecture
+        )));
+    }
+    Ok(())
+}
+
+/// DeepSeek sparse attention (`Sparse`): the architectures both engines
+/// build an indexer for when the config has `index_topk` (SGLang 0.5.9
+/// `is_deepseek_nsa`; vLLM 0.26.0 `deepseek_v2.py`: `is_v32 =
+/// hasattr(config, "index_topk")`), read as MLA by both. A config that
+/// shares one indexer between layers (`index_topk_freq` above 1,
+/// `index_topk_pattern`) or pools index keys (`index_kpool` above 1) is
+/// refused by name: the engines size those differently, and plan does not
+/// model it.
+fn sparse(
+    path: &Path,
+    text: &serde_json::Value,
+    architectures: &[&str],
+    attention: Attention,
+    attention_vllm: Attention,
+) -> Result<Option<Sparse>, PlanError> {
+    const DSA: &[&str] = &[
+        "DeepseekV32ForCausalLM",
+        "GlmMoeDsaForCausalLM",
+        "DeepseekV3ForCausalLM",
+    ];
+    let dsa = DSA.contains(&architectures[0])
+        && text.get("index_topk").is_some_and(|topk| !topk.is_null());
+    if !dsa {
+        return Ok(None);
+    }
+    let mla = |attention| matches!(attention, Attention::Mla { .. });
+    let shared = u64_field(text, "index_topk_freq").is_some_and(|freq| freq > 1)
+        || text
+            .get("index_topk_pattern")
+            .is_some_and(|pattern| !pattern.is_null())
+        || u64_field(text, "index_kpool").is_some_and(|pool| pool > 1);
+    if shared || !mla(attention) || !mla(attention_vllm) {
+        return Err(PlanError::UnknownArchitecture(format!(
+            "{} (sparse attention whose indexer is shared between layers, pooled, or beside no MLA: gpureap plan does not model its KV pools)",
+            architectures[0]
+        )));
+    }
+    let index_head_dim = u64_field(text, "index_head_dim")
+        .filter(|dim| *dim > 0)
+        .ok_or_else(|| PlanError::MissingField {
+            path: path.to_path_buf(),
+            field: "index_head_dim",
+        })?;
+    Ok(Some(Sparse { index_head_dim }))
 }
 
 /// ESTIMATE: the weights' bytes as the engine loads them, from the

@@ -324,10 +324,17 @@ fn attention_text(model: &Model) -> String {
         Attention::Mla {
             kv_lora_rank,
             qk_rope_head_dim,
-        } => format!(
-            "MLA: ({kv_lora_rank} + {qk_rope_head_dim}) × {} layers × KV bytes, the same on every rank",
-            model.layers
-        ),
+        } => match model.sparse {
+            None => format!(
+                "MLA: ({kv_lora_rank} + {qk_rope_head_dim}) × {} layers × KV bytes, the same on every rank",
+                model.layers
+            ),
+            Some(sparse) => format!(
+                "sparse MLA (DSA): (({kv_lora_rank} + {qk_rope_head_dim}) × KV bytes, or 656 for an FP8 cache where the engine counts its stored layout, + an indexer key of {} bytes) × {} layers, the same on every rank",
+                sparse.indexer_bytes(),
+                model.layers
+            ),
+        },
         Attention::Mha {
             kv_heads,
             head_dim,

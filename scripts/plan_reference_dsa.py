@@ -1,0 +1,234 @@
+#!/usr/bin/env python3
+"""Reference figures for `gpureap plan` on sparse-attention (DSA) models.
+
+The engines' own pure-Python functions, copied from the released packages
+with torch dtypes replaced by their byte sizes, run on the shapes of
+tests/fixtures/models/{deepseek-v3.2,glm-5}. The unit tests in
+crates/services/src/plan/tests.rs pin the numbers this prints; plan's own
+formula is not used here.
+
+Sources (copied verbatim, dtype objects replaced by byte counts):
+- vLLM 0.26.0 vllm/model_executor/models/deepseek_v2.py: Indexer.__init__
+  (the k_cache head_dim, dtype uint8) and DeepseekV32IndexerCache.
+  get_kv_cache_spec; vllm/v1/kv_cache_interface.py:
+  MLAAttentionSpec.real_page_size_bytes, UniformTypeKVCacheSpecs.
+  page_size_bytes / max_memory_usage_bytes, FullAttentionSpec.
+  max_memory_usage_bytes; vllm/v1/core/kv_cache_utils.py:
+  get_kv_cache_config_from_groups (the UniformTypeKVCacheSpecs branch),
+  get_max_concurrency_for_kv_cache_config, get_kv_cache_capacity;
+  vllm/v1/attention/backend.py AttentionBackend.get_preferred_block_size
+  with FlashAttnMLASparseBackend / FlashMLASparseBackend
+  .get_supported_kernel_block_sizes ([64]).
+- SGLang 0.5.9 sglang/srt/model_executor/model_runner_kv_cache_mixin.py:
+  get_cell_size_per_token (MLA branch with the NSA indexer term),
+  profile_max_num_token's `int(rest * (1 << 30)) // cell_size`;
+  mem_cache/memory_pool.py NSATokenToKVPool.quant_block_size (128),
+  index_k_with_scale_buffer_dtype (uint8); server_args.py
+  _handle_model_specific_adjustments (page_size = 64) and
+  _set_default_nsa_kv_cache_dtype (bfloat16 below SM100);
+  model_runner_kv_cache_mixin.py init_memory_pool's page floor.
+- SGLang 0.5.23 sglang/srt/mem_cache/kv_cache_configurator.py
+  calculate_mla_kv_cache_dim and model_executor/pool_configurator.py
+  _compute_cell_size / _compute_dsa_indexer_cell_size (below).
+
+Run: python3 scripts/plan_reference_dsa.py
+"""
+
+GIB = 1 << 30
+
+
+def cdiv(a, b):
+    return -(a // -b)
+
+
+# ---------------------------------------------------------------- vLLM 0.26.0
+
+
+class MLAAttentionSpec:
+    """vllm/v1/kv_cache_interface.py (fp8_ds_mla and plain branches)."""
+
+    def __init__(self, block_size, num_kv_heads, head_size, dtype_size,
+                 cache_dtype_str=None, model_version=None):
+        self.block_size = block_size
+        self.num_kv_heads = num_kv_heads
+        self.head_size = head_size
+        self.dtype_size = dtype_size
+        self.cache_dtype_str = cache_dtype_str
+        self.model_version = model_version
+        self.compress_ratio = 1
+
+    @property
+    def storage_block_size(self):
+        return self.block_size // self.compress_ratio
+
+    @property
+    def real_page_size_bytes(self):
+        if self.cache_dtype_str == "fp8_ds_mla":
+            if self.model_version == "deepseek_v4":
+                return self.storage_block_size * 584
+            return self.block_size * 656
+        head_dim = self.head_size
+        return (
+            self.storage_block_size
+            * self.num_kv_heads
+            * head_dim
+            * self.dtype_size
+        )
+
+    @property
+    def page_size_bytes(self):
+        return self.real_page_size_bytes
+
+    def max_memory_usage_bytes(self, max_model_len, dcp_world_size=1):
+        # FullAttentionSpec.max_memory_usage_bytes
+        max_model_len = cdiv(max_model_len, dcp_world_size)
+        return cdiv(max_model_len, self.block_size) * self.page_size_bytes
+
+
+class UniformTypeKVCacheSpecs:
+    def __init__(self, block_size, kv_cache_specs):
+        self.block_size = block_size
+        self.kv_cache_specs = kv_cache_specs
+
+    @property
+    def page_size_bytes(self):
+        return sum(spec.page_size_bytes for spec in self.kv_cache_specs.values())
+
+    def max_memory_usage_bytes(self, max_model_len):
+        max_num_pages = max(
+            cdiv(spec.max_memory_usage_bytes(max_model_len), spec.page_size_bytes)
+            for spec in self.kv_cache_specs.values()
+        )
+        return max_num_pages * self.page_size_bytes
+
+
+def get_preferred_block_size(supported_sizes, default_block_size=16):
+    # AttentionBackend.get_preferred_block_size / supports_block_size
+    if not supported_sizes:
+        return default_block_size
+    if any(default_block_size % s == 0 for s in supported_sizes):
+        return default_block_size
+    return min(supported_sizes)
+
+
+def vllm_dsa(layers, kv_lora_rank, qk_rope_head_dim, index_head_dim,
+             cache_dtype, available_memory, max_model_len):
+    """cache_dtype: 'auto' (bf16 model) or 'fp8' (FLASHMLA_SPARSE,
+    canonicalized to fp8_ds_mla)."""
+    block_size = get_preferred_block_size([64])
+    head_size = kv_lora_rank + qk_rope_head_dim  # MLAAttention.head_size
+    specs = {}
+    for i in range(layers):
+        # Indexer.__init__: DeepseekV32IndexerCache(head_dim=self.head_dim +
+        # self.head_dim // self.quant_block_size * 4, dtype=torch.uint8)
+        quant_block_size = 128
+        specs[f"model.layers.{i}.self_attn.indexer.k_cache"] = MLAAttentionSpec(
+            block_size=block_size,
+            num_kv_heads=1,
+            head_size=index_head_dim + index_head_dim // quant_block_size * 4,
+            dtype_size=1,
+        )
+        if cache_dtype == "fp8":
+            specs[f"model.layers.{i}.self_attn.attn"] = MLAAttentionSpec(
+                block_size=block_size, num_kv_heads=1, head_size=head_size,
+                dtype_size=1, cache_dtype_str="fp8_ds_mla")
+        else:
+            specs[f"model.layers.{i}.self_attn.attn"] = MLAAttentionSpec(
+                block_size=block_size, num_kv_heads=1, head_size=head_size,
+                dtype_size=2, cache_dtype_str="auto")
+    spec = UniformTypeKVCacheSpecs(block_size=block_size, kv_cache_specs=specs)
+    # get_kv_cache_config_from_groups, UniformTypeKVCacheSpecs branch
+    num_blocks = available_memory // spec.page_size_bytes
+    # get_max_concurrency_for_kv_cache_config
+    num_layer_per_group = len(specs)
+    max_memory_usage_per_request = num_layer_per_group * spec.max_memory_usage_bytes(
+        max_model_len)
+    memory_per_block = spec.page_size_bytes * num_layer_per_group
+    num_block_per_request = cdiv(max_memory_usage_per_request, memory_per_block)
+    max_concurrency = num_blocks / num_block_per_request
+    # get_kv_cache_capacity
+    tokens = int(max_concurrency * max_model_len)
+    return dict(block_size=block_size, page_size_bytes=spec.page_size_bytes,
+                num_blocks=num_blocks, num_block_per_request=num_block_per_request,
+                max_concurrency=max_concurrency, kv_cache_tokens=tokens)
+
+
+# -------------------------------------------------------------- SGLang 0.5.9
+
+
+def sglang_dsa(layers, kv_lora_rank, qk_rope_head_dim, index_head_dim,
+               kv_size, rest_gib):
+    # get_cell_size_per_token, use_mla_backend branch
+    num_layers = layers
+    cell_size = (kv_lora_rank + qk_rope_head_dim) * num_layers * kv_size
+    # NSATokenToKVPool.quant_block_size, index_k_with_scale_buffer_dtype
+    quant_block_size = 128
+    indexer_size_per_token = index_head_dim + index_head_dim // quant_block_size * 4
+    element_size = 1
+    cell_size += indexer_size_per_token * num_layers * element_size
+    # profile_max_num_token
+    max_num_token = int(rest_gib * (1 << 30)) // cell_size
+    # server_args: page_size = 64 for DeepSeek DSA on CUDA;
+    # init_memory_pool: floor to the page
+    page_size = 64
+    max_total_num_tokens = max_num_token // page_size * page_size
+    return dict(cell_size=cell_size, profiled=max_num_token,
+                max_total_num_tokens=max_total_num_tokens, page_size=page_size)
+
+
+# ------------------------------------------------------------- SGLang 0.5.23
+# sglang/srt/mem_cache/kv_cache_configurator.py calculate_mla_kv_cache_dim
+# (the CUDA, non-trtllm, non-TileLang branch: Hopper's fp8 default backend
+# is flashmla_kv, arg_groups/overrides.py) and
+# model_executor/pool_configurator.py _compute_cell_size (MLA branch, no
+# hisparse, no CP layer split) / _compute_dsa_indexer_cell_size (index_kpool
+# 1, every layer computes its own top-k).
+
+
+def calculate_mla_kv_cache_dim(kv_lora_rank, qk_rope_head_dim, is_fp8):
+    kv_cache_dim = kv_lora_rank + qk_rope_head_dim
+    quant_block_size = 128  # DSATokenToKVPool.quant_block_size
+    rope_storage_itemsize = 2  # DSATokenToKVPool.rope_storage_dtype bfloat16
+    if is_fp8:
+        return (
+            kv_lora_rank
+            + kv_lora_rank // quant_block_size * 4
+            + qk_rope_head_dim * rope_storage_itemsize
+        )
+    return kv_cache_dim
+
+
+def sglang_0_5_23_dsa(layers, kv_lora_rank, qk_rope_head_dim, index_head_dim,
+                      kv_size, rest_gib):
+    effective_num_layers = layers
+    cell_size = (
+        calculate_mla_kv_cache_dim(kv_lora_rank, qk_rope_head_dim, kv_size == 1)
+        * effective_num_layers
+        * kv_size
+    )
+    index_kpool = 1
+    indexer_size_per_token = cdiv(index_head_dim + index_head_dim // 128 * 4, index_kpool)
+    element_size = 1
+    num_indexer_layers = layers
+    indexer_ratio = 1
+    cell_size += int(indexer_size_per_token * num_indexer_layers * element_size * indexer_ratio)
+    max_num_token = int(rest_gib * (1 << 30)) // cell_size
+    page_size = 64 * index_kpool
+    return dict(cell_size=cell_size, profiled=max_num_token,
+                max_total_num_tokens=max_num_token // page_size * page_size)
+
+
+if __name__ == "__main__":
+    # DeepSeek-V3.2: 61 layers, kv_lora_rank 512, rope 64, index_head_dim 128.
+    # GLM-5: 78 layers, the same MLA and indexer widths.
+    for name, layers in (("deepseek-v3.2", 61), ("glm-5", 78)):
+        for dtype in ("auto", "fp8"):
+            print(name, "vllm", dtype, "40 GiB, max_model_len 32768",
+                  vllm_dsa(layers, 512, 64, 128, dtype, 40 * GIB, 32768))
+        for kv_size, label in ((2, "bfloat16"), (1, "fp8_e4m3")):
+            print(name, "sglang", label, "rest 40 GiB",
+                  sglang_dsa(layers, 512, 64, 128, kv_size, 40.0))
+    print("deepseek-v3.2 sglang 0.5.23 fp8_e4m3 rest 40 GiB",
+          sglang_0_5_23_dsa(61, 512, 64, 128, 1, 40.0))
+    print("deepseek-v3.2 sglang 0.5.23 bfloat16 rest 40 GiB",
+          sglang_0_5_23_dsa(61, 512, 64, 128, 2, 40.0))
