@@ -153,6 +153,127 @@ def vllm_dsa(layers, kv_lora_rank, qk_rope_head_dim, index_head_dim,
                 max_concurrency=max_concurrency, kv_cache_tokens=tokens)
 
 
+# ---------------------------------------------------------------- vLLM 0.33.0
+# vllm/v1/kv_cache_interface.py: AttentionSpec.state_content_size_bytes /
+# unpadded_page_size_bytes / page_size_bytes, KVCacheSpec.num_states /
+# get_block_stride_alignment, FullAttentionSpec.max_memory_usage_bytes,
+# MLAAttentionSpec.head_size_v = 0; model_executor/layers/attention/
+# mla_attention.py MLAAttention.get_kv_cache_spec (state_content_bytes
+# {"fp8_ds_mla": 656}); deepseek_v2.py DeepseekV32IndexerCache.
+# get_kv_cache_spec; v1/worker/utils.py customize_attention_spec and the
+# backends' customize_spec (MultipleOf(64) / align_blocks_to_rows);
+# platforms/interface.py _preferred_block_size_for_backends;
+# v1/core/kv_cache_planning.py _get_kv_cache_bytes_per_block,
+# get_kv_cache_configs (num_blocks = available // bytes_per_block);
+# v1/core/kv_cache_utils.py get_max_concurrency_for_kv_cache_config,
+# get_kv_cache_capacity.
+
+
+def round_up(x, y):
+    return ((x + y - 1) // y) * y
+
+
+class MultipleOf:
+    def __init__(self, base):
+        self.base = base
+
+
+class AttentionSpec033:
+    def __init__(self, block_size, num_kv_heads, head_size, dtype_size,
+                 state_content_bytes=None, block_stride_alignment=None):
+        self.block_size = block_size
+        self.num_kv_heads = num_kv_heads
+        self.head_size = head_size
+        self.head_size_v = 0  # MLAAttentionSpec.head_size_v
+        self.dtype_size = dtype_size
+        self.state_content_bytes = state_content_bytes
+        self.block_stride_alignment = block_stride_alignment
+        self.tokens_per_state = 1
+        self.num_head_slots = None
+
+    @property
+    def num_heads(self):
+        if self.num_head_slots is not None:
+            return self.num_head_slots
+        return self.num_kv_heads
+
+    @property
+    def num_states(self):
+        return self.get_num_kernel_states(self.block_size)
+
+    def get_num_kernel_states(self, kernel_block_size):
+        if self.tokens_per_state > 0:
+            return kernel_block_size // self.tokens_per_state
+        return 1
+
+    @property
+    def state_content_size_bytes(self):
+        if self.state_content_bytes is not None:
+            return self.state_content_bytes
+        return (self.head_size + self.head_size_v) * self.dtype_size
+
+    @property
+    def page_size_bytes(self):
+        return self.num_heads * self.num_states * self.state_content_size_bytes
+
+    def copy_with_new_block_size(self, block_size):
+        return AttentionSpec033(block_size, self.num_kv_heads, self.head_size,
+                                self.dtype_size, self.state_content_bytes,
+                                self.block_stride_alignment)
+
+    def get_block_stride_alignment(self):
+        alignment = self.block_stride_alignment
+        if not isinstance(alignment, MultipleOf):
+            return alignment or 1
+        import math
+        kernel_block_size = math.gcd(alignment.base, self.block_size)
+        if kernel_block_size == self.block_size:
+            return 1
+        return self.copy_with_new_block_size(kernel_block_size).page_size_bytes
+
+    def max_memory_usage_bytes(self, max_model_len):
+        return cdiv(max_model_len, self.block_size) * self.page_size_bytes
+
+
+def vllm_0_33_dsa(layers, kv_lora_rank, qk_rope_head_dim, index_head_dim,
+                  cache_dtype, available_memory, max_model_len):
+    # _preferred_block_size_for_backends: FLASH_ATTN_MLA_SPARSE (or
+    # FLASHMLA_SPARSE) [MultipleOf(64)] and DEEPSEEK_V32_INDEXER [64]: the
+    # smallest LCM both accept, 64.
+    block_size = 64
+    specs = []
+    for _ in range(layers):
+        if cache_dtype == "fp8":
+            # FLASHMLA_SPARSE, fp8_ds_mla; customize_spec off SM100:
+            # block_stride_alignment=MultipleOf(64)
+            main = AttentionSpec033(block_size, 1, kv_lora_rank + qk_rope_head_dim, 1,
+                                    state_content_bytes=656,
+                                    block_stride_alignment=MultipleOf(64))
+        else:
+            # FLASH_ATTN_MLA_SPARSE customize_spec: align_blocks_to_rows
+            main = AttentionSpec033(block_size, 1, kv_lora_rank + qk_rope_head_dim, 2)
+            main.block_stride_alignment = 1 * main.state_content_size_bytes
+        # customize_attention_spec: fixed kernel sizes [64] ->
+        # block_stride_alignment = MultipleOf(64)
+        indexer = AttentionSpec033(block_size, 1, index_head_dim + index_head_dim // 128 * 4, 1,
+                                   block_stride_alignment=MultipleOf(64))
+        specs += [indexer, main]
+    # _get_kv_cache_bytes_per_block, layer-outer layout (each layer's stride
+    # its own padded page)
+    bytes_per_block = sum(round_up(spec.page_size_bytes, spec.get_block_stride_alignment())
+                          for spec in specs)
+    num_blocks = available_memory // bytes_per_block
+    # get_max_concurrency_for_kv_cache_config: one UniformTypeKVCacheSpecs group
+    group_page = sum(spec.page_size_bytes for spec in specs)
+    group_max = max(cdiv(spec.max_memory_usage_bytes(max_model_len), spec.page_size_bytes)
+                    for spec in specs) * group_page
+    num_blocks_per_request = cdiv(group_max, group_page)
+    max_concurrency = num_blocks / num_blocks_per_request
+    return dict(bytes_per_block=bytes_per_block, num_blocks=num_blocks,
+                max_concurrency=max_concurrency,
+                kv_cache_tokens=int(max_concurrency * max_model_len))
+
+
 # -------------------------------------------------------------- SGLang 0.5.9
 
 
@@ -232,3 +353,6 @@ if __name__ == "__main__":
           sglang_0_5_23_dsa(61, 512, 64, 128, 1, 40.0))
     print("deepseek-v3.2 sglang 0.5.23 bfloat16 rest 40 GiB",
           sglang_0_5_23_dsa(61, 512, 64, 128, 2, 40.0))
+    for dtype in ("auto", "fp8"):
+        print("deepseek-v3.2 vllm 0.33.0", dtype, "40 GiB, max_model_len 32768",
+              vllm_0_33_dsa(61, 512, 64, 128, dtype, 40 * GIB, 32768))

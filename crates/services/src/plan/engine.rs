@@ -339,7 +339,8 @@ fn element_bytes(dtype: KvDtype, launch: &Launch, model: &Model) -> u64 {
 /// `head/2 + head/16` bytes per head dimension.
 ///
 /// Sparse attention (`Model::sparse`) adds the indexer's key
-/// (`Sparse::indexer_bytes`) in every layer. vLLM 0.26.0 stores an FP8 KV
+/// (`Sparse::indexer_bytes`) in every layer. vLLM (0.26.0; 0.33.0 alike,
+/// `mla_attention.py` `state_content_bytes`) stores an FP8 KV
 /// cache of a sparse model as `fp8_ds_mla` (`FLASHMLA_SPARSE`, the Hopper
 /// backend that takes FP8: `_canonicalize_sparse_mla_kv_cache_dtype`),
 /// 656 bytes a token and layer (`MLAAttentionSpec.real_page_size_bytes`:

@@ -768,22 +768,17 @@ pub(crate) fn parse_config(path: &Path, config: &serde_json::Value) -> Result<Mo
     })
 }
 
-/// Refuses, by name, a sparse-attention model the engine version the
-/// command runs would not start as asked, or whose pools plan does not
-/// model under that version's rules:
+/// Refuses, by name, a sparse-attention model the engine would not start
+/// with the KV dtype asked:
 /// - SGLang asserts its KV dtype is bf16 or fp8_e4m3 (0.5.9
 ///   `_set_default_nsa_kv_cache_dtype`: "DeepSeek DSA only supports
 ///   bf16/bfloat16 or fp8_e4m3 kv_cache_dtype");
 /// - vLLM 0.26.0's sparse MLA backends on Hopper take bf16/fp16
 ///   (`FLASH_ATTN_MLA_SPARSE`) or FP8 as `fp8_ds_mla` (`FLASHMLA_SPARSE`):
-///   fp8_e5m2 and nvfp4 find no backend;
-/// - vLLM 0.33.0 sizes the sparse MLA and indexer caches through its new
-///   KV-cache planner (`v1/core/kv_cache_planning.py`, specs with a
-///   `SparseCacheRole` and kernel blocks apart from the scheduler's
-///   blocks), which plan does not model.
+///   fp8_e5m2 and nvfp4 find no backend (0.33.0's `nvfp4_ds_mla` is for
+///   SM100 only).
 pub(crate) fn check_engine(launch: &Launch, model: &Model) -> Result<(), PlanError> {
     use super::launch::KvDtype;
-    use super::version::Rules;
     if model.sparse.is_none() {
         return Ok(());
     }
@@ -799,12 +794,6 @@ pub(crate) fn check_engine(launch: &Launch, model: &Model) -> Result<(), PlanErr
             value: launch.kv_dtype.name().to_string(),
             why: format!("{why}, not for {}", model.architecture),
         });
-    }
-    if launch.rules == Rules::Vllm0_33 {
-        return Err(PlanError::UnknownArchitecture(format!(
-            "{} under vLLM 0.33.0's rules (sparse attention: its KV-cache planner groups the MLA and indexer caches by role, which gpureap plan does not model; vLLM 0.26.0's rules are modelled)",
-            model.architecture
-        )));
     }
     Ok(())
 }
