@@ -153,6 +153,17 @@ def vllm_dsa(layers, kv_lora_rank, qk_rope_head_dim, index_head_dim,
                 max_concurrency=max_concurrency, kv_cache_tokens=tokens)
 
 
+def vllm_indexer_weight_bytes(layers, hidden_size, q_lora_rank, index_head_dim,
+                              index_n_heads, bytes_per_weight=2):
+    """The indexer's linear weights (vLLM 0.26.0 deepseek_v2.py Indexer:
+    wq_b ReplicatedLinear(q_lora_rank, head_dim * n_head); wk_weights_proj
+    MergedColumnParallelLinear(hidden_size, [head_dim, n_head],
+    disable_tp=True)), every rank holding them whole; k_norm left out."""
+    wq_b = q_lora_rank * (index_head_dim * index_n_heads)
+    wk_weights_proj = hidden_size * (index_head_dim + index_n_heads)
+    return (wq_b + wk_weights_proj) * layers * bytes_per_weight
+
+
 # ---------------------------------------------------------------- vLLM 0.33.0
 # vllm/v1/kv_cache_interface.py: AttentionSpec.state_content_size_bytes /
 # unpadded_page_size_bytes / page_size_bytes, KVCacheSpec.num_states /
@@ -356,3 +367,7 @@ if __name__ == "__main__":
     for dtype in ("auto", "fp8"):
         print("deepseek-v3.2 vllm 0.33.0", dtype, "40 GiB, max_model_len 32768",
               vllm_0_33_dsa(61, 512, 64, 128, dtype, 40 * GIB, 32768))
+    print("deepseek-v3.2 indexer weights, 2 B a weight",
+          vllm_indexer_weight_bytes(61, 7168, 1536, 128, 64))
+    print("glm-5 indexer weights, 2 B a weight",
+          vllm_indexer_weight_bytes(78, 6144, 2048, 128, 32))

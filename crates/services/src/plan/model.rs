@@ -659,6 +659,7 @@ const NUMBERS: &[(&str, u64, u64)] = &[
     ("linear_value_head_dim", 1, 1 << 16),
     ("linear_conv_kernel_dim", 1, 1 << 10),
     ("index_head_dim", 1, 1 << 16),
+    ("index_n_heads", 1, 1 << 16),
 ];
 
 /// The largest rope-scaling factor taken (real ones are up to a few hundred).
@@ -744,6 +745,11 @@ pub(crate) fn parse_config(path: &Path, config: &serde_json::Value) -> Result<Mo
     let linear = linear(path, text, &architectures, layers)?;
     let (attention_bytes, replicated_bytes) = attention_weights(text, attention, layers, linear);
     let sparse = sparse(path, text, &architectures, attention, attention_vllm)?;
+    let indexer = sparse.map_or(0, |sparse| indexer_weights(text, sparse, layers));
+    let (attention_bytes, replicated_bytes) = (
+        attention_bytes.saturating_add(indexer),
+        replicated_bytes.saturating_add(indexer),
+    );
     Ok(Model {
         config_path: path.to_path_buf(),
         architecture,
@@ -1225,6 +1231,24 @@ fn mha(
         ))),
         _ => Ok(None),
     }
+}
+
+/// ESTIMATE (see `Model::replicated_bytes`): the sparse-attention
+/// indexer's projections over all layers, 2 bytes a weight, which every
+/// rank holds whole (vLLM 0.26.0 `deepseek_v2.py` `Indexer`: `wq_b` a
+/// `ReplicatedLinear(q_lora_rank, index_head_dim × index_n_heads)`, `wk` and
+/// `weights_proj` fused, `hidden_size → index_head_dim + index_n_heads`,
+/// `disable_tp`; SGLang 0.5.9 `nsa_indexer.py`: the same three as
+/// `ReplicatedLinear`). Its `k_norm` is not counted.
+fn indexer_weights(text: &serde_json::Value, sparse: Sparse, layers: u64) -> u64 {
+    let field = |name: &str| u64_field(text, name).unwrap_or(0);
+    let heads = field("index_n_heads");
+    let dim = sparse.index_head_dim;
+    let per_layer = field("q_lora_rank")
+        .saturating_mul(dim)
+        .saturating_mul(heads)
+        .saturating_add(field("hidden_size").saturating_mul(dim.saturating_add(heads)));
+    per_layer.saturating_mul(layers).saturating_mul(2)
 }
 
 /// The model dtype's bytes (`torch_dtype` or `dtype`, the text config's

@@ -43,6 +43,29 @@ fn sparse_attention_models_are_read_as_mla_with_their_indexer() {
     }
     // DeepSeek-V3.2's yarn scaling names its original length: 163,840.
     assert_eq!(load("deepseek-v3.2").max_position, Some(163_840));
+    // The indexer's projections, which every rank holds whole, join the
+    // replicated (and attention) weights: plan_reference_dsa.py
+    // vllm_indexer_weight_bytes, at 2 bytes a weight (the estimate's).
+    for (name, indexer) in [("deepseek-v3.2", 1_703_018_496), ("glm-5", 1_461_977_088)] {
+        let sparse = load(name);
+        let mut config: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(fixture(name).join("config.json")).expect("fixture"),
+        )
+        .expect("json");
+        config.as_object_mut().expect("object").remove("index_topk");
+        let dense = model::parse_config(Path::new("config.json"), &config).expect(name);
+        assert_eq!(dense.sparse, None);
+        assert_eq!(
+            sparse.replicated_bytes - dense.replicated_bytes,
+            indexer,
+            "{name}"
+        );
+        assert_eq!(
+            sparse.attention_bytes - dense.attention_bytes,
+            indexer,
+            "{name}"
+        );
+    }
 }
 
 #[test]
