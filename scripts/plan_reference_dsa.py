@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""Reference figures for `gpureap plan` on sparse-attention (DSA) models.
+"""Reference figures for `gpureap plan` on sparse-attention (DSA) models
+and on Step-3.5's hybrid sliding window.
 
 The engines' own pure-Python functions, copied from the released packages
 with torch dtypes replaced by their byte sizes, run on the shapes of
-tests/fixtures/models/{deepseek-v3.2,glm-5}. The unit tests in
-crates/services/src/plan/tests.rs pin the numbers this prints; plan's own
-formula is not used here.
+tests/fixtures/models/{deepseek-v3.2,glm-5,step-3.5-flash}. The unit tests
+in crates/services/src/plan/tests_sparse.rs and tests_step.rs pin the
+numbers this prints; plan's own formula is not used here (the Step-3.5
+sources are listed at its section below).
 
 Sources (copied verbatim, dtype objects replaced by byte counts):
 - vLLM 0.26.0 vllm/model_executor/models/deepseek_v2.py: Indexer.__init__
@@ -350,6 +352,109 @@ def sglang_0_5_23_dsa(layers, kv_lora_rank, qk_rope_head_dim, index_head_dim,
                 max_total_num_tokens=max_num_token // page_size * page_size)
 
 
+# ------------------------------------------- Step-3.5 (hybrid sliding window)
+# vLLM 0.26.0: model_executor/models/step3p5.py (Step3p5DecoderLayer: KV
+# heads num_attention_groups, or attention_other_setting's for the
+# layer_types entries of its attention_type; Step3p5Attention: a layer
+# slides when layer_types[i] == "sliding_attention", window
+# config.sliding_window); v1/kv_cache_interface.py FullAttentionSpec /
+# SlidingWindowSpec (page_size_bytes, max_admission_blocks_per_request);
+# v1/core/kv_cache_utils.py _get_kv_cache_groups_uniform_page_size,
+# get_kv_cache_config_from_groups (general case), get_num_blocks,
+# _max_memory_usage_bytes_from_groups / get_max_concurrency_for_kv_cache_config,
+# get_kv_cache_capacity; config/vllm.py max_concurrent_batches (V1 runner,
+# async scheduling, no PP: 2), max_in_flight_tokens.
+# SGLang 0.5.9: configs/model_config.py get_hybrid_layer_ids (Step3p5),
+# get_num_kv_heads / get_swa_num_kv_heads (attention_other_setting);
+# model_runner_kv_cache_mixin.py get_cell_size_per_token (is_hybrid_swa
+# branch), set_num_tokens_hybrid_swa.
+
+
+def step3p5_layers(layer_types, num_hidden_layers):
+    swa = [i for i, x in enumerate(layer_types)
+           if x == "sliding_attention" and i < num_hidden_layers]
+    full = [i for i, x in enumerate(layer_types)
+            if x == "full_attention" and i < num_hidden_layers]
+    return full, swa
+
+
+def vllm_step3p5(layer_types, num_hidden_layers, kv_heads, head_dim, tp,
+                 sliding_window, available_memory, max_model_len,
+                 max_num_batched_tokens=8192):
+    block_size = 16  # FLASH_ATTN on Hopper: CacheConfig.DEFAULT_BLOCK_SIZE
+    num_kv_heads = max(1, kv_heads // tp)
+    page_size = block_size * num_kv_heads * (head_dim + head_dim) * 2  # bf16
+    full, swa = step3p5_layers(layer_types, num_hidden_layers)
+    same_type_layers = {"full": full, "swa": swa}
+    # _get_kv_cache_groups_uniform_page_size
+    min_num_layers = min([len(layers) for layers in same_type_layers.values()])
+    group_size = min_num_layers
+    max_num_layers = max([len(layers) for layers in same_type_layers.values()])
+    if max_num_layers < min_num_layers * 1.5:
+        group_size = max_num_layers
+    groups = []
+    for kind, layers in same_type_layers.items():
+        num_groups = cdiv(len(layers), group_size)
+        for i in range(num_groups):
+            groups.append((kind, layers[i::num_groups]))
+    # get_kv_cache_config_from_groups, general case; get_num_blocks
+    group_size = max(len(g[1]) for g in groups)
+    num_blocks = int(available_memory // page_size // group_size)
+    # max_memory_usage_bytes per group spec
+    max_in_flight_tokens = 2 * max_num_batched_tokens
+
+    def max_memory_usage_bytes(kind):
+        if kind == "full":
+            return cdiv(max_model_len, block_size) * page_size
+        num_tokens = min(sliding_window - 1 + max_in_flight_tokens, max_model_len)
+        return (cdiv(num_tokens, block_size) + 1) * page_size
+
+    # get_max_concurrency_for_kv_cache_config
+    num_layer_per_group = max(len(g[1]) for g in groups)
+    max_memory_usage_per_request = num_layer_per_group * sum(
+        max_memory_usage_bytes(kind) for kind, _ in groups)
+    memory_per_block = page_size * num_layer_per_group
+    num_block_per_request = cdiv(max_memory_usage_per_request, memory_per_block)
+    max_concurrency = num_blocks / num_block_per_request
+    return dict(full_groups=sum(1 for k, _ in groups if k == "full"),
+                window_groups=sum(1 for k, _ in groups if k == "swa"),
+                group_size=group_size, page_size=page_size, num_blocks=num_blocks,
+                blocks_per_request=num_block_per_request,
+                max_concurrency=max_concurrency,
+                kv_cache_tokens=int(max_concurrency * max_model_len))
+
+
+def sglang_step3p5(layer_types, num_hidden_layers, kv_heads, swa_kv_heads,
+                   head_dim, tp, rest_gib, swa_full_tokens_ratio=0.8, page_size=1):
+    kv_size = 2
+    full, swa = step3p5_layers(layer_types, num_hidden_layers)
+    full_layers_num, swa_layers_num = len(full), len(swa)
+    full_per_token = max(1, kv_heads // tp) * (head_dim + head_dim)
+    swa_per_token = max(1, swa_kv_heads // tp) * (head_dim + head_dim)
+    cell_size = (full_per_token * full_layers_num + swa_per_token * swa_layers_num) * kv_size
+    max_total_num_tokens = int(rest_gib * (1 << 30)) // cell_size
+    max_total_num_tokens = max_total_num_tokens // page_size * page_size
+    # set_num_tokens_hybrid_swa
+    full_per_token *= kv_size
+    swa_per_token *= kv_size
+    total_memory = max_total_num_tokens * (
+        full_per_token * full_layers_num + swa_per_token * swa_layers_num)
+    denominator = (full_per_token * full_layers_num
+                   + swa_full_tokens_ratio * swa_per_token * swa_layers_num)
+    full_max_total_num_tokens = int(total_memory / denominator)
+    swa_max_total_num_tokens = int(full_max_total_num_tokens * swa_full_tokens_ratio)
+
+    def align_page_size(x):
+        return (x // page_size) * page_size
+
+    return dict(cell_size=cell_size, full_tokens=align_page_size(full_max_total_num_tokens),
+                swa_tokens=align_page_size(swa_max_total_num_tokens))
+
+
+STEP3P5_LAYER_TYPES = ["full_attention" if i % 4 == 0 else "sliding_attention"
+                       for i in range(48)]
+
+
 if __name__ == "__main__":
     # DeepSeek-V3.2: 61 layers, kv_lora_rank 512, rope 64, index_head_dim 128.
     # GLM-5: 78 layers, the same MLA and indexer widths.
@@ -371,3 +476,7 @@ if __name__ == "__main__":
           vllm_indexer_weight_bytes(61, 7168, 1536, 128, 64))
     print("glm-5 indexer weights, 2 B a weight",
           vllm_indexer_weight_bytes(78, 6144, 2048, 128, 32))
+    print("step-3.5-flash vllm tp4 40 GiB, max_model_len 32768",
+          vllm_step3p5(STEP3P5_LAYER_TYPES, 45, 8, 128, 4, 512, 40 * GIB, 32768))
+    print("step-3.5-flash sglang tp4 rest 40 GiB",
+          sglang_step3p5(STEP3P5_LAYER_TYPES, 45, 8, 8, 128, 4, 40.0))

@@ -843,7 +843,8 @@ fn sglang_state_slots(
 /// and r `--swa-full-tokens-ratio` (default 0.8), `full = int(tokens ·
 /// F·(n_f + n_s) / (F·n_f + r·F·n_s))`, `window = int(full · r)`, each
 /// floored to the page. Every layer window (n_f 0): the whole pool is the
-/// window pool, and the full pool 0.
+/// window pool, and the full pool 0. With HiCache, SGLang turns hybrid SWA
+/// memory off for Step-3.5 and MiMo-V2-Flash (`server_args.py`): one pool.
 fn sglang_hybrid(
     launch: &Launch,
     model: &Model,
@@ -851,9 +852,20 @@ fn sglang_hybrid(
     cell: u64,
     page: u32,
 ) -> Option<Hybrid> {
+    // server_args.py: HiCache turns hybrid SWA memory off for these.
+    const SWA_OFF_WITH_HICACHE: [&str; 2] = ["MiMoV2FlashForCausalLM", "Step3p5ForCausalLM"];
+    let hicache = matches!(
+        launch.host_tier,
+        Some(
+            HostTierRequest::SglangRatio(_)
+                | HostTierRequest::SglangDefaultRatio
+                | HostTierRequest::SglangSizeGb(_)
+        )
+    );
+    let off_with_hicache = hicache && SWA_OFF_WITH_HICACHE.contains(&model.architecture.as_str());
     let window = model
         .window_for(Engine::Sglang)
-        .filter(|_| !launch.disable_hybrid_kv)?;
+        .filter(|_| !(launch.disable_hybrid_kv || off_with_hicache))?;
     let tokens = u64::try_from(tokens).ok()?;
     let ratio = launch
         .swa_full_tokens_ratio

@@ -17,6 +17,8 @@ pub mod version;
 mod tests;
 #[cfg(test)]
 mod tests_sparse;
+#[cfg(test)]
+mod tests_step;
 
 use std::path::PathBuf;
 

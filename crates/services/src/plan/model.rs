@@ -327,7 +327,9 @@ const HYBRID: &[&str] = &[
     "JambaForCausalLM",
     "MambaForCausalLM",
     "Mamba2ForCausalLM",
-    "Step3p5ForCausalLM",
+    // MiMo-V2-Flash: its window layers have KV heads and head sizes of
+    // their own (`swa_num_key_value_heads`, `swa_head_dim`), which vLLM
+    // unifies by scaling one kind's block; not modelled.
     "MiMoV2FlashForCausalLM",
     // Ling 2.5: MLA layers beside lightning linear-attention layers (both
     // engines load it from `bailing_moe_linear.py`), not the DSA indexer.
@@ -635,6 +637,7 @@ const NUMBERS: &[(&str, u64, u64)] = &[
     ("num_hidden_layers", 1, 1 << 12),
     ("num_attention_heads", 1, 1 << 16),
     ("num_key_value_heads", 1, 1 << 16),
+    ("num_attention_groups", 1, 1 << 16),
     ("hidden_size", 1, 1 << 20),
     ("head_dim", 1, 1 << 16),
     ("v_head_dim", 1, 1 << 16),
@@ -1100,6 +1103,9 @@ fn windows(
         let sglang = sliding_types().ok_or_else(|| missing("layer_types"))?;
         return Ok((some(layers.div_ceil(2), tokens), some(sglang, tokens)));
     }
+    if is("Step3p5ForCausalLM") {
+        return step3p5_windows(path, text, layers);
+    }
     if is("Llama4ForConditionalGeneration") {
         let chunk = u64_field(text, "attention_chunk_size")
             .filter(|chunk| *chunk > 0)
@@ -1122,6 +1128,59 @@ fn windows(
         "{} (sliding-window attention layers: their KV pools follow rules gpureap plan does not model for this architecture)",
         architectures[0]
     )))
+}
+
+/// Step-3.5 (vLLM 0.26.0 `step3p5.py`, SGLang 0.5.9
+/// `configs/model_config.py` `get_hybrid_layer_ids`): the layers whose
+/// `layer_types` entry is `sliding_attention` (of the first
+/// `num_hidden_layers`: the list also names the MTP layers) slide over
+/// `sliding_window` tokens, in both engines (vLLM without `layer_types`
+/// slides the even layers). The window layers' own attention setting
+/// (`attention_other_setting`) may give them other KV heads or head size:
+/// refused by name then, as their pages would differ from the full
+/// layers' (not modelled); more query heads change nothing here.
+fn step3p5_windows(
+    path: &Path,
+    text: &serde_json::Value,
+    layers: u64,
+) -> Result<(Option<Window>, Option<Window>), PlanError> {
+    let tokens = u64_field(text, "sliding_window")
+        .filter(|window| *window > 0)
+        .ok_or_else(|| PlanError::MissingField {
+            path: path.to_path_buf(),
+            field: "sliding_window",
+        })?;
+    let sliding = match text
+        .get("layer_types")
+        .and_then(serde_json::Value::as_array)
+    {
+        Some(types) => types
+            .iter()
+            .take(usize::try_from(layers).unwrap_or(usize::MAX))
+            .filter(|kind| kind.as_str() == Some("sliding_attention"))
+            .count() as u64,
+        None => layers.div_ceil(2),
+    };
+    if let Some(other) = text
+        .get("attention_other_setting")
+        .filter(|other| other.is_object())
+    {
+        let same = |field: &str| {
+            other
+                .get(field)
+                .is_none_or(|value| value.as_u64() == u64_field(text, field))
+        };
+        if !same("num_attention_groups") || !same("head_dim") {
+            return Err(PlanError::UnknownArchitecture(
+                "Step3p5ForCausalLM (window layers with KV heads or a head size of their own: their pages differ from the full layers', which gpureap plan does not model)".to_string(),
+            ));
+        }
+    }
+    let window = (sliding > 0).then_some(Window {
+        layers: sliding,
+        tokens,
+    });
+    Ok((window, window))
 }
 
 /// The config's `architectures`, at least one; a hybrid one (whose KV
@@ -1219,7 +1278,11 @@ fn mha(
                 return Err(missing("head_dim"));
             }
             Ok(Some(Attention::Mha {
+                // Step-3 names its KV heads `num_attention_groups`
+                // (both engines read it: SGLang `get_total_num_kv_heads`,
+                // vLLM `model_arch_config_convertor.py`).
                 kv_heads: u64_field(text, "num_key_value_heads")
+                    .or_else(|| u64_field(text, "num_attention_groups"))
                     .unwrap_or(heads)
                     .max(1),
                 head_dim,
