@@ -424,19 +424,19 @@ def vllm_step3p5(layer_types, num_hidden_layers, kv_heads, head_dim, tp,
                 kv_cache_tokens=int(max_concurrency * max_model_len))
 
 
-def sglang_step3p5(layer_types, num_hidden_layers, kv_heads, swa_kv_heads,
-                   head_dim, tp, rest_gib, swa_full_tokens_ratio=0.8, page_size=1):
-    kv_size = 2
-    full, swa = step3p5_layers(layer_types, num_hidden_layers)
-    full_layers_num, swa_layers_num = len(full), len(swa)
-    full_per_token = max(1, kv_heads // tp) * (head_dim + head_dim)
-    swa_per_token = max(1, swa_kv_heads // tp) * (head_dim + head_dim)
+def sglang_hybrid_swa(full_layers_num, swa_layers_num, kv_heads, head_dim,
+                      v_head_dim, swa_kv_heads, swa_head_dim, swa_v_head_dim, tp,
+                      rest_gib, swa_full_tokens_ratio=0.8, page_size=1, kv_size=2):
+    # get_cell_size_per_token, is_hybrid_swa branch
+    full_per_token = max(1, kv_heads // tp) * (head_dim + v_head_dim)
+    swa_per_token = max(1, swa_kv_heads // tp) * (swa_head_dim + swa_v_head_dim)
     cell_size = (full_per_token * full_layers_num + swa_per_token * swa_layers_num) * kv_size
+    # profile_max_num_token, init_memory_pool's page floor
     max_total_num_tokens = int(rest_gib * (1 << 30)) // cell_size
     max_total_num_tokens = max_total_num_tokens // page_size * page_size
     # set_num_tokens_hybrid_swa
-    full_per_token *= kv_size
-    swa_per_token *= kv_size
+    full_per_token = max(1, kv_heads // tp) * (head_dim + v_head_dim) * kv_size
+    swa_per_token = max(1, swa_kv_heads // tp) * (swa_head_dim + swa_v_head_dim) * kv_size
     total_memory = max_total_num_tokens * (
         full_per_token * full_layers_num + swa_per_token * swa_layers_num)
     denominator = (full_per_token * full_layers_num
@@ -447,8 +447,28 @@ def sglang_step3p5(layer_types, num_hidden_layers, kv_heads, swa_kv_heads,
     def align_page_size(x):
         return (x // page_size) * page_size
 
-    return dict(cell_size=cell_size, full_tokens=align_page_size(full_max_total_num_tokens),
+    return dict(cell_size=cell_size, profiled=max_total_num_tokens,
+                full_tokens=align_page_size(full_max_total_num_tokens),
                 swa_tokens=align_page_size(swa_max_total_num_tokens))
+
+
+def sglang_step3p5(layer_types, num_hidden_layers, kv_heads, swa_kv_heads,
+                   head_dim, tp, rest_gib):
+    full, swa = step3p5_layers(layer_types, num_hidden_layers)
+    return sglang_hybrid_swa(len(full), len(swa), kv_heads, head_dim, head_dim,
+                             swa_kv_heads, head_dim, head_dim, tp, rest_gib)
+
+
+# MiMo-V2-Flash (SGLang 0.5.9 get_hybrid_layer_ids: hybrid_layer_pattern[i]
+# == 1 is SWA; ModelConfig swa_head_dim / swa_v_head_dim,
+# get_swa_num_kv_heads: swa_num_key_value_heads).
+MIMO_PATTERN = [0 if i % 6 == 0 else 1 for i in range(48)]
+
+
+def sglang_mimo(tp, rest_gib):
+    swa = [i for i in range(48) if MIMO_PATTERN[i] == 1]
+    full = [i for i in range(48) if MIMO_PATTERN[i] == 0]
+    return sglang_hybrid_swa(len(full), len(swa), 4, 192, 128, 8, 192, 128, tp, rest_gib)
 
 
 STEP3P5_LAYER_TYPES = ["full_attention" if i % 4 == 0 else "sliding_attention"
@@ -480,3 +500,5 @@ if __name__ == "__main__":
           vllm_step3p5(STEP3P5_LAYER_TYPES, 45, 8, 128, 4, 512, 40 * GIB, 32768))
     print("step-3.5-flash sglang tp4 rest 40 GiB",
           sglang_step3p5(STEP3P5_LAYER_TYPES, 45, 8, 8, 128, 4, 40.0))
+    print("mimo-v2-flash sglang tp4 rest 40 GiB", sglang_mimo(4, 40.0))
+    print("mimo-v2-flash sglang tp8 rest 40 GiB", sglang_mimo(8, 40.0))

@@ -42,7 +42,7 @@
 //! CUDA-graph reservation.
 
 use super::launch::{Engine, HostTierRequest, KvDtype, Launch};
-use super::model::{Attention, Model};
+use super::model::{Attention, Model, Window};
 
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
@@ -391,7 +391,15 @@ pub fn bytes_per_token(launch: &Launch, model: &Model) -> u64 {
                 Engine::Vllm => launch.tp,
             };
             let heads = (kv_heads / u64::from(tp.max(1))).max(1);
-            let cell = heads * (head_dim + v_head_dim) * layers * size;
+            let cell = match sglang_window_shapes(launch, model) {
+                // get_cell_size_per_token, is_hybrid_swa: each kind at its
+                // own shape, over the whole model's layers of that kind.
+                Some((window, full, swa)) => {
+                    let full_layers = model.layers.saturating_sub(window.layers);
+                    (full * full_layers + swa * window.layers) * size
+                }
+                None => heads * (head_dim + v_head_dim) * layers * size,
+            };
             match (fp4, launch.engine) {
                 (false, _) => cell,
                 (true, Engine::Sglang) => cell / 2 + (heads * head_dim * layers * 2 * size) / 16,
@@ -837,6 +845,60 @@ fn sglang_state_slots(
     (rest_gib - state_gib, Some((slots, per_request, cap)))
 }
 
+/// The window layers SGLang 0.5.9 pools apart (`is_hybrid_swa`): none with
+/// `--disable-hybrid-swa-memory`, nor with HiCache for Step-3.5 and
+/// MiMo-V2-Flash (`server_args.py` turns hybrid SWA memory off for them).
+fn sglang_window(launch: &Launch, model: &Model) -> Option<Window> {
+    const SWA_OFF_WITH_HICACHE: [&str; 2] = ["MiMoV2FlashForCausalLM", "Step3p5ForCausalLM"];
+    let hicache = matches!(
+        launch.host_tier,
+        Some(
+            HostTierRequest::SglangRatio(_)
+                | HostTierRequest::SglangDefaultRatio
+                | HostTierRequest::SglangSizeGb(_)
+        )
+    );
+    let off_with_hicache = hicache && SWA_OFF_WITH_HICACHE.contains(&model.architecture.as_str());
+    model
+        .window_for(Engine::Sglang)
+        .filter(|_| !(launch.disable_hybrid_kv || off_with_hicache))
+}
+
+/// For SGLang with window layers of a KV shape of their own
+/// (`Model::window_kv`, pooled apart): the window, and the elements a
+/// token takes in one full layer and in one window layer on a rank
+/// (`get_num_kv_heads` / `get_swa_num_kv_heads` over attention TP, each at
+/// least 1, × head + V sizes). `None` otherwise.
+fn sglang_window_shapes(launch: &Launch, model: &Model) -> Option<(Window, u64, u64)> {
+    if launch.engine != Engine::Sglang {
+        return None;
+    }
+    let Some(Attention::Mha {
+        kv_heads: swa_heads,
+        head_dim: swa_head,
+        v_head_dim: swa_v,
+    }) = model.window_kv
+    else {
+        return None;
+    };
+    let Attention::Mha {
+        kv_heads,
+        head_dim,
+        v_head_dim,
+    } = model.attention
+    else {
+        return None;
+    };
+    let window = sglang_window(launch, model)?;
+    let tp = u64::from(launch.attention_tp().max(1));
+    let per_rank = |heads: u64| (heads / tp).max(1);
+    Some((
+        window,
+        per_rank(kv_heads) * (head_dim + v_head_dim),
+        per_rank(swa_heads) * (swa_head + swa_v),
+    ))
+}
+
 /// SGLang 0.5.9 `set_num_tokens_hybrid_swa`, for a model in its hybrid SWA
 /// list (`is_hybrid_swa_model`) without `--disable-hybrid-swa-memory`:
 /// with F the per-token bytes of a layer, n_f full and n_s window layers
@@ -852,20 +914,7 @@ fn sglang_hybrid(
     cell: u64,
     page: u32,
 ) -> Option<Hybrid> {
-    // server_args.py: HiCache turns hybrid SWA memory off for these.
-    const SWA_OFF_WITH_HICACHE: [&str; 2] = ["MiMoV2FlashForCausalLM", "Step3p5ForCausalLM"];
-    let hicache = matches!(
-        launch.host_tier,
-        Some(
-            HostTierRequest::SglangRatio(_)
-                | HostTierRequest::SglangDefaultRatio
-                | HostTierRequest::SglangSizeGb(_)
-        )
-    );
-    let off_with_hicache = hicache && SWA_OFF_WITH_HICACHE.contains(&model.architecture.as_str());
-    let window = model
-        .window_for(Engine::Sglang)
-        .filter(|_| !(launch.disable_hybrid_kv || off_with_hicache))?;
+    let window = sglang_window(launch, model)?;
     let tokens = u64::try_from(tokens).ok()?;
     let ratio = launch
         .swa_full_tokens_ratio
@@ -882,11 +931,18 @@ fn sglang_hybrid(
             ratio,
         });
     }
-    // Python: total_memory (int) / denominator (float), then int().
-    let per_layer = (cell / layers) as f64;
-    let total_memory =
-        tokens as f64 * (per_layer * full_layers as f64 + per_layer * window.layers as f64);
-    let denominator = per_layer * full_layers as f64 + ratio * per_layer * window.layers as f64;
+    // Python: total_memory (int) / denominator (float), then int(). F and
+    // S: a full and a window layer's bytes a token (the same but for
+    // window layers of their own shape).
+    let element = element_bytes(kv_dtype(launch, model), launch, model);
+    let (full_per_token, swa_per_token) = match sglang_window_shapes(launch, model) {
+        Some((_, full, swa)) => ((full * element) as f64, (swa * element) as f64),
+        None => ((cell / layers) as f64, (cell / layers) as f64),
+    };
+    let total_memory = tokens as f64
+        * (full_per_token * full_layers as f64 + swa_per_token * window.layers as f64);
+    let denominator =
+        full_per_token * full_layers as f64 + ratio * swa_per_token * window.layers as f64;
     let full = (total_memory / denominator) as u64;
     let window_tokens = (full as f64 * ratio) as u64;
     Some(Hybrid::Sglang {

@@ -18,7 +18,7 @@ mod tests;
 #[cfg(test)]
 mod tests_sparse;
 #[cfg(test)]
-mod tests_step;
+mod tests_swa;
 
 use std::path::PathBuf;
 

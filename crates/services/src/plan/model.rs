@@ -95,6 +95,11 @@ pub struct Model {
     /// The layers SGLang 0.5.9 puts in its SWA pool (`is_hybrid_swa`);
     /// `None`: one full pool.
     pub window_sglang: Option<Window>,
+    /// The window layers' own KV shape where it is not the full layers'
+    /// (MiMo-V2-Flash's `swa_num_key_value_heads`, `swa_head_dim`,
+    /// `swa_v_head_dim`: SGLang `get_swa_num_kv_heads`, `swa_head_dim`);
+    /// `None`: the same shape.
+    pub window_kv: Option<Attention>,
     /// Gated-delta-net (linear attention) layers, which hold a fixed state
     /// per request instead of KV; `None` for none.
     pub linear: Option<Linear>,
@@ -327,10 +332,6 @@ const HYBRID: &[&str] = &[
     "JambaForCausalLM",
     "MambaForCausalLM",
     "Mamba2ForCausalLM",
-    // MiMo-V2-Flash: its window layers have KV heads and head sizes of
-    // their own (`swa_num_key_value_heads`, `swa_head_dim`), which vLLM
-    // unifies by scaling one kind's block; not modelled.
-    "MiMoV2FlashForCausalLM",
     // Ling 2.5: MLA layers beside lightning linear-attention layers (both
     // engines load it from `bailing_moe_linear.py`), not the DSA indexer.
     "BailingMoeV2_5ForCausalLM",
@@ -661,6 +662,10 @@ const NUMBERS: &[(&str, u64, u64)] = &[
     ("linear_key_head_dim", 1, 1 << 16),
     ("linear_value_head_dim", 1, 1 << 16),
     ("linear_conv_kernel_dim", 1, 1 << 10),
+    ("sliding_window_size", 0, 1 << 40),
+    ("swa_num_key_value_heads", 1, 1 << 16),
+    ("swa_head_dim", 1, 1 << 16),
+    ("swa_v_head_dim", 1, 1 << 16),
     ("index_head_dim", 1, 1 << 16),
     ("index_n_heads", 1, 1 << 16),
 ];
@@ -745,6 +750,7 @@ pub(crate) fn parse_config(path: &Path, config: &serde_json::Value) -> Result<Mo
         .any(|name| SGLANG_MULTIMODAL.contains(name));
     let vision = vision(config, &architecture);
     let (window_vllm, window_sglang) = windows(path, text, &architectures, layers)?;
+    let window_kv = window_kv(text, &architectures, attention);
     let linear = linear(path, text, &architectures, layers)?;
     let (attention_bytes, replicated_bytes) = attention_weights(text, attention, layers, linear);
     let sparse = sparse(path, text, &architectures, attention, attention_vllm)?;
@@ -771,14 +777,21 @@ pub(crate) fn parse_config(path: &Path, config: &serde_json::Value) -> Result<Mo
         replicated_bytes,
         window_vllm,
         window_sglang,
+        window_kv,
         linear,
         sparse,
         mlp: mlp(text),
     })
 }
 
-/// Refuses, by name, a sparse-attention model the engine would not start
-/// with the KV dtype asked:
+/// Refuses, by name, what plan does not model for the engine asked:
+/// MiMo-V2-Flash on vLLM, which runs K and V of different sizes on its
+/// DiffKV backends (`mimo_v2.py`) and whose window layers' pages differ
+/// from the full layers' (`window_kv`), so vLLM 0.26.0 scales one kind's
+/// block size to unify them (`kv_cache_utils.py`
+/// `unify_kv_cache_spec_page_size`); and a
+/// sparse-attention model the engine would not start with the KV dtype
+/// asked:
 /// - SGLang asserts its KV dtype is bf16 or fp8_e4m3 (0.5.9
 ///   `_set_default_nsa_kv_cache_dtype`: "DeepSeek DSA only supports
 ///   bf16/bfloat16 or fp8_e4m3 kv_cache_dtype");
@@ -788,6 +801,12 @@ pub(crate) fn parse_config(path: &Path, config: &serde_json::Value) -> Result<Mo
 ///   SM100 only).
 pub(crate) fn check_engine(launch: &Launch, model: &Model) -> Result<(), PlanError> {
     use super::launch::KvDtype;
+    if launch.engine == Engine::Vllm && model.architecture == "MiMoV2FlashForCausalLM" {
+        return Err(PlanError::UnknownArchitecture(format!(
+            "{} on vLLM (K and V of different sizes on its DiffKV backends, and window layers with KV heads or head sizes of their own, whose pages vLLM unifies by scaling one kind's block size: gpureap plan does not model it; SGLang's pools are modelled)",
+            model.architecture
+        )));
+    }
     if model.sparse.is_none() {
         return Ok(());
     }
@@ -1106,6 +1125,25 @@ fn windows(
     if is("Step3p5ForCausalLM") {
         return step3p5_windows(path, text, layers);
     }
+    if is("MiMoV2FlashForCausalLM") {
+        // mimo_v2.py `is_compressed_softmax_layer`, SGLang
+        // `get_hybrid_layer_ids`: `hybrid_layer_pattern[i] == 1` slides, over
+        // `sliding_window_size` (SGLang: else `sliding_window`).
+        let tokens = u64_field(text, "sliding_window_size")
+            .or_else(window)
+            .filter(|window| *window > 0)
+            .ok_or_else(|| missing("sliding_window_size"))?;
+        let pattern = text
+            .get("hybrid_layer_pattern")
+            .and_then(serde_json::Value::as_array)
+            .ok_or_else(|| missing("hybrid_layer_pattern"))?;
+        let sliding = pattern
+            .iter()
+            .take(usize::try_from(layers).unwrap_or(usize::MAX))
+            .filter(|kind| kind.as_u64() == Some(1))
+            .count() as u64;
+        return Ok((some(sliding, tokens), some(sliding, tokens)));
+    }
     if is("Llama4ForConditionalGeneration") {
         let chunk = u64_field(text, "attention_chunk_size")
             .filter(|chunk| *chunk > 0)
@@ -1128,6 +1166,35 @@ fn windows(
         "{} (sliding-window attention layers: their KV pools follow rules gpureap plan does not model for this architecture)",
         architectures[0]
     )))
+}
+
+/// The window layers' KV shape where the config gives them one of their
+/// own (`swa_num_key_value_heads`, `swa_head_dim`, `swa_v_head_dim`, each
+/// defaulting to the full layers' as SGLang 0.5.9's `ModelConfig` does),
+/// for MiMo-V2-Flash; `None` when it is the full layers' shape.
+fn window_kv(
+    text: &serde_json::Value,
+    architectures: &[&str],
+    attention: Attention,
+) -> Option<Attention> {
+    let Attention::Mha {
+        kv_heads,
+        head_dim,
+        v_head_dim,
+    } = attention
+    else {
+        return None;
+    };
+    if !architectures.contains(&"MiMoV2FlashForCausalLM") {
+        return None;
+    }
+    let swa_head_dim = u64_field(text, "swa_head_dim").unwrap_or(head_dim);
+    let shape = Attention::Mha {
+        kv_heads: u64_field(text, "swa_num_key_value_heads").unwrap_or(kv_heads),
+        head_dim: swa_head_dim,
+        v_head_dim: u64_field(text, "swa_v_head_dim").unwrap_or(v_head_dim),
+    };
+    (shape != attention).then_some(shape)
 }
 
 /// Step-3.5 (vLLM 0.26.0 `step3p5.py`, SGLang 0.5.9

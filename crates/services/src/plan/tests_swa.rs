@@ -1,11 +1,13 @@
-//! Unit tests of Step-3.5's hybrid sliding window (`Step3p5ForCausalLM`).
-//! The expected figures come from the engines' own functions, copied into
-//! scripts/plan_reference_dsa.py (`vllm_step3p5`: vLLM 0.26.0
-//! `step3p5.py`, `kv_cache_interface.py`, `kv_cache_utils.py`;
-//! `sglang_step3p5`: SGLang 0.5.9 `get_hybrid_layer_ids`,
-//! `get_cell_size_per_token`, `set_num_tokens_hybrid_swa`), which prints
-//! them. The config (tests/fixtures/models/step-3.5-flash) was written from
-//! the published one without the hub at hand.
+//! Unit tests of the hybrid sliding windows with their own layer patterns:
+//! Step-3.5 (`Step3p5ForCausalLM`) and MiMo-V2-Flash
+//! (`MiMoV2FlashForCausalLM`). The expected figures come from the engines'
+//! own functions, copied into scripts/plan_reference_dsa.py
+//! (`vllm_step3p5`: vLLM 0.26.0 `step3p5.py`, `kv_cache_interface.py`,
+//! `kv_cache_utils.py`; `sglang_hybrid_swa`: SGLang 0.5.9
+//! `get_hybrid_layer_ids`, `get_cell_size_per_token`,
+//! `set_num_tokens_hybrid_swa`), which prints them. The configs
+//! (tests/fixtures/models/step-3.5-flash, mimo-v2-flash) were written from
+//! the published ones without the hub at hand.
 
 use super::PlanError;
 use super::engine::{self, Hybrid};
@@ -108,11 +110,44 @@ fn step35_window_layers_of_another_kv_shape_are_refused_by_name() {
             if text.contains("Step3p5ForCausalLM") && text.contains("of their own")),
         "{error}"
     );
-    // MiMo-V2-Flash stays refused by name.
-    config["architectures"] = serde_json::json!(["MiMoV2FlashForCausalLM"]);
-    let error = model::parse_config(Path::new("config.json"), &config).expect_err("refused");
+}
+
+#[test]
+fn sglang_weighs_mimo_window_layers_at_their_own_kv_shape() {
+    // plan_reference_dsa.py sglang_mimo, rest 40 GiB: 8 full layers of 4 KV
+    // heads and 40 window layers of 8, K 192 + V 128. TP4: cell (1 × 320 ×
+    // 8 + 2 × 320 × 40) × 2 = 56,320 B, 762,600 tokens profiled, full pool
+    // 932,066, window pool 745,652. TP8: one head of each on a rank, cell
+    // 30,720 B, pools 1,677,721 and 1,342,176.
+    let mimo = load("mimo-v2-flash");
+    assert_eq!(
+        mimo.window_sglang,
+        Some(Window {
+            layers: 40,
+            tokens: 128
+        })
+    );
+    for (tp, cell, full, window) in [
+        (4, 56_320, 932_066, 745_652),
+        (8, 30_720, 1_677_721, 1_342_176),
+    ] {
+        let launch = parse(&format!("sglang serve --model-path m --tp {tp}"));
+        let device = engine::device(&launch, &mimo, &h100_kv(40 * GIB), None);
+        assert_eq!(device.bytes_per_token, cell, "tp {tp}");
+        match device.hybrid {
+            Some(Hybrid::Sglang {
+                full_tokens,
+                window_tokens,
+                ..
+            }) => assert_eq!((full_tokens, window_tokens), (full, window), "tp {tp}"),
+            other => panic!("{other:?}"),
+        }
+    }
+    // On vLLM: refused by name (DiffKV backends, pages unified by block).
+    let error = model::check_engine(&parse("vllm serve m"), &mimo).expect_err("refused");
     assert!(
-        error.to_string().contains("MiMoV2FlashForCausalLM"),
+        error.to_string().contains("MiMoV2FlashForCausalLM on vLLM"),
         "{error}"
     );
+    assert!(model::check_engine(&parse("sglang serve --model-path m"), &mimo).is_ok());
 }
