@@ -803,7 +803,7 @@ pub(crate) fn check_engine(launch: &Launch, model: &Model) -> Result<(), PlanErr
     use super::launch::KvDtype;
     if launch.engine == Engine::Vllm && model.architecture == "MiMoV2FlashForCausalLM" {
         return Err(PlanError::UnknownArchitecture(format!(
-            "{} on vLLM (K and V of different sizes on its DiffKV backends, and window layers with KV heads or head sizes of their own, whose pages vLLM unifies by scaling one kind's block size: gpureap plan does not model it; SGLang's pools are modelled)",
+            "{} on vLLM (DiffKV backends, window pages unified by scaling one kind's block: not modelled; SGLang is)",
             model.architecture
         )));
     }
@@ -859,7 +859,7 @@ fn sparse(
         || u64_field(text, "index_kpool").is_some_and(|pool| pool > 1);
     if shared || !mla(attention) || !mla(attention_vllm) {
         return Err(PlanError::UnknownArchitecture(format!(
-            "{} (sparse attention whose indexer is shared between layers, pooled, or beside no MLA: gpureap plan does not model its KV pools)",
+            "{} (a sparse-attention indexer shared between layers, pooled, or beside no MLA: not modelled)",
             architectures[0]
         )));
     }
@@ -891,7 +891,7 @@ fn sparse(
 ///
 /// Embeddings and the LM head stay 16 bits. Linear-attention layers are
 /// counted as attention layers (an estimate). `None` without `vocab_size`,
-/// `hidden_size` or an MLP width.
+/// `hidden_size` or an MLP width, and for Step-3's experts.
 pub(crate) fn config_weights(config: &serde_json::Value, model: &Model) -> Option<u64> {
     let text = config
         .get("text_config")
@@ -900,6 +900,11 @@ pub(crate) fn config_weights(config: &serde_json::Value, model: &Model) -> Optio
     let (attention_bytes, layers, dtype_bytes) =
         (model.attention_bytes, model.layers, model.dtype_bytes);
     let field = |name: &str| u64_field(text, name);
+    // Step-3's experts (`moe_num_experts`, `moe_layers_enum`) are not read
+    // here: no estimate rather than a dense model's.
+    if text.get("moe_num_experts").is_some() {
+        return None;
+    }
     let hidden = field("hidden_size")? as f64;
     let vocab = field("vocab_size")? as f64;
     let layers_f = layers as f64;
@@ -1239,7 +1244,7 @@ fn step3p5_windows(
         };
         if !same("num_attention_groups") || !same("head_dim") {
             return Err(PlanError::UnknownArchitecture(
-                "Step3p5ForCausalLM (window layers with KV heads or a head size of their own: their pages differ from the full layers', which gpureap plan does not model)".to_string(),
+                "Step3p5ForCausalLM (window layers with KV heads or a head size of their own: not modelled)".to_string(),
             ));
         }
     }

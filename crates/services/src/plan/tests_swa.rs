@@ -36,6 +36,10 @@ fn step35_is_read_with_its_window_layers_and_kv_groups() {
     };
     assert_eq!((step.attention, step.attention_vllm), (gqa, gqa));
     assert_eq!(step.max_position, Some(262_144));
+    // Its experts (moe_num_experts) are not read by the config estimate:
+    // no weights from the config (--weights or a checkpoint index gives
+    // them), rather than a dense model's few GiB.
+    assert_eq!(step.weights_bytes, None);
 }
 
 #[test]
