@@ -42,7 +42,7 @@
 //! CUDA-graph reservation.
 
 use super::launch::{Engine, HostTierRequest, KvDtype, Launch};
-use super::model::{Attention, Model};
+use super::model::{Attention, Model, Window};
 
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
@@ -93,6 +93,18 @@ const VLLM_FA3_GRAPH_SPLITS: u64 = 32;
 /// known offline; the Hopper SXM count is taken (an A100's 108 moves the
 /// buffer by 24 rows of the vocabulary).
 const VLLM_SAMPLER_SMS: u64 = 132;
+
+/// vLLM 0.26.0's `fp8_ds_mla` bytes per token and layer
+/// (`MLAAttentionSpec.real_page_size_bytes`, DeepSeek-V3.2's layout).
+const VLLM_FP8_DS_MLA_BYTES: u64 = 656;
+
+/// The page (block) size both engines force for sparse attention on CUDA:
+/// SGLang 0.5.9 `_handle_model_specific_adjustments` (`page_size = 64`
+/// for DeepSeek DSA, whatever `--page-size` says); vLLM 0.26.0's sparse
+/// MLA and indexer backends support only blocks of 64
+/// (`get_supported_kernel_block_sizes`), so `get_preferred_block_size`
+/// picks 64 unless `--block-size` is given.
+const DSA_PAGE: u32 = 64;
 
 /// SGLang's guard on host memory for HiCache: `psutil.available − 10 GiB`.
 pub(crate) const HOST_GUARD_BYTES: u64 = 10 * GIB;
@@ -301,9 +313,13 @@ fn kv_layers(model: &Model) -> u64 {
 }
 
 /// The KV dtype `auto` resolves to: FP8 (e4m3) when the quant config
-/// quantizes the KV cache, else the model dtype.
+/// quantizes the KV cache, else the model dtype. SGLang 0.5.9 sets a
+/// sparse-attention model's `auto` to bfloat16 below SM100 before it reads
+/// the quant config (`server_args.py` `_set_default_nsa_kv_cache_dtype`;
+/// fp8_e4m3 on Blackwell, not modelled: plan takes Hopper).
 pub(crate) fn kv_dtype(launch: &Launch, model: &Model) -> KvDtype {
     match launch.kv_dtype {
+        KvDtype::Auto if launch.engine == Engine::Sglang && model.sparse.is_some() => KvDtype::Bf16,
         KvDtype::Auto if model.kv_fp8_from_quant => KvDtype::Fp8E4m3,
         KvDtype::Auto => match launch.model_dtype_bytes.unwrap_or(model.dtype_bytes) {
             4 => KvDtype::Auto,
@@ -328,6 +344,17 @@ fn element_bytes(dtype: KvDtype, launch: &Launch, model: &Model) -> u64 {
 /// vLLM: MLA one head of `kv_lora_rank + qk_rope_head_dim`; MHA
 /// `max(1, kv_heads // tp)` heads of `head_size + head_size_v`; nvfp4
 /// `head/2 + head/16` bytes per head dimension.
+///
+/// Sparse attention (`Model::sparse`) adds the indexer's key
+/// (`Sparse::indexer_bytes`) in every layer. vLLM (0.26.0; 0.33.0 alike,
+/// `mla_attention.py` `state_content_bytes`) stores an FP8 KV
+/// cache of a sparse model as `fp8_ds_mla` (`FLASHMLA_SPARSE`, the Hopper
+/// backend that takes FP8: `_canonicalize_sparse_mla_kv_cache_dtype`),
+/// 656 bytes a token and layer (`MLAAttentionSpec.real_page_size_bytes`:
+/// 512 FP8 NoPE, 4 float32 scales, 64 bf16 RoPE); SGLang 0.5.9 counts its
+/// FP8 cell as `kv_lora_rank + qk_rope_head_dim` bytes, though its pool
+/// stores 656 (`calculate_mla_kv_cache_dim`): the count is what sizes it;
+/// 0.5.23 counts the 656 (`Rules::sglang_dsa_fp8_cell_is_stored_layout`).
 pub fn bytes_per_token(launch: &Launch, model: &Model) -> u64 {
     let dtype = kv_dtype(launch, model);
     let size = element_bytes(dtype, launch, model);
@@ -340,10 +367,25 @@ pub fn bytes_per_token(launch: &Launch, model: &Model) -> u64 {
         } => {
             let width = kv_lora_rank + qk_rope_head_dim;
             let cell = width * layers * size;
-            if fp4 {
+            let cell = if fp4 {
                 cell / 2 + (width / 16) * layers * size
             } else {
                 cell
+            };
+            match model.sparse {
+                None => cell,
+                Some(sparse) => {
+                    let main = match (launch.engine, size) {
+                        (Engine::Vllm, 1) => VLLM_FP8_DS_MLA_BYTES * layers,
+                        (Engine::Sglang, 1)
+                            if launch.rules.sglang_dsa_fp8_cell_is_stored_layout() =>
+                        {
+                            (kv_lora_rank + kv_lora_rank / 128 * 4 + qk_rope_head_dim * 2) * layers
+                        }
+                        _ => cell,
+                    };
+                    main + sparse.indexer_bytes() * layers
+                }
             }
         }
         Attention::Mha {
@@ -356,7 +398,15 @@ pub fn bytes_per_token(launch: &Launch, model: &Model) -> u64 {
                 Engine::Vllm => launch.tp,
             };
             let heads = (kv_heads / u64::from(tp.max(1))).max(1);
-            let cell = heads * (head_dim + v_head_dim) * layers * size;
+            let cell = match sglang_window_shapes(launch, model) {
+                // get_cell_size_per_token, is_hybrid_swa: each kind at its
+                // own shape, over the whole model's layers of that kind.
+                Some((window, full, swa)) => {
+                    let full_layers = model.layers.saturating_sub(window.layers);
+                    (full * full_layers + swa * window.layers) * size
+                }
+                None => heads * (head_dim + v_head_dim) * layers * size,
+            };
             match (fp4, launch.engine) {
                 (false, _) => cell,
                 (true, Engine::Sglang) => cell / 2 + (heads * head_dim * layers * 2 * size) / 16,
@@ -395,7 +445,8 @@ pub fn weights_per_gpu(launch: &Launch, model: &Model) -> Option<u64> {
     Some(bytes as u64)
 }
 
-/// The page size SGLang 0.5.9 settles on: `--page-size` (default 1), then
+/// The page size SGLang 0.5.9 settles on: `--page-size` (default 1; 64
+/// for sparse attention, `DSA_PAGE`, whatever the flag says), then
 /// what the attention backend forces (`_handle_attention_backend_compatibility`):
 /// FlashMLA 64, cutlass MLA 128, trtllm_mla 32 or 64 (else 64), trtllm_mha
 /// 16, 32 or 64 (else 64), FA4 prefill on a non-MLA model 128. Without
@@ -404,7 +455,10 @@ pub fn weights_per_gpu(launch: &Launch, model: &Model) -> Option<u64> {
 /// DeepSeek-V3/Kimi-K2.5 (page 64): pass `--attention-backend` to plan for
 /// that.
 pub(crate) fn sglang_page_size(launch: &Launch, model: &Model) -> u32 {
-    let mut page = launch.page_size.unwrap_or(1);
+    let mut page = match model.sparse {
+        Some(_) => DSA_PAGE,
+        None => launch.page_size.unwrap_or(1),
+    };
     let is = |name: &str| {
         launch.attention_backend.as_deref() == Some(name)
             || launch.decode_attention_backend.as_deref() == Some(name)
@@ -434,10 +488,14 @@ pub(crate) fn sglang_page_size(launch: &Launch, model: &Model) -> u32 {
 /// preferred size of the attention backend: 16 (`DEFAULT_BLOCK_SIZE`) when
 /// the backend supports it, else its smallest kernel size: FLASHMLA 64,
 /// CUTLASS_MLA 128, FLASHINFER_MLA 32. Without `--attention-backend` the
-/// Hopper default (FLASH_ATTN / FLASH_ATTN_MLA) takes 16.
-pub(crate) fn vllm_block_size(launch: &Launch) -> u32 {
+/// Hopper default (FLASH_ATTN / FLASH_ATTN_MLA) takes 16; sparse attention
+/// 64 (`DSA_PAGE`).
+pub(crate) fn vllm_block_size(launch: &Launch, model: &Model) -> u32 {
     if let Some(block) = launch.page_size {
         return block;
+    }
+    if model.sparse.is_some() {
+        return DSA_PAGE;
     }
     match launch
         .attention_backend
@@ -840,13 +898,68 @@ fn sglang_state_slots(
     )
 }
 
+/// The window layers SGLang 0.5.9 pools apart (`is_hybrid_swa`): none with
+/// `--disable-hybrid-swa-memory`, nor with HiCache for Step-3.5 and
+/// MiMo-V2-Flash (`server_args.py` turns hybrid SWA memory off for them).
+fn sglang_window(launch: &Launch, model: &Model) -> Option<Window> {
+    const SWA_OFF_WITH_HICACHE: [&str; 2] = ["MiMoV2FlashForCausalLM", "Step3p5ForCausalLM"];
+    let hicache = matches!(
+        launch.host_tier,
+        Some(
+            HostTierRequest::SglangRatio(_)
+                | HostTierRequest::SglangDefaultRatio
+                | HostTierRequest::SglangSizeGb(_)
+        )
+    );
+    let off_with_hicache = hicache && SWA_OFF_WITH_HICACHE.contains(&model.architecture.as_str());
+    model
+        .window_for(Engine::Sglang)
+        .filter(|_| !(launch.disable_hybrid_kv || off_with_hicache))
+}
+
+/// For SGLang with window layers of a KV shape of their own
+/// (`Model::window_kv`, pooled apart): the window, and the elements a
+/// token takes in one full layer and in one window layer on a rank
+/// (`get_num_kv_heads` / `get_swa_num_kv_heads` over attention TP, each at
+/// least 1, × head + V sizes). `None` otherwise.
+fn sglang_window_shapes(launch: &Launch, model: &Model) -> Option<(Window, u64, u64)> {
+    if launch.engine != Engine::Sglang {
+        return None;
+    }
+    let Some(Attention::Mha {
+        kv_heads: swa_heads,
+        head_dim: swa_head,
+        v_head_dim: swa_v,
+    }) = model.window_kv
+    else {
+        return None;
+    };
+    let Attention::Mha {
+        kv_heads,
+        head_dim,
+        v_head_dim,
+    } = model.attention
+    else {
+        return None;
+    };
+    let window = sglang_window(launch, model)?;
+    let tp = u64::from(launch.attention_tp().max(1));
+    let per_rank = |heads: u64| (heads / tp).max(1);
+    Some((
+        window,
+        per_rank(kv_heads) * (head_dim + v_head_dim),
+        per_rank(swa_heads) * (swa_head + swa_v),
+    ))
+}
+
 /// SGLang 0.5.9 `set_num_tokens_hybrid_swa`, for a model in its hybrid SWA
 /// list (`is_hybrid_swa_model`) without `--disable-hybrid-swa-memory`:
 /// with F the per-token bytes of a layer, n_f full and n_s window layers
 /// and r `--swa-full-tokens-ratio` (default 0.8), `full = int(tokens ·
 /// F·(n_f + n_s) / (F·n_f + r·F·n_s))`, `window = int(full · r)`, each
 /// floored to the page. Every layer window (n_f 0): the whole pool is the
-/// window pool, and the full pool 0.
+/// window pool, and the full pool 0. With HiCache, SGLang turns hybrid SWA
+/// memory off for Step-3.5 and MiMo-V2-Flash (`server_args.py`): one pool.
 fn sglang_hybrid(
     launch: &Launch,
     model: &Model,
@@ -854,9 +967,7 @@ fn sglang_hybrid(
     cell: u64,
     page: u32,
 ) -> Option<Hybrid> {
-    let window = model
-        .window_for(Engine::Sglang)
-        .filter(|_| !launch.disable_hybrid_kv)?;
+    let window = sglang_window(launch, model)?;
     let tokens = u64::try_from(tokens).ok()?;
     let ratio = launch
         .swa_full_tokens_ratio
@@ -873,11 +984,18 @@ fn sglang_hybrid(
             ratio,
         });
     }
-    // Python: total_memory (int) / denominator (float), then int().
-    let per_layer = (cell / layers) as f64;
-    let total_memory =
-        tokens as f64 * (per_layer * full_layers as f64 + per_layer * window.layers as f64);
-    let denominator = per_layer * full_layers as f64 + ratio * per_layer * window.layers as f64;
+    // Python: total_memory (int) / denominator (float), then int(). F and
+    // S: a full and a window layer's bytes a token (the same but for
+    // window layers of their own shape).
+    let element = element_bytes(kv_dtype(launch, model), launch, model);
+    let (full_per_token, swa_per_token) = match sglang_window_shapes(launch, model) {
+        Some((_, full, swa)) => ((full * element) as f64, (swa * element) as f64),
+        None => ((cell / layers) as f64, (cell / layers) as f64),
+    };
+    let total_memory = tokens as f64
+        * (full_per_token * full_layers as f64 + swa_per_token * window.layers as f64);
+    let denominator =
+        full_per_token * full_layers as f64 + ratio * swa_per_token * window.layers as f64;
     let full = (total_memory / denominator) as u64;
     let window_tokens = (full as f64 * ratio) as u64;
     Some(Hybrid::Sglang {
@@ -894,7 +1012,12 @@ fn vllm(launch: &Launch, model: &Model, budget: &Budget) -> Device {
     let per_token = kv_per_token.max(1);
     let utilization = mem_fraction(launch, model, budget.gpu_total);
     let per_layer = per_token / stage_layers(launch, model).max(1);
-    let block = vllm_hybrid_block_size(launch, model, vllm_block_size(launch).max(1), per_layer);
+    let block = vllm_hybrid_block_size(
+        launch,
+        model,
+        vllm_block_size(launch, model).max(1),
+        per_layer,
+    );
     let memory = vllm_memory(launch, model, budget, utilization);
     let kv = memory.kv;
     // get_kv_cache_config_from_groups: available // page_size //

@@ -15,6 +15,10 @@ pub mod version;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_sparse;
+#[cfg(test)]
+mod tests_swa;
 
 use std::path::PathBuf;
 
@@ -32,7 +36,7 @@ pub enum PlanError {
     #[error("model {} not found: looked for config.json in {}", quoted(.model), display_paths(.looked))]
     ModelNotFound { model: String, looked: Vec<PathBuf> },
     #[error(
-        "unknown architecture {}: the config has neither MLA (kv_lora_rank) nor attention-head fields gpureap can read",
+        "unknown architecture {}",
         crate::units::short(.0, 200)
     )]
     UnknownArchitecture(String),

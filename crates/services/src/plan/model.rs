@@ -96,9 +96,17 @@ pub struct Model {
     /// The layers SGLang 0.5.9 puts in its SWA pool (`is_hybrid_swa`);
     /// `None`: one full pool.
     pub window_sglang: Option<Window>,
+    /// The window layers' own KV shape where it is not the full layers'
+    /// (MiMo-V2-Flash's `swa_num_key_value_heads`, `swa_head_dim`,
+    /// `swa_v_head_dim`: SGLang `get_swa_num_kv_heads`, `swa_head_dim`);
+    /// `None`: the same shape.
+    pub window_kv: Option<Attention>,
     /// Gated-delta-net (linear attention) layers, which hold a fixed state
     /// per request instead of KV; `None` for none.
     pub linear: Option<Linear>,
+    /// DeepSeek sparse attention (DSA: DeepSeek-V3.2, GLM-5): an indexer
+    /// key cache in every layer beside MLA's; `None` for none.
+    pub sparse: Option<Sparse>,
     /// The shapes vLLM's profile run allocates by (`engine::vllm_activation_peak`).
     #[serde(skip)]
     pub mlp: Mlp,
@@ -478,6 +486,28 @@ impl Linear {
     }
 }
 
+/// DeepSeek sparse attention's indexer (`index_topk` in the config of
+/// `DeepseekV32ForCausalLM`, `GlmMoeDsaForCausalLM`, or
+/// `DeepseekV3ForCausalLM`): every layer keeps, beside its MLA latent, one
+/// indexer key per token of `index_head_dim` FP8 bytes and a float32 scale
+/// per 128 of them, `index_head_dim + index_head_dim / 128 × 4` bytes
+/// (vLLM 0.26.0 `deepseek_v2.py` `Indexer`: `DeepseekV32IndexerCache(head_dim
+/// = head_dim + head_dim // quant_block_size * 4, dtype=torch.uint8)`;
+/// SGLang 0.5.9 `get_cell_size_per_token`: `NSATokenToKVPool.quant_block_size`
+/// 128, `index_k_with_scale_buffer_dtype` uint8), replicated on every rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Sparse {
+    pub index_head_dim: u64,
+}
+
+impl Sparse {
+    /// The indexer's bytes per token in one layer.
+    pub(crate) fn indexer_bytes(self) -> u64 {
+        const QUANT_BLOCK: u64 = 128;
+        self.index_head_dim + self.index_head_dim / QUANT_BLOCK * 4
+    }
+}
+
 /// Sliding-window (or chunked local) attention layers, as one engine sizes
 /// them: how many of the layers, and the window in tokens. The other
 /// layers are full attention with the same KV shape.
@@ -505,14 +535,15 @@ impl Model {
     }
 }
 
-/// Refuses, by name, a model the command's engine at the version whose
-/// rules apply does not serve, or serves by rules plan does not model.
-/// Read from each release's model registry:
+/// Refuses, by name, a linear-attention or Mamba model the command's
+/// engine at the version whose rules apply does not serve, or serves by
+/// rules plan does not model (`check_engine`'s first check). Read from
+/// each release's model registry:
 /// - SGLang 0.5.9 has no Jamba, Mamba or Mamba2 model (`srt/models/` has
 ///   none of them); 0.5.23 has Mamba and Mamba2 (`models/mamba.py`,
 ///   `mamba2.py`), whose state-only pool plan does not model, and no
 ///   Jamba.
-pub(crate) fn check_engine(launch: &Launch, model: &Model) -> Result<(), PlanError> {
+fn refuse_unserved(launch: &Launch, model: &Model) -> Result<(), PlanError> {
     let why = match (launch.engine, model.architecture.as_str()) {
         (Engine::Sglang, "JambaForCausalLM") => {
             "SGLang has no Jamba model (no srt/models/jamba.py in 0.5.9 or 0.5.23); vLLM serves it"
@@ -583,16 +614,10 @@ const VLLM_MLA: &[&str] = &[
 ];
 
 /// Architectures whose KV cache is not one uniform full-attention pool
-/// and whose pools `plan` does not model (sliding-window hybrids with
-/// their own layer patterns, sparse attention with an indexer): refused by
-/// name.
+/// and whose pools `plan` does not model: refused by name.
 const HYBRID: &[&str] = &[
-    "Step3p5ForCausalLM",
-    "MiMoV2FlashForCausalLM",
-    // DeepSeek-V3.2's sparse attention adds an indexer cache (SGLang) or
-    // its own fp8_ds_mla layout (vLLM).
-    "DeepseekV32ForCausalLM",
-    "GlmMoeDsaForCausalLM",
+    // Ling 2.5: MLA layers beside lightning linear-attention layers (both
+    // engines load it from `bailing_moe_linear.py`), not the DSA indexer.
     "BailingMoeV2_5ForCausalLM",
 ];
 
@@ -897,6 +922,7 @@ const NUMBERS: &[(&str, u64, u64)] = &[
     ("num_hidden_layers", 1, 1 << 12),
     ("num_attention_heads", 1, 1 << 16),
     ("num_key_value_heads", 1, 1 << 16),
+    ("num_attention_groups", 1, 1 << 16),
     ("hidden_size", 1, 1 << 20),
     ("head_dim", 1, 1 << 16),
     ("v_head_dim", 1, 1 << 16),
@@ -940,6 +966,12 @@ const NUMBERS: &[(&str, u64, u64)] = &[
     ("expert_layer_offset", 0, 1 << 12),
     ("mamba_chunk_size", 1, 1 << 20),
     ("chunk_size", 1, 1 << 20),
+    ("sliding_window_size", 0, 1 << 40),
+    ("swa_num_key_value_heads", 1, 1 << 16),
+    ("swa_head_dim", 1, 1 << 16),
+    ("swa_v_head_dim", 1, 1 << 16),
+    ("index_head_dim", 1, 1 << 16),
+    ("index_n_heads", 1, 1 << 16),
 ];
 
 /// The largest rope-scaling factor taken (real ones are up to a few hundred).
@@ -1035,7 +1067,14 @@ pub(crate) fn parse_config(path: &Path, config: &serde_json::Value) -> Result<Mo
         .any(|name| SGLANG_MULTIMODAL.contains(name));
     let vision = vision(config, &architecture);
     let (window_vllm, window_sglang) = windows(path, text, &architectures, layers)?;
+    let window_kv = window_kv(text, &architectures, attention);
     let (attention_bytes, replicated_bytes) = attention_weights(text, attention, layers, linear);
+    let sparse = sparse(path, text, &architectures, attention, attention_vllm)?;
+    let indexer = sparse.map_or(0, |sparse| indexer_weights(text, sparse, layers));
+    let (attention_bytes, replicated_bytes) = (
+        attention_bytes.saturating_add(indexer),
+        replicated_bytes.saturating_add(indexer),
+    );
     Ok(Model {
         config_path: path.to_path_buf(),
         architecture,
@@ -1054,9 +1093,101 @@ pub(crate) fn parse_config(path: &Path, config: &serde_json::Value) -> Result<Mo
         replicated_bytes,
         window_vllm,
         window_sglang,
+        window_kv,
         linear,
+        sparse,
         mlp: mlp(text),
     })
+}
+
+/// Refuses, by name, what plan does not model for the engine asked: a
+/// linear-attention or Mamba model the engine does not serve
+/// (`refuse_unserved`); MiMo-V2-Flash on vLLM, which runs K and V of different sizes on its
+/// DiffKV backends (`mimo_v2.py`) and whose window layers' pages differ
+/// from the full layers' (`window_kv`), so vLLM 0.26.0 scales one kind's
+/// block size to unify them (`kv_cache_utils.py`
+/// `unify_kv_cache_spec_page_size`); and a
+/// sparse-attention model the engine would not start with the KV dtype
+/// asked:
+/// - SGLang asserts its KV dtype is bf16 or fp8_e4m3 (0.5.9
+///   `_set_default_nsa_kv_cache_dtype`: "DeepSeek DSA only supports
+///   bf16/bfloat16 or fp8_e4m3 kv_cache_dtype");
+/// - vLLM 0.26.0's sparse MLA backends on Hopper take bf16/fp16
+///   (`FLASH_ATTN_MLA_SPARSE`) or FP8 as `fp8_ds_mla` (`FLASHMLA_SPARSE`):
+///   fp8_e5m2 and nvfp4 find no backend (0.33.0's `nvfp4_ds_mla` is for
+///   SM100 only).
+pub(crate) fn check_engine(launch: &Launch, model: &Model) -> Result<(), PlanError> {
+    use super::launch::KvDtype;
+    refuse_unserved(launch, model)?;
+    if launch.engine == Engine::Vllm && model.architecture == "MiMoV2FlashForCausalLM" {
+        return Err(PlanError::UnknownArchitecture(format!(
+            "{} on vLLM (DiffKV backends, window pages unified by scaling one kind's block: not modelled; SGLang is)",
+            model.architecture
+        )));
+    }
+    if model.sparse.is_none() {
+        return Ok(());
+    }
+    let refused_dtype = match launch.engine {
+        Engine::Sglang => matches!(launch.kv_dtype, KvDtype::Fp8E5m2 | KvDtype::Fp4E2m1)
+            .then_some("SGLang runs DeepSeek sparse attention (DSA) with a bf16 or fp8_e4m3 KV cache only"),
+        Engine::Vllm => matches!(launch.kv_dtype, KvDtype::Fp8E5m2 | KvDtype::Fp4E2m1)
+            .then_some("vLLM's sparse MLA backends on Hopper take a bf16, fp16 or fp8 (fp8_ds_mla) KV cache only"),
+    };
+    if let Some(why) = refused_dtype {
+        return Err(PlanError::BadValue {
+            flag: "--kv-cache-dtype".to_string(),
+            value: launch.kv_dtype.name().to_string(),
+            why: format!("{why}, not for {}", model.architecture),
+        });
+    }
+    Ok(())
+}
+
+/// DeepSeek sparse attention (`Sparse`): the architectures both engines
+/// build an indexer for when the config has `index_topk` (SGLang 0.5.9
+/// `is_deepseek_nsa`; vLLM 0.26.0 `deepseek_v2.py`: `is_v32 =
+/// hasattr(config, "index_topk")`), read as MLA by both. A config that
+/// shares one indexer between layers (`index_topk_freq` above 1,
+/// `index_topk_pattern`) or pools index keys (`index_kpool` above 1) is
+/// refused by name: the engines size those differently, and plan does not
+/// model it.
+fn sparse(
+    path: &Path,
+    text: &serde_json::Value,
+    architectures: &[&str],
+    attention: Attention,
+    attention_vllm: Attention,
+) -> Result<Option<Sparse>, PlanError> {
+    const DSA: &[&str] = &[
+        "DeepseekV32ForCausalLM",
+        "GlmMoeDsaForCausalLM",
+        "DeepseekV3ForCausalLM",
+    ];
+    let dsa = DSA.contains(&architectures[0])
+        && text.get("index_topk").is_some_and(|topk| !topk.is_null());
+    if !dsa {
+        return Ok(None);
+    }
+    let mla = |attention| matches!(attention, Attention::Mla { .. });
+    let shared = u64_field(text, "index_topk_freq").is_some_and(|freq| freq > 1)
+        || text
+            .get("index_topk_pattern")
+            .is_some_and(|pattern| !pattern.is_null())
+        || u64_field(text, "index_kpool").is_some_and(|pool| pool > 1);
+    if shared || !mla(attention) || !mla(attention_vllm) {
+        return Err(PlanError::UnknownArchitecture(format!(
+            "{} (a sparse-attention indexer shared between layers, pooled, or beside no MLA: not modelled)",
+            architectures[0]
+        )));
+    }
+    let index_head_dim = u64_field(text, "index_head_dim")
+        .filter(|dim| *dim > 0)
+        .ok_or_else(|| PlanError::MissingField {
+            path: path.to_path_buf(),
+            field: "index_head_dim",
+        })?;
+    Ok(Some(Sparse { index_head_dim }))
 }
 
 /// ESTIMATE: the weights' bytes as the engine loads them, from the
@@ -1078,7 +1209,7 @@ pub(crate) fn parse_config(path: &Path, config: &serde_json::Value) -> Result<Mo
 ///
 /// Embeddings and the LM head stay 16 bits. Linear-attention layers are
 /// counted as attention layers (an estimate). `None` without `vocab_size`,
-/// `hidden_size` or an MLP width.
+/// `hidden_size` or an MLP width, and for Step-3's experts.
 pub(crate) fn config_weights(config: &serde_json::Value, model: &Model) -> Option<u64> {
     let text = config
         .get("text_config")
@@ -1087,6 +1218,11 @@ pub(crate) fn config_weights(config: &serde_json::Value, model: &Model) -> Optio
     let (attention_bytes, layers, dtype_bytes) =
         (model.attention_bytes, model.layers, model.dtype_bytes);
     let field = |name: &str| u64_field(text, name);
+    // Step-3's experts (`moe_num_experts`, `moe_layers_enum`) are not read
+    // here: no estimate rather than a dense model's.
+    if text.get("moe_num_experts").is_some() {
+        return None;
+    }
     let hidden = field("hidden_size")? as f64;
     let vocab = field("vocab_size")? as f64;
     let layers_f = layers as f64;
@@ -1528,6 +1664,28 @@ fn windows(
         let sglang = sliding_types().ok_or_else(|| missing("layer_types"))?;
         return Ok((some(layers.div_ceil(2), tokens), some(sglang, tokens)));
     }
+    if is("Step3p5ForCausalLM") {
+        return step3p5_windows(path, text, layers);
+    }
+    if is("MiMoV2FlashForCausalLM") {
+        // mimo_v2.py `is_compressed_softmax_layer`, SGLang
+        // `get_hybrid_layer_ids`: `hybrid_layer_pattern[i] == 1` slides, over
+        // `sliding_window_size` (SGLang: else `sliding_window`).
+        let tokens = u64_field(text, "sliding_window_size")
+            .or_else(window)
+            .filter(|window| *window > 0)
+            .ok_or_else(|| missing("sliding_window_size"))?;
+        let pattern = text
+            .get("hybrid_layer_pattern")
+            .and_then(serde_json::Value::as_array)
+            .ok_or_else(|| missing("hybrid_layer_pattern"))?;
+        let sliding = pattern
+            .iter()
+            .take(usize::try_from(layers).unwrap_or(usize::MAX))
+            .filter(|kind| kind.as_u64() == Some(1))
+            .count() as u64;
+        return Ok((some(sliding, tokens), some(sliding, tokens)));
+    }
     if is("Llama4ForConditionalGeneration") {
         let chunk = u64_field(text, "attention_chunk_size")
             .filter(|chunk| *chunk > 0)
@@ -1550,6 +1708,88 @@ fn windows(
         "{} (sliding-window attention layers: their KV pools follow rules gpureap plan does not model for this architecture)",
         architectures[0]
     )))
+}
+
+/// The window layers' KV shape where the config gives them one of their
+/// own (`swa_num_key_value_heads`, `swa_head_dim`, `swa_v_head_dim`, each
+/// defaulting to the full layers' as SGLang 0.5.9's `ModelConfig` does),
+/// for MiMo-V2-Flash; `None` when it is the full layers' shape.
+fn window_kv(
+    text: &serde_json::Value,
+    architectures: &[&str],
+    attention: Attention,
+) -> Option<Attention> {
+    let Attention::Mha {
+        kv_heads,
+        head_dim,
+        v_head_dim,
+    } = attention
+    else {
+        return None;
+    };
+    if !architectures.contains(&"MiMoV2FlashForCausalLM") {
+        return None;
+    }
+    let swa_head_dim = u64_field(text, "swa_head_dim").unwrap_or(head_dim);
+    let shape = Attention::Mha {
+        kv_heads: u64_field(text, "swa_num_key_value_heads").unwrap_or(kv_heads),
+        head_dim: swa_head_dim,
+        v_head_dim: u64_field(text, "swa_v_head_dim").unwrap_or(v_head_dim),
+    };
+    (shape != attention).then_some(shape)
+}
+
+/// Step-3.5 (vLLM 0.26.0 `step3p5.py`, SGLang 0.5.9
+/// `configs/model_config.py` `get_hybrid_layer_ids`): the layers whose
+/// `layer_types` entry is `sliding_attention` (of the first
+/// `num_hidden_layers`: the list also names the MTP layers) slide over
+/// `sliding_window` tokens, in both engines (vLLM without `layer_types`
+/// slides the even layers). The window layers' own attention setting
+/// (`attention_other_setting`) may give them other KV heads or head size:
+/// refused by name then, as their pages would differ from the full
+/// layers' (not modelled); more query heads change nothing here.
+fn step3p5_windows(
+    path: &Path,
+    text: &serde_json::Value,
+    layers: u64,
+) -> Result<(Option<Window>, Option<Window>), PlanError> {
+    let tokens = u64_field(text, "sliding_window")
+        .filter(|window| *window > 0)
+        .ok_or_else(|| PlanError::MissingField {
+            path: path.to_path_buf(),
+            field: "sliding_window",
+        })?;
+    let sliding = match text
+        .get("layer_types")
+        .and_then(serde_json::Value::as_array)
+    {
+        Some(types) => types
+            .iter()
+            .take(usize::try_from(layers).unwrap_or(usize::MAX))
+            .filter(|kind| kind.as_str() == Some("sliding_attention"))
+            .count() as u64,
+        None => layers.div_ceil(2),
+    };
+    if let Some(other) = text
+        .get("attention_other_setting")
+        .filter(|other| other.is_object())
+    {
+        let same = |field: &str| {
+            other
+                .get(field)
+                .is_none_or(|value| value.as_u64() == u64_field(text, field))
+        };
+        if !same("num_attention_groups") || !same("head_dim") {
+            return Err(PlanError::UnknownArchitecture(
+                "Step3p5ForCausalLM (window layers with KV heads or a head size of their own: not modelled)".to_string(),
+            ));
+        }
+    }
+    let window = (sliding > 0).then_some(Window {
+        layers: sliding,
+        tokens,
+    });
+    Ok((window, window))
 }
 
 /// The config's `architectures`, at least one; a hybrid one (whose KV
@@ -1650,7 +1890,11 @@ fn mha(
                 return Err(missing("head_dim"));
             }
             Ok(Some(Attention::Mha {
+                // Step-3 names its KV heads `num_attention_groups`
+                // (both engines read it: SGLang `get_total_num_kv_heads`,
+                // vLLM `model_arch_config_convertor.py`).
                 kv_heads: u64_field(text, "num_key_value_heads")
+                    .or_else(|| u64_field(text, "num_attention_groups"))
                     .unwrap_or(heads)
                     .max(1),
                 head_dim,
@@ -1662,6 +1906,24 @@ fn mha(
         ))),
         _ => Ok(None),
     }
+}
+
+/// ESTIMATE (see `Model::replicated_bytes`): the sparse-attention
+/// indexer's projections over all layers, 2 bytes a weight, which every
+/// rank holds whole (vLLM 0.26.0 `deepseek_v2.py` `Indexer`: `wq_b` a
+/// `ReplicatedLinear(q_lora_rank, index_head_dim × index_n_heads)`, `wk` and
+/// `weights_proj` fused, `hidden_size → index_head_dim + index_n_heads`,
+/// `disable_tp`; SGLang 0.5.9 `nsa_indexer.py`: the same three as
+/// `ReplicatedLinear`). Its `k_norm` is not counted.
+fn indexer_weights(text: &serde_json::Value, sparse: Sparse, layers: u64) -> u64 {
+    let field = |name: &str| u64_field(text, name).unwrap_or(0);
+    let heads = field("index_n_heads");
+    let dim = sparse.index_head_dim;
+    let per_layer = field("q_lora_rank")
+        .saturating_mul(dim)
+        .saturating_mul(heads)
+        .saturating_add(field("hidden_size").saturating_mul(dim.saturating_add(heads)));
+    per_layer.saturating_mul(layers).saturating_mul(2)
 }
 
 /// The model dtype's bytes (`torch_dtype` or `dtype`, the text config's

@@ -342,9 +342,15 @@ fn attention_text(model: &Model) -> String {
         Attention::Mla {
             kv_lora_rank,
             qk_rope_head_dim,
-        } => format!(
-            "MLA: ({kv_lora_rank} + {qk_rope_head_dim}) × {layers} layers × KV bytes, the same on every rank{state}"
-        ),
+        } => match model.sparse {
+            None => format!(
+                "MLA: ({kv_lora_rank} + {qk_rope_head_dim}) × {layers} layers × KV bytes, the same on every rank{state}"
+            ),
+            Some(sparse) => format!(
+                "sparse MLA (DSA): (({kv_lora_rank} + {qk_rope_head_dim}) × KV bytes, or 656 for an FP8 cache where the engine counts its stored layout, + an indexer key of {} bytes) × {layers} layers, the same on every rank{state}",
+                sparse.indexer_bytes(),
+            ),
+        },
         Attention::Mha {
             kv_heads,
             head_dim,

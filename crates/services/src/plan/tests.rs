@@ -14,15 +14,15 @@ use std::path::{Path, PathBuf};
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
 
-fn argv(line: &str) -> Vec<String> {
+pub(super) fn argv(line: &str) -> Vec<String> {
     line.split_whitespace().map(str::to_string).collect()
 }
 
-fn no_env() -> BTreeMap<String, String> {
+pub(super) fn no_env() -> BTreeMap<String, String> {
     BTreeMap::new()
 }
 
-fn parse(line: &str) -> Launch {
+pub(super) fn parse(line: &str) -> Launch {
     launch::parse(&argv(line), &no_env()).expect(line)
 }
 
@@ -30,17 +30,17 @@ fn parse_err(line: &str) -> PlanError {
     launch::parse(&argv(line), &no_env()).expect_err(line)
 }
 
-fn fixture(name: &str) -> PathBuf {
+pub(super) fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/fixtures/models")
         .join(name)
 }
 
-fn load(name: &str) -> Model {
+pub(super) fn load(name: &str) -> Model {
     model::locate(fixture(name).to_str().expect("utf-8 path"), None, &no_env()).expect(name)
 }
 
-fn gib(value: f64) -> u64 {
+pub(super) fn gib(value: f64) -> u64 {
     (value * GIB as f64).round() as u64
 }
 
@@ -553,7 +553,7 @@ fn model_bad_input_is_named() {
     ));
     let hybrid = write(
         "hybrid.json",
-        r#"{"architectures": ["Step3p5ForCausalLM"], "num_hidden_layers": 45, "num_attention_heads": 64}"#,
+        r#"{"architectures": ["BailingMoeV2_5ForCausalLM"], "num_hidden_layers": 32, "num_attention_heads": 32}"#,
     );
     assert!(matches!(
         model::locate("x", Some(&hybrid), &no_env()),
@@ -1226,7 +1226,7 @@ fn a_log_file_is_read_from_its_tail_only() {
 // ------------------------------------------------------- from-log levers
 
 /// `plan --gpu-memory SIZE -- COMMAND`, as the CLI builds it.
-fn on_box(command: &str, gpu_memory: u64) -> fit::PlanConfig {
+pub(super) fn on_box(command: &str, gpu_memory: u64) -> fit::PlanConfig {
     fit::PlanConfig {
         command: argv(command),
         env: no_env(),
@@ -1593,7 +1593,7 @@ fn config_steps_name_what_they_lack() {
 
 // ------------------------------------------------------ sliding window
 
-fn h100_kv(kv: u64) -> Budget {
+pub(super) fn h100_kv(kv: u64) -> Budget {
     Budget {
         gpu_total: 81_559 * MIB,
         free_at_start: 80 * GIB,

@@ -130,6 +130,17 @@ impl Rules {
         self == Rules::Sglang0_5_23
     }
 
+    /// SGLang 0.5.23 `pool_configurator.py` `_compute_cell_size` counts a
+    /// sparse-attention (DSA) model's FP8 cell as the layout its pool
+    /// stores (`kv_cache_configurator.py` `calculate_mla_kv_cache_dim`:
+    /// `kv_lora_rank` FP8 bytes, a float32 scale per 128 of them, the RoPE
+    /// in bf16; the Hopper FP8 backend `flashmla_kv`); 0.5.9
+    /// `get_cell_size_per_token` counts `kv_lora_rank + qk_rope_head_dim`
+    /// bytes.
+    pub(crate) fn sglang_dsa_fp8_cell_is_stored_layout(self) -> bool {
+        self == Rules::Sglang0_5_23
+    }
+
     /// SGLang 0.5.9 `memory_pool_host.py` asserts the host pool is larger
     /// than the device pool (the start fails); 0.5.23
     /// `pool_host/base.py` `_allocate_host_buffer` only warns.
