@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """What each NVML call that `status` makes costs on this GPU host, in the order `status` makes
-them (crates/core/src/driver/nvml.rs: `NvmlDriver::open`, `gpu`, `health`; crates/core/src/snapshot/mps.rs), each in a
+them (crates/core/src/driver/nvml.rs: `NvmlDriver::open`, `gpu`, `health`, `activity`; crates/core/src/snapshot/mps.rs), each in a
 fresh process so that first calls pay what they pay in `status`. Median of N runs (default 11).
 With --fields-first, the health figures are first asked in one nvmlDeviceGetFieldValues call
 (ECC, retired pages, row remapping, recovery action), then one by one as before, and the values of
@@ -66,6 +66,14 @@ for i in range(count):
            getattr(n, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", 230)])
     values[f"calls gpu{i}"].append(str(timed("GetRetiredPagesPendingStatus (health)",
                                              n.nvmlDeviceGetRetiredPagesPendingStatus, h)))
+for i in range(count):
+    h = timed("GetHandleByIndex (activity)", n.nvmlDeviceGetHandleByIndex, i)
+    timed("GetUtilizationRates (activity)", n.nvmlDeviceGetUtilizationRates, h)
+    timed("GetTemperature (activity)", n.nvmlDeviceGetTemperature, h, n.NVML_TEMPERATURE_GPU)
+    timed("GetPowerUsage (activity)", n.nvmlDeviceGetPowerUsage, h)
+    timed("GetPowerManagementLimit (activity)", n.nvmlDeviceGetPowerManagementLimit, h)
+    timed("GetProcessUtilization (activity)", n.nvmlDeviceGetProcessUtilization, h,
+          int((time.time() - 1) * 1e6))
 def kmsg():
     import os
     fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
