@@ -414,7 +414,15 @@ pub fn evaluate(config: &PlanConfig, snapshot: Option<&Snapshot>) -> Result<Outc
     let mut launch = launch::parse(&config.command, &config.env)?;
     let engine_version = match &config.engine_version {
         Some(given) => EngineVersion::given(launch.engine, given),
-        None => version::detect(launch.engine, &launch.program, &launch.env),
+        None => {
+            // The engine starts where plan is run, as the user would start it.
+            let cwd = std::env::current_dir().ok();
+            let starts_in = version::StartsIn {
+                cwd: cwd.as_deref(),
+                uv_run: launch.uv_run.as_ref(),
+            };
+            version::detect(launch.engine, &launch.program, &launch.env, starts_in)
+        }
     };
     launch.rules = engine_version.rules;
     let model = model::locate_for(&launch, config.model_config.as_deref())?;

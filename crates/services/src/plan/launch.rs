@@ -9,7 +9,9 @@
 //! `python3 -m vllm.entrypoints.openai.api_server --model MODEL …`; the
 //! interpreter may be `python`, `python3`, `python3.X` or a path to one,
 //! with its own options (`-u`, `-X opt`, …) before `-m`; `env [-i] [-u NAME]
-//! A=B …` and bare `A=B` prefixes set the engine's environment.
+//! A=B …` and bare `A=B` prefixes set the engine's environment; `uv run
+//! [uv options] COMMAND` (`uv run -m MODULE` as `python -m MODULE`) runs
+//! the command in uv's environment (`UvRun`, followed by `version::detect`).
 //!
 //! Understood flags (both `--flag value` and `--flag=value`):
 //!
@@ -240,6 +242,9 @@ pub struct Launch {
     /// as written; `version::detect` finds the engine's version from it.
     #[serde(skip)]
     pub program: String,
+    /// `uv run`'s options when the command starts with it.
+    #[serde(skip)]
+    pub uv_run: Option<UvRun>,
     /// The engine version's rules plan applies (`version::Rules`): the
     /// default until `fit::evaluate` finds the version or is given one.
     #[serde(skip)]
@@ -286,9 +291,9 @@ impl Launch {
 /// Reads an engine command line with its environment.
 pub fn parse(argv: &[String], env: &BTreeMap<String, String>) -> Result<Launch, PlanError> {
     let mut env = env.clone();
-    let rest = strip_env(argv, &mut env)?;
-    let program = rest;
-    let (engine, rest) = engine_of(rest)?;
+    let (uv_run, command) = strip_uv(strip_env(argv, &mut env)?)?;
+    let program = command.as_slice();
+    let (engine, rest) = engine_of(program)?;
     let mut launch = Launch {
         engine,
         model: String::new(),
@@ -334,6 +339,7 @@ pub fn parse(argv: &[String], env: &BTreeMap<String, String>) -> Result<Launch, 
         mamba_ssm_dtype: None,
         disable_hybrid_kv: false,
         program: program.first().cloned().unwrap_or_default(),
+        uv_run,
         rules: Rules::default_for(engine),
     };
     let mut state = Flags::default();
@@ -555,6 +561,149 @@ fn strip_env<'a>(
             None => return Ok(rest),
         }
     }
+}
+
+/// `uv run`'s options that choose the environment the command runs in.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UvRun {
+    /// `--project DIR`: where the project is looked for.
+    pub project: Option<String>,
+    /// `--directory DIR`: the working directory uv changes to first.
+    pub directory: Option<String>,
+    /// `--active`: the active virtual environment (`VIRTUAL_ENV`) first.
+    pub active: bool,
+    /// `--no-sync`: the environment as it is, not first synced to `uv.lock`.
+    pub no_sync: bool,
+    /// The first option that makes the environment one uv builds at the
+    /// start (`--with vllm==0.33.0`, `--isolated`, `--no-project`), as
+    /// written.
+    pub ephemeral: Option<String>,
+}
+
+/// `uv run` options (uv's own and its global ones) that take a value: any
+/// other option is a switch.
+const UV_VALUED: &[&str] = &[
+    "--allow-insecure-host",
+    "--cache-dir",
+    "--color",
+    "--config-file",
+    "--config-setting",
+    "--config-settings-package",
+    "--default-index",
+    "--directory",
+    "--env-file",
+    "--exclude-newer",
+    "--exclude-newer-package",
+    "--extra",
+    "--extra-index-url",
+    "--find-links",
+    "--fork-strategy",
+    "--group",
+    "--index",
+    "--index-strategy",
+    "--index-url",
+    "--keyring-provider",
+    "--link-mode",
+    "--no-binary-package",
+    "--no-build-isolation-package",
+    "--no-build-package",
+    "--no-extra",
+    "--no-group",
+    "--only-group",
+    "--package",
+    "--prerelease",
+    "--project",
+    "--python",
+    "--python-platform",
+    "--python-preference",
+    "--refresh-package",
+    "--reinstall-package",
+    "--resolution",
+    "--upgrade-package",
+    "--with",
+    "--with-editable",
+    "--with-requirements",
+    "-C",
+    "-P",
+    "-f",
+    "-i",
+    "-p",
+];
+
+/// `uv run` options after which the command runs in an environment uv
+/// builds at the start, whose packages no file tells beforehand.
+const UV_EPHEMERAL: &[&str] = &[
+    "--gui-script",
+    "--isolated",
+    "--no-project",
+    "--script",
+    "--with",
+    "--with-editable",
+    "--with-requirements",
+    "-s",
+];
+
+/// `uv [options] run [options] COMMAND …`: uv's options, and the command it
+/// runs (`-m MODULE …` as `python -m MODULE …`); any other command as it
+/// is.
+fn strip_uv(argv: &[String]) -> Result<(Option<UvRun>, Vec<String>), PlanError> {
+    if argv.first().is_none_or(|first| basename(first) != "uv") {
+        return Ok((None, argv.to_vec()));
+    }
+    let unknown =
+        || PlanError::UnknownEngine(argv.iter().take(4).cloned().collect::<Vec<_>>().join(" "));
+    let mut uv = UvRun::default();
+    let (mut run, mut module) = (false, false);
+    let mut index = 1;
+    while let Some(word) = argv.get(index) {
+        index += 1;
+        if !run && word == "run" {
+            run = true;
+            continue;
+        }
+        if word == "--" || !word.starts_with('-') || word == "-" {
+            index -= usize::from(word != "--");
+            break;
+        }
+        let (name, inline) = match word.split_once('=') {
+            Some((name, value)) if name.starts_with("--") => (name, Some(value.to_string())),
+            _ => (word.as_str(), None),
+        };
+        let value = match inline {
+            None if UV_VALUED.contains(&name) => {
+                index += 1;
+                argv.get(index - 1).cloned()
+            }
+            value => value,
+        };
+        match name {
+            "--project" => uv.project = value,
+            "--directory" => uv.directory = value,
+            "--active" => uv.active = true,
+            "--no-sync" => uv.no_sync = true,
+            "-m" | "--module" => module = true,
+            ephemeral if UV_EPHEMERAL.contains(&ephemeral) && uv.ephemeral.is_none() => {
+                uv.ephemeral = Some(match value {
+                    Some(value) => format!("{name} {value}"),
+                    None => name.to_string(),
+                });
+            }
+            _ => {}
+        }
+    }
+    let rest = argv.get(index..).unwrap_or_default();
+    if !run || rest.is_empty() {
+        return Err(unknown());
+    }
+    let command = if module {
+        ["python".to_string(), "-m".to_string()]
+            .into_iter()
+            .chain(rest.iter().cloned())
+            .collect()
+    } else {
+        rest.to_vec()
+    };
+    Ok((Some(uv), command))
 }
 
 /// `NAME=value` with a shell variable name.

@@ -14,6 +14,12 @@
 //! without waiting (`file::read_regular`): a FIFO, a huge file, a symlink
 //! loop give "not found", never a hang.
 //!
+//! Launchers are followed as they would resolve, from their files: `uv run`
+//! in its project's environment (`uv_environment`), a pyenv shim (the
+//! command or the `#!` interpreter) to the version pyenv would pick
+//! (`follow_shim`). Where the environment is one the launcher builds at the
+//! start (`uv run --with …`), no version is found, and the reason says so.
+//!
 //! Rules kept (`Rules`): vLLM 0.26.0 and 0.33.0, SGLang 0.5.9 and 0.5.23,
 //! where they differ (docs/plan.md, "Engine versions"). Another version
 //! gets the nearest kept rules, and says so; none found, the default
@@ -22,7 +28,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use super::launch::{Engine, is_python};
+use super::launch::{Engine, UvRun, is_python};
 use crate::file::executable;
 
 /// The rule sets kept, one per engine release whose arithmetic differs.
@@ -268,14 +274,49 @@ const PATH_ENTRIES_MAX: usize = 1024;
 /// The longest version string kept from a `METADATA`.
 const VERSION_MAX: usize = 64;
 
-/// The version `program` (the command's first word after its environment:
-/// an interpreter or a console script) would run, in `env`.
+/// Where the engine would start: its working directory (`None`: not
+/// known), and `uv run`'s options when it launches the command.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StartsIn<'a> {
+    pub cwd: Option<&'a Path>,
+    pub uv_run: Option<&'a UvRun>,
+}
+
+/// The version `program` (the command's first word after its environment
+/// and launcher: an interpreter or a console script) would run, in `env`,
+/// started as `start` says.
 pub(crate) fn detect(
     engine: Engine,
     program: &str,
     env: &BTreeMap<String, String>,
+    start: StartsIn<'_>,
 ) -> EngineVersion {
-    match find(engine, program, env) {
+    let mut env = env.clone();
+    let found = match start.uv_run {
+        Some(uv) => uv_environment(engine, uv, &env, start.cwd).and_then(|uv_env| {
+            let venv = &uv_env.venv;
+            // `uv run` puts the environment's bin first on PATH.
+            let path = env.get("PATH").map_or("/bin:/usr/bin", String::as_str);
+            let path = format!("{}:{path}", venv.join("bin").display());
+            env.insert("PATH".to_string(), path);
+            env.insert("VIRTUAL_ENV".to_string(), venv.display().to_string());
+            let found = find(engine, program, &mut env, start.cwd)
+                .map_err(|why| format!("uv run in {}: {why}", venv.display()))?;
+            match uv_env.locked {
+                Some((lock, locked)) if locked != [found.0.as_str()] => Err(format!(
+                    "{} has {} {} but {} pins {}: `uv run` syncs the environment to it before starting",
+                    venv.display(),
+                    engine.name(),
+                    crate::units::short(&found.0, VERSION_MAX),
+                    lock.display(),
+                    crate::units::short(&locked.join(", "), 200)
+                )),
+                _ => Ok(found),
+            }
+        }),
+        None => find(engine, program, &mut env, start.cwd),
+    };
+    match found {
         Ok((version, interpreter, metadata)) => {
             let rules = match Release::parse(&version) {
                 Some(release) => Rules::nearest(engine, release),
@@ -305,12 +346,18 @@ pub(crate) fn detect(
 
 type Detected = (String, PathBuf, PathBuf);
 
-fn find(engine: Engine, program: &str, env: &BTreeMap<String, String>) -> Result<Detected, String> {
-    let located = locate(program, env)?;
+fn find(
+    engine: Engine,
+    program: &str,
+    env: &mut BTreeMap<String, String>,
+    cwd: Option<&Path>,
+) -> Result<Detected, String> {
+    let located = follow_shim(locate(program, env)?, env, cwd)?;
     let interpreter = if is_python(&located.to_string_lossy()) {
         located
     } else {
-        interpreter_of_script(&located, env)?
+        let interpreter = interpreter_of_script(&located, env)?;
+        follow_shim(interpreter, env, cwd)?
     };
     let dirs = search_path(&interpreter, env);
     let package = engine.name();
@@ -554,4 +601,297 @@ fn read_version(metadata: &Path, package: &str) -> Result<String, String> {
         Some(version) if !version.is_empty() => Ok(version.chars().take(VERSION_MAX).collect()),
         _ => Err(unreadable("no Version:".to_string())),
     }
+}
+
+/// The environment `uv run` runs its command in, and, unless it runs it
+/// unsynced, the engine's versions the project's `uv.lock` pins (uv syncs
+/// the environment to them first).
+struct UvEnvironment {
+    venv: PathBuf,
+    locked: Option<(PathBuf, Vec<String>)>,
+}
+
+/// The environment `uv run` runs its command in: the project's, found from
+/// the working directory (after `--directory`, `--project`) upwards as the
+/// first directory holding a `pyproject.toml`, at its `.venv` or
+/// `UV_PROJECT_ENVIRONMENT` (relative to the project); with `--active`,
+/// `VIRTUAL_ENV` first. An environment uv builds at the start (`--with`,
+/// `--isolated`, `--no-project`, a script), a project inside a uv
+/// workspace, or a project environment not yet made: why not.
+fn uv_environment(
+    engine: Engine,
+    uv: &UvRun,
+    env: &BTreeMap<String, String>,
+    cwd: Option<&Path>,
+) -> Result<UvEnvironment, String> {
+    if let Some(option) = &uv.ephemeral {
+        return Err(format!(
+            "`uv run {}` runs it in an environment uv builds at the start: which packages it gets, no file tells beforehand",
+            crate::units::short(option, 100)
+        ));
+    }
+    let cwd = cwd.ok_or("the working directory `uv run` starts in is not known")?;
+    let mut start = cwd.to_path_buf();
+    for dir in [&uv.directory, &uv.project].into_iter().flatten() {
+        start = start.join(dir);
+    }
+    let set = |name: &str| env.get(name).filter(|value| !value.is_empty());
+    if uv.active
+        && let Some(active) = set("VIRTUAL_ENV")
+    {
+        return Ok(UvEnvironment {
+            venv: cwd.join(active),
+            locked: None,
+        });
+    }
+    let start = std::fs::canonicalize(&start)
+        .map_err(|error| format!("uv run: {}: {error}", start.display()))?;
+    let project = start
+        .ancestors()
+        .find(|dir| dir.join("pyproject.toml").is_file())
+        .ok_or_else(|| {
+            format!(
+                "no pyproject.toml in {} or above: `uv run` runs it outside a project, which plan does not follow",
+                start.display()
+            )
+        })?;
+    if let Some(root) = project.ancestors().skip(1).find(|dir| {
+        crate::file::read_regular(&dir.join("pyproject.toml"), FILE_MAX).is_ok_and(|(_, bytes)| {
+            String::from_utf8_lossy(&bytes)
+                .lines()
+                .any(|line| line.trim() == "[tool.uv.workspace]")
+        })
+    }) {
+        return Err(format!(
+            "{} is inside the uv workspace of {}: whether its environment is the workspace's, plan does not read",
+            project.display(),
+            root.join("pyproject.toml").display()
+        ));
+    }
+    let venv = project.join(set("UV_PROJECT_ENVIRONMENT").map_or(".venv", String::as_str));
+    let unsynced = uv.no_sync
+        || set("UV_NO_SYNC").is_some_and(|value| {
+            ["1", "true", "yes", "on"].contains(&value.to_ascii_lowercase().as_str())
+        });
+    let lock = project.join("uv.lock");
+    let locked = if unsynced {
+        None
+    } else {
+        locked_versions(&lock, engine.name())?.map(|versions| (lock, versions))
+    };
+    if !venv.is_dir() {
+        return Err(format!(
+            "{} does not exist: `uv run` would make it and install the project's packages at the start{}",
+            venv.display(),
+            match &locked {
+                Some((lock, versions)) => format!(
+                    " ({} pins {} {})",
+                    lock.display(),
+                    engine.name(),
+                    crate::units::short(&versions.join(", "), 200)
+                ),
+                None => String::new(),
+            }
+        ));
+    }
+    Ok(UvEnvironment { venv, locked })
+}
+
+/// The versions of `package` a `uv.lock` pins (its `[[package]]` tables'
+/// `name` and `version`; several where the resolution forks), `None` when
+/// there is no lock or it does not name the package.
+fn locked_versions(lock: &Path, package: &str) -> Result<Option<Vec<String>>, String> {
+    if !lock.exists() {
+        return Ok(None);
+    }
+    let (_, bytes) = crate::file::read_regular(lock, FILE_MAX)
+        .map_err(|why| format!("{}: {why}", lock.display()))?;
+    let text = String::from_utf8_lossy(&bytes);
+    let value = |line: &str, key: &str| {
+        let (name, value) = line.split_once('=')?;
+        (name.trim() == key).then(|| value.trim().trim_matches('"').to_string())
+    };
+    let mut versions: Vec<String> = Vec::new();
+    let mut name: Option<String> = None;
+    for line in text.lines().map(str::trim) {
+        if line.starts_with('[') {
+            name = None;
+            continue;
+        }
+        if let Some(found) = value(line, "name") {
+            name = Some(found);
+        } else if let Some(version) = value(line, "version")
+            && name
+                .as_deref()
+                .is_some_and(|name| name.eq_ignore_ascii_case(package))
+            && !versions.contains(&version)
+            && versions.len() < VERSIONS_MAX
+        {
+            versions.push(version.chars().take(VERSION_MAX).collect());
+        }
+    }
+    Ok((!versions.is_empty()).then_some(versions))
+}
+
+/// The most versions taken from `PYENV_VERSION` or a version file.
+const VERSIONS_MAX: usize = 64;
+
+/// What a pyenv shim runs: `path` itself unless it is in the `shims`
+/// directory of the pyenv root (`PYENV_ROOT`, else `~/.pyenv`); then the
+/// command of the version pyenv picks (`PYENV_VERSION`, else the first
+/// `.python-version` from the working directory upwards, else
+/// `ROOT/version`, else `system`; of several, the first that has the
+/// command): `ROOT/versions/V/bin/NAME`, whose `bin` then comes first on
+/// `PATH` as `pyenv exec` puts it; `system`, the command on `PATH` without
+/// the shims.
+fn follow_shim(
+    path: PathBuf,
+    env: &mut BTreeMap<String, String>,
+    cwd: Option<&Path>,
+) -> Result<PathBuf, String> {
+    let (Some(shims), Some(name)) = (path.parent(), path.file_name()) else {
+        return Ok(path);
+    };
+    let root = match env.get("PYENV_ROOT").filter(|root| !root.is_empty()) {
+        Some(root) => PathBuf::from(root),
+        None => match env.get("HOME") {
+            Some(home) => Path::new(home).join(".pyenv"),
+            None => return Ok(path),
+        },
+    };
+    if shims.file_name().is_none_or(|dir| dir != "shims")
+        || shims.parent().is_none_or(|dir| !same_dir(dir, &root))
+    {
+        return Ok(path);
+    }
+    let shim = |why: String| format!("pyenv shim {}: {why}", path.display());
+    let (versions, source) = pyenv_versions(&root, env, cwd).map_err(shim)?;
+    for version in &versions {
+        if version == "system" {
+            let path_var = env.get("PATH").map_or("/bin:/usr/bin", String::as_str);
+            let without: Vec<&str> = path_var
+                .split(':')
+                .filter(|dir| !same_dir(Path::new(if dir.is_empty() { "." } else { dir }), shims))
+                .collect();
+            let mut system = env.clone();
+            system.insert("PATH".to_string(), without.join(":"));
+            if let Ok(found) = locate(&name.to_string_lossy(), &system) {
+                return Ok(found);
+            }
+            continue;
+        }
+        if let Some(prefix) = pyenv_installed(&root, version) {
+            let command = prefix.join("bin").join(name);
+            if executable(&command) {
+                let path_var = env.get("PATH").map_or("/bin:/usr/bin", String::as_str);
+                let path_var = format!("{}:{path_var}", prefix.join("bin").display());
+                env.insert("PATH".to_string(), path_var);
+                return Ok(command);
+            }
+        }
+    }
+    Err(shim(format!(
+        "no version of {} ({source}) has {} installed in {}",
+        if versions.is_empty() {
+            "none".to_string()
+        } else {
+            crate::units::short(&versions.join(":"), 200)
+        },
+        name.to_string_lossy(),
+        root.join("versions").display()
+    )))
+}
+
+/// Whether two paths name one directory (the same path, or the same
+/// inode once their links are followed).
+fn same_dir(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    a == b
+        || match (std::fs::metadata(a), std::fs::metadata(b)) {
+            (Ok(a), Ok(b)) => a.is_dir() && a.dev() == b.dev() && a.ino() == b.ino(),
+            _ => false,
+        }
+}
+
+/// The versions pyenv would pick, in its order, and where they were read
+/// (`PYENV_VERSION`, or the version file): a name with `/` or `..`, an
+/// empty line or a `#` comment is skipped, as pyenv skips it; nothing left
+/// is `system`.
+fn pyenv_versions(
+    root: &Path,
+    env: &BTreeMap<String, String>,
+    cwd: Option<&Path>,
+) -> Result<(Vec<String>, String), String> {
+    let (words, source): (Vec<String>, String) =
+        match env.get("PYENV_VERSION").filter(|v| !v.is_empty()) {
+            Some(value) => (
+                value.split(':').map(str::to_string).collect(),
+                "PYENV_VERSION".to_string(),
+            ),
+            None => {
+                let cwd = cwd.ok_or(
+                    "the working directory, where pyenv looks for .python-version, is not known",
+                )?;
+                // pyenv's `[ -f ]`: what is not a regular file (a FIFO) is passed by.
+                let file = cwd
+                    .ancestors()
+                    .map(|dir| dir.join(".python-version"))
+                    .chain([root.join("version")])
+                    .find(|file| file.is_file());
+                match file {
+                    None => (Vec::new(), "no version file".to_string()),
+                    Some(file) => {
+                        let (_, bytes) = crate::file::read_regular(&file, FILE_MAX)
+                            .map_err(|why| format!("{}: {why}", file.display()))?;
+                        let words = String::from_utf8_lossy(&bytes)
+                            .lines()
+                            .take(ENTRIES_MAX)
+                            .filter_map(|line| line.split_whitespace().next())
+                            .map(str::to_string)
+                            .collect();
+                        (words, file.display().to_string())
+                    }
+                }
+            }
+        };
+    let mut versions: Vec<String> = words
+        .into_iter()
+        .filter(|word| {
+            !word.is_empty() && !word.starts_with('#') && word != ".." && !word.contains('/')
+        })
+        .take(VERSIONS_MAX)
+        .collect();
+    if versions.is_empty() {
+        versions.push("system".to_string());
+    }
+    Ok((versions, source))
+}
+
+/// `ROOT/versions/VERSION`, as pyenv finds it: the directory of that name,
+/// else without a `python-` prefix, else the newest installed release
+/// `VERSION.N…` (`3.12` → `3.12.3`).
+fn pyenv_installed(root: &Path, version: &str) -> Option<PathBuf> {
+    let versions = root.join("versions");
+    let exact = [Some(version), version.strip_prefix("python-")]
+        .into_iter()
+        .flatten()
+        .map(|name| versions.join(name))
+        .find(|dir| dir.is_dir());
+    if exact.is_some() {
+        return exact;
+    }
+    let prefix = format!("{version}.");
+    std::fs::read_dir(&versions)
+        .ok()?
+        .take(ENTRIES_MAX)
+        .filter_map(|entry| {
+            let name = entry.ok()?.file_name().into_string().ok()?;
+            let rest = name.strip_prefix(&prefix)?;
+            let release = rest.chars().all(|c| c.is_ascii_digit() || c == '.')
+                && !rest.is_empty()
+                && !rest.ends_with('.');
+            release.then(|| (Release::parse(&name).unwrap_or_default(), name.clone()))
+        })
+        .max()
+        .map(|(_, name)| versions.join(name))
 }
