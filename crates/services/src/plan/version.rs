@@ -296,9 +296,7 @@ pub(crate) fn detect(
         Some(uv) => uv_environment(engine, uv, &env, start.cwd).and_then(|uv_env| {
             let venv = &uv_env.venv;
             // `uv run` puts the environment's bin first on PATH.
-            let path = env.get("PATH").map_or("/bin:/usr/bin", String::as_str);
-            let path = format!("{}:{path}", venv.join("bin").display());
-            env.insert("PATH".to_string(), path);
+            prepend_path(&mut env, &venv.join("bin"));
             env.insert("VIRTUAL_ENV".to_string(), venv.display().to_string());
             let found = find(engine, program, &mut env, start.cwd)
                 .map_err(|why| format!("uv run in {}: {why}", venv.display()))?;
@@ -382,6 +380,17 @@ fn find(
     ))
 }
 
+/// The engine's `PATH`: `/bin:/usr/bin` when unset, as `execvp` takes it.
+fn exec_path(env: &BTreeMap<String, String>) -> &str {
+    env.get("PATH").map_or("/bin:/usr/bin", String::as_str)
+}
+
+/// `dir` first on the engine's `PATH`, as a launcher puts it.
+fn prepend_path(env: &mut BTreeMap<String, String>, dir: &Path) {
+    let path = format!("{}:{}", dir.display(), exec_path(env));
+    env.insert("PATH".to_string(), path);
+}
+
 /// `program` as `execvp` finds it: a path when it has a `/`, else the
 /// first executable regular file of that name in `PATH` (`/bin:/usr/bin`
 /// when unset).
@@ -394,8 +403,8 @@ fn locate(program: &str, env: &BTreeMap<String, String>) -> Result<PathBuf, Stri
             Err(format!("{program} is not an executable file"))
         };
     }
-    let path = env.get("PATH").map_or("/bin:/usr/bin", String::as_str);
-    path.split(':')
+    exec_path(env)
+        .split(':')
         .take(PATH_ENTRIES_MAX)
         .map(|dir| Path::new(if dir.is_empty() { "." } else { dir }).join(program))
         .find(|candidate| executable(candidate))
@@ -768,8 +777,7 @@ fn follow_shim(
     let (versions, source) = pyenv_versions(&root, env, cwd).map_err(shim)?;
     for version in &versions {
         if version == "system" {
-            let path_var = env.get("PATH").map_or("/bin:/usr/bin", String::as_str);
-            let without: Vec<&str> = path_var
+            let without: Vec<&str> = exec_path(env)
                 .split(':')
                 .filter(|dir| !same_dir(Path::new(if dir.is_empty() { "." } else { dir }), shims))
                 .collect();
@@ -783,9 +791,7 @@ fn follow_shim(
         if let Some(prefix) = pyenv_installed(&root, version) {
             let command = prefix.join("bin").join(name);
             if executable(&command) {
-                let path_var = env.get("PATH").map_or("/bin:/usr/bin", String::as_str);
-                let path_var = format!("{}:{path_var}", prefix.join("bin").display());
-                env.insert("PATH".to_string(), path_var);
+                prepend_path(env, &prefix.join("bin"));
                 return Ok(command);
             }
         }
