@@ -48,6 +48,8 @@ back=no
 for _ in $(seq 1 60); do [ "$(used)" -le $((base + 256)) ] && { back=yes; break; }; sleep 1; done
 smi > "$OUT/$name-smi-after.txt"
 nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv > "$OUT/$name-apps-after.txt" 2>&1
+# The JIT builds, for carrying to a fresh machine as .sgl/jit/sgl-jit-cache.tgz (setup.sh unpacks it).
+[ -d "$TVM_FFI_CACHE_DIR" ] && tar czf "$OUT/sgl-jit-cache.tgz" -C "$(dirname "$TVM_FFI_CACHE_DIR")" "$(basename "$TVM_FFI_CACHE_DIR")"
 echo "== $name: $state after $took s (server exit $rc); GPU 0 used ${base} MiB before, $(used) MiB after: memory back=$back"
 grep -E "Load weight begin|Load weight end|KV Cache is allocated|Memory pool end|max_total_num_tokens=|Capture .* end|fired up|Traceback|Error|error:" "$log" | cut -c1-300 | head -24
 [ $state = ready ] && [ $back = yes ]

@@ -28,6 +28,10 @@ else
     rm -rf "$site"; mv "$site.partial" "$site"; touch "$site/.complete"
     echo "SGLang set unpacked in $site ($(du -sh "$site" | cut -f1))"
 fi
+# SGLang's JIT builds from an earlier machine (serve_once.sh's sgl-jit-cache.tgz), if carried.
+if [ -e "$dir/jit/sgl-jit-cache.tgz" ] && [ ! -d /tmp/sgl-jit-cache ]; then
+    tar xzf "$dir/jit/sgl-jit-cache.tgz" -C /tmp && echo "JIT builds unpacked in /tmp/sgl-jit-cache"
+fi
 PYTHONPATH=$site python3 -c "
 import importlib.metadata as m, torch, transformers, sgl_kernel, sglang, flashinfer
 print('sglang', sglang.__version__, '| sgl_kernel', sgl_kernel.__version__, sgl_kernel.common_ops.__file__.split('/')[-2],
