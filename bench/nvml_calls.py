@@ -7,6 +7,12 @@ With --fields-first, the health figures are first asked in one nvmlDeviceGetFiel
 both are printed (of the last run) to compare.
 
     python3 bench/nvml_calls.py [N] [--fields-first]
+    python3 bench/nvml_calls.py [N] --parallel
+
+With --parallel: whether NVML answers calls of several threads at once. The health and activity
+calls `status` makes off the snapshot's path (ECC, retired pages, utilization, power, process
+utilization) on GPU 0, one after another on one thread against each group on a thread of its
+own, N times each, alternately: the median wall time of both.
 
 Needs pynvml (nvidia-ml-py). With a process holding memory on GPU 0 the lists are not empty:
 start one first (bench/bench.py's worker, or any CUDA program).
@@ -98,6 +104,50 @@ s = time.perf_counter(); n.nvmlShutdown(); t["nvmlShutdown"] = (time.perf_counte
 print(json.dumps(t))
 print(json.dumps(values))
 '''
+
+PARALLEL = r'''
+import statistics, sys, threading, time, pynvml as n
+n.nvmlInit()
+h = n.nvmlDeviceGetHandleByIndex(0)
+def health():
+    n.nvmlDeviceGetTotalEccErrors(h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC)
+    n.nvmlDeviceGetRetiredPagesPendingStatus(h)
+def utilization():
+    n.nvmlDeviceGetUtilizationRates(h)
+    n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU)
+def power():
+    n.nvmlDeviceGetPowerUsage(h)
+    n.nvmlDeviceGetPowerManagementLimit(h)
+def processes():
+    try:
+        n.nvmlDeviceGetProcessUtilization(h, int((time.time() - 1) * 1e6))
+    except n.NVMLError:
+        pass
+groups = [health, utilization, power, processes]
+def one_thread():
+    for group in groups:
+        group()
+def threads():
+    running = [threading.Thread(target=group) for group in groups]
+    for thread in running:
+        thread.start()
+    for thread in running:
+        thread.join()
+times = {"one thread": [], "a thread per group": []}
+for _ in range(int(sys.argv[1])):
+    for name, run in (("one thread", one_thread), ("a thread per group", threads)):
+        started = time.perf_counter()
+        run()
+        times[name].append((time.perf_counter() - started) * 1e3)
+for name, measured in times.items():
+    print(f"| {name} | {statistics.median(measured):.3f} ms | {min(measured):.3f} | {max(measured):.3f} |")
+'''
+
+if "--parallel" in sys.argv[1:]:
+    runs = [a for a in sys.argv[1:] if a != "--parallel"]
+    print("| health and activity calls, GPU 0 | median | min | max |\n|---|---|---|---|")
+    subprocess.run([sys.executable, "-c", PARALLEL, runs[0] if runs else "11"], check=True)
+    sys.exit(0)
 
 args = [a for a in sys.argv[1:] if a != "--fields-first"]
 fields_first = "--fields-first" in sys.argv[1:]
