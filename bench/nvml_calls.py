@@ -109,9 +109,14 @@ PARALLEL = r'''
 import statistics, sys, threading, time, pynvml as n
 n.nvmlInit()
 h = n.nvmlDeviceGetHandleByIndex(0)
+def tried(call, *args):
+    try:
+        call(*args)
+    except n.NVMLError:  # Not Supported on some GPUs (retired pages on an H100)
+        pass
 def health():
-    n.nvmlDeviceGetTotalEccErrors(h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC)
-    n.nvmlDeviceGetRetiredPagesPendingStatus(h)
+    tried(n.nvmlDeviceGetTotalEccErrors, h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC)
+    tried(n.nvmlDeviceGetRetiredPagesPendingStatus, h)
 def utilization():
     n.nvmlDeviceGetUtilizationRates(h)
     n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU)
