@@ -59,6 +59,14 @@ pub(crate) const CUDA_CONTEXT_BYTES: u64 = GIB;
 /// in a log replaces weights and this together.
 pub(crate) const SGLANG_LOAD_OVERHEAD_BYTES: u64 = GIB;
 
+/// MEASURED (SGLang 0.5.14, one H100, TP1, dummy weights): what a start on
+/// one GPU allocates while loading besides the checkpoint's bytes, the
+/// logged `Load weight end … mem usage` less them: Qwen3-4B 7.56 GiB
+/// against 7.49, Llama-3.1-8B 15.02 against 14.96 (0.06–0.07 GiB, the
+/// log's 0.01 rounding aside). No communicator buffers at TP1; at TP > 1
+/// `SGLANG_LOAD_OVERHEAD_BYTES` stays.
+pub(crate) const SGLANG_LOAD_OVERHEAD_TP1_BYTES: u64 = 64 * MIB;
+
 /// ESTIMATE: vLLM's non-torch growth during its profile run
 /// (`memory_profiling`'s `non_torch_increase`: cuBLAS and CUDA
 /// workspaces, NCCL buffers at TP > 1), which no vLLM source line sizes:
@@ -440,7 +448,11 @@ pub fn weights_per_gpu(launch: &Launch, model: &Model) -> Option<u64> {
         bytes += split * (1.0 / attn_tp - 1.0 / tp) / pp;
     }
     if launch.engine == Engine::Sglang {
-        bytes += SGLANG_LOAD_OVERHEAD_BYTES as f64;
+        let one_gpu = launch.tp.max(1) * launch.pp.max(1) == 1;
+        bytes += match one_gpu && launch.rules.sglang_load_overhead_measured_at_tp1() {
+            true => SGLANG_LOAD_OVERHEAD_TP1_BYTES,
+            false => SGLANG_LOAD_OVERHEAD_BYTES,
+        } as f64;
     }
     Some(bytes as u64)
 }
@@ -554,6 +566,12 @@ pub(crate) fn sglang_default_fraction(launch: &Launch, model: &Model, gpu_total:
             reserved += graph_bs * f64::from(launch.dp) * 1.5;
         }
     }
+    if launch.rules.sglang_prefill_graph_reserve() && sglang_prefill_graphs(launch) {
+        reserved += match model.attention {
+            Attention::Mla { .. } => 1.5 * 1024.0,
+            _ => sglang_prefill_graph_sizes(launch, chunked) as f64 * 8.0,
+        };
+    }
     if gpu > 60.0 * 1024.0 {
         reserved = reserved.max(10.0 * 1024.0);
     }
@@ -567,6 +585,59 @@ pub(crate) fn sglang_default_fraction(launch: &Launch, model: &Model, gpu_total:
         fraction *= sglang_vlm_factor(model);
     }
     fraction
+}
+
+/// SGLang 0.5.14 captures prefill CUDA graphs (`tc_piecewise`) unless
+/// `--cuda-graph-backend-prefill disabled`, or without that flag
+/// `--disable-cuda-graph` / `--disable-prefill-cuda-graph`, or what
+/// `_disable_tc_piecewise_cudagraph_if_incompatible` turns them off for and
+/// plan reads: DP attention, PP > 1, CPU offload, HiCache.
+fn sglang_prefill_graphs(launch: &Launch) -> bool {
+    let on = match launch.prefill_graph_backend.as_deref() {
+        Some(backend) => backend != "disabled",
+        None => !launch.prefill_graph_switch_off,
+    };
+    on && !launch.dp_attention
+        && launch.pp <= 1
+        && launch.cpu_offload_bytes == 0
+        && launch.host_tier.is_none()
+}
+
+/// How many prefill graph sizes SGLang 0.5.14 captures for a non-MLA model
+/// (`_generate_prefill_cuda_graph_batch_sizes`): 4…32 by 4, 48…256 by 16,
+/// 288…512 by 32, 576…1024 by 64, 1280…4096 by 256, then by 512, up to the
+/// largest, the chunked-prefill size capped by `--max-total-tokens`, 4096
+/// for a `llama-2` model path, and `--context-length`.
+fn sglang_prefill_graph_sizes(launch: &Launch, chunked: f64) -> usize {
+    let mut largest = chunked as u64;
+    if let Some(total) = launch.max_total_tokens {
+        largest = largest.min(total);
+    }
+    if launch.model.to_ascii_lowercase().contains("llama-2") {
+        largest = largest.min(4096);
+    }
+    if let Some(context) = launch.context_length {
+        largest = largest.min(context);
+    }
+    let steps: [(u64, u64, u64); 6] = [
+        (4, 32, 4),
+        (48, 256, 16),
+        (288, 512, 32),
+        (576, 1024, 64),
+        (1280, 4096, 256),
+        (4608, u64::MAX, 512),
+    ];
+    steps
+        .iter()
+        .map(|&(from, to, step)| {
+            let last = to.min(largest);
+            if last < from {
+                0
+            } else {
+                ((last - from) / step + 1) as usize
+            }
+        })
+        .sum()
 }
 
 /// SGLang 0.5.9 `adjust_mem_fraction_for_vlm`: `0.95 × clamp(1 − 0.1 ×

@@ -237,6 +237,15 @@ pub struct Launch {
     /// `--disable-hybrid-kv-cache-manager`: sliding-window layers are held
     /// as full attention.
     pub disable_hybrid_kv: bool,
+    /// SGLang `--disable-cuda-graph` / `--disable-prefill-cuda-graph`: no
+    /// prefill (piecewise) CUDA graphs, unless `--cuda-graph-backend-prefill`
+    /// names a backend (it wins whatever the order).
+    #[serde(skip)]
+    pub prefill_graph_switch_off: bool,
+    /// SGLang 0.5.14 `--cuda-graph-backend-prefill` (`tc_piecewise`,
+    /// `breakable`, `disabled`).
+    #[serde(skip)]
+    pub prefill_graph_backend: Option<String>,
     /// The command's first word after its environment: the interpreter
     /// (`python3`, `/venv/bin/python`) or the console script (`vllm`),
     /// as written; `version::detect` finds the engine's version from it.
@@ -338,6 +347,8 @@ pub fn parse(argv: &[String], env: &BTreeMap<String, String>) -> Result<Launch, 
         mamba_cache_dtype: None,
         mamba_ssm_dtype: None,
         disable_hybrid_kv: false,
+        prefill_graph_switch_off: false,
+        prefill_graph_backend: None,
         program: program.first().cloned().unwrap_or_default(),
         uv_run,
         rules: Rules::default_for(engine),
@@ -1077,6 +1088,9 @@ const ALIASES: &[(&str, &str)] = &[
     ("--cuda-graph-bs", "graph-bs-list"),
     ("--speculative-algorithm", "speculative"),
     ("--enforce-eager", "eager"),
+    ("--disable-cuda-graph", "no-prefill-graph"),
+    ("--disable-prefill-cuda-graph", "no-prefill-graph"),
+    ("--cuda-graph-backend-prefill", "prefill-graph-backend"),
     ("--swa-full-tokens-ratio", "swa-ratio"),
     ("--max-mamba-cache-size", "mamba-size"),
     ("--mamba-full-memory-ratio", "mamba-ratio"),
@@ -1167,6 +1181,7 @@ const UNDERSTOOD_SWITCHES: &[&str] = &[
     "no-hybrid-kv",
     "no-radix",
     "no-overlap",
+    "no-prefill-graph",
     "prefix-caching",
 ];
 
@@ -1331,6 +1346,7 @@ fn understood_switch(
         "no-radix" => launch.disable_radix_cache = true,
         "no-overlap" => launch.disable_overlap_schedule = true,
         "prefix-caching" => launch.prefix_caching = Some(true),
+        "no-prefill-graph" => launch.prefill_graph_switch_off = true,
         _ => state.hierarchical_cache = true,
     }
     Ok(())
@@ -1602,6 +1618,9 @@ fn set(
         "chunked" => launch.chunked_prefill_size = Some(chunked_prefill(engine, flag, value)?),
         "max-prefill" => launch.max_prefill_tokens = Some(whole(flag, value)?),
         "graph-bs" => launch.cuda_graph_max_bs = Some(whole(flag, value)?),
+        "prefill-graph-backend" => {
+            launch.prefill_graph_backend = Some(value.trim().to_ascii_lowercase())
+        }
         "speculative" => launch.speculative_algorithm = Some(value.to_ascii_uppercase()),
         "hicache-ratio" => match value.trim().parse::<f64>() {
             Ok(ratio) if ratio > 0.0 => state.hicache_ratio = Some(ratio),

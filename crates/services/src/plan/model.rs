@@ -549,9 +549,9 @@ fn refuse_unserved(launch: &Launch, model: &Model) -> Result<(), PlanError> {
             "SGLang has no Jamba model (no srt/models/jamba.py in 0.5.9 or 0.5.23); vLLM serves it"
         }
         (Engine::Sglang, "MambaForCausalLM" | "Mamba2ForCausalLM")
-            if launch.rules == Rules::Sglang0_5_9 =>
+            if matches!(launch.rules, Rules::Sglang0_5_9 | Rules::Sglang0_5_14) =>
         {
-            "SGLang 0.5.9 has no pure Mamba model (srt/models/mamba.py and mamba2.py arrive in later releases); vLLM serves it"
+            "SGLang 0.5.9 and 0.5.14 have no pure Mamba model (srt/models/mamba.py and mamba2.py arrive in later releases); vLLM serves it"
         }
         (Engine::Sglang, "MambaForCausalLM" | "Mamba2ForCausalLM") => {
             "the state-only pool of a model without attention layers (srt/models/mamba.py, mamba2.py) is not modelled for SGLang"

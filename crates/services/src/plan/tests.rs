@@ -156,7 +156,10 @@ fn switches_do_not_swallow_the_next_token() {
     assert_eq!(sglang.model, "m");
     assert_eq!((sglang.tp, sglang.dp), (8, 4));
     assert_eq!(sglang.host_tier, Some(HostTierRequest::SglangSizeGb(37)));
-    assert_eq!(sglang.ignored, vec!["--disable-cuda-graph"]);
+    // Read: 0.5.14's default fraction reserves nothing for prefill graphs
+    // without them; 0.5.9's and 0.5.23's pool does not depend on it.
+    assert!(sglang.prefill_graph_switch_off);
+    assert!(sglang.ignored.is_empty(), "{:?}", sglang.ignored);
 }
 
 #[test]
@@ -2378,4 +2381,97 @@ fn hybrid_pools_match_real_vllm_starts_from_their_available_kv() {
     // The old rule (every layer full attention, blocks of 16) planned
     // Gemma-3-1B at 68.53 GiB / (16,384 / 16 × 26 B) = 2,763,670 tokens and
     // no concurrency of its own; Qwen3-Next was refused.
+}
+
+/// SGLang 0.5.14 `_handle_gpu_memory_settings`: prefill CUDA graphs on
+/// (its default, `tc_piecewise`) reserve 8 MiB per prefill graph size more,
+/// 1.5 GiB for MLA; the corpus's real starts logged 0.83 with graphs and
+/// 0.835 without (Qwen3-4B, H100, context 8192: 58 sizes). 0.5.9 and
+/// 0.5.23 keep their rule.
+#[test]
+fn sglang_0_5_14_reserves_for_prefill_graphs() {
+    let qwen = load("qwen3-4b");
+    let h100 = 81_559 * MIB;
+    let round3 = |x: f64| (x * 1000.0).round() / 1000.0;
+    let at = |line: &str, rules: super::version::Rules, model: &Model| {
+        let mut launch = parse(&format!(
+            "python3 -m sglang.launch_server --model-path m --context-length 8192 {line}"
+        ));
+        launch.rules = rules;
+        engine::sglang_default_fraction(&launch, model, h100)
+    };
+    let v14 = super::version::Rules::Sglang0_5_14;
+    // 4…32 by 4 (8), 48…256 by 16 (14), 288…512 by 32 (8), 576…1024 by 64
+    // (8), 1280…4096 by 256 (12), 4608…8192 by 512 (8): 58 sizes.
+    let graphs = round3((81_559.0 - 13_440.0 - 58.0 * 8.0) / 81_559.0);
+    assert_eq!(graphs, 0.83);
+    assert_eq!(at("", v14, &qwen), graphs);
+    // Off by the per-phase flag, the legacy switches, or what turns
+    // tc_piecewise off (DP attention, PP).
+    for off in [
+        "--cuda-graph-backend-prefill disabled",
+        "--disable-cuda-graph",
+        "--disable-prefill-cuda-graph",
+    ] {
+        assert_eq!(at(off, v14, &qwen), 0.835, "{off}");
+    }
+    // The backend flag wins over the switches.
+    assert_eq!(
+        at(
+            "--disable-cuda-graph --cuda-graph-backend-prefill tc_piecewise",
+            v14,
+            &qwen
+        ),
+        graphs
+    );
+    // A shorter context caps the largest size: 2048 → 8 + 14 + 8 + 8 + 4 = 42.
+    let mut short = parse(
+        "python3 -m sglang.launch_server --model-path m --context-length 2048 --chunked-prefill-size 8192",
+    );
+    short.rules = v14;
+    assert_eq!(
+        engine::sglang_default_fraction(&short, &qwen, h100),
+        round3((81_559.0 - 13_440.0 - 42.0 * 8.0) / 81_559.0)
+    );
+    // MLA: 1.5 GiB flat.
+    let dsv2 = load("deepseek-v2-lite");
+    assert_eq!(
+        at("", v14, &dsv2),
+        round3((81_559.0 - 13_440.0 - 1536.0) / 81_559.0)
+    );
+    // The other kept rules reserve nothing for prefill graphs.
+    for rules in [
+        super::version::Rules::Sglang0_5_9,
+        super::version::Rules::Sglang0_5_23,
+    ] {
+        assert_eq!(at("", rules, &qwen), 0.835);
+    }
+}
+
+/// SGLang 0.5.14 at TP1 loads 0.06–0.07 GiB besides the checkpoint (the
+/// corpus: Qwen3-4B 7.56 GiB logged, Llama-3.1-8B 15.02), not the 1 GiB
+/// estimate measured at TP8, which TP > 1 and the other versions keep.
+#[test]
+fn sglang_0_5_14_load_overhead_at_tp1() {
+    let qwen = load("qwen3-4b");
+    let weights = |line: &str, rules: super::version::Rules| {
+        let mut launch = parse(&format!(
+            "python3 -m sglang.launch_server --model-path m {line}"
+        ));
+        launch.rules = rules;
+        engine::weights_per_gpu(&launch, &qwen).expect("estimate") as f64 / GIB as f64
+    };
+    let v14 = super::version::Rules::Sglang0_5_14;
+    assert!(
+        (weights("", v14) - 7.56).abs() < 0.01,
+        "{}",
+        weights("", v14)
+    );
+    let v9 = weights("", super::version::Rules::Sglang0_5_9);
+    assert!(
+        (v9 - weights("", v14) - (1.0 - 1.0 / 16.0)).abs() < 1e-6,
+        "{v9}"
+    );
+    let tp2 = weights("--tp 2", v14);
+    assert!((tp2 - 7.4924 / 2.0 - 1.0).abs() < 0.001, "{tp2}");
 }

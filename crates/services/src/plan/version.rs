@@ -20,7 +20,7 @@
 //! (`follow_shim`). Where the environment is one the launcher builds at the
 //! start (`uv run --with …`), no version is found, and the reason says so.
 //!
-//! Rules kept (`Rules`): vLLM 0.26.0 and 0.33.0, SGLang 0.5.9 and 0.5.23,
+//! Rules kept (`Rules`): vLLM 0.26.0 and 0.33.0, SGLang 0.5.9, 0.5.14 and 0.5.23,
 //! where they differ (docs/plan.md, "Engine versions"). Another version
 //! gets the nearest kept rules, and says so; none found, the default
 //! (`Rules::default_for`), the rules the corpus of real starts pins.
@@ -37,6 +37,7 @@ pub enum Rules {
     Vllm0_26,
     Vllm0_33,
     Sglang0_5_9,
+    Sglang0_5_14,
     Sglang0_5_23,
 }
 
@@ -47,6 +48,7 @@ impl Rules {
             Rules::Vllm0_26 => "0.26.0",
             Rules::Vllm0_33 => "0.33.0",
             Rules::Sglang0_5_9 => "0.5.9",
+            Rules::Sglang0_5_14 => "0.5.14",
             Rules::Sglang0_5_23 => "0.5.23",
         }
     }
@@ -58,7 +60,7 @@ impl Rules {
     fn kept(engine: Engine) -> &'static [Rules] {
         match engine {
             Engine::Vllm => &[Rules::Vllm0_26, Rules::Vllm0_33],
-            Engine::Sglang => &[Rules::Sglang0_5_9, Rules::Sglang0_5_23],
+            Engine::Sglang => &[Rules::Sglang0_5_9, Rules::Sglang0_5_14, Rules::Sglang0_5_23],
         }
     }
 
@@ -147,11 +149,31 @@ impl Rules {
         self == Rules::Sglang0_5_23
     }
 
-    /// SGLang 0.5.9 `memory_pool_host.py` asserts the host pool is larger
-    /// than the device pool (the start fails); 0.5.23
-    /// `pool_host/base.py` `_allocate_host_buffer` only warns.
+    /// SGLang 0.5.9 `memory_pool_host.py` (0.5.14 `pool_host/base.py`)
+    /// asserts the host pool is larger than the device pool (the start
+    /// fails); 0.5.23 `pool_host/base.py` `_allocate_host_buffer` only warns.
     pub(crate) fn sglang_host_smaller_than_device_refused(self) -> bool {
-        self == Rules::Sglang0_5_9
+        matches!(self, Rules::Sglang0_5_9 | Rules::Sglang0_5_14)
+    }
+
+    /// SGLang 0.5.14 `server_args.py` `_handle_gpu_memory_settings`: with
+    /// prefill CUDA graphs on (`tc_piecewise`, its default), the default
+    /// `--mem-fraction-static` reserves 8 MiB more per prefill graph size
+    /// (1.5 GiB for an MLA model); 0.5.9 captures no prefill graphs by
+    /// default and reserves nothing for them. 0.5.23
+    /// (`arg_groups/memory_hook.py` `reserve_for_graph_mb`) has the same
+    /// term among others not modelled (docs/plan.md, "Engine versions") and
+    /// keeps 0.5.9's fraction here.
+    pub(crate) fn sglang_prefill_graph_reserve(self) -> bool {
+        self == Rules::Sglang0_5_14
+    }
+
+    /// What SGLang 0.5.14 allocated besides the weights while loading, on
+    /// one GPU, measured by the corpus of real starts
+    /// (`engine::SGLANG_LOAD_OVERHEAD_TP1_BYTES`); the other versions keep
+    /// the 1 GiB estimate, measured at TP8 only.
+    pub(crate) fn sglang_load_overhead_measured_at_tp1(self) -> bool {
+        self == Rules::Sglang0_5_14
     }
 }
 
