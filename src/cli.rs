@@ -448,7 +448,7 @@ directory or the Hugging Face cache), and this host's GPUs through the same snap
 `status`. No GPU work, no network. docs/plan.md lists the flags it understands.
 The engine's version is read from the files of the interpreter the command would run
 (its dist-info METADATA; nothing is run) and that version's rules apply: vLLM 0.26.0 or
-0.33.0, SGLang 0.5.9 or 0.5.23, the nearest for another (--engine-version to give one).
+0.33.0, SGLang 0.5.9, 0.5.14 or 0.5.23, the nearest for another (--engine-version to give one).
 A holder that costs every rank at most 1% of the clean pool's tokens (and does not stop
 the start) is reported but does not change the verdict; nor do several within 1% together.
 
