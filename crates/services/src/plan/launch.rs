@@ -1147,6 +1147,11 @@ const SGLANG_ONLY: &[&str] = &[
     "--gpu-id-step",
     "--disable-overlap-schedule",
     "--mamba-ssm-dtype",
+    // SGLang's CUDA-graph switches (vLLM's is --enforce-eager; 0.26.0's
+    // parser has none of these, nor a flag they abbreviate).
+    "--disable-cuda-graph",
+    "--disable-prefill-cuda-graph",
+    "--cuda-graph-backend-prefill",
 ];
 const VLLM_ONLY: &[&str] = &[
     "-tp",

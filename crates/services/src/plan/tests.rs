@@ -260,6 +260,13 @@ fn launch_bad_input_is_named() {
         ),
         ("vllm serve m --tp 2", "--tp"),
         ("vllm serve m --context-length=8192", "--context-length"),
+        // SGLang's graph switches, read since 0.5.14's rules: vLLM's
+        // parser still refuses them (they were accepted silently).
+        ("vllm serve m --disable-cuda-graph", "--disable-cuda-graph"),
+        (
+            "vllm serve m --cuda-graph-backend-prefill disabled",
+            "--cuda-graph-backend-prefill",
+        ),
     ] {
         match parse_err(line) {
             PlanError::BadValue { flag: named, .. } => assert_eq!(named, flag, "{line}"),
