@@ -1146,17 +1146,7 @@ fn vllm(launch: &Launch, model: &Model, budget: &Budget) -> Device {
     };
     let hybrid = groups
         .filter(|_| start == Start::Starts)
-        .map(|groups| Hybrid::Vllm {
-            full_groups: groups.full_groups,
-            window_groups: groups.window_groups,
-            state_groups: groups.state_groups,
-            state_blocks: groups.state_blocks,
-            group_size: groups.group_size,
-            window: groups.window,
-            in_flight_tokens: groups.in_flight_tokens,
-            blocks,
-            blocks_per_request: blocks_per_request.unwrap_or(0),
-        });
+        .map(|groups| vllm_hybrid(&groups, blocks, blocks_per_request.unwrap_or(0)));
     // A hybrid pool has no one token count: the engine's own figure.
     let tokens = match (hybrid, logged) {
         (Some(_), Some(logged)) => logged.kv_cache_tokens,
@@ -1177,6 +1167,21 @@ fn vllm(launch: &Launch, model: &Model, budget: &Budget) -> Device {
         context_length: context,
         hybrid,
         logged,
+    }
+}
+
+/// A started hybrid pool's groups as the report shows them.
+fn vllm_hybrid(groups: &VllmGroups, blocks: u64, blocks_per_request: u64) -> Hybrid {
+    Hybrid::Vllm {
+        full_groups: groups.full_groups,
+        window_groups: groups.window_groups,
+        state_groups: groups.state_groups,
+        state_blocks: groups.state_blocks,
+        group_size: groups.group_size,
+        window: groups.window,
+        in_flight_tokens: groups.in_flight_tokens,
+        blocks,
+        blocks_per_request,
     }
 }
 

@@ -1633,27 +1633,8 @@ fn set(
         },
         "hicache-size" => state.hicache_size = Some(whole(flag, value)?),
         "mamba-size" => launch.max_mamba_cache_size = Some(whole(flag, value)?),
-        // vLLM `MambaDType` ("auto", "float32", "float16", "bfloat16");
-        // SGLang's `--mamba-ssm-dtype` choices, without "auto".
-        "mamba-dtype" | "mamba-ssm-dtype" => {
-            let bytes = match value.trim() {
-                "auto" if engine == Engine::Vllm => None,
-                "float32" => Some(4),
-                "float16" | "bfloat16" => Some(2),
-                _ => {
-                    return Err(bad(
-                        flag,
-                        value,
-                        "not one of the engine's choices (float32, float16, bfloat16; auto for vLLM)",
-                    ));
-                }
-            };
-            if key == "mamba-dtype" {
-                launch.mamba_cache_dtype = bytes;
-            } else {
-                launch.mamba_ssm_dtype = bytes;
-            }
-        }
+        "mamba-dtype" => launch.mamba_cache_dtype = mamba_dtype(engine, flag, value)?,
+        "mamba-ssm-dtype" => launch.mamba_ssm_dtype = mamba_dtype(engine, flag, value)?,
         "mamba-ratio" => match value.trim().parse::<f64>() {
             Ok(ratio) if ratio > 0.0 && ratio.is_finite() => {
                 launch.mamba_full_memory_ratio = Some(ratio)
@@ -1684,6 +1665,21 @@ fn set(
         _ => launch.ignored.push(format!("{flag} {value}")),
     }
     Ok(())
+}
+
+/// A state dtype's bytes: vLLM `MambaDType` ("auto", "float32", "float16",
+/// "bfloat16"); SGLang's `--mamba-ssm-dtype` choices, without "auto".
+fn mamba_dtype(engine: Engine, flag: &str, value: &str) -> Result<Option<u64>, PlanError> {
+    match value.trim() {
+        "auto" if engine == Engine::Vllm => Ok(None),
+        "float32" => Ok(Some(4)),
+        "float16" | "bfloat16" => Ok(Some(2)),
+        _ => Err(bad(
+            flag,
+            value,
+            "not one of the engine's choices (float32, float16, bfloat16; auto for vLLM)",
+        )),
+    }
 }
 
 /// The chunked-prefill size: the engines spell it differently (vLLM's
