@@ -67,17 +67,11 @@ fn plan(case: &Value, from_log: Option<&Path>) -> Value {
     if let Some(log) = from_log {
         command.arg("--from-log").arg(log);
     }
-    command.args(["--", "python3", "-m", "vllm.entrypoints.openai.api_server"]);
-    for arg in case["vllm_args"].as_array().expect(AS_WRITTEN) {
-        command.arg(text(arg));
-    }
-    let output = command.output().expect("run gpureap plan");
-    assert!(
-        matches!(output.status.code(), Some(0 | 1 | 4)),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).expect("plan --json")
+    run_plan(
+        command,
+        "vllm.entrypoints.openai.api_server",
+        &case["vllm_args"],
+    )
 }
 
 /// `gpureap plan --json` of an SGLang start of the corpus, offline, with
@@ -102,8 +96,14 @@ fn plan_sglang(case: &Value, free_mib: Option<u64>, from_log: Option<&Path>) -> 
     if let Some(log) = from_log {
         command.arg("--from-log").arg(log);
     }
-    command.args(["--", "python3", "-m", "sglang.launch_server"]);
-    for arg in case["sglang_args"].as_array().expect(AS_WRITTEN) {
+    run_plan(command, "sglang.launch_server", &case["sglang_args"])
+}
+
+/// Runs `plan` (its own flags already on `command`) for `python3 -m MODULE`
+/// with the start's arguments: a verdict's exit code (0, 1 or 4) and its JSON.
+fn run_plan(mut command: Command, module: &str, args: &Value) -> Value {
+    command.args(["--", "python3", "-m", module]);
+    for arg in args.as_array().expect(AS_WRITTEN) {
         command.arg(text(arg));
     }
     let output = command.output().expect("run gpureap plan");
