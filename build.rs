@@ -54,8 +54,8 @@ fn main() {
 /// whole (docs/bench/history.md, "Issue 28, round 9"). Only where the
 /// linker is the one that reads such a file: rust-lld, the default for
 /// x86_64 Linux since Rust 1.90 (an older rustc links with the system's ld,
-/// which does not), not a linker set apart (cargo-zigbuild's zig cc for the
-/// portable build, `-C linker=`, `-fuse-ld=`). A name the binary lacks (a
+/// which does not), not a linker set apart (`-C linker=`, `-fuse-ld=`; the
+/// portable build's scripts/portable-cc does the same for zig's linker). A name the binary lacks (a
 /// file older than the code) is passed over. The same linker folds the
 /// crates' identical copies of generic functions (`--icf=all`).
 fn text_order(root: &Path) {
@@ -85,7 +85,8 @@ fn text_order(root: &Path) {
         // the linker folds them into one (identical code folding), so the
         // split into crates costs the binary nothing. Rust gives a function
         // no address identity (its functions are `unnamed_addr`). The
-        // artifacts' build (fat LTO) merges them before linking.
+        // artifacts' build links through zig cc, which refuses the option:
+        // scripts/portable-cc links it again with it, and with the order.
         println!("cargo:rustc-link-arg-bins=-Wl,--icf=all");
     }
 }
