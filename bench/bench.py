@@ -5,7 +5,7 @@
     python3 bench/bench.py --quick         # smaller and fewer runs (a smoke test)
     python3 bench/bench.py --gpu --out F   # on an NVIDIA machine: real driver, results to F
 
-It builds gpureap (cargo build --release) unless --bin is given. The parts, numbered as their
+It builds gpureap (cargo build --profile dist: the artifacts' build) unless --bin is given. The parts, numbered as their
 sections in the report (fleet and fleet-scale have no number there):
 
 1. Seeing: `gpureap status --json` (and `status --json --monitors`, which reads every process's
@@ -976,8 +976,8 @@ def main():
     # SIGTERM unwinds as an exit does, so that what this run started is ended (finally).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if BIN is None:
-        subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=ROOT, check=True)
-        BIN = str(ROOT / "target/release/gpureap")
+        subprocess.run(["cargo", "build", "--profile", "dist", "--quiet"], cwd=ROOT, check=True)
+        BIN = str(ROOT / "target/dist/gpureap")
     if not GPU and not shutil.which("fuser"):
         raise SystemExit("fuser is needed (Debian: psmisc)")
     BINS.append(("this build", BIN))

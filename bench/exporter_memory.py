@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Whether `gpureap exporter`'s memory stays flat over a long run.
 
-    python3 bench/exporter_memory.py [--bin target/release/gpureap] [--minutes 65] [--crowd 5000]
+    python3 bench/exporter_memory.py [--bin target/dist/gpureap] [--minutes 65] [--crowd 5000]
                                      [--scrape 15s] [--interval 15s] [--out FILE]
 
 On a simulated 8-GPU host (a directory, docs/simulated-driver.md) it starts a healthy
@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 GPUS = 8
 
 
-BIN = str(Path(option("--bin", ROOT / "target/release/gpureap")).resolve())
+BIN = str(Path(option("--bin", ROOT / "target/dist/gpureap")).resolve())
 MINUTES = float(option("--minutes", "65"))
 CROWD = int(option("--crowd", "5000"))
 SCRAPE = option("--scrape", "15s")

@@ -4,7 +4,7 @@
     python3 bench/memory.py [--gpu] [--crowds 100,5000] [--runs 9] [--out FILE] NAME=BINARY[,VAR=VALUE...] ...
 
 Each NAME=BINARY is one configuration: a binary, and environment variables it runs with
-(`base=target/release/gpureap,MALLOC_ARENA_MAX=1`). On a simulated 8-GPU host (an SGLang-like
+(`base=target/dist/gpureap,MALLOC_ARENA_MAX=1`). On a simulated 8-GPU host (an SGLang-like
 server holding 70 GiB on each GPU, as bench/exporter_memory.py sets up) with bench/crowd.py's
 idle processes, for each crowd size it runs `/usr/bin/time -f "%e %U %S %M" BINARY --backend
 sim:DIR status --json` (CPU from time's rusage through wait4, at microsecond resolution) --runs times per configuration, the configurations interleaved (each

@@ -2,9 +2,9 @@
 """What `gpureap top` costs while it refreshes: CPU per second of wall time,
 and its resident memory over time, with a crowd of processes on the host.
 
-    python3 bench/top_refresh.py [--bin target/release/gpureap] [--procs 5000]
+    python3 bench/top_refresh.py [--bin target/dist/gpureap] [--procs 5000]
                                  [--seconds 60] [--interval 1s]
-    python3 bench/top_refresh.py --bin /tmp/gpureap-old --bin target/release/gpureap
+    python3 bench/top_refresh.py --bin /tmp/gpureap-old --bin target/dist/gpureap
 
 With --bin twice or more, every build runs at once (the same crowd and load),
 and the CPU ratios to the first are printed.
@@ -79,7 +79,7 @@ def main():
         crowd = subprocess.Popen([sys.executable, os.path.join(HERE, "crowd.py"), str(missing), ready])
         while not os.path.exists(ready):
             time.sleep(0.1)
-    bins = args.bin or ["target/release/gpureap"]
+    bins = args.bin or ["target/dist/gpureap"]
     views = []
     try:
         # Every build at once, each in a tmux server of its own: the same

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What `gpureap reap --watch` costs while nothing happens, over a long run.
 
-    python3 bench/watch_idle.py [--bin target/release/gpureap] [--minutes 10] [--crowd 5000]
+    python3 bench/watch_idle.py [--bin target/dist/gpureap] [--minutes 10] [--crowd 5000]
                                 [--interval 10s] [--out FILE]
 
 On a simulated 8-GPU host (a directory, docs/simulated-driver.md) it starts a healthy
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 GPUS = 8
 
 
-BIN = str(Path(option("--bin", ROOT / "target/release/gpureap")).resolve())
+BIN = str(Path(option("--bin", ROOT / "target/dist/gpureap")).resolve())
 MINUTES = float(option("--minutes", "10"))
 CROWD = int(option("--crowd", "5000"))
 INTERVAL = option("--interval", "10s")

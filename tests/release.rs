@@ -14,7 +14,8 @@ use std::process::{Child, Command, Stdio};
 use crate::dist_docs::pages;
 use crate::harness::*;
 use crate::portable::{
-    keeps_its_symbols_not_its_debug_sections, modified, needs_only_libc_of_glibc_2_17, newer_source,
+    keeps_its_symbols_not_its_debug_sections, lays_out_the_ordered_functions_first, modified,
+    needs_only_libc_of_glibc_2_17, newer_source,
 };
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -509,6 +510,7 @@ fn the_aarch64_binary_runs_under_qemu_on_a_simulated_host() {
     assert!(header.stdout.contains("AArch64"), "{}", header.stdout);
     needs_only_libc_of_glibc_2_17(&binary);
     keeps_its_symbols_not_its_debug_sections(&binary);
+    lays_out_the_ordered_functions_first(&binary);
 
     let qemu = |args: &[&str]| -> Command {
         let mut command = Command::new("qemu-aarch64-static");
@@ -613,4 +615,42 @@ fn the_manifests_name_the_image_by_this_version() {
         }
     }
     assert_eq!(named, 2, "the exporter's and the watch's DaemonSets");
+}
+
+/// The artifacts' profile (`dist`) inherits the release profile, its per-package settings
+/// included, and those take precedence over `dist`'s own: every package the quick start's
+/// release profile builds unoptimised is set back to full optimisation in `dist`, or an
+/// artifact would ship it so.
+#[test]
+fn the_dist_profile_optimises_every_package_the_release_profile_does_not() {
+    let text = std::fs::read_to_string(Path::new(ROOT).join("Cargo.toml")).expect("Cargo.toml");
+    let manifest: toml::Table = text.parse().expect("Cargo.toml parses");
+    let profile = |name: &str| manifest["profile"][name].clone();
+    let (release, dist) = (profile("release"), profile("dist"));
+    assert_eq!(dist["inherits"].as_str(), Some("release"));
+    assert_eq!(dist["opt-level"].as_integer(), Some(3));
+    assert_eq!(dist["lto"].as_str(), Some("fat"));
+    assert_eq!(dist["codegen-units"].as_integer(), Some(1));
+    let packages = release
+        .get("package")
+        .and_then(toml::Value::as_table)
+        .expect("the release profile's per-package settings");
+    assert!(!packages.is_empty());
+    for (package, settings) in packages {
+        let settings = settings.as_table().expect("a table");
+        for key in settings.keys() {
+            assert_eq!(
+                key, "opt-level",
+                "{package}: only opt-level is set per package"
+            );
+        }
+        assert_eq!(
+            dist.get("package")
+                .and_then(|all| all.get(package))
+                .and_then(|own| own.get("opt-level"))
+                .and_then(toml::Value::as_integer),
+            Some(3),
+            "[profile.dist.package.{package}] opt-level = 3 is missing"
+        );
+    }
 }
