@@ -533,6 +533,27 @@ pub fn skip(reason: &str) {
     }
 }
 
+/// Why binfmt_misc cannot be mounted in a user namespace of this test's own (Linux 6.7 and
+/// later, and user namespaces allowed), or `None` when it can: what a test that registers an
+/// interpreter (qemu-user for another architecture's binary) needs, with nothing of the
+/// host's registered or changed. Such a test runs `unshare --user --map-root-user --mount`
+/// and mounts it first thing.
+pub fn no_binfmt_misc_of_our_own() -> Option<String> {
+    let probe = Command::new("unshare")
+        .args(["--user", "--map-root-user", "--mount", "sh", "-c"])
+        .arg("mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc")
+        .stdin(Stdio::null())
+        .output();
+    match probe {
+        Ok(probe) if probe.status.success() => None,
+        Ok(probe) => Some(format!(
+            "binfmt_misc cannot be mounted in a user namespace here (Linux 6.7 and later): {}",
+            String::from_utf8_lossy(&probe.stderr).trim()
+        )),
+        Err(error) => Some(format!("unshare (util-linux): {error}")),
+    }
+}
+
 /// `text` in single quotes, for a shell.
 pub fn shell_quote(text: &str) -> String {
     format!("'{}'", text.replace('\'', r"'\''"))

@@ -491,7 +491,7 @@ fn the_tarball_installs_through_install_sh() {
 
 /// The aarch64 binary out of its tarball, run by Debian's qemu-user-static with Debian's
 /// aarch64 glibc (libc6-arm64-cross) as its root for libraries: `--version`, `status --json`
-/// and `free` on a simulated host.
+/// and `free` on a simulated host, then `demo --json` through qemu registered in binfmt_misc.
 #[test]
 fn the_aarch64_binary_runs_under_qemu_on_a_simulated_host() {
     let dist = dist();
@@ -552,10 +552,47 @@ fn the_aarch64_binary_runs_under_qemu_on_a_simulated_host() {
     assert_eq!(freed.code, 0, "{}{}", freed.stdout, freed.stderr);
     assert_eq!(gpu(&freed.json(), 1)["freed"], true);
     assert!(!alive(holder));
-    // Not `demo`: it starts this binary again as its SGLang stand-ins, titled through
-    // argv[0], and under qemu-user a process's /proc/PID/cmdline is qemu's own command line
-    // ("qemu-aarch64-static gpureap …"), so the demo never sees them start and gives up
-    // after 20 s (tried with qemu registered in a binfmt_misc of a user namespace's own).
+
+    // The demo starts this binary again as its SGLang stand-ins, which takes the kernel
+    // running an aarch64 binary through qemu: binfmt_misc, here one of a user namespace's own
+    // (Linux 6.7 and later), so nothing of the host's is registered or changed. Debian's
+    // registration of qemu-aarch64 (/usr/share/binfmts/qemu-aarch64), with `F` (qemu opened
+    // now) and `P` (argv[0] passed on: the stand-ins' titles).
+    if let Some(why) = no_binfmt_misc_of_our_own() {
+        return skip(&format!("{why}: the aarch64 demo's stand-ins cannot start"));
+    }
+    let register = work.path().join("register");
+    std::fs::write(
+        &register,
+        ":gpureap-aarch64:M::\\x7fELF\\x02\\x01\\x01\\x00\\x00\\x00\\x00\\x00\\x00\\x00\\x00\\x00\\x02\\x00\\xb7\\x00:\\xff\\xff\\xff\\xff\\xff\\xff\\xff\\x00\\xff\\xff\\xff\\xff\\xff\\xff\\xff\\xff\\xfe\\xff\\xff\\xff:/usr/bin/qemu-aarch64-static:FP",
+    )
+    .expect("registration");
+    let demo = sh(Command::new("unshare")
+        .args(["--user", "--map-root-user", "--mount", "sh", "-c"])
+        .arg(
+            "mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc && \
+             cat \"$1\" > /proc/sys/fs/binfmt_misc/register && exec \"$2\" demo --json",
+        )
+        .arg("sh")
+        .arg(&register)
+        .arg(&binary)
+        .env("QEMU_LD_PREFIX", "/usr/aarch64-linux-gnu")
+        .env_remove("GPUREAP_BACKEND")
+        .env("TMPDIR", work.path())
+        .stdin(Stdio::null()));
+    assert_eq!(demo.code, 0, "{}{}", demo.stdout, demo.stderr);
+    let facts = demo.json();
+    assert_eq!(facts["as_designed"], true, "{:#}", facts["differences"]);
+    let workers: Vec<&serde_json::Value> = facts["processes"]
+        .as_array()
+        .expect("processes")
+        .iter()
+        .filter(|process| process["role"] == "worker")
+        .collect();
+    assert_eq!(workers.len(), 8, "{facts:#}");
+    for (rank, worker) in workers.iter().enumerate() {
+        assert_eq!(worker["cmdline"], format!("sglang::scheduler_TP{rank}"));
+    }
 }
 
 /// The release workflow passes actionlint (.ci/run installs it), builds with scripts/release

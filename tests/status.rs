@@ -1,6 +1,10 @@
 //! What `status` shows: who uses which GPU, how much, since when, and how
 //! sure it is, in a table that fits 120 columns.
 
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
+use std::process::{Child, Command, Stdio};
+
 use gpureap_core::driver::sim::incident::{Holder, Incident, SimHost};
 use gpureap_core::units::Bytes;
 
@@ -1031,4 +1035,105 @@ fn status_without_activity_says_null_and_keeps_its_table() {
     assert!(gpu0["processes"][0]["sm_utilization_percent"].is_null());
     let table = run(&host, &["status"]).stdout;
     assert!(!table.contains("UTIL"), "{table}");
+}
+
+/// A holder the kernel started through an emulator registered in binfmt_misc with the
+/// preserve-argv0 flag (qemu-user running another architecture's binary, as on an x86_64 host
+/// running the aarch64 gpureap) is named by its own command line, not the emulator's
+/// `INTERPRETER PATH ARGV0 ARGS`: the kernel marks such a start in the process's auxiliary
+/// vector, which gpureap reads. The emulator here is Python under a name of qemu's, in a
+/// binfmt_misc of a user namespace's own (Linux 6.7 and later), so nothing of the host's
+/// changes. The same command line started directly, without the mark, stays whole.
+#[test]
+fn a_holder_run_by_an_emulator_through_binfmt_misc_is_named_by_its_own_command_line() {
+    let python = match std::fs::canonicalize("/usr/bin/python3") {
+        Ok(python) => python,
+        Err(_) => return skip("no /usr/bin/python3"),
+    };
+    let (host, _incident) = Sim::gpus(1).stage();
+    let work = tempfile::tempdir().expect("tempdir");
+    let emulator = work.path().join("qemu-x86_64");
+    std::os::unix::fs::symlink(&python, &emulator).expect("symlink");
+    // Holds GPU 0 as a stand-in does (its claim, then the nodes), then waits for its stdin.
+    let program = work.path().join("scheduler.gpureaptest");
+    std::fs::write(
+        &program,
+        format!(
+            "import os, sys\n\
+             d = {dir:?}\n\
+             open(f'{{d}}/claims/{{os.getpid()}}.0', 'w').write('{bytes}')\n\
+             nodes = [open(f'{{d}}/nvidia0'), open(f'{{d}}/nvidiactl')]\n\
+             print('ready', flush=True)\n\
+             sys.stdin.read()\n",
+            dir = host.path().display().to_string(),
+            bytes = 3 * GIB,
+        ),
+    )
+    .expect("program");
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let start = |script: &str| -> Child {
+        let mut child = Command::new("unshare")
+            .args(["--user", "--map-root-user", "--mount", "bash", "-c", script])
+            .arg("bash")
+            .arg(&emulator)
+            .arg(&program)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("unshare");
+        let mut ready = String::new();
+        let read = BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut ready);
+        if ready.trim() != "ready" {
+            let _ = child.kill();
+            let output = child.wait_with_output().expect("wait");
+            panic!(
+                "{read:?} {ready:?}: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        child
+    };
+    if let Some(why) = no_binfmt_misc_of_our_own() {
+        return skip(&why);
+    }
+    let mut emulated = start(
+        "mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc && \
+         echo \":gpureaptest:E::gpureaptest::$1:FP\" > /proc/sys/fs/binfmt_misc/register && \
+         exec -a sglang::scheduler_TP0 \"$2\" --tp-size 1",
+    );
+    let mut direct = start("exec -a \"$1\" \"$1\" \"$2\" sglang::scheduler_TP0 --tp-size 1");
+    let json = run(&host, &["status", "--json"]).json();
+    let cmdline = |pid: u32| {
+        json["holders"]
+            .as_array()
+            .expect("holders")
+            .iter()
+            .find(|holder| holder["pid"] == pid)
+            .map(|holder| holder["cmdline"].as_str().unwrap_or_default().to_string())
+            .unwrap_or_else(|| panic!("{pid} not a holder: {json:#}"))
+    };
+    assert_eq!(cmdline(emulated.id()), "sglang::scheduler_TP0 --tp-size 1");
+    assert_eq!(
+        cmdline(direct.id()),
+        format!(
+            "{} {} sglang::scheduler_TP0 --tp-size 1",
+            emulator.display(),
+            program.display()
+        )
+    );
+    let table = run(&host, &["status"]);
+    assert!(
+        table
+            .stdout
+            .lines()
+            .any(|line| line.contains(&format!(" {} ", emulated.id()))
+                && line.contains("sglang::scheduler_TP0")),
+        "{}",
+        table.stdout
+    );
+    for child in [&mut emulated, &mut direct] {
+        drop(child.stdin.take());
+        assert!(child.wait().expect("wait").success());
+    }
 }

@@ -868,13 +868,72 @@ fn scan_fds(
 }
 
 /// A process's command line, arguments joined by spaces; empty for kernel
-/// threads, zombies, and processes that have gone.
+/// threads, zombies, and processes that have gone. A program the kernel
+/// started through qemu-user registered in binfmt_misc with the
+/// preserve-argv0 flag (another architecture's binary: the aarch64 gpureap
+/// on an x86_64 host, its demo's stand-ins included) is its own command
+/// line, not qemu's `qemu-ARCH PATH ARGV0 ARGS...`.
 pub fn cmdline(pid: u32) -> String {
-    let Ok(bytes) = read_small(&format!("/proc/{pid}/cmdline"), u64::MAX) else {
-        return String::new();
-    };
+    let bytes = own_cmdline(pid);
     let text = String::from_utf8_lossy(&bytes);
     text.trim_end_matches('\0').replace('\0', " ")
+}
+
+/// A process's arguments, as `cmdline` reads them, one string each (empty
+/// ones left out).
+pub fn arguments(pid: u32) -> Vec<String> {
+    own_cmdline(pid)
+        .split(|&byte| byte == 0)
+        .filter(|word| !word.is_empty())
+        .map(|word| String::from_utf8_lossy(word).into_owned())
+        .collect()
+}
+
+/// /proc/PID/cmdline without qemu-user's arguments (`emulated_prefix`).
+fn own_cmdline(pid: u32) -> Vec<u8> {
+    let Ok(mut bytes) = read_small(&format!("/proc/{pid}/cmdline"), u64::MAX) else {
+        return Vec::new();
+    };
+    bytes.drain(..emulated_prefix(pid, &bytes));
+    bytes
+}
+
+/// The length of qemu-user's own two arguments (the interpreter and the
+/// binary's path) at the start of `cmdline`, when the kernel passed the
+/// program's argv[0] on after them: binfmt_misc's `P` flag, which the kernel
+/// announces to the interpreter as AT_FLAGS_PRESERVE_ARGV0 in its auxiliary
+/// vector (Linux 5.12 and later). 0 for every other process, and for one
+/// whose auxiliary vector cannot be read (another user's, not as root).
+/// Only a command line whose argv[0] names qemu costs the extra read
+/// (`/usr/bin/qemu-aarch64-static`, or Debian's registered
+/// `/usr/libexec/qemu-binfmt/aarch64-binfmt-P`).
+fn emulated_prefix(pid: u32, cmdline: &[u8]) -> usize {
+    const AT_FLAGS: usize = 8;
+    const AT_FLAGS_PRESERVE_ARGV0: usize = 1;
+    let argv0 = cmdline.split(|byte| *byte == 0).next().unwrap_or_default();
+    if !argv0.windows(4).any(|word| word == b"qemu") {
+        return 0;
+    }
+    let Ok(auxv) = read_small(&format!("/proc/{pid}/auxv"), 4096) else {
+        return 0;
+    };
+    let word = std::mem::size_of::<usize>();
+    let preserved = auxv.chunks_exact(2 * word).any(|pair| {
+        let value = |bytes: &[u8]| usize::from_ne_bytes(bytes.try_into().unwrap_or_default());
+        value(&pair[..word]) == AT_FLAGS && value(&pair[word..]) & AT_FLAGS_PRESERVE_ARGV0 != 0
+    });
+    if !preserved {
+        return 0;
+    }
+    // After the second argument's NUL, if a third (the program's argv[0]) follows.
+    let mut ends = cmdline
+        .iter()
+        .enumerate()
+        .filter(|(_, byte)| **byte == 0)
+        .map(|(at, _)| at + 1);
+    ends.nth(1)
+        .filter(|&start| start < cmdline.len())
+        .unwrap_or(0)
 }
 
 /// A /proc file whole, up to `limit` bytes. /proc says its files are 0

@@ -516,12 +516,7 @@ fn most_common(threads: &[ThreadStack], pid: u32) -> Option<String> {
 /// A short name for a process: the title it gave itself, or its program,
 /// or, for Python, the script or module it runs.
 pub fn label(pid: u32) -> String {
-    let bytes = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-    let words: Vec<String> = bytes
-        .split(|&byte| byte == 0)
-        .filter(|word| !word.is_empty())
-        .map(|word| String::from_utf8_lossy(word).into_owned())
-        .collect();
+    let words = crate::proc::arguments(pid);
     label_of(&words).unwrap_or_else(|| {
         std::fs::read_to_string(format!("/proc/{pid}/comm"))
             .map(|comm| crate::units::short(comm.trim(), 40))

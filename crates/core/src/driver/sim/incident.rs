@@ -525,13 +525,7 @@ impl Incident {
 
 /// Whether `pid`'s command line, its arguments joined by spaces, starts with `title`.
 fn runs_as(pid: u32, title: &str) -> bool {
-    let mut cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-    for byte in &mut cmdline {
-        if *byte == 0 {
-            *byte = b' ';
-        }
-    }
-    cmdline.starts_with(title.as_bytes())
+    proc::cmdline(pid).starts_with(title)
 }
 
 /// The identity of `pid` if it still runs under `title`.
