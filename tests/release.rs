@@ -656,8 +656,8 @@ fn the_manifests_name_the_image_by_this_version() {
 
 /// The artifacts' profile (`dist`) inherits the release profile, its per-package settings
 /// included, and those take precedence over `dist`'s own: every package the quick start's
-/// release profile builds unoptimised is set back to full optimisation in `dist`, or an
-/// artifact would ship it so.
+/// release profile builds unoptimised is optimised again in `dist` (fully, or for size: code
+/// that runs once per command, Cargo.toml says which), or an artifact would ship it so.
 #[test]
 fn the_dist_profile_optimises_every_package_the_release_profile_does_not() {
     let text = std::fs::read_to_string(Path::new(ROOT).join("Cargo.toml")).expect("Cargo.toml");
@@ -681,13 +681,14 @@ fn the_dist_profile_optimises_every_package_the_release_profile_does_not() {
                 "{package}: only opt-level is set per package"
             );
         }
-        assert_eq!(
-            dist.get("package")
-                .and_then(|all| all.get(package))
-                .and_then(|own| own.get("opt-level"))
-                .and_then(toml::Value::as_integer),
-            Some(3),
-            "[profile.dist.package.{package}] opt-level = 3 is missing"
+        let level = dist
+            .get("package")
+            .and_then(|all| all.get(package))
+            .and_then(|own| own.get("opt-level"));
+        assert!(
+            level.and_then(toml::Value::as_integer) == Some(3)
+                || level.and_then(toml::Value::as_str) == Some("s"),
+            "[profile.dist.package.{package}]: opt-level = 3 or \"s\", not {level:?}"
         );
     }
 }
