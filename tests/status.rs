@@ -1050,6 +1050,9 @@ fn a_holder_run_by_an_emulator_through_binfmt_misc_is_named_by_its_own_command_l
         Ok(python) => python,
         Err(_) => return skip("no /usr/bin/python3"),
     };
+    if let Some(why) = no_binfmt_misc_of_our_own() {
+        return skip(&why);
+    }
     let (host, _incident) = Sim::gpus(1).stage();
     let work = tempfile::tempdir().expect("tempdir");
     let emulator = work.path().join("qemu-x86_64");
@@ -1094,9 +1097,6 @@ fn a_holder_run_by_an_emulator_through_binfmt_misc_is_named_by_its_own_command_l
         }
         child
     };
-    if let Some(why) = no_binfmt_misc_of_our_own() {
-        return skip(&why);
-    }
     let mut emulated = start(
         "mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc && \
          echo \":gpureaptest:E::gpureaptest::$1:FP\" > /proc/sys/fs/binfmt_misc/register && \
@@ -1104,18 +1104,12 @@ fn a_holder_run_by_an_emulator_through_binfmt_misc_is_named_by_its_own_command_l
     );
     let mut direct = start("exec -a \"$1\" \"$1\" \"$2\" sglang::scheduler_TP0 --tp-size 1");
     let json = run(&host, &["status", "--json"]).json();
-    let cmdline = |pid: u32| {
-        json["holders"]
-            .as_array()
-            .expect("holders")
-            .iter()
-            .find(|holder| holder["pid"] == pid)
-            .map(|holder| holder["cmdline"].as_str().unwrap_or_default().to_string())
-            .unwrap_or_else(|| panic!("{pid} not a holder: {json:#}"))
-    };
-    assert_eq!(cmdline(emulated.id()), "sglang::scheduler_TP0 --tp-size 1");
     assert_eq!(
-        cmdline(direct.id()),
+        holder_of(&json, emulated.id())["cmdline"],
+        "sglang::scheduler_TP0 --tp-size 1"
+    );
+    assert_eq!(
+        holder_of(&json, direct.id())["cmdline"],
         format!(
             "{} {} sglang::scheduler_TP0 --tp-size 1",
             emulator.display(),
